@@ -1,0 +1,79 @@
+//! The handler-side error type. It carries a code from the catalogue and never an HTTP
+//! status of its own (except the one documented override, see [`ApiError::with_status`]).
+
+use axum::response::{IntoResponse, Response};
+use dlock_contract::{ErrorCode, FieldError};
+use serde_json::Value;
+
+/// `retryAfterMillis` used when a retry-after code is raised without an explicit value.
+pub const RETRY_AFTER_MS_DEFAULT: u64 = 1_000;
+
+/// An error a handler answers with. Rendered into the envelope by the middleware.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub details: Option<Value>,
+    pub retry_after_ms: Option<u64>,
+    /// Logged with the trace id; never sent to the caller.
+    pub internal: Option<String>,
+    /// A status other than the catalogue's, for C3's one documented exception (a rail
+    /// decline is `422` with code `VALIDATION_FAILED`; see C3-extensions.md).
+    pub status_override: Option<u16>,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            code,
+            message: message.into(),
+            details: None,
+            retry_after_ms: None,
+            internal: None,
+            status_override: None,
+        }
+    }
+
+    /// `VALIDATION_FAILED` with `details.fields[]`.
+    pub fn validation(message: impl Into<String>, fields: Vec<FieldError>) -> ApiError {
+        let fields = serde_json::to_value(fields).unwrap_or(Value::Null);
+        ApiError::new(ErrorCode::ValidationFailed, message).with_details(serde_json::json!({ "fields": fields }))
+    }
+
+    /// `INTERNAL`, with the cause kept for the log only.
+    pub fn internal(cause: impl Into<String>) -> ApiError {
+        ApiError::new(ErrorCode::Internal, "internal error").with_internal(cause)
+    }
+
+    pub fn with_details(mut self, details: Value) -> ApiError {
+        self.details = Some(details);
+        self
+    }
+
+    pub fn with_retry_after_ms(mut self, ms: u64) -> ApiError {
+        self.retry_after_ms = Some(ms);
+        self
+    }
+
+    pub fn with_internal(mut self, cause: impl Into<String>) -> ApiError {
+        self.internal = Some(cause.into());
+        self
+    }
+
+    pub fn with_status(mut self, status: u16) -> ApiError {
+        self.status_override = Some(status);
+        self
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        // The envelope middleware renders it, so the trace id is in one place.
+        let status = self.status_override.unwrap_or(self.code.http_status());
+        let mut resp = Response::new(axum::body::Body::empty());
+        *resp.status_mut() =
+            axum::http::StatusCode::from_u16(status).unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        resp.extensions_mut().insert(self);
+        resp
+    }
+}

@@ -1,0 +1,199 @@
+//! HTTP plumbing shared by every dlock service.
+//!
+//! One rule lives here: **every non-2xx response is the C3 error envelope**, with
+//! `application/json; charset=utf-8` and a `traceId`, whoever produced it: a handler, an
+//! extractor rejection, the router's 404/405, or the body-size limit. Handlers return
+//! [`ApiError`]; the [`envelope`] middleware renders it (and rewrites any bare error a lower
+//! layer produced). Internal causes are logged with the trace id, never sent.
+
+pub mod error;
+pub mod extract;
+pub mod health;
+pub mod metrics;
+
+pub use error::ApiError;
+pub use extract::{fencing_token, idempotency_key, owner_id, JsonBody, TraceId};
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use dlock_contract::{ErrorCode, ErrorEnvelope, CONTENT_TYPE_JSON};
+
+/// Finishes a service router: adds the envelope middleware (which also assigns trace ids),
+/// a body-size limit, and envelope-shaped 404/405 answers.
+pub fn finish(router: axum::Router, body_bytes_max: usize) -> axum::Router {
+    router
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(ErrorCode::MethodNotAllowed, "this route does not accept that method")
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(body_bytes_max))
+        .layer(axum::middleware::from_fn(envelope))
+}
+
+/// Assigns the request's trace id and turns every error response into the envelope.
+pub async fn envelope(mut req: Request, next: Next) -> Response {
+    let trace = TraceId::from_headers(req.headers());
+    req.extensions_mut().insert(trace.clone());
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let mut resp = next.run(req).await;
+
+    if let Some(err) = resp.extensions_mut().remove::<ApiError>() {
+        return render(err, &trace, &method, &path);
+    }
+    let status = resp.status();
+    if status.is_client_error() || status.is_server_error() {
+        // A layer below the handlers answered (router, extractor, body limit) without an
+        // ApiError. Its body is plain text; replace it with the envelope.
+        let code = ErrorCode::for_status(status.as_u16());
+        let err = ApiError::new(code, default_message(code));
+        return render(err, &trace, &method, &path);
+    }
+    normalize_json_content_type(&mut resp);
+    resp
+}
+
+fn default_message(code: ErrorCode) -> &'static str {
+    match code {
+        ErrorCode::NotFound => "no such route",
+        ErrorCode::MethodNotAllowed => "this route does not accept that method",
+        ErrorCode::PayloadTooLarge => "the request body is larger than this service accepts",
+        ErrorCode::UnsupportedMediaType => "the request body must be application/json",
+        ErrorCode::ValidationFailed => "the request is malformed",
+        ErrorCode::NotReady => "the service is not ready",
+        _ => "internal error",
+    }
+}
+
+fn render(err: ApiError, trace: &TraceId, method: &axum::http::Method, path: &str) -> Response {
+    let spec = err.code.spec();
+    let status = err.status_override.unwrap_or(spec.http_status);
+    if let Some(internal) = &err.internal {
+        tracing::error!(
+            code = err.code.as_str(),
+            status,
+            traceId = %trace.0,
+            method = %method,
+            path,
+            cause = %internal,
+            "request_failed"
+        );
+    } else {
+        tracing::debug!(code = err.code.as_str(), status, traceId = %trace.0, method = %method, path, "request_failed");
+    }
+    let mut env = ErrorEnvelope::new(err.code, err.message, trace.0.clone());
+    env.details = err.details;
+    if spec.carries_retry_after {
+        env.retry_after_millis = Some(err.retry_after_ms.unwrap_or(error::RETRY_AFTER_MS_DEFAULT));
+    }
+    let body = serde_json::to_vec(&env).unwrap_or_else(|_| b"{}".to_vec());
+    let mut resp = Response::new(Body::from(body));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_JSON));
+    resp
+}
+
+fn normalize_json_content_type(resp: &mut Response) {
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_JSON));
+    }
+}
+
+/// A JSON response with the contract content type.
+pub fn json<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
+    match serde_json::to_vec(body) {
+        Ok(bytes) => {
+            let mut resp = Response::new(Body::from(bytes));
+            *resp.status_mut() = status;
+            resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_JSON));
+            resp
+        }
+        Err(e) => ApiError::internal(format!("serialize response: {e}")).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::post;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    fn app() -> axum::Router {
+        finish(
+            axum::Router::new()
+                .route("/v1/echo", post(|JsonBody(v): JsonBody| async move { json(StatusCode::OK, &v) })),
+            64,
+        )
+    }
+
+    async fn call(req: axum::http::Request<Body>) -> (StatusCode, String, serde_json::Value) {
+        let resp = app().oneshot(req).await.expect("infallible");
+        let status = resp.status();
+        let ct = resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        (status, ct, serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null))
+    }
+
+    fn req(method: &str, uri: &str, ct: Option<&str>, body: &str) -> axum::http::Request<Body> {
+        let mut b = axum::http::Request::builder().method(method).uri(uri);
+        if let Some(ct) = ct {
+            b = b.header(header::CONTENT_TYPE, ct);
+        }
+        b.body(Body::from(body.to_owned())).expect("request")
+    }
+
+    #[tokio::test]
+    async fn every_transport_error_is_the_envelope() {
+        let cases = [
+            (req("GET", "/nope", None, ""), 404, "NOT_FOUND"),
+            (req("GET", "/v1/echo", None, ""), 405, "METHOD_NOT_ALLOWED"),
+            (req("POST", "/v1/echo", None, "{}"), 415, "UNSUPPORTED_MEDIA_TYPE"),
+            (req("POST", "/v1/echo", Some("text/plain"), "{}"), 415, "UNSUPPORTED_MEDIA_TYPE"),
+            (req("POST", "/v1/echo", Some("application/json"), "{nope"), 400, "VALIDATION_FAILED"),
+            (req("POST", "/v1/echo", Some("application/json"), &"[1]".repeat(100)), 413, "PAYLOAD_TOO_LARGE"),
+        ];
+        for (r, status, code) in cases {
+            let (s, ct, v) = call(r).await;
+            assert_eq!(s.as_u16(), status, "{code}");
+            assert_eq!(ct, CONTENT_TYPE_JSON, "{code}");
+            assert_eq!(v["code"], code);
+            assert_eq!(v["traceId"].as_str().map(str::len), Some(32), "{code}");
+            assert!(v["retrySafe"].is_boolean());
+            assert!(v["message"].is_string());
+        }
+    }
+
+    #[tokio::test]
+    async fn success_bodies_carry_the_contract_content_type() {
+        let (s, ct, v) = call(req("POST", "/v1/echo", Some("application/json; charset=utf-8"), "{\"a\":1}")).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(ct, CONTENT_TYPE_JSON);
+        assert_eq!(v["a"], 1);
+    }
+
+    #[tokio::test]
+    async fn internal_causes_never_reach_the_wire() {
+        let app = finish(
+            axum::Router::new().route(
+                "/boom",
+                axum::routing::get(|| async { ApiError::internal("password=hunter2 at db.internal:5432") }),
+            ),
+            64,
+        );
+        let resp = app.oneshot(req("GET", "/boom", None, "")).await.expect("infallible");
+        assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains("hunter2") && !text.contains("db.internal"), "{text}");
+        assert!(text.contains("\"code\":\"INTERNAL\""));
+    }
+}

@@ -1,0 +1,32 @@
+//! The rail-proxy: enforcement point (c), the only process permitted to call the rail.
+//!
+//! The rail cannot compare tokens (no token, no idempotency key, no memory), so the fence
+//! is moved into a process we control, in front of it. Every `POST /v1/rail/submissions`
+//! runs the admission order of C3 §3.5, which is not negotiable:
+//!
+//! 1. **Fence.** Advance `rail_high_water` for the account to the presented token, only if
+//!    strictly greater (`>`, never `>=`: an equal-token retry after a timeout must lose).
+//!    Otherwise record a FENCED row and answer 409 `FENCED_OUT`. No rail call is ever made.
+//! 2. **Duplicate.** The unique index over forwardable attempts admits one per payout.
+//!    Otherwise record a DUPLICATE row and answer 409 `DUPLICATE_SUBMISSION` (and page).
+//! 3. **Intent.** Steps 1–3 commit together, with the payout moved to SUBMITTED, *before*
+//!    any socket opens. If that commit fails, answer 503 `RAIL_UNAVAILABLE`: nothing was
+//!    presented.
+//! 4. **Forward once.** One connection, one request, the `1 s / 8 s` budget, zero retries.
+//!    Record the outcome: ack (200), decline (422), no answer (409 `RAIL_AMBIGUOUS`, the
+//!    payout is quarantined), or could-not-connect (503 `RAIL_UNAVAILABLE`).
+//!
+//! The mark lives only in paydb. This crate holds no token in memory between requests: a
+//! restart, a second replica, or a cache cannot re-admit a stale writer.
+
+pub mod app;
+pub mod metrics;
+pub mod service;
+pub mod store;
+pub mod store_mem;
+#[cfg(not(madsim))]
+pub mod store_sql;
+
+pub use app::router;
+pub use service::{ProxyConfig, RailProxy};
+pub use store::RailStore;

@@ -1,0 +1,327 @@
+//! The admission pipeline, independent of HTTP: validate, admit (steps 1–3), forward once,
+//! resolve. Handlers translate its [`Outcome`] into the wire; tests drive it directly.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use dlock_contract::payout::PayoutState;
+use dlock_contract::rail::{RailAck, RailSubmit, SubmissionOutcome, SubmissionRequest};
+use dlock_contract::{FencingToken, FieldError, IdempotencyKey, OwnerId};
+use dlock_rt::http::{BaseUrl, ClientError, HttpClient};
+use dlock_rt::Clock;
+use uuid::Uuid;
+
+use crate::metrics::{ProxyMetrics, RESOURCE_RAIL};
+use crate::store::{Admission, Attempt, RailStore, Resolution, StoreError};
+
+/// Default `rail.proxy.connect-timeout-ms` (C3 §3.8: proxy → rail connect budget).
+pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 1_000;
+/// Default `rail.proxy.read-timeout-ms` (C3 §3.8: below the executor's read timeout).
+pub const READ_TIMEOUT_MS_DEFAULT: u64 = 8_000;
+/// Default `rail.proxy.body-bytes-max`.
+pub const BODY_BYTES_MAX_DEFAULT: usize = 64 * 1024;
+/// `retryAfterMillis` on `RAIL_UNAVAILABLE`.
+pub const RAIL_UNAVAILABLE_RETRY_AFTER_MS: u64 = 1_000;
+
+/// The proxy's settings (C5 keys `rail.proxy.*`).
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub rail_url: BaseUrl,
+    pub connect_timeout_ms: u64,
+    pub read_timeout_ms: u64,
+    pub fencing_enabled: bool,
+    pub body_bytes_max: usize,
+}
+
+/// What one submission came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Body or payout validation failed before step 1; nothing written.
+    Invalid {
+        message: String,
+        fields: Vec<FieldError>,
+    },
+    /// The store could not commit steps 1–3: nothing presented.
+    StoreUnavailable {
+        cause: String,
+    },
+    Fenced {
+        submission_id: Uuid,
+        highest_token: i64,
+    },
+    Duplicate {
+        submission_id: Uuid,
+        first_submission_id: Uuid,
+        first_submitted_at: DateTime<Utc>,
+    },
+    NotClaimable {
+        state: PayoutState,
+    },
+    Acked {
+        submission_id: Uuid,
+        rail_reference: String,
+        submitted_at: DateTime<Utc>,
+        resolved_at: DateTime<Utc>,
+    },
+    Rejected {
+        submission_id: Uuid,
+    },
+    Ambiguous {
+        submission_id: Uuid,
+        cause: String,
+    },
+    Unsent {
+        submission_id: Uuid,
+        cause: String,
+    },
+}
+
+/// Everything a submission carries once its headers have been validated.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    pub token: FencingToken,
+    pub owner: OwnerId,
+    pub key: IdempotencyKey,
+    pub body: SubmissionRequest,
+    pub trace_id: String,
+}
+
+/// The proxy: a store, a rail client, a clock, metrics. No token state of its own.
+pub struct RailProxy {
+    pub store: Arc<dyn RailStore>,
+    pub cfg: ProxyConfig,
+    pub clock: Clock,
+    pub metrics: ProxyMetrics,
+    client: HttpClient,
+}
+
+impl RailProxy {
+    pub fn new(store: Arc<dyn RailStore>, cfg: ProxyConfig, clock: Clock) -> Arc<RailProxy> {
+        let client = HttpClient::new(cfg.connect_timeout_ms, cfg.read_timeout_ms);
+        Arc::new(RailProxy { store, cfg, clock, metrics: ProxyMetrics::default(), client })
+    }
+
+    /// Readiness: the database answers and the rail accepts a connection.
+    pub async fn readiness(&self) -> (Result<(), String>, Result<(), String>) {
+        let db = self.store.ping().await.map_err(|e| e.to_string());
+        let rail = self.client.probe(&self.cfg.rail_url).await.map_err(|e| e.to_string());
+        (db, rail)
+    }
+
+    /// Runs one submission to its end. The work runs in its own task, so a caller that
+    /// disconnects mid-forward cannot cancel the recording of the outcome.
+    pub async fn submit(self: &Arc<Self>, s: Submission) -> Outcome {
+        let this = self.clone();
+        match dlock_rt::spawn(async move { this.run(s).await }).await {
+            Ok(o) => o,
+            Err(e) => Outcome::StoreUnavailable { cause: format!("submission task failed: {e}") },
+        }
+    }
+
+    async fn run(&self, s: Submission) -> Outcome {
+        let body = &s.body;
+        // Validation before step 1: a mismatch writes no row.
+        let payout = match self.store.payout(body.payout_id).await {
+            Ok(p) => p,
+            Err(e) => return Outcome::StoreUnavailable { cause: e.to_string() },
+        };
+        let Some(payout) = payout else {
+            return Outcome::Invalid {
+                message: "no such payout".into(),
+                fields: vec![FieldError::new("payoutId", "does not name a known payout")],
+            };
+        };
+        let mut mismatched = Vec::new();
+        if payout.account_id != body.account_id {
+            mismatched.push(FieldError::new("accountId", "does not match the payout"));
+        }
+        if payout.amount_minor != body.amount_minor {
+            mismatched.push(FieldError::new("amountMinor", "does not match the payout"));
+        }
+        if payout.currency != body.currency {
+            mismatched.push(FieldError::new("currency", "does not match the payout"));
+        }
+        if !mismatched.is_empty() {
+            return Outcome::Invalid { message: "the body does not match the payout".into(), fields: mismatched };
+        }
+
+        let submission_id = dlock_rt::rand::uuid_v4();
+        let attempt = Attempt {
+            submission_id,
+            payout_id: body.payout_id,
+            account_id: body.account_id.clone(),
+            presented_token: s.token.get(),
+            owner_id: s.owner.as_str().to_owned(),
+            idempotency_key: s.key.as_str().to_owned(),
+            amount_minor: body.amount_minor,
+            currency: body.currency.clone(),
+            at: self.clock.wall(),
+            fencing_enabled: self.cfg.fencing_enabled,
+        };
+        let admission = match self.store.admit(&attempt).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(traceId = %s.trace_id, payoutId = %body.payout_id, cause = %e, "rail_intent_not_committed");
+                return Outcome::StoreUnavailable { cause: e.to_string() };
+            }
+        };
+        let submitted_at = match admission {
+            Admission::Fenced { highest_token } => {
+                self.metrics.outcome(SubmissionOutcome::Fenced);
+                self.metrics.fenced_out.inc(RESOURCE_RAIL);
+                tracing::warn!(
+                    resource = "rail",
+                    resourceId = %body.account_id,
+                    payoutId = %body.payout_id,
+                    presentedToken = s.token.get(),
+                    highestToken = highest_token,
+                    ownerId = %s.owner,
+                    traceId = %s.trace_id,
+                    "fenced_out"
+                );
+                return Outcome::Fenced { submission_id, highest_token };
+            }
+            Admission::Duplicate { first_submitted_at, first_submission_id } => {
+                self.metrics.outcome(SubmissionOutcome::Duplicate);
+                self.metrics.duplicates.inc();
+                tracing::error!(
+                    payoutId = %body.payout_id,
+                    presentedToken = s.token.get(),
+                    ownerId = %s.owner,
+                    firstSubmittedAt = %dlock_contract::time::rfc3339_ms(first_submitted_at),
+                    firstSubmissionId = %first_submission_id,
+                    traceId = %s.trace_id,
+                    "duplicate_rail_submission_attempted"
+                );
+                return Outcome::Duplicate { submission_id, first_submission_id, first_submitted_at };
+            }
+            Admission::NotClaimable { state } => return Outcome::NotClaimable { state },
+            Admission::Admitted { submitted_at } => submitted_at,
+        };
+
+        // Step 4: forward exactly once. No retry, no fallback, no second socket.
+        let resolution = self.forward(body).await;
+        let resolved_at = self.clock.wall();
+        let outcome = resolution.outcome();
+        if let Err(e) = self.store.resolve(submission_id, &resolution, resolved_at).await {
+            // The rail may have acted and we cannot record it: quarantine by answer; the
+            // unresolved intent row is the evidence the reconciler reports.
+            tracing::error!(
+                payoutId = %body.payout_id,
+                submissionId = %submission_id,
+                presentedToken = s.token.get(),
+                cause = %format!("outcome {} not recorded: {e}", outcome.as_str()),
+                traceId = %s.trace_id,
+                "rail_ambiguous"
+            );
+            self.metrics.outcome(SubmissionOutcome::Timeout);
+            return Outcome::Ambiguous { submission_id, cause: "the outcome could not be recorded".into() };
+        }
+        self.metrics.outcome(outcome);
+        tracing::info!(
+            payoutId = %body.payout_id,
+            submissionId = %submission_id,
+            presentedToken = s.token.get(),
+            outcome = outcome.as_str(),
+            traceId = %s.trace_id,
+            "rail_submission_resolved"
+        );
+        match resolution {
+            Resolution::Acked { rail_reference } => {
+                Outcome::Acked { submission_id, rail_reference, submitted_at, resolved_at }
+            }
+            Resolution::Rejected { .. } => Outcome::Rejected { submission_id },
+            Resolution::Timeout { detail } => {
+                tracing::error!(
+                    payoutId = %body.payout_id,
+                    submissionId = %submission_id,
+                    presentedToken = s.token.get(),
+                    cause = %detail,
+                    traceId = %s.trace_id,
+                    "rail_ambiguous"
+                );
+                Outcome::Ambiguous { submission_id, cause: detail }
+            }
+            Resolution::Unsent { detail } => Outcome::Unsent { submission_id, cause: detail },
+        }
+    }
+
+    async fn forward(&self, body: &SubmissionRequest) -> Resolution {
+        let rail_body = RailSubmit {
+            client_ref: body.payout_id.to_string(),
+            amount_minor: body.amount_minor,
+            currency: body.currency.clone(),
+        };
+        let bytes = match serde_json::to_vec(&rail_body) {
+            Ok(b) => b,
+            Err(e) => return Resolution::Unsent { detail: format!("could not encode the rail request: {e}") },
+        };
+        let sent = self
+            .client
+            .send(
+                &self.cfg.rail_url,
+                http::Method::POST,
+                "/submit",
+                &[("content-type", dlock_contract::CONTENT_TYPE_JSON)],
+                Some(bytes.into()),
+            )
+            .await;
+        classify(sent)
+    }
+}
+
+/// Maps the one forward's fate onto a recorded outcome. Only an acknowledged 200 with a
+/// well-formed body is ACKED, only 402 is a decline, only a failed connect is UNSENT;
+/// everything else may have moved money and is ambiguous.
+pub fn classify(sent: Result<dlock_rt::http::ClientResponse, ClientError>) -> Resolution {
+    match sent {
+        Ok(resp) if resp.status == 200 => match serde_json::from_slice::<RailAck>(&resp.body) {
+            Ok(ack) if !ack.rail_reference.is_empty() => Resolution::Acked { rail_reference: ack.rail_reference },
+            _ => Resolution::Timeout { detail: "malformed ack".into() },
+        },
+        Ok(resp) if resp.status == 402 => Resolution::Rejected { detail: "declined by the rail (402)".into() },
+        Ok(resp) => Resolution::Timeout { detail: format!("rail answered {}", resp.status) },
+        Err(e) if e.nothing_sent() => Resolution::Unsent { detail: e.to_string() },
+        Err(ClientError::Timeout(ms)) => Resolution::Timeout { detail: format!("no answer within {ms} ms") },
+        Err(e) => Resolution::Timeout { detail: e.to_string() },
+    }
+}
+
+impl From<StoreError> for Outcome {
+    fn from(e: StoreError) -> Self {
+        Outcome::StoreUnavailable { cause: e.to_string() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlock_rt::http::ClientResponse;
+
+    fn resp(status: u16, body: &str) -> Result<ClientResponse, ClientError> {
+        Ok(ClientResponse { status, headers: http::HeaderMap::new(), body: body.to_owned().into() })
+    }
+
+    #[test]
+    fn only_a_well_formed_200_counts_as_acked() {
+        let ok = r#"{"railReference":"RR-1","acceptedAt":"2026-11-30T11:00:00.000Z"}"#;
+        assert_eq!(classify(resp(200, ok)), Resolution::Acked { rail_reference: "RR-1".into() });
+        assert_eq!(classify(resp(200, "{}")).outcome(), SubmissionOutcome::Timeout);
+        assert_eq!(classify(resp(200, "garbage")).outcome(), SubmissionOutcome::Timeout);
+    }
+
+    #[test]
+    fn decline_is_rejected_and_other_statuses_are_ambiguous() {
+        assert_eq!(classify(resp(402, "")).outcome(), SubmissionOutcome::Rejected);
+        for s in [400, 404, 409, 500, 502, 503] {
+            assert_eq!(classify(resp(s, "")).outcome(), SubmissionOutcome::Timeout, "{s}");
+        }
+    }
+
+    #[test]
+    fn connect_failure_is_unsent_and_lost_answers_are_ambiguous() {
+        assert_eq!(classify(Err(ClientError::Connect("refused".into()))).outcome(), SubmissionOutcome::Unsent);
+        assert_eq!(classify(Err(ClientError::Timeout(8000))).outcome(), SubmissionOutcome::Timeout);
+        assert_eq!(classify(Err(ClientError::Broken("reset".into()))).outcome(), SubmissionOutcome::Timeout);
+    }
+}

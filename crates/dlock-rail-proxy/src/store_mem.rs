@@ -1,0 +1,164 @@
+//! The simulation store: paydb's rail tables in memory, with the same semantics as SQL.
+//!
+//! It stands in for the *database*, not for the proxy's memory: in the simulation it
+//! outlives every proxy node it serves (a killed and restarted proxy finds its marks where
+//! it left them), exactly as paydb outlives a proxy process. The proxy never caches from it.
+//!
+//! Each method takes the one mutex for its whole body, which is what a serialisable
+//! transaction looks like from outside. The conformance suite holds it to the SQL stores.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use dlock_contract::payout::PayoutState;
+use dlock_contract::rail::SubmissionOutcome;
+use uuid::Uuid;
+
+use crate::store::{
+    is_forwardable, Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow,
+};
+
+#[derive(Debug, Default)]
+struct Tables {
+    payouts: BTreeMap<Uuid, PayoutRow>,
+    high_water: BTreeMap<String, i64>,
+    /// In insertion order (the `seq` column).
+    submissions: Vec<SubmissionRow>,
+}
+
+/// In-memory paydb (rail tables only).
+#[derive(Debug, Default)]
+pub struct MemRailStore {
+    tables: Mutex<Tables>,
+}
+
+impl MemRailStore {
+    pub fn new() -> MemRailStore {
+        MemRailStore::default()
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Tables>, StoreError> {
+        self.tables.lock().map_err(|_| StoreError::Corrupt("simulation store poisoned".into()))
+    }
+}
+
+fn row(a: &Attempt, outcome: Option<SubmissionOutcome>) -> SubmissionRow {
+    SubmissionRow {
+        submission_id: a.submission_id,
+        payout_id: a.payout_id,
+        account_id: a.account_id.clone(),
+        presented_token: a.presented_token,
+        owner_id: a.owner_id.clone(),
+        idempotency_key: a.idempotency_key.clone(),
+        amount_minor: a.amount_minor,
+        currency: a.currency.clone(),
+        outcome,
+        outcome_detail: None,
+        rail_reference: None,
+        submitted_at: a.at,
+        resolved_at: outcome.map(|_| a.at),
+    }
+}
+
+#[async_trait]
+impl RailStore for MemRailStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.lock().map(|_| ())
+    }
+
+    async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutRow>, StoreError> {
+        Ok(self.lock()?.payouts.get(&payout_id).cloned())
+    }
+
+    async fn admit(&self, a: &Attempt) -> Result<Admission, StoreError> {
+        let mut t = self.lock()?;
+        // Step 1: the conditional upsert of the mark.
+        if a.fencing_enabled {
+            let current = t.high_water.get(&a.account_id).copied();
+            match current {
+                Some(highest) if highest >= a.presented_token => {
+                    t.submissions.push(row(a, Some(SubmissionOutcome::Fenced)));
+                    return Ok(Admission::Fenced { highest_token: highest });
+                }
+                _ => {}
+            }
+        }
+        // Step 2: the unique index over forwardable attempts.
+        if let Some(first) = t.submissions.iter().find(|s| s.payout_id == a.payout_id && is_forwardable(s.outcome)) {
+            let dup = Admission::Duplicate {
+                first_submitted_at: first.submitted_at,
+                first_submission_id: first.submission_id,
+            };
+            if a.fencing_enabled {
+                t.high_water.insert(a.account_id.clone(), a.presented_token);
+            }
+            t.submissions.push(row(a, Some(SubmissionOutcome::Duplicate)));
+            return Ok(dup);
+        }
+        // Step 3: CLAIMED -> SUBMITTED, or roll everything back.
+        let Some(payout) = t.payouts.get_mut(&a.payout_id) else {
+            return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id)));
+        };
+        if payout.state != PayoutState::Claimed {
+            return Ok(Admission::NotClaimable { state: payout.state });
+        }
+        payout.state = PayoutState::Submitted;
+        payout.attempt_count += 1;
+        if a.fencing_enabled {
+            t.high_water.insert(a.account_id.clone(), a.presented_token);
+        }
+        t.submissions.push(row(a, None));
+        Ok(Admission::Admitted { submitted_at: a.at })
+    }
+
+    async fn resolve(&self, submission_id: Uuid, r: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
+        let mut t = self.lock()?;
+        let Some(s) = t.submissions.iter_mut().find(|s| s.submission_id == submission_id) else {
+            return Err(StoreError::Corrupt(format!("no submission {submission_id}")));
+        };
+        if s.outcome.is_some() {
+            return Ok(());
+        }
+        s.outcome = Some(r.outcome());
+        s.outcome_detail = r.detail().map(str::to_owned);
+        s.rail_reference = r.rail_reference().map(str::to_owned);
+        s.resolved_at = Some(at);
+        let payout_id = s.payout_id;
+        if let Some(p) = t.payouts.get_mut(&payout_id) {
+            if p.state == PayoutState::Submitted {
+                p.state = r.payout_state();
+            }
+        }
+        Ok(())
+    }
+
+    async fn high_water(&self, account_id: &str) -> Result<Option<i64>, StoreError> {
+        Ok(self.lock()?.high_water.get(account_id).copied())
+    }
+
+    async fn submissions(&self, payout_id: Option<Uuid>) -> Result<Vec<SubmissionRow>, StoreError> {
+        Ok(self.lock()?.submissions.iter().filter(|s| payout_id.is_none_or(|p| s.payout_id == p)).cloned().collect())
+    }
+
+    async fn insert_payout(&self, p: &NewPayout, _at: DateTime<Utc>) -> Result<(), StoreError> {
+        let mut t = self.lock()?;
+        if t.payouts.contains_key(&p.payout_id) {
+            return Err(StoreError::Corrupt(format!("payout {} exists", p.payout_id)));
+        }
+        t.payouts.insert(
+            p.payout_id,
+            PayoutRow {
+                payout_id: p.payout_id,
+                account_id: p.account_id.clone(),
+                amount_minor: p.amount_minor,
+                currency: p.currency.clone(),
+                beneficiary_ref: p.beneficiary_ref.clone(),
+                state: p.state,
+                attempt_count: 0,
+            },
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,445 @@
+//! paydb on PostgreSQL and SQLite, through sqlx.
+//!
+//! The SQL is written once, with `$n` placeholders, and the same statements run on both
+//! databases (SQLite gets `?n`, its numbered form). The two implementations differ only in
+//! their pool type; a macro stamps the one body out for each.
+//!
+//! Steps 1–3 are one transaction whose first statement is a write, so on SQLite the
+//! transaction takes the write lock at once (no read-then-upgrade deadlock) and on
+//! PostgreSQL the conditional upsert row-locks the mark until commit.
+
+use std::borrow::Cow;
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use dlock_contract::payout::PayoutState;
+use dlock_contract::rail::SubmissionOutcome;
+use sqlx::Row;
+use uuid::Uuid;
+
+use crate::store::{Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow};
+
+/// Most connections one proxy opens to paydb.
+pub const POOL_CONNECTIONS_MAX: u32 = 16;
+/// Longest a request waits for a pooled connection.
+pub const POOL_ACQUIRE_MS_MAX: u64 = 2_000;
+/// Longest SQLite waits for the write lock before answering busy.
+pub const SQLITE_BUSY_MS_MAX: u64 = 5_000;
+
+static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/postgres");
+static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/sqlite");
+
+/// The forwardable-attempt predicate of `rail_submission_attempt_uidx`, verbatim.
+const FORWARDABLE: &str = "outcome IS NULL OR outcome IN ('ACKED', 'REJECTED', 'TIMEOUT')";
+
+fn unavailable(e: sqlx::Error) -> StoreError {
+    match e {
+        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) | sqlx::Error::ColumnNotFound(_) => {
+            StoreError::Corrupt(e.to_string())
+        }
+        other => StoreError::Unavailable(other.to_string()),
+    }
+}
+
+fn pg_sql(sql: &str) -> Cow<'_, str> {
+    Cow::Borrowed(sql)
+}
+
+/// Rewrites `$n` to `?n`, SQLite's numbered placeholder with the same meaning.
+fn sqlite_sql(sql: &str) -> Cow<'_, str> {
+    Cow::Owned(sql.replace('$', "?"))
+}
+
+fn parse_uuid(raw: &str) -> Result<Uuid, StoreError> {
+    Uuid::parse_str(raw).map_err(|e| StoreError::Corrupt(format!("bad uuid {raw:?}: {e}")))
+}
+
+fn parse_state(raw: &str) -> Result<PayoutState, StoreError> {
+    PayoutState::parse(raw).ok_or_else(|| StoreError::Corrupt(format!("bad payout state {raw:?}")))
+}
+
+fn parse_outcome(raw: Option<String>) -> Result<Option<SubmissionOutcome>, StoreError> {
+    raw.map(|r| SubmissionOutcome::parse(&r).ok_or_else(|| StoreError::Corrupt(format!("bad outcome {r:?}"))))
+        .transpose()
+}
+
+/// The database behind a `--database-url`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Postgres,
+    Sqlite,
+}
+
+impl Dialect {
+    pub fn of_url(url: &str) -> Result<Dialect, String> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Dialect::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Ok(Dialect::Sqlite)
+        } else {
+            Err("database url must start with sqlite:// or postgres://".into())
+        }
+    }
+}
+
+/// Opens paydb at `url` and applies pending migrations.
+pub async fn open(url: &str) -> Result<std::sync::Arc<dyn RailStore>, StoreError> {
+    match Dialect::of_url(url).map_err(StoreError::Unavailable)? {
+        Dialect::Postgres => Ok(std::sync::Arc::new(PgRailStore::open(url).await?)),
+        Dialect::Sqlite => Ok(std::sync::Arc::new(SqliteRailStore::open(url).await?)),
+    }
+}
+
+/// Applies pending paydb migrations at `url`; returns the versions the tree holds, all now
+/// applied.
+pub async fn migrate(url: &str) -> Result<Vec<i64>, StoreError> {
+    let migrator = match Dialect::of_url(url).map_err(StoreError::Unavailable)? {
+        Dialect::Postgres => {
+            PgRailStore::open(url).await?;
+            &PG_MIGRATOR
+        }
+        Dialect::Sqlite => {
+            SqliteRailStore::open(url).await?;
+            &SQLITE_MIGRATOR
+        }
+    };
+    Ok(migrator.iter().map(|m| m.version).collect())
+}
+
+/// paydb on PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct PgRailStore {
+    pub pool: sqlx::PgPool,
+}
+
+impl PgRailStore {
+    pub async fn open(url: &str) -> Result<PgRailStore, StoreError> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(POOL_CONNECTIONS_MAX)
+            .acquire_timeout(Duration::from_millis(POOL_ACQUIRE_MS_MAX))
+            .connect(url)
+            .await
+            .map_err(unavailable)?;
+        PG_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
+        Ok(PgRailStore { pool })
+    }
+}
+
+/// paydb on SQLite (the embedded default).
+#[derive(Debug, Clone)]
+pub struct SqliteRailStore {
+    pub pool: sqlx::SqlitePool,
+}
+
+impl SqliteRailStore {
+    pub async fn open(url: &str) -> Result<SqliteRailStore, StoreError> {
+        if let Some(parent) = sqlite_path(url).and_then(|p| std::path::Path::new(p).parent()) {
+            if !parent.as_os_str().is_empty() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| StoreError::Unavailable(format!("create {}: {e}", parent.display())))?;
+            }
+        }
+        let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+            .map_err(unavailable)?
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .synchronous(sqlx::sqlite::SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_millis(SQLITE_BUSY_MS_MAX));
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(POOL_CONNECTIONS_MAX.min(4))
+            .acquire_timeout(Duration::from_millis(POOL_ACQUIRE_MS_MAX + SQLITE_BUSY_MS_MAX))
+            .connect_with(opts)
+            .await
+            .map_err(unavailable)?;
+        SQLITE_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
+        Ok(SqliteRailStore { pool })
+    }
+}
+
+/// The file path inside a `sqlite://PATH[?query]` URL.
+pub fn sqlite_path(url: &str) -> Option<&str> {
+    let rest = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next().unwrap_or(rest);
+    (!path.is_empty() && path != ":memory:").then_some(path)
+}
+
+macro_rules! sql_rail_store {
+    ($store:ty, $sql:path) => {
+        #[async_trait]
+        impl RailStore for $store {
+            async fn ping(&self) -> Result<(), StoreError> {
+                sqlx::query("SELECT 1").execute(&self.pool).await.map(|_| ()).map_err(unavailable)
+            }
+
+            async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutRow>, StoreError> {
+                let q = $sql(
+                    "SELECT payout_id, account_id, amount_minor, currency, beneficiary_ref, state, attempt_count \
+                     FROM payouts WHERE payout_id = $1",
+                );
+                let row = sqlx::query(&q)
+                    .bind(payout_id.to_string())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(unavailable)?;
+                row.map(|r| {
+                    Ok(PayoutRow {
+                        payout_id: parse_uuid(&r.try_get::<String, _>("payout_id").map_err(unavailable)?)?,
+                        account_id: r.try_get("account_id").map_err(unavailable)?,
+                        amount_minor: r.try_get("amount_minor").map_err(unavailable)?,
+                        currency: r.try_get("currency").map_err(unavailable)?,
+                        beneficiary_ref: r.try_get("beneficiary_ref").map_err(unavailable)?,
+                        state: parse_state(&r.try_get::<String, _>("state").map_err(unavailable)?)?,
+                        attempt_count: r.try_get("attempt_count").map_err(unavailable)?,
+                    })
+                })
+                .transpose()
+            }
+
+            async fn admit(&self, a: &Attempt) -> Result<Admission, StoreError> {
+                let mut tx = self.pool.begin().await.map_err(unavailable)?;
+                let insert_row = $sql(
+                    "INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, owner_id, \
+                     idempotency_key, amount_minor, currency, outcome, submitted_at, resolved_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)",
+                );
+                let refused_row = |outcome: SubmissionOutcome| {
+                    sqlx::query(&insert_row)
+                        .bind(a.submission_id.to_string())
+                        .bind(a.payout_id.to_string())
+                        .bind(a.account_id.clone())
+                        .bind(a.presented_token)
+                        .bind(a.owner_id.clone())
+                        .bind(a.idempotency_key.clone())
+                        .bind(a.amount_minor)
+                        .bind(a.currency.clone())
+                        .bind(outcome.as_str())
+                        .bind(a.at)
+                };
+
+                // Step 1: advance the mark only to a strictly greater token.
+                if a.fencing_enabled {
+                    let q = $sql(
+                        "INSERT INTO rail_high_water (account_id, highest_token, updated_at) VALUES ($1, $2, $3) \
+                         ON CONFLICT (account_id) DO UPDATE \
+                         SET highest_token = EXCLUDED.highest_token, updated_at = EXCLUDED.updated_at \
+                         WHERE rail_high_water.highest_token < EXCLUDED.highest_token \
+                         RETURNING highest_token",
+                    );
+                    let advanced = sqlx::query(&q)
+                        .bind(a.account_id.clone())
+                        .bind(a.presented_token)
+                        .bind(a.at)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(unavailable)?;
+                    if advanced.is_none() {
+                        let q = $sql("SELECT highest_token FROM rail_high_water WHERE account_id = $1");
+                        let highest: i64 = sqlx::query(&q)
+                            .bind(a.account_id.clone())
+                            .fetch_one(&mut *tx)
+                            .await
+                            .and_then(|r| r.try_get("highest_token"))
+                            .map_err(unavailable)?;
+                        refused_row(SubmissionOutcome::Fenced).execute(&mut *tx).await.map_err(unavailable)?;
+                        tx.commit().await.map_err(unavailable)?;
+                        return Ok(Admission::Fenced { highest_token: highest });
+                    }
+                }
+
+                // Step 2: the unique index decides; a conflict inserts nothing.
+                let q = $sql(&format!(
+                    "INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, owner_id, \
+                     idempotency_key, amount_minor, currency, outcome, submitted_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULL, $9) \
+                     ON CONFLICT (payout_id) WHERE {FORWARDABLE} DO NOTHING \
+                     RETURNING submission_id"
+                ))
+                .into_owned();
+                let claimed = sqlx::query(&q)
+                    .bind(a.submission_id.to_string())
+                    .bind(a.payout_id.to_string())
+                    .bind(a.account_id.clone())
+                    .bind(a.presented_token)
+                    .bind(a.owner_id.clone())
+                    .bind(a.idempotency_key.clone())
+                    .bind(a.amount_minor)
+                    .bind(a.currency.clone())
+                    .bind(a.at)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                if claimed.is_none() {
+                    let q = $sql(&format!(
+                        "SELECT submission_id, submitted_at FROM rail_submission \
+                         WHERE payout_id = $1 AND ({FORWARDABLE})"
+                    ))
+                    .into_owned();
+                    let first = sqlx::query(&q)
+                        .bind(a.payout_id.to_string())
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(unavailable)?;
+                    let first_submission_id =
+                        parse_uuid(&first.try_get::<String, _>("submission_id").map_err(unavailable)?)?;
+                    let first_submitted_at: DateTime<Utc> = first.try_get("submitted_at").map_err(unavailable)?;
+                    refused_row(SubmissionOutcome::Duplicate).execute(&mut *tx).await.map_err(unavailable)?;
+                    tx.commit().await.map_err(unavailable)?;
+                    return Ok(Admission::Duplicate { first_submitted_at, first_submission_id });
+                }
+
+                // Step 3: CLAIMED -> SUBMITTED in the same transaction, or roll back everything.
+                let q = $sql(
+                    "UPDATE payouts SET state = 'SUBMITTED', attempt_count = attempt_count + 1, updated_at = $2 \
+                     WHERE payout_id = $1 AND state = 'CLAIMED'",
+                );
+                let moved = sqlx::query(&q)
+                    .bind(a.payout_id.to_string())
+                    .bind(a.at)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(unavailable)?
+                    .rows_affected();
+                if moved != 1 {
+                    let q = $sql("SELECT state FROM payouts WHERE payout_id = $1");
+                    let state: String = sqlx::query(&q)
+                        .bind(a.payout_id.to_string())
+                        .fetch_one(&mut *tx)
+                        .await
+                        .and_then(|r| r.try_get("state"))
+                        .map_err(unavailable)?;
+                    tx.rollback().await.map_err(unavailable)?;
+                    return Ok(Admission::NotClaimable { state: parse_state(&state)? });
+                }
+                tx.commit().await.map_err(unavailable)?;
+                Ok(Admission::Admitted { submitted_at: a.at })
+            }
+
+            async fn resolve(&self, submission_id: Uuid, r: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
+                let mut tx = self.pool.begin().await.map_err(unavailable)?;
+                let q = $sql(
+                    "UPDATE rail_submission SET outcome = $2, outcome_detail = $3, rail_reference = $4, resolved_at = $5 \
+                     WHERE submission_id = $1 AND outcome IS NULL \
+                     RETURNING payout_id",
+                );
+                let updated = sqlx::query(&q)
+                    .bind(submission_id.to_string())
+                    .bind(r.outcome().as_str())
+                    .bind(r.detail().map(str::to_owned))
+                    .bind(r.rail_reference().map(str::to_owned))
+                    .bind(at)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                let Some(updated) = updated else {
+                    // Already resolved (or never existed): nothing to do.
+                    tx.rollback().await.map_err(unavailable)?;
+                    return Ok(());
+                };
+                let payout_id: String = updated.try_get("payout_id").map_err(unavailable)?;
+                let q = $sql(
+                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state = 'SUBMITTED'",
+                );
+                sqlx::query(&q)
+                    .bind(payout_id)
+                    .bind(r.payout_state().as_str())
+                    .bind(at)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                tx.commit().await.map_err(unavailable)
+            }
+
+            async fn high_water(&self, account_id: &str) -> Result<Option<i64>, StoreError> {
+                let q = $sql("SELECT highest_token FROM rail_high_water WHERE account_id = $1");
+                sqlx::query(&q)
+                    .bind(account_id.to_owned())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(unavailable)?
+                    .map(|r| r.try_get("highest_token").map_err(unavailable))
+                    .transpose()
+            }
+
+            async fn submissions(&self, payout_id: Option<Uuid>) -> Result<Vec<SubmissionRow>, StoreError> {
+                let q = $sql(
+                    "SELECT submission_id, payout_id, account_id, presented_token, owner_id, idempotency_key, \
+                     amount_minor, currency, outcome, outcome_detail, rail_reference, submitted_at, resolved_at \
+                     FROM rail_submission WHERE ($1 IS NULL OR payout_id = $1) ORDER BY seq",
+                );
+                let rows = sqlx::query(&q)
+                    .bind(payout_id.map(|p| p.to_string()))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(unavailable)?;
+                rows.iter()
+                    .map(|r| {
+                        Ok(SubmissionRow {
+                            submission_id: parse_uuid(&r.try_get::<String, _>("submission_id").map_err(unavailable)?)?,
+                            payout_id: parse_uuid(&r.try_get::<String, _>("payout_id").map_err(unavailable)?)?,
+                            account_id: r.try_get("account_id").map_err(unavailable)?,
+                            presented_token: r.try_get("presented_token").map_err(unavailable)?,
+                            owner_id: r.try_get("owner_id").map_err(unavailable)?,
+                            idempotency_key: r.try_get("idempotency_key").map_err(unavailable)?,
+                            amount_minor: r.try_get("amount_minor").map_err(unavailable)?,
+                            currency: r.try_get("currency").map_err(unavailable)?,
+                            outcome: parse_outcome(r.try_get("outcome").map_err(unavailable)?)?,
+                            outcome_detail: r.try_get("outcome_detail").map_err(unavailable)?,
+                            rail_reference: r.try_get("rail_reference").map_err(unavailable)?,
+                            submitted_at: r.try_get("submitted_at").map_err(unavailable)?,
+                            resolved_at: r.try_get("resolved_at").map_err(unavailable)?,
+                        })
+                    })
+                    .collect()
+            }
+
+            async fn insert_payout(&self, p: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
+                let q = $sql(
+                    "INSERT INTO payouts (payout_id, account_id, amount_minor, currency, beneficiary_ref, state, \
+                     attempt_count, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $7)",
+                );
+                sqlx::query(&q)
+                    .bind(p.payout_id.to_string())
+                    .bind(p.account_id.clone())
+                    .bind(p.amount_minor)
+                    .bind(p.currency.clone())
+                    .bind(p.beneficiary_ref.clone())
+                    .bind(p.state.as_str())
+                    .bind(at)
+                    .execute(&self.pool)
+                    .await
+                    .map(|_| ())
+                    .map_err(unavailable)
+            }
+        }
+    };
+}
+
+sql_rail_store!(PgRailStore, pg_sql);
+sql_rail_store!(SqliteRailStore, sqlite_sql);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_placeholders_keep_their_numbers() {
+        assert_eq!(sqlite_sql("a = $1 AND b = $10 OR c = $1"), "a = ?1 AND b = ?10 OR c = ?1");
+    }
+
+    #[test]
+    fn sqlite_path_is_read_from_the_url() {
+        assert_eq!(sqlite_path("sqlite://dlock-data/paydb.sqlite"), Some("dlock-data/paydb.sqlite"));
+        assert_eq!(sqlite_path("sqlite:///tmp/x.db?mode=rwc"), Some("/tmp/x.db"));
+        assert_eq!(sqlite_path("sqlite::memory:"), None);
+    }
+
+    #[test]
+    fn dialect_follows_the_url_scheme() {
+        assert_eq!(Dialect::of_url("postgres://u@h/db"), Ok(Dialect::Postgres));
+        assert_eq!(Dialect::of_url("sqlite://x"), Ok(Dialect::Sqlite));
+        assert!(Dialect::of_url("mysql://x").is_err());
+    }
+}

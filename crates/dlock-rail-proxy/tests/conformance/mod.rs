@@ -1,0 +1,290 @@
+//! The rail store conformance suite: the same cases against every `RailStore`
+//! implementation (SQLite, PostgreSQL, and the simulation store), so the simulation cannot
+//! drift from SQL semantics. Each case names the behaviour it proves.
+
+use std::sync::Arc;
+
+use chrono::{DateTime, Duration, Utc};
+use dlock_contract::payout::PayoutState;
+use dlock_contract::rail::SubmissionOutcome;
+use dlock_rail_proxy::store::{Admission, Attempt, NewPayout, RailStore, Resolution};
+use uuid::Uuid;
+
+pub fn t0() -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("valid instant")
+}
+
+pub async fn payout(store: &Arc<dyn RailStore>, account: &str, state: PayoutState) -> Uuid {
+    let id = Uuid::new_v4();
+    store
+        .insert_payout(
+            &NewPayout {
+                payout_id: id,
+                account_id: account.to_owned(),
+                amount_minor: 1_000,
+                currency: "EUR".into(),
+                beneficiary_ref: "ben".into(),
+                state,
+            },
+            t0(),
+        )
+        .await
+        .expect("insert payout");
+    id
+}
+
+pub fn attempt(payout_id: Uuid, account: &str, token: i64, at_ms: i64) -> Attempt {
+    Attempt {
+        submission_id: Uuid::new_v4(),
+        payout_id,
+        account_id: account.to_owned(),
+        presented_token: token,
+        owner_id: "worker-1".into(),
+        idempotency_key: format!("payout:{payout_id}"),
+        amount_minor: 1_000,
+        currency: "EUR".into(),
+        at: t0() + Duration::milliseconds(at_ms),
+        fencing_enabled: true,
+    }
+}
+
+async fn state_of(store: &Arc<dyn RailStore>, id: Uuid) -> PayoutState {
+    store.payout(id).await.expect("read").expect("exists").state
+}
+
+pub async fn mark_advances_only_to_strictly_greater_tokens(store: Arc<dyn RailStore>) {
+    let p1 = payout(&store, "acct-1", PayoutState::Claimed).await;
+    let p2 = payout(&store, "acct-1", PayoutState::Claimed).await;
+    let p3 = payout(&store, "acct-1", PayoutState::Claimed).await;
+    assert!(matches!(store.admit(&attempt(p1, "acct-1", 42, 0)).await, Ok(Admission::Admitted { .. })));
+    assert_eq!(store.high_water("acct-1").await, Ok(Some(42)));
+    // Equal token: strictly greater, never >=.
+    assert_eq!(store.admit(&attempt(p2, "acct-1", 42, 1)).await, Ok(Admission::Fenced { highest_token: 42 }));
+    assert_eq!(store.admit(&attempt(p2, "acct-1", 41, 2)).await, Ok(Admission::Fenced { highest_token: 42 }));
+    assert_eq!(store.high_water("acct-1").await, Ok(Some(42)));
+    assert!(matches!(store.admit(&attempt(p3, "acct-1", 43, 3)).await, Ok(Admission::Admitted { .. })));
+    assert_eq!(store.high_water("acct-1").await, Ok(Some(43)));
+    // Marks are per account.
+    assert_eq!(store.high_water("acct-2").await, Ok(None));
+}
+
+pub async fn fenced_attempt_leaves_one_fenced_row_and_the_payout_untouched(store: Arc<dyn RailStore>) {
+    let p1 = payout(&store, "a", PayoutState::Claimed).await;
+    let p2 = payout(&store, "a", PayoutState::Claimed).await;
+    store.admit(&attempt(p1, "a", 10, 0)).await.expect("admit");
+    let stale = attempt(p2, "a", 9, 1);
+    assert_eq!(store.admit(&stale).await, Ok(Admission::Fenced { highest_token: 10 }));
+    let rows = store.submissions(Some(p2)).await.expect("rows");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].outcome, Some(SubmissionOutcome::Fenced));
+    assert_eq!(rows[0].presented_token, 9);
+    assert_eq!(rows[0].submission_id, stale.submission_id);
+    assert_eq!(rows[0].resolved_at, Some(stale.at));
+    assert_eq!(state_of(&store, p2).await, PayoutState::Claimed);
+    let p = store.payout(p2).await.expect("read").expect("exists");
+    assert_eq!(p.attempt_count, 0);
+}
+
+pub async fn admitted_attempt_commits_an_unresolved_intent_and_submits_the_payout(store: Arc<dyn RailStore>) {
+    let p = payout(&store, "a", PayoutState::Claimed).await;
+    let a = attempt(p, "a", 5, 0);
+    assert_eq!(store.admit(&a).await, Ok(Admission::Admitted { submitted_at: a.at }));
+    let rows = store.submissions(Some(p)).await.expect("rows");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].outcome, None);
+    assert_eq!(rows[0].resolved_at, None);
+    assert_eq!(rows[0].owner_id, "worker-1");
+    assert_eq!(rows[0].idempotency_key, format!("payout:{p}"));
+    let row = store.payout(p).await.expect("read").expect("exists");
+    assert_eq!((row.state, row.attempt_count), (PayoutState::Submitted, 1));
+}
+
+pub async fn second_forwardable_attempt_is_a_duplicate_whatever_the_token(store: Arc<dyn RailStore>) {
+    let p = payout(&store, "a", PayoutState::Claimed).await;
+    let first = attempt(p, "a", 1, 0);
+    store.admit(&first).await.expect("admit");
+    // While the intent is unresolved...
+    let again = store.admit(&attempt(p, "a", 2, 1)).await.expect("admit");
+    assert_eq!(again, Admission::Duplicate { first_submitted_at: first.at, first_submission_id: first.submission_id });
+    // ...and after it was acknowledged.
+    store
+        .resolve(first.submission_id, &Resolution::Acked { rail_reference: "RR-1".into() }, t0())
+        .await
+        .expect("resolve");
+    let later = store.admit(&attempt(p, "a", 3, 2)).await.expect("admit");
+    assert!(matches!(later, Admission::Duplicate { .. }), "{later:?}");
+    let outcomes: Vec<_> = store.submissions(Some(p)).await.expect("rows").iter().map(|r| r.outcome).collect();
+    assert_eq!(
+        outcomes,
+        [Some(SubmissionOutcome::Acked), Some(SubmissionOutcome::Duplicate), Some(SubmissionOutcome::Duplicate)]
+    );
+    assert_eq!(state_of(&store, p).await, PayoutState::RailAcked);
+    // A duplicate's token was still strictly greater: the mark follows it.
+    assert_eq!(store.high_water("a").await, Ok(Some(3)));
+}
+
+pub async fn quarantined_payout_refuses_every_later_token(store: Arc<dyn RailStore>) {
+    let p = payout(&store, "a", PayoutState::Claimed).await;
+    let first = attempt(p, "a", 7, 0);
+    store.admit(&first).await.expect("admit");
+    store
+        .resolve(first.submission_id, &Resolution::Timeout { detail: "no answer".into() }, t0())
+        .await
+        .expect("resolve");
+    assert_eq!(state_of(&store, p).await, PayoutState::RailAmbiguous);
+    for token in [8, 1_000, i64::MAX] {
+        let r = store.admit(&attempt(p, "a", token, 1)).await.expect("admit");
+        assert!(matches!(r, Admission::Duplicate { .. }), "{token}: {r:?}");
+    }
+    assert_eq!(state_of(&store, p).await, PayoutState::RailAmbiguous);
+}
+
+pub async fn unsent_attempt_frees_the_slot_for_a_newer_token(store: Arc<dyn RailStore>) {
+    let p = payout(&store, "a", PayoutState::Claimed).await;
+    let first = attempt(p, "a", 1, 0);
+    store.admit(&first).await.expect("admit");
+    store.resolve(first.submission_id, &Resolution::Unsent { detail: "refused".into() }, t0()).await.expect("resolve");
+    assert_eq!(state_of(&store, p).await, PayoutState::Claimed);
+    // The same token is now fenced (the mark already equals it)...
+    assert_eq!(store.admit(&attempt(p, "a", 1, 1)).await, Ok(Admission::Fenced { highest_token: 1 }));
+    // ...and a newer holder may try again.
+    assert!(matches!(store.admit(&attempt(p, "a", 2, 2)).await, Ok(Admission::Admitted { .. })));
+}
+
+pub async fn not_claimable_payout_writes_nothing_and_keeps_the_mark(store: Arc<dyn RailStore>) {
+    for state in [PayoutState::Pending, PayoutState::Failed, PayoutState::Abandoned, PayoutState::Posted] {
+        let p = payout(&store, "nc", state).await;
+        assert_eq!(store.admit(&attempt(p, "nc", 50, 0)).await, Ok(Admission::NotClaimable { state }));
+        assert_eq!(store.submissions(Some(p)).await.expect("rows"), vec![]);
+        assert_eq!(state_of(&store, p).await, state);
+    }
+    assert_eq!(store.high_water("nc").await, Ok(None));
+}
+
+pub async fn resolution_moves_the_payout_and_records_the_outcome_once(store: Arc<dyn RailStore>) {
+    let cases = [
+        (Resolution::Acked { rail_reference: "RR-9".into() }, PayoutState::RailAcked),
+        (Resolution::Rejected { detail: "declined".into() }, PayoutState::Failed),
+        (Resolution::Timeout { detail: "no answer".into() }, PayoutState::RailAmbiguous),
+        (Resolution::Unsent { detail: "refused".into() }, PayoutState::Claimed),
+    ];
+    for (i, (resolution, expected)) in cases.into_iter().enumerate() {
+        let account = format!("r{i}");
+        let p = payout(&store, &account, PayoutState::Claimed).await;
+        let a = attempt(p, &account, 1, 0);
+        store.admit(&a).await.expect("admit");
+        let at = t0() + Duration::milliseconds(500);
+        store.resolve(a.submission_id, &resolution, at).await.expect("resolve");
+        // A second resolution changes nothing.
+        store
+            .resolve(a.submission_id, &Resolution::Acked { rail_reference: "RR-other".into() }, at)
+            .await
+            .expect("resolve again");
+        assert_eq!(state_of(&store, p).await, expected);
+        let rows = store.submissions(Some(p)).await.expect("rows");
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].outcome, Some(resolution.outcome()));
+        assert_eq!(rows[0].rail_reference.as_deref(), resolution.rail_reference());
+        assert_eq!(rows[0].outcome_detail.as_deref(), resolution.detail());
+        assert_eq!(rows[0].resolved_at, Some(at));
+    }
+}
+
+pub async fn disabled_fencing_skips_step_one_only(store: Arc<dyn RailStore>) {
+    let p1 = payout(&store, "u", PayoutState::Claimed).await;
+    let p2 = payout(&store, "u", PayoutState::Claimed).await;
+    store.admit(&attempt(p1, "u", 10, 0)).await.expect("admit");
+    let mut unfenced = attempt(p2, "u", 3, 1);
+    unfenced.fencing_enabled = false;
+    assert!(matches!(store.admit(&unfenced).await, Ok(Admission::Admitted { .. })));
+    assert_eq!(store.high_water("u").await, Ok(Some(10)));
+    let mut again = attempt(p2, "u", 2, 2);
+    again.fencing_enabled = false;
+    assert!(matches!(store.admit(&again).await, Ok(Admission::Duplicate { .. })));
+}
+
+pub async fn concurrent_admissions_admit_one_per_payout_and_leave_the_highest_mark(store: Arc<dyn RailStore>) {
+    let payouts: Vec<Uuid> = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(payout(&store, "hot", PayoutState::Claimed).await);
+        }
+        v
+    };
+    // Interleaved tokens: 40 attempts over 4 payouts, tokens 1..=40 in a scrambled order.
+    let mut tasks = Vec::new();
+    for i in 0..40i64 {
+        let token = (i * 17) % 40 + 1;
+        let p = payouts[(i % 4) as usize];
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let a = attempt(p, "hot", token, i);
+            (token, p, store.admit(&a).await)
+        }));
+    }
+    let mut admitted = Vec::new();
+    for t in tasks {
+        let (token, p, r) = t.await.expect("task");
+        match r.expect("admit") {
+            Admission::Admitted { .. } => admitted.push((token, p)),
+            Admission::Fenced { highest_token } => assert!(highest_token >= token),
+            Admission::Duplicate { .. } => {}
+            Admission::NotClaimable { state } => panic!("unexpected {state:?}"),
+        }
+    }
+    let mut per_payout = std::collections::BTreeMap::new();
+    for (_, p) in &admitted {
+        *per_payout.entry(*p).or_insert(0) += 1;
+    }
+    assert!(per_payout.values().all(|n| *n == 1), "{per_payout:?}");
+    let rows = store.submissions(None).await.expect("rows");
+    assert_eq!(rows.len(), 40, "every attempt leaves exactly one row");
+    let forwardable = rows.iter().filter(|r| r.outcome.is_none()).count();
+    assert_eq!(forwardable, admitted.len());
+    // The mark equals the highest token that passed step 1 (admitted or duplicate).
+    let passed_step_one =
+        rows.iter().filter(|r| r.outcome != Some(SubmissionOutcome::Fenced)).map(|r| r.presented_token).max();
+    assert_eq!(store.high_water("hot").await.expect("mark"), passed_step_one);
+    // In write order, every token that passed step 1 exceeded every earlier one.
+    let mut highest = 0;
+    for r in &rows {
+        if r.outcome != Some(SubmissionOutcome::Fenced) {
+            assert!(r.presented_token > highest, "token {} admitted after {highest}", r.presented_token);
+            highest = r.presented_token;
+        }
+    }
+}
+
+/// Declares one `#[tokio::test]` per case for a backend. `$make` is an async block that
+/// yields `(Arc<dyn RailStore>, guard)`; the guard lives as long as the test.
+#[macro_export]
+macro_rules! rail_store_conformance {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            #[allow(unused_imports)]
+            use super::*;
+            use super::conformance as c;
+            $crate::rail_store_conformance!(@cases $make;
+                mark_advances_only_to_strictly_greater_tokens,
+                fenced_attempt_leaves_one_fenced_row_and_the_payout_untouched,
+                admitted_attempt_commits_an_unresolved_intent_and_submits_the_payout,
+                second_forwardable_attempt_is_a_duplicate_whatever_the_token,
+                quarantined_payout_refuses_every_later_token,
+                unsent_attempt_frees_the_slot_for_a_newer_token,
+                not_claimable_payout_writes_nothing_and_keeps_the_mark,
+                resolution_moves_the_payout_and_records_the_outcome_once,
+                disabled_fencing_skips_step_one_only,
+                concurrent_admissions_admit_one_per_payout_and_leave_the_highest_mark
+            );
+        }
+    };
+    (@cases $make:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let (store, _guard) = $make.await;
+                c::$case(store).await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,384 @@
+//! HTTP serve and connect over tokio's or madsim's TCP.
+//!
+//! Servers are axum routers driven by hyper's HTTP/1 connection builder, one task per
+//! connection. Clients open one connection per request, so a request's fate (never sent,
+//! sent and answered, sent and lost) is never blurred by a pool: the rail-proxy depends on
+//! telling "could not connect" (nothing presented) from "sent, no answer" (ambiguous).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, TcpStream};
+use tower::ServiceExt;
+
+/// Longest a graceful shutdown waits for in-flight connections to finish.
+pub const SHUTDOWN_GRACE_MS_MAX: u64 = 5_000;
+/// Longest an idle server connection may take to send its request head.
+pub const HEADER_READ_MS_MAX: u64 = 30_000;
+
+/// Marker a handler puts in a response's extensions to make the server drop the
+/// connection without answering (the rail-stub's injected "connection held, then dropped").
+#[derive(Debug, Clone, Copy)]
+pub struct DropConnection;
+
+#[derive(Debug)]
+struct Dropped;
+
+impl std::fmt::Display for Dropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("connection dropped on purpose")
+    }
+}
+
+impl std::error::Error for Dropped {}
+
+/// Binds a listener (port 0 picks a free port; read it back with `local_addr`).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then lets in-flight
+/// connections finish for up to [`SHUTDOWN_GRACE_MS_MAX`].
+pub async fn serve<S>(listener: TcpListener, router: axum::Router, shutdown: S)
+where
+    S: Future<Output = ()> + Send,
+{
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut conns: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let Ok((stream, _peer)) = accepted else { continue };
+                conns.retain(|h| !h.is_finished());
+                conns.push(tokio::spawn(serve_connection(stream, router.clone(), stop_rx.clone())));
+            }
+        }
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let grace = Duration::from_millis(SHUTDOWN_GRACE_MS_MAX);
+    let all = async {
+        for c in conns.iter_mut() {
+            let _ = c.await;
+        }
+    };
+    if tokio::time::timeout(grace, all).await.is_err() {
+        for c in &conns {
+            c.abort();
+        }
+    }
+}
+
+async fn serve_connection(stream: TcpStream, router: axum::Router, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let router = router.clone();
+        async move {
+            let resp = match router.oneshot(req.map(Body::new)).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            };
+            if resp.extensions().get::<DropConnection>().is_some() {
+                return Err(Dropped);
+            }
+            Ok::<_, Dropped>(resp)
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(RtTimer)
+        .header_read_timeout(Duration::from_millis(HEADER_READ_MS_MAX))
+        .serve_connection(TokioIo::new(SkipEmptyFlush::new(stream)), service);
+    tokio::pin!(conn);
+    let stopped = async move {
+        loop {
+            let now_stopped = *stop.borrow_and_update();
+            if now_stopped || stop.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        () = stopped => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+/// hyper's timer, backed by the runtime's (virtual in simulation) sleep.
+#[derive(Debug, Clone, Copy)]
+struct RtTimer;
+
+struct RtSleep(std::pin::Pin<Box<tokio::time::Sleep>>);
+
+impl Future for RtSleep {
+    type Output = ();
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        self.0.as_mut().poll(cx)
+    }
+}
+
+impl hyper::rt::Sleep for RtSleep {}
+
+impl hyper::rt::Timer for RtTimer {
+    fn sleep(&self, duration: Duration) -> std::pin::Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(RtSleep(Box::pin(tokio::time::sleep(duration))))
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> std::pin::Pin<Box<dyn hyper::rt::Sleep>> {
+        let now = std::time::Instant::now();
+        self.sleep(deadline.saturating_duration_since(now))
+    }
+}
+
+/// Forwards reads and writes, and skips flushes with nothing written since the last one.
+/// madsim's stream sends a message on every flush (even an empty one) and fails it once the
+/// peer has gone, which would turn hyper's final no-op flush into a spurious reset.
+struct SkipEmptyFlush<T> {
+    inner: T,
+    dirty: bool,
+}
+
+impl<T> SkipEmptyFlush<T> {
+    fn new(inner: T) -> Self {
+        SkipEmptyFlush { inner, dirty: false }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for SkipEmptyFlush<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for SkipEmptyFlush<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, std::task::Poll::Ready(Ok(n)) if n > 0) {
+            self.dirty = true;
+        }
+        r
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if !self.dirty {
+            return std::task::Poll::Ready(Ok(()));
+        }
+        let r = std::pin::Pin::new(&mut self.inner).poll_flush(cx);
+        if matches!(r, std::task::Poll::Ready(Ok(()))) {
+            self.dirty = false;
+        }
+        r
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// How a client request failed. The variants are the three fates a request can have.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// No connection was opened (refused, unreachable, or connect timeout): not a byte of
+    /// the request left this process.
+    #[error("could not connect: {0}")]
+    Connect(String),
+    /// The request may have been sent, and no complete answer arrived within the read
+    /// timeout.
+    #[error("no complete answer within {0} ms")]
+    Timeout(u64),
+    /// The request may have been sent, and the connection failed before a complete answer.
+    #[error("connection failed after the request was sent: {0}")]
+    Broken(String),
+    /// The URL is not `http://host:port/...`.
+    #[error("bad url: {0}")]
+    BadUrl(String),
+}
+
+impl ClientError {
+    /// Whether the request provably never reached the peer.
+    pub fn nothing_sent(&self) -> bool {
+        matches!(self, ClientError::Connect(_) | ClientError::BadUrl(_))
+    }
+}
+
+/// A parsed `http://host:port` base URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseUrl {
+    pub authority: String,
+}
+
+impl BaseUrl {
+    /// Parses `http://host:port` (a trailing `/` is allowed; nothing else may follow).
+    pub fn parse(raw: &str) -> Result<BaseUrl, ClientError> {
+        let rest = raw
+            .strip_prefix("http://")
+            .ok_or_else(|| ClientError::BadUrl(format!("{raw}: only http:// is supported")))?;
+        let authority = rest.strip_suffix('/').unwrap_or(rest);
+        let ok = !authority.is_empty()
+            && !authority.contains('/')
+            && authority.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+        if !ok {
+            return Err(ClientError::BadUrl(format!("{raw}: expected http://host:port")));
+        }
+        Ok(BaseUrl { authority: authority.to_owned() })
+    }
+}
+
+/// A one-connection-per-request HTTP/1 client with explicit connect and read budgets.
+#[derive(Debug, Clone)]
+pub struct HttpClient {
+    pub connect_timeout_ms: u64,
+    pub read_timeout_ms: u64,
+}
+
+/// A complete response.
+#[derive(Debug, Clone)]
+pub struct ClientResponse {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl HttpClient {
+    pub fn new(connect_timeout_ms: u64, read_timeout_ms: u64) -> HttpClient {
+        HttpClient { connect_timeout_ms, read_timeout_ms }
+    }
+
+    /// Opens a connection to `base` and closes it: the rail's reachability, for readiness.
+    pub async fn probe(&self, base: &BaseUrl) -> Result<(), ClientError> {
+        let connect = TcpStream::connect(base.authority.as_str());
+        match tokio::time::timeout(Duration::from_millis(self.connect_timeout_ms), connect).await {
+            Err(_) => Err(ClientError::Connect(format!("timed out after {} ms", self.connect_timeout_ms))),
+            Ok(Err(e)) => Err(ClientError::Connect(e.to_string())),
+            Ok(Ok(_stream)) => Ok(()),
+        }
+    }
+
+    /// Sends one request on a fresh connection and reads the whole answer.
+    /// `path_and_query` starts with `/`.
+    pub async fn send(
+        &self,
+        base: &BaseUrl,
+        method: http::Method,
+        path_and_query: &str,
+        headers: &[(&str, &str)],
+        body: Option<Bytes>,
+    ) -> Result<ClientResponse, ClientError> {
+        let connect = TcpStream::connect(base.authority.as_str());
+        let stream = match tokio::time::timeout(Duration::from_millis(self.connect_timeout_ms), connect).await {
+            Err(_) => return Err(ClientError::Connect(format!("timed out after {} ms", self.connect_timeout_ms))),
+            Ok(Err(e)) => return Err(ClientError::Connect(e.to_string())),
+            Ok(Ok(s)) => s,
+        };
+        let _ = stream.set_nodelay(true);
+        let mut builder =
+            Request::builder().method(method).uri(path_and_query).header(http::header::HOST, base.authority.as_str());
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        let req = builder.body(Full::new(body.unwrap_or_default())).map_err(|e| ClientError::BadUrl(e.to_string()))?;
+
+        // From here on the request may reach the peer: every failure is ambiguous.
+        let exchange = async move {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(SkipEmptyFlush::new(stream)))
+                .await
+                .map_err(|e| ClientError::Broken(e.to_string()))?;
+            let driver = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            let result = async {
+                let resp = sender.send_request(req).await.map_err(|e| ClientError::Broken(e.to_string()))?;
+                let (parts, body) = resp.into_parts();
+                let body = body.collect().await.map_err(|e| ClientError::Broken(e.to_string()))?.to_bytes();
+                Ok(ClientResponse { status: parts.status.as_u16(), headers: parts.headers, body })
+            }
+            .await;
+            driver.abort();
+            result
+        };
+        match tokio::time::timeout(Duration::from_millis(self.read_timeout_ms), exchange).await {
+            Err(_) => Err(ClientError::Timeout(self.read_timeout_ms)),
+            Ok(r) => r,
+        }
+    }
+}
+
+/// A service that never fails, for [`serve`]'s callers that build their own routers.
+pub type Never = Infallible;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_url_accepts_only_http_host_port() {
+        assert_eq!(BaseUrl::parse("http://127.0.0.1:8084").expect("valid").authority, "127.0.0.1:8084");
+        assert!(BaseUrl::parse("http://localhost:1/").is_ok());
+        for bad in ["https://a:1", "http://a", "http://:1", "http://a:1/x", "a:1", "http://a:99999"] {
+            assert!(BaseUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn client_reports_refused_connection_as_nothing_sent() {
+        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        drop(listener);
+        let base = BaseUrl::parse(&format!("http://{addr}")).expect("url");
+        let err = HttpClient::new(500, 500).send(&base, http::Method::GET, "/", &[], None).await.expect_err("refused");
+        assert!(err.nothing_sent(), "{err}");
+    }
+
+    #[tokio::test]
+    async fn served_router_answers_and_dropped_connection_is_ambiguous() {
+        use axum::routing::get;
+        let router = axum::Router::new().route("/ok", get(|| async { "hi" })).route(
+            "/drop",
+            get(|| async {
+                let mut r = axum::response::Response::new(Body::empty());
+                r.extensions_mut().insert(DropConnection);
+                r
+            }),
+        );
+        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let base = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, router, async {
+            let _ = rx.await;
+        }));
+        let client = HttpClient::new(1_000, 2_000);
+        let ok = client.send(&base, http::Method::GET, "/ok", &[], None).await.expect("ok");
+        assert_eq!(ok.status, 200);
+        assert_eq!(&ok.body[..], b"hi");
+        let dropped = client.send(&base, http::Method::GET, "/drop", &[], None).await.expect_err("dropped");
+        assert!(matches!(dropped, ClientError::Broken(_)), "{dropped}");
+        assert!(!dropped.nothing_sent());
+        let _ = tx.send(());
+        server.await.expect("server stops");
+    }
+}

@@ -1,0 +1,114 @@
+//! Test support shared by every crate's tests.
+//!
+//! - [`pg_database`]: a fresh, empty PostgreSQL database per test, created from the admin
+//!   URL in `DLOCK_TEST_PG_URL` (`scripts/test.sh` starts a throwaway server and sets it).
+//!   A missing variable fails the test loudly: a PostgreSQL test never passes by skipping.
+//! - [`sqlite_url`]: a fresh SQLite file in a fresh temp directory.
+
+use std::path::PathBuf;
+
+/// Environment variable naming the admin URL of the test PostgreSQL server.
+pub const PG_URL_ENV: &str = "DLOCK_TEST_PG_URL";
+
+/// The admin URL of the test PostgreSQL server.
+///
+/// # Panics
+/// When `DLOCK_TEST_PG_URL` is unset: run the suite with `./scripts/test.sh`.
+pub fn pg_admin_url() -> String {
+    match std::env::var(PG_URL_ENV) {
+        Ok(u) if !u.is_empty() => u,
+        _ => panic!(
+            "{PG_URL_ENV} is not set. PostgreSQL tests need a server: run ./scripts/test.sh, \
+             which starts one, or export {PG_URL_ENV}=postgres://user@127.0.0.1:PORT/postgres"
+        ),
+    }
+}
+
+/// Creates a fresh database on the test server and returns its URL.
+#[cfg(not(madsim))]
+pub async fn pg_database() -> String {
+    use sqlx::Connection;
+    let admin = pg_admin_url();
+    let name = format!("dlock_test_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connect to the test PostgreSQL server");
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("create test database");
+    let _ = conn.close().await;
+    replace_db_name(&admin, &name)
+}
+
+/// `postgres://u@h:p/old?x` with the database name swapped.
+pub fn replace_db_name(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[scheme_end..].find('/') {
+        Some(slash) => &base[..scheme_end + slash],
+        None => base,
+    };
+    match query {
+        Some(q) => format!("{base}/{name}?{q}"),
+        None => format!("{base}/{name}"),
+    }
+}
+
+/// A scratch directory, removed when dropped.
+#[derive(Debug)]
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("dlock-{tag}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh SQLite URL inside `dir`.
+pub fn sqlite_url(dir: &TempDir) -> String {
+    format!("sqlite://{}", dir.path().join("paydb.sqlite").display())
+}
+
+/// Which real database a test runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Db {
+    Sqlite,
+    Postgres,
+}
+
+/// A fresh database of `kind`; the returned dir keeps a SQLite file alive.
+#[cfg(not(madsim))]
+pub async fn fresh_database(kind: Db) -> (String, TempDir) {
+    let dir = TempDir::new("db");
+    let url = match kind {
+        Db::Sqlite => sqlite_url(&dir),
+        Db::Postgres => pg_database().await,
+    };
+    (url, dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_name_is_swapped_in_place() {
+        assert_eq!(replace_db_name("postgres://p@127.0.0.1:5/postgres", "t1"), "postgres://p@127.0.0.1:5/t1");
+        assert_eq!(
+            replace_db_name("postgres://p@h:5/postgres?sslmode=disable", "t1"),
+            "postgres://p@h:5/t1?sslmode=disable"
+        );
+        assert_eq!(replace_db_name("postgres://p@h:5", "t1"), "postgres://p@h:5/t1");
+    }
+}

@@ -1,0 +1,380 @@
+//! Command-line surface. Each service subcommand resolves its settings (flag > environment
+//! > `--config` file > default, see `config.rs`), binds, prints one line
+//! `dlock <service> listening on <addr>` to stdout, and serves until SIGINT or SIGTERM.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use dlock_contract::payout::PayoutState;
+use dlock_rail_proxy::service::{BODY_BYTES_MAX_DEFAULT, CONNECT_TIMEOUT_MS_DEFAULT, READ_TIMEOUT_MS_DEFAULT};
+use dlock_rail_proxy::store::NewPayout;
+use dlock_rail_proxy::{ProxyConfig, RailProxy};
+use dlock_rail_stub::{RailStub, StubConfig};
+use dlock_rt::http::BaseUrl;
+use dlock_rt::Clock;
+
+use crate::config::{resolve, FileConfig, Profile};
+
+/// The embedded default paydb.
+pub const PAYDB_URL_DEFAULT: &str = "sqlite://dlock-data/paydb.sqlite";
+
+#[derive(Debug, Parser)]
+#[command(name = "dlock", version, about = "Distributed locks with fencing tokens, so no payout is paid twice.")]
+struct Cli {
+    /// TOML file of dotted config keys; flags and environment variables override it.
+    #[arg(long, global = true, env = "DLOCK_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Deployment profile: production, or unsafe-test (the only one that may disable fencing).
+    #[arg(long, global = true, env = "DLOCK_PROFILE", value_name = "PROFILE")]
+    profile: Option<String>,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "DLOCK_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The hostile stand-in for the bank rail (C3 §3.6).
+    RailStub(StubArgs),
+    /// The only door to the rail: fences every submission on a durable high-water mark.
+    RailProxy(ProxyArgs),
+    /// Apply pending database migrations, then exit.
+    Migrate(MigrateArgs),
+    /// Developer tools.
+    #[command(subcommand)]
+    Dev(DevCommand),
+}
+
+#[derive(Debug, Args)]
+struct StubArgs {
+    /// [rail.stub.listen] Address to serve on.
+    #[arg(long, env = "DLOCK_RAIL_STUB_LISTEN", value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// [rail.stub.latency-ms] Fixed delay before every answer.
+    #[arg(long, env = "DLOCK_RAIL_STUB_LATENCY_MS", value_name = "MS")]
+    latency_ms: Option<u64>,
+    /// [rail.stub.failure-rate] Fraction of calls that fail (half 5xx, half dropped).
+    #[arg(long, env = "DLOCK_RAIL_STUB_FAILURE_RATE", value_name = "0..1")]
+    failure_rate: Option<f64>,
+    /// [rail.stub.duplicate-ack-rate] Probability a repeated clientRef is paid again.
+    #[arg(long, env = "DLOCK_RAIL_STUB_DUPLICATE_ACK_RATE", value_name = "0..1")]
+    duplicate_ack_rate: Option<f64>,
+    /// [rail.stub.decline-rate] Fraction of calls declined with 402.
+    #[arg(long, env = "DLOCK_RAIL_STUB_DECLINE_RATE", value_name = "0..1")]
+    decline_rate: Option<f64>,
+    /// [rail.stub.drop-hold-ms] How long a dropped connection is held open first.
+    #[arg(long, env = "DLOCK_RAIL_STUB_DROP_HOLD_MS", value_name = "MS")]
+    drop_hold_ms: Option<u64>,
+    /// [rail.stub.seed] Seed of the chaos sequence (random when absent).
+    #[arg(long, env = "DLOCK_RAIL_STUB_SEED", value_name = "N")]
+    seed: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+struct ProxyArgs {
+    /// [rail.proxy.listen] Address to serve on.
+    #[arg(long, env = "DLOCK_RAIL_PROXY_LISTEN", value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// [rail.proxy.database-url] paydb: sqlite://PATH or postgres://...
+    #[arg(long, env = "DLOCK_RAIL_PROXY_DATABASE_URL", value_name = "URL")]
+    database_url: Option<String>,
+    /// [rail.proxy.rail-url] Base URL of the rail.
+    #[arg(long, env = "DLOCK_RAIL_PROXY_RAIL_URL", value_name = "URL")]
+    rail_url: Option<String>,
+    /// [rail.proxy.connect-timeout-ms] Connect budget for the one forward.
+    #[arg(long, env = "DLOCK_RAIL_PROXY_CONNECT_TIMEOUT_MS", value_name = "MS")]
+    connect_timeout_ms: Option<u64>,
+    /// [rail.proxy.read-timeout-ms] Read budget for the one forward.
+    #[arg(long, env = "DLOCK_RAIL_PROXY_READ_TIMEOUT_MS", value_name = "MS")]
+    read_timeout_ms: Option<u64>,
+    /// [rail.proxy.fencing.enabled] false only under --profile unsafe-test.
+    #[arg(long, env = "DLOCK_RAIL_PROXY_FENCING_ENABLED", value_name = "BOOL")]
+    fencing_enabled: Option<bool>,
+    /// [rail.proxy.body-bytes-max] Largest request body accepted.
+    #[arg(long, env = "DLOCK_RAIL_PROXY_BODY_BYTES_MAX", value_name = "BYTES")]
+    body_bytes_max: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+struct MigrateArgs {
+    /// [rail.proxy.database-url] paydb: sqlite://PATH or postgres://...
+    #[arg(long, env = "DLOCK_RAIL_PROXY_DATABASE_URL", value_name = "URL")]
+    database_url: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum DevCommand {
+    /// Insert a payout into paydb (until the payment-resource owns payout creation).
+    SeedPayout(SeedArgs),
+}
+
+#[derive(Debug, Args)]
+struct SeedArgs {
+    #[arg(long, env = "DLOCK_RAIL_PROXY_DATABASE_URL", value_name = "URL")]
+    database_url: Option<String>,
+    /// Payout id (a UUID); random when absent.
+    #[arg(long)]
+    payout_id: Option<uuid::Uuid>,
+    #[arg(long)]
+    account: String,
+    #[arg(long)]
+    amount_minor: i64,
+    #[arg(long, default_value = "EUR")]
+    currency: String,
+    #[arg(long, default_value = "beneficiary-1")]
+    beneficiary_ref: String,
+    /// Initial state, e.g. CLAIMED (what the proxy accepts) or PENDING.
+    #[arg(long, default_value = "CLAIMED")]
+    state: String,
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dlock: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dlock: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DLOCK_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let file = FileConfig::load(cli.config.as_deref())?;
+    let profile: Profile =
+        resolve(cli.profile.as_deref().map(str::parse).transpose()?, &file, "profile", Profile::Production)?;
+    match cli.command {
+        Command::RailStub(a) => run_stub(a, &file).await,
+        Command::RailProxy(a) => run_proxy(a, &file, profile).await,
+        Command::Migrate(a) => {
+            let url = resolve(a.database_url, &file, "rail.proxy.database-url", PAYDB_URL_DEFAULT.to_owned())?;
+            let versions = dlock_rail_proxy::store_sql::migrate(&url).await.map_err(|e| e.to_string())?;
+            println!(
+                "paydb migrations applied: {}",
+                versions.iter().map(i64::to_string).collect::<Vec<_>>().join(", ")
+            );
+            Ok(())
+        }
+        Command::Dev(DevCommand::SeedPayout(a)) => seed_payout(a, &file).await,
+    }
+}
+
+fn stub_config(a: &StubArgs, file: &FileConfig) -> Result<(SocketAddr, StubConfig), String> {
+    let d = StubConfig::default();
+    let listen = resolve(a.listen, file, "rail.stub.listen", SocketAddr::from(([127, 0, 0, 1], 8084)))?;
+    let seed = match (a.seed, file.get::<u64>("rail.stub.seed")?) {
+        (Some(s), _) | (None, Some(s)) => s,
+        (None, None) => dlock_rt::rand::random_u64(),
+    };
+    let cfg = StubConfig {
+        latency_ms: resolve(a.latency_ms, file, "rail.stub.latency-ms", d.latency_ms)?,
+        failure_rate: resolve(a.failure_rate, file, "rail.stub.failure-rate", d.failure_rate)?,
+        duplicate_ack_rate: resolve(a.duplicate_ack_rate, file, "rail.stub.duplicate-ack-rate", d.duplicate_ack_rate)?,
+        decline_rate: resolve(a.decline_rate, file, "rail.stub.decline-rate", d.decline_rate)?,
+        drop_hold_ms: resolve(a.drop_hold_ms, file, "rail.stub.drop-hold-ms", d.drop_hold_ms)?,
+        seed,
+    };
+    cfg.validate()?;
+    Ok((listen, cfg))
+}
+
+async fn run_stub(a: StubArgs, file: &FileConfig) -> Result<(), String> {
+    let (listen, cfg) = stub_config(&a, file)?;
+    tracing::info!(
+        seed = cfg.seed,
+        latencyMs = cfg.latency_ms,
+        failureRate = cfg.failure_rate,
+        duplicateAckRate = cfg.duplicate_ack_rate,
+        declineRate = cfg.decline_rate,
+        "rail_stub_starting"
+    );
+    let stub = RailStub::new(cfg, Clock::system());
+    serve("rail-stub", listen, dlock_rail_stub::router(stub)).await
+}
+
+fn proxy_config(
+    a: &ProxyArgs,
+    file: &FileConfig,
+    profile: Profile,
+) -> Result<(SocketAddr, String, ProxyConfig), String> {
+    let listen = resolve(a.listen, file, "rail.proxy.listen", SocketAddr::from(([127, 0, 0, 1], 8083)))?;
+    let url = resolve(a.database_url.clone(), file, "rail.proxy.database-url", PAYDB_URL_DEFAULT.to_owned())?;
+    let rail = resolve(a.rail_url.clone(), file, "rail.proxy.rail-url", "http://127.0.0.1:8084".to_owned())?;
+    let fencing_enabled = resolve(a.fencing_enabled, file, "rail.proxy.fencing.enabled", true)?;
+    if !fencing_enabled && profile != Profile::UnsafeTest {
+        return Err("rail.proxy.fencing.enabled=false is refused outside --profile unsafe-test: \
+                    without the fence a stale writer can move money"
+            .into());
+    }
+    let cfg = ProxyConfig {
+        rail_url: BaseUrl::parse(&rail).map_err(|e| format!("rail.proxy.rail-url: {e}"))?,
+        connect_timeout_ms: resolve(
+            a.connect_timeout_ms,
+            file,
+            "rail.proxy.connect-timeout-ms",
+            CONNECT_TIMEOUT_MS_DEFAULT,
+        )?,
+        read_timeout_ms: resolve(a.read_timeout_ms, file, "rail.proxy.read-timeout-ms", READ_TIMEOUT_MS_DEFAULT)?,
+        fencing_enabled,
+        body_bytes_max: resolve(a.body_bytes_max, file, "rail.proxy.body-bytes-max", BODY_BYTES_MAX_DEFAULT)?,
+    };
+    Ok((listen, url, cfg))
+}
+
+async fn run_proxy(a: ProxyArgs, file: &FileConfig, profile: Profile) -> Result<(), String> {
+    let (listen, url, cfg) = proxy_config(&a, file, profile)?;
+    if !cfg.fencing_enabled {
+        tracing::warn!("rail_proxy_fencing_disabled: step 1 is skipped (profile unsafe-test)");
+    }
+    let store = dlock_rail_proxy::store_sql::open(&url).await.map_err(|e| format!("paydb: {e}"))?;
+    let proxy = RailProxy::new(store, cfg, Clock::system());
+    serve("rail-proxy", listen, dlock_rail_proxy::router(proxy)).await
+}
+
+async fn seed_payout(a: SeedArgs, file: &FileConfig) -> Result<(), String> {
+    let url = resolve(a.database_url, file, "rail.proxy.database-url", PAYDB_URL_DEFAULT.to_owned())?;
+    let state = PayoutState::parse(&a.state).ok_or_else(|| format!("unknown payout state {:?}", a.state))?;
+    if !dlock_contract::rail::is_account_id(&a.account) {
+        return Err("--account must be 1 to 64 characters of [a-zA-Z0-9:._-]".into());
+    }
+    if a.amount_minor <= 0 || !dlock_contract::currency::is_iso_4217(&a.currency) {
+        return Err("--amount-minor must be > 0 and --currency an ISO 4217 code".into());
+    }
+    let store = dlock_rail_proxy::store_sql::open(&url).await.map_err(|e| format!("paydb: {e}"))?;
+    let payout_id = a.payout_id.unwrap_or_else(dlock_rt::rand::uuid_v4);
+    let p = NewPayout {
+        payout_id,
+        account_id: a.account,
+        amount_minor: a.amount_minor,
+        currency: a.currency,
+        beneficiary_ref: a.beneficiary_ref,
+        state,
+    };
+    store.insert_payout(&p, Clock::system().wall()).await.map_err(|e| e.to_string())?;
+    println!("{payout_id}");
+    Ok(())
+}
+
+async fn serve(name: &str, listen: SocketAddr, router: axum::Router) -> Result<(), String> {
+    let listener = dlock_rt::http::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("dlock {name} listening on {local}");
+    tracing::info!(service = name, addr = %local, "listening");
+    dlock_rt::http::serve(listener, router, shutdown_signal()).await;
+    tracing::info!(service = name, "stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_config_flag_reads_the_environment_variable_named_after_its_key() {
+        let cmd = Cli::command();
+        let mut checked = 0;
+        for sub in cmd.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let Some(help) = arg.get_help().map(|h| h.to_string()) else { continue };
+                let Some(key) = help.strip_prefix('[').and_then(|h| h.split(']').next()) else { continue };
+                assert!(crate::config::KNOWN_KEYS.contains(&key), "{key} is not a known key");
+                let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+                assert_eq!(env, Some(crate::config::env_name(key)), "flag --{:?}", arg.get_long());
+                checked += 1;
+            }
+        }
+        assert!(checked >= 15, "only {checked} keyed flags found");
+    }
+
+    #[test]
+    fn disabling_fencing_needs_the_unsafe_test_profile() {
+        let args = ProxyArgs {
+            listen: None,
+            database_url: None,
+            rail_url: None,
+            connect_timeout_ms: None,
+            read_timeout_ms: None,
+            fencing_enabled: Some(false),
+            body_bytes_max: None,
+        };
+        let file = FileConfig::default();
+        let err = proxy_config(&args, &file, Profile::Production).expect_err("refused");
+        assert!(err.contains("unsafe-test"), "{err}");
+        assert!(proxy_config(&args, &file, Profile::UnsafeTest).is_ok());
+    }
+
+    #[test]
+    fn proxy_defaults_follow_c3_budgets() {
+        let args = ProxyArgs {
+            listen: None,
+            database_url: None,
+            rail_url: None,
+            connect_timeout_ms: None,
+            read_timeout_ms: None,
+            fencing_enabled: None,
+            body_bytes_max: None,
+        };
+        let (listen, url, cfg) = proxy_config(&args, &FileConfig::default(), Profile::Production).expect("defaults");
+        assert_eq!(listen.port(), 8083);
+        assert_eq!(url, PAYDB_URL_DEFAULT);
+        assert_eq!((cfg.connect_timeout_ms, cfg.read_timeout_ms), (1_000, 8_000));
+        assert!(cfg.fencing_enabled);
+        assert_eq!(cfg.rail_url.authority, "127.0.0.1:8084");
+    }
+}

@@ -1,0 +1,146 @@
+//! Harness for tests that run real `dlock` processes on loopback.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use dlock_contract::payout::PayoutState;
+use dlock_rail_proxy::store::{NewPayout, RailStore};
+use dlock_rt::http::{BaseUrl, ClientResponse, HttpClient};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+/// Longest a service may take to print its listening line.
+pub const START_MS_MAX: u64 = 20_000;
+
+/// A running `dlock` service process, killed when dropped.
+pub struct Service {
+    child: Child,
+    pub addr: String,
+    pub base: BaseUrl,
+    args: Vec<String>,
+}
+
+impl Service {
+    /// Starts `dlock <args> --listen 127.0.0.1:0` and waits for its listening line.
+    pub fn start(args: &[&str]) -> Service {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        Service::start_owned(args, "127.0.0.1:0")
+    }
+
+    fn start_owned(args: Vec<String>, listen: &str) -> Service {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dlock"))
+            .args(&args)
+            .args(["--listen", listen])
+            .env("DLOCK_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn dlock");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split(" listening on ").nth(1) {
+                    let _ = tx.send(addr.trim().to_owned());
+                }
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_millis(START_MS_MAX)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("dlock {args:?} did not print its listening line within {START_MS_MAX} ms");
+            }
+        };
+        let base = BaseUrl::parse(&format!("http://{addr}")).expect("base url");
+        Service { child, addr, base, args }
+    }
+
+    /// SIGKILLs the process (no graceful shutdown) and starts it again on the same address.
+    pub fn crash_and_restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let fresh = Service::start_owned(self.args.clone(), &self.addr);
+        drop(std::mem::replace(self, fresh));
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn client() -> HttpClient {
+    HttpClient::new(1_000, 20_000)
+}
+
+pub async fn get(svc: &Service, path: &str) -> ClientResponse {
+    client().send(&svc.base, http::Method::GET, path, &[], None).await.expect("GET")
+}
+
+pub fn json_of(r: &ClientResponse) -> Value {
+    serde_json::from_slice(&r.body).unwrap_or(Value::Null)
+}
+
+/// Inserts a CLAIMED payout and returns its id.
+pub async fn claimed_payout(store: &dyn RailStore, account: &str, amount_minor: i64) -> Uuid {
+    let id = Uuid::new_v4();
+    store
+        .insert_payout(
+            &NewPayout {
+                payout_id: id,
+                account_id: account.to_owned(),
+                amount_minor,
+                currency: "EUR".into(),
+                beneficiary_ref: "ben-1".into(),
+                state: PayoutState::Claimed,
+            },
+            dlock_rt::Clock::system().wall(),
+        )
+        .await
+        .expect("insert payout");
+    id
+}
+
+/// `POST /v1/rail/submissions` for `payout` with `token`.
+pub async fn submit(proxy: &Service, payout: Uuid, account: &str, amount_minor: i64, token: &str) -> ClientResponse {
+    let body = json!({
+        "payoutId": payout,
+        "accountId": account,
+        "amountMinor": amount_minor,
+        "currency": "EUR",
+        "beneficiaryRef": "ben-1",
+    });
+    let key = format!("payout:{payout}");
+    client()
+        .send(
+            &proxy.base,
+            http::Method::POST,
+            "/v1/rail/submissions",
+            &[
+                ("content-type", "application/json"),
+                ("x-fencing-token", token),
+                ("x-owner-id", "worker-1"),
+                ("x-idempotency-key", &key),
+            ],
+            Some(body.to_string().into()),
+        )
+        .await
+        .expect("submission answered")
+}
+
+/// The rail's own record: every inbound call, in arrival order.
+pub async fn rail_calls(stub: &Service) -> Vec<Value> {
+    let r = get(stub, "/calls").await;
+    json_of(&r)["calls"].as_array().cloned().unwrap_or_default()
+}

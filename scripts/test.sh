@@ -1,0 +1,402 @@
+#!/usr/bin/env bash
+# scripts/test.sh — THE command that runs every dlock test, on a fresh Debian 12
+# machine, from nothing. CI runs it through .ci/run.
+#
+# What it does, in order:
+#   1. Installs missing system packages with apt (needs root):
+#        postgresql (server), etcd-server (`etcd`), protobuf-compiler (`protoc`,
+#        for etcd-client's build script), pkg-config, curl (etcd health checks).
+#      `apt-get update` runs once, and only if something is missing.
+#   2. Starts a throwaway PostgreSQL and a throwaway etcd on 127.0.0.1, on free
+#      ports, in temp dirs, and exports
+#        DLOCK_TEST_PG_URL=postgres://postgres@127.0.0.1:PORT/postgres
+#        DLOCK_TEST_ETCD_ENDPOINTS=http://127.0.0.1:PORT
+#      Both are stopped, and their temp dirs removed, on exit (whatever the exit).
+#      If either variable is already set, that service is reused, not started.
+#   3. Runs, failing fast, with a banner per stage:
+#        cargo fmt --all -- --check
+#        cargo clippy --workspace --all-targets --locked -- -D warnings
+#        cargo nextest run --workspace --locked --no-fail-fast "$@"
+#          (+ cargo test --doc, since nextest does not run doctests)
+#          or, without cargo-nextest: cargo test --workspace --locked "$@"
+#        RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/sim cargo clippy ... -D warnings
+#        RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/sim cargo test --workspace --locked
+#   4. Prints the total wall time.
+#
+# Usage:
+#   ./scripts/test.sh [FILTER...]    extra args go to the main test run only
+#                                    (a nextest / cargo test name filter)
+#
+# Environment knobs:
+#   DLOCK_SKIP_LINT=1            skip the fmt and clippy stages (both builds)
+#   DLOCK_SKIP_SIM=1             skip the madsim stages
+#   DLOCK_TEST_ONLY_SERVICES=1   start (or reuse) PostgreSQL and etcd, print their URLs,
+#                                check them (psql 'select 1', etcd /health), stop them
+#                                and exit 0 — runs no cargo at all
+#   DLOCK_TEST_PG_URL            reuse this PostgreSQL admin URL instead of starting one
+#                                (the tests create one fresh database per test from it)
+#   DLOCK_TEST_ETCD_ENDPOINTS    reuse these etcd endpoints instead of starting one
+#   DLOCK_TEST_SERVICE_TIMEOUT   seconds to wait for each service to be ready (default 60)
+#   MADSIM_TEST_NUM              passed through untouched to the madsim tests (default unset)
+set -euo pipefail
+
+T_START=$SECONDS
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+SERVICE_TIMEOUT="${DLOCK_TEST_SERVICE_TIMEOUT:-60}"
+
+banner() { printf '\n==== %s ====\n' "$*"; }
+note() { printf 'test.sh: %s\n' "$*"; }
+die() { printf 'test.sh: error: %s\n' "$*" >&2; exit 1; }
+
+is_root() { [ "$(id -u)" -eq 0 ]; }
+
+# --------------------------------------------------------------------------------------
+# Cleanup: stop whatever this script started, remove temp dirs, report wall time.
+# --------------------------------------------------------------------------------------
+PG_BIN=""
+PG_TMP=""
+PG_PID=""
+ETCD_TMP=""
+ETCD_PID=""
+
+as_pg() {
+    # initdb/postgres refuse to run as root: run them as the postgres OS user then.
+    if is_root; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+stop_pg() {
+    if [ -n "$PG_PID" ]; then
+        if kill -0 "$PG_PID" 2>/dev/null; then
+            as_pg "$PG_BIN/pg_ctl" -D "$PG_TMP/data" stop -m fast -w -t 30 >/dev/null 2>&1 \
+                || kill -TERM "$PG_PID" 2>/dev/null || true
+        fi
+        wait "$PG_PID" 2>/dev/null || true
+        PG_PID=""
+    fi
+}
+
+stop_etcd() {
+    if [ -n "$ETCD_PID" ]; then
+        kill -TERM "$ETCD_PID" 2>/dev/null || true
+        wait "$ETCD_PID" 2>/dev/null || true
+        ETCD_PID=""
+    fi
+}
+
+cleanup() {
+    local rc=$?
+    set +e
+    stop_etcd
+    stop_pg
+    [ -n "$ETCD_TMP" ] && rm -rf "$ETCD_TMP"
+    [ -n "$PG_TMP" ] && rm -rf "$PG_TMP"
+    local secs=$((SECONDS - T_START))
+    if [ "$rc" -eq 0 ]; then
+        printf '\ntest.sh: all stages passed; total wall time %dm%02ds\n' $((secs / 60)) $((secs % 60))
+    else
+        printf '\ntest.sh: FAILED (exit %d); total wall time %dm%02ds\n' "$rc" $((secs / 60)) $((secs % 60)) >&2
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# --------------------------------------------------------------------------------------
+# 1. System packages.
+# --------------------------------------------------------------------------------------
+pg_bin_dir() {
+    # Highest installed PostgreSQL major version that has a server (sort -V: 9 < 10).
+    local d
+    for d in /usr/lib/postgresql/*/bin; do
+        # `if`, not `&&`: a client-only version dir must not fail the loop (pipefail).
+        if [ -x "$d/initdb" ] && [ -x "$d/postgres" ] && [ -x "$d/pg_ctl" ]; then
+            echo "$d"
+        fi
+    done | sort -V | tail -n 1
+}
+
+ensure_packages() {
+    local missing=()
+    command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+    command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+    if [ -z "${DLOCK_TEST_PG_URL:-}" ]; then
+        { [ -n "$(pg_bin_dir)" ] && command -v pg_isready >/dev/null 2>&1 && command -v psql >/dev/null 2>&1; } \
+            || missing+=(postgresql)
+    fi
+    if [ -z "${DLOCK_TEST_ETCD_ENDPOINTS:-}" ]; then
+        command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+        command -v curl >/dev/null 2>&1 || missing+=(curl)
+    fi
+    if [ "${#missing[@]}" -eq 0 ]; then
+        note "system packages present"
+        return
+    fi
+    note "missing system packages: ${missing[*]}"
+    if ! command -v apt-get >/dev/null 2>&1; then
+        die "apt-get not found: install ${missing[*]} by hand (this script targets Debian 12), or set DLOCK_TEST_PG_URL / DLOCK_TEST_ETCD_ENDPOINTS to reuse running services"
+    fi
+    if ! is_root; then
+        die "installing ${missing[*]} needs root (apt-get): rerun as root, install them by hand, or set DLOCK_TEST_PG_URL / DLOCK_TEST_ETCD_ENDPOINTS to reuse running services"
+    fi
+    banner "apt-get install ${missing[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+    # Re-check: a package that installed but did not deliver the binary is a hard error.
+    command -v protoc >/dev/null 2>&1 || die "protoc still missing after installing protobuf-compiler"
+    command -v pkg-config >/dev/null 2>&1 || die "pkg-config still missing after install"
+    if [ -z "${DLOCK_TEST_PG_URL:-}" ]; then
+        [ -n "$(pg_bin_dir)" ] || die "no PostgreSQL server under /usr/lib/postgresql/*/bin after install"
+    fi
+    if [ -z "${DLOCK_TEST_ETCD_ENDPOINTS:-}" ]; then
+        command -v etcd >/dev/null 2>&1 || die "etcd still missing after installing etcd-server"
+    fi
+}
+
+# --------------------------------------------------------------------------------------
+# 2. Throwaway services.
+# --------------------------------------------------------------------------------------
+USED_PORTS=" "
+
+port_is_free() {
+    local port=$1
+    if command -v python3 >/dev/null 2>&1; then
+        python3 - "$port" <<'PY' 2>/dev/null
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)
+finally:
+    s.close()
+PY
+    else
+        # Nothing accepts a connection there (a refused connect returns at once).
+        if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            return 1
+        fi
+        return 0
+    fi
+}
+
+# pick_port START: sets PICKED to the first port >= START that is free and not yet
+# handed out by this script (no command substitution: USED_PORTS must persist).
+PICKED=""
+pick_port() {
+    local port=$1
+    while [ "$port" -lt 65000 ]; do
+        case "$USED_PORTS" in
+            *" $port "*) ;;
+            *)
+                if port_is_free "$port"; then
+                    USED_PORTS="$USED_PORTS$port "
+                    PICKED=$port
+                    return 0
+                fi
+                ;;
+        esac
+        port=$((port + 1))
+    done
+    return 1
+}
+
+start_pg() {
+    PG_BIN="$(pg_bin_dir)"
+    [ -n "$PG_BIN" ] || die "no PostgreSQL server binaries under /usr/lib/postgresql/*/bin"
+    # Under /tmp (not $TMPDIR) so the postgres OS user can always reach it.
+    PG_TMP="$(mktemp -d /tmp/dlock-pg.XXXXXX)"
+    if is_root; then
+        id postgres >/dev/null 2>&1 || die "OS user 'postgres' missing (it comes with the postgresql package)"
+        chown postgres:postgres "$PG_TMP"
+    fi
+    chmod 700 "$PG_TMP"
+    note "initdb ($PG_BIN) in $PG_TMP"
+    if ! as_pg "$PG_BIN/initdb" -D "$PG_TMP/data" -U postgres -A trust -E UTF8 --locale=C --no-sync \
+        >"$PG_TMP/initdb.log" 2>&1; then
+        cat "$PG_TMP/initdb.log" >&2
+        die "initdb failed"
+    fi
+    # Throwaway cluster: loopback only, trust auth (initdb -A trust), no durability.
+    cat >>"$PG_TMP/data/postgresql.conf" <<EOF
+
+# --- dlock scripts/test.sh: throwaway test cluster ---
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$PG_TMP'
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+max_connections = 200
+EOF
+
+    local attempt port deadline
+    for attempt in 1 2 3 4 5; do
+        pick_port 55432 || die "no free port for PostgreSQL"
+        port=$PICKED
+        # Not through as_pg: a backgrounded function is a subshell, and PG_PID must be
+        # the process that a TERM stops (runuser forwards TERM to postgres).
+        if is_root; then
+            runuser -u postgres -- "$PG_BIN/postgres" -D "$PG_TMP/data" -p "$port" >>"$PG_TMP/postgres.log" 2>&1 &
+        else
+            "$PG_BIN/postgres" -D "$PG_TMP/data" -p "$port" >>"$PG_TMP/postgres.log" 2>&1 &
+        fi
+        PG_PID=$!
+        deadline=$((SECONDS + SERVICE_TIMEOUT))
+        while :; do
+            if pg_isready -q -h 127.0.0.1 -p "$port" -U postgres -d postgres -t 1; then
+                export DLOCK_TEST_PG_URL="postgres://postgres@127.0.0.1:$port/postgres"
+                note "PostgreSQL ready on 127.0.0.1:$port (pid $PG_PID)"
+                return 0
+            fi
+            if ! kill -0 "$PG_PID" 2>/dev/null; then
+                wait "$PG_PID" 2>/dev/null || true
+                PG_PID=""
+                note "PostgreSQL exited during start on port $port (attempt $attempt); retrying on another port"
+                break
+            fi
+            if [ "$SECONDS" -ge "$deadline" ]; then
+                tail -n 50 "$PG_TMP/postgres.log" >&2 || true
+                die "PostgreSQL not ready on 127.0.0.1:$port after ${SERVICE_TIMEOUT}s"
+            fi
+            sleep 0.1
+        done
+    done
+    tail -n 50 "$PG_TMP/postgres.log" >&2 || true
+    die "PostgreSQL failed to start (5 attempts)"
+}
+
+etcd_healthy() {
+    curl -fsS --max-time 2 "$1/health" 2>/dev/null | grep -q '"health":[ ]*"true"'
+}
+
+start_etcd() {
+    ETCD_TMP="$(mktemp -d "${TMPDIR:-/tmp}/dlock-etcd.XXXXXX")"
+    local attempt cport pport url peer deadline v
+    # ETCD_* variables in our environment would configure the throwaway etcd too.
+    local unset_etcd_env=()
+    for v in $(compgen -e); do
+        case "$v" in ETCD_*) unset_etcd_env+=(-u "$v") ;; esac
+    done
+    for attempt in 1 2 3 4 5; do
+        pick_port 52379 || die "no free port for etcd clients"
+        cport=$PICKED
+        pick_port $((cport + 1)) || die "no free port for etcd peers"
+        pport=$PICKED
+        url="http://127.0.0.1:$cport"
+        peer="http://127.0.0.1:$pport"
+        rm -rf "$ETCD_TMP/data"
+        env "${unset_etcd_env[@]}" etcd --name default \
+            --data-dir "$ETCD_TMP/data" \
+            --listen-client-urls "$url" \
+            --advertise-client-urls "$url" \
+            --listen-peer-urls "$peer" \
+            --initial-advertise-peer-urls "$peer" \
+            --initial-cluster "default=$peer" \
+            --initial-cluster-state new \
+            --initial-cluster-token "dlock-test-$$" \
+            >>"$ETCD_TMP/etcd.log" 2>&1 &
+        ETCD_PID=$!
+        deadline=$((SECONDS + SERVICE_TIMEOUT))
+        while :; do
+            if etcd_healthy "$url"; then
+                export DLOCK_TEST_ETCD_ENDPOINTS="$url"
+                note "etcd ready on $url (peer $peer, pid $ETCD_PID)"
+                return 0
+            fi
+            if ! kill -0 "$ETCD_PID" 2>/dev/null; then
+                wait "$ETCD_PID" 2>/dev/null || true
+                ETCD_PID=""
+                note "etcd exited during start on ports $cport/$pport (attempt $attempt); retrying on other ports"
+                break
+            fi
+            if [ "$SECONDS" -ge "$deadline" ]; then
+                tail -n 50 "$ETCD_TMP/etcd.log" >&2 || true
+                die "etcd not healthy at $url after ${SERVICE_TIMEOUT}s"
+            fi
+            sleep 0.1
+        done
+    done
+    tail -n 50 "$ETCD_TMP/etcd.log" >&2 || true
+    die "etcd failed to start (5 attempts)"
+}
+
+# --------------------------------------------------------------------------------------
+# Run.
+# --------------------------------------------------------------------------------------
+banner "system packages"
+ensure_packages
+
+if [ "${DLOCK_TEST_ONLY_SERVICES:-0}" != "1" ]; then
+    command -v cargo >/dev/null 2>&1 || die "cargo not found on PATH (install Rust with rustup)"
+fi
+
+banner "services"
+if [ -n "${DLOCK_TEST_PG_URL:-}" ]; then
+    note "reusing PostgreSQL from DLOCK_TEST_PG_URL"
+else
+    start_pg
+fi
+if [ -n "${DLOCK_TEST_ETCD_ENDPOINTS:-}" ]; then
+    note "reusing etcd from DLOCK_TEST_ETCD_ENDPOINTS"
+else
+    start_etcd
+fi
+note "DLOCK_TEST_PG_URL=$DLOCK_TEST_PG_URL"
+note "DLOCK_TEST_ETCD_ENDPOINTS=$DLOCK_TEST_ETCD_ENDPOINTS"
+
+if [ "${DLOCK_TEST_ONLY_SERVICES:-0}" = "1" ]; then
+    banner "service checks (DLOCK_TEST_ONLY_SERVICES=1)"
+    psql "$DLOCK_TEST_PG_URL" -v ON_ERROR_STOP=1 -Atc 'select 1'
+    psql "$DLOCK_TEST_PG_URL" -v ON_ERROR_STOP=1 -Atc 'show max_connections'
+    first_endpoint="${DLOCK_TEST_ETCD_ENDPOINTS%%,*}"
+    curl -fsS --max-time 5 "$first_endpoint/health"
+    echo
+    etcd_healthy "$first_endpoint" || die "etcd at $first_endpoint is not healthy"
+    note "services OK"
+    exit 0
+fi
+
+run_stage() {
+    local name=$1 t0=$SECONDS
+    shift
+    banner "$name"
+    printf '+ %s\n' "$*"
+    "$@"
+    printf -- '---- %s: ok (%ds)\n' "$name" $((SECONDS - t0))
+}
+
+with_madsim() { RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/sim "$@"; }
+
+if [ "${DLOCK_SKIP_LINT:-0}" = "1" ]; then
+    note "DLOCK_SKIP_LINT=1: skipping fmt and clippy"
+else
+    run_stage "fmt" cargo fmt --all -- --check
+    run_stage "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
+fi
+
+if cargo nextest --version >/dev/null 2>&1; then
+    run_stage "tests (nextest)" cargo nextest run --workspace --locked --no-fail-fast "$@"
+    if [ "$#" -eq 0 ]; then
+        # nextest does not run doctests.
+        run_stage "doctests" cargo test --workspace --locked --doc
+    fi
+else
+    note "cargo-nextest not found: falling back to cargo test"
+    run_stage "tests (cargo test)" cargo test --workspace --locked "$@"
+fi
+
+if [ "${DLOCK_SKIP_SIM:-0}" = "1" ]; then
+    note "DLOCK_SKIP_SIM=1: skipping the madsim stages"
+else
+    note "MADSIM_TEST_NUM=${MADSIM_TEST_NUM:-<unset>}"
+    if [ "${DLOCK_SKIP_LINT:-0}" != "1" ]; then
+        run_stage "clippy (madsim)" with_madsim cargo clippy --workspace --all-targets --locked -- -D warnings
+    fi
+    run_stage "tests (madsim)" with_madsim cargo test --workspace --locked
+fi
