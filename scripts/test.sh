@@ -37,7 +37,8 @@
 #                                (the tests create one fresh database per test from it)
 #   DLOCK_TEST_ETCD_ENDPOINTS    reuse these etcd endpoints instead of starting one
 #   DLOCK_TEST_SERVICE_TIMEOUT   seconds to wait for each service to be ready (default 60)
-#   MADSIM_TEST_NUM              passed through untouched to the madsim tests (default unset)
+#   MADSIM_TEST_NUM              seeds per madsim test (default 32; each seed is a full
+#                                simulated run: raise it to thousands for a soak)
 set -euo pipefail
 
 T_START=$SECONDS
@@ -101,6 +102,10 @@ cleanup() {
         printf '\ntest.sh: all stages passed; total wall time %dm%02ds\n' $((secs / 60)) $((secs % 60))
     else
         printf '\ntest.sh: FAILED (exit %d); total wall time %dm%02ds\n' "$rc" $((secs / 60)) $((secs % 60)) >&2
+    fi
+    if [ -n "${TEST_LOG:-}" ]; then
+        test_totals
+        rm -f "$TEST_LOG"
     fi
     exit "$rc"
 }
@@ -362,16 +367,37 @@ if [ "${DLOCK_TEST_ONLY_SERVICES:-0}" = "1" ]; then
     exit 0
 fi
 
+TEST_LOG="$(mktemp -t dlock-test-log.XXXXXX)"
+
 run_stage() {
     local name=$1 t0=$SECONDS
     shift
     banner "$name"
     printf '+ %s\n' "$*"
-    "$@"
+    # Keep a copy of every stage's output so the totals can be summed at the end.
+    "$@" 2>&1 | tee -a "$TEST_LOG"
     printf -- '---- %s: ok (%ds)\n' "$name" $((SECONDS - t0))
 }
 
-with_madsim() { RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/sim "$@"; }
+# Sums the test counts of every runner output in $TEST_LOG (cargo test's "test result"
+# lines and nextest's "Summary" line) into one closing line: "Tests: N passed, M failed".
+test_totals() {
+    [ -s "$TEST_LOG" ] || return 0
+    python3 - "$TEST_LOG" <<'PY'
+import re, sys
+text = open(sys.argv[1], errors="replace").read()
+passed = failed = 0
+for m in re.finditer(r"test result: \w+\. (\d+) passed; (\d+) failed", text):
+    passed += int(m.group(1)); failed += int(m.group(2))
+for m in re.finditer(r"Summary \[[^\]]*\]\s+\d+ tests? run: (\d+) passed(?:[^\n]*?(\d+) failed)?", text):
+    passed += int(m.group(1)); failed += int(m.group(2) or 0)
+print(f"Tests: {passed} passed, {failed} failed")
+PY
+}
+
+# rustdoc reads RUSTDOCFLAGS, not RUSTFLAGS: without it, doctests of a madsim build would
+# compile the library without cfg(madsim) against dependencies built with it.
+with_madsim() { RUSTFLAGS="--cfg madsim" RUSTDOCFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/sim "$@"; }
 
 if [ "${DLOCK_SKIP_LINT:-0}" = "1" ]; then
     note "DLOCK_SKIP_LINT=1: skipping fmt and clippy"
@@ -394,7 +420,8 @@ fi
 if [ "${DLOCK_SKIP_SIM:-0}" = "1" ]; then
     note "DLOCK_SKIP_SIM=1: skipping the madsim stages"
 else
-    note "MADSIM_TEST_NUM=${MADSIM_TEST_NUM:-<unset>}"
+    export MADSIM_TEST_NUM="${MADSIM_TEST_NUM:-32}"
+    note "MADSIM_TEST_NUM=$MADSIM_TEST_NUM seeds per madsim test"
     if [ "${DLOCK_SKIP_LINT:-0}" != "1" ]; then
         run_stage "clippy (madsim)" with_madsim cargo clippy --workspace --all-targets --locked -- -D warnings
     fi

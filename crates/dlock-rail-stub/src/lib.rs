@@ -100,7 +100,7 @@ fn decide(cfg: &StubConfig, rng: &mut SeededRng, repeat: bool) -> (Decision, boo
             (Decision::Error, false)
         } else {
             // A dropped connection is the hostile case: the money may or may not move.
-            (Decision::Drop, reference % 2 == 0)
+            (Decision::Drop, reference.is_multiple_of(2))
         };
     }
     if (repeat && dup >= cfg.duplicate_ack_rate) || decline < cfg.decline_rate {

@@ -346,9 +346,14 @@ mod tests {
 
     #[tokio::test]
     async fn client_reports_refused_connection_as_nothing_sent() {
-        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        drop(listener);
+        // A port nobody listens on. (madsim keeps a dropped listener's port registered, so
+        // there the test uses a port that was never bound.)
+        let addr: std::net::SocketAddr = if cfg!(madsim) {
+            "127.0.0.1:9".parse().expect("addr")
+        } else {
+            let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+            listener.local_addr().expect("addr")
+        };
         let base = BaseUrl::parse(&format!("http://{addr}")).expect("url");
         let err = HttpClient::new(500, 500).send(&base, http::Method::GET, "/", &[], None).await.expect_err("refused");
         assert!(err.nothing_sent(), "{err}");

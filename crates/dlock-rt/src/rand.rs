@@ -15,10 +15,15 @@ pub fn random_u64() -> u64 {
     rand::random()
 }
 
-/// A fresh random `u64` from the runtime.
+/// A fresh random `u64` from the runtime: the simulation's seeded stream inside a madsim
+/// runtime; outside one (a plain unit test in a madsim build) there is no seed to honour.
 #[cfg(madsim)]
 pub fn random_u64() -> u64 {
-    madsim::rand::random()
+    if madsim::runtime::Handle::try_current().is_ok() {
+        madsim::rand::random()
+    } else {
+        rand::random()
+    }
 }
 
 /// A stream seeded with `seed`: the same seed gives the same stream on every run.

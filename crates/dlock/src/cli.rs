@@ -1,5 +1,5 @@
-//! Command-line surface. Each service subcommand resolves its settings (flag > environment
-//! > `--config` file > default, see `config.rs`), binds, prints one line
+//! Command-line surface. Each service subcommand resolves its settings (flag, then
+//! environment, then `--config` file, then default; see `config.rs`), binds, prints one line
 //! `dlock <service> listening on <addr>` to stdout, and serves until SIGINT or SIGTERM.
 
 use std::net::SocketAddr;

@@ -67,7 +67,9 @@ impl FileConfig {
             toml::Value::String(s) => s.clone(),
             other => other.to_string(),
         };
-        text.parse::<T>().map(Some).map_err(|e| format!("config {}: {key} = {text}: {e}", self.source))
+        text.parse::<T>()
+            .map(Some)
+            .map_err(|e| format!("config {}: {key} = {text}: {e} (or set {})", self.source, env_name(key)))
     }
 }
 

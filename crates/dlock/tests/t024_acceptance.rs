@@ -239,6 +239,49 @@ async fn concurrent_interleaved_tokens_forward_each_payout_at_most_once(db: Db) 
     assert_eq!(c.store.high_water("hot").await.expect("mark"), highest_admitted);
 }
 
+async fn proxy_killed_mid_forward_leaves_the_intent_as_evidence(db: Db) {
+    let mut c = cluster(db, &["--latency-ms", "3000"], &[]).await;
+    let p = claimed_payout(&*c.store, "acct-1", 100).await;
+    let base = c.proxy.base.clone();
+    let in_flight = tokio::spawn(async move {
+        let body = serde_json::json!({
+            "payoutId": p, "accountId": "acct-1", "amountMinor": 100, "currency": "EUR", "beneficiaryRef": "ben-1"
+        });
+        client()
+            .send(
+                &base,
+                http::Method::POST,
+                "/v1/rail/submissions",
+                &[
+                    ("content-type", "application/json"),
+                    ("x-fencing-token", "42"),
+                    ("x-owner-id", "worker-1"),
+                    ("x-idempotency-key", "payout:k"),
+                ],
+                Some(body.to_string().into()),
+            )
+            .await
+    });
+    // Wait until the rail has the call (the forward is in flight), then kill the proxy.
+    let seen = dlock_rt::wait_until(dlock_rt::Duration::from_millis(20), dlock_rt::Duration::from_secs(10), || async {
+        (rail_calls(&c.stub).await.len() == 1).then_some(())
+    })
+    .await;
+    assert!(seen.is_some(), "the forward never reached the rail");
+    c.proxy.crash_and_restart();
+    let answered = in_flight.await.expect("task");
+    assert!(answered.is_err(), "the caller must see a lost answer, got {answered:?}");
+    // The intent committed before the socket opened: it survives the crash, unresolved.
+    let rows = c.store.submissions(Some(p)).await.expect("rows");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].outcome, None);
+    assert_eq!(c.store.payout(p).await.expect("read").expect("exists").state, PayoutState::Submitted);
+    // And it still blocks any resubmission, whatever the token.
+    let again = submit(&c.proxy, p, "acct-1", 100, "50").await;
+    assert_eq!(json_of(&again)["code"], "DUPLICATE_SUBMISSION");
+    assert_eq!(rail_calls(&c.stub).await.len(), 1);
+}
+
 macro_rules! on_both_databases {
     ($($case:ident),* $(,)?) => {
         mod sqlite {
@@ -266,4 +309,5 @@ on_both_databases!(
     the_mark_lives_in_the_database_not_in_the_process,
     metrics_expose_only_pinned_tag_values,
     concurrent_interleaved_tokens_forward_each_payout_at_most_once,
+    proxy_killed_mid_forward_leaves_the_intent_as_evidence,
 );

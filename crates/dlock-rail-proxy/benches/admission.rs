@@ -1,0 +1,182 @@
+//! Proxy admissions per second, next to the raw single-row conditional-UPDATE rate of the
+//! same database, measured in the same run on the same machine. Prints the ratio.
+//!
+//! `cargo bench -p dlock-rail-proxy --bench admission`
+//!
+//! - SQLite always (a temp file, WAL, synchronous=FULL: the embedded default's settings).
+//! - PostgreSQL when `DLOCK_TEST_PG_URL` (or `DLOCK_BENCH_PG_URL`) names a server.
+//! - `DLOCK_BENCH_N` submissions per run (default 1000), `DLOCK_BENCH_CONCURRENCY`
+//!   in flight (default 8). The stub's latency is 0.
+//!
+//! An admission is the whole proxy path: validation read, steps 1–3 in one transaction,
+//! the forward to the stub over loopback, and the resolving transaction. It costs two
+//! commits, so the ratio against one conditional UPDATE per commit has a floor near 0.5.
+
+#[cfg(madsim)]
+fn main() {}
+
+#[cfg(not(madsim))]
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    rt.block_on(bench::run());
+}
+
+#[cfg(not(madsim))]
+mod bench {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use dlock_contract::payout::PayoutState;
+    use dlock_rail_proxy::service::ProxyConfig;
+    use dlock_rail_proxy::store::{NewPayout, RailStore};
+    use dlock_rail_proxy::{router, RailProxy};
+    use dlock_rail_stub::{RailStub, StubConfig};
+    use dlock_rt::http::{BaseUrl, HttpClient};
+    use dlock_rt::Clock;
+    use sqlx::Connection;
+
+    fn env_usize(name: &str, default: usize) -> usize {
+        std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    }
+
+    pub async fn run() {
+        let n = env_usize("DLOCK_BENCH_N", 1_000);
+        let concurrency = env_usize("DLOCK_BENCH_CONCURRENCY", 8).max(1);
+        println!("rail-proxy admission bench: n={n} concurrency={concurrency} stub latency=0");
+        println!("{:<10} {:>16} {:>22} {:>8}", "database", "admissions/s", "conditional UPDATE/s", "ratio");
+        let dir = dlock_testkit::TempDir::new("bench");
+        let sqlite = dlock_testkit::sqlite_url(&dir);
+        report("sqlite", &sqlite, n, concurrency).await;
+        let pg = std::env::var("DLOCK_BENCH_PG_URL").or_else(|_| std::env::var(dlock_testkit::PG_URL_ENV));
+        match pg {
+            Ok(_) => {
+                let url = dlock_testkit::pg_database().await;
+                report("postgres", &url, n, concurrency).await;
+            }
+            Err(_) => println!("postgres   (skipped: set DLOCK_TEST_PG_URL to include it)"),
+        }
+    }
+
+    async fn report(name: &str, url: &str, n: usize, concurrency: usize) {
+        let baseline = conditional_update_rate(url, n).await;
+        let admissions = admission_rate(url, n, concurrency).await;
+        println!("{name:<10} {admissions:>16.0} {baseline:>22.0} {:>8.2}", admissions / baseline);
+    }
+
+    /// One row, `UPDATE ... SET v = $1 WHERE id = 1 AND v < $1`, one commit per statement,
+    /// `n` times with increasing values: the database's own price of a fenced write.
+    async fn conditional_update_rate(url: &str, n: usize) -> f64 {
+        let store = dlock_rail_proxy::store_sql::open(url).await.expect("open");
+        drop(store);
+        let q = |sql: &str| if url.starts_with("sqlite") { sql.replace('$', "?") } else { sql.to_owned() };
+        if url.starts_with("sqlite") {
+            let mut c = sqlx::SqliteConnection::connect(&format!("{url}?mode=rwc")).await.expect("connect");
+            sqlx::query("PRAGMA journal_mode=WAL").execute(&mut c).await.expect("wal");
+            sqlx::query("PRAGMA synchronous=FULL").execute(&mut c).await.expect("sync");
+            sqlx::query("CREATE TABLE IF NOT EXISTS bench_fence (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
+                .execute(&mut c)
+                .await
+                .expect("create");
+            sqlx::query("INSERT OR REPLACE INTO bench_fence VALUES (1, 0)").execute(&mut c).await.expect("seed");
+            let stmt = q("UPDATE bench_fence SET v = $1 WHERE id = 1 AND v < $1");
+            let start = Instant::now();
+            for i in 1..=n as i64 {
+                sqlx::query(&stmt).bind(i).execute(&mut c).await.expect("update");
+            }
+            n as f64 / start.elapsed().as_secs_f64()
+        } else {
+            let mut c = sqlx::PgConnection::connect(url).await.expect("connect");
+            sqlx::query("CREATE TABLE IF NOT EXISTS bench_fence (id INTEGER PRIMARY KEY, v BIGINT NOT NULL)")
+                .execute(&mut c)
+                .await
+                .expect("create");
+            sqlx::query("INSERT INTO bench_fence VALUES (1, 0) ON CONFLICT (id) DO UPDATE SET v = 0")
+                .execute(&mut c)
+                .await
+                .expect("seed");
+            let stmt = q("UPDATE bench_fence SET v = $1 WHERE id = 1 AND v < $1");
+            let start = Instant::now();
+            for i in 1..=n as i64 {
+                sqlx::query(&stmt).bind(i).execute(&mut c).await.expect("update");
+            }
+            n as f64 / start.elapsed().as_secs_f64()
+        }
+    }
+
+    async fn admission_rate(url: &str, n: usize, concurrency: usize) -> f64 {
+        let store = dlock_rail_proxy::store_sql::open(url).await.expect("open");
+        let stub = RailStub::new(StubConfig::default(), Clock::system());
+        let stub_listener = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let rail_url = BaseUrl::parse(&format!("http://{}", stub_listener.local_addr().expect("addr"))).expect("url");
+        tokio::spawn(dlock_rt::http::serve(stub_listener, dlock_rail_stub::router(stub), std::future::pending()));
+        let cfg = ProxyConfig {
+            rail_url,
+            connect_timeout_ms: 1_000,
+            read_timeout_ms: 8_000,
+            fencing_enabled: true,
+            body_bytes_max: 65_536,
+        };
+        let proxy = RailProxy::new(store.clone(), cfg, Clock::system());
+        let listener = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let proxy_url = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
+        tokio::spawn(dlock_rt::http::serve(listener, router(proxy), std::future::pending()));
+
+        // One account per worker, so tokens rise per account without coordination.
+        let mut work: Vec<Vec<(uuid::Uuid, String, i64)>> = vec![Vec::new(); concurrency];
+        for i in 0..n {
+            let w = i % concurrency;
+            let account = format!("bench-{w}");
+            let id = uuid::Uuid::new_v4();
+            let p = NewPayout {
+                payout_id: id,
+                account_id: account.clone(),
+                amount_minor: 100,
+                currency: "EUR".into(),
+                beneficiary_ref: "b".into(),
+                state: PayoutState::Claimed,
+            };
+            store.insert_payout(&p, Clock::system().wall()).await.expect("seed payout");
+            work[w].push((id, account, (i + 1) as i64));
+        }
+        let store: Arc<dyn RailStore> = store;
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for items in work {
+            let url = proxy_url.clone();
+            tasks.push(tokio::spawn(async move {
+                let client = HttpClient::new(1_000, 10_000);
+                for (id, account, token) in items {
+                    let body = serde_json::json!({
+                        "payoutId": id, "accountId": account, "amountMinor": 100,
+                        "currency": "EUR", "beneficiaryRef": "b"
+                    });
+                    let token = token.to_string();
+                    let key = format!("payout:{id}");
+                    let r = client
+                        .send(
+                            &url,
+                            http::Method::POST,
+                            "/v1/rail/submissions",
+                            &[
+                                ("content-type", "application/json"),
+                                ("x-fencing-token", &token),
+                                ("x-owner-id", "bench"),
+                                ("x-idempotency-key", &key),
+                            ],
+                            Some(body.to_string().into()),
+                        )
+                        .await
+                        .expect("submission");
+                    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("worker");
+        }
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        let acked = store.submissions(None).await.expect("rows").len();
+        assert_eq!(acked, n);
+        rate
+    }
+}

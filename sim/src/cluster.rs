@@ -1,0 +1,270 @@
+//! The simulated cluster: rail-stub, rail-proxy and a client on three madsim nodes, with
+//! paydb played by the simulation store. The store lives outside every node, as paydb
+//! lives outside every proxy process: killing the proxy node loses its memory, not paydb.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use dlock_contract::payout::PayoutState;
+use dlock_contract::rail::RailCallLog;
+use dlock_rail_proxy::service::ProxyConfig;
+use dlock_rail_proxy::store::{NewPayout, RailStore};
+use dlock_rail_proxy::store_mem::MemRailStore;
+use dlock_rail_proxy::RailProxy;
+use dlock_rail_stub::{RailStub, StubConfig};
+use dlock_rt::http::{BaseUrl, HttpClient};
+use dlock_rt::{Clock, Duration};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::invariants;
+use crate::scenario::{Scenario, Step};
+use crate::Report;
+
+pub const STUB_IP: [u8; 4] = [10, 0, 0, 1];
+pub const PROXY_IP: [u8; 4] = [10, 0, 0, 2];
+pub const CLIENT_IP: [u8; 4] = [10, 0, 0, 3];
+pub const STUB_PORT: u16 = 8084;
+pub const PROXY_PORT: u16 = 8083;
+/// How often the client polls a (re)starting node.
+pub const POLL_INTERVAL_MS: u64 = 50;
+/// Longest a node may take to serve after (re)start.
+pub const NODE_START_MS_MAX: u64 = 10_000;
+/// The amount every scenario payout carries.
+pub const PAYOUT_AMOUNT_MINOR: i64 = 1_000;
+
+fn addr(ip: [u8; 4], port: u16) -> SocketAddr {
+    SocketAddr::new(IpAddr::from(ip), port)
+}
+
+fn base(ip: [u8; 4], port: u16) -> BaseUrl {
+    BaseUrl { authority: addr(ip, port).to_string() }
+}
+
+/// Plays `scenario` in the current madsim runtime.
+pub async fn run(scenario: &Scenario) -> Report {
+    let handle = madsim::runtime::Handle::current();
+    let mut report = Report::default();
+    let store = Arc::new(MemRailStore::new());
+
+    // paydb content: one CLAIMED payout per label.
+    let mut payouts: BTreeMap<String, Uuid> = BTreeMap::new();
+    for label in scenario.payout_labels() {
+        let id = dlock_rt::rand::uuid_v4();
+        let p = NewPayout {
+            payout_id: id,
+            account_id: scenario.account.clone(),
+            amount_minor: PAYOUT_AMOUNT_MINOR,
+            currency: "EUR".into(),
+            beneficiary_ref: format!("ben-{label}"),
+            state: PayoutState::Claimed,
+        };
+        if let Err(e) = store.insert_payout(&p, Clock::system().wall()).await {
+            report.violations.push(format!("setup: {e}"));
+            return report;
+        }
+        payouts.insert(label, id);
+    }
+
+    let skew = |node: &str| scenario.skew_ms.get(node).copied().unwrap_or(0);
+    let stub_cfg = StubConfig {
+        latency_ms: scenario.rail.latency_ms,
+        failure_rate: scenario.rail.failure_rate,
+        duplicate_ack_rate: scenario.rail.duplicate_ack_rate,
+        decline_rate: scenario.rail.decline_rate,
+        seed: dlock_rt::rand::random_u64(),
+        ..StubConfig::default()
+    };
+    let stub_clock = Clock::with_skew_ms(skew("rail-stub"));
+    handle
+        .create_node()
+        .name("rail-stub")
+        .ip(IpAddr::from(STUB_IP))
+        .init(move || {
+            let cfg = stub_cfg.clone();
+            async move {
+                let stub = RailStub::new(cfg, stub_clock);
+                if let Ok(listener) = dlock_rt::http::bind(addr(STUB_IP, STUB_PORT)).await {
+                    dlock_rt::http::serve(listener, dlock_rail_stub::router(stub), std::future::pending()).await;
+                }
+            }
+        })
+        .build();
+
+    let proxy_store = store.clone();
+    let proxy_clock = Clock::with_skew_ms(skew("rail-proxy"));
+    let proxy = handle
+        .create_node()
+        .name("rail-proxy")
+        .ip(IpAddr::from(PROXY_IP))
+        .init(move || {
+            let store: Arc<dyn RailStore> = proxy_store.clone();
+            async move {
+                let cfg = ProxyConfig {
+                    rail_url: base(STUB_IP, STUB_PORT),
+                    connect_timeout_ms: dlock_rail_proxy::service::CONNECT_TIMEOUT_MS_DEFAULT,
+                    read_timeout_ms: dlock_rail_proxy::service::READ_TIMEOUT_MS_DEFAULT,
+                    fencing_enabled: true,
+                    body_bytes_max: dlock_rail_proxy::service::BODY_BYTES_MAX_DEFAULT,
+                };
+                let proxy = RailProxy::new(store, cfg, proxy_clock);
+                if let Ok(listener) = dlock_rt::http::bind(addr(PROXY_IP, PROXY_PORT)).await {
+                    dlock_rt::http::serve(listener, dlock_rail_proxy::router(proxy), std::future::pending()).await;
+                }
+            }
+        })
+        .build();
+    let proxy_id = proxy.id();
+
+    let client = handle.create_node().name("client").ip(IpAddr::from(CLIENT_IP)).build();
+    let steps = scenario.steps.clone();
+    let account = scenario.account.clone();
+    let client_payouts = payouts.clone();
+    let played = client
+        .spawn(async move {
+            let mut trace = Vec::new();
+            let mut violations = Vec::new();
+            for (i, step) in steps.iter().enumerate() {
+                match step {
+                    Step::Submit { payout, token, expect } => {
+                        let id = client_payouts.get(payout).copied().unwrap_or_default();
+                        wait_ready(base(PROXY_IP, PROXY_PORT)).await;
+                        let (status, code) = submit(id, &account, *token).await;
+                        trace.push(format!("step {i}: submit {payout} token={token} -> {status} {code}"));
+                        if let Some(e) = expect {
+                            let (want_status, want_code) = e.answer();
+                            if (status, code.as_str()) != (want_status, want_code) {
+                                violations.push(format!(
+                                    "expectation: step {i} submit {payout} token={token} expected {want_status} {want_code}, got {status} {code}"
+                                ));
+                            }
+                        }
+                    }
+                    Step::RestartProxy => {
+                        let h = madsim::runtime::Handle::current();
+                        h.kill(proxy_id);
+                        h.restart(proxy_id);
+                        trace.push(format!("step {i}: restart rail-proxy"));
+                    }
+                }
+            }
+            wait_ready(base(STUB_IP, STUB_PORT)).await;
+            let calls = fetch_calls().await;
+            (trace, violations, calls)
+        })
+        .await;
+    let (trace, violations, calls) = match played {
+        Ok(v) => v,
+        Err(e) => {
+            report.violations.push(format!("client task failed: {e}"));
+            return report;
+        }
+    };
+    report.trace = trace;
+    report.violations = violations;
+
+    let labels: BTreeMap<String, String> = payouts.iter().map(|(l, id)| (id.to_string(), l.clone())).collect();
+    let label = |id: &str| labels.get(id).cloned().unwrap_or_else(|| id.to_owned());
+    for c in &calls.calls {
+        report.trace.push(format!(
+            "rail: {} {:?} paid={} ref={} at={}",
+            label(&c.client_ref),
+            c.outcome,
+            c.paid,
+            c.rail_reference.as_deref().unwrap_or("-"),
+            dlock_contract::time::rfc3339_ms(c.received_at)
+        ));
+    }
+    let rows = match store.submissions(None).await {
+        Ok(r) => r,
+        Err(e) => {
+            report.violations.push(format!("read paydb: {e}"));
+            return report;
+        }
+    };
+    for r in &rows {
+        report.trace.push(format!(
+            "paydb: {} token={} outcome={} at={}",
+            label(&r.payout_id.to_string()),
+            r.presented_token,
+            r.outcome.map_or("NULL", |o| o.as_str()),
+            dlock_contract::time::rfc3339_ms(r.submitted_at)
+        ));
+    }
+    let mark = store.high_water(&scenario.account).await.unwrap_or(None);
+    report.trace.push(format!("paydb: mark {} = {mark:?}", scenario.account));
+
+    for inv in &scenario.invariants {
+        let broken = match inv.as_str() {
+            "fenced_never_forwarded" => invariants::fenced_never_forwarded(&calls.calls, &rows),
+            "at_most_one_forward_per_payout" => invariants::at_most_one_forward_per_payout(&calls.calls),
+            "mark_equals_highest_admitted" => invariants::mark_equals_highest_admitted(&scenario.account, mark, &rows),
+            other => vec![format!("unknown invariant {other}")],
+        };
+        report.violations.extend(
+            broken.into_iter().map(|v| labels.iter().fold(v, |acc, (id, l)| acc.replace(id.as_str(), l.as_str()))),
+        );
+    }
+    report
+}
+
+fn client() -> HttpClient {
+    HttpClient::new(1_000, 30_000)
+}
+
+/// Polls `GET /health/live` until the node answers, within [`NODE_START_MS_MAX`].
+async fn wait_ready(url: BaseUrl) {
+    let _ =
+        dlock_rt::wait_until(Duration::from_millis(POLL_INTERVAL_MS), Duration::from_millis(NODE_START_MS_MAX), || {
+            let url = url.clone();
+            async move {
+                match client().send(&url, http::Method::GET, "/health/live", &[], None).await {
+                    Ok(r) if r.status == 200 => Some(()),
+                    _ => None,
+                }
+            }
+        })
+        .await;
+}
+
+async fn submit(payout: Uuid, account: &str, token: i64) -> (u16, String) {
+    let body = json!({
+        "payoutId": payout,
+        "accountId": account,
+        "amountMinor": PAYOUT_AMOUNT_MINOR,
+        "currency": "EUR",
+        "beneficiaryRef": "ben",
+    });
+    let token = token.to_string();
+    let key = format!("payout:{payout}");
+    let sent = client()
+        .send(
+            &base(PROXY_IP, PROXY_PORT),
+            http::Method::POST,
+            "/v1/rail/submissions",
+            &[
+                ("content-type", "application/json"),
+                ("x-fencing-token", &token),
+                ("x-owner-id", "sim-worker"),
+                ("x-idempotency-key", &key),
+            ],
+            Some(body.to_string().into()),
+        )
+        .await;
+    match sent {
+        Ok(r) => {
+            let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+            let code = v.get("code").or_else(|| v.get("outcome")).and_then(Value::as_str).unwrap_or("?");
+            (r.status, code.to_owned())
+        }
+        Err(e) => (0, format!("transport error: {e}")),
+    }
+}
+
+async fn fetch_calls() -> RailCallLog {
+    match client().send(&base(STUB_IP, STUB_PORT), http::Method::GET, "/calls", &[], None).await {
+        Ok(r) => serde_json::from_slice(&r.body).unwrap_or_default(),
+        Err(_) => RailCallLog::default(),
+    }
+}
