@@ -64,3 +64,74 @@ pub fn mark_equals_highest_admitted(account: &str, mark: Option<i64>, rows: &[Su
         vec![format!("mark_equals_highest_admitted: account {account} mark {mark:?}, highest admitted {highest:?}")]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::{DateTime, Utc};
+    use dlock_contract::rail::RailCallOutcome;
+    use uuid::Uuid;
+
+    fn at() -> DateTime<Utc> {
+        DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("instant")
+    }
+
+    fn call(client_ref: &str) -> RailCall {
+        RailCall {
+            client_ref: client_ref.into(),
+            amount_minor: 1,
+            currency: "EUR".into(),
+            outcome: RailCallOutcome::Accepted,
+            paid: true,
+            rail_reference: Some("RR".into()),
+            received_at: at(),
+        }
+    }
+
+    fn row(payout: Uuid, token: i64, outcome: Option<SubmissionOutcome>) -> SubmissionRow {
+        SubmissionRow {
+            submission_id: Uuid::new_v4(),
+            payout_id: payout,
+            account_id: "a".into(),
+            presented_token: token,
+            owner_id: "w".into(),
+            idempotency_key: "k".into(),
+            amount_minor: 1,
+            currency: "EUR".into(),
+            outcome,
+            outcome_detail: None,
+            rail_reference: None,
+            submitted_at: at(),
+            resolved_at: None,
+        }
+    }
+
+    #[test]
+    fn a_payout_on_the_rail_twice_is_reported() {
+        let p = Uuid::new_v4().to_string();
+        assert_eq!(at_most_one_forward_per_payout(&[call(&p)]), Vec::<String>::new());
+        let broken = at_most_one_forward_per_payout(&[call(&p), call("other"), call(&p)]);
+        assert_eq!(broken.len(), 1);
+        assert!(broken[0].starts_with("at_most_one_forward_per_payout: "), "{}", broken[0]);
+    }
+
+    #[test]
+    fn a_fenced_payout_on_the_rail_is_reported() {
+        let p = Uuid::new_v4();
+        let rows = [row(p, 5, Some(SubmissionOutcome::Fenced))];
+        let broken = fenced_never_forwarded(&[call(&p.to_string())], &rows);
+        assert_eq!(broken.len(), 1);
+        assert!(broken[0].starts_with("fenced_never_forwarded: "));
+        let admitted = [row(p, 6, Some(SubmissionOutcome::Acked))];
+        assert!(fenced_never_forwarded(&[call(&p.to_string())], &admitted).is_empty());
+    }
+
+    #[test]
+    fn a_mark_that_disagrees_with_the_admitted_tokens_is_reported() {
+        let p = Uuid::new_v4();
+        let rows = [row(p, 7, Some(SubmissionOutcome::Acked)), row(p, 9, Some(SubmissionOutcome::Fenced))];
+        assert!(mark_equals_highest_admitted("a", Some(7), &rows).is_empty());
+        assert_eq!(mark_equals_highest_admitted("a", Some(9), &rows).len(), 1);
+        assert_eq!(mark_equals_highest_admitted("a", None, &rows).len(), 1);
+    }
+}

@@ -1,5 +1,5 @@
 //! The handler-side error type. It carries a code from the catalogue and never an HTTP
-//! status of its own (except the one documented override, see [`ApiError::with_status`]).
+//! status of its own (except the documented overrides, see [`ApiError::with_status`]).
 
 use axum::response::{IntoResponse, Response};
 use dlock_contract::{ErrorCode, FieldError};
@@ -17,8 +17,9 @@ pub struct ApiError {
     pub retry_after_ms: Option<u64>,
     /// Logged with the trace id; never sent to the caller.
     pub internal: Option<String>,
-    /// A status other than the catalogue's, for C3's one documented exception (a rail
-    /// decline is `422` with code `VALIDATION_FAILED`; see C3-extensions.md).
+    /// A status other than the catalogue's, for the documented exceptions only: the proxy
+    /// answers a rail decline `422` and the stub answers a decline `402`, both with code
+    /// `VALIDATION_FAILED` (C3-extensions.md, C-1 and C-18).
     pub status_override: Option<u16>,
 }
 

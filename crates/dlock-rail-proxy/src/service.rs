@@ -33,6 +33,19 @@ pub struct ProxyConfig {
     pub body_bytes_max: usize,
 }
 
+/// Time allowed, beyond one forward's connect and read budgets, for the two transactions
+/// around it when the proxy drains on shutdown.
+pub const SHUTDOWN_MARGIN_MS: u64 = 5_000;
+
+impl ProxyConfig {
+    /// How long a graceful shutdown waits for in-flight submissions: the whole budget of
+    /// one forward plus [`SHUTDOWN_MARGIN_MS`], so a drain never abandons a forward between
+    /// the rail's answer and its recording.
+    pub fn shutdown_grace_ms(&self) -> u64 {
+        self.connect_timeout_ms.saturating_add(self.read_timeout_ms).saturating_add(SHUTDOWN_MARGIN_MS)
+    }
+}
+
 /// What one submission came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {

@@ -18,8 +18,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
 
-/// Longest a graceful shutdown waits for in-flight connections to finish.
-pub const SHUTDOWN_GRACE_MS_MAX: u64 = 5_000;
+/// Default bound on how long a graceful shutdown waits for in-flight requests.
+pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 5_000;
 /// Longest an idle server connection may take to send its request head.
 pub const HEADER_READ_MS_MAX: u64 = 30_000;
 
@@ -45,8 +45,19 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// Serves `router` on `listener` until `shutdown` resolves, then lets in-flight
-/// connections finish for up to [`SHUTDOWN_GRACE_MS_MAX`].
+/// requests finish for up to [`SHUTDOWN_GRACE_MS_DEFAULT`].
 pub async fn serve<S>(listener: TcpListener, router: axum::Router, shutdown: S)
+where
+    S: Future<Output = ()> + Send,
+{
+    serve_with_grace(listener, router, shutdown, SHUTDOWN_GRACE_MS_DEFAULT).await
+}
+
+/// [`serve`], with the longest wait for in-flight requests after `shutdown` set to
+/// `grace_ms_max`. A service whose requests can legitimately run long (the rail-proxy's
+/// one forward) passes a grace longer than its longest request, so a deploy never cuts a
+/// forward between the rail's answer and its recording.
+pub async fn serve_with_grace<S>(listener: TcpListener, router: axum::Router, shutdown: S, grace_ms_max: u64)
 where
     S: Future<Output = ()> + Send,
 {
@@ -66,7 +77,7 @@ where
     }
     drop(listener);
     let _ = stop_tx.send(true);
-    let grace = Duration::from_millis(SHUTDOWN_GRACE_MS_MAX);
+    let grace = Duration::from_millis(grace_ms_max);
     let all = async {
         for c in conns.iter_mut() {
             let _ = c.await;

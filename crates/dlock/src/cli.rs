@@ -218,7 +218,7 @@ async fn run_stub(a: StubArgs, file: &FileConfig) -> Result<(), String> {
         "rail_stub_starting"
     );
     let stub = RailStub::new(cfg, Clock::system());
-    serve("rail-stub", listen, dlock_rail_stub::router(stub)).await
+    serve("rail-stub", listen, dlock_rail_stub::router(stub), dlock_rt::http::SHUTDOWN_GRACE_MS_DEFAULT).await
 }
 
 fn proxy_config(
@@ -253,11 +253,16 @@ fn proxy_config(
 async fn run_proxy(a: ProxyArgs, file: &FileConfig, profile: Profile) -> Result<(), String> {
     let (listen, url, cfg) = proxy_config(&a, file, profile)?;
     if !cfg.fencing_enabled {
-        tracing::warn!("rail_proxy_fencing_disabled: step 1 is skipped (profile unsafe-test)");
+        tracing::warn!(
+            profile = "unsafe-test",
+            skipped = "step 1 (the high-water mark)",
+            "rail_proxy_fencing_disabled"
+        );
     }
     let store = dlock_rail_proxy::store_sql::open(&url).await.map_err(|e| format!("paydb: {e}"))?;
+    let grace_ms = cfg.shutdown_grace_ms();
     let proxy = RailProxy::new(store, cfg, Clock::system());
-    serve("rail-proxy", listen, dlock_rail_proxy::router(proxy)).await
+    serve("rail-proxy", listen, dlock_rail_proxy::router(proxy), grace_ms).await
 }
 
 async fn seed_payout(a: SeedArgs, file: &FileConfig) -> Result<(), String> {
@@ -284,12 +289,12 @@ async fn seed_payout(a: SeedArgs, file: &FileConfig) -> Result<(), String> {
     Ok(())
 }
 
-async fn serve(name: &str, listen: SocketAddr, router: axum::Router) -> Result<(), String> {
+async fn serve(name: &str, listen: SocketAddr, router: axum::Router, grace_ms: u64) -> Result<(), String> {
     let listener = dlock_rt::http::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     println!("dlock {name} listening on {local}");
     tracing::info!(service = name, addr = %local, "listening");
-    dlock_rt::http::serve(listener, router, shutdown_signal()).await;
+    dlock_rt::http::serve_with_grace(listener, router, shutdown_signal(), grace_ms).await;
     tracing::info!(service = name, "stopped");
     Ok(())
 }

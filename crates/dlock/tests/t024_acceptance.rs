@@ -282,6 +282,44 @@ async fn proxy_killed_mid_forward_leaves_the_intent_as_evidence(db: Db) {
     assert_eq!(rail_calls(&c.stub).await.len(), 1);
 }
 
+async fn sigterm_drains_the_in_flight_forward_and_records_it(db: Db) {
+    // The rail answers after 6 s: longer than a generic 5 s drain, within the proxy's
+    // (connect + read + margin) drain.
+    let mut c = cluster(db, &["--latency-ms", "6000"], &[]).await;
+    let p = claimed_payout(&*c.store, "acct-1", 100).await;
+    let proxy_base = c.proxy.base.clone();
+    let in_flight = tokio::spawn(async move {
+        let body = serde_json::json!({
+            "payoutId": p, "accountId": "acct-1", "amountMinor": 100, "currency": "EUR", "beneficiaryRef": "ben-1"
+        });
+        client()
+            .send(
+                &proxy_base,
+                http::Method::POST,
+                "/v1/rail/submissions",
+                &[
+                    ("content-type", "application/json"),
+                    ("x-fencing-token", "42"),
+                    ("x-owner-id", "worker-1"),
+                    ("x-idempotency-key", "payout:k"),
+                ],
+                Some(body.to_string().into()),
+            )
+            .await
+    });
+    let seen = dlock_rt::wait_until(dlock_rt::Duration::from_millis(20), dlock_rt::Duration::from_secs(10), || async {
+        (rail_calls(&c.stub).await.len() == 1).then_some(())
+    })
+    .await;
+    assert!(seen.is_some(), "the forward never reached the rail");
+    let status = tokio::task::block_in_place(|| c.proxy.terminate(std::time::Duration::from_secs(20)));
+    assert!(status.is_some_and(|s| s.success()), "the proxy did not drain and exit cleanly: {status:?}");
+    let answered = in_flight.await.expect("task").expect("the in-flight request was answered");
+    assert_eq!(answered.status, 200, "{:?}", json_of(&answered));
+    let rows = c.store.submissions(Some(p)).await.expect("rows");
+    assert_eq!(rows.iter().map(|r| r.outcome).collect::<Vec<_>>(), [Some(SubmissionOutcome::Acked)]);
+}
+
 macro_rules! on_both_databases {
     ($($case:ident),* $(,)?) => {
         mod sqlite {
@@ -310,4 +348,5 @@ on_both_databases!(
     metrics_expose_only_pinned_tag_values,
     concurrent_interleaved_tokens_forward_each_payout_at_most_once,
     proxy_killed_mid_forward_leaves_the_intent_as_evidence,
+    sigterm_drains_the_in_flight_forward_and_records_it,
 );

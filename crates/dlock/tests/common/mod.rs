@@ -68,6 +68,19 @@ impl Service {
         drop(std::mem::replace(self, fresh));
     }
 
+    /// Sends SIGTERM and waits (with a deadline) for the process to exit on its own.
+    pub fn terminate(&mut self, deadline: Duration) -> Option<std::process::ExitStatus> {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let start = std::time::Instant::now();
+        while start.elapsed() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
