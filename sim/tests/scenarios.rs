@@ -32,13 +32,7 @@ fn every_scenario_holds_its_invariants() {
     for seed in seeds() {
         for (path, s) in &scenarios {
             eprintln!("dlock-sim seed={seed} scenario={path}");
-            let s = s.clone();
-            let report = std::thread::spawn(move || {
-                madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default())
-                    .block_on(async move { dlock_sim::cluster::run(&s).await })
-            })
-            .join()
-            .expect("simulation thread");
+            let report = run_scenario(seed, s);
             assert!(!report.trace.is_empty(), "{path}: empty trace");
             report.assert_clean(seed);
         }
@@ -63,11 +57,27 @@ async fn proxy_restart() -> Vec<String> {
 }
 
 fn run_seed(seed: u64) -> Vec<String> {
+    in_fresh_world(seed, proxy_restart)
+}
+
+/// Runs `f`'s future in a new simulated world seeded with `seed`, on its own thread (one
+/// madsim runtime per thread, as madsim's own test macro does).
+fn in_fresh_world<F, Fut>(seed: u64, f: F) -> Fut::Output
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future,
+    Fut::Output: Send + 'static,
+{
     std::thread::spawn(move || {
-        madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default()).block_on(proxy_restart())
+        madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default()).block_on(f())
     })
     .join()
     .expect("simulation thread")
+}
+
+fn run_scenario(seed: u64, s: &Scenario) -> dlock_sim::Report {
+    let s = s.clone();
+    in_fresh_world(seed, move || async move { dlock_sim::cluster::run(&s).await })
 }
 
 #[test]
@@ -87,13 +97,7 @@ fn hostile_rail_scenario_meets_the_chaos_it_names() {
     let s = Scenario::load(&scenario::scenarios_dir().join("hostile-rail.toml")).expect("scenario");
     let mut seen = std::collections::BTreeSet::new();
     for seed in 0..40u64 {
-        let s = s.clone();
-        let report = std::thread::spawn(move || {
-            madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default())
-                .block_on(async move { dlock_sim::cluster::run(&s).await })
-        })
-        .join()
-        .expect("simulation thread");
+        let report = run_scenario(seed, &s);
         report.assert_clean(seed);
         for line in report.trace.iter().filter(|l| l.starts_with("rail: ")) {
             for outcome in ["Accepted", "Declined", "Error", "Dropped"] {

@@ -80,7 +80,7 @@ struct StubArgs {
     seed: Option<u64>,
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 struct ProxyArgs {
     /// [rail.proxy.listen] Address to serve on.
     #[arg(long, env = "DLOCK_RAIL_PROXY_LISTEN", value_name = "ADDR")]
@@ -349,15 +349,7 @@ mod tests {
 
     #[test]
     fn disabling_fencing_needs_the_unsafe_test_profile() {
-        let args = ProxyArgs {
-            listen: None,
-            database_url: None,
-            rail_url: None,
-            connect_timeout_ms: None,
-            read_timeout_ms: None,
-            fencing_enabled: Some(false),
-            body_bytes_max: None,
-        };
+        let args = ProxyArgs { fencing_enabled: Some(false), ..ProxyArgs::default() };
         let file = FileConfig::default();
         let err = proxy_config(&args, &file, Profile::Production).expect_err("refused");
         assert!(err.contains("unsafe-test"), "{err}");
@@ -366,15 +358,7 @@ mod tests {
 
     #[test]
     fn proxy_defaults_follow_c3_budgets() {
-        let args = ProxyArgs {
-            listen: None,
-            database_url: None,
-            rail_url: None,
-            connect_timeout_ms: None,
-            read_timeout_ms: None,
-            fencing_enabled: None,
-            body_bytes_max: None,
-        };
+        let args = ProxyArgs::default();
         let (listen, url, cfg) = proxy_config(&args, &FileConfig::default(), Profile::Production).expect("defaults");
         assert_eq!(listen.port(), 8083);
         assert_eq!(url, PAYDB_URL_DEFAULT);

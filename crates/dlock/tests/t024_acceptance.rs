@@ -242,32 +242,9 @@ async fn concurrent_interleaved_tokens_forward_each_payout_at_most_once(db: Db) 
 async fn proxy_killed_mid_forward_leaves_the_intent_as_evidence(db: Db) {
     let mut c = cluster(db, &["--latency-ms", "3000"], &[]).await;
     let p = claimed_payout(&*c.store, "acct-1", 100).await;
-    let base = c.proxy.base.clone();
-    let in_flight = tokio::spawn(async move {
-        let body = serde_json::json!({
-            "payoutId": p, "accountId": "acct-1", "amountMinor": 100, "currency": "EUR", "beneficiaryRef": "ben-1"
-        });
-        client()
-            .send(
-                &base,
-                http::Method::POST,
-                "/v1/rail/submissions",
-                &[
-                    ("content-type", "application/json"),
-                    ("x-fencing-token", "42"),
-                    ("x-owner-id", "worker-1"),
-                    ("x-idempotency-key", "payout:k"),
-                ],
-                Some(body.to_string().into()),
-            )
-            .await
-    });
+    let in_flight = submit_in_background(&c.proxy, p, "acct-1", 100, "42");
     // Wait until the rail has the call (the forward is in flight), then kill the proxy.
-    let seen = dlock_rt::wait_until(dlock_rt::Duration::from_millis(20), dlock_rt::Duration::from_secs(10), || async {
-        (rail_calls(&c.stub).await.len() == 1).then_some(())
-    })
-    .await;
-    assert!(seen.is_some(), "the forward never reached the rail");
+    wait_for_rail_calls(&c.stub, 1).await;
     c.proxy.crash_and_restart();
     let answered = in_flight.await.expect("task");
     assert!(answered.is_err(), "the caller must see a lost answer, got {answered:?}");
@@ -287,31 +264,8 @@ async fn sigterm_drains_the_in_flight_forward_and_records_it(db: Db) {
     // (connect + read + margin) drain.
     let mut c = cluster(db, &["--latency-ms", "6000"], &[]).await;
     let p = claimed_payout(&*c.store, "acct-1", 100).await;
-    let proxy_base = c.proxy.base.clone();
-    let in_flight = tokio::spawn(async move {
-        let body = serde_json::json!({
-            "payoutId": p, "accountId": "acct-1", "amountMinor": 100, "currency": "EUR", "beneficiaryRef": "ben-1"
-        });
-        client()
-            .send(
-                &proxy_base,
-                http::Method::POST,
-                "/v1/rail/submissions",
-                &[
-                    ("content-type", "application/json"),
-                    ("x-fencing-token", "42"),
-                    ("x-owner-id", "worker-1"),
-                    ("x-idempotency-key", "payout:k"),
-                ],
-                Some(body.to_string().into()),
-            )
-            .await
-    });
-    let seen = dlock_rt::wait_until(dlock_rt::Duration::from_millis(20), dlock_rt::Duration::from_secs(10), || async {
-        (rail_calls(&c.stub).await.len() == 1).then_some(())
-    })
-    .await;
-    assert!(seen.is_some(), "the forward never reached the rail");
+    let in_flight = submit_in_background(&c.proxy, p, "acct-1", 100, "42");
+    wait_for_rail_calls(&c.stub, 1).await;
     let status = tokio::task::block_in_place(|| c.proxy.terminate(std::time::Duration::from_secs(20)));
     assert!(status.is_some_and(|s| s.success()), "the proxy did not drain and exit cleanly: {status:?}");
     let answered = in_flight.await.expect("task").expect("the in-flight request was answered");

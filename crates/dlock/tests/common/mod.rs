@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use dlock_contract::payout::PayoutState;
 use dlock_rail_proxy::store::{NewPayout, RailStore};
-use dlock_rt::http::{BaseUrl, ClientResponse, HttpClient};
+use dlock_rt::http::{BaseUrl, ClientError, ClientResponse, HttpClient};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -125,8 +125,14 @@ pub async fn claimed_payout(store: &dyn RailStore, account: &str, amount_minor: 
     id
 }
 
-/// `POST /v1/rail/submissions` for `payout` with `token`.
-pub async fn submit(proxy: &Service, payout: Uuid, account: &str, amount_minor: i64, token: &str) -> ClientResponse {
+/// `POST /v1/rail/submissions` for `payout` with `token`; the transport's verdict as is.
+pub async fn try_submit(
+    proxy: &BaseUrl,
+    payout: Uuid,
+    account: &str,
+    amount_minor: i64,
+    token: &str,
+) -> Result<ClientResponse, ClientError> {
     let body = json!({
         "payoutId": payout,
         "accountId": account,
@@ -137,7 +143,7 @@ pub async fn submit(proxy: &Service, payout: Uuid, account: &str, amount_minor: 
     let key = format!("payout:{payout}");
     client()
         .send(
-            &proxy.base,
+            proxy,
             http::Method::POST,
             "/v1/rail/submissions",
             &[
@@ -149,8 +155,38 @@ pub async fn submit(proxy: &Service, payout: Uuid, account: &str, amount_minor: 
             Some(body.to_string().into()),
         )
         .await
-        .expect("submission answered")
 }
+
+/// `POST /v1/rail/submissions` for `payout` with `token`, which must be answered.
+pub async fn submit(proxy: &Service, payout: Uuid, account: &str, amount_minor: i64, token: &str) -> ClientResponse {
+    try_submit(&proxy.base, payout, account, amount_minor, token).await.expect("submission answered")
+}
+
+/// [`try_submit`] on its own task, for a submission to stay in flight while the test acts.
+pub fn submit_in_background(
+    proxy: &Service,
+    payout: Uuid,
+    account: &str,
+    amount_minor: i64,
+    token: &str,
+) -> tokio::task::JoinHandle<Result<ClientResponse, ClientError>> {
+    let (base, account, token) = (proxy.base.clone(), account.to_owned(), token.to_owned());
+    tokio::spawn(async move { try_submit(&base, payout, &account, amount_minor, &token).await })
+}
+
+/// Polls the rail's call log until it holds `n` calls, within [`RAIL_CALLS_WAIT_MS_MAX`].
+pub async fn wait_for_rail_calls(stub: &Service, n: usize) {
+    let seen = dlock_rt::wait_until(
+        dlock_rt::Duration::from_millis(20),
+        dlock_rt::Duration::from_millis(RAIL_CALLS_WAIT_MS_MAX),
+        || async { (rail_calls(stub).await.len() >= n).then_some(()) },
+    )
+    .await;
+    assert!(seen.is_some(), "the rail did not see {n} call(s) within {RAIL_CALLS_WAIT_MS_MAX} ms");
+}
+
+/// Longest a test waits for the rail to log an expected call.
+pub const RAIL_CALLS_WAIT_MS_MAX: u64 = 10_000;
 
 /// The rail's own record: every inbound call, in arrival order.
 pub async fn rail_calls(stub: &Service) -> Vec<Value> {
