@@ -11,6 +11,7 @@
 pub mod currency;
 pub mod error;
 pub mod headers;
+pub mod lock;
 pub mod payout;
 pub mod rail;
 pub mod time;

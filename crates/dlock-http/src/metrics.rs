@@ -69,6 +69,34 @@ impl Counter {
     }
 }
 
+/// A gauge without labels.
+#[derive(Debug)]
+pub struct Gauge {
+    name: &'static str,
+    help: &'static str,
+    value: std::sync::atomic::AtomicI64,
+}
+
+impl Gauge {
+    pub fn new(name: &'static str, help: &'static str) -> Self {
+        Gauge { name, help, value: std::sync::atomic::AtomicI64::new(0) }
+    }
+
+    pub fn add(&self, delta: i64) {
+        self.value.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> i64 {
+        self.value.load(Ordering::Relaxed)
+    }
+
+    pub fn render(&self, out: &mut String) {
+        let _ = writeln!(out, "# HELP {} {}", self.name, self.help);
+        let _ = writeln!(out, "# TYPE {} gauge", self.name);
+        let _ = writeln!(out, "{} {}", self.name, self.value.load(Ordering::Relaxed));
+    }
+}
+
 /// `Content-Type` of the Prometheus text format.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 

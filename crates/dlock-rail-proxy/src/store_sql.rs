@@ -8,10 +8,6 @@
 //! transaction takes the write lock at once (no read-then-upgrade deadlock) and on
 //! PostgreSQL the conditional upsert row-locks the mark until commit.
 
-use std::borrow::Cow;
-use std::str::FromStr;
-use std::time::Duration;
-
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use dlock_contract::payout::PayoutState;
@@ -19,14 +15,9 @@ use dlock_contract::rail::SubmissionOutcome;
 use sqlx::Row;
 use uuid::Uuid;
 
-use crate::store::{Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow};
+use dlock_db::Dialect;
 
-/// Most connections one proxy opens to paydb.
-pub const POOL_CONNECTIONS_MAX: u32 = 16;
-/// Longest a request waits for a pooled connection.
-pub const POOL_ACQUIRE_MS_MAX: u64 = 2_000;
-/// Longest SQLite waits for the write lock before answering busy.
-pub const SQLITE_BUSY_MS_MAX: u64 = 5_000;
+use crate::store::{Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow};
 
 static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/postgres");
 static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/sqlite");
@@ -35,21 +26,19 @@ static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migratio
 const FORWARDABLE: &str = "outcome IS NULL OR outcome IN ('ACKED', 'REJECTED', 'TIMEOUT')";
 
 fn unavailable(e: sqlx::Error) -> StoreError {
-    match e {
-        sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) | sqlx::Error::ColumnNotFound(_) => {
-            StoreError::Corrupt(e.to_string())
-        }
-        other => StoreError::Unavailable(other.to_string()),
+    if dlock_db::is_decode_error(&e) {
+        StoreError::Corrupt(dlock_db::describe(&e))
+    } else {
+        StoreError::Unavailable(dlock_db::describe(&e))
     }
 }
 
-fn pg_sql(sql: &str) -> Cow<'_, str> {
-    Cow::Borrowed(sql)
+fn pg_sql(sql: &str) -> std::borrow::Cow<'_, str> {
+    Dialect::Postgres.sql(sql)
 }
 
-/// Rewrites `$n` to `?n`, SQLite's numbered placeholder with the same meaning.
-fn sqlite_sql(sql: &str) -> Cow<'_, str> {
-    Cow::Owned(sql.replace('$', "?"))
+fn sqlite_sql(sql: &str) -> std::borrow::Cow<'_, str> {
+    Dialect::Sqlite.sql(sql)
 }
 
 fn parse_uuid(raw: &str) -> Result<Uuid, StoreError> {
@@ -63,25 +52,6 @@ fn parse_state(raw: &str) -> Result<PayoutState, StoreError> {
 fn parse_outcome(raw: Option<String>) -> Result<Option<SubmissionOutcome>, StoreError> {
     raw.map(|r| SubmissionOutcome::parse(&r).ok_or_else(|| StoreError::Corrupt(format!("bad outcome {r:?}"))))
         .transpose()
-}
-
-/// The database behind a `--database-url`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
-    Postgres,
-    Sqlite,
-}
-
-impl Dialect {
-    pub fn of_url(url: &str) -> Result<Dialect, String> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Ok(Dialect::Postgres)
-        } else if url.starts_with("sqlite:") {
-            Ok(Dialect::Sqlite)
-        } else {
-            Err("database url must start with sqlite:// or postgres://".into())
-        }
-    }
 }
 
 /// Opens paydb at `url` and applies pending migrations.
@@ -116,12 +86,7 @@ pub struct PgRailStore {
 
 impl PgRailStore {
     pub async fn open(url: &str) -> Result<PgRailStore, StoreError> {
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(POOL_CONNECTIONS_MAX)
-            .acquire_timeout(Duration::from_millis(POOL_ACQUIRE_MS_MAX))
-            .connect(url)
-            .await
-            .map_err(unavailable)?;
+        let pool = dlock_db::pg_pool(url).await.map_err(unavailable)?;
         PG_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
         Ok(PgRailStore { pool })
     }
@@ -135,35 +100,10 @@ pub struct SqliteRailStore {
 
 impl SqliteRailStore {
     pub async fn open(url: &str) -> Result<SqliteRailStore, StoreError> {
-        if let Some(parent) = sqlite_path(url).and_then(|p| std::path::Path::new(p).parent()) {
-            if !parent.as_os_str().is_empty() {
-                std::fs::create_dir_all(parent)
-                    .map_err(|e| StoreError::Unavailable(format!("create {}: {e}", parent.display())))?;
-            }
-        }
-        let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)
-            .map_err(unavailable)?
-            .create_if_missing(true)
-            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-            .synchronous(sqlx::sqlite::SqliteSynchronous::Full)
-            .foreign_keys(true)
-            .busy_timeout(Duration::from_millis(SQLITE_BUSY_MS_MAX));
-        let pool = sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(POOL_CONNECTIONS_MAX.min(4))
-            .acquire_timeout(Duration::from_millis(POOL_ACQUIRE_MS_MAX + SQLITE_BUSY_MS_MAX))
-            .connect_with(opts)
-            .await
-            .map_err(unavailable)?;
+        let pool = dlock_db::sqlite_pool(url).await.map_err(unavailable)?;
         SQLITE_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
         Ok(SqliteRailStore { pool })
     }
-}
-
-/// The file path inside a `sqlite://PATH[?query]` URL.
-pub fn sqlite_path(url: &str) -> Option<&str> {
-    let rest = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))?;
-    let path = rest.split('?').next().unwrap_or(rest);
-    (!path.is_empty() && path != ":memory:").then_some(path)
 }
 
 macro_rules! sql_rail_store {
@@ -419,27 +359,3 @@ macro_rules! sql_rail_store {
 
 sql_rail_store!(PgRailStore, pg_sql);
 sql_rail_store!(SqliteRailStore, sqlite_sql);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sqlite_placeholders_keep_their_numbers() {
-        assert_eq!(sqlite_sql("a = $1 AND b = $10 OR c = $1"), "a = ?1 AND b = ?10 OR c = ?1");
-    }
-
-    #[test]
-    fn sqlite_path_is_read_from_the_url() {
-        assert_eq!(sqlite_path("sqlite://dlock-data/paydb.sqlite"), Some("dlock-data/paydb.sqlite"));
-        assert_eq!(sqlite_path("sqlite:///tmp/x.db?mode=rwc"), Some("/tmp/x.db"));
-        assert_eq!(sqlite_path("sqlite::memory:"), None);
-    }
-
-    #[test]
-    fn dialect_follows_the_url_scheme() {
-        assert_eq!(Dialect::of_url("postgres://u@h/db"), Ok(Dialect::Postgres));
-        assert_eq!(Dialect::of_url("sqlite://x"), Ok(Dialect::Sqlite));
-        assert!(Dialect::of_url("mysql://x").is_err());
-    }
-}

@@ -19,6 +19,8 @@ use crate::config::{resolve, FileConfig, Profile};
 
 /// The embedded default paydb.
 pub const PAYDB_URL_DEFAULT: &str = "sqlite://dlock-data/paydb.sqlite";
+/// The embedded default lockdb.
+pub const LOCKDB_URL_DEFAULT: &str = "sqlite://dlock-data/lockdb.sqlite";
 
 #[derive(Debug, Parser)]
 #[command(name = "dlock", version, about = "Distributed locks with fencing tokens, so no payout is paid twice.")]
@@ -48,6 +50,8 @@ enum Command {
     RailStub(StubArgs),
     /// The only door to the rail: fences every submission on a durable high-water mark.
     RailProxy(ProxyArgs),
+    /// Sessions, leases and fencing tokens (C3 §3.3).
+    LockServer(LockServerArgs),
     /// Apply pending database migrations, then exit.
     Migrate(MigrateArgs),
     /// Developer tools.
@@ -105,11 +109,58 @@ struct ProxyArgs {
     body_bytes_max: Option<usize>,
 }
 
+#[derive(Debug, Default, Args)]
+struct LockServerArgs {
+    /// [lock.server.listen] Address to serve on.
+    #[arg(long, env = "DLOCK_LOCK_SERVER_LISTEN", value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// [lock.server.backend] sqlite, postgres or etcd (default: from --database-url, else sqlite).
+    #[arg(long, env = "DLOCK_LOCK_SERVER_BACKEND", value_name = "BACKEND")]
+    backend: Option<String>,
+    /// [lock.server.database-url] lockdb: sqlite://PATH or postgres://...
+    #[arg(long, env = "DLOCK_LOCK_SERVER_DATABASE_URL", value_name = "URL")]
+    database_url: Option<String>,
+    /// [lock.server.etcd-endpoints] Comma-separated etcd endpoints (backend etcd).
+    #[arg(long, env = "DLOCK_LOCK_SERVER_ETCD_ENDPOINTS", value_name = "URLS")]
+    etcd_endpoints: Option<String>,
+    /// [lock.session.ttl-ms] Session TTL when L1 names none (clamped to 1000..60000).
+    #[arg(long, env = "DLOCK_LOCK_SESSION_TTL_MS", value_name = "MS")]
+    session_ttl_ms: Option<i64>,
+    /// [lock.default.ttl-ms] Lock lease when L4 names none (clamped to 1000..60000).
+    #[arg(long, env = "DLOCK_LOCK_DEFAULT_TTL_MS", value_name = "MS")]
+    default_ttl_ms: Option<i64>,
+    /// [lock.delay-ms] After a holder is lost (not released), nobody gets the key for this long.
+    #[arg(long, env = "DLOCK_LOCK_DELAY_MS", value_name = "MS")]
+    delay_ms: Option<i64>,
+    /// [lock.waiters-max] Waiters per key on this replica; beyond it, CONTENTION_EXCEEDED.
+    #[arg(long, env = "DLOCK_LOCK_WAITERS_MAX", value_name = "N")]
+    waiters_max: Option<usize>,
+    /// [lock.session.retention-ms] How long a lapsed session answers SESSION_EXPIRED.
+    #[arg(long, env = "DLOCK_LOCK_SESSION_RETENTION_MS", value_name = "MS")]
+    session_retention_ms: Option<i64>,
+    /// [lock.reaper.interval-ms] Pause between reaper passes.
+    #[arg(long, env = "DLOCK_LOCK_REAPER_INTERVAL_MS", value_name = "MS")]
+    reaper_interval_ms: Option<u64>,
+    /// [lock.wait.poll-ms] How often a waiting request re-asks the backend.
+    #[arg(long, env = "DLOCK_LOCK_WAIT_POLL_MS", value_name = "MS")]
+    wait_poll_ms: Option<u64>,
+}
+
 #[derive(Debug, Args)]
 struct MigrateArgs {
-    /// [rail.proxy.database-url] paydb: sqlite://PATH or postgres://...
-    #[arg(long, env = "DLOCK_RAIL_PROXY_DATABASE_URL", value_name = "URL")]
+    /// The database: sqlite://PATH or postgres://... (default: the key rail.proxy.database-url
+    /// for paydb or lock.server.database-url for lockdb, from the environment or --config).
+    #[arg(long, value_name = "URL")]
     database_url: Option<String>,
+    /// Which database to migrate: paydb or lockdb.
+    #[arg(long = "db", value_enum, default_value_t = MigrateDb::Paydb)]
+    db: MigrateDb,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum MigrateDb {
+    Paydb,
+    Lockdb,
 }
 
 #[derive(Debug, Subcommand)]
@@ -175,13 +226,26 @@ async fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::RailStub(a) => run_stub(a, &file).await,
         Command::RailProxy(a) => run_proxy(a, &file, profile).await,
+        Command::LockServer(a) => run_lock_server(a, &file).await,
         Command::Migrate(a) => {
-            let url = resolve(a.database_url, &file, "rail.proxy.database-url", PAYDB_URL_DEFAULT.to_owned())?;
-            let versions = dlock_rail_proxy::store_sql::migrate(&url).await.map_err(|e| e.to_string())?;
-            println!(
-                "paydb migrations applied: {}",
-                versions.iter().map(i64::to_string).collect::<Vec<_>>().join(", ")
-            );
+            let (name, versions) = match a.db {
+                MigrateDb::Paydb => {
+                    let url = a
+                        .database_url
+                        .or_else(|| std::env::var(crate::config::env_name("rail.proxy.database-url")).ok());
+                    let url = resolve(url, &file, "rail.proxy.database-url", PAYDB_URL_DEFAULT.to_owned())?;
+                    ("paydb", dlock_rail_proxy::store_sql::migrate(&url).await.map_err(|e| e.to_string())?)
+                }
+                MigrateDb::Lockdb => {
+                    let url = a
+                        .database_url
+                        .or_else(|| std::env::var(crate::config::env_name("lock.server.database-url")).ok());
+                    let url = resolve(url, &file, "lock.server.database-url", LOCKDB_URL_DEFAULT.to_owned())?;
+                    ("lockdb", dlock_lock_server::store_sql::migrate(&url).await.map_err(|e| e.to_string())?)
+                }
+            };
+            let list = versions.iter().map(i64::to_string).collect::<Vec<_>>().join(", ");
+            println!("{name} migrations applied: {list}");
             Ok(())
         }
         Command::Dev(DevCommand::SeedPayout(a)) => seed_payout(a, &file).await,
@@ -263,6 +327,57 @@ async fn run_proxy(a: ProxyArgs, file: &FileConfig, profile: Profile) -> Result<
     let grace_ms = cfg.shutdown_grace_ms();
     let proxy = RailProxy::new(store, cfg, Clock::system());
     serve("rail-proxy", listen, dlock_rail_proxy::router(proxy), grace_ms).await
+}
+
+fn lock_server_config(
+    a: &LockServerArgs,
+    file: &FileConfig,
+) -> Result<(SocketAddr, String, dlock_lock_server::service::LockServerConfig), String> {
+    use dlock_lock_server::service::LockServerConfig;
+    let d = LockServerConfig::default();
+    let listen = resolve(a.listen, file, "lock.server.listen", SocketAddr::from(([127, 0, 0, 1], 8081)))?;
+    let url = resolve(a.database_url.clone(), file, "lock.server.database-url", LOCKDB_URL_DEFAULT.to_owned())?;
+    let backend = match (a.backend.clone(), file.get::<String>("lock.server.backend")?) {
+        (Some(b), _) | (None, Some(b)) => b,
+        (None, None) => if url.starts_with("postgres") { "postgres" } else { "sqlite" }.to_owned(),
+    };
+    match (backend.as_str(), dlock_db::Dialect::of_url(&url)) {
+        ("sqlite", Ok(dlock_db::Dialect::Sqlite)) | ("postgres", Ok(dlock_db::Dialect::Postgres)) => {}
+        ("etcd", _) => {
+            return Err("lock.server.backend=etcd is not available in this build yet; use sqlite or postgres".into())
+        }
+        ("sqlite" | "postgres", _) => {
+            return Err(format!("lock.server.backend={backend} does not match lock.server.database-url {url}"))
+        }
+        (other, _) => return Err(format!("unknown lock.server.backend {other:?} (sqlite, postgres, etcd)")),
+    }
+    let cfg = LockServerConfig {
+        session_ttl_ms_default: resolve(a.session_ttl_ms, file, "lock.session.ttl-ms", d.session_ttl_ms_default)?,
+        lock_ttl_ms_default: resolve(a.default_ttl_ms, file, "lock.default.ttl-ms", d.lock_ttl_ms_default)?,
+        delay_ms: resolve(a.delay_ms, file, "lock.delay-ms", d.delay_ms)?.max(0),
+        waiters_per_key_max: resolve(a.waiters_max, file, "lock.waiters-max", d.waiters_per_key_max)?,
+        session_retention_ms: resolve(
+            a.session_retention_ms,
+            file,
+            "lock.session.retention-ms",
+            d.session_retention_ms,
+        )?,
+        reap_interval_ms: resolve(a.reaper_interval_ms, file, "lock.reaper.interval-ms", d.reap_interval_ms)?,
+        reap_batch_max: d.reap_batch_max,
+        wait_poll_ms: resolve(a.wait_poll_ms, file, "lock.wait.poll-ms", d.wait_poll_ms)?,
+    };
+    Ok((listen, url, cfg))
+}
+
+async fn run_lock_server(a: LockServerArgs, file: &FileConfig) -> Result<(), String> {
+    let (listen, url, cfg) = lock_server_config(&a, file)?;
+    let store = dlock_lock_server::store_sql::open(&url).await.map_err(|e| format!("lockdb: {e}"))?;
+    let server = dlock_lock_server::service::LockServer::new(store, cfg, Clock::system());
+    let reaper = dlock_rt::spawn(server.clone().run_reaper());
+    let grace = dlock_contract::lock::WAIT_MS_MAX as u64 + 1_000;
+    let result = serve("lock-server", listen, dlock_lock_server::app::router(server), grace).await;
+    reaper.abort();
+    result
 }
 
 async fn seed_payout(a: SeedArgs, file: &FileConfig) -> Result<(), String> {

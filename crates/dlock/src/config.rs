@@ -26,6 +26,17 @@ pub const KNOWN_KEYS: &[&str] = &[
     "rail.proxy.read-timeout-ms",
     "rail.proxy.fencing.enabled",
     "rail.proxy.body-bytes-max",
+    "lock.server.listen",
+    "lock.server.backend",
+    "lock.server.database-url",
+    "lock.server.etcd-endpoints",
+    "lock.session.ttl-ms",
+    "lock.default.ttl-ms",
+    "lock.delay-ms",
+    "lock.waiters-max",
+    "lock.session.retention-ms",
+    "lock.reaper.interval-ms",
+    "lock.wait.poll-ms",
 ];
 
 /// The environment variable that sets `key`.

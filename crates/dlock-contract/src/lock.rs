@@ -1,0 +1,119 @@
+//! Bodies of the lock-server surface (C3 §3.3, L1–L8) and their bounds.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Shortest session TTL granted (C3 L1); shorter requests are clamped up.
+pub const SESSION_TTL_MS_MIN: i64 = 1_000;
+/// Longest session TTL granted (C3 L1); longer requests are clamped down.
+pub const SESSION_TTL_MS_MAX: i64 = 60_000;
+/// Longest lock lease granted per acquire or renew.
+pub const LOCK_TTL_MS_MAX: i64 = 60_000;
+/// Shortest lock lease granted per acquire or renew.
+pub const LOCK_TTL_MS_MIN: i64 = 1_000;
+/// Longest server-side wait an acquire may ask for (C3 L4 `waitMillis`).
+pub const WAIT_MS_MAX: i64 = 30_000;
+/// Longest lock key (C3 L4).
+pub const LOCK_KEY_CHARS_MAX: usize = 128;
+/// Shortest revoke reason (C3 L8).
+pub const REVOKE_REASON_CHARS_MIN: usize = 8;
+/// Longest revoke reason and operator name.
+pub const REVOKE_TEXT_CHARS_MAX: usize = 512;
+
+/// Whether `key` is 1 to 128 characters of `[a-zA-Z0-9:._-]` (C3 L4).
+pub fn is_lock_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= LOCK_KEY_CHARS_MAX
+        && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'.' | b'_' | b'-'))
+}
+
+/// Clamps a requested session TTL into `[SESSION_TTL_MS_MIN, SESSION_TTL_MS_MAX]`.
+pub fn clamp_session_ttl_ms(requested: i64) -> i64 {
+    requested.clamp(SESSION_TTL_MS_MIN, SESSION_TTL_MS_MAX)
+}
+
+/// `201` body of `POST /v1/sessions` (L1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionOpened {
+    pub session_id: Uuid,
+    pub owner_id: String,
+    pub ttl_millis: i64,
+    #[serde(with = "crate::time::ms")]
+    pub expires_at: DateTime<Utc>,
+}
+
+/// `200` body of `POST /v1/sessions/{id}/heartbeat` (L2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatAck {
+    pub session_id: Uuid,
+    #[serde(with = "crate::time::ms")]
+    pub expires_at: DateTime<Utc>,
+    #[serde(with = "crate::time::ms")]
+    pub server_time: DateTime<Utc>,
+    pub held_lock_count: i64,
+}
+
+/// `200` body of acquire and renew (L4, L5).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockGrant {
+    pub key: String,
+    pub owner_id: String,
+    pub session_id: Uuid,
+    pub fencing_token: i64,
+    #[serde(with = "crate::time::ms")]
+    pub acquired_at: DateTime<Utc>,
+    #[serde(with = "crate::time::ms")]
+    pub expires_at: DateTime<Utc>,
+}
+
+/// `200` body of `GET /v1/locks/{key}` (L7). Advisory: never decide "safe to act" from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockInfo {
+    pub key: String,
+    pub held: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "crate::time::ms_opt")]
+    pub acquired_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "crate::time::ms_opt")]
+    pub expires_at: Option<DateTime<Utc>>,
+    pub waiter_count: i64,
+}
+
+/// `200` body of `POST /v1/locks/{key}/revoke` (L8), the `LockOutcome` record of C2 §2.3.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockOutcome {
+    pub revoked_token: i64,
+    pub new_token_floor: i64,
+    pub revocation_id: Uuid,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_keys_follow_c3_l4() {
+        assert!(is_lock_key("payout:acct-1"));
+        assert!(is_lock_key("a.b_c-d:9"));
+        assert!(is_lock_key(&"k".repeat(128)));
+        for bad in ["", "has space", "slash/no", "ü", &"k".repeat(129)] {
+            assert!(!is_lock_key(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn session_ttl_is_clamped_into_range() {
+        assert_eq!(clamp_session_ttl_ms(10), 1_000);
+        assert_eq!(clamp_session_ttl_ms(5_000), 5_000);
+        assert_eq!(clamp_session_ttl_ms(600_000), 60_000);
+    }
+}

@@ -1,0 +1,124 @@
+//! SQL plumbing shared by every store (paydb and lockdb, PostgreSQL and SQLite).
+//!
+//! Stores write their SQL once, with PostgreSQL's `$n` placeholders; [`Dialect::sql`] turns
+//! them into SQLite's numbered `?n`, which mean the same. Nothing here exists under
+//! `cfg(madsim)`: sqlx uses real sockets and threads, so the simulation uses in-memory stores
+//! held to the SQL ones by conformance suites.
+
+#![cfg(not(madsim))]
+
+use std::borrow::Cow;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Most connections one service opens to one PostgreSQL database.
+pub const PG_POOL_CONNECTIONS_MAX: u32 = 16;
+/// Most connections one service opens to one SQLite file (it has one writer anyway).
+pub const SQLITE_POOL_CONNECTIONS_MAX: u32 = 4;
+/// Longest a request waits for a pooled connection.
+pub const POOL_ACQUIRE_MS_MAX: u64 = 2_000;
+/// Longest SQLite waits for the write lock before answering busy.
+pub const SQLITE_BUSY_MS_MAX: u64 = 5_000;
+
+/// The database behind a `--database-url`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Postgres,
+    Sqlite,
+}
+
+impl Dialect {
+    pub fn of_url(url: &str) -> Result<Dialect, String> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Ok(Dialect::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Ok(Dialect::Sqlite)
+        } else {
+            Err("database url must start with sqlite:// or postgres://".into())
+        }
+    }
+
+    /// `sql` with its `$n` placeholders in this dialect's spelling.
+    pub fn sql(self, sql: &str) -> Cow<'_, str> {
+        match self {
+            Dialect::Postgres => Cow::Borrowed(sql),
+            Dialect::Sqlite => Cow::Owned(sql.replace('$', "?")),
+        }
+    }
+}
+
+/// The file path inside a `sqlite://PATH[?query]` URL (`None` for in-memory databases).
+pub fn sqlite_path(url: &str) -> Option<&str> {
+    let rest = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next().unwrap_or(rest);
+    (!path.is_empty() && path != ":memory:").then_some(path)
+}
+
+/// Describes a sqlx error without its connection string or bind values.
+pub fn describe(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => format!("database error {}: {}", db.code().unwrap_or_default(), db.message()),
+        other => other.to_string(),
+    }
+}
+
+/// Whether an error means "the database said something we cannot read" rather than
+/// "the database could not be reached or refused to decide".
+pub fn is_decode_error(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) | sqlx::Error::ColumnNotFound(_))
+}
+
+/// A PostgreSQL pool with the shared bounds.
+pub async fn pg_pool(url: &str) -> Result<sqlx::PgPool, sqlx::Error> {
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(PG_POOL_CONNECTIONS_MAX)
+        .acquire_timeout(Duration::from_millis(POOL_ACQUIRE_MS_MAX))
+        .connect(url)
+        .await
+}
+
+/// A SQLite pool (WAL, synchronous=FULL, foreign keys on, bounded busy wait), creating
+/// the file and its directory when missing.
+pub async fn sqlite_pool(url: &str) -> Result<sqlx::SqlitePool, sqlx::Error> {
+    if let Some(parent) = sqlite_path(url).and_then(|p| std::path::Path::new(p).parent()) {
+        if !parent.as_os_str().is_empty() {
+            std::fs::create_dir_all(parent).map_err(sqlx::Error::Io)?;
+        }
+    }
+    let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .synchronous(sqlx::sqlite::SqliteSynchronous::Full)
+        .foreign_keys(true)
+        .busy_timeout(Duration::from_millis(SQLITE_BUSY_MS_MAX));
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(SQLITE_POOL_CONNECTIONS_MAX)
+        .acquire_timeout(Duration::from_millis(POOL_ACQUIRE_MS_MAX + SQLITE_BUSY_MS_MAX))
+        .connect_with(opts)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_placeholders_keep_their_numbers() {
+        assert_eq!(Dialect::Sqlite.sql("a = $1 AND b = $10 OR c = $1"), "a = ?1 AND b = ?10 OR c = ?1");
+        assert_eq!(Dialect::Postgres.sql("a = $1"), "a = $1");
+    }
+
+    #[test]
+    fn sqlite_path_is_read_from_the_url() {
+        assert_eq!(sqlite_path("sqlite://dlock-data/paydb.sqlite"), Some("dlock-data/paydb.sqlite"));
+        assert_eq!(sqlite_path("sqlite:///tmp/x.db?mode=rwc"), Some("/tmp/x.db"));
+        assert_eq!(sqlite_path("sqlite::memory:"), None);
+    }
+
+    #[test]
+    fn dialect_follows_the_url_scheme() {
+        assert_eq!(Dialect::of_url("postgres://u@h/db"), Ok(Dialect::Postgres));
+        assert_eq!(Dialect::of_url("sqlite://x"), Ok(Dialect::Sqlite));
+        assert!(Dialect::of_url("mysql://x").is_err());
+    }
+}

@@ -1,0 +1,185 @@
+//! Acquire+release pairs per second through the lock server's HTTP surface, for one hot
+//! key and for 1 000 keys, next to the backend's raw baseline measured in the same run:
+//! a PostgreSQL (or SQLite) `nextval` + upsert transaction and a delete transaction, the
+//! least any correct implementation must do. Prints the ratio (goal: at least 0.5).
+//!
+//! `cargo bench -p dlock-lock-server --bench acquire_release`
+//! PostgreSQL runs when `DLOCK_TEST_PG_URL` (or `DLOCK_BENCH_PG_URL`) is set. `DLOCK_BENCH_N`
+//! pairs per run (default 1000), `DLOCK_BENCH_CONCURRENCY` clients (default 4).
+
+#[cfg(madsim)]
+fn main() {}
+
+#[cfg(not(madsim))]
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    rt.block_on(bench::run());
+}
+
+#[cfg(not(madsim))]
+mod bench {
+    use std::time::Instant;
+
+    use dlock_lock_server::service::{LockServer, LockServerConfig};
+    use dlock_rt::http::{BaseUrl, HttpClient};
+    use dlock_rt::Clock;
+    use sqlx::Connection;
+
+    fn env_usize(name: &str, default: usize) -> usize {
+        std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    }
+
+    pub async fn run() {
+        let n = env_usize("DLOCK_BENCH_N", 1_000);
+        let clients = env_usize("DLOCK_BENCH_CONCURRENCY", 4).max(1);
+        println!("lock-server acquire+release bench: n={n} clients={clients}");
+        println!("{:<10} {:<9} {:>12} {:>14} {:>8}", "backend", "keys", "pairs/s", "baseline/s", "ratio");
+        let dir = dlock_testkit::TempDir::new("bench");
+        let sqlite = format!("sqlite://{}", dir.path().join("lockdb.sqlite").display());
+        report("sqlite", &sqlite, n, clients).await;
+        if std::env::var("DLOCK_BENCH_PG_URL").or_else(|_| std::env::var(dlock_testkit::PG_URL_ENV)).is_ok() {
+            let url = dlock_testkit::pg_database().await;
+            report("postgres", &url, n, clients).await;
+        } else {
+            println!("postgres   (skipped: set DLOCK_TEST_PG_URL to include it)");
+        }
+    }
+
+    async fn report(name: &str, url: &str, n: usize, clients: usize) {
+        let baseline = baseline_rate(url, n).await;
+        for keys in [1usize, 1_000] {
+            let rate = server_rate(url, n, clients, keys).await;
+            println!("{name:<10} {keys:<9} {rate:>12.0} {baseline:>14.0} {:>8.2}", rate / baseline);
+        }
+    }
+
+    /// One connection, `n` times: BEGIN; nextval (or the SQLite counter); upsert the key's
+    /// row; COMMIT; then DELETE the row (autocommit).
+    async fn baseline_rate(url: &str, n: usize) -> f64 {
+        drop(dlock_lock_server::store_sql::open(url).await.expect("migrate"));
+        if url.starts_with("sqlite") {
+            let mut c = sqlx::SqliteConnection::connect(url).await.expect("connect");
+            sqlx::query("PRAGMA journal_mode=WAL").execute(&mut c).await.expect("wal");
+            sqlx::query("PRAGMA synchronous=FULL").execute(&mut c).await.expect("sync");
+            sqlx::query("CREATE TABLE bench_locks (k TEXT PRIMARY KEY, t INTEGER NOT NULL)")
+                .execute(&mut c)
+                .await
+                .expect("t");
+            let start = Instant::now();
+            for _ in 0..n {
+                let mut tx = c.begin().await.expect("begin");
+                let t: i64 = sqlx::query_scalar(
+                    "UPDATE token_floor SET last_issued = last_issued + 1 WHERE id = 1 RETURNING last_issued",
+                )
+                .fetch_one(&mut *tx)
+                .await
+                .expect("token");
+                sqlx::query(
+                    "INSERT INTO bench_locks (k, t) VALUES ('hot', ?1) ON CONFLICT (k) DO UPDATE SET t = excluded.t",
+                )
+                .bind(t)
+                .execute(&mut *tx)
+                .await
+                .expect("upsert");
+                tx.commit().await.expect("commit");
+                sqlx::query("DELETE FROM bench_locks WHERE k = 'hot'").execute(&mut c).await.expect("delete");
+            }
+            n as f64 / start.elapsed().as_secs_f64()
+        } else {
+            let mut c = sqlx::PgConnection::connect(url).await.expect("connect");
+            sqlx::query("CREATE TABLE bench_locks (k TEXT PRIMARY KEY, t BIGINT NOT NULL)")
+                .execute(&mut c)
+                .await
+                .expect("t");
+            let start = Instant::now();
+            for _ in 0..n {
+                let mut tx = c.begin().await.expect("begin");
+                let t: i64 = sqlx::query_scalar("SELECT nextval('fencing_token_seq')")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .expect("nextval");
+                sqlx::query(
+                    "INSERT INTO bench_locks (k, t) VALUES ('hot', $1) ON CONFLICT (k) DO UPDATE SET t = EXCLUDED.t",
+                )
+                .bind(t)
+                .execute(&mut *tx)
+                .await
+                .expect("upsert");
+                tx.commit().await.expect("commit");
+                sqlx::query("DELETE FROM bench_locks WHERE k = 'hot'").execute(&mut c).await.expect("delete");
+            }
+            n as f64 / start.elapsed().as_secs_f64()
+        }
+    }
+
+    async fn server_rate(url: &str, n: usize, clients: usize, keys: usize) -> f64 {
+        let store = dlock_lock_server::store_sql::open(url).await.expect("open");
+        let server = LockServer::new(
+            store,
+            LockServerConfig { wait_poll_ms: 5, ..LockServerConfig::default() },
+            Clock::system(),
+        );
+        let listener = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let base = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
+        let serving = tokio::spawn(dlock_rt::http::serve(
+            listener,
+            dlock_lock_server::app::router(server),
+            std::future::pending(),
+        ));
+        let per_client = n / clients;
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for c in 0..clients {
+            let base = base.clone();
+            tasks.push(tokio::spawn(async move {
+                let http = HttpClient::new(1_000, 30_000);
+                let owner = format!("bench-{c}");
+                let json = [("content-type", "application/json"), ("x-owner-id", owner.as_str())];
+                let r = http
+                    .send(&base, http::Method::POST, "/v1/sessions", &json, Some(r#"{"ttlMillis":60000}"#.into()))
+                    .await
+                    .expect("session");
+                let sid = serde_json::from_slice::<serde_json::Value>(&r.body).expect("json")["sessionId"]
+                    .as_str()
+                    .expect("sid")
+                    .to_owned();
+                let mut done = 0;
+                let mut i = c;
+                while done < per_client {
+                    let key = format!("k{}", i % keys);
+                    i += clients;
+                    let body = format!(r#"{{"sessionId":"{sid}","waitMillis":10000}}"#);
+                    let r = http
+                        .send(&base, http::Method::POST, &format!("/v1/locks/{key}/acquire"), &json, Some(body.into()))
+                        .await
+                        .expect("acquire");
+                    if r.status != 200 {
+                        continue;
+                    }
+                    let token = serde_json::from_slice::<serde_json::Value>(&r.body).expect("json")["fencingToken"]
+                        .as_i64()
+                        .expect("token")
+                        .to_string();
+                    let r = http
+                        .send(
+                            &base,
+                            http::Method::DELETE,
+                            &format!("/v1/locks/{key}?sessionId={sid}"),
+                            &[("x-owner-id", owner.as_str()), ("x-fencing-token", &token)],
+                            None,
+                        )
+                        .await
+                        .expect("release");
+                    assert_eq!(r.status, 204);
+                    done += 1;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("client");
+        }
+        let rate = (per_client * clients) as f64 / start.elapsed().as_secs_f64();
+        serving.abort();
+        rate
+    }
+}

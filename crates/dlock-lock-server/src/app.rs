@@ -1,0 +1,424 @@
+//! HTTP surface of the lock server (C3 §3.3, L1–L8), health and metrics.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use chrono::{DateTime, Utc};
+use dlock_contract::lock::{
+    clamp_session_ttl_ms, is_lock_key, HeartbeatAck, LockGrant, LockInfo, LockOutcome, SessionOpened, LOCK_TTL_MS_MAX,
+    LOCK_TTL_MS_MIN, REVOKE_REASON_CHARS_MIN, REVOKE_TEXT_CHARS_MAX, WAIT_MS_MAX,
+};
+use dlock_contract::{ErrorCode, FieldError, OwnerId};
+use dlock_http::{ApiError, JsonBody};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::service::{AcquireOutcome, LockServer, CONTENTION_RETRY_AFTER_MS, NOT_LEADER_RETRY_AFTER_MS};
+use crate::store::{AcquireRefusal, GrantRow, RenewRefusal, RevokeRefusal, SessionRefusal, StoreError};
+
+/// Largest request body the lock server reads.
+pub const BODY_BYTES_MAX: usize = 16 * 1024;
+
+/// The lock server's routes, wrapped in the envelope middleware.
+pub fn router(server: Arc<LockServer>) -> axum::Router {
+    let routes = axum::Router::new()
+        .route("/v1/sessions", post(open_session))
+        .route("/v1/sessions/{session_id}/heartbeat", post(heartbeat))
+        .route("/v1/sessions/{session_id}", delete(close_session))
+        .route("/v1/locks/{key}/acquire", post(acquire))
+        .route("/v1/locks/{key}/renew", post(renew))
+        .route("/v1/locks/{key}/revoke", post(revoke))
+        .route("/v1/locks/{key}", get(info).delete(release))
+        .route("/health/live", get(dlock_http::health::live))
+        .route("/health/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .with_state(server);
+    dlock_http::finish(routes, BODY_BYTES_MAX)
+}
+
+fn at(ms: i64) -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp_millis(ms).unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+}
+
+fn not_leader(e: StoreError) -> ApiError {
+    ApiError::new(ErrorCode::NotLeader, "this replica cannot currently guarantee the backend's ordering")
+        .with_retry_after_ms(NOT_LEADER_RETRY_AFTER_MS)
+        .with_internal(e.to_string())
+}
+
+fn session_refusal(r: SessionRefusal, id: Uuid) -> ApiError {
+    match r {
+        SessionRefusal::Unknown => ApiError::new(ErrorCode::SessionUnknown, "no such session; open a new one")
+            .with_details(json!({ "sessionId": id })),
+        SessionRefusal::Expired => {
+            ApiError::new(ErrorCode::SessionExpired, "the session's heartbeat lapsed and its locks were released")
+                .with_details(json!({ "sessionId": id }))
+        }
+    }
+}
+
+fn lock_key(raw: &str) -> Result<String, ApiError> {
+    if is_lock_key(raw) {
+        Ok(raw.to_owned())
+    } else {
+        Err(ApiError::validation(
+            "the lock key is invalid",
+            vec![FieldError::new("key", "must be 1 to 128 characters of [a-zA-Z0-9:._-]")],
+        ))
+    }
+}
+
+fn path_session(raw: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(raw).ok().filter(|_| raw.len() == 36).ok_or_else(|| {
+        ApiError::validation(
+            "the session id is invalid",
+            vec![FieldError::new("sessionId", "must be a hyphenated UUID")],
+        )
+    })
+}
+
+fn body_session(body: &Value) -> Result<Uuid, ApiError> {
+    match body.get("sessionId").and_then(Value::as_str) {
+        Some(raw) => path_session(raw),
+        None => Err(ApiError::validation(
+            "sessionId is required",
+            vec![FieldError::new("sessionId", "is required and must be a hyphenated UUID")],
+        )),
+    }
+}
+
+/// An optional integer body field within `[min, max]`.
+fn opt_int(body: &Value, field: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_i64() {
+            Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(ApiError::validation(
+                format!("{field} is out of range"),
+                vec![FieldError::new(field, format!("must be an integer from {min} to {max}"))],
+            )),
+        },
+    }
+}
+
+fn grant_body(g: &GrantRow) -> LockGrant {
+    LockGrant {
+        key: g.key.clone(),
+        owner_id: g.owner_id.clone(),
+        session_id: g.session_id,
+        fencing_token: g.fencing_token,
+        acquired_at: at(g.acquired_at_ms),
+        expires_at: at(g.expires_at_ms),
+    }
+}
+
+fn lock_ttl(server: &LockServer, requested: Option<i64>) -> i64 {
+    requested.unwrap_or(server.cfg.lock_ttl_ms_default).clamp(LOCK_TTL_MS_MIN, LOCK_TTL_MS_MAX)
+}
+
+/// A JSON body, or `{}` when the request has none (for endpoints whose body is optional).
+fn optional_body(body: Result<JsonBody, ApiError>, headers: &HeaderMap) -> Result<Value, ApiError> {
+    let has_body = headers.get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()) != Some("0")
+        && headers.contains_key(axum::http::header::CONTENT_TYPE);
+    if has_body {
+        body.map(|JsonBody(v)| v)
+    } else {
+        Ok(Value::Object(Default::default()))
+    }
+}
+
+// L1
+async fn open_session(
+    State(server): State<Arc<LockServer>>,
+    headers: HeaderMap,
+    body: Result<JsonBody, ApiError>,
+) -> Result<Response, ApiError> {
+    let body = optional_body(body, &headers)?;
+    let from_header = headers.contains_key(dlock_contract::HEADER_OWNER_ID).then(|| dlock_http::owner_id(&headers));
+    let from_body = body.get("ownerId").map(|v| {
+        v.as_str().ok_or(()).and_then(|s| OwnerId::parse(s).map_err(|_| ())).map_err(|_| {
+            ApiError::validation(
+                "ownerId is invalid",
+                vec![FieldError::new("ownerId", "must be 1 to 64 visible ASCII characters")],
+            )
+        })
+    });
+    let owner = match (from_header.transpose()?, from_body.transpose()?) {
+        (Some(h), Some(b)) if h != b => {
+            return Err(ApiError::validation(
+                "X-Owner-Id and ownerId disagree",
+                vec![FieldError::new("ownerId", "must equal X-Owner-Id when both are given")],
+            ))
+        }
+        (Some(o), _) | (None, Some(o)) => o,
+        (None, None) => {
+            return Err(ApiError::validation(
+                "an owner is required",
+                vec![FieldError::new("ownerId", "is required (or send X-Owner-Id)")],
+            ))
+        }
+    };
+    let requested = opt_int(&body, "ttlMillis", 1, i64::MAX)?;
+    let ttl = clamp_session_ttl_ms(requested.unwrap_or(server.cfg.session_ttl_ms_default));
+    let id = dlock_rt::rand::uuid_v4();
+    let row = server.store.open_session(id, owner.as_str(), ttl).await.map_err(not_leader)?;
+    tracing::info!(sessionId = %id, ownerId = %owner, ttlMillis = ttl, "session_opened");
+    Ok(dlock_http::json(
+        StatusCode::CREATED,
+        &SessionOpened {
+            session_id: id,
+            owner_id: row.owner_id,
+            ttl_millis: row.ttl_ms,
+            expires_at: at(row.expires_at_ms),
+        },
+    ))
+}
+
+// L2
+async fn heartbeat(
+    State(server): State<Arc<LockServer>>,
+    Path(session_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let id = path_session(&session_id)?;
+    let _owner = dlock_http::owner_id(&headers)?;
+    let (row, held) = server.store.heartbeat(id).await.map_err(not_leader)?.map_err(|r| session_refusal(r, id))?;
+    let now = server.store.now_ms().await.map_err(not_leader)?;
+    Ok(dlock_http::json(
+        StatusCode::OK,
+        &HeartbeatAck {
+            session_id: id,
+            expires_at: at(row.expires_at_ms),
+            server_time: at(now),
+            held_lock_count: held,
+        },
+    ))
+}
+
+// L3
+async fn close_session(
+    State(server): State<Arc<LockServer>>,
+    Path(session_id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let id = path_session(&session_id)?;
+    let owner = dlock_http::owner_id(&headers)?;
+    server.store.close_session(id, server.cfg.delay_ms).await.map_err(not_leader)?.map_err(|r| match r {
+        // C3 L3 answers only SESSION_UNKNOWN: a lapsed session is closed all the same.
+        SessionRefusal::Unknown | SessionRefusal::Expired => session_refusal(SessionRefusal::Unknown, id),
+    })?;
+    tracing::info!(sessionId = %id, ownerId = %owner, "session_closed");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+// L4
+async fn acquire(
+    State(server): State<Arc<LockServer>>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Result<JsonBody, ApiError>,
+) -> Result<Response, ApiError> {
+    let key = lock_key(&key)?;
+    let owner = dlock_http::owner_id(&headers)?;
+    let JsonBody(body) = body?;
+    let session = body_session(&body)?;
+    let ttl = lock_ttl(&server, opt_int(&body, "ttlMillis", 1, i64::MAX)?);
+    let wait = opt_int(&body, "waitMillis", 0, WAIT_MS_MAX)?.unwrap_or(0);
+    let outcome = server.acquire(&key, session, ttl, wait).await.map_err(not_leader)?;
+    match outcome {
+        AcquireOutcome::Granted(g) => {
+            tracing::info!(key = %key, ownerId = %owner, sessionId = %session, fencingToken = g.fencing_token, "lock_granted");
+            Ok(dlock_http::json(StatusCode::OK, &grant_body(&g)))
+        }
+        AcquireOutcome::QueueFull => {
+            tracing::warn!(key = %key, ownerId = %owner, waitersMax = server.cfg.waiters_per_key_max, "lock_waiters_full");
+            Err(ApiError::new(ErrorCode::ContentionExceeded, "too many requests are already waiting for this key")
+                .with_retry_after_ms(CONTENTION_RETRY_AFTER_MS)
+                .with_details(json!({ "key": key, "waitersMax": server.cfg.waiters_per_key_max })))
+        }
+        AcquireOutcome::Refused(AcquireRefusal::Session(r)) => Err(session_refusal(r, session)),
+        AcquireOutcome::Refused(r) => {
+            let (details, retry_after) = match r {
+                AcquireRefusal::Contended { holder_owner_id, expires_at_ms } => (
+                    json!({ "key": key, "holderOwnerId": holder_owner_id, "expiresAt": dlock_contract::time::rfc3339_ms(at(expires_at_ms)) }),
+                    expires_at_ms,
+                ),
+                AcquireRefusal::AlreadyHeld { fencing_token, expires_at_ms } => (
+                    json!({ "key": key, "holderOwnerId": owner.as_str(), "expiresAt": dlock_contract::time::rfc3339_ms(at(expires_at_ms)),
+                            "heldBySession": true, "fencingToken": fencing_token }),
+                    expires_at_ms,
+                ),
+                AcquireRefusal::Delayed { until_ms } => {
+                    (json!({ "key": key, "lockDelayUntil": dlock_contract::time::rfc3339_ms(at(until_ms)) }), until_ms)
+                }
+                AcquireRefusal::Session(_) => (json!({ "key": key }), 0),
+            };
+            let now = server.store.now_ms().await.unwrap_or(retry_after);
+            let wait_ms = u64::try_from(retry_after.saturating_sub(now)).unwrap_or(0).clamp(1, WAIT_MS_MAX as u64);
+            Err(ApiError::new(ErrorCode::LockContended, "the lock is held; nothing happened")
+                .with_retry_after_ms(wait_ms)
+                .with_details(details))
+        }
+    }
+}
+
+// L5
+async fn renew(
+    State(server): State<Arc<LockServer>>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Result<JsonBody, ApiError>,
+) -> Result<Response, ApiError> {
+    let key = lock_key(&key)?;
+    let token = dlock_http::fencing_token(&headers)?;
+    let owner = dlock_http::owner_id(&headers)?;
+    let JsonBody(body) = body?;
+    let session = body_session(&body)?;
+    let ttl = lock_ttl(&server, opt_int(&body, "ttlMillis", 1, i64::MAX)?);
+    match server.store.renew(&key, session, token.get(), ttl).await.map_err(not_leader)? {
+        Ok(g) => Ok(dlock_http::json(StatusCode::OK, &grant_body(&g))),
+        Err(RenewRefusal::Session(r)) => Err(session_refusal(r, session)),
+        Err(RenewRefusal::Lost { stored_token }) => {
+            tracing::warn!(key = %key, ownerId = %owner, presentedToken = token.get(), storedToken = ?stored_token, "lock_lost");
+            Err(ApiError::new(ErrorCode::LockLost, "this grant expired or was taken over; re-acquire, never retry")
+                .with_details(json!({ "key": key, "presentedToken": token.get(), "storedToken": stored_token })))
+        }
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct SessionQuery {
+    #[serde(rename = "sessionId")]
+    session_id: Option<String>,
+}
+
+// L6
+async fn release(
+    State(server): State<Arc<LockServer>>,
+    Path(key): Path<String>,
+    Query(query): Query<SessionQuery>,
+    headers: HeaderMap,
+    body: Result<JsonBody, ApiError>,
+) -> Result<Response, ApiError> {
+    let key = lock_key(&key)?;
+    let token = dlock_http::fencing_token(&headers)?;
+    let owner = dlock_http::owner_id(&headers)?;
+    // sessionId is carried for attribution, never as part of the predicate (C3 L6).
+    let session = match query.session_id {
+        Some(raw) => path_session(&raw)?,
+        None => body_session(&optional_body(body, &headers)?)?,
+    };
+    match server.store.release(&key, token.get()).await.map_err(not_leader)? {
+        Ok(()) => {
+            server.metrics.releases.inc(0);
+            server.wake(&key);
+            tracing::info!(key = %key, ownerId = %owner, sessionId = %session, fencingToken = token.get(), "lock_released");
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Err(stored_token) => {
+            server.metrics.releases.inc(1);
+            tracing::info!(key = %key, ownerId = %owner, presentedToken = token.get(), storedToken = ?stored_token, "lock_release_stale");
+            Err(ApiError::new(
+                ErrorCode::LockLost,
+                "this grant had already expired or been taken over; nothing was released",
+            )
+            .with_details(json!({ "key": key, "presentedToken": token.get(), "storedToken": stored_token })))
+        }
+    }
+}
+
+// L7
+async fn info(State(server): State<Arc<LockServer>>, Path(key): Path<String>) -> Result<Response, ApiError> {
+    let key = lock_key(&key)?;
+    let Some(info) = server.store.info(&key).await.map_err(not_leader)? else {
+        return Err(
+            ApiError::new(ErrorCode::NotFound, "this key was never granted").with_details(json!({ "key": key }))
+        );
+    };
+    let g = info.grant;
+    Ok(dlock_http::json(
+        StatusCode::OK,
+        &LockInfo {
+            key: key.clone(),
+            held: g.is_some(),
+            owner_id: g.as_ref().map(|g| g.owner_id.clone()),
+            fencing_token: g.as_ref().map(|g| g.fencing_token),
+            acquired_at: g.as_ref().map(|g| at(g.acquired_at_ms)),
+            expires_at: g.as_ref().map(|g| at(g.expires_at_ms)),
+            waiter_count: server.waiter_count(&key),
+        },
+    ))
+}
+
+// L8
+async fn revoke(
+    State(server): State<Arc<LockServer>>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Result<JsonBody, ApiError>,
+) -> Result<Response, ApiError> {
+    let key = lock_key(&key)?;
+    let owner = dlock_http::owner_id(&headers)?;
+    let JsonBody(body) = body?;
+    let text = |field: &str, min: usize| -> Result<String, FieldError> {
+        match body.get(field).and_then(Value::as_str) {
+            Some(s) if s.chars().count() >= min && s.chars().count() <= REVOKE_TEXT_CHARS_MAX => Ok(s.to_owned()),
+            _ => Err(FieldError::new(field, format!("is required, {min} to {REVOKE_TEXT_CHARS_MAX} characters"))),
+        }
+    };
+    let operator = text("operator", 1);
+    let reason = text("reason", REVOKE_REASON_CHARS_MIN);
+    let expected = match body.get("expectedToken") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_i64()
+            .filter(|t| *t > 0)
+            .map(Some)
+            .ok_or_else(|| FieldError::new("expectedToken", "must be an int64 greater than zero")),
+    };
+    let (operator, reason, expected) = match (operator, reason, expected) {
+        (Ok(o), Ok(r), Ok(e)) => (o, r, e),
+        (o, r, e) => {
+            let fields = [o.err(), r.err(), e.err()].into_iter().flatten().collect();
+            return Err(ApiError::validation("the revoke request is invalid", fields));
+        }
+    };
+    let id = dlock_rt::rand::uuid_v4();
+    match server.store.revoke(&key, &operator, &reason, expected, id).await.map_err(not_leader)? {
+        Ok(r) => {
+            server.metrics.revokes.inc();
+            server.wake(&key);
+            tracing::warn!(
+                key = %key, operator = %operator, reason = %reason, requestedBy = %owner,
+                revokedToken = r.revoked_token, newTokenFloor = r.new_token_floor, revocationId = %id,
+                "lock_revoked"
+            );
+            Ok(dlock_http::json(
+                StatusCode::OK,
+                &LockOutcome { revoked_token: r.revoked_token, new_token_floor: r.new_token_floor, revocation_id: id },
+            ))
+        }
+        Err(RevokeRefusal::NotHeld) => {
+            Err(ApiError::new(ErrorCode::NotFound, "the key is not held; nothing to revoke")
+                .with_details(json!({ "key": key })))
+        }
+        Err(RevokeRefusal::Stale { current_token }) => Err(ApiError::new(
+            ErrorCode::FencedOut,
+            "expectedToken is not the current grant's token; a newer holder exists",
+        )
+        .with_details(json!({ "key": key, "presentedToken": expected, "highestToken": current_token }))),
+    }
+}
+
+async fn ready(State(server): State<Arc<LockServer>>) -> Response {
+    let backend = server.store.ping().await.map_err(|e| e.to_string());
+    dlock_http::health::ready(BTreeMap::from([("backend", backend)]))
+}
+
+async fn metrics(State(server): State<Arc<LockServer>>) -> Response {
+    dlock_http::metrics::response(server.metrics.render())
+}

@@ -1,0 +1,349 @@
+//! The lock server's service layer: what is per replica around the atomic store calls.
+//!
+//! - **Waiters** (`waitMillis`): a fair FIFO queue per key, capped at
+//!   `lock.waiters-max`; beyond the cap the answer is `CONTENTION_EXCEEDED`. Only the head of
+//!   a queue asks the store, and a request with `waitMillis = 0` does not barge past a
+//!   non-empty queue. The head is woken when this replica releases the key, and polls the
+//!   store every `lock.wait.poll-ms` for what other replicas and lease expiry do. Fairness is
+//!   per replica; across replicas, heads race at the store, which stays the only judge.
+//! - **Reaper**: one pass every `lock.reaper.interval-ms`, bounded by
+//!   `lock.reaper.batch-max`; safe to run on every replica at once.
+//! - **Metrics and logs** for acquire outcomes, contention, waiter depth, session expiry,
+//!   revokes.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use dlock_http::metrics::{Counter, Gauge, LabeledCounter};
+use dlock_rt::{Clock, Duration};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use crate::store::{AcquireRefusal, GrantRow, LockStore, StoreError};
+
+/// Default `lock.session.ttl-ms` (C3 L1 "default lock.session.ttl").
+pub const SESSION_TTL_MS_DEFAULT: i64 = 10_000;
+/// Default `lock.default.ttl-ms` (C3 L4 "default lock.default.ttl").
+pub const LOCK_TTL_MS_DEFAULT: i64 = 10_000;
+/// Default `lock.waiters-max`: waiters per key on one replica.
+pub const WAITERS_PER_KEY_MAX_DEFAULT: usize = 64;
+/// Default `lock.session.retention-ms`: how long a lapsed session answers SESSION_EXPIRED
+/// before it is forgotten (SESSION_UNKNOWN).
+pub const SESSION_RETENTION_MS_DEFAULT: i64 = 3_600_000;
+/// Default `lock.reaper.interval-ms`.
+pub const REAP_INTERVAL_MS_DEFAULT: u64 = 500;
+/// Default `lock.reaper.batch-max`: rows of each kind one reaper pass handles.
+pub const REAP_BATCH_MAX_DEFAULT: i64 = 1_000;
+/// Default `lock.wait.poll-ms`: how often a waiting head re-asks the store.
+pub const WAIT_POLL_MS_DEFAULT: u64 = 100;
+/// `retryAfterMillis` on NOT_LEADER.
+pub const NOT_LEADER_RETRY_AFTER_MS: u64 = 1_000;
+/// `retryAfterMillis` on CONTENTION_EXCEEDED.
+pub const CONTENTION_RETRY_AFTER_MS: u64 = 1_000;
+
+/// The lock server's settings (C5 keys `lock.*`).
+#[derive(Debug, Clone)]
+pub struct LockServerConfig {
+    pub session_ttl_ms_default: i64,
+    pub lock_ttl_ms_default: i64,
+    pub delay_ms: i64,
+    pub waiters_per_key_max: usize,
+    pub session_retention_ms: i64,
+    pub reap_interval_ms: u64,
+    pub reap_batch_max: i64,
+    pub wait_poll_ms: u64,
+}
+
+impl Default for LockServerConfig {
+    fn default() -> Self {
+        LockServerConfig {
+            session_ttl_ms_default: SESSION_TTL_MS_DEFAULT,
+            lock_ttl_ms_default: LOCK_TTL_MS_DEFAULT,
+            delay_ms: 0,
+            waiters_per_key_max: WAITERS_PER_KEY_MAX_DEFAULT,
+            session_retention_ms: SESSION_RETENTION_MS_DEFAULT,
+            reap_interval_ms: REAP_INTERVAL_MS_DEFAULT,
+            reap_batch_max: REAP_BATCH_MAX_DEFAULT,
+            wait_poll_ms: WAIT_POLL_MS_DEFAULT,
+        }
+    }
+}
+
+/// Values of `lock_acquire_total{outcome}`.
+pub const ACQUIRE_OUTCOMES: [&str; 7] =
+    ["granted", "contended", "delayed", "exceeded", "session_unknown", "session_expired", "not_leader"];
+
+#[derive(Debug)]
+pub struct LockMetrics {
+    pub acquire: LabeledCounter<7>,
+    pub waiters: Gauge,
+    pub sessions_expired: Counter,
+    pub grants_reaped: Counter,
+    pub revokes: Counter,
+    pub releases: LabeledCounter<2>,
+}
+
+impl Default for LockMetrics {
+    fn default() -> Self {
+        LockMetrics {
+            acquire: LabeledCounter::new(
+                "lock_acquire_total",
+                "Acquire requests by outcome.",
+                "outcome",
+                ACQUIRE_OUTCOMES,
+            ),
+            waiters: Gauge::new("lock_waiters", "Requests waiting in this replica's per-key FIFO queues."),
+            sessions_expired: Counter::new(
+                "lock_session_expired_total",
+                "Sessions whose heartbeat lapsed, processed by this replica's reaper.",
+            ),
+            grants_reaped: Counter::new("lock_grant_reaped_total", "Dead grants removed by this replica's reaper."),
+            revokes: Counter::new("lock_revoke_total", "Operator revocations (each also raised the token floor)."),
+            releases: LabeledCounter::new(
+                "lock_release_total",
+                "Release requests by outcome.",
+                "outcome",
+                ["released", "lost"],
+            ),
+        }
+    }
+}
+
+impl LockMetrics {
+    pub fn acquire_outcome(&self, outcome: &str) {
+        if let Some(i) = ACQUIRE_OUTCOMES.iter().position(|o| *o == outcome) {
+            self.acquire.inc(i);
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        self.acquire.render(&mut out);
+        self.waiters.render(&mut out);
+        self.sessions_expired.render(&mut out);
+        self.grants_reaped.render(&mut out);
+        self.revokes.render(&mut out);
+        self.releases.render(&mut out);
+        out
+    }
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    ids: VecDeque<u64>,
+    notify: Arc<Notify>,
+}
+
+/// What an acquire came to at the service level.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    Granted(GrantRow),
+    Refused(AcquireRefusal),
+    /// The key's waiter queue on this replica is full.
+    QueueFull,
+}
+
+/// One replica of the lock server.
+pub struct LockServer {
+    pub store: Arc<dyn LockStore>,
+    pub cfg: LockServerConfig,
+    pub clock: Clock,
+    pub metrics: LockMetrics,
+    queues: Mutex<BTreeMap<String, Queue>>,
+    next_waiter: std::sync::atomic::AtomicU64,
+}
+
+/// Removes a waiter from its queue however the wait ends (grant, timeout, or the caller
+/// going away mid-wait), and wakes the next one.
+struct WaiterGuard<'a> {
+    server: &'a LockServer,
+    key: String,
+    id: u64,
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        self.server.leave_queue(&self.key, self.id);
+    }
+}
+
+impl LockServer {
+    pub fn new(store: Arc<dyn LockStore>, cfg: LockServerConfig, clock: Clock) -> Arc<LockServer> {
+        Arc::new(LockServer {
+            store,
+            cfg,
+            clock,
+            metrics: LockMetrics::default(),
+            queues: Mutex::new(BTreeMap::new()),
+            next_waiter: std::sync::atomic::AtomicU64::new(1),
+        })
+    }
+
+    /// Waiters queued for `key` on this replica (advisory, for L7).
+    pub fn waiter_count(&self, key: &str) -> i64 {
+        self.queues.lock().map(|q| q.get(key).map_or(0, |q| q.ids.len() as i64)).unwrap_or(0)
+    }
+
+    /// Wakes the waiters of `key` (after this replica released or revoked it).
+    pub fn wake(&self, key: &str) {
+        if let Ok(q) = self.queues.lock() {
+            if let Some(q) = q.get(key) {
+                q.notify.notify_waiters();
+            }
+        }
+    }
+
+    fn join_queue(&self, key: &str) -> Option<(u64, Arc<Notify>)> {
+        let mut queues = self.queues.lock().ok()?;
+        let q = queues.entry(key.to_owned()).or_default();
+        if q.ids.len() >= self.cfg.waiters_per_key_max {
+            return None;
+        }
+        let id = self.next_waiter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        q.ids.push_back(id);
+        self.metrics.waiters.add(1);
+        Some((id, q.notify.clone()))
+    }
+
+    fn leave_queue(&self, key: &str, id: u64) {
+        let Ok(mut queues) = self.queues.lock() else { return };
+        let mut empty = false;
+        if let Some(q) = queues.get_mut(key) {
+            if let Some(pos) = q.ids.iter().position(|x| *x == id) {
+                q.ids.remove(pos);
+                self.metrics.waiters.add(-1);
+            }
+            q.notify.notify_waiters();
+            empty = q.ids.is_empty();
+        }
+        if empty {
+            queues.remove(key);
+        }
+    }
+
+    fn is_head(&self, key: &str, id: u64) -> bool {
+        self.queues.lock().map(|q| q.get(key).and_then(|q| q.ids.front().copied()) == Some(id)).unwrap_or(false)
+    }
+
+    fn queue_is_empty(&self, key: &str) -> bool {
+        self.queues.lock().map(|q| q.get(key).is_none_or(|q| q.ids.is_empty())).unwrap_or(true)
+    }
+
+    /// L4: acquire `key` for `session_id`, waiting up to `wait_ms` in the FIFO queue.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        ttl_ms: i64,
+        wait_ms: i64,
+    ) -> Result<AcquireOutcome, StoreError> {
+        let outcome = self.acquire_inner(key, session_id, ttl_ms, wait_ms).await;
+        let tag = match &outcome {
+            Ok(AcquireOutcome::Granted(_)) => "granted",
+            Ok(AcquireOutcome::Refused(AcquireRefusal::Contended { .. } | AcquireRefusal::AlreadyHeld { .. })) => {
+                "contended"
+            }
+            Ok(AcquireOutcome::Refused(AcquireRefusal::Delayed { .. })) => "delayed",
+            Ok(AcquireOutcome::Refused(AcquireRefusal::Session(crate::store::SessionRefusal::Unknown))) => {
+                "session_unknown"
+            }
+            Ok(AcquireOutcome::Refused(AcquireRefusal::Session(crate::store::SessionRefusal::Expired))) => {
+                "session_expired"
+            }
+            Ok(AcquireOutcome::QueueFull) => "exceeded",
+            Err(_) => "not_leader",
+        };
+        self.metrics.acquire_outcome(tag);
+        outcome
+    }
+
+    async fn acquire_inner(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        ttl_ms: i64,
+        wait_ms: i64,
+    ) -> Result<AcquireOutcome, StoreError> {
+        let delay = self.cfg.delay_ms;
+        if wait_ms <= 0 || self.queue_is_empty(key) {
+            let first = self.store.acquire(key, session_id, ttl_ms, delay).await?;
+            match first {
+                Ok(g) => return Ok(AcquireOutcome::Granted(g)),
+                Err(r @ (AcquireRefusal::Session(_) | AcquireRefusal::AlreadyHeld { .. })) => {
+                    return Ok(AcquireOutcome::Refused(r))
+                }
+                Err(r) if wait_ms <= 0 => return Ok(AcquireOutcome::Refused(r)),
+                Err(_) => {}
+            }
+        } else if wait_ms <= 0 {
+            // A queue is waiting: a no-wait request does not barge past it.
+            return Ok(AcquireOutcome::Refused(self.contended_now(key).await?));
+        }
+
+        let Some((id, notify)) = self.join_queue(key) else { return Ok(AcquireOutcome::QueueFull) };
+        let _guard = WaiterGuard { server: self, key: key.to_owned(), id };
+        let deadline = self.clock.now() + Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0));
+        let poll = Duration::from_millis(self.cfg.wait_poll_ms.max(1));
+        let mut last = self.contended_now(key).await?;
+        loop {
+            if self.is_head(key, id) {
+                match self.store.acquire(key, session_id, ttl_ms, delay).await? {
+                    Ok(g) => return Ok(AcquireOutcome::Granted(g)),
+                    // Session re-checked at grant time: a waiter whose session lapsed while
+                    // it waited is never granted.
+                    Err(r @ (AcquireRefusal::Session(_) | AcquireRefusal::AlreadyHeld { .. })) => {
+                        return Ok(AcquireOutcome::Refused(r))
+                    }
+                    Err(r) => last = r,
+                }
+            }
+            let now = self.clock.now();
+            if now >= deadline {
+                return Ok(AcquireOutcome::Refused(last));
+            }
+            let nap = poll.min(deadline - now);
+            let notified = notify.notified();
+            let _ = dlock_rt::timeout(nap, notified).await;
+        }
+    }
+
+    /// The refusal a contended key gives right now (for callers that did not ask the store).
+    async fn contended_now(&self, key: &str) -> Result<AcquireRefusal, StoreError> {
+        let info = self.store.info(key).await?;
+        Ok(match info.and_then(|i| i.grant) {
+            Some(g) => AcquireRefusal::Contended { holder_owner_id: g.owner_id, expires_at_ms: g.expires_at_ms },
+            None => AcquireRefusal::Contended { holder_owner_id: String::new(), expires_at_ms: 0 },
+        })
+    }
+
+    /// One reaper pass; logs and counts what it did.
+    pub async fn reap_once(&self) -> Result<crate::store::ReapReport, StoreError> {
+        let r = self.store.reap(self.cfg.reap_batch_max, self.cfg.delay_ms, self.cfg.session_retention_ms).await?;
+        if r.expired_sessions > 0 || r.released_grants > 0 || r.forgotten_sessions > 0 {
+            tracing::info!(
+                expiredSessions = r.expired_sessions,
+                releasedGrants = r.released_grants,
+                forgottenSessions = r.forgotten_sessions,
+                "lock_reaper_pass"
+            );
+        }
+        for _ in 0..r.expired_sessions {
+            self.metrics.sessions_expired.inc();
+        }
+        for _ in 0..r.released_grants {
+            self.metrics.grants_reaped.inc();
+        }
+        Ok(r)
+    }
+
+    /// Runs the reaper until the task is dropped.
+    pub async fn run_reaper(self: Arc<Self>) {
+        let interval = Duration::from_millis(self.cfg.reap_interval_ms.max(1));
+        loop {
+            if let Err(e) = self.reap_once().await {
+                tracing::warn!(cause = %e, "lock_reaper_failed");
+            }
+            dlock_rt::sleep(interval).await;
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The lock server's store: the trait every backend implements, and its semantics.
+//!
+//! Every method is one atomic step against the backend (one transaction in SQL), and the
+//! **backend's clock** decides every lease: `now` below is read by the store itself
+//! (PostgreSQL `clock_timestamp()`, SQLite's `unixepoch('subsec')`, the simulation store's
+//! own clock), never passed in by a replica. Two replicas with skewed clocks therefore still
+//! agree on which grant is live. All instants are Unix epoch milliseconds.
+//!
+//! ## Definitions
+//! - A **session** is *live* iff it is not closed and `now < expires_at_ms`. A session that
+//!   lapsed is *expired*; it is remembered (answering `SESSION_EXPIRED`) until the reaper
+//!   forgets it after the retention period, after which it is *unknown*. A closed session
+//!   (L3) is forgotten at once: it is *unknown*.
+//! - A **grant** (the row of a key) is *live* iff `now < grant.expires_at_ms` and its
+//!   session is live. A key has at most one grant row; a dead one may linger until the
+//!   reaper or the next acquire removes it.
+//! - A grant **dies** at `min(grant.expires_at_ms, session.expires_at_ms)`, or when the
+//!   session is closed (L3) or the grant released (L6) or revoked (L8).
+//! - **Lock-delay** (`delay_ms`): when a grant dies *without* being released (its lease or
+//!   its session lapsed), nobody else may be granted the key before `died_at + delay_ms`.
+//!   Release, close and revoke impose no delay.
+//! - **Tokens**: every grant gets a token strictly greater than every token issued before
+//!   by this backend and strictly greater than the token floor. The floor only rises
+//!   (revoke raises it); it survives restarts and restores (it is stored, not derived).
+//!
+//! ## Invariants (the conformance suite proves them on every backend)
+//! 1. At most one live grant per key, ever.
+//! 2. Tokens in grant order strictly increase, across restarts and revokes.
+//! 3. Acquire re-checks the session in the same atomic step that grants (a waiter whose
+//!    session lapsed while it waited is never granted: Jepsen's etcd 3.4.3 lock bug).
+//! 4. Release deletes exactly the grant `(key, token)` and nothing else.
+//! 5. A grant committed but never reported (an ambiguous acquire) is still attached to its
+//!    session and dies with it: there are no ghost grants.
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+/// The backend could not decide. The server answers `503 NOT_LEADER`: no state changed that
+/// the caller could rely on, and it may retry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// Unreachable, read-only, failing over, busy past its bound, or without quorum.
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+    /// The backend answered something the store cannot interpret.
+    #[error("unexpected backend content: {0}")]
+    Corrupt(String),
+}
+
+/// Why a session-scoped call was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionRefusal {
+    /// Never existed, closed, or forgotten after retention (`404 SESSION_UNKNOWN`).
+    Unknown,
+    /// Lapsed and still remembered (`410 SESSION_EXPIRED`).
+    Expired,
+}
+
+/// A session as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRow {
+    pub session_id: Uuid,
+    pub owner_id: String,
+    pub ttl_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+/// A grant as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrantRow {
+    pub key: String,
+    pub session_id: Uuid,
+    pub owner_id: String,
+    pub fencing_token: i64,
+    pub acquired_at_ms: i64,
+    pub expires_at_ms: i64,
+}
+
+/// Why an acquire did not grant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireRefusal {
+    Session(SessionRefusal),
+    /// A live grant of another session holds the key (`409 LOCK_CONTENDED`).
+    Contended {
+        holder_owner_id: String,
+        expires_at_ms: i64,
+    },
+    /// The session already holds this key: acquire is not re-entrant (`409 LOCK_CONTENDED`,
+    /// holder = the caller). The caller renews instead.
+    AlreadyHeld {
+        fencing_token: i64,
+        expires_at_ms: i64,
+    },
+    /// The previous grant was lost, not released; lock-delay runs until this instant
+    /// (`409 LOCK_CONTENDED` with `details.lockDelayUntil`).
+    Delayed {
+        until_ms: i64,
+    },
+}
+
+/// Why a renew did not extend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenewRefusal {
+    Session(SessionRefusal),
+    /// No live grant `(key, token)` of this session (`409 LOCK_LOST`). `stored_token` is the
+    /// key's current grant token, live or dead, if a row exists.
+    Lost {
+        stored_token: Option<i64>,
+    },
+}
+
+/// The key's state for `GET /v1/locks/{key}` (advisory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyInfo {
+    /// The live grant, if any.
+    pub grant: Option<GrantRow>,
+}
+
+/// A successful revoke (L8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revocation {
+    pub revoked_token: i64,
+    /// Every later grant's token exceeds this.
+    pub new_token_floor: i64,
+    pub revocation_id: Uuid,
+}
+
+/// Why a revoke did not happen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RevokeRefusal {
+    /// No live grant (`404`).
+    NotHeld,
+    /// `expected_token` is not the live grant's token (`409 FENCED_OUT`).
+    Stale { current_token: i64 },
+}
+
+/// What one reaper pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReapReport {
+    /// Sessions newly marked expired (their grants removed, lock-delay recorded).
+    pub expired_sessions: u64,
+    /// Dead grants removed (of expired sessions, or whose own lease lapsed).
+    pub released_grants: u64,
+    /// Expired sessions forgotten after the retention period (now unknown).
+    pub forgotten_sessions: u64,
+}
+
+/// The lock server's view of lockdb (or etcd).
+#[async_trait]
+pub trait LockStore: Send + Sync + 'static {
+    /// Cheap round trip, for readiness.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// The backend's clock, epoch ms.
+    async fn now_ms(&self) -> Result<i64, StoreError>;
+
+    /// Opens a session for `owner_id` with `ttl_ms` (already clamped by the caller):
+    /// `expires_at = now + ttl_ms`.
+    async fn open_session(&self, session_id: Uuid, owner_id: &str, ttl_ms: i64) -> Result<SessionRow, StoreError>;
+
+    /// Extends a live session to `now + ttl_ms` and counts its live grants.
+    async fn heartbeat(&self, session_id: Uuid) -> Result<Result<(SessionRow, i64), SessionRefusal>, StoreError>;
+
+    /// Closes a session and forgets it: later calls answer `Unknown`. A live session's grants
+    /// are released (no lock-delay). An expired session's grants had already died when it
+    /// lapsed, so their lock-delay (from that death) still applies.
+    async fn close_session(&self, session_id: Uuid, delay_ms: i64) -> Result<Result<(), SessionRefusal>, StoreError>;
+
+    /// Grants `key` to a live session for `ttl_ms` (clamped by the caller), with a fresh
+    /// token, unless a live grant of another session holds it or lock-delay runs. A dead
+    /// grant in the way is replaced. Session check and grant are one atomic step.
+    async fn acquire(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        ttl_ms: i64,
+        delay_ms: i64,
+    ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError>;
+
+    /// Extends the live grant `(key, token)` of a live session to `now + ttl_ms`. The token
+    /// never changes.
+    async fn renew(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        token: i64,
+        ttl_ms: i64,
+    ) -> Result<Result<GrantRow, RenewRefusal>, StoreError>;
+
+    /// Compare-and-delete of the live grant `(key, token)`; the session id is not part of
+    /// the predicate (it is carried for attribution). `Err(stored_token)` when there is no
+    /// such live grant: the key's current token, if a row exists.
+    async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError>;
+
+    /// The key's state; `None` if the key was never granted.
+    async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError>;
+
+    /// Removes the live grant of `key` (if `expected_token` is given, only if it matches),
+    /// raises the token floor to a freshly issued token, and records the audit row
+    /// (operator, reason, time, revoked token, new floor).
+    async fn revoke(
+        &self,
+        key: &str,
+        operator: &str,
+        reason: &str,
+        expected_token: Option<i64>,
+        revocation_id: Uuid,
+    ) -> Result<Result<Revocation, RevokeRefusal>, StoreError>;
+
+    /// One reaper pass, at most `limit` rows of each kind: marks lapsed sessions expired and
+    /// removes their grants (recording lock-delay), removes grants whose own lease lapsed,
+    /// and forgets sessions expired more than `retention_ms` ago. Idempotent, and safe to
+    /// run concurrently from several replicas.
+    async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError>;
+}

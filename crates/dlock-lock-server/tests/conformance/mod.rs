@@ -1,0 +1,1070 @@
+//! The lock store conformance suite: the same cases against every `LockStore`
+//! implementation (the simulation store today; SQLite and PostgreSQL plug in through
+//! [`lock_store_conformance!`]), so the simulation cannot drift from SQL semantics. Each case
+//! names the behaviour it proves; the definitions and invariants are those of the
+//! `dlock_lock_server::store` module doc (C3 §3.3, L1–L8).
+//!
+//! Rules every case follows, so that it holds against a real database clock:
+//! - Only relations between values the *store* returns are compared (its `now_ms`, the
+//!   expiries and tokens it hands out), never the test's own clock, and with a tolerance.
+//! - Nothing is "waited for" with a bare sleep: [`wait_past`] polls the store's clock until
+//!   it passes an instant the store itself returned (non-mutating: polling `heartbeat` would
+//!   keep the very session alive that the case waits to lapse).
+//! - Every case gets a fresh store, so reaper counts are exact.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use dlock_lock_server::store::{
+    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, SessionRefusal,
+    SessionRow,
+};
+use dlock_rt::Duration;
+use uuid::Uuid;
+
+pub type Store = Arc<dyn LockStore>;
+
+/// A lease or session that lapses during the case.
+pub const SHORT_MS: i64 = 300;
+/// A lease or session that outlives the case.
+pub const LONG_MS: i64 = 60_000;
+/// The lock-delay of the cases that prove it (long enough that the first refused acquire
+/// surely comes before it ends, short enough to keep the suite fast).
+pub const DELAY_MS: i64 = 800;
+/// Rounding of a backend's clock to milliseconds (microsecond timestamps in PostgreSQL).
+pub const EPS_MS: i64 = 5;
+/// A retention the cases never reach.
+pub const KEEP_MS: i64 = 3_600_000;
+
+const POLL: Duration = Duration::from_millis(10);
+const DEADLINE: Duration = Duration::from_secs(5);
+
+pub fn id() -> Uuid {
+    dlock_rt::rand::uuid_v4()
+}
+
+pub async fn now(store: &Store) -> i64 {
+    store.now_ms().await.expect("now_ms")
+}
+
+pub async fn open(store: &Store, owner: &str, ttl_ms: i64) -> SessionRow {
+    store.open_session(id(), owner, ttl_ms).await.expect("open_session")
+}
+
+pub async fn heartbeat(store: &Store, session_id: Uuid) -> Result<(SessionRow, i64), SessionRefusal> {
+    store.heartbeat(session_id).await.expect("heartbeat")
+}
+
+pub async fn acquire(
+    store: &Store,
+    key: &str,
+    session: &SessionRow,
+    ttl_ms: i64,
+    delay_ms: i64,
+) -> Result<GrantRow, AcquireRefusal> {
+    store.acquire(key, session.session_id, ttl_ms, delay_ms).await.expect("acquire")
+}
+
+/// Acquires `key`, which the case expects to be granted.
+pub async fn grant(store: &Store, key: &str, session: &SessionRow, ttl_ms: i64, delay_ms: i64) -> GrantRow {
+    match acquire(store, key, session, ttl_ms, delay_ms).await {
+        Ok(g) => g,
+        Err(r) => panic!("acquire {key} by {} refused: {r:?}", session.owner_id),
+    }
+}
+
+pub async fn renew(
+    store: &Store,
+    key: &str,
+    session: &SessionRow,
+    token: i64,
+    ttl_ms: i64,
+) -> Result<GrantRow, RenewRefusal> {
+    store.renew(key, session.session_id, token, ttl_ms).await.expect("renew")
+}
+
+pub async fn release(store: &Store, key: &str, token: i64) -> Result<(), Option<i64>> {
+    store.release(key, token).await.expect("release")
+}
+
+pub async fn info(store: &Store, key: &str) -> Option<KeyInfo> {
+    store.info(key).await.expect("info")
+}
+
+/// The live grant of a key the case knows was seen.
+pub async fn live_grant(store: &Store, key: &str) -> Option<GrantRow> {
+    info(store, key).await.unwrap_or_else(|| panic!("{key} was granted, info must know it")).grant
+}
+
+pub async fn revoke(store: &Store, key: &str, expected_token: Option<i64>) -> Result<Revocation, RevokeRefusal> {
+    store.revoke(key, "oncall@example", "stuck holder, revoking", expected_token, id()).await.expect("revoke")
+}
+
+pub async fn reap(store: &Store, limit: i64, delay_ms: i64, retention_ms: i64) -> ReapReport {
+    store.reap(limit, delay_ms, retention_ms).await.expect("reap")
+}
+
+/// Polls the store's own clock until it is strictly past `at_ms` (an instant the store
+/// returned). Strictly: at millisecond resolution, `now_ms == at_ms` may still be before a
+/// microsecond expiry.
+pub async fn wait_past(store: &Store, at_ms: i64) {
+    let reached =
+        dlock_rt::wait_until(POLL, DEADLINE, || async move { (now(store).await > at_ms).then_some(()) }).await;
+    assert!(reached.is_some(), "the store's clock did not pass {at_ms} within {DEADLINE:?}");
+}
+
+/// Polls acquire until it grants; returns the grant and every refusal seen before it.
+pub async fn wait_granted(
+    store: &Store,
+    key: &str,
+    session: &SessionRow,
+    ttl_ms: i64,
+    delay_ms: i64,
+) -> (GrantRow, Vec<AcquireRefusal>) {
+    let seen = std::sync::Mutex::new(Vec::new());
+    let seen_ref = &seen;
+    let granted = dlock_rt::wait_until(POLL, DEADLINE, || async move {
+        match acquire(store, key, session, ttl_ms, delay_ms).await {
+            Ok(g) => Some(g),
+            Err(r) => {
+                seen_ref.lock().expect("refusals").push(r);
+                None
+            }
+        }
+    })
+    .await;
+    let refusals = seen.into_inner().expect("refusals");
+    let grant = granted.unwrap_or_else(|| panic!("{key} was never granted within {DEADLINE:?}: {refusals:?}"));
+    (grant, refusals)
+}
+
+#[track_caller]
+pub fn assert_within(value: i64, lo: i64, hi: i64, what: &str) {
+    assert!(lo <= value && value <= hi, "{what}: {value} not within [{lo}, {hi}]");
+}
+
+#[track_caller]
+pub fn assert_delayed(r: &Result<GrantRow, AcquireRefusal>) -> i64 {
+    match r {
+        Err(AcquireRefusal::Delayed { until_ms }) => *until_ms,
+        other => panic!("expected Delayed, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Store basics.
+// ---------------------------------------------------------------------------------------
+
+pub async fn ping_answers_and_the_store_clock_does_not_run_backwards(store: Store) {
+    store.ping().await.expect("ping");
+    let a = now(&store).await;
+    let b = now(&store).await;
+    assert!(a <= b, "store clock went back: {a} then {b}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Sessions (L1–L3).
+// ---------------------------------------------------------------------------------------
+
+pub async fn open_session_stores_owner_and_ttl_and_expires_one_ttl_ahead(store: Store) {
+    let before = now(&store).await;
+    let session_id = id();
+    let s = store.open_session(session_id, "owner-a", LONG_MS).await.expect("open_session");
+    let after = now(&store).await;
+    assert_eq!((s.session_id, s.owner_id.as_str(), s.ttl_ms), (session_id, "owner-a", LONG_MS));
+    assert_within(s.expires_at_ms, before + LONG_MS - EPS_MS, after + LONG_MS + EPS_MS, "expires_at = now + ttl");
+    // A second session of the same owner is a different session.
+    let s2 = open(&store, "owner-a", LONG_MS).await;
+    assert_ne!(s2.session_id, s.session_id);
+    let (row, held) = heartbeat(&store, s.session_id).await.expect("fresh session is live");
+    assert_eq!((row.session_id, row.owner_id.as_str(), row.ttl_ms, held), (session_id, "owner-a", LONG_MS, 0));
+}
+
+pub async fn heartbeat_extends_a_live_session_past_its_first_expiry(store: Store) {
+    let s = open(&store, "owner-a", SHORT_MS).await;
+    let (session_id, target) = (s.session_id, s.expires_at_ms + SHORT_MS / 2);
+    // Heartbeat every poll until the store's clock is well past the first expiry: the
+    // session must stay live throughout, each heartbeat pushing the expiry forward.
+    let last = dlock_rt::wait_until(Duration::from_millis(50), DEADLINE, || {
+        let store = &store;
+        async move {
+            let (row, _) = heartbeat(store, session_id).await.expect("heartbeat keeps the session live");
+            (now(store).await > target).then_some(row)
+        }
+    })
+    .await
+    .expect("store clock passed the first expiry");
+    assert!(last.expires_at_ms > s.expires_at_ms, "heartbeat extended {} to {}", s.expires_at_ms, last.expires_at_ms);
+    assert_eq!(last.ttl_ms, SHORT_MS);
+    // The extension is `now + ttl`.
+    let s = open(&store, "owner-b", LONG_MS).await;
+    let before = now(&store).await;
+    let (row, _) = heartbeat(&store, s.session_id).await.expect("live");
+    let after = now(&store).await;
+    assert_within(row.expires_at_ms, before + LONG_MS - EPS_MS, after + LONG_MS + EPS_MS, "heartbeat: now + ttl");
+    assert!(row.expires_at_ms >= s.expires_at_ms);
+}
+
+pub async fn heartbeat_counts_only_the_sessions_live_grants(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    assert_eq!(heartbeat(&store, a.session_id).await.map(|(_, n)| n), Ok(0));
+    let g1 = grant(&store, "k1", &a, LONG_MS, 0).await;
+    grant(&store, "k2", &a, LONG_MS, 0).await;
+    grant(&store, "k-other", &b, LONG_MS, 0).await;
+    assert_eq!(heartbeat(&store, a.session_id).await.map(|(_, n)| n), Ok(2));
+    // A grant whose own lease lapsed is not counted, though the session lives on.
+    let short = grant(&store, "k3", &a, SHORT_MS, 0).await;
+    wait_past(&store, short.expires_at_ms).await;
+    assert_eq!(heartbeat(&store, a.session_id).await.map(|(_, n)| n), Ok(2));
+    // Nor a released one.
+    assert_eq!(release(&store, "k1", g1.fencing_token).await, Ok(()));
+    assert_eq!(heartbeat(&store, a.session_id).await.map(|(_, n)| n), Ok(1));
+    assert_eq!(heartbeat(&store, b.session_id).await.map(|(_, n)| n), Ok(1));
+}
+
+pub async fn heartbeat_and_close_of_a_never_opened_session_are_unknown(store: Store) {
+    let ghost = id();
+    assert_eq!(heartbeat(&store, ghost).await, Err(SessionRefusal::Unknown));
+    assert_eq!(store.close_session(ghost, 0).await.expect("close"), Err(SessionRefusal::Unknown));
+    // The refusals created nothing.
+    assert_eq!(heartbeat(&store, ghost).await, Err(SessionRefusal::Unknown));
+}
+
+pub async fn heartbeat_of_a_lapsed_session_is_expired_and_does_not_revive_it(store: Store) {
+    let s = open(&store, "owner-a", SHORT_MS).await;
+    wait_past(&store, s.expires_at_ms).await;
+    // Before any reaper pass: lapse is decided by the clock, not by the reaper.
+    assert_eq!(heartbeat(&store, s.session_id).await, Err(SessionRefusal::Expired));
+    assert_eq!(heartbeat(&store, s.session_id).await, Err(SessionRefusal::Expired));
+    // After the reaper marked it, still remembered as expired.
+    assert_eq!(reap(&store, 100, 0, KEEP_MS).await.expired_sessions, 1);
+    assert_eq!(heartbeat(&store, s.session_id).await, Err(SessionRefusal::Expired));
+}
+
+pub async fn reaper_forgets_an_expired_session_after_retention_then_it_is_unknown(store: Store) {
+    let s = open(&store, "owner-a", SHORT_MS).await;
+    let g = grant(&store, "k", &s, LONG_MS, 0).await;
+    wait_past(&store, s.expires_at_ms).await;
+    assert_eq!(
+        reap(&store, 100, 0, KEEP_MS).await,
+        ReapReport { expired_sessions: 1, released_grants: 1, forgotten_sessions: 0 }
+    );
+    assert_eq!(heartbeat(&store, s.session_id).await, Err(SessionRefusal::Expired), "remembered during retention");
+    // Past `expires_at + retention`, the next pass forgets it.
+    let retention = SHORT_MS;
+    wait_past(&store, s.expires_at_ms + retention).await;
+    assert_eq!(
+        reap(&store, 100, 0, retention).await,
+        ReapReport { expired_sessions: 0, released_grants: 0, forgotten_sessions: 1 }
+    );
+    assert_eq!(heartbeat(&store, s.session_id).await, Err(SessionRefusal::Unknown));
+    assert_eq!(acquire(&store, "k2", &s, LONG_MS, 0).await, Err(AcquireRefusal::Session(SessionRefusal::Unknown)));
+    assert_eq!(
+        renew(&store, "k", &s, g.fencing_token, LONG_MS).await,
+        Err(RenewRefusal::Session(SessionRefusal::Unknown))
+    );
+    assert_eq!(store.close_session(s.session_id, 0).await.expect("close"), Err(SessionRefusal::Unknown));
+}
+
+pub async fn close_forgets_the_session_and_releases_its_grants_without_lock_delay(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let g1 = grant(&store, "k1", &a, LONG_MS, DELAY_MS).await;
+    let g2 = grant(&store, "k2", &a, LONG_MS, DELAY_MS).await;
+    let gb = grant(&store, "kb", &b, LONG_MS, DELAY_MS).await;
+    assert_eq!(store.close_session(a.session_id, DELAY_MS).await.expect("close"), Ok(()));
+    // Forgotten at once: unknown, not expired.
+    assert_eq!(heartbeat(&store, a.session_id).await, Err(SessionRefusal::Unknown));
+    assert_eq!(store.close_session(a.session_id, DELAY_MS).await.expect("close"), Err(SessionRefusal::Unknown));
+    assert_eq!(acquire(&store, "k3", &a, LONG_MS, 0).await, Err(AcquireRefusal::Session(SessionRefusal::Unknown)));
+    assert_eq!(
+        renew(&store, "k1", &a, g1.fencing_token, LONG_MS).await,
+        Err(RenewRefusal::Session(SessionRefusal::Unknown))
+    );
+    // Its grants are gone (the keys are still known)...
+    assert_eq!(info(&store, "k1").await, Some(KeyInfo { grant: None }));
+    assert_eq!(info(&store, "k2").await, Some(KeyInfo { grant: None }));
+    assert_eq!(release(&store, "k1", g1.fencing_token).await, Err(None));
+    // ...and free at once for another session, even one asking for lock-delay.
+    let n1 = grant(&store, "k1", &b, LONG_MS, DELAY_MS).await;
+    let n2 = grant(&store, "k2", &b, LONG_MS, DELAY_MS).await;
+    assert!(n1.fencing_token > g2.fencing_token && n2.fencing_token > n1.fencing_token);
+    // Another session's grant was untouched.
+    assert_eq!(live_grant(&store, "kb").await, Some(gb));
+}
+
+pub async fn close_of_a_lapsed_session_keeps_the_lock_delay_of_its_lost_grants(store: Store) {
+    let a = open(&store, "owner-a", SHORT_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, DELAY_MS).await;
+    wait_past(&store, a.expires_at_ms).await;
+    // The grant died when the session lapsed; closing afterwards does not undo its delay.
+    assert_eq!(store.close_session(a.session_id, DELAY_MS).await.expect("close"), Ok(()));
+    assert_eq!(heartbeat(&store, a.session_id).await, Err(SessionRefusal::Unknown));
+    let died_at = g.expires_at_ms.min(a.expires_at_ms);
+    let until = assert_delayed(&acquire(&store, "k", &b, LONG_MS, DELAY_MS).await);
+    assert_within(until, died_at + DELAY_MS - EPS_MS, died_at + DELAY_MS + EPS_MS, "until = died_at + delay");
+    let (next, refusals) = wait_granted(&store, "k", &b, LONG_MS, DELAY_MS).await;
+    assert!(refusals.iter().all(|r| *r == AcquireRefusal::Delayed { until_ms: until }), "{refusals:?}");
+    assert!(next.acquired_at_ms >= until, "granted at {} before the delay ended at {until}", next.acquired_at_ms);
+    assert!(next.fencing_token > g.fencing_token);
+}
+
+// ---------------------------------------------------------------------------------------
+// Acquire (L4).
+// ---------------------------------------------------------------------------------------
+
+pub async fn acquire_grants_a_fresh_token_to_a_live_session(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    assert_eq!(info(&store, "payout:acct-1").await, None, "never seen");
+    let before = now(&store).await;
+    let g = grant(&store, "payout:acct-1", &a, LONG_MS, 0).await;
+    let after = now(&store).await;
+    assert_eq!((g.key.as_str(), g.session_id, g.owner_id.as_str()), ("payout:acct-1", a.session_id, "owner-a"));
+    assert!(g.fencing_token > 0, "token {}", g.fencing_token);
+    assert_within(g.acquired_at_ms, before - EPS_MS, after + EPS_MS, "acquired_at = now");
+    assert_within(g.expires_at_ms - g.acquired_at_ms, LONG_MS - EPS_MS, LONG_MS + EPS_MS, "lease = ttl");
+    assert_eq!(info(&store, "payout:acct-1").await, Some(KeyInfo { grant: Some(g.clone()) }));
+    // A second key gets a different, greater token.
+    let g2 = grant(&store, "payout:acct-2", &a, LONG_MS, 0).await;
+    assert!(g2.fencing_token > g.fencing_token);
+}
+
+pub async fn acquire_by_another_session_is_contended_with_the_holder_and_its_expiry(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, DELAY_MS).await;
+    for _ in 0..2 {
+        assert_eq!(
+            acquire(&store, "k", &b, LONG_MS, DELAY_MS).await,
+            Err(AcquireRefusal::Contended { holder_owner_id: "owner-a".into(), expires_at_ms: g.expires_at_ms })
+        );
+    }
+    // The refusal changed nothing: the holder's grant stands, the loser's session lives.
+    assert_eq!(live_grant(&store, "k").await, Some(g.clone()));
+    assert_eq!(heartbeat(&store, b.session_id).await.map(|(_, n)| n), Ok(0));
+    // The holder's expiry in the refusal follows a renew.
+    let renewed = renew(&store, "k", &a, g.fencing_token, LONG_MS).await.expect("renew");
+    assert_eq!(
+        acquire(&store, "k", &b, LONG_MS, DELAY_MS).await,
+        Err(AcquireRefusal::Contended { holder_owner_id: "owner-a".into(), expires_at_ms: renewed.expires_at_ms })
+    );
+}
+
+pub async fn acquire_by_the_holding_session_is_already_held_not_reentrant(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, 0).await;
+    assert_eq!(
+        acquire(&store, "k", &a, LONG_MS, 0).await,
+        Err(AcquireRefusal::AlreadyHeld { fencing_token: g.fencing_token, expires_at_ms: g.expires_at_ms })
+    );
+    // No new token, no extension: the grant is exactly as it was.
+    assert_eq!(live_grant(&store, "k").await, Some(g.clone()));
+    let renewed = renew(&store, "k", &a, g.fencing_token, LONG_MS).await.expect("renew");
+    assert_eq!(
+        acquire(&store, "k", &a, LONG_MS, 0).await,
+        Err(AcquireRefusal::AlreadyHeld { fencing_token: g.fencing_token, expires_at_ms: renewed.expires_at_ms })
+    );
+}
+
+/// Invariant 3 (Jepsen, etcd 3.4.3): acquire re-checks the session in the granting step.
+pub async fn acquire_by_an_expired_session_is_refused_even_when_the_key_is_free(store: Store) {
+    let a = open(&store, "owner-a", SHORT_MS).await;
+    let held = grant(&store, "k-held", &a, LONG_MS, 0).await;
+    wait_past(&store, a.expires_at_ms).await;
+    // A free, never-seen key: still refused, and still never seen.
+    assert_eq!(acquire(&store, "k-free", &a, LONG_MS, 0).await, Err(AcquireRefusal::Session(SessionRefusal::Expired)));
+    assert_eq!(info(&store, "k-free").await, None);
+    // The key it held (its grant died with it): Expired, not AlreadyHeld.
+    assert_eq!(acquire(&store, "k-held", &a, LONG_MS, 0).await, Err(AcquireRefusal::Session(SessionRefusal::Expired)));
+    assert_eq!(live_grant(&store, "k-held").await, None);
+    // Same after the reaper marked it.
+    reap(&store, 100, 0, KEEP_MS).await;
+    assert_eq!(acquire(&store, "k-free", &a, LONG_MS, 0).await, Err(AcquireRefusal::Session(SessionRefusal::Expired)));
+    assert_eq!(info(&store, "k-free").await, None);
+    assert!(held.fencing_token > 0);
+}
+
+pub async fn acquire_by_an_unknown_session_is_refused(store: Store) {
+    let ghost = SessionRow { session_id: id(), owner_id: "ghost".into(), ttl_ms: LONG_MS, expires_at_ms: i64::MAX };
+    assert_eq!(acquire(&store, "k", &ghost, LONG_MS, 0).await, Err(AcquireRefusal::Session(SessionRefusal::Unknown)));
+    assert_eq!(info(&store, "k").await, None);
+}
+
+pub async fn lapsed_lease_frees_the_key_for_another_session(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let g = grant(&store, "k", &a, SHORT_MS, 0).await;
+    wait_past(&store, g.expires_at_ms).await;
+    assert_eq!(live_grant(&store, "k").await, None, "a lapsed lease is not shown as held");
+    let next = grant(&store, "k", &b, LONG_MS, 0).await;
+    assert!(next.fencing_token > g.fencing_token);
+    assert_eq!(live_grant(&store, "k").await, Some(next.clone()));
+    // The old holder (its session alive) now meets the new holder.
+    assert_eq!(
+        acquire(&store, "k", &a, LONG_MS, 0).await,
+        Err(AcquireRefusal::Contended { holder_owner_id: "owner-b".into(), expires_at_ms: next.expires_at_ms })
+    );
+}
+
+/// Also invariant 5: a grant whose response was never read is still attached to its
+/// session and dies with it.
+pub async fn lapsed_session_frees_the_key_for_another_session(store: Store) {
+    let a = open(&store, "owner-a", SHORT_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    // An "ambiguous" acquire: committed, the answer never read.
+    let _ = acquire(&store, "k", &a, LONG_MS, 0).await;
+    wait_past(&store, a.expires_at_ms).await;
+    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: None }), "the grant died with its session");
+    let next = grant(&store, "k", &b, LONG_MS, 0).await;
+    assert_eq!(live_grant(&store, "k").await, Some(next));
+}
+
+// ---------------------------------------------------------------------------------------
+// Lock-delay.
+// ---------------------------------------------------------------------------------------
+
+pub async fn lapsed_lease_imposes_lock_delay_until_death_plus_delay(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let g = grant(&store, "k", &a, SHORT_MS, DELAY_MS).await;
+    wait_past(&store, g.expires_at_ms).await;
+    let until = assert_delayed(&acquire(&store, "k", &b, LONG_MS, DELAY_MS).await);
+    assert_within(until, g.expires_at_ms + DELAY_MS - EPS_MS, g.expires_at_ms + DELAY_MS + EPS_MS, "until");
+    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: None }), "delayed, but not held");
+    let (next, refusals) = wait_granted(&store, "k", &b, LONG_MS, DELAY_MS).await;
+    assert!(refusals.iter().all(|r| *r == AcquireRefusal::Delayed { until_ms: until }), "{refusals:?}");
+    assert!(next.acquired_at_ms >= until, "granted at {} before the delay ended at {until}", next.acquired_at_ms);
+    assert!(next.fencing_token > g.fencing_token);
+}
+
+pub async fn lapsed_session_imposes_lock_delay_from_the_session_expiry(store: Store) {
+    let a = open(&store, "owner-a", SHORT_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, DELAY_MS).await;
+    wait_past(&store, a.expires_at_ms).await;
+    // The grant died at min(grant expiry, session expiry) = the session's.
+    let died_at = g.expires_at_ms.min(a.expires_at_ms);
+    let until = assert_delayed(&acquire(&store, "k", &b, LONG_MS, DELAY_MS).await);
+    assert_within(until, died_at + DELAY_MS - EPS_MS, died_at + DELAY_MS + EPS_MS, "until");
+    let (next, refusals) = wait_granted(&store, "k", &b, LONG_MS, DELAY_MS).await;
+    assert!(refusals.iter().all(|r| *r == AcquireRefusal::Delayed { until_ms: until }), "{refusals:?}");
+    assert!(next.acquired_at_ms >= until, "granted at {} before the delay ended at {until}", next.acquired_at_ms);
+}
+
+pub async fn release_close_and_revoke_impose_no_lock_delay(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let closing = open(&store, "owner-c", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let released = grant(&store, "k-release", &a, LONG_MS, DELAY_MS).await;
+    grant(&store, "k-close", &closing, LONG_MS, DELAY_MS).await;
+    let revoked = grant(&store, "k-revoke", &a, LONG_MS, DELAY_MS).await;
+    assert_eq!(release(&store, "k-release", released.fencing_token).await, Ok(()));
+    assert_eq!(store.close_session(closing.session_id, DELAY_MS).await.expect("close"), Ok(()));
+    revoke(&store, "k-revoke", Some(revoked.fencing_token)).await.expect("revoke");
+    for key in ["k-release", "k-close", "k-revoke"] {
+        grant(&store, key, &b, LONG_MS, DELAY_MS).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tokens.
+// ---------------------------------------------------------------------------------------
+
+pub async fn tokens_strictly_increase_across_keys_and_sessions_and_are_never_reused(store: Store) {
+    let s1 = open(&store, "owner-1", LONG_MS).await;
+    let s2 = open(&store, "owner-2", LONG_MS).await;
+    let s3 = open(&store, "owner-3", LONG_MS).await;
+    let mut issued = Vec::new();
+    issued.push(grant(&store, "k1", &s1, LONG_MS, 0).await.fencing_token);
+    issued.push(grant(&store, "k2", &s2, LONG_MS, 0).await.fencing_token);
+    let g3 = grant(&store, "k3", &s3, LONG_MS, 0).await;
+    issued.push(g3.fencing_token);
+    // Refused acquires and renews issue nothing observable, and never lower the next token.
+    let _ = acquire(&store, "k1", &s2, LONG_MS, 0).await;
+    let renewed = renew(&store, "k3", &s3, g3.fencing_token, LONG_MS).await.expect("renew");
+    assert_eq!(renewed.fencing_token, g3.fencing_token);
+    assert_eq!(release(&store, "k1", issued[0]).await, Ok(()));
+    issued.push(grant(&store, "k1", &s2, LONG_MS, 0).await.fencing_token);
+    // Same key, same session again after release: a new token, never the old one.
+    assert_eq!(release(&store, "k1", issued[3]).await, Ok(()));
+    issued.push(grant(&store, "k1", &s2, LONG_MS, 0).await.fencing_token);
+    let floor = revoke(&store, "k3", None).await.expect("revoke").new_token_floor;
+    issued.push(floor);
+    issued.push(grant(&store, "k3", &s1, LONG_MS, 0).await.fencing_token);
+    assert_eq!(store.close_session(s2.session_id, 0).await.expect("close"), Ok(()));
+    issued.push(grant(&store, "k2", &s3, LONG_MS, 0).await.fencing_token);
+    issued.push(grant(&store, "k4", &s1, LONG_MS, 0).await.fencing_token);
+    assert!(issued.windows(2).all(|w| w[0] < w[1]), "tokens in grant order: {issued:?}");
+    assert_eq!(issued.iter().collect::<BTreeSet<_>>().len(), issued.len(), "reused: {issued:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Renew (L5).
+// ---------------------------------------------------------------------------------------
+
+pub async fn renew_extends_the_lease_and_keeps_the_token(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let g = grant(&store, "k", &a, SHORT_MS, 0).await;
+    let target = g.expires_at_ms + SHORT_MS / 2;
+    // Renew every poll until the store's clock is well past the first lease's end.
+    let last = dlock_rt::wait_until(Duration::from_millis(50), DEADLINE, || {
+        let (store, a, g) = (&store, &a, &g);
+        async move {
+            let r = renew(store, "k", a, g.fencing_token, SHORT_MS).await.expect("renew keeps the grant live");
+            (now(store).await > target).then_some(r)
+        }
+    })
+    .await
+    .expect("store clock passed the first lease");
+    assert_eq!(
+        (&last.key, last.session_id, &last.owner_id, last.fencing_token, last.acquired_at_ms),
+        (&g.key, g.session_id, &g.owner_id, g.fencing_token, g.acquired_at_ms),
+        "renew extends, never re-issues"
+    );
+    assert!(last.expires_at_ms > g.expires_at_ms);
+    // The extension is `now + ttl`.
+    let before = now(&store).await;
+    let r = renew(&store, "k", &a, g.fencing_token, LONG_MS).await.expect("renew");
+    let after = now(&store).await;
+    assert_within(r.expires_at_ms, before + LONG_MS - EPS_MS, after + LONG_MS + EPS_MS, "renew: now + ttl");
+    assert_eq!(live_grant(&store, "k").await, Some(r));
+}
+
+pub async fn renew_refuses_a_wrong_token_another_session_or_a_dead_grant_as_lost(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, 0).await;
+    let t = g.fencing_token;
+    assert_eq!(renew(&store, "k", &a, t + 1, LONG_MS).await, Err(RenewRefusal::Lost { stored_token: Some(t) }));
+    assert_eq!(renew(&store, "k", &a, t - 1, LONG_MS).await, Err(RenewRefusal::Lost { stored_token: Some(t) }));
+    assert_eq!(renew(&store, "k", &b, t, LONG_MS).await, Err(RenewRefusal::Lost { stored_token: Some(t) }));
+    assert_eq!(renew(&store, "never", &a, t, LONG_MS).await, Err(RenewRefusal::Lost { stored_token: None }));
+    // None of the refusals touched the grant.
+    assert_eq!(live_grant(&store, "k").await, Some(g));
+    // A dead grant (own lease lapsed, session alive) cannot be renewed back to life. Its row
+    // may linger until reaped or replaced: the stored token is its own, or none.
+    let short = grant(&store, "k-short", &a, SHORT_MS, 0).await;
+    wait_past(&store, short.expires_at_ms).await;
+    let r = renew(&store, "k-short", &a, short.fencing_token, LONG_MS).await;
+    assert!(
+        matches!(r, Err(RenewRefusal::Lost { stored_token: None }))
+            || r == Err(RenewRefusal::Lost { stored_token: Some(short.fencing_token) }),
+        "{r:?}"
+    );
+    assert_eq!(live_grant(&store, "k-short").await, None);
+    // Taken over: the old holder learns the newer token.
+    let next = grant(&store, "k-short", &b, LONG_MS, 0).await;
+    assert_eq!(
+        renew(&store, "k-short", &a, short.fencing_token, LONG_MS).await,
+        Err(RenewRefusal::Lost { stored_token: Some(next.fencing_token) })
+    );
+}
+
+pub async fn renew_by_an_expired_or_unknown_session_is_a_session_refusal(store: Store) {
+    let a = open(&store, "owner-a", SHORT_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, 0).await;
+    let ghost = SessionRow { session_id: id(), owner_id: "ghost".into(), ttl_ms: LONG_MS, expires_at_ms: i64::MAX };
+    assert_eq!(
+        renew(&store, "k", &ghost, g.fencing_token, LONG_MS).await,
+        Err(RenewRefusal::Session(SessionRefusal::Unknown))
+    );
+    wait_past(&store, a.expires_at_ms).await;
+    assert_eq!(
+        renew(&store, "k", &a, g.fencing_token, LONG_MS).await,
+        Err(RenewRefusal::Session(SessionRefusal::Expired))
+    );
+    assert_eq!(live_grant(&store, "k").await, None);
+}
+
+// ---------------------------------------------------------------------------------------
+// Release (L6).
+// ---------------------------------------------------------------------------------------
+
+pub async fn release_is_compare_and_delete_on_key_and_token(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, 0).await;
+    let other = grant(&store, "k-other", &a, LONG_MS, 0).await;
+    let t = g.fencing_token;
+    // Wrong token on the right key, right token on the wrong key: nothing deleted.
+    assert_eq!(release(&store, "k", t + 1_000).await, Err(Some(t)));
+    assert_eq!(release(&store, "k-other", t).await, Err(Some(other.fencing_token)));
+    assert_eq!(live_grant(&store, "k").await, Some(g.clone()));
+    assert_eq!(live_grant(&store, "k-other").await, Some(other.clone()));
+    // The exact pair deletes exactly that grant.
+    assert_eq!(release(&store, "k", t).await, Ok(()));
+    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: None }));
+    assert_eq!(live_grant(&store, "k-other").await, Some(other));
+    assert_eq!(heartbeat(&store, a.session_id).await.map(|(_, n)| n), Ok(1));
+    // Releasing again: no row any more.
+    assert_eq!(release(&store, "k", t).await, Err(None));
+}
+
+pub async fn stale_release_never_frees_the_newer_holders_grant(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let old = grant(&store, "k", &a, SHORT_MS, 0).await;
+    wait_past(&store, old.expires_at_ms).await;
+    let newer = grant(&store, "k", &b, LONG_MS, 0).await;
+    assert!(newer.fencing_token > old.fencing_token);
+    assert_eq!(release(&store, "k", old.fencing_token).await, Err(Some(newer.fencing_token)));
+    assert_eq!(live_grant(&store, "k").await, Some(newer.clone()));
+    renew(&store, "k", &b, newer.fencing_token, LONG_MS).await.expect("the newer holder still holds");
+    assert_eq!(release(&store, "k", newer.fencing_token).await, Ok(()));
+}
+
+pub async fn release_of_a_never_granted_key_is_none(store: Store) {
+    assert_eq!(release(&store, "never", 1).await, Err(None));
+    assert_eq!(release(&store, "never", i64::MAX).await, Err(None));
+    assert_eq!(info(&store, "never").await, None, "a refused release does not make the key seen");
+}
+
+pub async fn release_of_a_dead_grant_is_refused(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let g = grant(&store, "k", &a, SHORT_MS, 0).await;
+    wait_past(&store, g.expires_at_ms).await;
+    // No live grant (k, token): refused; the dead row, if it lingers, reports its token.
+    let r = release(&store, "k", g.fencing_token).await;
+    assert!(r == Err(None) || r == Err(Some(g.fencing_token)), "{r:?}");
+    grant(&store, "k", &b, LONG_MS, 0).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Info (L7).
+// ---------------------------------------------------------------------------------------
+
+pub async fn info_is_none_for_a_never_seen_key_and_shows_only_the_live_grant(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    assert_eq!(info(&store, "k").await, None);
+    let g = grant(&store, "k", &a, LONG_MS, 0).await;
+    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: Some(g.clone()) }));
+    assert_eq!(info(&store, "k-unrelated").await, None);
+    assert_eq!(release(&store, "k", g.fencing_token).await, Ok(()));
+    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: None }), "released, but still seen");
+    // A lapsed lease is not shown as held.
+    let short = grant(&store, "k", &a, SHORT_MS, 0).await;
+    wait_past(&store, short.expires_at_ms).await;
+    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: None }));
+}
+
+// ---------------------------------------------------------------------------------------
+// Revoke (L8).
+// ---------------------------------------------------------------------------------------
+
+pub async fn revoke_of_a_key_without_a_live_grant_is_not_held(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    assert_eq!(revoke(&store, "never", None).await, Err(RevokeRefusal::NotHeld));
+    assert_eq!(revoke(&store, "never", Some(7)).await, Err(RevokeRefusal::NotHeld), "not Stale: nothing is held");
+    let g = grant(&store, "k-released", &a, LONG_MS, 0).await;
+    assert_eq!(release(&store, "k-released", g.fencing_token).await, Ok(()));
+    assert_eq!(revoke(&store, "k-released", None).await, Err(RevokeRefusal::NotHeld));
+    let short = grant(&store, "k-lapsed", &a, SHORT_MS, 0).await;
+    wait_past(&store, short.expires_at_ms).await;
+    assert_eq!(revoke(&store, "k-lapsed", Some(short.fencing_token)).await, Err(RevokeRefusal::NotHeld));
+    assert!(grant(&store, "k-next", &a, LONG_MS, 0).await.fencing_token > short.fencing_token);
+}
+
+pub async fn revoke_with_a_stale_expected_token_is_refused_and_leaves_the_grant(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, 0).await;
+    let t = g.fencing_token;
+    assert_eq!(revoke(&store, "k", Some(t + 1)).await, Err(RevokeRefusal::Stale { current_token: t }));
+    assert_eq!(revoke(&store, "k", Some(t - 1)).await, Err(RevokeRefusal::Stale { current_token: t }));
+    assert_eq!(live_grant(&store, "k").await, Some(g.clone()));
+    renew(&store, "k", &a, t, LONG_MS).await.expect("the holder still holds");
+    assert_eq!(revoke(&store, "k", Some(t)).await.map(|r| r.revoked_token), Ok(t));
+}
+
+pub async fn revoke_removes_the_grant_and_raises_the_token_floor(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, DELAY_MS).await;
+    let revocation_id = id();
+    let r = store
+        .revoke("k", "oncall@example", "worker wedged mid-payout", Some(g.fencing_token), revocation_id)
+        .await
+        .expect("revoke")
+        .expect("revoked");
+    assert_eq!((r.revoked_token, r.revocation_id), (g.fencing_token, revocation_id));
+    assert!(r.new_token_floor > r.revoked_token, "floor {} must exceed {}", r.new_token_floor, r.revoked_token);
+    // The grant is gone; the evicted holder can neither renew nor release it.
+    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: None }));
+    assert_eq!(renew(&store, "k", &a, g.fencing_token, LONG_MS).await, Err(RenewRefusal::Lost { stored_token: None }));
+    assert_eq!(release(&store, "k", g.fencing_token).await, Err(None));
+    assert_eq!(heartbeat(&store, a.session_id).await.map(|(_, n)| n), Ok(0), "its session lives on, holding nothing");
+    // The next grant, on any key, exceeds the floor (no lock-delay after a revoke).
+    let next = grant(&store, "k", &b, LONG_MS, DELAY_MS).await;
+    assert!(next.fencing_token > r.new_token_floor, "next {} vs floor {}", next.fencing_token, r.new_token_floor);
+    // Revoke without a CAS guard; the floor only rises.
+    let r2 = revoke(&store, "k", None).await.expect("revoked");
+    assert_eq!(r2.revoked_token, next.fencing_token);
+    assert!(r2.new_token_floor > r2.revoked_token && r2.new_token_floor > r.new_token_floor);
+    let other = grant(&store, "k-other", &a, LONG_MS, 0).await;
+    assert!(other.fencing_token > r2.new_token_floor);
+}
+
+// ---------------------------------------------------------------------------------------
+// Reaper.
+// ---------------------------------------------------------------------------------------
+
+pub async fn reaper_marks_lapsed_sessions_and_removes_their_grants(store: Store) {
+    let lapsing = open(&store, "owner-a", SHORT_MS).await;
+    let live = open(&store, "owner-b", LONG_MS).await;
+    grant(&store, "k1", &lapsing, LONG_MS, 0).await;
+    grant(&store, "k2", &lapsing, LONG_MS, 0).await;
+    let kept = grant(&store, "k-live", &live, LONG_MS, 0).await;
+    wait_past(&store, lapsing.expires_at_ms).await;
+    assert_eq!(
+        reap(&store, 100, 0, KEEP_MS).await,
+        ReapReport { expired_sessions: 1, released_grants: 2, forgotten_sessions: 0 }
+    );
+    assert_eq!(heartbeat(&store, lapsing.session_id).await, Err(SessionRefusal::Expired), "marked, remembered");
+    assert_eq!(info(&store, "k1").await, Some(KeyInfo { grant: None }));
+    assert_eq!(release(&store, "k1", 1).await, Err(None), "the reaper removed the row");
+    // The live session and its grant are untouched.
+    assert_eq!(live_grant(&store, "k-live").await, Some(kept));
+    assert_eq!(heartbeat(&store, live.session_id).await.map(|(_, n)| n), Ok(1));
+    // Reaped without delay: free at once.
+    grant(&store, "k1", &live, LONG_MS, 0).await;
+    grant(&store, "k2", &live, LONG_MS, 0).await;
+}
+
+pub async fn reaper_removes_grants_whose_own_lease_lapsed(store: Store) {
+    let s = open(&store, "owner-a", LONG_MS).await;
+    let short = grant(&store, "k-short", &s, SHORT_MS, 0).await;
+    let kept = grant(&store, "k-long", &s, LONG_MS, 0).await;
+    wait_past(&store, short.expires_at_ms).await;
+    assert_eq!(
+        reap(&store, 100, 0, KEEP_MS).await,
+        ReapReport { expired_sessions: 0, released_grants: 1, forgotten_sessions: 0 }
+    );
+    // The row is gone (not merely dead): no stored token any more.
+    assert_eq!(
+        renew(&store, "k-short", &s, short.fencing_token, LONG_MS).await,
+        Err(RenewRefusal::Lost { stored_token: None })
+    );
+    assert_eq!(release(&store, "k-short", short.fencing_token).await, Err(None));
+    assert_eq!(live_grant(&store, "k-long").await, Some(kept));
+    assert_eq!(heartbeat(&store, s.session_id).await.map(|(_, n)| n), Ok(1));
+}
+
+pub async fn reaper_records_lock_delay_for_the_grants_it_removes(store: Store) {
+    let lapsing = open(&store, "owner-a", SHORT_MS).await;
+    let holder = open(&store, "owner-b", LONG_MS).await;
+    let taker = open(&store, "owner-c", LONG_MS).await;
+    let by_session = grant(&store, "k-session", &lapsing, LONG_MS, DELAY_MS).await;
+    let by_lease = grant(&store, "k-lease", &holder, SHORT_MS, DELAY_MS).await;
+    wait_past(&store, lapsing.expires_at_ms.max(by_lease.expires_at_ms)).await;
+    assert_eq!(
+        reap(&store, 100, DELAY_MS, KEEP_MS).await,
+        ReapReport { expired_sessions: 1, released_grants: 2, forgotten_sessions: 0 }
+    );
+    let session_died = by_session.expires_at_ms.min(lapsing.expires_at_ms);
+    let mut delayed = Vec::new();
+    for (key, died_at) in [("k-session", session_died), ("k-lease", by_lease.expires_at_ms)] {
+        let until = assert_delayed(&acquire(&store, key, &taker, LONG_MS, DELAY_MS).await);
+        assert_within(until, died_at + DELAY_MS - EPS_MS, died_at + DELAY_MS + EPS_MS, key);
+        delayed.push((key, until));
+    }
+    for (key, until) in delayed {
+        let (next, refusals) = wait_granted(&store, key, &taker, LONG_MS, DELAY_MS).await;
+        assert!(refusals.iter().all(|r| *r == AcquireRefusal::Delayed { until_ms: until }), "{key}: {refusals:?}");
+        assert!(next.acquired_at_ms >= until, "{key}: granted at {} before {until}", next.acquired_at_ms);
+    }
+}
+
+pub async fn reaper_respects_its_limit(store: Store) {
+    // Three lapsed sessions with one grant each, and a live session with three lapsed leases.
+    let mut lapsing = Vec::new();
+    for i in 0..3 {
+        let s = open(&store, &format!("owner-{i}"), SHORT_MS).await;
+        grant(&store, &format!("k-session-{i}"), &s, LONG_MS, 0).await;
+        lapsing.push(s);
+    }
+    let live = open(&store, "owner-live", LONG_MS).await;
+    let mut last_lease = 0;
+    for i in 0..3 {
+        last_lease = grant(&store, &format!("k-lease-{i}"), &live, SHORT_MS, 0).await.expires_at_ms;
+    }
+    let last_session = lapsing.iter().map(|s| s.expires_at_ms).max().expect("three sessions");
+    wait_past(&store, last_session.max(last_lease)).await;
+    // Limit 1: each pass does at most one row of each kind; passes continue until done.
+    let mut total = ReapReport::default();
+    let mut passes = 0;
+    loop {
+        let r = reap(&store, 1, 0, KEEP_MS).await;
+        if r == ReapReport::default() {
+            break;
+        }
+        passes += 1;
+        assert!(passes <= 10, "reaper never finished: {total:?}");
+        assert!(r.expired_sessions <= 1 && r.forgotten_sessions == 0, "pass {passes}: {r:?}");
+        // A marked session's own grant plus at most one lapsed lease.
+        assert!(r.released_grants <= 2, "pass {passes}: {r:?}");
+        total.expired_sessions += r.expired_sessions;
+        total.released_grants += r.released_grants;
+    }
+    assert_eq!((total.expired_sessions, total.released_grants), (3, 6), "{passes} passes");
+    assert!(passes >= 3, "limit 1 cannot mark three sessions in {passes} passes");
+    // Forgetting is limited too.
+    let mut forgotten = 0;
+    let mut passes = 0;
+    loop {
+        let r = reap(&store, 1, 0, 0).await;
+        if r == ReapReport::default() {
+            break;
+        }
+        passes += 1;
+        assert!(passes <= 10, "reaper never finished forgetting");
+        assert_eq!((r.expired_sessions, r.released_grants), (0, 0), "{r:?}");
+        assert!(r.forgotten_sessions <= 1, "{r:?}");
+        forgotten += r.forgotten_sessions;
+    }
+    assert_eq!((forgotten, passes), (3, 3));
+    for s in &lapsing {
+        assert_eq!(heartbeat(&store, s.session_id).await, Err(SessionRefusal::Unknown));
+    }
+    assert_eq!(heartbeat(&store, live.session_id).await.map(|(_, n)| n), Ok(0));
+}
+
+/// A lapsed session holding a grant, a live session with a lapsed and a live lease.
+async fn reaper_fixture(store: &Store, tag: &str) -> (SessionRow, SessionRow, GrantRow) {
+    let lapsing = open(store, &format!("{tag}-lapsing"), SHORT_MS).await;
+    let live = open(store, &format!("{tag}-live"), LONG_MS).await;
+    grant(store, &format!("{tag}-k-session"), &lapsing, LONG_MS, 0).await;
+    let short = grant(store, &format!("{tag}-k-lease"), &live, SHORT_MS, 0).await;
+    let kept = grant(store, &format!("{tag}-k-live"), &live, LONG_MS, 0).await;
+    wait_past(store, lapsing.expires_at_ms.max(short.expires_at_ms)).await;
+    (lapsing, live, kept)
+}
+
+async fn assert_reaped_state(store: &Store, tag: &str, lapsing: &SessionRow, live: &SessionRow, kept: &GrantRow) {
+    assert_eq!(heartbeat(store, lapsing.session_id).await, Err(SessionRefusal::Expired));
+    assert_eq!(heartbeat(store, live.session_id).await.map(|(_, n)| n), Ok(1));
+    for key in [format!("{tag}-k-session"), format!("{tag}-k-lease")] {
+        assert_eq!(info(store, &key).await, Some(KeyInfo { grant: None }), "{key}");
+        assert_eq!(release(store, &key, kept.fencing_token).await, Err(None), "{key}: row removed");
+    }
+    assert_eq!(live_grant(store, &format!("{tag}-k-live")).await.as_ref(), Some(kept));
+}
+
+pub async fn reaper_is_idempotent(store: Store) {
+    let (lapsing, live, kept) = reaper_fixture(&store, "t").await;
+    assert_eq!(
+        reap(&store, 100, 0, KEEP_MS).await,
+        ReapReport { expired_sessions: 1, released_grants: 2, forgotten_sessions: 0 }
+    );
+    assert_eq!(reap(&store, 100, 0, KEEP_MS).await, ReapReport::default());
+    assert_eq!(reap(&store, 100, DELAY_MS, KEEP_MS).await, ReapReport::default());
+    assert_reaped_state(&store, "t", &lapsing, &live, &kept).await;
+}
+
+pub async fn concurrent_reaper_passes_leave_the_same_final_state(store: Store) {
+    let mut fixtures = Vec::new();
+    for tag in ["a", "b", "c"] {
+        fixtures.push((tag, reaper_fixture(&store, tag).await));
+    }
+    let (r1, r2) = tokio::join!(store.reap(100, 0, KEEP_MS), store.reap(100, 0, KEEP_MS));
+    let (r1, r2) = (r1.expect("reap"), r2.expect("reap"));
+    // Every row is reaped exactly once between the two passes.
+    assert_eq!(
+        (r1.expired_sessions + r2.expired_sessions, r1.released_grants + r2.released_grants),
+        (3, 6),
+        "{r1:?} + {r2:?}"
+    );
+    assert_eq!(r1.forgotten_sessions + r2.forgotten_sessions, 0);
+    assert_eq!(reap(&store, 100, 0, KEEP_MS).await, ReapReport::default());
+    for (tag, (lapsing, live, kept)) in &fixtures {
+        assert_reaped_state(&store, tag, lapsing, live, kept).await;
+    }
+    // Concurrent forgetting, too.
+    let (f1, f2) = tokio::join!(store.reap(100, 0, 0), store.reap(100, 0, 0));
+    let (f1, f2) = (f1.expect("reap"), f2.expect("reap"));
+    assert_eq!(f1.forgotten_sessions + f2.forgotten_sessions, 3, "{f1:?} + {f2:?}");
+    for (_, (lapsing, live, _)) in &fixtures {
+        assert_eq!(heartbeat(&store, lapsing.session_id).await, Err(SessionRefusal::Unknown));
+        assert_eq!(heartbeat(&store, live.session_id).await.map(|(_, n)| n), Ok(1));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Concurrency (invariants 1 and 2).
+// ---------------------------------------------------------------------------------------
+
+pub async fn racing_acquirers_of_one_key_get_exactly_one_grant(store: Store) {
+    const RACERS: usize = 16;
+    let mut sessions = Vec::new();
+    for i in 0..RACERS {
+        sessions.push(open(&store, &format!("racer-{i}"), LONG_MS).await);
+    }
+    let start = Arc::new(tokio::sync::Barrier::new(RACERS));
+    let mut tasks = Vec::new();
+    for s in sessions {
+        let (store, start) = (store.clone(), start.clone());
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            store.acquire("hot", s.session_id, LONG_MS, 0).await.expect("acquire")
+        }));
+    }
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.expect("racer task"));
+    }
+    let winners: Vec<&GrantRow> = outcomes.iter().filter_map(|o| o.as_ref().ok()).collect();
+    assert_eq!(winners.len(), 1, "{outcomes:?}");
+    let winner = winners[0].clone();
+    for o in &outcomes {
+        if let Err(r) = o {
+            assert_eq!(
+                *r,
+                AcquireRefusal::Contended {
+                    holder_owner_id: winner.owner_id.clone(),
+                    expires_at_ms: winner.expires_at_ms
+                }
+            );
+        }
+    }
+    assert_eq!(live_grant(&store, "hot").await, Some(winner));
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Tenure {
+    token: i64,
+    /// Global event sequence numbers: the store granted between `acquire_called` and
+    /// `acquire_returned`, and released between `release_called` and `release_returned`.
+    acquire_returned: u64,
+    release_called: u64,
+}
+
+pub async fn racing_acquire_release_cycles_never_overlap_and_tokens_increase(store: Store) {
+    const TASKS: usize = 4;
+    const GRANTS_EACH: usize = 10;
+    let seq = Arc::new(AtomicU64::new(0));
+    let holders = Arc::new(AtomicI64::new(0));
+    let most_holders = Arc::new(AtomicI64::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        let s = open(&store, &format!("cycler-{i}"), LONG_MS).await;
+        let (store, seq, holders, most_holders) = (store.clone(), seq.clone(), holders.clone(), most_holders.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut tenures = Vec::new();
+            let started = dlock_rt::Instant::now();
+            while tenures.len() < GRANTS_EACH {
+                assert!(started.elapsed() < DEADLINE, "cycler-{i} starved: {} grants", tenures.len());
+                match store.acquire("hot", s.session_id, LONG_MS, 0).await.expect("acquire") {
+                    Ok(g) => {
+                        let acquire_returned = seq.fetch_add(1, Ordering::SeqCst);
+                        let now_holding = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                        most_holders.fetch_max(now_holding, Ordering::SeqCst);
+                        // Hold the key for a moment (the critical section), then let go.
+                        dlock_rt::sleep(Duration::from_millis(1)).await;
+                        holders.fetch_sub(1, Ordering::SeqCst);
+                        let release_called = seq.fetch_add(1, Ordering::SeqCst);
+                        let released = store.release("hot", g.fencing_token).await.expect("release");
+                        assert_eq!(released, Ok(()), "cycler-{i} could not release its own live grant");
+                        tenures.push(Tenure {
+                            token: g.fencing_token,
+                            acquire_returned,
+                            release_called,
+                        });
+                    }
+                    Err(AcquireRefusal::Contended { .. }) => {
+                        // Back off before retrying (a retry pace, not a wait for an event).
+                        dlock_rt::sleep(Duration::from_millis(1)).await;
+                    }
+                    Err(other) => panic!("cycler-{i}: unexpected refusal {other:?}"),
+                }
+            }
+            tenures
+        }));
+    }
+    let mut tenures = Vec::new();
+    for t in tasks {
+        tenures.extend(t.await.expect("cycler task"));
+    }
+    assert_eq!(tenures.len(), TASKS * GRANTS_EACH);
+    assert_eq!(most_holders.load(Ordering::SeqCst), 1, "two tasks held the key at once");
+    // In the order the store granted them, tokens strictly increase and each grant came after
+    // the previous one's release began. (The grant instants may go back by a few ms on a real
+    // database: a transaction reads `now` when it starts and may commit after a shorter
+    // one. A stale `now` only ever shortens a lease, so it is safe, and not promised.)
+    tenures.sort_by_key(|t| t.acquire_returned);
+    for w in tenures.windows(2) {
+        let (prev, next) = (w[0], w[1]);
+        assert!(next.token > prev.token, "token {} granted after {}", next.token, prev.token);
+        assert!(
+            prev.release_called < next.acquire_returned,
+            "grant {} was handed out before grant {} was released: {prev:?} {next:?}",
+            next.token,
+            prev.token
+        );
+    }
+    assert_eq!(info(&store, "hot").await, Some(KeyInfo { grant: None }));
+}
+
+/// Declares one `#[tokio::test]` per case for a backend. `$make` is an async expression that
+/// yields `(Arc<dyn LockStore>, guard)`; the guard (a temp dir, a database handle) lives as
+/// long as the test. Every case gets a fresh store.
+#[macro_export]
+macro_rules! lock_store_conformance {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            #[allow(unused_imports)]
+            use super::*;
+            use super::conformance as c;
+            $crate::lock_store_conformance!(@cases $make;
+                ping_answers_and_the_store_clock_does_not_run_backwards,
+                open_session_stores_owner_and_ttl_and_expires_one_ttl_ahead,
+                heartbeat_extends_a_live_session_past_its_first_expiry,
+                heartbeat_counts_only_the_sessions_live_grants,
+                heartbeat_and_close_of_a_never_opened_session_are_unknown,
+                heartbeat_of_a_lapsed_session_is_expired_and_does_not_revive_it,
+                reaper_forgets_an_expired_session_after_retention_then_it_is_unknown,
+                close_forgets_the_session_and_releases_its_grants_without_lock_delay,
+                close_of_a_lapsed_session_keeps_the_lock_delay_of_its_lost_grants,
+                acquire_grants_a_fresh_token_to_a_live_session,
+                acquire_by_another_session_is_contended_with_the_holder_and_its_expiry,
+                acquire_by_the_holding_session_is_already_held_not_reentrant,
+                acquire_by_an_expired_session_is_refused_even_when_the_key_is_free,
+                acquire_by_an_unknown_session_is_refused,
+                lapsed_lease_frees_the_key_for_another_session,
+                lapsed_session_frees_the_key_for_another_session,
+                lapsed_lease_imposes_lock_delay_until_death_plus_delay,
+                lapsed_session_imposes_lock_delay_from_the_session_expiry,
+                release_close_and_revoke_impose_no_lock_delay,
+                tokens_strictly_increase_across_keys_and_sessions_and_are_never_reused,
+                renew_extends_the_lease_and_keeps_the_token,
+                renew_refuses_a_wrong_token_another_session_or_a_dead_grant_as_lost,
+                renew_by_an_expired_or_unknown_session_is_a_session_refusal,
+                release_is_compare_and_delete_on_key_and_token,
+                stale_release_never_frees_the_newer_holders_grant,
+                release_of_a_never_granted_key_is_none,
+                release_of_a_dead_grant_is_refused,
+                info_is_none_for_a_never_seen_key_and_shows_only_the_live_grant,
+                revoke_of_a_key_without_a_live_grant_is_not_held,
+                revoke_with_a_stale_expected_token_is_refused_and_leaves_the_grant,
+                revoke_removes_the_grant_and_raises_the_token_floor,
+                reaper_marks_lapsed_sessions_and_removes_their_grants,
+                reaper_removes_grants_whose_own_lease_lapsed,
+                reaper_records_lock_delay_for_the_grants_it_removes,
+                reaper_respects_its_limit,
+                reaper_is_idempotent,
+                concurrent_reaper_passes_leave_the_same_final_state,
+                racing_acquirers_of_one_key_get_exactly_one_grant,
+                racing_acquire_release_cycles_never_overlap_and_tokens_increase
+            );
+        }
+    };
+    (@cases $make:expr; $($case:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let (store, _guard) = $make.await;
+                c::$case(store).await;
+            }
+        )*
+    };
+}

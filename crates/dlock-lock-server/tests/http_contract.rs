@@ -1,0 +1,346 @@
+//! The lock server's HTTP contract (C3 §3.3, L1–L8), in process over the simulation store:
+//! every row and code of the table, and the envelope on every refusal. The store's own
+//! semantics are held to SQL by the conformance suite; this file proves the wire.
+
+#![cfg(not(madsim))]
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use dlock_contract::CONTENT_TYPE_JSON;
+use dlock_lock_server::service::{LockServer, LockServerConfig};
+use dlock_lock_server::store_mem::MemLockStore;
+use dlock_rt::Clock;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+fn app_with(cfg: LockServerConfig) -> (axum::Router, Arc<LockServer>) {
+    let server = LockServer::new(Arc::new(MemLockStore::new(Clock::system())), cfg, Clock::system());
+    (dlock_lock_server::app::router(server.clone()), server)
+}
+
+fn app() -> axum::Router {
+    app_with(LockServerConfig::default()).0
+}
+
+async fn call(
+    app: &axum::Router,
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut b = axum::http::Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = match body {
+        Some(v) => b.header("content-type", "application/json").body(Body::from(v.to_string())),
+        None => b.body(Body::empty()),
+    }
+    .expect("request");
+    let resp = app.clone().oneshot(req).await.expect("infallible");
+    let status = resp.status().as_u16();
+    if status >= 400 {
+        let ct = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        assert_eq!(ct, CONTENT_TYPE_JSON, "{method} {uri}");
+    }
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+const OWNER: (&str, &str) = ("x-owner-id", "worker-1");
+
+async fn session(app: &axum::Router, owner: &str, ttl: i64) -> String {
+    let (s, v) = call(app, "POST", "/v1/sessions", &[("x-owner-id", owner)], Some(json!({ "ttlMillis": ttl }))).await;
+    assert_eq!(s, 201, "{v}");
+    v["sessionId"].as_str().expect("sessionId").to_owned()
+}
+
+async fn acquire(app: &axum::Router, key: &str, sid: &str, owner: &str, extra: Value) -> (u16, Value) {
+    let mut body = json!({ "sessionId": sid });
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    call(app, "POST", &format!("/v1/locks/{key}/acquire"), &[("x-owner-id", owner)], Some(body)).await
+}
+
+#[tokio::test]
+async fn l1_opens_a_session_with_the_ttl_clamped_into_range() {
+    let app = app();
+    for (asked, granted) in [(5, 1_000), (5_000, 5_000), (600_000, 60_000)] {
+        let (s, v) = call(&app, "POST", "/v1/sessions", &[OWNER], Some(json!({ "ttlMillis": asked }))).await;
+        assert_eq!(s, 201);
+        assert_eq!(v["ttlMillis"], granted);
+        assert_eq!(v["ownerId"], "worker-1");
+        assert!(v["expiresAt"].as_str().is_some_and(|t| t.ends_with('Z')));
+    }
+    // ownerId in the body instead of the header.
+    let (s, v) = call(&app, "POST", "/v1/sessions", &[], Some(json!({ "ownerId": "w-2" }))).await;
+    assert_eq!((s, v["ownerId"].as_str()), (201, Some("w-2")));
+    // Neither, or disagreeing: VALIDATION_FAILED.
+    let (s, v) = call(&app, "POST", "/v1/sessions", &[], Some(json!({}))).await;
+    assert_eq!((s, v["code"].as_str()), (400, Some("VALIDATION_FAILED")));
+    let (s, _) = call(&app, "POST", "/v1/sessions", &[OWNER], Some(json!({ "ownerId": "other" }))).await;
+    assert_eq!(s, 400);
+}
+
+#[tokio::test]
+async fn l2_heartbeat_reports_held_locks_and_server_time_and_distinguishes_unknown() {
+    let app = app();
+    let sid = session(&app, "worker-1", 5_000).await;
+    assert_eq!(acquire(&app, "k1", &sid, "worker-1", json!({})).await.0, 200);
+    let (s, v) = call(&app, "POST", &format!("/v1/sessions/{sid}/heartbeat"), &[OWNER], None).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["heldLockCount"], 1);
+    assert!(v["serverTime"].is_string() && v["expiresAt"].is_string());
+    let unknown = uuid::Uuid::new_v4();
+    let (s, v) = call(&app, "POST", &format!("/v1/sessions/{unknown}/heartbeat"), &[OWNER], None).await;
+    assert_eq!((s, v["code"].as_str(), v["retrySafe"].as_bool()), (404, Some("SESSION_UNKNOWN"), Some(false)));
+}
+
+#[tokio::test]
+async fn l2_lapsed_session_is_expired_not_unknown() {
+    let (app, server) = app_with(LockServerConfig::default());
+    let (_, opened) = call(&app, "POST", "/v1/sessions", &[OWNER], Some(json!({ "ttlMillis": 1_000 }))).await;
+    let sid = opened["sessionId"].as_str().expect("sessionId").to_owned();
+    let expires = chrono::DateTime::parse_from_rfc3339(opened["expiresAt"].as_str().expect("expiresAt"))
+        .expect("rfc3339")
+        .timestamp_millis();
+    // Wait on the backend's clock (not by heartbeating, which would keep it alive).
+    let lapsed = dlock_rt::wait_until(dlock_rt::Duration::from_millis(20), dlock_rt::Duration::from_secs(5), || {
+        let server = server.clone();
+        async move { server.store.now_ms().await.ok().filter(|now| *now > expires) }
+    })
+    .await;
+    assert!(lapsed.is_some());
+    let (s, v) = call(&app, "POST", &format!("/v1/sessions/{sid}/heartbeat"), &[OWNER], None).await;
+    assert_eq!((s, v["code"].as_str()), (410, Some("SESSION_EXPIRED")));
+}
+
+#[tokio::test]
+async fn l3_closing_a_session_releases_its_locks_and_forgets_it() {
+    let app = app();
+    let a = session(&app, "worker-1", 5_000).await;
+    let b = session(&app, "worker-2", 5_000).await;
+    assert_eq!(acquire(&app, "k", &a, "worker-1", json!({})).await.0, 200);
+    let (s, _) = call(&app, "DELETE", &format!("/v1/sessions/{a}"), &[OWNER], None).await;
+    assert_eq!(s, 204);
+    assert_eq!(acquire(&app, "k", &b, "worker-2", json!({})).await.0, 200);
+    let (s, v) = call(&app, "DELETE", &format!("/v1/sessions/{a}"), &[OWNER], None).await;
+    assert_eq!((s, v["code"].as_str()), (404, Some("SESSION_UNKNOWN")));
+}
+
+#[tokio::test]
+async fn l4_grants_a_fresh_token_and_contended_answers_name_the_holder() {
+    let app = app();
+    let a = session(&app, "worker-1", 5_000).await;
+    let b = session(&app, "worker-2", 5_000).await;
+    let (s, g) = acquire(&app, "payout:acct-1", &a, "worker-1", json!({ "ttlMillis": 4_000 })).await;
+    assert_eq!(s, 200, "{g}");
+    for field in ["key", "ownerId", "sessionId", "fencingToken", "acquiredAt", "expiresAt"] {
+        assert!(!g[field].is_null(), "LockGrant.{field} missing: {g}");
+    }
+    let (s, v) = acquire(&app, "payout:acct-1", &b, "worker-2", json!({})).await;
+    assert_eq!(s, 409);
+    assert_eq!(v["code"], "LOCK_CONTENDED");
+    assert_eq!(v["retrySafe"], true);
+    assert!(v["retryAfterMillis"].as_u64().is_some_and(|ms| ms > 0));
+    assert_eq!(v["details"]["holderOwnerId"], "worker-1");
+    assert_eq!(v["details"]["expiresAt"], g["expiresAt"]);
+    // A later grant of another key gets a larger token.
+    let (_, g2) = acquire(&app, "payout:acct-2", &b, "worker-2", json!({})).await;
+    assert!(g2["fencingToken"].as_i64() > g["fencingToken"].as_i64());
+}
+
+#[tokio::test]
+async fn l4_rejects_bad_keys_and_out_of_range_waits() {
+    let app = app();
+    let a = session(&app, "worker-1", 5_000).await;
+    let long = "k".repeat(129);
+    for key in ["bad%20key", long.as_str()] {
+        let (s, v) = acquire(&app, key, &a, "worker-1", json!({})).await;
+        assert_eq!((s, v["code"].as_str()), (400, Some("VALIDATION_FAILED")), "{key}");
+    }
+    let (s, v) = acquire(&app, "k", &a, "worker-1", json!({ "waitMillis": 30_001 })).await;
+    assert_eq!((s, v["code"].as_str()), (400, Some("VALIDATION_FAILED")));
+    let (s, v) = acquire(&app, "k", "not-a-uuid", "worker-1", json!({})).await;
+    assert_eq!((s, v["code"].as_str()), (400, Some("VALIDATION_FAILED")));
+    let unknown = uuid::Uuid::new_v4().to_string();
+    let (s, v) = acquire(&app, "k", &unknown, "worker-1", json!({})).await;
+    assert_eq!((s, v["code"].as_str()), (404, Some("SESSION_UNKNOWN")));
+    let (s, v) = call(&app, "POST", "/v1/locks/k/acquire", &[], Some(json!({ "sessionId": a }))).await;
+    assert_eq!((s, v["code"].as_str()), (400, Some("VALIDATION_FAILED")), "X-Owner-Id is required");
+}
+
+#[tokio::test]
+async fn l4_waiter_is_granted_when_the_holder_releases() {
+    let app = app();
+    let a = session(&app, "worker-1", 10_000).await;
+    let b = session(&app, "worker-2", 10_000).await;
+    let (_, g) = acquire(&app, "k", &a, "worker-1", json!({})).await;
+    let token = g["fencingToken"].as_i64().expect("token").to_string();
+    let waiter = {
+        let app = app.clone();
+        let b = b.clone();
+        tokio::spawn(async move { acquire(&app, "k", &b, "worker-2", json!({ "waitMillis": 5_000 })).await })
+    };
+    let queued = dlock_rt::wait_until(dlock_rt::Duration::from_millis(10), dlock_rt::Duration::from_secs(5), || {
+        let app = app.clone();
+        async move { (call(&app, "GET", "/v1/locks/k", &[], None).await.1["waiterCount"] == 1).then_some(()) }
+    })
+    .await;
+    assert!(queued.is_some(), "the waiter never queued");
+    let (s, _) =
+        call(&app, "DELETE", "/v1/locks/k", &[OWNER, ("x-fencing-token", &token)], Some(json!({ "sessionId": a })))
+            .await;
+    assert_eq!(s, 204);
+    let (s, g2) = waiter.await.expect("waiter");
+    assert_eq!(s, 200, "{g2}");
+    assert_eq!(g2["ownerId"], "worker-2");
+    assert!(g2["fencingToken"].as_i64() > g["fencingToken"].as_i64());
+}
+
+#[tokio::test]
+async fn l4_waiters_past_the_cap_get_contention_exceeded() {
+    let (app, _server) = app_with(LockServerConfig { waiters_per_key_max: 1, ..LockServerConfig::default() });
+    let a = session(&app, "worker-1", 10_000).await;
+    let b = session(&app, "worker-2", 10_000).await;
+    let c = session(&app, "worker-3", 10_000).await;
+    assert_eq!(acquire(&app, "k", &a, "worker-1", json!({})).await.0, 200);
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move { acquire(&app, "k", &b, "worker-2", json!({ "waitMillis": 1_000 })).await })
+    };
+    let queued = dlock_rt::wait_until(dlock_rt::Duration::from_millis(10), dlock_rt::Duration::from_secs(5), || {
+        let app = app.clone();
+        async move { (call(&app, "GET", "/v1/locks/k", &[], None).await.1["waiterCount"] == 1).then_some(()) }
+    })
+    .await;
+    assert!(queued.is_some());
+    let (s, v) = acquire(&app, "k", &c, "worker-3", json!({ "waitMillis": 1_000 })).await;
+    assert_eq!((s, v["code"].as_str()), (429, Some("CONTENTION_EXCEEDED")));
+    assert!(v["retryAfterMillis"].as_u64().is_some_and(|ms| ms > 0));
+    // The first waiter times out with LOCK_CONTENDED, and leaves the queue.
+    let (s, v) = first.await.expect("waiter");
+    assert_eq!((s, v["code"].as_str()), (409, Some("LOCK_CONTENDED")));
+    assert_eq!(call(&app, "GET", "/v1/locks/k", &[], None).await.1["waiterCount"], 0);
+}
+
+#[tokio::test]
+async fn l5_renew_keeps_the_token_and_a_dead_grant_is_lock_lost() {
+    let app = app();
+    let a = session(&app, "worker-1", 10_000).await;
+    let (_, g) = acquire(&app, "k", &a, "worker-1", json!({ "ttlMillis": 2_000 })).await;
+    let token = g["fencingToken"].as_i64().expect("token").to_string();
+    let (s, r) = call(
+        &app,
+        "POST",
+        "/v1/locks/k/renew",
+        &[OWNER, ("x-fencing-token", &token)],
+        Some(json!({ "sessionId": a, "ttlMillis": 5_000 })),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["fencingToken"], g["fencingToken"]);
+    assert!(r["expiresAt"].as_str() > g["expiresAt"].as_str());
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/locks/k/renew",
+        &[OWNER, ("x-fencing-token", "999999")],
+        Some(json!({ "sessionId": a })),
+    )
+    .await;
+    assert_eq!((s, v["code"].as_str()), (409, Some("LOCK_LOST")));
+    assert_eq!(v["details"]["storedToken"], g["fencingToken"]);
+    for bad in ["0", "-3", "05", ""] {
+        let (s, v) = call(
+            &app,
+            "POST",
+            "/v1/locks/k/renew",
+            &[OWNER, ("x-fencing-token", bad)],
+            Some(json!({ "sessionId": a })),
+        )
+        .await;
+        assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_TOKEN")), "{bad:?}");
+    }
+}
+
+#[tokio::test]
+async fn l6_stale_release_is_lock_lost_and_never_frees_the_newer_grant() {
+    let app = app();
+    let a = session(&app, "worker-1", 10_000).await;
+    let b = session(&app, "worker-2", 10_000).await;
+    let (_, g1) = acquire(&app, "k", &a, "worker-1", json!({})).await;
+    let t1 = g1["fencingToken"].as_i64().expect("token").to_string();
+    assert_eq!(call(&app, "DELETE", &format!("/v1/sessions/{a}"), &[OWNER], None).await.0, 204);
+    let (_, g2) = acquire(&app, "k", &b, "worker-2", json!({})).await;
+    // The old holder's release, with its old token: benign LOCK_LOST; the new grant stands.
+    let (s, v) =
+        call(&app, "DELETE", &format!("/v1/locks/k?sessionId={a}"), &[OWNER, ("x-fencing-token", &t1)], None).await;
+    assert_eq!((s, v["code"].as_str()), (409, Some("LOCK_LOST")));
+    assert_eq!(v["details"]["storedToken"], g2["fencingToken"]);
+    let (_, info) = call(&app, "GET", "/v1/locks/k", &[], None).await;
+    assert_eq!((info["held"].as_bool(), info["fencingToken"].clone()), (Some(true), g2["fencingToken"].clone()));
+}
+
+#[tokio::test]
+async fn l7_info_is_404_for_a_never_seen_key_and_advisory_otherwise() {
+    let app = app();
+    let (s, v) = call(&app, "GET", "/v1/locks/never", &[], None).await;
+    assert_eq!((s, v["code"].as_str()), (404, Some("NOT_FOUND")));
+    let a = session(&app, "worker-1", 10_000).await;
+    let (_, g) = acquire(&app, "k", &a, "worker-1", json!({})).await;
+    let (s, v) = call(&app, "GET", "/v1/locks/k", &[], None).await;
+    assert_eq!(s, 200);
+    assert_eq!(v["held"], true);
+    assert_eq!(v["ownerId"], "worker-1");
+    assert_eq!(v["fencingToken"], g["fencingToken"]);
+    assert_eq!(v["waiterCount"], 0);
+    let token = g["fencingToken"].as_i64().expect("token").to_string();
+    call(&app, "DELETE", "/v1/locks/k", &[OWNER, ("x-fencing-token", &token)], Some(json!({ "sessionId": a }))).await;
+    let (s, v) = call(&app, "GET", "/v1/locks/k", &[], None).await;
+    assert_eq!((s, v["held"].as_bool()), (200, Some(false)));
+    assert!(v.get("fencingToken").is_none());
+}
+
+#[tokio::test]
+async fn l8_revoke_raises_the_floor_and_validates_its_request() {
+    let app = app();
+    let a = session(&app, "worker-1", 10_000).await;
+    let b = session(&app, "worker-2", 10_000).await;
+    let (_, g) = acquire(&app, "k", &a, "worker-1", json!({})).await;
+    let revoke = |body: Value| {
+        let app = app.clone();
+        async move { call(&app, "POST", "/v1/locks/k/revoke", &[("x-owner-id", "ops")], Some(body)).await }
+    };
+    let (s, v) = revoke(json!({ "operator": "alice", "reason": "short" })).await;
+    assert_eq!((s, v["code"].as_str()), (400, Some("VALIDATION_FAILED")));
+    let (s, v) =
+        revoke(json!({ "operator": "alice", "reason": "stuck holder on acct", "expectedToken": 1_000_000 })).await;
+    assert_eq!((s, v["code"].as_str()), (409, Some("FENCED_OUT")));
+    let (s, v) =
+        revoke(json!({ "operator": "alice", "reason": "stuck holder on acct", "expectedToken": g["fencingToken"] }))
+            .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["revokedToken"], g["fencingToken"]);
+    assert!(v["newTokenFloor"].as_i64() > g["fencingToken"].as_i64());
+    assert!(v["revocationId"].is_string());
+    let (s, v2) = revoke(json!({ "operator": "alice", "reason": "stuck holder on acct" })).await;
+    assert_eq!((s, v2["code"].as_str()), (404, Some("NOT_FOUND")));
+    // Every later grant exceeds the floor.
+    let (_, g2) = acquire(&app, "k", &b, "worker-2", json!({})).await;
+    assert!(g2["fencingToken"].as_i64() > v["newTokenFloor"].as_i64());
+}
+
+#[tokio::test]
+async fn every_refusal_is_the_envelope() {
+    let app = app();
+    for (method, uri) in [("GET", "/v1/nope"), ("PUT", "/v1/sessions"), ("GET", "/v1/locks/k/acquire")] {
+        let (s, v) = call(&app, method, uri, &[], None).await;
+        assert!(s == 404 || s == 405, "{method} {uri}: {s}");
+        assert!(v["code"].is_string() && v["traceId"].is_string(), "{v}");
+    }
+}
