@@ -344,3 +344,137 @@ async fn every_refusal_is_the_envelope() {
         assert!(v["code"].is_string() && v["traceId"].is_string(), "{v}");
     }
 }
+
+/// A store whose backend is gone: every call fails as an unreachable database would.
+struct Unreachable;
+
+#[async_trait::async_trait]
+impl dlock_lock_server::store::LockStore for Unreachable {
+    async fn ping(&self) -> Result<(), StoreError> {
+        Err(gone())
+    }
+    async fn now_ms(&self) -> Result<i64, StoreError> {
+        Err(gone())
+    }
+    async fn open_session(&self, _: uuid::Uuid, _: &str, _: i64) -> Result<SessionRow, StoreError> {
+        Err(gone())
+    }
+    async fn heartbeat(&self, _: uuid::Uuid) -> Result<Result<(SessionRow, i64), SessionRefusal>, StoreError> {
+        Err(gone())
+    }
+    async fn close_session(&self, _: uuid::Uuid, _: i64) -> Result<Result<(), SessionRefusal>, StoreError> {
+        Err(gone())
+    }
+    async fn acquire(
+        &self,
+        _: &str,
+        _: uuid::Uuid,
+        _: i64,
+        _: i64,
+    ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
+        Err(gone())
+    }
+    async fn renew(
+        &self,
+        _: &str,
+        _: uuid::Uuid,
+        _: i64,
+        _: i64,
+    ) -> Result<Result<GrantRow, RenewRefusal>, StoreError> {
+        Err(gone())
+    }
+    async fn release(&self, _: &str, _: i64) -> Result<Result<(), Option<i64>>, StoreError> {
+        Err(gone())
+    }
+    async fn info(&self, _: &str) -> Result<Option<KeyInfo>, StoreError> {
+        Err(gone())
+    }
+    async fn revoke(
+        &self,
+        _: &str,
+        _: &str,
+        _: &str,
+        _: Option<i64>,
+        _: uuid::Uuid,
+    ) -> Result<Result<Revocation, RevokeRefusal>, StoreError> {
+        Err(gone())
+    }
+    async fn reap(&self, _: i64, _: i64, _: i64) -> Result<ReapReport, StoreError> {
+        Err(gone())
+    }
+}
+
+fn gone() -> StoreError {
+    StoreError::Unavailable("connection refused".into())
+}
+
+use dlock_lock_server::store::{
+    AcquireRefusal, GrantRow, KeyInfo, ReapReport, RenewRefusal, Revocation, RevokeRefusal, SessionRefusal, SessionRow,
+    StoreError,
+};
+
+#[tokio::test]
+async fn an_unreachable_backend_is_not_leader_never_a_guess() {
+    let server = LockServer::new(Arc::new(Unreachable), LockServerConfig::default(), Clock::system());
+    let app = dlock_lock_server::app::router(server);
+    let sid = uuid::Uuid::new_v4().to_string();
+    let cases: Vec<(&str, String, Option<Value>, Vec<(&str, &str)>)> = vec![
+        ("POST", "/v1/sessions".into(), Some(json!({})), vec![OWNER]),
+        ("POST", format!("/v1/sessions/{sid}/heartbeat"), None, vec![OWNER]),
+        ("DELETE", format!("/v1/sessions/{sid}"), None, vec![OWNER]),
+        ("POST", "/v1/locks/k/acquire".into(), Some(json!({ "sessionId": sid })), vec![OWNER]),
+        ("POST", "/v1/locks/k/renew".into(), Some(json!({ "sessionId": sid })), vec![OWNER, ("x-fencing-token", "5")]),
+        ("DELETE", format!("/v1/locks/k?sessionId={sid}"), None, vec![OWNER, ("x-fencing-token", "5")]),
+        ("GET", "/v1/locks/k".into(), None, vec![]),
+        ("POST", "/v1/locks/k/revoke".into(), Some(json!({ "operator": "o", "reason": "long enough" })), vec![OWNER]),
+    ];
+    for (method, uri, body, headers) in cases {
+        let (s, v) = call(&app, method, &uri, &headers, body).await;
+        assert_eq!((s, v["code"].as_str()), (503, Some("NOT_LEADER")), "{method} {uri}: {v}");
+        assert_eq!(v["retrySafe"], true);
+        assert!(v["retryAfterMillis"].as_u64().is_some_and(|ms| ms > 0));
+        assert!(!v.to_string().contains("connection refused"), "internal cause leaked: {v}");
+    }
+    let (s, v) = call(&app, "GET", "/health/ready", &[], None).await;
+    assert_eq!((s, v["code"].as_str()), (503, Some("NOT_READY")));
+    assert_eq!(call(&app, "GET", "/health/live", &[], None).await.0, 200);
+}
+
+#[tokio::test]
+async fn a_waiter_whose_session_lapses_while_it_waits_is_never_granted() {
+    let (app, server) = app_with(LockServerConfig { wait_poll_ms: 10, ..LockServerConfig::default() });
+    let holder = session(&app, "holder", 30_000).await;
+    let waiter = session(&app, "waiter", 1_000).await;
+    let (_, g) = acquire(&app, "k", &holder, "holder", json!({})).await;
+    let token = g["fencingToken"].as_i64().expect("token").to_string();
+    let waiting = {
+        let app = app.clone();
+        let waiter = waiter.clone();
+        tokio::spawn(async move { acquire(&app, "k", &waiter, "waiter", json!({ "waitMillis": 10_000 })).await })
+    };
+    // The waiter sends no heartbeat: wait on the backend's clock until its session lapsed.
+    let lapsed = dlock_rt::wait_until(dlock_rt::Duration::from_millis(20), dlock_rt::Duration::from_secs(5), || {
+        let server = server.clone();
+        let waiter = waiter.clone();
+        async move {
+            let id = uuid::Uuid::parse_str(&waiter).ok()?;
+            let acquired = server.store.acquire("probe", id, 1_000, 0).await.ok()?;
+            matches!(acquired, Err(AcquireRefusal::Session(SessionRefusal::Expired))).then_some(())
+        }
+    })
+    .await;
+    assert!(lapsed.is_some(), "the waiter's session never lapsed");
+    let released = call(
+        &app,
+        "DELETE",
+        "/v1/locks/k",
+        &[("x-owner-id", "holder"), ("x-fencing-token", &token)],
+        Some(json!({ "sessionId": holder })),
+    )
+    .await;
+    assert_eq!(released.0, 204);
+    let (s, v) = waiting.await.expect("waiter");
+    assert_eq!((s, v["code"].as_str()), (410, Some("SESSION_EXPIRED")), "{v}");
+    let (_, info) = call(&app, "GET", "/v1/locks/k", &[], None).await;
+    assert_eq!(info["held"], false, "the lapsed waiter was granted: {info}");
+}
