@@ -413,12 +413,15 @@ use dlock_lock_server::store::{
     StoreError,
 };
 
+/// A request: method, path, JSON body, headers.
+type Case = (&'static str, String, Option<Value>, Vec<(&'static str, &'static str)>);
+
 #[tokio::test]
 async fn an_unreachable_backend_is_not_leader_never_a_guess() {
     let server = LockServer::new(Arc::new(Unreachable), LockServerConfig::default(), Clock::system());
     let app = dlock_lock_server::app::router(server);
     let sid = uuid::Uuid::new_v4().to_string();
-    let cases: Vec<(&str, String, Option<Value>, Vec<(&str, &str)>)> = vec![
+    let cases: Vec<Case> = vec![
         ("POST", "/v1/sessions".into(), Some(json!({})), vec![OWNER]),
         ("POST", format!("/v1/sessions/{sid}/heartbeat"), None, vec![OWNER]),
         ("DELETE", format!("/v1/sessions/{sid}"), None, vec![OWNER]),
