@@ -7,13 +7,14 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
+use axum::Extension;
 use chrono::{DateTime, Utc};
 use dlock_contract::lock::{
     clamp_session_ttl_ms, is_lock_key, HeartbeatAck, LockGrant, LockInfo, LockOutcome, SessionOpened, LOCK_TTL_MS_MAX,
     LOCK_TTL_MS_MIN, REVOKE_REASON_CHARS_MIN, REVOKE_TEXT_CHARS_MAX, WAIT_MS_MAX,
 };
 use dlock_contract::{ErrorCode, FieldError, OwnerId};
-use dlock_http::{ApiError, JsonBody};
+use dlock_http::{ApiError, JsonBody, TraceId};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -59,6 +60,11 @@ fn session_refusal(r: SessionRefusal, id: Uuid) -> ApiError {
                 .with_details(json!({ "sessionId": id }))
         }
     }
+}
+
+/// A stored token for a log line: the number, or `none`.
+fn display_token(t: Option<i64>) -> String {
+    t.map_or_else(|| "none".to_owned(), |t| t.to_string())
 }
 
 fn lock_key(raw: &str) -> Result<String, ApiError> {
@@ -134,6 +140,7 @@ fn optional_body(body: Result<JsonBody, ApiError>, headers: &HeaderMap) -> Resul
 // L1
 async fn open_session(
     State(server): State<Arc<LockServer>>,
+    Extension(trace): Extension<TraceId>,
     headers: HeaderMap,
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
@@ -166,7 +173,7 @@ async fn open_session(
     let ttl = clamp_session_ttl_ms(requested.unwrap_or(server.cfg.session_ttl_ms_default));
     let id = dlock_rt::rand::uuid_v4();
     let row = server.store.open_session(id, owner.as_str(), ttl).await.map_err(not_leader)?;
-    tracing::info!(sessionId = %id, ownerId = %owner, ttlMillis = ttl, "session_opened");
+    tracing::info!(sessionId = %id, ownerId = %owner, ttlMillis = ttl, traceId = %trace.0, "session_opened");
     Ok(dlock_http::json(
         StatusCode::CREATED,
         &SessionOpened {
@@ -202,6 +209,7 @@ async fn heartbeat(
 // L3
 async fn close_session(
     State(server): State<Arc<LockServer>>,
+    Extension(trace): Extension<TraceId>,
     Path(session_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -211,13 +219,14 @@ async fn close_session(
         // C3 L3 answers only SESSION_UNKNOWN: a lapsed session is closed all the same.
         SessionRefusal::Unknown | SessionRefusal::Expired => session_refusal(SessionRefusal::Unknown, id),
     })?;
-    tracing::info!(sessionId = %id, ownerId = %owner, "session_closed");
+    tracing::info!(sessionId = %id, ownerId = %owner, traceId = %trace.0, "session_closed");
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 // L4
 async fn acquire(
     State(server): State<Arc<LockServer>>,
+    Extension(trace): Extension<TraceId>,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Result<JsonBody, ApiError>,
@@ -231,11 +240,11 @@ async fn acquire(
     let outcome = server.acquire(&key, session, ttl, wait).await.map_err(not_leader)?;
     match outcome {
         AcquireOutcome::Granted(g) => {
-            tracing::info!(key = %key, ownerId = %owner, sessionId = %session, fencingToken = g.fencing_token, "lock_granted");
+            tracing::info!(key = %key, ownerId = %owner, sessionId = %session, fencingToken = g.fencing_token, traceId = %trace.0, "lock_granted");
             Ok(dlock_http::json(StatusCode::OK, &grant_body(&g)))
         }
         AcquireOutcome::QueueFull => {
-            tracing::warn!(key = %key, ownerId = %owner, waitersMax = server.cfg.waiters_per_key_max, "lock_waiters_full");
+            tracing::warn!(key = %key, ownerId = %owner, waitersMax = server.cfg.waiters_per_key_max, traceId = %trace.0, "lock_waiters_full");
             Err(ApiError::new(ErrorCode::ContentionExceeded, "too many requests are already waiting for this key")
                 .with_retry_after_ms(CONTENTION_RETRY_AFTER_MS)
                 .with_details(json!({ "key": key, "waitersMax": server.cfg.waiters_per_key_max })))
@@ -269,6 +278,7 @@ async fn acquire(
 // L5
 async fn renew(
     State(server): State<Arc<LockServer>>,
+    Extension(trace): Extension<TraceId>,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Result<JsonBody, ApiError>,
@@ -283,7 +293,7 @@ async fn renew(
         Ok(g) => Ok(dlock_http::json(StatusCode::OK, &grant_body(&g))),
         Err(RenewRefusal::Session(r)) => Err(session_refusal(r, session)),
         Err(RenewRefusal::Lost { stored_token }) => {
-            tracing::warn!(key = %key, ownerId = %owner, presentedToken = token.get(), storedToken = ?stored_token, "lock_lost");
+            tracing::warn!(key = %key, ownerId = %owner, presentedToken = token.get(), storedToken = %display_token(stored_token), traceId = %trace.0, "lock_lost");
             Err(ApiError::new(ErrorCode::LockLost, "this grant expired or was taken over; re-acquire, never retry")
                 .with_details(json!({ "key": key, "presentedToken": token.get(), "storedToken": stored_token })))
         }
@@ -299,6 +309,7 @@ struct SessionQuery {
 // L6
 async fn release(
     State(server): State<Arc<LockServer>>,
+    Extension(trace): Extension<TraceId>,
     Path(key): Path<String>,
     Query(query): Query<SessionQuery>,
     headers: HeaderMap,
@@ -316,12 +327,12 @@ async fn release(
         Ok(()) => {
             server.metrics.releases.inc(0);
             server.wake(&key);
-            tracing::info!(key = %key, ownerId = %owner, sessionId = %session, fencingToken = token.get(), "lock_released");
+            tracing::info!(key = %key, ownerId = %owner, sessionId = %session, fencingToken = token.get(), traceId = %trace.0, "lock_released");
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         Err(stored_token) => {
             server.metrics.releases.inc(1);
-            tracing::info!(key = %key, ownerId = %owner, presentedToken = token.get(), storedToken = ?stored_token, "lock_release_stale");
+            tracing::info!(key = %key, ownerId = %owner, presentedToken = token.get(), storedToken = %display_token(stored_token), traceId = %trace.0, "lock_release_stale");
             Err(ApiError::new(
                 ErrorCode::LockLost,
                 "this grant had already expired or been taken over; nothing was released",
@@ -357,6 +368,7 @@ async fn info(State(server): State<Arc<LockServer>>, Path(key): Path<String>) ->
 // L8
 async fn revoke(
     State(server): State<Arc<LockServer>>,
+    Extension(trace): Extension<TraceId>,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Result<JsonBody, ApiError>,
@@ -394,7 +406,7 @@ async fn revoke(
             server.wake(&key);
             tracing::warn!(
                 key = %key, operator = %operator, reason = %reason, requestedBy = %owner,
-                revokedToken = r.revoked_token, newTokenFloor = r.new_token_floor, revocationId = %id,
+                revokedToken = r.revoked_token, newTokenFloor = r.new_token_floor, revocationId = %id, traceId = %trace.0,
                 "lock_revoked"
             );
             Ok(dlock_http::json(

@@ -117,6 +117,7 @@ trait RowLike {
     fn text(&self, col: &str) -> Result<String, StoreError>;
     fn int(&self, col: &str) -> Result<i64, StoreError>;
     fn opt_int(&self, col: &str) -> Result<Option<i64>, StoreError>;
+    fn opt_text(&self, col: &str) -> Result<Option<String>, StoreError>;
 }
 
 macro_rules! row_like {
@@ -131,6 +132,9 @@ macro_rules! row_like {
             fn opt_int(&self, col: &str) -> Result<Option<i64>, StoreError> {
                 self.try_get(col).map_err(unavailable)
             }
+            fn opt_text(&self, col: &str) -> Result<Option<String>, StoreError> {
+                self.try_get(col).map_err(unavailable)
+            }
         }
     };
 }
@@ -143,15 +147,37 @@ const GRANT_WITH_SESSION: &str = "SELECT g.lock_key, g.session_id, g.owner_id, g
      g.expires_at_ms, s.expires_at_ms AS session_expires_at_ms \
      FROM lock_grants g LEFT JOIN lock_sessions s ON s.session_id = g.session_id WHERE g.lock_key = $1";
 
+/// Everything an acquire decides on, in one round trip: the database's `now`, the caller's
+/// session (`$2`), the key's (`$1`) grant with its session's expiry, and the key's row.
+/// `{NOW}` is replaced by the dialect's clock expression.
+const ACQUIRE_CONTEXT: &str = "SELECT {NOW} AS now_ms,      s.owner_id AS s_owner_id, s.expires_at_ms AS s_expires_at_ms,      g.lock_key, g.session_id, g.owner_id, g.fencing_token, g.acquired_at_ms, g.expires_at_ms,      gs.expires_at_ms AS session_expires_at_ms,      k.lock_key AS k_lock_key, k.delay_until_ms      FROM (SELECT 1 AS one) o      LEFT JOIN lock_sessions s ON s.session_id = $2      LEFT JOIN lock_grants g ON g.lock_key = $1      LEFT JOIN lock_sessions gs ON gs.session_id = g.session_id      LEFT JOIN lock_keys k ON k.lock_key = $1";
+
+/// Compare-and-delete of a live grant, as one statement.
+const RELEASE_LIVE: &str = "DELETE FROM lock_grants WHERE lock_key = $1 AND fencing_token = $2      AND expires_at_ms > {NOW}      AND session_id IN (SELECT session_id FROM lock_sessions WHERE expires_at_ms > {NOW})      RETURNING fencing_token";
+
 /// Raises a key's lock-delay to `$2` (never lowers it).
 const RECORD_DELAY: &str = "UPDATE lock_keys SET delay_until_ms = \
      CASE WHEN COALESCE(delay_until_ms, 0) > $2 THEN delay_until_ms ELSE $2 END WHERE lock_key = $1";
 
 macro_rules! sql_lock_store {
-    ($store:ty, $dialect:expr, $begin:expr, $now:expr, $next_token:expr) => {
+    ($store:ty, $dialect:expr, $begin:expr, $now:expr, $next_token:expr, $key_lock:expr) => {
         impl $store {
             fn q(sql: &str) -> String {
                 $dialect.sql(sql).into_owned()
+            }
+
+            /// Serialises every token-issuing transaction on one key (acquire, revoke) for
+            /// the rest of the transaction, before anything is read. Without it, on
+            /// PostgreSQL, an acquire could draw its token, stall, and commit after a later
+            /// token was granted and released on the same key: tokens would go backwards
+            /// in grant order. SQLite needs nothing: `BEGIN IMMEDIATE` already serialises
+            /// every writer.
+            async fn tx_lock_key(tx: &mut sqlx::Transaction<'_, <$store as DbOf>::Db>, key: &str) -> Result<(), StoreError> {
+                let lock: Option<&str> = $key_lock;
+                if let Some(sql) = lock {
+                    sqlx::query(sql).bind(key.to_owned()).execute(&mut **tx).await.map_err(unavailable)?;
+                }
+                Ok(())
             }
 
             async fn begin(&self) -> Result<sqlx::Transaction<'_, <$store as DbOf>::Db>, StoreError> {
@@ -357,14 +383,27 @@ macro_rules! sql_lock_store {
                 delay_ms: i64,
             ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
                 let mut tx = self.begin().await?;
-                let now = Self::tx_now(&mut tx).await?;
+                Self::tx_lock_key(&mut tx, key).await?;
                 // The session is checked in the same transaction that grants (Jepsen etcd 3.4.3).
-                let owner_id = match Self::tx_session(&mut tx, session_id, now).await? {
-                    Ok((owner, _, _)) => owner,
-                    Err(r) => return Ok(Err(AcquireRefusal::Session(r))),
+                let ctx = sqlx::query(&Self::q(&ACQUIRE_CONTEXT.replace("{NOW}", $now)))
+                    .bind(key.to_owned())
+                    .bind(session_id.to_string())
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                let now = ctx.int("now_ms")?;
+                let owner_id = match (ctx.opt_text("s_owner_id")?, ctx.opt_int("s_expires_at_ms")?) {
+                    (Some(owner), Some(expires)) if now < expires => owner,
+                    (Some(_), Some(_)) => return Ok(Err(AcquireRefusal::Session(SessionRefusal::Expired))),
+                    _ => return Ok(Err(AcquireRefusal::Session(SessionRefusal::Unknown))),
                 };
-                if let Some((g, live, died_at)) = Self::tx_grant(&mut tx, key, now).await? {
-                    if live {
+                let mut delay_until = ctx.opt_int("delay_until_ms")?;
+                let key_seen = ctx.opt_text("k_lock_key")?.is_some();
+                if ctx.opt_text("lock_key")?.is_some() {
+                    let g = grant_of(&ctx)?;
+                    let session_expires = ctx.opt_int("session_expires_at_ms")?;
+                    let died_at = session_expires.map_or(g.expires_at_ms, |e| e.min(g.expires_at_ms));
+                    if now < died_at {
                         return Ok(Err(if g.session_id == session_id {
                             AcquireRefusal::AlreadyHeld { fencing_token: g.fencing_token, expires_at_ms: g.expires_at_ms }
                         } else {
@@ -372,17 +411,11 @@ macro_rules! sql_lock_store {
                         }));
                     }
                     Self::tx_drop_lost(&mut tx, key, g.fencing_token, died_at, delay_ms).await?;
+                    if delay_ms > 0 {
+                        delay_until = Some(delay_until.map_or(died_at + delay_ms, |d| d.max(died_at + delay_ms)));
+                    }
                 }
-                let delay: Option<i64> =
-                    sqlx::query(&Self::q("SELECT delay_until_ms FROM lock_keys WHERE lock_key = $1"))
-                        .bind(key.to_owned())
-                        .fetch_optional(&mut *tx)
-                        .await
-                        .map_err(unavailable)?
-                        .map(|r| r.opt_int("delay_until_ms"))
-                        .transpose()?
-                        .flatten();
-                if let Some(until) = delay.filter(|u| now < *u) {
+                if let Some(until) = delay_until.filter(|u| now < *u) {
                     // Keep the removal of the dead grant: it is part of what this call decided.
                     tx.commit().await.map_err(unavailable)?;
                     return Ok(Err(AcquireRefusal::Delayed { until_ms: until }));
@@ -418,15 +451,20 @@ macro_rules! sql_lock_store {
                         None => AcquireRefusal::Contended { holder_owner_id: String::new(), expires_at_ms: now },
                     }));
                 }
-                sqlx::query(&Self::q(
-                    "INSERT INTO lock_keys (lock_key, first_granted_at_ms, delay_until_ms) VALUES ($1, $2, NULL) \
-                     ON CONFLICT (lock_key) DO UPDATE SET delay_until_ms = NULL",
-                ))
-                .bind(key.to_owned())
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(unavailable)?;
+                if !key_seen || delay_until.is_some() {
+                    // First grant of the key, or a lock-delay that has run out: record the key
+                    // as seen and clear the delay. (A key already seen without a delay needs
+                    // no write: the steady state costs nothing here.)
+                    sqlx::query(&Self::q(
+                        "INSERT INTO lock_keys (lock_key, first_granted_at_ms, delay_until_ms) VALUES ($1, $2, NULL) \
+                         ON CONFLICT (lock_key) DO UPDATE SET delay_until_ms = NULL",
+                    ))
+                    .bind(key.to_owned())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                }
                 tx.commit().await.map_err(unavailable)?;
                 Ok(Ok(GrantRow {
                     key: key.to_owned(),
@@ -456,37 +494,56 @@ macro_rules! sql_lock_store {
                 }) else {
                     return Ok(Err(RenewRefusal::Lost { stored_token: current.map(|(g, _, _)| g.fencing_token) }));
                 };
-                sqlx::query(&Self::q("UPDATE lock_grants SET expires_at_ms = $3 WHERE lock_key = $1 AND fencing_token = $2"))
-                    .bind(key.to_owned())
-                    .bind(token)
-                    .bind(now + ttl_ms)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(unavailable)?;
+                // The grant may have died and been replaced since the read: only a row this
+                // statement actually extended counts.
+                let extended = sqlx::query(&Self::q(
+                    "UPDATE lock_grants SET expires_at_ms = $3 \
+                     WHERE lock_key = $1 AND fencing_token = $2 AND session_id = $4 AND expires_at_ms > $5",
+                ))
+                .bind(key.to_owned())
+                .bind(token)
+                .bind(now + ttl_ms)
+                .bind(session_id.to_string())
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(unavailable)?
+                .rows_affected();
+                if extended != 1 {
+                    tx.rollback().await.map_err(unavailable)?;
+                    let stored = sqlx::query(&Self::q("SELECT fencing_token FROM lock_grants WHERE lock_key = $1"))
+                        .bind(key.to_owned())
+                        .fetch_optional(&self.pool)
+                        .await
+                        .map_err(unavailable)?
+                        .map(|r| r.int("fencing_token"))
+                        .transpose()?;
+                    return Ok(Err(RenewRefusal::Lost { stored_token: stored }));
+                }
                 tx.commit().await.map_err(unavailable)?;
                 Ok(Ok(GrantRow { expires_at_ms: now + ttl_ms, ..g }))
             }
 
             async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
-                let mut tx = self.begin().await?;
-                let now = Self::tx_now(&mut tx).await?;
-                let current = Self::tx_grant(&mut tx, key, now).await?;
-                match current {
-                    Some((g, true, _)) if g.fencing_token == token => {
-                        sqlx::query(&Self::q("DELETE FROM lock_grants WHERE lock_key = $1 AND fencing_token = $2"))
-                            .bind(key.to_owned())
-                            .bind(token)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(unavailable)?;
-                        tx.commit().await.map_err(unavailable)?;
-                        Ok(Ok(()))
-                    }
-                    other => {
-                        tx.rollback().await.map_err(unavailable)?;
-                        Ok(Err(other.map(|(g, _, _)| g.fencing_token)))
-                    }
+                // One statement, no explicit transaction: the predicate is the whole decision.
+                let released = sqlx::query(&Self::q(&RELEASE_LIVE.replace("{NOW}", $now)))
+                    .bind(key.to_owned())
+                    .bind(token)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(unavailable)?;
+                if released.is_some() {
+                    return Ok(Ok(()));
                 }
+                let stored: Option<i64> =
+                    sqlx::query(&Self::q("SELECT fencing_token FROM lock_grants WHERE lock_key = $1"))
+                        .bind(key.to_owned())
+                        .fetch_optional(&self.pool)
+                        .await
+                        .map_err(unavailable)?
+                        .map(|r| r.int("fencing_token"))
+                        .transpose()?;
+                Ok(Err(stored))
             }
 
             async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
@@ -515,6 +572,7 @@ macro_rules! sql_lock_store {
                 revocation_id: Uuid,
             ) -> Result<Result<Revocation, RevokeRefusal>, StoreError> {
                 let mut tx = self.begin().await?;
+                Self::tx_lock_key(&mut tx, key).await?;
                 let now = Self::tx_now(&mut tx).await?;
                 let Some((g, true, _)) = Self::tx_grant(&mut tx, key, now).await? else {
                     tx.rollback().await.map_err(unavailable)?;
@@ -658,12 +716,14 @@ sql_lock_store!(
     Dialect::Postgres,
     "BEGIN",
     "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
-    "SELECT nextval('fencing_token_seq') AS token"
+    "SELECT nextval('fencing_token_seq') AS token",
+    Some("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
 );
 sql_lock_store!(
     SqliteLockStore,
     Dialect::Sqlite,
     "BEGIN IMMEDIATE",
     "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
-    "UPDATE token_floor SET last_issued = MAX(last_issued, floor) + 1 WHERE id = 1 RETURNING last_issued AS token"
+    "UPDATE token_floor SET last_issued = MAX(last_issued, floor) + 1 WHERE id = 1 RETURNING last_issued AS token",
+    None
 );

@@ -965,11 +965,7 @@ pub async fn racing_acquire_release_cycles_never_overlap_and_tokens_increase(sto
                         let release_called = seq.fetch_add(1, Ordering::SeqCst);
                         let released = store.release("hot", g.fencing_token).await.expect("release");
                         assert_eq!(released, Ok(()), "cycler-{i} could not release its own live grant");
-                        tenures.push(Tenure {
-                            token: g.fencing_token,
-                            acquire_returned,
-                            release_called,
-                        });
+                        tenures.push(Tenure { token: g.fencing_token, acquire_returned, release_called });
                     }
                     Err(AcquireRefusal::Contended { .. }) => {
                         // Back off before retrying (a retry pace, not a wait for an event).
