@@ -123,6 +123,9 @@ struct LockServerArgs {
     /// [lock.server.etcd-endpoints] Comma-separated etcd endpoints (backend etcd).
     #[arg(long, env = "DLOCK_LOCK_SERVER_ETCD_ENDPOINTS", value_name = "URLS")]
     etcd_endpoints: Option<String>,
+    /// [lock.server.etcd-prefix] Key prefix of this lock service's records in etcd.
+    #[arg(long, env = "DLOCK_LOCK_SERVER_ETCD_PREFIX", value_name = "PREFIX")]
+    etcd_prefix: Option<String>,
     /// [lock.session.ttl-ms] Session TTL when L1 names none (clamped to 1000..60000).
     #[arg(long, env = "DLOCK_LOCK_SESSION_TTL_MS", value_name = "MS")]
     session_ttl_ms: Option<i64>,
@@ -332,7 +335,7 @@ async fn run_proxy(a: ProxyArgs, file: &FileConfig, profile: Profile) -> Result<
 fn lock_server_config(
     a: &LockServerArgs,
     file: &FileConfig,
-) -> Result<(SocketAddr, String, dlock_lock_server::service::LockServerConfig), String> {
+) -> Result<(SocketAddr, LockBackend, dlock_lock_server::service::LockServerConfig), String> {
     use dlock_lock_server::service::LockServerConfig;
     let d = LockServerConfig::default();
     let listen = resolve(a.listen, file, "lock.server.listen", SocketAddr::from(([127, 0, 0, 1], 8081)))?;
@@ -341,16 +344,33 @@ fn lock_server_config(
         (Some(b), _) | (None, Some(b)) => b,
         (None, None) => if url.starts_with("postgres") { "postgres" } else { "sqlite" }.to_owned(),
     };
-    match (backend.as_str(), dlock_db::Dialect::of_url(&url)) {
-        ("sqlite", Ok(dlock_db::Dialect::Sqlite)) | ("postgres", Ok(dlock_db::Dialect::Postgres)) => {}
+    let backend = match (backend.as_str(), dlock_db::Dialect::of_url(&url)) {
+        ("sqlite", Ok(dlock_db::Dialect::Sqlite)) | ("postgres", Ok(dlock_db::Dialect::Postgres)) => {
+            LockBackend::Sql(url)
+        }
         ("etcd", _) => {
-            return Err("lock.server.backend=etcd is not available in this build yet; use sqlite or postgres".into())
+            let endpoints = resolve(a.etcd_endpoints.clone(), file, "lock.server.etcd-endpoints", String::new())?;
+            let endpoints: Vec<String> =
+                endpoints.split(',').map(str::trim).filter(|e| !e.is_empty()).map(str::to_owned).collect();
+            if endpoints.is_empty() {
+                return Err("lock.server.backend=etcd needs --etcd-endpoints http://HOST:PORT[,...]".into());
+            }
+            let prefix = resolve(
+                a.etcd_prefix.clone(),
+                file,
+                "lock.server.etcd-prefix",
+                dlock_lock_server::store_etcd::DEFAULT_PREFIX.to_owned(),
+            )?;
+            if !prefix.starts_with('/') || prefix.len() < 2 {
+                return Err("lock.server.etcd-prefix must start with / and name something, e.g. /dlock".into());
+            }
+            LockBackend::Etcd(endpoints, prefix)
         }
         ("sqlite" | "postgres", _) => {
             return Err(format!("lock.server.backend={backend} does not match lock.server.database-url {url}"))
         }
         (other, _) => return Err(format!("unknown lock.server.backend {other:?} (sqlite, postgres, etcd)")),
-    }
+    };
     let cfg = LockServerConfig {
         session_ttl_ms_default: resolve(a.session_ttl_ms, file, "lock.session.ttl-ms", d.session_ttl_ms_default)?,
         lock_ttl_ms_default: resolve(a.default_ttl_ms, file, "lock.default.ttl-ms", d.lock_ttl_ms_default)?,
@@ -366,12 +386,28 @@ fn lock_server_config(
         reap_batch_max: d.reap_batch_max,
         wait_poll_ms: resolve(a.wait_poll_ms, file, "lock.wait.poll-ms", d.wait_poll_ms)?,
     };
-    Ok((listen, url, cfg))
+    Ok((listen, backend, cfg))
+}
+
+/// Where the lock server keeps its state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum LockBackend {
+    /// lockdb on SQLite or PostgreSQL, at this URL.
+    Sql(String),
+    /// etcd, at these endpoints, under this key prefix.
+    Etcd(Vec<String>, String),
 }
 
 async fn run_lock_server(a: LockServerArgs, file: &FileConfig) -> Result<(), String> {
-    let (listen, url, cfg) = lock_server_config(&a, file)?;
-    let store = dlock_lock_server::store_sql::open(&url).await.map_err(|e| format!("lockdb: {e}"))?;
+    let (listen, backend, cfg) = lock_server_config(&a, file)?;
+    let store: std::sync::Arc<dyn dlock_lock_server::store::LockStore> = match backend {
+        LockBackend::Sql(url) => dlock_lock_server::store_sql::open(&url).await.map_err(|e| format!("lockdb: {e}"))?,
+        LockBackend::Etcd(endpoints, prefix) => std::sync::Arc::new(
+            dlock_lock_server::store_etcd::EtcdLockStore::connect(&endpoints, &prefix)
+                .await
+                .map_err(|e| format!("etcd: {e}"))?,
+        ),
+    };
     let server = dlock_lock_server::service::LockServer::new(store, cfg, Clock::system());
     let reaper = dlock_rt::spawn(server.clone().run_reaper());
     let grace = dlock_contract::lock::WAIT_MS_MAX as u64 + 1_000;
@@ -469,6 +505,31 @@ mod tests {
         let err = proxy_config(&args, &file, Profile::Production).expect_err("refused");
         assert!(err.contains("unsafe-test"), "{err}");
         assert!(proxy_config(&args, &file, Profile::UnsafeTest).is_ok());
+    }
+
+    #[test]
+    fn lock_backend_follows_the_flags_and_refuses_mismatches() {
+        let file = FileConfig::default();
+        let (listen, backend, _) = lock_server_config(&LockServerArgs::default(), &file).expect("defaults");
+        assert_eq!(listen.port(), 8081);
+        assert_eq!(backend, LockBackend::Sql(LOCKDB_URL_DEFAULT.to_owned()));
+        let pg = LockServerArgs { database_url: Some("postgres://u@h/lockdb".into()), ..LockServerArgs::default() };
+        assert_eq!(lock_server_config(&pg, &file).expect("pg").1, LockBackend::Sql("postgres://u@h/lockdb".into()));
+        let etcd = LockServerArgs {
+            backend: Some("etcd".into()),
+            etcd_endpoints: Some("http://a:2379, http://b:2379".into()),
+            ..LockServerArgs::default()
+        };
+        assert_eq!(
+            lock_server_config(&etcd, &file).expect("etcd").1,
+            LockBackend::Etcd(vec!["http://a:2379".into(), "http://b:2379".into()], "/dlock".into())
+        );
+        let no_endpoints = LockServerArgs { backend: Some("etcd".into()), ..LockServerArgs::default() };
+        assert!(lock_server_config(&no_endpoints, &file).is_err());
+        let mismatch = LockServerArgs { backend: Some("postgres".into()), ..LockServerArgs::default() };
+        assert!(lock_server_config(&mismatch, &file).is_err());
+        let unknown = LockServerArgs { backend: Some("zookeeper".into()), ..LockServerArgs::default() };
+        assert!(lock_server_config(&unknown, &file).is_err());
     }
 
     #[test]

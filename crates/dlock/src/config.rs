@@ -30,6 +30,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "lock.server.backend",
     "lock.server.database-url",
     "lock.server.etcd-endpoints",
+    "lock.server.etcd-prefix",
     "lock.session.ttl-ms",
     "lock.default.ttl-ms",
     "lock.delay-ms",

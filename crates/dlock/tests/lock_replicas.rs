@@ -81,10 +81,11 @@ async fn client_loop(base: BaseUrl, owner: String, holds: Arc<Mutex<Vec<Hold>>>)
 
 async fn two_replicas_never_grant_one_key_twice(db: Db) {
     let (url, _dir) = fresh_database(db).await;
-    let replicas = [
-        Service::start(&["lock-server", "--database-url", &url, "--wait-poll-ms", "10"]),
-        Service::start(&["lock-server", "--database-url", &url, "--wait-poll-ms", "10"]),
-    ];
+    let args = ["lock-server", "--database-url", &url, "--wait-poll-ms", "10"];
+    hammer([Service::start(&args), Service::start(&args)]).await;
+}
+
+async fn hammer(replicas: [Service; 2]) {
     let holds = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for (r, replica) in replicas.iter().enumerate() {
@@ -109,6 +110,27 @@ async fn two_replicas_never_grant_one_key_twice(db: Db) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_over_postgres_never_grant_one_key_twice() {
     two_replicas_never_grant_one_key_twice(Db::Postgres).await
+}
+
+/// Two replicas over one etcd (the endpoints come from `DLOCK_TEST_ETCD_ENDPOINTS`, which
+/// `scripts/test.sh` sets; the test fails without it, it never skips).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_over_etcd_never_grant_one_key_twice() {
+    let endpoints = std::env::var("DLOCK_TEST_ETCD_ENDPOINTS")
+        .expect("DLOCK_TEST_ETCD_ENDPOINTS is not set: run ./scripts/test.sh, which starts etcd");
+    let prefix = format!("/dlock-test-{}", uuid::Uuid::new_v4().simple());
+    let args = [
+        "lock-server",
+        "--backend",
+        "etcd",
+        "--etcd-endpoints",
+        &endpoints,
+        "--etcd-prefix",
+        &prefix,
+        "--wait-poll-ms",
+        "10",
+    ];
+    hammer([Service::start(&args), Service::start(&args)]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
