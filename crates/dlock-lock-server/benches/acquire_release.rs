@@ -4,8 +4,10 @@
 //! least any correct implementation must do. Prints the ratio (goal: at least 0.5).
 //!
 //! `cargo bench -p dlock-lock-server --bench acquire_release`
-//! PostgreSQL runs when `DLOCK_TEST_PG_URL` (or `DLOCK_BENCH_PG_URL`) is set. `DLOCK_BENCH_N`
-//! pairs per run (default 1000), `DLOCK_BENCH_CONCURRENCY` clients (default 4).
+//! PostgreSQL runs when `DLOCK_TEST_PG_URL` (or `DLOCK_BENCH_PG_URL`) is set; etcd when
+//! `DLOCK_TEST_ETCD_ENDPOINTS` is, against etcd's own lock/unlock pair (its v3 lock service,
+//! through the same client library) as the baseline. `DLOCK_BENCH_N` pairs per run (default
+//! 1000), `DLOCK_BENCH_CONCURRENCY` clients (default 4).
 
 #[cfg(madsim)]
 fn main() {}
@@ -43,6 +45,34 @@ mod bench {
         } else {
             println!("postgres   (skipped: set DLOCK_TEST_PG_URL to include it)");
         }
+        match std::env::var("DLOCK_TEST_ETCD_ENDPOINTS") {
+            Ok(endpoints) => {
+                let endpoints: Vec<String> = endpoints.split(',').map(str::to_owned).collect();
+                let baseline = etcd_baseline_rate(&endpoints, n).await;
+                for keys in [1usize, 1_000] {
+                    let prefix = format!("/dlock-bench-{}", uuid::Uuid::new_v4().simple());
+                    let store =
+                        dlock_lock_server::store_etcd::EtcdLockStore::connect(&endpoints, &prefix).await.expect("etcd");
+                    let rate = store_rate(std::sync::Arc::new(store), n, clients, keys).await;
+                    println!("{:<10} {keys:<9} {rate:>12.0} {baseline:>14.0} {:>8.2}", "etcd", rate / baseline);
+                }
+            }
+            Err(_) => println!("etcd       (skipped: set DLOCK_TEST_ETCD_ENDPOINTS to include it)"),
+        }
+    }
+
+    /// etcd's own lock service: `n` lock/unlock pairs on one name, one client, under one lease.
+    async fn etcd_baseline_rate(endpoints: &[String], n: usize) -> f64 {
+        let mut c = etcd_client::Client::connect(endpoints, None).await.expect("etcd connect");
+        let lease = c.lease_grant(60, None).await.expect("lease").id();
+        let name = format!("/dlock-bench-baseline-{}", uuid::Uuid::new_v4().simple());
+        let start = Instant::now();
+        for _ in 0..n {
+            let locked =
+                c.lock(name.clone(), Some(etcd_client::LockOptions::new().with_lease(lease))).await.expect("etcd lock");
+            c.unlock(locked.key().to_vec()).await.expect("etcd unlock");
+        }
+        n as f64 / start.elapsed().as_secs_f64()
     }
 
     async fn report(name: &str, url: &str, n: usize, clients: usize) {
@@ -113,7 +143,15 @@ mod bench {
     }
 
     async fn server_rate(url: &str, n: usize, clients: usize, keys: usize) -> f64 {
-        let store = dlock_lock_server::store_sql::open(url).await.expect("open");
+        store_rate(dlock_lock_server::store_sql::open(url).await.expect("open"), n, clients, keys).await
+    }
+
+    async fn store_rate(
+        store: std::sync::Arc<dyn dlock_lock_server::store::LockStore>,
+        n: usize,
+        clients: usize,
+        keys: usize,
+    ) -> f64 {
         let server = LockServer::new(
             store,
             LockServerConfig { wait_poll_ms: 5, ..LockServerConfig::default() },
