@@ -2,8 +2,10 @@
 //! stalled VM) past its lease; a newer worker takes the lock with a larger token and pays;
 //! the paused worker wakes, its client already knows the lease is gone, and even if it
 //! writes anyway the rail-proxy fences it out. An operator revoke does the same to a live
-//! holder. Lock server, rail-proxy and rail-stub run on their own madsim nodes; the backends
-//! are the simulation stores, which outlive every node.
+//! holder. Lock server, rail-proxy and rail-stub run on their own madsim nodes. The lock
+//! server's backend is either the simulation store or madsim-etcd-client's simulated etcd on
+//! its own node (the etcd backend's code, unchanged); paydb is the simulation store. Both
+//! outlive every service node.
 
 #![cfg(madsim)]
 
@@ -43,9 +45,47 @@ struct World {
     payouts: Vec<Uuid>,
 }
 
-/// Starts the lock server, the rail-stub and the rail-proxy, with `n` CLAIMED payouts.
-async fn world(n: usize) -> World {
+/// The lock server's backend in a simulated world.
+#[derive(Debug, Clone, Copy)]
+enum Backend {
+    /// The in-memory lockdb.
+    Mem,
+    /// madsim-etcd-client's simulated etcd, on its own node.
+    Etcd,
+}
+
+const ETCD_ADDR: &str = "10.0.2.1:2379";
+/// Longest the lock server waits for the simulated etcd to answer at start.
+const ETCD_START_MS_MAX: u64 = 5_000;
+
+async fn lock_store(backend: Backend, mem: Arc<MemLockStore>) -> Arc<dyn dlock_lock_server::store::LockStore> {
+    match backend {
+        Backend::Mem => mem,
+        Backend::Etcd => {
+            let endpoints = vec![format!("http://{ETCD_ADDR}")];
+            let store = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(ETCD_START_MS_MAX), || {
+                let endpoints = endpoints.clone();
+                async move { dlock_lock_server::store_etcd::EtcdLockStore::connect(&endpoints, "/dlock").await.ok() }
+            })
+            .await
+            .expect("simulated etcd reachable");
+            Arc::new(store)
+        }
+    }
+}
+
+/// Starts the lock server (on `backend`), the rail-stub and the rail-proxy, with `n`
+/// CLAIMED payouts.
+async fn world(n: usize, backend: Backend) -> World {
     let handle = madsim::runtime::Handle::current();
+    if let Backend::Etcd = backend {
+        let ip: IpAddr = ETCD_ADDR.split(':').next().and_then(|ip| ip.parse().ok()).expect("etcd ip");
+        let etcd = handle.create_node().name("etcd").ip(ip).build();
+        etcd.spawn(async move {
+            let addr: SocketAddr = ETCD_ADDR.parse().expect("etcd addr");
+            etcd_client::SimServer::builder().serve(addr).await.expect("simulated etcd serves");
+        });
+    }
     let locks = Arc::new(MemLockStore::new(Clock::system()));
     let rail = Arc::new(MemRailStore::new());
     let mut payouts = Vec::new();
@@ -67,8 +107,9 @@ async fn world(n: usize) -> World {
         .name("lock-server")
         .ip(IpAddr::from(LOCK_IP))
         .init(move || {
-            let store = locks.clone();
+            let mem = locks.clone();
             async move {
+                let store = lock_store(backend, mem).await;
                 let cfg = LockServerConfig { reap_interval_ms: 200, ..LockServerConfig::default() };
                 let server = LockServer::new(store, cfg, Clock::with_skew_ms(700));
                 let _reaper = dlock_rt::spawn(server.clone().run_reaper());
@@ -169,10 +210,19 @@ async fn read_rail_calls() -> Vec<String> {
 
 #[madsim::test]
 async fn a_worker_paused_past_its_lease_is_fenced_out_at_the_rail() {
+    paused_worker_is_fenced_out(Backend::Mem).await
+}
+
+#[madsim::test]
+async fn a_worker_paused_past_its_lease_is_fenced_out_at_the_rail_on_simulated_etcd() {
+    paused_worker_is_fenced_out(Backend::Etcd).await
+}
+
+async fn paused_worker_is_fenced_out(backend: Backend) {
     let seed = madsim::runtime::Handle::current().seed();
-    eprintln!("dlock-sim seed={seed}");
+    eprintln!("dlock-sim seed={seed} backend={backend:?}");
     let handle = madsim::runtime::Handle::current();
-    let w = world(2).await;
+    let w = world(2, backend).await;
     let (p1, p2) = (w.payouts[0], w.payouts[1]);
 
     // Worker A takes the lock, then freezes before it submits.
@@ -220,10 +270,19 @@ async fn a_worker_paused_past_its_lease_is_fenced_out_at_the_rail() {
 
 #[madsim::test]
 async fn a_revoked_holder_is_fenced_out_by_the_next_holder() {
+    revoked_holder_is_fenced_out(Backend::Mem).await
+}
+
+#[madsim::test]
+async fn a_revoked_holder_is_fenced_out_by_the_next_holder_on_simulated_etcd() {
+    revoked_holder_is_fenced_out(Backend::Etcd).await
+}
+
+async fn revoked_holder_is_fenced_out(backend: Backend) {
     let seed = madsim::runtime::Handle::current().seed();
-    eprintln!("dlock-sim seed={seed}");
+    eprintln!("dlock-sim seed={seed} backend={backend:?}");
     let handle = madsim::runtime::Handle::current();
-    let w = world(2).await;
+    let w = world(2, backend).await;
     let (p1, p2) = (w.payouts[0], w.payouts[1]);
     let ops = handle.create_node().name("ops").ip(IpAddr::from([10, 0, 0, 20])).build();
     let outcome = ops

@@ -481,3 +481,48 @@ async fn a_waiter_whose_session_lapses_while_it_waits_is_never_granted() {
     let (_, info) = call(&app, "GET", "/v1/locks/k", &[], None).await;
     assert_eq!(info["held"], false, "the lapsed waiter was granted: {info}");
 }
+
+#[tokio::test]
+async fn l4_waiters_are_granted_in_arrival_order() {
+    let (app, _server) = app_with(LockServerConfig { wait_poll_ms: 5, ..LockServerConfig::default() });
+    let holder = session(&app, "holder", 30_000).await;
+    let (_, g) = acquire(&app, "k", &holder, "holder", json!({})).await;
+    let mut token = g["fencingToken"].as_i64().expect("token").to_string();
+    let mut owner = "holder".to_owned();
+    let mut sid = holder;
+    // Three waiters, queued one after the other (each seen in the queue before the next).
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let name = format!("waiter-{i}");
+        let s = session(&app, &name, 30_000).await;
+        let handle = {
+            let (app, s, name) = (app.clone(), s.clone(), name.clone());
+            tokio::spawn(async move { acquire(&app, "k", &s, &name, json!({ "waitMillis": 20_000 })).await })
+        };
+        let queued = dlock_rt::wait_until(dlock_rt::Duration::from_millis(5), dlock_rt::Duration::from_secs(5), || {
+            let app = app.clone();
+            async move { (call(&app, "GET", "/v1/locks/k", &[], None).await.1["waiterCount"] == i + 1).then_some(()) }
+        })
+        .await;
+        assert!(queued.is_some(), "waiter {i} never queued");
+        waiters.push((name, s, handle));
+    }
+    // Each release hands the key to the longest-waiting request.
+    for (name, s, handle) in waiters {
+        let (st, _) = call(
+            &app,
+            "DELETE",
+            &format!("/v1/locks/k?sessionId={sid}"),
+            &[("x-owner-id", &owner), ("x-fencing-token", &token)],
+            None,
+        )
+        .await;
+        assert_eq!(st, 204);
+        let (st, g) = handle.await.expect("waiter");
+        assert_eq!(st, 200, "{g}");
+        assert_eq!(g["ownerId"], name.as_str(), "the key skipped the head of the queue");
+        token = g["fencingToken"].as_i64().expect("token").to_string();
+        owner = name;
+        sid = s;
+    }
+}
