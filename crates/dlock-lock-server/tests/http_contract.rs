@@ -15,13 +15,43 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-fn app_with(cfg: LockServerConfig) -> (axum::Router, Arc<LockServer>) {
-    let server = LockServer::new(Arc::new(MemLockStore::new(Clock::system())), cfg, Clock::system());
-    (dlock_lock_server::app::router(server.clone()), server)
+/// The backend under the HTTP surface. FR-09: every backend answers with identical status
+/// codes and bodies, so every case below runs on each.
+#[derive(Debug, Clone, Copy)]
+pub enum Backend {
+    Sim,
+    Sqlite,
+    Postgres,
+    Etcd,
 }
 
-fn app() -> axum::Router {
-    app_with(LockServerConfig::default()).0
+/// A server on a fresh store of `backend`, and whatever keeps that store alive.
+struct Rig {
+    app: axum::Router,
+    server: Arc<LockServer>,
+    _guard: Option<dlock_testkit::TempDir>,
+}
+
+async fn app_with(backend: Backend, cfg: LockServerConfig) -> Rig {
+    let (store, guard): (Arc<dyn dlock_lock_server::store::LockStore>, _) = match backend {
+        Backend::Sim => (Arc::new(MemLockStore::new(Clock::system())), None),
+        Backend::Sqlite | Backend::Postgres => {
+            let db =
+                if let Backend::Sqlite = backend { dlock_testkit::Db::Sqlite } else { dlock_testkit::Db::Postgres };
+            let (url, dir) = dlock_testkit::fresh_database(db).await;
+            (dlock_lock_server::store_sql::open(&url).await.expect("open lockdb"), Some(dir))
+        }
+        Backend::Etcd => {
+            let raw = std::env::var("DLOCK_TEST_ETCD_ENDPOINTS")
+                .expect("DLOCK_TEST_ETCD_ENDPOINTS is not set: run ./scripts/test.sh, which starts etcd");
+            let endpoints: Vec<String> = raw.split(',').map(str::to_owned).collect();
+            let prefix = format!("/dlock-http-{}", uuid::Uuid::new_v4().simple());
+            let store = dlock_lock_server::store_etcd::EtcdLockStore::connect(&endpoints, &prefix).await.expect("etcd");
+            (Arc::new(store), None)
+        }
+    };
+    let server = LockServer::new(store, cfg, Clock::system());
+    Rig { app: dlock_lock_server::app::router(server.clone()), server, _guard: guard }
 }
 
 async fn call(
@@ -66,9 +96,9 @@ async fn acquire(app: &axum::Router, key: &str, sid: &str, owner: &str, extra: V
     call(app, "POST", &format!("/v1/locks/{key}/acquire"), &[("x-owner-id", owner)], Some(body)).await
 }
 
-#[tokio::test]
-async fn l1_opens_a_session_with_the_ttl_clamped_into_range() {
-    let app = app();
+async fn l1_opens_a_session_with_the_ttl_clamped_into_range(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig::default()).await;
+    let app = rig.app.clone();
     for (asked, granted) in [(5, 1_000), (5_000, 5_000), (600_000, 60_000)] {
         let (s, v) = call(&app, "POST", "/v1/sessions", &[OWNER], Some(json!({ "ttlMillis": asked }))).await;
         assert_eq!(s, 201);
@@ -86,9 +116,9 @@ async fn l1_opens_a_session_with_the_ttl_clamped_into_range() {
     assert_eq!(s, 400);
 }
 
-#[tokio::test]
-async fn l2_heartbeat_reports_held_locks_and_server_time_and_distinguishes_unknown() {
-    let app = app();
+async fn l2_heartbeat_reports_held_locks_and_server_time_and_distinguishes_unknown(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig::default()).await;
+    let app = rig.app.clone();
     let sid = session(&app, "worker-1", 5_000).await;
     assert_eq!(acquire(&app, "k1", &sid, "worker-1", json!({})).await.0, 200);
     let (s, v) = call(&app, "POST", &format!("/v1/sessions/{sid}/heartbeat"), &[OWNER], None).await;
@@ -100,9 +130,9 @@ async fn l2_heartbeat_reports_held_locks_and_server_time_and_distinguishes_unkno
     assert_eq!((s, v["code"].as_str(), v["retrySafe"].as_bool()), (404, Some("SESSION_UNKNOWN"), Some(false)));
 }
 
-#[tokio::test]
-async fn l2_lapsed_session_is_expired_not_unknown() {
-    let (app, server) = app_with(LockServerConfig::default());
+async fn l2_lapsed_session_is_expired_not_unknown(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig::default()).await;
+    let (app, server) = (rig.app.clone(), rig.server.clone());
     let (_, opened) = call(&app, "POST", "/v1/sessions", &[OWNER], Some(json!({ "ttlMillis": 1_000 }))).await;
     let sid = opened["sessionId"].as_str().expect("sessionId").to_owned();
     let expires = chrono::DateTime::parse_from_rfc3339(opened["expiresAt"].as_str().expect("expiresAt"))
@@ -119,9 +149,9 @@ async fn l2_lapsed_session_is_expired_not_unknown() {
     assert_eq!((s, v["code"].as_str()), (410, Some("SESSION_EXPIRED")));
 }
 
-#[tokio::test]
-async fn l3_closing_a_session_releases_its_locks_and_forgets_it() {
-    let app = app();
+async fn l3_closing_a_session_releases_its_locks_and_forgets_it(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig::default()).await;
+    let app = rig.app.clone();
     let a = session(&app, "worker-1", 5_000).await;
     let b = session(&app, "worker-2", 5_000).await;
     assert_eq!(acquire(&app, "k", &a, "worker-1", json!({})).await.0, 200);
@@ -132,9 +162,9 @@ async fn l3_closing_a_session_releases_its_locks_and_forgets_it() {
     assert_eq!((s, v["code"].as_str()), (404, Some("SESSION_UNKNOWN")));
 }
 
-#[tokio::test]
-async fn l4_grants_a_fresh_token_and_contended_answers_name_the_holder() {
-    let app = app();
+async fn l4_grants_a_fresh_token_and_contended_answers_name_the_holder(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig::default()).await;
+    let app = rig.app.clone();
     let a = session(&app, "worker-1", 5_000).await;
     let b = session(&app, "worker-2", 5_000).await;
     let (s, g) = acquire(&app, "payout:acct-1", &a, "worker-1", json!({ "ttlMillis": 4_000 })).await;
@@ -154,9 +184,9 @@ async fn l4_grants_a_fresh_token_and_contended_answers_name_the_holder() {
     assert!(g2["fencingToken"].as_i64() > g["fencingToken"].as_i64());
 }
 
-#[tokio::test]
-async fn l4_rejects_bad_keys_and_out_of_range_waits() {
-    let app = app();
+async fn l4_rejects_bad_keys_and_out_of_range_waits(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig::default()).await;
+    let app = rig.app.clone();
     let a = session(&app, "worker-1", 5_000).await;
     let long = "k".repeat(129);
     for key in ["bad%20key", long.as_str()] {
@@ -174,9 +204,9 @@ async fn l4_rejects_bad_keys_and_out_of_range_waits() {
     assert_eq!((s, v["code"].as_str()), (400, Some("VALIDATION_FAILED")), "X-Owner-Id is required");
 }
 
-#[tokio::test]
-async fn l4_waiter_is_granted_when_the_holder_releases() {
-    let app = app();
+async fn l4_waiter_is_granted_when_the_holder_releases(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig::default()).await;
+    let app = rig.app.clone();
     let a = session(&app, "worker-1", 10_000).await;
     let b = session(&app, "worker-2", 10_000).await;
     let (_, g) = acquire(&app, "k", &a, "worker-1", json!({})).await;
@@ -202,9 +232,9 @@ async fn l4_waiter_is_granted_when_the_holder_releases() {
     assert!(g2["fencingToken"].as_i64() > g["fencingToken"].as_i64());
 }
 
-#[tokio::test]
-async fn l4_waiters_past_the_cap_get_contention_exceeded() {
-    let (app, _server) = app_with(LockServerConfig { waiters_per_key_max: 1, ..LockServerConfig::default() });
+async fn l4_waiters_past_the_cap_get_contention_exceeded(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig { waiters_per_key_max: 1, ..LockServerConfig::default() }).await;
+    let (app, _server) = (rig.app.clone(), rig.server.clone());
     let a = session(&app, "worker-1", 10_000).await;
     let b = session(&app, "worker-2", 10_000).await;
     let c = session(&app, "worker-3", 10_000).await;
@@ -228,9 +258,9 @@ async fn l4_waiters_past_the_cap_get_contention_exceeded() {
     assert_eq!(call(&app, "GET", "/v1/locks/k", &[], None).await.1["waiterCount"], 0);
 }
 
-#[tokio::test]
-async fn l5_renew_keeps_the_token_and_a_dead_grant_is_lock_lost() {
-    let app = app();
+async fn l5_renew_keeps_the_token_and_a_dead_grant_is_lock_lost(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig::default()).await;
+    let app = rig.app.clone();
     let a = session(&app, "worker-1", 10_000).await;
     let (_, g) = acquire(&app, "k", &a, "worker-1", json!({ "ttlMillis": 2_000 })).await;
     let token = g["fencingToken"].as_i64().expect("token").to_string();
@@ -268,9 +298,9 @@ async fn l5_renew_keeps_the_token_and_a_dead_grant_is_lock_lost() {
     }
 }
 
-#[tokio::test]
-async fn l6_stale_release_is_lock_lost_and_never_frees_the_newer_grant() {
-    let app = app();
+async fn l6_stale_release_is_lock_lost_and_never_frees_the_newer_grant(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig::default()).await;
+    let app = rig.app.clone();
     let a = session(&app, "worker-1", 10_000).await;
     let b = session(&app, "worker-2", 10_000).await;
     let (_, g1) = acquire(&app, "k", &a, "worker-1", json!({})).await;
@@ -286,9 +316,9 @@ async fn l6_stale_release_is_lock_lost_and_never_frees_the_newer_grant() {
     assert_eq!((info["held"].as_bool(), info["fencingToken"].clone()), (Some(true), g2["fencingToken"].clone()));
 }
 
-#[tokio::test]
-async fn l7_info_is_404_for_a_never_seen_key_and_advisory_otherwise() {
-    let app = app();
+async fn l7_info_is_404_for_a_never_seen_key_and_advisory_otherwise(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig::default()).await;
+    let app = rig.app.clone();
     let (s, v) = call(&app, "GET", "/v1/locks/never", &[], None).await;
     assert_eq!((s, v["code"].as_str()), (404, Some("NOT_FOUND")));
     let a = session(&app, "worker-1", 10_000).await;
@@ -306,9 +336,9 @@ async fn l7_info_is_404_for_a_never_seen_key_and_advisory_otherwise() {
     assert!(v.get("fencingToken").is_none());
 }
 
-#[tokio::test]
-async fn l8_revoke_raises_the_floor_and_validates_its_request() {
-    let app = app();
+async fn l8_revoke_raises_the_floor_and_validates_its_request(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig::default()).await;
+    let app = rig.app.clone();
     let a = session(&app, "worker-1", 10_000).await;
     let b = session(&app, "worker-2", 10_000).await;
     let (_, g) = acquire(&app, "k", &a, "worker-1", json!({})).await;
@@ -335,9 +365,9 @@ async fn l8_revoke_raises_the_floor_and_validates_its_request() {
     assert!(g2["fencingToken"].as_i64() > v["newTokenFloor"].as_i64());
 }
 
-#[tokio::test]
-async fn every_refusal_is_the_envelope() {
-    let app = app();
+async fn every_refusal_is_the_envelope(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig::default()).await;
+    let app = rig.app.clone();
     for (method, uri) in [("GET", "/v1/nope"), ("PUT", "/v1/sessions"), ("GET", "/v1/locks/k/acquire")] {
         let (s, v) = call(&app, method, uri, &[], None).await;
         assert!(s == 404 || s == 405, "{method} {uri}: {s}");
@@ -443,9 +473,9 @@ async fn an_unreachable_backend_is_not_leader_never_a_guess() {
     assert_eq!(call(&app, "GET", "/health/live", &[], None).await.0, 200);
 }
 
-#[tokio::test]
-async fn a_waiter_whose_session_lapses_while_it_waits_is_never_granted() {
-    let (app, server) = app_with(LockServerConfig { wait_poll_ms: 10, ..LockServerConfig::default() });
+async fn a_waiter_whose_session_lapses_while_it_waits_is_never_granted(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig { wait_poll_ms: 10, ..LockServerConfig::default() }).await;
+    let (app, server) = (rig.app.clone(), rig.server.clone());
     let holder = session(&app, "holder", 30_000).await;
     let waiter = session(&app, "waiter", 1_000).await;
     let (_, g) = acquire(&app, "k", &holder, "holder", json!({})).await;
@@ -482,9 +512,9 @@ async fn a_waiter_whose_session_lapses_while_it_waits_is_never_granted() {
     assert_eq!(info["held"], false, "the lapsed waiter was granted: {info}");
 }
 
-#[tokio::test]
-async fn l4_waiters_are_granted_in_arrival_order() {
-    let (app, _server) = app_with(LockServerConfig { wait_poll_ms: 5, ..LockServerConfig::default() });
+async fn l4_waiters_are_granted_in_arrival_order(backend: Backend) {
+    let rig = app_with(backend, LockServerConfig { wait_poll_ms: 5, ..LockServerConfig::default() }).await;
+    let (app, _server) = (rig.app.clone(), rig.server.clone());
     let holder = session(&app, "holder", 30_000).await;
     let (_, g) = acquire(&app, "k", &holder, "holder", json!({})).await;
     let mut token = g["fencingToken"].as_i64().expect("token").to_string();
@@ -526,3 +556,42 @@ async fn l4_waiters_are_granted_in_arrival_order() {
         sid = s;
     }
 }
+
+macro_rules! on_every_backend {
+    ($($case:ident),* $(,)?) => {
+        mod sim {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case(super::Backend::Sim).await })*
+        }
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case(super::Backend::Sqlite).await })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case(super::Backend::Postgres).await })*
+        }
+        mod etcd {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() { super::$case(super::Backend::Etcd).await })*
+        }
+    };
+}
+
+on_every_backend!(
+    l1_opens_a_session_with_the_ttl_clamped_into_range,
+    l2_heartbeat_reports_held_locks_and_server_time_and_distinguishes_unknown,
+    l2_lapsed_session_is_expired_not_unknown,
+    l3_closing_a_session_releases_its_locks_and_forgets_it,
+    l4_grants_a_fresh_token_and_contended_answers_name_the_holder,
+    l4_rejects_bad_keys_and_out_of_range_waits,
+    l4_waiter_is_granted_when_the_holder_releases,
+    l4_waiters_past_the_cap_get_contention_exceeded,
+    l5_renew_keeps_the_token_and_a_dead_grant_is_lock_lost,
+    l6_stale_release_is_lock_lost_and_never_frees_the_newer_grant,
+    l7_info_is_404_for_a_never_seen_key_and_advisory_otherwise,
+    l8_revoke_raises_the_floor_and_validates_its_request,
+    every_refusal_is_the_envelope,
+    a_waiter_whose_session_lapses_while_it_waits_is_never_granted,
+    l4_waiters_are_granted_in_arrival_order,
+);
