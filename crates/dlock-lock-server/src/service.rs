@@ -134,6 +134,12 @@ struct Queue {
     notify: Arc<Notify>,
 }
 
+/// Whether a refusal ends an acquire at once, waiting or not: the session cannot act, or it
+/// already holds the key. Only contention and lock-delay are worth waiting out.
+fn ends_the_wait(r: &AcquireRefusal) -> bool {
+    matches!(r, AcquireRefusal::Session(_) | AcquireRefusal::AlreadyHeld { .. })
+}
+
 /// What an acquire came to at the service level.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AcquireOutcome {
@@ -269,10 +275,7 @@ impl LockServer {
             let first = self.store.acquire(key, session_id, ttl_ms, delay).await?;
             match first {
                 Ok(g) => return Ok(AcquireOutcome::Granted(g)),
-                Err(r @ (AcquireRefusal::Session(_) | AcquireRefusal::AlreadyHeld { .. })) => {
-                    return Ok(AcquireOutcome::Refused(r))
-                }
-                Err(r) if wait_ms <= 0 => return Ok(AcquireOutcome::Refused(r)),
+                Err(r) if wait_ms <= 0 || ends_the_wait(&r) => return Ok(AcquireOutcome::Refused(r)),
                 Err(_) => {}
             }
         } else if wait_ms <= 0 {
@@ -286,14 +289,17 @@ impl LockServer {
         let poll = Duration::from_millis(self.cfg.wait_poll_ms.max(1));
         let mut last = self.contended_now(key).await?;
         loop {
+            // Register for the wake-up before asking the store, so a release between the
+            // store's answer and the wait is not missed.
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
             if self.is_head(key, id) {
                 match self.store.acquire(key, session_id, ttl_ms, delay).await? {
                     Ok(g) => return Ok(AcquireOutcome::Granted(g)),
-                    // Session re-checked at grant time: a waiter whose session lapsed while
-                    // it waited is never granted.
-                    Err(r @ (AcquireRefusal::Session(_) | AcquireRefusal::AlreadyHeld { .. })) => {
-                        return Ok(AcquireOutcome::Refused(r))
-                    }
+                    // The session is re-checked at grant time: a waiter whose session lapsed
+                    // while it waited is never granted.
+                    Err(r) if ends_the_wait(&r) => return Ok(AcquireOutcome::Refused(r)),
                     Err(r) => last = r,
                 }
             }
@@ -301,9 +307,7 @@ impl LockServer {
             if now >= deadline {
                 return Ok(AcquireOutcome::Refused(last));
             }
-            let nap = poll.min(deadline - now);
-            let notified = notify.notified();
-            let _ = dlock_rt::timeout(nap, notified).await;
+            let _ = dlock_rt::timeout(poll.min(deadline - now), notified).await;
         }
     }
 
