@@ -13,8 +13,10 @@ use std::time::Duration;
 
 /// Most connections one service opens to one PostgreSQL database.
 pub const PG_POOL_CONNECTIONS_MAX: u32 = 16;
-/// Most connections one service opens to one SQLite file (it has one writer anyway).
-pub const SQLITE_POOL_CONNECTIONS_MAX: u32 = 4;
+/// Most connections one service opens to one SQLite file. One: SQLite has one writer at a
+/// time anyway, and a second connection would only wait in SQLite's busy handler, whose
+/// sleeps (up to 100 ms each) cost far more under contention than queueing in the pool.
+pub const SQLITE_POOL_CONNECTIONS_MAX: u32 = 1;
 /// Longest a request waits for a pooled connection.
 pub const POOL_ACQUIRE_MS_MAX: u64 = 2_000;
 /// Longest SQLite waits for the write lock before answering busy.

@@ -35,7 +35,10 @@ mod bench {
         let n = env_usize("DLOCK_BENCH_N", 1_000);
         let clients = env_usize("DLOCK_BENCH_CONCURRENCY", 4).max(1);
         println!("lock-server acquire+release bench: n={n} clients={clients}");
-        println!("{:<10} {:<9} {:>12} {:>14} {:>8}", "backend", "keys", "pairs/s", "baseline/s", "ratio");
+        println!(
+            "{:<10} {:<6} {:<8} {:>10} {:>12} {:>7}",
+            "backend", "keys", "clients", "pairs/s", "baseline/s", "ratio"
+        );
         let dir = dlock_testkit::TempDir::new("bench");
         let sqlite = format!("sqlite://{}", dir.path().join("lockdb.sqlite").display());
         report("sqlite", &sqlite, n, clients).await;
@@ -49,12 +52,12 @@ mod bench {
             Ok(endpoints) => {
                 let endpoints: Vec<String> = endpoints.split(',').map(str::to_owned).collect();
                 let baseline = etcd_baseline_rate(&endpoints, n).await;
-                for keys in [1usize, 1_000] {
+                for (keys, clients) in shapes(clients) {
                     let prefix = format!("/dlock-bench-{}", uuid::Uuid::new_v4().simple());
                     let store =
                         dlock_lock_server::store_etcd::EtcdLockStore::connect(&endpoints, &prefix).await.expect("etcd");
                     let rate = store_rate(std::sync::Arc::new(store), n, clients, keys).await;
-                    println!("{:<10} {keys:<9} {rate:>12.0} {baseline:>14.0} {:>8.2}", "etcd", rate / baseline);
+                    row("etcd", keys, clients, rate, baseline);
                 }
             }
             Err(_) => println!("etcd       (skipped: set DLOCK_TEST_ETCD_ENDPOINTS to include it)"),
@@ -77,10 +80,20 @@ mod bench {
 
     async fn report(name: &str, url: &str, n: usize, clients: usize) {
         let baseline = baseline_rate(url, n).await;
-        for keys in [1usize, 1_000] {
+        for (keys, clients) in shapes(clients) {
             let rate = server_rate(url, n, clients, keys).await;
-            println!("{name:<10} {keys:<9} {rate:>12.0} {baseline:>14.0} {:>8.2}", rate / baseline);
+            row(name, keys, clients, rate, baseline);
         }
+    }
+
+    /// The measured shapes: one key and one client (like for like with the one-client
+    /// baseline), one hot key contended by `clients`, and 1 000 keys shared by `clients`.
+    fn shapes(clients: usize) -> [(usize, usize); 3] {
+        [(1, 1), (1, clients), (1_000, clients)]
+    }
+
+    fn row(name: &str, keys: usize, clients: usize, rate: f64, baseline: f64) {
+        println!("{name:<10} {keys:<6} {clients:<8} {rate:>10.0} {baseline:>12.0} {:>7.2}", rate / baseline);
     }
 
     /// One connection, `n` times: BEGIN; nextval (or the SQLite counter); upsert the key's
@@ -152,11 +165,7 @@ mod bench {
         clients: usize,
         keys: usize,
     ) -> f64 {
-        let server = LockServer::new(
-            store,
-            LockServerConfig { wait_poll_ms: 5, ..LockServerConfig::default() },
-            Clock::system(),
-        );
+        let server = LockServer::new(store, LockServerConfig::default(), Clock::system());
         let listener = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
         let base = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
         let serving = tokio::spawn(dlock_rt::http::serve(
