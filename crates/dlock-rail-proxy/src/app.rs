@@ -67,6 +67,11 @@ async fn submit(
         .with_retry_after_ms(RAIL_UNAVAILABLE_RETRY_AFTER_MS)
         .with_internal(cause)
         .into_response(),
+        Outcome::Unknown { cause } => {
+            ApiError::new(ErrorCode::Internal, "the submission failed at an unknown point; do not resubmit")
+                .with_internal(cause)
+                .into_response()
+        }
         Outcome::Fenced { submission_id, highest_token } => ApiError::new(
             ErrorCode::FencedOut,
             "the presented token does not exceed the account's high-water mark; a newer holder exists",

@@ -58,6 +58,10 @@ pub enum Outcome {
     StoreUnavailable {
         cause: String,
     },
+    /// The submission's task failed at an unknown point: it may have been forwarded.
+    Unknown {
+        cause: String,
+    },
     Fenced {
         submission_id: Uuid,
         highest_token: i64,
@@ -127,7 +131,9 @@ impl RailProxy {
         let this = self.clone();
         match dlock_rt::spawn(async move { this.run(s).await }).await {
             Ok(o) => o,
-            Err(e) => Outcome::StoreUnavailable { cause: format!("submission task failed: {e}") },
+            // The task died somewhere between validation and recording: whether the rail was
+            // reached is unknown, so the answer must not claim that nothing was presented.
+            Err(e) => Outcome::Unknown { cause: format!("submission task failed: {e}") },
         }
     }
 
