@@ -25,7 +25,26 @@ pub struct Report {
     pub violations: Vec<String>,
 }
 
+/// Environment variable naming a directory where every scenario run writes its trace, one
+/// file per scenario and seed (`{scenario}-{seed}.trace`), for diffing two runs.
+pub const TRACE_DIR_ENV: &str = "DLOCK_SIM_TRACE_DIR";
+
 impl Report {
+    /// Writes the trace to `$DLOCK_SIM_TRACE_DIR/{scenario}-{seed}.trace` when that variable is
+    /// set; returns the path written.
+    pub fn write_trace(&self, scenario: &str, seed: u64) -> Option<std::path::PathBuf> {
+        let dir = std::path::PathBuf::from(std::env::var_os(TRACE_DIR_ENV)?);
+        std::fs::create_dir_all(&dir).ok()?;
+        let path = dir.join(format!("{scenario}-{seed}.trace"));
+        let mut text = self.trace.join("\n");
+        text.push('\n');
+        for v in &self.violations {
+            text.push_str(&format!("VIOLATION {v}\n"));
+        }
+        std::fs::write(&path, text).ok()?;
+        Some(path)
+    }
+
     /// Panics with the first violation, in one line, if any.
     pub fn assert_clean(&self, seed: u64) {
         if let Some(v) = self.violations.first() {

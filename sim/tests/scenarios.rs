@@ -33,6 +33,9 @@ fn every_scenario_holds_its_invariants() {
         for (path, s) in &scenarios {
             eprintln!("dlock-sim seed={seed} scenario={path}");
             let report = run_scenario(seed, s);
+            if let Some(written) = report.write_trace(&s.name, seed) {
+                eprintln!("dlock-sim trace: {}", written.display());
+            }
             assert!(!report.trace.is_empty(), "{path}: empty trace");
             report.assert_clean(seed);
         }
