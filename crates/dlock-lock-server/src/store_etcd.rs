@@ -8,7 +8,9 @@
 //! - `P/g/{key}`: the grant of a key, JSON `{session_id, owner_id, acquired_at_ms,
 //!   expires_at_ms, nonce}`. At most one per key, by construction (it is one etcd key).
 //! - `P/k/{key}`: the key was seen (`info` answers `Some`), with its lock-delay
-//!   `{delay_until_ms}`. Written by every grant and by every removal of a lost grant.
+//!   `{delay_until_ms}`. Written by every removal of a lost grant, and by a grant only when
+//!   that changes it (absent, or carrying a lock-delay that has run out); a grant over a
+//!   record without delay leaves it alone but still guards it.
 //! - `P/r/{revocation_id}`: the audit record of a revoke `{key, operator, reason,
 //!   revoked_token, at_ms}`; its CreateRevision is the new token floor.
 //!
@@ -36,6 +38,31 @@
 //! record it decided on is unchanged; if a guard fails, it re-reads and decides again, at most
 //! [`CAS_ATTEMPTS_MAX`] times (then `Unavailable`). That is optimistic concurrency control:
 //! the committed txn is the atomic step, and its guards make it serialisable with every other.
+//!
+//! ## Round trips: guards from what was last seen
+//! Read-then-commit alone makes an acquire+release pair five round trips (read, grant; read
+//! the grant, read its holder session, delete). Three things make it two in the common case,
+//! both write txns, like etcd's own lock/unlock pair:
+//! - **Failed guards read back.** A guarded commit carries, in its else branches (one per
+//!   nesting level, see below), the gets its method's next attempt needs; a failed guard
+//!   answers a consistent snapshot in the same round trip, and the retry decides on it.
+//! - **Hints** (`Seen`, per process, bounded by [`SEEN_MAX`]): the raw bytes this store
+//!   last wrote or read of sessions, grants and key records. `acquire` first tries to grant
+//!   on them when they say the key is free (caller's session live, no grant seen, no
+//!   lock-delay running; a key never seen is guessed free), guarding the session, the
+//!   grant's absence and the key record exactly as if it had read them; `release` first
+//!   deletes the grant `(key, token)` when they say it is live, guarding the grant *and*
+//!   its holder session's bytes (the decision used both). A hint is never trusted: the
+//!   guards make the commit decide on exactly the state it would have read, and a stale
+//!   hint only fails a guard (one write round trip that reads back instead of a read).
+//!   Refusals are decided only on real snapshots, never on hints.
+//! - **Holder in the same read.** Where a grant's holder session is needed (`acquire`,
+//!   `release`, `info`, `revoke`), the read also gets the session this process last saw
+//!   holding the key; the separate holder lookup happens only when that guess was wrong.
+//!
+//! Read-only txns go through etcd's linearizable read path, txns with a put or delete in
+//! any branch through raft (one WAL append) whether their guards hold or not; with replicas
+//! sharing etcd, hints are staler and some first attempts cost that write round trip.
 //!
 //! The simulator evaluates only *value* compares, and a `NotEqual` on a missing key is true
 //! there but false on real etcd (real etcd fails every value compare on a missing key). So:
@@ -82,6 +109,8 @@
 //! removes what died.
 //!
 //! ## Limits
+//! - Hints are per process and forgotten kind by kind past [`SEEN_MAX`] records; other
+//!   replicas' writes make them stale (a guard fails, the txn reads back, the retry decides).
 //! - `heartbeat`, `close_session` and `reap` scan `P/g/` (all grants): O(grants) per call. A
 //!   per-session index would make them O(held); not needed at the sizes this serves today.
 //! - A session's grants are removed in chunks of [`GRANTS_PER_TXN_MAX`] to stay under etcd's
@@ -89,8 +118,9 @@
 //! - Every RPC is bounded by [`RPC_MS_MAX`]; unreachable etcd, no leader (requests require
 //!   one), a timeout or any etcd error is `Unavailable` (503 `NOT_LEADER`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Mutex;
 
 use async_trait::async_trait;
 use dlock_rt::{Clock, Duration};
@@ -113,6 +143,8 @@ pub const CAS_ATTEMPTS_MAX: usize = 64;
 pub const GRANTS_PER_TXN_MAX: usize = 40;
 /// The prefix when the operator names none.
 pub const DEFAULT_PREFIX: &str = "/dlock";
+/// Records of each kind remembered as hints (`Seen`); past it, that kind is forgotten.
+pub const SEEN_MAX: usize = 4_096;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct SessionVal {
@@ -174,6 +206,42 @@ impl Entry {
 enum Read {
     Key(String),
     Prefix(String),
+}
+
+impl Read {
+    fn op(&self) -> TxnOp {
+        match self {
+            // `None`: an exact get (the simulator's `GetOptions::new()` means prefix).
+            Read::Key(k) => TxnOp::get(k.as_str(), None),
+            Read::Prefix(p) => TxnOp::get(p.as_str(), Some(GetOptions::new().with_prefix())),
+        }
+    }
+}
+
+/// What this process last wrote or read of some records, by raw bytes: hints for guessing a
+/// txn's guards without reading first (see the module doc). Never trusted: a decision taken
+/// on a hint is committed only under guards that every record it used still has exactly
+/// those bytes, and a wrong hint just fails its guard. `None` means "seen absent".
+#[derive(Debug, Default)]
+struct Seen {
+    /// Session records, by session id.
+    sessions: HashMap<Uuid, Vec<u8>>,
+    /// `P/g/{key}` by lock key: bytes and CreateRevision (the token).
+    grants: HashMap<String, Option<(Vec<u8>, i64)>>,
+    /// `P/k/{key}` by lock key.
+    keys: HashMap<String, Option<Vec<u8>>>,
+}
+
+fn remember<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, k: K, v: V) {
+    if map.len() >= SEEN_MAX && !map.contains_key(&k) {
+        map.clear();
+    }
+    map.insert(k, v);
+}
+
+/// The single record of one get, decoded.
+fn one<T: DeserializeOwned>(entries: Option<Vec<Entry>>) -> Result<Option<Rec<T>>, StoreError> {
+    entries.and_then(|mut e| e.pop()).map(Entry::decode).transpose()
 }
 
 /// A guard of a commit.
@@ -254,6 +322,8 @@ pub struct EtcdLockStore {
     clock: Clock,
     /// The greatest `now` handed out by this process: the clock never runs backwards.
     last_now: AtomicI64,
+    /// Hints for guards, see [`Seen`].
+    seen: Mutex<Seen>,
 }
 
 impl std::fmt::Debug for EtcdLockStore {
@@ -281,7 +351,7 @@ impl EtcdLockStore {
         let prefix = prefix.trim_end_matches('/');
         let prefix = if prefix.is_empty() { DEFAULT_PREFIX.to_owned() } else { prefix.to_owned() };
         let client = Self::client(endpoints).await?;
-        let store = EtcdLockStore { client, prefix, clock, last_now: AtomicI64::new(i64::MIN) };
+        let store = EtcdLockStore { client, prefix, clock, last_now: AtomicI64::new(i64::MIN), seen: Mutex::default() };
         store.ping().await?;
         Ok(store)
     }
@@ -349,19 +419,16 @@ impl EtcdLockStore {
 
     /// One read-only txn: a consistent snapshot of every key or prefix asked for.
     async fn read(&self, reads: Vec<Read>) -> Result<Vec<Vec<Entry>>, StoreError> {
-        let n = reads.len();
-        let ops: Vec<TxnOp> = reads
-            .into_iter()
-            .map(|r| match r {
-                // `None`: an exact get (the simulator's `GetOptions::new()` means prefix).
-                Read::Key(k) => TxnOp::get(k, None),
-                Read::Prefix(p) => TxnOp::get(p, Some(GetOptions::new().with_prefix())),
-            })
-            .collect();
+        let ops: Vec<TxnOp> = reads.iter().map(Read::op).collect();
         let mut kv = self.client.kv_client();
         let resp = Self::bounded(kv.txn(Txn::new().when(Vec::<Compare>::new()).and_then(ops))).await?;
+        Self::entries(resp.op_responses(), reads.len())
+    }
+
+    /// The records answered by `n` gets.
+    fn entries(resps: Vec<TxnOpResponse>, n: usize) -> Result<Vec<Vec<Entry>>, StoreError> {
         let mut out = Vec::with_capacity(n);
-        for op in resp.op_responses() {
+        for op in resps {
             let TxnOpResponse::Get(get) = op else {
                 return Err(StoreError::Corrupt("etcd: read txn answered a non-get".into()));
             };
@@ -380,13 +447,25 @@ impl EtcdLockStore {
     }
 
     async fn read_one<T: DeserializeOwned>(&self, key: String) -> Result<Option<Rec<T>>, StoreError> {
-        let mut r = self.read(vec![Read::Key(key)]).await?;
-        r.pop().and_then(|mut e| e.pop()).map(Entry::decode).transpose()
+        one(self.read(vec![Read::Key(key)]).await?.pop())
     }
 
     /// Commits `ops` iff every guard holds; returns the ops' responses, or `None` when a guard
     /// failed (nothing was written). See the module doc for how `Absent` is expressed.
     async fn commit(&self, conds: Vec<Cond>, ops: Vec<TxnOp>) -> Result<Option<Vec<TxnOpResponse>>, StoreError> {
+        Ok(self.commit_or_read(conds, ops, &[]).await?.ok())
+    }
+
+    /// [`EtcdLockStore::commit`], where a failed guard answers `Err` with `reads` done by the
+    /// same txn instead (a consistent snapshot, as [`EtcdLockStore::read`] gives): the next
+    /// attempt decides on it without another round trip.
+    async fn commit_or_read(
+        &self,
+        conds: Vec<Cond>,
+        ops: Vec<TxnOp>,
+        reads: &[Read],
+    ) -> Result<Result<Vec<TxnOpResponse>, Vec<Vec<Entry>>>, StoreError> {
+        let read_ops = || reads.iter().map(Read::op).collect::<Vec<TxnOp>>();
         let mut equal = Vec::new();
         let mut absent = Vec::new();
         for c in conds {
@@ -395,35 +474,159 @@ impl EtcdLockStore {
                 Cond::Absent(k) => absent.push(k),
             }
         }
-        let mut txn = Txn::new().when(equal).and_then(ops);
+        let mut txn = Txn::new().when(equal).and_then(ops).or_else(read_ops());
         for k in absent.iter().rev() {
             txn = Txn::new()
                 .when(vec![Compare::value(k.as_str(), CompareOp::Greater, Vec::new())])
-                .and_then(Vec::<TxnOp>::new())
+                .and_then(read_ops())
                 .or_else(vec![TxnOp::txn(txn)]);
         }
         let mut kv = self.client.kv_client();
         let mut resp = Self::bounded(kv.txn(txn)).await?;
         for _ in &absent {
             if resp.succeeded() {
-                return Ok(None); // the key exists
+                // The key exists.
+                return Ok(Err(Self::entries(resp.op_responses(), reads.len())?));
             }
             match resp.op_responses().into_iter().next() {
                 Some(TxnOpResponse::Txn(inner)) => resp = inner,
                 _ => return Err(StoreError::Corrupt("etcd: nested txn answered no txn".into())),
             }
         }
-        Ok(resp.succeeded().then(|| resp.op_responses()))
+        if resp.succeeded() {
+            Ok(Ok(resp.op_responses()))
+        } else {
+            Ok(Err(Self::entries(resp.op_responses(), reads.len())?))
+        }
     }
 
-    /// The holder session of a grant, reusing one already read when it is the same.
-    async fn holder(&self, g: &GrantVal, known: Option<(Uuid, &SessionVal)>) -> Result<Option<SessionVal>, StoreError> {
-        if let Some((id, s)) = known {
-            if id == g.session_id {
-                return Ok(Some(s.clone()));
+    /// The holder session of a grant: one of the sessions already read in the same snapshot
+    /// (`None` there: read as absent), else read now.
+    async fn holder(
+        &self,
+        g: &GrantVal,
+        known: &[(Uuid, Option<&Rec<SessionVal>>)],
+    ) -> Result<Option<Rec<SessionVal>>, StoreError> {
+        match known.iter().find(|(id, _)| *id == g.session_id) {
+            Some((_, s)) => Ok(s.cloned()),
+            None => self.read_one::<SessionVal>(self.session_key(g.session_id)).await,
+        }
+    }
+
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn saw_session(&self, id: Uuid, s: Option<&Rec<SessionVal>>) {
+        let mut seen = self.seen();
+        match s {
+            Some(s) => remember(&mut seen.sessions, id, s.raw.clone()),
+            None => {
+                seen.sessions.remove(&id);
             }
         }
-        Ok(self.read_one::<SessionVal>(self.session_key(g.session_id)).await?.map(|r| r.val))
+    }
+
+    fn saw_grant(&self, key: &str, g: Option<&Rec<GrantVal>>) {
+        remember(&mut self.seen().grants, key.to_owned(), g.map(|g| (g.raw.clone(), g.create_rev)));
+    }
+
+    fn saw_key(&self, key: &str, rec: Option<&Rec<KeyVal>>) {
+        remember(&mut self.seen().keys, key.to_owned(), rec.map(|r| r.raw.clone()));
+    }
+
+    /// The session this process last saw holding `key`, to read along with the grant.
+    fn holder_hint(&self, key: &str) -> Option<Uuid> {
+        let seen = self.seen();
+        let (raw, _) = seen.grants.get(key)?.as_ref()?;
+        serde_json::from_slice::<GrantVal>(raw).ok().map(|g| g.session_id)
+    }
+
+    /// The session record `id` as last seen, decoded.
+    fn seen_session(&self, id: Uuid) -> Option<Rec<SessionVal>> {
+        let raw = self.seen().sessions.get(&id)?.clone();
+        Entry { key: self.session_key(id), value: raw, create_rev: 0 }.decode().ok()
+    }
+
+    /// The grant of `key` as last seen: `None` unknown, `Some(None)` seen absent.
+    fn seen_grant(&self, key: &str) -> Option<Option<Rec<GrantVal>>> {
+        let g = self.seen().grants.get(key)?.clone();
+        Some(g.and_then(|(raw, rev)| Entry { key: self.grant_key(key), value: raw, create_rev: rev }.decode().ok()))
+    }
+
+    /// The key record of `key` as last seen: `None` unknown, `Some(None)` seen absent.
+    fn seen_key(&self, key: &str) -> Option<Option<Rec<KeyVal>>> {
+        let rec = self.seen().keys.get(key)?.clone();
+        Some(rec.and_then(|raw| Entry { key: self.key_key(key), value: raw, create_rev: 0 }.decode().ok()))
+    }
+
+    /// The caller's session and the key record, when what this process last saw says the
+    /// key is free for a grant at `now`: the session live, no grant (or none seen), no
+    /// lock-delay running. A key never seen here is guessed free and never granted.
+    fn free_as_seen(&self, key: &str, session_id: Uuid, now: i64) -> Option<(Rec<SessionVal>, Option<Rec<KeyVal>>)> {
+        let s = self.seen_session(session_id).filter(|s| now < s.val.expires_at_ms)?;
+        if self.seen_grant(key).is_some_and(|g| g.is_some()) {
+            return None;
+        }
+        let rec = self.seen_key(key).flatten();
+        if rec.as_ref().and_then(|r| r.val.delay_until_ms).is_some_and(|u| now < u) {
+            return None;
+        }
+        Some((s, rec))
+    }
+
+    /// The grant `(key, token)` and its holder session, when what this process last saw
+    /// says that grant is live at `now`.
+    fn live_as_seen(&self, key: &str, token: i64, now: i64) -> Option<(Rec<GrantVal>, Rec<SessionVal>)> {
+        let g = self.seen_grant(key).flatten().filter(|g| g.create_rev == token)?;
+        let h = self.seen_session(g.val.session_id)?;
+        live(&g.val, Some(&h.val), now).then_some((g, h))
+    }
+
+    /// The granting txn: grants `key` to session `s` unless `s`, the grant or the key record
+    /// `rec` changed from what the decision saw; then `Err` with `reads`' snapshot.
+    async fn grant(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        s: &Rec<SessionVal>,
+        rec: Option<&Rec<KeyVal>>,
+        (ttl_ms, now): (i64, i64),
+        reads: &[Read],
+    ) -> Result<Result<GrantRow, Vec<Vec<Entry>>>, StoreError> {
+        let (gkey, kkey) = (self.grant_key(key), self.key_key(key));
+        let val = GrantVal {
+            session_id,
+            owner_id: s.val.owner_id.clone(),
+            acquired_at_ms: now,
+            expires_at_ms: now + ttl_ms,
+            nonce: dlock_rt::rand::uuid_v4(),
+        };
+        let raw = encode(&val)?;
+        let conds = vec![Cond::of(s), Cond::Absent(gkey.clone()), Cond::of_opt(rec, kkey.clone())];
+        // First op: its revision is the token on real etcd and in the simulator alike.
+        let mut ops = vec![TxnOp::put(gkey.clone(), raw.clone(), None)];
+        // The key record is written only when it changes: absent (first grant), or carrying
+        // a lock-delay (which has run out, or the decision would have refused).
+        let rec_after = match rec {
+            Some(r) if r.val.delay_until_ms.is_none() => r.raw.clone(),
+            _ => {
+                let cleared = encode(&KeyVal::default())?;
+                ops.push(TxnOp::put(kkey.clone(), cleared.clone(), None));
+                cleared
+            }
+        };
+        ops.push(TxnOp::get(gkey.clone(), None));
+        match self.commit_or_read(conds, ops, reads).await? {
+            Ok(resps) => {
+                let token = token_of(&resps)?;
+                let granted = Rec { key: gkey, raw, val, create_rev: token };
+                self.saw_grant(key, Some(&granted));
+                remember(&mut self.seen().keys, key.to_owned(), Some(rec_after));
+                Ok(Ok(grant_row(key, &granted)))
+            }
+            Err(read) => Ok(Err(read)),
+        }
     }
 
     /// Key records of `keys`, for merging lock-delays.
@@ -536,8 +739,10 @@ impl LockStore for EtcdLockStore {
         let now = self.now();
         let val =
             SessionVal { owner_id: owner_id.to_owned(), ttl_ms, expires_at_ms: now + ttl_ms, expired_marked: false };
-        let ops = vec![TxnOp::put(self.session_key(session_id), encode(&val)?, None)];
+        let raw = encode(&val)?;
+        let ops = vec![TxnOp::put(self.session_key(session_id), raw.clone(), None)];
         self.commit(Vec::new(), ops).await?;
+        remember(&mut self.seen().sessions, session_id, raw);
         Ok(session_row(session_id, &val))
     }
 
@@ -554,8 +759,10 @@ impl LockStore for EtcdLockStore {
             };
             let held = grants.iter().filter(|g| g.val.session_id == session_id && now < g.val.expires_at_ms).count();
             let val = SessionVal { expires_at_ms: now + s.val.ttl_ms, ..s.val.clone() };
-            let ops = vec![TxnOp::put(s.key.clone(), encode(&val)?, None)];
+            let raw = encode(&val)?;
+            let ops = vec![TxnOp::put(s.key.clone(), raw.clone(), None)];
             if self.commit(vec![Cond::of(s)], ops).await?.is_some() {
+                remember(&mut self.seen().sessions, session_id, raw);
                 return Ok(Ok((session_row(session_id, &val), held as i64)));
             }
         }
@@ -576,6 +783,10 @@ impl LockStore for EtcdLockStore {
             let lost_at = |g: &GrantVal| Some(died_at(g, &s.val)).filter(|d| *d <= now);
             let last = (Cond::of(&s), TxnOp::delete(s.key.clone(), None));
             if self.remove_session_grants(&mine, lost_at, delay_ms, last).await?.is_some() {
+                self.saw_session(session_id, None);
+                for g in mine {
+                    self.saw_grant(self.lock_key_of(&g.key), None);
+                }
                 return Ok(Ok(()));
             }
         }
@@ -590,21 +801,53 @@ impl LockStore for EtcdLockStore {
         delay_ms: i64,
     ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
         let (skey, gkey, kkey) = (self.session_key(session_id), self.grant_key(key), self.key_key(key));
+        // What one attempt decides on, in one snapshot: the caller's session, the grant, the
+        // key record, and the session this process last saw holding the key, if another.
+        let reads = |hint: Option<Uuid>| {
+            let mut r = vec![Read::Key(skey.clone()), Read::Key(gkey.clone()), Read::Key(kkey.clone())];
+            r.extend(hint.filter(|h| *h != session_id).map(|h| Read::Key(self.session_key(h))));
+            (hint.filter(|h| *h != session_id), r)
+        };
+        // A snapshot answered by a txn whose guard failed, for the next attempt.
+        let mut snap: Option<(Option<Uuid>, Vec<Vec<Entry>>)> = None;
+        // First, grant on what this process last saw, when that says the key is free: the
+        // granting txn's guards check every record the decision used, and answer the
+        // snapshot if one differs. Refusals are never decided on what was seen.
+        let now = self.now();
+        if let Some((s, rec)) = self.free_as_seen(key, session_id, now) {
+            let (_, r) = reads(None);
+            match self.grant(key, session_id, &s, rec.as_ref(), (ttl_ms, now), &r).await? {
+                Ok(row) => return Ok(Ok(row)),
+                Err(read) => snap = Some((None, read)),
+            }
+        }
         for _ in 0..CAS_ATTEMPTS_MAX {
+            let (hint, r) = match snap.take() {
+                Some(taken) => taken,
+                None => {
+                    let (hint, r) = reads(self.holder_hint(key));
+                    (hint, self.read(r).await?)
+                }
+            };
             let now = self.now();
-            let mut r =
-                self.read(vec![Read::Key(skey.clone()), Read::Key(gkey.clone()), Read::Key(kkey.clone())]).await?;
-            let rec = r.pop().and_then(|mut e| e.pop()).map(Entry::decode::<KeyVal>).transpose()?;
-            let grant = r.pop().and_then(|mut e| e.pop()).map(Entry::decode::<GrantVal>).transpose()?;
-            let session = r.pop().and_then(|mut e| e.pop()).map(Entry::decode::<SessionVal>).transpose()?;
+            let mut r = r.into_iter();
+            let session = one::<SessionVal>(r.next())?;
+            let grant = one::<GrantVal>(r.next())?;
+            let rec = one::<KeyVal>(r.next())?;
+            let hinted = hint.map(|h| one::<SessionVal>(r.next()).map(|s| (h, s))).transpose()?;
+            self.saw_session(session_id, session.as_ref());
+            self.saw_grant(key, grant.as_ref());
+            self.saw_key(key, rec.as_ref());
             // The session is checked in the same txn that grants (Jepsen etcd 3.4.3).
             let s = match session_check(session.as_ref(), now) {
                 Ok(s) => s,
                 Err(refusal) => return Ok(Err(AcquireRefusal::Session(refusal))),
             };
             if let Some(g) = grant {
-                let holder = self.holder(&g.val, Some((session_id, &s.val))).await?;
-                let died = death(&g.val, holder.as_ref());
+                let mut known = vec![(session_id, Some(s))];
+                known.extend(hinted.as_ref().map(|(h, hs)| (*h, hs.as_ref())));
+                let holder = self.holder(&g.val, &known).await?;
+                let died = death(&g.val, holder.as_ref().map(|h| &h.val));
                 if died.is_some_and(|t| now < t) {
                     return Ok(Err(if g.val.session_id == session_id {
                         AcquireRefusal::AlreadyHeld { fencing_token: g.create_rev, expires_at_ms: g.val.expires_at_ms }
@@ -625,30 +868,10 @@ impl LockStore for EtcdLockStore {
             if let Some(until) = rec.as_ref().and_then(|r| r.val.delay_until_ms).filter(|u| now < *u) {
                 return Ok(Err(AcquireRefusal::Delayed { until_ms: until }));
             }
-            let val = GrantVal {
-                session_id,
-                owner_id: s.val.owner_id.clone(),
-                acquired_at_ms: now,
-                expires_at_ms: now + ttl_ms,
-                nonce: dlock_rt::rand::uuid_v4(),
-            };
-            let conds = vec![Cond::of(s), Cond::Absent(gkey.clone()), Cond::of_opt(rec.as_ref(), kkey.clone())];
-            let ops = vec![
-                // First op: its revision is the token on real etcd and in the simulator alike.
-                TxnOp::put(gkey.clone(), encode(&val)?, None),
-                TxnOp::put(kkey.clone(), encode(&KeyVal::default())?, None),
-                TxnOp::get(gkey.clone(), None),
-            ];
-            if let Some(resps) = self.commit(conds, ops).await? {
-                let token = token_of(&resps)?;
-                return Ok(Ok(GrantRow {
-                    key: key.to_owned(),
-                    session_id,
-                    owner_id: val.owner_id,
-                    fencing_token: token,
-                    acquired_at_ms: val.acquired_at_ms,
-                    expires_at_ms: val.expires_at_ms,
-                }));
+            let (hint, r) = reads(self.holder_hint(key));
+            match self.grant(key, session_id, s, rec.as_ref(), (ttl_ms, now), &r).await? {
+                Ok(row) => return Ok(Ok(row)),
+                Err(read) => snap = Some((hint, read)),
             }
         }
         Err(contended("acquire"))
@@ -677,27 +900,67 @@ impl LockStore for EtcdLockStore {
                 return Ok(Err(RenewRefusal::Lost { stored_token: Some(g.create_rev) }));
             }
             let val = GrantVal { expires_at_ms: now + ttl_ms, ..g.val.clone() };
-            let ops = vec![TxnOp::put(g.key.clone(), encode(&val)?, None)];
+            let raw = encode(&val)?;
+            let ops = vec![TxnOp::put(g.key.clone(), raw.clone(), None)];
             if self.commit(vec![Cond::of(s), Cond::of(&g)], ops).await?.is_some() {
-                return Ok(Ok(grant_row(key, &Rec { val, ..g })));
+                let renewed = Rec { raw: raw.clone(), val, ..g };
+                self.saw_grant(key, Some(&renewed));
+                return Ok(Ok(grant_row(key, &renewed)));
             }
         }
         Err(contended("renew"))
     }
 
     async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
+        let gkey = self.grant_key(key);
+        let reads = |holder: Option<Uuid>| {
+            let mut r = vec![Read::Key(gkey.clone())];
+            r.extend(holder.map(|h| Read::Key(self.session_key(h))));
+            r
+        };
+        let mut snap: Option<(Option<Uuid>, Vec<Vec<Entry>>)> = None;
+        // First, on what this process last saw of the grant and its holder session, when that
+        // says the grant `(key, token)` is live: both records are guarded.
+        if let Some((g, h)) = self.live_as_seen(key, token, self.now()) {
+            let r = reads(Some(g.val.session_id));
+            let ops = vec![TxnOp::delete(g.key.clone(), None)];
+            match self.commit_or_read(vec![Cond::of(&g), Cond::of(&h)], ops, &r).await? {
+                Ok(_) => {
+                    self.saw_grant(key, None);
+                    return Ok(Ok(()));
+                }
+                Err(read) => snap = Some((Some(g.val.session_id), read)),
+            }
+        }
         for _ in 0..CAS_ATTEMPTS_MAX {
+            let (hint, r) = match snap.take() {
+                Some(taken) => taken,
+                None => {
+                    let hint = self.holder_hint(key);
+                    (hint, self.read(reads(hint)).await?)
+                }
+            };
             let now = self.now();
-            let Some(g) = self.read_one::<GrantVal>(self.grant_key(key)).await? else { return Ok(Err(None)) };
+            let mut r = r.into_iter();
+            let grant = one::<GrantVal>(r.next())?;
+            let hinted = hint.map(|h| one::<SessionVal>(r.next()).map(|s| (h, s))).transpose()?;
+            self.saw_grant(key, grant.as_ref());
+            let Some(g) = grant else { return Ok(Err(None)) };
             if g.create_rev != token {
                 return Ok(Err(Some(g.create_rev)));
             }
-            let holder = self.holder(&g.val, None).await?;
-            if !live(&g.val, holder.as_ref(), now) {
+            let known: Vec<_> = hinted.iter().map(|(h, hs)| (*h, hs.as_ref())).collect();
+            let holder = self.holder(&g.val, &known).await?;
+            if !live(&g.val, holder.as_ref().map(|h| &h.val), now) {
                 return Ok(Err(Some(g.create_rev)));
             }
-            if self.commit(vec![Cond::of(&g)], vec![TxnOp::delete(g.key.clone(), None)]).await?.is_some() {
-                return Ok(Ok(()));
+            let r = reads(Some(g.val.session_id));
+            match self.commit_or_read(vec![Cond::of(&g)], vec![TxnOp::delete(g.key.clone(), None)], &r).await? {
+                Ok(_) => {
+                    self.saw_grant(key, None);
+                    return Ok(Ok(()));
+                }
+                Err(read) => snap = Some((Some(g.val.session_id), read)),
             }
         }
         Err(contended("release"))
@@ -705,15 +968,21 @@ impl LockStore for EtcdLockStore {
 
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
         let now = self.now();
-        let mut r = self.read(vec![Read::Key(self.key_key(key)), Read::Key(self.grant_key(key))]).await?;
-        let grant = r.pop().and_then(|mut e| e.pop()).map(Entry::decode::<GrantVal>).transpose()?;
-        let seen = r.pop().is_some_and(|e| !e.is_empty());
+        let hint = self.holder_hint(key);
+        let mut reads = vec![Read::Key(self.key_key(key)), Read::Key(self.grant_key(key))];
+        reads.extend(hint.map(|h| Read::Key(self.session_key(h))));
+        let mut r = self.read(reads).await?.into_iter();
+        let seen = r.next().is_some_and(|e| !e.is_empty());
+        let grant = one::<GrantVal>(r.next())?;
+        let hinted = hint.map(|h| one::<SessionVal>(r.next()).map(|s| (h, s))).transpose()?;
+        self.saw_grant(key, grant.as_ref());
         if !seen {
             return Ok(None);
         }
         let Some(g) = grant else { return Ok(Some(KeyInfo { grant: None })) };
-        let holder = self.holder(&g.val, None).await?;
-        let live = live(&g.val, holder.as_ref(), now);
+        let known: Vec<_> = hinted.iter().map(|(h, hs)| (*h, hs.as_ref())).collect();
+        let holder = self.holder(&g.val, &known).await?;
+        let live = live(&g.val, holder.as_ref().map(|h| &h.val), now);
         Ok(Some(KeyInfo { grant: live.then(|| grant_row(key, &g)) }))
     }
 
@@ -728,11 +997,17 @@ impl LockStore for EtcdLockStore {
         let rkey = self.revocation_key(revocation_id);
         for _ in 0..CAS_ATTEMPTS_MAX {
             let now = self.now();
-            let Some(g) = self.read_one::<GrantVal>(self.grant_key(key)).await? else {
+            let hint = self.holder_hint(key);
+            let mut reads = vec![Read::Key(self.grant_key(key))];
+            reads.extend(hint.map(|h| Read::Key(self.session_key(h))));
+            let mut r = self.read(reads).await?.into_iter();
+            let Some(g) = one::<GrantVal>(r.next())? else {
                 return Ok(Err(RevokeRefusal::NotHeld));
             };
-            let holder = self.holder(&g.val, None).await?;
-            if !live(&g.val, holder.as_ref(), now) {
+            let hinted = hint.map(|h| one::<SessionVal>(r.next()).map(|s| (h, s))).transpose()?;
+            let known: Vec<_> = hinted.iter().map(|(h, hs)| (*h, hs.as_ref())).collect();
+            let holder = self.holder(&g.val, &known).await?;
+            if !live(&g.val, holder.as_ref().map(|h| &h.val), now) {
                 return Ok(Err(RevokeRefusal::NotHeld));
             }
             if expected_token.is_some_and(|e| e != g.create_rev) {
@@ -753,6 +1028,7 @@ impl LockStore for EtcdLockStore {
             ];
             if let Some(resps) = self.commit(vec![Cond::of(&g), Cond::Absent(rkey.clone())], ops).await? {
                 let floor = token_of(&resps)?;
+                self.saw_grant(key, None);
                 return Ok(Ok(Revocation { revoked_token: g.create_rev, new_token_floor: floor, revocation_id }));
             }
         }
