@@ -24,6 +24,8 @@ fn main() {
 #[cfg(not(madsim))]
 mod bench {
     use std::sync::Arc;
+    // Real wall-clock time on purpose: a bench measures the real machine, and benches are
+    // built only outside the simulation (`cfg(not(madsim))`), so no seam is bypassed.
     use std::time::Instant;
 
     use dlock_contract::payout::PayoutState;
