@@ -12,7 +12,7 @@ use dlock_rt::Clock;
 use uuid::Uuid;
 
 use crate::metrics::{ProxyMetrics, RESOURCE_RAIL};
-use crate::store::{Admission, Attempt, RailStore, Resolution, StoreError};
+use crate::store::{Admission, Attempt, RailStore, Resolution};
 
 /// Default `rail.proxy.connect-timeout-ms` (C3 §3.8: proxy → rail connect budget).
 pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 1_000;
@@ -303,12 +303,6 @@ pub fn classify(sent: Result<dlock_rt::http::ClientResponse, ClientError>) -> Re
         Err(e) if e.nothing_sent() => Resolution::Unsent { detail: e.to_string() },
         Err(ClientError::Timeout(ms)) => Resolution::Timeout { detail: format!("no answer within {ms} ms") },
         Err(e) => Resolution::Timeout { detail: e.to_string() },
-    }
-}
-
-impl From<StoreError> for Outcome {
-    fn from(e: StoreError) -> Self {
-        Outcome::StoreUnavailable { cause: e.to_string() }
     }
 }
 

@@ -5,7 +5,6 @@
 //! sent and answered, sent and lost) is never blurred by a pool: the rail-proxy depends on
 //! telling "could not connect" (nothing presented) from "sent, no answer" (ambiguous).
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -338,9 +337,6 @@ impl HttpClient {
         }
     }
 }
-
-/// A service that never fails, for [`serve`]'s callers that build their own routers.
-pub type Never = Infallible;
 
 #[cfg(test)]
 mod tests {
