@@ -271,12 +271,13 @@ impl LockServer {
         wait_ms: i64,
     ) -> Result<AcquireOutcome, StoreError> {
         let delay = self.cfg.delay_ms;
+        // The refusal to answer if the wait ends without a grant: the latest the store gave.
+        let mut last = None;
         if wait_ms <= 0 || self.queue_is_empty(key) {
-            let first = self.store.acquire(key, session_id, ttl_ms, delay).await?;
-            match first {
+            match self.store.acquire(key, session_id, ttl_ms, delay).await? {
                 Ok(g) => return Ok(AcquireOutcome::Granted(g)),
                 Err(r) if wait_ms <= 0 || ends_the_wait(&r) => return Ok(AcquireOutcome::Refused(r)),
-                Err(_) => {}
+                Err(r) => last = Some(r),
             }
         } else if wait_ms <= 0 {
             // A queue is waiting: a no-wait request does not barge past it.
@@ -287,7 +288,6 @@ impl LockServer {
         let _guard = WaiterGuard { server: self, key: key.to_owned(), id };
         let deadline = self.clock.now() + Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0));
         let poll = Duration::from_millis(self.cfg.wait_poll_ms.max(1));
-        let mut last = self.contended_now(key).await?;
         loop {
             // Register for the wake-up before asking the store, so a release between the
             // store's answer and the wait is not missed.
@@ -300,12 +300,17 @@ impl LockServer {
                     // The session is re-checked at grant time: a waiter whose session lapsed
                     // while it waited is never granted.
                     Err(r) if ends_the_wait(&r) => return Ok(AcquireOutcome::Refused(r)),
-                    Err(r) => last = r,
+                    Err(r) => last = Some(r),
                 }
             }
             let now = self.clock.now();
             if now >= deadline {
-                return Ok(AcquireOutcome::Refused(last));
+                let refusal = match last {
+                    Some(r) => r,
+                    // Never at the head: ask the store once, now, what holds the key.
+                    None => self.contended_now(key).await?,
+                };
+                return Ok(AcquireOutcome::Refused(refusal));
             }
             let _ = dlock_rt::timeout(poll.min(deadline - now), notified).await;
         }
