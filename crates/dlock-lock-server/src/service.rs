@@ -273,7 +273,7 @@ impl LockServer {
         let delay = self.cfg.delay_ms;
         // The refusal to answer if the wait ends without a grant: the latest the store gave.
         let mut last = None;
-        if wait_ms <= 0 || self.queue_is_empty(key) {
+        if self.queue_is_empty(key) {
             match self.store.acquire(key, session_id, ttl_ms, delay).await? {
                 Ok(g) => return Ok(AcquireOutcome::Granted(g)),
                 Err(r) if wait_ms <= 0 || ends_the_wait(&r) => return Ok(AcquireOutcome::Refused(r)),

@@ -557,6 +557,38 @@ async fn l4_waiters_are_granted_in_arrival_order(backend: Backend) {
     }
 }
 
+async fn l4_a_no_wait_request_does_not_barge_past_waiters(backend: Backend) {
+    // The waiter polls the store rarely, so only an explicit wake moves it.
+    let rig = app_with(backend, LockServerConfig { wait_poll_ms: 60_000, ..LockServerConfig::default() }).await;
+    let (app, server) = (rig.app.clone(), rig.server.clone());
+    let holder = session(&app, "holder", 30_000).await;
+    let waiter = session(&app, "waiter", 30_000).await;
+    let barger = session(&app, "barger", 30_000).await;
+    let (_, g) = acquire(&app, "k", &holder, "holder", json!({})).await;
+    let waiting = {
+        let (app, waiter) = (app.clone(), waiter.clone());
+        tokio::spawn(async move { acquire(&app, "k", &waiter, "waiter", json!({ "waitMillis": 10_000 })).await })
+    };
+    let queued = dlock_rt::wait_until(dlock_rt::Duration::from_millis(5), dlock_rt::Duration::from_secs(5), || {
+        let app = app.clone();
+        async move { (call(&app, "GET", "/v1/locks/k", &[], None).await.1["waiterCount"] == 1).then_some(()) }
+    })
+    .await;
+    assert!(queued.is_some(), "the waiter never queued");
+    // Free the key behind the queue's back (as another replica's release would).
+    let token = g["fencingToken"].as_i64().expect("token");
+    assert_eq!(server.store.release("k", token).await.expect("release"), Ok(()));
+    let (s, v) = acquire(&app, "k", &barger, "barger", json!({})).await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (409, Some("LOCK_CONTENDED")),
+        "a no-wait request took the key from the queue: {v}"
+    );
+    server.wake("k");
+    let (s, g2) = waiting.await.expect("waiter");
+    assert_eq!((s, g2["ownerId"].as_str()), (200, Some("waiter")), "{g2}");
+}
+
 macro_rules! on_every_backend {
     ($($case:ident),* $(,)?) => {
         mod sim {
@@ -594,4 +626,5 @@ on_every_backend!(
     every_refusal_is_the_envelope,
     a_waiter_whose_session_lapses_while_it_waits_is_never_granted,
     l4_waiters_are_granted_in_arrival_order,
+    l4_a_no_wait_request_does_not_barge_past_waiters,
 );
