@@ -29,13 +29,9 @@ mod bench {
     use dlock_rt::Clock;
     use sqlx::Connection;
 
-    fn env_usize(name: &str, default: usize) -> usize {
-        std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-    }
-
     pub async fn run() {
-        let n = env_usize("DLOCK_BENCH_N", 1_000);
-        let clients = env_usize("DLOCK_BENCH_CONCURRENCY", 4).max(1);
+        let n = dlock_testkit::bench::env_usize("DLOCK_BENCH_N", 1_000);
+        let clients = dlock_testkit::bench::env_usize("DLOCK_BENCH_CONCURRENCY", 4).max(1);
         println!("lock-server acquire+release bench: n={n} clients={clients}");
         println!(
             "{:<10} {:<6} {:<8} {:>10} {:>12} {:>7}",
@@ -44,8 +40,8 @@ mod bench {
         let dir = dlock_testkit::TempDir::new("bench");
         let sqlite = format!("sqlite://{}", dir.path().join("lockdb.sqlite").display());
         report("sqlite", &sqlite, n, clients).await;
-        if std::env::var("DLOCK_BENCH_PG_URL").or_else(|_| std::env::var(dlock_testkit::PG_URL_ENV)).is_ok() {
-            let url = dlock_testkit::pg_database().await;
+        if let Some(admin) = dlock_testkit::bench::pg_admin_url() {
+            let url = dlock_testkit::pg_database_on(&admin).await;
             report("postgres", &url, n, clients).await;
         } else {
             println!("postgres   (skipped: set DLOCK_TEST_PG_URL to include it)");

@@ -37,25 +37,20 @@ mod bench {
     use dlock_rt::Clock;
     use sqlx::Connection;
 
-    fn env_usize(name: &str, default: usize) -> usize {
-        std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-    }
-
     pub async fn run() {
-        let n = env_usize("DLOCK_BENCH_N", 1_000);
-        let concurrency = env_usize("DLOCK_BENCH_CONCURRENCY", 8).max(1);
+        let n = dlock_testkit::bench::env_usize("DLOCK_BENCH_N", 1_000);
+        let concurrency = dlock_testkit::bench::env_usize("DLOCK_BENCH_CONCURRENCY", 8).max(1);
         println!("rail-proxy admission bench: n={n} concurrency={concurrency} stub latency=0");
         println!("{:<10} {:>16} {:>22} {:>8}", "database", "admissions/s", "conditional UPDATE/s", "ratio");
         let dir = dlock_testkit::TempDir::new("bench");
         let sqlite = dlock_testkit::sqlite_url(&dir);
         report("sqlite", &sqlite, n, concurrency).await;
-        let pg = std::env::var("DLOCK_BENCH_PG_URL").or_else(|_| std::env::var(dlock_testkit::PG_URL_ENV));
-        match pg {
-            Ok(_) => {
-                let url = dlock_testkit::pg_database().await;
+        match dlock_testkit::bench::pg_admin_url() {
+            Some(admin) => {
+                let url = dlock_testkit::pg_database_on(&admin).await;
                 report("postgres", &url, n, concurrency).await;
             }
-            Err(_) => println!("postgres   (skipped: set DLOCK_TEST_PG_URL to include it)"),
+            None => println!("postgres   (skipped: set DLOCK_TEST_PG_URL to include it)"),
         }
     }
 

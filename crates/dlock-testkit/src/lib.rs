@@ -27,8 +27,14 @@ pub fn pg_admin_url() -> String {
 /// Creates a fresh database on the test server and returns its URL.
 #[cfg(not(madsim))]
 pub async fn pg_database() -> String {
+    pg_database_on(&pg_admin_url()).await
+}
+
+/// Creates a fresh database on the server at `admin` and returns its URL.
+#[cfg(not(madsim))]
+pub async fn pg_database_on(admin: &str) -> String {
     use sqlx::Connection;
-    let admin = pg_admin_url();
+    let admin = admin.to_owned();
     let name = format!("dlock_test_{}", uuid::Uuid::new_v4().simple());
     let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connect to the test PostgreSQL server");
     sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut conn).await.expect("create test database");
@@ -50,6 +56,19 @@ pub fn replace_db_name(url: &str, name: &str) -> String {
     match query {
         Some(q) => format!("{base}/{name}?{q}"),
         None => format!("{base}/{name}"),
+    }
+}
+
+/// Settings shared by the benches.
+pub mod bench {
+    /// A count from the environment, or `default`.
+    pub fn env_usize(name: &str, default: usize) -> usize {
+        std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    }
+
+    /// The PostgreSQL server a bench may use: `DLOCK_BENCH_PG_URL`, else `DLOCK_TEST_PG_URL`.
+    pub fn pg_admin_url() -> Option<String> {
+        std::env::var("DLOCK_BENCH_PG_URL").or_else(|_| std::env::var(super::PG_URL_ENV)).ok().filter(|u| !u.is_empty())
     }
 }
 
