@@ -194,7 +194,8 @@ async fn heartbeat(
     let id = path_session(&session_id)?;
     let _owner = dlock_http::owner_id(&headers)?;
     let (row, held) = server.store.heartbeat(id).await.map_err(not_leader)?.map_err(|r| session_refusal(r, id))?;
-    let now = server.store.now_ms().await.map_err(not_leader)?;
+    // The store extended the session to its own `now + ttl`: that `now` is the server time.
+    let now = row.expires_at_ms - row.ttl_ms;
     Ok(dlock_http::json(
         StatusCode::OK,
         &HeartbeatAck {
@@ -266,7 +267,9 @@ async fn acquire(
                 }
                 AcquireRefusal::Session(_) => (json!({ "key": key }), 0),
             };
-            let now = server.store.now_ms().await.unwrap_or(retry_after);
+            // A hint, not a promise (C3 §3.1): this replica's clock is close enough, and asking
+            // the backend would add a round trip to every contended answer.
+            let now = server.clock.wall().timestamp_millis();
             let wait_ms = u64::try_from(retry_after.saturating_sub(now)).unwrap_or(0).clamp(1, WAIT_MS_MAX as u64);
             Err(ApiError::new(ErrorCode::LockContended, "the lock is held; nothing happened")
                 .with_retry_after_ms(wait_ms)

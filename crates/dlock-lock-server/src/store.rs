@@ -158,7 +158,8 @@ pub trait LockStore: Send + Sync + 'static {
     /// `expires_at = now + ttl_ms`.
     async fn open_session(&self, session_id: Uuid, owner_id: &str, ttl_ms: i64) -> Result<SessionRow, StoreError>;
 
-    /// Extends a live session to `now + ttl_ms` and counts its live grants.
+    /// Extends a live session to `now + ttl_ms` and counts its live grants. The returned row's
+    /// `expires_at_ms - ttl_ms` is the backend's `now` (the server reports it as `serverTime`).
     async fn heartbeat(&self, session_id: Uuid) -> Result<Result<(SessionRow, i64), SessionRefusal>, StoreError>;
 
     /// Closes a session and forgets it: later calls answer `Unknown`. A live session's grants
