@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # scripts/quickstart.sh — the main job on the embedded default (SQLite under ./dlock-data).
 #
-# Builds dlock and starts three services on loopback: the lock-server (8081, lockdb), the
-# hostile rail-stub (8084) and the rail-proxy (8083, paydb). It puts three CLAIMED payouts
-# A, B, C on account acct-1 into paydb, and walks through the fence with curl:
-#   1. worker-1 takes the lock payout:acct-1 (token T1) and pays A          -> 200 ACKED
-#   2. worker-1 stalls; an operator revokes its lock (the floor rises)
-#   3. worker-2 takes the lock (token T2 > floor) and pays B                -> 200 ACKED
-#   4. worker-1 wakes and pays C with its dead token T1                     -> 409 FENCED_OUT
-#   5. worker-2 re-takes the lock (T3) and tries A again                    -> 409 DUPLICATE_SUBMISSION
-#   6. kill -9 the proxy, start it again; worker-1 tries C again with T1    -> 409 FENCED_OUT
-#   7. the rail's own call log: exactly one call for A and one for B, nothing for C.
+# Builds dlock and starts four services on loopback: the lock-server (8081, lockdb), the
+# payment-resource (8082, paydb), the rail-proxy (8083, the same paydb) and the hostile
+# rail-stub (8084). It opens account acct-1 with 10 000 and creates three PENDING payouts
+# A, B, C through the payment-resource, then walks the executor's protocol with curl:
+#   1. worker-1 takes payout:acct-1 (T1), claims A, pays it at the rail       -> CLAIMED, ACKED
+#      then takes a newer grant (T2) and posts A to the ledger                -> POSTED
+#   2. worker-1 takes T3 and claims B, then stalls; an operator revokes its lock
+#   3. worker-2 takes T4 > floor, re-claims B, pays it, posts it with T5      -> CLAIMED, ACKED, POSTED
+#   4. worker-1 wakes and goes on with T3: the rail and the ledger refuse it  -> 409 FENCED_OUT (twice)
+#   5. worker-2 (T6) tries to pay A again: never twice, whatever the token    -> 409 DUPLICATE_SUBMISSION
+#   6. kill -9 the proxy and the payment-resource, start them again; worker-1
+#      tries C with T3 at the resource and at the rail                        -> 409 FENCED_OUT (twice)
+#   7. the rail's own call log: one call for A, one for B, none for C; the account's
+#      balance equals its ledger sum.
 # It exits non-zero if any answer differs. `--keep` leaves the services running afterwards
 # (Ctrl-C stops them).
 set -euo pipefail
@@ -53,6 +57,11 @@ start_proxy() {
     PROXY_PID=$!
     PIDS+=("$PROXY_PID")
 }
+start_payment() {
+    "$DLOCK" payment-resource --database-url "$DB" --listen 127.0.0.1:8082 >>"$DATA/payment-resource.log" 2>&1 &
+    PAYMENT_PID=$!
+    PIDS+=("$PAYMENT_PID")
+}
 
 wait_ready() { # url
     local deadline=$((SECONDS + 30))
@@ -62,20 +71,17 @@ wait_ready() { # url
     done
 }
 
-echo "==> starting lock-server :8081 (lockdb $LOCKDB), rail-stub :8084, rail-proxy :8083 (paydb $DB)"
+echo "==> starting lock-server :8081 (lockdb $LOCKDB), payment-resource :8082 and rail-proxy :8083 (paydb $DB), rail-stub :8084"
 "$DLOCK" migrate --database-url "$DB"
 "$DLOCK" lock-server --database-url "$LOCKDB" --listen 127.0.0.1:8081 >>"$DATA/lock-server.log" 2>&1 &
 PIDS+=("$!")
 "$DLOCK" rail-stub --listen 127.0.0.1:8084 --seed 1 >>"$DATA/stub.log" 2>&1 &
 PIDS+=("$!")
+start_payment
 start_proxy
 wait_ready http://127.0.0.1:8081/health/ready
+wait_ready http://127.0.0.1:8082/health/ready
 wait_ready http://127.0.0.1:8083/health/ready
-
-A=$("$DLOCK" dev seed-payout --database-url "$DB" --account acct-1 --amount-minor 1250 --currency EUR)
-B=$("$DLOCK" dev seed-payout --database-url "$DB" --account acct-1 --amount-minor 990 --currency EUR)
-C=$("$DLOCK" dev seed-payout --database-url "$DB" --account acct-1 --amount-minor 4200 --currency EUR)
-echo "==> payouts A=$A, B=$B, C=$C, all CLAIMED on account acct-1"
 
 FAILED=0
 field() { # json name -> the value of a top-level string or number field
@@ -109,7 +115,8 @@ submit() { # label payout amount token owner expected-status expected-code
         -H "X-Idempotency-Key: payout:$payout" \
         -d "{\"payoutId\":\"$payout\",\"accountId\":\"acct-1\",\"amountMinor\":$amount,\"currency\":\"EUR\",\"beneficiaryRef\":\"ben-1\"}")
     status=${out##*$'\n'}
-    echo "${out%$'\n'*}"
+    LAST_BODY=${out%$'\n'*}
+    echo "$LAST_BODY"
     if [ "$status" = "$want_status" ] && grep -q "\"$want_code\"" <<<"$out"; then
         echo "=> $status $want_code, as it must be"
     else
@@ -118,15 +125,72 @@ submit() { # label payout amount token owner expected-status expected-code
     fi
 }
 
+pay_call() { # method path [owner key token body] -> prints the body, then the status on the last line
+    local method=$1 path=$2 owner=${3:-} key=${4:-} token=${5:-} body=${6:-}
+    local args=(-sS -X "$method" -w '\n%{http_code}' "http://127.0.0.1:8082$path")
+    [ -n "$owner" ] && args+=(-H "X-Owner-Id: $owner")
+    [ -n "$key" ] && args+=(-H "X-Idempotency-Key: $key")
+    [ -n "$token" ] && args+=(-H "X-Fencing-Token: $token")
+    [ -n "$body" ] && args+=(-H 'Content-Type: application/json' -d "$body")
+    curl "${args[@]}"
+}
+expect() { # label out want-status want-code
+    local status=${2##*$'\n'}
+    echo "${2%$'\n'*}"
+    if [ "$status" = "$3" ] && grep -q "\"$4\"" <<<"$2"; then
+        echo "=> $status $4, as it must be"
+    else
+        echo "=> UNEXPECTED ($1): got $status, wanted $3 $4" >&2
+        FAILED=1
+    fi
+}
+new_payout() { # amount -> payout id
+    local out
+    out=$(pay_call POST /v1/payouts ops "create-$1" "" "{\"accountId\":\"acct-1\",\"amountMinor\":$1,\"currency\":\"EUR\",\"beneficiaryRef\":\"ben-1\"}")
+    field "${out%$'\n'*}" payoutId
+}
+claim() { # label payout token owner expected-state want-status want-code
+    echo
+    echo "--- $1"
+    echo "curl -X POST localhost:8082/v1/payouts/$2/claim -H 'X-Fencing-Token: $3' -H 'X-Owner-Id: $4' -H 'X-Idempotency-Key: payout:$2' -d '{\"expectedState\":\"$5\"}'"
+    expect "$1" "$(pay_call POST "/v1/payouts/$2/claim" "$4" "payout:$2" "$3" "{\"expectedState\":\"$5\"}")" "$6" "$7"
+}
+post() { # label payout token owner submission reference want-status want-code
+    echo
+    echo "--- $1"
+    echo "curl -X POST localhost:8082/v1/payouts/$2/post -H 'X-Fencing-Token: $3' -H 'X-Owner-Id: $4' -H 'X-Idempotency-Key: payout:$2' -d '{\"railReference\":\"$6\",\"submissionId\":\"$5\",\"railOutcome\":\"ACKED\"}'"
+    expect "$1" "$(pay_call POST "/v1/payouts/$2/post" "$4" "payout:$2" "$3" "{\"railReference\":\"$6\",\"submissionId\":\"$5\",\"railOutcome\":\"ACKED\"}")" "$7" "$8"
+}
+release() { # owner session token
+    lock_call DELETE "/v1/locks/payout:acct-1?sessionId=$2" "$1" "$3" >/dev/null
+}
+
+echo
+echo "--- 0. open account acct-1 with 10 000 (a balanced opening entry) and create payouts A, B, C"
+expect "open acct-1" "$(pay_call POST /v1/accounts ops open-acct-1 "" '{"accountId":"acct-1","currency":"EUR","openingBalanceMinor":10000}')" 201 acct-1
+A=$(new_payout 1250)
+B=$(new_payout 990)
+C=$(new_payout 4200)
+echo "==> payouts A=$A, B=$B, C=$C, all PENDING on account acct-1"
+
 echo
 echo "--- 1. worker-1 opens a session and takes the lock payout:acct-1"
 S1=$(open_session worker-1)
 T1=$(acquire worker-1 "$S1")
-submit "1. worker-1 pays A with token $T1" "$A" 1250 "$T1" worker-1 200 ACKED
+claim "1a. worker-1 claims A with token $T1" "$A" "$T1" worker-1 PENDING 200 CLAIMED
+submit "1b. worker-1 pays A with token $T1" "$A" 1250 "$T1" worker-1 200 ACKED
+ACK_A=$LAST_BODY
+release worker-1 "$S1" "$T1"
+T2=$(acquire worker-1 "$S1")
+post "1c. worker-1 posts A with a newer grant $T2 (each grant passes each fence once)" "$A" "$T2" worker-1 \
+    "$(field "$ACK_A" submissionId)" "$(field "$ACK_A" railReference)" 200 POSTED
+release worker-1 "$S1" "$T2"
 
 echo
-echo "--- 2. worker-1 stalls (a GC pause); an operator revokes its lock"
-out=$(lock_call POST /v1/locks/payout:acct-1/revoke operator "" "{\"operator\":\"alice\",\"reason\":\"worker-1 stalled mid-payout\",\"expectedToken\":$T1}")
+echo "--- 2. worker-1 takes the lock again and claims B; then it stalls (a GC pause) and an operator revokes its lock"
+T3=$(acquire worker-1 "$S1")
+claim "2a. worker-1 claims B with token $T3" "$B" "$T3" worker-1 PENDING 200 CLAIMED
+out=$(lock_call POST /v1/locks/payout:acct-1/revoke operator "" "{\"operator\":\"alice\",\"reason\":\"worker-1 stalled mid-payout\",\"expectedToken\":$T3}")
 echo "${out%$'\n'*}"
 FLOOR=$(field "${out%$'\n'*}" newTokenFloor)
 [ -n "$FLOOR" ] || { echo "=> UNEXPECTED revoke answer" >&2; FAILED=1; }
@@ -134,21 +198,44 @@ FLOOR=$(field "${out%$'\n'*}" newTokenFloor)
 echo
 echo "--- 3. worker-2 takes the lock: its token exceeds the floor $FLOOR"
 S2=$(open_session worker-2)
-T2=$(acquire worker-2 "$S2")
-submit "3. worker-2 pays B with token $T2" "$B" 990 "$T2" worker-2 200 ACKED
-submit "4. worker-1 wakes and pays C with its dead token $T1: fenced before the rail" "$C" 4200 "$T1" worker-1 409 FENCED_OUT
+T4=$(acquire worker-2 "$S2")
+claim "3a. worker-2 re-claims B (recovery) with token $T4" "$B" "$T4" worker-2 CLAIMED 200 CLAIMED
+submit "3b. worker-2 pays B with token $T4" "$B" 990 "$T4" worker-2 200 ACKED
+ACK_B=$LAST_BODY
+release worker-2 "$S2" "$T4"
+T5=$(acquire worker-2 "$S2")
+post "3c. worker-2 posts B with token $T5" "$B" "$T5" worker-2 \
+    "$(field "$ACK_B" submissionId)" "$(field "$ACK_B" railReference)" 200 POSTED
 
-lock_call DELETE "/v1/locks/payout:acct-1?sessionId=$S2" worker-2 "$T2" >/dev/null
-T3=$(acquire worker-2 "$S2")
-submit "5. worker-2 re-takes the lock (token $T3) and tries A again: never twice, whatever the token" "$A" 1250 "$T3" worker-2 409 DUPLICATE_SUBMISSION
+submit "4a. worker-1 wakes and pays B with its dead token $T3: fenced before the rail" "$B" 990 "$T3" worker-1 409 FENCED_OUT
+post "4b. worker-1 tries to post B with $T3: fenced at the ledger" "$B" "$T3" worker-1 \
+    "$(field "$ACK_B" submissionId)" "$(field "$ACK_B" railReference)" 409 FENCED_OUT
+
+release worker-2 "$S2" "$T5"
+T6=$(acquire worker-2 "$S2")
+submit "5. worker-2 takes token $T6 and tries to pay A again: never twice, whatever the token" "$A" 1250 "$T6" worker-2 409 DUPLICATE_SUBMISSION
 
 echo
-echo "--- 6. kill -9 the proxy and start it again: the mark is in paydb, not in the process"
-kill -9 "$PROXY_PID"
-wait "$PROXY_PID" 2>/dev/null || true
+echo "--- 6. kill -9 the proxy and the payment-resource, start them again: fences live in paydb, not in processes"
+kill -9 "$PROXY_PID" "$PAYMENT_PID"
+wait "$PROXY_PID" "$PAYMENT_PID" 2>/dev/null || true
+start_payment
 start_proxy
+wait_ready http://127.0.0.1:8082/health/ready
 wait_ready http://127.0.0.1:8083/health/ready
-submit "6. worker-1 tries C again with token $T1 after the restart" "$C" 4200 "$T1" worker-1 409 FENCED_OUT
+claim "6a. worker-1 claims C with token $T3 after the restart" "$C" "$T3" worker-1 PENDING 409 FENCED_OUT
+submit "6b. worker-1 pays C with token $T3 after the restart" "$C" 4200 "$T3" worker-1 409 FENCED_OUT
+
+echo
+echo "--- account acct-1 (GET localhost:8082/v1/accounts/acct-1)"
+ACCT=$(curl -sS http://127.0.0.1:8082/v1/accounts/acct-1)
+echo "$ACCT"
+if [ "$(field "$ACCT" balanceMinor)" = 7760 ] && [ "$(field "$ACCT" ledgerSumMinor)" = 7760 ]; then
+    echo "=> balance 10 000 - 1 250 - 990 = 7 760, equal to the sum of its ledger entries"
+else
+    echo "=> UNEXPECTED account" >&2
+    FAILED=1
+fi
 
 echo
 echo "--- 7. the rail's own record (GET localhost:8084/calls)"
@@ -163,9 +250,10 @@ else
 fi
 
 echo
-echo "--- metrics (GET localhost:8083/metrics and localhost:8081/metrics)"
-curl -sS http://127.0.0.1:8083/metrics | grep -v '^#'
+echo "--- metrics (GET /metrics on :8081, :8082 and :8083; the payment-resource's restarted at step 6)"
 curl -sS http://127.0.0.1:8081/metrics | grep -v '^#'
+curl -sS http://127.0.0.1:8082/metrics | grep -v '^#'
+curl -sS http://127.0.0.1:8083/metrics | grep -v '^#'
 
 if [ "$FAILED" -ne 0 ]; then
     echo "quickstart: FAILED; logs in $DATA" >&2

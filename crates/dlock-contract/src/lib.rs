@@ -12,6 +12,7 @@ pub mod currency;
 pub mod error;
 pub mod headers;
 pub mod lock;
+pub mod payment;
 pub mod payout;
 pub mod rail;
 pub mod time;

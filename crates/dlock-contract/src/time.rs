@@ -2,6 +2,12 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 
+/// `t` truncated to whole milliseconds: every instant paydb stores, so PostgreSQL
+/// (microseconds), SQLite (text) and memory agree exactly, and text order is time order.
+pub fn truncate_ms(t: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(t.timestamp_millis()).unwrap_or(t)
+}
+
 /// Formats a wall-clock instant as `2026-11-30T11:05:30.123Z`.
 pub fn rfc3339_ms(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Millis, true)

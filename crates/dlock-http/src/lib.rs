@@ -44,6 +44,14 @@ pub async fn envelope(mut req: Request, next: Next) -> Response {
     if let Some(err) = resp.extensions_mut().remove::<ApiError>() {
         return render(err, &trace, &method, &path);
     }
+    if resp.extensions_mut().remove::<Prerendered>().is_some() {
+        // A recorded answer replayed byte for byte (its envelope, if any, was rendered
+        // when it was first given, with that request's trace id).
+        if resp.status().is_client_error() || resp.status().is_server_error() {
+            tracing::debug!(status = resp.status().as_u16(), traceId = %trace.0, method = %method, path, "request_failed");
+        }
+        return resp;
+    }
     let status = resp.status();
     if status.is_client_error() || status.is_server_error() {
         // A layer below the handlers answered (router, extractor, body limit) without an
@@ -69,8 +77,7 @@ fn default_message(code: ErrorCode) -> &'static str {
 }
 
 fn render(err: ApiError, trace: &TraceId, method: &axum::http::Method, path: &str) -> Response {
-    let spec = err.code.spec();
-    let status = err.status_override.unwrap_or(spec.http_status);
+    let status = err.status_override.unwrap_or(err.code.spec().http_status);
     if let Some(internal) = &err.internal {
         tracing::error!(
             code = err.code.as_str(),
@@ -84,15 +91,38 @@ fn render(err: ApiError, trace: &TraceId, method: &axum::http::Method, path: &st
     } else {
         tracing::debug!(code = err.code.as_str(), status, traceId = %trace.0, method = %method, path, "request_failed");
     }
-    let mut env = ErrorEnvelope::new(err.code, err.message, trace.0.clone());
+    let (status, body) = envelope_bytes(err, &trace.0);
+    let mut resp = Response::new(Body::from(body));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_JSON));
+    resp
+}
+
+/// The status and exact envelope bytes `err` is answered with under `trace_id`. The
+/// middleware renders every [`ApiError`] with it; a service that records its answers (the
+/// payment-resource's idempotency ledger) renders with it too, so a replay is the same bytes.
+pub fn envelope_bytes(err: ApiError, trace_id: &str) -> (u16, Vec<u8>) {
+    let spec = err.code.spec();
+    let status = err.status_override.unwrap_or(spec.http_status);
+    let mut env = ErrorEnvelope::new(err.code, err.message, trace_id.to_owned());
     env.details = err.details;
     if spec.carries_retry_after {
         env.retry_after_millis = Some(err.retry_after_ms.unwrap_or(error::RETRY_AFTER_MS_DEFAULT));
     }
-    let body = serde_json::to_vec(&env).unwrap_or_else(|_| b"{}".to_vec());
+    (status, serde_json::to_vec(&env).unwrap_or_else(|_| b"{}".to_vec()))
+}
+
+/// Marks a response whose status and body are final: the middleware passes it through
+/// untouched (a replayed idempotent answer, including a recorded error envelope).
+#[derive(Debug, Clone, Copy)]
+pub struct Prerendered;
+
+/// A final JSON response of `status` and exactly `body` (see [`Prerendered`]).
+pub fn prerendered(status: u16, body: Vec<u8>) -> Response {
     let mut resp = Response::new(Body::from(body));
     *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_JSON));
+    resp.extensions_mut().insert(Prerendered);
     resp
 }
 

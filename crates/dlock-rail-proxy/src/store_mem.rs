@@ -20,18 +20,34 @@ use crate::store::{
     is_forwardable, Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow,
 };
 
-#[derive(Debug, Default)]
-struct Tables {
-    payouts: BTreeMap<Uuid, PayoutRow>,
-    high_water: BTreeMap<String, i64>,
-    /// In insertion order (the `seq` column).
-    submissions: Vec<SubmissionRow>,
+/// One `payouts` row with every column paydb holds (the proxy reads only [`PayoutRow`];
+/// the payment-resource's simulation store, which shares these tables, uses the rest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredPayout {
+    pub row: PayoutRow,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// The token of the latest claim (`payouts.claim_token`).
+    pub claim_token: Option<i64>,
+    pub claimed_by: Option<String>,
+    pub claimed_at: Option<DateTime<Utc>>,
 }
 
-/// In-memory paydb (rail tables only).
+/// paydb's payouts and rail tables in memory. Each method is one transaction: the caller
+/// holds the one mutex around it. Public so that a store sharing paydb (the
+/// payment-resource's simulation store) runs the very same admission code.
+#[derive(Debug, Default)]
+pub struct RailTables {
+    pub payouts: BTreeMap<Uuid, StoredPayout>,
+    pub high_water: BTreeMap<String, i64>,
+    /// In insertion order (the `seq` column).
+    pub submissions: Vec<SubmissionRow>,
+}
+
+/// In-memory paydb (payouts and rail tables).
 #[derive(Debug, Default)]
 pub struct MemRailStore {
-    tables: Mutex<Tables>,
+    tables: Mutex<RailTables>,
 }
 
 impl MemRailStore {
@@ -39,7 +55,7 @@ impl MemRailStore {
         MemRailStore::default()
     }
 
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Tables>, StoreError> {
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, RailTables>, StoreError> {
         self.tables.lock().map_err(|_| StoreError::Corrupt("simulation store poisoned".into()))
     }
 }
@@ -62,18 +78,14 @@ fn row(a: &Attempt, outcome: Option<SubmissionOutcome>) -> SubmissionRow {
     }
 }
 
-#[async_trait]
-impl RailStore for MemRailStore {
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.lock().map(|_| ())
+impl RailTables {
+    pub fn payout(&self, payout_id: Uuid) -> Option<PayoutRow> {
+        self.payouts.get(&payout_id).map(|p| p.row.clone())
     }
 
-    async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutRow>, StoreError> {
-        Ok(self.lock()?.payouts.get(&payout_id).cloned())
-    }
-
-    async fn admit(&self, a: &Attempt) -> Result<Admission, StoreError> {
-        let mut t = self.lock()?;
+    /// Steps 1–3, as [`RailStore::admit`].
+    pub fn admit(&mut self, a: &Attempt) -> Result<Admission, StoreError> {
+        let t = self;
         // Step 1: the conditional upsert of the mark.
         if a.fencing_enabled {
             let current = t.high_water.get(&a.account_id).copied();
@@ -101,11 +113,12 @@ impl RailStore for MemRailStore {
         let Some(payout) = t.payouts.get_mut(&a.payout_id) else {
             return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id)));
         };
-        if payout.state != PayoutState::Claimed {
-            return Ok(Admission::NotClaimable { state: payout.state });
+        if payout.row.state != PayoutState::Claimed {
+            return Ok(Admission::NotClaimable { state: payout.row.state });
         }
-        payout.state = PayoutState::Submitted;
-        payout.attempt_count += 1;
+        payout.row.state = PayoutState::Submitted;
+        payout.row.attempt_count += 1;
+        payout.updated_at = a.at;
         if a.fencing_enabled {
             t.high_water.insert(a.account_id.clone(), a.presented_token);
         }
@@ -113,8 +126,9 @@ impl RailStore for MemRailStore {
         Ok(Admission::Admitted { submitted_at: a.at })
     }
 
-    async fn resolve(&self, submission_id: Uuid, r: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
-        let mut t = self.lock()?;
+    /// As [`RailStore::resolve`].
+    pub fn resolve(&mut self, submission_id: Uuid, r: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
+        let t = self;
         let Some(s) = t.submissions.iter_mut().find(|s| s.submission_id == submission_id) else {
             return Err(StoreError::Corrupt(format!("no submission {submission_id}")));
         };
@@ -127,11 +141,57 @@ impl RailStore for MemRailStore {
         s.resolved_at = Some(at);
         let payout_id = s.payout_id;
         if let Some(p) = t.payouts.get_mut(&payout_id) {
-            if p.state == PayoutState::Submitted {
-                p.state = r.payout_state();
+            if p.row.state == PayoutState::Submitted {
+                p.row.state = r.payout_state();
+                p.updated_at = at;
             }
         }
         Ok(())
+    }
+
+    pub fn submissions_of(&self, payout_id: Option<Uuid>) -> Vec<SubmissionRow> {
+        self.submissions.iter().filter(|s| payout_id.is_none_or(|p| s.payout_id == p)).cloned().collect()
+    }
+
+    /// As [`RailStore::insert_payout`].
+    pub fn insert_payout(&mut self, p: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
+        if self.payouts.contains_key(&p.payout_id) {
+            return Err(StoreError::Corrupt(format!("payout {} exists", p.payout_id)));
+        }
+        let row = PayoutRow {
+            payout_id: p.payout_id,
+            account_id: p.account_id.clone(),
+            amount_minor: p.amount_minor,
+            currency: p.currency.clone(),
+            beneficiary_ref: p.beneficiary_ref.clone(),
+            state: p.state,
+            attempt_count: 0,
+        };
+        let at = dlock_contract::time::truncate_ms(at);
+        self.payouts.insert(
+            p.payout_id,
+            StoredPayout { row, created_at: at, updated_at: at, claim_token: None, claimed_by: None, claimed_at: None },
+        );
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl RailStore for MemRailStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.lock().map(|_| ())
+    }
+
+    async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutRow>, StoreError> {
+        Ok(self.lock()?.payout(payout_id))
+    }
+
+    async fn admit(&self, a: &Attempt) -> Result<Admission, StoreError> {
+        self.lock()?.admit(a)
+    }
+
+    async fn resolve(&self, submission_id: Uuid, r: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
+        self.lock()?.resolve(submission_id, r, at)
     }
 
     async fn high_water(&self, account_id: &str) -> Result<Option<i64>, StoreError> {
@@ -139,26 +199,10 @@ impl RailStore for MemRailStore {
     }
 
     async fn submissions(&self, payout_id: Option<Uuid>) -> Result<Vec<SubmissionRow>, StoreError> {
-        Ok(self.lock()?.submissions.iter().filter(|s| payout_id.is_none_or(|p| s.payout_id == p)).cloned().collect())
+        Ok(self.lock()?.submissions_of(payout_id))
     }
 
-    async fn insert_payout(&self, p: &NewPayout, _at: DateTime<Utc>) -> Result<(), StoreError> {
-        let mut t = self.lock()?;
-        if t.payouts.contains_key(&p.payout_id) {
-            return Err(StoreError::Corrupt(format!("payout {} exists", p.payout_id)));
-        }
-        t.payouts.insert(
-            p.payout_id,
-            PayoutRow {
-                payout_id: p.payout_id,
-                account_id: p.account_id.clone(),
-                amount_minor: p.amount_minor,
-                currency: p.currency.clone(),
-                beneficiary_ref: p.beneficiary_ref.clone(),
-                state: p.state,
-                attempt_count: 0,
-            },
-        );
-        Ok(())
+    async fn insert_payout(&self, p: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
+        self.lock()?.insert_payout(p, at)
     }
 }

@@ -336,6 +336,22 @@ macro_rules! sql_rail_store {
             }
 
             async fn insert_payout(&self, p: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
+                // Every instant paydb stores is whole milliseconds (text order = time order).
+                let at = dlock_contract::time::truncate_ms(at);
+                let mut tx = self.pool.begin().await.map_err(unavailable)?;
+                // Payouts reference accounts: make sure the account exists (zero balance,
+                // never fenced). A seeded payout bypasses the payment-resource's funds check.
+                let q = $sql(
+                    "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
+                     VALUES ($1, 'CUSTOMER', $2, 0, 0, $3, $3) ON CONFLICT (account_id) DO NOTHING",
+                );
+                sqlx::query(&q)
+                    .bind(p.account_id.clone())
+                    .bind(p.currency.clone())
+                    .bind(at)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
                 let q = $sql(
                     "INSERT INTO payouts (payout_id, account_id, amount_minor, currency, beneficiary_ref, state, \
                      attempt_count, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $7)",
@@ -348,10 +364,10 @@ macro_rules! sql_rail_store {
                     .bind(p.beneficiary_ref.clone())
                     .bind(p.state.as_str())
                     .bind(at)
-                    .execute(&self.pool)
+                    .execute(&mut *tx)
                     .await
-                    .map(|_| ())
-                    .map_err(unavailable)
+                    .map_err(unavailable)?;
+                tx.commit().await.map_err(unavailable)
             }
         }
     };

@@ -50,6 +50,8 @@ enum Command {
     RailStub(StubArgs),
     /// The only door to the rail: fences every submission on a durable high-water mark.
     RailProxy(ProxyArgs),
+    /// Payouts, accounts and the ledger: fenced claim and post (C3 §3.4).
+    PaymentResource(PaymentArgs),
     /// Sessions, leases and fencing tokens (C3 §3.3).
     LockServer(LockServerArgs),
     /// Apply pending database migrations, then exit.
@@ -107,6 +109,28 @@ struct ProxyArgs {
     /// [rail.proxy.body-bytes-max] Largest request body accepted.
     #[arg(long, env = "DLOCK_RAIL_PROXY_BODY_BYTES_MAX", value_name = "BYTES")]
     body_bytes_max: Option<usize>,
+}
+
+#[derive(Debug, Default, Args)]
+struct PaymentArgs {
+    /// [payment.resource.listen] Address to serve on.
+    #[arg(long, env = "DLOCK_PAYMENT_RESOURCE_LISTEN", value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// [payment.resource.database-url] paydb: sqlite://PATH or postgres://... (the proxy's paydb).
+    #[arg(long, env = "DLOCK_PAYMENT_RESOURCE_DATABASE_URL", value_name = "URL")]
+    database_url: Option<String>,
+    /// [payment.resource.body-bytes-max] Largest request body accepted.
+    #[arg(long, env = "DLOCK_PAYMENT_RESOURCE_BODY_BYTES_MAX", value_name = "BYTES")]
+    body_bytes_max: Option<usize>,
+    /// [payment.idempotency.retention-ms] How long a recorded answer is replayed (60000..=604800000).
+    #[arg(long, env = "DLOCK_PAYMENT_IDEMPOTENCY_RETENTION_MS", value_name = "MS")]
+    idempotency_retention_ms: Option<u64>,
+    /// [payment.idempotency.purge-interval-ms] Pause between purges of expired records.
+    #[arg(long, env = "DLOCK_PAYMENT_IDEMPOTENCY_PURGE_INTERVAL_MS", value_name = "MS")]
+    idempotency_purge_interval_ms: Option<u64>,
+    /// [payment.idempotency.purge-batch-max] Records one purge statement deletes at most.
+    #[arg(long, env = "DLOCK_PAYMENT_IDEMPOTENCY_PURGE_BATCH_MAX", value_name = "N")]
+    idempotency_purge_batch_max: Option<i64>,
 }
 
 #[derive(Debug, Default, Args)]
@@ -229,6 +253,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
         Command::RailStub(a) => run_stub(a, &file).await,
         Command::RailProxy(a) => run_proxy(a, &file, profile).await,
+        Command::PaymentResource(a) => run_payment_resource(a, &file).await,
         Command::LockServer(a) => run_lock_server(a, &file).await,
         Command::Migrate(a) => {
             let (name, versions) = match a.db {
@@ -330,6 +355,51 @@ async fn run_proxy(a: ProxyArgs, file: &FileConfig, profile: Profile) -> Result<
     let grace_ms = cfg.shutdown_grace_ms();
     let proxy = RailProxy::new(store, cfg, Clock::system());
     serve("rail-proxy", listen, dlock_rail_proxy::router(proxy), grace_ms).await
+}
+
+fn payment_config(
+    a: &PaymentArgs,
+    file: &FileConfig,
+) -> Result<(SocketAddr, String, dlock_payment_resource::PaymentConfig), String> {
+    let d = dlock_payment_resource::PaymentConfig::default();
+    let listen = resolve(a.listen, file, "payment.resource.listen", SocketAddr::from(([127, 0, 0, 1], 8082)))?;
+    let url = resolve(a.database_url.clone(), file, "payment.resource.database-url", PAYDB_URL_DEFAULT.to_owned())?;
+    let cfg = dlock_payment_resource::PaymentConfig {
+        body_bytes_max: resolve(a.body_bytes_max, file, "payment.resource.body-bytes-max", d.body_bytes_max)?,
+        idempotency_retention_ms: resolve(
+            a.idempotency_retention_ms,
+            file,
+            "payment.idempotency.retention-ms",
+            d.idempotency_retention_ms,
+        )?,
+        purge_interval_ms: resolve(
+            a.idempotency_purge_interval_ms,
+            file,
+            "payment.idempotency.purge-interval-ms",
+            d.purge_interval_ms,
+        )?,
+        purge_batch_max: resolve(
+            a.idempotency_purge_batch_max,
+            file,
+            "payment.idempotency.purge-batch-max",
+            d.purge_batch_max,
+        )?,
+    };
+    cfg.validate()?;
+    Ok((listen, url, cfg))
+}
+
+async fn run_payment_resource(a: PaymentArgs, file: &FileConfig) -> Result<(), String> {
+    let (listen, url, cfg) = payment_config(&a, file)?;
+    let store = dlock_payment_resource::store_sql::open(&url).await.map_err(|e| format!("paydb: {e}"))?;
+    let pr = dlock_payment_resource::PaymentResource::start(store, cfg, Clock::system())
+        .await
+        .map_err(|e| format!("paydb: {e}"))?;
+    let purger = dlock_rt::spawn(pr.clone().run_purger());
+    let grace = dlock_payment_resource::service::SHUTDOWN_GRACE_MS_MAX;
+    let result = serve("payment-resource", listen, dlock_payment_resource::router(pr), grace).await;
+    purger.abort();
+    result
 }
 
 fn lock_server_config(

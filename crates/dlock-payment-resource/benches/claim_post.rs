@@ -1,0 +1,483 @@
+//! Fenced claims and posts per second through the payment-resource's store, next to the raw
+//! conditional-UPDATE rate of the same database measured in the same run on the same
+//! machine. Prints the ratio (design §8 item 6).
+//!
+//! `cargo bench -p dlock-payment-resource --bench claim_post`
+//!
+//! - SQLite always (a temp file, the embedded default's pool: WAL, synchronous=FULL).
+//! - PostgreSQL when `DLOCK_BENCH_PG_URL` (or `DLOCK_TEST_PG_URL`) names a server; the bench
+//!   makes a fresh database on it.
+//! - `DLOCK_BENCH_N` payouts per run (default 400), spread over `DLOCK_BENCH_CONCURRENCY`
+//!   accounts (default 4), one task per account, all accounts at once.
+//!
+//! The store is driven through the `PaymentStore` trait, with a real idempotency identity
+//! (fingerprint included) and a render closure per request, as the HTTP handlers build them.
+//! Per account, tokens rise strictly and are never reused:
+//! 1. claims, PENDING→CLAIMED with tokens `1..=m` (timed);
+//! 2. the rail-proxy's `admit` and `resolve(Acked)` for each payout, CLAIMED→RAIL_ACKED
+//!    (untimed: the proxy has its own bench);
+//! 3. posts, RAIL_ACKED→POSTED with newer tokens `m+1..=2m` (timed).
+//!
+//! The baseline runs on the same pool: one row per account and `UPDATE bench_fence SET fence
+//! = $1 WHERE id = $2 AND fence < $1`, one autocommitted statement per operation, the same
+//! number of operations (2N) per account split and concurrency. A claim or a post is one
+//! transaction of several statements (the idempotency row, the fence, the transition and,
+//! for a post, two ledger entries) with one commit, so the ratio measures what the extra
+//! statements cost next to the single fenced write. Nothing here asserts on timings.
+
+#[cfg(madsim)]
+fn main() {}
+
+#[cfg(not(madsim))]
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    rt.block_on(bench::run());
+}
+
+#[cfg(not(madsim))]
+mod bench {
+    use std::sync::Arc;
+    // Real wall-clock time on purpose: a bench measures the real machine, and benches are
+    // built only outside the simulation (`cfg(not(madsim))`), so no seam is bypassed.
+    use std::time::Instant;
+
+    use chrono::{DateTime, Utc};
+    use dlock_contract::payment::{ClaimAck, ClaimRequest, EntryBody, NewAccountRequest, PostAck, PostRequest};
+    use dlock_contract::payout::PayoutState;
+    use dlock_db::Dialect;
+    use dlock_payment_resource::idempotency::fingerprint;
+    use dlock_payment_resource::store::{
+        Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, IdemRequest, Idempotent, NewAccount, NewPayout,
+        Operation, PaymentStore, Post, PostOutcome, StoredResponse,
+    };
+    use dlock_payment_resource::store_sql::{PgPaymentStore, SqlitePaymentStore};
+    use dlock_rail_proxy::store::{Admission, Attempt, RailStore, Resolution};
+    use dlock_rt::Clock;
+    use uuid::Uuid;
+
+    const AMOUNT_MINOR: i64 = 100;
+    const CURRENCY: &str = "EUR";
+    /// `payment.idempotency.retention-ms`'s default, 24 h.
+    const RETENTION_MS: i64 = 86_400_000;
+
+    pub async fn run() {
+        let n = dlock_testkit::bench::env_usize("DLOCK_BENCH_N", 400).max(1);
+        let accounts = dlock_testkit::bench::env_usize("DLOCK_BENCH_CONCURRENCY", 4).clamp(1, n);
+        println!("payment-resource claim+post bench: n={n} payouts, {accounts} accounts (one task each)");
+        println!(
+            "{:<10} {:>10} {:>10} {:>12} {:>14} {:>7}",
+            "database", "claims/s", "posts/s", "combined/s", "cond UPDATE/s", "ratio"
+        );
+        let dir = dlock_testkit::TempDir::new("bench");
+        let sqlite = dlock_testkit::sqlite_url(&dir);
+        report("sqlite", &sqlite, n, accounts).await;
+        match dlock_testkit::bench::pg_admin_url() {
+            Some(admin) => {
+                let url = dlock_testkit::pg_database_on(&admin).await;
+                report("postgres", &url, n, accounts).await;
+            }
+            None => println!("postgres   (skipped: set DLOCK_BENCH_PG_URL or DLOCK_TEST_PG_URL to include it)"),
+        }
+        println!("combined = 2N / (claim time + post time); ratio = combined / cond UPDATE");
+    }
+
+    async fn report(name: &str, url: &str, n: usize, accounts: usize) {
+        let (store, pool) = open(url).await;
+        let baseline = conditional_update_rate(&pool, 2 * n, accounts).await;
+        let r = claim_post_rates(store, url, n, accounts).await;
+        println!(
+            "{name:<10} {:>10.0} {:>10.0} {:>12.0} {baseline:>14.0} {:>7.2}",
+            r.claims,
+            r.posts,
+            r.combined,
+            r.combined / baseline
+        );
+    }
+
+    /// The store and its pool: the baseline runs on the very connections the store uses.
+    async fn open(url: &str) -> (Arc<dyn PaymentStore>, Pool) {
+        match Dialect::of_url(url).expect("dialect") {
+            Dialect::Sqlite => {
+                let s = SqlitePaymentStore::open(url).await.expect("open paydb");
+                let pool = Pool::Sqlite(s.pool.clone());
+                (Arc::new(s), pool)
+            }
+            Dialect::Postgres => {
+                let s = PgPaymentStore::open(url).await.expect("open paydb");
+                let pool = Pool::Pg(s.pool.clone());
+                (Arc::new(s), pool)
+            }
+        }
+    }
+
+    #[derive(Clone)]
+    enum Pool {
+        Sqlite(sqlx::SqlitePool),
+        Pg(sqlx::PgPool),
+    }
+
+    impl Pool {
+        /// Runs one autocommitted statement binding `(value, id)`; returns rows affected.
+        async fn execute(&self, sql: &str, value: i64, id: &str) -> u64 {
+            match self {
+                Pool::Sqlite(p) => {
+                    let sql = Dialect::Sqlite.sql(sql);
+                    sqlx::query(&sql).bind(value).bind(id).execute(p).await.expect("sqlite statement").rows_affected()
+                }
+                Pool::Pg(p) => {
+                    sqlx::query(sql).bind(value).bind(id).execute(p).await.expect("pg statement").rows_affected()
+                }
+            }
+        }
+    }
+
+    /// How many of `total` payouts (or baseline operations) each account gets: item `i` goes to
+    /// account `i % accounts`.
+    fn per_account(total: usize, accounts: usize) -> Vec<usize> {
+        (0..accounts).map(|w| (0..total).filter(|i| i % accounts == w).count()).collect()
+    }
+
+    fn account_id(w: usize) -> String {
+        format!("bench-{w}")
+    }
+
+    /// One row per account, `ops` conditional UPDATEs spread over them with strictly
+    /// increasing values per row, one task per account, each statement its own commit.
+    async fn conditional_update_rate(pool: &Pool, ops: usize, accounts: usize) -> f64 {
+        let create = match pool {
+            Pool::Sqlite(_) => "CREATE TABLE IF NOT EXISTS bench_fence (id TEXT PRIMARY KEY, fence INTEGER NOT NULL)",
+            Pool::Pg(_) => "CREATE TABLE IF NOT EXISTS bench_fence (id TEXT PRIMARY KEY, fence BIGINT NOT NULL)",
+        };
+        match pool {
+            Pool::Sqlite(p) => {
+                sqlx::query(create).execute(p).await.expect("create bench_fence");
+            }
+            Pool::Pg(p) => {
+                sqlx::query(create).execute(p).await.expect("create bench_fence");
+            }
+        }
+        for w in 0..accounts {
+            let seeded = pool
+                .execute(
+                    "INSERT INTO bench_fence (id, fence) VALUES ($2, $1) ON CONFLICT (id) DO UPDATE SET fence = $1",
+                    0,
+                    &account_id(w),
+                )
+                .await;
+            assert_eq!(seeded, 1, "seed bench_fence");
+        }
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for (w, count) in per_account(ops, accounts).into_iter().enumerate() {
+            let pool = pool.clone();
+            tasks.push(tokio::spawn(async move {
+                let id = account_id(w);
+                for token in 1..=count as i64 {
+                    let moved = pool
+                        .execute("UPDATE bench_fence SET fence = $1 WHERE id = $2 AND fence < $1", token, &id)
+                        .await;
+                    assert_eq!(moved, 1, "a strictly greater value must pass the fence");
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("baseline task");
+        }
+        ops as f64 / start.elapsed().as_secs_f64()
+    }
+
+    struct Rates {
+        claims: f64,
+        posts: f64,
+        combined: f64,
+    }
+
+    /// One payout as the phases carry it.
+    #[derive(Clone)]
+    struct Item {
+        payout_id: Uuid,
+        claim_token: i64,
+        post_token: i64,
+        submission_id: Uuid,
+        rail_reference: String,
+    }
+
+    fn now() -> DateTime<Utc> {
+        dlock_contract::time::truncate_ms(Clock::system().wall())
+    }
+
+    /// The identity of one request, as `PaymentResource::identity` builds it.
+    fn identity<T: serde::Serialize>(
+        operation: Operation,
+        target: &str,
+        key: &str,
+        token: i64,
+        owner: &str,
+        body: &T,
+        at: DateTime<Utc>,
+    ) -> IdemRequest {
+        IdemRequest {
+            operation,
+            target_id: target.to_owned(),
+            key: key.to_owned(),
+            token,
+            owner_id: owner.to_owned(),
+            fingerprint: fingerprint(operation.as_str(), target, owner, body).expect("fingerprint"),
+            at,
+            expires_at: at + chrono::Duration::milliseconds(RETENTION_MS),
+        }
+    }
+
+    fn recorded<T: serde::Serialize>(status: u16, body: &T) -> StoredResponse {
+        StoredResponse { status, body: serde_json::to_vec(body).expect("serialize response") }
+    }
+
+    fn not_committed() -> StoredResponse {
+        StoredResponse { status: 500, body: br#"{"code":"INTERNAL"}"#.to_vec() }
+    }
+
+    async fn claim_post_rates(store: Arc<dyn PaymentStore>, url: &str, n: usize, accounts: usize) -> Rates {
+        let work = seed(&store, n, accounts).await;
+
+        // Phase 1: claims (timed).
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for (w, items) in work.iter().cloned().enumerate() {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                for it in items {
+                    claim(&*store, w, &it).await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("claim task");
+        }
+        let t1 = start.elapsed().as_secs_f64();
+
+        // Phase 2: the rail-proxy moves every payout to RAIL_ACKED (untimed).
+        let rail = dlock_rail_proxy::store_sql::open(url).await.expect("open rail store");
+        let mut tasks = Vec::new();
+        for (w, items) in work.iter().cloned().enumerate() {
+            let rail = rail.clone();
+            tasks.push(tokio::spawn(async move {
+                for it in items {
+                    acknowledge(&*rail, w, &it).await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("rail task");
+        }
+        drop(rail);
+
+        // Phase 3: posts with newer tokens (timed).
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for (w, items) in work.into_iter().enumerate() {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                for it in items {
+                    post(&*store, w, &it).await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("post task");
+        }
+        let t3 = start.elapsed().as_secs_f64();
+
+        // Every reservation became a posting: each account is back at zero.
+        for w in 0..accounts {
+            let view = store.account(&account_id(w)).await.expect("account").expect("account exists");
+            assert_eq!((view.balance_minor, view.ledger_sum_minor, view.reserved_minor), (0, 0, 0), "{view:?}");
+        }
+        Rates { claims: n as f64 / t1, posts: n as f64 / t3, combined: (2 * n) as f64 / (t1 + t3) }
+    }
+
+    /// Untimed: one account per task funded for exactly its payouts, and its PENDING payouts.
+    async fn seed(store: &Arc<dyn PaymentStore>, n: usize, accounts: usize) -> Vec<Vec<Item>> {
+        let counts = per_account(n, accounts);
+        let mut tasks = Vec::new();
+        for (w, count) in counts.into_iter().enumerate() {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let account = account_id(w);
+                let req = NewAccountRequest {
+                    account_id: account.clone(),
+                    currency: CURRENCY.into(),
+                    opening_balance_minor: AMOUNT_MINOR * count as i64,
+                };
+                let at = now();
+                let idem = identity(Operation::CreateAccount, "accounts", &account, 0, "bench", &req, at);
+                let a = NewAccount {
+                    account_id: account.clone(),
+                    currency: CURRENCY.into(),
+                    opening_balance_minor: req.opening_balance_minor,
+                    posting_id: Uuid::new_v4(),
+                    entry_ids: [Uuid::new_v4(), Uuid::new_v4()],
+                    at,
+                };
+                let render = |o: &CreateAccountOutcome| match o {
+                    CreateAccountOutcome::Created(v) => recorded(201, &serde_json::json!({"accountId": v.account_id})),
+                    CreateAccountOutcome::Exists => not_committed(),
+                };
+                match store.create_account(&a, &idem, &render).await.expect("create account") {
+                    Idempotent::Executed { outcome: CreateAccountOutcome::Created(_), stored: Some(_) } => {}
+                    other => panic!("create account {account}: {other:?}"),
+                }
+                let mut items = Vec::with_capacity(count);
+                for k in 0..count as i64 {
+                    let payout_id = Uuid::new_v4();
+                    let body = serde_json::json!({
+                        "payoutId": payout_id, "accountId": account, "amountMinor": AMOUNT_MINOR,
+                        "currency": CURRENCY, "beneficiaryRef": "bench"
+                    });
+                    let at = now();
+                    let key = format!("create:{payout_id}");
+                    let idem = identity(Operation::CreatePayout, "payouts", &key, 0, "bench", &body, at);
+                    let p = NewPayout {
+                        payout_id,
+                        account_id: account.clone(),
+                        amount_minor: AMOUNT_MINOR,
+                        currency: CURRENCY.into(),
+                        beneficiary_ref: "bench".into(),
+                        at,
+                    };
+                    let render = |o: &CreatePayoutOutcome| match o {
+                        CreatePayoutOutcome::Created(v) => recorded(201, &serde_json::json!({"payoutId": v.payout_id})),
+                        _ => not_committed(),
+                    };
+                    match store.create_payout(&p, &idem, &render).await.expect("create payout") {
+                        Idempotent::Executed { outcome: CreatePayoutOutcome::Created(_), stored: Some(_) } => {}
+                        other => panic!("create payout {payout_id}: {other:?}"),
+                    }
+                    items.push(Item {
+                        payout_id,
+                        claim_token: k + 1,
+                        post_token: count as i64 + k + 1,
+                        submission_id: Uuid::new_v4(),
+                        rail_reference: format!("bench-ref-{payout_id}"),
+                    });
+                }
+                items
+            }));
+        }
+        let mut work = Vec::new();
+        for t in tasks {
+            work.push(t.await.expect("seed task"));
+        }
+        work
+    }
+
+    fn owner(w: usize) -> String {
+        format!("bench-worker-{w}")
+    }
+
+    fn payout_key(payout_id: Uuid) -> String {
+        format!("payout:{payout_id}")
+    }
+
+    /// P2 as the handler runs it: identity, fingerprint, render closure, one store call.
+    async fn claim(store: &dyn PaymentStore, w: usize, it: &Item) {
+        let owner = owner(w);
+        let key = payout_key(it.payout_id);
+        let target = it.payout_id.to_string();
+        let req = ClaimRequest { expected_state: PayoutState::Pending };
+        let at = now();
+        let idem = identity(Operation::Claim, &target, &key, it.claim_token, &owner, &req, at);
+        let c =
+            Claim { payout_id: it.payout_id, token: it.claim_token, owner_id: owner, expected: req.expected_state, at };
+        let (payout_id, token) = (it.payout_id, it.claim_token);
+        let render = move |o: &ClaimOutcome| match o {
+            ClaimOutcome::Claimed { account_fence, attempt_count, .. } => recorded(
+                200,
+                &ClaimAck {
+                    payout_id,
+                    state: PayoutState::Claimed,
+                    claim_token: token,
+                    account_fence: *account_fence,
+                    attempt_count: *attempt_count,
+                    idempotency_key: key.clone(),
+                },
+            ),
+            _ => not_committed(),
+        };
+        match store.claim(&c, &idem, &render).await.expect("claim") {
+            Idempotent::Executed { outcome: ClaimOutcome::Claimed { .. }, stored: Some(r) } if r.status == 200 => {}
+            other => panic!("claim {payout_id} token {token}: {other:?}"),
+        }
+    }
+
+    /// The rail-proxy's two transactions around a forward that the rail acknowledged.
+    async fn acknowledge(rail: &dyn RailStore, w: usize, it: &Item) {
+        let attempt = Attempt {
+            submission_id: it.submission_id,
+            payout_id: it.payout_id,
+            account_id: account_id(w),
+            presented_token: it.claim_token,
+            owner_id: owner(w),
+            idempotency_key: payout_key(it.payout_id),
+            amount_minor: AMOUNT_MINOR,
+            currency: CURRENCY.into(),
+            at: now(),
+            fencing_enabled: true,
+        };
+        match rail.admit(&attempt).await.expect("admit") {
+            Admission::Admitted { .. } => {}
+            other => panic!("admit {}: {other:?}", it.payout_id),
+        }
+        let acked = Resolution::Acked { rail_reference: it.rail_reference.clone() };
+        rail.resolve(it.submission_id, &acked, now()).await.expect("resolve");
+    }
+
+    /// P3 as the handler runs it, with a token newer than every claim of the account.
+    async fn post(store: &dyn PaymentStore, w: usize, it: &Item) {
+        let owner = owner(w);
+        let key = payout_key(it.payout_id);
+        let target = it.payout_id.to_string();
+        let req = PostRequest {
+            rail_reference: it.rail_reference.clone(),
+            submission_id: it.submission_id,
+            rail_outcome: "ACKED".into(),
+        };
+        let at = now();
+        let idem = identity(Operation::Post, &target, &key, it.post_token, &owner, &req, at);
+        let p = Post {
+            payout_id: it.payout_id,
+            token: it.post_token,
+            owner_id: owner,
+            submission_id: req.submission_id,
+            rail_reference: req.rail_reference.clone(),
+            posting_id: Uuid::new_v4(),
+            entry_ids: [Uuid::new_v4(), Uuid::new_v4()],
+            at,
+        };
+        let payout_id = it.payout_id;
+        let render = move |o: &PostOutcome| match o {
+            PostOutcome::Posted { entries, balance_minor, .. } => recorded(
+                200,
+                &PostAck {
+                    payout_id,
+                    state: PayoutState::Posted,
+                    entries: entries
+                        .iter()
+                        .map(|e| EntryBody {
+                            entry_id: e.entry_id,
+                            account_id: e.account_id.clone(),
+                            direction: e.direction.as_str().to_owned(),
+                            amount_minor: e.amount_minor,
+                            fence: e.fence,
+                        })
+                        .collect(),
+                    balance_minor: *balance_minor,
+                },
+            ),
+            _ => not_committed(),
+        };
+        match store.post(&p, &idem, &render).await.expect("post") {
+            Idempotent::Executed { outcome: PostOutcome::Posted { .. }, stored: Some(r) } if r.status == 200 => {}
+            other => panic!("post {payout_id} token {}: {other:?}", it.post_token),
+        }
+    }
+}

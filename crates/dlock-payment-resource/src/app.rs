@@ -1,0 +1,710 @@
+//! HTTP surface of the payment-resource (C3 §3.4, P1–P5, and the two creates).
+//!
+//! Check order on a fenced write (the first failure answers): token (400 `INVALID_TOKEN`)
+//! → owner → key → path → media type, size, JSON → fields → idempotency identity → the
+//! store's one transaction (404, fence, state, funds). Refusals are judged afresh on every
+//! request; committed outcomes are answered from the bytes the store recorded with them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Extension;
+use dlock_contract::payment::{
+    AccountBody, ClaimAck, ClaimRequest, EntryBody, NewAccountRequest, NewPayoutRequest, PayoutBody, PayoutItem,
+    PayoutPage, PostAck, PostRequest, SubmissionBody, CURSOR_CHARS_MAX, P1_LIMIT_DEFAULT, P1_LIMIT_MAX,
+};
+use dlock_contract::payout::PayoutState;
+use dlock_contract::{ErrorCode, FieldError};
+use dlock_http::{ApiError, JsonBody, TraceId};
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::cursor::CursorPayload;
+use crate::metrics::{RESOURCE_ACCOUNT, RESOURCE_LEDGER};
+use crate::service::{PaymentResource, NOT_READY_RETRY_AFTER_MS};
+use crate::store::{
+    AccountView, Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, Idempotent, ListQuery,
+    NewAccount, NewPayout, Operation, PayoutView, Post, PostOutcome, StoreError, StoredResponse,
+};
+
+/// Target of the account-creation identity.
+const TARGET_ACCOUNTS: &str = "accounts";
+/// Target of the payout-creation identity.
+const TARGET_PAYOUTS: &str = "payouts";
+
+/// The payment-resource's routes, wrapped in the envelope middleware.
+pub fn router(pr: Arc<PaymentResource>) -> axum::Router {
+    let body_bytes_max = pr.cfg.body_bytes_max;
+    let routes = axum::Router::new()
+        .route("/v1/accounts", post(create_account))
+        .route("/v1/accounts/{account_id}", get(get_account))
+        .route("/v1/payouts", post(create_payout).get(list_payouts))
+        .route("/v1/payouts/{payout_id}", get(get_payout))
+        .route("/v1/payouts/{payout_id}/claim", post(claim))
+        .route("/v1/payouts/{payout_id}/post", post(post_payout))
+        .route("/health/live", get(dlock_http::health::live))
+        .route("/health/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .with_state(pr);
+    dlock_http::finish(routes, body_bytes_max)
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared pieces
+// ---------------------------------------------------------------------------------------
+
+fn store_error(e: StoreError) -> ApiError {
+    match e {
+        StoreError::Unavailable(cause) => {
+            ApiError::new(ErrorCode::NotReady, "paydb could not decide the request; nothing was changed")
+                .with_retry_after_ms(NOT_READY_RETRY_AFTER_MS)
+                .with_internal(cause)
+        }
+        StoreError::CommitUnknown(cause) => ApiError::new(
+            ErrorCode::Internal,
+            "the outcome is unknown; replay the same request with the same key and token to learn it",
+        )
+        .with_internal(cause),
+        StoreError::Corrupt(cause) => ApiError::internal(cause),
+    }
+}
+
+fn path_uuid(raw: &str, field: &str) -> Result<Uuid, ApiError> {
+    match Uuid::parse_str(raw) {
+        Ok(id) if raw.len() == 36 => Ok(id),
+        _ => Err(ApiError::validation(
+            format!("{field} in the path must be a hyphenated UUID"),
+            vec![FieldError::new(field, "must be a hyphenated UUID")],
+        )),
+    }
+}
+
+fn identity_error(cause: String) -> ApiError {
+    ApiError::internal(format!("fingerprint: {cause}"))
+}
+
+/// A 2xx body as it is recorded and answered.
+fn recorded<T: serde::Serialize>(status: u16, body: &T) -> StoredResponse {
+    match serde_json::to_vec(body) {
+        Ok(body) => StoredResponse { status, body },
+        Err(e) => recorded_error(ApiError::internal(format!("serialize response: {e}")), ""),
+    }
+}
+
+/// An error envelope as it is recorded and answered (with the first request's trace id).
+fn recorded_error(err: ApiError, trace_id: &str) -> StoredResponse {
+    let (status, body) = dlock_http::envelope_bytes(err, trace_id);
+    StoredResponse { status, body }
+}
+
+/// Turns what the store decided into the answer: a replay or a committed outcome is the
+/// recorded bytes; a refusal is rendered now by `refusal`. `committed` logs and counts a
+/// committed outcome (after commit, never before).
+fn answer<T>(
+    pr: &PaymentResource,
+    decided: Decided<T>,
+    (operation, target_id, owner_id): (Operation, &str, &str),
+    committed: impl FnOnce(&T),
+    refusal: impl FnOnce(T) -> ApiError,
+) -> Response {
+    match decided {
+        Err(e) => store_error(e).into_response(),
+        Ok(Idempotent::Replayed(r)) => {
+            pr.metrics.idempotency("replayed");
+            dlock_http::prerendered(r.status, r.body)
+        }
+        Ok(Idempotent::Conflict) => {
+            pr.metrics.idempotency("conflict");
+            tracing::warn!(
+                operation = operation.as_str(),
+                targetId = target_id,
+                ownerId = owner_id,
+                "idempotency_conflict"
+            );
+            ApiError::new(
+                ErrorCode::IdempotencyConflict,
+                "this idempotency key was used with a materially different request; neither has any effect",
+            )
+            .with_details(json!({ "operation": operation.as_str(), "targetId": target_id }))
+            .into_response()
+        }
+        Ok(Idempotent::Executed { outcome, stored: Some(r) }) => {
+            pr.metrics.idempotency("executed");
+            committed(&outcome);
+            dlock_http::prerendered(r.status, r.body)
+        }
+        Ok(Idempotent::Executed { outcome, stored: None }) => {
+            pr.metrics.idempotency("executed");
+            refusal(outcome).into_response()
+        }
+    }
+}
+
+/// The 409 `FENCED_OUT` of a claim (`account`) or a post (`ledger`), logged and counted.
+#[allow(clippy::too_many_arguments)]
+fn fenced_out(
+    pr: &PaymentResource,
+    resource: usize,
+    resource_id: &str,
+    presented: i64,
+    highest: i64,
+    owner_id: &str,
+    payout_id: Uuid,
+    trace: &TraceId,
+) -> ApiError {
+    let resource_type = crate::metrics::FENCED_RESOURCES[resource];
+    pr.metrics.fenced_out.inc(resource);
+    tracing::warn!(
+        resource = resource_type,
+        resourceId = resource_id,
+        presentedToken = presented,
+        highestToken = highest,
+        ownerId = owner_id,
+        payoutId = %payout_id,
+        traceId = %trace.0,
+        "fenced_out"
+    );
+    ApiError::new(
+        ErrorCode::FencedOut,
+        "the presented token does not exceed the stored fence; a newer holder exists. Abort the critical section",
+    )
+    .with_details(json!({
+        "presentedToken": presented,
+        "highestToken": highest,
+        "resourceType": resource_type,
+        "resourceId": resource_id,
+        "ownerId": owner_id,
+        "payoutId": payout_id,
+    }))
+}
+
+fn not_claimable(payout_id: Uuid, state: PayoutState, message: &str) -> ApiError {
+    ApiError::new(ErrorCode::PayoutNotClaimable, message).with_details(json!({ "payoutId": payout_id, "state": state }))
+}
+
+fn not_found(what: &str) -> ApiError {
+    ApiError::new(ErrorCode::NotFound, format!("no such {what}"))
+}
+
+fn account_body(a: &AccountView) -> AccountBody {
+    AccountBody {
+        account_id: a.account_id.clone(),
+        currency: a.currency.clone(),
+        balance_minor: a.balance_minor,
+        fence: a.fence,
+        ledger_sum_minor: a.ledger_sum_minor,
+        available_minor: a.balance_minor - a.reserved_minor,
+        created_at: a.created_at,
+        updated_at: a.updated_at,
+    }
+}
+
+fn payout_body(p: &PayoutView) -> PayoutBody {
+    PayoutBody {
+        payout_id: p.payout_id,
+        account_id: p.account_id.clone(),
+        amount_minor: p.amount_minor,
+        currency: p.currency.clone(),
+        beneficiary_ref: p.beneficiary_ref.clone(),
+        state: p.state,
+        attempt_count: p.attempt_count,
+        claim_token: p.claim_token,
+        claimed_by: p.claimed_by.clone(),
+        claimed_at: p.claimed_at,
+        created_at: p.created_at,
+        updated_at: p.updated_at,
+        submissions: p
+            .submissions
+            .iter()
+            .map(|s| SubmissionBody {
+                submission_id: s.submission_id,
+                presented_token: s.presented_token,
+                outcome: s.outcome,
+                rail_reference: s.rail_reference.clone(),
+                submitted_at: s.submitted_at,
+                resolved_at: s.resolved_at,
+            })
+            .collect(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Creates
+// ---------------------------------------------------------------------------------------
+
+async fn create_account(
+    State(pr): State<Arc<PaymentResource>>,
+    Extension(trace): Extension<TraceId>,
+    headers: HeaderMap,
+    body: Result<JsonBody, ApiError>,
+) -> Result<Response, ApiError> {
+    let owner = dlock_http::owner_id(&headers)?;
+    let key = dlock_http::idempotency_key(&headers)?;
+    let JsonBody(raw) = body?;
+    let req = NewAccountRequest::from_json(&raw)
+        .map_err(|fields| ApiError::validation("the account body is invalid", fields))?;
+    let at = pr.now();
+    let idem = pr
+        .identity(Operation::CreateAccount, TARGET_ACCOUNTS, key.as_str(), 0, owner.as_str(), &req, at)
+        .map_err(identity_error)?;
+    let a = NewAccount {
+        account_id: req.account_id.clone(),
+        currency: req.currency.clone(),
+        opening_balance_minor: req.opening_balance_minor,
+        posting_id: dlock_rt::rand::uuid_v4(),
+        entry_ids: [dlock_rt::rand::uuid_v4(), dlock_rt::rand::uuid_v4()],
+        at,
+    };
+    let trace_id = trace.0.clone();
+    let render = move |o: &CreateAccountOutcome| match o {
+        CreateAccountOutcome::Created(view) => recorded(201, &account_body(view)),
+        CreateAccountOutcome::Exists => recorded_error(ApiError::internal("not a committed outcome"), &trace_id),
+    };
+    let decided = pr.store.create_account(&a, &idem, &render).await;
+    Ok(answer(
+        &pr,
+        decided,
+        (Operation::CreateAccount, TARGET_ACCOUNTS, owner.as_str()),
+        |o| {
+            if let CreateAccountOutcome::Created(v) = o {
+                tracing::info!(accountId = %v.account_id, currency = %v.currency, openingBalanceMinor = v.balance_minor,
+                    ownerId = owner.as_str(), traceId = %trace.0, "account_created");
+            }
+        },
+        |_| {
+            ApiError::validation(
+                "an account with this accountId already exists",
+                vec![FieldError::new("accountId", "already exists")],
+            )
+        },
+    ))
+}
+
+async fn create_payout(
+    State(pr): State<Arc<PaymentResource>>,
+    Extension(trace): Extension<TraceId>,
+    headers: HeaderMap,
+    body: Result<JsonBody, ApiError>,
+) -> Result<Response, ApiError> {
+    let owner = dlock_http::owner_id(&headers)?;
+    let key = dlock_http::idempotency_key(&headers)?;
+    let JsonBody(raw) = body?;
+    let req = NewPayoutRequest::from_json(&raw)
+        .map_err(|fields| ApiError::validation("the payout body is invalid", fields))?;
+    let at = pr.now();
+    // The fingerprint covers the request as sent: an absent payoutId fingerprints as null,
+    // not as the id generated below, so a retry of it replays the first answer.
+    let idem = pr
+        .identity(Operation::CreatePayout, TARGET_PAYOUTS, key.as_str(), 0, owner.as_str(), &req, at)
+        .map_err(identity_error)?;
+    let p = NewPayout {
+        payout_id: req.payout_id.unwrap_or_else(dlock_rt::rand::uuid_v4),
+        account_id: req.account_id.clone(),
+        amount_minor: req.amount_minor,
+        currency: req.currency.clone(),
+        beneficiary_ref: req.beneficiary_ref.clone(),
+        at,
+    };
+    let trace_id = trace.0.clone();
+    let render = move |o: &CreatePayoutOutcome| match o {
+        CreatePayoutOutcome::Created(view) => recorded(201, &payout_body(view)),
+        _ => recorded_error(ApiError::internal("not a committed outcome"), &trace_id),
+    };
+    let decided = pr.store.create_payout(&p, &idem, &render).await;
+    Ok(answer(
+        &pr,
+        decided,
+        (Operation::CreatePayout, TARGET_PAYOUTS, owner.as_str()),
+        |o| {
+            if let CreatePayoutOutcome::Created(v) = o {
+                tracing::info!(payoutId = %v.payout_id, accountId = %v.account_id, amountMinor = v.amount_minor,
+                    ownerId = owner.as_str(), traceId = %trace.0, "payout_created");
+            }
+        },
+        |o| match o {
+            CreatePayoutOutcome::PayoutExists => ApiError::validation(
+                "a payout with this payoutId already exists",
+                vec![FieldError::new("payoutId", "already exists")],
+            ),
+            CreatePayoutOutcome::UnknownAccount => ApiError::validation(
+                "no account has this accountId",
+                vec![FieldError::new("accountId", "names no account")],
+            ),
+            CreatePayoutOutcome::CurrencyMismatch { account_currency } => ApiError::validation(
+                format!("the account holds {account_currency}; a payout must be in its account's currency"),
+                vec![FieldError::new("currency", "is not the account's currency")],
+            ),
+            CreatePayoutOutcome::Created(_) => ApiError::internal("created outcome without a recorded response"),
+        },
+    ))
+}
+
+// ---------------------------------------------------------------------------------------
+// P2, P3
+// ---------------------------------------------------------------------------------------
+
+async fn claim(
+    State(pr): State<Arc<PaymentResource>>,
+    Extension(trace): Extension<TraceId>,
+    headers: HeaderMap,
+    Path(raw_id): Path<String>,
+    body: Result<JsonBody, ApiError>,
+) -> Result<Response, ApiError> {
+    let token = dlock_http::fencing_token(&headers)?.get();
+    let owner = dlock_http::owner_id(&headers)?;
+    let key = dlock_http::idempotency_key(&headers)?;
+    let payout_id = path_uuid(&raw_id, "payoutId")?;
+    let JsonBody(raw) = body?;
+    let req =
+        ClaimRequest::from_json(&raw).map_err(|fields| ApiError::validation("the claim body is invalid", fields))?;
+    let at = pr.now();
+    let target = payout_id.to_string();
+    let idem = pr
+        .identity(Operation::Claim, &target, key.as_str(), token, owner.as_str(), &req, at)
+        .map_err(identity_error)?;
+    let c = Claim { payout_id, token, owner_id: owner.as_str().to_owned(), expected: req.expected_state, at };
+    let trace_id = trace.0.clone();
+    let key_text = key.as_str().to_owned();
+    let render = move |o: &ClaimOutcome| {
+        match o {
+        ClaimOutcome::Claimed { account_fence, attempt_count, .. } => recorded(
+            200,
+            &ClaimAck {
+                payout_id,
+                state: PayoutState::Claimed,
+                claim_token: token,
+                account_fence: *account_fence,
+                attempt_count: *attempt_count,
+                idempotency_key: key_text.clone(),
+            },
+        ),
+        ClaimOutcome::InsufficientFunds { account_id, amount_minor, available_minor } => recorded_error(
+            ApiError::new(
+                ErrorCode::InsufficientFunds,
+                "the account's available balance does not cover this payout; it is FAILED and will never reach the rail",
+            )
+            .with_details(json!({
+                "payoutId": payout_id,
+                "accountId": account_id,
+                "amountMinor": amount_minor,
+                "availableMinor": available_minor,
+                "state": PayoutState::Failed,
+            })),
+            &trace_id,
+        ),
+        _ => recorded_error(ApiError::internal("not a committed outcome"), &trace_id),
+    }
+    };
+    let decided = pr.store.claim(&c, &idem, &render).await;
+    let owner_text = owner.as_str();
+    Ok(answer(
+        &pr,
+        decided,
+        (Operation::Claim, &target, owner_text),
+        |o| match o {
+            ClaimOutcome::Claimed { account_id, reclaimed, .. } => {
+                pr.metrics.claim(if *reclaimed { "reclaimed" } else { "claimed" });
+                tracing::info!(payoutId = %payout_id, accountId = %account_id, presentedToken = token,
+                    ownerId = owner_text, reclaimed = *reclaimed, traceId = %trace.0, "payout_claimed");
+            }
+            ClaimOutcome::InsufficientFunds { account_id, amount_minor, available_minor } => {
+                pr.metrics.claim("insufficient_funds");
+                tracing::warn!(payoutId = %payout_id, accountId = %account_id, amountMinor = *amount_minor,
+                    availableMinor = *available_minor, ownerId = owner_text, traceId = %trace.0,
+                    "payout_failed_insufficient_funds");
+            }
+            _ => {}
+        },
+        |o| match o {
+            ClaimOutcome::Fenced { account_id, highest_token } => {
+                pr.metrics.claim("fenced");
+                fenced_out(&pr, RESOURCE_ACCOUNT, &account_id, token, highest_token, owner_text, payout_id, &trace)
+            }
+            ClaimOutcome::NotClaimable { state } => {
+                pr.metrics.claim("not_claimable");
+                not_claimable(payout_id, state, "the payout is not in the expected state; a claim changes nothing")
+            }
+            ClaimOutcome::NotFound => not_found("payout"),
+            ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. } => {
+                ApiError::internal("committed outcome without a recorded response")
+            }
+        },
+    ))
+}
+
+async fn post_payout(
+    State(pr): State<Arc<PaymentResource>>,
+    Extension(trace): Extension<TraceId>,
+    headers: HeaderMap,
+    Path(raw_id): Path<String>,
+    body: Result<JsonBody, ApiError>,
+) -> Result<Response, ApiError> {
+    let token = dlock_http::fencing_token(&headers)?.get();
+    let owner = dlock_http::owner_id(&headers)?;
+    let key = dlock_http::idempotency_key(&headers)?;
+    let payout_id = path_uuid(&raw_id, "payoutId")?;
+    let JsonBody(raw) = body?;
+    let req =
+        PostRequest::from_json(&raw).map_err(|fields| ApiError::validation("the post body is invalid", fields))?;
+    let at = pr.now();
+    let target = payout_id.to_string();
+    let idem =
+        pr.identity(Operation::Post, &target, key.as_str(), token, owner.as_str(), &req, at).map_err(identity_error)?;
+    let p = Post {
+        payout_id,
+        token,
+        owner_id: owner.as_str().to_owned(),
+        submission_id: req.submission_id,
+        rail_reference: req.rail_reference.clone(),
+        posting_id: dlock_rt::rand::uuid_v4(),
+        entry_ids: [dlock_rt::rand::uuid_v4(), dlock_rt::rand::uuid_v4()],
+        at,
+    };
+    let trace_id = trace.0.clone();
+    let render = move |o: &PostOutcome| match o {
+        PostOutcome::Posted { entries, balance_minor, .. } => recorded(
+            200,
+            &PostAck {
+                payout_id,
+                state: PayoutState::Posted,
+                entries: entries
+                    .iter()
+                    .map(|e| EntryBody {
+                        entry_id: e.entry_id,
+                        account_id: e.account_id.clone(),
+                        direction: e.direction.as_str().to_owned(),
+                        amount_minor: e.amount_minor,
+                        fence: e.fence,
+                    })
+                    .collect(),
+                balance_minor: *balance_minor,
+            },
+        ),
+        _ => recorded_error(ApiError::internal("not a committed outcome"), &trace_id),
+    };
+    let decided = pr.store.post(&p, &idem, &render).await;
+    let owner_text = owner.as_str();
+    Ok(answer(
+        &pr,
+        decided,
+        (Operation::Post, &target, owner_text),
+        |o| {
+            if let PostOutcome::Posted { account_id, balance_minor, .. } = o {
+                pr.metrics.post("posted");
+                tracing::info!(payoutId = %payout_id, accountId = %account_id, presentedToken = token,
+                    ownerId = owner_text, balanceMinor = *balance_minor, traceId = %trace.0, "payout_posted");
+            }
+        },
+        |o| match o {
+            PostOutcome::Fenced { highest_token, .. } => {
+                pr.metrics.post("fenced");
+                fenced_out(&pr, RESOURCE_LEDGER, &target, token, highest_token, owner_text, payout_id, &trace)
+            }
+            PostOutcome::NotClaimable { state } => {
+                pr.metrics.post("not_claimable");
+                not_claimable(payout_id, state, "only a RAIL_ACKED payout is posted; the post changes nothing")
+            }
+            PostOutcome::RailMismatch => {
+                pr.metrics.post("rail_mismatch");
+                ApiError::validation(
+                    "no acknowledged rail submission of this payout has this submissionId and railReference",
+                    vec![
+                        FieldError::new("submissionId", "names no acknowledged submission of this payout"),
+                        FieldError::new("railReference", "does not match the acknowledged submission"),
+                    ],
+                )
+            }
+            PostOutcome::NotFound => not_found("payout"),
+            PostOutcome::Posted { .. } => ApiError::internal("committed outcome without a recorded response"),
+        },
+    ))
+}
+
+// ---------------------------------------------------------------------------------------
+// Reads: P1, P4, P5
+// ---------------------------------------------------------------------------------------
+
+async fn get_payout(State(pr): State<Arc<PaymentResource>>, Path(raw_id): Path<String>) -> Result<Response, ApiError> {
+    let payout_id = path_uuid(&raw_id, "payoutId")?;
+    match pr.store.payout(payout_id).await.map_err(store_error)? {
+        Some(p) => Ok(dlock_http::json(StatusCode::OK, &payout_body(&p))),
+        None => Err(not_found("payout")),
+    }
+}
+
+async fn get_account(
+    State(pr): State<Arc<PaymentResource>>,
+    Path(account_id): Path<String>,
+) -> Result<Response, ApiError> {
+    if !dlock_contract::rail::is_account_id(&account_id) {
+        return Err(ApiError::validation(
+            "accountId in the path is malformed",
+            vec![FieldError::new("accountId", "must be 1 to 64 characters of [a-zA-Z0-9:._-]")],
+        ));
+    }
+    match pr.store.account(&account_id).await.map_err(store_error)? {
+        Some(a) => Ok(dlock_http::json(StatusCode::OK, &account_body(&a))),
+        None => Err(not_found("account")),
+    }
+}
+
+/// A validated P1 query.
+struct PageQuery {
+    state: PayoutState,
+    account_id: Option<String>,
+    limit: u32,
+    cursor: Option<CursorPayload>,
+}
+
+fn page_query(pr: &PaymentResource, pairs: Vec<(String, String)>) -> Result<PageQuery, ApiError> {
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for (name, value) in pairs {
+        if !matches!(name.as_str(), "state" | "accountId" | "limit" | "cursor") {
+            problems
+                .push(FieldError::new(name, "is not a parameter of this listing (state, accountId, limit, cursor)"));
+            continue;
+        }
+        match seen.entry(name) {
+            std::collections::btree_map::Entry::Occupied(e) => {
+                problems.push(FieldError::new(e.key().clone(), "is given more than once"));
+            }
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(value);
+            }
+        }
+    }
+    let state = match seen.get("state").map(String::as_str) {
+        None => {
+            problems.push(FieldError::new("state", "is required"));
+            None
+        }
+        Some(raw) => {
+            let s = PayoutState::parse(raw);
+            if s.is_none() {
+                problems.push(FieldError::new("state", "must be one of the eight payout states"));
+            }
+            s
+        }
+    };
+    let account_id = seen.get("accountId").cloned();
+    if account_id.as_deref().is_some_and(|a| !dlock_contract::rail::is_account_id(a)) {
+        problems.push(FieldError::new("accountId", "must be 1 to 64 characters of [a-zA-Z0-9:._-]"));
+    }
+    let limit = match seen.get("limit") {
+        None => P1_LIMIT_DEFAULT,
+        Some(raw) => match raw.parse::<u32>() {
+            Ok(n) if (1..=P1_LIMIT_MAX).contains(&n) => n,
+            _ => {
+                problems.push(FieldError::new("limit", format!("must be an integer 1..={P1_LIMIT_MAX}")));
+                P1_LIMIT_DEFAULT
+            }
+        },
+    };
+    if !problems.is_empty() {
+        return Err(ApiError::validation("the listing query is invalid", problems));
+    }
+    let Some(state) = state else {
+        return Err(ApiError::validation(
+            "the listing query is invalid",
+            vec![FieldError::new("state", "is required")],
+        ));
+    };
+    let cursor = match seen.get("cursor") {
+        None => None,
+        Some(raw) if raw.len() > CURSOR_CHARS_MAX => {
+            return Err(ApiError::validation(
+                "the cursor is not one this service issued",
+                vec![FieldError::new("cursor", "is not a cursor this service issued")],
+            ))
+        }
+        Some(raw) => match pr.cursor.decode(raw, state, account_id.as_deref()) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                return Err(ApiError::validation(
+                    format!("the cursor {}", e.problem()),
+                    vec![FieldError::new("cursor", e.problem())],
+                ))
+            }
+        },
+    };
+    Ok(PageQuery { state, account_id, limit, cursor })
+}
+
+async fn list_payouts(
+    State(pr): State<Arc<PaymentResource>>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(pairs) = query.map_err(|_| {
+        ApiError::validation(
+            "the query string is not valid URL encoding",
+            vec![FieldError::new("$query", "is malformed")],
+        )
+    })?;
+    let q = page_query(&pr, pairs)?;
+    // The walk's snapshot: rows created before the first page's millisecond. (Not that
+    // millisecond itself: a row created later within it would otherwise join mid-walk.)
+    let snapshot_ms = match &q.cursor {
+        Some(c) => c.snapshot_ms,
+        None => pr.now().timestamp_millis() - 1,
+    };
+    let snapshot = chrono::DateTime::from_timestamp_millis(snapshot_ms)
+        .ok_or_else(|| ApiError::internal("cursor snapshot out of range"))?;
+    let after = match &q.cursor {
+        Some(c) => Some((
+            chrono::DateTime::from_timestamp_millis(c.created_at_ms)
+                .ok_or_else(|| ApiError::internal("cursor instant out of range"))?,
+            c.payout_id,
+        )),
+        None => None,
+    };
+    let rows = pr
+        .store
+        .list(&ListQuery {
+            state: q.state,
+            account_id: q.account_id.clone(),
+            snapshot,
+            after,
+            limit: i64::from(q.limit) + 1,
+        })
+        .await
+        .map_err(store_error)?;
+    let more = rows.len() > q.limit as usize;
+    let items: Vec<PayoutItem> = rows
+        .into_iter()
+        .take(q.limit as usize)
+        .map(|r| PayoutItem {
+            payout_id: r.payout_id,
+            account_id: r.account_id,
+            amount_minor: r.amount_minor,
+            currency: r.currency,
+            state: r.state,
+            attempt_count: r.attempt_count,
+            created_at: r.created_at,
+        })
+        .collect();
+    let next_cursor = match (more, items.last()) {
+        (true, Some(last)) => Some(pr.cursor.encode(&CursorPayload {
+            state: q.state,
+            account_id: q.account_id.clone(),
+            snapshot_ms,
+            created_at_ms: last.created_at.timestamp_millis(),
+            payout_id: last.payout_id,
+        })),
+        _ => None,
+    };
+    Ok(dlock_http::json(StatusCode::OK, &PayoutPage { items, next_cursor }))
+}
+
+async fn ready(State(pr): State<Arc<PaymentResource>>) -> Response {
+    dlock_http::health::ready(BTreeMap::from([("paydb", pr.readiness().await)]))
+}
+
+async fn metrics(State(pr): State<Arc<PaymentResource>>) -> Response {
+    dlock_http::metrics::response(pr.render_metrics().await)
+}

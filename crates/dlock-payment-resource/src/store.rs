@@ -1,0 +1,478 @@
+//! The payment-resource's store: the trait every paydb backend implements, and the records
+//! it speaks.
+//!
+//! The trait is shaped by transactions, not tables. Each mutating method is **one**
+//! transaction whose first write is the idempotency identity row (statement 0, see
+//! [`IdemRequest`]); the mutation and the complete rendered response commit together, or
+//! nothing does.
+//!
+//! Invariants every implementation keeps (the conformance suite proves them on SQLite,
+//! PostgreSQL and the simulation store alike):
+//! 1. **The fence is strict.** A claim or post commits only if the presented token is
+//!    strictly greater than `accounts.fence`; the fence then equals the token. An equal or
+//!    lower token changes nothing (FR-15, C3 §3.4, C-10).
+//! 2. **Only C2's transitions.** A claim moves PENDING→CLAIMED or CLAIMED→CLAIMED (recovery),
+//!    or, when funds are short, to FAILED; a post moves RAIL_ACKED→POSTED. Conditional
+//!    updates decide races; triggers refuse every other pair.
+//! 3. **The ledger balances.** A CUSTOMER account's balance equals Σ CREDIT − Σ DEBIT of its
+//!    entries, and across the ledger Σ DEBIT = Σ CREDIT (FR-25). Entries are append-only.
+//! 4. **No overdraft.** balance − Σ amount of the account's unsettled payouts (CLAIMED,
+//!    SUBMITTED, RAIL_ACKED, RAIL_AMBIGUOUS) never goes below zero.
+//! 5. **Idempotency.** A live identity with the same fingerprint replays the stored status
+//!    and bytes; with another fingerprint it is a conflict. Neither changes anything.
+//!    Refusals (404, 409, 400) roll back, identity row included, so they are judged afresh.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use dlock_contract::payout::PayoutState;
+use dlock_contract::rail::SubmissionOutcome;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// A store failure. `Unavailable` means "no decision was made"; `CommitUnknown` means the
+/// commit was sent and its answer lost (replaying the same key and token reveals it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached, timed out, or was busy past its bound (503).
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// The commit's answer was lost (500).
+    #[error("commit outcome unknown: {0}")]
+    CommitUnknown(String),
+    /// The database answered something the store cannot interpret, or a guard refused a
+    /// write the store issued (500).
+    #[error("unexpected database content: {0}")]
+    Corrupt(String),
+}
+
+/// The operations the idempotency ledger records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Operation {
+    CreateAccount,
+    CreatePayout,
+    Claim,
+    Post,
+}
+
+impl Operation {
+    pub const ALL: [Operation; 4] =
+        [Operation::CreateAccount, Operation::CreatePayout, Operation::Claim, Operation::Post];
+
+    /// Column spelling (`idempotency_records.operation`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::CreateAccount => "CREATE_ACCOUNT",
+            Operation::CreatePayout => "CREATE_PAYOUT",
+            Operation::Claim => "CLAIM",
+            Operation::Post => "POST",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Operation> {
+        Operation::ALL.into_iter().find(|o| o.as_str() == raw)
+    }
+}
+
+/// A complete response, as recorded: status and exact body bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// The idempotency identity and fingerprint of one mutating request.
+///
+/// Identity = (`operation`, `target_id`, `key`, `token`). The target is the payout id for
+/// claim and post, `accounts` / `payouts` for the creates; the token is 0 for the unfenced
+/// creates. A newer holder under the payout's stable key is therefore a new request, which
+/// the fence judges (C3-extensions C-9).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdemRequest {
+    pub operation: Operation,
+    pub target_id: String,
+    pub key: String,
+    pub token: i64,
+    pub owner_id: String,
+    /// Lower-case hex SHA-256 of the RFC 8785 form of the semantic request.
+    pub fingerprint: String,
+    pub at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// What the idempotency ledger decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Idempotent<T> {
+    /// The request ran. `stored` is the recorded response when the outcome committed a
+    /// mutation (then the caller must answer exactly these bytes); `None` for a refusal,
+    /// which rolled back and recorded nothing.
+    Executed { outcome: T, stored: Option<StoredResponse> },
+    /// A live record with the same fingerprint: answer these bytes, nothing ran.
+    Replayed(StoredResponse),
+    /// A live record with another fingerprint: 422 `IDEMPOTENCY_CONFLICT`, nothing ran.
+    Conflict,
+}
+
+/// Renders the response of an outcome that commits a mutation. Called inside the
+/// transaction, before commit, so that the recorded bytes and the first answer are one.
+pub type Render<'a, T> = &'a (dyn Fn(&T) -> StoredResponse + Send + Sync);
+
+/// The result of a mutating store call.
+pub type Decided<T> = Result<Idempotent<T>, StoreError>;
+
+/// A ledger entry's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Direction {
+    Debit,
+    Credit,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Debit => "DEBIT",
+            Direction::Credit => "CREDIT",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<Direction> {
+        match raw {
+            "DEBIT" => Some(Direction::Debit),
+            "CREDIT" => Some(Direction::Credit),
+            _ => None,
+        }
+    }
+}
+
+/// One `ledger_entries` row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerEntry {
+    pub entry_id: Uuid,
+    pub posting_id: Uuid,
+    /// `None` for an opening balance.
+    pub payout_id: Option<Uuid>,
+    pub account_id: String,
+    pub direction: Direction,
+    pub amount_minor: i64,
+    pub currency: String,
+    /// The posting's token; 0 for an opening balance.
+    pub fence: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The system account that funds opening balances in `currency`.
+pub fn funding_account(currency: &str) -> String {
+    format!("#funding:{currency}")
+}
+
+/// The system account that posted payouts in `currency` are credited to.
+pub fn settlement_account(currency: &str) -> String {
+    format!("#settlement:{currency}")
+}
+
+/// Whether `account_id` names a system account (`#…`; no request can name one).
+pub fn is_system_account(account_id: &str) -> bool {
+    account_id.starts_with('#')
+}
+
+/// The account kinds (`accounts.kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AccountKind {
+    Customer,
+    Funding,
+    Settlement,
+}
+
+impl AccountKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AccountKind::Customer => "CUSTOMER",
+            AccountKind::Funding => "FUNDING",
+            AccountKind::Settlement => "SETTLEMENT",
+        }
+    }
+
+    pub fn parse(raw: &str) -> Option<AccountKind> {
+        match raw {
+            "CUSTOMER" => Some(AccountKind::Customer),
+            "FUNDING" => Some(AccountKind::Funding),
+            "SETTLEMENT" => Some(AccountKind::Settlement),
+            _ => None,
+        }
+    }
+}
+
+/// An account as P5 reports it, with the ledger sum recomputed from the entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountView {
+    pub account_id: String,
+    pub kind: AccountKind,
+    pub currency: String,
+    pub balance_minor: i64,
+    pub fence: i64,
+    /// Σ CREDIT − Σ DEBIT over the account's entries (FR-25: equals `balance_minor` for a
+    /// CUSTOMER account).
+    pub ledger_sum_minor: i64,
+    /// Σ amount of the account's unsettled payouts (CLAIMED, SUBMITTED, RAIL_ACKED,
+    /// RAIL_AMBIGUOUS).
+    pub reserved_minor: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One attempt as P4 summarises it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmissionSummary {
+    pub submission_id: Uuid,
+    pub presented_token: i64,
+    pub outcome: Option<SubmissionOutcome>,
+    pub rail_reference: Option<String>,
+    pub submitted_at: DateTime<Utc>,
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+/// A payout as P4 reports it: every column, plus its attempts in `seq` order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayoutView {
+    pub payout_id: Uuid,
+    pub account_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub beneficiary_ref: String,
+    pub state: PayoutState,
+    pub attempt_count: i32,
+    pub claim_token: Option<i64>,
+    pub claimed_by: Option<String>,
+    pub claimed_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub submissions: Vec<SubmissionSummary>,
+}
+
+/// One P1 item.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayoutSummary {
+    pub payout_id: Uuid,
+    pub account_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub state: PayoutState,
+    pub attempt_count: i32,
+    pub created_at: DateTime<Utc>,
+}
+
+/// `POST /v1/accounts`, validated, with the ids the store writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAccount {
+    pub account_id: String,
+    pub currency: String,
+    pub opening_balance_minor: i64,
+    /// Ids of the opening posting and its two entries (DEBIT funding, CREDIT the account);
+    /// unused when the opening balance is 0.
+    pub posting_id: Uuid,
+    pub entry_ids: [Uuid; 2],
+    pub at: DateTime<Utc>,
+}
+
+/// `POST /v1/payouts`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewPayout {
+    pub payout_id: Uuid,
+    pub account_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub beneficiary_ref: String,
+    pub at: DateTime<Utc>,
+}
+
+/// P2, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub payout_id: Uuid,
+    pub token: i64,
+    pub owner_id: String,
+    /// PENDING, or CLAIMED for a recovery re-claim.
+    pub expected: PayoutState,
+    pub at: DateTime<Utc>,
+}
+
+/// P3, validated, with the ids the store writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Post {
+    pub payout_id: Uuid,
+    pub token: i64,
+    pub owner_id: String,
+    pub submission_id: Uuid,
+    pub rail_reference: String,
+    /// Ids of the posting and its entries: `[DEBIT the account, CREDIT settlement]`.
+    pub posting_id: Uuid,
+    pub entry_ids: [Uuid; 2],
+    pub at: DateTime<Utc>,
+}
+
+/// What a claim decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// Committed: the payout is CLAIMED, the fence equals the token.
+    Claimed {
+        account_id: String,
+        account_fence: i64,
+        attempt_count: i32,
+        reclaimed: bool,
+    },
+    /// Committed: the fence was raised and the payout is FAILED (422, recorded).
+    InsufficientFunds {
+        account_id: String,
+        amount_minor: i64,
+        available_minor: i64,
+    },
+    /// Rolled back: the token did not exceed the account's fence.
+    Fenced {
+        account_id: String,
+        highest_token: i64,
+    },
+    /// Rolled back: the payout is not in the expected state.
+    NotClaimable {
+        state: PayoutState,
+    },
+    NotFound,
+}
+
+/// What a post decided. (One value per request, moved once: the size of `Posted` is not
+/// worth a heap allocation.)
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PostOutcome {
+    /// Committed: the payout is POSTED with two balanced entries.
+    Posted {
+        account_id: String,
+        entries: [LedgerEntry; 2],
+        balance_minor: i64,
+    },
+    /// Rolled back: the token did not exceed the account's fence.
+    Fenced {
+        account_id: String,
+        highest_token: i64,
+    },
+    /// Rolled back: the payout is not RAIL_ACKED.
+    NotClaimable {
+        state: PayoutState,
+    },
+    /// Rolled back: no ACKED attempt of this payout has this submission id and reference.
+    RailMismatch,
+    NotFound,
+}
+
+/// What an account creation decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateAccountOutcome {
+    Created(AccountView),
+    /// Rolled back: the account id is taken.
+    Exists,
+}
+
+/// What a payout creation decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreatePayoutOutcome {
+    Created(PayoutView),
+    /// Rolled back: the payout id is taken.
+    PayoutExists,
+    /// Rolled back: no such CUSTOMER account.
+    UnknownAccount,
+    /// Rolled back: the account holds another currency.
+    CurrencyMismatch {
+        account_currency: String,
+    },
+}
+
+/// What an operator's abandon decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AbandonOutcome {
+    Abandoned,
+    /// Only PENDING and CLAIMED payouts can be abandoned (C2).
+    NotAbandonable {
+        state: PayoutState,
+    },
+    NotFound,
+}
+
+/// A P1 page request. Rows come in (`created_at`, `payout_id`) ascending order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListQuery {
+    pub state: PayoutState,
+    pub account_id: Option<String>,
+    /// Rows created after this instant are not listed (the walk's fixed snapshot).
+    pub snapshot: DateTime<Utc>,
+    /// Keyset: only rows strictly after (`created_at`, `payout_id`).
+    pub after: Option<(DateTime<Utc>, Uuid)>,
+    /// Rows to return at most (the service asks for one more than it shows).
+    pub limit: i64,
+}
+
+/// paydb, as the payment-resource sees it.
+#[async_trait]
+pub trait PaymentStore: Send + Sync + 'static {
+    /// Cheap round trip, for readiness.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// The deployment's P1 cursor key: stores `candidate` if no key exists yet, and returns
+    /// the stored one (all replicas share it; it survives restarts).
+    async fn cursor_secret(&self, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], StoreError>;
+
+    /// Creates a CUSTOMER account and posts its opening balance against `#funding:{CUR}`
+    /// (upserting the currency's system accounts).
+    async fn create_account(
+        &self,
+        a: &NewAccount,
+        i: &IdemRequest,
+        r: Render<'_, CreateAccountOutcome>,
+    ) -> Decided<CreateAccountOutcome>;
+
+    /// Creates a PENDING payout.
+    async fn create_payout(
+        &self,
+        p: &NewPayout,
+        i: &IdemRequest,
+        r: Render<'_, CreatePayoutOutcome>,
+    ) -> Decided<CreatePayoutOutcome>;
+
+    /// P2: the fenced claim.
+    async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome>;
+
+    /// P3: the fenced post.
+    async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome>;
+
+    /// An operator moves a PENDING or CLAIMED payout to ABANDONED.
+    async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError>;
+
+    /// P4 (advisory).
+    async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError>;
+
+    /// P5 (advisory), system accounts included.
+    async fn account(&self, account_id: &str) -> Result<Option<AccountView>, StoreError>;
+
+    /// Every account, system accounts included, in `account_id` order.
+    async fn accounts(&self) -> Result<Vec<AccountView>, StoreError>;
+
+    /// P1: at most `q.limit` rows.
+    async fn list(&self, q: &ListQuery) -> Result<Vec<PayoutSummary>, StoreError>;
+
+    /// Ledger entries, all or one account's, in (`created_at`, `entry_id`) order.
+    async fn ledger(&self, account_id: Option<&str>) -> Result<Vec<LedgerEntry>, StoreError>;
+
+    /// `created_at` of the oldest PENDING payout (`payout_backlog_age_seconds`).
+    async fn oldest_pending_created_at(&self) -> Result<Option<DateTime<Utc>>, StoreError>;
+
+    /// Deletes at most `batch_max` idempotency records expired at `now`; returns how many.
+    async fn purge_idempotency(&self, now: DateTime<Utc>, batch_max: i64) -> Result<u64, StoreError>;
+
+    /// How many idempotency records exist (live or expired, tests and metrics).
+    async fn idempotency_record_count(&self) -> Result<u64, StoreError>;
+}
+
+/// Whether a payout in `state` holds a reservation against its account's balance.
+pub fn is_unsettled(state: PayoutState) -> bool {
+    matches!(state, PayoutState::Claimed | PayoutState::Submitted | PayoutState::RailAcked | PayoutState::RailAmbiguous)
+}

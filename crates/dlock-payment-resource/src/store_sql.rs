@@ -1,0 +1,1066 @@
+//! paydb on PostgreSQL and SQLite, through sqlx, as the payment-resource sees it.
+//!
+//! The SQL is written once, with `$n` placeholders, and the same statements run on both
+//! databases (SQLite gets `?n`, its numbered form). The two implementations differ only in
+//! their pool and row types; [`sql_payment_store!`] stamps the one body out for each.
+//!
+//! Every mutating method is one transaction whose first statement is the idempotency
+//! upsert (statement 0, design §4). It is a write, so SQLite holds its write lock from the
+//! first statement, and PostgreSQL makes a concurrent duplicate wait on the identity's
+//! primary key until the first transaction ends. A claim or post then runs the strict fence
+//! `UPDATE accounts … WHERE … AND fence < $token` (statement 1). Under READ COMMITTED that
+//! row lock serialises every claim and post of one account, so the reservation read that
+//! follows is safe (design §3). An outcome that commits a mutation is rendered inside the
+//! transaction and written into the identity row before the commit; a refusal rolls back,
+//! identity row included.
+//!
+//! Errors: connection failures, timeouts and busy answers are [`StoreError::Unavailable`]
+//! (nothing was decided); a commit whose answer was lost is [`StoreError::CommitUnknown`];
+//! a constraint or trigger refusing a statement the store issued, or content the store
+//! cannot read, is [`StoreError::Corrupt`].
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use dlock_contract::payout::PayoutState;
+use dlock_contract::rail::SubmissionOutcome;
+use dlock_contract::time::truncate_ms;
+use dlock_db::Dialect;
+use sqlx::Row;
+use uuid::Uuid;
+
+use crate::store::{
+    funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, Claim, ClaimOutcome,
+    CreateAccountOutcome, CreatePayoutOutcome, Decided, Direction, IdemRequest, Idempotent, LedgerEntry, ListQuery,
+    NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView, Post, PostOutcome, Render, StoreError,
+    StoredResponse, SubmissionSummary,
+};
+
+static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/postgres");
+static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/sqlite");
+
+/// The `paydb_secrets.name` of the P1 cursor key.
+pub const CURSOR_SECRET_NAME: &str = "p1-cursor";
+
+/// The states whose payouts reserve their amount ([`crate::store::is_unsettled`]), as an
+/// SQL list. A macro, so that `concat!` can splice it into statement literals.
+macro_rules! unsettled {
+    () => {
+        "('CLAIMED', 'SUBMITTED', 'RAIL_ACKED', 'RAIL_AMBIGUOUS')"
+    };
+}
+
+/// The SQL list of unsettled states (tests hold it to [`crate::store::is_unsettled`]).
+pub const UNSETTLED_SQL: &str = unsettled!();
+
+/// Σ CREDIT − Σ DEBIT of one account's entries (`a` is the `accounts` row).
+macro_rules! ledger_sum {
+    () => {
+        "(SELECT CAST(COALESCE(SUM(CASE WHEN e.direction = 'CREDIT' THEN e.amount_minor ELSE -e.amount_minor END), 0) \
+         AS BIGINT) FROM ledger_entries e WHERE e.account_id = a.account_id)"
+    };
+}
+
+/// Σ amount of one account's unsettled payouts (`a` is the `accounts` row).
+macro_rules! reserved {
+    () => {
+        concat!(
+            "(SELECT CAST(COALESCE(SUM(p.amount_minor), 0) AS BIGINT) FROM payouts p \
+             WHERE p.account_id = a.account_id AND p.state IN ",
+            unsettled!(),
+            ")"
+        )
+    };
+}
+
+const ACCOUNT_COLUMNS: &str = concat!(
+    "a.account_id, a.kind, a.currency, a.balance_minor, a.fence, a.created_at, a.updated_at, ",
+    ledger_sum!(),
+    " AS ledger_sum_minor, ",
+    reserved!(),
+    " AS reserved_minor"
+);
+
+const PAYOUT_COLUMNS: &str = "payout_id, account_id, amount_minor, currency, beneficiary_ref, state, attempt_count, \
+                              claim_token, claimed_by, claimed_at, created_at, updated_at";
+
+const LEDGER_COLUMNS: &str =
+    "entry_id, posting_id, payout_id, account_id, direction, amount_minor, currency, fence, created_at";
+
+/// What statement 0 decided.
+enum Gate {
+    /// A new identity, or an expired record replaced: run the request.
+    Execute,
+    /// A live record with the same fingerprint.
+    Replay(StoredResponse),
+    /// A live record with another fingerprint.
+    Conflict,
+}
+
+impl Gate {
+    /// The answer when the request must not run.
+    fn answer<T>(self) -> Option<Idempotent<T>> {
+        match self {
+            Gate::Execute => None,
+            Gate::Replay(r) => Some(Idempotent::Replayed(r)),
+            Gate::Conflict => Some(Idempotent::Conflict),
+        }
+    }
+}
+
+/// Whether an outcome committed a mutation (and so is rendered and recorded).
+trait Commits {
+    fn commits(&self) -> bool;
+}
+
+impl Commits for ClaimOutcome {
+    fn commits(&self) -> bool {
+        matches!(self, ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. })
+    }
+}
+
+impl Commits for PostOutcome {
+    fn commits(&self) -> bool {
+        matches!(self, PostOutcome::Posted { .. })
+    }
+}
+
+impl Commits for CreateAccountOutcome {
+    fn commits(&self) -> bool {
+        matches!(self, CreateAccountOutcome::Created(_))
+    }
+}
+
+impl Commits for CreatePayoutOutcome {
+    fn commits(&self) -> bool {
+        matches!(self, CreatePayoutOutcome::Created(_))
+    }
+}
+
+/// Whether the database refused a statement on a constraint or a guard trigger: the store
+/// issued a write its own checks should have ruled out.
+fn is_refusal(db: &(dyn sqlx::error::DatabaseError + 'static)) -> bool {
+    if !matches!(db.kind(), sqlx::error::ErrorKind::Other) {
+        return true;
+    }
+    let code = db.code().unwrap_or_default();
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // SQLITE_CONSTRAINT (19) and its extended codes, RAISE(ABORT) in a trigger included.
+        code.parse::<i32>().is_ok_and(|c| c & 0xff == 19)
+    } else {
+        // Class 23 (integrity constraint violation); P0001 is a RAISE without an errcode.
+        code.starts_with("23") || code == "P0001"
+    }
+}
+
+fn db_error(e: sqlx::Error) -> StoreError {
+    let text = dlock_db::describe(&e);
+    let corrupt = dlock_db::is_decode_error(&e)
+        || matches!(
+            &e,
+            sqlx::Error::RowNotFound | sqlx::Error::ColumnIndexOutOfBounds { .. } | sqlx::Error::TypeNotFound { .. }
+        )
+        || matches!(&e, sqlx::Error::Database(db) if is_refusal(db.as_ref()));
+    if corrupt {
+        StoreError::Corrupt(text)
+    } else {
+        StoreError::Unavailable(text)
+    }
+}
+
+/// A failed COMMIT: an I/O failure means the answer was lost, not that nothing happened.
+fn commit_error(e: sqlx::Error) -> StoreError {
+    let lost = match &e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+        // SQLITE_IOERR (10) and its extended codes.
+        sqlx::Error::Database(db) => {
+            db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+                && db.code().unwrap_or_default().parse::<i32>().is_ok_and(|c| c & 0xff == 10)
+        }
+        _ => false,
+    };
+    if lost {
+        StoreError::CommitUnknown(dlock_db::describe(&e))
+    } else {
+        db_error(e)
+    }
+}
+
+fn pg_sql(sql: &str) -> std::borrow::Cow<'_, str> {
+    Dialect::Postgres.sql(sql)
+}
+
+fn sqlite_sql(sql: &str) -> std::borrow::Cow<'_, str> {
+    Dialect::Sqlite.sql(sql)
+}
+
+fn parse_uuid(raw: &str) -> Result<Uuid, StoreError> {
+    Uuid::parse_str(raw).map_err(|e| StoreError::Corrupt(format!("bad uuid {raw:?}: {e}")))
+}
+
+fn parse_state(raw: &str) -> Result<PayoutState, StoreError> {
+    PayoutState::parse(raw).ok_or_else(|| StoreError::Corrupt(format!("bad payout state {raw:?}")))
+}
+
+fn parse_kind(raw: &str) -> Result<AccountKind, StoreError> {
+    AccountKind::parse(raw).ok_or_else(|| StoreError::Corrupt(format!("bad account kind {raw:?}")))
+}
+
+fn parse_direction(raw: &str) -> Result<Direction, StoreError> {
+    Direction::parse(raw).ok_or_else(|| StoreError::Corrupt(format!("bad ledger direction {raw:?}")))
+}
+
+fn parse_outcome(raw: Option<String>) -> Result<Option<SubmissionOutcome>, StoreError> {
+    raw.map(|r| SubmissionOutcome::parse(&r).ok_or_else(|| StoreError::Corrupt(format!("bad outcome {r:?}"))))
+        .transpose()
+}
+
+fn parse_secret(raw: &str) -> Result<[u8; 32], StoreError> {
+    let bytes = hex::decode(raw).map_err(|e| StoreError::Corrupt(format!("bad {CURSOR_SECRET_NAME} secret: {e}")))?;
+    <[u8; 32]>::try_from(bytes.as_slice())
+        .map_err(|_| StoreError::Corrupt(format!("{CURSOR_SECRET_NAME} secret is {} bytes, not 32", bytes.len())))
+}
+
+/// Opens paydb at `url` (applying pending migrations) as a [`PaymentStore`].
+pub async fn open(url: &str) -> Result<Arc<dyn PaymentStore>, StoreError> {
+    match Dialect::of_url(url).map_err(StoreError::Unavailable)? {
+        Dialect::Postgres => Ok(Arc::new(PgPaymentStore::open(url).await?)),
+        Dialect::Sqlite => Ok(Arc::new(SqlitePaymentStore::open(url).await?)),
+    }
+}
+
+/// paydb on PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct PgPaymentStore {
+    pub pool: sqlx::PgPool,
+}
+
+impl PgPaymentStore {
+    pub async fn open(url: &str) -> Result<PgPaymentStore, StoreError> {
+        let pool = dlock_db::pg_pool(url).await.map_err(db_error)?;
+        PG_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
+        Ok(PgPaymentStore { pool })
+    }
+}
+
+/// paydb on SQLite (the embedded default).
+#[derive(Debug, Clone)]
+pub struct SqlitePaymentStore {
+    pub pool: sqlx::SqlitePool,
+}
+
+impl SqlitePaymentStore {
+    pub async fn open(url: &str) -> Result<SqlitePaymentStore, StoreError> {
+        let pool = dlock_db::sqlite_pool(url).await.map_err(db_error)?;
+        SQLITE_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
+        Ok(SqlitePaymentStore { pool })
+    }
+}
+
+/// `r.try_get(col)`, as a store error.
+macro_rules! get {
+    ($row:expr, $col:literal) => {
+        $row.try_get($col).map_err(db_error)?
+    };
+    ($row:expr, $col:literal, $ty:ty) => {
+        $row.try_get::<$ty, _>($col).map_err(db_error)?
+    };
+}
+
+macro_rules! sql_payment_store {
+    ($store:ty, $db:ty, $sql:path) => {
+        impl $store {
+            /// Statement 0: the upsert of the identity row, which replaces only an expired
+            /// record. No row back means a live record: read it and judge the fingerprint.
+            async fn gate(tx: &mut sqlx::Transaction<'static, $db>, i: &IdemRequest) -> Result<Gate, StoreError> {
+                let q = $sql(
+                    "INSERT INTO idempotency_records (operation, target_id, idempotency_key, fencing_token, \
+                     request_sha256, owner_id, response_status, response_body, created_at, expires_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, NULL, NULL, $7, $8) \
+                     ON CONFLICT (operation, target_id, idempotency_key, fencing_token) DO UPDATE \
+                     SET request_sha256 = EXCLUDED.request_sha256, owner_id = EXCLUDED.owner_id, \
+                     response_status = NULL, response_body = NULL, created_at = EXCLUDED.created_at, \
+                     expires_at = EXCLUDED.expires_at \
+                     WHERE idempotency_records.expires_at <= EXCLUDED.created_at \
+                     RETURNING operation",
+                );
+                let fresh = sqlx::query(&q)
+                    .bind(i.operation.as_str())
+                    .bind(i.target_id.clone())
+                    .bind(i.key.clone())
+                    .bind(i.token)
+                    .bind(i.fingerprint.clone())
+                    .bind(i.owner_id.clone())
+                    .bind(truncate_ms(i.at))
+                    .bind(truncate_ms(i.expires_at))
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                if fresh.is_some() {
+                    return Ok(Gate::Execute);
+                }
+                let q = $sql(
+                    "SELECT request_sha256, response_status, response_body FROM idempotency_records \
+                     WHERE operation = $1 AND target_id = $2 AND idempotency_key = $3 AND fencing_token = $4",
+                );
+                let live = sqlx::query(&q)
+                    .bind(i.operation.as_str())
+                    .bind(i.target_id.clone())
+                    .bind(i.key.clone())
+                    .bind(i.token)
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                let Some(live) = live else {
+                    // Purged between the two statements (a replica with a later clock).
+                    return Err(StoreError::Unavailable("idempotency record vanished while being read".into()));
+                };
+                if get!(live, "request_sha256", String) != i.fingerprint {
+                    return Ok(Gate::Conflict);
+                }
+                match (get!(live, "response_status", Option<i32>), get!(live, "response_body", Option<Vec<u8>>)) {
+                    (Some(status), Some(body)) => {
+                        let status = u16::try_from(status)
+                            .map_err(|_| StoreError::Corrupt(format!("recorded status {status} is not a status")))?;
+                        Ok(Gate::Replay(StoredResponse { status, body }))
+                    }
+                    _ => Err(StoreError::Corrupt("a committed idempotency record lacks its response".into())),
+                }
+            }
+
+            /// Ends a deciding transaction: a refusal rolls back (identity row included); an
+            /// outcome that commits is rendered, recorded in the identity row and committed.
+            async fn finish<T: Commits + Send + Sync>(
+                mut tx: sqlx::Transaction<'static, $db>,
+                i: &IdemRequest,
+                outcome: T,
+                render: Render<'_, T>,
+            ) -> Decided<T> {
+                if !outcome.commits() {
+                    tx.rollback().await.map_err(db_error)?;
+                    return Ok(Idempotent::Executed { outcome, stored: None });
+                }
+                let response = render(&outcome);
+                let q = $sql(
+                    "UPDATE idempotency_records SET response_status = $5, response_body = $6 \
+                     WHERE operation = $1 AND target_id = $2 AND idempotency_key = $3 AND fencing_token = $4",
+                );
+                let written = sqlx::query(&q)
+                    .bind(i.operation.as_str())
+                    .bind(i.target_id.clone())
+                    .bind(i.key.clone())
+                    .bind(i.token)
+                    .bind(i32::from(response.status))
+                    .bind(response.body.clone())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_error)?
+                    .rows_affected();
+                if written != 1 {
+                    return Err(StoreError::Corrupt(format!("identity row written {written} times, not once")));
+                }
+                tx.commit().await.map_err(commit_error)?;
+                Ok(Idempotent::Executed { outcome, stored: Some(response) })
+            }
+
+            /// Statement 1 of a claim or post: the strict fence on the payout's account.
+            /// `Ok(Ok((account_id, balance)))` when it rose to `token`; `Ok(Err(outcome))`
+            /// otherwise (`None`: no such payout; `Some`: fenced by the stored fence).
+            async fn raise_fence(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                payout_id: &str,
+                token: i64,
+                at: DateTime<Utc>,
+            ) -> Result<Result<(String, i64), Option<(String, i64)>>, StoreError> {
+                let q = $sql(
+                    "UPDATE accounts SET fence = $2, updated_at = $3 \
+                     WHERE account_id = (SELECT account_id FROM payouts WHERE payout_id = $1) AND fence < $2 \
+                     RETURNING account_id, balance_minor",
+                );
+                let raised = sqlx::query(&q)
+                    .bind(payout_id.to_owned())
+                    .bind(token)
+                    .bind(at)
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                if let Some(r) = raised {
+                    return Ok(Ok((get!(r, "account_id"), get!(r, "balance_minor"))));
+                }
+                let q = $sql(
+                    "SELECT a.account_id, a.fence FROM payouts p JOIN accounts a ON a.account_id = p.account_id \
+                     WHERE p.payout_id = $1",
+                );
+                let held = sqlx::query(&q)
+                    .bind(payout_id.to_owned())
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                Ok(Err(match held {
+                    Some(r) => Some((get!(r, "account_id"), get!(r, "fence"))),
+                    None => None,
+                }))
+            }
+
+            async fn state_of(tx: &mut sqlx::Transaction<'static, $db>, payout_id: &str) -> Result<PayoutState, StoreError> {
+                let q = $sql("SELECT state FROM payouts WHERE payout_id = $1");
+                let state: String = sqlx::query(&q)
+                    .bind(payout_id.to_owned())
+                    .fetch_one(&mut **tx)
+                    .await
+                    .and_then(|r| r.try_get("state"))
+                    .map_err(db_error)?;
+                parse_state(&state)
+            }
+
+            async fn insert_entry(tx: &mut sqlx::Transaction<'static, $db>, e: &LedgerEntry) -> Result<(), StoreError> {
+                let q = $sql(
+                    "INSERT INTO ledger_entries (entry_id, posting_id, payout_id, account_id, direction, amount_minor, \
+                     currency, fence, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                );
+                sqlx::query(&q)
+                    .bind(e.entry_id.to_string())
+                    .bind(e.posting_id.to_string())
+                    .bind(e.payout_id.map(|p| p.to_string()))
+                    .bind(e.account_id.clone())
+                    .bind(e.direction.as_str())
+                    .bind(e.amount_minor)
+                    .bind(e.currency.clone())
+                    .bind(e.fence)
+                    .bind(e.created_at)
+                    .execute(&mut **tx)
+                    .await
+                    .map(|_| ())
+                    .map_err(db_error)
+            }
+
+            /// Upserts the system accounts of `currency` (no balance, no fence).
+            async fn upsert_system_accounts(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                accounts: &[(String, AccountKind)],
+                currency: &str,
+                at: DateTime<Utc>,
+            ) -> Result<(), StoreError> {
+                let q = $sql(
+                    "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
+                     VALUES ($1, $2, $3, 0, 0, $4, $4) ON CONFLICT (account_id) DO NOTHING",
+                );
+                for (account_id, kind) in accounts {
+                    sqlx::query(&q)
+                        .bind(account_id.clone())
+                        .bind(kind.as_str())
+                        .bind(currency.to_owned())
+                        .bind(at)
+                        .execute(&mut **tx)
+                        .await
+                        .map_err(db_error)?;
+                }
+                Ok(())
+            }
+
+            async fn claim_in(tx: &mut sqlx::Transaction<'static, $db>, c: &Claim) -> Result<ClaimOutcome, StoreError> {
+                let at = truncate_ms(c.at);
+                let payout_id = c.payout_id.to_string();
+                // 1. The fence (C3 §3.4 verbatim).
+                let (account_id, balance) = match Self::raise_fence(tx, &payout_id, c.token, at).await? {
+                    Ok(raised) => raised,
+                    Err(None) => return Ok(ClaimOutcome::NotFound),
+                    Err(Some((account_id, highest_token))) => {
+                        return Ok(ClaimOutcome::Fenced { account_id, highest_token })
+                    }
+                };
+                // 2. State and reservation (every other unsettled payout of the account).
+                let q = $sql(concat!(
+                    "SELECT state, amount_minor, \
+                     (SELECT CAST(COALESCE(SUM(q.amount_minor), 0) AS BIGINT) FROM payouts q \
+                      WHERE q.account_id = $2 AND q.payout_id <> $1 AND q.state IN ",
+                    unsettled!(),
+                    ") AS reserved_minor FROM payouts WHERE payout_id = $1"
+                ));
+                let row = sqlx::query(&q)
+                    .bind(payout_id.clone())
+                    .bind(account_id.clone())
+                    .fetch_one(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                let state = parse_state(&get!(row, "state", String))?;
+                let amount: i64 = get!(row, "amount_minor");
+                let reserved: i64 = get!(row, "reserved_minor");
+                let claimable = matches!(c.expected, PayoutState::Pending | PayoutState::Claimed);
+                if state != c.expected || !claimable {
+                    return Ok(ClaimOutcome::NotClaimable { state });
+                }
+                let available = balance
+                    .checked_sub(reserved)
+                    .ok_or_else(|| StoreError::Corrupt(format!("available balance of {account_id} overflows")))?;
+                let funded = available >= amount;
+                let next = if funded { PayoutState::Claimed } else { PayoutState::Failed };
+                // 3. The conditional transition; another writer may have moved the payout.
+                let q = $sql(
+                    "UPDATE payouts SET state = $2, claim_token = $3, claimed_by = $4, claimed_at = $5, updated_at = $5 \
+                     WHERE payout_id = $1 AND state = $6 RETURNING attempt_count",
+                );
+                let moved = sqlx::query(&q)
+                    .bind(payout_id.clone())
+                    .bind(next.as_str())
+                    .bind(c.token)
+                    .bind(c.owner_id.clone())
+                    .bind(at)
+                    .bind(c.expected.as_str())
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                let Some(moved) = moved else {
+                    return Ok(ClaimOutcome::NotClaimable { state: Self::state_of(tx, &payout_id).await? });
+                };
+                if !funded {
+                    return Ok(ClaimOutcome::InsufficientFunds { account_id, amount_minor: amount, available_minor: available });
+                }
+                Ok(ClaimOutcome::Claimed {
+                    account_id,
+                    account_fence: c.token,
+                    attempt_count: get!(moved, "attempt_count"),
+                    reclaimed: c.expected == PayoutState::Claimed,
+                })
+            }
+
+            async fn post_in(tx: &mut sqlx::Transaction<'static, $db>, p: &Post) -> Result<PostOutcome, StoreError> {
+                let at = truncate_ms(p.at);
+                let payout_id = p.payout_id.to_string();
+                // 1. The same strict fence.
+                match Self::raise_fence(tx, &payout_id, p.token, at).await? {
+                    Ok(_) => {}
+                    Err(None) => return Ok(PostOutcome::NotFound),
+                    Err(Some((account_id, highest_token))) => return Ok(PostOutcome::Fenced { account_id, highest_token }),
+                }
+                // 2. RAIL_ACKED -> POSTED, conditionally.
+                let q = $sql(
+                    "UPDATE payouts SET state = 'POSTED', updated_at = $2 WHERE payout_id = $1 AND state = 'RAIL_ACKED' \
+                     RETURNING account_id, amount_minor, currency",
+                );
+                let moved = sqlx::query(&q)
+                    .bind(payout_id.clone())
+                    .bind(at)
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                let Some(moved) = moved else {
+                    return Ok(PostOutcome::NotClaimable { state: Self::state_of(tx, &payout_id).await? });
+                };
+                let account_id: String = get!(moved, "account_id");
+                let amount: i64 = get!(moved, "amount_minor");
+                let currency: String = get!(moved, "currency");
+                // 3. The acknowledged attempt the caller names (I7).
+                let q = $sql(
+                    "SELECT submission_id FROM rail_submission \
+                     WHERE payout_id = $1 AND submission_id = $2 AND outcome = 'ACKED' AND rail_reference = $3",
+                );
+                let acked = sqlx::query(&q)
+                    .bind(payout_id.clone())
+                    .bind(p.submission_id.to_string())
+                    .bind(p.rail_reference.clone())
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                if acked.is_none() {
+                    return Ok(PostOutcome::RailMismatch);
+                }
+                // 4. Two balanced entries: DEBIT the account, CREDIT the currency's settlement
+                // account (upserted: a payout seeded through the proxy has none yet).
+                let settlement = settlement_account(&currency);
+                Self::upsert_system_accounts(tx, &[(settlement.clone(), AccountKind::Settlement)], &currency, at).await?;
+                let entry = |entry_id: Uuid, account_id: String, direction: Direction| LedgerEntry {
+                    entry_id,
+                    posting_id: p.posting_id,
+                    payout_id: Some(p.payout_id),
+                    account_id,
+                    direction,
+                    amount_minor: amount,
+                    currency: currency.clone(),
+                    fence: p.token,
+                    created_at: at,
+                };
+                let entries = [
+                    entry(p.entry_ids[0], account_id.clone(), Direction::Debit),
+                    entry(p.entry_ids[1], settlement, Direction::Credit),
+                ];
+                for e in &entries {
+                    Self::insert_entry(tx, e).await?;
+                }
+                // 5. The balance follows the ledger.
+                let q = $sql(
+                    "UPDATE accounts SET balance_minor = balance_minor - $2, updated_at = $3 WHERE account_id = $1 \
+                     RETURNING balance_minor",
+                );
+                let balance_minor: i64 = sqlx::query(&q)
+                    .bind(account_id.clone())
+                    .bind(amount)
+                    .bind(at)
+                    .fetch_one(&mut **tx)
+                    .await
+                    .and_then(|r| r.try_get("balance_minor"))
+                    .map_err(db_error)?;
+                Ok(PostOutcome::Posted { account_id, entries, balance_minor })
+            }
+
+            async fn create_account_in(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                a: &NewAccount,
+            ) -> Result<CreateAccountOutcome, StoreError> {
+                let at = truncate_ms(a.at);
+                let funding = funding_account(&a.currency);
+                let system = [
+                    (funding.clone(), AccountKind::Funding),
+                    (settlement_account(&a.currency), AccountKind::Settlement),
+                ];
+                Self::upsert_system_accounts(tx, &system, &a.currency, at).await?;
+                let q = $sql(
+                    "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
+                     VALUES ($1, 'CUSTOMER', $2, $3, 0, $4, $4) ON CONFLICT (account_id) DO NOTHING \
+                     RETURNING account_id",
+                );
+                let created = sqlx::query(&q)
+                    .bind(a.account_id.clone())
+                    .bind(a.currency.clone())
+                    .bind(a.opening_balance_minor)
+                    .bind(at)
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                if created.is_none() {
+                    return Ok(CreateAccountOutcome::Exists);
+                }
+                if a.opening_balance_minor > 0 {
+                    let entry = |entry_id: Uuid, account_id: String, direction: Direction| LedgerEntry {
+                        entry_id,
+                        posting_id: a.posting_id,
+                        payout_id: None,
+                        account_id,
+                        direction,
+                        amount_minor: a.opening_balance_minor,
+                        currency: a.currency.clone(),
+                        fence: 0,
+                        created_at: at,
+                    };
+                    Self::insert_entry(tx, &entry(a.entry_ids[0], funding, Direction::Debit)).await?;
+                    Self::insert_entry(tx, &entry(a.entry_ids[1], a.account_id.clone(), Direction::Credit)).await?;
+                }
+                Ok(CreateAccountOutcome::Created(AccountView {
+                    account_id: a.account_id.clone(),
+                    kind: AccountKind::Customer,
+                    currency: a.currency.clone(),
+                    balance_minor: a.opening_balance_minor,
+                    fence: 0,
+                    ledger_sum_minor: a.opening_balance_minor,
+                    reserved_minor: 0,
+                    created_at: at,
+                    updated_at: at,
+                }))
+            }
+
+            async fn create_payout_in(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                p: &NewPayout,
+            ) -> Result<CreatePayoutOutcome, StoreError> {
+                let at = truncate_ms(p.at);
+                let q = $sql("SELECT kind, currency FROM accounts WHERE account_id = $1");
+                let account = sqlx::query(&q)
+                    .bind(p.account_id.clone())
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                let Some(account) = account else {
+                    return Ok(CreatePayoutOutcome::UnknownAccount);
+                };
+                if parse_kind(&get!(account, "kind", String))? != AccountKind::Customer {
+                    return Ok(CreatePayoutOutcome::UnknownAccount);
+                }
+                let account_currency: String = get!(account, "currency");
+                if account_currency != p.currency {
+                    return Ok(CreatePayoutOutcome::CurrencyMismatch { account_currency });
+                }
+                let q = $sql(
+                    "INSERT INTO payouts (payout_id, account_id, amount_minor, currency, beneficiary_ref, state, \
+                     attempt_count, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, 'PENDING', 0, $6, $6) \
+                     ON CONFLICT (payout_id) DO NOTHING RETURNING payout_id",
+                );
+                let created = sqlx::query(&q)
+                    .bind(p.payout_id.to_string())
+                    .bind(p.account_id.clone())
+                    .bind(p.amount_minor)
+                    .bind(p.currency.clone())
+                    .bind(p.beneficiary_ref.clone())
+                    .bind(at)
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                if created.is_none() {
+                    return Ok(CreatePayoutOutcome::PayoutExists);
+                }
+                Ok(CreatePayoutOutcome::Created(PayoutView {
+                    payout_id: p.payout_id,
+                    account_id: p.account_id.clone(),
+                    amount_minor: p.amount_minor,
+                    currency: p.currency.clone(),
+                    beneficiary_ref: p.beneficiary_ref.clone(),
+                    state: PayoutState::Pending,
+                    attempt_count: 0,
+                    claim_token: None,
+                    claimed_by: None,
+                    claimed_at: None,
+                    created_at: at,
+                    updated_at: at,
+                    submissions: Vec::new(),
+                }))
+            }
+
+            /// Begins a deciding transaction and runs statement 0: `Err(answer)` when the
+            /// request must not run (a replay or a conflict; already rolled back).
+            async fn begin<T>(
+                &self,
+                i: &IdemRequest,
+            ) -> Result<Result<sqlx::Transaction<'static, $db>, Idempotent<T>>, StoreError> {
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                match Self::gate(&mut tx, i).await?.answer() {
+                    None => Ok(Ok(tx)),
+                    Some(answer) => {
+                        tx.rollback().await.map_err(db_error)?;
+                        Ok(Err(answer))
+                    }
+                }
+            }
+
+            fn account_view(r: &<$db as sqlx::Database>::Row) -> Result<AccountView, StoreError> {
+                Ok(AccountView {
+                    account_id: get!(r, "account_id"),
+                    kind: parse_kind(&get!(r, "kind", String))?,
+                    currency: get!(r, "currency"),
+                    balance_minor: get!(r, "balance_minor"),
+                    fence: get!(r, "fence"),
+                    ledger_sum_minor: get!(r, "ledger_sum_minor"),
+                    reserved_minor: get!(r, "reserved_minor"),
+                    created_at: get!(r, "created_at"),
+                    updated_at: get!(r, "updated_at"),
+                })
+            }
+
+            fn ledger_entry(r: &<$db as sqlx::Database>::Row) -> Result<LedgerEntry, StoreError> {
+                Ok(LedgerEntry {
+                    entry_id: parse_uuid(&get!(r, "entry_id", String))?,
+                    posting_id: parse_uuid(&get!(r, "posting_id", String))?,
+                    payout_id: get!(r, "payout_id", Option<String>).as_deref().map(parse_uuid).transpose()?,
+                    account_id: get!(r, "account_id"),
+                    direction: parse_direction(&get!(r, "direction", String))?,
+                    amount_minor: get!(r, "amount_minor"),
+                    currency: get!(r, "currency"),
+                    fence: get!(r, "fence"),
+                    created_at: get!(r, "created_at"),
+                })
+            }
+        }
+
+        #[async_trait]
+        impl PaymentStore for $store {
+            async fn ping(&self) -> Result<(), StoreError> {
+                sqlx::query("SELECT 1").execute(&self.pool).await.map(|_| ()).map_err(db_error)
+            }
+
+            async fn cursor_secret(&self, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], StoreError> {
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                let q = $sql(
+                    "INSERT INTO paydb_secrets (name, secret_hex, created_at) VALUES ($1, $2, $3) \
+                     ON CONFLICT (name) DO NOTHING",
+                );
+                sqlx::query(&q)
+                    .bind(CURSOR_SECRET_NAME)
+                    .bind(hex::encode(candidate))
+                    .bind(truncate_ms(at))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_error)?;
+                let q = $sql("SELECT secret_hex FROM paydb_secrets WHERE name = $1");
+                let stored: String = sqlx::query(&q)
+                    .bind(CURSOR_SECRET_NAME)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .and_then(|r| r.try_get("secret_hex"))
+                    .map_err(db_error)?;
+                let secret = parse_secret(&stored)?;
+                tx.commit().await.map_err(commit_error)?;
+                Ok(secret)
+            }
+
+            async fn create_account(
+                &self,
+                a: &NewAccount,
+                i: &IdemRequest,
+                r: Render<'_, CreateAccountOutcome>,
+            ) -> Decided<CreateAccountOutcome> {
+                let mut tx = match self.begin(i).await? {
+                    Ok(tx) => tx,
+                    Err(answer) => return Ok(answer),
+                };
+                let outcome = Self::create_account_in(&mut tx, a).await?;
+                Self::finish(tx, i, outcome, r).await
+            }
+
+            async fn create_payout(
+                &self,
+                p: &NewPayout,
+                i: &IdemRequest,
+                r: Render<'_, CreatePayoutOutcome>,
+            ) -> Decided<CreatePayoutOutcome> {
+                let mut tx = match self.begin(i).await? {
+                    Ok(tx) => tx,
+                    Err(answer) => return Ok(answer),
+                };
+                let outcome = Self::create_payout_in(&mut tx, p).await?;
+                Self::finish(tx, i, outcome, r).await
+            }
+
+            async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome> {
+                let mut tx = match self.begin(i).await? {
+                    Ok(tx) => tx,
+                    Err(answer) => return Ok(answer),
+                };
+                let outcome = Self::claim_in(&mut tx, c).await?;
+                Self::finish(tx, i, outcome, r).await
+            }
+
+            async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
+                let mut tx = match self.begin(i).await? {
+                    Ok(tx) => tx,
+                    Err(answer) => return Ok(answer),
+                };
+                let outcome = Self::post_in(&mut tx, p).await?;
+                Self::finish(tx, i, outcome, r).await
+            }
+
+            async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                let q = $sql(
+                    "UPDATE payouts SET state = 'ABANDONED', updated_at = $2 \
+                     WHERE payout_id = $1 AND state IN ('PENDING', 'CLAIMED')",
+                );
+                let moved = sqlx::query(&q)
+                    .bind(payout_id.to_string())
+                    .bind(truncate_ms(at))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_error)?
+                    .rows_affected();
+                if moved == 1 {
+                    tx.commit().await.map_err(commit_error)?;
+                    return Ok(AbandonOutcome::Abandoned);
+                }
+                let q = $sql("SELECT state FROM payouts WHERE payout_id = $1");
+                let state = sqlx::query(&q)
+                    .bind(payout_id.to_string())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db_error)?;
+                tx.rollback().await.map_err(db_error)?;
+                match state {
+                    None => Ok(AbandonOutcome::NotFound),
+                    Some(r) => Ok(AbandonOutcome::NotAbandonable { state: parse_state(&get!(r, "state", String))? }),
+                }
+            }
+
+            async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError> {
+                let q = format!("SELECT {PAYOUT_COLUMNS} FROM payouts WHERE payout_id = $1");
+                let q = $sql(&q);
+                let row = sqlx::query(&q)
+                    .bind(payout_id.to_string())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                let Some(r) = row else {
+                    return Ok(None);
+                };
+                let q = $sql(
+                    "SELECT submission_id, presented_token, outcome, rail_reference, submitted_at, resolved_at \
+                     FROM rail_submission WHERE payout_id = $1 ORDER BY seq",
+                );
+                let attempts = sqlx::query(&q)
+                    .bind(payout_id.to_string())
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                let submissions = attempts
+                    .iter()
+                    .map(|s| {
+                        Ok(SubmissionSummary {
+                            submission_id: parse_uuid(&get!(s, "submission_id", String))?,
+                            presented_token: get!(s, "presented_token"),
+                            outcome: parse_outcome(get!(s, "outcome"))?,
+                            rail_reference: get!(s, "rail_reference"),
+                            submitted_at: get!(s, "submitted_at"),
+                            resolved_at: get!(s, "resolved_at"),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, StoreError>>()?;
+                Ok(Some(PayoutView {
+                    payout_id: parse_uuid(&get!(r, "payout_id", String))?,
+                    account_id: get!(r, "account_id"),
+                    amount_minor: get!(r, "amount_minor"),
+                    currency: get!(r, "currency"),
+                    beneficiary_ref: get!(r, "beneficiary_ref"),
+                    state: parse_state(&get!(r, "state", String))?,
+                    attempt_count: get!(r, "attempt_count"),
+                    claim_token: get!(r, "claim_token"),
+                    claimed_by: get!(r, "claimed_by"),
+                    claimed_at: get!(r, "claimed_at"),
+                    created_at: get!(r, "created_at"),
+                    updated_at: get!(r, "updated_at"),
+                    submissions,
+                }))
+            }
+
+            async fn account(&self, account_id: &str) -> Result<Option<AccountView>, StoreError> {
+                let q = format!("SELECT {ACCOUNT_COLUMNS} FROM accounts a WHERE a.account_id = $1");
+                let q = $sql(&q);
+                sqlx::query(&q)
+                    .bind(account_id.to_owned())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(db_error)?
+                    .map(|r| Self::account_view(&r))
+                    .transpose()
+            }
+
+            async fn accounts(&self) -> Result<Vec<AccountView>, StoreError> {
+                let q = format!("SELECT {ACCOUNT_COLUMNS} FROM accounts a");
+                let rows = sqlx::query(&q).fetch_all(&self.pool).await.map_err(db_error)?;
+                let mut all = rows.iter().map(Self::account_view).collect::<Result<Vec<_>, _>>()?;
+                // Byte order, whatever the database's collation.
+                all.sort_by(|x, y| x.account_id.cmp(&y.account_id));
+                Ok(all)
+            }
+
+            async fn list(&self, q: &ListQuery) -> Result<Vec<PayoutSummary>, StoreError> {
+                const SELECT: &str = "SELECT payout_id, account_id, amount_minor, currency, state, attempt_count, \
+                                      created_at FROM payouts \
+                                      WHERE state = $1 AND ($2 IS NULL OR account_id = $2) AND created_at <= $3";
+                let limit = q.limit.max(0);
+                let query = match q.after {
+                    None => format!("{SELECT} ORDER BY created_at, payout_id LIMIT $4"),
+                    Some(_) => format!(
+                        "{SELECT} AND (created_at > $4 OR (created_at = $4 AND payout_id > $5)) \
+                         ORDER BY created_at, payout_id LIMIT $6"
+                    ),
+                };
+                let sql = $sql(&query);
+                let base = sqlx::query(&sql)
+                    .bind(q.state.as_str())
+                    .bind(q.account_id.clone())
+                    .bind(truncate_ms(q.snapshot));
+                let query = match q.after {
+                    None => base.bind(limit),
+                    Some((created_at, payout_id)) => {
+                        base.bind(truncate_ms(created_at)).bind(payout_id.to_string()).bind(limit)
+                    }
+                };
+                let rows = query.fetch_all(&self.pool).await.map_err(db_error)?;
+                rows.iter()
+                    .map(|r| {
+                        Ok(PayoutSummary {
+                            payout_id: parse_uuid(&get!(r, "payout_id", String))?,
+                            account_id: get!(r, "account_id"),
+                            amount_minor: get!(r, "amount_minor"),
+                            currency: get!(r, "currency"),
+                            state: parse_state(&get!(r, "state", String))?,
+                            attempt_count: get!(r, "attempt_count"),
+                            created_at: get!(r, "created_at"),
+                        })
+                    })
+                    .collect()
+            }
+
+            async fn ledger(&self, account_id: Option<&str>) -> Result<Vec<LedgerEntry>, StoreError> {
+                let q = format!(
+                    "SELECT {LEDGER_COLUMNS} FROM ledger_entries WHERE ($1 IS NULL OR account_id = $1) \
+                     ORDER BY created_at, entry_id"
+                );
+                let q = $sql(&q);
+                let rows = sqlx::query(&q)
+                    .bind(account_id.map(str::to_owned))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                rows.iter().map(Self::ledger_entry).collect()
+            }
+
+            async fn oldest_pending_created_at(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+                let q = "SELECT created_at FROM payouts WHERE state = 'PENDING' ORDER BY created_at LIMIT 1";
+                sqlx::query(q)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(db_error)?
+                    .map(|r| r.try_get("created_at").map_err(db_error))
+                    .transpose()
+            }
+
+            async fn purge_idempotency(&self, now: DateTime<Utc>, batch_max: i64) -> Result<u64, StoreError> {
+                if batch_max <= 0 {
+                    return Ok(0);
+                }
+                // The outer `expires_at` test is re-checked on a row another transaction
+                // just replaced, so a live record is never deleted.
+                let q = $sql(
+                    "DELETE FROM idempotency_records WHERE expires_at <= $1 \
+                     AND (operation, target_id, idempotency_key, fencing_token) IN \
+                     (SELECT operation, target_id, idempotency_key, fencing_token FROM idempotency_records \
+                      WHERE expires_at <= $1 ORDER BY expires_at LIMIT $2)",
+                );
+                sqlx::query(&q)
+                    .bind(now)
+                    .bind(batch_max)
+                    .execute(&self.pool)
+                    .await
+                    .map(|r| r.rows_affected())
+                    .map_err(db_error)
+            }
+
+            async fn idempotency_record_count(&self) -> Result<u64, StoreError> {
+                let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM idempotency_records")
+                    .fetch_one(&self.pool)
+                    .await
+                    .and_then(|r| r.try_get("n"))
+                    .map_err(db_error)?;
+                u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("record count {n}")))
+            }
+        }
+    };
+}
+
+sql_payment_store!(PgPaymentStore, sqlx::Postgres, pg_sql);
+sql_payment_store!(SqlitePaymentStore, sqlx::Sqlite, sqlite_sql);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::is_unsettled;
+
+    #[test]
+    fn unsettled_sql_list_matches_is_unsettled() {
+        for state in PayoutState::ALL {
+            assert_eq!(UNSETTLED_SQL.contains(&format!("'{}'", state.as_str())), is_unsettled(state), "{state:?}");
+        }
+    }
+
+    #[test]
+    fn statements_carry_no_stray_dollar_signs() {
+        // The SQLite spelling rewrites every `$`; only placeholders may use one.
+        for sql in [ACCOUNT_COLUMNS, PAYOUT_COLUMNS, LEDGER_COLUMNS, UNSETTLED_SQL] {
+            assert!(!sql.contains('$'), "{sql}");
+        }
+    }
+
+    #[test]
+    fn cursor_secret_must_be_32_bytes_of_hex() {
+        assert_eq!(parse_secret(&"ab".repeat(32)), Ok([0xab; 32]));
+        assert!(matches!(parse_secret("ab"), Err(StoreError::Corrupt(_))));
+        assert!(matches!(parse_secret(&"zz".repeat(32)), Err(StoreError::Corrupt(_))));
+    }
+}

@@ -1,0 +1,619 @@
+//! The payment-resource's HTTP contract, in process: every row and code of P1–P5 and the
+//! two creates, the envelope on every refusal, byte-identical replays, and the fenced-out
+//! log line and counter. The store is the simulation store (the conformance suite holds it
+//! to the SQL stores); the proxy's half of paydb is driven through `RailStore`.
+
+#![cfg(not(madsim))]
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use chrono::Utc;
+use dlock_contract::CONTENT_TYPE_JSON;
+use dlock_payment_resource::service::PaymentConfig;
+use dlock_payment_resource::store_mem::MemPaydb;
+use dlock_payment_resource::{router, PaymentResource, PaymentStore};
+use dlock_rail_proxy::store::{Admission, Attempt, RailStore, Resolution};
+use dlock_rt::Clock;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+use uuid::Uuid;
+
+struct Rig {
+    app: axum::Router,
+    paydb: Arc<MemPaydb>,
+}
+
+async fn rig() -> Rig {
+    let paydb = Arc::new(MemPaydb::new());
+    let cfg = PaymentConfig { body_bytes_max: 4_096, ..PaymentConfig::default() };
+    let pr = PaymentResource::start(paydb.clone(), cfg, Clock::system()).await.expect("start");
+    Rig { app: router(pr), paydb }
+}
+
+struct Answer {
+    status: u16,
+    content_type: String,
+    bytes: Vec<u8>,
+    json: Value,
+}
+
+async fn send(app: &axum::Router, method: &str, uri: &str, headers: &[(&str, &str)], body: Option<&str>) -> Answer {
+    let mut b = axum::http::Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = b.body(Body::from(body.unwrap_or("").to_owned())).expect("request");
+    let resp = app.clone().oneshot(req).await.expect("infallible");
+    let status = resp.status().as_u16();
+    let content_type = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes().to_vec();
+    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Answer { status, content_type, bytes, json }
+}
+
+fn write_headers<'a>(owner: &'a str, key: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![("content-type", "application/json"), ("x-owner-id", owner), ("x-idempotency-key", key)]
+}
+
+fn fenced_headers<'a>(token: &'a str, owner: &'a str, key: &'a str) -> Vec<(&'a str, &'a str)> {
+    let mut h = write_headers(owner, key);
+    h.push(("x-fencing-token", token));
+    h
+}
+
+fn assert_envelope(a: &Answer, status: u16, code: &str) {
+    assert_eq!(a.status, status, "{}", a.json);
+    assert_eq!(a.content_type, CONTENT_TYPE_JSON);
+    assert_eq!(a.json["code"], code, "{}", a.json);
+    assert!(a.json["message"].is_string() && a.json["retrySafe"].is_boolean(), "{}", a.json);
+    assert_eq!(a.json["traceId"].as_str().map(str::len), Some(32), "{}", a.json);
+}
+
+async fn create_account(app: &axum::Router, id: &str, opening: i64) -> Answer {
+    let body = json!({"accountId": id, "currency": "EUR", "openingBalanceMinor": opening}).to_string();
+    let key = format!("acct:{id}");
+    send(app, "POST", "/v1/accounts", &write_headers("ops", &key), Some(&body)).await
+}
+
+async fn create_payout(app: &axum::Router, account: &str, amount: i64) -> Uuid {
+    let id = Uuid::new_v4();
+    let body = json!({"payoutId": id, "accountId": account, "amountMinor": amount, "currency": "EUR",
+        "beneficiaryRef": "bene-1"})
+    .to_string();
+    let a = send(app, "POST", "/v1/payouts", &write_headers("ops", &format!("create:{id}")), Some(&body)).await;
+    assert_eq!(a.status, 201, "{}", a.json);
+    id
+}
+
+async fn claim(app: &axum::Router, payout: Uuid, token: i64, expected: &str) -> Answer {
+    let t = token.to_string();
+    let key = format!("payout:{payout}");
+    let body = json!({"expectedState": expected}).to_string();
+    send(app, "POST", &format!("/v1/payouts/{payout}/claim"), &fenced_headers(&t, "w-1", &key), Some(&body)).await
+}
+
+async fn post(app: &axum::Router, payout: Uuid, token: i64, submission: Uuid, reference: &str) -> Answer {
+    let t = token.to_string();
+    let key = format!("payout:{payout}");
+    let body = json!({"railReference": reference, "submissionId": submission, "railOutcome": "ACKED"}).to_string();
+    send(app, "POST", &format!("/v1/payouts/{payout}/post"), &fenced_headers(&t, "w-1", &key), Some(&body)).await
+}
+
+/// Drives the proxy's half: CLAIMED → SUBMITTED → `resolution`. Returns the submission id.
+async fn through_rail(paydb: &MemPaydb, payout: Uuid, account: &str, token: i64, resolution: Resolution) -> Uuid {
+    let submission_id = Uuid::new_v4();
+    let at = dlock_contract::time::truncate_ms(Utc::now());
+    let attempt = Attempt {
+        submission_id,
+        payout_id: payout,
+        account_id: account.into(),
+        presented_token: token,
+        owner_id: "w-1".into(),
+        idempotency_key: format!("payout:{payout}"),
+        amount_minor: 0,
+        currency: "EUR".into(),
+        at,
+        fencing_enabled: true,
+    };
+    let admitted = RailStore::admit(paydb, &attempt).await.expect("admit");
+    assert!(matches!(admitted, Admission::Admitted { .. }), "{admitted:?}");
+    RailStore::resolve(paydb, submission_id, &resolution, at).await.expect("resolve");
+    submission_id
+}
+
+#[tokio::test]
+async fn creates_require_owner_and_key_and_answer_201() {
+    let r = rig().await;
+    let body = json!({"accountId": "acct-1", "currency": "EUR", "openingBalanceMinor": 10_000}).to_string();
+    let no_owner = send(
+        &r.app,
+        "POST",
+        "/v1/accounts",
+        &[("content-type", "application/json"), ("x-idempotency-key", "k")],
+        Some(&body),
+    )
+    .await;
+    assert_envelope(&no_owner, 400, "VALIDATION_FAILED");
+    let no_key = send(
+        &r.app,
+        "POST",
+        "/v1/accounts",
+        &[("content-type", "application/json"), ("x-owner-id", "ops")],
+        Some(&body),
+    )
+    .await;
+    assert_envelope(&no_key, 400, "VALIDATION_FAILED");
+
+    let created = send(&r.app, "POST", "/v1/accounts", &write_headers("ops", "k"), Some(&body)).await;
+    assert_eq!(created.status, 201, "{}", created.json);
+    assert_eq!(created.content_type, CONTENT_TYPE_JSON);
+    assert_eq!(created.json["accountId"], "acct-1");
+    assert_eq!(created.json["balanceMinor"], 10_000);
+    assert_eq!(created.json["ledgerSumMinor"], 10_000);
+    assert_eq!(created.json["fence"], 0);
+
+    let again = create_account(&r.app, "acct-1", 5).await;
+    assert_envelope(&again, 400, "VALIDATION_FAILED");
+    assert_eq!(again.json["details"]["fields"][0]["field"], "accountId");
+
+    let bad = send(
+        &r.app,
+        "POST",
+        "/v1/accounts",
+        &write_headers("ops", "k2"),
+        Some(r#"{"accountId":"has space","currency":"EUR","openingBalanceMinor":-1}"#),
+    )
+    .await;
+    assert_envelope(&bad, 400, "VALIDATION_FAILED");
+    let fields: Vec<&str> =
+        bad.json["details"]["fields"].as_array().expect("fields").iter().filter_map(|f| f["field"].as_str()).collect();
+    assert!(fields.contains(&"accountId") && fields.contains(&"openingBalanceMinor"), "{fields:?}");
+
+    // Payouts: 201 in PENDING, with a generated id when none is given.
+    let body = json!({"accountId": "acct-1", "amountMinor": 700, "currency": "EUR", "beneficiaryRef": "b"}).to_string();
+    let p = send(&r.app, "POST", "/v1/payouts", &write_headers("ops", "p-1"), Some(&body)).await;
+    assert_eq!(p.status, 201, "{}", p.json);
+    assert_eq!(p.json["state"], "PENDING");
+    assert_eq!(p.json["attemptCount"], 0);
+    assert!(Uuid::parse_str(p.json["payoutId"].as_str().unwrap_or("")).is_ok(), "{}", p.json);
+    // The same request again is the same payout (the generated id is part of the record).
+    let replay = send(&r.app, "POST", "/v1/payouts", &write_headers("ops", "p-1"), Some(&body)).await;
+    assert_eq!(replay.bytes, p.bytes);
+
+    let unknown =
+        json!({"accountId": "nobody", "amountMinor": 1, "currency": "EUR", "beneficiaryRef": "b"}).to_string();
+    let a = send(&r.app, "POST", "/v1/payouts", &write_headers("ops", "p-2"), Some(&unknown)).await;
+    assert_envelope(&a, 400, "VALIDATION_FAILED");
+    assert_eq!(a.json["details"]["fields"][0]["field"], "accountId");
+    let usd = json!({"accountId": "acct-1", "amountMinor": 1, "currency": "USD", "beneficiaryRef": "b"}).to_string();
+    let a = send(&r.app, "POST", "/v1/payouts", &write_headers("ops", "p-3"), Some(&usd)).await;
+    assert_envelope(&a, 400, "VALIDATION_FAILED");
+    assert_eq!(a.json["details"]["fields"][0]["field"], "currency");
+}
+
+#[tokio::test]
+async fn p2_claim_answers_every_c3_code() {
+    let r = rig().await;
+    create_account(&r.app, "acct-1", 1_000).await;
+    let p = create_payout(&r.app, "acct-1", 600).await;
+
+    // 400 INVALID_TOKEN: absent, zero, non-numeric, overflowing.
+    for token in [None, Some("0"), Some("abc"), Some("9223372036854775808")] {
+        let mut h = write_headers("w-1", "k");
+        if let Some(t) = token {
+            h.push(("x-fencing-token", t));
+        }
+        let a =
+            send(&r.app, "POST", &format!("/v1/payouts/{p}/claim"), &h, Some(r#"{"expectedState":"PENDING"}"#)).await;
+        assert_envelope(&a, 400, "INVALID_TOKEN");
+    }
+    // 400 VALIDATION_FAILED: a path that is no uuid, an expectedState a claim cannot name.
+    let a = send(&r.app, "POST", "/v1/payouts/nope/claim", &fenced_headers("5", "w-1", "k"), Some("{}")).await;
+    assert_envelope(&a, 400, "VALIDATION_FAILED");
+    let a = claim(&r.app, p, 5, "POSTED").await;
+    assert_envelope(&a, 400, "VALIDATION_FAILED");
+    assert_eq!(a.json["details"]["fields"][0]["field"], "expectedState");
+    // 404.
+    let a = claim(&r.app, Uuid::new_v4(), 5, "PENDING").await;
+    assert_envelope(&a, 404, "NOT_FOUND");
+
+    // 200.
+    let ok = claim(&r.app, p, 5, "PENDING").await;
+    assert_eq!(ok.status, 200, "{}", ok.json);
+    assert_eq!(
+        ok.json,
+        json!({"payoutId": p, "state": "CLAIMED", "claimToken": 5, "accountFence": 5, "attemptCount": 0,
+            "idempotencyKey": format!("payout:{p}")})
+    );
+    // 409 FENCED_OUT: an equal token (under another key, so the ledger does not replay) and a lower one.
+    for (token, key) in [("5", "other-key"), ("4", "payout:x")] {
+        let a = send(
+            &r.app,
+            "POST",
+            &format!("/v1/payouts/{p}/claim"),
+            &fenced_headers(token, "w-2", key),
+            Some(r#"{"expectedState":"CLAIMED"}"#),
+        )
+        .await;
+        assert_envelope(&a, 409, "FENCED_OUT");
+        assert_eq!(a.json["retrySafe"], false);
+        let d = &a.json["details"];
+        assert_eq!(d["presentedToken"], token.parse::<i64>().expect("int"));
+        assert_eq!(d["highestToken"], 5);
+        assert_eq!(d["resourceType"], "account");
+        assert_eq!(d["resourceId"], "acct-1");
+        assert_eq!(d["ownerId"], "w-2");
+        assert_eq!(d["payoutId"], p.to_string());
+    }
+    // 409 PAYOUT_NOT_CLAIMABLE: expected PENDING, it is CLAIMED; the fence does not move.
+    let a = claim(&r.app, p, 9, "PENDING").await;
+    assert_envelope(&a, 409, "PAYOUT_NOT_CLAIMABLE");
+    assert_eq!(a.json["details"]["state"], "CLAIMED");
+    let acct = send(&r.app, "GET", "/v1/accounts/acct-1", &[], None).await;
+    assert_eq!(acct.json["fence"], 5);
+    // Recovery re-claim by a newer holder.
+    let re = claim(&r.app, p, 9, "CLAIMED").await;
+    assert_eq!(re.status, 200, "{}", re.json);
+    assert_eq!(re.json["accountFence"], 9);
+
+    // 422 INSUFFICIENT_FUNDS: 600 is reserved of 1 000, a second payout of 500 does not fit.
+    let q = create_payout(&r.app, "acct-1", 500).await;
+    let a = claim(&r.app, q, 10, "PENDING").await;
+    assert_envelope(&a, 422, "INSUFFICIENT_FUNDS");
+    assert_eq!(
+        a.json["details"],
+        json!({"payoutId": q, "accountId": "acct-1", "amountMinor": 500, "availableMinor": 400, "state": "FAILED"})
+    );
+    let view = send(&r.app, "GET", &format!("/v1/payouts/{q}"), &[], None).await;
+    assert_eq!(view.json["state"], "FAILED");
+    // The 422 was recorded: the same request replays it byte for byte, trace id included.
+    let replay = claim(&r.app, q, 10, "PENDING").await;
+    assert_eq!(replay.status, 422);
+    assert_eq!(replay.bytes, a.bytes);
+}
+
+#[tokio::test]
+async fn p3_post_answers_every_c3_code() {
+    let r = rig().await;
+    create_account(&r.app, "acct-1", 1_000).await;
+    let p = create_payout(&r.app, "acct-1", 600).await;
+    assert_eq!(claim(&r.app, p, 5, "PENDING").await.status, 200);
+
+    // Not yet RAIL_ACKED: 409 PAYOUT_NOT_CLAIMABLE.
+    let a = post(&r.app, p, 6, Uuid::new_v4(), "ref-1").await;
+    assert_envelope(&a, 409, "PAYOUT_NOT_CLAIMABLE");
+    assert_eq!(a.json["details"]["state"], "CLAIMED");
+
+    let submission = through_rail(&r.paydb, p, "acct-1", 5, Resolution::Acked { rail_reference: "ref-1".into() }).await;
+    // 400: the body must name the acknowledged attempt.
+    let a = post(&r.app, p, 6, Uuid::new_v4(), "ref-1").await;
+    assert_envelope(&a, 400, "VALIDATION_FAILED");
+    let a = post(&r.app, p, 6, submission, "ref-other").await;
+    assert_envelope(&a, 400, "VALIDATION_FAILED");
+    let a = send(
+        &r.app,
+        "POST",
+        &format!("/v1/payouts/{p}/post"),
+        &fenced_headers("6", "w-1", "k"),
+        Some(&json!({"railReference": "ref-1", "submissionId": submission, "railOutcome": "REJECTED"}).to_string()),
+    )
+    .await;
+    assert_envelope(&a, 400, "VALIDATION_FAILED");
+    assert_eq!(a.json["details"]["fields"][0]["field"], "railOutcome");
+    // 400 INVALID_TOKEN.
+    let a = send(&r.app, "POST", &format!("/v1/payouts/{p}/post"), &fenced_headers("-3", "w-1", "k"), Some("{}")).await;
+    assert_envelope(&a, 400, "INVALID_TOKEN");
+    // 409 FENCED_OUT with the claim's own token (equal) or a lower one: a ledger write.
+    for token in [5, 2] {
+        let a = post(&r.app, p, token, submission, "ref-1").await;
+        assert_envelope(&a, 409, "FENCED_OUT");
+        let d = &a.json["details"];
+        assert_eq!(d["presentedToken"], token);
+        assert_eq!(d["highestToken"], 5);
+        assert_eq!(d["resourceType"], "ledger");
+        assert_eq!(d["resourceId"], p.to_string());
+        assert_eq!(d["ownerId"], "w-1");
+    }
+    // 200: two balanced entries, both carrying the fence; the balance after.
+    let ok = post(&r.app, p, 6, submission, "ref-1").await;
+    assert_eq!(ok.status, 200, "{}", ok.json);
+    assert_eq!(ok.json["state"], "POSTED");
+    assert_eq!(ok.json["balanceMinor"], 400);
+    let entries = ok.json["entries"].as_array().expect("entries");
+    assert_eq!(entries.len(), 2);
+    assert_eq!(entries[0]["direction"], "DEBIT");
+    assert_eq!(entries[0]["accountId"], "acct-1");
+    assert_eq!(entries[1]["direction"], "CREDIT");
+    for e in entries {
+        assert_eq!(e["amountMinor"], 600);
+        assert_eq!(e["fence"], 6);
+    }
+    // A newer token on a POSTED payout: not claimable, nothing written.
+    let a = post(&r.app, p, 7, submission, "ref-1").await;
+    assert_envelope(&a, 409, "PAYOUT_NOT_CLAIMABLE");
+    assert_eq!(a.json["details"]["state"], "POSTED");
+    let acct = send(&r.app, "GET", "/v1/accounts/acct-1", &[], None).await;
+    assert_eq!(acct.json["balanceMinor"], 400);
+    assert_eq!(acct.json["ledgerSumMinor"], 400);
+    assert_eq!(acct.json["fence"], 6);
+    // 404.
+    let a = post(&r.app, Uuid::new_v4(), 8, submission, "ref-1").await;
+    assert_envelope(&a, 404, "NOT_FOUND");
+}
+
+#[tokio::test]
+async fn p4_payout_is_advisory_with_submissions_and_404() {
+    let r = rig().await;
+    create_account(&r.app, "acct-1", 1_000).await;
+    let p = create_payout(&r.app, "acct-1", 100).await;
+    claim(&r.app, p, 3, "PENDING").await;
+    let s = through_rail(&r.paydb, p, "acct-1", 3, Resolution::Acked { rail_reference: "ref-9".into() }).await;
+    let a = send(&r.app, "GET", &format!("/v1/payouts/{p}"), &[], None).await;
+    assert_eq!(a.status, 200, "{}", a.json);
+    assert_eq!(a.json["payoutId"], p.to_string());
+    assert_eq!(a.json["state"], "RAIL_ACKED");
+    assert_eq!(a.json["attemptCount"], 1);
+    assert_eq!(a.json["claimToken"], 3);
+    assert_eq!(a.json["claimedBy"], "w-1");
+    assert_eq!(a.json["beneficiaryRef"], "bene-1");
+    let subs = a.json["submissions"].as_array().expect("submissions");
+    assert_eq!(subs.len(), 1);
+    assert_eq!(subs[0]["submissionId"], s.to_string());
+    assert_eq!(subs[0]["presentedToken"], 3);
+    assert_eq!(subs[0]["outcome"], "ACKED");
+    assert_eq!(subs[0]["railReference"], "ref-9");
+    let missing = send(&r.app, "GET", &format!("/v1/payouts/{}", Uuid::new_v4()), &[], None).await;
+    assert_envelope(&missing, 404, "NOT_FOUND");
+    let bad = send(&r.app, "GET", "/v1/payouts/not-a-uuid", &[], None).await;
+    assert_envelope(&bad, 400, "VALIDATION_FAILED");
+}
+
+#[tokio::test]
+async fn p5_account_reports_the_ledger_sum_and_404() {
+    let r = rig().await;
+    create_account(&r.app, "acct-1", 2_500).await;
+    let p = create_payout(&r.app, "acct-1", 1_000).await;
+    claim(&r.app, p, 4, "PENDING").await;
+    let a = send(&r.app, "GET", "/v1/accounts/acct-1", &[], None).await;
+    assert_eq!(a.status, 200, "{}", a.json);
+    assert_eq!(a.json["accountId"], "acct-1");
+    assert_eq!(a.json["currency"], "EUR");
+    assert_eq!(a.json["balanceMinor"], 2_500);
+    assert_eq!(a.json["ledgerSumMinor"], 2_500);
+    assert_eq!(a.json["availableMinor"], 1_500);
+    assert_eq!(a.json["fence"], 4);
+    assert!(a.json["updatedAt"].as_str().is_some_and(|t| t.ends_with('Z')), "{}", a.json);
+    let missing = send(&r.app, "GET", "/v1/accounts/nobody", &[], None).await;
+    assert_envelope(&missing, 404, "NOT_FOUND");
+    let bad = send(&r.app, "GET", "/v1/accounts/a%20b", &[], None).await;
+    assert_envelope(&bad, 400, "VALIDATION_FAILED");
+}
+
+#[tokio::test]
+async fn p1_lists_pages_and_refuses_bad_queries_and_cursors() {
+    let r = rig().await;
+    create_account(&r.app, "acct-1", 10_000).await;
+    create_account(&r.app, "acct-2", 10_000).await;
+    let mut mine = Vec::new();
+    for i in 0..7 {
+        mine.push(create_payout(&r.app, if i % 2 == 0 { "acct-1" } else { "acct-2" }, 10).await);
+    }
+    // A walk lists rows created before its first page's millisecond: let the clock pass
+    // the last creation (bounded; at most a millisecond).
+    let created_by = Utc::now().timestamp_millis();
+    let passed =
+        dlock_rt::wait_until(dlock_rt::Duration::from_millis(1), dlock_rt::Duration::from_millis(1_000), || async {
+            (Utc::now().timestamp_millis() > created_by).then_some(())
+        })
+        .await;
+    assert!(passed.is_some());
+    // Walk PENDING two at a time: every payout once, in creation order.
+    let mut seen = Vec::new();
+    let mut uri = "/v1/payouts?state=PENDING&limit=2".to_owned();
+    for _ in 0..10 {
+        let page = send(&r.app, "GET", &uri, &[], None).await;
+        assert_eq!(page.status, 200, "{}", page.json);
+        for item in page.json["items"].as_array().expect("items") {
+            assert_eq!(item["state"], "PENDING");
+            for field in ["payoutId", "accountId", "amountMinor", "currency", "attemptCount", "createdAt"] {
+                assert!(!item[field].is_null(), "{field} in {item}");
+            }
+            seen.push(Uuid::parse_str(item["payoutId"].as_str().expect("id")).expect("uuid"));
+        }
+        match page.json["nextCursor"].as_str() {
+            Some(c) => {
+                // A payout created mid-walk is after the snapshot: it does not appear.
+                if seen.len() == 2 {
+                    create_payout(&r.app, "acct-1", 10).await;
+                }
+                uri = format!("/v1/payouts?state=PENDING&limit=2&cursor={c}");
+            }
+            None => break,
+        }
+    }
+    let mut sorted = seen.clone();
+    sorted.dedup();
+    assert_eq!(seen.len(), 7, "{seen:?}");
+    assert_eq!(sorted.len(), 7);
+    let expected: std::collections::BTreeSet<Uuid> = mine.iter().copied().collect();
+    assert_eq!(seen.iter().copied().collect::<std::collections::BTreeSet<_>>(), expected);
+
+    // The account filter.
+    let page = send(&r.app, "GET", "/v1/payouts?state=PENDING&accountId=acct-2", &[], None).await;
+    assert!(page.json["items"].as_array().expect("items").iter().all(|i| i["accountId"] == "acct-2"));
+    assert_eq!(page.json["items"].as_array().map(Vec::len), Some(3));
+
+    // Refusals: 400 VALIDATION_FAILED naming the parameter.
+    let first = send(&r.app, "GET", "/v1/payouts?state=PENDING&limit=1", &[], None).await;
+    let cursor = first.json["nextCursor"].as_str().expect("cursor").to_owned();
+    let mut tampered = cursor.clone().into_bytes();
+    tampered[3] = if tampered[3] == b'A' { b'B' } else { b'A' };
+    let tampered = String::from_utf8(tampered).expect("ascii");
+    let cases: Vec<(String, &str)> = vec![
+        ("/v1/payouts".into(), "state"),
+        ("/v1/payouts?state=NOPE".into(), "state"),
+        ("/v1/payouts?state=PENDING&limit=0".into(), "limit"),
+        ("/v1/payouts?state=PENDING&limit=501".into(), "limit"),
+        ("/v1/payouts?state=PENDING&limit=ten".into(), "limit"),
+        ("/v1/payouts?state=PENDING&accountId=a%20b".into(), "accountId"),
+        ("/v1/payouts?state=PENDING&status=x".into(), "status"),
+        (format!("/v1/payouts?state=PENDING&cursor={tampered}"), "cursor"),
+        ("/v1/payouts?state=PENDING&cursor=garbage".into(), "cursor"),
+        (format!("/v1/payouts?state=CLAIMED&cursor={cursor}"), "cursor"),
+        (format!("/v1/payouts?state=PENDING&accountId=acct-1&cursor={cursor}"), "cursor"),
+    ];
+    for (uri, field) in cases {
+        let a = send(&r.app, "GET", &uri, &[], None).await;
+        assert_envelope(&a, 400, "VALIDATION_FAILED");
+        assert_eq!(a.json["details"]["fields"][0]["field"], field, "{uri}: {}", a.json);
+    }
+    // A cursor from another deployment (another key) is refused too.
+    let other = rig().await;
+    create_account(&other.app, "acct-1", 10).await;
+    let a = send(&other.app, "GET", &format!("/v1/payouts?state=PENDING&cursor={cursor}"), &[], None).await;
+    assert_envelope(&a, 400, "VALIDATION_FAILED");
+    assert!(a.json["details"]["fields"][0]["problem"].as_str().is_some_and(|p| p.contains("not a cursor")));
+}
+
+#[tokio::test]
+async fn payment_refusals_are_the_envelope() {
+    let r = rig().await;
+    let cases = [
+        send(&r.app, "GET", "/v1/nope", &[], None).await,
+        send(&r.app, "DELETE", "/v1/payouts", &[], None).await,
+        send(&r.app, "POST", "/v1/accounts", &[("x-owner-id", "o"), ("x-idempotency-key", "k")], Some("{}")).await,
+        send(&r.app, "POST", "/v1/accounts", &write_headers("o", "k"), Some("{not json")).await,
+        send(&r.app, "POST", "/v1/accounts", &write_headers("o", "k"), Some(&"x".repeat(5_000))).await,
+    ];
+    let expected = [
+        (404, "NOT_FOUND"),
+        (405, "METHOD_NOT_ALLOWED"),
+        (415, "UNSUPPORTED_MEDIA_TYPE"),
+        (400, "VALIDATION_FAILED"),
+        (413, "PAYLOAD_TOO_LARGE"),
+    ];
+    for (a, (status, code)) in cases.iter().zip(expected) {
+        assert_envelope(a, status, code);
+    }
+    // Nothing was written by any of them.
+    assert_eq!(PaymentStore::idempotency_record_count(&*r.paydb).await.expect("count"), 0);
+}
+
+#[tokio::test]
+async fn key_order_and_whitespace_are_not_a_change_but_a_field_is() {
+    let r = rig().await;
+    let first = send(
+        &r.app,
+        "POST",
+        "/v1/accounts",
+        &write_headers("ops", "same-key"),
+        Some(r#"{"accountId":"acct-1","currency":"EUR","openingBalanceMinor":100}"#),
+    )
+    .await;
+    assert_eq!(first.status, 201);
+    let reordered = send(
+        &r.app,
+        "POST",
+        "/v1/accounts",
+        &write_headers("ops", "same-key"),
+        Some("{ \"openingBalanceMinor\" : 100,\n  \"currency\":\"EUR\", \"accountId\":\"acct-1\" }"),
+    )
+    .await;
+    assert_eq!(reordered.status, 201);
+    assert_eq!(reordered.bytes, first.bytes, "a reordered, re-spaced body is the same request");
+    let changed = send(
+        &r.app,
+        "POST",
+        "/v1/accounts",
+        &write_headers("ops", "same-key"),
+        Some(r#"{"accountId":"acct-1","currency":"EUR","openingBalanceMinor":101}"#),
+    )
+    .await;
+    assert_envelope(&changed, 422, "IDEMPOTENCY_CONFLICT");
+    assert_eq!(changed.json["details"]["operation"], "CREATE_ACCOUNT");
+    let acct = send(&r.app, "GET", "/v1/accounts/acct-1", &[], None).await;
+    assert_eq!(acct.json["balanceMinor"], 100, "the conflicting request had no effect");
+}
+
+/// Collects formatted log lines for the assertions below.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().map_err(|_| std::io::Error::other("poisoned"))?.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn fenced_out_is_logged_and_counted_with_both_tokens() {
+    let captured = Captured::default();
+    let sink = captured.clone();
+    let subscriber = tracing_subscriber::fmt().json().with_writer(move || sink.clone()).finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let r = rig().await;
+    create_account(&r.app, "acct-1", 1_000).await;
+    let p = create_payout(&r.app, "acct-1", 100).await;
+    assert_eq!(claim(&r.app, p, 8, "PENDING").await.status, 200);
+    let stale = send(
+        &r.app,
+        "POST",
+        &format!("/v1/payouts/{p}/claim"),
+        &fenced_headers("7", "zombie", "payout:z"),
+        Some(r#"{"expectedState":"CLAIMED"}"#),
+    )
+    .await;
+    assert_envelope(&stale, 409, "FENCED_OUT");
+
+    let text = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf8");
+    let line = text.lines().find(|l| l.contains("\"fenced_out\"")).expect("a fenced_out log line");
+    let v: Value = serde_json::from_str(line).expect("json log line");
+    let f = &v["fields"];
+    assert_eq!(v["level"], "WARN");
+    assert_eq!(f["presentedToken"], 7);
+    assert_eq!(f["highestToken"], 8);
+    assert_eq!(f["resource"], "account");
+    assert_eq!(f["resourceId"], "acct-1");
+    assert_eq!(f["ownerId"], "zombie");
+    assert_eq!(f["traceId"], stale.json["traceId"]);
+
+    let m = send(&r.app, "GET", "/metrics", &[], None).await;
+    let text = String::from_utf8(m.bytes).expect("utf8");
+    assert!(text.contains("lock_fenced_out_total{resource=\"account\"} 1"), "{text}");
+    assert!(text.contains("lock_fenced_out_total{resource=\"ledger\"} 0"), "{text}");
+    assert!(text.contains("payout_claim_total{outcome=\"fenced\"} 1"), "{text}");
+}
+
+#[tokio::test]
+async fn payment_metrics_expose_only_pinned_tag_values() {
+    let r = rig().await;
+    create_account(&r.app, "acct-1", 1_000).await;
+    let p = create_payout(&r.app, "acct-1", 100).await;
+    claim(&r.app, p, 1, "PENDING").await;
+    claim(&r.app, p, 1, "PENDING").await;
+    let m = send(&r.app, "GET", "/metrics", &[], None).await;
+    let text = String::from_utf8(m.bytes).expect("utf8");
+    for series in [
+        "lock_fenced_out_total{resource=\"rail\"} 0",
+        "payout_claim_total{outcome=\"claimed\"} 1",
+        "payout_claim_total{outcome=\"insufficient_funds\"} 0",
+        "payout_post_total{outcome=\"posted\"} 0",
+        "idempotency_request_total{outcome=\"replayed\"} 1",
+        "idempotency_purged_total 0",
+        "payout_backlog_age_seconds 0",
+    ] {
+        assert!(text.contains(series), "{series} missing from\n{text}");
+    }
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        assert!(!line.contains(&p.to_string()) && !line.contains("acct-1"), "an id leaked into a tag: {line}");
+    }
+}
