@@ -79,6 +79,19 @@ pub async fn pg_pool(url: &str) -> Result<sqlx::PgPool, sqlx::Error> {
         .await
 }
 
+/// [`pg_pool`] whose sessions give up waiting for a row lock after `lock_timeout_ms`
+/// (PostgreSQL's `lock_timeout`, set as a startup parameter: no extra round trip). A
+/// statement that waited too long fails with SQLSTATE 55P03 and its transaction rolls back.
+pub async fn pg_pool_with_lock_timeout(url: &str, lock_timeout_ms: u64) -> Result<sqlx::PgPool, sqlx::Error> {
+    let opts =
+        sqlx::postgres::PgConnectOptions::from_str(url)?.options([("lock_timeout", format!("{lock_timeout_ms}ms"))]);
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(PG_POOL_CONNECTIONS_MAX)
+        .acquire_timeout(Duration::from_millis(POOL_ACQUIRE_MS_MAX))
+        .connect_with(opts)
+        .await
+}
+
 /// A SQLite pool (WAL, synchronous=FULL, foreign keys on, bounded busy wait), creating
 /// the file and its directory when missing.
 pub async fn sqlite_pool(url: &str) -> Result<sqlx::SqlitePool, sqlx::Error> {

@@ -42,9 +42,10 @@ mod bench {
     use std::time::Instant;
 
     use chrono::{DateTime, Utc};
-    use dlock_contract::payment::{ClaimAck, ClaimRequest, EntryBody, NewAccountRequest, PostAck, PostRequest};
+    use dlock_contract::payment::{ClaimRequest, NewAccountRequest, PostRequest};
     use dlock_contract::payout::PayoutState;
     use dlock_db::Dialect;
+    use dlock_payment_resource::app::{render_claim, render_post};
     use dlock_payment_resource::idempotency::fingerprint;
     use dlock_payment_resource::store::{
         Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, IdemRequest, Idempotent, NewAccount, NewPayout,
@@ -389,20 +390,7 @@ mod bench {
         let c =
             Claim { payout_id: it.payout_id, token: it.claim_token, owner_id: owner, expected: req.expected_state, at };
         let (payout_id, token) = (it.payout_id, it.claim_token);
-        let render = move |o: &ClaimOutcome| match o {
-            ClaimOutcome::Claimed { account_fence, attempt_count, .. } => recorded(
-                200,
-                &ClaimAck {
-                    payout_id,
-                    state: PayoutState::Claimed,
-                    claim_token: token,
-                    account_fence: *account_fence,
-                    attempt_count: *attempt_count,
-                    idempotency_key: key.clone(),
-                },
-            ),
-            _ => not_committed(),
-        };
+        let render = move |o: &ClaimOutcome| render_claim(o, payout_id, token, &key, "bench");
         match store.claim(&c, &idem, &render).await.expect("claim") {
             Idempotent::Executed { outcome: ClaimOutcome::Claimed { .. }, stored: Some(r) } if r.status == 200 => {}
             other => panic!("claim {payout_id} token {token}: {other:?}"),
@@ -454,27 +442,7 @@ mod bench {
             at,
         };
         let payout_id = it.payout_id;
-        let render = move |o: &PostOutcome| match o {
-            PostOutcome::Posted { entries, balance_minor, .. } => recorded(
-                200,
-                &PostAck {
-                    payout_id,
-                    state: PayoutState::Posted,
-                    entries: entries
-                        .iter()
-                        .map(|e| EntryBody {
-                            entry_id: e.entry_id,
-                            account_id: e.account_id.clone(),
-                            direction: e.direction.as_str().to_owned(),
-                            amount_minor: e.amount_minor,
-                            fence: e.fence,
-                        })
-                        .collect(),
-                    balance_minor: *balance_minor,
-                },
-            ),
-            _ => not_committed(),
-        };
+        let render = move |o: &PostOutcome| render_post(o, payout_id, "bench");
         match store.post(&p, &idem, &render).await.expect("post") {
             Idempotent::Executed { outcome: PostOutcome::Posted { .. }, stored: Some(r) } if r.status == 200 => {}
             other => panic!("post {payout_id} token {}: {other:?}", it.post_token),

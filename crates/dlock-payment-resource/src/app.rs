@@ -348,6 +348,62 @@ async fn create_payout(
 // P2, P3
 // ---------------------------------------------------------------------------------------
 
+/// The recorded answer of a committed claim: 200 `ClaimAck`, or the 422
+/// `INSUFFICIENT_FUNDS` envelope (under the first request's trace id).
+pub fn render_claim(o: &ClaimOutcome, payout_id: Uuid, token: i64, key: &str, trace_id: &str) -> StoredResponse {
+    match o {
+        ClaimOutcome::Claimed { account_fence, attempt_count, .. } => recorded(
+            200,
+            &ClaimAck {
+                payout_id,
+                state: PayoutState::Claimed,
+                claim_token: token,
+                account_fence: *account_fence,
+                attempt_count: *attempt_count,
+                idempotency_key: key.to_owned(),
+            },
+        ),
+        ClaimOutcome::InsufficientFunds { account_id, amount_minor, available_minor } => {
+            let message = "the account's available balance does not cover this payout; it is FAILED and will never \
+                           reach the rail";
+            let err = ApiError::new(ErrorCode::InsufficientFunds, message).with_details(json!({
+                "payoutId": payout_id,
+                "accountId": account_id,
+                "amountMinor": amount_minor,
+                "availableMinor": available_minor,
+                "state": PayoutState::Failed,
+            }));
+            recorded_error(err, trace_id)
+        }
+        _ => recorded_error(ApiError::internal("not a committed outcome"), trace_id),
+    }
+}
+
+/// The recorded answer of a committed post: 200 `PostAck`.
+pub fn render_post(o: &PostOutcome, payout_id: Uuid, trace_id: &str) -> StoredResponse {
+    match o {
+        PostOutcome::Posted { entries, balance_minor, .. } => recorded(
+            200,
+            &PostAck {
+                payout_id,
+                state: PayoutState::Posted,
+                entries: entries
+                    .iter()
+                    .map(|e| EntryBody {
+                        entry_id: e.entry_id,
+                        account_id: e.account_id.clone(),
+                        direction: e.direction.as_str().to_owned(),
+                        amount_minor: e.amount_minor,
+                        fence: e.fence,
+                    })
+                    .collect(),
+                balance_minor: *balance_minor,
+            },
+        ),
+        _ => recorded_error(ApiError::internal("not a committed outcome"), trace_id),
+    }
+}
+
 async fn claim(
     State(pr): State<Arc<PaymentResource>>,
     Extension(trace): Extension<TraceId>,
@@ -370,36 +426,7 @@ async fn claim(
     let c = Claim { payout_id, token, owner_id: owner.as_str().to_owned(), expected: req.expected_state, at };
     let trace_id = trace.0.clone();
     let key_text = key.as_str().to_owned();
-    let render = move |o: &ClaimOutcome| {
-        match o {
-        ClaimOutcome::Claimed { account_fence, attempt_count, .. } => recorded(
-            200,
-            &ClaimAck {
-                payout_id,
-                state: PayoutState::Claimed,
-                claim_token: token,
-                account_fence: *account_fence,
-                attempt_count: *attempt_count,
-                idempotency_key: key_text.clone(),
-            },
-        ),
-        ClaimOutcome::InsufficientFunds { account_id, amount_minor, available_minor } => recorded_error(
-            ApiError::new(
-                ErrorCode::InsufficientFunds,
-                "the account's available balance does not cover this payout; it is FAILED and will never reach the rail",
-            )
-            .with_details(json!({
-                "payoutId": payout_id,
-                "accountId": account_id,
-                "amountMinor": amount_minor,
-                "availableMinor": available_minor,
-                "state": PayoutState::Failed,
-            })),
-            &trace_id,
-        ),
-        _ => recorded_error(ApiError::internal("not a committed outcome"), &trace_id),
-    }
-    };
+    let render = move |o: &ClaimOutcome| render_claim(o, payout_id, token, &key_text, &trace_id);
     let decided = pr.store.claim(&c, &idem, &render).await;
     let owner_text = owner.as_str();
     Ok(answer(
@@ -466,27 +493,7 @@ async fn post_payout(
         at,
     };
     let trace_id = trace.0.clone();
-    let render = move |o: &PostOutcome| match o {
-        PostOutcome::Posted { entries, balance_minor, .. } => recorded(
-            200,
-            &PostAck {
-                payout_id,
-                state: PayoutState::Posted,
-                entries: entries
-                    .iter()
-                    .map(|e| EntryBody {
-                        entry_id: e.entry_id,
-                        account_id: e.account_id.clone(),
-                        direction: e.direction.as_str().to_owned(),
-                        amount_minor: e.amount_minor,
-                        fence: e.fence,
-                    })
-                    .collect(),
-                balance_minor: *balance_minor,
-            },
-        ),
-        _ => recorded_error(ApiError::internal("not a committed outcome"), &trace_id),
-    };
+    let render = move |o: &PostOutcome| render_post(o, payout_id, &trace_id);
     let decided = pr.store.post(&p, &idem, &render).await;
     let owner_text = owner.as_str();
     Ok(answer(

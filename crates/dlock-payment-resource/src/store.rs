@@ -287,6 +287,31 @@ pub struct NewPayout {
     pub at: DateTime<Utc>,
 }
 
+impl NewAccount {
+    /// The opening posting at `at`: DEBIT `#funding:{CUR}`, CREDIT the account, or nothing
+    /// for an opening balance of 0. Every store writes exactly these rows.
+    pub fn opening_entries(&self, at: DateTime<Utc>) -> Vec<LedgerEntry> {
+        if self.opening_balance_minor <= 0 {
+            return Vec::new();
+        }
+        let entry = |entry_id, account_id, direction| LedgerEntry {
+            entry_id,
+            posting_id: self.posting_id,
+            payout_id: None,
+            account_id,
+            direction,
+            amount_minor: self.opening_balance_minor,
+            currency: self.currency.clone(),
+            fence: 0,
+            created_at: at,
+        };
+        vec![
+            entry(self.entry_ids[0], funding_account(&self.currency), Direction::Debit),
+            entry(self.entry_ids[1], self.account_id.clone(), Direction::Credit),
+        ]
+    }
+}
+
 /// P2, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
@@ -310,6 +335,28 @@ pub struct Post {
     pub posting_id: Uuid,
     pub entry_ids: [Uuid; 2],
     pub at: DateTime<Utc>,
+}
+
+impl Post {
+    /// The payout's posting at `at`: DEBIT the account, CREDIT `#settlement:{CUR}`, both
+    /// carrying the presented token as their fence. Every store writes exactly these rows.
+    pub fn entries(&self, account_id: &str, amount_minor: i64, currency: &str, at: DateTime<Utc>) -> [LedgerEntry; 2] {
+        let entry = |entry_id, account_id, direction| LedgerEntry {
+            entry_id,
+            posting_id: self.posting_id,
+            payout_id: Some(self.payout_id),
+            account_id,
+            direction,
+            amount_minor,
+            currency: currency.to_owned(),
+            fence: self.token,
+            created_at: at,
+        };
+        [
+            entry(self.entry_ids[0], account_id.to_owned(), Direction::Debit),
+            entry(self.entry_ids[1], settlement_account(currency), Direction::Credit),
+        ]
+    }
 }
 
 /// What a claim decided.

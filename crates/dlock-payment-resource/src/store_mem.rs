@@ -306,25 +306,7 @@ impl MemPaydb {
             return Err(StoreError::Corrupt("accounts: balance_minor < 0".into()));
         }
         let opening = a.opening_balance_minor;
-        let entries = if opening > 0 {
-            let entry = |entry_id, account_id, direction| LedgerEntry {
-                entry_id,
-                posting_id: a.posting_id,
-                payout_id: None,
-                account_id,
-                direction,
-                amount_minor: opening,
-                currency: a.currency.clone(),
-                fence: 0,
-                created_at: a.at,
-            };
-            vec![
-                entry(a.entry_ids[0], funding_account(&a.currency), Direction::Debit),
-                entry(a.entry_ids[1], a.account_id.clone(), Direction::Credit),
-            ]
-        } else {
-            Vec::new()
-        };
+        let entries = a.opening_entries(a.at);
         let view = AccountView {
             account_id: a.account_id.clone(),
             kind: AccountKind::Customer,
@@ -499,27 +481,12 @@ impl MemPaydb {
         let currency = payout.row.currency.clone();
         // The settlement account is upserted below: a payout seeded through the proxy may
         // be the first of its currency.
-        let settlement = settlement_account(&currency);
         let balance = t.accounts.get(&account_id).map_or(0, |a| a.balance_minor);
         let balance_after = balance
             .checked_sub(amount)
             .filter(|b| *b >= 0)
             .ok_or_else(|| StoreError::Corrupt(format!("accounts: balance of {account_id:?} would fall below 0")))?;
-        let entry = |entry_id, account_id, direction| LedgerEntry {
-            entry_id,
-            posting_id: p.posting_id,
-            payout_id: Some(p.payout_id),
-            account_id,
-            direction,
-            amount_minor: amount,
-            currency: currency.clone(),
-            fence: p.token,
-            created_at: p.at,
-        };
-        let entries = [
-            entry(p.entry_ids[0], account_id.clone(), Direction::Debit),
-            entry(p.entry_ids[1], settlement, Direction::Credit),
-        ];
+        let entries = p.entries(&account_id, amount, &currency, p.at);
         let outcome = PostOutcome::Posted {
             account_id: account_id.clone(),
             entries: entries.clone(),

@@ -154,6 +154,10 @@ fn is_refusal(db: &(dyn sqlx::error::DatabaseError + 'static)) -> bool {
     }
 }
 
+/// Longest a PostgreSQL statement waits for a row lock (C3-extensions C-9: a concurrent
+/// duplicate waits, then replays). SQLite's single writer waits `SQLITE_BUSY_MS_MAX`.
+pub const IDEMPOTENCY_WAIT_MS_MAX: u64 = 2_000;
+
 fn db_error(e: sqlx::Error) -> StoreError {
     let text = dlock_db::describe(&e);
     let corrupt = dlock_db::is_decode_error(&e)
@@ -238,8 +242,15 @@ pub struct PgPaymentStore {
 
 impl PgPaymentStore {
     pub async fn open(url: &str) -> Result<PgPaymentStore, StoreError> {
-        let pool = dlock_db::pg_pool(url).await.map_err(db_error)?;
-        PG_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
+        // A request waits at most this long for a row another transaction holds (the
+        // identity row of a concurrent duplicate, or the account's fence row); past it the
+        // transaction rolls back and the answer is 503 NOT_READY, retry-safe.
+        // Migrations run on a pool without that bound: they may wait for another process's
+        // migration lock (the proxy migrates the same paydb).
+        let migrating = dlock_db::pg_pool(url).await.map_err(db_error)?;
+        PG_MIGRATOR.run(&migrating).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
+        migrating.close().await;
+        let pool = dlock_db::pg_pool_with_lock_timeout(url, IDEMPOTENCY_WAIT_MS_MAX).await.map_err(db_error)?;
         Ok(PgPaymentStore { pool })
     }
 }
@@ -570,21 +581,7 @@ macro_rules! sql_payment_store {
                 // account (upserted: a payout seeded through the proxy has none yet).
                 let settlement = settlement_account(&currency);
                 Self::upsert_system_accounts(tx, &[(settlement.clone(), AccountKind::Settlement)], &currency, at).await?;
-                let entry = |entry_id: Uuid, account_id: String, direction: Direction| LedgerEntry {
-                    entry_id,
-                    posting_id: p.posting_id,
-                    payout_id: Some(p.payout_id),
-                    account_id,
-                    direction,
-                    amount_minor: amount,
-                    currency: currency.clone(),
-                    fence: p.token,
-                    created_at: at,
-                };
-                let entries = [
-                    entry(p.entry_ids[0], account_id.clone(), Direction::Debit),
-                    entry(p.entry_ids[1], settlement, Direction::Credit),
-                ];
+                let entries = p.entries(&account_id, amount, &currency, at);
                 for e in &entries {
                     Self::insert_entry(tx, e).await?;
                 }
@@ -631,20 +628,8 @@ macro_rules! sql_payment_store {
                 if created.is_none() {
                     return Ok(CreateAccountOutcome::Exists);
                 }
-                if a.opening_balance_minor > 0 {
-                    let entry = |entry_id: Uuid, account_id: String, direction: Direction| LedgerEntry {
-                        entry_id,
-                        posting_id: a.posting_id,
-                        payout_id: None,
-                        account_id,
-                        direction,
-                        amount_minor: a.opening_balance_minor,
-                        currency: a.currency.clone(),
-                        fence: 0,
-                        created_at: at,
-                    };
-                    Self::insert_entry(tx, &entry(a.entry_ids[0], funding, Direction::Debit)).await?;
-                    Self::insert_entry(tx, &entry(a.entry_ids[1], a.account_id.clone(), Direction::Credit)).await?;
+                for e in a.opening_entries(at) {
+                    Self::insert_entry(tx, &e).await?;
                 }
                 Ok(CreateAccountOutcome::Created(AccountView {
                     account_id: a.account_id.clone(),

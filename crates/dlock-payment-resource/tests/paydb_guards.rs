@@ -321,6 +321,80 @@ mod postgres {
     async fn a_guard_refusal_is_corrupt_and_rolls_back_everything() {
         super::a_guard_refusal_is_corrupt_and_rolls_back_everything(&dlock_testkit::pg_database().await).await;
     }
+
+    /// A claim stuck behind a transaction that holds the account's fence row gives up at
+    /// the store's lock bound (`IDEMPOTENCY_WAIT_MS_MAX`) with `Unavailable` (503, retry-safe),
+    /// changes nothing, and succeeds once the row is free. Without the bound it would wait
+    /// for as long as the other transaction lives (this test would hang until its timeout).
+    #[tokio::test]
+    async fn a_claim_behind_a_held_row_gives_up_at_the_lock_bound_and_changes_nothing() {
+        use chrono::{DateTime, Duration, Utc};
+        use dlock_payment_resource::store::{
+            Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, IdemRequest, Idempotent, NewAccount,
+            NewPayout, Operation, StoreError, StoredResponse,
+        };
+        use uuid::Uuid;
+
+        let url = dlock_testkit::pg_database().await;
+        let store = PgPaymentStore::open(&url).await.expect("open");
+        let pay = dlock_payment_resource::store_sql::open(&url).await.expect("open");
+        let t0 = DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("valid instant");
+        let idem = |operation: Operation, target: &str, key: &str, token: i64| IdemRequest {
+            operation,
+            target_id: target.into(),
+            key: key.into(),
+            token,
+            owner_id: "w".into(),
+            fingerprint: "a".repeat(64),
+            at: t0,
+            expires_at: t0 + Duration::days(1),
+        };
+        let a = NewAccount {
+            account_id: "held".into(),
+            currency: "EUR".into(),
+            opening_balance_minor: 1_000,
+            posting_id: Uuid::new_v4(),
+            entry_ids: [Uuid::new_v4(), Uuid::new_v4()],
+            at: t0,
+        };
+        let r = |_: &CreateAccountOutcome| StoredResponse { status: 201, body: b"{}".to_vec() };
+        let created = pay.create_account(&a, &idem(Operation::CreateAccount, "accounts", "a", 0), &r).await;
+        assert!(matches!(created, Ok(Idempotent::Executed { .. })), "{created:?}");
+        let p = NewPayout {
+            payout_id: Uuid::new_v4(),
+            account_id: "held".into(),
+            amount_minor: 100,
+            currency: "EUR".into(),
+            beneficiary_ref: "b".into(),
+            at: t0,
+        };
+        let r = |_: &CreatePayoutOutcome| StoredResponse { status: 201, body: b"{}".to_vec() };
+        let created = pay.create_payout(&p, &idem(Operation::CreatePayout, "payouts", "p", 0), &r).await;
+        assert!(matches!(created, Ok(Idempotent::Executed { .. })), "{created:?}");
+
+        let mut holder = store.pool.begin().await.expect("begin");
+        sqlx::query("SELECT fence FROM accounts WHERE account_id = 'held' FOR UPDATE")
+            .fetch_one(&mut *holder)
+            .await
+            .expect("hold the row");
+        let c =
+            Claim { payout_id: p.payout_id, token: 5, owner_id: "w".into(), expected: PayoutState::Pending, at: t0 };
+        let target = p.payout_id.to_string();
+        let i = idem(Operation::Claim, &target, "payout:k", 5);
+        let r = |_: &ClaimOutcome| StoredResponse { status: 200, body: b"{}".to_vec() };
+        let stuck = pay.claim(&c, &i, &r).await;
+        assert!(matches!(stuck, Err(StoreError::Unavailable(_))), "{stuck:?}");
+        holder.rollback().await.expect("release the row");
+
+        assert_eq!(pay.idempotency_record_count().await, Ok(1 + 1), "only the two creates are recorded");
+        let view = pay.payout(p.payout_id).await.expect("read").expect("exists");
+        assert_eq!(view.state, PayoutState::Pending);
+        let claimed = pay.claim(&c, &i, &r).await;
+        assert!(
+            matches!(claimed, Ok(Idempotent::Executed { outcome: ClaimOutcome::Claimed { .. }, .. })),
+            "{claimed:?}"
+        );
+    }
 }
 
 /// A write the store issues and a guard refuses is `Corrupt` (500), and the whole
