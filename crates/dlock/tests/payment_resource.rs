@@ -5,6 +5,7 @@
 
 #![cfg(not(madsim))]
 
+#[macro_use]
 mod common;
 
 use common::*;
@@ -207,23 +208,6 @@ async fn payment_resource_restart_keeps_fences_and_replays_claims(db: Db) {
     let (s, _, v) = claim(&c.payment.base, p, 20, "worker-0", "PENDING").await;
     assert_eq!((s, v["code"].as_str()), (409, Some("FENCED_OUT")), "{v}");
     assert_eq!(v["details"]["highestToken"], 21);
-}
-
-macro_rules! on_both_databases {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() { super::$case(dlock_testkit::Db::Sqlite).await }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() { super::$case(dlock_testkit::Db::Postgres).await }
-            )*
-        }
-    };
 }
 
 on_both_databases!(

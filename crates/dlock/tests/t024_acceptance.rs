@@ -5,6 +5,7 @@
 
 #![cfg(not(madsim))]
 
+#[macro_use]
 mod common;
 
 use std::sync::Arc;
@@ -272,23 +273,6 @@ async fn sigterm_drains_the_in_flight_forward_and_records_it(db: Db) {
     assert_eq!(answered.status, 200, "{:?}", json_of(&answered));
     let rows = c.store.submissions(Some(p)).await.expect("rows");
     assert_eq!(rows.iter().map(|r| r.outcome).collect::<Vec<_>>(), [Some(SubmissionOutcome::Acked)]);
-}
-
-macro_rules! on_both_databases {
-    ($($case:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() { super::$case(dlock_testkit::Db::Sqlite).await }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $case() { super::$case(dlock_testkit::Db::Postgres).await }
-            )*
-        }
-    };
 }
 
 on_both_databases!(

@@ -13,6 +13,25 @@ use dlock_rt::http::{BaseUrl, ClientError, ClientResponse, HttpClient};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+/// Stamps each `case(db: Db)` out as `sqlite::case` and `postgres::case` tests.
+#[allow(unused_macros)]
+macro_rules! on_both_databases {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() { super::$case(dlock_testkit::Db::Sqlite).await }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() { super::$case(dlock_testkit::Db::Postgres).await }
+            )*
+        }
+    };
+}
+
 /// Longest a service may take to print its listening line.
 pub const START_MS_MAX: u64 = 20_000;
 
