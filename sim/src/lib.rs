@@ -15,6 +15,8 @@ pub mod scenario;
 
 #[cfg(madsim)]
 pub mod cluster;
+#[cfg(madsim)]
+pub mod world;
 
 /// What a scenario run produced.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

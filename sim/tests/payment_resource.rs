@@ -14,116 +14,23 @@
 
 #![cfg(madsim)]
 
-use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::net::IpAddr;
 
 use dlock_contract::OwnerId;
 use dlock_lock_client::{LockClient, LockClientConfig};
-use dlock_lock_server::service::{LockServer, LockServerConfig};
-use dlock_lock_server::store_mem::MemLockStore;
-use dlock_payment_resource::store::{is_system_account, Direction, PaymentStore};
-use dlock_payment_resource::store_mem::MemPaydb;
-use dlock_payment_resource::{PaymentConfig, PaymentResource};
-use dlock_rail_proxy::service::ProxyConfig;
-use dlock_rail_proxy::store::RailStore;
-use dlock_rail_proxy::RailProxy;
-use dlock_rail_stub::{RailStub, StubConfig};
+use dlock_payment_resource::store::PaymentStore;
 use dlock_rt::http::{BaseUrl, HttpClient};
-use dlock_rt::{Clock, Duration};
+use dlock_rt::Duration;
+use dlock_sim::world::{self, url, violations, WorldConfig, LOCK_IP, PAYMENT_IP, PROXY_IP};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-const LOCK_IP: [u8; 4] = [10, 0, 1, 1];
-const STUB_IP: [u8; 4] = [10, 0, 0, 1];
-const PROXY_IP: [u8; 4] = [10, 0, 0, 2];
-const PAYMENT_IP: [u8; 4] = [10, 0, 0, 4];
 const ACCOUNT: &str = "acct-1";
 const LEASE_MS: u64 = 3_000;
 const PAUSE_MS: u64 = 12_000;
 
-fn url(ip: [u8; 4], port: u16) -> BaseUrl {
-    BaseUrl { authority: SocketAddr::new(IpAddr::from(ip), port).to_string() }
-}
-
-struct World {
-    paydb: Arc<MemPaydb>,
-    payment_node: madsim::runtime::NodeHandle,
-}
-
-async fn world() -> World {
-    let handle = madsim::runtime::Handle::current();
-    let locks = Arc::new(MemLockStore::new(Clock::system()));
-    let paydb = Arc::new(MemPaydb::new());
-    handle
-        .create_node()
-        .name("lock-server")
-        .ip(IpAddr::from(LOCK_IP))
-        .init(move || {
-            let store = locks.clone();
-            async move {
-                let cfg = LockServerConfig { reap_interval_ms: 200, ..LockServerConfig::default() };
-                let server = LockServer::new(store, cfg, Clock::with_skew_ms(300));
-                let _reaper = dlock_rt::spawn(server.clone().run_reaper());
-                if let Ok(l) = dlock_rt::http::bind(SocketAddr::new(IpAddr::from(LOCK_IP), 8081)).await {
-                    dlock_rt::http::serve(l, dlock_lock_server::app::router(server), std::future::pending()).await;
-                }
-            }
-        })
-        .build();
-    let stub_seed = dlock_rt::rand::random_u64();
-    handle
-        .create_node()
-        .name("rail-stub")
-        .ip(IpAddr::from(STUB_IP))
-        .init(move || async move {
-            let stub = RailStub::new(StubConfig { seed: stub_seed, ..StubConfig::default() }, Clock::system());
-            if let Ok(l) = dlock_rt::http::bind(SocketAddr::new(IpAddr::from(STUB_IP), 8084)).await {
-                dlock_rt::http::serve(l, dlock_rail_stub::router(stub), std::future::pending()).await;
-            }
-        })
-        .build();
-    let proxy_store: Arc<dyn RailStore> = paydb.clone();
-    handle
-        .create_node()
-        .name("rail-proxy")
-        .ip(IpAddr::from(PROXY_IP))
-        .init(move || {
-            let store = proxy_store.clone();
-            async move {
-                let cfg = ProxyConfig {
-                    rail_url: url(STUB_IP, 8084),
-                    connect_timeout_ms: 1_000,
-                    read_timeout_ms: 8_000,
-                    fencing_enabled: true,
-                    body_bytes_max: 65_536,
-                };
-                let proxy = RailProxy::new(store, cfg, Clock::with_skew_ms(-1_500));
-                if let Ok(l) = dlock_rt::http::bind(SocketAddr::new(IpAddr::from(PROXY_IP), 8083)).await {
-                    dlock_rt::http::serve(l, dlock_rail_proxy::router(proxy), std::future::pending()).await;
-                }
-            }
-        })
-        .build();
-    let payment_store: Arc<dyn PaymentStore> = paydb.clone();
-    let payment_node = handle
-        .create_node()
-        .name("payment-resource")
-        .ip(IpAddr::from(PAYMENT_IP))
-        .init(move || {
-            let store = payment_store.clone();
-            async move {
-                let pr = PaymentResource::start(store, PaymentConfig::default(), Clock::with_skew_ms(900))
-                    .await
-                    .expect("paydb answers");
-                let _purger = dlock_rt::spawn(pr.clone().run_purger());
-                if let Ok(l) = dlock_rt::http::bind(SocketAddr::new(IpAddr::from(PAYMENT_IP), 8082)).await {
-                    dlock_rt::http::serve(l, dlock_payment_resource::router(pr), std::future::pending()).await;
-                }
-            }
-        })
-        .build();
-    dlock_rt::sleep(Duration::from_millis(100)).await;
-    World { paydb, payment_node }
+async fn world() -> world::World {
+    world::start(WorldConfig::default()).await
 }
 
 fn lock_client(owner: &str) -> LockClient {
@@ -216,54 +123,6 @@ async fn post(payout: Uuid, token: i64, owner: &str, ack: &Value) -> (u16, Value
     .await
 }
 
-/// What the checkers found in paydb and at the rail.
-async fn violations(paydb: &MemPaydb, rail_calls: &[String]) -> Vec<String> {
-    let mut found = Vec::new();
-    let accounts = PaymentStore::accounts(paydb).await.expect("accounts");
-    for a in accounts.iter().filter(|a| !is_system_account(&a.account_id)) {
-        if a.balance_minor != a.ledger_sum_minor {
-            found.push(format!("{}: balance {} != ledger sum {}", a.account_id, a.balance_minor, a.ledger_sum_minor));
-        }
-        if a.balance_minor - a.reserved_minor < 0 {
-            found.push(format!("{}: available {} < 0", a.account_id, a.balance_minor - a.reserved_minor));
-        }
-    }
-    let ledger = PaymentStore::ledger(paydb, None).await.expect("ledger");
-    let side = |d: Direction| ledger.iter().filter(|e| e.direction == d).map(|e| e.amount_minor).sum::<i64>();
-    if side(Direction::Debit) != side(Direction::Credit) {
-        found.push(format!("debits {} != credits {}", side(Direction::Debit), side(Direction::Credit)));
-    }
-    let mut sorted = rail_calls.to_vec();
-    sorted.sort();
-    for w in sorted.windows(2) {
-        if w[0] == w[1] {
-            found.push(format!("payout {} reached the rail twice", w[0]));
-        }
-    }
-    found
-}
-
-async fn rail_calls() -> Vec<String> {
-    let handle = madsim::runtime::Handle::current();
-    let observer = handle.create_node().name("observer").ip(IpAddr::from([10, 0, 9, 9])).build();
-    observer
-        .spawn(async {
-            let r = HttpClient::new(1_000, 5_000)
-                .send(&url(STUB_IP, 8084), http::Method::GET, "/calls", &[], None)
-                .await
-                .expect("stub answered");
-            let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-            v["calls"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|c| c["clientRef"].as_str().map(str::to_owned))
-                .collect::<Vec<_>>()
-        })
-        .await
-        .expect("observer")
-}
-
 /// Moves one payout the executor's way; returns the final answers' codes.
 async fn settle(payout: Uuid, amount: i64, owner: &'static str) -> Vec<String> {
     let client = lock_client(owner);
@@ -307,7 +166,7 @@ async fn payment_resource_on_a_madsim_node_settles_payouts_through_the_proxy() {
     }
     let acct = PaymentStore::account(&*w.paydb, ACCOUNT).await.expect("read").expect("account");
     assert_eq!(acct.balance_minor, 10_000 - 1_000 - 1_001 - 1_002);
-    let calls = rail_calls().await;
+    let calls = w.rail_calls().await;
     assert_eq!(calls.len(), ids.len());
     assert_eq!(violations(&w.paydb, &calls).await, Vec::<String>::new());
 }
@@ -384,7 +243,7 @@ async fn a_worker_paused_after_its_claim_is_fenced_out_at_claim_post_and_rail() 
     assert_eq!(reclaim_body["details"]["presentedToken"], token_a);
     assert_eq!(sub, "FENCED_OUT", "the rail-proxy must fence the zombie's submission");
     assert_eq!(post_a, "FENCED_OUT", "the ledger must fence the zombie's post");
-    let calls = rail_calls().await;
+    let calls = w.rail_calls().await;
     assert_eq!(calls, [p.to_string()]);
     assert_eq!(violations(&w.paydb, &calls).await, Vec::<String>::new());
     let acct = PaymentStore::account(&*w.paydb, ACCOUNT).await.expect("read").expect("account");
@@ -465,7 +324,7 @@ fn payment_flow_replays_bit_for_bit() {
             })
             .await
             .expect("worker");
-        let _ = rail_calls().await;
+        let _ = w.rail_calls().await;
         let _ = PaymentStore::ledger(&*w.paydb, None).await;
     });
 }

@@ -337,26 +337,158 @@ pub struct Post {
     pub at: DateTime<Utc>,
 }
 
-impl Post {
-    /// The payout's posting at `at`: DEBIT the account, CREDIT `#settlement:{CUR}`, both
-    /// carrying the presented token as their fence. Every store writes exactly these rows.
-    pub fn entries(&self, account_id: &str, amount_minor: i64, currency: &str, at: DateTime<Utc>) -> [LedgerEntry; 2] {
+/// A payout's posting: DEBIT the payout's account, CREDIT `#settlement:{CUR}`, one amount,
+/// both entries carrying `fence`. A post and an operator's resolution as POSTED both write
+/// exactly these two rows.
+pub struct PayoutPosting<'a> {
+    pub payout_id: Uuid,
+    pub posting_id: Uuid,
+    /// `[DEBIT the account, CREDIT settlement]`.
+    pub entry_ids: [Uuid; 2],
+    pub account_id: &'a str,
+    pub amount_minor: i64,
+    pub currency: &'a str,
+    /// The posting's token (0 for an operator's resolution: an operator holds no lock).
+    pub fence: i64,
+    pub at: DateTime<Utc>,
+}
+
+impl PayoutPosting<'_> {
+    pub fn entries(&self) -> [LedgerEntry; 2] {
         let entry = |entry_id, account_id, direction| LedgerEntry {
             entry_id,
             posting_id: self.posting_id,
             payout_id: Some(self.payout_id),
             account_id,
             direction,
-            amount_minor,
-            currency: currency.to_owned(),
-            fence: self.token,
-            created_at: at,
+            amount_minor: self.amount_minor,
+            currency: self.currency.to_owned(),
+            fence: self.fence,
+            created_at: self.at,
         };
         [
-            entry(self.entry_ids[0], account_id.to_owned(), Direction::Debit),
-            entry(self.entry_ids[1], settlement_account(currency), Direction::Credit),
+            entry(self.entry_ids[0], self.account_id.to_owned(), Direction::Debit),
+            entry(self.entry_ids[1], settlement_account(self.currency), Direction::Credit),
         ]
     }
+}
+
+impl Post {
+    /// The payout's posting at `at`: DEBIT the account, CREDIT `#settlement:{CUR}`, both
+    /// carrying the presented token as their fence. Every store writes exactly these rows.
+    pub fn entries(&self, account_id: &str, amount_minor: i64, currency: &str, at: DateTime<Utc>) -> [LedgerEntry; 2] {
+        PayoutPosting {
+            payout_id: self.payout_id,
+            posting_id: self.posting_id,
+            entry_ids: self.entry_ids,
+            account_id,
+            amount_minor,
+            currency,
+            fence: self.token,
+            at,
+        }
+        .entries()
+    }
+}
+
+/// `dlock resolve`: an operator's verdict on a RAIL_AMBIGUOUS payout, backed by a rail
+/// reference (C2: RAIL_AMBIGUOUS → POSTED | FAILED, operator only). The caller validates
+/// the text fields (`reason` ≥ [`RESOLUTION_REASON_CHARS_MIN`] characters); the store
+/// refuses any `resolved_as` other than POSTED or FAILED.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AmbiguousResolution {
+    pub resolution_id: Uuid,
+    pub payout_id: Uuid,
+    /// POSTED (the rail paid) or FAILED (it did not).
+    pub resolved_as: PayoutState,
+    pub operator: String,
+    pub reason: String,
+    /// The rail's reference, or the statement line, the verdict rests on.
+    pub rail_reference: String,
+    /// Ids of the posting and its entries when resolved as POSTED: `[DEBIT the account,
+    /// CREDIT settlement]`; unused for FAILED.
+    pub posting_id: Uuid,
+    pub entry_ids: [Uuid; 2],
+    pub at: DateTime<Utc>,
+}
+
+/// Fewest characters an operator's reason may have.
+pub const RESOLUTION_REASON_CHARS_MIN: usize = 8;
+/// Most characters an operator's reason may have.
+pub const RESOLUTION_REASON_CHARS_MAX: usize = 1_000;
+/// Most characters a resolution's rail reference may have.
+pub const RESOLUTION_RAIL_REFERENCE_CHARS_MAX: usize = 128;
+
+impl AmbiguousResolution {
+    /// The posting a resolution as POSTED writes at `at`, with fence 0: an operator is not a
+    /// lock holder, and its write is not fenced (the payout is quarantined, so no holder
+    /// can touch it).
+    pub fn entries(&self, account_id: &str, amount_minor: i64, currency: &str, at: DateTime<Utc>) -> [LedgerEntry; 2] {
+        PayoutPosting {
+            payout_id: self.payout_id,
+            posting_id: self.posting_id,
+            entry_ids: self.entry_ids,
+            account_id,
+            amount_minor,
+            currency,
+            fence: 0,
+            at,
+        }
+        .entries()
+    }
+
+    /// Refuses a verdict C2 does not allow (checked by every store before any write).
+    pub fn check(&self) -> Result<(), StoreError> {
+        if matches!(self.resolved_as, PayoutState::Posted | PayoutState::Failed) {
+            Ok(())
+        } else {
+            Err(StoreError::Corrupt(format!(
+                "a RAIL_AMBIGUOUS payout resolves to POSTED or FAILED, not {}",
+                self.resolved_as.as_str()
+            )))
+        }
+    }
+
+    /// The audit row this resolution writes.
+    pub fn row(&self, at: DateTime<Utc>) -> ResolutionRow {
+        ResolutionRow {
+            resolution_id: self.resolution_id,
+            payout_id: self.payout_id,
+            resolved_as: self.resolved_as,
+            operator: self.operator.clone(),
+            reason: self.reason.clone(),
+            rail_reference: self.rail_reference.clone(),
+            resolved_at: at,
+        }
+    }
+}
+
+/// What an operator's resolution decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResolveOutcome {
+    /// Committed: the payout is `state` (POSTED or FAILED), the audit row is written, and the
+    /// account's balance is `balance_minor` (debited for POSTED, unchanged for FAILED).
+    Resolved {
+        state: PayoutState,
+        balance_minor: i64,
+    },
+    /// Rolled back: only a RAIL_AMBIGUOUS payout can be resolved.
+    NotAmbiguous {
+        state: PayoutState,
+    },
+    NotFound,
+}
+
+/// One `payout_resolutions` row: the audit trail of operator resolutions (append-only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolutionRow {
+    pub resolution_id: Uuid,
+    pub payout_id: Uuid,
+    pub resolved_as: PayoutState,
+    pub operator: String,
+    pub reason: String,
+    pub rail_reference: String,
+    pub resolved_at: DateTime<Utc>,
 }
 
 /// What a claim decided.
@@ -493,6 +625,16 @@ pub trait PaymentStore: Send + Sync + 'static {
 
     /// An operator moves a PENDING or CLAIMED payout to ABANDONED.
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError>;
+
+    /// `dlock resolve`: one transaction that moves a RAIL_AMBIGUOUS payout to POSTED (two
+    /// balanced entries with fence 0, and the balance debited) or FAILED (the reservation is
+    /// released), and writes its `payout_resolutions` audit row. Any other state is refused
+    /// and changes nothing. The account's fence is left alone: an operator holds no token.
+    async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError>;
+
+    /// The resolutions audit trail, all or one payout's, in (`resolved_at`,
+    /// `resolution_id`) order.
+    async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ResolutionRow>, StoreError>;
 
     /// P4 (advisory).
     async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError>;

@@ -27,9 +27,10 @@ use uuid::Uuid;
 
 use crate::store::{
     funding_account, is_system_account, is_unsettled, settlement_account, AbandonOutcome, AccountKind, AccountView,
-    Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, Direction, IdemRequest, Idempotent,
-    LedgerEntry, ListQuery, NewAccount, NewPayout, Operation, PaymentStore, PayoutSummary, PayoutView, Post,
-    PostOutcome, Render, StoreError, StoredResponse, SubmissionSummary,
+    AmbiguousResolution, Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, Direction,
+    IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, Operation, PaymentStore, PayoutSummary,
+    PayoutView, Post, PostOutcome, Render, ResolutionRow, ResolveOutcome, StoreError, StoredResponse,
+    SubmissionSummary, RESOLUTION_REASON_CHARS_MIN,
 };
 
 /// One `accounts` row (the key is its `account_id`).
@@ -70,6 +71,8 @@ pub struct PaydbTables {
     pub idempotency: BTreeMap<Identity, StoredRecord>,
     /// `paydb_secrets` row `p1-cursor`.
     pub cursor_secret: Option<[u8; 32]>,
+    /// `payout_resolutions`, append-only, in insertion order.
+    pub resolutions: Vec<ResolutionRow>,
 }
 
 /// In-memory paydb, shared by the payment-resource and the rail-proxy.
@@ -511,6 +514,64 @@ impl MemPaydb {
         Ok(Idempotent::Executed { outcome, stored: Some(response) })
     }
 
+    fn do_resolve(t: &mut PaydbTables, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
+        r.check()?;
+        let Some(payout) = t.rail.payouts.get(&r.payout_id) else {
+            return Ok(ResolveOutcome::NotFound);
+        };
+        if payout.row.state != PayoutState::RailAmbiguous {
+            return Ok(ResolveOutcome::NotAmbiguous { state: payout.row.state });
+        }
+        guard_transition(payout.row.state, r.resolved_as)?;
+        // The audit row's CHECKs and unique index.
+        let operator_chars = r.operator.chars().count();
+        if !(1..=dlock_contract::headers::OWNER_ID_CHARS_MAX).contains(&operator_chars)
+            || r.reason.chars().count() < RESOLUTION_REASON_CHARS_MIN
+            || r.rail_reference.is_empty()
+        {
+            return Err(StoreError::Corrupt("payout_resolutions: a CHECK refused the row".into()));
+        }
+        if t.resolutions.iter().any(|x| x.payout_id == r.payout_id || x.resolution_id == r.resolution_id) {
+            return Err(StoreError::Corrupt("payout_resolutions: the payout or the id is taken".into()));
+        }
+        let account_id = payout.row.account_id.clone();
+        let amount = payout.row.amount_minor;
+        let currency = payout.row.currency.clone();
+        let Some(balance) = t.accounts.get(&account_id).map(|a| a.balance_minor) else {
+            return Err(StoreError::Corrupt(format!(
+                "payout {} references missing account {account_id:?}",
+                r.payout_id
+            )));
+        };
+        let posted = r.resolved_as == PayoutState::Posted;
+        let at = dlock_contract::time::truncate_ms(r.at);
+        let balance_after = if posted {
+            balance
+                .checked_sub(amount)
+                .filter(|b| *b >= 0)
+                .ok_or_else(|| StoreError::Corrupt(format!("accounts: balance of {account_id:?} would fall below 0")))?
+        } else {
+            balance
+        };
+        // Writes: payout, then (POSTED) entries and balance, then the audit row.
+        if let Some(p) = t.rail.payouts.get_mut(&r.payout_id) {
+            p.row.state = r.resolved_as;
+            p.updated_at = at;
+        }
+        if posted {
+            t.accounts
+                .entry(settlement_account(&currency))
+                .or_insert_with(|| system_account(AccountKind::Settlement, &currency, at));
+            t.ledger.extend(r.entries(&account_id, amount, &currency, at));
+            if let Some(a) = t.accounts.get_mut(&account_id) {
+                a.balance_minor = balance_after;
+                a.updated_at = at;
+            }
+        }
+        t.resolutions.push(r.row(at));
+        Ok(ResolveOutcome::Resolved { state: r.resolved_as, balance_minor: balance_after })
+    }
+
     fn do_insert_payout(t: &mut PaydbTables, p: &rail::NewPayout, at: DateTime<Utc>) -> Result<(), rail::StoreError> {
         if is_system_account(&p.account_id) {
             return Err(rail::StoreError::Corrupt(format!("accounts: {:?} is not a CUSTOMER id", p.account_id)));
@@ -583,6 +644,18 @@ impl PaymentStore for MemPaydb {
             }
             state => Ok(AbandonOutcome::NotAbandonable { state }),
         }
+    }
+
+    async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
+        MemPaydb::do_resolve(&mut *self.lock()?, r)
+    }
+
+    async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ResolutionRow>, StoreError> {
+        let t = self.lock()?;
+        let mut rows: Vec<ResolutionRow> =
+            t.resolutions.iter().filter(|r| payout_id.is_none_or(|p| r.payout_id == p)).cloned().collect();
+        rows.sort_by_key(|r| (r.resolved_at, r.resolution_id));
+        Ok(rows)
     }
 
     async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError> {

@@ -31,10 +31,10 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use crate::store::{
-    funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, Claim, ClaimOutcome,
-    CreateAccountOutcome, CreatePayoutOutcome, Decided, Direction, IdemRequest, Idempotent, LedgerEntry, ListQuery,
-    NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView, Post, PostOutcome, Render, StoreError,
-    StoredResponse, SubmissionSummary,
+    funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Claim,
+    ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, Direction, IdemRequest, Idempotent, LedgerEntry,
+    ListQuery, NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView, Post, PostOutcome, Render,
+    ResolutionRow, ResolveOutcome, StoreError, StoredResponse, SubmissionSummary,
 };
 
 static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/postgres");
@@ -87,6 +87,8 @@ const PAYOUT_COLUMNS: &str = "payout_id, account_id, amount_minor, currency, ben
 
 const LEDGER_COLUMNS: &str =
     "entry_id, posting_id, payout_id, account_id, direction, amount_minor, currency, fence, created_at";
+
+const RESOLUTION_COLUMNS: &str = "resolution_id, payout_id, resolved_as, operator, reason, rail_reference, resolved_at";
 
 /// What statement 0 decided.
 enum Gate {
@@ -716,6 +718,102 @@ macro_rules! sql_payment_store {
                 }
             }
 
+            /// `dlock resolve`, inside its transaction. Statement 1 is a write on the
+            /// payout's account row (no column changes): it takes SQLite's write lock at once
+            /// and, on PostgreSQL, the row lock every claim and post takes first, so the
+            /// reservation reads of a concurrent claim stay safe (design §3).
+            async fn resolve_in(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                r: &AmbiguousResolution,
+            ) -> Result<ResolveOutcome, StoreError> {
+                let at = truncate_ms(r.at);
+                let payout_id = r.payout_id.to_string();
+                // 1. Lock the account (the fence is not touched: an operator holds no token).
+                let q = $sql(
+                    "UPDATE accounts SET balance_minor = balance_minor \
+                     WHERE account_id = (SELECT account_id FROM payouts WHERE payout_id = $1) \
+                     RETURNING account_id, balance_minor",
+                );
+                let locked = sqlx::query(&q)
+                    .bind(payout_id.clone())
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                let Some(locked) = locked else {
+                    return Ok(ResolveOutcome::NotFound);
+                };
+                let balance_minor: i64 = get!(locked, "balance_minor");
+                // 2. RAIL_AMBIGUOUS -> POSTED | FAILED, conditionally.
+                let q = $sql(
+                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state = 'RAIL_AMBIGUOUS' \
+                     RETURNING account_id, amount_minor, currency",
+                );
+                let moved = sqlx::query(&q)
+                    .bind(payout_id.clone())
+                    .bind(r.resolved_as.as_str())
+                    .bind(at)
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                let Some(moved) = moved else {
+                    return Ok(ResolveOutcome::NotAmbiguous { state: Self::state_of(tx, &payout_id).await? });
+                };
+                // 3. POSTED: the payout's two balanced entries (fence 0) and the debit.
+                let balance_minor = if r.resolved_as == PayoutState::Posted {
+                    let account_id: String = get!(moved, "account_id");
+                    let amount: i64 = get!(moved, "amount_minor");
+                    let currency: String = get!(moved, "currency");
+                    let settlement = settlement_account(&currency);
+                    Self::upsert_system_accounts(tx, &[(settlement, AccountKind::Settlement)], &currency, at).await?;
+                    for e in &r.entries(&account_id, amount, &currency, at) {
+                        Self::insert_entry(tx, e).await?;
+                    }
+                    let q = $sql(
+                        "UPDATE accounts SET balance_minor = balance_minor - $2, updated_at = $3 \
+                         WHERE account_id = $1 RETURNING balance_minor",
+                    );
+                    sqlx::query(&q)
+                        .bind(account_id)
+                        .bind(amount)
+                        .bind(at)
+                        .fetch_one(&mut **tx)
+                        .await
+                        .and_then(|row| row.try_get("balance_minor"))
+                        .map_err(db_error)?
+                } else {
+                    balance_minor
+                };
+                // 4. The audit row.
+                let q = $sql(
+                    "INSERT INTO payout_resolutions (resolution_id, payout_id, resolved_as, operator, reason, \
+                     rail_reference, resolved_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                );
+                sqlx::query(&q)
+                    .bind(r.resolution_id.to_string())
+                    .bind(payout_id)
+                    .bind(r.resolved_as.as_str())
+                    .bind(r.operator.clone())
+                    .bind(r.reason.clone())
+                    .bind(r.rail_reference.clone())
+                    .bind(at)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                Ok(ResolveOutcome::Resolved { state: r.resolved_as, balance_minor })
+            }
+
+            fn resolution_row(r: &<$db as sqlx::Database>::Row) -> Result<ResolutionRow, StoreError> {
+                Ok(ResolutionRow {
+                    resolution_id: parse_uuid(&get!(r, "resolution_id", String))?,
+                    payout_id: parse_uuid(&get!(r, "payout_id", String))?,
+                    resolved_as: parse_state(&get!(r, "resolved_as", String))?,
+                    operator: get!(r, "operator"),
+                    reason: get!(r, "reason"),
+                    rail_reference: get!(r, "rail_reference"),
+                    resolved_at: get!(r, "resolved_at"),
+                })
+            }
+
             fn account_view(r: &<$db as sqlx::Database>::Row) -> Result<AccountView, StoreError> {
                 Ok(AccountView {
                     account_id: get!(r, "account_id"),
@@ -850,6 +948,32 @@ macro_rules! sql_payment_store {
                     None => Ok(AbandonOutcome::NotFound),
                     Some(r) => Ok(AbandonOutcome::NotAbandonable { state: parse_state(&get!(r, "state", String))? }),
                 }
+            }
+
+            async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
+                r.check()?;
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                let outcome = Self::resolve_in(&mut tx, r).await?;
+                if matches!(outcome, ResolveOutcome::Resolved { .. }) {
+                    tx.commit().await.map_err(commit_error)?;
+                } else {
+                    tx.rollback().await.map_err(db_error)?;
+                }
+                Ok(outcome)
+            }
+
+            async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ResolutionRow>, StoreError> {
+                let q = format!(
+                    "SELECT {RESOLUTION_COLUMNS} FROM payout_resolutions WHERE ($1 IS NULL OR payout_id = $1) \
+                     ORDER BY resolved_at, resolution_id"
+                );
+                let q = $sql(&q);
+                let rows = sqlx::query(&q)
+                    .bind(payout_id.map(|p| p.to_string()))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(db_error)?;
+                rows.iter().map(Self::resolution_row).collect()
             }
 
             async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError> {
@@ -1037,7 +1161,7 @@ mod tests {
     #[test]
     fn statements_carry_no_stray_dollar_signs() {
         // The SQLite spelling rewrites every `$`; only placeholders may use one.
-        for sql in [ACCOUNT_COLUMNS, PAYOUT_COLUMNS, LEDGER_COLUMNS, UNSETTLED_SQL] {
+        for sql in [ACCOUNT_COLUMNS, PAYOUT_COLUMNS, LEDGER_COLUMNS, RESOLUTION_COLUMNS, UNSETTLED_SQL] {
             assert!(!sql.contains('$'), "{sql}");
         }
     }

@@ -197,6 +197,31 @@ async fn database_refuses_lowering_a_fence_or_editing_the_ledger(db: Paydb) {
     assert_eq!(db.int("SELECT amount_minor FROM ledger_entries WHERE entry_id = 'e1'").await, 100);
 }
 
+/// The operator's audit trail: append-only, one resolution per payout, only POSTED or FAILED,
+/// and a reason of at least 8 characters.
+async fn database_keeps_payout_resolutions_append_only(db: Paydb) {
+    db.account("acct", "EUR", 500, 0).await;
+    db.payout("p1", "acct", PayoutState::Posted).await;
+    db.payout("p2", "acct", PayoutState::Failed).await;
+    let row = |id: &str, payout: &str, resolved_as: &str, reason: &str| {
+        format!(
+            "INSERT INTO payout_resolutions (resolution_id, payout_id, resolved_as, operator, reason, rail_reference, \
+             resolved_at) VALUES ('{id}', '{payout}', '{resolved_as}', 'ops', '{reason}', 'RR-1', '{T0}')"
+        )
+    };
+    db.ok(&row("r1", "p1", "POSTED", "statement line 42")).await;
+    db.refused(&row("r2", "p1", "FAILED", "statement line 43")).await;
+    db.refused(&row("r3", "p2", "CLAIMED", "statement line 44")).await;
+    db.refused(&row("r4", "p2", "FAILED", "short")).await;
+    db.refused(&row("r5", "nope", "FAILED", "statement line 45")).await;
+    let e = db.refused("UPDATE payout_resolutions SET reason = 'another reason' WHERE resolution_id = 'r1'").await;
+    assert!(e.contains("append-only"), "{e}");
+    let e = db.refused("DELETE FROM payout_resolutions WHERE resolution_id = 'r1'").await;
+    assert!(e.contains("append-only"), "{e}");
+    assert_eq!(db.int("SELECT COUNT(*) FROM payout_resolutions").await, 1);
+    assert_eq!(db.text("SELECT reason FROM payout_resolutions WHERE resolution_id = 'r1'").await, "statement line 42");
+}
+
 async fn database_refuses_a_payout_for_an_unknown_account(db: Paydb) {
     db.refused(&payout_insert("p1", "nobody", PayoutState::Pending)).await;
     db.refused(&format!(
@@ -278,6 +303,11 @@ mod sqlite {
     }
 
     #[tokio::test]
+    async fn database_keeps_payout_resolutions_append_only() {
+        super::database_keeps_payout_resolutions_append_only(Paydb::sqlite().await).await;
+    }
+
+    #[tokio::test]
     async fn migration_backfills_accounts_from_seeded_rows() {
         let dir = TempDir::new("paydb-backfill");
         let pool = dlock_db::sqlite_pool(&dlock_testkit::sqlite_url(&dir)).await.expect("sqlite pool");
@@ -308,6 +338,11 @@ mod postgres {
     #[tokio::test]
     async fn database_refuses_a_payout_for_an_unknown_account() {
         super::database_refuses_a_payout_for_an_unknown_account(Paydb::postgres().await).await;
+    }
+
+    #[tokio::test]
+    async fn database_keeps_payout_resolutions_append_only() {
+        super::database_keeps_payout_resolutions_append_only(Paydb::postgres().await).await;
     }
 
     #[tokio::test]

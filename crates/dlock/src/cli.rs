@@ -52,6 +52,13 @@ enum Command {
     RailProxy(ProxyArgs),
     /// Payouts, accounts and the ledger: fenced claim and post (C3 §3.4).
     PaymentResource(PaymentArgs),
+    /// The worker: acquire, re-read, claim, submit once, post under a newer grant, release.
+    Executor(ExecutorArgs),
+    /// Detective check of paydb against the rail's record; reports, never repairs. Exit 0
+    /// clean, 1 incident-grade finding, 3 a source could not be read.
+    Reconcile(dlock_reconciler::cli::ReconcileArgs),
+    /// Operator: settle a RAIL_AMBIGUOUS payout as posted or failed, from the rail's record.
+    Resolve(dlock_reconciler::cli::ResolveArgs),
     /// Sessions, leases and fencing tokens (C3 §3.3).
     LockServer(LockServerArgs),
     /// Apply pending database migrations, then exit.
@@ -131,6 +138,70 @@ struct PaymentArgs {
     /// [payment.idempotency.purge-batch-max] Records one purge statement deletes at most.
     #[arg(long, env = "DLOCK_PAYMENT_IDEMPOTENCY_PURGE_BATCH_MAX", value_name = "N")]
     idempotency_purge_batch_max: Option<i64>,
+}
+
+#[derive(Debug, Default, Args)]
+struct ExecutorArgs {
+    /// [executor.listen] Address of the executor's /metrics and /health endpoints.
+    #[arg(long, env = "DLOCK_EXECUTOR_LISTEN", value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// [executor.lock-url] The lock server.
+    #[arg(long, env = "DLOCK_EXECUTOR_LOCK_URL", value_name = "URL")]
+    lock_url: Option<String>,
+    /// [executor.payment-url] The payment-resource.
+    #[arg(long, env = "DLOCK_EXECUTOR_PAYMENT_URL", value_name = "URL")]
+    payment_url: Option<String>,
+    /// [executor.proxy-url] The rail-proxy.
+    #[arg(long, env = "DLOCK_EXECUTOR_PROXY_URL", value_name = "URL")]
+    proxy_url: Option<String>,
+    /// [executor.owner-id] X-Owner-Id of this process; each task appends /N.
+    #[arg(long, env = "DLOCK_EXECUTOR_OWNER_ID", value_name = "ID")]
+    owner_id: Option<String>,
+    /// [executor.concurrency] Worker tasks in this process.
+    #[arg(long, env = "DLOCK_EXECUTOR_CONCURRENCY", value_name = "N")]
+    concurrency: Option<usize>,
+    /// [executor.poll-interval-ms] Pause after a scan that found nothing to do.
+    #[arg(long, env = "DLOCK_EXECUTOR_POLL_INTERVAL_MS", value_name = "MS")]
+    poll_interval_ms: Option<u64>,
+    /// [executor.batch-max] Payouts read per state per scan.
+    #[arg(long, env = "DLOCK_EXECUTOR_BATCH_MAX", value_name = "N")]
+    batch_max: Option<u32>,
+    /// [executor.lock-ttl-ms] Lease asked for on each grant (70 % of it is the local deadline).
+    #[arg(long, env = "DLOCK_EXECUTOR_LOCK_TTL_MS", value_name = "MS")]
+    lock_ttl_ms: Option<u64>,
+    /// [executor.write.connect-timeout-ms] Claim and post: connect budget.
+    #[arg(long, env = "DLOCK_EXECUTOR_WRITE_CONNECT_TIMEOUT_MS", value_name = "MS")]
+    write_connect_timeout_ms: Option<u64>,
+    /// [executor.write.read-timeout-ms] Claim and post: read budget.
+    #[arg(long, env = "DLOCK_EXECUTOR_WRITE_READ_TIMEOUT_MS", value_name = "MS")]
+    write_read_timeout_ms: Option<u64>,
+    /// [executor.write.retries-max] Claim and post: retries on 503 or a connect failure only.
+    #[arg(long, env = "DLOCK_EXECUTOR_WRITE_RETRIES_MAX", value_name = "N")]
+    write_retries_max: Option<u32>,
+    /// [executor.submit.connect-timeout-ms] Submission to the rail-proxy: connect budget.
+    #[arg(long, env = "DLOCK_EXECUTOR_SUBMIT_CONNECT_TIMEOUT_MS", value_name = "MS")]
+    submit_connect_timeout_ms: Option<u64>,
+    /// [executor.submit.read-timeout-ms] Submission: read budget (the rail's read timeout + 2 s). Never retried.
+    #[arg(long, env = "DLOCK_EXECUTOR_SUBMIT_READ_TIMEOUT_MS", value_name = "MS")]
+    submit_read_timeout_ms: Option<u64>,
+    /// [executor.read.connect-timeout-ms] Advisory GETs: connect budget.
+    #[arg(long, env = "DLOCK_EXECUTOR_READ_CONNECT_TIMEOUT_MS", value_name = "MS")]
+    read_connect_timeout_ms: Option<u64>,
+    /// [executor.read.read-timeout-ms] Advisory GETs: read budget.
+    #[arg(long, env = "DLOCK_EXECUTOR_READ_READ_TIMEOUT_MS", value_name = "MS")]
+    read_read_timeout_ms: Option<u64>,
+    /// [executor.read.tries-max] Advisory GETs: tries, the first included.
+    #[arg(long, env = "DLOCK_EXECUTOR_READ_TRIES_MAX", value_name = "N")]
+    read_tries_max: Option<u32>,
+    /// [payment.fencing.enabled] false only under --profile unsafe-test: write without checking the lease.
+    #[arg(long, env = "DLOCK_PAYMENT_FENCING_ENABLED", value_name = "BOOL")]
+    fencing_enabled: Option<bool>,
+    /// [executor.chaos.pause-rate] Chaos: chance of a stall between the lease check and each fenced write.
+    #[arg(long, env = "DLOCK_EXECUTOR_CHAOS_PAUSE_RATE", value_name = "0..1")]
+    pause_rate: Option<f64>,
+    /// [executor.chaos.pause-ms] Chaos: how long an injected stall lasts.
+    #[arg(long, env = "DLOCK_EXECUTOR_CHAOS_PAUSE_MS", value_name = "MS")]
+    pause_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Args)]
@@ -227,7 +298,7 @@ pub fn main() -> ExitCode {
         }
     };
     match runtime.block_on(run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("dlock: {e}");
             ExitCode::from(2)
@@ -246,29 +317,80 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
+/// The paydb URL the operator tools default to: `payment.resource.database-url` (flag-less:
+/// its environment variable, then the file, then the embedded default).
+fn paydb_url_default(file: &FileConfig) -> Result<String, String> {
+    let env = std::env::var(crate::config::env_name("payment.resource.database-url")).ok();
+    resolve(env, file, "payment.resource.database-url", PAYDB_URL_DEFAULT.to_owned())
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, String> {
     let file = FileConfig::load(cli.config.as_deref())?;
     let profile: Profile =
         resolve(cli.profile.as_deref().map(str::parse).transpose()?, &file, "profile", Profile::Production)?;
     match cli.command {
-        Command::RailStub(a) => run_stub(a, &file).await,
-        Command::RailProxy(a) => run_proxy(a, &file, profile).await,
-        Command::PaymentResource(a) => run_payment_resource(a, &file).await,
-        Command::LockServer(a) => run_lock_server(a, &file).await,
+        Command::Reconcile(a) => {
+            use dlock_reconciler::reconcile::{ACKED_UNPOSTED_MS_MAX_DEFAULT, INTENT_UNRESOLVED_MS_MAX_DEFAULT};
+            let rail_env = std::env::var(crate::config::env_name("rail.proxy.rail-url")).ok();
+            let rail =
+                resolve(rail_env, &file, "rail.proxy.rail-url", dlock_reconciler::cli::RAIL_URL_DEFAULT.to_owned())?;
+            let s = dlock_reconciler::cli::ReconcileSettings {
+                database_url: resolve(
+                    a.database_url.clone(),
+                    &file,
+                    "reconcile.database-url",
+                    paydb_url_default(&file)?,
+                )?,
+                rail_url: resolve(a.rail_url.clone(), &file, "reconcile.rail-url", rail)?,
+                json: a.json,
+                bounds: dlock_reconciler::Bounds {
+                    intent_unresolved_ms_max: resolve(
+                        a.intent_unresolved_ms_max,
+                        &file,
+                        "reconcile.intent-unresolved-ms-max",
+                        INTENT_UNRESOLVED_MS_MAX_DEFAULT,
+                    )?,
+                    acked_unposted_ms_max: resolve(
+                        a.acked_unposted_ms_max,
+                        &file,
+                        "reconcile.acked-unposted-ms-max",
+                        ACKED_UNPOSTED_MS_MAX_DEFAULT,
+                    )?,
+                },
+            };
+            return Ok(dlock_reconciler::cli::run_reconcile(&s).await);
+        }
+        Command::Resolve(a) => {
+            let url = resolve(a.database_url.clone(), &file, "resolve.database-url", paydb_url_default(&file)?)?;
+            return Ok(dlock_reconciler::cli::run_resolve(&a, &url).await);
+        }
+        _ => {}
+    }
+    run_service(cli.command, &file, profile).await.map(|()| ExitCode::SUCCESS)
+}
+
+async fn run_service(command: Command, file: &FileConfig, profile: Profile) -> Result<(), String> {
+    match command {
+        Command::Reconcile(_) | Command::Resolve(_) => Ok(()),
+        Command::RailStub(a) => run_stub(a, file).await,
+        Command::RailProxy(a) => run_proxy(a, file, profile).await,
+        Command::PaymentResource(a) => run_payment_resource(a, file).await,
+        Command::Executor(a) => run_executor(a, file, profile).await,
+        Command::LockServer(a) => run_lock_server(a, file).await,
         Command::Migrate(a) => {
             let (name, versions) = match a.db {
                 MigrateDb::Paydb => {
                     let url = a
                         .database_url
                         .or_else(|| std::env::var(crate::config::env_name("rail.proxy.database-url")).ok());
-                    let url = resolve(url, &file, "rail.proxy.database-url", PAYDB_URL_DEFAULT.to_owned())?;
+                    let url = resolve(url, file, "rail.proxy.database-url", PAYDB_URL_DEFAULT.to_owned())?;
                     ("paydb", dlock_rail_proxy::store_sql::migrate(&url).await.map_err(|e| e.to_string())?)
                 }
                 MigrateDb::Lockdb => {
                     let url = a
                         .database_url
                         .or_else(|| std::env::var(crate::config::env_name("lock.server.database-url")).ok());
-                    let url = resolve(url, &file, "lock.server.database-url", LOCKDB_URL_DEFAULT.to_owned())?;
+                    let url = resolve(url, file, "lock.server.database-url", LOCKDB_URL_DEFAULT.to_owned())?;
                     ("lockdb", dlock_lock_server::store_sql::migrate(&url).await.map_err(|e| e.to_string())?)
                 }
             };
@@ -276,7 +398,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             println!("{name} migrations applied: {list}");
             Ok(())
         }
-        Command::Dev(DevCommand::SeedPayout(a)) => seed_payout(a, &file).await,
+        Command::Dev(DevCommand::SeedPayout(a)) => seed_payout(a, file).await,
     }
 }
 
@@ -399,6 +521,77 @@ async fn run_payment_resource(a: PaymentArgs, file: &FileConfig) -> Result<(), S
     let grace = dlock_payment_resource::service::SHUTDOWN_GRACE_MS_MAX;
     let result = serve("payment-resource", listen, dlock_payment_resource::router(pr), grace).await;
     purger.abort();
+    result
+}
+
+fn executor_config(
+    a: &ExecutorArgs,
+    file: &FileConfig,
+    profile: Profile,
+) -> Result<(SocketAddr, dlock_executor::ExecutorConfig), String> {
+    use dlock_executor::ExecutorConfig;
+    let listen = resolve(a.listen, file, "executor.listen", SocketAddr::from(([127, 0, 0, 1], 8085)))?;
+    let url = |v: &Option<String>, key: &str, default: &str| -> Result<BaseUrl, String> {
+        let raw = resolve(v.clone(), file, key, default.to_owned())?;
+        BaseUrl::parse(&raw).map_err(|e| format!("{key}: {e}"))
+    };
+    let owner = resolve(a.owner_id.clone(), file, "executor.owner-id", "executor".to_owned())?;
+    let owner = dlock_contract::OwnerId::parse(&owner).map_err(|e| format!("executor.owner-id: {e}"))?;
+    let mut cfg = ExecutorConfig::new(
+        url(&a.lock_url, "executor.lock-url", "http://127.0.0.1:8081")?,
+        url(&a.payment_url, "executor.payment-url", "http://127.0.0.1:8082")?,
+        url(&a.proxy_url, "executor.proxy-url", "http://127.0.0.1:8083")?,
+        owner,
+    );
+    cfg.concurrency = resolve(a.concurrency, file, "executor.concurrency", cfg.concurrency)?;
+    cfg.poll_interval_ms = resolve(a.poll_interval_ms, file, "executor.poll-interval-ms", cfg.poll_interval_ms)?;
+    cfg.batch_max = resolve(a.batch_max, file, "executor.batch-max", cfg.batch_max)?;
+    cfg.lock_ttl_ms = resolve(a.lock_ttl_ms, file, "executor.lock-ttl-ms", cfg.lock_ttl_ms)?;
+    cfg.write_connect_timeout_ms =
+        resolve(a.write_connect_timeout_ms, file, "executor.write.connect-timeout-ms", cfg.write_connect_timeout_ms)?;
+    cfg.write_read_timeout_ms =
+        resolve(a.write_read_timeout_ms, file, "executor.write.read-timeout-ms", cfg.write_read_timeout_ms)?;
+    cfg.write_retries_max = resolve(a.write_retries_max, file, "executor.write.retries-max", cfg.write_retries_max)?;
+    cfg.submit_connect_timeout_ms = resolve(
+        a.submit_connect_timeout_ms,
+        file,
+        "executor.submit.connect-timeout-ms",
+        cfg.submit_connect_timeout_ms,
+    )?;
+    cfg.submit_read_timeout_ms =
+        resolve(a.submit_read_timeout_ms, file, "executor.submit.read-timeout-ms", cfg.submit_read_timeout_ms)?;
+    cfg.read_connect_timeout_ms =
+        resolve(a.read_connect_timeout_ms, file, "executor.read.connect-timeout-ms", cfg.read_connect_timeout_ms)?;
+    cfg.read_read_timeout_ms =
+        resolve(a.read_read_timeout_ms, file, "executor.read.read-timeout-ms", cfg.read_read_timeout_ms)?;
+    cfg.read_tries_max = resolve(a.read_tries_max, file, "executor.read.tries-max", cfg.read_tries_max)?;
+    cfg.fencing_enabled = resolve(a.fencing_enabled, file, "payment.fencing.enabled", true)?;
+    cfg.pause_rate = resolve(a.pause_rate, file, "executor.chaos.pause-rate", cfg.pause_rate)?;
+    cfg.pause_ms = resolve(a.pause_ms, file, "executor.chaos.pause-ms", cfg.pause_ms)?;
+    if !cfg.fencing_enabled && profile != Profile::UnsafeTest {
+        return Err("payment.fencing.enabled=false is refused outside --profile unsafe-test: \
+                    a worker that writes past its lease can move money twice"
+            .into());
+    }
+    cfg.validate()?;
+    Ok((listen, cfg))
+}
+
+async fn run_executor(a: ExecutorArgs, file: &FileConfig, profile: Profile) -> Result<(), String> {
+    let (listen, cfg) = executor_config(&a, file, profile)?;
+    if !cfg.fencing_enabled {
+        tracing::warn!(profile = "unsafe-test", skipped = "the local lease deadline", "executor_fencing_disabled");
+    }
+    if cfg.pause_rate > 0.0 {
+        tracing::warn!(pauseRate = cfg.pause_rate, pauseMs = cfg.pause_ms, "executor_chaos_stalls_enabled");
+    }
+    let executor = dlock_executor::Executor::new(cfg, Clock::system())?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let worker = dlock_rt::spawn(executor.clone().run(stop_rx));
+    let result = serve("executor", listen, dlock_executor::router(executor), 1_000).await;
+    // Serving stopped (SIGINT or SIGTERM): let each task finish its payout, then exit.
+    let _ = stop_tx.send(true);
+    let _ = worker.await;
     result
 }
 
@@ -566,6 +759,19 @@ mod tests {
             }
         }
         assert!(checked >= 15, "only {checked} keyed flags found");
+    }
+
+    #[test]
+    fn an_executor_without_fencing_refuses_to_start_outside_unsafe_test() {
+        let args = ExecutorArgs { fencing_enabled: Some(false), ..ExecutorArgs::default() };
+        let file = FileConfig::default();
+        let err = executor_config(&args, &file, Profile::Production).expect_err("refused");
+        assert!(err.contains("payment.fencing.enabled") && err.contains("unsafe-test"), "{err}");
+        let (_, cfg) = executor_config(&args, &file, Profile::UnsafeTest).expect("allowed in unsafe-test");
+        assert!(!cfg.fencing_enabled);
+        let (_, cfg) = executor_config(&ExecutorArgs::default(), &file, Profile::Production).expect("defaults");
+        assert!(cfg.fencing_enabled);
+        assert_eq!((cfg.write_read_timeout_ms, cfg.submit_read_timeout_ms, cfg.read_tries_max), (3_000, 10_000, 2));
     }
 
     #[test]

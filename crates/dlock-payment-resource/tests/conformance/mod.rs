@@ -13,10 +13,10 @@ use chrono::{DateTime, Duration, Utc};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::SubmissionOutcome;
 use dlock_payment_resource::store::{
-    funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, Claim, ClaimOutcome,
-    CreateAccountOutcome, CreatePayoutOutcome, Direction, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount,
-    NewPayout, Operation, PaymentStore, PayoutSummary, PayoutView, Post, PostOutcome, StoredResponse,
-    SubmissionSummary,
+    funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Claim,
+    ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Direction, IdemRequest, Idempotent, LedgerEntry,
+    ListQuery, NewAccount, NewPayout, Operation, PaymentStore, PayoutSummary, PayoutView, Post, PostOutcome,
+    ResolutionRow, ResolveOutcome, StoreError, StoredResponse, SubmissionSummary,
 };
 use dlock_rail_proxy::store::{self as rail, Admission, Attempt, RailStore, Resolution};
 use uuid::Uuid;
@@ -1503,6 +1503,176 @@ pub async fn abandon_moves_only_pending_or_claimed_payouts(db: Paydb) {
     assert_eq!(db.pay.abandon(Uuid::new_v4(), at(9)).await, Ok(AbandonOutcome::NotFound));
 }
 
+/// An operator's resolution of `payout_id` as `resolved_as`, with fresh ids.
+pub fn resolution_of(payout_id: Uuid, resolved_as: PayoutState, now: DateTime<Utc>) -> AmbiguousResolution {
+    AmbiguousResolution {
+        resolution_id: Uuid::new_v4(),
+        payout_id,
+        resolved_as,
+        operator: "ops-alice".into(),
+        reason: "rail statement line checked by hand".into(),
+        rail_reference: "RR-statement-1".into(),
+        posting_id: Uuid::new_v4(),
+        entry_ids: [Uuid::new_v4(), Uuid::new_v4()],
+        at: now,
+    }
+}
+
+impl Paydb {
+    /// A payout of `amount` that was claimed and forwarded, and whose answer was lost.
+    pub async fn ambiguous(&self, account: &str, amount: i64, token: i64, now: DateTime<Utc>) -> (Uuid, Uuid) {
+        let p = self.payout(account, amount, now).await;
+        self.claimed(p, token, PayoutState::Pending, now).await;
+        let s = self.submit(p, token, Some(Resolution::Timeout { detail: "no answer".into() }), now).await;
+        assert_eq!(self.state(p).await, PayoutState::RailAmbiguous);
+        (p, s)
+    }
+
+    pub async fn resolutions(&self, payout_id: Option<Uuid>) -> Vec<ResolutionRow> {
+        self.pay.resolutions(payout_id).await.expect("read resolutions")
+    }
+}
+
+pub async fn resolve_as_posted_writes_balanced_entries_and_an_audit_row(db: Paydb) {
+    db.account("acct", EUR, 1_000, at(0)).await;
+    let (p, s) = db.ambiguous("acct", 600, 4, at(1)).await;
+    let before = db.acct("acct").await;
+    assert_eq!((before.balance_minor, before.reserved_minor, before.fence), (1_000, 600, 4));
+    let r = resolution_of(p, PayoutState::Posted, at(50));
+    assert_eq!(
+        db.pay.resolve_ambiguous(&r).await,
+        Ok(ResolveOutcome::Resolved { state: PayoutState::Posted, balance_minor: 400 })
+    );
+    let v = db.view(p).await;
+    assert_eq!((v.state, v.updated_at, v.claim_token), (PayoutState::Posted, at(50), Some(4)));
+    // The proxy's observation stays as it was: the verdict lives in the audit row.
+    assert_eq!(v.submissions.len(), 1);
+    assert_eq!((v.submissions[0].submission_id, v.submissions[0].outcome), (s, Some(SubmissionOutcome::Timeout)));
+    // Two balanced entries, exactly as a post writes them, with fence 0 (no lock holder).
+    let entry = |entry_id, account_id: String, direction| LedgerEntry {
+        entry_id,
+        posting_id: r.posting_id,
+        payout_id: Some(p),
+        account_id,
+        direction,
+        amount_minor: 600,
+        currency: EUR.into(),
+        fence: 0,
+        created_at: at(50),
+    };
+    let debit = entry(r.entry_ids[0], "acct".into(), Direction::Debit);
+    let credit = entry(r.entry_ids[1], settlement_account(EUR), Direction::Credit);
+    assert_eq!(r.entries("acct", 600, EUR, at(50)), [debit.clone(), credit.clone()]);
+    let mine: Vec<LedgerEntry> = db.ledger(None).await.into_iter().filter(|e| e.payout_id == Some(p)).collect();
+    assert_eq!(mine, sorted_by_time_and_id(vec![debit, credit]));
+    assert_eq!(ledger_totals(&db.ledger(None).await), (1_600, 1_600));
+    // The balance follows the ledger, the reservation is gone, and the fence did not move.
+    let a = db.acct("acct").await;
+    assert_eq!((a.balance_minor, a.ledger_sum_minor, a.reserved_minor, a.fence), (400, 400, 0, 4));
+    assert_eq!(db.acct(&settlement_account(EUR)).await.ledger_sum_minor, 600);
+    // The audit row.
+    let row = ResolutionRow {
+        resolution_id: r.resolution_id,
+        payout_id: p,
+        resolved_as: PayoutState::Posted,
+        operator: "ops-alice".into(),
+        reason: "rail statement line checked by hand".into(),
+        rail_reference: "RR-statement-1".into(),
+        resolved_at: at(50),
+    };
+    assert_eq!(db.resolutions(Some(p)).await, vec![row.clone()]);
+    assert_eq!(db.resolutions(None).await, vec![row]);
+    assert_eq!(db.resolutions(Some(Uuid::new_v4())).await, vec![]);
+    // Resolving again is refused and writes nothing: a payout leaves quarantine once.
+    let again = resolution_of(p, PayoutState::Failed, at(60));
+    assert_eq!(db.pay.resolve_ambiguous(&again).await, Ok(ResolveOutcome::NotAmbiguous { state: PayoutState::Posted }));
+    assert_eq!((db.ledger(None).await.len(), db.resolutions(None).await.len()), (4, 1));
+    assert_eq!(db.acct("acct").await, a);
+    // Resolution needs no idempotency record: it is not a request.
+    assert_eq!(db.records().await, 3);
+}
+
+pub async fn resolve_as_failed_releases_the_reservation(db: Paydb) {
+    db.account("acct", EUR, 1_000, at(0)).await;
+    let (p, _) = db.ambiguous("acct", 600, 1, at(1)).await;
+    // While quarantined the amount stays reserved: a 500 payout does not fit.
+    let q = db.payout("acct", 500, at(2)).await;
+    assert_eq!(
+        committed(db.claim(q, 2, PayoutState::Pending, at(3)).await),
+        ClaimOutcome::InsufficientFunds { account_id: "acct".into(), amount_minor: 500, available_minor: 400 }
+    );
+    let ledger_before = db.ledger(None).await;
+    let r = resolution_of(p, PayoutState::Failed, at(10));
+    assert_eq!(
+        db.pay.resolve_ambiguous(&r).await,
+        Ok(ResolveOutcome::Resolved { state: PayoutState::Failed, balance_minor: 1_000 })
+    );
+    let v = db.view(p).await;
+    assert_eq!((v.state, v.updated_at), (PayoutState::Failed, at(10)));
+    // Only the state moved: no entry, the balance and the fence as they were.
+    assert_eq!(db.ledger(None).await, ledger_before);
+    let a = db.acct("acct").await;
+    assert_eq!((a.balance_minor, a.ledger_sum_minor, a.reserved_minor, a.fence), (1_000, 1_000, 0, 2));
+    let rows = db.resolutions(Some(p)).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        (rows[0].resolution_id, rows[0].resolved_as, rows[0].resolved_at),
+        (r.resolution_id, PayoutState::Failed, at(10))
+    );
+    // The released amount can be claimed again.
+    let next = db.payout("acct", 900, at(11)).await;
+    db.claimed(next, 3, PayoutState::Pending, at(12)).await;
+    assert_eq!(db.acct("acct").await.reserved_minor, 900);
+}
+
+pub async fn resolve_is_refused_unless_rail_ambiguous(db: Paydb) {
+    db.account("acct", EUR, 10_000, at(0)).await;
+    let pending = db.payout("acct", 100, at(1)).await;
+    let claimed = db.payout("acct", 100, at(1)).await;
+    db.claimed(claimed, 1, PayoutState::Pending, at(2)).await;
+    let submitted = db.payout("acct", 100, at(1)).await;
+    db.claimed(submitted, 2, PayoutState::Pending, at(2)).await;
+    db.submit(submitted, 2, None, at(2)).await;
+    let acked = db.payout("acct", 100, at(1)).await;
+    db.acked(acked, 3, "RR-3", at(2)).await;
+    let posted = db.payout("acct", 100, at(1)).await;
+    db.posted(posted, 4, at(2)).await;
+    let failed = db.payout("acct", 100, at(1)).await;
+    db.claimed(failed, 6, PayoutState::Pending, at(2)).await;
+    db.submit(failed, 6, Some(Resolution::Rejected { detail: "no".into() }), at(2)).await;
+    let abandoned = db.payout("acct", 100, at(1)).await;
+    assert_eq!(db.pay.abandon(abandoned, at(2)).await, Ok(AbandonOutcome::Abandoned));
+    let (ambiguous, _) = db.ambiguous("acct", 100, 7, at(2)).await;
+    let before = (db.acct("acct").await, db.ledger(None).await);
+    for (p, state) in [
+        (pending, PayoutState::Pending),
+        (claimed, PayoutState::Claimed),
+        (submitted, PayoutState::Submitted),
+        (acked, PayoutState::RailAcked),
+        (posted, PayoutState::Posted),
+        (failed, PayoutState::Failed),
+        (abandoned, PayoutState::Abandoned),
+    ] {
+        for resolved_as in [PayoutState::Posted, PayoutState::Failed] {
+            let view = db.view(p).await;
+            let r = resolution_of(p, resolved_as, at(9));
+            assert_eq!(db.pay.resolve_ambiguous(&r).await, Ok(ResolveOutcome::NotAmbiguous { state }), "{state:?}");
+            assert_eq!(db.view(p).await, view);
+        }
+    }
+    let unknown = resolution_of(Uuid::new_v4(), PayoutState::Posted, at(9));
+    assert_eq!(db.pay.resolve_ambiguous(&unknown).await, Ok(ResolveOutcome::NotFound));
+    // C2 allows only POSTED or FAILED out of quarantine; anything else is refused unwritten.
+    for resolved_as in [PayoutState::Claimed, PayoutState::Pending, PayoutState::Abandoned, PayoutState::RailAmbiguous]
+    {
+        let r = resolution_of(ambiguous, resolved_as, at(9));
+        assert!(matches!(db.pay.resolve_ambiguous(&r).await, Err(StoreError::Corrupt(_))), "{resolved_as:?}");
+    }
+    assert_eq!(db.state(ambiguous).await, PayoutState::RailAmbiguous);
+    assert_eq!((db.acct("acct").await, db.ledger(None).await), before);
+    assert_eq!(db.resolutions(None).await, vec![]);
+}
+
 // ---------------------------------------------------------------- cursor key
 
 pub async fn cursor_secret_is_stored_once_and_then_returned(db: Paydb) {
@@ -1558,6 +1728,9 @@ macro_rules! payment_store_conformance {
                 purge_is_bounded_by_its_batch,
                 no_committed_record_lacks_its_response,
                 abandon_moves_only_pending_or_claimed_payouts,
+                resolve_as_posted_writes_balanced_entries_and_an_audit_row,
+                resolve_as_failed_releases_the_reservation,
+                resolve_is_refused_unless_rail_ambiguous,
                 cursor_secret_is_stored_once_and_then_returned
             );
         }

@@ -50,15 +50,38 @@ impl Service {
         Service::start_owned(args, "127.0.0.1:0")
     }
 
+    /// [`Service::start`], and a channel that receives one `()` per stderr line containing
+    /// `needle` (the line is echoed to this process's stderr too).
+    pub fn start_watching(args: &[&str], needle: &str) -> (Service, mpsc::Receiver<()>) {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let (tx, rx) = mpsc::channel();
+        let svc = Service::spawn(args, "127.0.0.1:0", Some((needle.to_owned(), tx)));
+        (svc, rx)
+    }
+
     fn start_owned(args: Vec<String>, listen: &str) -> Service {
+        Service::spawn(args, listen, None)
+    }
+
+    fn spawn(args: Vec<String>, listen: &str, watch: Option<(String, mpsc::Sender<()>)>) -> Service {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dlock"))
             .args(&args)
             .args(["--listen", listen])
             .env("DLOCK_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(if watch.is_some() { Stdio::piped() } else { Stdio::inherit() })
             .spawn()
             .expect("spawn dlock");
+        if let (Some((needle, tx)), Some(stderr)) = (watch, child.stderr.take()) {
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    eprintln!("{line}");
+                    if line.contains(&needle) {
+                        let _ = tx.send(());
+                    }
+                }
+            });
+        }
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -98,6 +121,11 @@ impl Service {
             std::thread::sleep(Duration::from_millis(20));
         }
         None
+    }
+
+    /// The process id, for signals (SIGSTOP / SIGCONT).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn url(&self) -> String {

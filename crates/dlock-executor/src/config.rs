@@ -1,0 +1,172 @@
+//! The executor's settings. Every hop budget of C3 §3.8 is a named setting with its unit.
+
+use dlock_contract::OwnerId;
+use dlock_rt::http::BaseUrl;
+
+/// executor → payment-resource claim / post: connect budget (C3 §3.8: 500 ms / 3 s).
+pub const WRITE_CONNECT_TIMEOUT_MS_DEFAULT: u64 = 500;
+/// executor → payment-resource claim / post: read budget.
+pub const WRITE_READ_TIMEOUT_MS_DEFAULT: u64 = 3_000;
+/// Retries of a claim or post after the first try, only on 503 or a connect failure
+/// (nothing was sent). Never on a 409 (C3 §3.8).
+pub const WRITE_RETRIES_MAX_DEFAULT: u32 = 1;
+/// executor → rail-proxy submit: connect budget (C3 §3.8: 1 s / rail read timeout + 2 s).
+pub const SUBMIT_CONNECT_TIMEOUT_MS_DEFAULT: u64 = 1_000;
+/// The proxy's default read timeout towards the rail (`rail.proxy.read-timeout-ms`).
+pub const RAIL_READ_TIMEOUT_MS_DEFAULT: u64 = 8_000;
+/// What the submit read budget adds to the rail's read timeout (C3 §3.8 "+ 2 s").
+pub const SUBMIT_READ_MARGIN_MS: u64 = 2_000;
+/// executor → payment-resource advisory GETs: connect budget (C3 §3.8: 300 ms / 1 s).
+pub const READ_CONNECT_TIMEOUT_MS_DEFAULT: u64 = 300;
+/// Advisory GET read budget.
+pub const READ_READ_TIMEOUT_MS_DEFAULT: u64 = 1_000;
+/// Advisory GET tries, the first included (C3 §3.8 "2").
+pub const READ_TRIES_MAX_DEFAULT: u32 = 2;
+/// Pause between two scans of the work queue when the last found nothing to do.
+pub const POLL_INTERVAL_MS_DEFAULT: u64 = 200;
+/// Payouts read per state per scan (P1 `limit`).
+pub const BATCH_MAX_DEFAULT: u32 = 100;
+/// Worker tasks in one process.
+pub const CONCURRENCY_DEFAULT: usize = 1;
+/// Largest `--concurrency`.
+pub const CONCURRENCY_MAX: usize = 256;
+/// Lease asked for on each grant (the lock client keeps 70 % of it as its local deadline).
+pub const LOCK_TTL_MS_DEFAULT: u64 = 10_000;
+/// Longest injected stall (`executor.chaos.pause-ms`).
+pub const PAUSE_MS_MAX: u64 = 120_000;
+/// Longest any single budget may be set to.
+pub const TIMEOUT_MS_CEILING_MAX: u64 = 60_000;
+/// Largest number of tries or retries any hop may be given.
+pub const TRIES_CEILING_MAX: u32 = 10;
+
+/// The executor's settings (C5 keys `executor.*`, plus `payment.fencing.enabled`).
+#[derive(Debug, Clone)]
+pub struct ExecutorConfig {
+    pub lock_url: BaseUrl,
+    pub payment_url: BaseUrl,
+    pub proxy_url: BaseUrl,
+    /// Sent as `X-Owner-Id`; each task appends `/<n>` (FR-30: a fenced-out log names it).
+    pub owner_id: OwnerId,
+    pub concurrency: usize,
+    pub poll_interval_ms: u64,
+    pub batch_max: u32,
+    pub lock_ttl_ms: u64,
+    pub write_connect_timeout_ms: u64,
+    pub write_read_timeout_ms: u64,
+    pub write_retries_max: u32,
+    pub submit_connect_timeout_ms: u64,
+    pub submit_read_timeout_ms: u64,
+    pub read_connect_timeout_ms: u64,
+    pub read_read_timeout_ms: u64,
+    pub read_tries_max: u32,
+    /// `payment.fencing.enabled`. `false` (only under `--profile unsafe-test`) makes the
+    /// executor write without checking its local lease deadline: the fail-open worker the
+    /// simulation uses to prove that the fences matter (FR-27).
+    pub fencing_enabled: bool,
+    /// `executor.chaos.pause-rate`: the probability, at each fenced write, of stalling for
+    /// `pause_ms` *after* the lease check and *before* the write is sent: the GC pause that
+    /// makes a stale writer. The fences must stop every such write. 0 in production.
+    pub pause_rate: f64,
+    /// `executor.chaos.pause-ms`: how long an injected stall lasts.
+    pub pause_ms: u64,
+}
+
+impl ExecutorConfig {
+    /// Settings with every C3 §3.8 default.
+    pub fn new(lock_url: BaseUrl, payment_url: BaseUrl, proxy_url: BaseUrl, owner_id: OwnerId) -> ExecutorConfig {
+        ExecutorConfig {
+            lock_url,
+            payment_url,
+            proxy_url,
+            owner_id,
+            concurrency: CONCURRENCY_DEFAULT,
+            poll_interval_ms: POLL_INTERVAL_MS_DEFAULT,
+            batch_max: BATCH_MAX_DEFAULT,
+            lock_ttl_ms: LOCK_TTL_MS_DEFAULT,
+            write_connect_timeout_ms: WRITE_CONNECT_TIMEOUT_MS_DEFAULT,
+            write_read_timeout_ms: WRITE_READ_TIMEOUT_MS_DEFAULT,
+            write_retries_max: WRITE_RETRIES_MAX_DEFAULT,
+            submit_connect_timeout_ms: SUBMIT_CONNECT_TIMEOUT_MS_DEFAULT,
+            submit_read_timeout_ms: RAIL_READ_TIMEOUT_MS_DEFAULT + SUBMIT_READ_MARGIN_MS,
+            read_connect_timeout_ms: READ_CONNECT_TIMEOUT_MS_DEFAULT,
+            read_read_timeout_ms: READ_READ_TIMEOUT_MS_DEFAULT,
+            read_tries_max: READ_TRIES_MAX_DEFAULT,
+            fencing_enabled: true,
+            pause_rate: 0.0,
+            pause_ms: 0,
+        }
+    }
+
+    /// Refuses settings outside their ranges, naming the key.
+    pub fn validate(&self) -> Result<(), String> {
+        let timeouts = [
+            ("executor.poll-interval-ms", self.poll_interval_ms),
+            ("executor.write.connect-timeout-ms", self.write_connect_timeout_ms),
+            ("executor.write.read-timeout-ms", self.write_read_timeout_ms),
+            ("executor.submit.connect-timeout-ms", self.submit_connect_timeout_ms),
+            ("executor.submit.read-timeout-ms", self.submit_read_timeout_ms),
+            ("executor.read.connect-timeout-ms", self.read_connect_timeout_ms),
+            ("executor.read.read-timeout-ms", self.read_read_timeout_ms),
+        ];
+        for (key, v) in timeouts {
+            if v == 0 || v > TIMEOUT_MS_CEILING_MAX {
+                return Err(format!("{key} must be 1..={TIMEOUT_MS_CEILING_MAX}"));
+            }
+        }
+        if !(1_000..=60_000).contains(&self.lock_ttl_ms) {
+            return Err("executor.lock-ttl-ms must be 1000..=60000 (C3 L4)".into());
+        }
+        if !(1..=CONCURRENCY_MAX).contains(&self.concurrency) {
+            return Err(format!("executor.concurrency must be 1..={CONCURRENCY_MAX}"));
+        }
+        if !(1..=500).contains(&self.batch_max) {
+            return Err("executor.batch-max must be 1..=500 (P1 limit)".into());
+        }
+        if self.write_retries_max > TRIES_CEILING_MAX {
+            return Err(format!("executor.write.retries-max must be 0..={TRIES_CEILING_MAX}"));
+        }
+        if !(0.0..=1.0).contains(&self.pause_rate) {
+            return Err("executor.chaos.pause-rate must be within 0.0..=1.0".into());
+        }
+        if self.pause_ms > PAUSE_MS_MAX {
+            return Err(format!("executor.chaos.pause-ms must be 0..={PAUSE_MS_MAX}"));
+        }
+        if !(1..=TRIES_CEILING_MAX).contains(&self.read_tries_max) {
+            return Err(format!("executor.read.tries-max must be 1..={TRIES_CEILING_MAX}"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> ExecutorConfig {
+        let url = |p: u16| BaseUrl::parse(&format!("http://127.0.0.1:{p}")).expect("url");
+        ExecutorConfig::new(url(8081), url(8082), url(8083), OwnerId::parse("executor-1").expect("owner"))
+    }
+
+    #[test]
+    fn defaults_follow_the_c3_hop_budgets() {
+        let c = cfg();
+        assert_eq!((c.write_connect_timeout_ms, c.write_read_timeout_ms, c.write_retries_max), (500, 3_000, 1));
+        assert_eq!((c.submit_connect_timeout_ms, c.submit_read_timeout_ms), (1_000, 8_000 + 2_000));
+        assert_eq!((c.read_connect_timeout_ms, c.read_read_timeout_ms, c.read_tries_max), (300, 1_000, 2));
+        assert!(c.fencing_enabled);
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn out_of_range_settings_name_their_key() {
+        let mut c = cfg();
+        c.concurrency = 0;
+        assert!(c.validate().is_err_and(|e| e.contains("executor.concurrency")));
+        let mut c = cfg();
+        c.submit_read_timeout_ms = 0;
+        assert!(c.validate().is_err_and(|e| e.contains("executor.submit.read-timeout-ms")));
+        let mut c = cfg();
+        c.read_tries_max = 0;
+        assert!(c.validate().is_err_and(|e| e.contains("executor.read.tries-max")));
+    }
+}

@@ -1,0 +1,486 @@
+//! The executor's loop and its one critical section per payout.
+//!
+//! For each payout found by a scan (RAIL_ACKED first, to finish what was paid; then
+//! CLAIMED, whose holder may have gone; then PENDING):
+//!
+//! 1. acquire `payout:{accountId}` through the lock client (a contended account is skipped
+//!    and revisited on a later scan);
+//! 2. re-read the payout (FR-14). The read is only a hint: the fenced write decides;
+//! 3. claim (P2) with the grant's token, from the state just read (PENDING, or CLAIMED for
+//!    recovery);
+//! 4. submit once to the rail-proxy with the same token. Never retried, whatever happens;
+//! 5. release, acquire a newer grant, and post (P3) with it: each grant passes each fence
+//!    once (C3-extensions C-10, C-12);
+//! 6. release.
+//!
+//! Before each fenced write the local lease deadline is checked; once it has passed, the
+//! executor does not write (FR-11). `FENCED_OUT` anywhere aborts the critical section: no
+//! retry, no re-acquire-and-continue; it is logged (`executor_fenced_out`, error) and
+//! counted. `RAIL_AMBIGUOUS` emits `rail_ambiguous`, releases and stops: that payout is never
+//! submitted again (C3 §3.7).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock_contract::payout::PayoutState;
+use dlock_contract::{ErrorCode, OwnerId};
+use dlock_lock_client::{LockClient, LockClientConfig, LockGuard, Session};
+use dlock_rt::Clock;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::config::ExecutorConfig;
+use crate::hops::{Answer, Hops};
+use crate::metrics::{ExecutorMetrics, Outcome};
+
+/// A payout a scan found, as P1 lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub payout_id: Uuid,
+    pub account_id: String,
+    pub state: PayoutState,
+    pub created_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Longest pause between two attempts to open a lock session while the lock server is down.
+pub const SESSION_RETRY_MS_MAX: u64 = 5_000;
+
+/// The states a scan reads, in the order they are worked.
+pub const SCAN_STATES: [PayoutState; 3] = [PayoutState::RailAcked, PayoutState::Claimed, PayoutState::Pending];
+
+/// The worker. Cheap to share; each task keeps its own lock session.
+#[derive(Debug)]
+pub struct Executor {
+    pub cfg: ExecutorConfig,
+    pub metrics: Arc<ExecutorMetrics>,
+    hops: Hops,
+    clock: Clock,
+}
+
+fn idempotency_key(payout_id: Uuid) -> String {
+    format!("payout:{payout_id}")
+}
+
+impl Executor {
+    pub fn new(cfg: ExecutorConfig, clock: Clock) -> Result<Arc<Executor>, String> {
+        cfg.validate()?;
+        let hops = Hops::new(&cfg);
+        Ok(Arc::new(Executor { cfg, metrics: Arc::new(ExecutorMetrics::default()), hops, clock }))
+    }
+
+    /// Runs `concurrency` tasks until `stop` turns true; each finishes its current payout
+    /// first, then closes its lock session.
+    pub async fn run(self: Arc<Self>, stop: watch::Receiver<bool>) {
+        let mut tasks = Vec::new();
+        for index in 0..self.cfg.concurrency {
+            tasks.push(dlock_rt::spawn(self.clone().task(index, stop.clone())));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+
+    /// The lock client of task `index`: owner `{owner}/{index}` (FR-30), one acquire attempt
+    /// (a contended account is skipped, not waited for).
+    pub fn lock_client(&self, index: usize) -> Result<LockClient, String> {
+        let owner = format!("{}/{index}", self.cfg.owner_id.as_str());
+        let owner = OwnerId::parse(&owner).map_err(|e| format!("executor.owner-id: {e}"))?;
+        let mut cfg = LockClientConfig::new(self.cfg.lock_url.clone(), owner);
+        cfg.lock_ttl_ms = self.cfg.lock_ttl_ms;
+        cfg.session_ttl_ms = self.cfg.lock_ttl_ms;
+        cfg.acquire_attempts_max = 1;
+        LockClient::new(cfg).map_err(|e| e.to_string())
+    }
+
+    async fn task(self: Arc<Self>, index: usize, mut stop: watch::Receiver<bool>) {
+        let client = match self.lock_client(index) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(cause = %e, "executor_task_not_started");
+                return;
+            }
+        };
+        let owner = client.config().owner_id.as_str().to_owned();
+        let mut rng = dlock_rt::rand::from_runtime();
+        let mut session: Option<Session> = None;
+        let idle = Duration::from_millis(self.cfg.poll_interval_ms);
+        // After a failed session open, the next try waits twice as long, up to a bound; the
+        // failure is logged once per outage.
+        let mut backoff_ms = self.cfg.poll_interval_ms;
+        while !*stop.borrow() {
+            if !session.as_ref().is_some_and(Session::is_alive) {
+                session = match client.open_session().await {
+                    Ok(s) => {
+                        if backoff_ms > self.cfg.poll_interval_ms {
+                            tracing::info!(ownerId = %owner, "executor_session_reopened");
+                        }
+                        backoff_ms = self.cfg.poll_interval_ms;
+                        Some(s)
+                    }
+                    Err(e) => {
+                        if backoff_ms == self.cfg.poll_interval_ms {
+                            tracing::warn!(ownerId = %owner, cause = %e, "executor_session_not_opened");
+                        }
+                        tokio::select! {
+                            () = dlock_rt::sleep(Duration::from_millis(backoff_ms)) => {}
+                            _ = stop.changed() => {}
+                        }
+                        backoff_ms = (backoff_ms * 2).min(SESSION_RETRY_MS_MAX);
+                        continue;
+                    }
+                };
+            }
+            let mut worked = false;
+            if let Some(s) = &session {
+                let mut candidates = self.scan().await;
+                shuffle_within_states(&mut candidates, &mut rng);
+                for c in candidates {
+                    if *stop.borrow() || !s.is_alive() {
+                        break;
+                    }
+                    if let Some(outcome) = self.execute(s, &owner, &c).await {
+                        worked = true;
+                        self.metrics.count(outcome);
+                        tracing::info!(payoutId = %c.payout_id, accountId = %c.account_id, outcome = outcome.tag(),
+                            ownerId = %owner, "payout_executed");
+                    }
+                }
+            }
+            if !worked {
+                tokio::select! {
+                    () = dlock_rt::sleep(idle) => {}
+                    _ = stop.changed() => {}
+                }
+            }
+        }
+        if let Some(s) = session {
+            let _ = s.close().await;
+        }
+    }
+
+    /// One scan of the work queue (advisory reads), in [`SCAN_STATES`] order. Updates the
+    /// backlog gauge from the oldest PENDING payout seen.
+    pub async fn scan(&self) -> Vec<Candidate> {
+        let mut out = Vec::new();
+        for state in SCAN_STATES {
+            let path = format!("/v1/payouts?state={}&limit={}", state.as_str(), self.cfg.batch_max);
+            let Answer::Ok { body, .. } = self.hops.read(&self.cfg.payment_url, &path).await else {
+                continue;
+            };
+            let items = body.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+            let found: Vec<Candidate> = items
+                .iter()
+                .filter_map(|i| {
+                    Some(Candidate {
+                        payout_id: i.get("payoutId")?.as_str().and_then(|s| Uuid::parse_str(s).ok())?,
+                        account_id: i.get("accountId")?.as_str()?.to_owned(),
+                        state,
+                        created_at: i
+                            .get("createdAt")
+                            .and_then(Value::as_str)
+                            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                            .map(|t| t.with_timezone(&chrono::Utc)),
+                    })
+                })
+                .collect();
+            if state == PayoutState::Pending {
+                let oldest = found.iter().filter_map(|c| c.created_at).min();
+                let age = oldest.map_or(0, |t| (self.clock.wall() - t).num_milliseconds());
+                self.metrics.set_backlog_age_ms(age);
+            }
+            out.extend(found);
+        }
+        out
+    }
+
+    /// One critical section for `c`. `None` when the payout was skipped (its account is
+    /// busy, or it no longer needs this executor).
+    pub async fn execute(&self, session: &Session, owner: &str, c: &Candidate) -> Option<Outcome> {
+        let key = format!("payout:{}", c.account_id);
+        let guard = match session.acquire(&key).await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::debug!(key, cause = %e, "executor_account_busy");
+                return None;
+            }
+        };
+        // FR-14: re-read before acting. Only a hint; the fenced write decides.
+        let view = match self.hops.read(&self.cfg.payment_url, &format!("/v1/payouts/{}", c.payout_id)).await {
+            Answer::Ok { body, .. } => body,
+            _ => return Some(self.finish(guard, Outcome::Unavailable).await),
+        };
+        let state = view.get("state").and_then(Value::as_str).and_then(PayoutState::parse);
+        match state {
+            Some(s @ (PayoutState::Pending | PayoutState::Claimed)) => {
+                Some(self.claim_submit_post(session, guard, owner, &view, s).await)
+            }
+            Some(PayoutState::RailAcked) => match acked_submission(&view) {
+                Some((submission_id, reference)) => {
+                    Some(self.post(guard, owner, c.payout_id, &submission_id, &reference).await)
+                }
+                None => Some(self.finish(guard, Outcome::Unavailable).await),
+            },
+            _ => {
+                let _ = guard.release().await;
+                None
+            }
+        }
+    }
+
+    /// Whether a fenced write may be sent under `guard`: its local deadline has not passed.
+    fn may_write(&self, guard: &LockGuard) -> bool {
+        !self.cfg.fencing_enabled || guard.is_held()
+    }
+
+    /// The injected stall (`executor.chaos.*`): between the lease check and the write.
+    async fn maybe_stall(&self, hop: &str, owner: &str) {
+        if self.cfg.pause_rate <= 0.0 || self.cfg.pause_ms == 0 {
+            return;
+        }
+        let draw = dlock_rt::rand::random_u64() as f64 / u64::MAX as f64;
+        if draw < self.cfg.pause_rate {
+            tracing::warn!(hop, ownerId = owner, pauseMs = self.cfg.pause_ms, "executor_injected_stall");
+            dlock_rt::sleep(Duration::from_millis(self.cfg.pause_ms)).await;
+        }
+    }
+
+    async fn finish(&self, guard: LockGuard, outcome: Outcome) -> Outcome {
+        let _ = guard.release().await;
+        outcome
+    }
+
+    fn fenced(&self, hop: &str, owner: &str, token: i64, answer: &Answer) {
+        let d = match answer {
+            Answer::Refused { body, .. } => body.get("details").cloned().unwrap_or(Value::Null),
+            _ => Value::Null,
+        };
+        let highest = d.get("highestToken").and_then(serde_json::Value::as_i64);
+        let text = |k: &str| d.get(k).and_then(serde_json::Value::as_str).unwrap_or("").to_owned();
+        let (resource, resource_id, payout) = (text("resourceType"), text("resourceId"), text("payoutId"));
+        tracing::error!(
+            hop,
+            ownerId = owner,
+            presentedToken = token,
+            highestToken = highest,
+            resource = %resource,
+            resourceId = %resource_id,
+            payoutId = %payout,
+            "executor_fenced_out"
+        );
+    }
+
+    async fn claim_submit_post(
+        &self,
+        session: &Session,
+        guard: LockGuard,
+        owner: &str,
+        view: &Value,
+        state: PayoutState,
+    ) -> Outcome {
+        let Some(payout_id) = view.get("payoutId").and_then(Value::as_str).and_then(|s| Uuid::parse_str(s).ok()) else {
+            return self.finish(guard, Outcome::Unavailable).await;
+        };
+        let key = idempotency_key(payout_id);
+        let token = guard.token().get();
+        let t = token.to_string();
+        let headers = [
+            ("content-type", "application/json"),
+            ("x-fencing-token", t.as_str()),
+            ("x-owner-id", owner),
+            ("x-idempotency-key", key.as_str()),
+        ];
+        if !self.may_write(&guard) {
+            return self.finish(guard, Outcome::LeaseLost).await;
+        }
+        self.maybe_stall("claim", owner).await;
+        let claimed = self
+            .hops
+            .write(
+                &self.cfg.payment_url,
+                &format!("/v1/payouts/{payout_id}/claim"),
+                &headers,
+                &json!({"expectedState": state}),
+            )
+            .await;
+        match (&claimed, claimed.code()) {
+            (Answer::Ok { .. }, _) => {}
+            (_, Some(ErrorCode::FencedOut)) => {
+                self.fenced("claim", owner, token, &claimed);
+                return self.finish(guard, Outcome::Fenced).await;
+            }
+            (_, Some(ErrorCode::PayoutNotClaimable)) => return self.finish(guard, Outcome::NotClaimable).await,
+            (_, Some(ErrorCode::InsufficientFunds)) => return self.finish(guard, Outcome::Failed).await,
+            _ => {
+                tracing::warn!(payoutId = %payout_id, answer = ?claimed, "executor_claim_undecided");
+                return self.finish(guard, Outcome::Unavailable).await;
+            }
+        }
+
+        if !self.may_write(&guard) {
+            // The payout stays CLAIMED; a newer holder re-claims it.
+            return self.finish(guard, Outcome::LeaseLost).await;
+        }
+        let body = json!({
+            "payoutId": payout_id,
+            "accountId": view.get("accountId"),
+            "amountMinor": view.get("amountMinor"),
+            "currency": view.get("currency"),
+            "beneficiaryRef": view.get("beneficiaryRef"),
+        });
+        self.maybe_stall("submit", owner).await;
+        let submitted = self.hops.submit(&self.cfg.proxy_url, &headers, &body).await;
+        let ack = match (&submitted, submitted.code()) {
+            (Answer::Ok { body, .. }, _) => body.clone(),
+            (_, Some(ErrorCode::FencedOut)) => {
+                self.fenced("submit", owner, token, &submitted);
+                return self.finish(guard, Outcome::Fenced).await;
+            }
+            (_, Some(ErrorCode::DuplicateSubmission)) => {
+                tracing::error!(payoutId = %payout_id, ownerId = owner, presentedToken = token,
+                    "executor_duplicate_submission");
+                return self.finish(guard, Outcome::Duplicate).await;
+            }
+            (Answer::Refused { body, .. }, Some(ErrorCode::RailAmbiguous)) => {
+                let submission = body.pointer("/details/submissionId").and_then(serde_json::Value::as_str);
+                let submission = submission.unwrap_or("").to_owned();
+                tracing::warn!(
+                    payoutId = %payout_id,
+                    submissionId = %submission,
+                    presentedToken = token,
+                    ownerId = owner,
+                    outcome = "timeout",
+                    "rail_ambiguous"
+                );
+                return self.finish(guard, Outcome::Ambiguous).await;
+            }
+            (Answer::Refused { status: 422, .. }, _) => return self.finish(guard, Outcome::Failed).await,
+            (_, Some(ErrorCode::PayoutNotClaimable)) => return self.finish(guard, Outcome::NotClaimable).await,
+            (Answer::Lost { cause }, _) => {
+                tracing::warn!(payoutId = %payout_id, cause, "executor_submission_answer_lost");
+                return self.finish(guard, Outcome::AnswerLost).await;
+            }
+            _ => {
+                tracing::warn!(payoutId = %payout_id, answer = ?submitted, "executor_submission_undecided");
+                return self.finish(guard, Outcome::Unavailable).await;
+            }
+        };
+        let (Some(submission_id), Some(reference)) = (
+            ack.get("submissionId").and_then(Value::as_str).map(str::to_owned),
+            ack.get("railReference").and_then(Value::as_str).map(str::to_owned),
+        ) else {
+            return self.finish(guard, Outcome::Unavailable).await;
+        };
+
+        // The post needs a newer grant than the claim (C3-extensions C-10).
+        let account_key = guard.key().to_owned();
+        let _ = guard.release().await;
+        let newer = match session.acquire(&account_key).await {
+            Ok(g) => g,
+            Err(e) => {
+                // Paid and RAIL_ACKED: a later scan posts it.
+                tracing::info!(payoutId = %payout_id, cause = %e, "executor_post_deferred");
+                return Outcome::Unavailable;
+            }
+        };
+        self.post(newer, owner, payout_id, &submission_id, &reference).await
+    }
+
+    async fn post(
+        &self,
+        guard: LockGuard,
+        owner: &str,
+        payout_id: Uuid,
+        submission_id: &str,
+        reference: &str,
+    ) -> Outcome {
+        if !self.may_write(&guard) {
+            return self.finish(guard, Outcome::LeaseLost).await;
+        }
+        let key = idempotency_key(payout_id);
+        let token = guard.token().get();
+        let t = token.to_string();
+        let headers = [
+            ("content-type", "application/json"),
+            ("x-fencing-token", t.as_str()),
+            ("x-owner-id", owner),
+            ("x-idempotency-key", key.as_str()),
+        ];
+        let body = json!({"railReference": reference, "submissionId": submission_id, "railOutcome": "ACKED"});
+        self.maybe_stall("post", owner).await;
+        let posted =
+            self.hops.write(&self.cfg.payment_url, &format!("/v1/payouts/{payout_id}/post"), &headers, &body).await;
+        let outcome = match (&posted, posted.code()) {
+            (Answer::Ok { .. }, _) => Outcome::Posted,
+            (_, Some(ErrorCode::FencedOut)) => {
+                self.fenced("post", owner, token, &posted);
+                Outcome::Fenced
+            }
+            (_, Some(ErrorCode::PayoutNotClaimable)) => Outcome::NotClaimable,
+            _ => {
+                tracing::warn!(payoutId = %payout_id, answer = ?posted, "executor_post_undecided");
+                Outcome::Unavailable
+            }
+        };
+        self.finish(guard, outcome).await
+    }
+}
+
+/// The ACKED attempt of a P4 body: (submissionId, railReference).
+fn acked_submission(view: &Value) -> Option<(String, String)> {
+    view.get("submissions")?.as_array()?.iter().find_map(|s| {
+        (s.get("outcome")?.as_str()? == "ACKED").then_some(())?;
+        Some((s.get("submissionId")?.as_str()?.to_owned(), s.get("railReference")?.as_str()?.to_owned()))
+    })
+}
+
+/// Shuffles each state's run of candidates (so concurrent tasks spread over accounts)
+/// while keeping the [`SCAN_STATES`] order between runs.
+fn shuffle_within_states(c: &mut [Candidate], rng: &mut dlock_rt::rand::SeededRng) {
+    use dlock_rt::rand::Rng;
+    let mut start = 0;
+    while start < c.len() {
+        let state = c[start].state;
+        let end = start + c[start..].iter().take_while(|x| x.state == state).count();
+        for i in (start + 1..end).rev() {
+            let j = rng.gen_range(start..=i);
+            c.swap(i, j);
+        }
+        start = end;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(state: PayoutState, n: u128) -> Candidate {
+        Candidate { payout_id: Uuid::from_u128(n), account_id: format!("a-{n}"), state, created_at: None }
+    }
+
+    #[test]
+    fn shuffling_keeps_the_scan_order_between_states() {
+        let mut c: Vec<Candidate> = (0..5)
+            .map(|n| candidate(PayoutState::RailAcked, n))
+            .chain((5..20).map(|n| candidate(PayoutState::Pending, n)))
+            .collect();
+        let mut rng = dlock_rt::rand::seeded(7);
+        shuffle_within_states(&mut c, &mut rng);
+        assert!(c[..5].iter().all(|x| x.state == PayoutState::RailAcked));
+        assert!(c[5..].iter().all(|x| x.state == PayoutState::Pending));
+        let mut ids: Vec<u128> = c.iter().map(|x| x.payout_id.as_u128()).collect();
+        assert_ne!(ids, (0..20).collect::<Vec<_>>(), "seed 7 moves something");
+        ids.sort_unstable();
+        assert_eq!(ids, (0..20).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn the_acked_attempt_is_found_among_the_submissions() {
+        let view = json!({"submissions": [
+            {"submissionId": "s-1", "outcome": "UNSENT"},
+            {"submissionId": "s-2", "outcome": "ACKED", "railReference": "RR-2"},
+        ]});
+        assert_eq!(acked_submission(&view), Some(("s-2".into(), "RR-2".into())));
+        assert_eq!(acked_submission(&json!({"submissions": []})), None);
+    }
+}

@@ -1,0 +1,468 @@
+//! The executor against real services in process (lock server, payment-resource, rail-proxy
+//! and rail-stub on loopback, over simulation stores) and against scripted fakes that pin
+//! each hop's retry rule (C3 §3.8).
+
+#![cfg(not(madsim))]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use dlock_contract::payout::PayoutState;
+use dlock_contract::OwnerId;
+use dlock_executor::{Executor, ExecutorConfig, Outcome};
+use dlock_lock_server::service::{LockServer, LockServerConfig};
+use dlock_lock_server::store_mem::MemLockStore;
+use dlock_payment_resource::store::{is_system_account, Direction, PaymentStore};
+use dlock_payment_resource::store_mem::MemPaydb;
+use dlock_payment_resource::{PaymentConfig, PaymentResource};
+use dlock_rail_proxy::service::ProxyConfig;
+use dlock_rail_proxy::RailProxy;
+use dlock_rail_stub::{RailStub, StubConfig};
+use dlock_rt::http::{BaseUrl, HttpClient};
+use dlock_rt::Clock;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+/// Serves `router` on a loopback port until the returned sender is dropped.
+async fn serve(router: axum::Router) -> (BaseUrl, tokio::sync::oneshot::Sender<()>) {
+    let listener = dlock_rt::http::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("bind");
+    let url = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(dlock_rt::http::serve(listener, router, async {
+        let _ = rx.await;
+    }));
+    (url, tx)
+}
+
+struct Cluster {
+    lock: BaseUrl,
+    payment: BaseUrl,
+    proxy: BaseUrl,
+    stub: BaseUrl,
+    paydb: Arc<MemPaydb>,
+    _stops: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+async fn cluster(stub_cfg: StubConfig) -> Cluster {
+    let locks = Arc::new(MemLockStore::new(Clock::system()));
+    let server = LockServer::new(locks, LockServerConfig::default(), Clock::system());
+    let (lock, s1) = serve(dlock_lock_server::app::router(server)).await;
+    let paydb = Arc::new(MemPaydb::new());
+    let pr = PaymentResource::start(paydb.clone(), PaymentConfig::default(), Clock::system()).await.expect("start");
+    let (payment, s2) = serve(dlock_payment_resource::router(pr)).await;
+    let stub = RailStub::new(stub_cfg, Clock::system());
+    let (stub_url, s3) = serve(dlock_rail_stub::router(stub)).await;
+    let cfg = ProxyConfig {
+        rail_url: stub_url.clone(),
+        connect_timeout_ms: 1_000,
+        read_timeout_ms: 8_000,
+        fencing_enabled: true,
+        body_bytes_max: 65_536,
+    };
+    let (proxy, s4) = serve(dlock_rail_proxy::router(RailProxy::new(paydb.clone(), cfg, Clock::system()))).await;
+    Cluster { lock, payment, proxy, stub: stub_url, paydb, _stops: vec![s1, s2, s3, s4] }
+}
+
+async fn post_json(base: &BaseUrl, path: &str, key: &str, body: Value) -> Value {
+    let r = HttpClient::new(1_000, 5_000)
+        .send(
+            base,
+            http::Method::POST,
+            path,
+            &[("content-type", "application/json"), ("x-owner-id", "ops"), ("x-idempotency-key", key)],
+            Some(body.to_string().into()),
+        )
+        .await
+        .expect("answered");
+    assert!((200..300).contains(&r.status), "{path}: {}", String::from_utf8_lossy(&r.body));
+    serde_json::from_slice(&r.body).expect("json")
+}
+
+/// Opens `accounts` accounts and `n` payouts spread over them; returns the payout ids.
+async fn seed(c: &Cluster, accounts: usize, n: usize, opening: i64, amount: i64) -> Vec<Uuid> {
+    for a in 0..accounts {
+        post_json(
+            &c.payment,
+            "/v1/accounts",
+            &format!("open-{a}"),
+            json!({"accountId": format!("acct-{a}"), "currency": "EUR", "openingBalanceMinor": opening}),
+        )
+        .await;
+    }
+    let mut ids = Vec::new();
+    for i in 0..n {
+        let v = post_json(
+            &c.payment,
+            "/v1/payouts",
+            &format!("create-{i}"),
+            json!({"accountId": format!("acct-{}", i % accounts), "amountMinor": amount, "currency": "EUR",
+                "beneficiaryRef": format!("ben-{i}")}),
+        )
+        .await;
+        ids.push(Uuid::parse_str(v["payoutId"].as_str().expect("id")).expect("uuid"));
+    }
+    ids
+}
+
+fn config(lock: &BaseUrl, payment: &BaseUrl, proxy: &BaseUrl, owner: &str) -> ExecutorConfig {
+    let mut cfg =
+        ExecutorConfig::new(lock.clone(), payment.clone(), proxy.clone(), OwnerId::parse(owner).expect("owner"));
+    cfg.poll_interval_ms = 20;
+    cfg
+}
+
+/// Longest the end-to-end tests wait for the queue to drain.
+const DRAIN_MS_MAX: u64 = 60_000;
+
+async fn states(paydb: &MemPaydb, ids: &[Uuid]) -> BTreeMap<Uuid, PayoutState> {
+    let mut out = BTreeMap::new();
+    for id in ids {
+        let p = PaymentStore::payout(paydb, *id).await.expect("read").expect("exists");
+        out.insert(*id, p.state);
+    }
+    out
+}
+
+async fn rail_calls(stub: &BaseUrl) -> Vec<String> {
+    let r = HttpClient::new(1_000, 5_000).send(stub, http::Method::GET, "/calls", &[], None).await.expect("calls");
+    let v: Value = serde_json::from_slice(&r.body).expect("json");
+    v["calls"].as_array().into_iter().flatten().filter_map(|c| c["clientRef"].as_str().map(str::to_owned)).collect()
+}
+
+async fn assert_ledger_balances(paydb: &MemPaydb) {
+    for a in PaymentStore::accounts(paydb).await.expect("accounts") {
+        if !is_system_account(&a.account_id) {
+            assert_eq!(a.balance_minor, a.ledger_sum_minor, "{}", a.account_id);
+            assert!(a.balance_minor - a.reserved_minor >= 0, "{}", a.account_id);
+        }
+    }
+    let ledger = PaymentStore::ledger(paydb, None).await.expect("ledger");
+    let side = |d| ledger.iter().filter(|e| e.direction == d).map(|e| e.amount_minor).sum::<i64>();
+    assert_eq!(side(Direction::Debit), side(Direction::Credit));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executors_settle_every_payout_once_with_a_balanced_ledger() {
+    let c = cluster(StubConfig::default()).await;
+    let ids = seed(&c, 3, 24, 100_000, 1_000).await;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut runs = Vec::new();
+    let mut executors = Vec::new();
+    for e in 0..2 {
+        let mut cfg = config(&c.lock, &c.payment, &c.proxy, &format!("executor-{e}"));
+        cfg.concurrency = 3;
+        let ex = Executor::new(cfg, Clock::system()).expect("config");
+        executors.push(ex.clone());
+        runs.push(tokio::spawn(ex.run(stop_rx.clone())));
+    }
+    let done = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(DRAIN_MS_MAX), || async {
+        states(&c.paydb, &ids).await.values().all(|s| *s == PayoutState::Posted).then_some(())
+    })
+    .await;
+    let _ = stop_tx.send(true);
+    for r in runs {
+        r.await.expect("executor stops");
+    }
+    assert!(done.is_some(), "not every payout was posted: {:?}", states(&c.paydb, &ids).await);
+    let mut calls = rail_calls(&c.stub).await;
+    calls.sort();
+    let mut expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+    expected.sort();
+    assert_eq!(calls, expected, "each payout reaches the rail exactly once");
+    assert_ledger_balances(&c.paydb).await;
+    let posted: u64 = executors.iter().map(|e| e.metrics.get(Outcome::Posted)).sum();
+    assert_eq!(posted, ids.len() as u64);
+    let fenced: u64 = executors.iter().map(|e| e.metrics.get(Outcome::Fenced)).sum();
+    assert_eq!(fenced, 0, "no executor was fenced out in a run without pauses");
+}
+
+/// Runs one executor until every payout in `ids` is terminal; returns the final states.
+async fn drain(c: &Cluster, ids: &[Uuid]) -> (Arc<Executor>, BTreeMap<Uuid, PayoutState>) {
+    let ex = Executor::new(config(&c.lock, &c.payment, &c.proxy, "executor-1"), Clock::system()).expect("config");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(ex.clone().run(stop_rx));
+    let _ = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(DRAIN_MS_MAX), || async {
+        states(&c.paydb, ids).await.values().all(|s| s.is_terminal()).then_some(())
+    })
+    .await;
+    let _ = stop_tx.send(true);
+    run.await.expect("stops");
+    (ex.clone(), states(&c.paydb, ids).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payout_the_balance_cannot_cover_fails_and_never_reaches_the_rail() {
+    let c = cluster(StubConfig::default()).await;
+    // 1 500 covers one of the two payouts of 1 000.
+    let ids = seed(&c, 1, 2, 1_500, 1_000).await;
+    let (ex, states) = drain(&c, &ids).await;
+    let posted: Vec<Uuid> = states.iter().filter(|(_, s)| **s == PayoutState::Posted).map(|(id, _)| *id).collect();
+    let failed = states.values().filter(|s| **s == PayoutState::Failed).count();
+    assert_eq!((posted.len(), failed), (1, 1), "{states:?}");
+    assert_eq!(rail_calls(&c.stub).await, vec![posted[0].to_string()], "the unfunded payout never reaches the rail");
+    assert_eq!((ex.metrics.get(Outcome::Posted), ex.metrics.get(Outcome::Failed)), (1, 1));
+    assert_ledger_balances(&c.paydb).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payout_the_rail_declines_fails_after_exactly_one_call() {
+    let c = cluster(StubConfig { decline_rate: 1.0, ..StubConfig::default() }).await;
+    let ids = seed(&c, 2, 4, 10_000, 1_000).await;
+    let (ex, states) = drain(&c, &ids).await;
+    assert!(states.values().all(|s| *s == PayoutState::Failed), "{states:?}");
+    let mut calls = rail_calls(&c.stub).await;
+    calls.sort();
+    let mut expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+    expected.sort();
+    assert_eq!(calls, expected, "one call per declined payout, never a second");
+    assert_eq!(ex.metrics.get(Outcome::Failed), 4);
+    assert_ledger_balances(&c.paydb).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Scripted fakes: one hop at a time
+// ---------------------------------------------------------------------------------------
+
+/// A fake service: answers each path with the next scripted reply (the last one repeats)
+/// and records every call.
+#[derive(Clone, Default)]
+struct Fake {
+    script: Arc<Mutex<BTreeMap<String, Vec<Reply>>>>,
+    calls: Arc<Mutex<Vec<String>>>,
+}
+
+#[derive(Clone)]
+enum Reply {
+    Json(u16, Value),
+    /// Hold the request longer than any client waits.
+    Hang,
+    /// Answer after this many milliseconds.
+    Delayed(u64, u16, Value),
+}
+
+impl Fake {
+    fn on(&self, path: &str, replies: Vec<Reply>) {
+        self.script.lock().expect("lock").insert(path.to_owned(), replies);
+    }
+
+    fn calls(&self, path: &str) -> usize {
+        self.calls.lock().expect("lock").iter().filter(|p| p.as_str() == path).count()
+    }
+}
+
+async fn fake_answer(State(f): State<Fake>, uri: Uri) -> Response {
+    let path = uri.path().to_owned();
+    f.calls.lock().expect("lock").push(path.clone());
+    let reply = {
+        let mut script = f.script.lock().expect("lock");
+        match script.get_mut(&path) {
+            Some(r) if r.len() > 1 => Some(r.remove(0)),
+            Some(r) => r.first().cloned(),
+            None => None,
+        }
+    };
+    match reply {
+        Some(Reply::Json(status, body)) => {
+            (StatusCode::from_u16(status).unwrap_or(StatusCode::OK), axum::Json(body)).into_response()
+        }
+        Some(Reply::Delayed(ms, status, body)) => {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            (StatusCode::from_u16(status).unwrap_or(StatusCode::OK), axum::Json(body)).into_response()
+        }
+        Some(Reply::Hang) => {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            StatusCode::GATEWAY_TIMEOUT.into_response()
+        }
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+async fn fake() -> (Fake, BaseUrl, tokio::sync::oneshot::Sender<()>) {
+    let f = Fake::default();
+    let router = axum::Router::new().fallback(fake_answer).with_state(f.clone());
+    let (url, stop) = serve(router).await;
+    (f, url, stop)
+}
+
+fn envelope(code: &str, details: Value) -> Value {
+    json!({"code": code, "message": "m", "retrySafe": false, "details": details, "traceId": "0".repeat(32)})
+}
+
+struct Rig {
+    executor: Arc<Executor>,
+    payment: Fake,
+    proxy: Fake,
+    payout: Uuid,
+    lock: BaseUrl,
+    _stops: Vec<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// A real lock server, and fakes for the payment-resource and the proxy with one PENDING
+/// payout on `acct-1`.
+async fn rig(tune: impl FnOnce(&mut ExecutorConfig)) -> Rig {
+    let locks = Arc::new(MemLockStore::new(Clock::system()));
+    let (lock, s1) =
+        serve(dlock_lock_server::app::router(LockServer::new(locks, LockServerConfig::default(), Clock::system())))
+            .await;
+    let (payment, payment_url, s2) = fake().await;
+    let (proxy, proxy_url, s3) = fake().await;
+    let payout = Uuid::new_v4();
+    payment.on(
+        &format!("/v1/payouts/{payout}"),
+        vec![Reply::Json(
+            200,
+            json!({"payoutId": payout, "accountId": "acct-1", "amountMinor": 100, "currency": "EUR",
+                "beneficiaryRef": "b", "state": "PENDING", "attemptCount": 0, "submissions": []}),
+        )],
+    );
+    let mut cfg = config(&lock, &payment_url, &proxy_url, "executor-1");
+    tune(&mut cfg);
+    let executor = Executor::new(cfg, Clock::system()).expect("config");
+    Rig { executor, payment, proxy, payout, lock, _stops: vec![s1, s2, s3] }
+}
+
+impl Rig {
+    async fn execute_once(&self) -> Option<Outcome> {
+        let client = self.executor.lock_client(0).expect("client");
+        let session = client.open_session().await.expect("session");
+        let c = dlock_executor::worker::Candidate {
+            payout_id: self.payout,
+            account_id: "acct-1".into(),
+            state: PayoutState::Pending,
+            created_at: None,
+        };
+        let outcome = self.executor.execute(&session, "executor-1/0", &c).await;
+        let _ = session.close().await;
+        outcome
+    }
+
+    fn claim_path(&self) -> String {
+        format!("/v1/payouts/{}/claim", self.payout)
+    }
+
+    fn post_path(&self) -> String {
+        format!("/v1/payouts/{}/post", self.payout)
+    }
+
+    /// Whether the account's lock is free again (the critical section released it).
+    async fn lock_is_free(&self) -> bool {
+        let r = HttpClient::new(1_000, 2_000)
+            .send(&self.lock, http::Method::GET, "/v1/locks/payout:acct-1", &[], None)
+            .await
+            .expect("L7");
+        let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        v["held"] == false
+    }
+}
+
+const SUBMISSIONS: &str = "/v1/rail/submissions";
+
+fn claimed_ok() -> Reply {
+    Reply::Json(200, json!({"state": "CLAIMED"}))
+}
+
+fn acked() -> Reply {
+    Reply::Json(200, json!({"outcome": "ACKED", "submissionId": Uuid::new_v4(), "railReference": "RR-1"}))
+}
+
+#[tokio::test]
+async fn claim_is_retried_once_on_503_and_never_on_a_409() {
+    let r = rig(|_| {}).await;
+    r.payment.on(
+        &r.claim_path(),
+        vec![Reply::Json(503, json!({"code": "NOT_READY", "retryAfterMillis": 10})), claimed_ok()],
+    );
+    r.proxy.on(SUBMISSIONS, vec![acked()]);
+    r.payment.on(&r.post_path(), vec![Reply::Json(200, json!({"state": "POSTED"}))]);
+    assert_eq!(r.execute_once().await, Some(Outcome::Posted));
+    assert_eq!(r.payment.calls(&r.claim_path()), 2, "one retry after a 503");
+
+    let r = rig(|_| {}).await;
+    r.payment.on(&r.claim_path(), vec![Reply::Json(409, envelope("PAYOUT_NOT_CLAIMABLE", json!({"state": "POSTED"})))]);
+    assert_eq!(r.execute_once().await, Some(Outcome::NotClaimable));
+    assert_eq!(r.payment.calls(&r.claim_path()), 1, "a 409 is never retried");
+    assert_eq!(r.proxy.calls(SUBMISSIONS), 0);
+    assert!(r.lock_is_free().await);
+}
+
+#[tokio::test]
+async fn fenced_out_at_the_claim_aborts_the_critical_section() {
+    let r = rig(|_| {}).await;
+    r.payment.on(
+        &r.claim_path(),
+        vec![Reply::Json(409, envelope("FENCED_OUT", json!({"presentedToken": 1, "highestToken": 9})))],
+    );
+    assert_eq!(r.execute_once().await, Some(Outcome::Fenced));
+    assert_eq!(r.payment.calls(&r.claim_path()), 1);
+    assert_eq!(r.proxy.calls(SUBMISSIONS), 0, "nothing is submitted after a fence");
+    assert_eq!(r.payment.calls(&r.post_path()), 0);
+    assert!(r.lock_is_free().await);
+}
+
+#[tokio::test]
+async fn fenced_out_at_the_rail_is_neither_retried_nor_posted() {
+    let r = rig(|_| {}).await;
+    r.payment.on(&r.claim_path(), vec![claimed_ok()]);
+    r.proxy.on(SUBMISSIONS, vec![Reply::Json(409, envelope("FENCED_OUT", json!({"resourceType": "rail"})))]);
+    assert_eq!(r.execute_once().await, Some(Outcome::Fenced));
+    assert_eq!(r.proxy.calls(SUBMISSIONS), 1);
+    assert_eq!(r.payment.calls(&r.post_path()), 0);
+}
+
+#[tokio::test]
+async fn rail_ambiguous_releases_and_is_never_resubmitted() {
+    let r = rig(|_| {}).await;
+    r.payment.on(&r.claim_path(), vec![claimed_ok()]);
+    r.proxy.on(SUBMISSIONS, vec![Reply::Json(409, envelope("RAIL_AMBIGUOUS", json!({"submissionId": "s"})))]);
+    assert_eq!(r.execute_once().await, Some(Outcome::Ambiguous));
+    assert_eq!(r.proxy.calls(SUBMISSIONS), 1);
+    assert_eq!(r.payment.calls(&r.post_path()), 0);
+    assert!(r.lock_is_free().await);
+}
+
+#[tokio::test]
+async fn a_submission_whose_answer_is_lost_is_never_retried() {
+    let r = rig(|cfg| cfg.submit_read_timeout_ms = 300).await;
+    r.payment.on(&r.claim_path(), vec![claimed_ok()]);
+    r.proxy.on(SUBMISSIONS, vec![Reply::Hang]);
+    assert_eq!(r.execute_once().await, Some(Outcome::AnswerLost));
+    assert_eq!(r.proxy.calls(SUBMISSIONS), 1, "zero retries, ever");
+    assert_eq!(r.payment.calls(&r.post_path()), 0);
+}
+
+#[tokio::test]
+async fn a_503_from_the_proxy_is_not_retried_by_the_executor() {
+    let r = rig(|_| {}).await;
+    r.payment.on(&r.claim_path(), vec![claimed_ok()]);
+    r.proxy.on(SUBMISSIONS, vec![Reply::Json(503, envelope("RAIL_UNAVAILABLE", json!({})))]);
+    assert_eq!(r.execute_once().await, Some(Outcome::Unavailable));
+    assert_eq!(r.proxy.calls(SUBMISSIONS), 1);
+}
+
+#[tokio::test]
+async fn the_post_runs_under_a_newer_grant_than_the_claim() {
+    let r = rig(|_| {}).await;
+    r.payment.on(&r.claim_path(), vec![claimed_ok()]);
+    r.proxy.on(SUBMISSIONS, vec![acked()]);
+    r.payment.on(&r.post_path(), vec![Reply::Json(200, json!({"state": "POSTED"}))]);
+    assert_eq!(r.execute_once().await, Some(Outcome::Posted));
+    // The fakes record paths only; the tokens are checked end to end by the real services in
+    // `executors_settle_every_payout_once_with_a_balanced_ledger` (an equal token is fenced).
+    assert_eq!(r.payment.calls(&r.post_path()), 1);
+    assert!(r.lock_is_free().await);
+}
+
+#[tokio::test]
+async fn a_lease_that_lapses_during_the_claim_stops_the_submission() {
+    // A 1 s lease keeps a 700 ms local deadline; the claim answers 200 after 1.2 s.
+    let r = rig(|cfg| cfg.lock_ttl_ms = 1_000).await;
+    r.payment.on(&r.claim_path(), vec![Reply::Delayed(1_200, 200, json!({"state": "CLAIMED"}))]);
+    r.proxy.on(SUBMISSIONS, vec![acked()]);
+    assert_eq!(r.execute_once().await, Some(Outcome::LeaseLost));
+    assert_eq!(r.proxy.calls(SUBMISSIONS), 0, "nothing reaches the proxy once the local deadline passed");
+}

@@ -1,0 +1,25 @@
+//! The reconciler (FR-26): the detective control. It reads paydb, through the same store
+//! traits the services use (`PaymentStore` and the proxy's `RailStore`, so it runs on SQL
+//! in production and on `MemPaydb` in the simulation), and the rail's own record (the
+//! stub's `GET /calls` stands in for the bank's statement). It classifies every payout and
+//! reports; it **never repairs**. Repair of a quarantined payout is a separate, explicit,
+//! audited operator command, `dlock resolve` ([`resolve`]).
+//!
+//! - [`reconcile::reconcile`]: one run, at an explicit "now", into a [`report::Report`].
+//! - [`report::Report::render_table`] and serde (`--json`); [`report::Report::exit_code`]:
+//!   0 clean, 1 incident-grade finding, 3 a source unreadable within its budget.
+//! - [`budget`]: C3 §3.8's `1 s / 30 s`, 3 tries per read.
+//! - [`cli`]: the clap arguments of `dlock reconcile` and `dlock resolve`, and their entry
+//!   points.
+
+pub mod budget;
+pub mod cli;
+#[cfg(not(madsim))]
+pub mod open;
+pub mod rail;
+pub mod reconcile;
+pub mod report;
+pub mod resolve;
+
+pub use reconcile::{reconcile, Bounds, Params, Paydb};
+pub use report::{Finding, FindingKind, Report, Severity};

@@ -1,0 +1,221 @@
+//! The whole payout path with every service a real `dlock` process on loopback, on SQLite
+//! and on PostgreSQL: lock-server, payment-resource, rail-proxy, rail-stub, and two
+//! `dlock executor` processes. One executor is frozen with SIGSTOP while it holds an
+//! account, past its lease, then thawed with SIGCONT: its stale write is fenced out. The
+//! checks read the rail's own call log and paydb (through P4/P5), never the executors' word.
+
+#![cfg(not(madsim))]
+
+#[macro_use]
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use dlock_rt::http::BaseUrl;
+use dlock_testkit::{fresh_database, Db, TempDir};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+/// Payouts per run, spread over [`ACCOUNTS`] accounts.
+const PAYOUTS: usize = 24;
+const ACCOUNTS: usize = 2;
+/// Longest a run may take to settle every payout.
+const SETTLE_MS_MAX: u64 = 90_000;
+/// The frozen executor's lease, and how long it stays frozen (well past the lease).
+const LEASE_MS: u64 = 2_000;
+const FROZEN_MS: u64 = 6_000;
+
+struct Cluster {
+    stub: Service,
+    lock: Service,
+    payment: Service,
+    proxy: Service,
+    paydb_url: String,
+    _dirs: (TempDir, TempDir),
+}
+
+async fn cluster(db: Db) -> Cluster {
+    let (url, paydb_dir) = fresh_database(db).await;
+    let lock_dir = TempDir::new("lockdb");
+    let lockdb = dlock_testkit::sqlite_url(&lock_dir);
+    let stub = Service::start(&["rail-stub", "--seed", "11", "--latency-ms", "50"]);
+    let lock =
+        Service::start(&["lock-server", "--database-url", &lockdb, "--delay-ms", "0", "--reaper-interval-ms", "100"]);
+    let payment = Service::start(&["payment-resource", "--database-url", &url]);
+    let rail = stub.url();
+    let proxy = Service::start(&["rail-proxy", "--database-url", &url, "--rail-url", &rail]);
+    Cluster { stub, lock, payment, proxy, paydb_url: url, _dirs: (paydb_dir, lock_dir) }
+}
+
+async fn create(base: &BaseUrl, path: &str, key: &str, body: Value) -> Value {
+    let r = client()
+        .send(
+            base,
+            http::Method::POST,
+            path,
+            &[("content-type", "application/json"), ("x-owner-id", "ops"), ("x-idempotency-key", key)],
+            Some(body.to_string().into()),
+        )
+        .await
+        .expect("payment-resource answers");
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    json_of(&r)
+}
+
+async fn seed(c: &Cluster) -> Vec<Uuid> {
+    for a in 0..ACCOUNTS {
+        create(
+            &c.payment.base,
+            "/v1/accounts",
+            &format!("open-{a}"),
+            json!({"accountId": format!("acct-{a}"), "currency": "EUR", "openingBalanceMinor": 1_000_000}),
+        )
+        .await;
+    }
+    let mut ids = Vec::new();
+    for i in 0..PAYOUTS {
+        let v = create(
+            &c.payment.base,
+            "/v1/payouts",
+            &format!("create-{i}"),
+            json!({"accountId": format!("acct-{}", i % ACCOUNTS), "amountMinor": 1_000 + i as i64, "currency": "EUR",
+                "beneficiaryRef": format!("ben-{i}")}),
+        )
+        .await;
+        ids.push(Uuid::parse_str(v["payoutId"].as_str().expect("id")).expect("uuid"));
+    }
+    ids
+}
+
+fn executor(c: &Cluster, owner: &str, extra: &[&str]) -> Service {
+    Service::start(&executor_args(c, owner, extra).iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+fn executor_watching(
+    c: &Cluster,
+    owner: &str,
+    extra: &[&str],
+    needle: &str,
+) -> (Service, std::sync::mpsc::Receiver<()>) {
+    Service::start_watching(&executor_args(c, owner, extra).iter().map(String::as_str).collect::<Vec<_>>(), needle)
+}
+
+fn executor_args(c: &Cluster, owner: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "executor",
+        "--lock-url",
+        &c.lock.url(),
+        "--payment-url",
+        &c.payment.url(),
+        "--proxy-url",
+        &c.proxy.url(),
+        "--owner-id",
+        owner,
+        "--concurrency",
+        "2",
+        "--poll-interval-ms",
+        "50",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+async fn states(c: &Cluster, ids: &[Uuid]) -> BTreeMap<Uuid, String> {
+    let mut out = BTreeMap::new();
+    for id in ids {
+        let v = json_of(&get(&c.payment, &format!("/v1/payouts/{id}")).await);
+        out.insert(*id, v["state"].as_str().unwrap_or("?").to_owned());
+    }
+    out
+}
+
+fn settled(state: &str) -> bool {
+    matches!(state, "POSTED" | "FAILED" | "ABANDONED" | "RAIL_AMBIGUOUS")
+}
+
+/// The value of `payout_execute_total{outcome}` on an executor's /metrics.
+async fn executed(e: &Service, outcome: &str) -> u64 {
+    let text = String::from_utf8(get(e, "/metrics").await.body.to_vec()).unwrap_or_default();
+    let series = format!("payout_execute_total{{outcome=\"{outcome}\"}} ");
+    text.lines().find_map(|l| l.strip_prefix(&series)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+}
+
+/// `dlock reconcile --json` over the run: its exit code and report.
+fn reconcile(c: &Cluster) -> (Option<i32>, Value) {
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["reconcile", "--json", "--database-url", &c.paydb_url, "--rail-url", &c.stub.url()])
+        .env("DLOCK_LOG", "warn")
+        .output()
+        .expect("run dlock reconcile");
+    (out.status.code(), serde_json::from_slice(&out.stdout).unwrap_or(Value::Null))
+}
+
+fn signal(svc: &Service, sig: &str) {
+    let status = Command::new("kill").args([sig, &svc.pid().to_string()]).status().expect("kill");
+    assert!(status.success(), "kill {sig} failed");
+}
+
+async fn a_stalled_executor_is_fenced_out_and_nothing_is_paid_twice(db: Db) {
+    let c = cluster(db).await;
+    let ids = seed(&c).await;
+    let lease = LEASE_MS.to_string();
+    // The executor to freeze: every fenced write waits 500 ms after its lease check (and
+    // logs `executor_injected_stall` as it starts waiting). It is frozen inside that window,
+    // the worst moment: the check has passed, the write is not yet sent.
+    let (zombie, stalls) = executor_watching(
+        &c,
+        "executor-z",
+        &["--lock-ttl-ms", &lease, "--pause-rate", "1", "--pause-ms", "500"],
+        "executor_injected_stall",
+    );
+    let stalled = stalls.recv_timeout(Duration::from_millis(SETTLE_MS_MAX));
+    assert!(stalled.is_ok(), "the executor to freeze never reached a write");
+    signal(&zombie, "-STOP");
+    let healthy = executor(&c, "executor-h", &[]);
+    tokio::time::sleep(Duration::from_millis(FROZEN_MS)).await;
+    signal(&zombie, "-CONT");
+
+    let done = dlock_rt::wait_until(Duration::from_millis(100), Duration::from_millis(SETTLE_MS_MAX), || async {
+        states(&c, &ids).await.values().all(|s| settled(s)).then_some(())
+    })
+    .await;
+    assert!(done.is_some(), "unsettled: {:?}", states(&c, &ids).await);
+    let fenced = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(10_000), || async {
+        (executed(&zombie, "fenced").await >= 1).then_some(())
+    })
+    .await;
+    assert!(fenced.is_some(), "the thawed executor's stale write was not fenced out");
+    assert_eq!(executed(&healthy, "fenced").await, 0);
+
+    // The rail saw each payout at most once; every POSTED payout exactly once.
+    let calls = rail_calls(&c.stub).await;
+    let mut per_payout: BTreeMap<String, usize> = BTreeMap::new();
+    for call in &calls {
+        *per_payout.entry(call["clientRef"].as_str().unwrap_or("?").to_owned()).or_default() += 1;
+    }
+    assert!(per_payout.values().all(|n| *n == 1), "a payout reached the rail twice: {per_payout:?}");
+    for (id, state) in states(&c, &ids).await {
+        if state == "POSTED" {
+            assert_eq!(per_payout.get(&id.to_string()), Some(&1), "{id} is POSTED without its rail call");
+        }
+    }
+    // The ledger balances on every account.
+    for a in 0..ACCOUNTS {
+        let v = json_of(&get(&c.payment, &format!("/v1/accounts/acct-{a}")).await);
+        assert_eq!(v["balanceMinor"], v["ledgerSumMinor"], "{v}");
+        assert!(v["availableMinor"].as_i64().is_some_and(|x| x >= 0), "{v}");
+    }
+    // And the reconciler, reading paydb and the rail's record itself, finds nothing.
+    let (code, report) = reconcile(&c);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["clean"], true, "{report}");
+    assert_eq!(report["ledgerBalanced"], true, "{report}");
+}
+
+on_both_databases!(a_stalled_executor_is_fenced_out_and_nothing_is_paid_twice);
