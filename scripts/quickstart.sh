@@ -26,17 +26,7 @@ KEEP=0
 command -v cargo >/dev/null || { echo "quickstart: cargo not found (install Rust with rustup)" >&2; exit 1; }
 # Debian packages the build and the walk-through need: protoc (etcd-client's build script
 # compiles etcd's .proto files) and curl.
-missing=()
-command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
-command -v curl >/dev/null 2>&1 || missing+=(curl)
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "==> installing ${missing[*]} from Debian packages"
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    command -v apt-get >/dev/null 2>&1 || { echo "quickstart: need ${missing[*]} and apt-get is not available" >&2; exit 1; }
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+"$ROOT/scripts/ensure-packages.sh" protoc:protobuf-compiler curl:curl
 
 echo "==> building dlock (release)"
 cargo build --release --locked -p dlock

@@ -92,7 +92,12 @@ impl SessionShared {
     }
 
     fn announce(&self, loss: SessionLoss) {
-        tracing::warn!(sessionId = %self.id, reason = %loss, "lock_session_lost");
+        if matches!(loss, SessionLoss::Closed | SessionLoss::Dropped) {
+            // The owner ended it: news, not a warning.
+            tracing::info!(sessionId = %self.id, reason = %loss, "lock_session_ended");
+        } else {
+            tracing::warn!(sessionId = %self.id, reason = %loss, "lock_session_lost");
+        }
         // Sent outside the state lock: a receiver holding a borrow must never wait on it.
         self.tx.send_replace(SessionStatus::Lost(loss));
     }

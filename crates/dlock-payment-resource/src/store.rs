@@ -577,6 +577,13 @@ pub enum AbandonOutcome {
     NotFound,
 }
 
+/// A snapshot bound later than any payout (9999-12-31T23:59:59Z), for reading every payout
+/// of a state regardless of its creator's clock. (Not `DateTime::MAX_UTC`: its text form
+/// sorts before every ordinary instant in SQLite.)
+pub fn snapshot_after_everything() -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp(253_402_300_799, 0).unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
 /// A P1 page request. Rows come in (`created_at`, `payout_id`) ascending order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListQuery {

@@ -59,6 +59,12 @@ enum Command {
     Reconcile(dlock_reconciler::cli::ReconcileArgs),
     /// Operator: settle a RAIL_AMBIGUOUS payout as posted or failed, from the rail's record.
     Resolve(dlock_reconciler::cli::ResolveArgs),
+    /// The whole cluster in one process on the default loopback ports, over embedded SQLite
+    /// under --data-dir, with executors and a periodic reconciler, until Ctrl-C.
+    Up(crate::demo::UpArgs),
+    /// Seed payouts, run them through the cluster under a chaotic rail and stalled executors,
+    /// and judge the run with the reconciler. Exit 0 only if every invariant holds.
+    Demo(crate::demo::DemoArgs),
     /// Sessions, leases and fencing tokens (C3 §3.3).
     LockServer(LockServerArgs),
     /// Apply pending database migrations, then exit.
@@ -289,7 +295,14 @@ struct SeedArgs {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // The demo and the operator tools report on stdout; their events stay quiet unless
+    // DLOCK_LOG asks for them. Services log at info.
+    let default_filter = match cli.command {
+        Command::Demo(_) => "off",
+        Command::Reconcile(_) | Command::Resolve(_) => "warn",
+        _ => "info",
+    };
+    init_logging(cli.log_format, default_filter);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -306,9 +319,9 @@ pub fn main() -> ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DLOCK_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
     match format {
@@ -364,6 +377,8 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
             let url = resolve(a.database_url.clone(), &file, "resolve.database-url", paydb_url_default(&file)?)?;
             return Ok(dlock_reconciler::cli::run_resolve(&a, &url).await);
         }
+        Command::Up(a) => return crate::demo::up(a).await,
+        Command::Demo(a) => return crate::demo::demo(a).await,
         _ => {}
     }
     run_service(cli.command, &file, profile).await.map(|()| ExitCode::SUCCESS)
@@ -371,7 +386,7 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
 
 async fn run_service(command: Command, file: &FileConfig, profile: Profile) -> Result<(), String> {
     match command {
-        Command::Reconcile(_) | Command::Resolve(_) => Ok(()),
+        Command::Reconcile(_) | Command::Resolve(_) | Command::Up(_) | Command::Demo(_) => Ok(()),
         Command::RailStub(a) => run_stub(a, file).await,
         Command::RailProxy(a) => run_proxy(a, file, profile).await,
         Command::PaymentResource(a) => run_payment_resource(a, file).await,
@@ -713,7 +728,7 @@ async fn serve(name: &str, listen: SocketAddr, router: axum::Router, grace_ms: u
     Ok(())
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

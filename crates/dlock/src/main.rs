@@ -3,7 +3,11 @@
 #[cfg(not(madsim))]
 mod cli;
 #[cfg(not(madsim))]
+mod cluster;
+#[cfg(not(madsim))]
 mod config;
+#[cfg(not(madsim))]
+mod demo;
 
 #[cfg(not(madsim))]
 fn main() -> std::process::ExitCode {

@@ -1,0 +1,345 @@
+//! `dlock up` and `dlock demo`: the whole cluster in one process (see [`crate::cluster`]).
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use dlock_contract::payout::PayoutState;
+use dlock_payment_resource::store::ListQuery;
+use dlock_rail_stub::StubConfig;
+use dlock_rt::http::HttpClient;
+use serde_json::{json, Value};
+
+use crate::cluster::{Cluster, ClusterConfig, Ports};
+
+/// The chaos and sizing both commands share.
+#[derive(Debug, Clone, Args)]
+pub struct ChaosArgs {
+    /// Fixed delay of the rail before every answer, in ms.
+    #[arg(long, value_name = "MS")]
+    pub rail_latency_ms: Option<u64>,
+    /// Fraction of rail calls that fail (half 5xx, half held then dropped): RAIL_AMBIGUOUS.
+    #[arg(long, value_name = "0..1")]
+    pub rail_failure_rate: Option<f64>,
+    /// Probability that the rail pays a repeated clientRef again (it never sees one here).
+    #[arg(long, value_name = "0..1")]
+    pub rail_duplicate_ack_rate: Option<f64>,
+    /// Fraction of rail calls declined (the payout ends FAILED).
+    #[arg(long, value_name = "0..1")]
+    pub rail_decline_rate: Option<f64>,
+    /// Chance, at each fenced write, that an executor stalls longer than its lease (a GC
+    /// pause between its lease check and the write). The fences must stop every such write.
+    #[arg(long, value_name = "0..1")]
+    pub pause_rate: Option<f64>,
+    /// Executors in the cluster, each with its own lock sessions.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub executors: usize,
+    /// Worker tasks per executor.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub concurrency: usize,
+}
+
+/// Lease of every executor grant in the one-process cluster; an injected stall outlasts it.
+pub const LEASE_MS: u64 = 1_500;
+/// How long an injected stall lasts (longer than [`LEASE_MS`]).
+pub const PAUSE_MS: u64 = 2_000;
+/// The proxy's read timeout towards the rail here (a held-then-dropped call ends RAIL_AMBIGUOUS
+/// after it), and how long the rail holds a dropped call.
+pub const RAIL_READ_TIMEOUT_MS: u64 = 2_000;
+pub const RAIL_DROP_HOLD_MS: u64 = 3_000;
+
+impl ChaosArgs {
+    fn cluster(&self, data_dir: PathBuf, ports: Ports, defaults: (f64, f64)) -> Result<ClusterConfig, String> {
+        let (failure_default, pause_default) = defaults;
+        let rate = |v: Option<f64>, name: &str, d: f64| -> Result<f64, String> {
+            let r = v.unwrap_or(d);
+            if (0.0..=1.0).contains(&r) {
+                Ok(r)
+            } else {
+                Err(format!("--{name} must be within 0.0..=1.0"))
+            }
+        };
+        let d = StubConfig::default();
+        let stub = StubConfig {
+            latency_ms: self.rail_latency_ms.unwrap_or(0),
+            failure_rate: rate(self.rail_failure_rate, "rail-failure-rate", failure_default)?,
+            duplicate_ack_rate: rate(self.rail_duplicate_ack_rate, "rail-duplicate-ack-rate", d.duplicate_ack_rate)?,
+            decline_rate: rate(self.rail_decline_rate, "rail-decline-rate", 0.0)?,
+            drop_hold_ms: RAIL_DROP_HOLD_MS,
+            seed: dlock_rt::rand::random_u64(),
+        };
+        if !(1..=16).contains(&self.executors) || !(1..=64).contains(&self.concurrency) {
+            return Err("--executors must be 1..=16 and --concurrency 1..=64".into());
+        }
+        Ok(ClusterConfig {
+            data_dir,
+            ports,
+            stub,
+            rail_read_timeout_ms: RAIL_READ_TIMEOUT_MS,
+            executors: self.executors,
+            concurrency: self.concurrency,
+            lock_ttl_ms: LEASE_MS,
+            pause_rate: rate(self.pause_rate, "pause-rate", pause_default)?,
+            pause_ms: PAUSE_MS,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct UpArgs {
+    /// Where the embedded SQLite databases live (paydb.sqlite, lockdb.sqlite).
+    #[arg(long, value_name = "DIR", default_value = "./dlock-data")]
+    pub data_dir: PathBuf,
+    /// Pause between two reconciler runs, in ms.
+    #[arg(long, value_name = "MS", default_value_t = 30_000)]
+    pub reconcile_interval_ms: u64,
+    #[command(flatten)]
+    pub chaos: ChaosArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Payouts to create and run through the cluster.
+    #[arg(long, value_name = "N", default_value_t = 1_000)]
+    pub payouts: usize,
+    /// Accounts the payouts are spread over.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub accounts: usize,
+    /// Where the demo's fresh databases go (wiped first).
+    #[arg(long, value_name = "DIR", default_value = "./dlock-data/demo")]
+    pub data_dir: PathBuf,
+    /// Longest the run may take before it is judged as it stands, in ms.
+    #[arg(long, value_name = "MS", default_value_t = 300_000)]
+    pub timeout_ms: u64,
+    #[command(flatten)]
+    pub chaos: ChaosArgs,
+}
+
+/// `dlock up`: serves until SIGINT or SIGTERM, reconciling every `--reconcile-interval-ms`.
+pub async fn up(a: UpArgs) -> Result<ExitCode, String> {
+    let cfg = a.chaos.cluster(a.data_dir.clone(), Ports::DEFAULT, (0.0, 0.0))?;
+    let mut cluster = Cluster::start(cfg).await?;
+    cluster.start_executors().await?;
+    println!("dlock up: data in {}", a.data_dir.display());
+    for (name, url) in [
+        ("lock-server", &cluster.lock_url),
+        ("payment-resource", &cluster.payment_url),
+        ("rail-proxy", &cluster.proxy_url),
+        ("rail-stub", &cluster.stub_url),
+    ] {
+        println!("dlock {name} listening on {}", url.authority);
+    }
+    println!("dlock executor metrics on 127.0.0.1:{} ({} executors)", Ports::DEFAULT.executor, a.chaos.executors);
+    println!("Ctrl-C stops everything gracefully.");
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let settings = cluster.reconcile_settings(false);
+    let interval = a.reconcile_interval_ms.max(1_000);
+    let reconciler = dlock_rt::spawn(async move {
+        loop {
+            crate::cluster::pause_or_stop(interval, &mut stop_rx).await;
+            if *stop_rx.borrow() {
+                return;
+            }
+            let now = dlock_rt::Clock::system().wall();
+            match dlock_reconciler::cli::reconcile_once(&settings, now, Default::default()).await {
+                Ok(r) if r.incidents > 0 => {
+                    tracing::error!(incidents = r.incidents, warnings = r.warnings, "up_reconcile_incident");
+                    eprintln!("{}", r.render_table());
+                }
+                Ok(r) => tracing::info!(warnings = r.warnings, payouts = r.payouts_total, "up_reconcile_clean"),
+                Err(e) => tracing::warn!(cause = %e, "up_reconcile_failed"),
+            }
+        }
+    });
+    crate::cli::shutdown_signal().await;
+    println!("dlock up: stopping (executors finish their payouts first)");
+    let _ = stop_tx.send(true);
+    let _ = reconciler.await;
+    cluster.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How many payouts are in each state now (read from paydb, in process).
+async fn count(cluster: &Cluster, states: &[PayoutState]) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for state in states {
+        let q = ListQuery {
+            state: *state,
+            account_id: None,
+            snapshot: dlock_payment_resource::store::snapshot_after_everything(),
+            after: None,
+            limit: i64::MAX,
+        };
+        out.push(cluster.payment.store.list(&q).await.map_err(|e| e.to_string())?.len());
+    }
+    Ok(out)
+}
+
+const UNSETTLED: [PayoutState; 4] =
+    [PayoutState::Pending, PayoutState::Claimed, PayoutState::Submitted, PayoutState::RailAcked];
+
+fn bar(done: usize, total: usize, elapsed: Duration, detail: &str) -> String {
+    const WIDTH: usize = 30;
+    let filled = (done * WIDTH).checked_div(total).unwrap_or(WIDTH).min(WIDTH);
+    format!(
+        "[{}{}] {done}/{total} settled {detail} {:.1}s",
+        "#".repeat(filled),
+        "-".repeat(WIDTH - filled),
+        elapsed.as_secs_f64()
+    )
+}
+
+async fn create(client: &HttpClient, cluster: &Cluster, path: &str, key: String, body: Value) -> Result<Value, String> {
+    let r = client
+        .send(
+            &cluster.payment_url,
+            http::Method::POST,
+            path,
+            &[("content-type", "application/json"), ("x-owner-id", "demo"), ("x-idempotency-key", &key)],
+            Some(body.to_string().into()),
+        )
+        .await
+        .map_err(|e| format!("{path}: {e}"))?;
+    if r.status != 201 {
+        return Err(format!("{path}: {} {}", r.status, String::from_utf8_lossy(&r.body)));
+    }
+    serde_json::from_slice(&r.body).map_err(|e| e.to_string())
+}
+
+/// `dlock demo`: seeds accounts and payouts, runs them through the cluster under a chaotic
+/// rail and stalled executors, then judges the run with the reconciler. Exit 0 only if every
+/// invariant holds.
+pub async fn demo(a: DemoArgs) -> Result<ExitCode, String> {
+    if a.payouts == 0 || a.accounts == 0 || a.accounts > a.payouts.max(1) {
+        return Err("--payouts must be > 0 and --accounts 1..=payouts".into());
+    }
+    if a.data_dir.exists() {
+        std::fs::remove_dir_all(&a.data_dir).map_err(|e| format!("cannot clear {}: {e}", a.data_dir.display()))?;
+    }
+    let cfg = a.chaos.cluster(a.data_dir.clone(), Ports::EPHEMERAL, (0.02, 0.02))?;
+    let chaos = format!(
+        "rail latency {} ms, failure rate {}, duplicate-ack rate {}, decline rate {}; stalls of {} ms (lease {} ms) at rate {}",
+        cfg.stub.latency_ms,
+        cfg.stub.failure_rate,
+        cfg.stub.duplicate_ack_rate,
+        cfg.stub.decline_rate,
+        cfg.pause_ms,
+        cfg.lock_ttl_ms,
+        cfg.pause_rate
+    );
+    let started = std::time::Instant::now();
+    let mut cluster = Cluster::start(cfg).await?;
+    println!("dlock demo: {} payouts over {} accounts; {chaos}", a.payouts, a.accounts);
+    println!("data in {} (paydb.sqlite, lockdb.sqlite)", a.data_dir.display());
+
+    // Seed. Each account is funded for about 95 % of its payouts, so a few end FAILED for funds.
+    let client = HttpClient::new(1_000, 10_000);
+    let amount = |i: usize| 1_000 + (i as i64 % 97) * 10;
+    let mut per_account = vec![0i64; a.accounts];
+    for i in 0..a.payouts {
+        per_account[i % a.accounts] += amount(i);
+    }
+    for (n, total) in per_account.iter().enumerate() {
+        let body =
+            json!({"accountId": format!("acct-{n}"), "currency": "EUR", "openingBalanceMinor": total * 95 / 100});
+        create(&client, &cluster, "/v1/accounts", format!("demo-open-{n}"), body).await?;
+    }
+    for i in 0..a.payouts {
+        let body = json!({"accountId": format!("acct-{}", i % a.accounts), "amountMinor": amount(i), "currency": "EUR",
+            "beneficiaryRef": format!("ben-{i}")});
+        create(&client, &cluster, "/v1/payouts", format!("demo-create-{i}"), body).await?;
+    }
+    // The work queue lists what was created before its first page's millisecond.
+    dlock_rt::sleep(Duration::from_millis(2)).await;
+    let run_started = std::time::Instant::now();
+    cluster.start_executors().await?;
+
+    let tty = std::io::stderr().is_terminal();
+    let mut last_line = std::time::Instant::now();
+    let deadline = Duration::from_millis(a.timeout_ms);
+    let mut settled_all = false;
+    loop {
+        let open = count(&cluster, &UNSETTLED).await?;
+        let unsettled: usize = open.iter().sum();
+        let done = a.payouts.saturating_sub(unsettled);
+        let fenced: u64 = (0..3).map(|r| fenced_out(&cluster, r)).sum();
+        let detail = format!("(in flight {unsettled}, fenced out {fenced})");
+        let line = bar(done, a.payouts, run_started.elapsed(), &detail);
+        if tty {
+            eprint!("\r{line}");
+            let _ = std::io::stderr().flush();
+        } else if last_line.elapsed() >= Duration::from_secs(2) || unsettled == 0 {
+            eprintln!("{line}");
+            last_line = std::time::Instant::now();
+        }
+        if unsettled == 0 {
+            settled_all = true;
+            break;
+        }
+        if run_started.elapsed() >= deadline {
+            break;
+        }
+        dlock_rt::sleep(Duration::from_millis(200)).await;
+    }
+    if tty {
+        eprintln!();
+    }
+    let run_time = run_started.elapsed();
+    cluster.stop_executors().await;
+
+    let now = dlock_rt::Clock::system().wall();
+    let report = dlock_reconciler::cli::reconcile_once(&cluster.reconcile_settings(false), now, Default::default())
+        .await
+        .map_err(|e| format!("reconcile: {e}"))?;
+    let fenced = [fenced_out(&cluster, 0), fenced_out(&cluster, 1), fenced_out(&cluster, 2)];
+    cluster.shutdown().await;
+
+    println!();
+    println!("payouts by final state");
+    for (state, n) in &report.payouts_by_state {
+        if *n > 0 || matches!(state, PayoutState::Posted | PayoutState::Failed | PayoutState::RailAmbiguous) {
+            println!("  {:<16}{n:>8}", state.as_str());
+        }
+    }
+    println!("fenced-out writes by resource (stale writers stopped)");
+    for (name, n) in ["account", "ledger", "rail"].iter().zip(fenced) {
+        println!("  {name:<16}{n:>8}");
+    }
+    println!("ambiguous payouts (quarantined; the rail's record classifies them)");
+    for (class, n) in &report.ambiguous_by_class {
+        println!("  {:<16}{n:>8}", format!("{class:?}"));
+    }
+    println!("rail calls per payout (max)      {}", report.max_rail_calls_per_payout);
+    println!("ledger balanced                  {}", if report.ledger_balanced { "yes" } else { "NO" });
+    println!(
+        "run time                         {:.1} s ({:.0} payouts/s; {:.1} s in all)",
+        run_time.as_secs_f64(),
+        a.payouts as f64 / run_time.as_secs_f64().max(0.001),
+        started.elapsed().as_secs_f64()
+    );
+    let ok = settled_all && report.exit_code() == 0 && report.max_rail_calls_per_payout <= 1 && report.ledger_balanced;
+    if ok {
+        println!("\ndlock demo: PASS: every invariant holds (no payout paid twice, the ledger balances)");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("\n{}", report.render_table());
+        if !settled_all {
+            println!("dlock demo: FAIL: payouts were still in flight after {} ms", a.timeout_ms);
+        } else {
+            println!("dlock demo: FAIL: an invariant was broken (see the findings above)");
+        }
+        Ok(ExitCode::from(1))
+    }
+}
+
+/// `lock_fenced_out_total{resource}` across the cluster: account and ledger (index 0, 1)
+/// from the payment-resource, rail (index 2) from the proxy.
+fn fenced_out(cluster: &Cluster, resource: usize) -> u64 {
+    if resource == 2 {
+        cluster.proxy.metrics.fenced_out.get(2)
+    } else {
+        cluster.payment.metrics.fenced_out.get(resource)
+    }
+}

@@ -1,0 +1,124 @@
+//! `dlock demo` and `dlock up` as a user runs them: real processes, embedded SQLite.
+
+#![cfg(not(madsim))]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dlock_rt::http::{BaseUrl, HttpClient};
+use dlock_testkit::TempDir;
+use serde_json::{json, Value};
+
+/// Longest `dlock up` may take to serve, and to settle one payout.
+const UP_WAIT_MS_MAX: u64 = 30_000;
+
+#[test]
+fn demo_runs_payouts_through_a_chaotic_cluster_and_passes_only_when_every_invariant_holds() {
+    let dir = TempDir::new("demo");
+    let data = dir.0.join("data");
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["demo", "--payouts", "80", "--accounts", "4", "--rail-failure-rate", "0.05", "--pause-rate", "0.05"])
+        .arg("--data-dir")
+        .arg(&data)
+        .output()
+        .expect("run dlock demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("dlock demo: PASS"), "{stdout}");
+    assert!(
+        stdout.contains("rail calls per payout (max)      1") || stdout.contains("rail calls per payout (max)      0")
+    );
+    assert!(stdout.contains("ledger balanced                  yes"), "{stdout}");
+    for section in ["payouts by final state", "fenced-out writes by resource", "ambiguous payouts"] {
+        assert!(stdout.contains(section), "{section} missing:\n{stdout}");
+    }
+    assert!(data.join("paydb.sqlite").exists() && data.join("lockdb.sqlite").exists());
+}
+
+#[test]
+fn demo_refuses_bad_flags_with_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["demo", "--rail-failure-rate", "1.5"])
+        .output()
+        .expect("run dlock demo");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--rail-failure-rate"));
+}
+
+async fn post(base: &BaseUrl, path: &str, key: &str, body: Value) -> Value {
+    let r = HttpClient::new(1_000, 5_000)
+        .send(
+            base,
+            http::Method::POST,
+            path,
+            &[("content-type", "application/json"), ("x-owner-id", "ops"), ("x-idempotency-key", key)],
+            Some(body.to_string().into()),
+        )
+        .await
+        .expect("answered");
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    serde_json::from_slice(&r.body).expect("json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_serves_the_cluster_on_the_default_ports_settles_payouts_and_stops_on_sigterm() {
+    let dir = TempDir::new("up");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .arg("up")
+        .arg("--data-dir")
+        .arg(&dir.0)
+        .env("DLOCK_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn dlock up");
+    let payment = BaseUrl::parse("http://127.0.0.1:8082").expect("url");
+    let client = HttpClient::new(500, 2_000);
+    let ready = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(UP_WAIT_MS_MAX), || async {
+        let r = client.send(&payment, http::Method::GET, "/health/ready", &[], None).await.ok()?;
+        (r.status == 200).then_some(())
+    })
+    .await;
+    if ready.is_none() {
+        let _ = child.kill();
+        panic!("dlock up did not serve the payment-resource on 127.0.0.1:8082");
+    }
+    post(
+        &payment,
+        "/v1/accounts",
+        "open",
+        json!({"accountId": "acct-1", "currency": "EUR", "openingBalanceMinor": 5_000}),
+    )
+    .await;
+    let p = post(
+        &payment,
+        "/v1/payouts",
+        "create",
+        json!({"accountId": "acct-1", "amountMinor": 1_200, "currency": "EUR", "beneficiaryRef": "b"}),
+    )
+    .await;
+    let id = p["payoutId"].as_str().expect("id").to_owned();
+    let posted = dlock_rt::wait_until(Duration::from_millis(100), Duration::from_millis(UP_WAIT_MS_MAX), || {
+        let (client, payment, id) = (client.clone(), payment.clone(), id.clone());
+        async move {
+            let r = client.send(&payment, http::Method::GET, &format!("/v1/payouts/{id}"), &[], None).await.ok()?;
+            let v: Value = serde_json::from_slice(&r.body).ok()?;
+            (v["state"] == "POSTED").then_some(())
+        }
+    })
+    .await;
+    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let start = Instant::now();
+    let mut status = None;
+    while start.elapsed() < Duration::from_millis(UP_WAIT_MS_MAX) {
+        if let Ok(Some(s)) = child.try_wait() {
+            status = Some(s);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if status.is_none() {
+        let _ = child.kill();
+    }
+    assert!(posted.is_some(), "the executors of dlock up did not settle the payout");
+    assert!(status.is_some_and(|s| s.success()), "dlock up did not stop cleanly on SIGTERM: {status:?}");
+}
