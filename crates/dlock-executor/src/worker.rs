@@ -132,6 +132,7 @@ impl Executor {
                 };
             }
             let mut worked = false;
+            let mut reset = false;
             if let Some(s) = &session {
                 let mut candidates = self.scan().await;
                 shuffle_within_states(&mut candidates, &mut rng);
@@ -139,13 +140,24 @@ impl Executor {
                     if *stop.borrow() || !s.is_alive() {
                         break;
                     }
-                    if let Some(outcome) = self.execute(s, &owner, &c).await {
+                    let (outcome, must_reset) = self.execute_step(s, &owner, &c).await;
+                    if must_reset {
+                        reset = true;
+                        break;
+                    }
+                    if let Some(outcome) = outcome {
                         worked = true;
                         self.metrics.count(outcome);
                         tracing::info!(payoutId = %c.payout_id, accountId = %c.account_id, outcome = outcome.tag(),
                             ownerId = %owner, "payout_executed");
                     }
                 }
+            }
+            if reset {
+                if let Some(s) = session.take() {
+                    let _ = s.close().await;
+                }
+                continue;
             }
             if !worked {
                 tokio::select! {
@@ -197,14 +209,29 @@ impl Executor {
     /// One critical section for `c`. `None` when the payout was skipped (its account is
     /// busy, or it no longer needs this executor).
     pub async fn execute(&self, session: &Session, owner: &str, c: &Candidate) -> Option<Outcome> {
+        self.execute_step(session, owner, c).await.0
+    }
+
+    /// [`Executor::execute`], and whether the session must be closed and replaced: after an
+    /// acquire whose answer was lost, the grant may exist in this session and the client
+    /// refuses that key until a new session (the server then reclaims the grant).
+    async fn execute_step(&self, session: &Session, owner: &str, c: &Candidate) -> (Option<Outcome>, bool) {
         let key = format!("payout:{}", c.account_id);
         let guard = match session.acquire(&key).await {
             Ok(g) => g,
+            Err(e @ dlock_lock_client::LockClientError::Ambiguous { .. }) => {
+                tracing::warn!(key, cause = %e, "executor_session_reset");
+                return (None, true);
+            }
             Err(e) => {
                 tracing::debug!(key, cause = %e, "executor_account_busy");
-                return None;
+                return (None, false);
             }
         };
+        (self.execute_held(session, owner, c, guard).await, false)
+    }
+
+    async fn execute_held(&self, session: &Session, owner: &str, c: &Candidate, guard: LockGuard) -> Option<Outcome> {
         // FR-14: re-read before acting. Only a hint; the fenced write decides.
         let view = match self.hops.read(&self.cfg.payment_url, &format!("/v1/payouts/{}", c.payout_id)).await {
             Answer::Ok { body, .. } => body,

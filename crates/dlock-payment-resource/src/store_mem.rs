@@ -769,6 +769,10 @@ impl RailStore for MemPaydb {
         Ok(self.lock_rail()?.rail.submissions_of(payout_id))
     }
 
+    async fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, rail::StoreError> {
+        Ok(self.lock_rail()?.rail.unresolved_before(before, limit))
+    }
+
     /// Also upserts a zero-balance CUSTOMER account in the payout's currency, as the SQL
     /// store does (seeded payouts bypass the funds check: dev and tests only).
     async fn insert_payout(&self, payout: &rail::NewPayout, at: DateTime<Utc>) -> Result<(), rail::StoreError> {

@@ -33,6 +33,11 @@ pub struct ProxyConfig {
     pub body_bytes_max: usize,
 }
 
+/// Pause between two orphan sweeps ([`RailProxy::sweep_orphans`]).
+pub const ORPHAN_SWEEP_INTERVAL_MS: u64 = 5_000;
+/// Orphaned intents one sweep records at most.
+pub const ORPHAN_SWEEP_BATCH_MAX: i64 = 100;
+
 /// Time allowed, beyond one forward's connect and read budgets, for the two transactions
 /// around it when the proxy drains on shutdown.
 pub const SHUTDOWN_MARGIN_MS: u64 = 5_000;
@@ -116,6 +121,37 @@ impl RailProxy {
     pub fn new(store: Arc<dyn RailStore>, cfg: ProxyConfig, clock: Clock) -> Arc<RailProxy> {
         let client = HttpClient::new(cfg.connect_timeout_ms, cfg.read_timeout_ms);
         Arc::new(RailProxy { store, cfg, clock, metrics: ProxyMetrics::default(), client })
+    }
+
+    /// One orphan sweep: every intent older than one forward's whole budget
+    /// ([`ProxyConfig::shutdown_grace_ms`]) whose outcome was never recorded belongs to a
+    /// forward that can no longer be in flight (its proxy died or stalled mid-forward). The
+    /// rail may have paid, so it is recorded as TIMEOUT and its payout quarantined
+    /// (RAIL_AMBIGUOUS), never handed back for another attempt. At most
+    /// [`ORPHAN_SWEEP_BATCH_MAX`] per pass; safe on every replica at once (recording an
+    /// outcome is a no-op once one exists).
+    pub async fn sweep_orphans(&self) -> Result<usize, crate::store::StoreError> {
+        let budget = chrono::Duration::milliseconds(i64::try_from(self.cfg.shutdown_grace_ms()).unwrap_or(i64::MAX));
+        let now = self.clock.wall();
+        let ids = self.store.unresolved_before(now - budget, ORPHAN_SWEEP_BATCH_MAX).await?;
+        for id in &ids {
+            let detail = "orphaned intent: the forward's outcome was never recorded (the proxy that sent it stopped); \
+                          the rail may have paid";
+            self.store.resolve(*id, &Resolution::Timeout { detail: detail.into() }, now).await?;
+            self.metrics.outcome(SubmissionOutcome::Timeout);
+            tracing::warn!(submissionId = %id, cause = detail, "rail_ambiguous");
+        }
+        Ok(ids.len())
+    }
+
+    /// The orphan sweep, every [`ORPHAN_SWEEP_INTERVAL_MS`], until the task is aborted.
+    pub async fn run_orphan_sweeper(self: Arc<Self>) {
+        loop {
+            if let Err(e) = self.sweep_orphans().await {
+                tracing::warn!(cause = %e, "rail_orphan_sweep_failed");
+            }
+            dlock_rt::sleep(std::time::Duration::from_millis(ORPHAN_SWEEP_INTERVAL_MS)).await;
+        }
     }
 
     /// Readiness: the database answers and the rail accepts a connection.

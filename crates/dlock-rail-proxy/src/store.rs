@@ -187,6 +187,10 @@ pub trait RailStore: Send + Sync + 'static {
     /// Attempts, in the order they were written; all of them, or one payout's.
     async fn submissions(&self, payout_id: Option<Uuid>) -> Result<Vec<SubmissionRow>, StoreError>;
 
+    /// Ids of at most `limit` attempts whose outcome is still unrecorded and that were
+    /// submitted before `before`, oldest first (the orphan sweep).
+    async fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, StoreError>;
+
     /// Inserts a payout. Fails if the id exists.
     async fn insert_payout(&self, payout: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError>;
 }

@@ -149,6 +149,14 @@ impl RailTables {
         Ok(())
     }
 
+    /// As [`RailStore::unresolved_before`].
+    pub fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Vec<Uuid> {
+        let mut rows: Vec<&SubmissionRow> =
+            self.submissions.iter().filter(|s| s.outcome.is_none() && s.submitted_at < before).collect();
+        rows.sort_by_key(|s| s.submitted_at);
+        rows.into_iter().take(usize::try_from(limit).unwrap_or(0)).map(|s| s.submission_id).collect()
+    }
+
     pub fn submissions_of(&self, payout_id: Option<Uuid>) -> Vec<SubmissionRow> {
         self.submissions.iter().filter(|s| payout_id.is_none_or(|p| s.payout_id == p)).cloned().collect()
     }
@@ -200,6 +208,10 @@ impl RailStore for MemRailStore {
 
     async fn submissions(&self, payout_id: Option<Uuid>) -> Result<Vec<SubmissionRow>, StoreError> {
         Ok(self.lock()?.submissions_of(payout_id))
+    }
+
+    async fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, StoreError> {
+        Ok(self.lock()?.unresolved_before(before, limit))
     }
 
     async fn insert_payout(&self, p: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {

@@ -292,6 +292,17 @@ macro_rules! sql_rail_store {
                 tx.commit().await.map_err(unavailable)
             }
 
+            async fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, StoreError> {
+                let q = $sql(
+                    "SELECT submission_id FROM rail_submission WHERE outcome IS NULL AND submitted_at < $1 \
+                     ORDER BY submitted_at LIMIT $2",
+                );
+                let rows = sqlx::query(&q).bind(before).bind(limit).fetch_all(&self.pool).await.map_err(unavailable)?;
+                rows.iter()
+                    .map(|r| r.try_get::<String, _>("submission_id").map_err(unavailable).and_then(|s| parse_uuid(&s)))
+                    .collect()
+            }
+
             async fn high_water(&self, account_id: &str) -> Result<Option<i64>, StoreError> {
                 let q = $sql("SELECT highest_token FROM rail_high_water WHERE account_id = $1");
                 sqlx::query(&q)

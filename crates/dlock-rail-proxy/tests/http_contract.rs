@@ -277,3 +277,49 @@ async fn liveness_touches_no_dependency() {
     assert_eq!((s, ct.as_str()), (200, CONTENT_TYPE_JSON));
     assert_eq!(v["status"], "UP");
 }
+
+#[tokio::test]
+async fn an_orphaned_intent_is_quarantined_by_the_sweep_and_a_live_one_is_left_alone() {
+    use dlock_rail_proxy::store::Attempt;
+    let stub = RailStub::new(StubConfig::default(), Clock::system());
+    let (tx, _rx) = tokio::sync::oneshot::channel::<()>();
+    let r = rig_with(stub, BaseUrl::parse("http://127.0.0.1:9").expect("url"), tx);
+    let proxy = RailProxy::new(
+        r.store.clone(),
+        ProxyConfig {
+            rail_url: BaseUrl::parse("http://127.0.0.1:9").expect("url"),
+            connect_timeout_ms: 500,
+            read_timeout_ms: 2_000,
+            fencing_enabled: true,
+            body_bytes_max: 4_096,
+        },
+        Clock::system(),
+    );
+    let now = Clock::system().wall();
+    let mut ids = Vec::new();
+    for (account, age_ms) in [("acct-orphan", proxy.cfg.shutdown_grace_ms() as i64 + 1_000), ("acct-live", 100)] {
+        let payout = claimed(&r.store, account).await;
+        let attempt = Attempt {
+            submission_id: Uuid::new_v4(),
+            payout_id: payout,
+            account_id: account.into(),
+            presented_token: 3,
+            owner_id: "w-1".into(),
+            idempotency_key: format!("payout:{payout}"),
+            amount_minor: 500,
+            currency: "EUR".into(),
+            at: now - chrono::Duration::milliseconds(age_ms),
+            fencing_enabled: true,
+        };
+        r.store.admit(&attempt).await.expect("admit");
+        ids.push((payout, attempt.submission_id));
+    }
+    assert_eq!(proxy.sweep_orphans().await, Ok(1));
+    let orphan = r.store.submissions(Some(ids[0].0)).await.expect("rows");
+    assert_eq!(orphan[0].outcome, Some(SubmissionOutcome::Timeout));
+    assert_eq!(r.store.payout(ids[0].0).await.expect("read").expect("exists").state, PayoutState::RailAmbiguous);
+    let live = r.store.submissions(Some(ids[1].0)).await.expect("rows");
+    assert_eq!(live[0].outcome, None, "an intent within one forward's budget may still be in flight");
+    assert_eq!(r.store.payout(ids[1].0).await.expect("read").expect("exists").state, PayoutState::Submitted);
+    assert_eq!(proxy.sweep_orphans().await, Ok(0), "the sweep is idempotent");
+}

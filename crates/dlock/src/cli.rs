@@ -491,7 +491,10 @@ async fn run_proxy(a: ProxyArgs, file: &FileConfig, profile: Profile) -> Result<
     let store = dlock_rail_proxy::store_sql::open(&url).await.map_err(|e| format!("paydb: {e}"))?;
     let grace_ms = cfg.shutdown_grace_ms();
     let proxy = RailProxy::new(store, cfg, Clock::system());
-    serve("rail-proxy", listen, dlock_rail_proxy::router(proxy), grace_ms).await
+    let sweeper = dlock_rt::spawn(proxy.clone().run_orphan_sweeper());
+    let result = serve("rail-proxy", listen, dlock_rail_proxy::router(proxy), grace_ms).await;
+    sweeper.abort();
+    result
 }
 
 fn payment_config(

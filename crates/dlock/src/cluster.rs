@@ -141,6 +141,7 @@ impl Cluster {
             body_bytes_max: dlock_rail_proxy::service::BODY_BYTES_MAX_DEFAULT,
         };
         let proxy = RailProxy::new(rail_store, proxy_cfg, Clock::system());
+        background.push(dlock_rt::spawn(proxy.clone().run_orphan_sweeper()));
         let (l, proxy_url) = bind(cfg.ports.proxy).await?;
         tasks.push(serve(l, dlock_rail_proxy::router(proxy.clone()), &stop));
 

@@ -255,6 +255,30 @@ pub async fn concurrent_admissions_admit_one_per_payout_and_leave_the_highest_ma
     }
 }
 
+pub async fn unresolved_intents_are_listed_oldest_first_before_the_bound(store: Arc<dyn RailStore>) {
+    let old = payout(&store, "acct-u1", PayoutState::Claimed).await;
+    let older = payout(&store, "acct-u2", PayoutState::Claimed).await;
+    let recent = payout(&store, "acct-u3", PayoutState::Claimed).await;
+    let resolved = payout(&store, "acct-u4", PayoutState::Claimed).await;
+    let (a_old, a_older, a_recent, a_resolved) = (
+        attempt(old, "acct-u1", 5, 200),
+        attempt(older, "acct-u2", 5, 100),
+        attempt(recent, "acct-u3", 5, 9_000),
+        attempt(resolved, "acct-u4", 5, 50),
+    );
+    for a in [&a_old, &a_older, &a_recent, &a_resolved] {
+        assert!(matches!(store.admit(a).await, Ok(Admission::Admitted { .. })));
+    }
+    store
+        .resolve(a_resolved.submission_id, &Resolution::Acked { rail_reference: "RR".into() }, t0())
+        .await
+        .expect("resolve");
+    let bound = t0() + Duration::milliseconds(5_000);
+    assert_eq!(store.unresolved_before(bound, 10).await, Ok(vec![a_older.submission_id, a_old.submission_id]));
+    assert_eq!(store.unresolved_before(bound, 1).await, Ok(vec![a_older.submission_id]));
+    assert_eq!(store.unresolved_before(t0(), 10).await, Ok(vec![]));
+}
+
 /// Declares one `#[tokio::test]` per case for a backend. `$make` is an async block that
 /// yields `(Arc<dyn RailStore>, guard)`; the guard lives as long as the test.
 #[macro_export]
@@ -274,7 +298,8 @@ macro_rules! rail_store_conformance {
                 not_claimable_payout_writes_nothing_and_keeps_the_mark,
                 resolution_moves_the_payout_and_records_the_outcome_once,
                 disabled_fencing_skips_step_one_only,
-                concurrent_admissions_admit_one_per_payout_and_leave_the_highest_mark
+                concurrent_admissions_admit_one_per_payout_and_leave_the_highest_mark,
+                unresolved_intents_are_listed_oldest_first_before_the_bound
             );
         }
     };
