@@ -964,6 +964,10 @@ impl RailStore for FlakyRail {
         self.inner.submissions(payout_id).await
     }
 
+    async fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, rail::StoreError> {
+        self.inner.unresolved_before(before, limit).await
+    }
+
     async fn insert_payout(&self, p: &rail::NewPayout, at: DateTime<Utc>) -> Result<(), rail::StoreError> {
         self.inner.insert_payout(p, at).await
     }

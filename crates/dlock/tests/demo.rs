@@ -45,6 +45,16 @@ fn demo_refuses_bad_flags_with_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--rail-failure-rate"));
 }
 
+/// A child process killed and reaped when dropped (whatever the test's outcome).
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 async fn post(base: &BaseUrl, path: &str, key: &str, body: Value) -> Value {
     let r = HttpClient::new(1_000, 5_000)
         .send(
@@ -63,14 +73,16 @@ async fn post(base: &BaseUrl, path: &str, key: &str, body: Value) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_serves_the_cluster_on_the_default_ports_settles_payouts_and_stops_on_sigterm() {
     let dir = TempDir::new("up");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .arg("up")
-        .arg("--data-dir")
-        .arg(&dir.0)
-        .env("DLOCK_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn dlock up");
+    let mut up = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_dlock"))
+            .arg("up")
+            .arg("--data-dir")
+            .arg(&dir.0)
+            .env("DLOCK_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn dlock up"),
+    );
     let payment = BaseUrl::parse("http://127.0.0.1:8082").expect("url");
     let client = HttpClient::new(500, 2_000);
     let ready = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(UP_WAIT_MS_MAX), || async {
@@ -78,10 +90,7 @@ async fn up_serves_the_cluster_on_the_default_ports_settles_payouts_and_stops_on
         (r.status == 200).then_some(())
     })
     .await;
-    if ready.is_none() {
-        let _ = child.kill();
-        panic!("dlock up did not serve the payment-resource on 127.0.0.1:8082");
-    }
+    assert!(ready.is_some(), "dlock up did not serve the payment-resource on 127.0.0.1:8082");
     post(
         &payment,
         "/v1/accounts",
@@ -106,18 +115,15 @@ async fn up_serves_the_cluster_on_the_default_ports_settles_payouts_and_stops_on
         }
     })
     .await;
-    let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+    let _ = Command::new("kill").args(["-TERM", &up.0.id().to_string()]).status();
     let start = Instant::now();
     let mut status = None;
     while start.elapsed() < Duration::from_millis(UP_WAIT_MS_MAX) {
-        if let Ok(Some(s)) = child.try_wait() {
+        if let Ok(Some(s)) = up.0.try_wait() {
             status = Some(s);
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-    if status.is_none() {
-        let _ = child.kill();
     }
     assert!(posted.is_some(), "the executors of dlock up did not settle the payout");
     assert!(status.is_some_and(|s| s.success()), "dlock up did not stop cleanly on SIGTERM: {status:?}");
