@@ -106,6 +106,7 @@ pub async fn run(scenario: &Scenario) -> Report {
                     connect_timeout_ms: dlock_rail_proxy::service::CONNECT_TIMEOUT_MS_DEFAULT,
                     read_timeout_ms: dlock_rail_proxy::service::READ_TIMEOUT_MS_DEFAULT,
                     fencing_enabled: true,
+                    duplicate_guard_enabled: true,
                     body_bytes_max: dlock_rail_proxy::service::BODY_BYTES_MAX_DEFAULT,
                 };
                 let proxy = RailProxy::new(store, cfg, proxy_clock);

@@ -134,6 +134,7 @@ pub async fn start(cfg: WorldConfig) -> World {
                     connect_timeout_ms: 1_000,
                     read_timeout_ms: rail_read_timeout_ms,
                     fencing_enabled: true,
+                    duplicate_guard_enabled: true,
                     body_bytes_max: 65_536,
                 };
                 let proxy = RailProxy::new(store, cfg, Clock::with_skew_ms(proxy_skew));

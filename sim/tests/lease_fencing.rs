@@ -145,6 +145,7 @@ async fn world(n: usize, backend: Backend) -> World {
                     connect_timeout_ms: 1_000,
                     read_timeout_ms: 8_000,
                     fencing_enabled: true,
+                    duplicate_guard_enabled: true,
                     body_bytes_max: 65_536,
                 };
                 let proxy = RailProxy::new(store, cfg, Clock::system());

@@ -69,6 +69,46 @@ pub struct ExecutorConfig {
     pub pause_rate: f64,
     /// `executor.chaos.pause-ms`: how long an injected stall lasts.
     pub pause_ms: u64,
+    /// `executor.chaos.pause-hops`: which writes a stall may precede.
+    pub pause_hops: Hops,
+}
+
+/// A set of the executor's fenced writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hops {
+    pub claim: bool,
+    pub submit: bool,
+    pub post: bool,
+}
+
+impl Hops {
+    pub const ALL: Hops = Hops { claim: true, submit: true, post: true };
+
+    pub fn contains(&self, hop: &str) -> bool {
+        match hop {
+            "claim" => self.claim,
+            "submit" => self.submit,
+            "post" => self.post,
+            _ => false,
+        }
+    }
+}
+
+/// Parses `claim,submit,post` (any non-empty subset, comma-separated).
+pub fn parse_hops(raw: &str) -> Result<Hops, String> {
+    let mut hops = Hops { claim: false, submit: false, post: false };
+    for part in raw.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part {
+            "claim" => hops.claim = true,
+            "submit" => hops.submit = true,
+            "post" => hops.post = true,
+            other => return Err(format!("executor.chaos.pause-hops: unknown write {other:?} (claim, submit, post)")),
+        }
+    }
+    if hops == (Hops { claim: false, submit: false, post: false }) {
+        return Err("executor.chaos.pause-hops must name at least one of claim, submit, post".into());
+    }
+    Ok(hops)
 }
 
 impl ExecutorConfig {
@@ -94,6 +134,7 @@ impl ExecutorConfig {
             fencing_enabled: true,
             pause_rate: 0.0,
             pause_ms: 0,
+            pause_hops: Hops::ALL,
         }
     }
 
@@ -155,6 +196,14 @@ mod tests {
         assert_eq!((c.read_connect_timeout_ms, c.read_read_timeout_ms, c.read_tries_max), (300, 1_000, 2));
         assert!(c.fencing_enabled);
         assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn pause_hops_parse_any_subset_and_refuse_the_rest() {
+        assert_eq!(parse_hops("submit"), Ok(Hops { claim: false, submit: true, post: false }));
+        assert_eq!(parse_hops("claim, post"), Ok(Hops { claim: true, submit: false, post: true }));
+        assert!(parse_hops("").is_err());
+        assert!(parse_hops("claim,refund").is_err_and(|e| e.contains("refund")));
     }
 
     #[test]

@@ -262,7 +262,7 @@ impl Executor {
 
     /// The injected stall (`executor.chaos.*`): between the lease check and the write.
     async fn maybe_stall(&self, hop: &str, owner: &str) {
-        if self.cfg.pause_rate <= 0.0 || self.cfg.pause_ms == 0 {
+        if self.cfg.pause_rate <= 0.0 || self.cfg.pause_ms == 0 || !self.cfg.pause_hops.contains(hop) {
             return;
         }
         let draw = dlock_rt::rand::random_u64() as f64 / u64::MAX as f64;

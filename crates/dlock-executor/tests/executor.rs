@@ -62,6 +62,7 @@ async fn cluster(stub_cfg: StubConfig) -> Cluster {
         connect_timeout_ms: 1_000,
         read_timeout_ms: 8_000,
         fencing_enabled: true,
+        duplicate_guard_enabled: true,
         body_bytes_max: 65_536,
     };
     let (proxy, s4) = serve(dlock_rail_proxy::router(RailProxy::new(paydb.clone(), cfg, Clock::system()))).await;

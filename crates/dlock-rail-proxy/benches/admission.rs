@@ -111,6 +111,7 @@ mod bench {
             connect_timeout_ms: 1_000,
             read_timeout_ms: 8_000,
             fencing_enabled: true,
+            duplicate_guard_enabled: true,
             body_bytes_max: 65_536,
         };
         let proxy = RailProxy::new(store.clone(), cfg, Clock::system());

@@ -30,6 +30,11 @@ pub struct ProxyConfig {
     pub connect_timeout_ms: u64,
     pub read_timeout_ms: u64,
     pub fencing_enabled: bool,
+    /// `rail.proxy.duplicate-guard.enabled`. `false` (only under `--profile unsafe-test`)
+    /// forwards an attempt that step 2 refused: its DUPLICATE row is still written, then the
+    /// rail is called anyway. It exists to prove, with fencing also off, that the rail pays
+    /// twice and the reconciler catches it (C3-extensions E-8).
+    pub duplicate_guard_enabled: bool,
     pub body_bytes_max: usize,
 }
 
@@ -248,7 +253,14 @@ impl RailProxy {
                     traceId = %s.trace_id,
                     "duplicate_rail_submission_attempted"
                 );
-                return Outcome::Duplicate { submission_id, first_submission_id, first_submitted_at };
+                if self.cfg.duplicate_guard_enabled {
+                    return Outcome::Duplicate { submission_id, first_submission_id, first_submitted_at };
+                }
+                // unsafe-test only: forward what step 2 refused. Its row already says DUPLICATE,
+                // so the outcome of this forward is not recorded; the rail's record shows it.
+                tracing::error!(payoutId = %body.payout_id, submissionId = %submission_id, traceId = %s.trace_id,
+                    "rail_duplicate_guard_bypassed");
+                self.clock.wall()
             }
             Admission::NotClaimable { state } => return Outcome::NotClaimable { state },
             Admission::Admitted { submitted_at } => submitted_at,

@@ -48,6 +48,7 @@ fn rig_with(stub: Arc<RailStub>, rail_url: BaseUrl, stop: tokio::sync::oneshot::
         connect_timeout_ms: 500,
         read_timeout_ms: 2_000,
         fencing_enabled: true,
+        duplicate_guard_enabled: true,
         body_bytes_max: 4_096,
     };
     let dyn_store: Arc<dyn RailStore> = store.clone();
@@ -291,6 +292,7 @@ async fn an_orphaned_intent_is_quarantined_by_the_sweep_and_a_live_one_is_left_a
             connect_timeout_ms: 500,
             read_timeout_ms: 2_000,
             fencing_enabled: true,
+            duplicate_guard_enabled: true,
             body_bytes_max: 4_096,
         },
         Clock::system(),

@@ -122,6 +122,9 @@ struct ProxyArgs {
     /// [rail.proxy.body-bytes-max] Largest request body accepted.
     #[arg(long, env = "DLOCK_RAIL_PROXY_BODY_BYTES_MAX", value_name = "BYTES")]
     body_bytes_max: Option<usize>,
+    /// [rail.proxy.duplicate-guard.enabled] false only under --profile unsafe-test: forward what step 2 refused.
+    #[arg(long, env = "DLOCK_RAIL_PROXY_DUPLICATE_GUARD_ENABLED", value_name = "BOOL")]
+    duplicate_guard_enabled: Option<bool>,
 }
 
 #[derive(Debug, Default, Args)]
@@ -208,6 +211,9 @@ struct ExecutorArgs {
     /// [executor.chaos.pause-ms] Chaos: how long an injected stall lasts.
     #[arg(long, env = "DLOCK_EXECUTOR_CHAOS_PAUSE_MS", value_name = "MS")]
     pause_ms: Option<u64>,
+    /// [executor.chaos.pause-hops] Chaos: the writes a stall may precede, e.g. claim,submit,post.
+    #[arg(long, env = "DLOCK_EXECUTOR_CHAOS_PAUSE_HOPS", value_name = "HOPS")]
+    pause_hops: Option<String>,
 }
 
 #[derive(Debug, Default, Args)]
@@ -464,6 +470,12 @@ fn proxy_config(
                     without the fence a stale writer can move money"
             .into());
     }
+    let duplicate_guard_enabled = resolve(a.duplicate_guard_enabled, file, "rail.proxy.duplicate-guard.enabled", true)?;
+    if !duplicate_guard_enabled && profile != Profile::UnsafeTest {
+        return Err("rail.proxy.duplicate-guard.enabled=false is refused outside --profile unsafe-test: \
+                    without it a payout can reach the rail twice"
+            .into());
+    }
     let cfg = ProxyConfig {
         rail_url: BaseUrl::parse(&rail).map_err(|e| format!("rail.proxy.rail-url: {e}"))?,
         connect_timeout_ms: resolve(
@@ -474,6 +486,7 @@ fn proxy_config(
         )?,
         read_timeout_ms: resolve(a.read_timeout_ms, file, "rail.proxy.read-timeout-ms", READ_TIMEOUT_MS_DEFAULT)?,
         fencing_enabled,
+        duplicate_guard_enabled,
         body_bytes_max: resolve(a.body_bytes_max, file, "rail.proxy.body-bytes-max", BODY_BYTES_MAX_DEFAULT)?,
     };
     Ok((listen, url, cfg))
@@ -486,6 +499,13 @@ async fn run_proxy(a: ProxyArgs, file: &FileConfig, profile: Profile) -> Result<
             profile = "unsafe-test",
             skipped = "step 1 (the high-water mark)",
             "rail_proxy_fencing_disabled"
+        );
+    }
+    if !cfg.duplicate_guard_enabled {
+        tracing::warn!(
+            profile = "unsafe-test",
+            skipped = "step 2 (one attempt per payout)",
+            "rail_proxy_duplicate_guard_disabled"
         );
     }
     let store = dlock_rail_proxy::store_sql::open(&url).await.map_err(|e| format!("paydb: {e}"))?;
@@ -586,6 +606,8 @@ fn executor_config(
     cfg.fencing_enabled = resolve(a.fencing_enabled, file, "payment.fencing.enabled", true)?;
     cfg.pause_rate = resolve(a.pause_rate, file, "executor.chaos.pause-rate", cfg.pause_rate)?;
     cfg.pause_ms = resolve(a.pause_ms, file, "executor.chaos.pause-ms", cfg.pause_ms)?;
+    let hops = resolve(a.pause_hops.clone(), file, "executor.chaos.pause-hops", "claim,submit,post".to_owned())?;
+    cfg.pause_hops = dlock_executor::config::parse_hops(&hops)?;
     if !cfg.fencing_enabled && profile != Profile::UnsafeTest {
         return Err("payment.fencing.enabled=false is refused outside --profile unsafe-test: \
                     a worker that writes past its lease can move money twice"
@@ -790,6 +812,16 @@ mod tests {
         let (_, cfg) = executor_config(&ExecutorArgs::default(), &file, Profile::Production).expect("defaults");
         assert!(cfg.fencing_enabled);
         assert_eq!((cfg.write_read_timeout_ms, cfg.submit_read_timeout_ms, cfg.read_tries_max), (3_000, 10_000, 2));
+    }
+
+    #[test]
+    fn bypassing_the_duplicate_guard_needs_the_unsafe_test_profile() {
+        let args = ProxyArgs { duplicate_guard_enabled: Some(false), ..ProxyArgs::default() };
+        let file = FileConfig::default();
+        let err = proxy_config(&args, &file, Profile::Production).expect_err("refused");
+        assert!(err.contains("rail.proxy.duplicate-guard.enabled") && err.contains("unsafe-test"), "{err}");
+        let (_, _, cfg) = proxy_config(&args, &file, Profile::UnsafeTest).expect("allowed");
+        assert!(!cfg.duplicate_guard_enabled);
     }
 
     #[test]

@@ -138,6 +138,7 @@ impl Cluster {
             connect_timeout_ms: dlock_rail_proxy::service::CONNECT_TIMEOUT_MS_DEFAULT,
             read_timeout_ms: cfg.rail_read_timeout_ms,
             fencing_enabled: true,
+            duplicate_guard_enabled: true,
             body_bytes_max: dlock_rail_proxy::service::BODY_BYTES_MAX_DEFAULT,
         };
         let proxy = RailProxy::new(rail_store, proxy_cfg, Clock::system());

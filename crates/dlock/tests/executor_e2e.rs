@@ -38,6 +38,10 @@ struct Cluster {
 }
 
 async fn cluster(db: Db) -> Cluster {
+    cluster_with(db, &[]).await
+}
+
+async fn cluster_with(db: Db, proxy_extra: &[&str]) -> Cluster {
     let (url, paydb_dir) = fresh_database(db).await;
     let lock_dir = TempDir::new("lockdb");
     let lockdb = dlock_testkit::sqlite_url(&lock_dir);
@@ -48,7 +52,7 @@ async fn cluster(db: Db) -> Cluster {
     let rail = stub.url();
     // A short rail budget: an intent orphaned by a killed proxy is swept (quarantined) after
     // connect + read + 5 s.
-    let proxy = Service::start(&[
+    let mut proxy_args = vec![
         "rail-proxy",
         "--database-url",
         &url,
@@ -58,7 +62,9 @@ async fn cluster(db: Db) -> Cluster {
         "500",
         "--read-timeout-ms",
         "1000",
-    ]);
+    ];
+    proxy_args.extend_from_slice(proxy_extra);
+    let proxy = Service::start(&proxy_args);
     Cluster { stub, lock, payment, proxy, paydb_url: url, _dirs: (paydb_dir, lock_dir) }
 }
 
@@ -280,7 +286,58 @@ async fn killing_each_service_mid_run_loses_no_payout_and_pays_none_twice(db: Db
     assert_the_run_is_whole(&c, &ids).await;
 }
 
+/// FR-27's other half: with every stale-writer defence turned off (`--profile unsafe-test`:
+/// the executor's lease check, the proxy's fence and its one-attempt-per-payout guard), a
+/// worker stalled past its lease between its claim and its submission wakes and submits a
+/// payout a newer holder already paid, and the rail pays it twice. The reconciler, reading
+/// the rail's record, catches it and exits non-zero. (With the same stall and the defences
+/// on, `a_stalled_executor_is_fenced_out_and_nothing_is_paid_twice` pays nothing twice.)
+async fn with_the_defences_off_a_stalled_executor_pays_twice_and_the_reconciler_catches_it(db: Db) {
+    let unsafe_proxy = ["--profile", "unsafe-test", "--fencing-enabled", "false", "--duplicate-guard-enabled", "false"];
+    let c = cluster_with(db, &unsafe_proxy).await;
+    let ids = seed(&c).await;
+    let (_zombie, stalls) = executor_watching(
+        &c,
+        "executor-z",
+        &[
+            "--profile",
+            "unsafe-test",
+            "--fencing-enabled",
+            "false",
+            "--lock-ttl-ms",
+            "1000",
+            "--pause-rate",
+            "1",
+            "--pause-ms",
+            "2500",
+            "--pause-hops",
+            "submit",
+        ],
+        "executor_injected_stall",
+    );
+    assert!(stalls.recv_timeout(Duration::from_millis(SETTLE_MS_MAX)).is_ok(), "the zombie never claimed a payout");
+    let _healthy = executor(&c, "executor-h", &[]);
+    let doubled = dlock_rt::wait_until(Duration::from_millis(100), Duration::from_millis(SETTLE_MS_MAX), || async {
+        let mut seen = BTreeMap::new();
+        for call in rail_calls(&c.stub).await {
+            *seen.entry(call["clientRef"].as_str().unwrap_or("?").to_owned()).or_insert(0usize) += 1;
+        }
+        seen.values().any(|n| *n > 1).then_some(())
+    })
+    .await;
+    assert!(doubled.is_some(), "the unsafe run never paid a payout twice");
+    let (code, report) = reconcile(&c);
+    assert_eq!(code, Some(1), "the reconciler must exit non-zero: {report}");
+    assert_eq!(report["clean"], false, "{report}");
+    let kinds: Vec<&str> =
+        report["findings"].as_array().into_iter().flatten().filter_map(|f| f["kind"].as_str()).collect();
+    assert!(kinds.contains(&"DOUBLE_PAYMENT"), "{kinds:?}");
+    assert!(report["maxRailCallsPerPayout"].as_u64().is_some_and(|n| n >= 2), "{report}");
+    let _ = ids;
+}
+
 on_both_databases!(
+    with_the_defences_off_a_stalled_executor_pays_twice_and_the_reconciler_catches_it,
     a_stalled_executor_is_fenced_out_and_nothing_is_paid_twice,
     killing_each_service_mid_run_loses_no_payout_and_pays_none_twice,
 );
