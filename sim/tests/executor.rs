@@ -140,6 +140,22 @@ async fn states(paydb: &MemPaydb, ids: &[Uuid]) -> BTreeMap<Uuid, PayoutState> {
     out
 }
 
+/// The reconciler, on a madsim node of its own, over the shared paydb and the rail's record
+/// read over the simulated network (the same code `dlock reconcile` runs).
+async fn reconcile_on_a_node(paydb: Arc<MemPaydb>) -> dlock_reconciler::Report {
+    let handle = madsim::runtime::Handle::current();
+    let node = handle.create_node().name("reconciler").ip(IpAddr::from([10, 0, 0, 30])).build();
+    node.spawn(async move {
+        let budget = dlock_reconciler::budget::ReadBudget::default();
+        let rail = dlock_reconciler::rail::HttpRailRecord::new(url(world::STUB_IP, world::STUB_PORT), &budget);
+        let source = dlock_reconciler::Paydb { pay: paydb.clone(), rail: paydb, describe: "simulation paydb".into() };
+        let params = dlock_reconciler::Params { budget, ..dlock_reconciler::Params::at(Clock::system().wall()) };
+        dlock_reconciler::reconcile(&source, &rail, &params).await
+    })
+    .await
+    .expect("reconciler node")
+}
+
 fn settled(s: PayoutState) -> bool {
     s.is_terminal() || s == PayoutState::RailAmbiguous
 }
@@ -173,6 +189,9 @@ async fn executors_on_madsim_nodes_settle_every_payout_once_under_a_hostile_rail
     assert!(found.is_empty(), "{found:?} (replay with MADSIM_TEST_SEED={seed})");
     // Each executor counts a payout once its critical section has released the lock, a
     // moment after the post committed.
+    let report = reconcile_on_a_node(w.paydb.clone()).await;
+    assert_eq!(report.exit_code(), 0, "{} (replay with MADSIM_TEST_SEED={seed})", report.render_table());
+    assert!(report.clean && report.ledger_balanced && report.max_rail_calls_per_payout <= 1);
     let posted = states.values().filter(|s| **s == PayoutState::Posted).count() as u64;
     let counted = || ea.metrics.get(Outcome::Posted) + eb.metrics.get(Outcome::Posted);
     let _ = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(10_000), || async {
