@@ -35,6 +35,10 @@ impl Ports {
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
     pub data_dir: PathBuf,
+    /// paydb (default: `paydb.sqlite` under `data_dir`).
+    pub paydb_url: Option<String>,
+    /// lockdb (default: `lockdb.sqlite` under `data_dir`).
+    pub lockdb_url: Option<String>,
     pub ports: Ports,
     pub stub: StubConfig,
     /// The proxy's read timeout towards the rail.
@@ -104,8 +108,8 @@ impl Cluster {
     pub async fn start(cfg: ClusterConfig) -> Result<Cluster, String> {
         std::fs::create_dir_all(&cfg.data_dir)
             .map_err(|e| format!("cannot create the data directory {}: {e}", cfg.data_dir.display()))?;
-        let paydb_url = sqlite_url(&cfg.data_dir, "paydb.sqlite");
-        let lockdb_url = sqlite_url(&cfg.data_dir, "lockdb.sqlite");
+        let paydb_url = cfg.paydb_url.clone().unwrap_or_else(|| sqlite_url(&cfg.data_dir, "paydb.sqlite"));
+        let lockdb_url = cfg.lockdb_url.clone().unwrap_or_else(|| sqlite_url(&cfg.data_dir, "lockdb.sqlite"));
         let (stop, _) = watch::channel(false);
         let mut tasks = Vec::new();
         let mut background = Vec::new();

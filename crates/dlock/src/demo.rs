@@ -75,6 +75,8 @@ impl ChaosArgs {
         }
         Ok(ClusterConfig {
             data_dir,
+            paydb_url: None,
+            lockdb_url: None,
             ports,
             stub,
             rail_read_timeout_ms: RAIL_READ_TIMEOUT_MS,
@@ -95,6 +97,12 @@ pub struct UpArgs {
     /// Pause between two reconciler runs, in ms.
     #[arg(long, value_name = "MS", default_value_t = 30_000)]
     pub reconcile_interval_ms: u64,
+    /// paydb instead of the embedded one: sqlite://PATH or postgres://...
+    #[arg(long, value_name = "URL")]
+    pub paydb_url: Option<String>,
+    /// lockdb instead of the embedded one: sqlite://PATH or postgres://...
+    #[arg(long, value_name = "URL")]
+    pub lockdb_url: Option<String>,
     #[command(flatten)]
     pub chaos: ChaosArgs,
 }
@@ -119,10 +127,12 @@ pub struct DemoArgs {
 
 /// `dlock up`: serves until SIGINT or SIGTERM, reconciling every `--reconcile-interval-ms`.
 pub async fn up(a: UpArgs) -> Result<ExitCode, String> {
-    let cfg = a.chaos.cluster(a.data_dir.clone(), Ports::DEFAULT, (0.0, 0.0))?;
+    let mut cfg = a.chaos.cluster(a.data_dir.clone(), Ports::DEFAULT, (0.0, 0.0))?;
+    cfg.paydb_url = a.paydb_url.clone();
+    cfg.lockdb_url = a.lockdb_url.clone();
     let mut cluster = Cluster::start(cfg).await?;
     cluster.start_executors().await?;
-    println!("dlock up: data in {}", a.data_dir.display());
+    println!("dlock up: paydb {}", redact(&cluster.paydb_url));
     for (name, url) in [
         ("lock-server", &cluster.lock_url),
         ("payment-resource", &cluster.payment_url),
@@ -341,5 +351,22 @@ fn fenced_out(cluster: &Cluster, resource: usize) -> u64 {
         cluster.proxy.metrics.fenced_out.get(2)
     } else {
         cluster.payment.metrics.fenced_out.get(resource)
+    }
+}
+
+/// `url` without the credentials of its user-info part, for printing.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => format!("{}***{}", &url[..scheme_end + 3], &url[at..]),
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn printed_database_urls_hide_their_credentials() {
+        assert_eq!(super::redact("postgres://dlock:s3cret@db:5432/paydb"), "postgres://***@db:5432/paydb");
+        assert_eq!(super::redact("sqlite://dlock-data/paydb.sqlite"), "sqlite://dlock-data/paydb.sqlite");
     }
 }
