@@ -467,3 +467,23 @@ async fn a_lease_that_lapses_during_the_claim_stops_the_submission() {
     assert_eq!(r.execute_once().await, Some(Outcome::LeaseLost));
     assert_eq!(r.proxy.calls(SUBMISSIONS), 0, "nothing reaches the proxy once the local deadline passed");
 }
+
+#[tokio::test]
+async fn an_advisory_read_is_tried_twice_and_a_failed_one_writes_nothing() {
+    let r = rig(|_| {}).await;
+    let view_path = format!("/v1/payouts/{}", r.payout);
+    let view = json!({"payoutId": r.payout, "accountId": "acct-1", "amountMinor": 100, "currency": "EUR",
+        "beneficiaryRef": "b", "state": "PENDING", "attemptCount": 0, "submissions": []});
+    r.payment.on(&view_path, vec![Reply::Json(503, envelope("NOT_READY", json!({}))), Reply::Json(200, view)]);
+    r.payment.on(&r.claim_path(), vec![Reply::Json(409, envelope("PAYOUT_NOT_CLAIMABLE", json!({})))]);
+    assert_eq!(r.execute_once().await, Some(Outcome::NotClaimable));
+    assert_eq!(r.payment.calls(&view_path), 2, "the re-read is retried once");
+
+    let r = rig(|_| {}).await;
+    let view_path = format!("/v1/payouts/{}", r.payout);
+    r.payment.on(&view_path, vec![Reply::Json(503, envelope("NOT_READY", json!({})))]);
+    assert_eq!(r.execute_once().await, Some(Outcome::Unavailable));
+    assert_eq!(r.payment.calls(&view_path), 2, "two tries, then give up");
+    assert_eq!(r.payment.calls(&r.claim_path()), 0, "a failed advisory read never leads to a write");
+    assert!(r.lock_is_free().await);
+}

@@ -53,6 +53,9 @@ pub struct ReconcileArgs {
     pub acked_unposted_ms_max: Option<u64>,
 }
 
+/// What the audit row records as the reference of a `--as failed` verdict given none.
+pub const NO_RAIL_REFERENCE: &str = "none";
+
 /// `dlock resolve PAYOUT --as posted|failed ...`: an operator's audited verdict on a
 /// RAIL_AMBIGUOUS payout, backed by a rail reference.
 #[derive(Debug, Clone, Args)]
@@ -69,9 +72,10 @@ pub struct ResolveArgs {
     /// Why (at least 8 characters): what the rail's statement shows.
     #[arg(long, value_parser = parse_reason, value_name = "TEXT")]
     pub reason: String,
-    /// The rail's reference (or statement line) the verdict rests on.
+    /// The rail's reference (or statement line) the verdict rests on. Required with
+    /// `--as posted`; with `--as failed` (the rail shows no payment) it defaults to `none`.
     #[arg(long, value_parser = parse_rail_reference, value_name = "REF")]
-    pub rail_reference: String,
+    pub rail_reference: Option<String>,
     /// [resolve.database-url] paydb: sqlite://PATH or postgres://... (default: payment.resource.database-url).
     #[arg(long, env = "DLOCK_RESOLVE_DATABASE_URL", value_name = "URL")]
     pub database_url: Option<String>,
@@ -84,7 +88,12 @@ impl ResolveArgs {
             resolved_as: self.resolved_as,
             operator: self.operator.clone(),
             reason: self.reason.clone(),
-            rail_reference: self.rail_reference.clone(),
+            rail_reference: match (&self.rail_reference, self.resolved_as) {
+                (Some(r), _) => r.clone(),
+                // Refused by `validate`: a payment is settled only from the rail's reference.
+                (None, ResolveAs::Posted) => String::new(),
+                (None, ResolveAs::Failed) => NO_RAIL_REFERENCE.to_owned(),
+            },
         }
     }
 }
@@ -289,5 +298,30 @@ mod tests {
             assert!(Cli::try_parse_from(with(extra)).is_err(), "{why}");
         }
         assert!(Cli::try_parse_from(["dlock", "resolve", "not-a-uuid", "--as", "failed"]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod resolve_args_tests {
+    use super::*;
+
+    fn args(resolved_as: ResolveAs, rail_reference: Option<&str>) -> ResolveArgs {
+        ResolveArgs {
+            payout: Uuid::nil(),
+            resolved_as,
+            operator: "alice".into(),
+            reason: "statement line 42 shows it".into(),
+            rail_reference: rail_reference.map(str::to_owned),
+            database_url: None,
+        }
+    }
+
+    #[test]
+    fn resolve_as_posted_needs_a_rail_reference_and_as_failed_does_not() {
+        assert!(args(ResolveAs::Posted, None).request().validate().is_err_and(|e| e.contains("--rail-reference")));
+        assert_eq!(args(ResolveAs::Posted, Some("RR-1")).request().validate(), Ok(()));
+        let failed = args(ResolveAs::Failed, None).request();
+        assert_eq!(failed.validate(), Ok(()));
+        assert_eq!(failed.rail_reference, NO_RAIL_REFERENCE);
     }
 }

@@ -79,6 +79,9 @@ impl ResolveRequest {
     pub fn validate(&self) -> Result<(), String> {
         parse_operator(&self.operator)?;
         parse_reason(&self.reason)?;
+        if self.rail_reference.is_empty() && self.resolved_as == ResolveAs::Posted {
+            return Err("--as posted needs --rail-reference: the rail's reference of the payment".into());
+        }
         parse_rail_reference(&self.rail_reference)?;
         Ok(())
     }
