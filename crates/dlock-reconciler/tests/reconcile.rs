@@ -867,7 +867,7 @@ async fn reconciles_a_sql_paydb_and_resolves_through_the_cli(w: World) {
         resolved_as: ResolveAs::Posted,
         operator: "ops-alice".into(),
         reason: "rail statement line 7".into(),
-        rail_reference: reference,
+        rail_reference: Some(reference),
         database_url: None,
     };
     let url = w.url.clone().expect("url");
