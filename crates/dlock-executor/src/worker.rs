@@ -58,8 +58,27 @@ pub struct Executor {
     clock: Clock,
 }
 
-fn idempotency_key(payout_id: Uuid) -> String {
-    format!("payout:{payout_id}")
+/// The headers of a fenced write: the grant's token, the worker, and the payout's stable
+/// idempotency key (C3 §3.1: derived from the payout, never regenerated).
+struct WriteHeaders {
+    token: String,
+    owner: String,
+    key: String,
+}
+
+impl WriteHeaders {
+    fn new(token: i64, owner: &str, payout_id: Uuid) -> WriteHeaders {
+        WriteHeaders { token: token.to_string(), owner: owner.to_owned(), key: format!("payout:{payout_id}") }
+    }
+
+    fn get(&self) -> [(&str, &str); 4] {
+        [
+            ("content-type", "application/json"),
+            ("x-fencing-token", self.token.as_str()),
+            ("x-owner-id", self.owner.as_str()),
+            ("x-idempotency-key", self.key.as_str()),
+        ]
+    }
 }
 
 impl Executor {
@@ -308,15 +327,9 @@ impl Executor {
         let Some(payout_id) = view.get("payoutId").and_then(Value::as_str).and_then(|s| Uuid::parse_str(s).ok()) else {
             return self.finish(guard, Outcome::Unavailable).await;
         };
-        let key = idempotency_key(payout_id);
         let token = guard.token().get();
-        let t = token.to_string();
-        let headers = [
-            ("content-type", "application/json"),
-            ("x-fencing-token", t.as_str()),
-            ("x-owner-id", owner),
-            ("x-idempotency-key", key.as_str()),
-        ];
+        let w = WriteHeaders::new(token, owner, payout_id);
+        let headers = w.get();
         if !self.may_write(&guard) {
             return self.finish(guard, Outcome::LeaseLost).await;
         }
@@ -424,15 +437,9 @@ impl Executor {
         if !self.may_write(&guard) {
             return self.finish(guard, Outcome::LeaseLost).await;
         }
-        let key = idempotency_key(payout_id);
         let token = guard.token().get();
-        let t = token.to_string();
-        let headers = [
-            ("content-type", "application/json"),
-            ("x-fencing-token", t.as_str()),
-            ("x-owner-id", owner),
-            ("x-idempotency-key", key.as_str()),
-        ];
+        let w = WriteHeaders::new(token, owner, payout_id);
+        let headers = w.get();
         let body = json!({"railReference": reference, "submissionId": submission_id, "railOutcome": "ACKED"});
         self.maybe_stall("post", owner).await;
         let posted =
