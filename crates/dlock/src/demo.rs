@@ -17,20 +17,23 @@ use crate::cluster::{Cluster, ClusterConfig, Ports};
 /// The chaos and sizing both commands share.
 #[derive(Debug, Clone, Args)]
 pub struct ChaosArgs {
-    /// Fixed delay of the rail before every answer, in ms.
+    /// Fixed delay of the rail before every answer, in ms. Default: 0.
     #[arg(long, value_name = "MS")]
     pub rail_latency_ms: Option<u64>,
     /// Fraction of rail calls that fail (half 5xx, half held then dropped): RAIL_AMBIGUOUS.
+    /// Default: 0.02 for `demo`, 0 for `up`.
     #[arg(long, value_name = "0..1")]
     pub rail_failure_rate: Option<f64>,
-    /// Probability that the rail pays a repeated clientRef again (it never sees one here).
+    /// Probability that the rail pays a repeated clientRef again (the proxy never lets one
+    /// through). Default: 1.
     #[arg(long, value_name = "0..1")]
     pub rail_duplicate_ack_rate: Option<f64>,
-    /// Fraction of rail calls declined (the payout ends FAILED).
+    /// Fraction of rail calls declined (the payout ends FAILED). Default: 0.
     #[arg(long, value_name = "0..1")]
     pub rail_decline_rate: Option<f64>,
     /// Chance, at each fenced write, that an executor stalls longer than its lease (a GC
     /// pause between its lease check and the write). The fences must stop every such write.
+    /// Default: 0.02 for `demo`, 0 for `up`.
     #[arg(long, value_name = "0..1")]
     pub pause_rate: Option<f64>,
     /// Executors in the cluster, each with its own lock sessions.
