@@ -37,8 +37,7 @@ use crate::store::{
     ResolutionRow, ResolveOutcome, StoreError, StoredResponse, SubmissionSummary,
 };
 
-static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/postgres");
-static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/sqlite");
+use dlock_rail_proxy::store_sql::{PG_MIGRATOR, SQLITE_MIGRATOR};
 
 /// The `paydb_secrets.name` of the P1 cursor key.
 pub const CURSOR_SECRET_NAME: &str = "p1-cursor";

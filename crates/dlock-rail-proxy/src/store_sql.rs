@@ -19,8 +19,11 @@ use dlock_db::Dialect;
 
 use crate::store::{Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow};
 
-static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/postgres");
-static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/sqlite");
+/// paydb's migrations (`migrations/paydb/postgres`), embedded once: the payment-resource,
+/// which serves the same paydb, runs these too.
+pub static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/postgres");
+/// paydb's migrations for SQLite (`migrations/paydb/sqlite`).
+pub static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/sqlite");
 
 /// The forwardable-attempt predicate of `rail_submission_attempt_uidx`, verbatim.
 const FORWARDABLE: &str = "outcome IS NULL OR outcome IN ('ACKED', 'REJECTED', 'TIMEOUT')";

@@ -125,12 +125,6 @@ struct CallStats {
     paid_references: Vec<Option<String>>,
 }
 
-/// The instant the listing's snapshot is taken at: every payout, whatever its creator's
-/// clock says (a 4-digit year keeps SQLite's text order).
-fn listing_snapshot() -> DateTime<Utc> {
-    DateTime::<Utc>::from_timestamp(253_402_300_799, 0).unwrap_or(DateTime::<Utc>::MAX_UTC)
-}
-
 struct Reader<'a> {
     pay: &'a dyn PaymentStore,
     rail: &'a dyn RailStore,
@@ -154,8 +148,13 @@ impl Reader<'_> {
         for state in LISTING_ORDER {
             let mut after = None;
             loop {
-                let q =
-                    ListQuery { state, account_id: None, snapshot: listing_snapshot(), after, limit: LIST_PAGE_ROWS };
+                let q = ListQuery {
+                    state,
+                    account_id: None,
+                    snapshot: dlock_payment_resource::store::snapshot_after_everything(),
+                    after,
+                    limit: LIST_PAGE_ROWS,
+                };
                 let q = &q;
                 let page = with_budget(budget, timeout, "list payouts", move || async move {
                     pay.list(q).await.map_err(ReadError::from)
