@@ -196,7 +196,7 @@ impl PaymentClient {
         headers: &WriteHeaders,
         body: &B,
     ) -> Result<T, PaymentRefusal> {
-        debug_assert!(!operation.is_read());
+        assert!(!operation.is_read(), "a write is not an advisory read");
         let bytes = match serde_json::to_vec(body) {
             Ok(b) => Bytes::from(b),
             Err(e) => return Err(PaymentRefusal::NothingSent { operation, cause: e.to_string() }),
@@ -228,7 +228,7 @@ impl PaymentClient {
 
     /// An advisory GET: at most `read_tries_max` tries, [`READ_RETRY_PAUSE_MS`] apart.
     async fn read<T: DeserializeOwned>(&self, operation: Operation, path: &str) -> Result<T, PaymentRefusal> {
-        debug_assert!(operation.is_read());
+        assert!(operation.is_read(), "only an advisory read is retried on a lost answer");
         let headers = [("accept", CONTENT_TYPE_JSON)];
         let mut tries: u32 = 1;
         loop {
