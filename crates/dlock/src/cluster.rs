@@ -110,59 +110,113 @@ fn http(url: &BaseUrl) -> String {
     format!("http://{}", url.authority)
 }
 
+/// Every service's settings for one cluster, resolved.
+struct Plan {
+    lock: dlock_lock_server::config::LockServerSettings,
+    stub: dlock_rail_stub::config::StubSettings,
+    payment: dlock_payment_resource::config::PaymentSettings,
+    proxy: dlock_rail_proxy::config::ProxySettings,
+    executors: Vec<ExecutorConfig>,
+    unsafe_warnings: Vec<String>,
+    layers: Layers,
+}
+
+/// The addresses the services are (or will be) bound to.
+struct Wiring<'a> {
+    lock: &'a BaseUrl,
+    stub: &'a BaseUrl,
+    payment: &'a BaseUrl,
+    proxy: &'a BaseUrl,
+    paydb_url: &'a str,
+    lockdb_url: &'a str,
+}
+
+fn plan(cfg: &ClusterConfig, w: &Wiring<'_>) -> Result<Plan, String> {
+    // The wiring keys, imposed; everything else resolves from the layers.
+    let mut l = cfg.layers.clone();
+    let lock_backend = if w.lockdb_url.starts_with("sqlite:") { "sqlite" } else { "postgres" };
+    for (key, value) in [
+        ("lock.server.listen", w.lock.authority.clone()),
+        ("lock.server.database-url", w.lockdb_url.to_owned()),
+        ("lock.server.backend", lock_backend.to_owned()),
+        ("rail.stub.listen", w.stub.authority.clone()),
+        ("payment.resource.listen", w.payment.authority.clone()),
+        ("payment.resource.database-url", w.paydb_url.to_owned()),
+        ("rail.proxy.listen", w.proxy.authority.clone()),
+        ("rail.proxy.database-url", w.paydb_url.to_owned()),
+        ("rail.proxy.rail-url", http(w.stub)),
+        ("executor.lock-url", http(w.lock)),
+        ("executor.payment-url", http(w.payment)),
+        ("executor.proxy-url", http(w.proxy)),
+        ("reconcile.database-url", w.paydb_url.to_owned()),
+        ("reconcile.rail-url", http(w.stub)),
+    ] {
+        l.set_flag(key, value);
+    }
+    let p = cfg.profile;
+    let lock = dlock_lock_server::config::resolve(&l, p)?;
+    let stub = dlock_rail_stub::config::resolve(&l, p)?;
+    let payment = dlock_payment_resource::config::resolve(&l, p)?;
+    let proxy = dlock_rail_proxy::config::resolve(&l, p)?;
+    // The executors' submit budget follows the proxy's rail budget (C3 §3.8 "+ 2 s").
+    l.set_default(
+        "executor.submit.read-timeout-ms",
+        proxy.config.read_timeout_ms + dlock_executor::config::SUBMIT_READ_MARGIN_MS,
+    );
+    let mut executors = Vec::new();
+    for n in 0..cfg.executors {
+        let mut el = l.clone();
+        el.set_flag("executor.owner-id", format!("executor-{n}"));
+        executors.push(dlock_executor::config::resolve(&el, p)?.config);
+    }
+    dlock_reconciler::config::resolve(&l, false)?;
+    let mut unsafe_warnings = dlock_rail_proxy::config::unsafe_warnings(&proxy.config);
+    if let Some(e) = executors.first() {
+        unsafe_warnings.extend(dlock_executor::config::unsafe_warnings(e));
+    }
+    Ok(Plan { lock, stub, payment, proxy, executors, unsafe_warnings, layers: l })
+}
+
 impl Cluster {
-    /// Resolves every service's settings, then starts the four services (no executors yet;
-    /// see [`Cluster::start_executors`]).
+    /// Resolves every service's settings (before binding anything: a refused setting
+    /// starts nothing), binds, then starts the four services (no executors yet; see
+    /// [`Cluster::start_executors`]).
     pub async fn start(cfg: ClusterConfig) -> Result<Cluster, String> {
         let paydb_url = cfg.paydb_url.clone().unwrap_or_else(|| sqlite_url(&cfg.data_dir, "paydb.sqlite"));
         let lockdb_url = cfg.lockdb_url.clone().unwrap_or_else(|| sqlite_url(&cfg.data_dir, "lockdb.sqlite"));
+        let at = |port: u16| BaseUrl::parse(&format!("http://127.0.0.1:{port}")).map_err(|e| e.to_string());
+        let (lock_at, stub_at, payment_at, proxy_at) =
+            (at(cfg.ports.lock)?, at(cfg.ports.stub)?, at(cfg.ports.payment)?, at(cfg.ports.proxy)?);
+        let wiring = Wiring {
+            lock: &lock_at,
+            stub: &stub_at,
+            payment: &payment_at,
+            proxy: &proxy_at,
+            paydb_url: &paydb_url,
+            lockdb_url: &lockdb_url,
+        };
+        plan(&cfg, &wiring)?;
         let (lock_l, lock_url) = bind(cfg.ports.lock).await?;
         let (stub_l, stub_url) = bind(cfg.ports.stub).await?;
         let (payment_l, payment_url) = bind(cfg.ports.payment).await?;
         let (proxy_l, proxy_url) = bind(cfg.ports.proxy).await?;
-
-        // The wiring keys, imposed; everything else resolves from the layers.
-        let mut l = cfg.layers.clone();
-        let lock_backend = if lockdb_url.starts_with("sqlite:") { "sqlite" } else { "postgres" };
-        for (key, value) in [
-            ("lock.server.listen", lock_url.authority.clone()),
-            ("lock.server.database-url", lockdb_url.clone()),
-            ("lock.server.backend", lock_backend.to_owned()),
-            ("rail.stub.listen", stub_url.authority.clone()),
-            ("payment.resource.listen", payment_url.authority.clone()),
-            ("payment.resource.database-url", paydb_url.clone()),
-            ("rail.proxy.listen", proxy_url.authority.clone()),
-            ("rail.proxy.database-url", paydb_url.clone()),
-            ("rail.proxy.rail-url", http(&stub_url)),
-            ("executor.lock-url", http(&lock_url)),
-            ("executor.payment-url", http(&payment_url)),
-            ("executor.proxy-url", http(&proxy_url)),
-            ("reconcile.database-url", paydb_url.clone()),
-            ("reconcile.rail-url", http(&stub_url)),
-        ] {
-            l.set_flag(key, value);
-        }
-        let p = cfg.profile;
-        let lock_s = dlock_lock_server::config::resolve(&l, p)?;
-        let stub_s = dlock_rail_stub::config::resolve(&l, p)?;
-        let payment_s = dlock_payment_resource::config::resolve(&l, p)?;
-        let proxy_s = dlock_rail_proxy::config::resolve(&l, p)?;
-        // The executors' submit budget follows the proxy's rail budget (C3 §3.8 "+ 2 s").
-        l.set_default(
-            "executor.submit.read-timeout-ms",
-            proxy_s.config.read_timeout_ms + dlock_executor::config::SUBMIT_READ_MARGIN_MS,
-        );
-        let mut executor_cfgs = Vec::new();
-        for n in 0..cfg.executors {
-            let mut el = l.clone();
-            el.set_flag("executor.owner-id", format!("executor-{n}"));
-            executor_cfgs.push(dlock_executor::config::resolve(&el, p)?.config);
-        }
-        dlock_reconciler::config::resolve(&l, false)?;
-        let mut unsafe_warnings = dlock_rail_proxy::config::unsafe_warnings(&proxy_s.config);
-        if let Some(e) = executor_cfgs.first() {
-            unsafe_warnings.extend(dlock_executor::config::unsafe_warnings(e));
-        }
+        let wiring = Wiring {
+            lock: &lock_url,
+            stub: &stub_url,
+            payment: &payment_url,
+            proxy: &proxy_url,
+            paydb_url: &paydb_url,
+            lockdb_url: &lockdb_url,
+        };
+        let Plan {
+            lock: lock_s,
+            stub: stub_s,
+            payment: payment_s,
+            proxy: proxy_s,
+            executors: executor_cfgs,
+            unsafe_warnings,
+            layers: l,
+        } = plan(&cfg, &wiring)?;
 
         std::fs::create_dir_all(&cfg.data_dir)
             .map_err(|e| format!("cannot create the data directory {}: {e}", cfg.data_dir.display()))?;
