@@ -52,10 +52,14 @@ enum Command {
     /// Operator: settle a RAIL_AMBIGUOUS payout as posted or failed, from the rail's record.
     Resolve(dlock_reconciler::cli::ResolveArgs),
     /// The whole cluster in one process on the default loopback ports, over embedded SQLite
-    /// under --data-dir, with executors and a periodic reconciler, until Ctrl-C.
+    /// under --data-dir, with executors and a periodic reconciler, until Ctrl-C. Every
+    /// service key (--config, DLOCK_*) applies as for the separate processes; a safety
+    /// switch turned off needs --profile unsafe-test.
     Up(crate::demo::UpArgs),
     /// Seed payouts, run them through the cluster under a chaotic rail and stalled executors,
-    /// and judge the run with the reconciler. Exit 0 only if every invariant holds.
+    /// and judge the run with the reconciler. Exit 0 only if every invariant holds. Every
+    /// service key (--config, DLOCK_*) applies as for the separate processes; a safety
+    /// switch turned off needs --profile unsafe-test.
     Demo(crate::demo::DemoArgs),
     /// Sessions, leases and fencing tokens (C3 §3.3).
     LockServer(LockServerArgs),
