@@ -78,3 +78,36 @@ impl<S> ServiceHandle<S> {
         }
     }
 }
+
+#[cfg(all(test, not(madsim)))]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stopped_service_drains_its_tasks_then_aborts_its_background_loops() {
+        let listener = crate::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let drained = Arc::new(AtomicBool::new(false));
+        let d = drained.clone();
+        let (loop_tx, mut loop_rx) = tokio::sync::mpsc::channel::<()>(1);
+        let h = ServiceHandle::serve(Arc::new(()), listener, axum::Router::new(), 1_000, async {
+            let _ = rx.await;
+        })
+        .expect("serve")
+        .with_draining(crate::spawn(async move {
+            crate::sleep(crate::Duration::from_millis(50)).await;
+            d.store(true, Ordering::SeqCst);
+        }))
+        .with_background(crate::spawn(async move {
+            let _keep = loop_tx;
+            std::future::pending::<()>().await;
+        }));
+        assert_ne!(h.local_addr.port(), 0);
+        let _ = tx.send(());
+        h.stopped().await;
+        assert!(drained.load(Ordering::SeqCst), "stopped returned before the draining task ended");
+        assert_eq!(loop_rx.recv().await, None, "the background loop outlived its service");
+    }
+}
