@@ -227,10 +227,13 @@ impl Cluster {
         let lock = dlock_lock_server::start(lock_s.config, lock_store, clock, lock_l, signal(&stop)).await?;
         let stub_cfg = stub_s.config.clone();
         let stub = dlock_rail_stub::start(stub_s.config, clock, stub_l, signal(&stop)).await?;
-        let pay_store = dlock_payment_resource::store_sql::open(&paydb_url).await.map_err(|e| format!("paydb: {e}"))?;
+        let pay_store = dlock_payment_resource::store_sql::open(&payment_s.database_url)
+            .await
+            .map_err(|e| format!("paydb: {e}"))?;
         let payment_handle =
             dlock_payment_resource::start(payment_s.config, pay_store, clock, payment_l, signal(&stop)).await?;
-        let rail_store = dlock_rail_proxy::store_sql::open(&paydb_url).await.map_err(|e| format!("paydb: {e}"))?;
+        let rail_store =
+            dlock_rail_proxy::store_sql::open(&proxy_s.database_url).await.map_err(|e| format!("paydb: {e}"))?;
         let proxy_handle = dlock_rail_proxy::start(proxy_s.config, rail_store, clock, proxy_l, signal(&stop)).await?;
 
         let (executor_stop, _) = watch::channel(false);
