@@ -12,19 +12,15 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use dlock_config::{Layers, Profile};
 use dlock_contract::payment::{NewAccountRequest, NewPayoutRequest};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::{IdempotencyKey, OwnerId};
 use dlock_executor::{Executor, ExecutorConfig, Outcome};
-use dlock_lock_server::service::{LockServer, LockServerConfig};
 use dlock_lock_server::store_mem::MemLockStore;
 use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_payment_resource::store::{is_system_account, Direction, PaymentStore};
 use dlock_payment_resource::store_mem::MemPaydb;
-use dlock_payment_resource::{PaymentConfig, PaymentResource};
-use dlock_rail_proxy::service::ProxyConfig;
-use dlock_rail_proxy::RailProxy;
-use dlock_rail_stub::{RailStub, StubConfig};
 use dlock_rt::http::{BaseUrl, HttpClient};
 use dlock_rt::Clock;
 use serde_json::{json, Value};
@@ -50,24 +46,52 @@ struct Cluster {
     _stops: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
-async fn cluster(stub_cfg: StubConfig) -> Cluster {
-    let locks = Arc::new(MemLockStore::new(Clock::system()));
-    let server = LockServer::new(locks, LockServerConfig::default(), Clock::system());
-    let (lock, s1) = serve(dlock_lock_server::app::router(server)).await;
+/// A loopback listener and its URL.
+async fn listener() -> (tokio::net::TcpListener, BaseUrl) {
+    let listener = dlock_rt::http::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("bind");
+    let url = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
+    (listener, url)
+}
+
+/// A shutdown signal that fires when the returned sender is dropped.
+fn stop_signal() -> (impl std::future::Future<Output = ()> + Send + 'static, tokio::sync::oneshot::Sender<()>) {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    (
+        async {
+            let _ = rx.await;
+        },
+        tx,
+    )
+}
+
+/// The lock server over the simulation store, started through its entry point.
+async fn lock_server(locks: Arc<MemLockStore>) -> (BaseUrl, tokio::sync::oneshot::Sender<()>) {
+    let cfg = dlock_lock_server::config::resolve(&Layers::default(), Profile::Production).expect("defaults").config;
+    let (l, url) = listener().await;
+    let (signal, stop) = stop_signal();
+    dlock_lock_server::start(cfg, locks, Clock::system(), l, signal).await.expect("lock server");
+    (url, stop)
+}
+
+/// Every service through its crate's entry point, the rail-stub's knobs set by `stub` (C5
+/// keys `rail.stub.*`).
+async fn cluster(stub: &[(&str, &str)]) -> Cluster {
+    let (lock, s1) = lock_server(Arc::new(MemLockStore::new(Clock::system()))).await;
     let paydb = Arc::new(MemPaydb::new());
-    let pr = PaymentResource::start(paydb.clone(), PaymentConfig::default(), Clock::system()).await.expect("start");
-    let (payment, s2) = serve(dlock_payment_resource::router(pr)).await;
-    let stub = RailStub::new(stub_cfg, Clock::system());
-    let (stub_url, s3) = serve(dlock_rail_stub::router(stub)).await;
-    let cfg = ProxyConfig {
-        rail_url: stub_url.clone(),
-        connect_timeout_ms: 1_000,
-        read_timeout_ms: 8_000,
-        fencing_enabled: true,
-        duplicate_guard_enabled: true,
-        body_bytes_max: 65_536,
-    };
-    let (proxy, s4) = serve(dlock_rail_proxy::router(RailProxy::new(paydb.clone(), cfg, Clock::system()))).await;
+    let pay_cfg = dlock_payment_resource::config::resolve(&Layers::default(), Profile::Production).expect("ok").config;
+    let (l, payment) = listener().await;
+    let (signal, s2) = stop_signal();
+    dlock_payment_resource::start(pay_cfg, paydb.clone(), Clock::system(), l, signal).await.expect("payment");
+    let stub_cfg = dlock_rail_stub::config::resolve(&Layers::of(stub), Profile::Production).expect("stub").config;
+    let (l, stub_url) = listener().await;
+    let (signal, s3) = stop_signal();
+    dlock_rail_stub::start(stub_cfg, Clock::system(), l, signal).await.expect("stub");
+    let rail = format!("http://{}", stub_url.authority);
+    let proxy_layers = Layers::of(&[("rail.proxy.rail-url", &rail)]);
+    let proxy_cfg = dlock_rail_proxy::config::resolve(&proxy_layers, Profile::Production).expect("proxy").config;
+    let (l, proxy) = listener().await;
+    let (signal, s4) = stop_signal();
+    dlock_rail_proxy::start(proxy_cfg, paydb.clone(), Clock::system(), l, signal).await.expect("proxy");
     Cluster { lock, payment, proxy, stub: stub_url, paydb, _stops: vec![s1, s2, s3, s4] }
 }
 
@@ -139,7 +163,7 @@ async fn assert_ledger_balances(paydb: &MemPaydb) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executors_settle_every_payout_once_with_a_balanced_ledger() {
-    let c = cluster(StubConfig::default()).await;
+    let c = cluster(&[]).await;
     let ids = seed(&c, 3, 24, 100_000, 1_000).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut runs = Vec::new();
@@ -188,7 +212,7 @@ async fn drain(c: &Cluster, ids: &[Uuid]) -> (Arc<Executor>, BTreeMap<Uuid, Payo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payout_the_balance_cannot_cover_fails_and_never_reaches_the_rail() {
-    let c = cluster(StubConfig::default()).await;
+    let c = cluster(&[]).await;
     // 1 500 covers one of the two payouts of 1 000.
     let ids = seed(&c, 1, 2, 1_500, 1_000).await;
     let (ex, states) = drain(&c, &ids).await;
@@ -202,7 +226,7 @@ async fn a_payout_the_balance_cannot_cover_fails_and_never_reaches_the_rail() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payout_the_rail_declines_fails_after_exactly_one_call() {
-    let c = cluster(StubConfig { decline_rate: 1.0, ..StubConfig::default() }).await;
+    let c = cluster(&[("rail.stub.decline-rate", "1")]).await;
     let ids = seed(&c, 2, 4, 10_000, 1_000).await;
     let (ex, states) = drain(&c, &ids).await;
     assert!(states.values().all(|s| *s == PayoutState::Failed), "{states:?}");
@@ -305,10 +329,7 @@ struct Rig {
 /// A real lock server, and fakes for the payment-resource and the proxy with one PENDING
 /// payout on `acct-1`.
 async fn rig(tune: impl FnOnce(&mut ExecutorConfig)) -> Rig {
-    let locks = Arc::new(MemLockStore::new(Clock::system()));
-    let (lock, s1) =
-        serve(dlock_lock_server::app::router(LockServer::new(locks, LockServerConfig::default(), Clock::system())))
-            .await;
+    let (lock, s1) = lock_server(Arc::new(MemLockStore::new(Clock::system()))).await;
     let (payment, payment_url, s2) = fake().await;
     let (proxy, proxy_url, s3) = fake().await;
     let payout = Uuid::new_v4();

@@ -12,9 +12,35 @@
 //! decide, the answer is `503 NOT_LEADER`.
 
 pub mod app;
+pub mod config;
 pub mod service;
 pub mod store;
 pub mod store_etcd;
 pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;
+
+/// How long a graceful shutdown waits for in-flight requests: the longest `waitMillis`
+/// plus a second.
+pub const SHUTDOWN_GRACE_MS_MAX: u64 = dlock_contract::lock::WAIT_MS_MAX as u64 + 1_000;
+
+/// The lock server's one start entry point: serves [`app::router`] on `listener` over
+/// `store` until `shutdown` (draining for [`SHUTDOWN_GRACE_MS_MAX`]), with the reaper
+/// ([`service::LockServer::run_reaper`]) running until it stops.
+pub async fn start<F>(
+    cfg: service::LockServerConfig,
+    store: std::sync::Arc<dyn store::LockStore>,
+    clock: dlock_rt::Clock,
+    listener: tokio::net::TcpListener,
+    shutdown: F,
+) -> Result<dlock_rt::ServiceHandle<service::LockServer>, String>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let server = service::LockServer::new(store, cfg, clock);
+    let reaper = dlock_rt::spawn(server.clone().run_reaper());
+    let handle =
+        dlock_rt::ServiceHandle::serve(server.clone(), listener, app::router(server), SHUTDOWN_GRACE_MS_MAX, shutdown)
+            .map_err(|e| format!("lock-server: {e}"))?;
+    Ok(handle.with_background(reaper))
+}

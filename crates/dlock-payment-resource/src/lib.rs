@@ -10,6 +10,7 @@
 //! and complete response, atomically with the mutation (see [`store`]).
 
 pub mod app;
+pub mod config;
 pub mod cursor;
 pub mod idempotency;
 pub mod metrics;
@@ -22,3 +23,25 @@ pub mod store_sql;
 pub use app::router;
 pub use service::{PaymentConfig, PaymentResource};
 pub use store::PaymentStore;
+
+/// The payment-resource's one start entry point: reads (or creates) the cursor key in
+/// `store`, then serves [`router`] on `listener` until `shutdown` (draining for
+/// [`service::SHUTDOWN_GRACE_MS_MAX`]), with the idempotency purger
+/// ([`PaymentResource::run_purger`]) running until it stops.
+pub async fn start<F>(
+    cfg: PaymentConfig,
+    store: std::sync::Arc<dyn PaymentStore>,
+    clock: dlock_rt::Clock,
+    listener: tokio::net::TcpListener,
+    shutdown: F,
+) -> Result<dlock_rt::ServiceHandle<PaymentResource>, String>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let pr = PaymentResource::start(store, cfg, clock).await.map_err(|e| format!("paydb: {e}"))?;
+    let purger = dlock_rt::spawn(pr.clone().run_purger());
+    let grace = service::SHUTDOWN_GRACE_MS_MAX;
+    let handle = dlock_rt::ServiceHandle::serve(pr.clone(), listener, router(pr), grace, shutdown)
+        .map_err(|e| format!("payment-resource: {e}"))?;
+    Ok(handle.with_background(purger))
+}

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use axum::body::Body;
 use chrono::Utc;
 use dlock_contract::CONTENT_TYPE_JSON;
-use dlock_payment_resource::service::PaymentConfig;
 use dlock_payment_resource::store_mem::MemPaydb;
 use dlock_payment_resource::{router, PaymentResource, PaymentStore};
 use dlock_rail_proxy::store::{Admission, Attempt, RailStore, Resolution};
@@ -28,7 +27,8 @@ struct Rig {
 
 async fn rig() -> Rig {
     let paydb = Arc::new(MemPaydb::new());
-    let cfg = PaymentConfig { body_bytes_max: 4_096, ..PaymentConfig::default() };
+    let l = dlock_config::Layers::of(&[("payment.resource.body-bytes-max", "4096")]);
+    let cfg = dlock_payment_resource::config::resolve(&l, dlock_config::Profile::Production).expect("settings").config;
     let pr = PaymentResource::start(paydb.clone(), cfg, Clock::system()).await.expect("start");
     Rig { app: router(pr), paydb }
 }

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
+use dlock_config::{Layers, Profile};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::{SubmissionOutcome, BENEFICIARY_REF_CHARS_MAX};
 use dlock_contract::CONTENT_TYPE_JSON;
@@ -30,27 +31,39 @@ struct Rig {
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
-async fn rig(stub_cfg: StubConfig) -> Rig {
-    let stub = RailStub::new(stub_cfg, Clock::system());
+/// The rail-stub's settings from its own resolver, its knobs set by `knobs` (`rail.stub.*`).
+fn stub_cfg(knobs: &[(&str, &str)]) -> StubConfig {
+    dlock_rail_stub::config::resolve(&Layers::of(knobs), Profile::Production).expect("stub settings").config
+}
+
+/// The proxy's settings in these tests (short budgets, a small body limit), from its resolver.
+fn proxy_cfg(rail_url: &BaseUrl) -> ProxyConfig {
+    let rail = format!("http://{}", rail_url.authority);
+    let l = Layers::of(&[
+        ("rail.proxy.rail-url", &rail),
+        ("rail.proxy.connect-timeout-ms", "500"),
+        ("rail.proxy.read-timeout-ms", "2000"),
+        ("rail.proxy.body-bytes-max", "4096"),
+    ]);
+    dlock_rail_proxy::config::resolve(&l, Profile::Production).expect("proxy settings").config
+}
+
+/// A rail-stub started through its entry point on loopback, and the proxy's router before it.
+async fn rig(knobs: &[(&str, &str)]) -> Rig {
     let listener = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
     let rail_url = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(dlock_rt::http::serve(listener, dlock_rail_stub::router(stub.clone()), async {
+    let h = dlock_rail_stub::start(stub_cfg(knobs), Clock::system(), listener, async {
         let _ = rx.await;
-    }));
-    rig_with(stub, rail_url, tx)
+    })
+    .await
+    .expect("stub");
+    rig_with(h.service.clone(), rail_url, tx)
 }
 
 fn rig_with(stub: Arc<RailStub>, rail_url: BaseUrl, stop: tokio::sync::oneshot::Sender<()>) -> Rig {
     let store = Arc::new(MemRailStore::new());
-    let cfg = ProxyConfig {
-        rail_url,
-        connect_timeout_ms: 500,
-        read_timeout_ms: 2_000,
-        fencing_enabled: true,
-        duplicate_guard_enabled: true,
-        body_bytes_max: 4_096,
-    };
+    let cfg = proxy_cfg(&rail_url);
     let dyn_store: Arc<dyn RailStore> = store.clone();
     let app = router(RailProxy::new(dyn_store, cfg, Clock::system()));
     Rig { app, store, stub, _stop: stop }
@@ -112,7 +125,7 @@ fn assert_envelope(status: u16, ct: &str, v: &Value, want_status: u16, want_code
 
 #[tokio::test]
 async fn malformed_or_missing_token_is_invalid_token_and_writes_nothing() {
-    let r = rig(StubConfig::default()).await;
+    let r = rig(&[]).await;
     let p = claimed(&r.store, "a-1").await;
     let body = body_for(p).to_string();
     for token in
@@ -131,7 +144,7 @@ async fn malformed_or_missing_token_is_invalid_token_and_writes_nothing() {
 
 #[tokio::test]
 async fn missing_owner_or_idempotency_key_is_validation_failed() {
-    let r = rig(StubConfig::default()).await;
+    let r = rig(&[]).await;
     let p = claimed(&r.store, "a-1").await;
     for drop in ["x-owner-id", "x-idempotency-key"] {
         let headers: Vec<_> = GOOD.iter().copied().filter(|(k, _)| *k != drop).collect();
@@ -144,7 +157,7 @@ async fn missing_owner_or_idempotency_key_is_validation_failed() {
 
 #[tokio::test]
 async fn bad_bodies_are_enveloped_and_write_no_row() {
-    let r = rig(StubConfig::default()).await;
+    let r = rig(&[]).await;
     let p = claimed(&r.store, "a-1").await;
     let no_ct: Vec<_> = GOOD.iter().copied().filter(|(k, _)| *k != "content-type").collect();
     let mut wrong_amount = body_for(p);
@@ -176,7 +189,7 @@ async fn bad_bodies_are_enveloped_and_write_no_row() {
 
 #[tokio::test]
 async fn unknown_routes_and_wrong_methods_are_enveloped() {
-    let r = rig(StubConfig::default()).await;
+    let r = rig(&[]).await;
     let get = axum::http::Request::get("/v1/rail/submissions").body(Body::empty()).expect("req");
     let (s, ct, v) = call(&r.app, get).await;
     assert_envelope(s, &ct, &v, 405, "METHOD_NOT_ALLOWED");
@@ -187,7 +200,7 @@ async fn unknown_routes_and_wrong_methods_are_enveloped() {
 
 #[tokio::test]
 async fn rail_decline_is_422_validation_failed_and_fails_the_payout() {
-    let r = rig(StubConfig { decline_rate: 1.0, ..StubConfig::default() }).await;
+    let r = rig(&[("rail.stub.decline-rate", "1")]).await;
     let p = claimed(&r.store, "a-1").await;
     let (s, ct, v) = call(&r.app, request(GOOD, &body_for(p).to_string())).await;
     assert_envelope(s, &ct, &v, 422, "VALIDATION_FAILED");
@@ -208,7 +221,8 @@ async fn rail_5xx_is_ambiguous_and_quarantines_the_payout() {
             dlock_rt::rand::Rng::gen::<bool>(&mut rng)
         })
         .expect("a seed whose first failure is a 5xx");
-    let r = rig(StubConfig { failure_rate: 1.0, seed, ..StubConfig::default() }).await;
+    let seed = seed.to_string();
+    let r = rig(&[("rail.stub.failure-rate", "1"), ("rail.stub.seed", &seed)]).await;
     let p = claimed(&r.store, "a-1").await;
     let (s, ct, v) = call(&r.app, request(GOOD, &body_for(p).to_string())).await;
     assert_envelope(s, &ct, &v, 409, "RAIL_AMBIGUOUS");
@@ -225,7 +239,7 @@ async fn unreachable_rail_is_unavailable_and_hands_the_payout_back() {
     let rail_url = BaseUrl::parse(&format!("http://{}", closed.local_addr().expect("addr"))).expect("url");
     drop(closed);
     let (tx, _rx) = tokio::sync::oneshot::channel();
-    let r = rig_with(RailStub::new(StubConfig::default(), Clock::system()), rail_url, tx);
+    let r = rig_with(RailStub::new(stub_cfg(&[]), Clock::system()), rail_url, tx);
     let p = claimed(&r.store, "a-1").await;
     let (s, ct, v) = call(&r.app, request(GOOD, &body_for(p).to_string())).await;
     assert_envelope(s, &ct, &v, 503, "RAIL_UNAVAILABLE");
@@ -243,7 +257,7 @@ async fn unreachable_rail_is_unavailable_and_hands_the_payout_back() {
 
 #[tokio::test]
 async fn payout_that_is_not_claimed_is_not_claimable_and_moves_no_mark() {
-    let r = rig(StubConfig::default()).await;
+    let r = rig(&[]).await;
     let id = Uuid::new_v4();
     r.store
         .insert_payout(
@@ -272,7 +286,7 @@ async fn liveness_touches_no_dependency() {
     let rail_url = BaseUrl::parse(&format!("http://{}", closed.local_addr().expect("addr"))).expect("url");
     drop(closed);
     let (tx, _rx) = tokio::sync::oneshot::channel();
-    let r = rig_with(RailStub::new(StubConfig::default(), Clock::system()), rail_url, tx);
+    let r = rig_with(RailStub::new(stub_cfg(&[]), Clock::system()), rail_url, tx);
     let live = axum::http::Request::get("/health/live").body(Body::empty()).expect("req");
     let (s, ct, v) = call(&r.app, live).await;
     assert_eq!((s, ct.as_str()), (200, CONTENT_TYPE_JSON));
@@ -282,19 +296,12 @@ async fn liveness_touches_no_dependency() {
 #[tokio::test]
 async fn an_orphaned_intent_is_quarantined_by_the_sweep_and_a_live_one_is_left_alone() {
     use dlock_rail_proxy::store::Attempt;
-    let stub = RailStub::new(StubConfig::default(), Clock::system());
+    let stub = RailStub::new(stub_cfg(&[]), Clock::system());
     let (tx, _rx) = tokio::sync::oneshot::channel::<()>();
     let r = rig_with(stub, BaseUrl::parse("http://127.0.0.1:9").expect("url"), tx);
     let proxy = RailProxy::new(
         r.store.clone(),
-        ProxyConfig {
-            rail_url: BaseUrl::parse("http://127.0.0.1:9").expect("url"),
-            connect_timeout_ms: 500,
-            read_timeout_ms: 2_000,
-            fencing_enabled: true,
-            duplicate_guard_enabled: true,
-            body_bytes_max: 4_096,
-        },
+        proxy_cfg(&BaseUrl::parse("http://127.0.0.1:9").expect("url")),
         Clock::system(),
     );
     let now = Clock::system().wall();

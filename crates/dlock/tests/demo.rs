@@ -48,6 +48,94 @@ fn demo_refuses_bad_flags_with_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--rail-failure-rate"));
 }
 
+/// The three stale-writer defences, each in its own config file line.
+const SAFETY_SWITCHES: [(&str, &str); 3] = [
+    ("payment.fencing", "payment.fencing.enabled"),
+    ("rail.proxy.fencing", "rail.proxy.fencing.enabled"),
+    ("rail.proxy.duplicate-guard", "rail.proxy.duplicate-guard.enabled"),
+];
+
+/// FR-27 through `dlock demo`: `--config F` turns off the executor's lease check, the
+/// proxy's fence and its duplicate guard; under `--profile unsafe-test` the demo really
+/// runs with them off, says so loudly at start, and executors stalled before each
+/// submission (past their lease) make the rail pay payouts twice. The demo's reconciler
+/// catches it (DOUBLE_PAYMENT) and the demo exits 1. (With the same stalls and the defences
+/// on, the demo test above passes.)
+#[test]
+fn demo_under_unsafe_test_with_the_three_switches_off_pays_twice_and_its_reconciler_fails_the_run() {
+    let dir = TempDir::new("demo-unsafe");
+    let file = dir.0.join("unsafe.toml");
+    let mut text: String = SAFETY_SWITCHES.iter().map(|(table, _)| format!("[{table}]\nenabled = false\n")).collect();
+    text.push_str("[executor.chaos]\npause-hops = \"submit\"\n");
+    std::fs::write(&file, text).expect("write config");
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["demo", "--profile", "unsafe-test", "--payouts", "6", "--accounts", "2", "--executors", "2"])
+        .args(["--concurrency", "3", "--pause-rate", "1", "--rail-failure-rate", "0", "--timeout-ms", "60000"])
+        .arg("--config")
+        .arg(&file)
+        .arg("--data-dir")
+        .arg(dir.0.join("data"))
+        .output()
+        .expect("run dlock demo");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "the demo must fail the run:\n{stdout}\n{stderr}");
+    for (_, key) in SAFETY_SWITCHES {
+        assert!(
+            stderr.lines().any(|l| l.contains("WARNING: SAFETY SWITCH OFF") && l.contains(&format!("{key}=false"))),
+            "no loud warning for {key}:\n{stderr}"
+        );
+    }
+    assert!(stdout.contains("DOUBLE_PAYMENT"), "the reconciler did not find the double payment:\n{stdout}");
+    let max_calls = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("rail calls per payout (max)"))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(max_calls.is_some_and(|n| n >= 2), "{max_calls:?}\n{stdout}");
+    assert!(stdout.contains("dlock demo: FAIL") && !stdout.contains("PASS"), "{stdout}");
+}
+
+/// The error a command gives, from its stderr.
+fn refusal(args: &[&str], file: &std::path::Path, env: Option<(&str, &str)>) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    cmd.args(args).arg("--config").arg(file);
+    if let Some((k, v)) = env {
+        cmd.env(k, v);
+    }
+    let out = cmd.stdout(Stdio::null()).output().expect("run dlock");
+    let line = String::from_utf8_lossy(&out.stderr).lines().find(|l| l.contains("refused")).unwrap_or("").to_owned();
+    (out.status.code(), line)
+}
+
+/// Without `--profile unsafe-test`, `dlock demo` and `dlock up` refuse each safety switch
+/// turned off (from `--config` or from its environment variable) with exactly the error the
+/// separate process that owns the key gives, and start nothing.
+#[test]
+fn demo_and_up_refuse_each_safety_switch_off_without_unsafe_test_with_the_services_own_error() {
+    let dir = TempDir::new("demo-refuse");
+    let empty = dir.0.join("empty.toml");
+    std::fs::write(&empty, "").expect("write config");
+    for (table, key) in SAFETY_SWITCHES {
+        let file = dir.0.join(format!("{key}.toml"));
+        std::fs::write(&file, format!("[{table}]\nenabled = false\n")).expect("write config");
+        let owner = if key.starts_with("payment.") { "executor" } else { "rail-proxy" };
+        let (code, own) = refusal(&[owner], &file, None);
+        assert_eq!(code, Some(2), "{owner} must refuse {key}");
+        assert!(own.contains(&format!("{key}=false is refused outside --profile unsafe-test")), "{own}");
+        let data = dir.0.join("data");
+        let data = data.to_str().expect("utf-8 path");
+        for args in
+            [vec!["demo", "--payouts", "2", "--accounts", "1", "--data-dir", data], vec!["up", "--data-dir", data]]
+        {
+            let (code, line) = refusal(&args, &file, None);
+            assert_eq!((code, line.as_str()), (Some(2), own.as_str()), "dlock {args:?} with {key}=false in --config");
+            let env = (dlock_config::env_name(key), "false".to_owned());
+            let (code, line) = refusal(&args, &empty, Some((&env.0, &env.1)));
+            assert_eq!((code, line.as_str()), (Some(2), own.as_str()), "dlock {args:?} with {}=false", env.0);
+            assert!(!std::path::Path::new(data).exists(), "dlock {args:?} started something before refusing");
+        }
+    }
+}
+
 /// A child process killed and reaped when dropped (whatever the test's outcome).
 struct Reaped(std::process::Child);
 
