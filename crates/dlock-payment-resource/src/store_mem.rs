@@ -18,7 +18,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use dlock_contract::payout::{PayoutState, TRANSITIONS};
+use dlock_contract::payout::{self, Actor, PayoutState};
 use dlock_contract::rail::SubmissionOutcome;
 use dlock_rail_proxy::store as rail;
 use dlock_rail_proxy::store::RailStore;
@@ -104,9 +104,10 @@ impl MemPaydb {
     }
 }
 
-/// The state trigger (D2): C2's pairs only; a same-state write passes.
+/// The state trigger (D2): C2's pairs only ([`payout::may_write_state`]); a same-state
+/// write passes.
 pub fn guard_transition(from: PayoutState, to: PayoutState) -> Result<(), StoreError> {
-    if from == to || TRANSITIONS.iter().any(|(f, t, _)| *f == from && *t == to) {
+    if payout::may_write_state(from, to) {
         Ok(())
     } else {
         Err(StoreError::Corrupt(format!("payouts: transition {}>{} not in C2", from.as_str(), to.as_str())))
@@ -522,6 +523,8 @@ impl MemPaydb {
         if payout.row.state != PayoutState::RailAmbiguous {
             return Ok(ResolveOutcome::NotAmbiguous { state: payout.row.state });
         }
+        payout::check_transition(payout.row.state, r.resolved_as, Actor::Operator)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         guard_transition(payout.row.state, r.resolved_as)?;
         // The audit row's CHECKs and unique index.
         let operator_chars = r.operator.chars().count();
@@ -636,14 +639,13 @@ impl PaymentStore for MemPaydb {
         let Some(p) = t.rail.payouts.get_mut(&payout_id) else {
             return Ok(AbandonOutcome::NotFound);
         };
-        match p.row.state {
-            PayoutState::Pending | PayoutState::Claimed => {
-                p.row.state = PayoutState::Abandoned;
-                p.updated_at = at;
-                Ok(AbandonOutcome::Abandoned)
-            }
-            state => Ok(AbandonOutcome::NotAbandonable { state }),
+        let state = p.row.state;
+        if !payout::may_transition(state, PayoutState::Abandoned, Actor::Operator) {
+            return Ok(AbandonOutcome::NotAbandonable { state });
         }
+        p.row.state = PayoutState::Abandoned;
+        p.updated_at = at;
+        Ok(AbandonOutcome::Abandoned)
     }
 
     async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
@@ -788,7 +790,8 @@ mod tests {
     fn guard_transition_allows_exactly_c2_and_same_state_writes() {
         for from in PayoutState::ALL {
             for to in PayoutState::ALL {
-                let allowed = from == to || TRANSITIONS.iter().any(|(f, t, _)| *f == from && *t == to);
+                let allowed =
+                    from == to || dlock_contract::payout::TRANSITIONS.iter().any(|(f, t, _)| *f == from && *t == to);
                 assert_eq!(guard_transition(from, to).is_ok(), allowed, "{from:?}>{to:?}");
             }
         }

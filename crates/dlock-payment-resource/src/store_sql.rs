@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use dlock_contract::payout::PayoutState;
+use dlock_contract::payout::{self, Actor, PayoutState};
 use dlock_contract::rail::SubmissionOutcome;
 use dlock_contract::time::truncate_ms;
 use dlock_db::Dialect;
@@ -743,10 +743,13 @@ macro_rules! sql_payment_store {
                 };
                 let balance_minor: i64 = get!(locked, "balance_minor");
                 // 2. RAIL_AMBIGUOUS -> POSTED | FAILED, conditionally.
-                let q = $sql(
-                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state = 'RAIL_AMBIGUOUS' \
+                // The source states C2 allows an operator's verdict from (RAIL_AMBIGUOUS).
+                let from = payout::sql_states(&payout::sources(r.resolved_as, Actor::Operator));
+                let q = $sql(&format!(
+                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state IN {from} \
                      RETURNING account_id, amount_minor, currency",
-                );
+                ))
+                .into_owned();
                 let moved = sqlx::query(&q)
                     .bind(payout_id.clone())
                     .bind(r.resolved_as.as_str())
@@ -921,10 +924,12 @@ macro_rules! sql_payment_store {
 
             async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {
                 let mut tx = self.pool.begin().await.map_err(db_error)?;
-                let q = $sql(
-                    "UPDATE payouts SET state = 'ABANDONED', updated_at = $2 \
-                     WHERE payout_id = $1 AND state IN ('PENDING', 'CLAIMED')",
-                );
+                // The source states C2 allows an operator's abandon from.
+                let from = payout::sql_states(&payout::sources(PayoutState::Abandoned, Actor::Operator));
+                let q = $sql(&format!(
+                    "UPDATE payouts SET state = 'ABANDONED', updated_at = $2 WHERE payout_id = $1 AND state IN {from}"
+                ))
+                .into_owned();
                 let moved = sqlx::query(&q)
                     .bind(payout_id.to_string())
                     .bind(truncate_ms(at))

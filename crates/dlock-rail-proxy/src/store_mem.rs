@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use dlock_contract::payout::PayoutState;
+use dlock_contract::payout::{self, Actor, PayoutState};
 use dlock_contract::rail::SubmissionOutcome;
 use uuid::Uuid;
 
@@ -113,7 +113,7 @@ impl RailTables {
         let Some(payout) = t.payouts.get_mut(&a.payout_id) else {
             return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id)));
         };
-        if payout.row.state != PayoutState::Claimed {
+        if !payout::may_transition(payout.row.state, PayoutState::Submitted, Actor::RailProxy) {
             return Ok(Admission::NotClaimable { state: payout.row.state });
         }
         payout.row.state = PayoutState::Submitted;
@@ -141,7 +141,7 @@ impl RailTables {
         s.resolved_at = Some(at);
         let payout_id = s.payout_id;
         if let Some(p) = t.payouts.get_mut(&payout_id) {
-            if p.row.state == PayoutState::Submitted {
+            if payout::may_transition(p.row.state, r.payout_state(), Actor::RailProxy) {
                 p.row.state = r.payout_state();
                 p.updated_at = at;
             }

@@ -10,7 +10,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use dlock_contract::payout::PayoutState;
+use dlock_contract::payout::{self, Actor, PayoutState};
 use dlock_contract::rail::SubmissionOutcome;
 use sqlx::Row;
 use uuid::Uuid;
@@ -234,10 +234,13 @@ macro_rules! sql_rail_store {
                 }
 
                 // Step 3: CLAIMED -> SUBMITTED in the same transaction, or roll back everything.
-                let q = $sql(
+                // The source states C2 allows the proxy's submit from (CLAIMED).
+                let from = payout::sql_states(&payout::sources(PayoutState::Submitted, Actor::RailProxy));
+                let q = $sql(&format!(
                     "UPDATE payouts SET state = 'SUBMITTED', attempt_count = attempt_count + 1, updated_at = $2 \
-                     WHERE payout_id = $1 AND state = 'CLAIMED'",
-                );
+                     WHERE payout_id = $1 AND state IN {from}"
+                ))
+                .into_owned();
                 let moved = sqlx::query(&q)
                     .bind(a.payout_id.to_string())
                     .bind(a.at)
@@ -282,9 +285,12 @@ macro_rules! sql_rail_store {
                     return Ok(());
                 };
                 let payout_id: String = updated.try_get("payout_id").map_err(unavailable)?;
-                let q = $sql(
-                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state = 'SUBMITTED'",
-                );
+                // The source states C2 allows this outcome from (SUBMITTED).
+                let from = payout::sql_states(&payout::sources(r.payout_state(), Actor::RailProxy));
+                let q = $sql(&format!(
+                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state IN {from}"
+                ))
+                .into_owned();
                 sqlx::query(&q)
                     .bind(payout_id)
                     .bind(r.payout_state().as_str())
