@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use dlock_db::Dialect;
 
+use crate::admission::{self, MarkVerdict};
 use crate::store::{Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow};
 
 /// paydb's migrations (`migrations/paydb/postgres`), embedded once: the payment-resource,
@@ -178,17 +179,35 @@ macro_rules! sql_rail_store {
                         .fetch_optional(&mut *tx)
                         .await
                         .map_err(unavailable)?;
-                    if advanced.is_none() {
-                        let q = $sql("SELECT highest_token FROM rail_high_water WHERE account_id = $1");
-                        let highest: i64 = sqlx::query(&q)
-                            .bind(a.account_id.clone())
-                            .fetch_one(&mut *tx)
-                            .await
-                            .and_then(|r| r.try_get("highest_token"))
-                            .map_err(unavailable)?;
-                        refused_row(SubmissionOutcome::Fenced).execute(&mut *tx).await.map_err(unavailable)?;
-                        tx.commit().await.map_err(unavailable)?;
-                        return Ok(Admission::Fenced { highest_token: highest });
+                    match advanced {
+                        // The statement's WHERE is the fence rule: it wrote the token.
+                        Some(r) => {
+                            let to: i64 = r.try_get("highest_token").map_err(unavailable)?;
+                            if to != a.presented_token {
+                                return Err(StoreError::Corrupt(format!("rail_high_water advanced to {to}")));
+                            }
+                        }
+                        None => {
+                            let q = $sql("SELECT highest_token FROM rail_high_water WHERE account_id = $1");
+                            let highest: i64 = sqlx::query(&q)
+                                .bind(a.account_id.clone())
+                                .fetch_one(&mut *tx)
+                                .await
+                                .and_then(|r| r.try_get("highest_token"))
+                                .map_err(unavailable)?;
+                            // The mark it left must refuse the token by the rule too.
+                            let MarkVerdict::Fenced { highest_token } =
+                                admission::mark_verdict(true, Some(highest), a.presented_token)
+                            else {
+                                return Err(StoreError::Corrupt(format!(
+                                    "rail_high_water {highest} refused token {} the fence rule passes",
+                                    a.presented_token
+                                )));
+                            };
+                            refused_row(SubmissionOutcome::Fenced).execute(&mut *tx).await.map_err(unavailable)?;
+                            tx.commit().await.map_err(unavailable)?;
+                            return Ok(Admission::Fenced { highest_token });
+                        }
                     }
                 }
 
@@ -257,7 +276,11 @@ macro_rules! sql_rail_store {
                         .and_then(|r| r.try_get("state"))
                         .map_err(unavailable)?;
                     tx.rollback().await.map_err(unavailable)?;
-                    return Ok(Admission::NotClaimable { state: parse_state(&state)? });
+                    let state = parse_state(&state)?;
+                    if admission::may_submit(state) {
+                        return Err(StoreError::Corrupt(format!("payouts: a {state:?} payout refused SUBMITTED")));
+                    }
+                    return Ok(Admission::NotClaimable { state });
                 }
                 tx.commit().await.map_err(unavailable)?;
                 Ok(Admission::Admitted { submitted_at: a.at })
