@@ -157,6 +157,13 @@ const ACQUIRE_CONTEXT: &str = "SELECT {NOW} AS now_ms,      s.owner_id AS s_owne
 /// predicate (held to it by a test below), so a concurrent renew or reaper cannot slip in.
 const RELEASE_LIVE: &str = "DELETE FROM lock_grants WHERE lock_key = $1 AND fencing_token = $2      AND expires_at_ms > {NOW}      AND session_id IN (SELECT session_id FROM lock_sessions WHERE expires_at_ms > {NOW})      RETURNING fencing_token";
 
+/// The reaper's predicates ([`rules::session_lapsed`], [`rules::lease_lapsed`] of a grant
+/// `g`, [`rules::session_forgettable`]), `$1` = now, `$2` = retention; held to the rules by a
+/// test below.
+const SESSION_LAPSED: &str = "NOT expired_marked AND expires_at_ms <= $1";
+const LEASE_LAPSED: &str = "g.expires_at_ms <= $1";
+const SESSION_FORGETTABLE: &str = "expired_marked AND expires_at_ms + $2 <= $1";
+
 /// Raises a key's lock-delay to `$2` (never lowers it): [`rules::merge_delay`] in one
 /// statement (held to it by a test below).
 const RECORD_DELAY: &str = "UPDATE lock_keys SET delay_until_ms = \
@@ -631,10 +638,10 @@ macro_rules! sql_lock_store {
                 let mut tx = self.begin().await?;
                 let now = Self::tx_now(&mut tx).await?;
                 let mut report = ReapReport::default();
-                let lapsed = sqlx::query(&Self::q(
+                let lapsed = sqlx::query(&Self::q(&format!(
                     "SELECT session_id, expires_at_ms FROM lock_sessions \
-                     WHERE NOT expired_marked AND expires_at_ms <= $1 ORDER BY expires_at_ms, session_id LIMIT $2",
-                ))
+                     WHERE {SESSION_LAPSED} ORDER BY expires_at_ms, session_id LIMIT $2"
+                )))
                 .bind(now)
                 .bind(limit)
                 .fetch_all(&mut *tx)
@@ -666,11 +673,11 @@ macro_rules! sql_lock_store {
                     .rows_affected();
                     report.expired_sessions += marked;
                 }
-                let lapsed_grants = sqlx::query(&Self::q(
+                let lapsed_grants = sqlx::query(&Self::q(&format!(
                     "SELECT g.lock_key, g.fencing_token, g.expires_at_ms, s.expires_at_ms AS session_expires_at_ms \
                      FROM lock_grants g LEFT JOIN lock_sessions s ON s.session_id = g.session_id \
-                     WHERE g.expires_at_ms <= $1 ORDER BY g.expires_at_ms, g.lock_key LIMIT $2",
-                ))
+                     WHERE {LEASE_LAPSED} ORDER BY g.expires_at_ms, g.lock_key LIMIT $2"
+                )))
                 .bind(now)
                 .bind(limit)
                 .fetch_all(&mut *tx)
@@ -683,11 +690,11 @@ macro_rules! sql_lock_store {
                         Self::tx_drop_lost(&mut tx, &g.text("lock_key")?, g.int("fencing_token")?, until).await?;
                     report.released_grants += u64::from(removed);
                 }
-                report.forgotten_sessions = sqlx::query(&Self::q(
+                report.forgotten_sessions = sqlx::query(&Self::q(&format!(
                     "DELETE FROM lock_sessions WHERE session_id IN ( \
-                       SELECT session_id FROM lock_sessions WHERE expired_marked AND expires_at_ms + $2 <= $1 \
-                       ORDER BY expires_at_ms LIMIT $3)",
-                ))
+                       SELECT session_id FROM lock_sessions WHERE {SESSION_FORGETTABLE} \
+                       ORDER BY expires_at_ms LIMIT $3)"
+                )))
                 .bind(now)
                 .bind(retention_ms)
                 .bind(limit)
@@ -795,7 +802,10 @@ mod tests {
                         };
                         let facts = rules::GrantFacts { grant: &row, holder_end_ms: Some(session_end) };
                         let rule = rules::decide_release(Some(facts), presented, now).is_ok();
-                        assert_eq!(released, rule, "lease {lease}, session {session_end}, token {presented}, now {now}");
+                        assert_eq!(
+                            released, rule,
+                            "lease {lease}, session {session_end}, token {presented}, now {now}"
+                        );
                     }
                 }
             }
@@ -826,6 +836,89 @@ mod tests {
                     .expect("read");
                 tx.rollback().await.expect("rollback");
                 assert_eq!(after, rules::merge_delay(recorded, Some(until)), "recorded {recorded:?}, until {until}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn reaper_predicates_are_the_reaper_rules() {
+        let (store, _dir) = store().await;
+        let mut tx = store.pool.begin().await.expect("begin");
+        let mut rows = Vec::new();
+        for (i, (end, marked)) in [5i64, 10, 15].into_iter().flat_map(|e| [(e, false), (e, true)]).enumerate() {
+            let sid = Uuid::from_u128(i as u128 + 1);
+            sqlx::query(
+                "INSERT INTO lock_sessions (session_id, owner_id, ttl_ms, created_at_ms, expires_at_ms, expired_marked) \
+                 VALUES (?, 'o', 1, 0, ?, ?)",
+            )
+            .bind(sid.to_string())
+            .bind(end)
+            .bind(marked)
+            .execute(&mut *tx)
+            .await
+            .expect("session");
+            sqlx::query(
+                "INSERT INTO lock_grants (lock_key, session_id, owner_id, fencing_token, acquired_at_ms, expires_at_ms) \
+                 VALUES (?, ?, 'o', ?, 0, ?)",
+            )
+            .bind(format!("k{i}"))
+            .bind(sid.to_string())
+            .bind(i as i64 + 1)
+            .bind(end + 2)
+            .execute(&mut *tx)
+            .await
+            .expect("grant");
+            rows.push((sid.to_string(), format!("k{i}"), end, marked));
+        }
+        let ids = |sql: String, now: i64, retention: i64| {
+            let sql = Dialect::Sqlite.sql(&sql).into_owned();
+            let pool = store.pool.clone();
+            async move {
+                let mut tx = pool.begin().await.expect("begin");
+                let found: Vec<String> = sqlx::query(&sql)
+                    .bind(now)
+                    .bind(retention)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .expect("select")
+                    .iter()
+                    .map(|r| r.try_get::<String, _>("id").expect("id"))
+                    .collect();
+                tx.rollback().await.expect("rollback");
+                std::collections::BTreeSet::from_iter(found)
+            }
+        };
+        tx.commit().await.expect("commit");
+        for now in 3..20 {
+            for retention in [0i64, 3] {
+                let lapsed = ids(
+                    format!("SELECT session_id AS id FROM lock_sessions WHERE {SESSION_LAPSED} AND $2 = $2"),
+                    now,
+                    retention,
+                )
+                .await;
+                let want = rows.iter().filter(|r| rules::session_lapsed(r.2, r.3, now)).map(|r| r.0.clone()).collect();
+                assert_eq!(lapsed, want, "lapsed at {now}");
+                let forgettable = ids(
+                    format!("SELECT session_id AS id FROM lock_sessions WHERE {SESSION_FORGETTABLE}"),
+                    now,
+                    retention,
+                )
+                .await;
+                let want = rows
+                    .iter()
+                    .filter(|r| rules::session_forgettable(r.2, r.3, retention, now))
+                    .map(|r| r.0.clone())
+                    .collect();
+                assert_eq!(forgettable, want, "forgettable at {now}, retention {retention}");
+                let leases = ids(
+                    format!("SELECT g.lock_key AS id FROM lock_grants g WHERE {LEASE_LAPSED} AND $2 = $2"),
+                    now,
+                    retention,
+                )
+                .await;
+                let want = rows.iter().filter(|r| rules::lease_lapsed(r.2 + 2, now)).map(|r| r.1.clone()).collect();
+                assert_eq!(leases, want, "leases lapsed at {now}");
             }
         }
     }
