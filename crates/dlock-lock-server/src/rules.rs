@@ -153,12 +153,7 @@ pub fn decide_acquire(f: &AcquireFacts<'_>) -> AcquireDecision {
     let mut remove = None;
     if let Some(g) = f.grant {
         if g.live(f.now_ms) {
-            let row = g.grant;
-            return refuse(if row.session_id == f.session_id {
-                AcquireRefusal::AlreadyHeld { fencing_token: row.fencing_token, expires_at_ms: row.expires_at_ms }
-            } else {
-                AcquireRefusal::Contended { holder_owner_id: row.owner_id.clone(), expires_at_ms: row.expires_at_ms }
-            });
+            return refuse(holder_refusal(g.grant, f.session_id));
         }
         let died_at_ms = g.dies_at();
         let delay_until_ms = lock_delay_until(died_at_ms, f.delay_ms);
@@ -170,6 +165,16 @@ pub fn decide_acquire(f: &AcquireFacts<'_>) -> AcquireDecision {
     }
     let plan = GrantPlan { write_key_record: f.key.is_none() || delay.is_some(), replaces: remove.map(|r| r.token) };
     AcquireDecision { remove, verdict: Ok(plan) }
+}
+
+/// The refusal a live grant gives an acquire by `session_id`: `AlreadyHeld` when it is the
+/// caller's own (acquire is not re-entrant), else `Contended` with its holder.
+pub fn holder_refusal(live: &GrantRow, session_id: Uuid) -> AcquireRefusal {
+    if live.session_id == session_id {
+        AcquireRefusal::AlreadyHeld { fencing_token: live.fencing_token, expires_at_ms: live.expires_at_ms }
+    } else {
+        AcquireRefusal::Contended { holder_owner_id: live.owner_id.clone(), expires_at_ms: live.expires_at_ms }
+    }
 }
 
 /// Decides a renew (L5): the caller's session is live and the key's grant is the live grant

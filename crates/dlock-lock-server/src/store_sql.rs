@@ -455,12 +455,7 @@ macro_rules! sql_lock_store {
                     let winner = Self::tx_grant(&mut tx, key).await?;
                     tx.rollback().await.map_err(unavailable)?;
                     return Ok(Err(match winner {
-                        Some((g, _)) if g.session_id == session_id => {
-                            AcquireRefusal::AlreadyHeld { fencing_token: g.fencing_token, expires_at_ms: g.expires_at_ms }
-                        }
-                        Some((g, _)) => {
-                            AcquireRefusal::Contended { holder_owner_id: g.owner_id, expires_at_ms: g.expires_at_ms }
-                        }
+                        Some((g, _)) => rules::holder_refusal(&g, session_id),
                         None => AcquireRefusal::Contended { holder_owner_id: String::new(), expires_at_ms: now },
                     }));
                 }
