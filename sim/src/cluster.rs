@@ -15,7 +15,6 @@ use dlock_rail_proxy::RailProxy;
 use dlock_rail_stub::{RailStub, StubConfig};
 use dlock_rt::http::{BaseUrl, HttpClient};
 use dlock_rt::{Clock, Duration};
-use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::invariants;
@@ -229,36 +228,32 @@ async fn wait_ready(url: BaseUrl) {
         .await;
 }
 
+/// One submission through the rail client, as a worker sends it; the answer's status and
+/// code (or outcome), status 0 when no answer came.
 async fn submit(payout: Uuid, account: &str, token: i64) -> (u16, String) {
-    let body = json!({
-        "payoutId": payout,
-        "accountId": account,
-        "amountMinor": PAYOUT_AMOUNT_MINOR,
-        "currency": "EUR",
-        "beneficiaryRef": "ben",
-    });
-    let token = token.to_string();
-    let key = format!("payout:{payout}");
-    let sent = client()
-        .send(
-            &base(PROXY_IP, PROXY_PORT),
-            http::Method::POST,
-            "/v1/rail/submissions",
-            &[
-                ("content-type", "application/json"),
-                ("x-fencing-token", &token),
-                ("x-owner-id", "sim-worker"),
-                ("x-idempotency-key", &key),
-            ],
-            Some(body.to_string().into()),
-        )
-        .await;
-    match sent {
-        Ok(r) => {
-            let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-            let code = v.get("code").or_else(|| v.get("outcome")).and_then(Value::as_str).unwrap_or("?");
-            (r.status, code.to_owned())
+    let body = dlock_contract::rail::SubmissionRequest {
+        payout_id: payout,
+        account_id: account.to_owned(),
+        amount_minor: PAYOUT_AMOUNT_MINOR,
+        currency: "EUR".into(),
+        beneficiary_ref: "ben".into(),
+    };
+    let mut cfg = dlock_rail_client::RailClientConfig::new(base(PROXY_IP, PROXY_PORT));
+    cfg.read_timeout_ms = client().read_timeout_ms;
+    let (Ok(rail), Some(token), Ok(owner), Ok(key)) = (
+        dlock_rail_client::RailClient::new(cfg),
+        dlock_contract::FencingToken::new(token),
+        dlock_contract::OwnerId::parse("sim-worker"),
+        dlock_contract::IdempotencyKey::parse(&format!("payout:{payout}")),
+    ) else {
+        return (0, "not sent: invalid token or settings".to_owned());
+    };
+    match rail.submit(token, &owner, &key, &body).await {
+        Ok(ack) => (200, ack.outcome.as_str().to_owned()),
+        Err(dlock_rail_client::RailRefusal::Refused { status, envelope }) => {
+            (status, envelope.code.as_str().to_owned())
         }
+        Err(dlock_rail_client::RailRefusal::Unreadable { status, .. }) => (status, "?".to_owned()),
         Err(e) => (0, format!("transport error: {e}")),
     }
 }

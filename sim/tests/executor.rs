@@ -15,16 +15,16 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use dlock_contract::payment::{NewAccountRequest, NewPayoutRequest};
 use dlock_contract::payout::PayoutState;
-use dlock_contract::OwnerId;
+use dlock_contract::{IdempotencyKey, OwnerId};
 use dlock_executor::{Executor, ExecutorConfig, Outcome};
+use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_payment_resource::store::PaymentStore;
 use dlock_payment_resource::store_mem::MemPaydb;
 use dlock_rail_stub::StubConfig;
-use dlock_rt::http::HttpClient;
 use dlock_rt::{Clock, Duration};
 use dlock_sim::world::{self, url, WorldConfig, LOCK_IP, LOCK_PORT, PAYMENT_IP, PAYMENT_PORT, PROXY_IP, PROXY_PORT};
-use serde_json::{json, Value};
 use uuid::Uuid;
 
 /// Lease of every executor grant in these worlds.
@@ -53,42 +53,31 @@ async fn seed(accounts: usize, n: usize) -> Vec<Uuid> {
     let setup = handle.create_node().name("setup").ip(IpAddr::from([10, 0, 0, 9])).build();
     setup
         .spawn(async move {
-            let client = HttpClient::new(1_000, 10_000);
-            let call = |path: &'static str, key: String, body: Value| {
-                let client = client.clone();
-                async move {
-                    let r = client
-                        .send(
-                            &url(PAYMENT_IP, PAYMENT_PORT),
-                            http::Method::POST,
-                            path,
-                            &[("content-type", "application/json"), ("x-owner-id", "ops"), ("x-idempotency-key", &key)],
-                            Some(body.to_string().into()),
-                        )
-                        .await
-                        .expect("payment-resource answers");
-                    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
-                    serde_json::from_slice::<Value>(&r.body).expect("json")
-                }
-            };
+            let mut cfg = PaymentClientConfig::new(url(PAYMENT_IP, PAYMENT_PORT));
+            cfg.write_read_timeout_ms = 10_000;
+            let client = PaymentClient::new(cfg).expect("payment client");
+            let ops = OwnerId::parse("ops").expect("owner");
+            let key = |k: String| IdempotencyKey::parse(&k).expect("key");
             for a in 0..accounts {
-                call(
-                    "/v1/accounts",
-                    format!("open-{a}"),
-                    json!({"accountId": format!("acct-{a}"), "currency": "EUR", "openingBalanceMinor": 50_000}),
-                )
-                .await;
+                let body = NewAccountRequest {
+                    account_id: format!("acct-{a}"),
+                    currency: "EUR".into(),
+                    opening_balance_minor: 50_000,
+                };
+                client.create_account(&ops, &key(format!("open-{a}")), &body).await.expect("account opened");
             }
             let mut ids = Vec::new();
             for i in 0..n {
-                let v = call(
-                    "/v1/payouts",
-                    format!("create-{i}"),
-                    json!({"accountId": format!("acct-{}", i % accounts), "amountMinor": 1_000 + i as i64,
-                        "currency": "EUR", "beneficiaryRef": format!("ben-{i}")}),
-                )
-                .await;
-                ids.push(Uuid::parse_str(v["payoutId"].as_str().expect("id")).expect("uuid"));
+                let body = NewPayoutRequest {
+                    payout_id: None,
+                    account_id: format!("acct-{}", i % accounts),
+                    amount_minor: 1_000 + i as i64,
+                    currency: "EUR".into(),
+                    beneficiary_ref: format!("ben-{i}"),
+                };
+                let created =
+                    client.create_payout(&ops, &key(format!("create-{i}")), &body).await.expect("payout created");
+                ids.push(created.payout_id);
             }
             // Let the clock pass the last creation, so every payout is in the first scan.
             dlock_rt::sleep(Duration::from_millis(5)).await;

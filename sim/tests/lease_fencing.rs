@@ -167,29 +167,29 @@ fn lock_client(owner: &str) -> LockClient {
     LockClient::new(cfg).expect("client config")
 }
 
-/// `POST /v1/rail/submissions`; the answer's status and code (or outcome).
+/// `POST /v1/rail/submissions` through the rail client; the answer's status and code (or
+/// outcome).
 async fn submit(payout: Uuid, amount_minor: i64, token: i64, owner: &str) -> (u16, String) {
-    let body = json!({
-        "payoutId": payout, "accountId": ACCOUNT, "amountMinor": amount_minor, "currency": "EUR", "beneficiaryRef": "b"
-    });
-    let (token, key) = (token.to_string(), format!("payout:{payout}"));
-    let r = HttpClient::new(1_000, 20_000)
-        .send(
-            &url(PROXY_IP, 8083),
-            http::Method::POST,
-            "/v1/rail/submissions",
-            &[
-                ("content-type", "application/json"),
-                ("x-fencing-token", &token),
-                ("x-owner-id", owner),
-                ("x-idempotency-key", &key),
-            ],
-            Some(body.to_string().into()),
-        )
-        .await
-        .expect("proxy answered");
-    let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-    (r.status, v.get("code").or_else(|| v.get("outcome")).and_then(Value::as_str).unwrap_or("?").to_owned())
+    let mut cfg = dlock_rail_client::RailClientConfig::new(url(PROXY_IP, 8083));
+    cfg.read_timeout_ms = 20_000;
+    let client = dlock_rail_client::RailClient::new(cfg).expect("rail client");
+    let body = dlock_contract::rail::SubmissionRequest {
+        payout_id: payout,
+        account_id: ACCOUNT.into(),
+        amount_minor,
+        currency: "EUR".into(),
+        beneficiary_ref: "b".into(),
+    };
+    let token = dlock_contract::FencingToken::new(token).expect("token");
+    let key = dlock_contract::IdempotencyKey::parse(&format!("payout:{payout}")).expect("key");
+    match client.submit(token, &OwnerId::parse(owner).expect("owner"), &key, &body).await {
+        Ok(ack) => (200, ack.outcome.as_str().to_owned()),
+        Err(dlock_rail_client::RailRefusal::Refused { status, envelope }) => {
+            (status, envelope.code.as_str().to_owned())
+        }
+        Err(dlock_rail_client::RailRefusal::Unreadable { status, .. }) => (status, "?".to_owned()),
+        Err(e) => panic!("proxy answered: {e}"),
+    }
 }
 
 /// The rail's own call log, read from an observer node (the test's own task has no address

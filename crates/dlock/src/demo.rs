@@ -6,11 +6,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use dlock_contract::payment::{NewAccountRequest, NewPayoutRequest};
 use dlock_contract::payout::PayoutState;
+use dlock_contract::{IdempotencyKey, OwnerId};
+use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_payment_resource::store::ListQuery;
 use dlock_rail_stub::StubConfig;
-use dlock_rt::http::HttpClient;
-use serde_json::{json, Value};
 
 use crate::cluster::{Cluster, ClusterConfig, Ports};
 
@@ -204,21 +205,18 @@ fn bar(done: usize, total: usize, elapsed: Duration, detail: &str) -> String {
     )
 }
 
-async fn create(client: &HttpClient, cluster: &Cluster, path: &str, key: String, body: Value) -> Result<Value, String> {
-    let r = client
-        .send(
-            &cluster.payment_url,
-            http::Method::POST,
-            path,
-            &[("content-type", "application/json"), ("x-owner-id", "demo"), ("x-idempotency-key", &key)],
-            Some(body.to_string().into()),
-        )
-        .await
-        .map_err(|e| format!("{path}: {e}"))?;
-    if r.status != 201 {
-        return Err(format!("{path}: {} {}", r.status, String::from_utf8_lossy(&r.body)));
-    }
-    serde_json::from_slice(&r.body).map_err(|e| e.to_string())
+/// The demo's seeding client: the payment client a worker holds, with a read budget for a
+/// machine busy starting the cluster.
+fn seeding_client(cluster: &Cluster) -> Result<PaymentClient, String> {
+    let mut cfg = PaymentClientConfig::new(cluster.payment_url.clone());
+    cfg.write_read_timeout_ms = 10_000;
+    PaymentClient::new(cfg)
+}
+
+/// The identity and idempotency key of one seeding write, as operator `demo`.
+fn seeding(key: String) -> Result<(OwnerId, IdempotencyKey), String> {
+    let owner = OwnerId::parse("demo").map_err(|e| e.to_string())?;
+    Ok((owner, IdempotencyKey::parse(&key).map_err(|e| e.to_string())?))
 }
 
 /// `dlock demo`: seeds accounts and payouts, runs them through the cluster under a chaotic
@@ -248,21 +246,31 @@ pub async fn demo(a: DemoArgs) -> Result<ExitCode, String> {
     println!("data in {} (paydb.sqlite, lockdb.sqlite)", a.data_dir.display());
 
     // Seed. Each account is funded for about 95 % of its payouts, so a few end FAILED for funds.
-    let client = HttpClient::new(1_000, 10_000);
+    let client = seeding_client(&cluster)?;
     let amount = |i: usize| 1_000 + (i as i64 % 97) * 10;
     let mut per_account = vec![0i64; a.accounts];
     for i in 0..a.payouts {
         per_account[i % a.accounts] += amount(i);
     }
     for (n, total) in per_account.iter().enumerate() {
-        let body =
-            json!({"accountId": format!("acct-{n}"), "currency": "EUR", "openingBalanceMinor": total * 95 / 100});
-        create(&client, &cluster, "/v1/accounts", format!("demo-open-{n}"), body).await?;
+        let body = NewAccountRequest {
+            account_id: format!("acct-{n}"),
+            currency: "EUR".into(),
+            opening_balance_minor: total * 95 / 100,
+        };
+        let (owner, key) = seeding(format!("demo-open-{n}"))?;
+        client.create_account(&owner, &key, &body).await.map_err(|e| e.to_string())?;
     }
     for i in 0..a.payouts {
-        let body = json!({"accountId": format!("acct-{}", i % a.accounts), "amountMinor": amount(i), "currency": "EUR",
-            "beneficiaryRef": format!("ben-{i}")});
-        create(&client, &cluster, "/v1/payouts", format!("demo-create-{i}"), body).await?;
+        let body = NewPayoutRequest {
+            payout_id: None,
+            account_id: format!("acct-{}", i % a.accounts),
+            amount_minor: amount(i),
+            currency: "EUR".into(),
+            beneficiary_ref: format!("ben-{i}"),
+        };
+        let (owner, key) = seeding(format!("demo-create-{i}"))?;
+        client.create_payout(&owner, &key, &body).await.map_err(|e| e.to_string())?;
     }
     // The work queue lists what was created before its first page's millisecond.
     dlock_rt::sleep(Duration::from_millis(2)).await;

@@ -5,9 +5,12 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use dlock_contract::payment::{NewAccountRequest, NewPayoutRequest};
+use dlock_contract::payout::PayoutState;
+use dlock_contract::{IdempotencyKey, OwnerId};
+use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_rt::http::{BaseUrl, HttpClient};
 use dlock_testkit::TempDir;
-use serde_json::{json, Value};
 
 /// Longest `dlock up` may take to serve, and to settle one payout.
 const UP_WAIT_MS_MAX: u64 = 30_000;
@@ -55,19 +58,15 @@ impl Drop for Reaped {
     }
 }
 
-async fn post(base: &BaseUrl, path: &str, key: &str, body: Value) -> Value {
-    let r = HttpClient::new(1_000, 5_000)
-        .send(
-            base,
-            http::Method::POST,
-            path,
-            &[("content-type", "application/json"), ("x-owner-id", "ops"), ("x-idempotency-key", key)],
-            Some(body.to_string().into()),
-        )
-        .await
-        .expect("answered");
-    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
-    serde_json::from_slice(&r.body).expect("json")
+/// The payment client of `base`, as an operator seeding the demo holds one.
+fn payment_client(base: &BaseUrl) -> PaymentClient {
+    let mut cfg = PaymentClientConfig::new(base.clone());
+    cfg.write_read_timeout_ms = 5_000;
+    PaymentClient::new(cfg).expect("payment client")
+}
+
+fn key(k: &str) -> IdempotencyKey {
+    IdempotencyKey::parse(k).expect("key")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,28 +90,21 @@ async fn up_serves_the_cluster_on_the_default_ports_settles_payouts_and_stops_on
     })
     .await;
     assert!(ready.is_some(), "dlock up did not serve the payment-resource on 127.0.0.1:8082");
-    post(
-        &payment,
-        "/v1/accounts",
-        "open",
-        json!({"accountId": "acct-1", "currency": "EUR", "openingBalanceMinor": 5_000}),
-    )
-    .await;
-    let p = post(
-        &payment,
-        "/v1/payouts",
-        "create",
-        json!({"accountId": "acct-1", "amountMinor": 1_200, "currency": "EUR", "beneficiaryRef": "b"}),
-    )
-    .await;
-    let id = p["payoutId"].as_str().expect("id").to_owned();
+    let typed = payment_client(&payment);
+    let ops = OwnerId::parse("ops").expect("owner");
+    let open = NewAccountRequest { account_id: "acct-1".into(), currency: "EUR".into(), opening_balance_minor: 5_000 };
+    typed.create_account(&ops, &key("open"), &open).await.expect("account opened");
+    let create = NewPayoutRequest {
+        payout_id: None,
+        account_id: "acct-1".into(),
+        amount_minor: 1_200,
+        currency: "EUR".into(),
+        beneficiary_ref: "b".into(),
+    };
+    let id = typed.create_payout(&ops, &key("create"), &create).await.expect("payout created").payout_id;
     let posted = dlock_rt::wait_until(Duration::from_millis(100), Duration::from_millis(UP_WAIT_MS_MAX), || {
-        let (client, payment, id) = (client.clone(), payment.clone(), id.clone());
-        async move {
-            let r = client.send(&payment, http::Method::GET, &format!("/v1/payouts/{id}"), &[], None).await.ok()?;
-            let v: Value = serde_json::from_slice(&r.body).ok()?;
-            (v["state"] == "POSTED").then_some(())
-        }
+        let typed = typed.clone();
+        async move { (typed.payout(id).await.ok()?.state == PayoutState::Posted).then_some(()) }
     })
     .await;
     let _ = Command::new("kill").args(["-TERM", &up.0.id().to_string()]).status();
