@@ -359,6 +359,10 @@ mod tests {
         Close(usize),
         Acquire(usize, i64),
         Release,
+        /// Renew by the slot's session, presenting the row's token (or a wrong one).
+        Renew(usize, i64, bool),
+        /// Revoke, expecting the row's token, a wrong one, or none.
+        Revoke(Option<bool>),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -369,6 +373,8 @@ mod tests {
             (0usize..3).prop_map(Op::Close),
             (0usize..3, 1i64..10).prop_map(|(s, ttl)| Op::Acquire(s, ttl)),
             Just(Op::Release),
+            (0usize..3, 1i64..10, any::<bool>()).prop_map(|(s, ttl, right)| Op::Renew(s, ttl, right)),
+            proptest::option::of(any::<bool>()).prop_map(Op::Revoke),
         ]
     }
 
@@ -418,10 +424,13 @@ mod tests {
     }
 
     proptest! {
-        /// The acquire decision, driven over a random schedule, against the history model:
-        /// it grants exactly when the history says the key is free (caller's session live,
-        /// no live grant, no lock-delay running), each refusal is the one the history
-        /// explains, tokens strictly increase, and at most one grant is ever live.
+        /// The acquire, renew, release and revoke decisions, driven over a random schedule,
+        /// against the history model: an acquire grants exactly when the history says the
+        /// key is free (caller's session live, no live grant, no lock-delay running), a renew
+        /// extends exactly the live grant of the caller's session, a revoke removes exactly
+        /// the live grant (raising the floor, imposing no delay), each refusal is the one the
+        /// history explains, tokens strictly increase past the floor, and at most one grant
+        /// is ever live.
         #[test]
         fn acquire_decision_matches_the_history_model(ops in proptest::collection::vec(op(), 1..80), delay in 0i64..6) {
             let mut now = 0i64;
@@ -433,6 +442,7 @@ mod tests {
             let mut row: Option<(usize, GrantRow)> = None;
             let mut record: Option<Option<i64>> = None;
             let mut last_issued = 0i64;
+            let mut floor = 0i64;
             for op in ops {
                 let open = |hist: &History, s: usize| hist.sessions.get(&s).filter(|x| x.2.is_none()).map(|x| x.1);
                 match op {
@@ -473,6 +483,55 @@ mod tests {
                             }
                         }
                     }
+                    Op::Renew(slot, ttl, right) => {
+                        let Some(s) = slots[slot] else { continue };
+                        let id = Uuid::from_u128(s as u128);
+                        let presented = row.as_ref().map_or(1, |(_, g)| g.fencing_token) + if right { 0 } else { 1_000 };
+                        let holder = row.as_ref().map(|(rs, g)| GrantFacts { grant: g, holder_end_ms: open(&hist, *rs) });
+                        let decision = decide_renew(open(&hist, s), holder, id, presented, now);
+                        let live = hist.live_at(now);
+                        let reference = open(&hist, s).is_some_and(|e| now < e)
+                            && live.iter().any(|g| g.session == s && g.token == presented);
+                        prop_assert_eq!(decision.is_ok(), reference, "renew {:?} at {}: {:?}", decision, now, hist);
+                        match decision {
+                            Ok(()) => {
+                                if let Some((_, g)) = row.as_mut() {
+                                    g.expires_at_ms = now + ttl;
+                                }
+                                if let Some(h) = hist.grants.iter_mut().find(|h| h.token == presented) {
+                                    h.lease_end = now + ttl;
+                                }
+                            }
+                            Err(RenewRefusal::Lost { stored_token }) => {
+                                prop_assert_eq!(stored_token, row.as_ref().map(|(_, g)| g.fencing_token));
+                            }
+                            Err(RenewRefusal::Session(_)) => prop_assert!(open(&hist, s).is_none_or(|e| now >= e)),
+                        }
+                    }
+                    Op::Revoke(expect) => {
+                        let current = row.as_ref().map(|(_, g)| g.fencing_token);
+                        let expected = expect.map(|right| current.unwrap_or(1) + if right { 0 } else { 1_000 });
+                        let holder = row.as_ref().map(|(rs, g)| GrantFacts { grant: g, holder_end_ms: open(&hist, *rs) });
+                        let live = hist.live_at(now);
+                        match decide_revoke(holder, expected, now) {
+                            Ok(token) => {
+                                prop_assert!(live.len() == 1 && live[0].token == token);
+                                prop_assert!(expected.is_none_or(|e| e == token));
+                                // The floor is a freshly issued token; a revoke imposes no delay.
+                                floor = next_token(last_issued, floor);
+                                last_issued = floor;
+                                row = None;
+                                if let Some(h) = hist.grants.iter_mut().find(|h| h.token == token) {
+                                    h.released_at = Some(now);
+                                }
+                            }
+                            Err(RevokeRefusal::NotHeld) => prop_assert!(live.is_empty()),
+                            Err(RevokeRefusal::Stale { current_token }) => {
+                                prop_assert!(live.len() == 1 && live[0].token == current_token);
+                                prop_assert!(expected.is_some_and(|e| e != current_token));
+                            }
+                        }
+                    }
                     Op::Acquire(slot, ttl) => {
                         let Some(s) = slots[slot] else { continue };
                         let id = Uuid::from_u128(s as u128);
@@ -497,7 +556,8 @@ mod tests {
                         }
                         match decision.verdict {
                             Ok(plan) => {
-                                let token = next_token(last_issued, 0);
+                                let token = next_token(last_issued, floor);
+                                prop_assert!(token > floor);
                                 assert_token_replaces(token, plan.replaces);
                                 last_issued = token;
                                 row = Some((s, grant("k", id, token, now, now + ttl)));
