@@ -416,8 +416,10 @@ macro_rules! sql_payment_store {
                 // The statement's `fence < $2` is the fence rule; the fence it left must refuse.
                 match rules::fence_check(fence, token) {
                     FenceVerdict::Fenced { highest_token } => Ok(Err(Some((account_id, highest_token)))),
-                    FenceVerdict::Passes => Err(StoreError::Corrupt(format!(
-                        "accounts: fence {fence} of {account_id:?} refused token {token} the fence rule passes"
+                    // Fences only rise, so this is a payout that appeared between the two
+                    // statements: nothing was written, and the caller may retry.
+                    FenceVerdict::Passes => Err(StoreError::Unavailable(format!(
+                        "payout {payout_id} appeared while its fence was checked; nothing was written"
                     ))),
                 }
             }
@@ -572,12 +574,10 @@ macro_rules! sql_payment_store {
                     .await
                     .map_err(db_error)?;
                 let Some(moved) = moved else {
-                    let state = Self::state_of(tx, &payout_id).await?;
-                    let facts = PostFacts { state, acked: false, balance_minor: balance, amount_minor: 0 };
-                    return match rules::decide_post(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))? {
-                        PostDecision::NotClaimable { state } => Ok(PostOutcome::NotClaimable { state }),
-                        other => Err(StoreError::Corrupt(format!("payouts: post of a {state:?} payout refused, the post rule says {other:?}"))),
-                    };
+                    // The conditional write refused: the payout was not in a state the post
+                    // rule moves from when it looked (the state read now is evidence only, and
+                    // may have moved since under READ COMMITTED).
+                    return Ok(PostOutcome::NotClaimable { state: Self::state_of(tx, &payout_id).await? });
                 };
                 let account_id: String = get!(moved, "account_id");
                 let amount: i64 = get!(moved, "amount_minor");

@@ -276,11 +276,9 @@ macro_rules! sql_rail_store {
                         .and_then(|r| r.try_get("state"))
                         .map_err(unavailable)?;
                     tx.rollback().await.map_err(unavailable)?;
-                    let state = parse_state(&state)?;
-                    if admission::may_submit(state) {
-                        return Err(StoreError::Corrupt(format!("payouts: a {state:?} payout refused SUBMITTED")));
-                    }
-                    return Ok(Admission::NotClaimable { state });
+                    // The conditional write refused: the payout was not in a state the proxy may
+                    // submit from when it looked (the state read now is evidence only).
+                    return Ok(Admission::NotClaimable { state: parse_state(&state)? });
                 }
                 tx.commit().await.map_err(unavailable)?;
                 Ok(Admission::Admitted { submitted_at: a.at })
