@@ -6,13 +6,16 @@
 //! revoke a grant (L8), which also raises the token floor so the evicted holder is fenced out
 //! at the resource, not merely forgotten here.
 //!
-//! The store decides everything that must be atomic (see [`store`]); this crate's service
+//! The rules are pure functions, once, in [`rules`]; every store reads its facts, calls them,
+//! and applies the answer under its own conditional write. The store decides everything that
+//! must be atomic (see [`store`]); this crate's service
 //! layer adds what is per-replica and advisory: the fair FIFO waiter queue for `waitMillis`,
 //! the reaper, metrics and logs. A replica never answers a guess: when the backend cannot
 //! decide, the answer is `503 NOT_LEADER`.
 
 pub mod app;
 pub mod config;
+pub mod rules;
 pub mod service;
 pub mod store;
 pub mod store_etcd;

@@ -6,6 +6,10 @@
 //! :presented`, in the same transaction as the state transition and, for a post, the two
 //! balanced ledger entries. An equal token loses: strictly greater, never `>=`.
 //!
+//! The rules (the strict fence, the claim and post decisions, the ledger posting) are pure
+//! functions, once, in [`rules`]; every store reads its facts, calls them, and applies the
+//! answer under its own conditional writes.
+//!
 //! Every mutating request is recorded in a durable idempotency ledger, with its fingerprint
 //! and complete response, atomically with the mutation (see [`store`]).
 
@@ -14,6 +18,7 @@ pub mod config;
 pub mod cursor;
 pub mod idempotency;
 pub mod metrics;
+pub mod rules;
 pub mod service;
 pub mod store;
 pub mod store_mem;

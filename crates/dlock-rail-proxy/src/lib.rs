@@ -16,9 +16,13 @@
 //!    Record the outcome: ack (200), decline (422), no answer (409 `RAIL_AMBIGUOUS`, the
 //!    payout is quarantined), or could-not-connect (503 `RAIL_UNAVAILABLE`).
 //!
+//! Steps 1–3 are decided by one pure function, [`admission::decide_admission`], which every
+//! store applies under its own conditional writes.
+//!
 //! The mark lives only in paydb. This crate holds no token in memory between requests: a
 //! restart, a second replica, or a cache cannot re-admit a stale writer.
 
+pub mod admission;
 pub mod app;
 pub mod config;
 pub mod metrics;

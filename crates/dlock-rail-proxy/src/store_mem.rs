@@ -12,10 +12,11 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use dlock_contract::payout::PayoutState;
+use dlock_contract::payout::{self, Actor, PayoutState};
 use dlock_contract::rail::SubmissionOutcome;
 use uuid::Uuid;
 
+use crate::admission::{self, AdmissionDecision, AdmissionFacts, FirstAttempt};
 use crate::store::{
     is_forwardable, Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow,
 };
@@ -86,44 +87,43 @@ impl RailTables {
     /// Steps 1–3, as [`RailStore::admit`].
     pub fn admit(&mut self, a: &Attempt) -> Result<Admission, StoreError> {
         let t = self;
-        // Step 1: the conditional upsert of the mark.
-        if a.fencing_enabled {
-            let current = t.high_water.get(&a.account_id).copied();
-            match current {
-                Some(highest) if highest >= a.presented_token => {
-                    t.submissions.push(row(a, Some(SubmissionOutcome::Fenced)));
-                    return Ok(Admission::Fenced { highest_token: highest });
+        // One snapshot of every fact steps 1–3 decide on; the admission rule decides.
+        let first_forwardable = t
+            .submissions
+            .iter()
+            .find(|s| s.payout_id == a.payout_id && is_forwardable(s.outcome))
+            .map(|s| FirstAttempt { submission_id: s.submission_id, submitted_at: s.submitted_at });
+        let decision = admission::decide_admission(&AdmissionFacts {
+            fencing_enabled: a.fencing_enabled,
+            mark: t.high_water.get(&a.account_id).copied(),
+            presented_token: a.presented_token,
+            first_forwardable,
+            state: t.payouts.get(&a.payout_id).map(|p| p.row.state),
+        });
+        match decision {
+            AdmissionDecision::Fenced { .. } => t.submissions.push(row(a, Some(SubmissionOutcome::Fenced))),
+            AdmissionDecision::Duplicate { mark, .. } => {
+                if let Some(m) = mark {
+                    t.high_water.insert(a.account_id.clone(), m);
                 }
-                _ => {}
+                t.submissions.push(row(a, Some(SubmissionOutcome::Duplicate)));
+            }
+            AdmissionDecision::NotClaimable { .. } => {}
+            AdmissionDecision::Vanished => return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id))),
+            AdmissionDecision::Admit { mark } => {
+                let Some(payout) = t.payouts.get_mut(&a.payout_id) else {
+                    return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id)));
+                };
+                payout.row.state = PayoutState::Submitted;
+                payout.row.attempt_count += 1;
+                payout.updated_at = a.at;
+                if let Some(m) = mark {
+                    t.high_water.insert(a.account_id.clone(), m);
+                }
+                t.submissions.push(row(a, None));
             }
         }
-        // Step 2: the unique index over forwardable attempts.
-        if let Some(first) = t.submissions.iter().find(|s| s.payout_id == a.payout_id && is_forwardable(s.outcome)) {
-            let dup = Admission::Duplicate {
-                first_submitted_at: first.submitted_at,
-                first_submission_id: first.submission_id,
-            };
-            if a.fencing_enabled {
-                t.high_water.insert(a.account_id.clone(), a.presented_token);
-            }
-            t.submissions.push(row(a, Some(SubmissionOutcome::Duplicate)));
-            return Ok(dup);
-        }
-        // Step 3: CLAIMED -> SUBMITTED, or roll everything back.
-        let Some(payout) = t.payouts.get_mut(&a.payout_id) else {
-            return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id)));
-        };
-        if payout.row.state != PayoutState::Claimed {
-            return Ok(Admission::NotClaimable { state: payout.row.state });
-        }
-        payout.row.state = PayoutState::Submitted;
-        payout.row.attempt_count += 1;
-        payout.updated_at = a.at;
-        if a.fencing_enabled {
-            t.high_water.insert(a.account_id.clone(), a.presented_token);
-        }
-        t.submissions.push(row(a, None));
-        Ok(Admission::Admitted { submitted_at: a.at })
+        decision.admission(a.at).ok_or_else(|| StoreError::Corrupt(format!("payout {} vanished", a.payout_id)))
     }
 
     /// As [`RailStore::resolve`].
@@ -141,7 +141,7 @@ impl RailTables {
         s.resolved_at = Some(at);
         let payout_id = s.payout_id;
         if let Some(p) = t.payouts.get_mut(&payout_id) {
-            if p.row.state == PayoutState::Submitted {
+            if payout::may_transition(p.row.state, r.payout_state(), Actor::RailProxy) {
                 p.row.state = r.payout_state();
                 p.updated_at = at;
             }
