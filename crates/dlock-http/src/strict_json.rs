@@ -217,11 +217,7 @@ mod tests {
             (r#"{"a":[{"x":1},{"y":1,"y":2}]}"#, "a[1].y"),
         ];
         for (raw, path) in cases {
-            assert_eq!(
-                parse_body(raw.as_bytes()),
-                Err(BodyProblem::DuplicateKey { path: path.to_owned() }),
-                "{raw}"
-            );
+            assert_eq!(parse_body(raw.as_bytes()), Err(BodyProblem::DuplicateKey { path: path.to_owned() }), "{raw}");
         }
     }
 
@@ -234,11 +230,7 @@ mod tests {
             (r#"{"o":{"k\u0000":1}}"#, "o"),
         ];
         for (raw, path) in cases {
-            assert_eq!(
-                parse_body(raw.as_bytes()),
-                Err(BodyProblem::NulCharacter { path: path.to_owned() }),
-                "{raw}"
-            );
+            assert_eq!(parse_body(raw.as_bytes()), Err(BodyProblem::NulCharacter { path: path.to_owned() }), "{raw}");
         }
     }
 

@@ -34,6 +34,9 @@ struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "DLOCK_LOG_FORMAT")]
     log_format: LogFormat,
+    /// [http.header-bytes-max] Largest request header section a service accepts (431 over it).
+    #[arg(long, global = true, env = "DLOCK_HTTP_HEADER_BYTES_MAX", value_name = "BYTES")]
+    http_header_bytes_max: Option<usize>,
     #[command(subcommand)]
     command: Command,
 }
@@ -299,8 +302,25 @@ struct SeedArgs {
     state: String,
 }
 
+/// The command line, with the environment's values hidden from every help text: an
+/// argument such as `--database-url` may carry a password in `DLOCK_*_DATABASE_URL`, and
+/// `--help` must never print it. Applied to every argument of every subcommand, so a new
+/// argument cannot forget it.
+fn command() -> clap::Command {
+    fn hide_env_values(cmd: clap::Command) -> clap::Command {
+        cmd.mut_args(|a| a.hide_env_values(true)).mut_subcommands(hide_env_values)
+    }
+    hide_env_values(<Cli as clap::CommandFactory>::command())
+}
+
+/// `http.header-bytes-max`, resolved once at start-up for every service this process serves.
+static HEADER_BYTES_MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&command().get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     // The demo and the operator tools report on stdout; their events stay quiet unless
     // DLOCK_LOG asks for them. Services log at info.
     let default_filter = match cli.command {
@@ -319,7 +339,7 @@ pub fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("dlock: {e}");
+            eprintln!("dlock: {}", dlock_db::redact_credentials(&e));
             ExitCode::from(2)
         }
     }
@@ -347,6 +367,15 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
     let file = FileConfig::load(cli.config.as_deref())?;
     let profile: Profile =
         resolve(cli.profile.as_deref().map(str::parse).transpose()?, &file, "profile", Profile::Production)?;
+    let header_bytes_max =
+        resolve(cli.http_header_bytes_max, &file, "http.header-bytes-max", dlock_rt::http::HEADER_BYTES_MAX_DEFAULT)?;
+    use dlock_rt::http::{HEADER_BYTES_MAX_CEILING, HEADER_BYTES_MAX_FLOOR};
+    if !(HEADER_BYTES_MAX_FLOOR..=HEADER_BYTES_MAX_CEILING).contains(&header_bytes_max) {
+        return Err(format!(
+            "http.header-bytes-max must be {HEADER_BYTES_MAX_FLOOR} to {HEADER_BYTES_MAX_CEILING} bytes, not {header_bytes_max}"
+        ));
+    }
+    let _ = HEADER_BYTES_MAX.set(header_bytes_max);
     match cli.command {
         Command::Reconcile(a) => {
             use dlock_reconciler::reconcile::{ACKED_UNPOSTED_MS_MAX_DEFAULT, INTENT_UNRESOLVED_MS_MAX_DEFAULT};
@@ -670,7 +699,10 @@ fn lock_server_config(
             LockBackend::Etcd(endpoints, prefix)
         }
         ("sqlite" | "postgres", _) => {
-            return Err(format!("lock.server.backend={backend} does not match lock.server.database-url {url}"))
+            return Err(format!(
+                "lock.server.backend={backend} does not match lock.server.database-url {}",
+                dlock_db::redact_credentials(&url)
+            ))
         }
         (other, _) => return Err(format!("unknown lock.server.backend {other:?} (sqlite, postgres, etcd)")),
     };
@@ -748,7 +780,11 @@ async fn serve(name: &str, listen: SocketAddr, router: axum::Router, grace_ms: u
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     println!("dlock {name} listening on {local}");
     tracing::info!(service = name, addr = %local, "listening");
-    dlock_rt::http::serve_with_grace(listener, router, shutdown_signal(), grace_ms).await;
+    let limits = dlock_rt::http::ServeLimits {
+        grace_ms_max: grace_ms,
+        header_bytes_max: HEADER_BYTES_MAX.get().copied().unwrap_or(dlock_rt::http::HEADER_BYTES_MAX_DEFAULT),
+    };
+    dlock_rt::http::serve_with_limits(listener, router, shutdown_signal(), limits).await;
     tracing::info!(service = name, "stopped");
     Ok(())
 }
@@ -782,6 +818,22 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+        command().debug_assert();
+    }
+
+    #[test]
+    fn no_help_text_shows_an_environment_value() {
+        fn check(cmd: &clap::Command, path: &str) -> usize {
+            let mut n = 0;
+            for arg in cmd.get_arguments() {
+                if arg.get_env().is_some() {
+                    assert!(arg.is_hide_env_values_set(), "{path} --{:?} would print its env value", arg.get_long());
+                    n += 1;
+                }
+            }
+            n + cmd.get_subcommands().map(|s| check(s, &format!("{path} {}", s.get_name()))).sum::<usize>()
+        }
+        assert!(check(&command(), "dlock") > 10);
     }
 
     #[test]

@@ -71,6 +71,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "lock.session.retention-ms",
     "lock.reaper.interval-ms",
     "lock.wait.poll-ms",
+    "http.header-bytes-max",
 ];
 
 /// The environment variable that sets `key`.
