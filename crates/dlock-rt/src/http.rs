@@ -542,6 +542,8 @@ mod tests {
         let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
             ("no version", b"GET /ok\r\n\r\n".to_vec(), 400, "VALIDATION_FAILED"),
             ("not a request line", b"GARBAGE\r\n\r\n".to_vec(), 400, "VALIDATION_FAILED"),
+            // Refused as soon as its first line ends, not when the head would have ended.
+            ("a bad first line alone", b"GARBAGE\r\n".to_vec(), 400, "VALIDATION_FAILED"),
             ("non-UTF-8 path", b"GET /\xff\xfe HTTP/1.1\r\nhost: a\r\n\r\n".to_vec(), 400, "VALIDATION_FAILED"),
             (
                 "NUL in a header",
@@ -604,6 +606,44 @@ mod tests {
         assert_eq!((answers[0].0, answers[0].2.as_slice()), (200, &b"hi"[..]));
         assert_eq!((answers[1].0, answers[1].2.as_slice()), (200, &b"xy"[..]));
         assert_envelope(&answers[2], 400, "VALIDATION_FAILED", "bad head after good ones");
+    }
+
+    #[tokio::test]
+    async fn a_refused_head_is_answered_even_with_more_bytes_behind_it() {
+        // The bytes after a refused head are never read as requests; the answer still
+        // arrives (unread input at close would reset the connection under the answer).
+        let (addr, _stop) = served(ServeLimits::default()).await;
+        let mut stream = b"GET /\xff HTTP/1.1\r\nhost: a\r\n\r\n".to_vec();
+        for _ in 0..400 {
+            stream.extend_from_slice(
+                b"GET /ok HTTP/1.1\r\nhost: a\r\nx-fill: 0123456789012345678901234567890123456789\r\n\r\n",
+            );
+        }
+        let answers = responses(&exchange(addr, &stream).await);
+        assert_eq!(answers.len(), 1);
+        assert_envelope(&answers[0], 400, "VALIDATION_FAILED", "bad head, then more");
+    }
+
+    #[tokio::test]
+    async fn a_head_split_across_reads_is_reassembled() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (addr, _stop) = served(ServeLimits::default()).await;
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let _ = stream.set_nodelay(true);
+        let pieces: [&[u8]; 5] = [b"GET /o", b"k HTTP/1.1\r", b"\nhost: a\r\nconnec", b"tion: close\r\n", b"\r\n"];
+        for piece in pieces {
+            stream.write_all(piece).await.expect("write");
+            stream.flush().await.expect("flush");
+            tokio::task::yield_now().await;
+        }
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out))
+            .await
+            .expect("the server closes the connection")
+            .expect("read");
+        let answers = responses(&out);
+        assert_eq!(answers.len(), 1);
+        assert_eq!((answers[0].0, answers[0].2.as_slice()), (200, &b"hi"[..]));
     }
 
     #[tokio::test]

@@ -157,6 +157,11 @@ pub(crate) struct HeadGuard<T> {
     pending: BytesMut,
     /// How many bytes at the front of `pending` are validated and may be handed on.
     ready: usize,
+    /// While buffering a head: how many of its bytes were already parsed. It is parsed
+    /// again only once a new line has ended (an LF arrived), so a head dripped in byte by
+    /// byte costs at most one parse per line (at most [`HEADERS_COUNT_MAX`] + 2 lines get
+    /// that far), not one per byte.
+    head_scanned: usize,
     state: State,
     inner_eof: bool,
 }
@@ -169,6 +174,7 @@ impl<T> HeadGuard<T> {
             slot,
             pending: BytesMut::new(),
             ready: 0,
+            head_scanned: 0,
             state: State::Head,
             inner_eof: false,
         }
@@ -215,6 +221,7 @@ impl<T> HeadGuard<T> {
                         HeadCheck::Partial => return true,
                         HeadCheck::Valid { len, body } => {
                             self.ready = len;
+                            self.head_scanned = 0;
                             self.state = body;
                             if self.state == State::Head {
                                 return false;
@@ -278,13 +285,22 @@ impl<T> HeadGuard<T> {
         Some(State::Chunked(next))
     }
 
-    fn check_head(&self) -> HeadCheck {
+    fn check_head(&mut self) -> HeadCheck {
+        if !self.pending[self.head_scanned..].contains(&b'\n') {
+            self.head_scanned = self.pending.len();
+            return if self.pending.len() > self.header_bytes_max {
+                HeadCheck::Refused(Rejection::TooLarge)
+            } else {
+                HeadCheck::Partial
+            };
+        }
         let mut headers = [httparse::EMPTY_HEADER; HEADERS_COUNT_MAX];
         let mut req = httparse::Request::new(&mut headers);
         let parsed = req.parse(&self.pending);
         let len = match parsed {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) => {
+                self.head_scanned = self.pending.len();
                 return if self.pending.len() > self.header_bytes_max {
                     HeadCheck::Refused(Rejection::TooLarge)
                 } else {
