@@ -420,6 +420,12 @@ impl<T: AsyncRead + Unpin> AsyncRead for HeadGuard<T> {
                         this.inner_eof = true;
                     } else {
                         this.pending.extend_from_slice(rb.filled());
+                        // The guard reads only with nothing ready to hand on, and, while
+                        // buffering a head, only while the head is within its limit.
+                        assert!(
+                            this.pending.len() <= this.header_bytes_max + READ_CHUNK_BYTES,
+                            "head guard buffer over its bound"
+                        );
                     }
                 }
             }
