@@ -37,6 +37,7 @@ pub enum ErrorCode {
     UnsupportedMediaType,
     NotReady,
     Internal,
+    HeadersTooLarge,
 }
 
 /// Where a code is defined.
@@ -234,11 +235,19 @@ pub const CATALOGUE: &[ErrorSpec] = &[
         Origin::Extension,
         "An unexpected fault; whether a side effect happened is unknown.",
     ),
+    row(
+        ErrorCode::HeadersTooLarge,
+        431,
+        false,
+        false,
+        Origin::Extension,
+        "The request's header section exceeds the service's named limit (http.header-bytes-max).",
+    ),
 ];
 
 impl ErrorCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 22] = [
         ErrorCode::LockContended,
         ErrorCode::ContentionExceeded,
         ErrorCode::NotLeader,
@@ -260,6 +269,7 @@ impl ErrorCode {
         ErrorCode::UnsupportedMediaType,
         ErrorCode::NotReady,
         ErrorCode::Internal,
+        ErrorCode::HeadersTooLarge,
     ];
 
     /// This code's catalogue row.
@@ -300,6 +310,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedMediaType => "UNSUPPORTED_MEDIA_TYPE",
             ErrorCode::NotReady => "NOT_READY",
             ErrorCode::Internal => "INTERNAL",
+            ErrorCode::HeadersTooLarge => "HEADERS_TOO_LARGE",
         }
     }
 
@@ -312,6 +323,7 @@ impl ErrorCode {
             405 => ErrorCode::MethodNotAllowed,
             413 => ErrorCode::PayloadTooLarge,
             415 => ErrorCode::UnsupportedMediaType,
+            431 => ErrorCode::HeadersTooLarge,
             503 => ErrorCode::NotReady,
             _ => ErrorCode::Internal,
         }

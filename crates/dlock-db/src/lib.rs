@@ -56,12 +56,54 @@ pub fn sqlite_path(url: &str) -> Option<&str> {
     (!path.is_empty() && path != ":memory:").then_some(path)
 }
 
-/// Describes a sqlx error without its connection string or bind values.
+/// Describes a sqlx error without its connection string or bind values (and, should a
+/// message ever quote a URL, without that URL's credentials: [`redact_credentials`]).
 pub fn describe(e: &sqlx::Error) -> String {
     match e {
-        sqlx::Error::Database(db) => format!("database error {}: {}", db.code().unwrap_or_default(), db.message()),
-        other => other.to_string(),
+        sqlx::Error::Database(db) => {
+            redact_credentials(&format!("database error {}: {}", db.code().unwrap_or_default(), db.message()))
+        }
+        other => redact_credentials(&other.to_string()),
     }
+}
+
+/// `text` with the credentials of every URL in it replaced by `***`: the user-info part
+/// (`postgres://user:pw@host` becomes `postgres://***@host`) and any `password=` query
+/// value. Every message, log line or error that may quote a database URL goes through it.
+/// It errs towards hiding: everything between `://` and the last `@` of a word is hidden.
+pub fn redact_credentials(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let word_end =
+            tail.find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`' | '<' | '>')).unwrap_or(tail.len());
+        let (word, after) = tail.split_at(word_end);
+        let word = match word.rfind('@') {
+            Some(at) => format!("***{}", &word[at..]),
+            None => word.to_owned(),
+        };
+        out.push_str(&redact_password_param(&word));
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `word` with the value of every `password=` parameter replaced by `***`.
+fn redact_password_param(word: &str) -> String {
+    let mut out = String::with_capacity(word.len());
+    let mut rest = word;
+    while let Some(i) = rest.to_ascii_lowercase().find("password=") {
+        let (head, tail) = rest.split_at(i + "password=".len());
+        out.push_str(head);
+        let end = tail.find('&').unwrap_or(tail.len());
+        out.push_str("***");
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Whether an error means "the database said something we cannot read" rather than
@@ -128,6 +170,27 @@ mod tests {
         assert_eq!(sqlite_path("sqlite://dlock-data/paydb.sqlite"), Some("dlock-data/paydb.sqlite"));
         assert_eq!(sqlite_path("sqlite:///tmp/x.db?mode=rwc"), Some("/tmp/x.db"));
         assert_eq!(sqlite_path("sqlite::memory:"), None);
+    }
+
+    #[test]
+    fn printed_urls_never_carry_their_credentials() {
+        let cases = [
+            (
+                "cannot connect to postgres://u:s3cret@db:5432/paydb: refused",
+                "cannot connect to postgres://***@db:5432/paydb: refused",
+            ),
+            ("postgresql://s3cret@h/x and sqlite://a/b", "postgresql://***@h/x and sqlite://a/b"),
+            ("\"postgres://u:p/s3cret@h/db\"", "\"postgres://***@h/db\""),
+            (
+                "postgres://h/db?user=u&password=s3cret&sslmode=require",
+                "postgres://h/db?user=u&password=***&sslmode=require",
+            ),
+            ("no url here", "no url here"),
+        ];
+        for (raw, want) in cases {
+            assert_eq!(redact_credentials(raw), want);
+            assert!(!redact_credentials(raw).contains("s3cret"));
+        }
     }
 
     #[test]

@@ -70,10 +70,12 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> 
     IdempotencyKey::parse(raw).map_err(bad)
 }
 
-/// A request body that must be declared `application/json` and parse as JSON.
+/// A request body that must be declared `application/json` and parse as a JSON object.
 ///
 /// Missing or other content type: 415 `UNSUPPORTED_MEDIA_TYPE`. Over the body limit: 413
-/// `PAYLOAD_TOO_LARGE`. Not JSON: 400 `VALIDATION_FAILED`. Field rules are the handler's.
+/// `PAYLOAD_TOO_LARGE`. Not JSON, not an object, a key given twice at any depth, or a NUL
+/// character in any string: 400 `VALIDATION_FAILED` (see [`crate::strict_json`]). The value
+/// is always a `Value::Object`. Field rules are the handler's.
 #[derive(Debug, Clone)]
 pub struct JsonBody(pub serde_json::Value);
 
@@ -100,12 +102,9 @@ impl<S: Send + Sync> FromRequest<S> for JsonBody {
                 ApiError::validation("the request body could not be read", vec![])
             }
         })?;
-        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
-            ApiError::validation(
-                format!("the request body is not valid JSON (line {}, column {})", e.line(), e.column()),
-                vec![FieldError::new("$", "must be a JSON document")],
-            )
-        })
+        crate::strict_json::parse_body(&bytes)
+            .map(JsonBody)
+            .map_err(|p| ApiError::validation(p.message(), vec![FieldError::new(p.field(), p.problem())]))
     }
 }
 

@@ -5,11 +5,18 @@
 //! extractor rejection, the router's 404/405, or the body-size limit. Handlers return
 //! [`ApiError`]; the [`envelope`] middleware renders it (and rewrites any bare error a lower
 //! layer produced). Internal causes are logged with the trace id, never sent.
+//!
+//! Input hygiene is enforced here too, once for every service and backend: a request whose
+//! path or query percent-encodes a NUL character (`%00`) is refused `400 VALIDATION_FAILED`
+//! before routing, and every JSON body goes through [`strict_json`] (an object, no duplicate
+//! key, no NUL). Header values cannot carry a NUL at all (the HTTP parser refuses it, and
+//! `dlock_rt::http` answers that with the envelope too).
 
 pub mod error;
 pub mod extract;
 pub mod health;
 pub mod metrics;
+pub mod strict_json;
 
 pub use error::ApiError;
 pub use extract::{fencing_token, idempotency_key, owner_id, JsonBody, TraceId};
@@ -19,7 +26,7 @@ use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use dlock_contract::{ErrorCode, ErrorEnvelope, CONTENT_TYPE_JSON};
+use dlock_contract::{ErrorCode, ErrorEnvelope, FieldError, CONTENT_TYPE_JSON};
 
 /// Finishes a service router: adds the envelope middleware (which also assigns trace ids),
 /// a body-size limit, and envelope-shaped 404/405 answers.
@@ -39,6 +46,9 @@ pub async fn envelope(mut req: Request, next: Next) -> Response {
     req.extensions_mut().insert(trace.clone());
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
+    if let Some(err) = nul_in_target(req.uri()) {
+        return render(err, &trace, &method, &path);
+    }
     let mut resp = next.run(req).await;
 
     if let Some(err) = resp.extensions_mut().remove::<ApiError>() {
@@ -62,6 +72,19 @@ pub async fn envelope(mut req: Request, next: Next) -> Response {
     }
     normalize_json_content_type(&mut resp);
     resp
+}
+
+/// `Some` refusal when the request target percent-encodes U+0000 (`%00`) in its path or
+/// query: decoded, it would reach a path parameter or query field as a NUL character.
+fn nul_in_target(uri: &axum::http::Uri) -> Option<ApiError> {
+    let (field, problem) = if uri.path().contains("%00") {
+        ("path", "the request path must not contain the NUL character (%00)")
+    } else if uri.query().is_some_and(|q| q.contains("%00")) {
+        ("query", "the query string must not contain the NUL character (%00)")
+    } else {
+        return None;
+    };
+    Some(ApiError::validation(problem, vec![FieldError::new(field, "must not contain the NUL character (%00)")]))
 }
 
 fn default_message(code: ErrorCode) -> &'static str {
@@ -199,6 +222,27 @@ mod tests {
             assert_eq!(v["traceId"].as_str().map(str::len), Some(32), "{code}");
             assert!(v["retrySafe"].is_boolean());
             assert!(v["message"].is_string());
+        }
+    }
+
+    #[tokio::test]
+    async fn hostile_bodies_and_targets_are_validation_failed_envelopes() {
+        let j = Some("application/json");
+        let cases = [
+            (req("POST", "/v1/echo", j, "[1,2]"), "$"),
+            (req("POST", "/v1/echo", j, "\"x\""), "$"),
+            (req("POST", "/v1/echo", j, r#"{"amountMinor":1,"amountMinor":2}"#), "amountMinor"),
+            (req("POST", "/v1/echo", j, r#"{"a":{"b":"x\u0000"}}"#), "a.b"),
+            (req("POST", "/v1/e%00cho", j, "{}"), "path"),
+            (req("POST", "/v1/echo?x=%00", j, "{}"), "query"),
+        ];
+        for (r, field) in cases {
+            let (s, ct, v) = call(r).await;
+            assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+            assert_eq!(ct, CONTENT_TYPE_JSON);
+            assert_eq!(v["code"], "VALIDATION_FAILED", "{v}");
+            assert_eq!(v["retrySafe"], false, "{v}");
+            assert_eq!(v["details"]["fields"][0]["field"], field, "{v}");
         }
     }
 

@@ -73,7 +73,11 @@ pub fn resolve(layers: &Layers, _profile: Profile) -> Result<LockServerSettings,
             LockBackend::Etcd(endpoints, prefix)
         }
         "sqlite" | "postgres" => {
-            return Err(format!("lock.server.backend={backend} does not match lock.server.database-url {url}"))
+            // Only the URL's scheme: the rest may carry a credential.
+            let scheme = url.split(':').next().unwrap_or_default();
+            return Err(format!(
+                "lock.server.backend={backend} does not match lock.server.database-url ({scheme}:...)"
+            ));
         }
         other => return Err(format!("unknown lock.server.backend {other:?} (sqlite, postgres, etcd)")),
     };

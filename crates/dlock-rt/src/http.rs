@@ -4,6 +4,16 @@
 //! connection. Clients open one connection per request, so a request's fate (never sent,
 //! sent and answered, sent and lost) is never blurred by a pool: the rail-proxy depends on
 //! telling "could not connect" (nothing presented) from "sent, no answer" (ambiguous).
+//!
+//! Every request head a server receives is validated before hyper parses it (see
+//! [`guard`]): a malformed request line, a target that is not a URI, a malformed header or
+//! body framing, or a header section over [`ServeLimits::header_bytes_max`] is answered with
+//! the C3 envelope (`400 VALIDATION_FAILED` or `431 HEADERS_TOO_LARGE`), never with
+//! hyper's bodyless answer.
+
+mod guard;
+
+pub use guard::HEADERS_COUNT_MAX;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -21,6 +31,60 @@ use tower::ServiceExt;
 pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 5_000;
 /// Longest an idle server connection may take to send its request head.
 pub const HEADER_READ_MS_MAX: u64 = 30_000;
+/// Default bound on a request's header section (request line, headers, final CRLF), in
+/// bytes: `http.header-bytes-max`.
+pub const HEADER_BYTES_MAX_DEFAULT: usize = 16_384;
+/// Smallest `header_bytes_max` a server honours (smaller values are raised to it).
+pub const HEADER_BYTES_MAX_FLOOR: usize = 1_024;
+/// Largest `header_bytes_max` a server honours (larger values are lowered to it). It keeps
+/// every request target under hyper's own URI limit, so that limit never answers first.
+pub const HEADER_BYTES_MAX_CEILING: usize = 65_536;
+
+/// `http.header-bytes-max` of this process: every server started through
+/// [`crate::service::ServiceHandle::serve`] enforces it. Set once at start-up (the binary
+/// resolves the key before any service starts); [`HEADER_BYTES_MAX_DEFAULT`] until then.
+static PROCESS_HEADER_BYTES_MAX: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(HEADER_BYTES_MAX_DEFAULT);
+
+/// Sets this process's header limit (`http.header-bytes-max`), refusing a value outside
+/// [`HEADER_BYTES_MAX_FLOOR`]..=[`HEADER_BYTES_MAX_CEILING`].
+pub fn set_process_header_bytes_max(bytes: usize) -> Result<(), String> {
+    if !(HEADER_BYTES_MAX_FLOOR..=HEADER_BYTES_MAX_CEILING).contains(&bytes) {
+        return Err(format!(
+            "http.header-bytes-max must be {HEADER_BYTES_MAX_FLOOR} to {HEADER_BYTES_MAX_CEILING} bytes, not {bytes}"
+        ));
+    }
+    PROCESS_HEADER_BYTES_MAX.store(bytes, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+/// This process's header limit (see [`set_process_header_bytes_max`]).
+pub fn process_header_bytes_max() -> usize {
+    PROCESS_HEADER_BYTES_MAX.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The named bounds of one server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// Longest wait for in-flight requests after shutdown (see [`serve_with_grace`]).
+    pub grace_ms_max: u64,
+    /// Largest request header section accepted, in bytes; over it the answer is `431
+    /// HEADERS_TOO_LARGE`. Clamped into [`HEADER_BYTES_MAX_FLOOR`]..=[`HEADER_BYTES_MAX_CEILING`].
+    pub header_bytes_max: usize,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        ServeLimits { grace_ms_max: SHUTDOWN_GRACE_MS_DEFAULT, header_bytes_max: HEADER_BYTES_MAX_DEFAULT }
+    }
+}
+
+impl ServeLimits {
+    /// The header limit actually enforced.
+    pub fn effective_header_bytes_max(&self) -> usize {
+        self.header_bytes_max.clamp(HEADER_BYTES_MAX_FLOOR, HEADER_BYTES_MAX_CEILING)
+    }
+}
 
 /// Marker a handler puts in a response's extensions to make the server drop the
 /// connection without answering (the rail-stub's injected "connection held, then dropped").
@@ -60,6 +124,15 @@ pub async fn serve_with_grace<S>(listener: TcpListener, router: axum::Router, sh
 where
     S: Future<Output = ()> + Send,
 {
+    serve_with_limits(listener, router, shutdown, ServeLimits { grace_ms_max, ..ServeLimits::default() }).await
+}
+
+/// [`serve`], with every bound of [`ServeLimits`] given.
+pub async fn serve_with_limits<S>(listener: TcpListener, router: axum::Router, shutdown: S, limits: ServeLimits)
+where
+    S: Future<Output = ()> + Send,
+{
+    let header_bytes_max = limits.effective_header_bytes_max();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut conns: Vec<tokio::task::JoinHandle<()>> = Vec::new();
     tokio::pin!(shutdown);
@@ -70,13 +143,13 @@ where
             accepted = listener.accept() => {
                 let Ok((stream, _peer)) = accepted else { continue };
                 conns.retain(|h| !h.is_finished());
-                conns.push(tokio::spawn(serve_connection(stream, router.clone(), stop_rx.clone())));
+                conns.push(tokio::spawn(serve_connection(stream, router.clone(), stop_rx.clone(), header_bytes_max)));
             }
         }
     }
     drop(listener);
     let _ = stop_tx.send(true);
-    let grace = Duration::from_millis(grace_ms_max);
+    let grace = Duration::from_millis(limits.grace_ms_max);
     let all = async {
         for c in conns.iter_mut() {
             let _ = c.await;
@@ -89,10 +162,21 @@ where
     }
 }
 
-async fn serve_connection(stream: TcpStream, router: axum::Router, mut stop: tokio::sync::watch::Receiver<bool>) {
+async fn serve_connection(
+    stream: TcpStream,
+    router: axum::Router,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    header_bytes_max: usize,
+) {
+    let slot = std::sync::Arc::new(guard::Slot::default());
+    let io = guard::HeadGuard::new(SkipEmptyFlush::new(stream), header_bytes_max, slot.clone());
     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
         let router = router.clone();
+        let refused = slot.take_for(req.headers());
         async move {
+            if let Some(refused) = refused {
+                return Ok(guard::rejection_response(refused, header_bytes_max));
+            }
             let resp = match router.oneshot(req.map(Body::new)).await {
                 Ok(r) => r,
                 Err(never) => match never {},
@@ -106,7 +190,9 @@ async fn serve_connection(stream: TcpStream, router: axum::Router, mut stop: tok
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(RtTimer)
         .header_read_timeout(Duration::from_millis(HEADER_READ_MS_MAX))
-        .serve_connection(TokioIo::new(SkipEmptyFlush::new(stream)), service);
+        .max_headers(HEADERS_COUNT_MAX)
+        .max_header_size(header_bytes_max)
+        .serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     let stopped = async move {
         loop {
@@ -392,5 +478,213 @@ mod tests {
         assert!(!dropped.nothing_sent());
         let _ = tx.send(());
         server.await.expect("server stops");
+    }
+
+    /// Serves a small router (`GET /ok`, `POST /echo`) with `limits`; the sender stops it.
+    async fn served(limits: ServeLimits) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
+        use axum::routing::{get, post};
+        let router = axum::Router::new()
+            .route("/ok", get(|| async { "hi" }))
+            .route("/echo", post(|body: Bytes| async move { body }));
+        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve_with_limits(
+            listener,
+            router,
+            async {
+                let _ = rx.await;
+            },
+            limits,
+        ));
+        (addr, tx)
+    }
+
+    /// Writes `bytes` on a fresh connection and reads until the server closes it.
+    async fn exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(bytes).await.expect("write");
+        stream.flush().await.expect("flush");
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out))
+            .await
+            .expect("the server closes the connection")
+            .expect("read");
+        out
+    }
+
+    /// One parsed response: status, lowercase headers, body.
+    type Answer = (u16, Vec<(String, String)>, Vec<u8>);
+
+    /// Splits a connection's bytes into its responses (each framed by Content-Length).
+    fn responses(mut raw: &[u8]) -> Vec<Answer> {
+        let mut out = Vec::new();
+        while !raw.is_empty() {
+            let end = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete head") + 4;
+            let head = std::str::from_utf8(&raw[..end]).expect("ascii head");
+            let mut lines = head.split("\r\n");
+            let status: u16 =
+                lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|s| s.parse().ok()).expect("status");
+            let headers: Vec<(String, String)> = lines
+                .filter_map(|l| l.split_once(':'))
+                .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+                .collect();
+            let len: usize = headers
+                .iter()
+                .find(|(k, _)| k == "content-length")
+                .and_then(|(_, v)| v.parse().ok())
+                .expect("content-length");
+            out.push((status, headers, raw[end..end + len].to_vec()));
+            raw = &raw[end + len..];
+        }
+        out
+    }
+
+    fn header<'a>(a: &'a Answer, name: &str) -> Option<&'a str> {
+        a.1.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// `a` is the C3 envelope with `status` and `code`.
+    fn assert_envelope(a: &Answer, status: u16, code: &str, case: &str) {
+        assert_eq!(a.0, status, "{case}");
+        assert_eq!(header(a, "content-type"), Some(dlock_contract::CONTENT_TYPE_JSON), "{case}");
+        let v: serde_json::Value = serde_json::from_slice(&a.2).expect("envelope json");
+        assert_eq!(v["code"], code, "{case}: {v}");
+        assert_eq!(v["retrySafe"], false, "{case}: {v}");
+        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{case}: {v}");
+        assert_eq!(v["traceId"].as_str().map(str::len), Some(32), "{case}: {v}");
+    }
+
+    #[tokio::test]
+    async fn malformed_request_heads_are_answered_with_the_envelope() {
+        let (addr, _stop) = served(ServeLimits { header_bytes_max: 1_024, ..ServeLimits::default() }).await;
+        let big = format!("GET /ok HTTP/1.1\r\nhost: a\r\nx-big: {}\r\n\r\n", "a".repeat(2_000));
+        let many: String = (0..HEADERS_COUNT_MAX + 1).map(|i| format!("x-{i}: 1\r\n")).collect();
+        let many = format!("GET /ok HTTP/1.1\r\n{many}\r\n");
+        let cases: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+            ("no version", b"GET /ok\r\n\r\n".to_vec(), 400, "VALIDATION_FAILED"),
+            ("not a request line", b"GARBAGE\r\n\r\n".to_vec(), 400, "VALIDATION_FAILED"),
+            // Refused as soon as its first line ends, not when the head would have ended.
+            ("a bad first line alone", b"GARBAGE\r\n".to_vec(), 400, "VALIDATION_FAILED"),
+            ("non-UTF-8 path", b"GET /\xff\xfe HTTP/1.1\r\nhost: a\r\n\r\n".to_vec(), 400, "VALIDATION_FAILED"),
+            (
+                "NUL in a header",
+                b"GET /ok HTTP/1.1\r\nhost: a\r\nx-owner-id: a\0b\r\n\r\n".to_vec(),
+                400,
+                "VALIDATION_FAILED",
+            ),
+            (
+                "conflicting lengths",
+                b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nab".to_vec(),
+                400,
+                "VALIDATION_FAILED",
+            ),
+            (
+                "unknown transfer-encoding",
+                b"POST /echo HTTP/1.1\r\nhost: a\r\ntransfer-encoding: gzip\r\n\r\n".to_vec(),
+                400,
+                "VALIDATION_FAILED",
+            ),
+            ("header section over the limit", big.into_bytes(), 431, "HEADERS_TOO_LARGE"),
+            ("too many headers", many.into_bytes(), 431, "HEADERS_TOO_LARGE"),
+        ];
+        for (case, bytes, status, code) in cases {
+            let answers = responses(&exchange(addr, &bytes).await);
+            assert_eq!(answers.len(), 1, "{case}");
+            assert_envelope(&answers[0], status, code, case);
+            assert_eq!(header(&answers[0], "connection"), Some("close"), "{case}");
+        }
+    }
+
+    #[tokio::test]
+    async fn keep_alive_requests_are_each_checked_and_still_served() {
+        let (addr, _stop) = served(ServeLimits { header_bytes_max: 1_024, ..ServeLimits::default() }).await;
+        let padded = format!("GET /ok HTTP/1.1\r\nhost: a\r\nx-pad: {}\r\n\r\n", "p".repeat(600));
+        let mut stream = Vec::new();
+        stream.extend_from_slice(b"GET /ok HTTP/1.1\r\nhost: a\r\n\r\n");
+        stream.extend_from_slice(b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\n\r\nabc");
+        stream.extend_from_slice(
+            b"POST /echo HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n\
+              3\r\nabc\r\n2;ext=1\r\nde\r\n0\r\nx-trailer: 1\r\n\r\n",
+        );
+        stream.extend_from_slice(padded.as_bytes());
+        // A body that looks like a bad head is a body, not a head.
+        stream.extend_from_slice(b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-length: 9\r\n\r\nGARBAGE\r\n");
+        stream.extend_from_slice(b"GET /ok HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n");
+        let answers = responses(&exchange(addr, &stream).await);
+        let got: Vec<(u16, &[u8])> = answers.iter().map(|a| (a.0, a.2.as_slice())).collect();
+        let want: Vec<(u16, &[u8])> =
+            vec![(200, b"hi"), (200, b"abc"), (200, b"abcde"), (200, b"hi"), (200, b"GARBAGE\r\n"), (200, b"hi")];
+        assert_eq!(got, want);
+
+        // The same connection, then a bad head: every good answer, then the envelope.
+        let mut stream = Vec::new();
+        stream.extend_from_slice(b"GET /ok HTTP/1.1\r\nhost: a\r\n\r\n");
+        stream.extend_from_slice(b"POST /echo HTTP/1.1\r\nhost: a\r\ncontent-length: 2\r\n\r\nxy");
+        stream.extend_from_slice(b"GET /\xff HTTP/1.1\r\nhost: a\r\n\r\n");
+        stream.extend_from_slice(b"GET /ok HTTP/1.1\r\nhost: a\r\n\r\n");
+        let answers = responses(&exchange(addr, &stream).await);
+        assert_eq!(answers.len(), 3, "nothing is answered after the refused head");
+        assert_eq!((answers[0].0, answers[0].2.as_slice()), (200, &b"hi"[..]));
+        assert_eq!((answers[1].0, answers[1].2.as_slice()), (200, &b"xy"[..]));
+        assert_envelope(&answers[2], 400, "VALIDATION_FAILED", "bad head after good ones");
+    }
+
+    #[tokio::test]
+    async fn a_refused_head_is_answered_even_with_more_bytes_behind_it() {
+        // The bytes after a refused head are never read as requests; the answer still
+        // arrives (unread input at close would reset the connection under the answer).
+        let (addr, _stop) = served(ServeLimits::default()).await;
+        let mut stream = b"GET /\xff HTTP/1.1\r\nhost: a\r\n\r\n".to_vec();
+        for _ in 0..400 {
+            stream.extend_from_slice(
+                b"GET /ok HTTP/1.1\r\nhost: a\r\nx-fill: 0123456789012345678901234567890123456789\r\n\r\n",
+            );
+        }
+        let answers = responses(&exchange(addr, &stream).await);
+        assert_eq!(answers.len(), 1);
+        assert_envelope(&answers[0], 400, "VALIDATION_FAILED", "bad head, then more");
+    }
+
+    #[tokio::test]
+    async fn a_head_split_across_reads_is_reassembled() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (addr, _stop) = served(ServeLimits::default()).await;
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let _ = stream.set_nodelay(true);
+        let pieces: [&[u8]; 5] = [b"GET /o", b"k HTTP/1.1\r", b"\nhost: a\r\nconnec", b"tion: close\r\n", b"\r\n"];
+        for piece in pieces {
+            stream.write_all(piece).await.expect("write");
+            stream.flush().await.expect("flush");
+            tokio::task::yield_now().await;
+        }
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut out))
+            .await
+            .expect("the server closes the connection")
+            .expect("read");
+        let answers = responses(&out);
+        assert_eq!(answers.len(), 1);
+        assert_eq!((answers[0].0, answers[0].2.as_slice()), (200, &b"hi"[..]));
+    }
+
+    #[tokio::test]
+    async fn a_forged_rejection_header_is_an_ordinary_header() {
+        let (addr, _stop) = served(ServeLimits::default()).await;
+        let req = b"GET /ok HTTP/1.1\r\nhost: a\r\nx-dlock-head-rejected: 0\r\nconnection: close\r\n\r\n";
+        let answers = responses(&exchange(addr, req).await);
+        assert_eq!(answers.len(), 1);
+        assert_eq!((answers[0].0, answers[0].2.as_slice()), (200, &b"hi"[..]));
+    }
+
+    #[test]
+    fn header_limit_defaults_and_clamps_are_named() {
+        assert_eq!(ServeLimits::default().header_bytes_max, HEADER_BYTES_MAX_DEFAULT);
+        assert_eq!(ServeLimits::default().grace_ms_max, SHUTDOWN_GRACE_MS_DEFAULT);
+        let at = |n| ServeLimits { header_bytes_max: n, ..ServeLimits::default() }.effective_header_bytes_max();
+        assert_eq!(at(1), HEADER_BYTES_MAX_FLOOR);
+        assert_eq!(at(usize::MAX), HEADER_BYTES_MAX_CEILING);
+        assert_eq!(at(4_096), 4_096);
     }
 }

@@ -28,7 +28,8 @@ pub struct ServiceHandle<S> {
 
 impl<S> ServiceHandle<S> {
     /// Serves `router` on `listener` until `shutdown`, allowing in-flight requests up to
-    /// `grace_ms_max` to finish (see [`crate::http::serve_with_grace`]).
+    /// `grace_ms_max` to finish, with this process's header limit
+    /// ([`crate::http::process_header_bytes_max`], `http.header-bytes-max`).
     pub fn serve<F>(
         service: Arc<S>,
         listener: TcpListener,
@@ -40,7 +41,12 @@ impl<S> ServiceHandle<S> {
         F: Future<Output = ()> + Send + 'static,
     {
         let local_addr = listener.local_addr()?;
-        let server = crate::spawn(crate::http::serve_with_grace(listener, router, shutdown, grace_ms_max));
+        let server = crate::spawn(crate::http::serve_with_limits(
+            listener,
+            router,
+            shutdown,
+            crate::http::ServeLimits { grace_ms_max, header_bytes_max: crate::http::process_header_bytes_max() },
+        ));
         Ok(ServiceHandle { service, local_addr, server, draining: Vec::new(), background: Vec::new() })
     }
 

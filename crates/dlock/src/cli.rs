@@ -26,6 +26,9 @@ struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "DLOCK_LOG_FORMAT")]
     log_format: LogFormat,
+    /// [http.header-bytes-max] Largest request header section a service accepts (431 over it).
+    #[arg(long, global = true, env = "DLOCK_HTTP_HEADER_BYTES_MAX", value_name = "BYTES")]
+    http_header_bytes_max: Option<usize>,
     #[command(subcommand)]
     command: Command,
 }
@@ -295,8 +298,22 @@ struct SeedArgs {
     state: String,
 }
 
+/// The command line, with the environment's values hidden from every help text: an
+/// argument such as `--database-url` may carry a password in `DLOCK_*_DATABASE_URL`, and
+/// `--help` must never print it. Applied to every argument of every subcommand, so a new
+/// argument cannot forget it.
+fn command() -> clap::Command {
+    fn hide_env_values(cmd: clap::Command) -> clap::Command {
+        cmd.mut_args(|a| a.hide_env_values(true)).mut_subcommands(hide_env_values)
+    }
+    hide_env_values(<Cli as clap::CommandFactory>::command())
+}
+
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&command().get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     // The demo and the operator tools report on stdout; their events stay quiet unless
     // DLOCK_LOG asks for them. Services log at info.
     let default_filter = match cli.command {
@@ -315,7 +332,7 @@ pub fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("dlock: {e}");
+            eprintln!("dlock: {}", dlock_db::redact_credentials(&e));
             ExitCode::from(2)
         }
     }
@@ -422,6 +439,10 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
     let mut layers = config::process_layers(config::load_file(cli.config.as_deref())?);
     layers.set_flag_opt(config::PROFILE_KEY, cli.profile.as_ref());
     let profile = layers.profile()?;
+    layers.set_flag_opt(config::HTTP_HEADER_BYTES_MAX_KEY, cli.http_header_bytes_max.as_ref());
+    dlock_rt::http::set_process_header_bytes_max(
+        layers.get(config::HTTP_HEADER_BYTES_MAX_KEY, dlock_rt::http::HEADER_BYTES_MAX_DEFAULT)?,
+    )?;
     match cli.command {
         Command::Reconcile(a) => {
             reconcile_flags(&a, &mut layers);
@@ -591,6 +612,22 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+        command().debug_assert();
+    }
+
+    #[test]
+    fn no_help_text_shows_an_environment_value() {
+        fn check(cmd: &clap::Command, path: &str) -> usize {
+            let mut n = 0;
+            for arg in cmd.get_arguments() {
+                if arg.get_env().is_some() {
+                    assert!(arg.is_hide_env_values_set(), "{path} --{:?} would print its env value", arg.get_long());
+                    n += 1;
+                }
+            }
+            n + cmd.get_subcommands().map(|s| check(s, &format!("{path} {}", s.get_name()))).sum::<usize>()
+        }
+        assert!(check(&command(), "dlock") > 10);
     }
 
     #[test]

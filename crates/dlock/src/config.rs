@@ -6,10 +6,14 @@
 
 pub use dlock_config::{FileConfig, Layers, Profile, LOCKDB_URL_DEFAULT, PAYDB_URL_DEFAULT, PROFILE_KEY};
 
+/// `http.header-bytes-max`: the request header bound of every server this process runs
+/// (one process-wide value; see `dlock_rt::http::set_process_header_bytes_max`).
+pub const HTTP_HEADER_BYTES_MAX_KEY: &str = "http.header-bytes-max";
+
 /// Every key a config file may set. An unknown key is an error, not a silent no-op: a typo
 /// in a payment system's config should stop the process, not be ignored.
 pub fn known_keys() -> Vec<&'static str> {
-    let mut keys = vec![PROFILE_KEY];
+    let mut keys = vec![PROFILE_KEY, HTTP_HEADER_BYTES_MAX_KEY];
     for service in [
         dlock_rail_stub::config::KEYS,
         dlock_rail_proxy::config::KEYS,

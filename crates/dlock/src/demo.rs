@@ -392,10 +392,7 @@ fn fenced_out(cluster: &Cluster, resource: usize) -> u64 {
 
 /// `url` without the credentials of its user-info part, for printing.
 fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => format!("{}***{}", &url[..scheme_end + 3], &url[at..]),
-        _ => url.to_owned(),
-    }
+    dlock_db::redact_credentials(url)
 }
 
 #[cfg(test)]
