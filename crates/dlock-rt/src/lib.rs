@@ -12,6 +12,7 @@
 
 pub mod clock;
 pub mod http;
+pub mod probe;
 pub mod rand;
 pub mod service;
 

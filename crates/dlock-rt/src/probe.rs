@@ -1,0 +1,149 @@
+//! Coverage probes: named "this interesting thing happened" counters, in the spirit of
+//! FoundationDB's code probes and "sometimes" assertions.
+//!
+//! Service code calls [`hit`] where an event the simulation must keep exploring happens (a
+//! stale writer fenced out at the account, an orphaned intent swept, ...). A simulation
+//! campaign sums the counts over its seeds and fails if a probe never fired, so the
+//! simulation cannot quietly stop reaching the paths that matter.
+//!
+//! Invariants:
+//! - The set of probes is closed ([`Probe::ALL`]); a campaign checks every one of them.
+//! - Outside `cfg(madsim)` [`hit`] compiles to nothing: production pays no cost and keeps
+//!   no state.
+//! - Under `cfg(madsim)` counts are per thread. A madsim runtime runs one seed on the thread
+//!   that calls it, so [`reset`] before a seed and [`snapshot`] after it give that seed's
+//!   counts, whatever other seeds run on other threads.
+
+/// Every probe. The name is stable (campaign summaries and `--json` print it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Probe {
+    /// A claim was refused `FENCED_OUT` at the account fence.
+    FencedOutAccount,
+    /// A post was refused `FENCED_OUT` at the ledger.
+    FencedOutLedger,
+    /// A submission was refused `FENCED_OUT` at the rail's high-water mark.
+    FencedOutRail,
+    /// A submission was forwarded and its outcome is unknown (`RAIL_AMBIGUOUS`).
+    AmbiguousOutcome,
+    /// The proxy refused a second forwardable attempt of one payout (`DUPLICATE_SUBMISSION`).
+    DuplicateRefused,
+    /// A holder evicted by an operator revoke was then fenced out.
+    RevokeFencedHolder,
+    /// A store committed the intent row and the acknowledgement was lost.
+    LostAckIntent,
+    /// A store committed a claim and the acknowledgement was lost.
+    LostAckClaim,
+    /// A store committed a post and the acknowledgement was lost.
+    LostAckPost,
+    /// An executor re-claimed a payout left CLAIMED by an earlier holder (recovery).
+    RecoveryReclaim,
+    /// A queued waiter was granted the key after waiting.
+    WaiterGrantedAfterWait,
+    /// A writer on a node whose clock drifted past the lock client's margin was fenced out.
+    DriftCaughtByFence,
+    /// The orphan sweep resolved an intent left by a dead forward.
+    OrphanIntentSwept,
+    /// A partition healed while a lease taken before it was still live.
+    PartitionHealedMidLease,
+}
+
+impl Probe {
+    pub const ALL: [Probe; 14] = [
+        Probe::FencedOutAccount,
+        Probe::FencedOutLedger,
+        Probe::FencedOutRail,
+        Probe::AmbiguousOutcome,
+        Probe::DuplicateRefused,
+        Probe::RevokeFencedHolder,
+        Probe::LostAckIntent,
+        Probe::LostAckClaim,
+        Probe::LostAckPost,
+        Probe::RecoveryReclaim,
+        Probe::WaiterGrantedAfterWait,
+        Probe::DriftCaughtByFence,
+        Probe::OrphanIntentSwept,
+        Probe::PartitionHealedMidLease,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Probe::FencedOutAccount => "fenced_out_account",
+            Probe::FencedOutLedger => "fenced_out_ledger",
+            Probe::FencedOutRail => "fenced_out_rail",
+            Probe::AmbiguousOutcome => "ambiguous_outcome",
+            Probe::DuplicateRefused => "duplicate_refused",
+            Probe::RevokeFencedHolder => "revoke_fenced_holder",
+            Probe::LostAckIntent => "lost_ack_intent",
+            Probe::LostAckClaim => "lost_ack_claim",
+            Probe::LostAckPost => "lost_ack_post",
+            Probe::RecoveryReclaim => "recovery_reclaim",
+            Probe::WaiterGrantedAfterWait => "waiter_granted_after_wait",
+            Probe::DriftCaughtByFence => "drift_caught_by_fence",
+            Probe::OrphanIntentSwept => "orphan_intent_swept",
+            Probe::PartitionHealedMidLease => "partition_healed_mid_lease",
+        }
+    }
+}
+
+#[cfg(madsim)]
+thread_local! {
+    static COUNTS: std::cell::RefCell<std::collections::BTreeMap<Probe, u64>> =
+        const { std::cell::RefCell::new(std::collections::BTreeMap::new()) };
+}
+
+/// Records that `probe` fired (a no-op outside the simulation).
+#[inline]
+pub fn hit(probe: Probe) {
+    #[cfg(madsim)]
+    COUNTS.with(|c| *c.borrow_mut().entry(probe).or_insert(0) += 1);
+    #[cfg(not(madsim))]
+    let _ = probe;
+}
+
+/// This thread's counts since the last [`reset`] (empty outside the simulation).
+pub fn snapshot() -> std::collections::BTreeMap<Probe, u64> {
+    #[cfg(madsim)]
+    return COUNTS.with(|c| c.borrow().clone());
+    #[cfg(not(madsim))]
+    std::collections::BTreeMap::new()
+}
+
+/// Forgets this thread's counts (call before each seed).
+pub fn reset() {
+    #[cfg(madsim)]
+    COUNTS.with(|c| c.borrow_mut().clear());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_names_are_unique_snake_case() {
+        let mut names: Vec<&str> = Probe::ALL.iter().map(|p| p.name()).collect();
+        assert!(names.iter().all(|n| n.chars().all(|c| c.is_ascii_lowercase() || c == '_')));
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), Probe::ALL.len());
+    }
+
+    #[cfg(madsim)]
+    #[test]
+    fn hits_are_counted_per_thread_until_reset() {
+        reset();
+        hit(Probe::FencedOutRail);
+        hit(Probe::FencedOutRail);
+        assert_eq!(snapshot().get(&Probe::FencedOutRail), Some(&2));
+        let other = std::thread::spawn(|| snapshot().len()).join().unwrap_or(usize::MAX);
+        assert_eq!(other, 0);
+        reset();
+        assert!(snapshot().is_empty());
+    }
+
+    #[cfg(not(madsim))]
+    #[test]
+    fn outside_the_simulation_a_hit_keeps_nothing() {
+        hit(Probe::FencedOutRail);
+        assert!(snapshot().is_empty());
+    }
+}
