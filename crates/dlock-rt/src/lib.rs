@@ -44,7 +44,10 @@ pub async fn sleep(d: Duration) {
     #[cfg(not(madsim))]
     tokio::time::sleep(d).await;
     #[cfg(madsim)]
-    sim_clock::sleep_until(Instant::now() + d).await;
+    match sim_clock::deadline_in(d) {
+        Some(deadline) => sim_clock::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Sleeps until `deadline`'s clock (in simulation: the node it was read on) reaches it.
@@ -66,7 +69,7 @@ pub async fn timeout<F: std::future::Future>(d: Duration, f: F) -> Option<F::Out
 /// passed first. `f` is polled first, so a ready `f` wins even at a zero deadline.
 #[cfg(madsim)]
 pub async fn timeout<F: std::future::Future>(d: Duration, f: F) -> Option<F::Output> {
-    let deadline = Instant::now() + d;
+    let Some(deadline) = sim_clock::deadline_in(d) else { return Some(f.await) };
     tokio::select! {
         biased;
         v = f => Some(v),

@@ -408,7 +408,7 @@ pub(crate) async fn sleep_until(deadline: Instant) {
     let origin = time.now_instant() - time.elapsed();
     let node = match deadline.frame {
         Frame::Reference => {
-            time.sleep_until(origin + deadline.at).await;
+            global_sleep_until(&time, origin.checked_add(deadline.at)).await;
             return;
         }
         Frame::Node(node) => node,
@@ -423,13 +423,26 @@ pub(crate) async fn sleep_until(deadline: Instant) {
         let notified = changed.notified();
         tokio::select! {
             biased;
-            () = time.sleep_until(origin + wake) => {}
+            () = global_sleep_until(&time, origin.checked_add(wake)) => {}
             () = notified => {}
         }
         if now_in(deadline.frame).at >= deadline.at {
             return;
         }
     }
+}
+
+/// Sleeps until the global instant `at`; forever if it is beyond what an instant can hold.
+async fn global_sleep_until(time: &TimeHandle, at: Option<std::time::Instant>) {
+    match at {
+        Some(at) => time.sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A deadline `d` from now on the current node's clock; `None` beyond what an instant holds.
+pub(crate) fn deadline_in(d: Duration) -> Option<Instant> {
+    Instant::now().checked_add(d)
 }
 
 #[cfg(test)]

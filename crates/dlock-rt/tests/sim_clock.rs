@@ -351,3 +351,20 @@ fn a_new_runtime_starts_with_untouched_clocks() {
     assert!(same_id, "the second runtime reuses the node id, so a stale registry would show");
     assert_eq!((rate, offset), (1.0, 0));
 }
+
+#[madsim::test]
+async fn a_timeout_too_far_to_represent_never_fires() {
+    let slow = node("slow");
+    sim_clock::set_rate(slow.id(), 0.1);
+    let out = slow
+        .spawn(async {
+            let far = dlock_rt::timeout(Duration::MAX, async {
+                dlock_rt::sleep(Duration::from_secs(5)).await;
+                3
+            });
+            far.await
+        })
+        .await
+        .expect("node task");
+    assert_eq!(out, Some(3));
+}
