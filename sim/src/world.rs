@@ -264,7 +264,7 @@ pub async fn start_executor_node(
 
 /// Starts the four service nodes (the stub seeded from the runtime) and waits for them to bind.
 pub async fn start(cfg: WorldConfig) -> World {
-    let locks = Arc::new(MemLockStore::new(Clock::system()));
+    let locks = Arc::new(MemLockStore::new(Clock::reference()));
     let paydb = Arc::new(MemPaydb::new());
     let mut l = cfg.layers();
     if l.get_opt::<u64>("rail.stub.seed").ok().flatten().is_none() {

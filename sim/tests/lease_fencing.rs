@@ -82,7 +82,7 @@ async fn world(n: usize, backend: Backend) -> World {
             etcd_client::SimServer::builder().serve(addr).await.expect("simulated etcd serves");
         });
     }
-    let locks = Arc::new(MemLockStore::new(Clock::system()));
+    let locks = Arc::new(MemLockStore::new(Clock::reference()));
     let rail = Arc::new(MemRailStore::new());
     let mut payouts = Vec::new();
     for i in 0..n {

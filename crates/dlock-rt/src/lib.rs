@@ -4,7 +4,13 @@
 //!
 //! Rules this crate exists to enforce:
 //! - Wall-clock readings go through a [`Clock`], which carries the node's skew. Leases are
-//!   measured on the monotonic clock ([`Clock::now`]), never on the wall clock.
+//!   measured on the monotonic clock ([`Clock::now`], [`Instant::now`]), never on the wall
+//!   clock.
+//! - Time is node-local: [`Clock::now`], [`sleep`], [`sleep_until`], [`timeout`] and
+//!   [`wait_until`] follow the clock of the node running the caller. In simulation each node's
+//!   clock has its own rate and wall offset (`sim_clock`, under `cfg(madsim)`); an [`Instant`]
+//!   only compares with instants of its own node. `tokio::time` used directly would read
+//!   madsim's global clock and bypass the node's: service code never does.
 //! - Randomness comes from [`rand`]: in simulation it is derived from the seed, so a seed
 //!   replays bit for bit.
 //! - Tasks are spawned with [`spawn`]; sockets are opened with [`http::bind`] and
@@ -15,12 +21,14 @@ pub mod http;
 pub mod probe;
 pub mod rand;
 pub mod service;
+#[cfg(madsim)]
+pub mod sim_clock;
 
-pub use clock::Clock;
+pub use clock::{Clock, Instant};
 pub use service::ServiceHandle;
 
 pub use tokio::task::JoinHandle;
-pub use tokio::time::{Duration, Instant};
+pub use tokio::time::Duration;
 
 /// Spawns a task on the current runtime (tokio, or the current madsim node).
 pub fn spawn<F>(future: F) -> JoinHandle<F::Output>
@@ -31,14 +39,43 @@ where
     tokio::spawn(future)
 }
 
-/// Sleeps on the runtime's timer (virtual time in simulation).
+/// Sleeps until the current node's clock has advanced by `d` (virtual time in simulation,
+/// where a node at rate `r` sleeps `d / r` of global time).
 pub async fn sleep(d: Duration) {
-    tokio::time::sleep(d).await
+    #[cfg(not(madsim))]
+    tokio::time::sleep(d).await;
+    #[cfg(madsim)]
+    match sim_clock::deadline_in(d) {
+        Some(deadline) => sim_clock::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
 }
 
-/// Runs `f` with a deadline on the runtime's timer; `None` when the deadline passed first.
+/// Sleeps until `deadline`'s clock (in simulation: the node it was read on) reaches it.
+pub async fn sleep_until(deadline: Instant) {
+    #[cfg(not(madsim))]
+    tokio::time::sleep_until(deadline).await;
+    #[cfg(madsim)]
+    sim_clock::sleep_until(deadline).await;
+}
+
+/// Runs `f` with a deadline `d` away on the current node's clock; `None` when the deadline
+/// passed first. `f` is polled first, so a ready `f` wins even at a zero deadline.
+#[cfg(not(madsim))]
 pub async fn timeout<F: std::future::Future>(d: Duration, f: F) -> Option<F::Output> {
     tokio::time::timeout(d, f).await.ok()
+}
+
+/// Runs `f` with a deadline `d` away on the current node's clock; `None` when the deadline
+/// passed first. `f` is polled first, so a ready `f` wins even at a zero deadline.
+#[cfg(madsim)]
+pub async fn timeout<F: std::future::Future>(d: Duration, f: F) -> Option<F::Output> {
+    let Some(deadline) = sim_clock::deadline_in(d) else { return Some(f.await) };
+    tokio::select! {
+        biased;
+        v = f => Some(v),
+        () = sim_clock::sleep_until(deadline) => None,
+    }
 }
 
 /// Polls `cond` every `interval` until it returns `Some` or `deadline` passes. The tool for
