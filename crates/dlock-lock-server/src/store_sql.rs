@@ -34,6 +34,16 @@ fn unavailable(e: sqlx::Error) -> StoreError {
     }
 }
 
+/// A failed `COMMIT`: a lost answer may have committed ([`StoreError::CommitUnknown`]);
+/// any other failure committed nothing.
+fn commit_error(e: sqlx::Error) -> StoreError {
+    if dlock_db::is_commit_answer_lost(&e) {
+        StoreError::CommitUnknown(dlock_db::describe(&e))
+    } else {
+        unavailable(e)
+    }
+}
+
 fn parse_uuid(raw: &str) -> Result<Uuid, StoreError> {
     Uuid::parse_str(raw).map_err(|e| StoreError::Corrupt(format!("bad uuid {raw:?}: {e}")))
 }
@@ -303,7 +313,7 @@ macro_rules! sql_lock_store {
                 .execute(&mut *tx)
                 .await
                 .map_err(unavailable)?;
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(SessionRow { session_id, owner_id: owner_id.to_owned(), ttl_ms, expires_at_ms: now + ttl_ms })
             }
 
@@ -332,7 +342,7 @@ macro_rules! sql_lock_store {
                 .await
                 .and_then(|r| r.try_get("held"))
                 .map_err(unavailable)?;
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(Ok((SessionRow { session_id, owner_id, ttl_ms, expires_at_ms: now + ttl_ms }, held)))
             }
 
@@ -371,7 +381,7 @@ macro_rules! sql_lock_store {
                     .execute(&mut *tx)
                     .await
                     .map_err(unavailable)?;
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(Ok(()))
             }
 
@@ -417,7 +427,7 @@ macro_rules! sql_lock_store {
                 }
                 if let Some(until) = delay_until.filter(|u| now < *u) {
                     // Keep the removal of the dead grant: it is part of what this call decided.
-                    tx.commit().await.map_err(unavailable)?;
+                    tx.commit().await.map_err(commit_error)?;
                     return Ok(Err(AcquireRefusal::Delayed { until_ms: until }));
                 }
                 let token = Self::tx_next_token(&mut tx).await?;
@@ -465,7 +475,7 @@ macro_rules! sql_lock_store {
                     .await
                     .map_err(unavailable)?;
                 }
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(Ok(GrantRow {
                     key: key.to_owned(),
                     session_id,
@@ -520,7 +530,7 @@ macro_rules! sql_lock_store {
                         .transpose()?;
                     return Ok(Err(RenewRefusal::Lost { stored_token: stored }));
                 }
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(Ok(GrantRow { expires_at_ms: now + ttl_ms, ..g }))
             }
 
@@ -611,7 +621,7 @@ macro_rules! sql_lock_store {
                 .execute(&mut *tx)
                 .await
                 .map_err(unavailable)?;
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(Ok(Revocation { revoked_token: g.fencing_token, new_token_floor: floor, revocation_id }))
             }
 
@@ -691,7 +701,7 @@ macro_rules! sql_lock_store {
                 .await
                 .map_err(unavailable)?
                 .rows_affected();
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(report)
             }
         }

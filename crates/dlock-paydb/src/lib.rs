@@ -21,6 +21,7 @@ pub mod rail;
 #[cfg(not(madsim))]
 pub mod sql;
 
+pub use dlock_contract::store::{ClassifiedStoreError, StoreFault};
 pub use mem::MemPaydb;
 
 /// The SQL list of the states whose payouts reserve their amount ([`pay::is_unsettled`]). A
@@ -32,7 +33,8 @@ macro_rules! unsettled_sql {
     };
 }
 
-/// A paydb store failure.
+/// A paydb store failure, in the one classification every store shares
+/// ([`StoreFault`], C3-extensions C-29).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     /// Nothing was decided: the database could not be reached, timed out, or was busy past
@@ -47,4 +49,22 @@ pub enum StoreError {
     /// write the store issued (500).
     #[error("unexpected database content: {0}")]
     Corrupt(String),
+}
+
+impl dlock_contract::store::ClassifiedStoreError for StoreError {
+    fn fault(&self) -> StoreFault {
+        match self {
+            StoreError::Unavailable(_) => StoreFault::Unavailable,
+            StoreError::CommitUnknown(_) => StoreFault::CommitUnknown,
+            StoreError::Corrupt(_) => StoreFault::Corrupt,
+        }
+    }
+
+    fn of_fault(fault: StoreFault, cause: String) -> StoreError {
+        match fault {
+            StoreFault::Unavailable => StoreError::Unavailable(cause),
+            StoreFault::CommitUnknown => StoreError::CommitUnknown(cause),
+            StoreFault::Corrupt => StoreError::Corrupt(cause),
+        }
+    }
 }

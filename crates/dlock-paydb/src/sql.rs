@@ -108,16 +108,7 @@ pub fn db_error(e: sqlx::Error) -> StoreError {
 
 /// A failed COMMIT: an I/O failure means the answer was lost, not that nothing happened.
 pub fn commit_error(e: sqlx::Error) -> StoreError {
-    let lost = match &e {
-        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
-        // SQLITE_IOERR (10) and its extended codes.
-        sqlx::Error::Database(db) => {
-            db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
-                && db.code().unwrap_or_default().parse::<i32>().is_ok_and(|c| c & 0xff == 10)
-        }
-        _ => false,
-    };
-    if lost {
+    if dlock_db::is_commit_answer_lost(&e) {
         StoreError::CommitUnknown(dlock_db::describe(&e))
     } else {
         db_error(e)

@@ -15,6 +15,7 @@ pub mod idempotency;
 pub mod metrics;
 pub mod service;
 pub mod store;
+pub mod store_fault;
 pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;

@@ -35,7 +35,7 @@ pub use dlock_paydb::pay::{
     PayoutView, ResolutionRow, ResolveOutcome, StoredResponse, SubmissionSummary, RESOLUTION_RAIL_REFERENCE_CHARS_MAX,
     RESOLUTION_REASON_CHARS_MAX, RESOLUTION_REASON_CHARS_MIN,
 };
-pub use dlock_paydb::StoreError;
+pub use dlock_paydb::{ClassifiedStoreError, StoreError, StoreFault};
 
 /// The idempotency identity and fingerprint of one mutating request.
 ///

@@ -617,3 +617,34 @@ async fn payment_metrics_expose_only_pinned_tag_values() {
         assert!(!line.contains(&p.to_string()) && !line.contains("acct-1"), "an id leaked into a tag: {line}");
     }
 }
+
+#[tokio::test]
+async fn each_injected_store_fault_of_a_claim_maps_to_its_code_and_retry_safety() {
+    use dlock_payment_resource::store::StoreFault;
+    use dlock_payment_resource::store_fault::FaultyPaymentStore;
+    // (class, status, code, retrySafe, the claim committed)
+    let cases = [
+        (StoreFault::Unavailable, 503, "NOT_READY", true, false),
+        (StoreFault::CommitUnknown, 500, "INTERNAL", false, true),
+        (StoreFault::Corrupt, 500, "INTERNAL", false, false),
+    ];
+    for (fault, status, code, retry_safe, committed) in cases {
+        let paydb = Arc::new(MemPaydb::new());
+        let faulty = Arc::new(FaultyPaymentStore::new(paydb.clone()));
+        let cfg = PaymentConfig { body_bytes_max: 4_096, ..PaymentConfig::default() };
+        let app = router(PaymentResource::start(faulty.clone(), cfg, Clock::system()).await.expect("start"));
+        assert_eq!(create_account(&app, "acct-1", 10_000).await.status, 201);
+        let p = create_payout(&app, "acct-1", 500).await;
+        faulty.faults.inject("claim", fault);
+        let a = claim(&app, p, 7, "PENDING").await;
+        assert_envelope(&a, status, code);
+        assert_eq!(a.json["retrySafe"], retry_safe, "{fault:?}: {}", a.json);
+        let state = PaymentStore::payout(&*paydb, p).await.expect("read").expect("exists").state;
+        let want = if committed { "CLAIMED" } else { "PENDING" };
+        assert_eq!(state.as_str(), want, "{fault:?}");
+        // The same request again: a lost answer replays the committed claim; after a
+        // refusal it runs afresh. Either way it now answers 200.
+        let again = claim(&app, p, 7, "PENDING").await;
+        assert_eq!(again.status, 200, "{fault:?}: {}", again.json);
+    }
+}

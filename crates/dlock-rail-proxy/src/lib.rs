@@ -23,6 +23,7 @@ pub mod app;
 pub mod metrics;
 pub mod service;
 pub mod store;
+pub mod store_fault;
 pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;

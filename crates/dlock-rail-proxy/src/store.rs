@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 /// paydb's shared rail rows and the one store error, from `dlock-paydb`.
 pub use dlock_paydb::rail::{is_forwardable, Admission, Attempt, NewPayout, PayoutRow, Resolution, SubmissionRow};
-pub use dlock_paydb::StoreError;
+pub use dlock_paydb::{ClassifiedStoreError, StoreError, StoreFault};
 
 /// The rail-proxy's view of paydb.
 #[async_trait]
