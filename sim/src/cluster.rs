@@ -8,14 +8,10 @@ use std::sync::Arc;
 
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::RailCallLog;
-use dlock_rail_proxy::service::ProxyConfig;
 use dlock_rail_proxy::store::{NewPayout, RailStore};
 use dlock_rail_proxy::store_mem::MemRailStore;
-use dlock_rail_proxy::RailProxy;
-use dlock_rail_stub::{RailStub, StubConfig};
 use dlock_rt::http::{BaseUrl, HttpClient};
 use dlock_rt::{Clock, Duration};
-use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::invariants;
@@ -68,54 +64,22 @@ pub async fn run(scenario: &Scenario) -> Report {
     }
 
     let skew = |node: &str| scenario.skew_ms.get(node).copied().unwrap_or(0);
-    let stub_cfg = StubConfig {
-        latency_ms: scenario.rail.latency_ms,
-        failure_rate: scenario.rail.failure_rate,
-        duplicate_ack_rate: scenario.rail.duplicate_ack_rate,
-        decline_rate: scenario.rail.decline_rate,
-        seed: dlock_rt::rand::random_u64(),
-        ..StubConfig::default()
-    };
-    let stub_clock = Clock::with_skew_ms(skew("rail-stub"));
-    handle
-        .create_node()
-        .name("rail-stub")
-        .ip(IpAddr::from(STUB_IP))
-        .init(move || {
-            let cfg = stub_cfg.clone();
-            async move {
-                let stub = RailStub::new(cfg, stub_clock);
-                if let Ok(listener) = dlock_rt::http::bind(addr(STUB_IP, STUB_PORT)).await {
-                    dlock_rt::http::serve(listener, dlock_rail_stub::router(stub), std::future::pending()).await;
-                }
-            }
-        })
-        .build();
-
-    let proxy_store = store.clone();
-    let proxy_clock = Clock::with_skew_ms(skew("rail-proxy"));
-    let proxy = handle
-        .create_node()
-        .name("rail-proxy")
-        .ip(IpAddr::from(PROXY_IP))
-        .init(move || {
-            let store: Arc<dyn RailStore> = proxy_store.clone();
-            async move {
-                let cfg = ProxyConfig {
-                    rail_url: base(STUB_IP, STUB_PORT),
-                    connect_timeout_ms: dlock_rail_proxy::service::CONNECT_TIMEOUT_MS_DEFAULT,
-                    read_timeout_ms: dlock_rail_proxy::service::READ_TIMEOUT_MS_DEFAULT,
-                    fencing_enabled: true,
-                    duplicate_guard_enabled: true,
-                    body_bytes_max: dlock_rail_proxy::service::BODY_BYTES_MAX_DEFAULT,
-                };
-                let proxy = RailProxy::new(store, cfg, proxy_clock);
-                if let Ok(listener) = dlock_rt::http::bind(addr(PROXY_IP, PROXY_PORT)).await {
-                    dlock_rt::http::serve(listener, dlock_rail_proxy::router(proxy), std::future::pending()).await;
-                }
-            }
-        })
-        .build();
+    // The stub and the proxy are started through their crates' entry points with settings
+    // from their own resolvers, as in production (the proxy's orphan sweeper included).
+    let rail = &scenario.rail;
+    let seed = dlock_rt::rand::random_u64().to_string();
+    let settings = [
+        ("rail.stub.latency-ms", rail.latency_ms.to_string()),
+        ("rail.stub.failure-rate", rail.failure_rate.to_string()),
+        ("rail.stub.duplicate-ack-rate", rail.duplicate_ack_rate.to_string()),
+        ("rail.stub.decline-rate", rail.decline_rate.to_string()),
+        ("rail.stub.seed", seed),
+    ];
+    let pairs: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let layers = crate::world::layers(&pairs);
+    crate::world::start_stub_node(&layers, skew("rail-stub"));
+    let proxy_store: Arc<dyn RailStore> = store.clone();
+    let proxy = crate::world::start_proxy_node(&layers, skew("rail-proxy"), proxy_store);
     let proxy_id = proxy.id();
 
     let client = handle.create_node().name("client").ip(IpAddr::from(CLIENT_IP)).build();
@@ -229,36 +193,32 @@ async fn wait_ready(url: BaseUrl) {
         .await;
 }
 
+/// One submission through the rail client, as a worker sends it; the answer's status and
+/// code (or outcome), status 0 when no answer came.
 async fn submit(payout: Uuid, account: &str, token: i64) -> (u16, String) {
-    let body = json!({
-        "payoutId": payout,
-        "accountId": account,
-        "amountMinor": PAYOUT_AMOUNT_MINOR,
-        "currency": "EUR",
-        "beneficiaryRef": "ben",
-    });
-    let token = token.to_string();
-    let key = format!("payout:{payout}");
-    let sent = client()
-        .send(
-            &base(PROXY_IP, PROXY_PORT),
-            http::Method::POST,
-            "/v1/rail/submissions",
-            &[
-                ("content-type", "application/json"),
-                ("x-fencing-token", &token),
-                ("x-owner-id", "sim-worker"),
-                ("x-idempotency-key", &key),
-            ],
-            Some(body.to_string().into()),
-        )
-        .await;
-    match sent {
-        Ok(r) => {
-            let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-            let code = v.get("code").or_else(|| v.get("outcome")).and_then(Value::as_str).unwrap_or("?");
-            (r.status, code.to_owned())
+    let body = dlock_contract::rail::SubmissionRequest {
+        payout_id: payout,
+        account_id: account.to_owned(),
+        amount_minor: PAYOUT_AMOUNT_MINOR,
+        currency: "EUR".into(),
+        beneficiary_ref: "ben".into(),
+    };
+    let mut cfg = dlock_rail_client::RailClientConfig::new(base(PROXY_IP, PROXY_PORT));
+    cfg.read_timeout_ms = client().read_timeout_ms;
+    let (Ok(rail), Some(token), Ok(owner), Ok(key)) = (
+        dlock_rail_client::RailClient::new(cfg),
+        dlock_contract::FencingToken::new(token),
+        dlock_contract::OwnerId::parse("sim-worker"),
+        dlock_contract::IdempotencyKey::parse(&format!("payout:{payout}")),
+    ) else {
+        return (0, "not sent: invalid token or settings".to_owned());
+    };
+    match rail.submit(token, &owner, &key, &body).await {
+        Ok(ack) => (200, ack.outcome.as_str().to_owned()),
+        Err(dlock_rail_client::RailRefusal::Refused { status, envelope }) => {
+            (status, envelope.code.as_str().to_owned())
         }
+        Err(dlock_rail_client::RailRefusal::Unreadable { status, .. }) => (status, "?".to_owned()),
         Err(e) => (0, format!("transport error: {e}")),
     }
 }

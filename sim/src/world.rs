@@ -7,21 +7,21 @@
 //! Tests start executors (or hand-written workers) on nodes of their own, then judge the run
 //! with [`violations`], which reads paydb and the rail's own record, never the answers.
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use dlock_lock_server::service::{LockServer, LockServerConfig};
+use dlock_config::Layers;
+use dlock_executor::{Executor, ExecutorConfig};
+use dlock_lock_server::store::LockStore;
 use dlock_lock_server::store_mem::MemLockStore;
 use dlock_payment_resource::store::{is_system_account, Direction, PaymentStore};
 use dlock_payment_resource::store_mem::MemPaydb;
-use dlock_payment_resource::{PaymentConfig, PaymentResource};
-use dlock_rail_proxy::service::ProxyConfig;
 use dlock_rail_proxy::store::RailStore;
-use dlock_rail_proxy::RailProxy;
-use dlock_rail_stub::{RailStub, StubConfig};
 use dlock_rt::http::{BaseUrl, HttpClient};
-use dlock_rt::{Clock, Duration};
+use dlock_rt::{Clock, Duration, ServiceHandle};
 use serde_json::Value;
+use tokio::net::TcpListener;
 
 pub const LOCK_IP: [u8; 4] = [10, 0, 1, 1];
 pub const STUB_IP: [u8; 4] = [10, 0, 0, 1];
@@ -31,38 +31,85 @@ pub const LOCK_PORT: u16 = 8081;
 pub const PAYMENT_PORT: u16 = 8082;
 pub const PROXY_PORT: u16 = 8083;
 pub const STUB_PORT: u16 = 8084;
+pub const EXECUTOR_PORT: u16 = 8085;
 /// An address no service uses, for reading the rail's record from outside every node.
 pub const OBSERVER_IP: [u8; 4] = [10, 0, 9, 9];
 /// How long the nodes get to bind before anyone calls them.
 pub const BIND_SETTLE_MS: u64 = 100;
+/// The lock server's reaper interval in every simulated world (shorter than production's,
+/// so lapsed sessions are reaped within a short simulated run).
+pub const REAP_INTERVAL_MS: u64 = 200;
 
 /// `http://ip:port`.
 pub fn url(ip: [u8; 4], port: u16) -> BaseUrl {
     BaseUrl { authority: SocketAddr::new(IpAddr::from(ip), port).to_string() }
 }
 
-/// The knobs of a world: the rail's chaos and each node's clock skew.
+fn http(ip: [u8; 4], port: u16) -> String {
+    format!("http://{}", SocketAddr::new(IpAddr::from(ip), port))
+}
+
+/// The keys that wire a world together: each service's listen address on its node, and
+/// the addresses the services and executors call each other on.
+pub fn wiring() -> Vec<(&'static str, String)> {
+    let addr = |ip: [u8; 4], port: u16| SocketAddr::new(IpAddr::from(ip), port).to_string();
+    vec![
+        ("lock.server.listen", addr(LOCK_IP, LOCK_PORT)),
+        ("rail.stub.listen", addr(STUB_IP, STUB_PORT)),
+        ("payment.resource.listen", addr(PAYMENT_IP, PAYMENT_PORT)),
+        ("rail.proxy.listen", addr(PROXY_IP, PROXY_PORT)),
+        ("rail.proxy.rail-url", http(STUB_IP, STUB_PORT)),
+        ("executor.lock-url", http(LOCK_IP, LOCK_PORT)),
+        ("executor.payment-url", http(PAYMENT_IP, PAYMENT_PORT)),
+        ("executor.proxy-url", http(PROXY_IP, PROXY_PORT)),
+    ]
+}
+
+/// The layers of a simulated world: `settings` (C5 keys, e.g. `("rail.stub.latency-ms",
+/// "400")`, and `("profile", "unsafe-test")` to allow a safety switch off) over the world's
+/// defaults, with the [`wiring`] imposed.
+pub fn layers(settings: &[(&str, &str)]) -> Layers {
+    let mut l = Layers::of(settings);
+    l.set_default("lock.reaper.interval-ms", REAP_INTERVAL_MS);
+    for (key, value) in wiring() {
+        l.set_flag(key, value);
+    }
+    l
+}
+
+/// The knobs of a world: service settings by key and each node's clock skew.
 #[derive(Debug, Clone)]
 pub struct WorldConfig {
-    pub stub: StubConfig,
+    /// C5 keys and values, resolved by each service's own resolver (see [`layers`]).
+    pub settings: Vec<(String, String)>,
     pub lock_skew_ms: i64,
     pub proxy_skew_ms: i64,
     pub payment_skew_ms: i64,
     pub stub_skew_ms: i64,
-    /// The proxy's read timeout towards the rail.
-    pub rail_read_timeout_ms: u64,
 }
 
 impl Default for WorldConfig {
     fn default() -> Self {
         WorldConfig {
-            stub: StubConfig::default(),
+            settings: Vec::new(),
             lock_skew_ms: 300,
             proxy_skew_ms: -1_500,
             payment_skew_ms: 900,
             stub_skew_ms: 0,
-            rail_read_timeout_ms: 8_000,
         }
+    }
+}
+
+impl WorldConfig {
+    /// With `key = value` among the settings.
+    pub fn with(mut self, key: &str, value: impl ToString) -> WorldConfig {
+        self.settings.push((key.to_owned(), value.to_string()));
+        self
+    }
+
+    fn layers(&self) -> Layers {
+        let pairs: Vec<(&str, &str)> = self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        layers(&pairs)
     }
 }
 
@@ -78,95 +125,161 @@ pub struct World {
     observer: madsim::runtime::NodeHandle,
 }
 
-/// Starts the four service nodes (the stub seeded from the runtime) and waits for them to bind.
-pub async fn start(cfg: WorldConfig) -> World {
-    let handle = madsim::runtime::Handle::current();
-    let locks = Arc::new(MemLockStore::new(Clock::system()));
-    let paydb = Arc::new(MemPaydb::new());
+/// On the current node: binds `addr`, starts a service through `start` (a service crate's
+/// entry point, background tasks included), and runs it until the node is killed.
+pub async fn run_service<S, F, Fut>(name: &'static str, addr: SocketAddr, start: F)
+where
+    F: FnOnce(TcpListener) -> Fut,
+    Fut: Future<Output = Result<ServiceHandle<S>, String>>,
+{
+    let listener = match dlock_rt::http::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(service = name, cause = %e, "sim_service_bind_failed");
+            return;
+        }
+    };
+    match start(listener).await {
+        Ok(h) => h.stopped().await,
+        Err(e) => tracing::error!(service = name, cause = %e, "sim_service_start_failed"),
+    }
+}
 
-    let lock_store = locks.clone();
-    let lock_skew = cfg.lock_skew_ms;
-    let lock_node = handle
+/// The lock server on a new node named `lock-server` at [`LOCK_IP`], over `store` (made
+/// anew at each (re)start, as a process reconnects to its database), started with
+/// `dlock_lock_server::start`.
+pub fn start_lock_node<St, StFut>(l: &Layers, skew_ms: i64, store: St) -> madsim::runtime::NodeHandle
+where
+    St: Fn() -> StFut + Send + Sync + 'static,
+    StFut: Future<Output = Arc<dyn LockStore>> + Send + 'static,
+{
+    let s = dlock_lock_server::config::resolve(l, l.profile().expect("profile")).expect("lock-server settings");
+    madsim::runtime::Handle::current()
         .create_node()
         .name("lock-server")
-        .ip(IpAddr::from(LOCK_IP))
+        .ip(s.listen.ip())
         .init(move || {
-            let store = lock_store.clone();
+            let (cfg, listen, store) = (s.config.clone(), s.listen, store());
             async move {
-                let cfg = LockServerConfig { reap_interval_ms: 200, ..LockServerConfig::default() };
-                let server = LockServer::new(store, cfg, Clock::with_skew_ms(lock_skew));
-                let _reaper = dlock_rt::spawn(server.clone().run_reaper());
-                if let Ok(l) = dlock_rt::http::bind(SocketAddr::new(IpAddr::from(LOCK_IP), LOCK_PORT)).await {
-                    dlock_rt::http::serve(l, dlock_lock_server::app::router(server), std::future::pending()).await;
-                }
+                let store = store.await;
+                run_service("lock-server", listen, |l| {
+                    dlock_lock_server::start(cfg, store, Clock::with_skew_ms(skew_ms), l, std::future::pending())
+                })
+                .await
             }
         })
-        .build();
+        .build()
+}
 
-    let stub_cfg = StubConfig { seed: dlock_rt::rand::random_u64(), ..cfg.stub.clone() };
-    let stub_skew = cfg.stub_skew_ms;
-    let stub_node = handle
+/// The rail-stub on a new node named `rail-stub`, started with `dlock_rail_stub::start`.
+/// Its chaos seed is drawn once from the runtime unless `rail.stub.seed` is set.
+pub fn start_stub_node(l: &Layers, skew_ms: i64) -> madsim::runtime::NodeHandle {
+    let s = dlock_rail_stub::config::resolve(l, l.profile().expect("profile")).expect("rail-stub settings");
+    madsim::runtime::Handle::current()
         .create_node()
         .name("rail-stub")
-        .ip(IpAddr::from(STUB_IP))
+        .ip(s.listen.ip())
         .init(move || {
-            let stub_cfg = stub_cfg.clone();
+            let (cfg, listen) = (s.config.clone(), s.listen);
             async move {
-                let stub = RailStub::new(stub_cfg, Clock::with_skew_ms(stub_skew));
-                if let Ok(l) = dlock_rt::http::bind(SocketAddr::new(IpAddr::from(STUB_IP), STUB_PORT)).await {
-                    dlock_rt::http::serve(l, dlock_rail_stub::router(stub), std::future::pending()).await;
-                }
+                run_service("rail-stub", listen, |l| {
+                    dlock_rail_stub::start(cfg, Clock::with_skew_ms(skew_ms), l, std::future::pending())
+                })
+                .await
             }
         })
-        .build();
+        .build()
+}
 
-    let proxy_store: Arc<dyn RailStore> = paydb.clone();
-    let (proxy_skew, rail_read_timeout_ms) = (cfg.proxy_skew_ms, cfg.rail_read_timeout_ms);
-    let proxy_node = handle
+/// The rail-proxy on a new node named `rail-proxy` over `store`, started with
+/// `dlock_rail_proxy::start`: its orphan sweeper runs, so an intent a killed proxy left
+/// behind is recovered after a restart, as in production.
+pub fn start_proxy_node(l: &Layers, skew_ms: i64, store: Arc<dyn RailStore>) -> madsim::runtime::NodeHandle {
+    let s = dlock_rail_proxy::config::resolve(l, l.profile().expect("profile")).expect("rail-proxy settings");
+    madsim::runtime::Handle::current()
         .create_node()
         .name("rail-proxy")
-        .ip(IpAddr::from(PROXY_IP))
+        .ip(s.listen.ip())
         .init(move || {
-            let store = proxy_store.clone();
+            let (cfg, listen, store) = (s.config.clone(), s.listen, store.clone());
             async move {
-                let cfg = ProxyConfig {
-                    rail_url: url(STUB_IP, STUB_PORT),
-                    connect_timeout_ms: 1_000,
-                    read_timeout_ms: rail_read_timeout_ms,
-                    fencing_enabled: true,
-                    duplicate_guard_enabled: true,
-                    body_bytes_max: 65_536,
-                };
-                let proxy = RailProxy::new(store, cfg, Clock::with_skew_ms(proxy_skew));
-                if let Ok(l) = dlock_rt::http::bind(SocketAddr::new(IpAddr::from(PROXY_IP), PROXY_PORT)).await {
-                    dlock_rt::http::serve(l, dlock_rail_proxy::router(proxy), std::future::pending()).await;
-                }
+                run_service("rail-proxy", listen, |l| {
+                    dlock_rail_proxy::start(cfg, store, Clock::with_skew_ms(skew_ms), l, std::future::pending())
+                })
+                .await
             }
         })
-        .build();
+        .build()
+}
 
-    let payment_store: Arc<dyn PaymentStore> = paydb.clone();
-    let payment_skew = cfg.payment_skew_ms;
-    let payment_node = handle
+/// The payment-resource on a new node named `payment-resource` over `store`, started with
+/// `dlock_payment_resource::start` (its idempotency purger included).
+pub fn start_payment_node(l: &Layers, skew_ms: i64, store: Arc<dyn PaymentStore>) -> madsim::runtime::NodeHandle {
+    let s = dlock_payment_resource::config::resolve(l, l.profile().expect("profile")).expect("payment settings");
+    madsim::runtime::Handle::current()
         .create_node()
         .name("payment-resource")
-        .ip(IpAddr::from(PAYMENT_IP))
+        .ip(s.listen.ip())
         .init(move || {
-            let store = payment_store.clone();
+            let (cfg, listen, store) = (s.config.clone(), s.listen, store.clone());
             async move {
-                let Ok(pr) =
-                    PaymentResource::start(store, PaymentConfig::default(), Clock::with_skew_ms(payment_skew)).await
-                else {
-                    return;
-                };
-                let _purger = dlock_rt::spawn(pr.clone().run_purger());
-                if let Ok(l) = dlock_rt::http::bind(SocketAddr::new(IpAddr::from(PAYMENT_IP), PAYMENT_PORT)).await {
-                    dlock_rt::http::serve(l, dlock_payment_resource::router(pr), std::future::pending()).await;
-                }
+                run_service("payment-resource", listen, |l| {
+                    dlock_payment_resource::start(cfg, store, Clock::with_skew_ms(skew_ms), l, std::future::pending())
+                })
+                .await
             }
         })
-        .build();
-    let observer = handle.create_node().name("observer").ip(IpAddr::from(OBSERVER_IP)).build();
+        .build()
+}
+
+/// An executor's settings in a world: `settings` (C5 keys, `("profile", "unsafe-test")`
+/// to allow `payment.fencing.enabled = false`) with the [`wiring`] imposed.
+pub fn executor_config(settings: &[(&str, &str)]) -> ExecutorConfig {
+    let l = layers(settings);
+    dlock_executor::config::resolve(&l, l.profile().expect("profile")).expect("executor settings").config
+}
+
+/// Starts an executor on a new node `name` at `ip` with `dlock_executor::start`; returns
+/// the node and the executor (for its metrics) once it runs.
+pub async fn start_executor_node(
+    name: &str,
+    ip: [u8; 4],
+    cfg: ExecutorConfig,
+    skew_ms: i64,
+) -> (madsim::runtime::NodeHandle, Arc<Executor>) {
+    let node = madsim::runtime::Handle::current().create_node().name(name).ip(IpAddr::from(ip)).build();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let addr = SocketAddr::new(IpAddr::from(ip), EXECUTOR_PORT);
+    node.spawn(async move {
+        run_service("executor", addr, |l| async move {
+            let h = dlock_executor::start(cfg, Clock::with_skew_ms(skew_ms), l, std::future::pending()).await?;
+            let _ = tx.send(h.service.clone());
+            Ok(h)
+        })
+        .await
+    });
+    let executor = rx.await.expect("the executor started");
+    (node, executor)
+}
+
+/// Starts the four service nodes (the stub seeded from the runtime) and waits for them to bind.
+pub async fn start(cfg: WorldConfig) -> World {
+    let locks = Arc::new(MemLockStore::new(Clock::system()));
+    let paydb = Arc::new(MemPaydb::new());
+    let mut l = cfg.layers();
+    if l.get_opt::<u64>("rail.stub.seed").ok().flatten().is_none() {
+        l.set_flag("rail.stub.seed", dlock_rt::rand::random_u64());
+    }
+    let lock_store = locks.clone();
+    let lock_node = start_lock_node(&l, cfg.lock_skew_ms, move || {
+        let store: Arc<dyn LockStore> = lock_store.clone();
+        async move { store }
+    });
+    let stub_node = start_stub_node(&l, cfg.stub_skew_ms);
+    let proxy_node = start_proxy_node(&l, cfg.proxy_skew_ms, paydb.clone());
+    let payment_node = start_payment_node(&l, cfg.payment_skew_ms, paydb.clone());
+    let observer =
+        madsim::runtime::Handle::current().create_node().name("observer").ip(IpAddr::from(OBSERVER_IP)).build();
     dlock_rt::sleep(Duration::from_millis(BIND_SETTLE_MS)).await;
     World { paydb, locks, lock_node, payment_node, proxy_node, stub_node, observer }
 }

@@ -15,16 +15,15 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use dlock_contract::payment::{NewAccountRequest, NewPayoutRequest};
 use dlock_contract::payout::PayoutState;
-use dlock_contract::OwnerId;
+use dlock_contract::{IdempotencyKey, OwnerId};
 use dlock_executor::{Executor, ExecutorConfig, Outcome};
+use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_payment_resource::store::PaymentStore;
 use dlock_payment_resource::store_mem::MemPaydb;
-use dlock_rail_stub::StubConfig;
-use dlock_rt::http::HttpClient;
 use dlock_rt::{Clock, Duration};
-use dlock_sim::world::{self, url, WorldConfig, LOCK_IP, LOCK_PORT, PAYMENT_IP, PAYMENT_PORT, PROXY_IP, PROXY_PORT};
-use serde_json::{json, Value};
+use dlock_sim::world::{self, url, WorldConfig, PAYMENT_IP, PAYMENT_PORT};
 use uuid::Uuid;
 
 /// Lease of every executor grant in these worlds.
@@ -35,16 +34,11 @@ const PAUSE_MS: u64 = 15_000;
 const SETTLE_MS_MAX: u64 = 300_000;
 
 fn hostile_rail() -> WorldConfig {
-    WorldConfig {
-        stub: StubConfig {
-            latency_ms: 400,
-            failure_rate: 0.1,
-            decline_rate: 0.05,
-            drop_hold_ms: 9_000,
-            ..StubConfig::default()
-        },
-        ..WorldConfig::default()
-    }
+    WorldConfig::default()
+        .with("rail.stub.latency-ms", 400)
+        .with("rail.stub.failure-rate", 0.1)
+        .with("rail.stub.decline-rate", 0.05)
+        .with("rail.stub.drop-hold-ms", 9_000)
 }
 
 /// Opens `accounts` accounts and `n` payouts through the payment-resource, from a setup node.
@@ -53,42 +47,31 @@ async fn seed(accounts: usize, n: usize) -> Vec<Uuid> {
     let setup = handle.create_node().name("setup").ip(IpAddr::from([10, 0, 0, 9])).build();
     setup
         .spawn(async move {
-            let client = HttpClient::new(1_000, 10_000);
-            let call = |path: &'static str, key: String, body: Value| {
-                let client = client.clone();
-                async move {
-                    let r = client
-                        .send(
-                            &url(PAYMENT_IP, PAYMENT_PORT),
-                            http::Method::POST,
-                            path,
-                            &[("content-type", "application/json"), ("x-owner-id", "ops"), ("x-idempotency-key", &key)],
-                            Some(body.to_string().into()),
-                        )
-                        .await
-                        .expect("payment-resource answers");
-                    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
-                    serde_json::from_slice::<Value>(&r.body).expect("json")
-                }
-            };
+            let mut cfg = PaymentClientConfig::new(url(PAYMENT_IP, PAYMENT_PORT));
+            cfg.write_read_timeout_ms = 10_000;
+            let client = PaymentClient::new(cfg).expect("payment client");
+            let ops = OwnerId::parse("ops").expect("owner");
+            let key = |k: String| IdempotencyKey::parse(&k).expect("key");
             for a in 0..accounts {
-                call(
-                    "/v1/accounts",
-                    format!("open-{a}"),
-                    json!({"accountId": format!("acct-{a}"), "currency": "EUR", "openingBalanceMinor": 50_000}),
-                )
-                .await;
+                let body = NewAccountRequest {
+                    account_id: format!("acct-{a}"),
+                    currency: "EUR".into(),
+                    opening_balance_minor: 50_000,
+                };
+                client.create_account(&ops, &key(format!("open-{a}")), &body).await.expect("account opened");
             }
             let mut ids = Vec::new();
             for i in 0..n {
-                let v = call(
-                    "/v1/payouts",
-                    format!("create-{i}"),
-                    json!({"accountId": format!("acct-{}", i % accounts), "amountMinor": 1_000 + i as i64,
-                        "currency": "EUR", "beneficiaryRef": format!("ben-{i}")}),
-                )
-                .await;
-                ids.push(Uuid::parse_str(v["payoutId"].as_str().expect("id")).expect("uuid"));
+                let body = NewPayoutRequest {
+                    payout_id: None,
+                    account_id: format!("acct-{}", i % accounts),
+                    amount_minor: 1_000 + i as i64,
+                    currency: "EUR".into(),
+                    beneficiary_ref: format!("ben-{i}"),
+                };
+                let created =
+                    client.create_payout(&ops, &key(format!("create-{i}")), &body).await.expect("payout created");
+                ids.push(created.payout_id);
             }
             // Let the clock pass the last creation, so every payout is in the first scan.
             dlock_rt::sleep(Duration::from_millis(5)).await;
@@ -98,36 +81,31 @@ async fn seed(accounts: usize, n: usize) -> Vec<Uuid> {
         .expect("setup")
 }
 
-fn executor_config(owner: &str, fencing_enabled: bool) -> ExecutorConfig {
-    let mut cfg = ExecutorConfig::new(
-        url(LOCK_IP, LOCK_PORT),
-        url(PAYMENT_IP, PAYMENT_PORT),
-        url(PROXY_IP, PROXY_PORT),
-        OwnerId::parse(owner).expect("owner"),
-    );
-    cfg.concurrency = 2;
-    cfg.lock_ttl_ms = LEASE_MS;
-    cfg.poll_interval_ms = 100;
-    cfg.fencing_enabled = fencing_enabled;
-    cfg
+/// An executor's settings in these worlds: `owner`, two tasks, the short lease; `extra`
+/// keys on top (`payment.fencing.enabled = false` needs `profile = unsafe-test`).
+fn executor_config(owner: &str, extra: &[(&str, &str)]) -> ExecutorConfig {
+    let lease = LEASE_MS.to_string();
+    let mut settings = vec![
+        ("executor.owner-id", owner),
+        ("executor.concurrency", "2"),
+        ("executor.lock-ttl-ms", lease.as_str()),
+        ("executor.poll-interval-ms", "100"),
+    ];
+    settings.extend_from_slice(extra);
+    world::executor_config(&settings)
 }
 
+/// The fail-open worker: it writes without checking its lease.
+const FAIL_OPEN: &[(&str, &str)] = &[("profile", "unsafe-test"), ("payment.fencing.enabled", "false")];
+
 /// Starts an executor on its own node; returns the node and the executor (for its metrics).
-fn start_executor(
+async fn start_executor(
     name: &str,
     ip: [u8; 4],
     cfg: ExecutorConfig,
     skew_ms: i64,
 ) -> (madsim::runtime::NodeHandle, Arc<Executor>) {
-    let handle = madsim::runtime::Handle::current();
-    let executor = Executor::new(cfg, Clock::with_skew_ms(skew_ms)).expect("config");
-    let node = handle.create_node().name(name).ip(IpAddr::from(ip)).build();
-    let ex = executor.clone();
-    node.spawn(async move {
-        let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        ex.run(stop_rx).await;
-    });
-    (node, executor)
+    world::start_executor_node(name, ip, cfg, skew_ms).await
 }
 
 async fn states(paydb: &MemPaydb, ids: &[Uuid]) -> BTreeMap<Uuid, PayoutState> {
@@ -180,8 +158,8 @@ async fn executors_on_madsim_nodes_settle_every_payout_once_under_a_hostile_rail
     eprintln!("dlock-sim seed={seed}");
     let w = world::start(hostile_rail()).await;
     let ids = seed_payouts(3, 18).await;
-    let (_a, ea) = start_executor("executor-a", [10, 0, 0, 10], executor_config("executor-a", true), 250);
-    let (_b, eb) = start_executor("executor-b", [10, 0, 0, 11], executor_config("executor-b", true), -700);
+    let (_a, ea) = start_executor("executor-a", [10, 0, 0, 10], executor_config("executor-a", &[]), 250).await;
+    let (_b, eb) = start_executor("executor-b", [10, 0, 0, 11], executor_config("executor-b", &[]), -700).await;
     let states = settle(&w.paydb, &ids).await;
     assert_settled(&states, seed);
     let calls = w.rail_calls().await;
@@ -217,7 +195,7 @@ async fn a_fail_open_executor_paused_mid_run_pays_nothing_twice() {
     let handle = madsim::runtime::Handle::current();
     let w = world::start(hostile_rail()).await;
     let ids = seed_payouts(2, 12).await;
-    let (zombie, ez) = start_executor("executor-z", [10, 0, 0, 10], executor_config("executor-z", false), 0);
+    let (zombie, ez) = start_executor("executor-z", [10, 0, 0, 10], executor_config("executor-z", FAIL_OPEN), 0).await;
     // Freeze the zombie as soon as it has claimed something.
     let _ = dlock_rt::wait_until(Duration::from_millis(10), Duration::from_millis(SETTLE_MS_MAX), || async {
         let mut claimed = false;
@@ -230,7 +208,7 @@ async fn a_fail_open_executor_paused_mid_run_pays_nothing_twice() {
     })
     .await;
     handle.pause(zombie.id());
-    let (_b, eb) = start_executor("executor-b", [10, 0, 0, 11], executor_config("executor-b", true), 0);
+    let (_b, eb) = start_executor("executor-b", [10, 0, 0, 11], executor_config("executor-b", &[]), 0).await;
     dlock_rt::sleep(Duration::from_millis(PAUSE_MS)).await;
     handle.resume(zombie.id());
     let states = settle(&w.paydb, &ids).await;
@@ -256,11 +234,12 @@ async fn an_executor_stalled_before_its_writes_is_fenced_out() {
     eprintln!("dlock-sim seed={seed}");
     let w = world::start(hostile_rail()).await;
     let ids = seed_payouts(1, 10).await;
-    let mut stalled = executor_config("executor-z", true);
-    stalled.concurrency = 1;
-    stalled.pause_rate = 1.0;
-    stalled.pause_ms = 3 * LEASE_MS;
-    let (_z, ez) = start_executor("executor-z", [10, 0, 0, 10], stalled, 0);
+    let pause_ms = (3 * LEASE_MS).to_string();
+    let stalled = executor_config(
+        "executor-z",
+        &[("executor.concurrency", "1"), ("executor.chaos.pause-rate", "1"), ("executor.chaos.pause-ms", &pause_ms)],
+    );
+    let (_z, ez) = start_executor("executor-z", [10, 0, 0, 10], stalled, 0).await;
     // The healthy executor starts once the stalled one holds the account (and sleeps on it).
     let held = dlock_rt::wait_until(Duration::from_millis(10), Duration::from_millis(30_000), || async {
         let info = dlock_lock_server::store::LockStore::info(&*w.locks, "payout:acct-0").await.ok().flatten();
@@ -268,7 +247,7 @@ async fn an_executor_stalled_before_its_writes_is_fenced_out() {
     })
     .await;
     assert!(held.is_some(), "the stalled executor never took the account (replay with MADSIM_TEST_SEED={seed})");
-    let (_b, eb) = start_executor("executor-b", [10, 0, 0, 11], executor_config("executor-b", true), 0);
+    let (_b, eb) = start_executor("executor-b", [10, 0, 0, 11], executor_config("executor-b", &[]), 0).await;
     let states = settle(&w.paydb, &ids).await;
     assert_settled(&states, seed);
     let calls = w.rail_calls().await;
@@ -296,7 +275,7 @@ fn an_executor_run_replays_bit_for_bit() {
     madsim::runtime::Runtime::check_determinism(seed, madsim::Config::default(), || async {
         let w = world::start(hostile_rail()).await;
         let ids = seed_payouts(2, 6).await;
-        let _e = start_executor("executor-a", [10, 0, 0, 10], executor_config("executor-a", true), 0);
+        let _e = start_executor("executor-a", [10, 0, 0, 10], executor_config("executor-a", &[]), 0).await;
         let _ = settle(&w.paydb, &ids).await;
         let _ = w.rail_calls().await;
     });

@@ -15,21 +15,17 @@ use std::sync::Arc;
 use dlock_contract::payout::PayoutState;
 use dlock_contract::OwnerId;
 use dlock_lock_client::{LockClient, LockClientConfig};
-use dlock_lock_server::service::{LockServer, LockServerConfig};
 use dlock_lock_server::store_mem::MemLockStore;
-use dlock_rail_proxy::service::ProxyConfig;
 use dlock_rail_proxy::store::{NewPayout, RailStore};
 use dlock_rail_proxy::store_mem::MemRailStore;
-use dlock_rail_proxy::RailProxy;
-use dlock_rail_stub::{RailStub, StubConfig};
 use dlock_rt::http::{BaseUrl, HttpClient};
 use dlock_rt::{Clock, Duration};
+use dlock_sim::world;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-const LOCK_IP: [u8; 4] = [10, 0, 1, 1];
-const STUB_IP: [u8; 4] = [10, 0, 0, 1];
-const PROXY_IP: [u8; 4] = [10, 0, 0, 2];
+use dlock_sim::world::{LOCK_IP, PROXY_IP, STUB_IP};
+
 const ACCOUNT: &str = "acct-1";
 /// Lease of every grant in these tests.
 const LEASE_MS: u64 = 3_000;
@@ -102,59 +98,13 @@ async fn world(n: usize, backend: Backend) -> World {
         rail.insert_payout(&p, Clock::system().wall()).await.expect("seed payout");
         payouts.push(id);
     }
-    handle
-        .create_node()
-        .name("lock-server")
-        .ip(IpAddr::from(LOCK_IP))
-        .init(move || {
-            let mem = locks.clone();
-            async move {
-                let store = lock_store(backend, mem).await;
-                let cfg = LockServerConfig { reap_interval_ms: 200, ..LockServerConfig::default() };
-                let server = LockServer::new(store, cfg, Clock::with_skew_ms(700));
-                let _reaper = dlock_rt::spawn(server.clone().run_reaper());
-                if let Ok(l) = dlock_rt::http::bind(SocketAddr::new(IpAddr::from(LOCK_IP), 8081)).await {
-                    dlock_rt::http::serve(l, dlock_lock_server::app::router(server), std::future::pending()).await;
-                }
-            }
-        })
-        .build();
-    let stub_seed = dlock_rt::rand::random_u64();
-    handle
-        .create_node()
-        .name("rail-stub")
-        .ip(IpAddr::from(STUB_IP))
-        .init(move || async move {
-            let stub =
-                RailStub::new(StubConfig { seed: stub_seed, ..StubConfig::default() }, Clock::with_skew_ms(-4_000));
-            if let Ok(l) = dlock_rt::http::bind(SocketAddr::new(IpAddr::from(STUB_IP), 8084)).await {
-                dlock_rt::http::serve(l, dlock_rail_stub::router(stub), std::future::pending()).await;
-            }
-        })
-        .build();
+    // Every service through its crate's entry point, settings from its own resolver.
+    let stub_seed = dlock_rt::rand::random_u64().to_string();
+    let layers = world::layers(&[("rail.stub.seed", &stub_seed)]);
+    world::start_lock_node(&layers, 700, move || lock_store(backend, locks.clone()));
+    world::start_stub_node(&layers, -4_000);
     let proxy_store: Arc<dyn RailStore> = rail.clone();
-    handle
-        .create_node()
-        .name("rail-proxy")
-        .ip(IpAddr::from(PROXY_IP))
-        .init(move || {
-            let store = proxy_store.clone();
-            async move {
-                let cfg = ProxyConfig {
-                    rail_url: url(STUB_IP, 8084),
-                    connect_timeout_ms: 1_000,
-                    read_timeout_ms: 8_000,
-                    fencing_enabled: true,
-                    duplicate_guard_enabled: true,
-                    body_bytes_max: 65_536,
-                };
-                let proxy = RailProxy::new(store, cfg, Clock::system());
-                if let Ok(l) = dlock_rt::http::bind(SocketAddr::new(IpAddr::from(PROXY_IP), 8083)).await {
-                    dlock_rt::http::serve(l, dlock_rail_proxy::router(proxy), std::future::pending()).await;
-                }
-            }
-        })
-        .build();
+    world::start_proxy_node(&layers, 0, proxy_store);
     // Let the nodes bind before anyone calls them.
     dlock_rt::sleep(Duration::from_millis(100)).await;
     World { rail, payouts }
@@ -167,29 +117,29 @@ fn lock_client(owner: &str) -> LockClient {
     LockClient::new(cfg).expect("client config")
 }
 
-/// `POST /v1/rail/submissions`; the answer's status and code (or outcome).
+/// `POST /v1/rail/submissions` through the rail client; the answer's status and code (or
+/// outcome).
 async fn submit(payout: Uuid, amount_minor: i64, token: i64, owner: &str) -> (u16, String) {
-    let body = json!({
-        "payoutId": payout, "accountId": ACCOUNT, "amountMinor": amount_minor, "currency": "EUR", "beneficiaryRef": "b"
-    });
-    let (token, key) = (token.to_string(), format!("payout:{payout}"));
-    let r = HttpClient::new(1_000, 20_000)
-        .send(
-            &url(PROXY_IP, 8083),
-            http::Method::POST,
-            "/v1/rail/submissions",
-            &[
-                ("content-type", "application/json"),
-                ("x-fencing-token", &token),
-                ("x-owner-id", owner),
-                ("x-idempotency-key", &key),
-            ],
-            Some(body.to_string().into()),
-        )
-        .await
-        .expect("proxy answered");
-    let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-    (r.status, v.get("code").or_else(|| v.get("outcome")).and_then(Value::as_str).unwrap_or("?").to_owned())
+    let mut cfg = dlock_rail_client::RailClientConfig::new(url(PROXY_IP, 8083));
+    cfg.read_timeout_ms = 20_000;
+    let client = dlock_rail_client::RailClient::new(cfg).expect("rail client");
+    let body = dlock_contract::rail::SubmissionRequest {
+        payout_id: payout,
+        account_id: ACCOUNT.into(),
+        amount_minor,
+        currency: "EUR".into(),
+        beneficiary_ref: "b".into(),
+    };
+    let token = dlock_contract::FencingToken::new(token).expect("token");
+    let key = dlock_contract::IdempotencyKey::parse(&format!("payout:{payout}")).expect("key");
+    match client.submit(token, &OwnerId::parse(owner).expect("owner"), &key, &body).await {
+        Ok(ack) => (200, ack.outcome.as_str().to_owned()),
+        Err(dlock_rail_client::RailRefusal::Refused { status, envelope }) => {
+            (status, envelope.code.as_str().to_owned())
+        }
+        Err(dlock_rail_client::RailRefusal::Unreadable { status, .. }) => (status, "?".to_owned()),
+        Err(e) => panic!("proxy answered: {e}"),
+    }
 }
 
 /// The rail's own call log, read from an observer node (the test's own task has no address

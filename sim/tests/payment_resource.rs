@@ -16,9 +16,14 @@
 
 use std::net::IpAddr;
 
-use dlock_contract::OwnerId;
+use dlock_contract::payment::{ClaimAck, ClaimRequest, NewAccountRequest, NewPayoutRequest, PostAck, PostRequest};
+use dlock_contract::payout::PayoutState;
+use dlock_contract::rail::{SubmissionAck, SubmissionOutcome, SubmissionRequest};
+use dlock_contract::{ErrorCode, ErrorEnvelope, FencingToken, IdempotencyKey, OwnerId};
 use dlock_lock_client::{LockClient, LockClientConfig};
+use dlock_payment_client::{PaymentClient, PaymentClientConfig, PaymentRefusal};
 use dlock_payment_resource::store::PaymentStore;
+use dlock_rail_client::{RailClient, RailClientConfig, RailRefusal};
 use dlock_rt::http::{BaseUrl, HttpClient};
 use dlock_rt::Duration;
 use dlock_sim::world::{self, url, violations, WorldConfig, LOCK_IP, PAYMENT_IP, PROXY_IP};
@@ -40,15 +45,62 @@ fn lock_client(owner: &str) -> LockClient {
     LockClient::new(cfg).expect("client config")
 }
 
-/// One JSON call; the status and body.
-async fn call(base: BaseUrl, path: &str, headers: &[(&str, &str)], body: Value) -> (u16, Value) {
-    let mut all = vec![("content-type", "application/json")];
-    all.extend_from_slice(headers);
-    let r = HttpClient::new(1_000, 20_000)
-        .send(&base, http::Method::POST, path, &all, Some(body.to_string().into()))
-        .await
-        .expect("service answered");
-    (r.status, serde_json::from_slice(&r.body).unwrap_or(Value::Null))
+/// The read budget of these helpers' clients: long enough for any answer in these worlds.
+const READ_TIMEOUT_MS: u64 = 20_000;
+
+/// A payment client as a worker holds one, each call sent once (these tests count answers).
+fn payment() -> PaymentClient {
+    let mut cfg = PaymentClientConfig::new(url(PAYMENT_IP, 8082));
+    cfg.write_read_timeout_ms = READ_TIMEOUT_MS;
+    cfg.write_retries_max = 0;
+    PaymentClient::new(cfg).expect("payment client")
+}
+
+fn rail() -> RailClient {
+    let mut cfg = RailClientConfig::new(url(PROXY_IP, 8083));
+    cfg.read_timeout_ms = READ_TIMEOUT_MS;
+    RailClient::new(cfg).expect("rail client")
+}
+
+fn owner_id(owner: &str) -> OwnerId {
+    OwnerId::parse(owner).expect("owner")
+}
+
+fn payout_key(payout: Uuid) -> IdempotencyKey {
+    IdempotencyKey::parse(&format!("payout:{payout}")).expect("key")
+}
+
+fn fencing(token: i64) -> FencingToken {
+    FencingToken::new(token).expect("token")
+}
+
+/// A sent request whose answer must have come back (a success or a C3 envelope).
+fn answered<T>(r: Result<T, PaymentRefusal>) -> Result<T, ErrorEnvelope> {
+    r.map_err(|e| e.envelope().cloned().unwrap_or_else(|| panic!("the payment-resource answered: {e}")))
+}
+
+/// A success's state or outcome, or the refusal's code.
+fn code<T, E: std::fmt::Display>(
+    r: &Result<T, E>,
+    state: impl Fn(&T) -> &'static str,
+    refusal: impl Fn(&E) -> Option<ErrorCode>,
+) -> String {
+    match r {
+        Ok(v) => state(v).to_owned(),
+        Err(e) => refusal(e).map_or_else(|| format!("? {e}"), |c| c.as_str().to_owned()),
+    }
+}
+
+fn claim_code(r: &Result<ClaimAck, PaymentRefusal>) -> String {
+    code(r, |a| a.state.as_str(), PaymentRefusal::code)
+}
+
+fn submit_code(r: &Result<SubmissionAck, RailRefusal>) -> String {
+    code(r, |a| a.outcome.as_str(), RailRefusal::code)
+}
+
+fn post_code(r: &Result<PostAck, PaymentRefusal>) -> String {
+    code(r, |a| a.state.as_str(), PaymentRefusal::code)
 }
 
 async fn call_raw(base: BaseUrl, path: &str, headers: &[(&str, &str)], body: Value) -> (u16, Vec<u8>) {
@@ -61,66 +113,61 @@ async fn call_raw(base: BaseUrl, path: &str, headers: &[(&str, &str)], body: Val
     (r.status, r.body.to_vec())
 }
 
-fn code(v: &Value) -> String {
-    v.get("code").or_else(|| v.get("state")).or_else(|| v.get("outcome")).and_then(Value::as_str).unwrap_or("?").into()
-}
-
 async fn create_account_and_payouts(n: usize) -> Vec<Uuid> {
-    let (s, v) = call(
-        url(PAYMENT_IP, 8082),
-        "/v1/accounts",
-        &[("x-owner-id", "ops"), ("x-idempotency-key", "acct-1")],
-        json!({"accountId": ACCOUNT, "currency": "EUR", "openingBalanceMinor": 10_000}),
-    )
-    .await;
-    assert_eq!(s, 201, "{v}");
+    let client = payment();
+    let ops = owner_id("ops");
+    let open = NewAccountRequest { account_id: ACCOUNT.into(), currency: "EUR".into(), opening_balance_minor: 10_000 };
+    let key = |k: &str| IdempotencyKey::parse(k).expect("key");
+    client.create_account(&ops, &key("acct-1"), &open).await.expect("account opened");
     let mut ids = Vec::new();
     for i in 0..n {
-        let key = format!("create-{i}");
-        let (s, v) = call(
-            url(PAYMENT_IP, 8082),
-            "/v1/payouts",
-            &[("x-owner-id", "ops"), ("x-idempotency-key", &key)],
-            json!({"accountId": ACCOUNT, "amountMinor": 1_000 + i as i64, "currency": "EUR", "beneficiaryRef": "b"}),
-        )
-        .await;
-        assert_eq!(s, 201, "{v}");
-        ids.push(Uuid::parse_str(v["payoutId"].as_str().expect("id")).expect("uuid"));
+        let body = NewPayoutRequest {
+            payout_id: None,
+            account_id: ACCOUNT.into(),
+            amount_minor: 1_000 + i as i64,
+            currency: "EUR".into(),
+            beneficiary_ref: "b".into(),
+        };
+        let created = client.create_payout(&ops, &key(&format!("create-{i}")), &body).await.expect("payout created");
+        ids.push(created.payout_id);
     }
     ids
 }
 
-async fn claim(payout: Uuid, token: i64, owner: &str, expected: &str) -> (u16, Value) {
-    let (t, key) = (token.to_string(), format!("payout:{payout}"));
-    call(
-        url(PAYMENT_IP, 8082),
-        &format!("/v1/payouts/{payout}/claim"),
-        &[("x-fencing-token", &t), ("x-owner-id", owner), ("x-idempotency-key", &key)],
-        json!({"expectedState": expected}),
-    )
-    .await
+/// P2 under `token`, with the payout's stable idempotency key.
+async fn claim(payout: Uuid, token: i64, owner: &str, expected: PayoutState) -> Result<ClaimAck, PaymentRefusal> {
+    claim_keyed(payout, token, owner, expected, &payout_key(payout)).await
 }
 
-async fn submit(payout: Uuid, amount: i64, token: i64, owner: &str) -> (u16, Value) {
-    let (t, key) = (token.to_string(), format!("payout:{payout}"));
-    call(
-        url(PROXY_IP, 8083),
-        "/v1/rail/submissions",
-        &[("x-fencing-token", &t), ("x-owner-id", owner), ("x-idempotency-key", &key)],
-        json!({"payoutId": payout, "accountId": ACCOUNT, "amountMinor": amount, "currency": "EUR", "beneficiaryRef": "b"}),
-    )
-    .await
+async fn claim_keyed(
+    payout: Uuid,
+    token: i64,
+    owner: &str,
+    expected: PayoutState,
+    key: &IdempotencyKey,
+) -> Result<ClaimAck, PaymentRefusal> {
+    payment().claim(payout, fencing(token), &owner_id(owner), key, &ClaimRequest { expected_state: expected }).await
 }
 
-async fn post(payout: Uuid, token: i64, owner: &str, ack: &Value) -> (u16, Value) {
-    let (t, key) = (token.to_string(), format!("payout:{payout}"));
-    call(
-        url(PAYMENT_IP, 8082),
-        &format!("/v1/payouts/{payout}/post"),
-        &[("x-fencing-token", &t), ("x-owner-id", owner), ("x-idempotency-key", &key)],
-        json!({"railReference": ack["railReference"], "submissionId": ack["submissionId"], "railOutcome": "ACKED"}),
-    )
-    .await
+async fn submit(payout: Uuid, amount: i64, token: i64, owner: &str) -> Result<SubmissionAck, RailRefusal> {
+    let body = SubmissionRequest {
+        payout_id: payout,
+        account_id: ACCOUNT.into(),
+        amount_minor: amount,
+        currency: "EUR".into(),
+        beneficiary_ref: "b".into(),
+    };
+    rail().submit(fencing(token), &owner_id(owner), &payout_key(payout), &body).await
+}
+
+/// P3 under `token` of the rail's `(railReference, submissionId)`.
+async fn post(payout: Uuid, token: i64, owner: &str, acked: (&str, Uuid)) -> Result<PostAck, PaymentRefusal> {
+    let body = PostRequest {
+        rail_reference: acked.0.to_owned(),
+        submission_id: acked.1,
+        rail_outcome: SubmissionOutcome::Acked.as_str().to_owned(),
+    };
+    payment().post(payout, fencing(token), &owner_id(owner), &payout_key(payout), &body).await
 }
 
 /// Moves one payout the executor's way; returns the final answers' codes.
@@ -130,14 +177,15 @@ async fn settle(payout: Uuid, amount: i64, owner: &'static str) -> Vec<String> {
     let mut trail = Vec::new();
     let guard = session.acquire("payout:acct-1").await.expect("grant");
     let t1 = guard.token().get();
-    let (_, v) = claim(payout, t1, owner, "PENDING").await;
-    trail.push(code(&v));
-    let (_, ack) = submit(payout, amount, t1, owner).await;
-    trail.push(code(&ack));
+    trail.push(claim_code(&claim(payout, t1, owner, PayoutState::Pending).await));
+    let ack = submit(payout, amount, t1, owner).await;
+    trail.push(submit_code(&ack));
     let _ = guard.release().await;
     let guard = session.acquire("payout:acct-1").await.expect("second grant");
-    let (_, v) = post(payout, guard.token().get(), owner, &ack).await;
-    trail.push(code(&v));
+    if let Ok(ack) = &ack {
+        let posted = post(payout, guard.token().get(), owner, (&ack.rail_reference, ack.submission_id)).await;
+        trail.push(post_code(&posted));
+    }
     let _ = guard.release().await;
     trail
 }
@@ -188,25 +236,17 @@ async fn a_worker_paused_after_its_claim_is_fenced_out_at_claim_post_and_rail() 
         let session = lock_client("worker-a").open_session().await.expect("session");
         let guard = session.acquire("payout:acct-1").await.expect("grant");
         let token = guard.token().get();
-        let (s, _) = claim(p, token, "worker-a", "PENDING").await;
-        assert_eq!(s, 200);
+        claim(p, token, "worker-a", PayoutState::Pending).await.expect("claimed");
         let _ = claimed_tx.send(token);
         dlock_rt::sleep(Duration::from_millis(200)).await;
         // A buggy worker goes on regardless, even under a regenerated idempotency key (the
         // stable key with its own token would be a conflicting replay, changing nothing);
         // every fence must stop it.
-        let t = token.to_string();
-        let reclaim = call(
-            url(PAYMENT_IP, 8082),
-            &format!("/v1/payouts/{p}/claim"),
-            &[("x-fencing-token", &t), ("x-owner-id", "worker-a"), ("x-idempotency-key", "regenerated")],
-            json!({"expectedState": "CLAIMED"}),
-        )
-        .await;
+        let regenerated = IdempotencyKey::parse("regenerated").expect("key");
+        let reclaim = claim_keyed(p, token, "worker-a", PayoutState::Claimed, &regenerated).await;
         let sub = submit(p, 1_000, token, "worker-a").await;
-        let fake_ack = json!({"railReference": "forged", "submissionId": Uuid::nil()});
-        let posted = post(p, token, "worker-a", &fake_ack).await;
-        (code(&reclaim.1), code(&sub.1), code(&posted.1), reclaim.1)
+        let posted = post(p, token, "worker-a", ("forged", Uuid::nil())).await;
+        (claim_code(&reclaim), submit_code(&sub), post_code(&posted), answered(reclaim).expect_err("refused"))
     });
     let token_a = claimed_rx.await.expect("A claimed");
     handle.pause(zombie.id());
@@ -222,14 +262,15 @@ async fn a_worker_paused_after_its_claim_is_fenced_out_at_claim_post_and_rail() 
         .await
         .expect("B got the lock once A's lease lapsed");
         let t1 = guard.token().get();
-        let (_, re) = claim(p, t1, "worker-b", "CLAIMED").await;
-        let (_, ack) = submit(p, 1_000, t1, "worker-b").await;
+        let re = claim(p, t1, "worker-b", PayoutState::Claimed).await;
+        let ack = submit(p, 1_000, t1, "worker-b").await;
         let _ = guard.release().await;
         let guard = session.acquire("payout:acct-1").await.expect("second grant");
         let t2 = guard.token().get();
-        let (_, posted) = post(p, t2, "worker-b", &ack).await;
+        let acked = ack.as_ref().map(|a| (a.rail_reference.clone(), a.submission_id)).unwrap_or_default();
+        let posted = post(p, t2, "worker-b", (&acked.0, acked.1)).await;
         let _ = guard.release().await;
-        (t1, t2, code(&re), code(&ack), code(&posted))
+        (t1, t2, claim_code(&re), submit_code(&ack), post_code(&posted))
     });
     let (t1, t2, re, ack, posted) = b.await.expect("worker B");
     assert!(t1 > token_a && t2 > t1);
@@ -238,9 +279,10 @@ async fn a_worker_paused_after_its_claim_is_fenced_out_at_claim_post_and_rail() 
     dlock_rt::sleep(Duration::from_millis(PAUSE_MS)).await;
     handle.resume(zombie.id());
     let (reclaim, sub, post_a, reclaim_body) = a.await.expect("worker A");
-    assert_eq!(reclaim, "FENCED_OUT", "{reclaim_body}");
-    assert_eq!(reclaim_body["details"]["highestToken"], t2);
-    assert_eq!(reclaim_body["details"]["presentedToken"], token_a);
+    let details = reclaim_body.details.unwrap_or_default();
+    assert_eq!(reclaim, "FENCED_OUT", "{details}");
+    assert_eq!(details["highestToken"], t2);
+    assert_eq!(details["presentedToken"], token_a);
     assert_eq!(sub, "FENCED_OUT", "the rail-proxy must fence the zombie's submission");
     assert_eq!(post_a, "FENCED_OUT", "the ledger must fence the zombie's post");
     let calls = w.rail_calls().await;
@@ -295,17 +337,17 @@ async fn payment_resource_restart_on_madsim_keeps_the_fence_and_replays() {
             })
             .await
             .expect("the restarted node answers");
-            let stale = claim(p, 40, "w-2", "CLAIMED").await;
+            let stale = answered(claim(p, 40, "w-2", PayoutState::Claimed).await);
             (replay, stale)
         })
         .await
         .expect("after restart");
-    let ((replay_status, replay_bytes), (stale_status, stale)) = after;
+    let ((replay_status, replay_bytes), stale) = after;
     assert_eq!(replay_status, 200);
     assert_eq!(replay_bytes, bytes, "the recorded answer replays byte for byte across a restart");
-    assert_eq!(stale_status, 409);
-    assert_eq!(stale["code"], "FENCED_OUT");
-    assert_eq!(stale["details"]["highestToken"], 40);
+    let stale = stale.expect_err("a stale token is refused");
+    assert_eq!(stale.code, ErrorCode::FencedOut);
+    assert_eq!(stale.details.unwrap_or_default()["highestToken"], 40);
 }
 
 #[test]

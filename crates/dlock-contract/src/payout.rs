@@ -1,4 +1,9 @@
 //! The payout state machine (C2): eight states and the transitions each process may make.
+//!
+//! [`may_transition`] is the one check every transition goes through: each store asks it
+//! (directly, through [`check_transition`], or through the SQL state lists built from it by
+//! [`sources`] and [`sql_states`]) before it moves a payout, and the database triggers' pairs
+//! are held to [`TRANSITIONS`] by a test. A state never moves out of a terminal state.
 
 use serde::{Deserialize, Serialize};
 
@@ -84,6 +89,48 @@ pub fn may_transition(from: PayoutState, to: PayoutState, actor: Actor) -> bool 
     TRANSITIONS.iter().any(|(f, t, a)| *f == from && *t == to && *a == actor)
 }
 
+/// A transition C2 does not allow for that actor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("payouts: transition {}>{} by {actor:?} is not in C2", from.as_str(), to.as_str())]
+pub struct TransitionRefused {
+    pub from: PayoutState,
+    pub to: PayoutState,
+    pub actor: Actor,
+}
+
+/// [`may_transition`] as a `Result`, for the stores' `?`.
+pub fn check_transition(from: PayoutState, to: PayoutState, actor: Actor) -> Result<(), TransitionRefused> {
+    if may_transition(from, to, actor) {
+        Ok(())
+    } else {
+        Err(TransitionRefused { from, to, actor })
+    }
+}
+
+/// What the state triggers allow on any write (they do not know the actor): a same-state
+/// write, or a transition some actor [`may_transition`].
+pub fn may_write_state(from: PayoutState, to: PayoutState) -> bool {
+    from == to
+        || [Actor::PaymentResource, Actor::RailProxy, Actor::Operator].into_iter().any(|a| may_transition(from, to, a))
+}
+
+/// The states from which `actor` may move a payout to `to`, in [`PayoutState::ALL`] order:
+/// the state a conditional update must find (`WHERE state IN …`).
+pub fn sources(to: PayoutState, actor: Actor) -> Vec<PayoutState> {
+    PayoutState::ALL.into_iter().filter(|from| may_transition(*from, to, actor)).collect()
+}
+
+/// An SQL list of state literals, `('PENDING', 'CLAIMED')`, for `state IN …` (the literals
+/// are this crate's own spellings, never caller input). An empty list matches nothing.
+pub fn sql_states(states: &[PayoutState]) -> String {
+    let quoted: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+    if quoted.is_empty() {
+        // `IN (NULL)` matches no row: no state may move there.
+        return "(NULL)".to_owned();
+    }
+    format!("({})", quoted.join(", "))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +150,25 @@ mod tests {
             }
         }
         assert!(!may_transition(PayoutState::RailAmbiguous, PayoutState::Submitted, Actor::RailProxy));
+    }
+
+    #[test]
+    fn check_transition_is_may_transition_and_sources_invert_it() {
+        let actors = [Actor::PaymentResource, Actor::RailProxy, Actor::Operator];
+        for from in PayoutState::ALL {
+            for to in PayoutState::ALL {
+                let mut any = false;
+                for actor in actors {
+                    let ok = may_transition(from, to, actor);
+                    any |= ok;
+                    assert_eq!(check_transition(from, to, actor).is_ok(), ok);
+                    assert_eq!(sources(to, actor).contains(&from), ok, "{from:?}>{to:?} by {actor:?}");
+                }
+                assert_eq!(may_write_state(from, to), any || from == to);
+            }
+        }
+        assert_eq!(sql_states(&sources(PayoutState::Abandoned, Actor::Operator)), "('PENDING', 'CLAIMED')");
+        assert_eq!(sql_states(&sources(PayoutState::Posted, Actor::PaymentResource)), "('RAIL_ACKED')");
     }
 
     #[test]

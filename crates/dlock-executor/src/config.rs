@@ -1,7 +1,97 @@
 //! The executor's settings. Every hop budget of C3 §3.8 is a named setting with its unit.
 
+use std::net::SocketAddr;
+
+use dlock_config::{safety_switch, Layers, Profile};
 use dlock_contract::OwnerId;
 use dlock_rt::http::BaseUrl;
+
+/// Every key the executor reads (`payment.fencing.enabled` is its lease check).
+pub const KEYS: &[&str] = &[
+    "executor.listen",
+    "executor.lock-url",
+    "executor.payment-url",
+    "executor.proxy-url",
+    "executor.owner-id",
+    "executor.concurrency",
+    "executor.poll-interval-ms",
+    "executor.batch-max",
+    "executor.lock-ttl-ms",
+    "executor.write.connect-timeout-ms",
+    "executor.write.read-timeout-ms",
+    "executor.write.retries-max",
+    "executor.submit.connect-timeout-ms",
+    "executor.submit.read-timeout-ms",
+    "executor.read.connect-timeout-ms",
+    "executor.read.read-timeout-ms",
+    "executor.read.tries-max",
+    "payment.fencing.enabled",
+    "executor.chaos.pause-rate",
+    "executor.chaos.pause-ms",
+    "executor.chaos.pause-hops",
+];
+
+/// Default `executor.listen` (its `/metrics` and `/health`).
+pub const LISTEN_DEFAULT: ([u8; 4], u16) = ([127, 0, 0, 1], 8085);
+
+/// The executor's resolved settings.
+#[derive(Debug, Clone)]
+pub struct ExecutorSettings {
+    pub listen: SocketAddr,
+    pub config: ExecutorConfig,
+}
+
+/// Resolves every executor key and checks the ranges; `payment.fencing.enabled=false` is
+/// refused outside `unsafe-test`, with the same error for every command.
+pub fn resolve(layers: &Layers, profile: Profile) -> Result<ExecutorSettings, String> {
+    let listen = layers.get("executor.listen", SocketAddr::from(LISTEN_DEFAULT))?;
+    let url = |key: &str, default: &str| -> Result<BaseUrl, String> {
+        let raw = layers.get(key, default.to_owned())?;
+        BaseUrl::parse(&raw).map_err(|e| format!("{key}: {e}"))
+    };
+    let owner = layers.get("executor.owner-id", "executor".to_owned())?;
+    let owner = OwnerId::parse(&owner).map_err(|e| format!("executor.owner-id: {e}"))?;
+    let mut cfg = ExecutorConfig::new(
+        url("executor.lock-url", "http://127.0.0.1:8081")?,
+        url("executor.payment-url", "http://127.0.0.1:8082")?,
+        url("executor.proxy-url", "http://127.0.0.1:8083")?,
+        owner,
+    );
+    cfg.concurrency = layers.get("executor.concurrency", cfg.concurrency)?;
+    cfg.poll_interval_ms = layers.get("executor.poll-interval-ms", cfg.poll_interval_ms)?;
+    cfg.batch_max = layers.get("executor.batch-max", cfg.batch_max)?;
+    cfg.lock_ttl_ms = layers.get("executor.lock-ttl-ms", cfg.lock_ttl_ms)?;
+    cfg.write_connect_timeout_ms = layers.get("executor.write.connect-timeout-ms", cfg.write_connect_timeout_ms)?;
+    cfg.write_read_timeout_ms = layers.get("executor.write.read-timeout-ms", cfg.write_read_timeout_ms)?;
+    cfg.write_retries_max = layers.get("executor.write.retries-max", cfg.write_retries_max)?;
+    cfg.submit_connect_timeout_ms = layers.get("executor.submit.connect-timeout-ms", cfg.submit_connect_timeout_ms)?;
+    cfg.submit_read_timeout_ms = layers.get("executor.submit.read-timeout-ms", cfg.submit_read_timeout_ms)?;
+    cfg.read_connect_timeout_ms = layers.get("executor.read.connect-timeout-ms", cfg.read_connect_timeout_ms)?;
+    cfg.read_read_timeout_ms = layers.get("executor.read.read-timeout-ms", cfg.read_read_timeout_ms)?;
+    cfg.read_tries_max = layers.get("executor.read.tries-max", cfg.read_tries_max)?;
+    cfg.fencing_enabled = safety_switch(
+        layers,
+        profile,
+        "payment.fencing.enabled",
+        "a worker that writes past its lease can move money twice",
+    )?;
+    cfg.pause_rate = layers.get("executor.chaos.pause-rate", cfg.pause_rate)?;
+    cfg.pause_ms = layers.get("executor.chaos.pause-ms", cfg.pause_ms)?;
+    cfg.pause_hops = parse_hops(&layers.get("executor.chaos.pause-hops", "claim,submit,post".to_owned())?)?;
+    cfg.validate()?;
+    Ok(ExecutorSettings { listen, config: cfg })
+}
+
+/// One line per safety switch `cfg` turns off (empty in production), for the loud warning
+/// every start gives.
+pub fn unsafe_warnings(cfg: &ExecutorConfig) -> Vec<String> {
+    if cfg.fencing_enabled {
+        Vec::new()
+    } else {
+        vec!["payment.fencing.enabled=false: the executor writes without checking its lease; a stale worker writes"
+            .to_owned()]
+    }
+}
 
 /// executor → payment-resource claim / post: connect budget (C3 §3.8: 500 ms / 3 s).
 pub const WRITE_CONNECT_TIMEOUT_MS_DEFAULT: u64 = 500;
@@ -204,6 +294,21 @@ mod tests {
         assert_eq!(parse_hops("claim, post"), Ok(Hops { claim: true, submit: false, post: true }));
         assert!(parse_hops("").is_err());
         assert!(parse_hops("claim,refund").is_err_and(|e| e.contains("refund")));
+    }
+
+    #[test]
+    fn an_executor_without_fencing_refuses_to_start_outside_unsafe_test() {
+        let off = Layers::of(&[("payment.fencing.enabled", "false")]);
+        let err = resolve(&off, Profile::Production).expect_err("refused");
+        assert!(err.contains("payment.fencing.enabled") && err.contains("unsafe-test"), "{err}");
+        let s = resolve(&off, Profile::UnsafeTest).expect("allowed in unsafe-test");
+        assert!(!s.config.fencing_enabled);
+        assert_eq!(unsafe_warnings(&s.config).len(), 1);
+        let s = resolve(&Layers::default(), Profile::Production).expect("defaults");
+        assert!(s.config.fencing_enabled);
+        assert_eq!(s.listen.port(), 8085);
+        let c = s.config;
+        assert_eq!((c.write_read_timeout_ms, c.submit_read_timeout_ms, c.read_tries_max), (3_000, 10_000, 2));
     }
 
     #[test]

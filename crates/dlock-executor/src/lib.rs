@@ -37,3 +37,46 @@ async fn metrics(State(e): State<Arc<Executor>>) -> Response {
 async fn ready(State(_e): State<Arc<Executor>>) -> Response {
     dlock_http::health::ready(BTreeMap::new())
 }
+
+/// How long the executor's own endpoints drain on shutdown.
+pub const SHUTDOWN_GRACE_MS_MAX: u64 = 1_000;
+
+/// The executor's one start entry point: runs the worker tasks ([`Executor::run`]) and
+/// serves [`router`] on `listener` until `shutdown`; then each task finishes the payout in
+/// hand, and [`dlock_rt::ServiceHandle::stopped`] waits for them. Logs a loud warning when
+/// `cfg` turns the lease check off, and one when it injects stalls.
+pub async fn start<F>(
+    cfg: ExecutorConfig,
+    clock: dlock_rt::Clock,
+    listener: tokio::net::TcpListener,
+    shutdown: F,
+) -> Result<dlock_rt::ServiceHandle<Executor>, String>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    if !cfg.fencing_enabled {
+        tracing::warn!(profile = "unsafe-test", skipped = "the local lease deadline", "executor_fencing_disabled");
+    }
+    if cfg.pause_rate > 0.0 {
+        tracing::warn!(pauseRate = cfg.pause_rate, pauseMs = cfg.pause_ms, "executor_chaos_stalls_enabled");
+    }
+    let executor = Executor::new(cfg, clock)?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut server_stop = stop_rx.clone();
+    let worker = dlock_rt::spawn(executor.clone().run(stop_rx));
+    let signal = dlock_rt::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let handle = dlock_rt::ServiceHandle::serve(
+        executor.clone(),
+        listener,
+        router(executor),
+        SHUTDOWN_GRACE_MS_MAX,
+        async move {
+            let _ = server_stop.wait_for(|s| *s).await;
+        },
+    )
+    .map_err(|e| format!("executor: {e}"))?;
+    Ok(handle.with_draining(worker).with_background(signal))
+}

@@ -22,16 +22,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_contract::payment::{ClaimRequest, PayoutBody, PostRequest};
 use dlock_contract::payout::PayoutState;
-use dlock_contract::{ErrorCode, OwnerId};
+use dlock_contract::rail::{SubmissionOutcome, SubmissionRequest};
+use dlock_contract::{ErrorCode, IdempotencyKey, OwnerId};
 use dlock_lock_client::{LockClient, LockClientConfig, LockGuard, Session};
+use dlock_payment_client::ListQuery;
+use dlock_rail_client::RailRefusal;
 use dlock_rt::Clock;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::config::ExecutorConfig;
-use crate::hops::{Answer, Hops};
+use crate::hops::Hops;
 use crate::metrics::{ExecutorMetrics, Outcome};
 
 /// A payout a scan found, as P1 lists it.
@@ -58,33 +62,17 @@ pub struct Executor {
     clock: Clock,
 }
 
-/// The headers of a fenced write: the grant's token, the worker, and the payout's stable
-/// idempotency key (C3 §3.1: derived from the payout, never regenerated).
-struct WriteHeaders {
-    token: String,
-    owner: String,
-    key: String,
-}
-
-impl WriteHeaders {
-    fn new(token: i64, owner: &str, payout_id: Uuid) -> WriteHeaders {
-        WriteHeaders { token: token.to_string(), owner: owner.to_owned(), key: format!("payout:{payout_id}") }
-    }
-
-    fn get(&self) -> [(&str, &str); 4] {
-        [
-            ("content-type", "application/json"),
-            ("x-fencing-token", self.token.as_str()),
-            ("x-owner-id", self.owner.as_str()),
-            ("x-idempotency-key", self.key.as_str()),
-        ]
-    }
+/// The payout's stable idempotency key, carried by each of its fenced writes with the
+/// grant's token and the worker's owner id (C3 §3.1: derived from the payout, never
+/// regenerated).
+pub fn write_key(payout_id: Uuid) -> Option<IdempotencyKey> {
+    IdempotencyKey::parse(&format!("payout:{payout_id}")).ok()
 }
 
 impl Executor {
     pub fn new(cfg: ExecutorConfig, clock: Clock) -> Result<Arc<Executor>, String> {
         cfg.validate()?;
-        let hops = Hops::new(&cfg);
+        let hops = Hops::new(&cfg)?;
         Ok(Arc::new(Executor { cfg, metrics: Arc::new(ExecutorMetrics::default()), hops, clock }))
     }
 
@@ -195,24 +183,17 @@ impl Executor {
     pub async fn scan(&self) -> Vec<Candidate> {
         let mut out = Vec::new();
         for state in SCAN_STATES {
-            let path = format!("/v1/payouts?state={}&limit={}", state.as_str(), self.cfg.batch_max);
-            let Answer::Ok { body, .. } = self.hops.read(&self.cfg.payment_url, &path).await else {
+            let Ok(page) = self.hops.payment.list(&ListQuery::new(state).limit(self.cfg.batch_max)).await else {
                 continue;
             };
-            let items = body.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
-            let found: Vec<Candidate> = items
-                .iter()
-                .filter_map(|i| {
-                    Some(Candidate {
-                        payout_id: i.get("payoutId")?.as_str().and_then(|s| Uuid::parse_str(s).ok())?,
-                        account_id: i.get("accountId")?.as_str()?.to_owned(),
-                        state,
-                        created_at: i
-                            .get("createdAt")
-                            .and_then(Value::as_str)
-                            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-                            .map(|t| t.with_timezone(&chrono::Utc)),
-                    })
+            let found: Vec<Candidate> = page
+                .items
+                .into_iter()
+                .map(|i| Candidate {
+                    payout_id: i.payout_id,
+                    account_id: i.account_id,
+                    state,
+                    created_at: Some(i.created_at),
                 })
                 .collect();
             if state == PayoutState::Pending {
@@ -251,19 +232,22 @@ impl Executor {
     }
 
     async fn execute_held(&self, session: &Session, owner: &str, c: &Candidate, guard: LockGuard) -> Option<Outcome> {
-        // FR-14: re-read before acting. Only a hint; the fenced write decides.
-        let view = match self.hops.read(&self.cfg.payment_url, &format!("/v1/payouts/{}", c.payout_id)).await {
-            Answer::Ok { body, .. } => body,
-            _ => return Some(self.finish(guard, Outcome::Unavailable).await),
+        let Ok(owner_id) = OwnerId::parse(owner) else {
+            tracing::error!(ownerId = owner, "executor_owner_invalid");
+            return Some(self.finish(guard, Outcome::Unavailable).await);
         };
-        let state = view.get("state").and_then(Value::as_str).and_then(PayoutState::parse);
-        match state {
-            Some(s @ (PayoutState::Pending | PayoutState::Claimed)) => {
-                Some(self.claim_submit_post(session, guard, owner, &view, s).await)
+        // FR-14: re-read before acting. Only a hint; the fenced write decides.
+        let view = match self.hops.payment.payout(c.payout_id).await {
+            Ok(view) => view,
+            Err(_) => return Some(self.finish(guard, Outcome::Unavailable).await),
+        };
+        match view.state {
+            s @ (PayoutState::Pending | PayoutState::Claimed) => {
+                Some(self.claim_submit_post(session, guard, &owner_id, &view, s).await)
             }
-            Some(PayoutState::RailAcked) => match acked_submission(&view) {
+            PayoutState::RailAcked => match acked_submission(&view) {
                 Some((submission_id, reference)) => {
-                    Some(self.post(guard, owner, c.payout_id, &submission_id, &reference).await)
+                    Some(self.post(guard, &owner_id, c.payout_id, submission_id, reference).await)
                 }
                 None => Some(self.finish(guard, Outcome::Unavailable).await),
             },
@@ -296,17 +280,14 @@ impl Executor {
         outcome
     }
 
-    fn fenced(&self, hop: &str, owner: &str, token: i64, answer: &Answer) {
-        let d = match answer {
-            Answer::Refused { body, .. } => body.get("details").cloned().unwrap_or(Value::Null),
-            _ => Value::Null,
-        };
+    fn fenced(&self, hop: &str, owner: &OwnerId, token: i64, details: Option<&Value>) {
+        let d = details.cloned().unwrap_or(Value::Null);
         let highest = d.get("highestToken").and_then(serde_json::Value::as_i64);
         let text = |k: &str| d.get(k).and_then(serde_json::Value::as_str).unwrap_or("").to_owned();
         let (resource, resource_id, payout) = (text("resourceType"), text("resourceId"), text("payoutId"));
         tracing::error!(
             hop,
-            ownerId = owner,
+            ownerId = owner.as_str(),
             presentedToken = token,
             highestToken = highest,
             resource = %resource,
@@ -320,96 +301,54 @@ impl Executor {
         &self,
         session: &Session,
         guard: LockGuard,
-        owner: &str,
-        view: &Value,
+        owner: &OwnerId,
+        view: &PayoutBody,
         state: PayoutState,
     ) -> Outcome {
-        let Some(payout_id) = view.get("payoutId").and_then(Value::as_str).and_then(|s| Uuid::parse_str(s).ok()) else {
+        let payout_id = view.payout_id;
+        let Some(key) = write_key(payout_id) else {
             return self.finish(guard, Outcome::Unavailable).await;
         };
-        let token = guard.token().get();
-        let w = WriteHeaders::new(token, owner, payout_id);
-        let headers = w.get();
+        let token = guard.token();
         if !self.may_write(&guard) {
             return self.finish(guard, Outcome::LeaseLost).await;
         }
-        self.maybe_stall("claim", owner).await;
-        let claimed = self
-            .hops
-            .write(
-                &self.cfg.payment_url,
-                &format!("/v1/payouts/{payout_id}/claim"),
-                &headers,
-                &json!({"expectedState": state}),
-            )
-            .await;
-        match (&claimed, claimed.code()) {
-            (Answer::Ok { .. }, _) => {}
-            (_, Some(ErrorCode::FencedOut)) => {
-                self.fenced("claim", owner, token, &claimed);
-                return self.finish(guard, Outcome::Fenced).await;
-            }
-            (_, Some(ErrorCode::PayoutNotClaimable)) => return self.finish(guard, Outcome::NotClaimable).await,
-            (_, Some(ErrorCode::InsufficientFunds)) => return self.finish(guard, Outcome::Failed).await,
-            _ => {
-                tracing::warn!(payoutId = %payout_id, answer = ?claimed, "executor_claim_undecided");
-                return self.finish(guard, Outcome::Unavailable).await;
-            }
+        self.maybe_stall("claim", owner.as_str()).await;
+        let claimed =
+            self.hops.payment.claim(payout_id, token, owner, &key, &ClaimRequest { expected_state: state }).await;
+        if let Err(refusal) = claimed {
+            return match refusal.code() {
+                Some(ErrorCode::FencedOut) => {
+                    self.fenced("claim", owner, token.get(), refusal.details());
+                    self.finish(guard, Outcome::Fenced).await
+                }
+                Some(ErrorCode::PayoutNotClaimable) => self.finish(guard, Outcome::NotClaimable).await,
+                Some(ErrorCode::InsufficientFunds) => self.finish(guard, Outcome::Failed).await,
+                _ => {
+                    tracing::warn!(payoutId = %payout_id, answer = %refusal, "executor_claim_undecided");
+                    self.finish(guard, Outcome::Unavailable).await
+                }
+            };
         }
 
         if !self.may_write(&guard) {
             // The payout stays CLAIMED; a newer holder re-claims it.
             return self.finish(guard, Outcome::LeaseLost).await;
         }
-        let body = json!({
-            "payoutId": payout_id,
-            "accountId": view.get("accountId"),
-            "amountMinor": view.get("amountMinor"),
-            "currency": view.get("currency"),
-            "beneficiaryRef": view.get("beneficiaryRef"),
-        });
-        self.maybe_stall("submit", owner).await;
-        let submitted = self.hops.submit(&self.cfg.proxy_url, &headers, &body).await;
-        let ack = match (&submitted, submitted.code()) {
-            (Answer::Ok { body, .. }, _) => body.clone(),
-            (_, Some(ErrorCode::FencedOut)) => {
-                self.fenced("submit", owner, token, &submitted);
-                return self.finish(guard, Outcome::Fenced).await;
-            }
-            (_, Some(ErrorCode::DuplicateSubmission)) => {
-                tracing::error!(payoutId = %payout_id, ownerId = owner, presentedToken = token,
-                    "executor_duplicate_submission");
-                return self.finish(guard, Outcome::Duplicate).await;
-            }
-            (Answer::Refused { body, .. }, Some(ErrorCode::RailAmbiguous)) => {
-                let submission = body.pointer("/details/submissionId").and_then(serde_json::Value::as_str);
-                let submission = submission.unwrap_or("").to_owned();
-                tracing::warn!(
-                    payoutId = %payout_id,
-                    submissionId = %submission,
-                    presentedToken = token,
-                    ownerId = owner,
-                    outcome = "timeout",
-                    "rail_ambiguous"
-                );
-                return self.finish(guard, Outcome::Ambiguous).await;
-            }
-            (Answer::Refused { status: 422, .. }, _) => return self.finish(guard, Outcome::Failed).await,
-            (_, Some(ErrorCode::PayoutNotClaimable)) => return self.finish(guard, Outcome::NotClaimable).await,
-            (Answer::Lost { cause }, _) => {
-                tracing::warn!(payoutId = %payout_id, cause, "executor_submission_answer_lost");
-                return self.finish(guard, Outcome::AnswerLost).await;
-            }
-            _ => {
-                tracing::warn!(payoutId = %payout_id, answer = ?submitted, "executor_submission_undecided");
-                return self.finish(guard, Outcome::Unavailable).await;
-            }
+        let body = SubmissionRequest {
+            payout_id,
+            account_id: view.account_id.clone(),
+            amount_minor: view.amount_minor,
+            currency: view.currency.clone(),
+            beneficiary_ref: view.beneficiary_ref.clone(),
         };
-        let (Some(submission_id), Some(reference)) = (
-            ack.get("submissionId").and_then(Value::as_str).map(str::to_owned),
-            ack.get("railReference").and_then(Value::as_str).map(str::to_owned),
-        ) else {
-            return self.finish(guard, Outcome::Unavailable).await;
+        self.maybe_stall("submit", owner.as_str()).await;
+        let ack = match self.hops.rail.submit(token, owner, &key, &body).await {
+            Ok(ack) => ack,
+            Err(refusal) => {
+                let outcome = self.refused_submission(payout_id, owner, token.get(), &refusal);
+                return self.finish(guard, outcome).await;
+            }
         };
 
         // The post needs a newer grant than the claim (C3-extensions C-10).
@@ -423,48 +362,88 @@ impl Executor {
                 return Outcome::Unavailable;
             }
         };
-        self.post(newer, owner, payout_id, &submission_id, &reference).await
+        self.post(newer, owner, payout_id, ack.submission_id, ack.rail_reference).await
+    }
+
+    /// What a refused submission comes to. Nothing here submits again: not after a lost
+    /// answer, not after `RAIL_AMBIGUOUS`, not after a 503 (C3 §3.8: zero retries, ever).
+    fn refused_submission(&self, payout_id: Uuid, owner: &OwnerId, token: i64, refusal: &RailRefusal) -> Outcome {
+        match (refusal, refusal.code()) {
+            (_, Some(ErrorCode::FencedOut)) => {
+                self.fenced("submit", owner, token, refusal.details());
+                Outcome::Fenced
+            }
+            (_, Some(ErrorCode::DuplicateSubmission)) => {
+                tracing::error!(payoutId = %payout_id, ownerId = owner.as_str(), presentedToken = token,
+                    "executor_duplicate_submission");
+                Outcome::Duplicate
+            }
+            (_, Some(ErrorCode::RailAmbiguous)) => {
+                let submission = refusal.ambiguous_submission_id().unwrap_or("").to_owned();
+                tracing::warn!(
+                    payoutId = %payout_id,
+                    submissionId = %submission,
+                    presentedToken = token,
+                    ownerId = owner.as_str(),
+                    outcome = "timeout",
+                    "rail_ambiguous"
+                );
+                Outcome::Ambiguous
+            }
+            _ if refusal.status() == Some(422) => Outcome::Failed,
+            (_, Some(ErrorCode::PayoutNotClaimable)) => Outcome::NotClaimable,
+            (RailRefusal::NoAnswer { cause }, _) => {
+                tracing::warn!(payoutId = %payout_id, cause, "executor_submission_answer_lost");
+                Outcome::AnswerLost
+            }
+            _ => {
+                tracing::warn!(payoutId = %payout_id, answer = %refusal, "executor_submission_undecided");
+                Outcome::Unavailable
+            }
+        }
     }
 
     async fn post(
         &self,
         guard: LockGuard,
-        owner: &str,
+        owner: &OwnerId,
         payout_id: Uuid,
-        submission_id: &str,
-        reference: &str,
+        submission_id: Uuid,
+        rail_reference: String,
     ) -> Outcome {
         if !self.may_write(&guard) {
             return self.finish(guard, Outcome::LeaseLost).await;
         }
-        let token = guard.token().get();
-        let w = WriteHeaders::new(token, owner, payout_id);
-        let headers = w.get();
-        let body = json!({"railReference": reference, "submissionId": submission_id, "railOutcome": "ACKED"});
-        self.maybe_stall("post", owner).await;
-        let posted =
-            self.hops.write(&self.cfg.payment_url, &format!("/v1/payouts/{payout_id}/post"), &headers, &body).await;
-        let outcome = match (&posted, posted.code()) {
-            (Answer::Ok { .. }, _) => Outcome::Posted,
-            (_, Some(ErrorCode::FencedOut)) => {
-                self.fenced("post", owner, token, &posted);
-                Outcome::Fenced
-            }
-            (_, Some(ErrorCode::PayoutNotClaimable)) => Outcome::NotClaimable,
-            _ => {
-                tracing::warn!(payoutId = %payout_id, answer = ?posted, "executor_post_undecided");
-                Outcome::Unavailable
-            }
+        let Some(key) = write_key(payout_id) else {
+            return self.finish(guard, Outcome::Unavailable).await;
+        };
+        let token = guard.token();
+        let body =
+            PostRequest { rail_reference, submission_id, rail_outcome: SubmissionOutcome::Acked.as_str().to_owned() };
+        self.maybe_stall("post", owner.as_str()).await;
+        let outcome = match self.hops.payment.post(payout_id, token, owner, &key, &body).await {
+            Ok(_) => Outcome::Posted,
+            Err(refusal) => match refusal.code() {
+                Some(ErrorCode::FencedOut) => {
+                    self.fenced("post", owner, token.get(), refusal.details());
+                    Outcome::Fenced
+                }
+                Some(ErrorCode::PayoutNotClaimable) => Outcome::NotClaimable,
+                _ => {
+                    tracing::warn!(payoutId = %payout_id, answer = %refusal, "executor_post_undecided");
+                    Outcome::Unavailable
+                }
+            },
         };
         self.finish(guard, outcome).await
     }
 }
 
 /// The ACKED attempt of a P4 body: (submissionId, railReference).
-fn acked_submission(view: &Value) -> Option<(String, String)> {
-    view.get("submissions")?.as_array()?.iter().find_map(|s| {
-        (s.get("outcome")?.as_str()? == "ACKED").then_some(())?;
-        Some((s.get("submissionId")?.as_str()?.to_owned(), s.get("railReference")?.as_str()?.to_owned()))
+fn acked_submission(view: &PayoutBody) -> Option<(Uuid, String)> {
+    view.submissions.iter().find_map(|s| {
+        (s.outcome == Some(SubmissionOutcome::Acked)).then_some(())?;
+        Some((s.submission_id, s.rail_reference.clone()?))
     })
 }
 
@@ -510,11 +489,36 @@ mod tests {
 
     #[test]
     fn the_acked_attempt_is_found_among_the_submissions() {
-        let view = json!({"submissions": [
-            {"submissionId": "s-1", "outcome": "UNSENT"},
-            {"submissionId": "s-2", "outcome": "ACKED", "railReference": "RR-2"},
-        ]});
-        assert_eq!(acked_submission(&view), Some(("s-2".into(), "RR-2".into())));
-        assert_eq!(acked_submission(&json!({"submissions": []})), None);
+        let at = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+        let attempt =
+            |n: u128, outcome: SubmissionOutcome, reference: Option<&str>| dlock_contract::payment::SubmissionBody {
+                submission_id: Uuid::from_u128(n),
+                presented_token: 1,
+                outcome: Some(outcome),
+                rail_reference: reference.map(str::to_owned),
+                submitted_at: at,
+                resolved_at: Some(at),
+            };
+        let mut view = PayoutBody {
+            payout_id: Uuid::from_u128(9),
+            account_id: "a".into(),
+            amount_minor: 1,
+            currency: "EUR".into(),
+            beneficiary_ref: "b".into(),
+            state: PayoutState::RailAcked,
+            attempt_count: 2,
+            claim_token: None,
+            claimed_by: None,
+            claimed_at: None,
+            created_at: at,
+            updated_at: at,
+            submissions: vec![
+                attempt(1, SubmissionOutcome::Unsent, None),
+                attempt(2, SubmissionOutcome::Acked, Some("RR-2")),
+            ],
+        };
+        assert_eq!(acked_submission(&view), Some((Uuid::from_u128(2), "RR-2".into())));
+        view.submissions.clear();
+        assert_eq!(acked_submission(&view), None);
     }
 }

@@ -12,17 +12,15 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
+use dlock_config::{Layers, Profile};
+use dlock_contract::payment::{NewAccountRequest, NewPayoutRequest};
 use dlock_contract::payout::PayoutState;
-use dlock_contract::OwnerId;
+use dlock_contract::{IdempotencyKey, OwnerId};
 use dlock_executor::{Executor, ExecutorConfig, Outcome};
-use dlock_lock_server::service::{LockServer, LockServerConfig};
 use dlock_lock_server::store_mem::MemLockStore;
+use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_payment_resource::store::{is_system_account, Direction, PaymentStore};
 use dlock_payment_resource::store_mem::MemPaydb;
-use dlock_payment_resource::{PaymentConfig, PaymentResource};
-use dlock_rail_proxy::service::ProxyConfig;
-use dlock_rail_proxy::RailProxy;
-use dlock_rail_stub::{RailStub, StubConfig};
 use dlock_rt::http::{BaseUrl, HttpClient};
 use dlock_rt::Clock;
 use serde_json::{json, Value};
@@ -48,64 +46,80 @@ struct Cluster {
     _stops: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
-async fn cluster(stub_cfg: StubConfig) -> Cluster {
-    let locks = Arc::new(MemLockStore::new(Clock::system()));
-    let server = LockServer::new(locks, LockServerConfig::default(), Clock::system());
-    let (lock, s1) = serve(dlock_lock_server::app::router(server)).await;
+/// A loopback listener and its URL.
+async fn listener() -> (tokio::net::TcpListener, BaseUrl) {
+    let listener = dlock_rt::http::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await.expect("bind");
+    let url = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
+    (listener, url)
+}
+
+/// A shutdown signal that fires when the returned sender is dropped.
+fn stop_signal() -> (impl std::future::Future<Output = ()> + Send + 'static, tokio::sync::oneshot::Sender<()>) {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    (
+        async {
+            let _ = rx.await;
+        },
+        tx,
+    )
+}
+
+/// The lock server over the simulation store, started through its entry point.
+async fn lock_server(locks: Arc<MemLockStore>) -> (BaseUrl, tokio::sync::oneshot::Sender<()>) {
+    let cfg = dlock_lock_server::config::resolve(&Layers::default(), Profile::Production).expect("defaults").config;
+    let (l, url) = listener().await;
+    let (signal, stop) = stop_signal();
+    dlock_lock_server::start(cfg, locks, Clock::system(), l, signal).await.expect("lock server");
+    (url, stop)
+}
+
+/// Every service through its crate's entry point, the rail-stub's knobs set by `stub` (C5
+/// keys `rail.stub.*`).
+async fn cluster(stub: &[(&str, &str)]) -> Cluster {
+    let (lock, s1) = lock_server(Arc::new(MemLockStore::new(Clock::system()))).await;
     let paydb = Arc::new(MemPaydb::new());
-    let pr = PaymentResource::start(paydb.clone(), PaymentConfig::default(), Clock::system()).await.expect("start");
-    let (payment, s2) = serve(dlock_payment_resource::router(pr)).await;
-    let stub = RailStub::new(stub_cfg, Clock::system());
-    let (stub_url, s3) = serve(dlock_rail_stub::router(stub)).await;
-    let cfg = ProxyConfig {
-        rail_url: stub_url.clone(),
-        connect_timeout_ms: 1_000,
-        read_timeout_ms: 8_000,
-        fencing_enabled: true,
-        duplicate_guard_enabled: true,
-        body_bytes_max: 65_536,
-    };
-    let (proxy, s4) = serve(dlock_rail_proxy::router(RailProxy::new(paydb.clone(), cfg, Clock::system()))).await;
+    let pay_cfg = dlock_payment_resource::config::resolve(&Layers::default(), Profile::Production).expect("ok").config;
+    let (l, payment) = listener().await;
+    let (signal, s2) = stop_signal();
+    dlock_payment_resource::start(pay_cfg, paydb.clone(), Clock::system(), l, signal).await.expect("payment");
+    let stub_cfg = dlock_rail_stub::config::resolve(&Layers::of(stub), Profile::Production).expect("stub").config;
+    let (l, stub_url) = listener().await;
+    let (signal, s3) = stop_signal();
+    dlock_rail_stub::start(stub_cfg, Clock::system(), l, signal).await.expect("stub");
+    let rail = format!("http://{}", stub_url.authority);
+    let proxy_layers = Layers::of(&[("rail.proxy.rail-url", &rail)]);
+    let proxy_cfg = dlock_rail_proxy::config::resolve(&proxy_layers, Profile::Production).expect("proxy").config;
+    let (l, proxy) = listener().await;
+    let (signal, s4) = stop_signal();
+    dlock_rail_proxy::start(proxy_cfg, paydb.clone(), Clock::system(), l, signal).await.expect("proxy");
     Cluster { lock, payment, proxy, stub: stub_url, paydb, _stops: vec![s1, s2, s3, s4] }
 }
 
-async fn post_json(base: &BaseUrl, path: &str, key: &str, body: Value) -> Value {
-    let r = HttpClient::new(1_000, 5_000)
-        .send(
-            base,
-            http::Method::POST,
-            path,
-            &[("content-type", "application/json"), ("x-owner-id", "ops"), ("x-idempotency-key", key)],
-            Some(body.to_string().into()),
-        )
-        .await
-        .expect("answered");
-    assert!((200..300).contains(&r.status), "{path}: {}", String::from_utf8_lossy(&r.body));
-    serde_json::from_slice(&r.body).expect("json")
-}
-
-/// Opens `accounts` accounts and `n` payouts spread over them; returns the payout ids.
+/// Opens `accounts` accounts and `n` payouts spread over them through the payment client;
+/// returns the payout ids.
 async fn seed(c: &Cluster, accounts: usize, n: usize, opening: i64, amount: i64) -> Vec<Uuid> {
+    let client = PaymentClient::new(PaymentClientConfig::new(c.payment.clone())).expect("client");
+    let ops = OwnerId::parse("ops").expect("owner");
+    let key = |k: String| IdempotencyKey::parse(&k).expect("key");
     for a in 0..accounts {
-        post_json(
-            &c.payment,
-            "/v1/accounts",
-            &format!("open-{a}"),
-            json!({"accountId": format!("acct-{a}"), "currency": "EUR", "openingBalanceMinor": opening}),
-        )
-        .await;
+        let body = NewAccountRequest {
+            account_id: format!("acct-{a}"),
+            currency: "EUR".into(),
+            opening_balance_minor: opening,
+        };
+        client.create_account(&ops, &key(format!("open-{a}")), &body).await.expect("account opened");
     }
     let mut ids = Vec::new();
     for i in 0..n {
-        let v = post_json(
-            &c.payment,
-            "/v1/payouts",
-            &format!("create-{i}"),
-            json!({"accountId": format!("acct-{}", i % accounts), "amountMinor": amount, "currency": "EUR",
-                "beneficiaryRef": format!("ben-{i}")}),
-        )
-        .await;
-        ids.push(Uuid::parse_str(v["payoutId"].as_str().expect("id")).expect("uuid"));
+        let body = NewPayoutRequest {
+            payout_id: None,
+            account_id: format!("acct-{}", i % accounts),
+            amount_minor: amount,
+            currency: "EUR".into(),
+            beneficiary_ref: format!("ben-{i}"),
+        };
+        let created = client.create_payout(&ops, &key(format!("create-{i}")), &body).await.expect("payout created");
+        ids.push(created.payout_id);
     }
     ids
 }
@@ -149,7 +163,7 @@ async fn assert_ledger_balances(paydb: &MemPaydb) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn executors_settle_every_payout_once_with_a_balanced_ledger() {
-    let c = cluster(StubConfig::default()).await;
+    let c = cluster(&[]).await;
     let ids = seed(&c, 3, 24, 100_000, 1_000).await;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut runs = Vec::new();
@@ -198,7 +212,7 @@ async fn drain(c: &Cluster, ids: &[Uuid]) -> (Arc<Executor>, BTreeMap<Uuid, Payo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payout_the_balance_cannot_cover_fails_and_never_reaches_the_rail() {
-    let c = cluster(StubConfig::default()).await;
+    let c = cluster(&[]).await;
     // 1 500 covers one of the two payouts of 1 000.
     let ids = seed(&c, 1, 2, 1_500, 1_000).await;
     let (ex, states) = drain(&c, &ids).await;
@@ -212,7 +226,7 @@ async fn a_payout_the_balance_cannot_cover_fails_and_never_reaches_the_rail() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payout_the_rail_declines_fails_after_exactly_one_call() {
-    let c = cluster(StubConfig { decline_rate: 1.0, ..StubConfig::default() }).await;
+    let c = cluster(&[("rail.stub.decline-rate", "1")]).await;
     let ids = seed(&c, 2, 4, 10_000, 1_000).await;
     let (ex, states) = drain(&c, &ids).await;
     assert!(states.values().all(|s| *s == PayoutState::Failed), "{states:?}");
@@ -290,8 +304,17 @@ async fn fake() -> (Fake, BaseUrl, tokio::sync::oneshot::Sender<()>) {
     (f, url, stop)
 }
 
+/// A C3 envelope for `code`, with the catalogue's `retrySafe` verdict.
 fn envelope(code: &str, details: Value) -> Value {
-    json!({"code": code, "message": "m", "retrySafe": false, "details": details, "traceId": "0".repeat(32)})
+    let retry_safe = serde_json::from_value::<dlock_contract::ErrorCode>(json!(code)).is_ok_and(|c| c.retry_safe());
+    json!({"code": code, "message": "m", "retrySafe": retry_safe, "details": details, "traceId": "0".repeat(32)})
+}
+
+/// A P4 body (C3 §3.4) of a payout of 100 EUR on `acct-1`.
+fn view(payout: Uuid) -> Value {
+    json!({"payoutId": payout, "accountId": "acct-1", "amountMinor": 100, "currency": "EUR",
+        "beneficiaryRef": "b", "state": "PENDING", "attemptCount": 0, "submissions": [],
+        "createdAt": "2025-11-30T11:05:30.123Z", "updatedAt": "2025-11-30T11:05:30.123Z"})
 }
 
 struct Rig {
@@ -306,21 +329,11 @@ struct Rig {
 /// A real lock server, and fakes for the payment-resource and the proxy with one PENDING
 /// payout on `acct-1`.
 async fn rig(tune: impl FnOnce(&mut ExecutorConfig)) -> Rig {
-    let locks = Arc::new(MemLockStore::new(Clock::system()));
-    let (lock, s1) =
-        serve(dlock_lock_server::app::router(LockServer::new(locks, LockServerConfig::default(), Clock::system())))
-            .await;
+    let (lock, s1) = lock_server(Arc::new(MemLockStore::new(Clock::system()))).await;
     let (payment, payment_url, s2) = fake().await;
     let (proxy, proxy_url, s3) = fake().await;
     let payout = Uuid::new_v4();
-    payment.on(
-        &format!("/v1/payouts/{payout}"),
-        vec![Reply::Json(
-            200,
-            json!({"payoutId": payout, "accountId": "acct-1", "amountMinor": 100, "currency": "EUR",
-                "beneficiaryRef": "b", "state": "PENDING", "attemptCount": 0, "submissions": []}),
-        )],
-    );
+    payment.on(&format!("/v1/payouts/{payout}"), vec![Reply::Json(200, view(payout))]);
     let mut cfg = config(&lock, &payment_url, &proxy_url, "executor-1");
     tune(&mut cfg);
     let executor = Executor::new(cfg, Clock::system()).expect("config");
@@ -363,12 +376,28 @@ impl Rig {
 
 const SUBMISSIONS: &str = "/v1/rail/submissions";
 
+/// A P2 `200` body (the fakes do not check which payout it names).
+fn claim_ack() -> Value {
+    json!({"payoutId": Uuid::nil(), "state": "CLAIMED", "claimToken": 1, "accountFence": 1, "attemptCount": 1,
+        "idempotencyKey": "payout:k"})
+}
+
 fn claimed_ok() -> Reply {
-    Reply::Json(200, json!({"state": "CLAIMED"}))
+    Reply::Json(200, claim_ack())
 }
 
 fn acked() -> Reply {
-    Reply::Json(200, json!({"outcome": "ACKED", "submissionId": Uuid::new_v4(), "railReference": "RR-1"}))
+    Reply::Json(
+        200,
+        json!({"submissionId": Uuid::new_v4(), "payoutId": Uuid::nil(), "presentedToken": 1, "outcome": "ACKED",
+            "railReference": "RR-1", "submittedAt": "2025-11-30T11:05:30.123Z",
+            "resolvedAt": "2025-11-30T11:05:31.000Z"}),
+    )
+}
+
+/// A P3 `200` body.
+fn posted_ok() -> Reply {
+    Reply::Json(200, json!({"payoutId": Uuid::nil(), "state": "POSTED", "entries": [], "balanceMinor": 0}))
 }
 
 #[tokio::test]
@@ -376,10 +405,17 @@ async fn claim_is_retried_once_on_503_and_never_on_a_409() {
     let r = rig(|_| {}).await;
     r.payment.on(
         &r.claim_path(),
-        vec![Reply::Json(503, json!({"code": "NOT_READY", "retryAfterMillis": 10})), claimed_ok()],
+        vec![
+            Reply::Json(
+                503,
+                json!({"code": "NOT_READY", "message": "m", "retrySafe": true, "retryAfterMillis": 10,
+            "traceId": "0".repeat(32)}),
+            ),
+            claimed_ok(),
+        ],
     );
     r.proxy.on(SUBMISSIONS, vec![acked()]);
-    r.payment.on(&r.post_path(), vec![Reply::Json(200, json!({"state": "POSTED"}))]);
+    r.payment.on(&r.post_path(), vec![posted_ok()]);
     assert_eq!(r.execute_once().await, Some(Outcome::Posted));
     assert_eq!(r.payment.calls(&r.claim_path()), 2, "one retry after a 503");
 
@@ -450,7 +486,7 @@ async fn the_post_runs_under_a_newer_grant_than_the_claim() {
     let r = rig(|_| {}).await;
     r.payment.on(&r.claim_path(), vec![claimed_ok()]);
     r.proxy.on(SUBMISSIONS, vec![acked()]);
-    r.payment.on(&r.post_path(), vec![Reply::Json(200, json!({"state": "POSTED"}))]);
+    r.payment.on(&r.post_path(), vec![posted_ok()]);
     assert_eq!(r.execute_once().await, Some(Outcome::Posted));
     // The fakes record paths only; the tokens are checked end to end by the real services in
     // `executors_settle_every_payout_once_with_a_balanced_ledger` (an equal token is fenced).
@@ -462,7 +498,7 @@ async fn the_post_runs_under_a_newer_grant_than_the_claim() {
 async fn a_lease_that_lapses_during_the_claim_stops_the_submission() {
     // A 1 s lease keeps a 700 ms local deadline; the claim answers 200 after 1.2 s.
     let r = rig(|cfg| cfg.lock_ttl_ms = 1_000).await;
-    r.payment.on(&r.claim_path(), vec![Reply::Delayed(1_200, 200, json!({"state": "CLAIMED"}))]);
+    r.payment.on(&r.claim_path(), vec![Reply::Delayed(1_200, 200, claim_ack())]);
     r.proxy.on(SUBMISSIONS, vec![acked()]);
     assert_eq!(r.execute_once().await, Some(Outcome::LeaseLost));
     assert_eq!(r.proxy.calls(SUBMISSIONS), 0, "nothing reaches the proxy once the local deadline passed");
@@ -472,9 +508,8 @@ async fn a_lease_that_lapses_during_the_claim_stops_the_submission() {
 async fn an_advisory_read_is_tried_twice_and_a_failed_one_writes_nothing() {
     let r = rig(|_| {}).await;
     let view_path = format!("/v1/payouts/{}", r.payout);
-    let view = json!({"payoutId": r.payout, "accountId": "acct-1", "amountMinor": 100, "currency": "EUR",
-        "beneficiaryRef": "b", "state": "PENDING", "attemptCount": 0, "submissions": []});
-    r.payment.on(&view_path, vec![Reply::Json(503, envelope("NOT_READY", json!({}))), Reply::Json(200, view)]);
+    r.payment
+        .on(&view_path, vec![Reply::Json(503, envelope("NOT_READY", json!({}))), Reply::Json(200, view(r.payout))]);
     r.payment.on(&r.claim_path(), vec![Reply::Json(409, envelope("PAYOUT_NOT_CLAIMABLE", json!({})))]);
     assert_eq!(r.execute_once().await, Some(Outcome::NotClaimable));
     assert_eq!(r.payment.calls(&view_path), 2, "the re-read is retried once");

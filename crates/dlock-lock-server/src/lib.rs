@@ -6,12 +6,16 @@
 //! revoke a grant (L8), which also raises the token floor so the evicted holder is fenced out
 //! at the resource, not merely forgotten here.
 //!
-//! The store decides everything that must be atomic (see [`store`]); this crate's service
+//! The rules are pure functions, once, in [`rules`]; every store reads its facts, calls them,
+//! and applies the answer under its own conditional write. The store decides everything that
+//! must be atomic (see [`store`]); this crate's service
 //! layer adds what is per-replica and advisory: the fair FIFO waiter queue for `waitMillis`,
 //! the reaper, metrics and logs. A replica never answers a guess: when the backend cannot
 //! decide, the answer is `503 NOT_LEADER`.
 
 pub mod app;
+pub mod config;
+pub mod rules;
 pub mod service;
 pub mod store;
 pub mod store_etcd;
@@ -19,3 +23,28 @@ pub mod store_fault;
 pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;
+
+/// How long a graceful shutdown waits for in-flight requests: the longest `waitMillis`
+/// plus a second.
+pub const SHUTDOWN_GRACE_MS_MAX: u64 = dlock_contract::lock::WAIT_MS_MAX as u64 + 1_000;
+
+/// The lock server's one start entry point: serves [`app::router`] on `listener` over
+/// `store` until `shutdown` (draining for [`SHUTDOWN_GRACE_MS_MAX`]), with the reaper
+/// ([`service::LockServer::run_reaper`]) running until it stops.
+pub async fn start<F>(
+    cfg: service::LockServerConfig,
+    store: std::sync::Arc<dyn store::LockStore>,
+    clock: dlock_rt::Clock,
+    listener: tokio::net::TcpListener,
+    shutdown: F,
+) -> Result<dlock_rt::ServiceHandle<service::LockServer>, String>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let server = service::LockServer::new(store, cfg, clock);
+    let reaper = dlock_rt::spawn(server.clone().run_reaper());
+    let handle =
+        dlock_rt::ServiceHandle::serve(server.clone(), listener, app::router(server), SHUTDOWN_GRACE_MS_MAX, shutdown)
+            .map_err(|e| format!("lock-server: {e}"))?;
+    Ok(handle.with_background(reaper))
+}

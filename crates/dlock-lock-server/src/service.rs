@@ -19,6 +19,7 @@ use dlock_rt::{Clock, Duration};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+use crate::rules::{ends_the_wait, on_arrival, queue_has_room, Arrival};
 use crate::store::{AcquireRefusal, GrantRow, LockStore, StoreError};
 
 /// Default `lock.session.ttl-ms` (C3 L1 "default lock.session.ttl").
@@ -134,12 +135,6 @@ struct Queue {
     notify: Arc<Notify>,
 }
 
-/// Whether a refusal ends an acquire at once, waiting or not: the session cannot act, or it
-/// already holds the key. Only contention and lock-delay are worth waiting out.
-fn ends_the_wait(r: &AcquireRefusal) -> bool {
-    matches!(r, AcquireRefusal::Session(_) | AcquireRefusal::AlreadyHeld { .. })
-}
-
 /// What an acquire came to at the service level.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AcquireOutcome {
@@ -202,7 +197,7 @@ impl LockServer {
     fn join_queue(&self, key: &str) -> Option<(u64, Arc<Notify>)> {
         let mut queues = self.queues.lock().ok()?;
         let q = queues.entry(key.to_owned()).or_default();
-        if q.ids.len() >= self.cfg.waiters_per_key_max {
+        if !queue_has_room(q.ids.len(), self.cfg.waiters_per_key_max) {
             return None;
         }
         let id = self.next_waiter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -273,15 +268,15 @@ impl LockServer {
         let delay = self.cfg.delay_ms;
         // The refusal to answer if the wait ends without a grant: the latest the store gave.
         let mut last = None;
-        if self.queue_is_empty(key) {
-            match self.store.acquire(key, session_id, ttl_ms, delay).await? {
+        match on_arrival(self.queue_is_empty(key), wait_ms) {
+            Arrival::AskStore => match self.store.acquire(key, session_id, ttl_ms, delay).await? {
                 Ok(g) => return Ok(AcquireOutcome::Granted(g)),
                 Err(r) if wait_ms <= 0 || ends_the_wait(&r) => return Ok(AcquireOutcome::Refused(r)),
                 Err(r) => last = Some(r),
-            }
-        } else if wait_ms <= 0 {
+            },
             // A queue is waiting: a no-wait request does not barge past it.
-            return Ok(AcquireOutcome::Refused(self.contended_now(key).await?));
+            Arrival::RefuseNoBarge => return Ok(AcquireOutcome::Refused(self.contended_now(key).await?)),
+            Arrival::Join => {}
         }
 
         let Some((id, notify)) = self.join_queue(key) else { return Ok(AcquireOutcome::QueueFull) };

@@ -7,6 +7,10 @@
 //! agree on which grant is live. All instants are Unix epoch milliseconds.
 //!
 //! ## Definitions
+//! Each definition below is one pure function of [`crate::rules`] (`session_check`,
+//! `grant_dies_at`, `lock_delay_until` / `merge_delay`, `next_token`, `decide_acquire`, …);
+//! every backend reads the facts, calls it, and applies the answer under its own
+//! conditional write.
 //! - A **session** is *live* iff it is not closed and `now < expires_at_ms`. A session that
 //!   lapsed is *expired*; it is remembered (answering `SESSION_EXPIRED`) until the reaper
 //!   forgets it after the retention period, after which it is *unknown*. A closed session

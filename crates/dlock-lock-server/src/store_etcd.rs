@@ -129,6 +129,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::rules::{self, AcquireFacts, GrantFacts, GrantPlan};
 use crate::store::{
     AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, SessionRefusal,
     SessionRow, StoreError,
@@ -293,22 +294,17 @@ fn contended(what: &str) -> StoreError {
     StoreError::Unavailable(format!("etcd: {what} kept conflicting after {CAS_ATTEMPTS_MAX} attempts"))
 }
 
-/// When a grant dies: its own lease end, or its session's, whichever is first.
-fn died_at(g: &GrantVal, holder: &SessionVal) -> i64 {
-    holder.expires_at_ms.min(g.expires_at_ms)
-}
-
-/// When a grant dies, given its holder session as read; `None` when that session is gone
-/// (closed, or forgotten after retention). Such an orphan can only arise when an acquire
-/// commits beside a concurrent close of the same session (neither changes the session's
-/// value, so neither guard sees the other); it counts as released by the close: dead, with
-/// no lock-delay.
+/// When a grant dies, given its holder session as read ([`rules::grant_dies_at`]); `None`
+/// when that session is gone (closed, or forgotten after retention). Such an orphan can only
+/// arise when an acquire commits beside a concurrent close of the same session (neither
+/// changes the session's value, so neither guard sees the other); it counts as released by
+/// the close: dead, with no lock-delay.
 fn death(g: &GrantVal, holder: Option<&SessionVal>) -> Option<i64> {
-    holder.map(|s| died_at(g, s))
+    rules::grant_dies_at(g.expires_at_ms, holder.map(|s| s.expires_at_ms))
 }
 
 fn live(g: &GrantVal, holder: Option<&SessionVal>, now: i64) -> bool {
-    death(g, holder).is_some_and(|t| now < t)
+    rules::grant_live(g.expires_at_ms, holder.map(|s| s.expires_at_ms), now)
 }
 
 fn grant_row(key: &str, g: &Rec<GrantVal>) -> GrantRow {
@@ -327,11 +323,8 @@ fn session_row(id: Uuid, s: &SessionVal) -> SessionRow {
 }
 
 fn session_check(s: Option<&Rec<SessionVal>>, now: i64) -> Result<&Rec<SessionVal>, SessionRefusal> {
-    match s {
-        None => Err(SessionRefusal::Unknown),
-        Some(s) if now < s.val.expires_at_ms => Ok(s),
-        Some(_) => Err(SessionRefusal::Expired),
-    }
+    rules::session_check(s.map(|s| s.val.expires_at_ms), now)?;
+    s.ok_or(SessionRefusal::Unknown)
 }
 
 /// lockdb on etcd.
@@ -584,19 +577,32 @@ impl EtcdLockStore {
         Some(rec.and_then(|raw| Entry { key: self.key_key(key), value: raw, create_rev: 0 }.decode().ok()))
     }
 
-    /// The caller's session and the key record, when what this process last saw says the
-    /// key is free for a grant at `now`: the session live, no grant (or none seen), no
-    /// lock-delay running. A key never seen here is guessed free and never granted.
-    fn free_as_seen(&self, key: &str, session_id: Uuid, now: i64) -> Option<(Rec<SessionVal>, Option<Rec<KeyVal>>)> {
-        let s = self.seen_session(session_id).filter(|s| now < s.val.expires_at_ms)?;
+    /// The caller's session, the key record and the grant to make, when what this process
+    /// last saw says the key is free for a grant at `now` ([`rules::decide_acquire`] on the
+    /// hints: the session live, no grant seen, no lock-delay running). A key never seen here
+    /// is guessed free and never granted.
+    fn free_as_seen(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        now: i64,
+        delay_ms: i64,
+    ) -> Option<(Rec<SessionVal>, Option<Rec<KeyVal>>, GrantPlan)> {
+        let s = self.seen_session(session_id)?;
         if self.seen_grant(key).is_some_and(|g| g.is_some()) {
             return None;
         }
         let rec = self.seen_key(key).flatten();
-        if rec.as_ref().and_then(|r| r.val.delay_until_ms).is_some_and(|u| now < u) {
-            return None;
-        }
-        Some((s, rec))
+        let decision = rules::decide_acquire(&AcquireFacts {
+            now_ms: now,
+            session_id,
+            session_end_ms: Some(s.val.expires_at_ms),
+            grant: None,
+            key: rec.as_ref().map(|r| r.val.delay_until_ms),
+            delay_ms,
+        });
+        let plan = decision.verdict.ok()?;
+        Some((s, rec, plan))
     }
 
     /// The grant `(key, token)` and its holder session, when what this process last saw
@@ -614,7 +620,7 @@ impl EtcdLockStore {
         key: &str,
         session_id: Uuid,
         s: &Rec<SessionVal>,
-        rec: Option<&Rec<KeyVal>>,
+        (rec, plan): (Option<&Rec<KeyVal>>, GrantPlan),
         (ttl_ms, now): (i64, i64),
         reads: &[Read],
     ) -> Result<Result<GrantRow, Vec<Vec<Entry>>>, StoreError> {
@@ -633,7 +639,7 @@ impl EtcdLockStore {
         // The key record is written only when it changes: absent (first grant), or carrying
         // a lock-delay (which has run out, or the decision would have refused).
         let rec_after = match rec {
-            Some(r) if r.val.delay_until_ms.is_none() => r.raw.clone(),
+            Some(r) if !plan.write_key_record => r.raw.clone(),
             _ => {
                 let cleared = encode(&KeyVal::default())?;
                 ops.push(TxnOp::put(kkey.clone(), cleared.clone(), None));
@@ -644,6 +650,7 @@ impl EtcdLockStore {
         match self.commit_or_read(conds, ops, reads).await? {
             Ok(resps) => {
                 let token = token_of(&resps)?;
+                rules::assert_token_replaces(token, plan.replaces);
                 let granted = Rec { key: gkey, raw, val, create_rev: token };
                 self.saw_grant(key, Some(&granted));
                 remember(&mut self.seen().keys, key.to_owned(), Some(rec_after));
@@ -668,7 +675,8 @@ impl EtcdLockStore {
     }
 
     /// Guards and ops removing grant `g`. A lost grant (`lost_at`: when it died)
-    /// records its lock-delay, never lowering one already recorded.
+    /// records its lock-delay ([`rules::lock_delay_until`]), never lowering one already
+    /// recorded ([`rules::merge_delay`]).
     fn drop_ops(
         &self,
         g: &Rec<GrantVal>,
@@ -680,10 +688,9 @@ impl EtcdLockStore {
         let key = self.lock_key_of(&g.key);
         conds.push(Cond::of(g));
         ops.push(TxnOp::delete(g.key.clone(), None));
-        if let Some(died) = lost_at.filter(|_| delay_ms > 0) {
-            let until = died + delay_ms;
+        if let Some(until) = rules::lock_delay_until(lost_at, delay_ms) {
             let old = rec.and_then(|r| r.val.delay_until_ms);
-            let val = KeyVal { delay_until_ms: Some(old.map_or(until, |o| o.max(until))) };
+            let val = KeyVal { delay_until_ms: rules::merge_delay(old, Some(until)) };
             conds.push(Cond::of_opt(rec, self.key_key(key)));
             ops.push(TxnOp::put(self.key_key(key), encode(&val)?, None));
         }
@@ -781,7 +788,8 @@ impl LockStore for EtcdLockStore {
                 Ok(s) => s,
                 Err(refusal) => return Ok(Err(refusal)),
             };
-            let held = grants.iter().filter(|g| g.val.session_id == session_id && now < g.val.expires_at_ms).count();
+            let held =
+                grants.iter().filter(|g| g.val.session_id == session_id && live(&g.val, Some(&s.val), now)).count();
             let val = SessionVal { expires_at_ms: now + s.val.ttl_ms, ..s.val.clone() };
             let raw = encode(&val)?;
             let ops = vec![TxnOp::put(s.key.clone(), raw.clone(), None)];
@@ -804,7 +812,7 @@ impl LockStore for EtcdLockStore {
             };
             let mine: Vec<&Rec<GrantVal>> = grants.iter().filter(|g| g.val.session_id == session_id).collect();
             // Died before the close (lease or session lapsed): its lock-delay stands.
-            let lost_at = |g: &GrantVal| Some(died_at(g, &s.val)).filter(|d| *d <= now);
+            let lost_at = |g: &GrantVal| rules::lost_before_close(g.expires_at_ms, s.val.expires_at_ms, now);
             let last = (Cond::of(&s), TxnOp::delete(s.key.clone(), None));
             if self.remove_session_grants(&mine, lost_at, delay_ms, last).await?.is_some() {
                 self.saw_session(session_id, None);
@@ -834,13 +842,15 @@ impl LockStore for EtcdLockStore {
         };
         // A snapshot answered by a txn whose guard failed, for the next attempt.
         let mut snap: Option<(Option<Uuid>, Vec<Vec<Entry>>)> = None;
+        // The greatest token of a dead grant this call removed: the grant must exceed it.
+        let mut replaced: Option<i64> = None;
         // First, grant on what this process last saw, when that says the key is free: the
         // granting txn's guards check every record the decision used, and answer the
         // snapshot if one differs. Refusals are never decided on what was seen.
         let now = self.now();
-        if let Some((s, rec)) = self.free_as_seen(key, session_id, now) {
+        if let Some((s, rec, plan)) = self.free_as_seen(key, session_id, now, delay_ms) {
             let (_, r) = reads(None);
-            match self.grant(key, session_id, &s, rec.as_ref(), (ttl_ms, now), &r).await? {
+            match self.grant(key, session_id, &s, (rec.as_ref(), plan), (ttl_ms, now), &r).await? {
                 Ok(row) => return Ok(Ok(row)),
                 Err(read) => snap = Some((None, read)),
             }
@@ -862,38 +872,48 @@ impl LockStore for EtcdLockStore {
             self.saw_session(session_id, session.as_ref());
             self.saw_grant(key, grant.as_ref());
             self.saw_key(key, rec.as_ref());
-            // The session is checked in the same txn that grants (Jepsen etcd 3.4.3).
-            let s = match session_check(session.as_ref(), now) {
-                Ok(s) => s,
-                Err(refusal) => return Ok(Err(AcquireRefusal::Session(refusal))),
-            };
-            if let Some(g) = grant {
-                let mut known = vec![(session_id, Some(s))];
-                known.extend(hinted.as_ref().map(|(h, hs)| (*h, hs.as_ref())));
-                let holder = self.holder(&g.val, &known).await?;
-                let died = death(&g.val, holder.as_ref().map(|h| &h.val));
-                if died.is_some_and(|t| now < t) {
-                    return Ok(Err(if g.val.session_id == session_id {
-                        AcquireRefusal::AlreadyHeld { fencing_token: g.create_rev, expires_at_ms: g.val.expires_at_ms }
-                    } else {
-                        AcquireRefusal::Contended {
-                            holder_owner_id: g.val.owner_id,
-                            expires_at_ms: g.val.expires_at_ms,
-                        }
-                    }));
+            // The holder session of the grant in the way, if any (the caller's own, or the
+            // hinted one, from the same snapshot; else read now).
+            let session_end = session.as_ref().map(|s| s.val.expires_at_ms);
+            let holder = match grant.as_ref() {
+                // A refused session needs no holder lookup (the decision refuses first).
+                Some(g) if rules::session_check(session_end, now).is_ok() => {
+                    let mut known = vec![(session_id, session.as_ref())];
+                    known.extend(hinted.as_ref().map(|(h, hs)| (*h, hs.as_ref())));
+                    self.holder(&g.val, &known).await?
                 }
+                _ => None,
+            };
+            let row = grant.as_ref().map(|g| grant_row(key, g));
+            // The session is checked in the same decision (and txn) that grants (Jepsen etcd 3.4.3).
+            let decision = rules::decide_acquire(&AcquireFacts {
+                now_ms: now,
+                session_id,
+                session_end_ms: session_end,
+                grant: row
+                    .as_ref()
+                    .map(|r| GrantFacts { grant: r, holder_end_ms: holder.as_ref().map(|h| h.val.expires_at_ms) }),
+                key: rec.as_ref().map(|r| r.val.delay_until_ms),
+                delay_ms,
+            });
+            if let (Some(removal), Some(g)) = (decision.remove, grant.as_ref()) {
                 // A dead grant in the way: remove it (recording its lock-delay) in its own
                 // txn, then decide again. Death is final, so only the grant itself is guarded.
                 let (mut conds, mut ops) = (Vec::new(), Vec::new());
-                self.drop_ops(&g, rec.as_ref(), died, delay_ms, (&mut conds, &mut ops))?;
+                self.drop_ops(g, rec.as_ref(), removal.died_at_ms, delay_ms, (&mut conds, &mut ops))?;
                 self.commit(conds, ops).await?;
+                replaced = replaced.max(Some(removal.token));
                 continue;
             }
-            if let Some(until) = rec.as_ref().and_then(|r| r.val.delay_until_ms).filter(|u| now < *u) {
-                return Ok(Err(AcquireRefusal::Delayed { until_ms: until }));
-            }
+            let plan = match decision.verdict {
+                Ok(plan) => GrantPlan { replaces: plan.replaces.max(replaced), ..plan },
+                Err(refusal) => return Ok(Err(refusal)),
+            };
+            let Ok(s) = session_check(session.as_ref(), now) else {
+                return Err(StoreError::Corrupt("etcd: acquire granted without a live session".into()));
+            };
             let (hint, r) = reads(self.holder_hint(key));
-            match self.grant(key, session_id, s, rec.as_ref(), (ttl_ms, now), &r).await? {
+            match self.grant(key, session_id, s, (rec.as_ref(), plan), (ttl_ms, now), &r).await? {
                 Ok(row) => return Ok(Ok(row)),
                 Err(read) => snap = Some((hint, read)),
             }
@@ -914,15 +934,17 @@ impl LockStore for EtcdLockStore {
                 self.read(vec![Read::Key(self.session_key(session_id)), Read::Key(self.grant_key(key))]).await?;
             let grant = r.pop().and_then(|mut e| e.pop()).map(Entry::decode::<GrantVal>).transpose()?;
             let session = r.pop().and_then(|mut e| e.pop()).map(Entry::decode::<SessionVal>).transpose()?;
-            let s = match session_check(session.as_ref(), now) {
-                Ok(s) => s,
-                Err(refusal) => return Ok(Err(RenewRefusal::Session(refusal))),
-            };
-            let Some(g) = grant else { return Ok(Err(RenewRefusal::Lost { stored_token: None })) };
-            // The session is live, so the grant is live iff its own lease is.
-            if g.create_rev != token || g.val.session_id != session_id || now >= g.val.expires_at_ms {
-                return Ok(Err(RenewRefusal::Lost { stored_token: Some(g.create_rev) }));
+            // The grant's holder is the caller's session whenever the renew can succeed, so
+            // the caller's session (read in this snapshot) stands in for it.
+            let row = grant.as_ref().map(|g| grant_row(key, g));
+            let session_end = session.as_ref().map(|s| s.val.expires_at_ms);
+            let facts = row.as_ref().map(|r| GrantFacts { grant: r, holder_end_ms: session_end });
+            if let Err(refusal) = rules::decide_renew(session_end, facts, session_id, token, now) {
+                return Ok(Err(refusal));
             }
+            let (Ok(s), Some(g)) = (session_check(session.as_ref(), now), grant) else {
+                return Ok(Err(RenewRefusal::Lost { stored_token: None }));
+            };
             let val = GrantVal { expires_at_ms: now + ttl_ms, ..g.val.clone() };
             let raw = encode(&val)?;
             let ops = vec![TxnOp::put(g.key.clone(), raw.clone(), None)];
@@ -971,12 +993,15 @@ impl LockStore for EtcdLockStore {
             self.saw_grant(key, grant.as_ref());
             let Some(g) = grant else { return Ok(Err(None)) };
             if g.create_rev != token {
+                // Decided without the holder (the token alone refuses): saves its lookup.
                 return Ok(Err(Some(g.create_rev)));
             }
             let known: Vec<_> = hinted.iter().map(|(h, hs)| (*h, hs.as_ref())).collect();
             let holder = self.holder(&g.val, &known).await?;
-            if !live(&g.val, holder.as_ref().map(|h| &h.val), now) {
-                return Ok(Err(Some(g.create_rev)));
+            let row = grant_row(key, &g);
+            let facts = GrantFacts { grant: &row, holder_end_ms: holder.as_ref().map(|h| h.val.expires_at_ms) };
+            if let Err(stored) = rules::decide_release(Some(facts), token, now) {
+                return Ok(Err(stored));
             }
             let r = reads(Some(g.val.session_id));
             match self.commit_or_read(vec![Cond::of(&g)], vec![TxnOp::delete(g.key.clone(), None)], &r).await? {
@@ -1031,11 +1056,10 @@ impl LockStore for EtcdLockStore {
             let hinted = hint.map(|h| one::<SessionVal>(r.next()).map(|s| (h, s))).transpose()?;
             let known: Vec<_> = hinted.iter().map(|(h, hs)| (*h, hs.as_ref())).collect();
             let holder = self.holder(&g.val, &known).await?;
-            if !live(&g.val, holder.as_ref().map(|h| &h.val), now) {
-                return Ok(Err(RevokeRefusal::NotHeld));
-            }
-            if expected_token.is_some_and(|e| e != g.create_rev) {
-                return Ok(Err(RevokeRefusal::Stale { current_token: g.create_rev }));
+            let row = grant_row(key, &g);
+            let facts = GrantFacts { grant: &row, holder_end_ms: holder.as_ref().map(|h| h.val.expires_at_ms) };
+            if let Err(refusal) = rules::decide_revoke(Some(facts), expected_token, now) {
+                return Ok(Err(refusal));
             }
             let audit = RevocationVal {
                 key: key.to_owned(),
@@ -1075,7 +1099,7 @@ impl LockStore for EtcdLockStore {
         // 1. Lapsed sessions: mark them, removing their grants (all dead with them).
         let lapsed: Vec<Uuid> = sessions
             .iter()
-            .filter(|(_, s)| !s.val.expired_marked && s.val.expires_at_ms <= now)
+            .filter(|(_, s)| rules::session_lapsed(s.val.expires_at_ms, s.val.expired_marked, now))
             .map(|(id, _)| *id)
             .take(limit)
             .collect();
@@ -1086,7 +1110,7 @@ impl LockStore for EtcdLockStore {
             let marked = SessionVal { expired_marked: true, ..s.val.clone() };
             let raw = encode(&marked)?;
             let last = (Cond::of(&s), TxnOp::put(s.key.clone(), raw.clone(), None));
-            let lost_at = |g: &GrantVal| Some(died_at(g, &s.val));
+            let lost_at = |g: &GrantVal| death(g, Some(&s.val));
             if let Some(n) = self.remove_session_grants(&mine, lost_at, delay_ms, last).await? {
                 report.expired_sessions += 1;
                 report.released_grants += n;
@@ -1097,7 +1121,8 @@ impl LockStore for EtcdLockStore {
         }
         grants.retain(|g| !gone.contains(&g.key));
         // 2. Grants whose own lease lapsed.
-        let lapsed: Vec<&Rec<GrantVal>> = grants.iter().filter(|g| g.val.expires_at_ms <= now).take(limit).collect();
+        let lapsed: Vec<&Rec<GrantVal>> =
+            grants.iter().filter(|g| rules::lease_lapsed(g.val.expires_at_ms, now)).take(limit).collect();
         let keys: Vec<String> = lapsed.iter().map(|g| self.lock_key_of(&g.key).to_owned()).collect();
         let records = if delay_ms > 0 { self.key_records(&keys).await? } else { BTreeMap::new() };
         for (g, key) in lapsed.into_iter().zip(keys) {
@@ -1111,7 +1136,7 @@ impl LockStore for EtcdLockStore {
         // 3. Expired sessions past retention: forget them.
         let forgotten: Vec<&Rec<SessionVal>> = sessions
             .values()
-            .filter(|s| s.val.expired_marked && s.val.expires_at_ms.saturating_add(retention_ms) <= now)
+            .filter(|s| rules::session_forgettable(s.val.expires_at_ms, s.val.expired_marked, retention_ms, now))
             .take(limit)
             .collect();
         for s in forgotten {

@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use dlock_rt::Clock;
 use uuid::Uuid;
 
+use crate::rules::{self, AcquireFacts, GrantFacts};
 use crate::store::{
     AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, SessionRefusal,
     SessionRow, StoreError,
@@ -36,45 +37,48 @@ struct Tables {
 }
 
 impl Tables {
-    fn session_live(&self, id: Uuid, now: i64) -> bool {
-        self.sessions.get(&id).is_some_and(|s| now < s.row.expires_at_ms)
+    fn session_end(&self, id: Uuid) -> Option<i64> {
+        self.sessions.get(&id).map(|s| s.row.expires_at_ms)
     }
 
     fn session_check(&self, id: Uuid, now: i64) -> Result<(), SessionRefusal> {
-        match self.sessions.get(&id) {
-            None => Err(SessionRefusal::Unknown),
-            Some(s) if now < s.row.expires_at_ms => Ok(()),
-            Some(_) => Err(SessionRefusal::Expired),
-        }
+        rules::session_check(self.session_end(id), now)
+    }
+
+    /// The grant of `key` with its holder session's end, as the rules take it.
+    fn grant_facts(&self, key: &str) -> Option<GrantFacts<'_>> {
+        self.grants.get(key).map(|g| GrantFacts { grant: g, holder_end_ms: self.session_end(g.session_id) })
     }
 
     fn grant_live(&self, g: &GrantRow, now: i64) -> bool {
-        now < g.expires_at_ms && self.session_live(g.session_id, now)
-    }
-
-    /// When a (dead) grant died: its own lease end, or its session's, whichever was first.
-    fn died_at(&self, g: &GrantRow) -> i64 {
-        match self.sessions.get(&g.session_id) {
-            Some(s) => g.expires_at_ms.min(s.row.expires_at_ms),
-            None => g.expires_at_ms,
-        }
+        rules::grant_live(g.expires_at_ms, self.session_end(g.session_id), now)
     }
 
     fn next_token(&mut self) -> i64 {
-        let t = self.last_issued.max(self.floor) + 1;
+        let t = rules::next_token(self.last_issued, self.floor);
         self.last_issued = t;
         t
     }
 
-    /// Removes a grant that died without release, recording its lock-delay.
-    fn drop_lost(&mut self, key: &str, delay_ms: i64) {
-        if let Some(g) = self.grants.remove(key) {
-            if delay_ms > 0 {
-                let until = self.died_at(&g) + delay_ms;
-                let slot = self.keys.entry(key.to_owned()).or_insert(None);
-                *slot = Some(slot.map_or(until, |u| u.max(until)));
-            }
+    /// Records a lock-delay running until `until` on `key` (merged, never lowered).
+    fn record_delay(&mut self, key: &str, until: Option<i64>) {
+        if until.is_some() {
+            let slot = self.keys.entry(key.to_owned()).or_insert(None);
+            *slot = rules::merge_delay(*slot, until);
         }
+    }
+
+    /// Removes a grant that died (at `died_at`) without release, recording its lock-delay.
+    fn drop_lost(&mut self, key: &str, died_at: Option<i64>, delay_ms: i64) {
+        if self.grants.remove(key).is_some() {
+            self.record_delay(key, rules::lock_delay_until(died_at, delay_ms));
+        }
+    }
+
+    /// Removes a grant found lost by the reaper, from its lease and its session's end.
+    fn drop_dead(&mut self, key: &str, delay_ms: i64) {
+        let died_at = self.grant_facts(key).and_then(|g| g.dies_at());
+        self.drop_lost(key, died_at, delay_ms);
     }
 }
 
@@ -124,7 +128,7 @@ impl LockStore for MemLockStore {
         if let Err(r) = t.session_check(session_id, now) {
             return Ok(Err(r));
         }
-        let held = t.grants.values().filter(|g| g.session_id == session_id && now < g.expires_at_ms).count();
+        let held = t.grants.values().filter(|g| g.session_id == session_id && t.grant_live(g, now)).count();
         let Some(s) = t.sessions.get_mut(&session_id) else { return Ok(Err(SessionRefusal::Unknown)) };
         s.row.expires_at_ms = now + s.row.ttl_ms;
         Ok(Ok((s.row.clone(), held as i64)))
@@ -134,17 +138,16 @@ impl LockStore for MemLockStore {
         let now = self.now();
         let mut t = self.lock()?;
         let Some(s) = t.sessions.get(&session_id).cloned() else { return Ok(Err(SessionRefusal::Unknown)) };
-        let live = now < s.row.expires_at_ms;
-        let keys: Vec<String> =
-            t.grants.values().filter(|g| g.session_id == session_id).map(|g| g.key.clone()).collect();
-        for key in keys {
-            let lost = !live || t.grants.get(&key).is_some_and(|g| g.expires_at_ms <= now);
-            if lost {
-                // Died before the close (lease or session lapsed): its lock-delay stands.
-                t.drop_lost(&key, delay_ms);
-            } else {
-                t.grants.remove(&key);
-            }
+        let mine: Vec<(String, i64)> = t
+            .grants
+            .values()
+            .filter(|g| g.session_id == session_id)
+            .map(|g| (g.key.clone(), g.expires_at_ms))
+            .collect();
+        for (key, lease_end) in mine {
+            // Died before the close (lease or session lapsed): its lock-delay stands.
+            let lost = rules::lost_before_close(lease_end, s.row.expires_at_ms, now);
+            t.drop_lost(&key, lost, delay_ms);
         }
         t.sessions.remove(&session_id);
         Ok(Ok(()))
@@ -159,26 +162,25 @@ impl LockStore for MemLockStore {
     ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
         let now = self.now();
         let mut t = self.lock()?;
-        if let Err(r) = t.session_check(session_id, now) {
-            return Ok(Err(AcquireRefusal::Session(r)));
+        let decision = rules::decide_acquire(&AcquireFacts {
+            now_ms: now,
+            session_id,
+            session_end_ms: t.session_end(session_id),
+            grant: t.grant_facts(key),
+            key: t.keys.get(key).copied(),
+            delay_ms,
+        });
+        if let Some(removal) = decision.remove {
+            t.grants.remove(key);
+            t.record_delay(key, removal.delay_until_ms);
         }
-        if let Some(g) = t.grants.get(key).cloned() {
-            if t.grant_live(&g, now) {
-                return Ok(Err(if g.session_id == session_id {
-                    AcquireRefusal::AlreadyHeld { fencing_token: g.fencing_token, expires_at_ms: g.expires_at_ms }
-                } else {
-                    AcquireRefusal::Contended { holder_owner_id: g.owner_id, expires_at_ms: g.expires_at_ms }
-                }));
-            }
-            t.drop_lost(key, delay_ms);
-        }
-        if let Some(Some(until)) = t.keys.get(key) {
-            if now < *until {
-                return Ok(Err(AcquireRefusal::Delayed { until_ms: *until }));
-            }
-        }
+        let plan = match decision.verdict {
+            Ok(plan) => plan,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
         let owner_id = t.sessions.get(&session_id).map(|s| s.row.owner_id.clone()).unwrap_or_default();
         let token = t.next_token();
+        rules::assert_token_replaces(token, plan.replaces);
         let grant = GrantRow {
             key: key.to_owned(),
             session_id,
@@ -188,7 +190,9 @@ impl LockStore for MemLockStore {
             expires_at_ms: now + ttl_ms,
         };
         t.grants.insert(key.to_owned(), grant.clone());
-        t.keys.insert(key.to_owned(), None);
+        if plan.write_key_record {
+            t.keys.insert(key.to_owned(), None);
+        }
         Ok(Ok(grant))
     }
 
@@ -201,30 +205,23 @@ impl LockStore for MemLockStore {
     ) -> Result<Result<GrantRow, RenewRefusal>, StoreError> {
         let now = self.now();
         let mut t = self.lock()?;
-        if let Err(r) = t.session_check(session_id, now) {
-            return Ok(Err(RenewRefusal::Session(r)));
+        if let Err(refusal) = rules::decide_renew(t.session_end(session_id), t.grant_facts(key), session_id, token, now)
+        {
+            return Ok(Err(refusal));
         }
-        let stored = t.grants.get(key).cloned();
-        match stored {
-            Some(g) if g.fencing_token == token && g.session_id == session_id && t.grant_live(&g, now) => {
-                let Some(g) = t.grants.get_mut(key) else { return Ok(Err(RenewRefusal::Lost { stored_token: None })) };
-                g.expires_at_ms = now + ttl_ms;
-                Ok(Ok(g.clone()))
-            }
-            other => Ok(Err(RenewRefusal::Lost { stored_token: other.map(|g| g.fencing_token) })),
-        }
+        let Some(g) = t.grants.get_mut(key) else { return Ok(Err(RenewRefusal::Lost { stored_token: None })) };
+        g.expires_at_ms = now + ttl_ms;
+        Ok(Ok(g.clone()))
     }
 
     async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
         let now = self.now();
         let mut t = self.lock()?;
-        match t.grants.get(key).cloned() {
-            Some(g) if g.fencing_token == token && t.grant_live(&g, now) => {
-                t.grants.remove(key);
-                Ok(Ok(()))
-            }
-            other => Ok(Err(other.map(|g| g.fencing_token))),
+        if let Err(stored) = rules::decide_release(t.grant_facts(key), token, now) {
+            return Ok(Err(stored));
         }
+        t.grants.remove(key);
+        Ok(Ok(()))
     }
 
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
@@ -233,7 +230,7 @@ impl LockStore for MemLockStore {
         if !t.keys.contains_key(key) {
             return Ok(None);
         }
-        let grant = t.grants.get(key).filter(|g| t.grant_live(g, now)).cloned();
+        let grant = t.grant_facts(key).filter(|g| g.live(now)).map(|g| g.grant.clone());
         Ok(Some(KeyInfo { grant }))
     }
 
@@ -247,12 +244,10 @@ impl LockStore for MemLockStore {
     ) -> Result<Result<Revocation, RevokeRefusal>, StoreError> {
         let now = self.now();
         let mut t = self.lock()?;
-        let Some(g) = t.grants.get(key).cloned().filter(|g| t.grant_live(g, now)) else {
-            return Ok(Err(RevokeRefusal::NotHeld));
+        let revoked = match rules::decide_revoke(t.grant_facts(key), expected_token, now) {
+            Ok(token) => token,
+            Err(refusal) => return Ok(Err(refusal)),
         };
-        if expected_token.is_some_and(|e| e != g.fencing_token) {
-            return Ok(Err(RevokeRefusal::Stale { current_token: g.fencing_token }));
-        }
         t.grants.remove(key);
         let floor = t.next_token();
         t.floor = floor;
@@ -261,11 +256,11 @@ impl LockStore for MemLockStore {
             key.to_owned(),
             operator.to_owned(),
             reason.to_owned(),
-            g.fencing_token,
+            revoked,
             floor,
             now,
         ));
-        Ok(Ok(Revocation { revoked_token: g.fencing_token, new_token_floor: floor, revocation_id }))
+        Ok(Ok(Revocation { revoked_token: revoked, new_token_floor: floor, revocation_id }))
     }
 
     async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError> {
@@ -276,14 +271,14 @@ impl LockStore for MemLockStore {
         let lapsed: Vec<Uuid> = t
             .sessions
             .iter()
-            .filter(|(_, s)| !s.expired_marked && s.row.expires_at_ms <= now)
+            .filter(|(_, s)| rules::session_lapsed(s.row.expires_at_ms, s.expired_marked, now))
             .map(|(id, _)| *id)
             .take(limit)
             .collect();
         for id in lapsed {
             let keys: Vec<String> = t.grants.values().filter(|g| g.session_id == id).map(|g| g.key.clone()).collect();
             for key in keys {
-                t.drop_lost(&key, delay_ms);
+                t.drop_dead(&key, delay_ms);
                 report.released_grants += 1;
             }
             if let Some(s) = t.sessions.get_mut(&id) {
@@ -291,16 +286,21 @@ impl LockStore for MemLockStore {
             }
             report.expired_sessions += 1;
         }
-        let lapsed_grants: Vec<String> =
-            t.grants.values().filter(|g| g.expires_at_ms <= now).map(|g| g.key.clone()).take(limit).collect();
+        let lapsed_grants: Vec<String> = t
+            .grants
+            .values()
+            .filter(|g| rules::lease_lapsed(g.expires_at_ms, now))
+            .map(|g| g.key.clone())
+            .take(limit)
+            .collect();
         for key in lapsed_grants {
-            t.drop_lost(&key, delay_ms);
+            t.drop_dead(&key, delay_ms);
             report.released_grants += 1;
         }
         let forgotten: Vec<Uuid> = t
             .sessions
             .iter()
-            .filter(|(_, s)| s.expired_marked && s.row.expires_at_ms + retention_ms <= now)
+            .filter(|(_, s)| rules::session_forgettable(s.row.expires_at_ms, s.expired_marked, retention_ms, now))
             .map(|(id, _)| *id)
             .take(limit)
             .collect();

@@ -18,6 +18,7 @@ use dlock_db::Dialect;
 use sqlx::Row;
 use uuid::Uuid;
 
+use crate::rules::{self, AcquireFacts, GrantFacts};
 use crate::store::{
     AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, SessionRefusal,
     SessionRow, StoreError,
@@ -162,12 +163,22 @@ const GRANT_WITH_SESSION: &str = "SELECT g.lock_key, g.session_id, g.owner_id, g
 /// `{NOW}` is replaced by the dialect's clock expression.
 const ACQUIRE_CONTEXT: &str = "SELECT {NOW} AS now_ms,      s.owner_id AS s_owner_id, s.expires_at_ms AS s_expires_at_ms,      g.lock_key, g.session_id, g.owner_id, g.fencing_token, g.acquired_at_ms, g.expires_at_ms,      gs.expires_at_ms AS session_expires_at_ms,      k.lock_key AS k_lock_key, k.delay_until_ms      FROM (SELECT 1 AS one) o      LEFT JOIN lock_sessions s ON s.session_id = $2      LEFT JOIN lock_grants g ON g.lock_key = $1      LEFT JOIN lock_sessions gs ON gs.session_id = g.session_id      LEFT JOIN lock_keys k ON k.lock_key = $1";
 
-/// Compare-and-delete of a live grant, as one statement.
+/// Compare-and-delete of a live grant, as one statement: [`rules::decide_release`] in one
+/// predicate (held to it by a test below), so a concurrent renew or reaper cannot slip in.
 const RELEASE_LIVE: &str = "DELETE FROM lock_grants WHERE lock_key = $1 AND fencing_token = $2      AND expires_at_ms > {NOW}      AND session_id IN (SELECT session_id FROM lock_sessions WHERE expires_at_ms > {NOW})      RETURNING fencing_token";
 
-/// Raises a key's lock-delay to `$2` (never lowers it).
+/// The reaper's predicates ([`rules::session_lapsed`], [`rules::lease_lapsed`] of a grant
+/// `g`, [`rules::session_forgettable`]), `$1` = now, `$2` = retention; held to the rules by a
+/// test below.
+const SESSION_LAPSED: &str = "NOT expired_marked AND expires_at_ms <= $1";
+const LEASE_LAPSED: &str = "g.expires_at_ms <= $1";
+const SESSION_FORGETTABLE: &str = "expired_marked AND expires_at_ms + $2 <= $1";
+
+/// Raises a key's lock-delay to `$2` (never lowers it): [`rules::merge_delay`] in one
+/// statement (held to it by a test below).
 const RECORD_DELAY: &str = "UPDATE lock_keys SET delay_until_ms = \
-     CASE WHEN COALESCE(delay_until_ms, 0) > $2 THEN delay_until_ms ELSE $2 END WHERE lock_key = $1";
+     CASE WHEN delay_until_ms IS NOT NULL AND delay_until_ms > $2 THEN delay_until_ms ELSE $2 END \
+     WHERE lock_key = $1";
 
 macro_rules! sql_lock_store {
     ($store:ty, $dialect:expr, $begin:expr, $now:expr, $next_token:expr, $key_lock:expr) => {
@@ -223,46 +234,41 @@ macro_rules! sql_lock_store {
                 .fetch_optional(&mut **tx)
                 .await
                 .map_err(unavailable)?;
-                let Some(row) = row else { return Ok(Err(SessionRefusal::Unknown)) };
-                let expires: i64 = row.int("expires_at_ms")?;
-                if now >= expires {
-                    return Ok(Err(SessionRefusal::Expired));
+                let expires = row.as_ref().map(|r| r.int("expires_at_ms")).transpose()?;
+                if let Err(refusal) = rules::session_check(expires, now) {
+                    return Ok(Err(refusal));
                 }
+                let (Some(row), Some(expires)) = (row, expires) else { return Ok(Err(SessionRefusal::Unknown)) };
                 Ok(Ok((row.text("owner_id")?, row.int("ttl_ms")?, expires)))
             }
 
-            /// The key's grant row and whether it is live, plus when it died if not.
+            /// The key's grant row with its holder session's end (`None`: session gone).
             async fn tx_grant(
                 tx: &mut sqlx::Transaction<'_, <$store as DbOf>::Db>,
                 key: &str,
-                now: i64,
-            ) -> Result<Option<(GrantRow, bool, i64)>, StoreError> {
+            ) -> Result<Option<(GrantRow, Option<i64>)>, StoreError> {
                 let row = sqlx::query(&Self::q(GRANT_WITH_SESSION))
                     .bind(key.to_owned())
                     .fetch_optional(&mut **tx)
                     .await
                     .map_err(unavailable)?;
                 let Some(row) = row else { return Ok(None) };
-                let grant = grant_of(&row)?;
-                let session_expires = row.opt_int("session_expires_at_ms")?;
-                let died_at = session_expires.map_or(grant.expires_at_ms, |s| s.min(grant.expires_at_ms));
-                let live = now < died_at;
-                Ok(Some((grant, live, died_at)))
+                Ok(Some((grant_of(&row)?, row.opt_int("session_expires_at_ms")?)))
             }
 
-            /// Removes a grant that died without release, recording its lock-delay. Returns
-            /// whether this call removed it (a concurrent reaper may have been first).
+            /// Removes a grant that died without release, recording the lock-delay its loss
+            /// imposes (`delay_until`, from [`rules::lock_delay_until`]). Returns whether this
+            /// call removed it (a concurrent reaper may have been first).
             async fn tx_drop_lost(
                 tx: &mut sqlx::Transaction<'_, <$store as DbOf>::Db>,
                 key: &str,
                 token: i64,
-                died_at: i64,
-                delay_ms: i64,
+                delay_until: Option<i64>,
             ) -> Result<bool, StoreError> {
-                if delay_ms > 0 {
+                if let Some(until) = delay_until {
                     sqlx::query(&Self::q(RECORD_DELAY))
                         .bind(key.to_owned())
-                        .bind(died_at + delay_ms)
+                        .bind(until)
                         .execute(&mut **tx)
                         .await
                         .map_err(unavailable)?;
@@ -333,6 +339,7 @@ macro_rules! sql_lock_store {
                     .execute(&mut *tx)
                     .await
                     .map_err(unavailable)?;
+                // The session is live (checked above), so its grants are live iff their lease is.
                 let held: i64 = sqlx::query(&Self::q(
                     "SELECT COUNT(*) AS held FROM lock_grants WHERE session_id = $1 AND expires_at_ms > $2",
                 ))
@@ -369,10 +376,10 @@ macro_rules! sql_lock_store {
                 .map_err(unavailable)?;
                 for g in &grants {
                     let (key, token, expires) = (g.text("lock_key")?, g.int("fencing_token")?, g.int("expires_at_ms")?);
-                    let died_at = expires.min(session_expires);
-                    if died_at <= now {
+                    if let Some(died_at) = rules::lost_before_close(expires, session_expires, now) {
                         // Lost before the close: its lock-delay stands.
-                        Self::tx_drop_lost(&mut tx, &key, token, died_at, delay_ms).await?;
+                        let until = rules::lock_delay_until(Some(died_at), delay_ms);
+                        Self::tx_drop_lost(&mut tx, &key, token, until).await?;
                     }
                 }
                 // Deleting the session releases its remaining grants (ON DELETE CASCADE).
@@ -402,34 +409,40 @@ macro_rules! sql_lock_store {
                     .await
                     .map_err(unavailable)?;
                 let now = ctx.int("now_ms")?;
-                let owner_id = match (ctx.opt_text("s_owner_id")?, ctx.opt_int("s_expires_at_ms")?) {
-                    (Some(owner), Some(expires)) if now < expires => owner,
-                    (Some(_), Some(_)) => return Ok(Err(AcquireRefusal::Session(SessionRefusal::Expired))),
-                    _ => return Ok(Err(AcquireRefusal::Session(SessionRefusal::Unknown))),
+                let session_end = ctx.opt_int("s_expires_at_ms")?;
+                let grant = match ctx.opt_text("lock_key")? {
+                    Some(_) => Some(grant_of(&ctx)?),
+                    None => None,
                 };
-                let mut delay_until = ctx.opt_int("delay_until_ms")?;
-                let key_seen = ctx.opt_text("k_lock_key")?.is_some();
-                if ctx.opt_text("lock_key")?.is_some() {
-                    let g = grant_of(&ctx)?;
-                    let session_expires = ctx.opt_int("session_expires_at_ms")?;
-                    let died_at = session_expires.map_or(g.expires_at_ms, |e| e.min(g.expires_at_ms));
-                    if now < died_at {
-                        return Ok(Err(if g.session_id == session_id {
-                            AcquireRefusal::AlreadyHeld { fencing_token: g.fencing_token, expires_at_ms: g.expires_at_ms }
-                        } else {
-                            AcquireRefusal::Contended { holder_owner_id: g.owner_id, expires_at_ms: g.expires_at_ms }
-                        }));
-                    }
-                    Self::tx_drop_lost(&mut tx, key, g.fencing_token, died_at, delay_ms).await?;
-                    if delay_ms > 0 {
-                        delay_until = Some(delay_until.map_or(died_at + delay_ms, |d| d.max(died_at + delay_ms)));
-                    }
+                let holder_end = ctx.opt_int("session_expires_at_ms")?;
+                let key_record = match ctx.opt_text("k_lock_key")? {
+                    Some(_) => Some(ctx.opt_int("delay_until_ms")?),
+                    None => None,
+                };
+                let decision = rules::decide_acquire(&AcquireFacts {
+                    now_ms: now,
+                    session_id,
+                    session_end_ms: session_end,
+                    grant: grant.as_ref().map(|g| GrantFacts { grant: g, holder_end_ms: holder_end }),
+                    key: key_record,
+                    delay_ms,
+                });
+                if let Some(removal) = decision.remove {
+                    Self::tx_drop_lost(&mut tx, key, removal.token, removal.delay_until_ms).await?;
                 }
-                if let Some(until) = delay_until.filter(|u| now < *u) {
-                    // Keep the removal of the dead grant: it is part of what this call decided.
-                    tx.commit().await.map_err(commit_error)?;
-                    return Ok(Err(AcquireRefusal::Delayed { until_ms: until }));
-                }
+                let plan = match decision.verdict {
+                    Ok(plan) => plan,
+                    Err(refusal @ AcquireRefusal::Delayed { .. }) if decision.remove.is_some() => {
+                        // Keep the removal of the dead grant: it is part of what this call decided.
+                        tx.commit().await.map_err(commit_error)?;
+                        return Ok(Err(refusal));
+                    }
+                    Err(refusal) => {
+                        tx.rollback().await.map_err(unavailable)?;
+                        return Ok(Err(refusal));
+                    }
+                };
+                let owner_id = ctx.opt_text("s_owner_id")?.unwrap_or_default();
                 let token = Self::tx_next_token(&mut tx).await?;
                 let inserted = sqlx::query(&Self::q(
                     "INSERT INTO lock_grants (lock_key, session_id, owner_id, fencing_token, acquired_at_ms, expires_at_ms) \
@@ -449,19 +462,15 @@ macro_rules! sql_lock_store {
                     tx.rollback().await.map_err(unavailable)?;
                     let mut tx = self.begin().await?;
                     let now = Self::tx_now(&mut tx).await?;
-                    let winner = Self::tx_grant(&mut tx, key, now).await?;
+                    let winner = Self::tx_grant(&mut tx, key).await?;
                     tx.rollback().await.map_err(unavailable)?;
                     return Ok(Err(match winner {
-                        Some((g, _, _)) if g.session_id == session_id => {
-                            AcquireRefusal::AlreadyHeld { fencing_token: g.fencing_token, expires_at_ms: g.expires_at_ms }
-                        }
-                        Some((g, _, _)) => {
-                            AcquireRefusal::Contended { holder_owner_id: g.owner_id, expires_at_ms: g.expires_at_ms }
-                        }
+                        Some((g, _)) => rules::holder_refusal(&g, session_id),
                         None => AcquireRefusal::Contended { holder_owner_id: String::new(), expires_at_ms: now },
                     }));
                 }
-                if !key_seen || delay_until.is_some() {
+                rules::assert_token_replaces(token, plan.replaces);
+                if plan.write_key_record {
                     // First grant of the key, or a lock-delay that has run out: record the key
                     // as seen and clear the delay. (A key already seen without a delay needs
                     // no write: the steady state costs nothing here.)
@@ -495,15 +504,16 @@ macro_rules! sql_lock_store {
             ) -> Result<Result<GrantRow, RenewRefusal>, StoreError> {
                 let mut tx = self.begin().await?;
                 let now = Self::tx_now(&mut tx).await?;
-                if let Err(r) = Self::tx_session(&mut tx, session_id, now).await? {
-                    return Ok(Err(RenewRefusal::Session(r)));
-                }
-                let current = Self::tx_grant(&mut tx, key, now).await?;
-                let Some((g, true, _)) = current.clone().filter(|(g, _, _)| {
-                    g.fencing_token == token && g.session_id == session_id
-                }) else {
-                    return Ok(Err(RenewRefusal::Lost { stored_token: current.map(|(g, _, _)| g.fencing_token) }));
+                let session_end = match Self::tx_session(&mut tx, session_id, now).await? {
+                    Ok((_, _, end)) => Some(end),
+                    Err(r) => return Ok(Err(RenewRefusal::Session(r))),
                 };
+                let current = Self::tx_grant(&mut tx, key).await?;
+                let facts = current.as_ref().map(|(g, h)| GrantFacts { grant: g, holder_end_ms: *h });
+                if let Err(refusal) = rules::decide_renew(session_end, facts, session_id, token, now) {
+                    return Ok(Err(refusal));
+                }
+                let Some((g, _)) = current else { return Ok(Err(RenewRefusal::Lost { stored_token: None })) };
                 // The grant may have died and been replaced since the read: only a row this
                 // statement actually extended counts.
                 let extended = sqlx::query(&Self::q(
@@ -568,7 +578,10 @@ macro_rules! sql_lock_store {
                     tx.rollback().await.map_err(unavailable)?;
                     return Ok(None);
                 }
-                let grant = Self::tx_grant(&mut tx, key, now).await?.filter(|(_, live, _)| *live).map(|(g, _, _)| g);
+                let grant = Self::tx_grant(&mut tx, key)
+                    .await?
+                    .filter(|(g, h)| rules::grant_live(g.expires_at_ms, *h, now))
+                    .map(|(g, _)| g);
                 tx.rollback().await.map_err(unavailable)?;
                 Ok(Some(KeyInfo { grant }))
             }
@@ -584,17 +597,18 @@ macro_rules! sql_lock_store {
                 let mut tx = self.begin().await?;
                 Self::tx_lock_key(&mut tx, key).await?;
                 let now = Self::tx_now(&mut tx).await?;
-                let Some((g, true, _)) = Self::tx_grant(&mut tx, key, now).await? else {
-                    tx.rollback().await.map_err(unavailable)?;
-                    return Ok(Err(RevokeRefusal::NotHeld));
+                let current = Self::tx_grant(&mut tx, key).await?;
+                let facts = current.as_ref().map(|(g, h)| GrantFacts { grant: g, holder_end_ms: *h });
+                let revoked = match rules::decide_revoke(facts, expected_token, now) {
+                    Ok(token) => token,
+                    Err(refusal) => {
+                        tx.rollback().await.map_err(unavailable)?;
+                        return Ok(Err(refusal));
+                    }
                 };
-                if expected_token.is_some_and(|e| e != g.fencing_token) {
-                    tx.rollback().await.map_err(unavailable)?;
-                    return Ok(Err(RevokeRefusal::Stale { current_token: g.fencing_token }));
-                }
                 sqlx::query(&Self::q("DELETE FROM lock_grants WHERE lock_key = $1 AND fencing_token = $2"))
                     .bind(key.to_owned())
-                    .bind(g.fencing_token)
+                    .bind(revoked)
                     .execute(&mut *tx)
                     .await
                     .map_err(unavailable)?;
@@ -615,24 +629,24 @@ macro_rules! sql_lock_store {
                 .bind(key.to_owned())
                 .bind(operator.to_owned())
                 .bind(reason.to_owned())
-                .bind(g.fencing_token)
+                .bind(revoked)
                 .bind(floor)
                 .bind(now)
                 .execute(&mut *tx)
                 .await
                 .map_err(unavailable)?;
                 tx.commit().await.map_err(commit_error)?;
-                Ok(Ok(Revocation { revoked_token: g.fencing_token, new_token_floor: floor, revocation_id }))
+                Ok(Ok(Revocation { revoked_token: revoked, new_token_floor: floor, revocation_id }))
             }
 
             async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError> {
                 let mut tx = self.begin().await?;
                 let now = Self::tx_now(&mut tx).await?;
                 let mut report = ReapReport::default();
-                let lapsed = sqlx::query(&Self::q(
+                let lapsed = sqlx::query(&Self::q(&format!(
                     "SELECT session_id, expires_at_ms FROM lock_sessions \
-                     WHERE NOT expired_marked AND expires_at_ms <= $1 ORDER BY expires_at_ms, session_id LIMIT $2",
-                ))
+                     WHERE {SESSION_LAPSED} ORDER BY expires_at_ms, session_id LIMIT $2"
+                )))
                 .bind(now)
                 .bind(limit)
                 .fetch_all(&mut *tx)
@@ -648,15 +662,10 @@ macro_rules! sql_lock_store {
                     .await
                     .map_err(unavailable)?;
                     for g in &grants {
-                        let died_at = g.int("expires_at_ms")?.min(session_expires);
-                        let removed = Self::tx_drop_lost(
-                            &mut tx,
-                            &g.text("lock_key")?,
-                            g.int("fencing_token")?,
-                            died_at,
-                            delay_ms,
-                        )
-                        .await?;
+                        let died_at = rules::grant_dies_at(g.int("expires_at_ms")?, Some(session_expires));
+                        let until = rules::lock_delay_until(died_at, delay_ms);
+                        let removed =
+                            Self::tx_drop_lost(&mut tx, &g.text("lock_key")?, g.int("fencing_token")?, until).await?;
                         report.released_grants += u64::from(removed);
                     }
                     let marked = sqlx::query(&Self::q(
@@ -669,31 +678,28 @@ macro_rules! sql_lock_store {
                     .rows_affected();
                     report.expired_sessions += marked;
                 }
-                let lapsed_grants = sqlx::query(&Self::q(
-                    "SELECT lock_key, fencing_token, expires_at_ms FROM lock_grants WHERE expires_at_ms <= $1 \
-                     ORDER BY expires_at_ms, lock_key LIMIT $2",
-                ))
+                let lapsed_grants = sqlx::query(&Self::q(&format!(
+                    "SELECT g.lock_key, g.fencing_token, g.expires_at_ms, s.expires_at_ms AS session_expires_at_ms \
+                     FROM lock_grants g LEFT JOIN lock_sessions s ON s.session_id = g.session_id \
+                     WHERE {LEASE_LAPSED} ORDER BY g.expires_at_ms, g.lock_key LIMIT $2"
+                )))
                 .bind(now)
                 .bind(limit)
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(unavailable)?;
                 for g in &lapsed_grants {
-                    let removed = Self::tx_drop_lost(
-                        &mut tx,
-                        &g.text("lock_key")?,
-                        g.int("fencing_token")?,
-                        g.int("expires_at_ms")?,
-                        delay_ms,
-                    )
-                    .await?;
+                    let died_at = rules::grant_dies_at(g.int("expires_at_ms")?, g.opt_int("session_expires_at_ms")?);
+                    let until = rules::lock_delay_until(died_at, delay_ms);
+                    let removed =
+                        Self::tx_drop_lost(&mut tx, &g.text("lock_key")?, g.int("fencing_token")?, until).await?;
                     report.released_grants += u64::from(removed);
                 }
-                report.forgotten_sessions = sqlx::query(&Self::q(
+                report.forgotten_sessions = sqlx::query(&Self::q(&format!(
                     "DELETE FROM lock_sessions WHERE session_id IN ( \
-                       SELECT session_id FROM lock_sessions WHERE expired_marked AND expires_at_ms + $2 <= $1 \
-                       ORDER BY expires_at_ms LIMIT $3)",
-                ))
+                       SELECT session_id FROM lock_sessions WHERE {SESSION_FORGETTABLE} \
+                       ORDER BY expires_at_ms LIMIT $3)"
+                )))
                 .bind(now)
                 .bind(retention_ms)
                 .bind(limit)
@@ -737,3 +743,188 @@ sql_lock_store!(
     "UPDATE token_floor SET last_issued = MAX(last_issued, floor) + 1 WHERE id = 1 RETURNING last_issued AS token",
     None
 );
+
+#[cfg(test)]
+mod tests {
+    //! The statements that re-state a rule inside one SQL predicate, held to the pure
+    //! function in [`crate::rules`] over every boundary case (SQLite; PostgreSQL runs the
+    //! same text, and the conformance suite runs both).
+
+    use super::*;
+
+    async fn store() -> (SqliteLockStore, dlock_testkit::TempDir) {
+        let (url, dir) = dlock_testkit::fresh_database(dlock_testkit::Db::Sqlite).await;
+        (SqliteLockStore::open(&url).await.expect("open lockdb"), dir)
+    }
+
+    #[tokio::test]
+    async fn release_predicate_is_the_release_rule() {
+        let (store, _dir) = store().await;
+        let ends = [5i64, 10, 15];
+        let mut case = 0;
+        for lease in ends {
+            for session_end in ends {
+                for presented in [7i64, 8] {
+                    for now in 3..17 {
+                        case += 1;
+                        let (sid, key) = (Uuid::from_u128(case), format!("k{case}"));
+                        let mut tx = store.pool.begin().await.expect("begin");
+                        sqlx::query(
+                            "INSERT INTO lock_sessions (session_id, owner_id, ttl_ms, created_at_ms, expires_at_ms, \
+                             expired_marked) VALUES (?, 'o', 1, 0, ?, FALSE)",
+                        )
+                        .bind(sid.to_string())
+                        .bind(session_end)
+                        .execute(&mut *tx)
+                        .await
+                        .expect("session");
+                        sqlx::query(
+                            "INSERT INTO lock_grants (lock_key, session_id, owner_id, fencing_token, acquired_at_ms, \
+                             expires_at_ms) VALUES (?, ?, 'o', 7, 0, ?)",
+                        )
+                        .bind(key.clone())
+                        .bind(sid.to_string())
+                        .bind(lease)
+                        .execute(&mut *tx)
+                        .await
+                        .expect("grant");
+                        let sql = Dialect::Sqlite.sql(&RELEASE_LIVE.replace("{NOW}", &now.to_string())).into_owned();
+                        let released = sqlx::query(&sql)
+                            .bind(key.clone())
+                            .bind(presented)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .expect("release")
+                            .is_some();
+                        tx.rollback().await.expect("rollback");
+                        let row = GrantRow {
+                            key,
+                            session_id: sid,
+                            owner_id: "o".into(),
+                            fencing_token: 7,
+                            acquired_at_ms: 0,
+                            expires_at_ms: lease,
+                        };
+                        let facts = rules::GrantFacts { grant: &row, holder_end_ms: Some(session_end) };
+                        let rule = rules::decide_release(Some(facts), presented, now).is_ok();
+                        assert_eq!(
+                            released, rule,
+                            "lease {lease}, session {session_end}, token {presented}, now {now}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn record_delay_statement_is_the_merge_rule() {
+        let (store, _dir) = store().await;
+        for recorded in [None, Some(-3i64), Some(4), Some(10)] {
+            for until in [-5i64, 4, 5, 20] {
+                let mut tx = store.pool.begin().await.expect("begin");
+                sqlx::query("INSERT INTO lock_keys (lock_key, first_granted_at_ms, delay_until_ms) VALUES ('k', 0, ?)")
+                    .bind(recorded)
+                    .execute(&mut *tx)
+                    .await
+                    .expect("key");
+                sqlx::query(&Dialect::Sqlite.sql(RECORD_DELAY))
+                    .bind("k")
+                    .bind(until)
+                    .execute(&mut *tx)
+                    .await
+                    .expect("record");
+                let after: Option<i64> = sqlx::query("SELECT delay_until_ms FROM lock_keys WHERE lock_key = 'k'")
+                    .fetch_one(&mut *tx)
+                    .await
+                    .and_then(|r| r.try_get("delay_until_ms"))
+                    .expect("read");
+                tx.rollback().await.expect("rollback");
+                assert_eq!(after, rules::merge_delay(recorded, Some(until)), "recorded {recorded:?}, until {until}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn reaper_predicates_are_the_reaper_rules() {
+        let (store, _dir) = store().await;
+        let mut tx = store.pool.begin().await.expect("begin");
+        let mut rows = Vec::new();
+        for (i, (end, marked)) in [5i64, 10, 15].into_iter().flat_map(|e| [(e, false), (e, true)]).enumerate() {
+            let sid = Uuid::from_u128(i as u128 + 1);
+            sqlx::query(
+                "INSERT INTO lock_sessions (session_id, owner_id, ttl_ms, created_at_ms, expires_at_ms, expired_marked) \
+                 VALUES (?, 'o', 1, 0, ?, ?)",
+            )
+            .bind(sid.to_string())
+            .bind(end)
+            .bind(marked)
+            .execute(&mut *tx)
+            .await
+            .expect("session");
+            sqlx::query(
+                "INSERT INTO lock_grants (lock_key, session_id, owner_id, fencing_token, acquired_at_ms, expires_at_ms) \
+                 VALUES (?, ?, 'o', ?, 0, ?)",
+            )
+            .bind(format!("k{i}"))
+            .bind(sid.to_string())
+            .bind(i as i64 + 1)
+            .bind(end + 2)
+            .execute(&mut *tx)
+            .await
+            .expect("grant");
+            rows.push((sid.to_string(), format!("k{i}"), end, marked));
+        }
+        let ids = |sql: String, now: i64, retention: i64| {
+            let sql = Dialect::Sqlite.sql(&sql).into_owned();
+            let pool = store.pool.clone();
+            async move {
+                let mut tx = pool.begin().await.expect("begin");
+                let found: Vec<String> = sqlx::query(&sql)
+                    .bind(now)
+                    .bind(retention)
+                    .fetch_all(&mut *tx)
+                    .await
+                    .expect("select")
+                    .iter()
+                    .map(|r| r.try_get::<String, _>("id").expect("id"))
+                    .collect();
+                tx.rollback().await.expect("rollback");
+                std::collections::BTreeSet::from_iter(found)
+            }
+        };
+        tx.commit().await.expect("commit");
+        for now in 3..20 {
+            for retention in [0i64, 3] {
+                let lapsed = ids(
+                    format!("SELECT session_id AS id FROM lock_sessions WHERE {SESSION_LAPSED} AND $2 = $2"),
+                    now,
+                    retention,
+                )
+                .await;
+                let want = rows.iter().filter(|r| rules::session_lapsed(r.2, r.3, now)).map(|r| r.0.clone()).collect();
+                assert_eq!(lapsed, want, "lapsed at {now}");
+                let forgettable = ids(
+                    format!("SELECT session_id AS id FROM lock_sessions WHERE {SESSION_FORGETTABLE}"),
+                    now,
+                    retention,
+                )
+                .await;
+                let want = rows
+                    .iter()
+                    .filter(|r| rules::session_forgettable(r.2, r.3, retention, now))
+                    .map(|r| r.0.clone())
+                    .collect();
+                assert_eq!(forgettable, want, "forgettable at {now}, retention {retention}");
+                let leases = ids(
+                    format!("SELECT g.lock_key AS id FROM lock_grants g WHERE {LEASE_LAPSED} AND $2 = $2"),
+                    now,
+                    retention,
+                )
+                .await;
+                let want = rows.iter().filter(|r| rules::lease_lapsed(r.2 + 2, now)).map(|r| r.1.clone()).collect();
+                assert_eq!(leases, want, "leases lapsed at {now}");
+            }
+        }
+    }
+}

@@ -32,7 +32,14 @@ struct Rig {
     _guard: Option<dlock_testkit::TempDir>,
 }
 
-async fn app_with(backend: Backend, cfg: LockServerConfig) -> Rig {
+/// The lock server's settings from its own resolver, with `keys` (C5 `lock.*`) set.
+fn settings(keys: &[(&str, &str)]) -> LockServerConfig {
+    let l = dlock_config::Layers::of(keys);
+    dlock_lock_server::config::resolve(&l, dlock_config::Profile::Production).expect("settings").config
+}
+
+async fn app_with(backend: Backend, keys: &[(&str, &str)]) -> Rig {
+    let cfg = settings(keys);
     let (store, guard): (Arc<dyn dlock_lock_server::store::LockStore>, _) = match backend {
         Backend::Sim => (Arc::new(MemLockStore::new(Clock::system())), None),
         Backend::Sqlite | Backend::Postgres => {
@@ -97,7 +104,7 @@ async fn acquire(app: &axum::Router, key: &str, sid: &str, owner: &str, extra: V
 }
 
 async fn l1_opens_a_session_with_the_ttl_clamped_into_range(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig::default()).await;
+    let rig = app_with(backend, &[]).await;
     let app = rig.app.clone();
     for (asked, granted) in [(5, 1_000), (5_000, 5_000), (600_000, 60_000)] {
         let (s, v) = call(&app, "POST", "/v1/sessions", &[OWNER], Some(json!({ "ttlMillis": asked }))).await;
@@ -117,7 +124,7 @@ async fn l1_opens_a_session_with_the_ttl_clamped_into_range(backend: Backend) {
 }
 
 async fn l2_heartbeat_reports_held_locks_and_server_time_and_distinguishes_unknown(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig::default()).await;
+    let rig = app_with(backend, &[]).await;
     let app = rig.app.clone();
     let sid = session(&app, "worker-1", 5_000).await;
     assert_eq!(acquire(&app, "k1", &sid, "worker-1", json!({})).await.0, 200);
@@ -131,7 +138,7 @@ async fn l2_heartbeat_reports_held_locks_and_server_time_and_distinguishes_unkno
 }
 
 async fn l2_lapsed_session_is_expired_not_unknown(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig::default()).await;
+    let rig = app_with(backend, &[]).await;
     let (app, server) = (rig.app.clone(), rig.server.clone());
     let (_, opened) = call(&app, "POST", "/v1/sessions", &[OWNER], Some(json!({ "ttlMillis": 1_000 }))).await;
     let sid = opened["sessionId"].as_str().expect("sessionId").to_owned();
@@ -150,7 +157,7 @@ async fn l2_lapsed_session_is_expired_not_unknown(backend: Backend) {
 }
 
 async fn l3_closing_a_session_releases_its_locks_and_forgets_it(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig::default()).await;
+    let rig = app_with(backend, &[]).await;
     let app = rig.app.clone();
     let a = session(&app, "worker-1", 5_000).await;
     let b = session(&app, "worker-2", 5_000).await;
@@ -163,7 +170,7 @@ async fn l3_closing_a_session_releases_its_locks_and_forgets_it(backend: Backend
 }
 
 async fn l4_grants_a_fresh_token_and_contended_answers_name_the_holder(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig::default()).await;
+    let rig = app_with(backend, &[]).await;
     let app = rig.app.clone();
     let a = session(&app, "worker-1", 5_000).await;
     let b = session(&app, "worker-2", 5_000).await;
@@ -185,7 +192,7 @@ async fn l4_grants_a_fresh_token_and_contended_answers_name_the_holder(backend: 
 }
 
 async fn l4_rejects_bad_keys_and_out_of_range_waits(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig::default()).await;
+    let rig = app_with(backend, &[]).await;
     let app = rig.app.clone();
     let a = session(&app, "worker-1", 5_000).await;
     let long = "k".repeat(129);
@@ -205,7 +212,7 @@ async fn l4_rejects_bad_keys_and_out_of_range_waits(backend: Backend) {
 }
 
 async fn l4_waiter_is_granted_when_the_holder_releases(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig::default()).await;
+    let rig = app_with(backend, &[]).await;
     let app = rig.app.clone();
     let a = session(&app, "worker-1", 10_000).await;
     let b = session(&app, "worker-2", 10_000).await;
@@ -233,7 +240,7 @@ async fn l4_waiter_is_granted_when_the_holder_releases(backend: Backend) {
 }
 
 async fn l4_waiters_past_the_cap_get_contention_exceeded(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig { waiters_per_key_max: 1, ..LockServerConfig::default() }).await;
+    let rig = app_with(backend, &[("lock.waiters-max", "1")]).await;
     let (app, _server) = (rig.app.clone(), rig.server.clone());
     let a = session(&app, "worker-1", 10_000).await;
     let b = session(&app, "worker-2", 10_000).await;
@@ -259,7 +266,7 @@ async fn l4_waiters_past_the_cap_get_contention_exceeded(backend: Backend) {
 }
 
 async fn l5_renew_keeps_the_token_and_a_dead_grant_is_lock_lost(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig::default()).await;
+    let rig = app_with(backend, &[]).await;
     let app = rig.app.clone();
     let a = session(&app, "worker-1", 10_000).await;
     let (_, g) = acquire(&app, "k", &a, "worker-1", json!({ "ttlMillis": 2_000 })).await;
@@ -299,7 +306,7 @@ async fn l5_renew_keeps_the_token_and_a_dead_grant_is_lock_lost(backend: Backend
 }
 
 async fn l6_stale_release_is_lock_lost_and_never_frees_the_newer_grant(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig::default()).await;
+    let rig = app_with(backend, &[]).await;
     let app = rig.app.clone();
     let a = session(&app, "worker-1", 10_000).await;
     let b = session(&app, "worker-2", 10_000).await;
@@ -317,7 +324,7 @@ async fn l6_stale_release_is_lock_lost_and_never_frees_the_newer_grant(backend: 
 }
 
 async fn l7_info_is_404_for_a_never_seen_key_and_advisory_otherwise(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig::default()).await;
+    let rig = app_with(backend, &[]).await;
     let app = rig.app.clone();
     let (s, v) = call(&app, "GET", "/v1/locks/never", &[], None).await;
     assert_eq!((s, v["code"].as_str()), (404, Some("NOT_FOUND")));
@@ -337,7 +344,7 @@ async fn l7_info_is_404_for_a_never_seen_key_and_advisory_otherwise(backend: Bac
 }
 
 async fn l8_revoke_raises_the_floor_and_validates_its_request(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig::default()).await;
+    let rig = app_with(backend, &[]).await;
     let app = rig.app.clone();
     let a = session(&app, "worker-1", 10_000).await;
     let b = session(&app, "worker-2", 10_000).await;
@@ -366,7 +373,7 @@ async fn l8_revoke_raises_the_floor_and_validates_its_request(backend: Backend) 
 }
 
 async fn every_refusal_is_the_envelope(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig::default()).await;
+    let rig = app_with(backend, &[]).await;
     let app = rig.app.clone();
     for (method, uri) in [("GET", "/v1/nope"), ("PUT", "/v1/sessions"), ("GET", "/v1/locks/k/acquire")] {
         let (s, v) = call(&app, method, uri, &[], None).await;
@@ -448,7 +455,7 @@ type Case = (&'static str, String, Option<Value>, Vec<(&'static str, &'static st
 
 #[tokio::test]
 async fn an_unreachable_backend_is_not_leader_never_a_guess() {
-    let server = LockServer::new(Arc::new(Unreachable), LockServerConfig::default(), Clock::system());
+    let server = LockServer::new(Arc::new(Unreachable), settings(&[]), Clock::system());
     let app = dlock_lock_server::app::router(server);
     let sid = uuid::Uuid::new_v4().to_string();
     let cases: Vec<Case> = vec![
@@ -474,7 +481,7 @@ async fn an_unreachable_backend_is_not_leader_never_a_guess() {
 }
 
 async fn a_waiter_whose_session_lapses_while_it_waits_is_never_granted(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig { wait_poll_ms: 10, ..LockServerConfig::default() }).await;
+    let rig = app_with(backend, &[("lock.wait.poll-ms", "10")]).await;
     let (app, server) = (rig.app.clone(), rig.server.clone());
     let holder = session(&app, "holder", 30_000).await;
     let waiter = session(&app, "waiter", 1_000).await;
@@ -513,7 +520,7 @@ async fn a_waiter_whose_session_lapses_while_it_waits_is_never_granted(backend: 
 }
 
 async fn l4_waiters_are_granted_in_arrival_order(backend: Backend) {
-    let rig = app_with(backend, LockServerConfig { wait_poll_ms: 5, ..LockServerConfig::default() }).await;
+    let rig = app_with(backend, &[("lock.wait.poll-ms", "5")]).await;
     let (app, _server) = (rig.app.clone(), rig.server.clone());
     let holder = session(&app, "holder", 30_000).await;
     let (_, g) = acquire(&app, "k", &holder, "holder", json!({})).await;
@@ -559,7 +566,7 @@ async fn l4_waiters_are_granted_in_arrival_order(backend: Backend) {
 
 async fn l4_a_no_wait_request_does_not_barge_past_waiters(backend: Backend) {
     // The waiter polls the store rarely, so only an explicit wake moves it.
-    let rig = app_with(backend, LockServerConfig { wait_poll_ms: 60_000, ..LockServerConfig::default() }).await;
+    let rig = app_with(backend, &[("lock.wait.poll-ms", "60000")]).await;
     let (app, server) = (rig.app.clone(), rig.server.clone());
     let holder = session(&app, "holder", 30_000).await;
     let waiter = session(&app, "waiter", 30_000).await;

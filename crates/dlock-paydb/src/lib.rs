@@ -5,6 +5,12 @@
 //! crate depends on another, `crates/dlock-testkit/tests/service_dependencies.rs`).
 //!
 //! - [`StoreError`]: the one error every paydb store answers.
+//! - [`admission`]: the proxy's admission decision (C3 §3.5: fence, duplicate, intent) as
+//!   pure functions, which [`mem::RailTables::admit`] applies and the proxy's SQL store
+//!   consults; the proxy's `admission` module re-exports them.
+//! - [`ledger`]: the ledger rules (the balanced payout posting, the debit that never
+//!   overdraws) as pure functions, applied here and by the payment-resource, whose `rules`
+//!   module re-exports them.
 //! - [`rail`]: the proxy's rows (payouts as it reads them, attempts, outcomes).
 //! - [`pay`]: the payment rows (accounts, ledger entries, payouts as P1/P4 report them,
 //!   operator resolutions).
@@ -13,8 +19,12 @@
 //!   mapping and the shared statements, for PostgreSQL and SQLite.
 //!
 //! Invariant: paydb's schema has one source, `migrations/paydb`, embedded here once; a store
-//! that opens paydb runs these migrators and no other.
+//! that opens paydb runs these migrators and no other. Each rule is written once: a rule
+//! that code in this crate applies lives in this crate (never in a service crate, which this
+//! crate must not depend on), and the service crates re-export it.
 
+pub mod admission;
+pub mod ledger;
 pub mod mem;
 pub mod pay;
 pub mod rail;

@@ -18,10 +18,11 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
 use chrono::{DateTime, Utc};
-use dlock_contract::payout::{PayoutState, TRANSITIONS};
+use dlock_contract::payout::{self, Actor, PayoutState};
 use dlock_contract::rail::SubmissionOutcome;
 use uuid::Uuid;
 
+use crate::admission::{self, AdmissionDecision, AdmissionFacts, FirstAttempt};
 use crate::pay::{
     funding_account, is_system_account, is_unsettled, settlement_account, AccountKind, AccountView,
     AmbiguousResolution, Direction, LedgerEntry, ListQuery, Operation, PayoutSummary, PayoutView, ResolutionRow,
@@ -80,44 +81,43 @@ impl RailTables {
     /// Steps 1–3, as [`RailStore::admit`].
     pub fn admit(&mut self, a: &Attempt) -> Result<Admission, StoreError> {
         let t = self;
-        // Step 1: the conditional upsert of the mark.
-        if a.fencing_enabled {
-            let current = t.high_water.get(&a.account_id).copied();
-            match current {
-                Some(highest) if highest >= a.presented_token => {
-                    t.submissions.push(row(a, Some(SubmissionOutcome::Fenced)));
-                    return Ok(Admission::Fenced { highest_token: highest });
+        // One snapshot of every fact steps 1–3 decide on; the admission rule decides.
+        let first_forwardable = t
+            .submissions
+            .iter()
+            .find(|s| s.payout_id == a.payout_id && is_forwardable(s.outcome))
+            .map(|s| FirstAttempt { submission_id: s.submission_id, submitted_at: s.submitted_at });
+        let decision = admission::decide_admission(&AdmissionFacts {
+            fencing_enabled: a.fencing_enabled,
+            mark: t.high_water.get(&a.account_id).copied(),
+            presented_token: a.presented_token,
+            first_forwardable,
+            state: t.payouts.get(&a.payout_id).map(|p| p.row.state),
+        });
+        match decision {
+            AdmissionDecision::Fenced { .. } => t.submissions.push(row(a, Some(SubmissionOutcome::Fenced))),
+            AdmissionDecision::Duplicate { mark, .. } => {
+                if let Some(m) = mark {
+                    t.high_water.insert(a.account_id.clone(), m);
                 }
-                _ => {}
+                t.submissions.push(row(a, Some(SubmissionOutcome::Duplicate)));
+            }
+            AdmissionDecision::NotClaimable { .. } => {}
+            AdmissionDecision::Vanished => return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id))),
+            AdmissionDecision::Admit { mark } => {
+                let Some(payout) = t.payouts.get_mut(&a.payout_id) else {
+                    return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id)));
+                };
+                payout.row.state = PayoutState::Submitted;
+                payout.row.attempt_count += 1;
+                payout.updated_at = a.at;
+                if let Some(m) = mark {
+                    t.high_water.insert(a.account_id.clone(), m);
+                }
+                t.submissions.push(row(a, None));
             }
         }
-        // Step 2: the unique index over forwardable attempts.
-        if let Some(first) = t.submissions.iter().find(|s| s.payout_id == a.payout_id && is_forwardable(s.outcome)) {
-            let dup = Admission::Duplicate {
-                first_submitted_at: first.submitted_at,
-                first_submission_id: first.submission_id,
-            };
-            if a.fencing_enabled {
-                t.high_water.insert(a.account_id.clone(), a.presented_token);
-            }
-            t.submissions.push(row(a, Some(SubmissionOutcome::Duplicate)));
-            return Ok(dup);
-        }
-        // Step 3: CLAIMED -> SUBMITTED, or roll everything back.
-        let Some(payout) = t.payouts.get_mut(&a.payout_id) else {
-            return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id)));
-        };
-        if payout.row.state != PayoutState::Claimed {
-            return Ok(Admission::NotClaimable { state: payout.row.state });
-        }
-        payout.row.state = PayoutState::Submitted;
-        payout.row.attempt_count += 1;
-        payout.updated_at = a.at;
-        if a.fencing_enabled {
-            t.high_water.insert(a.account_id.clone(), a.presented_token);
-        }
-        t.submissions.push(row(a, None));
-        Ok(Admission::Admitted { submitted_at: a.at })
+        decision.admission(a.at).ok_or_else(|| StoreError::Corrupt(format!("payout {} vanished", a.payout_id)))
     }
 
     /// As [`RailStore::resolve`].
@@ -135,7 +135,7 @@ impl RailTables {
         s.resolved_at = Some(at);
         let payout_id = s.payout_id;
         if let Some(p) = t.payouts.get_mut(&payout_id) {
-            if p.row.state == PayoutState::Submitted {
+            if payout::may_transition(p.row.state, r.payout_state(), Actor::RailProxy) {
                 p.row.state = r.payout_state();
                 p.updated_at = at;
             }
@@ -246,9 +246,10 @@ impl MemPaydb {
     }
 }
 
-/// The state trigger (D2): C2's pairs only; a same-state write passes.
+/// The state trigger (D2): C2's pairs only ([`payout::may_write_state`]); a same-state
+/// write passes.
 pub fn guard_transition(from: PayoutState, to: PayoutState) -> Result<(), StoreError> {
-    if from == to || TRANSITIONS.iter().any(|(f, t, _)| *f == from && *t == to) {
+    if payout::may_write_state(from, to) {
         Ok(())
     } else {
         Err(StoreError::Corrupt(format!("payouts: transition {}>{} not in C2", from.as_str(), to.as_str())))
@@ -420,6 +421,8 @@ impl PaydbTables {
         if payout.row.state != PayoutState::RailAmbiguous {
             return Ok(ResolveOutcome::NotAmbiguous { state: payout.row.state });
         }
+        payout::check_transition(payout.row.state, r.resolved_as, Actor::Operator)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         guard_transition(payout.row.state, r.resolved_as)?;
         // The audit row's CHECKs and unique index.
         let operator_chars = r.operator.chars().count();
@@ -444,10 +447,7 @@ impl PaydbTables {
         let posted = r.resolved_as == PayoutState::Posted;
         let at = dlock_contract::time::truncate_ms(r.at);
         let balance_after = if posted {
-            balance
-                .checked_sub(amount)
-                .filter(|b| *b >= 0)
-                .ok_or_else(|| StoreError::Corrupt(format!("accounts: balance of {account_id:?} would fall below 0")))?
+            crate::ledger::balance_after_debit(balance, amount).map_err(|e| StoreError::Corrupt(e.to_string()))?
         } else {
             balance
         };
@@ -503,7 +503,8 @@ mod tests {
     fn guard_transition_allows_exactly_c2_and_same_state_writes() {
         for from in PayoutState::ALL {
             for to in PayoutState::ALL {
-                let allowed = from == to || TRANSITIONS.iter().any(|(f, t, _)| *f == from && *t == to);
+                let allowed =
+                    from == to || dlock_contract::payout::TRANSITIONS.iter().any(|(f, t, _)| *f == from && *t == to);
                 assert_eq!(guard_transition(from, to).is_ok(), allowed, "{from:?}>{to:?}");
             }
         }

@@ -208,22 +208,9 @@ pub struct PayoutPosting<'a> {
 }
 
 impl PayoutPosting<'_> {
+    /// The two entries ([`crate::ledger::payout_posting`], which asserts they balance).
     pub fn entries(&self) -> [LedgerEntry; 2] {
-        let entry = |entry_id, account_id, direction| LedgerEntry {
-            entry_id,
-            posting_id: self.posting_id,
-            payout_id: Some(self.payout_id),
-            account_id,
-            direction,
-            amount_minor: self.amount_minor,
-            currency: self.currency.to_owned(),
-            fence: self.fence,
-            created_at: self.at,
-        };
-        [
-            entry(self.entry_ids[0], self.account_id.to_owned(), Direction::Debit),
-            entry(self.entry_ids[1], settlement_account(self.currency), Direction::Credit),
-        ]
+        crate::ledger::payout_posting(self)
     }
 }
 

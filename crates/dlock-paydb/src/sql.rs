@@ -153,7 +153,7 @@ macro_rules! paydb_sql {
         $(#[$doc])*
         pub mod $m {
             use chrono::{DateTime, Utc};
-            use dlock_contract::payout::PayoutState;
+            use dlock_contract::payout::{self, Actor, PayoutState};
             use dlock_contract::time::truncate_ms;
             use sqlx::Row;
             use uuid::Uuid;
@@ -252,10 +252,13 @@ macro_rules! paydb_sql {
                 };
                 let balance_minor: i64 = get!(locked, "balance_minor");
                 // 2. RAIL_AMBIGUOUS -> POSTED | FAILED, conditionally.
-                let q = sql(
-                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state = 'RAIL_AMBIGUOUS' \
+                // The source states C2 allows an operator's verdict from (RAIL_AMBIGUOUS).
+                let from = payout::sql_states(&payout::sources(r.resolved_as, Actor::Operator));
+                let q = sql(&format!(
+                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state IN {from} \
                      RETURNING account_id, amount_minor, currency",
-                );
+                ))
+                .into_owned();
                 let moved = sqlx::query(&q)
                     .bind(payout_id.clone())
                     .bind(r.resolved_as.as_str())
@@ -276,6 +279,8 @@ macro_rules! paydb_sql {
                     for e in &r.entries(&account_id, amount, &currency, at) {
                         insert_entry(tx, e).await?;
                     }
+                    let expected = crate::ledger::balance_after_debit(balance_minor, amount)
+                        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                     let q = sql(
                         "UPDATE accounts SET balance_minor = balance_minor - $2, updated_at = $3 \
                          WHERE account_id = $1 RETURNING balance_minor",
@@ -286,8 +291,14 @@ macro_rules! paydb_sql {
                         .bind(at)
                         .fetch_one(&mut **tx)
                         .await
-                        .and_then(|row| row.try_get("balance_minor"))
-                        .map_err(db_error)?
+                        .and_then(|row| row.try_get::<i64, _>("balance_minor"))
+                        .map_err(db_error)
+                        .and_then(|after| {
+                            // The account row is locked by step 1: nothing else moved it.
+                            (after == expected).then_some(after).ok_or_else(|| {
+                                StoreError::Corrupt(format!("accounts: balance {after} after the resolution, the rule says {expected}"))
+                            })
+                        })?
                 } else {
                     balance_minor
                 };

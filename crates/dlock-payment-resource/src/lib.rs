@@ -6,13 +6,19 @@
 //! :presented`, in the same transaction as the state transition and, for a post, the two
 //! balanced ledger entries. An equal token loses: strictly greater, never `>=`.
 //!
+//! The rules (the strict fence, the claim and post decisions, the ledger posting) are pure
+//! functions, once, in [`rules`]; every store reads its facts, calls them, and applies the
+//! answer under its own conditional writes.
+//!
 //! Every mutating request is recorded in a durable idempotency ledger, with its fingerprint
 //! and complete response, atomically with the mutation (see [`store`]).
 
 pub mod app;
+pub mod config;
 pub mod cursor;
 pub mod idempotency;
 pub mod metrics;
+pub mod rules;
 pub mod service;
 pub mod store;
 pub mod store_fault;
@@ -23,3 +29,25 @@ pub mod store_sql;
 pub use app::router;
 pub use service::{PaymentConfig, PaymentResource};
 pub use store::PaymentStore;
+
+/// The payment-resource's one start entry point: reads (or creates) the cursor key in
+/// `store`, then serves [`router`] on `listener` until `shutdown` (draining for
+/// [`service::SHUTDOWN_GRACE_MS_MAX`]), with the idempotency purger
+/// ([`PaymentResource::run_purger`]) running until it stops.
+pub async fn start<F>(
+    cfg: PaymentConfig,
+    store: std::sync::Arc<dyn PaymentStore>,
+    clock: dlock_rt::Clock,
+    listener: tokio::net::TcpListener,
+    shutdown: F,
+) -> Result<dlock_rt::ServiceHandle<PaymentResource>, String>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let pr = PaymentResource::start(store, cfg, clock).await.map_err(|e| format!("paydb: {e}"))?;
+    let purger = dlock_rt::spawn(pr.clone().run_purger());
+    let grace = service::SHUTDOWN_GRACE_MS_MAX;
+    let handle = dlock_rt::ServiceHandle::serve(pr.clone(), listener, router(pr), grace, shutdown)
+        .map_err(|e| format!("payment-resource: {e}"))?;
+    Ok(handle.with_background(purger))
+}

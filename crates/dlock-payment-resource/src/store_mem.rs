@@ -14,13 +14,14 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use dlock_contract::payout::PayoutState;
+use dlock_contract::payout::{self, Actor, PayoutState};
 use dlock_contract::rail::SubmissionOutcome;
 use dlock_paydb::mem::{bigint, payout_view, reserved_minor, system_account, upsert_system_accounts, StoredPayout};
 pub use dlock_paydb::mem::{guard_transition, Identity, MemPaydb, PaydbTables, StoredAccount, StoredRecord};
 use dlock_paydb::rail::PayoutRow;
 use uuid::Uuid;
 
+use crate::rules::{self, ClaimDecision, ClaimFacts, FenceVerdict, PostDecision, PostFacts};
 use crate::store::{
     is_system_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Claim,
     ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery,
@@ -99,10 +100,9 @@ fn fence_check(t: &PaydbTables, payout_id: Uuid, token: i64) -> Result<Fence, St
     let Some(a) = t.accounts.get(&account_id) else {
         return Err(StoreError::Corrupt(format!("payout {payout_id} references missing account {account_id:?}")));
     };
-    if a.fence < token {
-        Ok(Fence::Passes { account_id })
-    } else {
-        Ok(Fence::Fenced { account_id, highest_token: a.fence })
+    match rules::fence_check(a.fence, token) {
+        FenceVerdict::Passes => Ok(Fence::Passes { account_id }),
+        FenceVerdict::Fenced { highest_token } => Ok(Fence::Fenced { account_id, highest_token }),
     }
 }
 
@@ -111,10 +111,10 @@ fn raise_fence(t: &mut PaydbTables, account_id: &str, token: i64, at: DateTime<U
     let Some(a) = t.accounts.get_mut(account_id) else {
         return Err(StoreError::Corrupt(format!("account {account_id:?} vanished")));
     };
-    if a.fence >= token {
+    if rules::fence_check(a.fence, token) != FenceVerdict::Passes {
         return Err(StoreError::Corrupt(format!("accounts: fence of {account_id:?} may only rise")));
     }
-    a.fence = token;
+    a.fence = rules::raise_fence(a.fence, token);
     a.updated_at = at;
     Ok(())
 }
@@ -240,30 +240,36 @@ impl PaydbTx {
             return refused(ClaimOutcome::NotFound);
         };
         let state = p.row.state;
-        let claimable = matches!(c.expected, PayoutState::Pending | PayoutState::Claimed);
-        if !claimable || state != c.expected {
-            return refused(ClaimOutcome::NotClaimable { state });
-        }
-        // 3. The funds.
+        // 3. The funds, decided by the claim rule on what this transaction read.
         let amount = p.row.amount_minor;
         let attempt_count = p.row.attempt_count;
-        let balance = t.accounts.get(&account_id).map_or(0, |a| a.balance_minor);
-        let available = i128::from(balance) - reserved_minor(t, &account_id, Some(c.payout_id));
-        let (next, outcome) = if available - i128::from(amount) >= 0 {
-            let outcome = ClaimOutcome::Claimed {
-                account_id: account_id.clone(),
-                account_fence: c.token,
-                attempt_count,
-                reclaimed: state == PayoutState::Claimed,
-            };
-            (PayoutState::Claimed, outcome)
-        } else {
-            let outcome = ClaimOutcome::InsufficientFunds {
-                account_id: account_id.clone(),
-                amount_minor: amount,
-                available_minor: bigint(available)?,
-            };
-            (PayoutState::Failed, outcome)
+        let facts = ClaimFacts {
+            state,
+            expected: c.expected,
+            amount_minor: amount,
+            balance_minor: t.accounts.get(&account_id).map_or(0, |a| a.balance_minor),
+            reserved_minor: bigint(reserved_minor(t, &account_id, Some(c.payout_id)))?,
+        };
+        let decision = rules::decide_claim(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let (next, outcome) = match decision {
+            ClaimDecision::NotClaimable { state } => return refused(ClaimOutcome::NotClaimable { state }),
+            ClaimDecision::Claimed { reclaimed } => (
+                PayoutState::Claimed,
+                ClaimOutcome::Claimed {
+                    account_id: account_id.clone(),
+                    account_fence: c.token,
+                    attempt_count,
+                    reclaimed,
+                },
+            ),
+            ClaimDecision::InsufficientFunds { available_minor } => (
+                PayoutState::Failed,
+                ClaimOutcome::InsufficientFunds {
+                    account_id: account_id.clone(),
+                    amount_minor: amount,
+                    available_minor,
+                },
+            ),
         };
         guard_transition(state, next)?;
         let response = r(&outcome);
@@ -299,9 +305,6 @@ impl PaydbTx {
         let Some(payout) = t.rail.payouts.get(&p.payout_id) else {
             return refused(PostOutcome::NotFound);
         };
-        if payout.row.state != PayoutState::RailAcked {
-            return refused(PostOutcome::NotClaimable { state: payout.row.state });
-        }
         // 3. The acknowledged attempt (I7).
         let acked = t.rail.submissions.iter().any(|s| {
             s.payout_id == p.payout_id
@@ -309,19 +312,22 @@ impl PaydbTx {
                 && s.outcome == Some(SubmissionOutcome::Acked)
                 && s.rail_reference.as_deref() == Some(p.rail_reference.as_str())
         });
-        if !acked {
-            return refused(PostOutcome::RailMismatch);
-        }
-        // 4. and 5. The entries and the balance, with the CHECKs they would hit.
         let amount = payout.row.amount_minor;
         let currency = payout.row.currency.clone();
+        let facts = PostFacts {
+            state: payout.row.state,
+            acked,
+            balance_minor: t.accounts.get(&account_id).map_or(0, |a| a.balance_minor),
+            amount_minor: amount,
+        };
+        // 4. and 5. The entries and the balance, with the CHECKs they would hit.
+        let balance_after = match rules::decide_post(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))? {
+            PostDecision::NotClaimable { state } => return refused(PostOutcome::NotClaimable { state }),
+            PostDecision::RailMismatch => return refused(PostOutcome::RailMismatch),
+            PostDecision::Posted { balance_after_minor } => balance_after_minor,
+        };
         // The settlement account is upserted below: a payout seeded through the proxy may
         // be the first of its currency.
-        let balance = t.accounts.get(&account_id).map_or(0, |a| a.balance_minor);
-        let balance_after = balance
-            .checked_sub(amount)
-            .filter(|b| *b >= 0)
-            .ok_or_else(|| StoreError::Corrupt(format!("accounts: balance of {account_id:?} would fall below 0")))?;
         let entries = p.entries(&account_id, amount, &currency, p.at);
         let outcome = PostOutcome::Posted {
             account_id: account_id.clone(),
@@ -390,14 +396,13 @@ impl PaymentStore for MemPaydb {
         let Some(p) = t.rail.payouts.get_mut(&payout_id) else {
             return Ok(AbandonOutcome::NotFound);
         };
-        match p.row.state {
-            PayoutState::Pending | PayoutState::Claimed => {
-                p.row.state = PayoutState::Abandoned;
-                p.updated_at = at;
-                Ok(AbandonOutcome::Abandoned)
-            }
-            state => Ok(AbandonOutcome::NotAbandonable { state }),
+        let state = p.row.state;
+        if !payout::may_transition(state, PayoutState::Abandoned, Actor::Operator) {
+            return Ok(AbandonOutcome::NotAbandonable { state });
         }
+        p.row.state = PayoutState::Abandoned;
+        p.updated_at = at;
+        Ok(AbandonOutcome::Abandoned)
     }
 
     async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {

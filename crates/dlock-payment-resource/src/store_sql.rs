@@ -23,12 +23,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use dlock_contract::payout::PayoutState;
+use dlock_contract::payout::{self, Actor, PayoutState};
 use dlock_contract::time::truncate_ms;
 use dlock_db::Dialect;
 use sqlx::Row;
 use uuid::Uuid;
 
+use crate::rules::{self, ClaimDecision, ClaimFacts, FenceVerdict, PostDecision, PostFacts};
 use crate::store::{
     funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Claim,
     ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery,
@@ -291,10 +292,17 @@ macro_rules! sql_payment_store {
                     .fetch_optional(&mut **tx)
                     .await
                     .map_err(db_error)?;
-                Ok(Err(match held {
-                    Some(r) => Some((get!(r, "account_id"), get!(r, "fence"))),
-                    None => None,
-                }))
+                let Some(r) = held else { return Ok(Err(None)) };
+                let (account_id, fence): (String, i64) = (get!(r, "account_id"), get!(r, "fence"));
+                // The statement's `fence < $2` is the fence rule; the fence it left must refuse.
+                match rules::fence_check(fence, token) {
+                    FenceVerdict::Fenced { highest_token } => Ok(Err(Some((account_id, highest_token)))),
+                    // Fences only rise, so this is a payout that appeared between the two
+                    // statements: nothing was written, and the caller may retry.
+                    FenceVerdict::Passes => Err(StoreError::Unavailable(format!(
+                        "payout {payout_id} appeared while its fence was checked; nothing was written"
+                    ))),
+                }
             }
 
             async fn claim_in(tx: &mut sqlx::Transaction<'static, $db>, c: &Claim) -> Result<ClaimOutcome, StoreError> {
@@ -324,16 +332,17 @@ macro_rules! sql_payment_store {
                     .map_err(db_error)?;
                 let state = parse_state(&get!(row, "state", String))?;
                 let amount: i64 = get!(row, "amount_minor");
-                let reserved: i64 = get!(row, "reserved_minor");
-                let claimable = matches!(c.expected, PayoutState::Pending | PayoutState::Claimed);
-                if state != c.expected || !claimable {
+                let facts = ClaimFacts {
+                    state,
+                    expected: c.expected,
+                    amount_minor: amount,
+                    balance_minor: balance,
+                    reserved_minor: get!(row, "reserved_minor"),
+                };
+                let decision = rules::decide_claim(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let Some(next) = decision.next_state() else {
                     return Ok(ClaimOutcome::NotClaimable { state });
-                }
-                let available = balance
-                    .checked_sub(reserved)
-                    .ok_or_else(|| StoreError::Corrupt(format!("available balance of {account_id} overflows")))?;
-                let funded = available >= amount;
-                let next = if funded { PayoutState::Claimed } else { PayoutState::Failed };
+                };
                 // 3. The conditional transition; another writer may have moved the payout.
                 let q = $sql(
                     "UPDATE payouts SET state = $2, claim_token = $3, claimed_by = $4, claimed_at = $5, updated_at = $5 \
@@ -352,14 +361,17 @@ macro_rules! sql_payment_store {
                 let Some(moved) = moved else {
                     return Ok(ClaimOutcome::NotClaimable { state: dlock_paydb::sql::$paydb::state_of(tx, &payout_id).await? });
                 };
-                if !funded {
-                    return Ok(ClaimOutcome::InsufficientFunds { account_id, amount_minor: amount, available_minor: available });
-                }
-                Ok(ClaimOutcome::Claimed {
-                    account_id,
-                    account_fence: c.token,
-                    attempt_count: get!(moved, "attempt_count"),
-                    reclaimed: c.expected == PayoutState::Claimed,
+                Ok(match decision {
+                    ClaimDecision::InsufficientFunds { available_minor } => {
+                        ClaimOutcome::InsufficientFunds { account_id, amount_minor: amount, available_minor }
+                    }
+                    ClaimDecision::Claimed { reclaimed } => ClaimOutcome::Claimed {
+                        account_id,
+                        account_fence: c.token,
+                        attempt_count: get!(moved, "attempt_count"),
+                        reclaimed,
+                    },
+                    ClaimDecision::NotClaimable { state } => ClaimOutcome::NotClaimable { state },
                 })
             }
 
@@ -367,16 +379,19 @@ macro_rules! sql_payment_store {
                 let at = truncate_ms(p.at);
                 let payout_id = p.payout_id.to_string();
                 // 1. The same strict fence.
-                match Self::raise_fence(tx, &payout_id, p.token, at).await? {
-                    Ok(_) => {}
+                let balance = match Self::raise_fence(tx, &payout_id, p.token, at).await? {
+                    Ok((_, balance)) => balance,
                     Err(None) => return Ok(PostOutcome::NotFound),
                     Err(Some((account_id, highest_token))) => return Ok(PostOutcome::Fenced { account_id, highest_token }),
-                }
-                // 2. RAIL_ACKED -> POSTED, conditionally.
-                let q = $sql(
-                    "UPDATE payouts SET state = 'POSTED', updated_at = $2 WHERE payout_id = $1 AND state = 'RAIL_ACKED' \
-                     RETURNING account_id, amount_minor, currency",
-                );
+                };
+                // 2. RAIL_ACKED -> POSTED, conditionally (the race authority; a refusal below
+                // rolls it back).
+                let from = payout::sql_states(&payout::sources(PayoutState::Posted, Actor::PaymentResource));
+                let q = $sql(&format!(
+                    "UPDATE payouts SET state = 'POSTED', updated_at = $2 WHERE payout_id = $1 AND state IN {from} \
+                     RETURNING account_id, amount_minor, currency"
+                ))
+                .into_owned();
                 let moved = sqlx::query(&q)
                     .bind(payout_id.clone())
                     .bind(at)
@@ -384,6 +399,9 @@ macro_rules! sql_payment_store {
                     .await
                     .map_err(db_error)?;
                 let Some(moved) = moved else {
+                    // The conditional write refused: the payout was not in a state the post
+                    // rule moves from when it looked (the state read now is evidence only, and
+                    // may have moved since under READ COMMITTED).
                     return Ok(PostOutcome::NotClaimable { state: dlock_paydb::sql::$paydb::state_of(tx, &payout_id).await? });
                 };
                 let account_id: String = get!(moved, "account_id");
@@ -400,10 +418,14 @@ macro_rules! sql_payment_store {
                     .bind(p.rail_reference.clone())
                     .fetch_optional(&mut **tx)
                     .await
-                    .map_err(db_error)?;
-                if acked.is_none() {
-                    return Ok(PostOutcome::RailMismatch);
-                }
+                    .map_err(db_error)?
+                    .is_some();
+                let facts = PostFacts { state: PayoutState::RailAcked, acked, balance_minor: balance, amount_minor: amount };
+                let balance_after = match rules::decide_post(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))? {
+                    PostDecision::NotClaimable { state } => return Ok(PostOutcome::NotClaimable { state }),
+                    PostDecision::RailMismatch => return Ok(PostOutcome::RailMismatch),
+                    PostDecision::Posted { balance_after_minor } => balance_after_minor,
+                };
                 // 4. Two balanced entries: DEBIT the account, CREDIT the currency's settlement
                 // account (upserted: a payout seeded through the proxy has none yet).
                 let settlement = settlement_account(&currency);
@@ -425,6 +447,12 @@ macro_rules! sql_payment_store {
                     .await
                     .and_then(|r| r.try_get("balance_minor"))
                     .map_err(db_error)?;
+                if balance_minor != balance_after {
+                    // The account row is locked by the fence write: nothing else moved it.
+                    return Err(StoreError::Corrupt(format!(
+                        "accounts: balance {balance_minor} after the post, the post rule says {balance_after}"
+                    )));
+                }
                 Ok(PostOutcome::Posted { account_id, entries, balance_minor })
             }
 
@@ -624,10 +652,12 @@ macro_rules! sql_payment_store {
 
             async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {
                 let mut tx = self.pool.begin().await.map_err(db_error)?;
-                let q = $sql(
-                    "UPDATE payouts SET state = 'ABANDONED', updated_at = $2 \
-                     WHERE payout_id = $1 AND state IN ('PENDING', 'CLAIMED')",
-                );
+                // The source states C2 allows an operator's abandon from.
+                let from = payout::sql_states(&payout::sources(PayoutState::Abandoned, Actor::Operator));
+                let q = $sql(&format!(
+                    "UPDATE payouts SET state = 'ABANDONED', updated_at = $2 WHERE payout_id = $1 AND state IN {from}"
+                ))
+                .into_owned();
                 let moved = sqlx::query(&q)
                     .bind(payout_id.to_string())
                     .bind(truncate_ms(at))

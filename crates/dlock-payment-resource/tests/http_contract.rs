@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 use axum::body::Body;
 use chrono::Utc;
 use dlock_contract::CONTENT_TYPE_JSON;
-use dlock_payment_resource::service::PaymentConfig;
 use dlock_payment_resource::store_mem::MemPaydb;
 use dlock_payment_resource::{router, PaymentResource, PaymentStore};
 use dlock_rail_proxy::store::{Admission, Attempt, RailStore, Resolution};
@@ -26,10 +25,15 @@ struct Rig {
     paydb: Arc<MemPaydb>,
 }
 
+/// The payment-resource's settings in these tests (a small body limit), from its resolver.
+fn payment_cfg() -> dlock_payment_resource::PaymentConfig {
+    let l = dlock_config::Layers::of(&[("payment.resource.body-bytes-max", "4096")]);
+    dlock_payment_resource::config::resolve(&l, dlock_config::Profile::Production).expect("settings").config
+}
+
 async fn rig() -> Rig {
     let paydb = Arc::new(MemPaydb::new());
-    let cfg = PaymentConfig { body_bytes_max: 4_096, ..PaymentConfig::default() };
-    let pr = PaymentResource::start(paydb.clone(), cfg, Clock::system()).await.expect("start");
+    let pr = PaymentResource::start(paydb.clone(), payment_cfg(), Clock::system()).await.expect("start");
     Rig { app: router(pr), paydb }
 }
 
@@ -631,8 +635,7 @@ async fn each_injected_store_fault_of_a_claim_maps_to_its_code_and_retry_safety(
     for (fault, status, code, retry_safe, committed) in cases {
         let paydb = Arc::new(MemPaydb::new());
         let faulty = Arc::new(FaultyPaymentStore::new(paydb.clone()));
-        let cfg = PaymentConfig { body_bytes_max: 4_096, ..PaymentConfig::default() };
-        let app = router(PaymentResource::start(faulty.clone(), cfg, Clock::system()).await.expect("start"));
+        let app = router(PaymentResource::start(faulty.clone(), payment_cfg(), Clock::system()).await.expect("start"));
         assert_eq!(create_account(&app, "acct-1", 10_000).await.status, 201);
         let p = create_payout(&app, "acct-1", 500).await;
         faulty.faults.inject("claim", fault);

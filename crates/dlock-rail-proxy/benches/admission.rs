@@ -28,11 +28,9 @@ mod bench {
     // built only outside the simulation (`cfg(not(madsim))`), so no seam is bypassed.
     use std::time::Instant;
 
+    use dlock_config::Layers;
     use dlock_contract::payout::PayoutState;
-    use dlock_rail_proxy::service::ProxyConfig;
     use dlock_rail_proxy::store::{NewPayout, RailStore};
-    use dlock_rail_proxy::{router, RailProxy};
-    use dlock_rail_stub::{RailStub, StubConfig};
     use dlock_rt::http::{BaseUrl, HttpClient};
     use dlock_rt::Clock;
     use sqlx::Connection;
@@ -102,22 +100,21 @@ mod bench {
 
     async fn admission_rate(url: &str, n: usize, concurrency: usize) -> f64 {
         let store = dlock_rail_proxy::store_sql::open(url).await.expect("open");
-        let stub = RailStub::new(StubConfig::default(), Clock::system());
+        // Both services through their entry points, settings from their own resolvers.
+        let production = dlock_config::Profile::Production;
+        let stub_cfg = dlock_rail_stub::config::resolve(&Layers::default(), production).expect("stub").config;
         let stub_listener = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
-        let rail_url = BaseUrl::parse(&format!("http://{}", stub_listener.local_addr().expect("addr"))).expect("url");
-        tokio::spawn(dlock_rt::http::serve(stub_listener, dlock_rail_stub::router(stub), std::future::pending()));
-        let cfg = ProxyConfig {
-            rail_url,
-            connect_timeout_ms: 1_000,
-            read_timeout_ms: 8_000,
-            fencing_enabled: true,
-            duplicate_guard_enabled: true,
-            body_bytes_max: 65_536,
-        };
-        let proxy = RailProxy::new(store.clone(), cfg, Clock::system());
+        let rail_url = format!("http://{}", stub_listener.local_addr().expect("addr"));
+        let _stub = dlock_rail_stub::start(stub_cfg, Clock::system(), stub_listener, std::future::pending())
+            .await
+            .expect("stub");
+        let proxy_layers = Layers::of(&[("rail.proxy.rail-url", &rail_url)]);
+        let cfg = dlock_rail_proxy::config::resolve(&proxy_layers, production).expect("proxy").config;
         let listener = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
         let proxy_url = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
-        tokio::spawn(dlock_rt::http::serve(listener, router(proxy), std::future::pending()));
+        let _proxy = dlock_rail_proxy::start(cfg, store.clone(), Clock::system(), listener, std::future::pending())
+            .await
+            .expect("proxy");
 
         // One account per worker, so tokens rise per account without coordination.
         let mut work: Vec<Vec<(uuid::Uuid, String, i64)>> = vec![Vec::new(); concurrency];

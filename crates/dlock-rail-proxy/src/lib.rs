@@ -17,10 +17,15 @@
 //!    Record the outcome: ack (200), decline (422), no answer (409 `RAIL_AMBIGUOUS`, the
 //!    payout is quarantined), or could-not-connect (503 `RAIL_UNAVAILABLE`).
 //!
+//! Steps 1–3 are decided by one pure function, [`admission::decide_admission`], which every
+//! store applies under its own conditional writes.
+//!
 //! The mark lives only in paydb. This crate holds no token in memory between requests: a
 //! restart, a second replica, or a cache cannot re-admit a stale writer.
 
+pub mod admission;
 pub mod app;
+pub mod config;
 pub mod metrics;
 pub mod service;
 pub mod store;
@@ -32,3 +37,39 @@ pub mod store_sql;
 pub use app::router;
 pub use service::{ProxyConfig, RailProxy};
 pub use store::RailStore;
+
+/// The rail-proxy's one start entry point: serves [`router`] on `listener` over `store`
+/// until `shutdown` (draining for [`ProxyConfig::shutdown_grace_ms`]), with the orphan
+/// sweeper ([`RailProxy::run_orphan_sweeper`]) running until it stops. Logs a loud warning
+/// for each safety switch `cfg` turns off.
+pub async fn start<F>(
+    cfg: ProxyConfig,
+    store: std::sync::Arc<dyn RailStore>,
+    clock: dlock_rt::Clock,
+    listener: tokio::net::TcpListener,
+    shutdown: F,
+) -> Result<dlock_rt::ServiceHandle<RailProxy>, String>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    if !cfg.fencing_enabled {
+        tracing::warn!(
+            profile = "unsafe-test",
+            skipped = "step 1 (the high-water mark)",
+            "rail_proxy_fencing_disabled"
+        );
+    }
+    if !cfg.duplicate_guard_enabled {
+        tracing::warn!(
+            profile = "unsafe-test",
+            skipped = "step 2 (one attempt per payout)",
+            "rail_proxy_duplicate_guard_disabled"
+        );
+    }
+    let grace_ms = cfg.shutdown_grace_ms();
+    let proxy = RailProxy::new(store, cfg, clock);
+    let sweeper = dlock_rt::spawn(proxy.clone().run_orphan_sweeper());
+    let handle = dlock_rt::ServiceHandle::serve(proxy.clone(), listener, router(proxy), grace_ms, shutdown)
+        .map_err(|e| format!("rail-proxy: {e}"))?;
+    Ok(handle.with_background(sweeper))
+}

@@ -10,6 +10,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use dlock_contract::payout::{self, Actor, PayoutState};
 use dlock_contract::rail::SubmissionOutcome;
 use sqlx::Row;
 use uuid::Uuid;
@@ -17,6 +18,7 @@ use uuid::Uuid;
 use dlock_db::Dialect;
 use dlock_paydb::sql::{commit_error, db_error, parse_state, parse_uuid, PG_MIGRATOR, SQLITE_MIGRATOR};
 
+use crate::admission::{self, MarkVerdict};
 use crate::store::{Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow};
 
 /// The forwardable-attempt predicate of `rail_submission_attempt_uidx`, verbatim.
@@ -151,17 +153,35 @@ macro_rules! sql_rail_store {
                         .fetch_optional(&mut *tx)
                         .await
                         .map_err(db_error)?;
-                    if advanced.is_none() {
-                        let q = $sql("SELECT highest_token FROM rail_high_water WHERE account_id = $1");
-                        let highest: i64 = sqlx::query(&q)
-                            .bind(a.account_id.clone())
-                            .fetch_one(&mut *tx)
-                            .await
-                            .and_then(|r| r.try_get("highest_token"))
-                            .map_err(db_error)?;
-                        refused_row(SubmissionOutcome::Fenced).execute(&mut *tx).await.map_err(db_error)?;
-                        tx.commit().await.map_err(commit_error)?;
-                        return Ok(Admission::Fenced { highest_token: highest });
+                    match advanced {
+                        // The statement's WHERE is the fence rule: it wrote the token.
+                        Some(r) => {
+                            let to: i64 = r.try_get("highest_token").map_err(db_error)?;
+                            if to != a.presented_token {
+                                return Err(StoreError::Corrupt(format!("rail_high_water advanced to {to}")));
+                            }
+                        }
+                        None => {
+                            let q = $sql("SELECT highest_token FROM rail_high_water WHERE account_id = $1");
+                            let highest: i64 = sqlx::query(&q)
+                                .bind(a.account_id.clone())
+                                .fetch_one(&mut *tx)
+                                .await
+                                .and_then(|r| r.try_get("highest_token"))
+                                .map_err(db_error)?;
+                            // The mark it left must refuse the token by the rule too.
+                            let MarkVerdict::Fenced { highest_token } =
+                                admission::mark_verdict(true, Some(highest), a.presented_token)
+                            else {
+                                return Err(StoreError::Corrupt(format!(
+                                    "rail_high_water {highest} refused token {} the fence rule passes",
+                                    a.presented_token
+                                )));
+                            };
+                            refused_row(SubmissionOutcome::Fenced).execute(&mut *tx).await.map_err(db_error)?;
+                            tx.commit().await.map_err(commit_error)?;
+                            return Ok(Admission::Fenced { highest_token });
+                        }
                     }
                 }
 
@@ -207,10 +227,13 @@ macro_rules! sql_rail_store {
                 }
 
                 // Step 3: CLAIMED -> SUBMITTED in the same transaction, or roll back everything.
-                let q = $sql(
+                // The source states C2 allows the proxy's submit from (CLAIMED).
+                let from = payout::sql_states(&payout::sources(PayoutState::Submitted, Actor::RailProxy));
+                let q = $sql(&format!(
                     "UPDATE payouts SET state = 'SUBMITTED', attempt_count = attempt_count + 1, updated_at = $2 \
-                     WHERE payout_id = $1 AND state = 'CLAIMED'",
-                );
+                     WHERE payout_id = $1 AND state IN {from}"
+                ))
+                .into_owned();
                 let moved = sqlx::query(&q)
                     .bind(a.payout_id.to_string())
                     .bind(a.at)
@@ -227,6 +250,8 @@ macro_rules! sql_rail_store {
                         .and_then(|r| r.try_get("state"))
                         .map_err(db_error)?;
                     tx.rollback().await.map_err(db_error)?;
+                    // The conditional write refused: the payout was not in a state the proxy may
+                    // submit from when it looked (the state read now is evidence only).
                     return Ok(Admission::NotClaimable { state: parse_state(&state)? });
                 }
                 tx.commit().await.map_err(commit_error)?;
@@ -255,9 +280,12 @@ macro_rules! sql_rail_store {
                     return Ok(());
                 };
                 let payout_id: String = updated.try_get("payout_id").map_err(db_error)?;
-                let q = $sql(
-                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state = 'SUBMITTED'",
-                );
+                // The source states C2 allows this outcome from (SUBMITTED).
+                let from = payout::sql_states(&payout::sources(r.payout_state(), Actor::RailProxy));
+                let q = $sql(&format!(
+                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state IN {from}"
+                ))
+                .into_owned();
                 sqlx::query(&q)
                     .bind(payout_id)
                     .bind(r.payout_state().as_str())

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
+use dlock_config::{Layers, Profile};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::{SubmissionOutcome, BENEFICIARY_REF_CHARS_MAX};
 use dlock_contract::CONTENT_TYPE_JSON;
@@ -31,27 +32,39 @@ struct Rig {
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
-async fn rig(stub_cfg: StubConfig) -> Rig {
-    let stub = RailStub::new(stub_cfg, Clock::system());
+/// The rail-stub's settings from its own resolver, its knobs set by `knobs` (`rail.stub.*`).
+fn stub_cfg(knobs: &[(&str, &str)]) -> StubConfig {
+    dlock_rail_stub::config::resolve(&Layers::of(knobs), Profile::Production).expect("stub settings").config
+}
+
+/// The proxy's settings in these tests (short budgets, a small body limit), from its resolver.
+fn proxy_cfg(rail_url: &BaseUrl) -> ProxyConfig {
+    let rail = format!("http://{}", rail_url.authority);
+    let l = Layers::of(&[
+        ("rail.proxy.rail-url", &rail),
+        ("rail.proxy.connect-timeout-ms", "500"),
+        ("rail.proxy.read-timeout-ms", "2000"),
+        ("rail.proxy.body-bytes-max", "4096"),
+    ]);
+    dlock_rail_proxy::config::resolve(&l, Profile::Production).expect("proxy settings").config
+}
+
+/// A rail-stub started through its entry point on loopback, and the proxy's router before it.
+async fn rig(knobs: &[(&str, &str)]) -> Rig {
     let listener = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
     let rail_url = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(dlock_rt::http::serve(listener, dlock_rail_stub::router(stub.clone()), async {
+    let h = dlock_rail_stub::start(stub_cfg(knobs), Clock::system(), listener, async {
         let _ = rx.await;
-    }));
-    rig_with(stub, rail_url, tx)
+    })
+    .await
+    .expect("stub");
+    rig_with(h.service.clone(), rail_url, tx)
 }
 
 fn rig_with(stub: Arc<RailStub>, rail_url: BaseUrl, stop: tokio::sync::oneshot::Sender<()>) -> Rig {
     let store = Arc::new(MemRailStore::new());
-    let cfg = ProxyConfig {
-        rail_url: rail_url.clone(),
-        connect_timeout_ms: 500,
-        read_timeout_ms: 2_000,
-        fencing_enabled: true,
-        duplicate_guard_enabled: true,
-        body_bytes_max: 4_096,
-    };
+    let cfg = proxy_cfg(&rail_url);
     let dyn_store: Arc<dyn RailStore> = store.clone();
     let app = router(RailProxy::new(dyn_store, cfg, Clock::system()));
     Rig { app, store, stub, rail_url, _stop: stop }
@@ -113,7 +126,7 @@ fn assert_envelope(status: u16, ct: &str, v: &Value, want_status: u16, want_code
 
 #[tokio::test]
 async fn malformed_or_missing_token_is_invalid_token_and_writes_nothing() {
-    let r = rig(StubConfig::default()).await;
+    let r = rig(&[]).await;
     let p = claimed(&r.store, "a-1").await;
     let body = body_for(p).to_string();
     for token in
@@ -132,7 +145,7 @@ async fn malformed_or_missing_token_is_invalid_token_and_writes_nothing() {
 
 #[tokio::test]
 async fn missing_owner_or_idempotency_key_is_validation_failed() {
-    let r = rig(StubConfig::default()).await;
+    let r = rig(&[]).await;
     let p = claimed(&r.store, "a-1").await;
     for drop in ["x-owner-id", "x-idempotency-key"] {
         let headers: Vec<_> = GOOD.iter().copied().filter(|(k, _)| *k != drop).collect();
@@ -145,7 +158,7 @@ async fn missing_owner_or_idempotency_key_is_validation_failed() {
 
 #[tokio::test]
 async fn bad_bodies_are_enveloped_and_write_no_row() {
-    let r = rig(StubConfig::default()).await;
+    let r = rig(&[]).await;
     let p = claimed(&r.store, "a-1").await;
     let no_ct: Vec<_> = GOOD.iter().copied().filter(|(k, _)| *k != "content-type").collect();
     let mut wrong_amount = body_for(p);
@@ -177,7 +190,7 @@ async fn bad_bodies_are_enveloped_and_write_no_row() {
 
 #[tokio::test]
 async fn unknown_routes_and_wrong_methods_are_enveloped() {
-    let r = rig(StubConfig::default()).await;
+    let r = rig(&[]).await;
     let get = axum::http::Request::get("/v1/rail/submissions").body(Body::empty()).expect("req");
     let (s, ct, v) = call(&r.app, get).await;
     assert_envelope(s, &ct, &v, 405, "METHOD_NOT_ALLOWED");
@@ -188,7 +201,7 @@ async fn unknown_routes_and_wrong_methods_are_enveloped() {
 
 #[tokio::test]
 async fn rail_decline_is_422_validation_failed_and_fails_the_payout() {
-    let r = rig(StubConfig { decline_rate: 1.0, ..StubConfig::default() }).await;
+    let r = rig(&[("rail.stub.decline-rate", "1")]).await;
     let p = claimed(&r.store, "a-1").await;
     let (s, ct, v) = call(&r.app, request(GOOD, &body_for(p).to_string())).await;
     assert_envelope(s, &ct, &v, 422, "VALIDATION_FAILED");
@@ -209,7 +222,8 @@ async fn rail_5xx_is_ambiguous_and_quarantines_the_payout() {
             dlock_rt::rand::Rng::gen::<bool>(&mut rng)
         })
         .expect("a seed whose first failure is a 5xx");
-    let r = rig(StubConfig { failure_rate: 1.0, seed, ..StubConfig::default() }).await;
+    let seed = seed.to_string();
+    let r = rig(&[("rail.stub.failure-rate", "1"), ("rail.stub.seed", &seed)]).await;
     let p = claimed(&r.store, "a-1").await;
     let (s, ct, v) = call(&r.app, request(GOOD, &body_for(p).to_string())).await;
     assert_envelope(s, &ct, &v, 409, "RAIL_AMBIGUOUS");
@@ -226,7 +240,7 @@ async fn unreachable_rail_is_unavailable_and_hands_the_payout_back() {
     let rail_url = BaseUrl::parse(&format!("http://{}", closed.local_addr().expect("addr"))).expect("url");
     drop(closed);
     let (tx, _rx) = tokio::sync::oneshot::channel();
-    let r = rig_with(RailStub::new(StubConfig::default(), Clock::system()), rail_url, tx);
+    let r = rig_with(RailStub::new(stub_cfg(&[]), Clock::system()), rail_url, tx);
     let p = claimed(&r.store, "a-1").await;
     let (s, ct, v) = call(&r.app, request(GOOD, &body_for(p).to_string())).await;
     assert_envelope(s, &ct, &v, 503, "RAIL_UNAVAILABLE");
@@ -244,7 +258,7 @@ async fn unreachable_rail_is_unavailable_and_hands_the_payout_back() {
 
 #[tokio::test]
 async fn payout_that_is_not_claimed_is_not_claimable_and_moves_no_mark() {
-    let r = rig(StubConfig::default()).await;
+    let r = rig(&[]).await;
     let id = Uuid::new_v4();
     r.store
         .insert_payout(
@@ -273,7 +287,7 @@ async fn liveness_touches_no_dependency() {
     let rail_url = BaseUrl::parse(&format!("http://{}", closed.local_addr().expect("addr"))).expect("url");
     drop(closed);
     let (tx, _rx) = tokio::sync::oneshot::channel();
-    let r = rig_with(RailStub::new(StubConfig::default(), Clock::system()), rail_url, tx);
+    let r = rig_with(RailStub::new(stub_cfg(&[]), Clock::system()), rail_url, tx);
     let live = axum::http::Request::get("/health/live").body(Body::empty()).expect("req");
     let (s, ct, v) = call(&r.app, live).await;
     assert_eq!((s, ct.as_str()), (200, CONTENT_TYPE_JSON));
@@ -283,19 +297,12 @@ async fn liveness_touches_no_dependency() {
 #[tokio::test]
 async fn an_orphaned_intent_is_quarantined_by_the_sweep_and_a_live_one_is_left_alone() {
     use dlock_rail_proxy::store::Attempt;
-    let stub = RailStub::new(StubConfig::default(), Clock::system());
+    let stub = RailStub::new(stub_cfg(&[]), Clock::system());
     let (tx, _rx) = tokio::sync::oneshot::channel::<()>();
     let r = rig_with(stub, BaseUrl::parse("http://127.0.0.1:9").expect("url"), tx);
     let proxy = RailProxy::new(
         r.store.clone(),
-        ProxyConfig {
-            rail_url: BaseUrl::parse("http://127.0.0.1:9").expect("url"),
-            connect_timeout_ms: 500,
-            read_timeout_ms: 2_000,
-            fencing_enabled: true,
-            duplicate_guard_enabled: true,
-            body_bytes_max: 4_096,
-        },
+        proxy_cfg(&BaseUrl::parse("http://127.0.0.1:9").expect("url")),
         Clock::system(),
     );
     let now = Clock::system().wall();
@@ -338,9 +345,9 @@ async fn each_injected_store_fault_of_the_intent_commit_maps_to_its_code_and_ret
         (StoreFault::Corrupt, 500, "INTERNAL", false, false),
     ];
     for (fault, status, code, retry_safe, intent) in cases {
-        let base = rig(StubConfig::default()).await;
+        let base = rig(&[]).await;
         let faulty = Arc::new(FaultyRailStore::new(base.store.clone()));
-        let app = router(RailProxy::new(faulty.clone(), proxy_config(&base), Clock::system()));
+        let app = router(RailProxy::new(faulty.clone(), proxy_cfg(&base.rail_url), Clock::system()));
         let p = claimed(&base.store, "a-1").await;
         faulty.faults.inject("admit", fault);
         let (s, ct, v) = call(&app, request(GOOD, &body_for(p).to_string())).await;
@@ -352,17 +359,5 @@ async fn each_injected_store_fault_of_the_intent_commit_maps_to_its_code_and_ret
         assert_eq!(rows.len(), usize::from(intent), "{fault:?}");
         let state = base.store.payout(p).await.expect("read").expect("exists").state;
         assert_eq!(state, if intent { PayoutState::Submitted } else { PayoutState::Claimed }, "{fault:?}");
-    }
-}
-
-/// The configuration `rig` builds its proxy with, pointed at the same rail.
-fn proxy_config(r: &Rig) -> ProxyConfig {
-    ProxyConfig {
-        rail_url: r.rail_url.clone(),
-        connect_timeout_ms: 500,
-        read_timeout_ms: 2_000,
-        fencing_enabled: true,
-        duplicate_guard_enabled: true,
-        body_bytes_max: 4_096,
     }
 }

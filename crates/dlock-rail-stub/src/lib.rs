@@ -9,6 +9,8 @@
 //! Chaos is drawn from one seeded stream, a fixed number of draws per call, in arrival
 //! order: the same seed and the same arrival order give the same outcomes.
 
+pub mod config;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -185,6 +187,36 @@ impl RailStub {
         });
         Ok((decision, call))
     }
+}
+
+/// The rail-stub's one start entry point: serves [`router`] on `listener` until `shutdown`.
+/// The stub has no store and no background task.
+pub async fn start<F>(
+    cfg: StubConfig,
+    clock: Clock,
+    listener: tokio::net::TcpListener,
+    shutdown: F,
+) -> Result<dlock_rt::ServiceHandle<RailStub>, String>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let stub = RailStub::new(cfg, clock);
+    tracing::info!(
+        seed = stub.cfg.seed,
+        latencyMs = stub.cfg.latency_ms,
+        failureRate = stub.cfg.failure_rate,
+        duplicateAckRate = stub.cfg.duplicate_ack_rate,
+        declineRate = stub.cfg.decline_rate,
+        "rail_stub_starting"
+    );
+    dlock_rt::ServiceHandle::serve(
+        stub.clone(),
+        listener,
+        router(stub),
+        dlock_rt::http::SHUTDOWN_GRACE_MS_DEFAULT,
+        shutdown,
+    )
+    .map_err(|e| format!("rail-stub: {e}"))
 }
 
 /// The stub's routes: `POST /submit`, `GET /calls`, health and metrics.

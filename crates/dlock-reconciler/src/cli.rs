@@ -1,8 +1,9 @@
 //! The command-line surfaces of `dlock reconcile` and `dlock resolve`.
 //!
-//! The binary (`crates/dlock`) owns configuration layering (flag > environment > file >
-//! default, C5): it flattens these argument structs into its subcommands, resolves every
-//! key, and hands the resolved values here. Nothing in this module reads a config file.
+//! The binary (`crates/dlock`) flattens these argument structs into its subcommands and
+//! turns their flags into the flags layer; [`crate::config::resolve`] resolves every key
+//! (flag > environment > file > default, C5) and hands the settings here. Nothing in this
+//! module reads a config file.
 //!
 //! Keys (each flag's help starts with its key, like every other service's):
 //!

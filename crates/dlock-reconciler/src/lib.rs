@@ -14,6 +14,7 @@
 
 pub mod budget;
 pub mod cli;
+pub mod config;
 #[cfg(not(madsim))]
 pub mod open;
 pub mod rail;

@@ -23,7 +23,7 @@ use dlock_payment_resource::store::{
 };
 use dlock_payment_resource::store_mem::MemPaydb;
 use dlock_rail_proxy::store::{self as rail, Admission, Attempt, RailStore, Resolution};
-use dlock_rail_stub::{RailStub, StubConfig};
+use dlock_rail_stub::RailStub;
 use dlock_reconciler::budget::ReadBudget;
 use dlock_reconciler::cli::{reconcile_once, run_resolve, ReconcileSettings, ResolveArgs};
 use dlock_reconciler::rail::HttpRailRecord;
@@ -74,16 +74,21 @@ fn committed<T: std::fmt::Debug>(r: Idempotent<T>) -> T {
     }
 }
 
-/// A rail-stub served on loopback; dropping the sender stops it.
-async fn serve_stub(cfg: StubConfig) -> (Arc<RailStub>, BaseUrl, tokio::sync::oneshot::Sender<()>) {
-    let stub = RailStub::new(cfg, Clock::system());
+/// A rail-stub started through its entry point on loopback, its knobs set by `knobs` (C5
+/// keys `rail.stub.*`); dropping the sender stops it.
+async fn serve_stub(knobs: &[(&str, &str)]) -> (Arc<RailStub>, BaseUrl, tokio::sync::oneshot::Sender<()>) {
+    let cfg = dlock_rail_stub::config::resolve(&dlock_config::Layers::of(knobs), dlock_config::Profile::Production)
+        .expect("stub settings")
+        .config;
     let listener = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
     let base = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(dlock_rt::http::serve(listener, dlock_rail_stub::router(stub.clone()), async {
+    let h = dlock_rail_stub::start(cfg, Clock::system(), listener, async {
         let _ = rx.await;
-    }));
-    (stub, base, tx)
+    })
+    .await
+    .expect("stub");
+    (h.service.clone(), base, tx)
 }
 
 /// A base URL nobody listens on.
@@ -108,12 +113,12 @@ struct World {
 }
 
 async fn world() -> World {
-    world_with(StubConfig::default()).await
+    world_with(&[]).await
 }
 
-async fn world_with(cfg: StubConfig) -> World {
+async fn world_with(knobs: &[(&str, &str)]) -> World {
     let mem = Arc::new(MemPaydb::new());
-    let (stub, base, stop) = serve_stub(cfg).await;
+    let (stub, base, stop) = serve_stub(knobs).await;
     World {
         pay: mem.clone(),
         rail: mem.clone(),
@@ -132,7 +137,7 @@ async fn sql_world(kind: dlock_testkit::Db) -> World {
     let (url, dir) = dlock_testkit::fresh_database(kind).await;
     let pay = dlock_payment_resource::store_sql::open(&url).await.expect("open payment store");
     let rail = dlock_rail_proxy::store_sql::open(&url).await.expect("open rail store");
-    let (stub, base, stop) = serve_stub(StubConfig::default()).await;
+    let (stub, base, stop) = serve_stub(&[]).await;
     World {
         pay,
         rail,
@@ -413,7 +418,7 @@ async fn a_payout_paid_twice_at_the_rail_is_an_incident() {
 #[tokio::test]
 async fn a_payout_called_twice_but_paid_once_is_an_incident() {
     // duplicate-ack-rate 0: the rail declines a repeated clientRef.
-    let w = world_with(StubConfig { duplicate_ack_rate: 0.0, ..StubConfig::default() }).await;
+    let w = world_with(&[("rail.stub.duplicate-ack-rate", "0")]).await;
     w.account("acct", 1_000).await;
     let p = w.paid("acct", 100, at(10)).await;
     assert_eq!(w.rail_call(&p.to_string(), 100).await.0, 402);
@@ -491,7 +496,7 @@ async fn an_ambiguous_payout_with_one_accepted_call_is_classified_paid() {
 
 #[tokio::test]
 async fn an_ambiguous_payout_the_rail_never_paid_is_classified_not_paid() {
-    let w = world_with(StubConfig { decline_rate: 1.0, ..StubConfig::default() }).await;
+    let w = world_with(&[("rail.stub.decline-rate", "1")]).await;
     w.account("acct", 1_000).await;
     // Forwarded and lost before the rail; and forwarded, declined, answer lost.
     let never = w.ambiguous("acct", 100, false, at(10)).await;

@@ -13,8 +13,10 @@
 pub mod clock;
 pub mod http;
 pub mod rand;
+pub mod service;
 
 pub use clock::Clock;
+pub use service::ServiceHandle;
 
 pub use tokio::task::JoinHandle;
 pub use tokio::time::{Duration, Instant};

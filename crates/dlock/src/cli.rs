@@ -8,19 +8,11 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use dlock_contract::payout::PayoutState;
-use dlock_rail_proxy::service::{BODY_BYTES_MAX_DEFAULT, CONNECT_TIMEOUT_MS_DEFAULT, READ_TIMEOUT_MS_DEFAULT};
+use dlock_lock_server::config::LockBackend;
 use dlock_rail_proxy::store::NewPayout;
-use dlock_rail_proxy::{ProxyConfig, RailProxy};
-use dlock_rail_stub::{RailStub, StubConfig};
-use dlock_rt::http::BaseUrl;
 use dlock_rt::Clock;
 
-use crate::config::{resolve, FileConfig, Profile};
-
-/// The embedded default paydb.
-pub const PAYDB_URL_DEFAULT: &str = "sqlite://dlock-data/paydb.sqlite";
-/// The embedded default lockdb.
-pub const LOCKDB_URL_DEFAULT: &str = "sqlite://dlock-data/lockdb.sqlite";
+use crate::config::{self, Layers, Profile, LOCKDB_URL_DEFAULT, PAYDB_URL_DEFAULT};
 
 #[derive(Debug, Parser)]
 #[command(name = "dlock", version, about = "Distributed locks with fencing tokens, so no payout is paid twice.")]
@@ -60,10 +52,14 @@ enum Command {
     /// Operator: settle a RAIL_AMBIGUOUS payout as posted or failed, from the rail's record.
     Resolve(dlock_reconciler::cli::ResolveArgs),
     /// The whole cluster in one process on the default loopback ports, over embedded SQLite
-    /// under --data-dir, with executors and a periodic reconciler, until Ctrl-C.
+    /// under --data-dir, with executors and a periodic reconciler, until Ctrl-C. Every
+    /// service key (--config, DLOCK_*) applies as for the separate processes; a safety
+    /// switch turned off needs --profile unsafe-test.
     Up(crate::demo::UpArgs),
     /// Seed payouts, run them through the cluster under a chaotic rail and stalled executors,
-    /// and judge the run with the reconciler. Exit 0 only if every invariant holds.
+    /// and judge the run with the reconciler. Exit 0 only if every invariant holds. Every
+    /// service key (--config, DLOCK_*) applies as for the separate processes; a safety
+    /// switch turned off needs --profile unsafe-test.
     Demo(crate::demo::DemoArgs),
     /// Sessions, leases and fencing tokens (C3 §3.3).
     LockServer(LockServerArgs),
@@ -336,82 +332,168 @@ fn init_logging(format: LogFormat, default_filter: &str) {
     }
 }
 
-/// The paydb URL the operator tools default to: `payment.resource.database-url` (flag-less:
-/// its environment variable, then the file, then the embedded default).
-fn paydb_url_default(file: &FileConfig) -> Result<String, String> {
-    let env = std::env::var(crate::config::env_name("payment.resource.database-url")).ok();
-    resolve(env, file, "payment.resource.database-url", PAYDB_URL_DEFAULT.to_owned())
+impl StubArgs {
+    fn flags(&self, l: &mut Layers) {
+        l.set_flag_opt("rail.stub.listen", self.listen.as_ref());
+        l.set_flag_opt("rail.stub.latency-ms", self.latency_ms.as_ref());
+        l.set_flag_opt("rail.stub.failure-rate", self.failure_rate.as_ref());
+        l.set_flag_opt("rail.stub.duplicate-ack-rate", self.duplicate_ack_rate.as_ref());
+        l.set_flag_opt("rail.stub.decline-rate", self.decline_rate.as_ref());
+        l.set_flag_opt("rail.stub.drop-hold-ms", self.drop_hold_ms.as_ref());
+        l.set_flag_opt("rail.stub.seed", self.seed.as_ref());
+    }
+}
+
+impl ProxyArgs {
+    fn flags(&self, l: &mut Layers) {
+        l.set_flag_opt("rail.proxy.listen", self.listen.as_ref());
+        l.set_flag_opt("rail.proxy.database-url", self.database_url.as_ref());
+        l.set_flag_opt("rail.proxy.rail-url", self.rail_url.as_ref());
+        l.set_flag_opt("rail.proxy.connect-timeout-ms", self.connect_timeout_ms.as_ref());
+        l.set_flag_opt("rail.proxy.read-timeout-ms", self.read_timeout_ms.as_ref());
+        l.set_flag_opt("rail.proxy.fencing.enabled", self.fencing_enabled.as_ref());
+        l.set_flag_opt("rail.proxy.body-bytes-max", self.body_bytes_max.as_ref());
+        l.set_flag_opt("rail.proxy.duplicate-guard.enabled", self.duplicate_guard_enabled.as_ref());
+    }
+}
+
+impl PaymentArgs {
+    fn flags(&self, l: &mut Layers) {
+        l.set_flag_opt("payment.resource.listen", self.listen.as_ref());
+        l.set_flag_opt("payment.resource.database-url", self.database_url.as_ref());
+        l.set_flag_opt("payment.resource.body-bytes-max", self.body_bytes_max.as_ref());
+        l.set_flag_opt("payment.idempotency.retention-ms", self.idempotency_retention_ms.as_ref());
+        l.set_flag_opt("payment.idempotency.purge-interval-ms", self.idempotency_purge_interval_ms.as_ref());
+        l.set_flag_opt("payment.idempotency.purge-batch-max", self.idempotency_purge_batch_max.as_ref());
+    }
+}
+
+impl ExecutorArgs {
+    fn flags(&self, l: &mut Layers) {
+        l.set_flag_opt("executor.listen", self.listen.as_ref());
+        l.set_flag_opt("executor.lock-url", self.lock_url.as_ref());
+        l.set_flag_opt("executor.payment-url", self.payment_url.as_ref());
+        l.set_flag_opt("executor.proxy-url", self.proxy_url.as_ref());
+        l.set_flag_opt("executor.owner-id", self.owner_id.as_ref());
+        l.set_flag_opt("executor.concurrency", self.concurrency.as_ref());
+        l.set_flag_opt("executor.poll-interval-ms", self.poll_interval_ms.as_ref());
+        l.set_flag_opt("executor.batch-max", self.batch_max.as_ref());
+        l.set_flag_opt("executor.lock-ttl-ms", self.lock_ttl_ms.as_ref());
+        l.set_flag_opt("executor.write.connect-timeout-ms", self.write_connect_timeout_ms.as_ref());
+        l.set_flag_opt("executor.write.read-timeout-ms", self.write_read_timeout_ms.as_ref());
+        l.set_flag_opt("executor.write.retries-max", self.write_retries_max.as_ref());
+        l.set_flag_opt("executor.submit.connect-timeout-ms", self.submit_connect_timeout_ms.as_ref());
+        l.set_flag_opt("executor.submit.read-timeout-ms", self.submit_read_timeout_ms.as_ref());
+        l.set_flag_opt("executor.read.connect-timeout-ms", self.read_connect_timeout_ms.as_ref());
+        l.set_flag_opt("executor.read.read-timeout-ms", self.read_read_timeout_ms.as_ref());
+        l.set_flag_opt("executor.read.tries-max", self.read_tries_max.as_ref());
+        l.set_flag_opt("payment.fencing.enabled", self.fencing_enabled.as_ref());
+        l.set_flag_opt("executor.chaos.pause-rate", self.pause_rate.as_ref());
+        l.set_flag_opt("executor.chaos.pause-ms", self.pause_ms.as_ref());
+        l.set_flag_opt("executor.chaos.pause-hops", self.pause_hops.as_ref());
+    }
+}
+
+impl LockServerArgs {
+    fn flags(&self, l: &mut Layers) {
+        l.set_flag_opt("lock.server.listen", self.listen.as_ref());
+        l.set_flag_opt("lock.server.backend", self.backend.as_ref());
+        l.set_flag_opt("lock.server.database-url", self.database_url.as_ref());
+        l.set_flag_opt("lock.server.etcd-endpoints", self.etcd_endpoints.as_ref());
+        l.set_flag_opt("lock.server.etcd-prefix", self.etcd_prefix.as_ref());
+        l.set_flag_opt("lock.session.ttl-ms", self.session_ttl_ms.as_ref());
+        l.set_flag_opt("lock.default.ttl-ms", self.default_ttl_ms.as_ref());
+        l.set_flag_opt("lock.delay-ms", self.delay_ms.as_ref());
+        l.set_flag_opt("lock.waiters-max", self.waiters_max.as_ref());
+        l.set_flag_opt("lock.session.retention-ms", self.session_retention_ms.as_ref());
+        l.set_flag_opt("lock.reaper.interval-ms", self.reaper_interval_ms.as_ref());
+        l.set_flag_opt("lock.wait.poll-ms", self.wait_poll_ms.as_ref());
+    }
+}
+
+fn reconcile_flags(a: &dlock_reconciler::cli::ReconcileArgs, l: &mut Layers) {
+    l.set_flag_opt("reconcile.database-url", a.database_url.as_ref());
+    l.set_flag_opt("reconcile.rail-url", a.rail_url.as_ref());
+    l.set_flag_opt("reconcile.intent-unresolved-ms-max", a.intent_unresolved_ms_max.as_ref());
+    l.set_flag_opt("reconcile.acked-unposted-ms-max", a.acked_unposted_ms_max.as_ref());
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, String> {
-    let file = FileConfig::load(cli.config.as_deref())?;
-    let profile: Profile =
-        resolve(cli.profile.as_deref().map(str::parse).transpose()?, &file, "profile", Profile::Production)?;
+    let mut layers = config::process_layers(config::load_file(cli.config.as_deref())?);
+    layers.set_flag_opt(config::PROFILE_KEY, cli.profile.as_ref());
+    let profile = layers.profile()?;
     match cli.command {
         Command::Reconcile(a) => {
-            use dlock_reconciler::reconcile::{ACKED_UNPOSTED_MS_MAX_DEFAULT, INTENT_UNRESOLVED_MS_MAX_DEFAULT};
-            let rail_env = std::env::var(crate::config::env_name("rail.proxy.rail-url")).ok();
-            let rail =
-                resolve(rail_env, &file, "rail.proxy.rail-url", dlock_reconciler::cli::RAIL_URL_DEFAULT.to_owned())?;
-            let s = dlock_reconciler::cli::ReconcileSettings {
-                database_url: resolve(
-                    a.database_url.clone(),
-                    &file,
-                    "reconcile.database-url",
-                    paydb_url_default(&file)?,
-                )?,
-                rail_url: resolve(a.rail_url.clone(), &file, "reconcile.rail-url", rail)?,
-                json: a.json,
-                bounds: dlock_reconciler::Bounds {
-                    intent_unresolved_ms_max: resolve(
-                        a.intent_unresolved_ms_max,
-                        &file,
-                        "reconcile.intent-unresolved-ms-max",
-                        INTENT_UNRESOLVED_MS_MAX_DEFAULT,
-                    )?,
-                    acked_unposted_ms_max: resolve(
-                        a.acked_unposted_ms_max,
-                        &file,
-                        "reconcile.acked-unposted-ms-max",
-                        ACKED_UNPOSTED_MS_MAX_DEFAULT,
-                    )?,
-                },
-            };
+            reconcile_flags(&a, &mut layers);
+            let s = dlock_reconciler::config::resolve(&layers, a.json)?;
             return Ok(dlock_reconciler::cli::run_reconcile(&s).await);
         }
         Command::Resolve(a) => {
-            let url = resolve(a.database_url.clone(), &file, "resolve.database-url", paydb_url_default(&file)?)?;
+            layers.set_flag_opt("resolve.database-url", a.database_url.as_ref());
+            let url = dlock_reconciler::config::resolve_database_url(&layers)?;
             return Ok(dlock_reconciler::cli::run_resolve(&a, &url).await);
         }
-        Command::Up(a) => return crate::demo::up(a).await,
-        Command::Demo(a) => return crate::demo::demo(a).await,
+        Command::Up(a) => return crate::demo::up(a, layers, profile).await,
+        Command::Demo(a) => return crate::demo::demo(a, layers, profile).await,
         _ => {}
     }
-    run_service(cli.command, &file, profile).await.map(|()| ExitCode::SUCCESS)
+    run_service(cli.command, layers, profile).await.map(|()| ExitCode::SUCCESS)
 }
 
-async fn run_service(command: Command, file: &FileConfig, profile: Profile) -> Result<(), String> {
+async fn run_service(command: Command, mut layers: Layers, profile: Profile) -> Result<(), String> {
+    let clock = Clock::system();
     match command {
         Command::Reconcile(_) | Command::Resolve(_) | Command::Up(_) | Command::Demo(_) => Ok(()),
-        Command::RailStub(a) => run_stub(a, file).await,
-        Command::RailProxy(a) => run_proxy(a, file, profile).await,
-        Command::PaymentResource(a) => run_payment_resource(a, file).await,
-        Command::Executor(a) => run_executor(a, file, profile).await,
-        Command::LockServer(a) => run_lock_server(a, file).await,
+        Command::RailStub(a) => {
+            a.flags(&mut layers);
+            let s = dlock_rail_stub::config::resolve(&layers, profile)?;
+            let l = bind("rail-stub", s.listen).await?;
+            stopped("rail-stub", dlock_rail_stub::start(s.config, clock, l, shutdown_signal()).await?).await
+        }
+        Command::RailProxy(a) => {
+            a.flags(&mut layers);
+            let s = dlock_rail_proxy::config::resolve(&layers, profile)?;
+            let store = dlock_rail_proxy::store_sql::open(&s.database_url).await.map_err(|e| format!("paydb: {e}"))?;
+            let l = bind("rail-proxy", s.listen).await?;
+            stopped("rail-proxy", dlock_rail_proxy::start(s.config, store, clock, l, shutdown_signal()).await?).await
+        }
+        Command::PaymentResource(a) => {
+            a.flags(&mut layers);
+            let s = dlock_payment_resource::config::resolve(&layers, profile)?;
+            let store =
+                dlock_payment_resource::store_sql::open(&s.database_url).await.map_err(|e| format!("paydb: {e}"))?;
+            let l = bind("payment-resource", s.listen).await?;
+            let h = dlock_payment_resource::start(s.config, store, clock, l, shutdown_signal()).await?;
+            stopped("payment-resource", h).await
+        }
+        Command::Executor(a) => {
+            a.flags(&mut layers);
+            let s = dlock_executor::config::resolve(&layers, profile)?;
+            let l = bind("executor", s.listen).await?;
+            // On SIGINT or SIGTERM each task finishes its payout, then the process exits.
+            stopped("executor", dlock_executor::start(s.config, clock, l, shutdown_signal()).await?).await
+        }
+        Command::LockServer(a) => {
+            a.flags(&mut layers);
+            let s = dlock_lock_server::config::resolve(&layers, profile)?;
+            let store = open_lock_store(&s.backend).await?;
+            let l = bind("lock-server", s.listen).await?;
+            stopped("lock-server", dlock_lock_server::start(s.config, store, clock, l, shutdown_signal()).await?).await
+        }
         Command::Migrate(a) => {
             let (name, versions) = match a.db {
                 MigrateDb::Paydb => {
-                    let url = a
-                        .database_url
-                        .or_else(|| std::env::var(crate::config::env_name("rail.proxy.database-url")).ok());
-                    let url = resolve(url, file, "rail.proxy.database-url", PAYDB_URL_DEFAULT.to_owned())?;
+                    let url = match a.database_url {
+                        Some(u) => u,
+                        None => layers.get("rail.proxy.database-url", PAYDB_URL_DEFAULT.to_owned())?,
+                    };
                     ("paydb", dlock_rail_proxy::store_sql::migrate(&url).await.map_err(|e| e.to_string())?)
                 }
                 MigrateDb::Lockdb => {
-                    let url = a
-                        .database_url
-                        .or_else(|| std::env::var(crate::config::env_name("lock.server.database-url")).ok());
-                    let url = resolve(url, file, "lock.server.database-url", LOCKDB_URL_DEFAULT.to_owned())?;
+                    let url = match a.database_url {
+                        Some(u) => u,
+                        None => layers.get("lock.server.database-url", LOCKDB_URL_DEFAULT.to_owned())?,
+                    };
                     ("lockdb", dlock_lock_server::store_sql::migrate(&url).await.map_err(|e| e.to_string())?)
                 }
             };
@@ -419,308 +501,29 @@ async fn run_service(command: Command, file: &FileConfig, profile: Profile) -> R
             println!("{name} migrations applied: {list}");
             Ok(())
         }
-        Command::Dev(DevCommand::SeedPayout(a)) => seed_payout(a, file).await,
+        Command::Dev(DevCommand::SeedPayout(a)) => seed_payout(a, &layers).await,
     }
 }
 
-fn stub_config(a: &StubArgs, file: &FileConfig) -> Result<(SocketAddr, StubConfig), String> {
-    let d = StubConfig::default();
-    let listen = resolve(a.listen, file, "rail.stub.listen", SocketAddr::from(([127, 0, 0, 1], 8084)))?;
-    let seed = match (a.seed, file.get::<u64>("rail.stub.seed")?) {
-        (Some(s), _) | (None, Some(s)) => s,
-        (None, None) => dlock_rt::rand::random_u64(),
-    };
-    let cfg = StubConfig {
-        latency_ms: resolve(a.latency_ms, file, "rail.stub.latency-ms", d.latency_ms)?,
-        failure_rate: resolve(a.failure_rate, file, "rail.stub.failure-rate", d.failure_rate)?,
-        duplicate_ack_rate: resolve(a.duplicate_ack_rate, file, "rail.stub.duplicate-ack-rate", d.duplicate_ack_rate)?,
-        decline_rate: resolve(a.decline_rate, file, "rail.stub.decline-rate", d.decline_rate)?,
-        drop_hold_ms: resolve(a.drop_hold_ms, file, "rail.stub.drop-hold-ms", d.drop_hold_ms)?,
-        seed,
-    };
-    cfg.validate()?;
-    Ok((listen, cfg))
-}
-
-async fn run_stub(a: StubArgs, file: &FileConfig) -> Result<(), String> {
-    let (listen, cfg) = stub_config(&a, file)?;
-    tracing::info!(
-        seed = cfg.seed,
-        latencyMs = cfg.latency_ms,
-        failureRate = cfg.failure_rate,
-        duplicateAckRate = cfg.duplicate_ack_rate,
-        declineRate = cfg.decline_rate,
-        "rail_stub_starting"
-    );
-    let stub = RailStub::new(cfg, Clock::system());
-    serve("rail-stub", listen, dlock_rail_stub::router(stub), dlock_rt::http::SHUTDOWN_GRACE_MS_DEFAULT).await
-}
-
-fn proxy_config(
-    a: &ProxyArgs,
-    file: &FileConfig,
-    profile: Profile,
-) -> Result<(SocketAddr, String, ProxyConfig), String> {
-    let listen = resolve(a.listen, file, "rail.proxy.listen", SocketAddr::from(([127, 0, 0, 1], 8083)))?;
-    let url = resolve(a.database_url.clone(), file, "rail.proxy.database-url", PAYDB_URL_DEFAULT.to_owned())?;
-    let rail = resolve(a.rail_url.clone(), file, "rail.proxy.rail-url", "http://127.0.0.1:8084".to_owned())?;
-    let fencing_enabled = resolve(a.fencing_enabled, file, "rail.proxy.fencing.enabled", true)?;
-    if !fencing_enabled && profile != Profile::UnsafeTest {
-        return Err("rail.proxy.fencing.enabled=false is refused outside --profile unsafe-test: \
-                    without the fence a stale writer can move money"
-            .into());
-    }
-    let duplicate_guard_enabled = resolve(a.duplicate_guard_enabled, file, "rail.proxy.duplicate-guard.enabled", true)?;
-    if !duplicate_guard_enabled && profile != Profile::UnsafeTest {
-        return Err("rail.proxy.duplicate-guard.enabled=false is refused outside --profile unsafe-test: \
-                    without it a payout can reach the rail twice"
-            .into());
-    }
-    let cfg = ProxyConfig {
-        rail_url: BaseUrl::parse(&rail).map_err(|e| format!("rail.proxy.rail-url: {e}"))?,
-        connect_timeout_ms: resolve(
-            a.connect_timeout_ms,
-            file,
-            "rail.proxy.connect-timeout-ms",
-            CONNECT_TIMEOUT_MS_DEFAULT,
-        )?,
-        read_timeout_ms: resolve(a.read_timeout_ms, file, "rail.proxy.read-timeout-ms", READ_TIMEOUT_MS_DEFAULT)?,
-        fencing_enabled,
-        duplicate_guard_enabled,
-        body_bytes_max: resolve(a.body_bytes_max, file, "rail.proxy.body-bytes-max", BODY_BYTES_MAX_DEFAULT)?,
-    };
-    Ok((listen, url, cfg))
-}
-
-async fn run_proxy(a: ProxyArgs, file: &FileConfig, profile: Profile) -> Result<(), String> {
-    let (listen, url, cfg) = proxy_config(&a, file, profile)?;
-    if !cfg.fencing_enabled {
-        tracing::warn!(
-            profile = "unsafe-test",
-            skipped = "step 1 (the high-water mark)",
-            "rail_proxy_fencing_disabled"
-        );
-    }
-    if !cfg.duplicate_guard_enabled {
-        tracing::warn!(
-            profile = "unsafe-test",
-            skipped = "step 2 (one attempt per payout)",
-            "rail_proxy_duplicate_guard_disabled"
-        );
-    }
-    let store = dlock_rail_proxy::store_sql::open(&url).await.map_err(|e| format!("paydb: {e}"))?;
-    let grace_ms = cfg.shutdown_grace_ms();
-    let proxy = RailProxy::new(store, cfg, Clock::system());
-    let sweeper = dlock_rt::spawn(proxy.clone().run_orphan_sweeper());
-    let result = serve("rail-proxy", listen, dlock_rail_proxy::router(proxy), grace_ms).await;
-    sweeper.abort();
-    result
-}
-
-fn payment_config(
-    a: &PaymentArgs,
-    file: &FileConfig,
-) -> Result<(SocketAddr, String, dlock_payment_resource::PaymentConfig), String> {
-    let d = dlock_payment_resource::PaymentConfig::default();
-    let listen = resolve(a.listen, file, "payment.resource.listen", SocketAddr::from(([127, 0, 0, 1], 8082)))?;
-    let url = resolve(a.database_url.clone(), file, "payment.resource.database-url", PAYDB_URL_DEFAULT.to_owned())?;
-    let cfg = dlock_payment_resource::PaymentConfig {
-        body_bytes_max: resolve(a.body_bytes_max, file, "payment.resource.body-bytes-max", d.body_bytes_max)?,
-        idempotency_retention_ms: resolve(
-            a.idempotency_retention_ms,
-            file,
-            "payment.idempotency.retention-ms",
-            d.idempotency_retention_ms,
-        )?,
-        purge_interval_ms: resolve(
-            a.idempotency_purge_interval_ms,
-            file,
-            "payment.idempotency.purge-interval-ms",
-            d.purge_interval_ms,
-        )?,
-        purge_batch_max: resolve(
-            a.idempotency_purge_batch_max,
-            file,
-            "payment.idempotency.purge-batch-max",
-            d.purge_batch_max,
-        )?,
-    };
-    cfg.validate()?;
-    Ok((listen, url, cfg))
-}
-
-async fn run_payment_resource(a: PaymentArgs, file: &FileConfig) -> Result<(), String> {
-    let (listen, url, cfg) = payment_config(&a, file)?;
-    let store = dlock_payment_resource::store_sql::open(&url).await.map_err(|e| format!("paydb: {e}"))?;
-    let pr = dlock_payment_resource::PaymentResource::start(store, cfg, Clock::system())
-        .await
-        .map_err(|e| format!("paydb: {e}"))?;
-    let purger = dlock_rt::spawn(pr.clone().run_purger());
-    let grace = dlock_payment_resource::service::SHUTDOWN_GRACE_MS_MAX;
-    let result = serve("payment-resource", listen, dlock_payment_resource::router(pr), grace).await;
-    purger.abort();
-    result
-}
-
-fn executor_config(
-    a: &ExecutorArgs,
-    file: &FileConfig,
-    profile: Profile,
-) -> Result<(SocketAddr, dlock_executor::ExecutorConfig), String> {
-    use dlock_executor::ExecutorConfig;
-    let listen = resolve(a.listen, file, "executor.listen", SocketAddr::from(([127, 0, 0, 1], 8085)))?;
-    let url = |v: &Option<String>, key: &str, default: &str| -> Result<BaseUrl, String> {
-        let raw = resolve(v.clone(), file, key, default.to_owned())?;
-        BaseUrl::parse(&raw).map_err(|e| format!("{key}: {e}"))
-    };
-    let owner = resolve(a.owner_id.clone(), file, "executor.owner-id", "executor".to_owned())?;
-    let owner = dlock_contract::OwnerId::parse(&owner).map_err(|e| format!("executor.owner-id: {e}"))?;
-    let mut cfg = ExecutorConfig::new(
-        url(&a.lock_url, "executor.lock-url", "http://127.0.0.1:8081")?,
-        url(&a.payment_url, "executor.payment-url", "http://127.0.0.1:8082")?,
-        url(&a.proxy_url, "executor.proxy-url", "http://127.0.0.1:8083")?,
-        owner,
-    );
-    cfg.concurrency = resolve(a.concurrency, file, "executor.concurrency", cfg.concurrency)?;
-    cfg.poll_interval_ms = resolve(a.poll_interval_ms, file, "executor.poll-interval-ms", cfg.poll_interval_ms)?;
-    cfg.batch_max = resolve(a.batch_max, file, "executor.batch-max", cfg.batch_max)?;
-    cfg.lock_ttl_ms = resolve(a.lock_ttl_ms, file, "executor.lock-ttl-ms", cfg.lock_ttl_ms)?;
-    cfg.write_connect_timeout_ms =
-        resolve(a.write_connect_timeout_ms, file, "executor.write.connect-timeout-ms", cfg.write_connect_timeout_ms)?;
-    cfg.write_read_timeout_ms =
-        resolve(a.write_read_timeout_ms, file, "executor.write.read-timeout-ms", cfg.write_read_timeout_ms)?;
-    cfg.write_retries_max = resolve(a.write_retries_max, file, "executor.write.retries-max", cfg.write_retries_max)?;
-    cfg.submit_connect_timeout_ms = resolve(
-        a.submit_connect_timeout_ms,
-        file,
-        "executor.submit.connect-timeout-ms",
-        cfg.submit_connect_timeout_ms,
-    )?;
-    cfg.submit_read_timeout_ms =
-        resolve(a.submit_read_timeout_ms, file, "executor.submit.read-timeout-ms", cfg.submit_read_timeout_ms)?;
-    cfg.read_connect_timeout_ms =
-        resolve(a.read_connect_timeout_ms, file, "executor.read.connect-timeout-ms", cfg.read_connect_timeout_ms)?;
-    cfg.read_read_timeout_ms =
-        resolve(a.read_read_timeout_ms, file, "executor.read.read-timeout-ms", cfg.read_read_timeout_ms)?;
-    cfg.read_tries_max = resolve(a.read_tries_max, file, "executor.read.tries-max", cfg.read_tries_max)?;
-    cfg.fencing_enabled = resolve(a.fencing_enabled, file, "payment.fencing.enabled", true)?;
-    cfg.pause_rate = resolve(a.pause_rate, file, "executor.chaos.pause-rate", cfg.pause_rate)?;
-    cfg.pause_ms = resolve(a.pause_ms, file, "executor.chaos.pause-ms", cfg.pause_ms)?;
-    let hops = resolve(a.pause_hops.clone(), file, "executor.chaos.pause-hops", "claim,submit,post".to_owned())?;
-    cfg.pause_hops = dlock_executor::config::parse_hops(&hops)?;
-    if !cfg.fencing_enabled && profile != Profile::UnsafeTest {
-        return Err("payment.fencing.enabled=false is refused outside --profile unsafe-test: \
-                    a worker that writes past its lease can move money twice"
-            .into());
-    }
-    cfg.validate()?;
-    Ok((listen, cfg))
-}
-
-async fn run_executor(a: ExecutorArgs, file: &FileConfig, profile: Profile) -> Result<(), String> {
-    let (listen, cfg) = executor_config(&a, file, profile)?;
-    if !cfg.fencing_enabled {
-        tracing::warn!(profile = "unsafe-test", skipped = "the local lease deadline", "executor_fencing_disabled");
-    }
-    if cfg.pause_rate > 0.0 {
-        tracing::warn!(pauseRate = cfg.pause_rate, pauseMs = cfg.pause_ms, "executor_chaos_stalls_enabled");
-    }
-    let executor = dlock_executor::Executor::new(cfg, Clock::system())?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let worker = dlock_rt::spawn(executor.clone().run(stop_rx));
-    let result = serve("executor", listen, dlock_executor::router(executor), 1_000).await;
-    // Serving stopped (SIGINT or SIGTERM): let each task finish its payout, then exit.
-    let _ = stop_tx.send(true);
-    let _ = worker.await;
-    result
-}
-
-fn lock_server_config(
-    a: &LockServerArgs,
-    file: &FileConfig,
-) -> Result<(SocketAddr, LockBackend, dlock_lock_server::service::LockServerConfig), String> {
-    use dlock_lock_server::service::LockServerConfig;
-    let d = LockServerConfig::default();
-    let listen = resolve(a.listen, file, "lock.server.listen", SocketAddr::from(([127, 0, 0, 1], 8081)))?;
-    let url = resolve(a.database_url.clone(), file, "lock.server.database-url", LOCKDB_URL_DEFAULT.to_owned())?;
-    let backend = match (a.backend.clone(), file.get::<String>("lock.server.backend")?) {
-        (Some(b), _) | (None, Some(b)) => b,
-        (None, None) => if url.starts_with("postgres") { "postgres" } else { "sqlite" }.to_owned(),
-    };
-    let backend = match (backend.as_str(), dlock_db::Dialect::of_url(&url)) {
-        ("sqlite", Ok(dlock_db::Dialect::Sqlite)) | ("postgres", Ok(dlock_db::Dialect::Postgres)) => {
-            LockBackend::Sql(url)
-        }
-        ("etcd", _) => {
-            let endpoints = resolve(a.etcd_endpoints.clone(), file, "lock.server.etcd-endpoints", String::new())?;
-            let endpoints: Vec<String> =
-                endpoints.split(',').map(str::trim).filter(|e| !e.is_empty()).map(str::to_owned).collect();
-            if endpoints.is_empty() {
-                return Err("lock.server.backend=etcd needs --etcd-endpoints http://HOST:PORT[,...]".into());
-            }
-            let prefix = resolve(
-                a.etcd_prefix.clone(),
-                file,
-                "lock.server.etcd-prefix",
-                dlock_lock_server::store_etcd::DEFAULT_PREFIX.to_owned(),
-            )?;
-            if !prefix.starts_with('/') || prefix.len() < 2 {
-                return Err("lock.server.etcd-prefix must start with / and name something, e.g. /dlock".into());
-            }
-            LockBackend::Etcd(endpoints, prefix)
-        }
-        ("sqlite" | "postgres", _) => {
-            return Err(format!("lock.server.backend={backend} does not match lock.server.database-url {url}"))
-        }
-        (other, _) => return Err(format!("unknown lock.server.backend {other:?} (sqlite, postgres, etcd)")),
-    };
-    let cfg = LockServerConfig {
-        session_ttl_ms_default: resolve(a.session_ttl_ms, file, "lock.session.ttl-ms", d.session_ttl_ms_default)?,
-        lock_ttl_ms_default: resolve(a.default_ttl_ms, file, "lock.default.ttl-ms", d.lock_ttl_ms_default)?,
-        delay_ms: resolve(a.delay_ms, file, "lock.delay-ms", d.delay_ms)?.max(0),
-        waiters_per_key_max: resolve(a.waiters_max, file, "lock.waiters-max", d.waiters_per_key_max)?,
-        session_retention_ms: resolve(
-            a.session_retention_ms,
-            file,
-            "lock.session.retention-ms",
-            d.session_retention_ms,
-        )?,
-        reap_interval_ms: resolve(a.reaper_interval_ms, file, "lock.reaper.interval-ms", d.reap_interval_ms)?,
-        reap_batch_max: d.reap_batch_max,
-        wait_poll_ms: resolve(a.wait_poll_ms, file, "lock.wait.poll-ms", d.wait_poll_ms)?,
-    };
-    Ok((listen, backend, cfg))
-}
-
-/// Where the lock server keeps its state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum LockBackend {
-    /// lockdb on SQLite or PostgreSQL, at this URL.
-    Sql(String),
-    /// etcd, at these endpoints, under this key prefix.
-    Etcd(Vec<String>, String),
-}
-
-async fn run_lock_server(a: LockServerArgs, file: &FileConfig) -> Result<(), String> {
-    let (listen, backend, cfg) = lock_server_config(&a, file)?;
-    let store: std::sync::Arc<dyn dlock_lock_server::store::LockStore> = match backend {
-        LockBackend::Sql(url) => dlock_lock_server::store_sql::open(&url).await.map_err(|e| format!("lockdb: {e}"))?,
-        LockBackend::Etcd(endpoints, prefix) => std::sync::Arc::new(
-            dlock_lock_server::store_etcd::EtcdLockStore::connect(&endpoints, &prefix)
+/// Opens the lock server's store on `backend`.
+pub(crate) async fn open_lock_store(
+    backend: &LockBackend,
+) -> Result<std::sync::Arc<dyn dlock_lock_server::store::LockStore>, String> {
+    match backend {
+        LockBackend::Sql(url) => dlock_lock_server::store_sql::open(url).await.map_err(|e| format!("lockdb: {e}")),
+        LockBackend::Etcd(endpoints, prefix) => Ok(std::sync::Arc::new(
+            dlock_lock_server::store_etcd::EtcdLockStore::connect(endpoints, prefix)
                 .await
                 .map_err(|e| format!("etcd: {e}"))?,
-        ),
-    };
-    let server = dlock_lock_server::service::LockServer::new(store, cfg, Clock::system());
-    let reaper = dlock_rt::spawn(server.clone().run_reaper());
-    let grace = dlock_contract::lock::WAIT_MS_MAX as u64 + 1_000;
-    let result = serve("lock-server", listen, dlock_lock_server::app::router(server), grace).await;
-    reaper.abort();
-    result
+        )),
+    }
 }
 
-async fn seed_payout(a: SeedArgs, file: &FileConfig) -> Result<(), String> {
-    let url = resolve(a.database_url, file, "rail.proxy.database-url", PAYDB_URL_DEFAULT.to_owned())?;
+async fn seed_payout(a: SeedArgs, layers: &Layers) -> Result<(), String> {
+    let url = match a.database_url {
+        Some(u) => u,
+        None => layers.get("rail.proxy.database-url", PAYDB_URL_DEFAULT.to_owned())?,
+    };
     let state = PayoutState::parse(&a.state).ok_or_else(|| format!("unknown payout state {:?}", a.state))?;
     if !dlock_contract::rail::is_account_id(&a.account) {
         return Err("--account must be 1 to 64 characters of [a-zA-Z0-9:._-]".into());
@@ -743,12 +546,18 @@ async fn seed_payout(a: SeedArgs, file: &FileConfig) -> Result<(), String> {
     Ok(())
 }
 
-async fn serve(name: &str, listen: SocketAddr, router: axum::Router, grace_ms: u64) -> Result<(), String> {
+/// Binds `listen` and prints `dlock <name> listening on <addr>`.
+async fn bind(name: &str, listen: SocketAddr) -> Result<tokio::net::TcpListener, String> {
     let listener = dlock_rt::http::bind(listen).await.map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     println!("dlock {name} listening on {local}");
     tracing::info!(service = name, addr = %local, "listening");
-    dlock_rt::http::serve_with_grace(listener, router, shutdown_signal(), grace_ms).await;
+    Ok(listener)
+}
+
+/// Waits for a started service to stop (after SIGINT or SIGTERM and its drain).
+async fn stopped<S>(name: &str, handle: dlock_rt::ServiceHandle<S>) -> Result<(), String> {
+    handle.stopped().await;
     tracing::info!(service = name, "stopped");
     Ok(())
 }
@@ -787,85 +596,57 @@ mod tests {
     #[test]
     fn every_config_flag_reads_the_environment_variable_named_after_its_key() {
         let cmd = Cli::command();
+        let known = crate::config::known_keys();
         let mut checked = 0;
         for sub in cmd.get_subcommands() {
             for arg in sub.get_arguments() {
                 let Some(help) = arg.get_help().map(|h| h.to_string()) else { continue };
                 let Some(key) = help.strip_prefix('[').and_then(|h| h.split(']').next()) else { continue };
-                assert!(crate::config::KNOWN_KEYS.contains(&key), "{key} is not a known key");
+                assert!(known.contains(&key), "{key} is not a known key");
                 let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
-                assert_eq!(env, Some(crate::config::env_name(key)), "flag --{:?}", arg.get_long());
+                assert_eq!(env, Some(dlock_config::env_name(key)), "flag --{:?}", arg.get_long());
                 checked += 1;
             }
         }
         assert!(checked >= 15, "only {checked} keyed flags found");
     }
 
-    #[test]
-    fn an_executor_without_fencing_refuses_to_start_outside_unsafe_test() {
-        let args = ExecutorArgs { fencing_enabled: Some(false), ..ExecutorArgs::default() };
-        let file = FileConfig::default();
-        let err = executor_config(&args, &file, Profile::Production).expect_err("refused");
-        assert!(err.contains("payment.fencing.enabled") && err.contains("unsafe-test"), "{err}");
-        let (_, cfg) = executor_config(&args, &file, Profile::UnsafeTest).expect("allowed in unsafe-test");
-        assert!(!cfg.fencing_enabled);
-        let (_, cfg) = executor_config(&ExecutorArgs::default(), &file, Profile::Production).expect("defaults");
-        assert!(cfg.fencing_enabled);
-        assert_eq!((cfg.write_read_timeout_ms, cfg.submit_read_timeout_ms, cfg.read_tries_max), (3_000, 10_000, 2));
+    fn layers_of(args: &[&str]) -> (Layers, Profile) {
+        let cli = Cli::try_parse_from(args).expect("parses");
+        let mut l = Layers::default();
+        l.set_flag_opt(config::PROFILE_KEY, cli.profile.as_ref());
+        match &cli.command {
+            Command::RailProxy(a) => a.flags(&mut l),
+            Command::Executor(a) => a.flags(&mut l),
+            Command::LockServer(a) => a.flags(&mut l),
+            Command::PaymentResource(a) => a.flags(&mut l),
+            Command::RailStub(a) => a.flags(&mut l),
+            _ => {}
+        }
+        let profile = l.profile().expect("profile");
+        (l, profile)
     }
 
     #[test]
-    fn bypassing_the_duplicate_guard_needs_the_unsafe_test_profile() {
-        let args = ProxyArgs { duplicate_guard_enabled: Some(false), ..ProxyArgs::default() };
-        let file = FileConfig::default();
-        let err = proxy_config(&args, &file, Profile::Production).expect_err("refused");
-        assert!(err.contains("rail.proxy.duplicate-guard.enabled") && err.contains("unsafe-test"), "{err}");
-        let (_, _, cfg) = proxy_config(&args, &file, Profile::UnsafeTest).expect("allowed");
-        assert!(!cfg.duplicate_guard_enabled);
+    fn a_service_flag_sets_the_key_its_resolver_reads() {
+        let (l, p) = layers_of(&["dlock", "rail-proxy", "--read-timeout-ms", "123", "--listen", "127.0.0.1:9"]);
+        let s = dlock_rail_proxy::config::resolve(&l, p).expect("resolves");
+        assert_eq!((s.config.read_timeout_ms, s.listen.port()), (123, 9));
+        let (l, p) = layers_of(&["dlock", "executor", "--pause-hops", "submit", "--concurrency", "3"]);
+        let c = dlock_executor::config::resolve(&l, p).expect("resolves").config;
+        assert_eq!((c.concurrency, c.pause_hops.claim, c.pause_hops.submit), (3, false, true));
+        let (l, p) = layers_of(&["dlock", "lock-server", "--reaper-interval-ms", "200"]);
+        assert_eq!(dlock_lock_server::config::resolve(&l, p).expect("resolves").config.reap_interval_ms, 200);
     }
 
     #[test]
-    fn disabling_fencing_needs_the_unsafe_test_profile() {
-        let args = ProxyArgs { fencing_enabled: Some(false), ..ProxyArgs::default() };
-        let file = FileConfig::default();
-        let err = proxy_config(&args, &file, Profile::Production).expect_err("refused");
-        assert!(err.contains("unsafe-test"), "{err}");
-        assert!(proxy_config(&args, &file, Profile::UnsafeTest).is_ok());
-    }
-
-    #[test]
-    fn lock_backend_follows_the_flags_and_refuses_mismatches() {
-        let file = FileConfig::default();
-        let (listen, backend, _) = lock_server_config(&LockServerArgs::default(), &file).expect("defaults");
-        assert_eq!(listen.port(), 8081);
-        assert_eq!(backend, LockBackend::Sql(LOCKDB_URL_DEFAULT.to_owned()));
-        let pg = LockServerArgs { database_url: Some("postgres://u@h/lockdb".into()), ..LockServerArgs::default() };
-        assert_eq!(lock_server_config(&pg, &file).expect("pg").1, LockBackend::Sql("postgres://u@h/lockdb".into()));
-        let etcd = LockServerArgs {
-            backend: Some("etcd".into()),
-            etcd_endpoints: Some("http://a:2379, http://b:2379".into()),
-            ..LockServerArgs::default()
-        };
-        assert_eq!(
-            lock_server_config(&etcd, &file).expect("etcd").1,
-            LockBackend::Etcd(vec!["http://a:2379".into(), "http://b:2379".into()], "/dlock".into())
-        );
-        let no_endpoints = LockServerArgs { backend: Some("etcd".into()), ..LockServerArgs::default() };
-        assert!(lock_server_config(&no_endpoints, &file).is_err());
-        let mismatch = LockServerArgs { backend: Some("postgres".into()), ..LockServerArgs::default() };
-        assert!(lock_server_config(&mismatch, &file).is_err());
-        let unknown = LockServerArgs { backend: Some("zookeeper".into()), ..LockServerArgs::default() };
-        assert!(lock_server_config(&unknown, &file).is_err());
-    }
-
-    #[test]
-    fn proxy_defaults_follow_c3_budgets() {
-        let args = ProxyArgs::default();
-        let (listen, url, cfg) = proxy_config(&args, &FileConfig::default(), Profile::Production).expect("defaults");
-        assert_eq!(listen.port(), 8083);
-        assert_eq!(url, PAYDB_URL_DEFAULT);
-        assert_eq!((cfg.connect_timeout_ms, cfg.read_timeout_ms), (1_000, 8_000));
-        assert!(cfg.fencing_enabled);
-        assert_eq!(cfg.rail_url.authority, "127.0.0.1:8084");
+    fn the_safety_switch_flags_need_the_unsafe_test_profile() {
+        let (l, p) = layers_of(&["dlock", "rail-proxy", "--fencing-enabled", "false"]);
+        assert!(dlock_rail_proxy::config::resolve(&l, p).is_err_and(|e| e.contains("unsafe-test")));
+        let (l, p) =
+            layers_of(&["dlock", "--profile", "unsafe-test", "rail-proxy", "--duplicate-guard-enabled", "false"]);
+        assert!(!dlock_rail_proxy::config::resolve(&l, p).expect("allowed").config.duplicate_guard_enabled);
+        let (l, p) = layers_of(&["dlock", "executor", "--fencing-enabled", "false"]);
+        assert!(dlock_executor::config::resolve(&l, p).is_err_and(|e| e.contains("payment.fencing.enabled")));
     }
 }

@@ -1,19 +1,32 @@
 //! The whole cluster in one process, for `dlock up` and `dlock demo`: lock-server,
 //! payment-resource, rail-proxy and rail-stub, each on its own loopback port over embedded
 //! SQLite under one data directory, plus executors and a periodic reconciler. Every piece is
-//! the same code the separate subcommands run; only the process boundary is gone.
+//! the same code the separate subcommands run, started through the same entry points
+//! (`dlock_<service>::start`) with settings from the same resolvers
+//! (`dlock_<service>::config::resolve`); only the process boundary is gone.
+//!
+//! Keys resolve as for the separate processes (flag > environment > `--config` file >
+//! command default > built-in default), with two exceptions the cluster imposes in the flags
+//! layer: the keys that wire it together (every `*.listen`, `*.database-url`,
+//! `lock.server.backend`, `rail.proxy.rail-url`, `executor.*-url`, `executor.owner-id`,
+//! `reconcile.database-url`, `reconcile.rail-url`) and whatever `up`/`demo` flags were given.
+//!
+//! Invariant: every setting is resolved (and a disabled safety switch refused outside
+//! `--profile unsafe-test`) before any service starts.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock_config::{Layers, Profile};
 use dlock_executor::{Executor, ExecutorConfig};
-use dlock_payment_resource::{PaymentConfig, PaymentResource};
-use dlock_rail_proxy::{ProxyConfig, RailProxy};
-use dlock_rail_stub::{RailStub, StubConfig};
+use dlock_payment_resource::PaymentResource;
+use dlock_rail_proxy::RailProxy;
+use dlock_rail_stub::StubConfig;
 use dlock_rt::http::BaseUrl;
-use dlock_rt::Clock;
+use dlock_rt::{Clock, ServiceHandle};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 /// The ports `dlock up` binds (the services' defaults); `dlock demo` binds port 0 for each.
@@ -40,16 +53,11 @@ pub struct ClusterConfig {
     /// lockdb (default: `lockdb.sqlite` under `data_dir`).
     pub lockdb_url: Option<String>,
     pub ports: Ports,
-    pub stub: StubConfig,
-    /// The proxy's read timeout towards the rail.
-    pub rail_read_timeout_ms: u64,
     /// Executors (each with its own owner id and lock sessions).
     pub executors: usize,
-    /// Tasks per executor.
-    pub concurrency: usize,
-    pub lock_ttl_ms: u64,
-    pub pause_rate: f64,
-    pub pause_ms: u64,
+    /// The process's layers plus the command's defaults and flags.
+    pub layers: Layers,
+    pub profile: Profile,
 }
 
 /// A running cluster.
@@ -61,22 +69,29 @@ pub struct Cluster {
     pub paydb_url: String,
     pub payment: Arc<PaymentResource>,
     pub proxy: Arc<RailProxy>,
+    /// The resolved settings, for reporting.
+    pub stub_cfg: StubConfig,
+    /// One per executor, resolved at start (so a refused switch stops everything first).
+    pub executor_cfgs: Vec<ExecutorConfig>,
+    /// Every safety switch this run turns off (only possible under `unsafe-test`).
+    pub unsafe_warnings: Vec<String>,
     pub executors: Vec<Arc<Executor>>,
-    cfg: ClusterConfig,
+    executor_port: u16,
+    layers: Layers,
     stop: watch::Sender<bool>,
-    /// The servers: they return once drained after `stop`.
-    tasks: Vec<dlock_rt::JoinHandle<()>>,
-    /// Reaper and purger: they loop until aborted.
-    background: Vec<dlock_rt::JoinHandle<()>>,
+    lock: Option<ServiceHandle<dlock_lock_server::service::LockServer>>,
+    stub: Option<ServiceHandle<dlock_rail_stub::RailStub>>,
+    payment_handle: Option<ServiceHandle<PaymentResource>>,
+    proxy_handle: Option<ServiceHandle<RailProxy>>,
     executor_stop: watch::Sender<bool>,
-    executor_tasks: Vec<dlock_rt::JoinHandle<()>>,
+    executor_handles: Vec<ServiceHandle<Executor>>,
 }
 
 fn sqlite_url(dir: &Path, file: &str) -> String {
     format!("sqlite://{}", dir.join(file).display())
 }
 
-async fn bind(port: u16) -> Result<(tokio::net::TcpListener, BaseUrl), String> {
+async fn bind(port: u16) -> Result<(TcpListener, BaseUrl), String> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let listener = dlock_rt::http::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
@@ -84,71 +99,142 @@ async fn bind(port: u16) -> Result<(tokio::net::TcpListener, BaseUrl), String> {
     Ok((listener, url))
 }
 
-fn serve(
-    listener: tokio::net::TcpListener,
-    router: axum::Router,
-    stop: &watch::Sender<bool>,
-) -> dlock_rt::JoinHandle<()> {
+fn signal(stop: &watch::Sender<bool>) -> impl std::future::Future<Output = ()> + Send + 'static {
     let mut rx = stop.subscribe();
-    dlock_rt::spawn(async move {
-        dlock_rt::http::serve_with_grace(
-            listener,
-            router,
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            },
-            dlock_rt::http::SHUTDOWN_GRACE_MS_DEFAULT,
-        )
-        .await;
-    })
+    async move {
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+fn http(url: &BaseUrl) -> String {
+    format!("http://{}", url.authority)
+}
+
+/// Every service's settings for one cluster, resolved.
+struct Plan {
+    lock: dlock_lock_server::config::LockServerSettings,
+    stub: dlock_rail_stub::config::StubSettings,
+    payment: dlock_payment_resource::config::PaymentSettings,
+    proxy: dlock_rail_proxy::config::ProxySettings,
+    executors: Vec<ExecutorConfig>,
+    unsafe_warnings: Vec<String>,
+    layers: Layers,
+}
+
+/// The addresses the services are (or will be) bound to.
+struct Wiring<'a> {
+    lock: &'a BaseUrl,
+    stub: &'a BaseUrl,
+    payment: &'a BaseUrl,
+    proxy: &'a BaseUrl,
+    paydb_url: &'a str,
+    lockdb_url: &'a str,
+}
+
+fn plan(cfg: &ClusterConfig, w: &Wiring<'_>) -> Result<Plan, String> {
+    // The wiring keys, imposed; everything else resolves from the layers.
+    let mut l = cfg.layers.clone();
+    let lock_backend = if w.lockdb_url.starts_with("sqlite:") { "sqlite" } else { "postgres" };
+    for (key, value) in [
+        ("lock.server.listen", w.lock.authority.clone()),
+        ("lock.server.database-url", w.lockdb_url.to_owned()),
+        ("lock.server.backend", lock_backend.to_owned()),
+        ("rail.stub.listen", w.stub.authority.clone()),
+        ("payment.resource.listen", w.payment.authority.clone()),
+        ("payment.resource.database-url", w.paydb_url.to_owned()),
+        ("rail.proxy.listen", w.proxy.authority.clone()),
+        ("rail.proxy.database-url", w.paydb_url.to_owned()),
+        ("rail.proxy.rail-url", http(w.stub)),
+        ("executor.lock-url", http(w.lock)),
+        ("executor.payment-url", http(w.payment)),
+        ("executor.proxy-url", http(w.proxy)),
+        ("reconcile.database-url", w.paydb_url.to_owned()),
+        ("reconcile.rail-url", http(w.stub)),
+    ] {
+        l.set_flag(key, value);
+    }
+    let p = cfg.profile;
+    let lock = dlock_lock_server::config::resolve(&l, p)?;
+    let stub = dlock_rail_stub::config::resolve(&l, p)?;
+    let payment = dlock_payment_resource::config::resolve(&l, p)?;
+    let proxy = dlock_rail_proxy::config::resolve(&l, p)?;
+    // The executors' submit budget follows the proxy's rail budget (C3 §3.8 "+ 2 s").
+    l.set_default(
+        "executor.submit.read-timeout-ms",
+        proxy.config.read_timeout_ms + dlock_executor::config::SUBMIT_READ_MARGIN_MS,
+    );
+    let mut executors = Vec::new();
+    for n in 0..cfg.executors {
+        let mut el = l.clone();
+        el.set_flag("executor.owner-id", format!("executor-{n}"));
+        executors.push(dlock_executor::config::resolve(&el, p)?.config);
+    }
+    dlock_reconciler::config::resolve(&l, false)?;
+    let mut unsafe_warnings = dlock_rail_proxy::config::unsafe_warnings(&proxy.config);
+    if let Some(e) = executors.first() {
+        unsafe_warnings.extend(dlock_executor::config::unsafe_warnings(e));
+    }
+    Ok(Plan { lock, stub, payment, proxy, executors, unsafe_warnings, layers: l })
 }
 
 impl Cluster {
-    /// Starts the four services (no executors yet; see [`Cluster::start_executors`]).
+    /// Resolves every service's settings (before binding anything: a refused setting
+    /// starts nothing), binds, then starts the four services (no executors yet; see
+    /// [`Cluster::start_executors`]).
     pub async fn start(cfg: ClusterConfig) -> Result<Cluster, String> {
-        std::fs::create_dir_all(&cfg.data_dir)
-            .map_err(|e| format!("cannot create the data directory {}: {e}", cfg.data_dir.display()))?;
         let paydb_url = cfg.paydb_url.clone().unwrap_or_else(|| sqlite_url(&cfg.data_dir, "paydb.sqlite"));
         let lockdb_url = cfg.lockdb_url.clone().unwrap_or_else(|| sqlite_url(&cfg.data_dir, "lockdb.sqlite"));
+        let at = |port: u16| BaseUrl::parse(&format!("http://127.0.0.1:{port}")).map_err(|e| e.to_string());
+        let (lock_at, stub_at, payment_at, proxy_at) =
+            (at(cfg.ports.lock)?, at(cfg.ports.stub)?, at(cfg.ports.payment)?, at(cfg.ports.proxy)?);
+        let wiring = Wiring {
+            lock: &lock_at,
+            stub: &stub_at,
+            payment: &payment_at,
+            proxy: &proxy_at,
+            paydb_url: &paydb_url,
+            lockdb_url: &lockdb_url,
+        };
+        plan(&cfg, &wiring)?;
+        let (lock_l, lock_url) = bind(cfg.ports.lock).await?;
+        let (stub_l, stub_url) = bind(cfg.ports.stub).await?;
+        let (payment_l, payment_url) = bind(cfg.ports.payment).await?;
+        let (proxy_l, proxy_url) = bind(cfg.ports.proxy).await?;
+        let wiring = Wiring {
+            lock: &lock_url,
+            stub: &stub_url,
+            payment: &payment_url,
+            proxy: &proxy_url,
+            paydb_url: &paydb_url,
+            lockdb_url: &lockdb_url,
+        };
+        let Plan {
+            lock: lock_s,
+            stub: stub_s,
+            payment: payment_s,
+            proxy: proxy_s,
+            executors: executor_cfgs,
+            unsafe_warnings,
+            layers: l,
+        } = plan(&cfg, &wiring)?;
+
+        std::fs::create_dir_all(&cfg.data_dir)
+            .map_err(|e| format!("cannot create the data directory {}: {e}", cfg.data_dir.display()))?;
         let (stop, _) = watch::channel(false);
-        let mut tasks = Vec::new();
-        let mut background = Vec::new();
+        let clock = Clock::system();
 
-        let lock_store = dlock_lock_server::store_sql::open(&lockdb_url).await.map_err(|e| format!("lockdb: {e}"))?;
-        let lock = dlock_lock_server::service::LockServer::new(
-            lock_store,
-            dlock_lock_server::service::LockServerConfig::default(),
-            Clock::system(),
-        );
-        let (l, lock_url) = bind(cfg.ports.lock).await?;
-        background.push(dlock_rt::spawn(lock.clone().run_reaper()));
-        tasks.push(serve(l, dlock_lock_server::app::router(lock), &stop));
-
-        let stub = RailStub::new(cfg.stub.clone(), Clock::system());
-        let (l, stub_url) = bind(cfg.ports.stub).await?;
-        tasks.push(serve(l, dlock_rail_stub::router(stub), &stop));
-
-        let pay_store = dlock_payment_resource::store_sql::open(&paydb_url).await.map_err(|e| format!("paydb: {e}"))?;
-        let payment = PaymentResource::start(pay_store, PaymentConfig::default(), Clock::system())
+        let lock_store = crate::cli::open_lock_store(&lock_s.backend).await?;
+        let lock = dlock_lock_server::start(lock_s.config, lock_store, clock, lock_l, signal(&stop)).await?;
+        let stub_cfg = stub_s.config.clone();
+        let stub = dlock_rail_stub::start(stub_s.config, clock, stub_l, signal(&stop)).await?;
+        let pay_store = dlock_payment_resource::store_sql::open(&payment_s.database_url)
             .await
             .map_err(|e| format!("paydb: {e}"))?;
-        let (l, payment_url) = bind(cfg.ports.payment).await?;
-        background.push(dlock_rt::spawn(payment.clone().run_purger()));
-        tasks.push(serve(l, dlock_payment_resource::router(payment.clone()), &stop));
-
-        let rail_store = dlock_rail_proxy::store_sql::open(&paydb_url).await.map_err(|e| format!("paydb: {e}"))?;
-        let proxy_cfg = ProxyConfig {
-            rail_url: stub_url.clone(),
-            connect_timeout_ms: dlock_rail_proxy::service::CONNECT_TIMEOUT_MS_DEFAULT,
-            read_timeout_ms: cfg.rail_read_timeout_ms,
-            fencing_enabled: true,
-            duplicate_guard_enabled: true,
-            body_bytes_max: dlock_rail_proxy::service::BODY_BYTES_MAX_DEFAULT,
-        };
-        let proxy = RailProxy::new(rail_store, proxy_cfg, Clock::system());
-        background.push(dlock_rt::spawn(proxy.clone().run_orphan_sweeper()));
-        let (l, proxy_url) = bind(cfg.ports.proxy).await?;
-        tasks.push(serve(l, dlock_rail_proxy::router(proxy.clone()), &stop));
+        let payment_handle =
+            dlock_payment_resource::start(payment_s.config, pay_store, clock, payment_l, signal(&stop)).await?;
+        let rail_store =
+            dlock_rail_proxy::store_sql::open(&proxy_s.database_url).await.map_err(|e| format!("paydb: {e}"))?;
+        let proxy_handle = dlock_rail_proxy::start(proxy_s.config, rail_store, clock, proxy_l, signal(&stop)).await?;
 
         let (executor_stop, _) = watch::channel(false);
         Ok(Cluster {
@@ -157,37 +243,32 @@ impl Cluster {
             proxy_url,
             stub_url,
             paydb_url,
-            payment,
-            proxy,
+            payment: payment_handle.service.clone(),
+            proxy: proxy_handle.service.clone(),
+            stub_cfg,
+            executor_cfgs,
+            unsafe_warnings,
             executors: Vec::new(),
-            cfg,
+            executor_port: cfg.ports.executor,
+            layers: l,
             stop,
-            tasks,
-            background,
+            lock: Some(lock),
+            stub: Some(stub),
+            payment_handle: Some(payment_handle),
+            proxy_handle: Some(proxy_handle),
             executor_stop,
-            executor_tasks: Vec::new(),
+            executor_handles: Vec::new(),
         })
     }
 
-    /// Starts the configured executors; the first serves its `/metrics` on the executor port.
+    /// Starts the configured executors; the first serves its `/metrics` on the executor
+    /// port, the others on ports of their own.
     pub async fn start_executors(&mut self) -> Result<(), String> {
-        for n in 0..self.cfg.executors {
-            let owner = dlock_contract::OwnerId::parse(&format!("executor-{n}")).map_err(|e| e.to_string())?;
-            let mut ec =
-                ExecutorConfig::new(self.lock_url.clone(), self.payment_url.clone(), self.proxy_url.clone(), owner);
-            ec.concurrency = self.cfg.concurrency;
-            ec.lock_ttl_ms = self.cfg.lock_ttl_ms;
-            ec.pause_rate = self.cfg.pause_rate;
-            ec.pause_ms = self.cfg.pause_ms;
-            ec.poll_interval_ms = 50;
-            ec.submit_read_timeout_ms = self.cfg.rail_read_timeout_ms + dlock_executor::config::SUBMIT_READ_MARGIN_MS;
-            let executor = Executor::new(ec, Clock::system())?;
-            if n == 0 {
-                let (l, _) = bind(self.cfg.ports.executor).await?;
-                self.tasks.push(serve(l, dlock_executor::router(executor.clone()), &self.stop));
-            }
-            self.executor_tasks.push(dlock_rt::spawn(executor.clone().run(self.executor_stop.subscribe())));
-            self.executors.push(executor);
+        for (n, cfg) in self.executor_cfgs.clone().into_iter().enumerate() {
+            let (l, _) = bind(if n == 0 { self.executor_port } else { 0 }).await?;
+            let h = dlock_executor::start(cfg, Clock::system(), l, signal(&self.executor_stop)).await?;
+            self.executors.push(h.service.clone());
+            self.executor_handles.push(h);
         }
         Ok(())
     }
@@ -195,32 +276,33 @@ impl Cluster {
     /// Lets every executor task finish its current payout, then returns.
     pub async fn stop_executors(&mut self) {
         let _ = self.executor_stop.send(true);
-        for t in self.executor_tasks.drain(..) {
-            let _ = t.await;
+        for h in self.executor_handles.drain(..) {
+            h.stopped().await;
         }
     }
 
-    /// Stops the executors, then the services (each drains its in-flight requests).
+    /// Stops the executors, then the services (each drains its in-flight requests and
+    /// stops its background tasks).
     pub async fn shutdown(mut self) {
         self.stop_executors().await;
         let _ = self.stop.send(true);
-        for t in self.tasks.drain(..) {
-            let _ = t.await;
+        if let Some(h) = self.proxy_handle.take() {
+            h.stopped().await;
         }
-        for t in self.background.drain(..) {
-            t.abort();
-            let _ = t.await;
+        if let Some(h) = self.payment_handle.take() {
+            h.stopped().await;
+        }
+        if let Some(h) = self.stub.take() {
+            h.stopped().await;
+        }
+        if let Some(h) = self.lock.take() {
+            h.stopped().await;
         }
     }
 
-    /// The reconciler's settings for this cluster.
-    pub fn reconcile_settings(&self, json: bool) -> dlock_reconciler::cli::ReconcileSettings {
-        dlock_reconciler::cli::ReconcileSettings {
-            database_url: self.paydb_url.clone(),
-            rail_url: format!("http://{}", self.stub_url.authority),
-            json,
-            bounds: dlock_reconciler::Bounds::default(),
-        }
+    /// The reconciler's settings for this cluster (its keys resolved from the layers).
+    pub fn reconcile_settings(&self, json: bool) -> Result<dlock_reconciler::cli::ReconcileSettings, String> {
+        dlock_reconciler::config::resolve(&self.layers, json)
     }
 }
 

@@ -6,11 +6,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use dlock_config::{Layers, Profile};
+use dlock_contract::payment::{NewAccountRequest, NewPayoutRequest};
 use dlock_contract::payout::PayoutState;
+use dlock_contract::{IdempotencyKey, OwnerId};
+use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_payment_resource::store::ListQuery;
-use dlock_rail_stub::StubConfig;
-use dlock_rt::http::HttpClient;
-use serde_json::{json, Value};
 
 use crate::cluster::{Cluster, ClusterConfig, Ports};
 
@@ -39,9 +40,9 @@ pub struct ChaosArgs {
     /// Executors in the cluster, each with its own lock sessions.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub executors: usize,
-    /// Worker tasks per executor.
-    #[arg(long, value_name = "N", default_value_t = 8)]
-    pub concurrency: usize,
+    /// Worker tasks per executor (the key executor.concurrency). Default: 8.
+    #[arg(long, value_name = "N")]
+    pub concurrency: Option<usize>,
 }
 
 /// Lease of every executor grant in the one-process cluster; an injected stall outlasts it.
@@ -53,42 +54,66 @@ pub const PAUSE_MS: u64 = 2_000;
 pub const RAIL_READ_TIMEOUT_MS: u64 = 2_000;
 pub const RAIL_DROP_HOLD_MS: u64 = 3_000;
 
+/// Worker tasks per executor unless `--concurrency` or `executor.concurrency` says otherwise.
+pub const CONCURRENCY_DEFAULT: usize = 8;
+/// How often an idle executor of the one-process cluster scans its work queue.
+pub const POLL_INTERVAL_MS: u64 = 50;
+
 impl ChaosArgs {
-    fn cluster(&self, data_dir: PathBuf, ports: Ports, defaults: (f64, f64)) -> Result<ClusterConfig, String> {
+    /// The cluster to start: the command's flags go in the flags layer of `layers`, its
+    /// defaults (`defaults`: the rail's failure rate and the stall rate) beneath the file.
+    fn cluster(
+        &self,
+        data_dir: PathBuf,
+        ports: Ports,
+        defaults: (f64, f64),
+        mut layers: Layers,
+        profile: Profile,
+    ) -> Result<ClusterConfig, String> {
         let (failure_default, pause_default) = defaults;
-        let rate = |v: Option<f64>, name: &str, d: f64| -> Result<f64, String> {
-            let r = v.unwrap_or(d);
-            if (0.0..=1.0).contains(&r) {
-                Ok(r)
-            } else {
-                Err(format!("--{name} must be within 0.0..=1.0"))
+        let rate = |v: Option<f64>, name: &str| -> Result<Option<f64>, String> {
+            match v {
+                Some(r) if !(0.0..=1.0).contains(&r) => Err(format!("--{name} must be within 0.0..=1.0")),
+                other => Ok(other),
             }
         };
-        let d = StubConfig::default();
-        let stub = StubConfig {
-            latency_ms: self.rail_latency_ms.unwrap_or(0),
-            failure_rate: rate(self.rail_failure_rate, "rail-failure-rate", failure_default)?,
-            duplicate_ack_rate: rate(self.rail_duplicate_ack_rate, "rail-duplicate-ack-rate", d.duplicate_ack_rate)?,
-            decline_rate: rate(self.rail_decline_rate, "rail-decline-rate", 0.0)?,
-            drop_hold_ms: RAIL_DROP_HOLD_MS,
-            seed: dlock_rt::rand::random_u64(),
-        };
-        if !(1..=16).contains(&self.executors) || !(1..=64).contains(&self.concurrency) {
+        if !(1..=16).contains(&self.executors) || self.concurrency.is_some_and(|c| !(1..=64).contains(&c)) {
             return Err("--executors must be 1..=16 and --concurrency 1..=64".into());
         }
+        let l = &mut layers;
+        l.set_flag_opt("rail.stub.latency-ms", self.rail_latency_ms.as_ref());
+        l.set_flag_opt("rail.stub.failure-rate", rate(self.rail_failure_rate, "rail-failure-rate")?.as_ref());
+        l.set_flag_opt(
+            "rail.stub.duplicate-ack-rate",
+            rate(self.rail_duplicate_ack_rate, "rail-duplicate-ack-rate")?.as_ref(),
+        );
+        l.set_flag_opt("rail.stub.decline-rate", rate(self.rail_decline_rate, "rail-decline-rate")?.as_ref());
+        l.set_flag_opt("executor.chaos.pause-rate", rate(self.pause_rate, "pause-rate")?.as_ref());
+        l.set_flag_opt("executor.concurrency", self.concurrency.as_ref());
+        l.set_default("rail.stub.failure-rate", failure_default);
+        l.set_default("rail.stub.drop-hold-ms", RAIL_DROP_HOLD_MS);
+        l.set_default("rail.proxy.read-timeout-ms", RAIL_READ_TIMEOUT_MS);
+        l.set_default("executor.concurrency", CONCURRENCY_DEFAULT);
+        l.set_default("executor.lock-ttl-ms", LEASE_MS);
+        l.set_default("executor.chaos.pause-rate", pause_default);
+        l.set_default("executor.chaos.pause-ms", PAUSE_MS);
+        l.set_default("executor.poll-interval-ms", POLL_INTERVAL_MS);
         Ok(ClusterConfig {
             data_dir,
             paydb_url: None,
             lockdb_url: None,
             ports,
-            stub,
-            rail_read_timeout_ms: RAIL_READ_TIMEOUT_MS,
             executors: self.executors,
-            concurrency: self.concurrency,
-            lock_ttl_ms: LEASE_MS,
-            pause_rate: rate(self.pause_rate, "pause-rate", pause_default)?,
-            pause_ms: PAUSE_MS,
+            layers,
+            profile,
         })
+    }
+}
+
+/// Prints every disabled safety switch of `cluster` to stderr, loudly.
+fn warn_unsafe(command: &str, cluster: &Cluster) {
+    for w in &cluster.unsafe_warnings {
+        eprintln!("dlock {command}: WARNING: SAFETY SWITCH OFF (--profile unsafe-test): {w}");
     }
 }
 
@@ -129,11 +154,11 @@ pub struct DemoArgs {
 }
 
 /// `dlock up`: serves until SIGINT or SIGTERM, reconciling every `--reconcile-interval-ms`.
-pub async fn up(a: UpArgs) -> Result<ExitCode, String> {
-    let mut cfg = a.chaos.cluster(a.data_dir.clone(), Ports::DEFAULT, (0.0, 0.0))?;
-    cfg.paydb_url = a.paydb_url.clone();
-    cfg.lockdb_url = a.lockdb_url.clone();
+pub async fn up(a: UpArgs, layers: Layers, profile: Profile) -> Result<ExitCode, String> {
+    let cfg = a.chaos.cluster(a.data_dir.clone(), Ports::DEFAULT, (0.0, 0.0), layers, profile)?;
+    let cfg = ClusterConfig { paydb_url: a.paydb_url.clone(), lockdb_url: a.lockdb_url.clone(), ..cfg };
     let mut cluster = Cluster::start(cfg).await?;
+    warn_unsafe("up", &cluster);
     cluster.start_executors().await?;
     println!("dlock up: paydb {}", redact(&cluster.paydb_url));
     for (name, url) in [
@@ -147,7 +172,7 @@ pub async fn up(a: UpArgs) -> Result<ExitCode, String> {
     println!("dlock executor metrics on 127.0.0.1:{} ({} executors)", Ports::DEFAULT.executor, a.chaos.executors);
     println!("Ctrl-C stops everything gracefully.");
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let settings = cluster.reconcile_settings(false);
+    let settings = cluster.reconcile_settings(false)?;
     let interval = a.reconcile_interval_ms.max(1_000);
     let reconciler = dlock_rt::spawn(async move {
         loop {
@@ -204,65 +229,73 @@ fn bar(done: usize, total: usize, elapsed: Duration, detail: &str) -> String {
     )
 }
 
-async fn create(client: &HttpClient, cluster: &Cluster, path: &str, key: String, body: Value) -> Result<Value, String> {
-    let r = client
-        .send(
-            &cluster.payment_url,
-            http::Method::POST,
-            path,
-            &[("content-type", "application/json"), ("x-owner-id", "demo"), ("x-idempotency-key", &key)],
-            Some(body.to_string().into()),
-        )
-        .await
-        .map_err(|e| format!("{path}: {e}"))?;
-    if r.status != 201 {
-        return Err(format!("{path}: {} {}", r.status, String::from_utf8_lossy(&r.body)));
-    }
-    serde_json::from_slice(&r.body).map_err(|e| e.to_string())
+/// The demo's seeding client: the payment client a worker holds, with a read budget for a
+/// machine busy starting the cluster.
+fn seeding_client(cluster: &Cluster) -> Result<PaymentClient, String> {
+    let mut cfg = PaymentClientConfig::new(cluster.payment_url.clone());
+    cfg.write_read_timeout_ms = 10_000;
+    PaymentClient::new(cfg)
+}
+
+/// The identity and idempotency key of one seeding write, as operator `demo`.
+fn seeding(key: String) -> Result<(OwnerId, IdempotencyKey), String> {
+    let owner = OwnerId::parse("demo").map_err(|e| e.to_string())?;
+    Ok((owner, IdempotencyKey::parse(&key).map_err(|e| e.to_string())?))
 }
 
 /// `dlock demo`: seeds accounts and payouts, runs them through the cluster under a chaotic
 /// rail and stalled executors, then judges the run with the reconciler. Exit 0 only if every
 /// invariant holds.
-pub async fn demo(a: DemoArgs) -> Result<ExitCode, String> {
+pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitCode, String> {
     if a.payouts == 0 || a.accounts == 0 || a.accounts > a.payouts.max(1) {
         return Err("--payouts must be > 0 and --accounts 1..=payouts".into());
     }
     if a.data_dir.exists() {
         std::fs::remove_dir_all(&a.data_dir).map_err(|e| format!("cannot clear {}: {e}", a.data_dir.display()))?;
     }
-    let cfg = a.chaos.cluster(a.data_dir.clone(), Ports::EPHEMERAL, (0.02, 0.02))?;
-    let chaos = format!(
-        "rail latency {} ms, failure rate {}, duplicate-ack rate {}, decline rate {}; stalls of {} ms (lease {} ms) at rate {}",
-        cfg.stub.latency_ms,
-        cfg.stub.failure_rate,
-        cfg.stub.duplicate_ack_rate,
-        cfg.stub.decline_rate,
-        cfg.pause_ms,
-        cfg.lock_ttl_ms,
-        cfg.pause_rate
-    );
+    let cfg = a.chaos.cluster(a.data_dir.clone(), Ports::EPHEMERAL, (0.02, 0.02), layers, profile)?;
     let started = std::time::Instant::now();
     let mut cluster = Cluster::start(cfg).await?;
+    warn_unsafe("demo", &cluster);
+    let stub = &cluster.stub_cfg;
+    // `--executors` is 1..=16, so the first executor exists.
+    let ex = cluster.executor_cfgs.first().ok_or("no executor configured")?;
+    let chaos = format!(
+        "rail latency {} ms, failure rate {}, duplicate-ack rate {}, decline rate {}; stalls of {} ms (lease {} ms) at rate {}",
+        stub.latency_ms, stub.failure_rate, stub.duplicate_ack_rate, stub.decline_rate, ex.pause_ms, ex.lock_ttl_ms, ex.pause_rate
+    );
     println!("dlock demo: {} payouts over {} accounts; {chaos}", a.payouts, a.accounts);
+    for w in &cluster.unsafe_warnings {
+        println!("dlock demo: SAFETY SWITCH OFF (--profile unsafe-test): {w}");
+    }
     println!("data in {} (paydb.sqlite, lockdb.sqlite)", a.data_dir.display());
 
     // Seed. Each account is funded for about 95 % of its payouts, so a few end FAILED for funds.
-    let client = HttpClient::new(1_000, 10_000);
+    let client = seeding_client(&cluster)?;
     let amount = |i: usize| 1_000 + (i as i64 % 97) * 10;
     let mut per_account = vec![0i64; a.accounts];
     for i in 0..a.payouts {
         per_account[i % a.accounts] += amount(i);
     }
     for (n, total) in per_account.iter().enumerate() {
-        let body =
-            json!({"accountId": format!("acct-{n}"), "currency": "EUR", "openingBalanceMinor": total * 95 / 100});
-        create(&client, &cluster, "/v1/accounts", format!("demo-open-{n}"), body).await?;
+        let body = NewAccountRequest {
+            account_id: format!("acct-{n}"),
+            currency: "EUR".into(),
+            opening_balance_minor: total * 95 / 100,
+        };
+        let (owner, key) = seeding(format!("demo-open-{n}"))?;
+        client.create_account(&owner, &key, &body).await.map_err(|e| e.to_string())?;
     }
     for i in 0..a.payouts {
-        let body = json!({"accountId": format!("acct-{}", i % a.accounts), "amountMinor": amount(i), "currency": "EUR",
-            "beneficiaryRef": format!("ben-{i}")});
-        create(&client, &cluster, "/v1/payouts", format!("demo-create-{i}"), body).await?;
+        let body = NewPayoutRequest {
+            payout_id: None,
+            account_id: format!("acct-{}", i % a.accounts),
+            amount_minor: amount(i),
+            currency: "EUR".into(),
+            beneficiary_ref: format!("ben-{i}"),
+        };
+        let (owner, key) = seeding(format!("demo-create-{i}"))?;
+        client.create_payout(&owner, &key, &body).await.map_err(|e| e.to_string())?;
     }
     // The work queue lists what was created before its first page's millisecond.
     dlock_rt::sleep(Duration::from_millis(2)).await;
@@ -303,7 +336,7 @@ pub async fn demo(a: DemoArgs) -> Result<ExitCode, String> {
     cluster.stop_executors().await;
 
     let now = dlock_rt::Clock::system().wall();
-    let report = dlock_reconciler::cli::reconcile_once(&cluster.reconcile_settings(false), now, Default::default())
+    let report = dlock_reconciler::cli::reconcile_once(&cluster.reconcile_settings(false)?, now, Default::default())
         .await
         .map_err(|e| format!("reconcile: {e}"))?;
     let fenced = [fenced_out(&cluster, 0), fenced_out(&cluster, 1), fenced_out(&cluster, 2)];

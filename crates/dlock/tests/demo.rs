@@ -5,9 +5,12 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use dlock_contract::payment::{NewAccountRequest, NewPayoutRequest};
+use dlock_contract::payout::PayoutState;
+use dlock_contract::{IdempotencyKey, OwnerId};
+use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_rt::http::{BaseUrl, HttpClient};
 use dlock_testkit::TempDir;
-use serde_json::{json, Value};
 
 /// Longest `dlock up` may take to serve, and to settle one payout.
 const UP_WAIT_MS_MAX: u64 = 30_000;
@@ -45,6 +48,94 @@ fn demo_refuses_bad_flags_with_a_clear_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--rail-failure-rate"));
 }
 
+/// The three stale-writer defences, each in its own config file line.
+const SAFETY_SWITCHES: [(&str, &str); 3] = [
+    ("payment.fencing", "payment.fencing.enabled"),
+    ("rail.proxy.fencing", "rail.proxy.fencing.enabled"),
+    ("rail.proxy.duplicate-guard", "rail.proxy.duplicate-guard.enabled"),
+];
+
+/// FR-27 through `dlock demo`: `--config F` turns off the executor's lease check, the
+/// proxy's fence and its duplicate guard; under `--profile unsafe-test` the demo really
+/// runs with them off, says so loudly at start, and executors stalled before each
+/// submission (past their lease) make the rail pay payouts twice. The demo's reconciler
+/// catches it (DOUBLE_PAYMENT) and the demo exits 1. (With the same stalls and the defences
+/// on, the demo test above passes.)
+#[test]
+fn demo_under_unsafe_test_with_the_three_switches_off_pays_twice_and_its_reconciler_fails_the_run() {
+    let dir = TempDir::new("demo-unsafe");
+    let file = dir.0.join("unsafe.toml");
+    let mut text: String = SAFETY_SWITCHES.iter().map(|(table, _)| format!("[{table}]\nenabled = false\n")).collect();
+    text.push_str("[executor.chaos]\npause-hops = \"submit\"\n");
+    std::fs::write(&file, text).expect("write config");
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["demo", "--profile", "unsafe-test", "--payouts", "6", "--accounts", "2", "--executors", "2"])
+        .args(["--concurrency", "3", "--pause-rate", "1", "--rail-failure-rate", "0", "--timeout-ms", "60000"])
+        .arg("--config")
+        .arg(&file)
+        .arg("--data-dir")
+        .arg(dir.0.join("data"))
+        .output()
+        .expect("run dlock demo");
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "the demo must fail the run:\n{stdout}\n{stderr}");
+    for (_, key) in SAFETY_SWITCHES {
+        assert!(
+            stderr.lines().any(|l| l.contains("WARNING: SAFETY SWITCH OFF") && l.contains(&format!("{key}=false"))),
+            "no loud warning for {key}:\n{stderr}"
+        );
+    }
+    assert!(stdout.contains("DOUBLE_PAYMENT"), "the reconciler did not find the double payment:\n{stdout}");
+    let max_calls = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("rail calls per payout (max)"))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(max_calls.is_some_and(|n| n >= 2), "{max_calls:?}\n{stdout}");
+    assert!(stdout.contains("dlock demo: FAIL") && !stdout.contains("PASS"), "{stdout}");
+}
+
+/// The error a command gives, from its stderr.
+fn refusal(args: &[&str], file: &std::path::Path, env: Option<(&str, &str)>) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    cmd.args(args).arg("--config").arg(file);
+    if let Some((k, v)) = env {
+        cmd.env(k, v);
+    }
+    let out = cmd.stdout(Stdio::null()).output().expect("run dlock");
+    let line = String::from_utf8_lossy(&out.stderr).lines().find(|l| l.contains("refused")).unwrap_or("").to_owned();
+    (out.status.code(), line)
+}
+
+/// Without `--profile unsafe-test`, `dlock demo` and `dlock up` refuse each safety switch
+/// turned off (from `--config` or from its environment variable) with exactly the error the
+/// separate process that owns the key gives, and start nothing.
+#[test]
+fn demo_and_up_refuse_each_safety_switch_off_without_unsafe_test_with_the_services_own_error() {
+    let dir = TempDir::new("demo-refuse");
+    let empty = dir.0.join("empty.toml");
+    std::fs::write(&empty, "").expect("write config");
+    for (table, key) in SAFETY_SWITCHES {
+        let file = dir.0.join(format!("{key}.toml"));
+        std::fs::write(&file, format!("[{table}]\nenabled = false\n")).expect("write config");
+        let owner = if key.starts_with("payment.") { "executor" } else { "rail-proxy" };
+        let (code, own) = refusal(&[owner], &file, None);
+        assert_eq!(code, Some(2), "{owner} must refuse {key}");
+        assert!(own.contains(&format!("{key}=false is refused outside --profile unsafe-test")), "{own}");
+        let data = dir.0.join("data");
+        let data = data.to_str().expect("utf-8 path");
+        for args in
+            [vec!["demo", "--payouts", "2", "--accounts", "1", "--data-dir", data], vec!["up", "--data-dir", data]]
+        {
+            let (code, line) = refusal(&args, &file, None);
+            assert_eq!((code, line.as_str()), (Some(2), own.as_str()), "dlock {args:?} with {key}=false in --config");
+            let env = (dlock_config::env_name(key), "false".to_owned());
+            let (code, line) = refusal(&args, &empty, Some((&env.0, &env.1)));
+            assert_eq!((code, line.as_str()), (Some(2), own.as_str()), "dlock {args:?} with {}=false", env.0);
+            assert!(!std::path::Path::new(data).exists(), "dlock {args:?} started something before refusing");
+        }
+    }
+}
+
 /// A child process killed and reaped when dropped (whatever the test's outcome).
 struct Reaped(std::process::Child);
 
@@ -55,19 +146,15 @@ impl Drop for Reaped {
     }
 }
 
-async fn post(base: &BaseUrl, path: &str, key: &str, body: Value) -> Value {
-    let r = HttpClient::new(1_000, 5_000)
-        .send(
-            base,
-            http::Method::POST,
-            path,
-            &[("content-type", "application/json"), ("x-owner-id", "ops"), ("x-idempotency-key", key)],
-            Some(body.to_string().into()),
-        )
-        .await
-        .expect("answered");
-    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
-    serde_json::from_slice(&r.body).expect("json")
+/// The payment client of `base`, as an operator seeding the demo holds one.
+fn payment_client(base: &BaseUrl) -> PaymentClient {
+    let mut cfg = PaymentClientConfig::new(base.clone());
+    cfg.write_read_timeout_ms = 5_000;
+    PaymentClient::new(cfg).expect("payment client")
+}
+
+fn key(k: &str) -> IdempotencyKey {
+    IdempotencyKey::parse(k).expect("key")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,28 +178,21 @@ async fn up_serves_the_cluster_on_the_default_ports_settles_payouts_and_stops_on
     })
     .await;
     assert!(ready.is_some(), "dlock up did not serve the payment-resource on 127.0.0.1:8082");
-    post(
-        &payment,
-        "/v1/accounts",
-        "open",
-        json!({"accountId": "acct-1", "currency": "EUR", "openingBalanceMinor": 5_000}),
-    )
-    .await;
-    let p = post(
-        &payment,
-        "/v1/payouts",
-        "create",
-        json!({"accountId": "acct-1", "amountMinor": 1_200, "currency": "EUR", "beneficiaryRef": "b"}),
-    )
-    .await;
-    let id = p["payoutId"].as_str().expect("id").to_owned();
+    let typed = payment_client(&payment);
+    let ops = OwnerId::parse("ops").expect("owner");
+    let open = NewAccountRequest { account_id: "acct-1".into(), currency: "EUR".into(), opening_balance_minor: 5_000 };
+    typed.create_account(&ops, &key("open"), &open).await.expect("account opened");
+    let create = NewPayoutRequest {
+        payout_id: None,
+        account_id: "acct-1".into(),
+        amount_minor: 1_200,
+        currency: "EUR".into(),
+        beneficiary_ref: "b".into(),
+    };
+    let id = typed.create_payout(&ops, &key("create"), &create).await.expect("payout created").payout_id;
     let posted = dlock_rt::wait_until(Duration::from_millis(100), Duration::from_millis(UP_WAIT_MS_MAX), || {
-        let (client, payment, id) = (client.clone(), payment.clone(), id.clone());
-        async move {
-            let r = client.send(&payment, http::Method::GET, &format!("/v1/payouts/{id}"), &[], None).await.ok()?;
-            let v: Value = serde_json::from_slice(&r.body).ok()?;
-            (v["state"] == "POSTED").then_some(())
-        }
+        let typed = typed.clone();
+        async move { (typed.payout(id).await.ok()?.state == PayoutState::Posted).then_some(()) }
     })
     .await;
     let _ = Command::new("kill").args(["-TERM", &up.0.id().to_string()]).status();

@@ -14,9 +14,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use dlock_rt::http::BaseUrl;
 use dlock_testkit::{fresh_database, Db, TempDir};
-use serde_json::{json, Value};
+use serde_json::Value;
 use uuid::Uuid;
 
 /// Payouts per run, spread over [`ACCOUNTS`] accounts.
@@ -68,42 +67,17 @@ async fn cluster_with(db: Db, proxy_extra: &[&str]) -> Cluster {
     Cluster { stub, lock, payment, proxy, paydb_url: url, _dirs: (paydb_dir, lock_dir) }
 }
 
-async fn create(base: &BaseUrl, path: &str, key: &str, body: Value) -> Value {
-    let r = client()
-        .send(
-            base,
-            http::Method::POST,
-            path,
-            &[("content-type", "application/json"), ("x-owner-id", "ops"), ("x-idempotency-key", key)],
-            Some(body.to_string().into()),
-        )
-        .await
-        .expect("payment-resource answers");
-    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
-    json_of(&r)
-}
-
 async fn seed(c: &Cluster) -> Vec<Uuid> {
+    let payment = payment_client(&c.payment);
     for a in 0..ACCOUNTS {
-        create(
-            &c.payment.base,
-            "/v1/accounts",
-            &format!("open-{a}"),
-            json!({"accountId": format!("acct-{a}"), "currency": "EUR", "openingBalanceMinor": 1_000_000}),
-        )
-        .await;
+        open_account(&payment, &format!("open-{a}"), &format!("acct-{a}"), 1_000_000).await;
     }
     let mut ids = Vec::new();
     for i in 0..PAYOUTS {
-        let v = create(
-            &c.payment.base,
-            "/v1/payouts",
-            &format!("create-{i}"),
-            json!({"accountId": format!("acct-{}", i % ACCOUNTS), "amountMinor": 1_000 + i as i64, "currency": "EUR",
-                "beneficiaryRef": format!("ben-{i}")}),
-        )
-        .await;
-        ids.push(Uuid::parse_str(v["payoutId"].as_str().expect("id")).expect("uuid"));
+        let account = format!("acct-{}", i % ACCOUNTS);
+        let created =
+            create_payout(&payment, &format!("create-{i}"), &account, 1_000 + i as i64, &format!("ben-{i}")).await;
+        ids.push(created.payout_id);
     }
     ids
 }
@@ -144,13 +118,20 @@ fn executor_args(c: &Cluster, owner: &str, extra: &[&str]) -> Vec<String> {
     args
 }
 
+/// Each payout's state as P4 reads it ("?" when the read is refused).
 async fn states(c: &Cluster, ids: &[Uuid]) -> BTreeMap<Uuid, String> {
+    let payment = payment_client(&c.payment);
     let mut out = BTreeMap::new();
     for id in ids {
-        let v = json_of(&get(&c.payment, &format!("/v1/payouts/{id}")).await);
-        out.insert(*id, v["state"].as_str().unwrap_or("?").to_owned());
+        let state = payment.payout(*id).await.map_or_else(|_| "?".to_owned(), |p| p.state.as_str().to_owned());
+        out.insert(*id, state);
     }
     out
+}
+
+/// Account `acct-{a}` as P5 reads it.
+async fn account(c: &Cluster, a: usize) -> dlock_contract::payment::AccountBody {
+    payment_client(&c.payment).account(&format!("acct-{a}")).await.expect("P5")
 }
 
 fn settled(state: &str) -> bool {
@@ -225,9 +206,9 @@ async fn a_stalled_executor_is_fenced_out_and_nothing_is_paid_twice(db: Db) {
     }
     // The ledger balances on every account.
     for a in 0..ACCOUNTS {
-        let v = json_of(&get(&c.payment, &format!("/v1/accounts/acct-{a}")).await);
-        assert_eq!(v["balanceMinor"], v["ledgerSumMinor"], "{v}");
-        assert!(v["availableMinor"].as_i64().is_some_and(|x| x >= 0), "{v}");
+        let v = account(&c, a).await;
+        assert_eq!(v.balance_minor, v.ledger_sum_minor, "{v:?}");
+        assert!(v.available_minor >= 0, "{v:?}");
     }
     // And the reconciler, reading paydb and the rail's record itself, finds nothing.
     let (code, report) = reconcile(&c);
@@ -264,8 +245,8 @@ async fn assert_the_run_is_whole(c: &Cluster, ids: &[Uuid]) {
         }
     }
     for a in 0..ACCOUNTS {
-        let v = json_of(&get(&c.payment, &format!("/v1/accounts/acct-{a}")).await);
-        assert_eq!(v["balanceMinor"], v["ledgerSumMinor"], "{v}");
+        let v = account(c, a).await;
+        assert_eq!(v.balance_minor, v.ledger_sum_minor, "{v:?}");
     }
     let (code, report) = reconcile(c);
     assert_eq!(code, Some(0), "{report}");

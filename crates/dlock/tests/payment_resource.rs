@@ -9,6 +9,12 @@
 mod common;
 
 use common::*;
+use dlock_contract::payment::{AccountBody, ClaimAck, ClaimRequest, PostAck, PostRequest};
+use dlock_contract::payout::PayoutState;
+use dlock_contract::rail::{SubmissionAck, SubmissionOutcome, SubmissionRequest};
+use dlock_contract::{ErrorCode, ErrorEnvelope, FencingToken, IdempotencyKey, OwnerId};
+use dlock_payment_client::PaymentRefusal;
+use dlock_rail_client::{RailClient, RailClientConfig};
 use dlock_rt::http::BaseUrl;
 use dlock_testkit::{fresh_database, Db, TempDir};
 use serde_json::{json, Value};
@@ -41,80 +47,102 @@ async fn call(base: &BaseUrl, path: &str, headers: &[(&str, &str)], body: Value)
     (r.status, r.body.to_vec(), v)
 }
 
-async fn setup(payment: &BaseUrl, opening: i64, amounts: &[i64]) -> Vec<Uuid> {
-    let (s, _, v) = call(
-        payment,
-        "/v1/accounts",
-        &[("x-owner-id", "ops"), ("x-idempotency-key", "open-acct-1")],
-        json!({"accountId": "acct-1", "currency": "EUR", "openingBalanceMinor": opening}),
-    )
-    .await;
-    assert_eq!(s, 201, "{v}");
+async fn setup(payment: &Service, opening: i64, amounts: &[i64]) -> Vec<Uuid> {
+    let client = payment_client(payment);
+    open_account(&client, "open-acct-1", "acct-1", opening).await;
     let mut ids = Vec::new();
     for (i, amount) in amounts.iter().enumerate() {
-        let key = format!("create-{i}");
-        let (s, _, v) = call(
-            payment,
-            "/v1/payouts",
-            &[("x-owner-id", "ops"), ("x-idempotency-key", &key)],
-            json!({"accountId": "acct-1", "amountMinor": amount, "currency": "EUR", "beneficiaryRef": "ben-1"}),
-        )
-        .await;
-        assert_eq!(s, 201, "{v}");
-        ids.push(Uuid::parse_str(v["payoutId"].as_str().expect("id")).expect("uuid"));
+        ids.push(create_payout(&client, &format!("create-{i}"), "acct-1", *amount, "ben-1").await.payout_id);
     }
     ids
 }
 
-async fn claim(payment: &BaseUrl, p: Uuid, token: i64, owner: &str, expected: &str) -> (u16, Vec<u8>, Value) {
-    let (t, key) = (token.to_string(), format!("payout:{p}"));
-    call(
-        payment,
-        &format!("/v1/payouts/{p}/claim"),
-        &[("x-fencing-token", &t), ("x-owner-id", owner), ("x-idempotency-key", &key)],
-        json!({"expectedState": expected}),
-    )
-    .await
+/// P2 as a worker sends it: the grant's token, the payout's stable key.
+async fn claim(payment: &Service, p: Uuid, token: i64, owner: &str, expected: PayoutState) -> Claimed {
+    claim_keyed(payment, p, token, owner, expected, &format!("payout:{p}")).await
 }
 
-async fn post(payment: &BaseUrl, p: Uuid, token: i64, owner: &str, ack: &Value) -> (u16, Value) {
-    let (t, key) = (token.to_string(), format!("payout:{p}"));
-    let (s, _, v) = call(
-        payment,
-        &format!("/v1/payouts/{p}/post"),
-        &[("x-fencing-token", &t), ("x-owner-id", owner), ("x-idempotency-key", &key)],
-        json!({"railReference": ack["railReference"], "submissionId": ack["submissionId"], "railOutcome": "ACKED"}),
-    )
-    .await;
-    (s, v)
+type Claimed = Result<ClaimAck, PaymentRefusal>;
+
+async fn claim_keyed(payment: &Service, p: Uuid, token: i64, owner: &str, expected: PayoutState, key: &str) -> Claimed {
+    let (token, owner) = (FencingToken::new(token).expect("token"), OwnerId::parse(owner).expect("owner"));
+    let key = IdempotencyKey::parse(key).expect("key");
+    payment_client(payment).claim(p, token, &owner, &key, &ClaimRequest { expected_state: expected }).await
 }
 
-async fn account(payment: &Service) -> Value {
-    json_of(&get(payment, "/v1/accounts/acct-1").await)
+/// P2 with its answer's raw bytes, for the byte-for-byte replay.
+async fn claim_bytes(payment: &BaseUrl, p: Uuid, token: i64, owner: &str) -> (u16, Vec<u8>) {
+    let (t, key) = (token.to_string(), format!("payout:{p}"));
+    let headers = [("x-fencing-token", t.as_str()), ("x-owner-id", owner), ("x-idempotency-key", key.as_str())];
+    let (s, bytes, _) =
+        call(payment, &format!("/v1/payouts/{p}/claim"), &headers, json!({"expectedState": "PENDING"})).await;
+    (s, bytes)
+}
+
+/// The one submission, through the rail client.
+async fn submit_once(proxy: &Service, p: Uuid, amount_minor: i64, token: i64) -> SubmissionAck {
+    let body = SubmissionRequest {
+        payout_id: p,
+        account_id: "acct-1".into(),
+        amount_minor,
+        currency: "EUR".into(),
+        beneficiary_ref: "ben-1".into(),
+    };
+    let mut cfg = RailClientConfig::new(proxy.base.clone());
+    cfg.read_timeout_ms = client().read_timeout_ms;
+    let (token, owner) = (FencingToken::new(token).expect("token"), OwnerId::parse("worker-1").expect("owner"));
+    let key = IdempotencyKey::parse(&format!("payout:{p}")).expect("key");
+    RailClient::new(cfg).expect("rail client").submit(token, &owner, &key, &body).await.expect("acked")
+}
+
+async fn post(
+    payment: &Service,
+    p: Uuid,
+    token: i64,
+    owner: &str,
+    ack: &SubmissionAck,
+) -> Result<PostAck, PaymentRefusal> {
+    let body = PostRequest {
+        rail_reference: ack.rail_reference.clone(),
+        submission_id: ack.submission_id,
+        rail_outcome: SubmissionOutcome::Acked.as_str().to_owned(),
+    };
+    let (token, owner) = (FencingToken::new(token).expect("token"), OwnerId::parse(owner).expect("owner"));
+    let key = IdempotencyKey::parse(&format!("payout:{p}")).expect("key");
+    payment_client(payment).post(p, token, &owner, &key, &body).await
+}
+
+async fn account(payment: &Service) -> AccountBody {
+    payment_client(payment).account("acct-1").await.expect("P5")
+}
+
+/// A refusal's envelope (the service must have answered with one).
+fn refused<T: std::fmt::Debug>(r: Result<T, PaymentRefusal>) -> ErrorEnvelope {
+    match r {
+        Err(PaymentRefusal::Refused { envelope, .. }) => envelope,
+        other => panic!("expected a C3 envelope, got {other:?}"),
+    }
 }
 
 async fn payout_flows_from_creation_through_the_rail_to_the_ledger(db: Db) {
     let c = cluster(db).await;
-    let ids = setup(&c.payment.base, 5_000, &[1_200, 800]).await;
+    let ids = setup(&c.payment, 5_000, &[1_200, 800]).await;
     for (i, p) in ids.iter().enumerate() {
         let amount = [1_200, 800][i];
         let claim_token = 10 + 2 * i as i64;
-        let (s, _, v) = claim(&c.payment.base, *p, claim_token, "worker-1", "PENDING").await;
-        assert_eq!((s, v["state"].as_str()), (200, Some("CLAIMED")), "{v}");
-        let r = submit(&c.proxy, *p, "acct-1", amount, &claim_token.to_string()).await;
-        assert_eq!(r.status, 200, "{:?}", json_of(&r));
-        let ack = json_of(&r);
-        let (s, v) = post(&c.payment.base, *p, claim_token + 1, "worker-1", &ack).await;
-        assert_eq!(s, 200, "{v}");
-        assert_eq!(v["state"], "POSTED");
-        let view = json_of(&get(&c.payment, &format!("/v1/payouts/{p}")).await);
-        assert_eq!(view["state"], "POSTED");
-        assert_eq!(view["submissions"][0]["outcome"], "ACKED");
+        let claimed = claim(&c.payment, *p, claim_token, "worker-1", PayoutState::Pending).await.expect("claimed");
+        assert_eq!(claimed.state, PayoutState::Claimed);
+        let ack = submit_once(&c.proxy, *p, amount, claim_token).await;
+        let posted = post(&c.payment, *p, claim_token + 1, "worker-1", &ack).await.expect("posted");
+        assert_eq!(posted.state, PayoutState::Posted);
+        let view = payment_client(&c.payment).payout(*p).await.expect("P4");
+        assert_eq!(view.state, PayoutState::Posted);
+        assert_eq!(view.submissions[0].outcome, Some(SubmissionOutcome::Acked));
     }
     let a = account(&c.payment).await;
-    assert_eq!(a["balanceMinor"], 3_000);
-    assert_eq!(a["ledgerSumMinor"], 3_000);
-    assert_eq!(a["fence"], 13);
+    assert_eq!(a.balance_minor, 3_000);
+    assert_eq!(a.ledger_sum_minor, 3_000);
+    assert_eq!(a.fence, 13);
     let calls = rail_calls(&c.stub).await;
     let refs: Vec<&str> = calls.iter().filter_map(|c| c["clientRef"].as_str()).collect();
     assert_eq!(
@@ -148,46 +176,35 @@ async fn a_paused_worker_is_fenced_out_at_claim_and_post(db: Db) {
     let c = cluster(db).await;
     let lock_dir = TempDir::new("lockdb");
     let lock = lock_server(&lock_dir);
-    let ids = setup(&c.payment.base, 5_000, &[1_000]).await;
+    let ids = setup(&c.payment, 5_000, &[1_000]).await;
     let p = ids[0];
 
     // A takes the lock and claims; then it stalls past its 1 s lease.
     let token_a = grant(&lock.base, "worker-a", 0).await;
-    let (s, _, _) = claim(&c.payment.base, p, token_a, "worker-a", "PENDING").await;
-    assert_eq!(s, 200);
+    claim(&c.payment, p, token_a, "worker-a", PayoutState::Pending).await.expect("A claims");
     // B waits for A's lease to lapse, takes the lock, re-claims, submits, posts.
     let token_b = grant(&lock.base, "worker-b", 10_000).await;
     assert!(token_b > token_a);
-    let (s, _, v) = claim(&c.payment.base, p, token_b, "worker-b", "CLAIMED").await;
-    assert_eq!(s, 200, "{v}");
-    let r = submit(&c.proxy, p, "acct-1", 1_000, &token_b.to_string()).await;
-    assert_eq!(r.status, 200);
-    let ack = json_of(&r);
+    claim(&c.payment, p, token_b, "worker-b", PayoutState::Claimed).await.expect("B re-claims");
+    let ack = submit_once(&c.proxy, p, 1_000, token_b).await;
     let token_b2 = grant(&lock.base, "worker-b", 10_000).await;
 
     // A wakes and writes anyway (re-claiming under a regenerated key, since its stable key
     // with its own token would only be a conflicting replay): the resource fences it at
     // claim and at post.
-    let t = token_a.to_string();
-    let (s, _, v) = call(
-        &c.payment.base,
-        &format!("/v1/payouts/{p}/claim"),
-        &[("x-fencing-token", &t), ("x-owner-id", "worker-a"), ("x-idempotency-key", "regenerated")],
-        json!({"expectedState": "CLAIMED"}),
-    )
-    .await;
-    assert_eq!((s, v["code"].as_str()), (409, Some("FENCED_OUT")), "{v}");
-    assert_eq!(v["details"]["presentedToken"], token_a);
-    assert_eq!(v["details"]["highestToken"], token_b);
-    assert_eq!(v["details"]["resourceType"], "account");
-    let (s, v) = post(&c.payment.base, p, token_a, "worker-a", &ack).await;
-    assert_eq!((s, v["code"].as_str()), (409, Some("FENCED_OUT")), "{v}");
-    assert_eq!(v["details"]["resourceType"], "ledger");
+    let v = refused(claim_keyed(&c.payment, p, token_a, "worker-a", PayoutState::Claimed, "regenerated").await);
+    let details = v.details.clone().unwrap_or_default();
+    assert_eq!(v.code, ErrorCode::FencedOut, "{v:?}");
+    assert_eq!(details["presentedToken"], token_a);
+    assert_eq!(details["highestToken"], token_b);
+    assert_eq!(details["resourceType"], "account");
+    let v = refused(post(&c.payment, p, token_a, "worker-a", &ack).await);
+    assert_eq!(v.code, ErrorCode::FencedOut, "{v:?}");
+    assert_eq!(v.details.unwrap_or_default()["resourceType"], "ledger");
 
-    let (s, v) = post(&c.payment.base, p, token_b2, "worker-b", &ack).await;
-    assert_eq!(s, 200, "{v}");
+    post(&c.payment, p, token_b2, "worker-b", &ack).await.expect("B posts");
     let a = account(&c.payment).await;
-    assert_eq!((a["balanceMinor"].as_i64(), a["ledgerSumMinor"].as_i64()), (Some(4_000), Some(4_000)));
+    assert_eq!((a.balance_minor, a.ledger_sum_minor), (4_000, 4_000));
     assert_eq!(rail_calls(&c.stub).await.len(), 1);
     let metrics = String::from_utf8(get(&c.payment, "/metrics").await.body.to_vec()).expect("utf8");
     assert!(metrics.contains("lock_fenced_out_total{resource=\"account\"} 1"), "{metrics}");
@@ -196,18 +213,18 @@ async fn a_paused_worker_is_fenced_out_at_claim_and_post(db: Db) {
 
 async fn payment_resource_restart_keeps_fences_and_replays_claims(db: Db) {
     let mut c = cluster(db).await;
-    let ids = setup(&c.payment.base, 5_000, &[700]).await;
+    let ids = setup(&c.payment, 5_000, &[700]).await;
     let p = ids[0];
-    let (s, first, _) = claim(&c.payment.base, p, 21, "worker-1", "PENDING").await;
+    let (s, first) = claim_bytes(&c.payment.base, p, 21, "worker-1").await;
     assert_eq!(s, 200);
     c.payment.crash_and_restart();
-    let (s, again, _) = claim(&c.payment.base, p, 21, "worker-1", "PENDING").await;
+    let (s, again) = claim_bytes(&c.payment.base, p, 21, "worker-1").await;
     assert_eq!(s, 200);
     assert_eq!(again, first, "the recorded answer replays byte for byte after a kill -9");
     // An older holder's claim (a new identity: its own token) meets the fence paydb kept.
-    let (s, _, v) = claim(&c.payment.base, p, 20, "worker-0", "PENDING").await;
-    assert_eq!((s, v["code"].as_str()), (409, Some("FENCED_OUT")), "{v}");
-    assert_eq!(v["details"]["highestToken"], 21);
+    let v = refused(claim(&c.payment, p, 20, "worker-0", PayoutState::Pending).await);
+    assert_eq!(v.code, ErrorCode::FencedOut, "{v:?}");
+    assert_eq!(v.details.unwrap_or_default()["highestToken"], 21);
 }
 
 on_both_databases!(

@@ -240,3 +240,50 @@ pub async fn rail_calls(stub: &Service) -> Vec<Value> {
     let r = get(stub, "/calls").await;
     json_of(&r)["calls"].as_array().cloned().unwrap_or_default()
 }
+
+/// A payment client of `svc` as a worker holds one (C3 §3.8 budgets), with this harness's
+/// longer read budget for writes: a `dlock` process on a busy machine may answer slowly.
+pub fn payment_client(svc: &Service) -> dlock_payment_client::PaymentClient {
+    let mut cfg = dlock_payment_client::PaymentClientConfig::new(svc.base.clone());
+    cfg.write_read_timeout_ms = client().read_timeout_ms;
+    dlock_payment_client::PaymentClient::new(cfg).expect("payment client")
+}
+
+/// Opens `account_id` in EUR with `opening_minor`, as operator `ops` under `key`.
+pub async fn open_account(
+    payment: &dlock_payment_client::PaymentClient,
+    key: &str,
+    account_id: &str,
+    opening_minor: i64,
+) -> dlock_contract::payment::AccountBody {
+    let body = dlock_contract::payment::NewAccountRequest {
+        account_id: account_id.to_owned(),
+        currency: "EUR".into(),
+        opening_balance_minor: opening_minor,
+    };
+    let (ops, key) = (ops(), dlock_contract::IdempotencyKey::parse(key).expect("key"));
+    payment.create_account(&ops, &key, &body).await.expect("account opened")
+}
+
+/// Creates a PENDING EUR payout on `account_id`, as operator `ops` under `key`.
+pub async fn create_payout(
+    payment: &dlock_payment_client::PaymentClient,
+    key: &str,
+    account_id: &str,
+    amount_minor: i64,
+    beneficiary_ref: &str,
+) -> dlock_contract::payment::PayoutBody {
+    let body = dlock_contract::payment::NewPayoutRequest {
+        payout_id: None,
+        account_id: account_id.to_owned(),
+        amount_minor,
+        currency: "EUR".into(),
+        beneficiary_ref: beneficiary_ref.to_owned(),
+    };
+    let (ops, key) = (ops(), dlock_contract::IdempotencyKey::parse(key).expect("key"));
+    payment.create_payout(&ops, &key, &body).await.expect("payout created")
+}
+
+fn ops() -> dlock_contract::OwnerId {
+    dlock_contract::OwnerId::parse("ops").expect("owner")
+}

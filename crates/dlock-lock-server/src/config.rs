@@ -1,0 +1,125 @@
+//! The lock server's keys (`lock.*`) and their one resolver, used by `dlock lock-server`,
+//! `dlock up`/`demo`, the simulation and the tests alike (see `dlock_config`).
+
+use std::net::SocketAddr;
+
+use dlock_config::{Layers, Profile, LOCKDB_URL_DEFAULT};
+
+use crate::service::LockServerConfig;
+
+/// Every key the lock server reads.
+pub const KEYS: &[&str] = &[
+    "lock.server.listen",
+    "lock.server.backend",
+    "lock.server.database-url",
+    "lock.server.etcd-endpoints",
+    "lock.server.etcd-prefix",
+    "lock.session.ttl-ms",
+    "lock.default.ttl-ms",
+    "lock.delay-ms",
+    "lock.waiters-max",
+    "lock.session.retention-ms",
+    "lock.reaper.interval-ms",
+    "lock.wait.poll-ms",
+];
+
+/// Default `lock.server.listen`.
+pub const LISTEN_DEFAULT: ([u8; 4], u16) = ([127, 0, 0, 1], 8081);
+
+/// Where the lock server keeps its state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockBackend {
+    /// lockdb on SQLite or PostgreSQL, at this URL.
+    Sql(String),
+    /// etcd, at these endpoints, under this key prefix.
+    Etcd(Vec<String>, String),
+}
+
+/// The lock server's resolved settings.
+#[derive(Debug, Clone)]
+pub struct LockServerSettings {
+    pub listen: SocketAddr,
+    pub backend: LockBackend,
+    pub config: LockServerConfig,
+}
+
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// Resolves every `lock.*` key; the backend follows `lock.server.backend`, else the URL.
+pub fn resolve(layers: &Layers, _profile: Profile) -> Result<LockServerSettings, String> {
+    let d = LockServerConfig::default();
+    let listen = layers.get("lock.server.listen", SocketAddr::from(LISTEN_DEFAULT))?;
+    let url = layers.get("lock.server.database-url", LOCKDB_URL_DEFAULT.to_owned())?;
+    let backend = match layers.get_opt::<String>("lock.server.backend")? {
+        Some(b) => b,
+        None => if is_postgres(&url) { "postgres" } else { "sqlite" }.to_owned(),
+    };
+    let backend = match backend.as_str() {
+        "sqlite" if url.starts_with("sqlite:") => LockBackend::Sql(url),
+        "postgres" if is_postgres(&url) => LockBackend::Sql(url),
+        "etcd" => {
+            let endpoints = layers.get("lock.server.etcd-endpoints", String::new())?;
+            let endpoints: Vec<String> =
+                endpoints.split(',').map(str::trim).filter(|e| !e.is_empty()).map(str::to_owned).collect();
+            if endpoints.is_empty() {
+                return Err("lock.server.backend=etcd needs --etcd-endpoints http://HOST:PORT[,...]".into());
+            }
+            let prefix = layers.get("lock.server.etcd-prefix", crate::store_etcd::DEFAULT_PREFIX.to_owned())?;
+            if !prefix.starts_with('/') || prefix.len() < 2 {
+                return Err("lock.server.etcd-prefix must start with / and name something, e.g. /dlock".into());
+            }
+            LockBackend::Etcd(endpoints, prefix)
+        }
+        "sqlite" | "postgres" => {
+            return Err(format!("lock.server.backend={backend} does not match lock.server.database-url {url}"))
+        }
+        other => return Err(format!("unknown lock.server.backend {other:?} (sqlite, postgres, etcd)")),
+    };
+    let config = LockServerConfig {
+        session_ttl_ms_default: layers.get("lock.session.ttl-ms", d.session_ttl_ms_default)?,
+        lock_ttl_ms_default: layers.get("lock.default.ttl-ms", d.lock_ttl_ms_default)?,
+        delay_ms: layers.get("lock.delay-ms", d.delay_ms)?.max(0),
+        waiters_per_key_max: layers.get("lock.waiters-max", d.waiters_per_key_max)?,
+        session_retention_ms: layers.get("lock.session.retention-ms", d.session_retention_ms)?,
+        reap_interval_ms: layers.get("lock.reaper.interval-ms", d.reap_interval_ms)?,
+        reap_batch_max: d.reap_batch_max,
+        wait_poll_ms: layers.get("lock.wait.poll-ms", d.wait_poll_ms)?,
+    };
+    Ok(LockServerSettings { listen, backend, config })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(pairs: &[(&str, &str)]) -> Result<LockBackend, String> {
+        resolve(&Layers::of(pairs), Profile::Production).map(|s| s.backend)
+    }
+
+    #[test]
+    fn lock_backend_follows_the_keys_and_refuses_mismatches() {
+        let s = resolve(&Layers::default(), Profile::Production).expect("defaults");
+        assert_eq!(s.listen.port(), 8081);
+        assert_eq!(s.backend, LockBackend::Sql(LOCKDB_URL_DEFAULT.to_owned()));
+        assert_eq!(
+            backend(&[("lock.server.database-url", "postgres://u@h/lockdb")]),
+            Ok(LockBackend::Sql("postgres://u@h/lockdb".into()))
+        );
+        assert_eq!(
+            backend(&[("lock.server.backend", "etcd"), ("lock.server.etcd-endpoints", "http://a:2379, http://b:2379")]),
+            Ok(LockBackend::Etcd(vec!["http://a:2379".into(), "http://b:2379".into()], "/dlock".into()))
+        );
+        assert!(backend(&[("lock.server.backend", "etcd")]).is_err());
+        assert!(backend(&[("lock.server.backend", "postgres")]).is_err());
+        assert!(backend(&[("lock.server.backend", "zookeeper")]).is_err());
+    }
+
+    #[test]
+    fn service_knobs_read_their_keys() {
+        let l = Layers::of(&[("lock.reaper.interval-ms", "200"), ("lock.waiters-max", "1"), ("lock.delay-ms", "-5")]);
+        let c = resolve(&l, Profile::Production).expect("ok").config;
+        assert_eq!((c.reap_interval_ms, c.waiters_per_key_max, c.delay_ms), (200, 1, 0));
+    }
+}

@@ -1,0 +1,117 @@
+//! The submission and its budget.
+
+use bytes::Bytes;
+use dlock_contract::rail::{SubmissionAck, SubmissionRequest};
+use dlock_contract::{
+    FencingToken, IdempotencyKey, OwnerId, CONTENT_TYPE_JSON, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY,
+    HEADER_OWNER_ID,
+};
+use dlock_rt::http::{BaseUrl, HttpClient};
+
+use crate::refusal::{decode, RailRefusal};
+
+/// The proxy's one write.
+pub const SUBMISSIONS_PATH: &str = "/v1/rail/submissions";
+/// Submit connect budget (C3 §3.8: 1 s / rail read timeout + 2 s).
+pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 1_000;
+/// The proxy's default read timeout towards the rail (`rail.proxy.read-timeout-ms`).
+pub const RAIL_READ_TIMEOUT_MS_DEFAULT: u64 = 8_000;
+/// What the submit read budget adds to the rail's read timeout (C3 §3.8 "+ 2 s").
+pub const READ_MARGIN_MS: u64 = 2_000;
+/// Longest either budget may be set to.
+pub const TIMEOUT_MS_CEILING_MAX: u64 = 60_000;
+
+/// The client's settings. There is no retry setting: a submission is never re-sent.
+#[derive(Debug, Clone)]
+pub struct RailClientConfig {
+    /// The rail-proxy, `http://host:port`.
+    pub base_url: BaseUrl,
+    pub connect_timeout_ms: u64,
+    /// Must exceed the proxy's own read timeout towards the rail (C3 §3.8).
+    pub read_timeout_ms: u64,
+}
+
+impl RailClientConfig {
+    /// Settings with the C3 §3.8 defaults.
+    pub fn new(base_url: BaseUrl) -> RailClientConfig {
+        RailClientConfig {
+            base_url,
+            connect_timeout_ms: CONNECT_TIMEOUT_MS_DEFAULT,
+            read_timeout_ms: RAIL_READ_TIMEOUT_MS_DEFAULT + READ_MARGIN_MS,
+        }
+    }
+
+    /// Refuses settings outside their ranges, naming the field.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [("connect_timeout_ms", self.connect_timeout_ms), ("read_timeout_ms", self.read_timeout_ms)] {
+            if v == 0 || v > TIMEOUT_MS_CEILING_MAX {
+                return Err(format!("{name} must be 1..={TIMEOUT_MS_CEILING_MAX}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The client. Cheap to clone; holds no connection.
+#[derive(Debug, Clone)]
+pub struct RailClient {
+    cfg: RailClientConfig,
+    budget: HttpClient,
+}
+
+impl RailClient {
+    /// A client with validated settings.
+    pub fn new(cfg: RailClientConfig) -> Result<RailClient, String> {
+        cfg.validate()?;
+        let budget = HttpClient::new(cfg.connect_timeout_ms, cfg.read_timeout_ms);
+        Ok(RailClient { cfg, budget })
+    }
+
+    pub fn config(&self) -> &RailClientConfig {
+        &self.cfg
+    }
+
+    /// `POST /v1/rail/submissions`, sent once under `token`. Never retried, whatever the
+    /// refusal: see the crate's invariant 1.
+    pub async fn submit(
+        &self,
+        token: FencingToken,
+        owner: &OwnerId,
+        key: &IdempotencyKey,
+        body: &SubmissionRequest,
+    ) -> Result<SubmissionAck, RailRefusal> {
+        let bytes = match serde_json::to_vec(body) {
+            Ok(b) => Bytes::from(b),
+            Err(e) => return Err(RailRefusal::NothingSent { cause: e.to_string() }),
+        };
+        let token = token.to_string();
+        let headers = [
+            ("content-type", CONTENT_TYPE_JSON),
+            ("accept", CONTENT_TYPE_JSON),
+            (HEADER_FENCING_TOKEN, token.as_str()),
+            (HEADER_OWNER_ID, owner.as_str()),
+            (HEADER_IDEMPOTENCY_KEY, key.as_str()),
+        ];
+        let sent =
+            self.budget.send(&self.cfg.base_url, http::Method::POST, SUBMISSIONS_PATH, &headers, Some(bytes)).await;
+        decode(sent)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_c3_3_8_submit_budget() {
+        let c = RailClientConfig::new(BaseUrl::parse("http://127.0.0.1:8083").expect("url"));
+        assert_eq!((c.connect_timeout_ms, c.read_timeout_ms), (1_000, 10_000));
+        assert_eq!(c.validate(), Ok(()));
+        let mut c2 = c.clone();
+        c2.read_timeout_ms = 0;
+        assert!(c2.validate().is_err_and(|e| e.contains("read_timeout_ms")));
+        let mut c3 = c;
+        c3.connect_timeout_ms = TIMEOUT_MS_CEILING_MAX + 1;
+        assert!(c3.validate().is_err_and(|e| e.contains("connect_timeout_ms")));
+    }
+}
