@@ -63,6 +63,44 @@ pub trait ClassifiedStoreError: Sized {
     fn of_fault(fault: StoreFault, cause: String) -> Self;
 }
 
+/// A store failure, in the one classification (module doc). Every store (lockdb and paydb;
+/// SQL, etcd and memory) fails with this type; its variant is its [`StoreFault`], and the
+/// text is the internal cause (logged, never sent).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// Nothing was decided: unreachable, read-only, failing over, timed out or busy past its
+    /// bound, or without quorum, before anything could commit (retry-safe).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The commit was sent and its answer lost: the write may have committed (never
+    /// retry-safe; an ambiguous acquire's grant stays attached to its session, and replaying
+    /// the same key and token at the payment-resource reveals a claim or post).
+    #[error("commit outcome unknown: {0}")]
+    CommitUnknown(String),
+    /// The store answered something it cannot interpret, or a guard refused a write the
+    /// store issued.
+    #[error("unexpected store content: {0}")]
+    Corrupt(String),
+}
+
+impl ClassifiedStoreError for StoreError {
+    fn fault(&self) -> StoreFault {
+        match self {
+            StoreError::Unavailable(_) => StoreFault::Unavailable,
+            StoreError::CommitUnknown(_) => StoreFault::CommitUnknown,
+            StoreError::Corrupt(_) => StoreFault::Corrupt,
+        }
+    }
+
+    fn of_fault(fault: StoreFault, cause: String) -> StoreError {
+        match fault {
+            StoreFault::Unavailable => StoreError::Unavailable(cause),
+            StoreFault::CommitUnknown => StoreError::CommitUnknown(cause),
+            StoreFault::Corrupt => StoreError::Corrupt(cause),
+        }
+    }
+}
+
 /// Faults to inject into a store, per operation (the store trait's method name, e.g.
 /// `"admit"`, `"claim"`, `"acquire"`), each consumed by one call, in the order queued.
 ///

@@ -43,38 +43,6 @@ macro_rules! unsettled_sql {
     };
 }
 
-/// A paydb store failure, in the one classification every store shares
-/// ([`StoreFault`], C3-extensions C-29).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StoreError {
-    /// Nothing was decided: the database could not be reached, timed out, or was busy past
-    /// its bound, before anything could commit (503, retry-safe).
-    #[error("database unavailable: {0}")]
-    Unavailable(String),
-    /// The commit was sent and its answer lost: the write may have committed (500, never
-    /// retry-safe; replaying the same key and token reveals it).
-    #[error("commit outcome unknown: {0}")]
-    CommitUnknown(String),
-    /// The database answered something the store cannot interpret, or a guard refused a
-    /// write the store issued (500).
-    #[error("unexpected database content: {0}")]
-    Corrupt(String),
-}
-
-impl dlock_contract::store::ClassifiedStoreError for StoreError {
-    fn fault(&self) -> StoreFault {
-        match self {
-            StoreError::Unavailable(_) => StoreFault::Unavailable,
-            StoreError::CommitUnknown(_) => StoreFault::CommitUnknown,
-            StoreError::Corrupt(_) => StoreFault::Corrupt,
-        }
-    }
-
-    fn of_fault(fault: StoreFault, cause: String) -> StoreError {
-        match fault {
-            StoreFault::Unavailable => StoreError::Unavailable(cause),
-            StoreFault::CommitUnknown => StoreError::CommitUnknown(cause),
-            StoreFault::Corrupt => StoreError::Corrupt(cause),
-        }
-    }
-}
+/// A paydb store failure: the one store error every store shares ([`StoreFault`],
+/// C3-extensions C-29): `Unavailable` is 503 and retry-safe, the others 500.
+pub use dlock_contract::store::StoreError;
