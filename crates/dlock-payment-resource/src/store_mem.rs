@@ -12,6 +12,13 @@
 //! [`guard_transition`] and the fence comparisons mirror the SQL triggers and CHECKs (a write
 //! they refuse is [`StoreError::Corrupt`], as a trigger error is). The conformance suite
 //! holds it to the SQL stores.
+//!
+//! **Observer** (simulation only in practice): [`MemPaydb::set_observer`] registers one
+//! [`PaydbObserver`], called after every fenced write (claim, post, admission) *inside* the
+//! transaction, under the one mutex, with the tables as that write left them. The
+//! simulation's oracle uses it to check fence monotonicity at each acceptance, in
+//! acceptance order. Unset (the default) it costs one uncontended `Option` read per fenced
+//! write; it never changes what a write does.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
@@ -77,10 +84,95 @@ pub struct PaydbTables {
     pub resolutions: Vec<ResolutionRow>,
 }
 
+/// Which fenced write paydb decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FencedOp {
+    /// P2, at the account fence (`accounts.fence`).
+    Claim,
+    /// P3, at the ledger (the same `accounts.fence`).
+    Post,
+    /// The proxy's steps 1–3, at the rail's high-water mark (`rail_high_water`).
+    Admit,
+}
+
+/// What the fence made of a fenced write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceVerdictSeen {
+    /// The fence (or mark) passed and now equals the token: the write was accepted.
+    Accepted,
+    /// The fence refused the token.
+    FencedOut { highest_token: i64 },
+    /// No fence decision was applied: a replay, a conflict, a missing payout, a state
+    /// refusal (which rolls the fence back), or a store error.
+    Other,
+}
+
+/// One fenced write as paydb decided it, reported to the [`PaydbObserver`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FencedWrite {
+    pub op: FencedOp,
+    pub payout_id: Uuid,
+    /// The payout's account (empty when the payout does not exist).
+    pub account_id: String,
+    pub token: i64,
+    pub owner_id: String,
+    /// The resource compared the token (false only for an admission with
+    /// `rail.proxy.fencing.enabled = false`).
+    pub fenced: bool,
+    /// The payout's state before the write (`None`: no such payout).
+    pub state_before: Option<PayoutState>,
+    pub verdict: FenceVerdictSeen,
+    /// The idempotency identity (claim and post).
+    pub identity: Option<Identity>,
+    /// The response this write recorded (a committed claim or post).
+    pub recorded: Option<StoredResponse>,
+    /// The recorded response a replay answered.
+    pub replayed: Option<StoredResponse>,
+    /// The proxy's admission, rendered (`admitted`, `fenced`, `duplicate`, `not_claimable`).
+    pub admission: Option<&'static str>,
+}
+
+/// Sees every fenced write inside its transaction (see the module doc).
+pub trait PaydbObserver: Send + Sync {
+    fn fenced_write(&self, tables: &PaydbTables, write: &FencedWrite);
+}
+
+#[derive(Default)]
+struct ObserverSlot(std::sync::RwLock<Option<std::sync::Arc<dyn PaydbObserver>>>);
+
+impl std::fmt::Debug for ObserverSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = self.0.read().map(|o| o.is_some()).unwrap_or(false);
+        f.debug_struct("ObserverSlot").field("set", &set).finish()
+    }
+}
+
 /// In-memory paydb, shared by the payment-resource and the rail-proxy.
 #[derive(Debug, Default)]
 pub struct MemPaydb {
     tables: Mutex<PaydbTables>,
+    observer: ObserverSlot,
+}
+
+fn verdict_of<T>(
+    d: &Decided<T>,
+    accepted: impl Fn(&T) -> bool,
+    fenced: impl Fn(&T) -> Option<i64>,
+) -> (FenceVerdictSeen, Option<StoredResponse>, Option<StoredResponse>) {
+    match d {
+        Ok(Idempotent::Executed { outcome, stored }) => {
+            let v = if accepted(outcome) {
+                FenceVerdictSeen::Accepted
+            } else if let Some(highest_token) = fenced(outcome) {
+                FenceVerdictSeen::FencedOut { highest_token }
+            } else {
+                FenceVerdictSeen::Other
+            };
+            (v, stored.clone(), None)
+        }
+        Ok(Idempotent::Replayed(r)) => (FenceVerdictSeen::Other, None, Some(r.clone())),
+        _ => (FenceVerdictSeen::Other, None, None),
+    }
 }
 
 const POISONED: &str = "simulation store poisoned";
@@ -96,6 +188,17 @@ impl MemPaydb {
 
     fn lock_rail(&self) -> Result<MutexGuard<'_, PaydbTables>, rail::StoreError> {
         self.tables.lock().map_err(|_| rail::StoreError::Corrupt(POISONED.into()))
+    }
+
+    /// Registers the one observer of fenced writes (replacing any earlier one).
+    pub fn set_observer(&self, observer: std::sync::Arc<dyn PaydbObserver>) {
+        if let Ok(mut slot) = self.observer.0.write() {
+            *slot = Some(observer);
+        }
+    }
+
+    fn observer(&self) -> Option<std::sync::Arc<dyn PaydbObserver>> {
+        self.observer.0.read().ok().and_then(|o| o.clone())
     }
 
     /// Runs `f` over the tables as one transaction: the simulation's invariant checkers read
@@ -631,11 +734,69 @@ impl PaymentStore for MemPaydb {
     }
 
     async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome> {
-        MemPaydb::do_claim(&mut *self.lock()?, c, i, r)
+        let mut t = self.lock()?;
+        let Some(observer) = self.observer() else {
+            return MemPaydb::do_claim(&mut t, c, i, r);
+        };
+        let before = t.rail.payouts.get(&c.payout_id).map(|p| (p.row.state, p.row.account_id.clone()));
+        let decided = MemPaydb::do_claim(&mut t, c, i, r);
+        let (verdict, recorded, replayed) = verdict_of(
+            &decided,
+            |o| matches!(o, ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. }),
+            |o| match o {
+                ClaimOutcome::Fenced { highest_token, .. } => Some(*highest_token),
+                _ => None,
+            },
+        );
+        let write = FencedWrite {
+            op: FencedOp::Claim,
+            payout_id: c.payout_id,
+            account_id: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
+            token: c.token,
+            owner_id: c.owner_id.clone(),
+            fenced: true,
+            state_before: before.map(|b| b.0),
+            verdict,
+            identity: Some(identity(i)),
+            recorded,
+            replayed,
+            admission: None,
+        };
+        observer.fenced_write(&t, &write);
+        decided
     }
 
     async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
-        MemPaydb::do_post(&mut *self.lock()?, p, i, r)
+        let mut t = self.lock()?;
+        let Some(observer) = self.observer() else {
+            return MemPaydb::do_post(&mut t, p, i, r);
+        };
+        let before = t.rail.payouts.get(&p.payout_id).map(|x| (x.row.state, x.row.account_id.clone()));
+        let decided = MemPaydb::do_post(&mut t, p, i, r);
+        let (verdict, recorded, replayed) = verdict_of(
+            &decided,
+            |o| matches!(o, PostOutcome::Posted { .. }),
+            |o| match o {
+                PostOutcome::Fenced { highest_token, .. } => Some(*highest_token),
+                _ => None,
+            },
+        );
+        let write = FencedWrite {
+            op: FencedOp::Post,
+            payout_id: p.payout_id,
+            account_id: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
+            token: p.token,
+            owner_id: p.owner_id.clone(),
+            fenced: true,
+            state_before: before.map(|b| b.0),
+            verdict,
+            identity: Some(identity(i)),
+            recorded,
+            replayed,
+            admission: None,
+        };
+        observer.fenced_write(&t, &write);
+        decided
     }
 
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {
@@ -755,7 +916,39 @@ impl RailStore for MemPaydb {
     }
 
     async fn admit(&self, attempt: &rail::Attempt) -> Result<rail::Admission, rail::StoreError> {
-        self.lock_rail()?.rail.admit(attempt)
+        let mut t = self.lock_rail()?;
+        let Some(observer) = self.observer() else {
+            return t.rail.admit(attempt);
+        };
+        let state_before = t.rail.payouts.get(&attempt.payout_id).map(|p| p.row.state);
+        let admitted = t.rail.admit(attempt);
+        let (verdict, admission) = match &admitted {
+            Ok(rail::Admission::Admitted { .. }) => (FenceVerdictSeen::Accepted, "admitted"),
+            // Step 1 passed and the mark rose; step 2 refused the repeat.
+            Ok(rail::Admission::Duplicate { .. }) => (FenceVerdictSeen::Accepted, "duplicate"),
+            Ok(rail::Admission::Fenced { highest_token }) => {
+                (FenceVerdictSeen::FencedOut { highest_token: *highest_token }, "fenced")
+            }
+            Ok(rail::Admission::NotClaimable { .. }) => (FenceVerdictSeen::Other, "not_claimable"),
+            Err(_) => (FenceVerdictSeen::Other, "error"),
+        };
+        let verdict = if attempt.fencing_enabled { verdict } else { FenceVerdictSeen::Other };
+        let write = FencedWrite {
+            op: FencedOp::Admit,
+            payout_id: attempt.payout_id,
+            account_id: attempt.account_id.clone(),
+            token: attempt.presented_token,
+            owner_id: attempt.owner_id.clone(),
+            fenced: attempt.fencing_enabled,
+            state_before,
+            verdict,
+            identity: None,
+            recorded: None,
+            replayed: None,
+            admission: Some(admission),
+        };
+        observer.fenced_write(&t, &write);
+        admitted
     }
 
     async fn resolve(
