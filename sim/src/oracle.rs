@@ -162,6 +162,8 @@ pub struct Checker {
     revoked_tokens: BTreeSet<i64>,
     /// Owner-id prefixes of writers on nodes whose clock drifted beyond the margin.
     drifted_owners: BTreeSet<String>,
+    /// Fences a campaign switched off on purpose: acceptances there are not judged.
+    layers_off: BTreeSet<Fence>,
     failures: Vec<TimedFailure>,
     /// Counts of what was observed (for the trace and the tests).
     pub acceptances: u64,
@@ -190,20 +192,29 @@ impl Checker {
         self.drifted_owners.insert(owner_prefix.to_owned());
     }
 
+    /// A campaign switched `fence` off on purpose (a defence-in-depth run): acceptances of
+    /// lower tokens there are expected and not reported; every other invariant still holds.
+    /// By default every acceptance is judged, a switched-off fence included: a stale token
+    /// it took is exactly the defect the fence exists to stop.
+    pub fn expect_layer_off(&mut self, fence: Fence) {
+        self.layers_off.insert(fence);
+    }
+
     /// One fenced write, as paydb decided it, with what its transaction left (`facts`).
     pub fn on_fenced_write(&mut self, w: &FencedWrite, facts: &PaydbFacts, at_ms: u64) {
         let fence = Fence::of(w.op);
         match &w.verdict {
-            FenceVerdictSeen::Accepted if w.fenced => {
+            FenceVerdictSeen::Accepted => {
                 self.acceptances += 1;
                 let slot = (w.account_id.clone(), fence);
                 if let Some((before, by)) = self.accepted.get(&slot).copied() {
-                    if w.token <= before {
+                    if w.token <= before && !self.layers_off.contains(&fence) {
                         let detail = format!(
-                            "account {} accepted token {} at its {} after token {} at its {}",
+                            "account {} accepted token {} at its {}{} after token {} at its {}",
                             w.account_id,
                             w.token,
                             op_name(w.op),
+                            if w.fenced { "" } else { " (its fence switched off)" },
                             before,
                             op_name(by)
                         );
@@ -687,6 +698,11 @@ mod online {
         /// Runs `f` over the checker (counts, notes).
         pub fn with<R>(&self, f: impl FnOnce(&mut Checker) -> R) -> Option<R> {
             self.checker.lock().ok().map(|mut c| f(&mut c))
+        }
+
+        /// A campaign switched `fence` off on purpose (see [`Checker::expect_layer_off`]).
+        pub fn expect_layer_off(&self, fence: super::Fence) {
+            let _ = self.with(|c| c.expect_layer_off(fence));
         }
 
         /// Writers whose owner id starts with `owner_prefix` run on a node drifted beyond the

@@ -117,7 +117,8 @@ pub struct FencedWrite {
     pub token: i64,
     pub owner_id: String,
     /// The resource compared the token (false only for an admission with
-    /// `rail.proxy.fencing.enabled = false`).
+    /// `rail.proxy.fencing.enabled = false`: then `Accepted` means the proxy took a token it
+    /// never compared).
     pub fenced: bool,
     /// The payout's state before the write (`None`: no such payout).
     pub state_before: Option<PayoutState>,
@@ -932,7 +933,6 @@ impl RailStore for MemPaydb {
             Ok(rail::Admission::NotClaimable { .. }) => (FenceVerdictSeen::Other, "not_claimable"),
             Err(_) => (FenceVerdictSeen::Other, "error"),
         };
-        let verdict = if attempt.fencing_enabled { verdict } else { FenceVerdictSeen::Other };
         let write = FencedWrite {
             op: FencedOp::Admit,
             payout_id: attempt.payout_id,

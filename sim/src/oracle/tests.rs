@@ -151,6 +151,22 @@ fn a_token_accepted_after_a_larger_one_fails_at_that_acceptance() {
 }
 
 #[test]
+fn a_stale_token_taken_by_a_switched_off_fence_is_reported_unless_the_campaign_expects_it() {
+    let mut stale = accepted(FencedOp::Admit, "a", 5);
+    stale.fenced = false;
+    let mut c = Checker::new();
+    c.on_fenced_write(&accepted(FencedOp::Admit, "a", 9), &facts(0, 9), 1);
+    c.on_fenced_write(&stale, &facts(0, 9), 2);
+    assert_eq!(online(&c), [ids::FENCE_ACCEPTS_RISING_TOKENS]);
+    assert!(c.failures()[0].failure.detail.contains("switched off"), "{:?}", c.failures());
+    let mut c = Checker::new();
+    c.expect_layer_off(Fence::Rail);
+    c.on_fenced_write(&accepted(FencedOp::Admit, "a", 9), &facts(0, 9), 1);
+    c.on_fenced_write(&stale, &facts(0, 9), 2);
+    assert!(c.failures().is_empty(), "{:?}", c.failures());
+}
+
+#[test]
 fn a_decreasing_fence_or_mark_is_reported() {
     let mut c = Checker::new();
     c.sample(&facts(7, 9).fences, &facts(7, 9).marks, 1);
