@@ -11,6 +11,7 @@
 //! the proxy says it did.
 
 pub mod invariants;
+pub mod oracle;
 pub mod outcome;
 pub mod scenario;
 

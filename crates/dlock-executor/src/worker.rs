@@ -330,6 +330,10 @@ impl Executor {
                 }
             };
         }
+        if state == PayoutState::Claimed {
+            // CLAIMED -> CLAIMED under this newer grant: an earlier holder left it (recovery).
+            dlock_rt::probe::hit(dlock_rt::probe::Probe::RecoveryReclaim);
+        }
 
         if !self.may_write(&guard) {
             // The payout stays CLAIMED; a newer holder re-claims it.

@@ -291,7 +291,11 @@ impl LockServer {
             notified.as_mut().enable();
             if self.is_head(key, id) {
                 match self.store.acquire(key, session_id, ttl_ms, delay).await? {
-                    Ok(g) => return Ok(AcquireOutcome::Granted(g)),
+                    Ok(g) => {
+                        // Granted from the queue: this waiter waited.
+                        dlock_rt::probe::hit(dlock_rt::probe::Probe::WaiterGrantedAfterWait);
+                        return Ok(AcquireOutcome::Granted(g));
+                    }
                     // The session is re-checked at grant time: a waiter whose session lapsed
                     // while it waited is never granted.
                     Err(r) if ends_the_wait(&r) => return Ok(AcquireOutcome::Refused(r)),

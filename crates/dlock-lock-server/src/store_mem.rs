@@ -4,6 +4,13 @@
 //! simulation it outlives every lock-server node. Its clock is the backend's clock (one
 //! clock for all replicas, as PostgreSQL's is). Each method takes the one mutex for its
 //! whole body: a serialisable transaction, seen from outside.
+//!
+//! **Observer** (simulation only in practice): [`MemLockStore::set_observer`] registers one
+//! [`LockObserver`], told of every change to a grant or a session's end *inside* the
+//! transaction, under the one mutex, in commit order ([`LockEvent`]). The simulation's
+//! oracle keeps its own model of who holds what from these facts and checks each grant
+//! against it. Unset (the default) it costs one `Option` read per write; it never changes
+//! what a write does.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -82,17 +89,68 @@ impl Tables {
     }
 }
 
+/// One committed change, as the [`LockObserver`] sees it (times in the store's ms).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockEvent {
+    /// A session was opened or heartbeated: it now ends at `expires_at_ms`.
+    SessionEnds { session_id: Uuid, expires_at_ms: i64 },
+    /// A session was closed at `now_ms`; its grants went with it.
+    SessionClosed { session_id: Uuid, now_ms: i64 },
+    /// A grant was issued at `now_ms`.
+    Granted { grant: GrantRow, now_ms: i64 },
+    /// A grant's lease was extended.
+    Renewed { key: String, token: i64, expires_at_ms: i64 },
+    /// A grant was released by its holder.
+    Released { key: String, token: i64, now_ms: i64 },
+    /// A grant was revoked by an operator; the token floor rose to `new_token_floor`.
+    Revoked { key: String, token: i64, new_token_floor: i64, now_ms: i64 },
+    /// The reaper (or an acquire) removed a grant it judged dead.
+    Dropped { key: String, token: i64, now_ms: i64 },
+}
+
+/// Sees every committed change to grants and session ends (see the module doc).
+pub trait LockObserver: Send + Sync {
+    fn event(&self, e: &LockEvent);
+}
+
+#[derive(Default)]
+struct ObserverSlot(std::sync::RwLock<Option<std::sync::Arc<dyn LockObserver>>>);
+
+impl std::fmt::Debug for ObserverSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = self.0.read().map(|o| o.is_some()).unwrap_or(false);
+        f.debug_struct("ObserverSlot").field("set", &set).finish()
+    }
+}
+
+impl ObserverSlot {
+    fn tell(&self, e: impl FnOnce() -> LockEvent) {
+        let observer = self.0.read().ok().and_then(|o| o.clone());
+        if let Some(o) = observer {
+            o.event(&e());
+        }
+    }
+}
+
 /// In-memory lockdb.
 #[derive(Debug)]
 pub struct MemLockStore {
     clock: Clock,
     tables: Mutex<Tables>,
+    observer: ObserverSlot,
 }
 
 impl MemLockStore {
     /// A store whose leases run on `clock` (the simulated backend's clock).
     pub fn new(clock: Clock) -> MemLockStore {
-        MemLockStore { clock, tables: Mutex::new(Tables::default()) }
+        MemLockStore { clock, tables: Mutex::new(Tables::default()), observer: ObserverSlot::default() }
+    }
+
+    /// Registers the one observer of committed changes (replacing any earlier one).
+    pub fn set_observer(&self, observer: std::sync::Arc<dyn LockObserver>) {
+        if let Ok(mut slot) = self.observer.0.write() {
+            *slot = Some(observer);
+        }
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Tables>, StoreError> {
@@ -119,6 +177,7 @@ impl LockStore for MemLockStore {
         let mut t = self.lock()?;
         let row = SessionRow { session_id, owner_id: owner_id.to_owned(), ttl_ms, expires_at_ms: now + ttl_ms };
         t.sessions.insert(session_id, Session { row: row.clone(), expired_marked: false });
+        self.observer.tell(|| LockEvent::SessionEnds { session_id, expires_at_ms: row.expires_at_ms });
         Ok(row)
     }
 
@@ -131,7 +190,9 @@ impl LockStore for MemLockStore {
         let held = t.grants.values().filter(|g| g.session_id == session_id && t.grant_live(g, now)).count();
         let Some(s) = t.sessions.get_mut(&session_id) else { return Ok(Err(SessionRefusal::Unknown)) };
         s.row.expires_at_ms = now + s.row.ttl_ms;
-        Ok(Ok((s.row.clone(), held as i64)))
+        let row = s.row.clone();
+        self.observer.tell(|| LockEvent::SessionEnds { session_id, expires_at_ms: row.expires_at_ms });
+        Ok(Ok((row, held as i64)))
     }
 
     async fn close_session(&self, session_id: Uuid, delay_ms: i64) -> Result<Result<(), SessionRefusal>, StoreError> {
@@ -150,6 +211,7 @@ impl LockStore for MemLockStore {
             t.drop_lost(&key, lost, delay_ms);
         }
         t.sessions.remove(&session_id);
+        self.observer.tell(|| LockEvent::SessionClosed { session_id, now_ms: now });
         Ok(Ok(()))
     }
 
@@ -171,7 +233,9 @@ impl LockStore for MemLockStore {
             delay_ms,
         });
         if let Some(removal) = decision.remove {
-            t.grants.remove(key);
+            if let Some(g) = t.grants.remove(key) {
+                self.observer.tell(|| LockEvent::Dropped { key: key.to_owned(), token: g.fencing_token, now_ms: now });
+            }
             t.record_delay(key, removal.delay_until_ms);
         }
         let plan = match decision.verdict {
@@ -193,6 +257,7 @@ impl LockStore for MemLockStore {
         if plan.write_key_record {
             t.keys.insert(key.to_owned(), None);
         }
+        self.observer.tell(|| LockEvent::Granted { grant: grant.clone(), now_ms: now });
         Ok(Ok(grant))
     }
 
@@ -211,7 +276,9 @@ impl LockStore for MemLockStore {
         }
         let Some(g) = t.grants.get_mut(key) else { return Ok(Err(RenewRefusal::Lost { stored_token: None })) };
         g.expires_at_ms = now + ttl_ms;
-        Ok(Ok(g.clone()))
+        let g = g.clone();
+        self.observer.tell(|| LockEvent::Renewed { key: key.to_owned(), token, expires_at_ms: g.expires_at_ms });
+        Ok(Ok(g))
     }
 
     async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
@@ -221,6 +288,7 @@ impl LockStore for MemLockStore {
             return Ok(Err(stored));
         }
         t.grants.remove(key);
+        self.observer.tell(|| LockEvent::Released { key: key.to_owned(), token, now_ms: now });
         Ok(Ok(()))
     }
 
@@ -260,6 +328,12 @@ impl LockStore for MemLockStore {
             floor,
             now,
         ));
+        self.observer.tell(|| LockEvent::Revoked {
+            key: key.to_owned(),
+            token: revoked,
+            new_token_floor: floor,
+            now_ms: now,
+        });
         Ok(Ok(Revocation { revoked_token: revoked, new_token_floor: floor, revocation_id }))
     }
 
@@ -278,7 +352,11 @@ impl LockStore for MemLockStore {
         for id in lapsed {
             let keys: Vec<String> = t.grants.values().filter(|g| g.session_id == id).map(|g| g.key.clone()).collect();
             for key in keys {
+                let token = t.grants.get(&key).map(|g| g.fencing_token);
                 t.drop_dead(&key, delay_ms);
+                if let Some(token) = token {
+                    self.observer.tell(|| LockEvent::Dropped { key: key.clone(), token, now_ms: now });
+                }
                 report.released_grants += 1;
             }
             if let Some(s) = t.sessions.get_mut(&id) {
@@ -294,7 +372,11 @@ impl LockStore for MemLockStore {
             .take(limit)
             .collect();
         for key in lapsed_grants {
+            let token = t.grants.get(&key).map(|g| g.fencing_token);
             t.drop_dead(&key, delay_ms);
+            if let Some(token) = token {
+                self.observer.tell(|| LockEvent::Dropped { key: key.clone(), token, now_ms: now });
+            }
             report.released_grants += 1;
         }
         let forgotten: Vec<Uuid> = t

@@ -13,6 +13,13 @@
 //! 2. A method validates everything before its first write, so a refusal has nothing to
 //!    undo. [`guard_transition`] and the CHECK helpers mirror the SQL triggers and CHECKs (a
 //!    write they refuse is [`StoreError::Corrupt`], as a trigger error is).
+//!
+//! **Observer** (simulation only in practice): [`MemPaydb::set_observer`] registers one
+//! [`PaydbObserver`], called after every fenced write (claim, post, admission) *inside* the
+//! transaction, under the one mutex, with the tables as that write left them. The
+//! simulation's oracle uses it to check fence monotonicity at each acceptance, in
+//! acceptance order. Unset (the default) it costs one uncontended `Option` read per fenced
+//! write; it never changes what a write does.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
@@ -220,10 +227,76 @@ pub struct PaydbTables {
     pub resolutions: Vec<ResolutionRow>,
 }
 
+/// Which fenced write paydb decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FencedOp {
+    /// P2, at the account fence (`accounts.fence`).
+    Claim,
+    /// P3, at the ledger (the same `accounts.fence`).
+    Post,
+    /// The proxy's steps 1–3, at the rail's high-water mark (`rail_high_water`).
+    Admit,
+}
+
+/// What the fence made of a fenced write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceVerdictSeen {
+    /// The resource accepted the write under its token (the fence or mark passed and now
+    /// equals it; for an admission with the rail's fence off, the token was never compared).
+    Accepted,
+    /// The fence refused the token.
+    FencedOut { highest_token: i64 },
+    /// No fence decision was applied: a replay, a conflict, a missing payout, a state
+    /// refusal (which rolls the fence back), or a store error.
+    Other,
+}
+
+/// One fenced write as paydb decided it, reported to the [`PaydbObserver`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FencedWrite {
+    pub op: FencedOp,
+    pub payout_id: Uuid,
+    /// The payout's account (empty when the payout does not exist).
+    pub account_id: String,
+    pub token: i64,
+    pub owner_id: String,
+    /// The resource compared the token (false only for an admission with
+    /// `rail.proxy.fencing.enabled = false`).
+    pub fenced: bool,
+    /// The payout's state before the write (`None`: no such payout).
+    pub state_before: Option<PayoutState>,
+    pub verdict: FenceVerdictSeen,
+    /// The idempotency identity (claim and post).
+    pub identity: Option<Identity>,
+    /// The response this write recorded (a committed claim or post).
+    pub recorded: Option<StoredResponse>,
+    /// The recorded response a replay answered.
+    pub replayed: Option<StoredResponse>,
+    /// The proxy's admission, rendered (`admitted`, `fenced`, `duplicate`, `not_claimable`).
+    pub admission: Option<&'static str>,
+}
+
+/// Sees every fenced write inside its transaction (see the module doc). It is called under
+/// paydb's mutex: it must not call back into the store.
+pub trait PaydbObserver: Send + Sync {
+    fn fenced_write(&self, tables: &PaydbTables, write: &FencedWrite);
+}
+
+#[derive(Default)]
+struct ObserverSlot(std::sync::RwLock<Option<std::sync::Arc<dyn PaydbObserver>>>);
+
+impl std::fmt::Debug for ObserverSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = self.0.read().map(|o| o.is_some()).unwrap_or(false);
+        f.debug_struct("ObserverSlot").field("set", &set).finish()
+    }
+}
+
 /// In-memory paydb, shared by the payment-resource and the rail-proxy.
 #[derive(Debug, Default)]
 pub struct MemPaydb {
     tables: Mutex<PaydbTables>,
+    observer: ObserverSlot,
 }
 
 const POISONED: &str = "simulation store poisoned";
@@ -236,6 +309,56 @@ impl MemPaydb {
     /// Takes the one mutex: one transaction over every table.
     pub fn lock(&self) -> Result<MutexGuard<'_, PaydbTables>, StoreError> {
         self.tables.lock().map_err(|_| StoreError::Corrupt(POISONED.into()))
+    }
+
+    /// Registers the one observer of fenced writes (replacing any earlier one).
+    pub fn set_observer(&self, observer: std::sync::Arc<dyn PaydbObserver>) {
+        if let Ok(mut slot) = self.observer.0.write() {
+            *slot = Some(observer);
+        }
+    }
+
+    /// The observer, if one is registered (the stores built on these tables report their
+    /// fenced writes to it).
+    pub fn observer(&self) -> Option<std::sync::Arc<dyn PaydbObserver>> {
+        self.observer.0.read().ok().and_then(|o| o.clone())
+    }
+
+    /// The proxy's steps 1–3 as one transaction ([`RailTables::admit`]), reported to the
+    /// observer if one is registered.
+    pub fn admit_txn(&self, attempt: &Attempt) -> Result<Admission, StoreError> {
+        let mut t = self.lock()?;
+        let Some(observer) = self.observer() else {
+            return t.rail.admit(attempt);
+        };
+        let state_before = t.rail.payouts.get(&attempt.payout_id).map(|p| p.row.state);
+        let admitted = t.rail.admit(attempt);
+        let (verdict, admission) = match &admitted {
+            Ok(Admission::Admitted { .. }) => (FenceVerdictSeen::Accepted, "admitted"),
+            // Step 1 passed and the mark rose; step 2 refused the repeat.
+            Ok(Admission::Duplicate { .. }) => (FenceVerdictSeen::Accepted, "duplicate"),
+            Ok(Admission::Fenced { highest_token }) => {
+                (FenceVerdictSeen::FencedOut { highest_token: *highest_token }, "fenced")
+            }
+            Ok(Admission::NotClaimable { .. }) => (FenceVerdictSeen::Other, "not_claimable"),
+            Err(_) => (FenceVerdictSeen::Other, "error"),
+        };
+        let write = FencedWrite {
+            op: FencedOp::Admit,
+            payout_id: attempt.payout_id,
+            account_id: attempt.account_id.clone(),
+            token: attempt.presented_token,
+            owner_id: attempt.owner_id.clone(),
+            fenced: attempt.fencing_enabled,
+            state_before,
+            verdict,
+            identity: None,
+            recorded: None,
+            replayed: None,
+            admission: Some(admission),
+        };
+        observer.fenced_write(&t, &write);
+        admitted
     }
 
     /// Runs `f` over the tables as one transaction: the simulation's invariant checkers read

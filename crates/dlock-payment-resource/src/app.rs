@@ -452,6 +452,7 @@ async fn claim(
         },
         |o| match o {
             ClaimOutcome::Fenced { account_id, highest_token } => {
+                dlock_rt::probe::hit(dlock_rt::probe::Probe::FencedOutAccount);
                 pr.metrics.claim("fenced");
                 fenced_out(&pr, RESOURCE_ACCOUNT, &account_id, token, highest_token, owner_text, payout_id, &trace)
             }
@@ -512,6 +513,7 @@ async fn post_payout(
         },
         |o| match o {
             PostOutcome::Fenced { highest_token, .. } => {
+                dlock_rt::probe::hit(dlock_rt::probe::Probe::FencedOutLedger);
                 pr.metrics.post("fenced");
                 fenced_out(&pr, RESOURCE_LEDGER, &target, token, highest_token, owner_text, payout_id, &trace)
             }

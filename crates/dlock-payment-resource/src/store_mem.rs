@@ -11,13 +11,19 @@
 //! [`guard_transition`] and the fence comparisons mirror the SQL triggers and CHECKs (a write
 //! they refuse is [`StoreError::Corrupt`], as a trigger error is). The conformance suite
 //! holds it to the SQL stores.
+//!
+//! Claims and posts report to paydb's observer, when one is registered
+//! ([`MemPaydb::set_observer`]), inside their transaction (the simulation's oracle).
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use dlock_contract::payout::{self, Actor, PayoutState};
 use dlock_contract::rail::SubmissionOutcome;
 use dlock_paydb::mem::{bigint, payout_view, reserved_minor, system_account, upsert_system_accounts, StoredPayout};
-pub use dlock_paydb::mem::{guard_transition, Identity, MemPaydb, PaydbTables, StoredAccount, StoredRecord};
+pub use dlock_paydb::mem::{
+    guard_transition, FenceVerdictSeen, FencedOp, FencedWrite, Identity, MemPaydb, PaydbObserver, PaydbTables,
+    StoredAccount, StoredRecord,
+};
 use dlock_paydb::rail::PayoutRow;
 use uuid::Uuid;
 
@@ -354,6 +360,29 @@ impl PaydbTx {
     }
 }
 
+/// What a claim or post decided, as the observer is told it: the fence's verdict, the
+/// response it recorded, the response a replay answered.
+fn verdict_of<T>(
+    d: &Decided<T>,
+    accepted: impl Fn(&T) -> bool,
+    fenced: impl Fn(&T) -> Option<i64>,
+) -> (FenceVerdictSeen, Option<StoredResponse>, Option<StoredResponse>) {
+    match d {
+        Ok(Idempotent::Executed { outcome, stored }) => {
+            let v = if accepted(outcome) {
+                FenceVerdictSeen::Accepted
+            } else if let Some(highest_token) = fenced(outcome) {
+                FenceVerdictSeen::FencedOut { highest_token }
+            } else {
+                FenceVerdictSeen::Other
+            };
+            (v, stored.clone(), None)
+        }
+        Ok(Idempotent::Replayed(r)) => (FenceVerdictSeen::Other, None, Some(r.clone())),
+        _ => (FenceVerdictSeen::Other, None, None),
+    }
+}
+
 #[async_trait]
 impl PaymentStore for MemPaydb {
     async fn ping(&self) -> Result<(), StoreError> {
@@ -384,11 +413,69 @@ impl PaymentStore for MemPaydb {
     }
 
     async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome> {
-        PaydbTx::do_claim(&mut *self.lock()?, c, i, r)
+        let mut t = self.lock()?;
+        let Some(observer) = self.observer() else {
+            return PaydbTx::do_claim(&mut t, c, i, r);
+        };
+        let before = t.rail.payouts.get(&c.payout_id).map(|p| (p.row.state, p.row.account_id.clone()));
+        let decided = PaydbTx::do_claim(&mut t, c, i, r);
+        let (verdict, recorded, replayed) = verdict_of(
+            &decided,
+            |o| matches!(o, ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. }),
+            |o| match o {
+                ClaimOutcome::Fenced { highest_token, .. } => Some(*highest_token),
+                _ => None,
+            },
+        );
+        let write = FencedWrite {
+            op: FencedOp::Claim,
+            payout_id: c.payout_id,
+            account_id: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
+            token: c.token,
+            owner_id: c.owner_id.clone(),
+            fenced: true,
+            state_before: before.map(|b| b.0),
+            verdict,
+            identity: Some(identity(i)),
+            recorded,
+            replayed,
+            admission: None,
+        };
+        observer.fenced_write(&t, &write);
+        decided
     }
 
     async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
-        PaydbTx::do_post(&mut *self.lock()?, p, i, r)
+        let mut t = self.lock()?;
+        let Some(observer) = self.observer() else {
+            return PaydbTx::do_post(&mut t, p, i, r);
+        };
+        let before = t.rail.payouts.get(&p.payout_id).map(|x| (x.row.state, x.row.account_id.clone()));
+        let decided = PaydbTx::do_post(&mut t, p, i, r);
+        let (verdict, recorded, replayed) = verdict_of(
+            &decided,
+            |o| matches!(o, PostOutcome::Posted { .. }),
+            |o| match o {
+                PostOutcome::Fenced { highest_token, .. } => Some(*highest_token),
+                _ => None,
+            },
+        );
+        let write = FencedWrite {
+            op: FencedOp::Post,
+            payout_id: p.payout_id,
+            account_id: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
+            token: p.token,
+            owner_id: p.owner_id.clone(),
+            fenced: true,
+            state_before: before.map(|b| b.0),
+            verdict,
+            identity: Some(identity(i)),
+            recorded,
+            replayed,
+            admission: None,
+        };
+        observer.fenced_write(&t, &write);
+        decided
     }
 
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {

@@ -8,6 +8,7 @@ use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::{RailAck, RailSubmit, SubmissionOutcome, SubmissionRequest};
 use dlock_contract::{FencingToken, FieldError, IdempotencyKey, OwnerId};
 use dlock_rt::http::{BaseUrl, ClientError, HttpClient};
+use dlock_rt::probe::Probe;
 use dlock_rt::Clock;
 use uuid::Uuid;
 
@@ -160,6 +161,7 @@ impl RailProxy {
             let detail = "orphaned intent: the forward's outcome was never recorded (the proxy that sent it stopped); \
                           the rail may have paid";
             self.store.resolve(*id, &Resolution::Timeout { detail: detail.into() }, now).await?;
+            dlock_rt::probe::hit(Probe::OrphanIntentSwept);
             self.metrics.outcome(SubmissionOutcome::Timeout);
             tracing::warn!(submissionId = %id, cause = detail, "rail_ambiguous");
         }
@@ -249,6 +251,7 @@ impl RailProxy {
         };
         let submitted_at = match admission {
             Admission::Fenced { highest_token } => {
+                dlock_rt::probe::hit(Probe::FencedOutRail);
                 self.metrics.outcome(SubmissionOutcome::Fenced);
                 self.metrics.fenced_out.inc(RESOURCE_RAIL);
                 tracing::warn!(
@@ -276,6 +279,7 @@ impl RailProxy {
                     "duplicate_rail_submission_attempted"
                 );
                 if self.cfg.duplicate_guard_enabled {
+                    dlock_rt::probe::hit(Probe::DuplicateRefused);
                     return Outcome::Duplicate { submission_id, first_submission_id, first_submitted_at };
                 }
                 // unsafe-test only: forward what step 2 refused. Its row already says DUPLICATE,
@@ -304,6 +308,7 @@ impl RailProxy {
                 "rail_ambiguous"
             );
             self.metrics.outcome(SubmissionOutcome::Timeout);
+            dlock_rt::probe::hit(Probe::AmbiguousOutcome);
             return Outcome::Ambiguous { submission_id, cause: "the outcome could not be recorded".into() };
         }
         self.metrics.outcome(outcome);
@@ -321,6 +326,7 @@ impl RailProxy {
             }
             Resolution::Rejected { .. } => Outcome::Rejected { submission_id },
             Resolution::Timeout { detail } => {
+                dlock_rt::probe::hit(Probe::AmbiguousOutcome);
                 tracing::error!(
                     payoutId = %body.payout_id,
                     submissionId = %submission_id,

@@ -82,7 +82,8 @@ impl RailStore for MemPaydb {
     }
 
     async fn admit(&self, attempt: &Attempt) -> Result<Admission, StoreError> {
-        self.lock()?.rail.admit(attempt)
+        // One transaction, reported to paydb's observer when one is registered.
+        self.admit_txn(attempt)
     }
 
     async fn resolve(&self, submission_id: Uuid, resolution: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {

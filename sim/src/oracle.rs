@@ -1,0 +1,780 @@
+//! The oracle: what the simulation judges a seed by, from ground truth only.
+//!
+//! Ground truth is the stores' own records and the rail's own call log, never an answer a
+//! service gave: paydb's tables ([`MemPaydb`]: payouts, submission rows, accounts, ledger,
+//! fences, marks, idempotency records), the simulation lockdb's committed changes
+//! ([`MemLockStore`]) and the rail-stub's `GET /calls`.
+//!
+//! Three parts:
+//! - **Online** ([`Monitor`], the part that must run while the world runs): an observer on
+//!   paydb sees every fenced write *inside its transaction* (under paydb's one mutex, in
+//!   commit order), and an observer on the lock store sees every committed grant, renew,
+//!   release, revoke, drop and session end. Each is judged by a [`Checker`] at the moment it
+//!   commits; a failure records the simulated time it fired. Fences and marks are sampled at
+//!   every fenced write (every account, so any write that lowered one is seen at the next).
+//! - **End of run** ([`check`]): the rail's log against paydb's rows, the ledger, and the
+//!   online failures.
+//! - **Liveness** ([`liveness`], after every fault healed): every payout settled, no intent
+//!   unresolved, and the reconciler's report equal to what the oracle computed itself.
+//!
+//! Each failure names a stable invariant id ([`ids`]); `docs/simulation.md` ("Oracle") maps
+//! each to the FR/DL ids it proves. The checkers are plain functions over plain data, so
+//! each is proven able to fail by a unit test feeding it a hand-made violation.
+//!
+//! Invariants of this module:
+//! - The oracle never calls a service; it reads stores and the rail's record only.
+//! - An observer callback never takes a store's lock (it is called under it) and never
+//!   blocks: it only updates the checker behind its own mutex.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use dlock_contract::payout::PayoutState;
+use dlock_lock_server::store_mem::LockEvent;
+use dlock_payment_resource::store::{is_system_account, is_unsettled, AccountKind, Direction, LedgerEntry};
+use dlock_payment_resource::store_mem::{FenceVerdictSeen, FencedOp, FencedWrite, Identity};
+use dlock_rail_proxy::store::{is_forwardable, SubmissionRow};
+use dlock_rt::probe::{self, Probe};
+use uuid::Uuid;
+
+use crate::outcome::Failure;
+
+/// The invariant ids (stable: campaign summaries and `--json` print them).
+pub mod ids {
+    /// The rail saw each payout at most once (its own log).
+    pub const AT_MOST_ONE_RAIL_CALL: &str = "at_most_one_rail_call_per_payout";
+    /// Every rail call has a forwardable intent row behind it.
+    pub const RAIL_CALL_HAS_INTENT: &str = "rail_call_has_an_intent";
+    /// Every CUSTOMER balance equals Σ CREDIT − Σ DEBIT of its entries.
+    pub const BALANCE_IS_LEDGER_SUM: &str = "balance_equals_ledger_sum";
+    /// Σ DEBIT = Σ CREDIT over the ledger, per currency.
+    pub const DEBITS_EQUAL_CREDITS: &str = "debits_equal_credits";
+    /// balance − Σ unsettled payouts ≥ 0 for every CUSTOMER account.
+    pub const NO_NEGATIVE_AVAILABLE: &str = "no_negative_available_balance";
+    /// Each fenced write a resource accepts carries a token strictly above the one it
+    /// accepted before for that account (online, in acceptance order).
+    pub const FENCE_ACCEPTS_RISING_TOKENS: &str = "fence_accepts_only_rising_tokens";
+    /// `accounts.fence` never decreases.
+    pub const FENCE_NEVER_DECREASES: &str = "fence_never_decreases";
+    /// `rail_high_water` never decreases.
+    pub const MARK_NEVER_DECREASES: &str = "high_water_mark_never_decreases";
+    /// At no instant of the lock store's truth do two grants of one key live.
+    pub const NO_TWO_LIVE_GRANTS: &str = "no_two_live_grants_per_key";
+    /// Tokens strictly increase in grant order.
+    pub const TOKENS_INCREASE: &str = "lock_tokens_increase_in_grant_order";
+    /// A RAIL_AMBIGUOUS payout is never submitted again (counted at the proxy's admission,
+    /// refused attempts included).
+    pub const AMBIGUOUS_NEVER_RESUBMITTED: &str = "ambiguous_payout_never_resubmitted";
+    /// A replay answers exactly the bytes first recorded for its identity.
+    pub const REPLAY_BYTE_IDENTICAL: &str = "idempotent_replay_byte_identical";
+    /// Liveness: every payout reached POSTED, FAILED, ABANDONED or RAIL_AMBIGUOUS.
+    pub const EVERY_PAYOUT_SETTLES: &str = "every_payout_settles";
+    /// Liveness: no intent row is left without an outcome.
+    pub const NO_UNRESOLVED_INTENT: &str = "no_unresolved_intent";
+    /// Liveness: the reconciler's report equals what the oracle computed.
+    pub const RECONCILER_AGREES: &str = "reconciler_agrees_with_oracle";
+}
+
+/// Which stored fence a fenced write is compared against: the payment-resource's
+/// `accounts.fence` (claim and post share it) or the proxy's `rail_high_water`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fence {
+    Account,
+    Rail,
+}
+
+impl Fence {
+    fn of(op: FencedOp) -> Fence {
+        match op {
+            FencedOp::Claim | FencedOp::Post => Fence::Account,
+            FencedOp::Admit => Fence::Rail,
+        }
+    }
+}
+
+fn op_name(op: FencedOp) -> &'static str {
+    match op {
+        FencedOp::Claim => "claim (account)",
+        FencedOp::Post => "post (ledger)",
+        FencedOp::Admit => "admission (rail)",
+    }
+}
+
+/// A failure with the simulated time (ms since the monitor started) it fired at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimedFailure {
+    pub at_ms: u64,
+    pub failure: Failure,
+}
+
+/// What a fenced write saw of paydb, inside its transaction: the facts the checker needs
+/// beyond the write itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PaydbFacts {
+    /// Every account's stored fence.
+    pub fences: BTreeMap<String, i64>,
+    /// Every account's high-water mark.
+    pub marks: BTreeMap<String, i64>,
+    /// The written payout's forwardable submission rows' tokens, oldest first (for an
+    /// admission).
+    pub forwardable_tokens: Vec<i64>,
+}
+
+impl PaydbFacts {
+    /// Reads the facts from paydb's tables (called under paydb's mutex).
+    pub fn read(t: &dlock_payment_resource::store_mem::PaydbTables, payout_id: Uuid) -> PaydbFacts {
+        PaydbFacts {
+            fences: t.accounts.iter().map(|(id, a)| (id.clone(), a.fence)).collect(),
+            marks: t.rail.high_water.clone(),
+            forwardable_tokens: t
+                .rail
+                .submissions
+                .iter()
+                .filter(|s| s.payout_id == payout_id && is_forwardable(s.outcome))
+                .map(|s| s.presented_token)
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct ModelGrant {
+    token: i64,
+    session_id: Uuid,
+    acquired_at_ms: i64,
+    lease_end_ms: i64,
+}
+
+/// The online checker: fed every fenced write and every lock event in commit order, it
+/// judges each at once. Plain data in, failures out: [`Monitor`] wires it to a world, the
+/// unit tests feed it by hand.
+#[derive(Debug, Default)]
+pub struct Checker {
+    /// The last token each fence accepted, per (account, fence), with what accepted it.
+    accepted: BTreeMap<(String, Fence), (i64, FencedOp)>,
+    fences: BTreeMap<String, i64>,
+    marks: BTreeMap<String, i64>,
+    /// The bytes first recorded per idempotency identity.
+    recorded: BTreeMap<Identity, (u16, Vec<u8>)>,
+    /// The lock store as the model sees it: each key's grant, each session's end.
+    grants: BTreeMap<String, ModelGrant>,
+    sessions: BTreeMap<Uuid, i64>,
+    last_token: i64,
+    revoked_tokens: BTreeSet<i64>,
+    /// Owner-id prefixes of writers on nodes whose clock drifted beyond the margin.
+    drifted_owners: BTreeSet<String>,
+    /// Fences a campaign switched off on purpose: acceptances there are not judged.
+    layers_off: BTreeSet<Fence>,
+    failures: Vec<TimedFailure>,
+    /// Counts of what was observed (for the trace and the tests).
+    pub acceptances: u64,
+    pub fenced_outs: u64,
+    pub grants_seen: u64,
+}
+
+impl Checker {
+    pub fn new() -> Checker {
+        Checker::default()
+    }
+
+    fn fail(&mut self, at_ms: u64, f: Failure) {
+        self.failures.push(TimedFailure { at_ms, failure: f });
+    }
+
+    /// Every failure so far, in the order they fired.
+    pub fn failures(&self) -> &[TimedFailure] {
+        &self.failures
+    }
+
+    /// A writer whose owner id starts with `owner_prefix` runs on a node whose clock drifted
+    /// beyond the lock client's safety margin: its fenced-out writes fire
+    /// [`Probe::DriftCaughtByFence`].
+    pub fn note_drifted_owner(&mut self, owner_prefix: &str) {
+        self.drifted_owners.insert(owner_prefix.to_owned());
+    }
+
+    /// A campaign switched `fence` off on purpose (a defence-in-depth run): acceptances of
+    /// lower tokens there are expected and not reported; every other invariant still holds.
+    /// By default every acceptance is judged, a switched-off fence included: a stale token
+    /// it took is exactly the defect the fence exists to stop.
+    pub fn expect_layer_off(&mut self, fence: Fence) {
+        self.layers_off.insert(fence);
+    }
+
+    /// One fenced write, as paydb decided it, with what its transaction left (`facts`).
+    pub fn on_fenced_write(&mut self, w: &FencedWrite, facts: &PaydbFacts, at_ms: u64) {
+        let fence = Fence::of(w.op);
+        match &w.verdict {
+            FenceVerdictSeen::Accepted => {
+                self.acceptances += 1;
+                let slot = (w.account_id.clone(), fence);
+                if let Some((before, by)) = self.accepted.get(&slot).copied() {
+                    if w.token <= before && !self.layers_off.contains(&fence) {
+                        let detail = format!(
+                            "account {} accepted token {} at its {}{} after token {} at its {}",
+                            w.account_id,
+                            w.token,
+                            op_name(w.op),
+                            if w.fenced { "" } else { " (its fence switched off)" },
+                            before,
+                            op_name(by)
+                        );
+                        self.fail(at_ms, Failure::correctness(ids::FENCE_ACCEPTS_RISING_TOKENS, detail));
+                    }
+                }
+                if self.accepted.get(&slot).is_none_or(|(before, _)| w.token > *before) {
+                    self.accepted.insert(slot, (w.token, w.op));
+                }
+            }
+            FenceVerdictSeen::FencedOut { .. } => {
+                self.fenced_outs += 1;
+                if self.revoked_tokens.contains(&w.token) {
+                    probe::hit(Probe::RevokeFencedHolder);
+                }
+                if self.drifted_owners.iter().any(|p| w.owner_id.starts_with(p.as_str())) {
+                    probe::hit(Probe::DriftCaughtByFence);
+                }
+            }
+            _ => {}
+        }
+        if w.op == FencedOp::Admit && w.state_before == Some(PayoutState::RailAmbiguous) {
+            // The attempt whose outcome is unknown: its token is the first forwardable row's.
+            // A writer at that token or above (the same holder, or a newer one) submitted a
+            // quarantined payout: an executor defect even when the proxy refused it. A lower
+            // token is a stale writer from before the ambiguity, which the fences stop.
+            let ambiguous_token = facts.forwardable_tokens.first().copied();
+            if ambiguous_token.is_none_or(|t| w.token >= t) {
+                let detail = format!(
+                    "payout {} was submitted again while RAIL_AMBIGUOUS: token {} by {:?} (ambiguous attempt's token {:?}), \
+                     the proxy answered {}",
+                    w.payout_id,
+                    w.token,
+                    w.owner_id,
+                    ambiguous_token,
+                    w.admission.unwrap_or("?")
+                );
+                self.fail(at_ms, Failure::correctness(ids::AMBIGUOUS_NEVER_RESUBMITTED, detail));
+            }
+        }
+        if let (Some(identity), Some(r)) = (&w.identity, &w.recorded) {
+            self.recorded.insert(identity.clone(), (r.status, r.body.clone()));
+        }
+        if let (Some(identity), Some(r)) = (&w.identity, &w.replayed) {
+            match self.recorded.get(identity) {
+                Some((status, body)) if *status != r.status || *body != r.body => {
+                    let detail = format!(
+                        "payout {} {:?} replayed {} ({} bytes) where {} ({} bytes) was recorded",
+                        w.payout_id,
+                        identity.0,
+                        r.status,
+                        r.body.len(),
+                        status,
+                        body.len()
+                    );
+                    self.fail(at_ms, Failure::correctness(ids::REPLAY_BYTE_IDENTICAL, detail));
+                }
+                Some(_) => {}
+                None => {
+                    self.recorded.insert(identity.clone(), (r.status, r.body.clone()));
+                }
+            }
+        }
+        self.sample(&facts.fences, &facts.marks, at_ms);
+    }
+
+    /// Every account's fence and mark, as they stand now: neither may be below what was
+    /// seen before.
+    pub fn sample(&mut self, fences: &BTreeMap<String, i64>, marks: &BTreeMap<String, i64>, at_ms: u64) {
+        let mut found = Vec::new();
+        for (seen, now, id) in
+            [(&self.fences, fences, ids::FENCE_NEVER_DECREASES), (&self.marks, marks, ids::MARK_NEVER_DECREASES)]
+        {
+            for (account, before) in seen {
+                let after = now.get(account).copied();
+                if after.is_none_or(|a| a < *before) {
+                    found.push(Failure::correctness(id, format!("account {account}: {before} -> {after:?}")));
+                }
+            }
+        }
+        for f in found {
+            self.fail(at_ms, f);
+        }
+        for (a, v) in fences {
+            let e = self.fences.entry(a.clone()).or_insert(*v);
+            *e = (*e).max(*v);
+        }
+        for (a, v) in marks {
+            let e = self.marks.entry(a.clone()).or_insert(*v);
+            *e = (*e).max(*v);
+        }
+    }
+
+    fn live(&self, g: &ModelGrant, now_ms: i64) -> bool {
+        now_ms < g.lease_end_ms && self.sessions.get(&g.session_id).is_some_and(|end| now_ms < *end)
+    }
+
+    /// One committed lock-store change.
+    pub fn on_lock_event(&mut self, e: &LockEvent, at_ms: u64) {
+        match e {
+            LockEvent::SessionEnds { session_id, expires_at_ms } => {
+                self.sessions.insert(*session_id, *expires_at_ms);
+            }
+            LockEvent::SessionClosed { session_id, .. } => {
+                self.sessions.remove(session_id);
+                self.grants.retain(|_, g| g.session_id != *session_id);
+            }
+            LockEvent::Granted { grant, now_ms } => {
+                self.grants_seen += 1;
+                if let Some(prior) = self.grants.get(&grant.key) {
+                    if self.live(prior, *now_ms) {
+                        let detail = format!(
+                            "key {}: token {} granted at {} while token {} (lease to {}) still lived",
+                            grant.key, grant.fencing_token, now_ms, prior.token, prior.lease_end_ms
+                        );
+                        self.fail(at_ms, Failure::correctness(ids::NO_TWO_LIVE_GRANTS, detail));
+                    }
+                }
+                if grant.fencing_token <= self.last_token {
+                    let detail = format!(
+                        "key {}: token {} granted after token {}",
+                        grant.key, grant.fencing_token, self.last_token
+                    );
+                    self.fail(at_ms, Failure::correctness(ids::TOKENS_INCREASE, detail));
+                }
+                self.last_token = self.last_token.max(grant.fencing_token);
+                // The holder's session is live at its grant (the store checked it); keep the
+                // later of what we know.
+                self.grants.insert(
+                    grant.key.clone(),
+                    ModelGrant {
+                        token: grant.fencing_token,
+                        session_id: grant.session_id,
+                        acquired_at_ms: grant.acquired_at_ms,
+                        lease_end_ms: grant.expires_at_ms,
+                    },
+                );
+            }
+            LockEvent::Renewed { key, token, expires_at_ms } => {
+                if let Some(g) = self.grants.get_mut(key).filter(|g| g.token == *token) {
+                    g.lease_end_ms = *expires_at_ms;
+                }
+            }
+            LockEvent::Released { key, token, .. } => {
+                if self.grants.get(key).is_some_and(|g| g.token == *token) {
+                    self.grants.remove(key);
+                }
+            }
+            LockEvent::Revoked { key, token, new_token_floor, .. } => {
+                self.revoked_tokens.insert(*token);
+                self.last_token = self.last_token.max(*new_token_floor);
+                if self.grants.get(key).is_some_and(|g| g.token == *token) {
+                    self.grants.remove(key);
+                }
+            }
+            LockEvent::Dropped { key, token, now_ms } => {
+                // A drop ends a grant only if it was dead: a live grant dropped stays live in
+                // the model, so the next grant of its key is an overlap.
+                let live = self.grants.get(key).filter(|g| g.token == *token).is_some_and(|g| self.live(g, *now_ms));
+                if !live && self.grants.get(key).is_some_and(|g| g.token == *token) {
+                    self.grants.remove(key);
+                }
+            }
+        }
+    }
+
+    /// A partition healed at `now_ms` (lock-store time) that began at `started_ms`: fires
+    /// [`Probe::PartitionHealedMidLease`] when a grant taken before it still lives.
+    pub fn partition_healed(&mut self, started_ms: i64, now_ms: i64) -> bool {
+        let mid_lease = self.grants.values().any(|g| g.acquired_at_ms < started_ms && self.live(g, now_ms));
+        if mid_lease {
+            probe::hit(Probe::PartitionHealedMidLease);
+        }
+        mid_lease
+    }
+}
+
+/// One account row, as the end-of-run ledger checks read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountFacts {
+    pub account_id: String,
+    pub kind: AccountKind,
+    pub balance_minor: i64,
+    /// Σ amount of its unsettled payouts.
+    pub reserved_minor: i64,
+}
+
+/// FR-25 over raw rows: every CUSTOMER balance is its ledger sum, no available balance is
+/// negative, and Σ DEBIT = Σ CREDIT per currency.
+pub fn ledger_failures(accounts: &[AccountFacts], ledger: &[LedgerEntry]) -> Vec<Failure> {
+    let mut found = Vec::new();
+    let mut sums: BTreeMap<&str, i128> = BTreeMap::new();
+    let mut sides: BTreeMap<(&str, Direction), i128> = BTreeMap::new();
+    for e in ledger {
+        let signed = match e.direction {
+            Direction::Credit => i128::from(e.amount_minor),
+            Direction::Debit => -i128::from(e.amount_minor),
+        };
+        *sums.entry(e.account_id.as_str()).or_insert(0) += signed;
+        *sides.entry((e.currency.as_str(), e.direction)).or_insert(0) += i128::from(e.amount_minor);
+    }
+    for a in accounts.iter().filter(|a| a.kind == AccountKind::Customer && !is_system_account(&a.account_id)) {
+        let sum = sums.get(a.account_id.as_str()).copied().unwrap_or(0);
+        if i128::from(a.balance_minor) != sum {
+            found.push(Failure::correctness(
+                ids::BALANCE_IS_LEDGER_SUM,
+                format!("account {}: balance {} != ledger sum {sum}", a.account_id, a.balance_minor),
+            ));
+        }
+        let available = i128::from(a.balance_minor) - i128::from(a.reserved_minor);
+        if available < 0 {
+            found.push(Failure::correctness(
+                ids::NO_NEGATIVE_AVAILABLE,
+                format!("account {}: available {available} < 0", a.account_id),
+            ));
+        }
+    }
+    let currencies: BTreeSet<&str> = sides.keys().map(|(c, _)| *c).collect();
+    for c in currencies {
+        let debit = sides.get(&(c, Direction::Debit)).copied().unwrap_or(0);
+        let credit = sides.get(&(c, Direction::Credit)).copied().unwrap_or(0);
+        if debit != credit {
+            found.push(Failure::correctness(
+                ids::DEBITS_EQUAL_CREDITS,
+                format!("{c}: debits {debit} != credits {credit}"),
+            ));
+        }
+    }
+    found
+}
+
+/// The rail's own log against paydb's submission rows: no payout reached the rail twice, and
+/// none reached it without a forwardable intent row (`calls` are `clientRef`s, in arrival
+/// order).
+pub fn rail_failures(calls: &[String], rows: &[SubmissionRow]) -> Vec<Failure> {
+    let mut per_ref: BTreeMap<&str, u64> = BTreeMap::new();
+    for c in calls {
+        *per_ref.entry(c.as_str()).or_insert(0) += 1;
+    }
+    let mut intents: BTreeMap<String, u64> = BTreeMap::new();
+    for r in rows.iter().filter(|r| is_forwardable(r.outcome)) {
+        *intents.entry(r.payout_id.to_string()).or_insert(0) += 1;
+    }
+    let mut found = Vec::new();
+    for (client_ref, n) in per_ref {
+        if n > 1 {
+            found.push(Failure::correctness(
+                ids::AT_MOST_ONE_RAIL_CALL,
+                format!("payout {client_ref} reached the rail {n} times"),
+            ));
+        }
+        let admitted = intents.get(client_ref).copied().unwrap_or(0);
+        if n > admitted {
+            found.push(Failure::correctness(
+                ids::RAIL_CALL_HAS_INTENT,
+                format!("payout {client_ref} reached the rail {n} times with {admitted} forwardable intent rows"),
+            ));
+        }
+    }
+    found
+}
+
+/// Liveness over raw rows: every payout settled, every intent resolved.
+pub fn settle_failures(payouts: &[(Uuid, PayoutState)], rows: &[SubmissionRow]) -> Vec<Failure> {
+    let settled = |s: PayoutState| {
+        matches!(s, PayoutState::Posted | PayoutState::Failed | PayoutState::Abandoned | PayoutState::RailAmbiguous)
+    };
+    let mut found = Vec::new();
+    let open: Vec<String> =
+        payouts.iter().filter(|(_, s)| !settled(*s)).map(|(id, s)| format!("{id} {}", s.as_str())).collect();
+    if !open.is_empty() {
+        found.push(Failure::liveness(
+            ids::EVERY_PAYOUT_SETTLES,
+            format!("{} unsettled: {}", open.len(), open.join(", ")),
+        ));
+    }
+    let unresolved: Vec<String> = rows
+        .iter()
+        .filter(|r| r.outcome.is_none())
+        .map(|r| format!("{} (payout {})", r.submission_id, r.payout_id))
+        .collect();
+    if !unresolved.is_empty() {
+        found.push(Failure::liveness(
+            ids::NO_UNRESOLVED_INTENT,
+            format!("{} unresolved: {}", unresolved.len(), unresolved.join(", ")),
+        ));
+    }
+    found
+}
+
+/// What the oracle knows that a reconciler's report also states.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Known {
+    pub max_rail_calls_per_payout: u64,
+    pub ambiguous: BTreeSet<Uuid>,
+    pub ledger_balanced: bool,
+    pub payouts_by_state: BTreeMap<PayoutState, u64>,
+}
+
+/// The reconciler's report against the oracle's own figures; one failure naming every
+/// difference.
+pub fn reconciler_failures(known: &Known, report: &Known) -> Vec<Failure> {
+    let mut diffs = Vec::new();
+    if known.max_rail_calls_per_payout != report.max_rail_calls_per_payout {
+        diffs.push(format!(
+            "max rail calls per payout: oracle {}, reconciler {}",
+            known.max_rail_calls_per_payout, report.max_rail_calls_per_payout
+        ));
+    }
+    if known.ambiguous != report.ambiguous {
+        diffs.push(format!("ambiguous: oracle {:?}, reconciler {:?}", known.ambiguous, report.ambiguous));
+    }
+    if known.ledger_balanced != report.ledger_balanced {
+        diffs.push(format!("ledger balanced: oracle {}, reconciler {}", known.ledger_balanced, report.ledger_balanced));
+    }
+    let nonzero = |m: &BTreeMap<PayoutState, u64>| -> BTreeMap<PayoutState, u64> {
+        m.iter().filter(|(_, n)| **n > 0).map(|(s, n)| (*s, *n)).collect()
+    };
+    if nonzero(&known.payouts_by_state) != nonzero(&report.payouts_by_state) {
+        diffs.push(format!(
+            "payouts by state: oracle {:?}, reconciler {:?}",
+            nonzero(&known.payouts_by_state),
+            nonzero(&report.payouts_by_state)
+        ));
+    }
+    if diffs.is_empty() {
+        Vec::new()
+    } else {
+        vec![Failure::liveness(ids::RECONCILER_AGREES, diffs.join("; "))]
+    }
+}
+
+/// paydb's rows the end checks read, in one transaction.
+#[derive(Debug, Clone, Default)]
+pub struct PaydbRows {
+    pub accounts: Vec<AccountFacts>,
+    pub ledger: Vec<LedgerEntry>,
+    pub submissions: Vec<SubmissionRow>,
+    pub payouts: Vec<(Uuid, PayoutState)>,
+    pub fences: BTreeMap<String, i64>,
+    pub marks: BTreeMap<String, i64>,
+}
+
+impl PaydbRows {
+    /// Reads the raw tables (no store code in between).
+    pub fn read(paydb: &dlock_payment_resource::store_mem::MemPaydb) -> PaydbRows {
+        paydb
+            .with_tables(|t| {
+                let reserved = |account: &str| -> i64 {
+                    t.rail
+                        .payouts
+                        .values()
+                        .filter(|p| p.row.account_id == account && is_unsettled(p.row.state))
+                        .map(|p| p.row.amount_minor)
+                        .sum()
+                };
+                PaydbRows {
+                    accounts: t
+                        .accounts
+                        .iter()
+                        .map(|(id, a)| AccountFacts {
+                            account_id: id.clone(),
+                            kind: a.kind,
+                            balance_minor: a.balance_minor,
+                            reserved_minor: reserved(id),
+                        })
+                        .collect(),
+                    ledger: t.ledger.clone(),
+                    submissions: t.rail.submissions.clone(),
+                    payouts: t.rail.payouts.values().map(|p| (p.row.payout_id, p.row.state)).collect(),
+                    fences: t.accounts.iter().map(|(id, a)| (id.clone(), a.fence)).collect(),
+                    marks: t.rail.high_water.clone(),
+                }
+            })
+            .unwrap_or_default()
+    }
+
+    /// The oracle's own figures for the reconciler comparison.
+    pub fn known(&self, calls: &[String]) -> Known {
+        let mut per_ref: BTreeMap<&str, u64> = BTreeMap::new();
+        for c in calls {
+            *per_ref.entry(c.as_str()).or_insert(0) += 1;
+        }
+        let mut by_state: BTreeMap<PayoutState, u64> = BTreeMap::new();
+        for (_, s) in &self.payouts {
+            *by_state.entry(*s).or_insert(0) += 1;
+        }
+        Known {
+            max_rail_calls_per_payout: per_ref.values().copied().max().unwrap_or(0),
+            ambiguous: self
+                .payouts
+                .iter()
+                .filter(|(_, s)| *s == PayoutState::RailAmbiguous)
+                .map(|(id, _)| *id)
+                .collect(),
+            ledger_balanced: ledger_failures(&self.accounts, &self.ledger).is_empty(),
+            payouts_by_state: by_state,
+        }
+    }
+}
+
+#[cfg(madsim)]
+pub use online::{check, liveness, Monitor, ORACLE_RECONCILER_IP};
+
+#[cfg(madsim)]
+mod online {
+    use std::net::IpAddr;
+    use std::sync::{Arc, Mutex};
+
+    use dlock_lock_server::store_mem::{LockEvent, LockObserver};
+    use dlock_payment_resource::store_mem::{FencedWrite, PaydbObserver, PaydbTables};
+    use dlock_rt::Clock;
+
+    use super::{
+        ids, ledger_failures, rail_failures, reconciler_failures, settle_failures, Checker, Known, PaydbFacts,
+        PaydbRows, TimedFailure,
+    };
+    use crate::outcome::Failure;
+    use crate::world::{self, World};
+
+    /// The node the oracle's reconciler run lives on.
+    pub const ORACLE_RECONCILER_IP: [u8; 4] = [10, 0, 9, 8];
+
+    struct Hook {
+        checker: Arc<Mutex<Checker>>,
+        start: madsim::time::Instant,
+    }
+
+    impl Hook {
+        fn at_ms(&self) -> u64 {
+            u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+        }
+    }
+
+    impl PaydbObserver for Hook {
+        fn fenced_write(&self, tables: &PaydbTables, write: &FencedWrite) {
+            let facts = PaydbFacts::read(tables, write.payout_id);
+            let at = self.at_ms();
+            if let Ok(mut c) = self.checker.lock() {
+                c.on_fenced_write(write, &facts, at);
+            }
+        }
+    }
+
+    impl LockObserver for Hook {
+        fn event(&self, e: &LockEvent) {
+            let at = self.at_ms();
+            if let Ok(mut c) = self.checker.lock() {
+                c.on_lock_event(e, at);
+            }
+        }
+    }
+
+    /// The online half of the oracle. [`Monitor::start`] registers observers on the world's
+    /// paydb and simulation lockdb (call it right after `world::start`, before any
+    /// workload); from then on every fenced write and every grant is judged as it commits.
+    pub struct Monitor {
+        checker: Arc<Mutex<Checker>>,
+        start: madsim::time::Instant,
+    }
+
+    impl Monitor {
+        pub fn start(world: &World) -> Monitor {
+            let checker = Arc::new(Mutex::new(Checker::new()));
+            let start = madsim::time::Instant::now();
+            world.paydb.set_observer(Arc::new(Hook { checker: checker.clone(), start }));
+            world.locks.set_observer(Arc::new(Hook { checker: checker.clone(), start }));
+            Monitor { checker, start }
+        }
+
+        /// Simulated ms since the monitor started.
+        pub fn elapsed_ms(&self) -> u64 {
+            u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+        }
+
+        /// Every online failure so far, with the simulated time it fired.
+        pub fn failures(&self) -> Vec<TimedFailure> {
+            self.checker.lock().map(|c| c.failures().to_vec()).unwrap_or_default()
+        }
+
+        /// Runs `f` over the checker (counts, notes).
+        pub fn with<R>(&self, f: impl FnOnce(&mut Checker) -> R) -> Option<R> {
+            self.checker.lock().ok().map(|mut c| f(&mut c))
+        }
+
+        /// A campaign switched `fence` off on purpose (see [`Checker::expect_layer_off`]).
+        pub fn expect_layer_off(&self, fence: super::Fence) {
+            let _ = self.with(|c| c.expect_layer_off(fence));
+        }
+
+        /// Writers whose owner id starts with `owner_prefix` run on a node drifted beyond the
+        /// lock client's margin (see [`Checker::note_drifted_owner`]).
+        pub fn note_drifted_owner(&self, owner_prefix: &str) {
+            let _ = self.with(|c| c.note_drifted_owner(owner_prefix));
+        }
+
+        /// A partition that began at `started_ms` healed now (both on the lock store's
+        /// clock, `Clock::system().wall()` in ms in a world); fires
+        /// `partition_healed_mid_lease` if a grant from before it still lives.
+        pub fn partition_healed(&self, started_ms: i64) -> bool {
+            let now = Clock::system().wall().timestamp_millis();
+            self.with(|c| c.partition_healed(started_ms, now)).unwrap_or(false)
+        }
+    }
+
+    /// The end-of-run safety check: the monitor's online failures, then the rail's log
+    /// against paydb, the ledger, and a last sample of fences and marks. Every failure is
+    /// correctness-class. `async` because the rail's log is read over the simulated network.
+    pub async fn check(world: &World, monitor: &Monitor) -> Vec<Failure> {
+        let calls = world.rail_calls().await;
+        let rows = PaydbRows::read(&world.paydb);
+        let at = monitor.elapsed_ms();
+        let _ = monitor.with(|c| c.sample(&rows.fences, &rows.marks, at));
+        let mut found: Vec<Failure> = monitor.failures().into_iter().map(|t| t.failure).collect();
+        found.extend(rail_failures(&calls, &rows.submissions));
+        found.extend(ledger_failures(&rows.accounts, &rows.ledger));
+        found
+    }
+
+    /// The liveness check, after every fault healed and the world had its bounded time to
+    /// settle: every payout settled, no intent unresolved, and the reconciler (run on a node
+    /// of its own over the world's paydb and the rail's record) states what the oracle
+    /// computed. Liveness-class failures.
+    pub async fn liveness(world: &World) -> Vec<Failure> {
+        let calls = world.rail_calls().await;
+        let rows = PaydbRows::read(&world.paydb);
+        let mut found = settle_failures(&rows.payouts, &rows.submissions);
+        let known = rows.known(&calls);
+        let paydb = world.paydb.clone();
+        let node = madsim::runtime::Handle::current()
+            .create_node()
+            .name("oracle-reconciler")
+            .ip(IpAddr::from(ORACLE_RECONCILER_IP))
+            .build();
+        let report = node
+            .spawn(async move {
+                let budget = dlock_reconciler::budget::ReadBudget::default();
+                let rail =
+                    dlock_reconciler::rail::HttpRailRecord::new(world::url(world::STUB_IP, world::STUB_PORT), &budget);
+                let source = dlock_reconciler::Paydb { store: paydb, describe: "simulation paydb".into() };
+                let params =
+                    dlock_reconciler::Params { budget, ..dlock_reconciler::Params::at(Clock::system().wall()) };
+                dlock_reconciler::reconcile(&source, &rail, &params).await
+            })
+            .await;
+        match report {
+            Ok(r) => {
+                let stated = Known {
+                    max_rail_calls_per_payout: r.max_rail_calls_per_payout,
+                    ambiguous: r.ambiguous.iter().map(|a| a.payout_id).collect(),
+                    ledger_balanced: r.ledger_balanced,
+                    payouts_by_state: r.payouts_by_state.clone(),
+                };
+                found.extend(reconciler_failures(&known, &stated));
+            }
+            Err(e) => found.push(Failure::crash(ids::RECONCILER_AGREES, format!("the reconciler's node failed: {e}"))),
+        }
+        found
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,339 @@
+//! Each checker, fed a hand-made violation, reports exactly its invariant (and nothing on
+//! the clean version of the same data): the oracle can fail.
+
+use super::*;
+use chrono::{DateTime, Utc};
+use dlock_contract::rail::SubmissionOutcome;
+use dlock_lock_server::store::GrantRow;
+use dlock_payment_resource::store::{Operation, StoredResponse};
+
+fn at() -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("instant")
+}
+
+fn invariants(fs: &[Failure]) -> Vec<&'static str> {
+    fs.iter().map(|f| f.invariant).collect()
+}
+
+fn online(c: &Checker) -> Vec<&'static str> {
+    c.failures().iter().map(|t| t.failure.invariant).collect()
+}
+
+fn uuid(n: u128) -> Uuid {
+    Uuid::from_u128(n)
+}
+
+fn write(op: FencedOp, account: &str, token: i64, verdict: FenceVerdictSeen) -> FencedWrite {
+    FencedWrite {
+        op,
+        payout_id: uuid(1),
+        account_id: account.into(),
+        token,
+        owner_id: "executor-a".into(),
+        fenced: true,
+        state_before: Some(PayoutState::Pending),
+        verdict,
+        identity: None,
+        recorded: None,
+        replayed: None,
+        admission: None,
+    }
+}
+
+fn accepted(op: FencedOp, account: &str, token: i64) -> FencedWrite {
+    write(op, account, token, FenceVerdictSeen::Accepted)
+}
+
+fn facts(fence: i64, mark: i64) -> PaydbFacts {
+    PaydbFacts {
+        fences: [("a".to_owned(), fence)].into(),
+        marks: [("a".to_owned(), mark)].into(),
+        forwardable_tokens: vec![],
+    }
+}
+
+fn row(payout: Uuid, token: i64, outcome: Option<SubmissionOutcome>) -> SubmissionRow {
+    SubmissionRow {
+        submission_id: Uuid::from_u128(u128::from(token.unsigned_abs()) + 1000),
+        payout_id: payout,
+        account_id: "a".into(),
+        presented_token: token,
+        owner_id: "w".into(),
+        idempotency_key: "k".into(),
+        amount_minor: 1,
+        currency: "EUR".into(),
+        outcome,
+        outcome_detail: None,
+        rail_reference: None,
+        submitted_at: at(),
+        resolved_at: None,
+    }
+}
+
+#[test]
+fn a_payout_called_twice_by_the_rail_is_at_most_one_rail_call() {
+    let p = uuid(7);
+    let rows = [row(p, 5, Some(SubmissionOutcome::Acked)), row(p, 6, Some(SubmissionOutcome::Timeout))];
+    assert!(rail_failures(&[p.to_string()], &rows).is_empty());
+    let broken = rail_failures(&[p.to_string(), p.to_string()], &rows);
+    assert_eq!(invariants(&broken), [ids::AT_MOST_ONE_RAIL_CALL], "{broken:?}");
+}
+
+#[test]
+fn a_rail_call_without_a_forwardable_intent_is_reported() {
+    let p = uuid(7);
+    let fenced_only = [row(p, 5, Some(SubmissionOutcome::Fenced)), row(p, 6, Some(SubmissionOutcome::Duplicate))];
+    assert_eq!(invariants(&rail_failures(&[p.to_string()], &fenced_only)), [ids::RAIL_CALL_HAS_INTENT]);
+}
+
+fn account(id: &str, balance: i64, reserved: i64) -> AccountFacts {
+    AccountFacts {
+        account_id: id.into(),
+        kind: AccountKind::Customer,
+        balance_minor: balance,
+        reserved_minor: reserved,
+    }
+}
+
+fn entry(account: &str, direction: Direction, amount: i64) -> LedgerEntry {
+    LedgerEntry {
+        entry_id: Uuid::from_u128(amount as u128),
+        posting_id: uuid(99),
+        payout_id: None,
+        account_id: account.into(),
+        direction,
+        amount_minor: amount,
+        currency: "EUR".into(),
+        fence: 0,
+        created_at: at(),
+    }
+}
+
+#[test]
+fn an_unbalanced_ledger_is_reported_by_each_of_its_invariants() {
+    let ledger = [entry("a", Direction::Credit, 100), entry("#funding:EUR", Direction::Debit, 100)];
+    assert!(ledger_failures(&[account("a", 100, 40)], &ledger).is_empty());
+    // The balance moved without its entries.
+    assert_eq!(invariants(&ledger_failures(&[account("a", 90, 40)], &ledger)), [ids::BALANCE_IS_LEDGER_SUM]);
+    // One side of a pair is missing.
+    let half = [entry("a", Direction::Credit, 100), entry("#funding:EUR", Direction::Debit, 60)];
+    assert_eq!(invariants(&ledger_failures(&[account("a", 100, 0)], &half)), [ids::DEBITS_EQUAL_CREDITS]);
+    // More reserved than held.
+    assert_eq!(invariants(&ledger_failures(&[account("a", 100, 101)], &ledger)), [ids::NO_NEGATIVE_AVAILABLE]);
+}
+
+#[test]
+fn a_token_accepted_after_a_larger_one_fails_at_that_acceptance() {
+    let mut c = Checker::new();
+    c.on_fenced_write(&accepted(FencedOp::Claim, "a", 7), &facts(7, 0), 10);
+    // The rail's mark is another fence: a lower token there is not a regression here.
+    c.on_fenced_write(&accepted(FencedOp::Admit, "a", 5), &facts(7, 5), 11);
+    assert!(c.failures().is_empty(), "{:?}", c.failures());
+    c.on_fenced_write(&accepted(FencedOp::Post, "a", 6), &facts(7, 5), 12);
+    assert_eq!(online(&c), [ids::FENCE_ACCEPTS_RISING_TOKENS]);
+    assert_eq!(c.failures()[0].at_ms, 12, "it fires at the acceptance, not at the end");
+    // Equal is not greater: the fence is strict.
+    let mut c = Checker::new();
+    c.on_fenced_write(&accepted(FencedOp::Claim, "a", 7), &facts(7, 0), 1);
+    c.on_fenced_write(&accepted(FencedOp::Post, "a", 7), &facts(7, 0), 2);
+    assert_eq!(online(&c), [ids::FENCE_ACCEPTS_RISING_TOKENS]);
+    // Refusals are not acceptances, and an admission with the rail fence off is not fenced.
+    let mut c = Checker::new();
+    c.on_fenced_write(&accepted(FencedOp::Claim, "a", 7), &facts(7, 0), 1);
+    c.on_fenced_write(
+        &write(FencedOp::Claim, "a", 3, FenceVerdictSeen::FencedOut { highest_token: 7 }),
+        &facts(7, 0),
+        2,
+    );
+    c.on_fenced_write(&accepted(FencedOp::Post, "a", 8), &facts(8, 0), 3);
+    assert!(c.failures().is_empty(), "{:?}", c.failures());
+    assert_eq!((c.acceptances, c.fenced_outs), (2, 1));
+}
+
+#[test]
+fn a_stale_token_taken_by_a_switched_off_fence_is_reported_unless_the_campaign_expects_it() {
+    let mut stale = accepted(FencedOp::Admit, "a", 5);
+    stale.fenced = false;
+    let mut c = Checker::new();
+    c.on_fenced_write(&accepted(FencedOp::Admit, "a", 9), &facts(0, 9), 1);
+    c.on_fenced_write(&stale, &facts(0, 9), 2);
+    assert_eq!(online(&c), [ids::FENCE_ACCEPTS_RISING_TOKENS]);
+    assert!(c.failures()[0].failure.detail.contains("switched off"), "{:?}", c.failures());
+    let mut c = Checker::new();
+    c.expect_layer_off(Fence::Rail);
+    c.on_fenced_write(&accepted(FencedOp::Admit, "a", 9), &facts(0, 9), 1);
+    c.on_fenced_write(&stale, &facts(0, 9), 2);
+    assert!(c.failures().is_empty(), "{:?}", c.failures());
+}
+
+#[test]
+fn a_decreasing_fence_or_mark_is_reported() {
+    let mut c = Checker::new();
+    c.sample(&facts(7, 9).fences, &facts(7, 9).marks, 1);
+    c.sample(&facts(8, 9).fences, &facts(8, 9).marks, 2);
+    assert!(c.failures().is_empty());
+    c.sample(&facts(8, 4).fences, &facts(8, 4).marks, 3);
+    assert_eq!(online(&c), [ids::MARK_NEVER_DECREASES]);
+    let mut c = Checker::new();
+    c.sample(&facts(7, 0).fences, &facts(7, 0).marks, 1);
+    c.sample(&facts(6, 0).fences, &facts(6, 0).marks, 2);
+    assert_eq!(online(&c), [ids::FENCE_NEVER_DECREASES]);
+    // A fence that vanished decreased too.
+    let mut c = Checker::new();
+    c.sample(&facts(7, 0).fences, &BTreeMap::new(), 1);
+    c.sample(&BTreeMap::new(), &BTreeMap::new(), 2);
+    assert_eq!(online(&c), [ids::FENCE_NEVER_DECREASES]);
+}
+
+#[test]
+fn a_resubmitted_ambiguous_payout_is_reported_even_when_refused() {
+    let mut w = write(FencedOp::Admit, "a", 9, FenceVerdictSeen::Accepted);
+    w.state_before = Some(PayoutState::RailAmbiguous);
+    w.admission = Some("duplicate");
+    let f = PaydbFacts { forwardable_tokens: vec![8], ..facts(0, 9) };
+    let mut c = Checker::new();
+    c.on_fenced_write(&w, &f, 5);
+    assert_eq!(online(&c), [ids::AMBIGUOUS_NEVER_RESUBMITTED]);
+    // A stale writer below the ambiguous attempt's token predates the ambiguity: the fence
+    // stops it, and it is not a resubmission.
+    let mut stale = write(FencedOp::Admit, "a", 4, FenceVerdictSeen::FencedOut { highest_token: 9 });
+    stale.state_before = Some(PayoutState::RailAmbiguous);
+    let mut c = Checker::new();
+    c.on_fenced_write(&stale, &f, 5);
+    assert!(c.failures().is_empty(), "{:?}", c.failures());
+}
+
+#[test]
+fn a_replay_whose_bytes_differ_from_the_record_is_reported() {
+    let identity: Identity = (Operation::Claim, uuid(1).to_string(), "k".into(), 7);
+    let mut first = accepted(FencedOp::Claim, "a", 7);
+    first.identity = Some(identity.clone());
+    first.recorded = Some(StoredResponse { status: 200, body: b"{\"a\":1}".to_vec() });
+    let mut replay = write(FencedOp::Claim, "a", 7, FenceVerdictSeen::Other);
+    replay.identity = Some(identity);
+    replay.replayed = Some(StoredResponse { status: 200, body: b"{\"a\":1}".to_vec() });
+    let mut c = Checker::new();
+    c.on_fenced_write(&first, &facts(7, 0), 1);
+    c.on_fenced_write(&replay, &facts(7, 0), 2);
+    assert!(c.failures().is_empty(), "{:?}", c.failures());
+    replay.replayed = Some(StoredResponse { status: 200, body: b"{\"a\":2}".to_vec() });
+    c.on_fenced_write(&replay, &facts(7, 0), 3);
+    assert_eq!(online(&c), [ids::REPLAY_BYTE_IDENTICAL]);
+}
+
+fn grant(key: &str, session: u128, token: i64, now: i64, ttl: i64) -> LockEvent {
+    LockEvent::Granted {
+        grant: GrantRow {
+            key: key.into(),
+            session_id: uuid(session),
+            owner_id: format!("w{session}"),
+            fencing_token: token,
+            acquired_at_ms: now,
+            expires_at_ms: now + ttl,
+        },
+        now_ms: now,
+    }
+}
+
+fn session(id: u128, end: i64) -> LockEvent {
+    LockEvent::SessionEnds { session_id: uuid(id), expires_at_ms: end }
+}
+
+#[test]
+fn two_overlapping_grants_of_one_key_are_reported() {
+    let mut c = Checker::new();
+    c.on_lock_event(&session(1, 10_000), 0);
+    c.on_lock_event(&session(2, 10_000), 0);
+    c.on_lock_event(&grant("k", 1, 1, 0, 3_000), 0);
+    c.on_lock_event(&grant("k", 2, 2, 1_000, 3_000), 1);
+    assert_eq!(online(&c), [ids::NO_TWO_LIVE_GRANTS]);
+    // After a release, an expiry or a revoke the key is free.
+    let mut c = Checker::new();
+    c.on_lock_event(&session(1, 10_000), 0);
+    c.on_lock_event(&session(2, 20_000), 0);
+    c.on_lock_event(&grant("k", 1, 1, 0, 3_000), 0);
+    c.on_lock_event(&LockEvent::Released { key: "k".into(), token: 1, now_ms: 500 }, 0);
+    c.on_lock_event(&grant("k", 2, 2, 1_000, 3_000), 0);
+    c.on_lock_event(&grant("k", 1, 3, 4_000, 3_000), 0);
+    c.on_lock_event(&LockEvent::Revoked { key: "k".into(), token: 3, new_token_floor: 4, now_ms: 4_100 }, 0);
+    c.on_lock_event(&grant("k", 2, 5, 4_200, 3_000), 0);
+    assert!(c.failures().is_empty(), "{:?}", c.failures());
+    // A live grant the store dropped still lives for the oracle: the next grant overlaps.
+    let mut c = Checker::new();
+    c.on_lock_event(&session(1, 10_000), 0);
+    c.on_lock_event(&grant("k", 1, 1, 0, 3_000), 0);
+    c.on_lock_event(&LockEvent::Dropped { key: "k".into(), token: 1, now_ms: 100 }, 0);
+    c.on_lock_event(&grant("k", 2, 2, 200, 3_000), 0);
+    assert_eq!(online(&c), [ids::NO_TWO_LIVE_GRANTS]);
+}
+
+#[test]
+fn a_token_not_above_every_earlier_grant_is_reported() {
+    let mut c = Checker::new();
+    c.on_lock_event(&session(1, 100_000), 0);
+    c.on_lock_event(&grant("k", 1, 5, 0, 1_000), 0);
+    c.on_lock_event(&grant("other", 1, 4, 2_000, 1_000), 0);
+    assert_eq!(online(&c), [ids::TOKENS_INCREASE]);
+    // Below a revoke's floor is a regression too.
+    let mut c = Checker::new();
+    c.on_lock_event(&LockEvent::Revoked { key: "k".into(), token: 5, new_token_floor: 6, now_ms: 0 }, 0);
+    c.on_lock_event(&grant("k", 1, 6, 0, 1_000), 0);
+    assert_eq!(online(&c), [ids::TOKENS_INCREASE]);
+}
+
+#[test]
+fn unsettled_payouts_and_unresolved_intents_are_liveness_failures() {
+    let p = uuid(3);
+    let done = [(p, PayoutState::Posted), (uuid(4), PayoutState::RailAmbiguous)];
+    assert!(settle_failures(&done, &[row(p, 1, Some(SubmissionOutcome::Acked))]).is_empty());
+    let open = settle_failures(&[(p, PayoutState::Submitted)], &[]);
+    assert_eq!(invariants(&open), [ids::EVERY_PAYOUT_SETTLES]);
+    assert_eq!(open[0].class, crate::outcome::FailureClass::Liveness);
+    assert_eq!(invariants(&settle_failures(&done, &[row(p, 1, None)])), [ids::NO_UNRESOLVED_INTENT]);
+}
+
+#[test]
+fn a_reconciler_report_that_differs_from_the_oracle_is_reported() {
+    let known = Known {
+        max_rail_calls_per_payout: 1,
+        ambiguous: [uuid(1)].into(),
+        ledger_balanced: true,
+        payouts_by_state: [(PayoutState::Posted, 3), (PayoutState::Failed, 0)].into(),
+    };
+    let same = Known { payouts_by_state: [(PayoutState::Posted, 3)].into(), ..known.clone() };
+    assert!(reconciler_failures(&known, &same).is_empty(), "zero counts do not count");
+    let missed = Known { ambiguous: BTreeSet::new(), ..known.clone() };
+    assert_eq!(invariants(&reconciler_failures(&known, &missed)), [ids::RECONCILER_AGREES]);
+    let double = Known { max_rail_calls_per_payout: 2, ..known.clone() };
+    assert_eq!(invariants(&reconciler_failures(&double, &known)), [ids::RECONCILER_AGREES]);
+}
+
+#[cfg(madsim)]
+#[test]
+fn a_revoked_or_drifted_holder_fenced_out_fires_its_correlation_probe() {
+    probe::reset();
+    let mut c = Checker::new();
+    c.note_drifted_owner("executor-slow");
+    c.on_lock_event(&LockEvent::Revoked { key: "k".into(), token: 5, new_token_floor: 6, now_ms: 0 }, 0);
+    c.on_fenced_write(
+        &write(FencedOp::Claim, "a", 4, FenceVerdictSeen::FencedOut { highest_token: 6 }),
+        &facts(6, 0),
+        1,
+    );
+    assert_eq!(probe::snapshot().get(&Probe::RevokeFencedHolder), None, "token 4 was not revoked");
+    c.on_fenced_write(
+        &write(FencedOp::Post, "a", 5, FenceVerdictSeen::FencedOut { highest_token: 6 }),
+        &facts(6, 0),
+        2,
+    );
+    assert_eq!(probe::snapshot().get(&Probe::RevokeFencedHolder), Some(&1));
+    let mut slow = write(FencedOp::Admit, "a", 3, FenceVerdictSeen::FencedOut { highest_token: 6 });
+    slow.owner_id = "executor-slow-1".into();
+    c.on_fenced_write(&slow, &facts(6, 6), 3);
+    assert_eq!(probe::snapshot().get(&Probe::DriftCaughtByFence), Some(&1));
+    c.on_lock_event(&session(1, 10_000), 0);
+    c.on_lock_event(&grant("k", 1, 7, 100, 5_000), 0);
+    assert!(!c.partition_healed(50, 1_000), "the grant came after the partition began");
+    assert!(c.partition_healed(500, 1_000));
+    assert_eq!(probe::snapshot().get(&Probe::PartitionHealedMidLease), Some(&1));
+}
