@@ -126,7 +126,7 @@ async fn reconcile_on_a_node(paydb: Arc<MemPaydb>) -> dlock_reconciler::Report {
     node.spawn(async move {
         let budget = dlock_reconciler::budget::ReadBudget::default();
         let rail = dlock_reconciler::rail::HttpRailRecord::new(url(world::STUB_IP, world::STUB_PORT), &budget);
-        let source = dlock_reconciler::Paydb { pay: paydb.clone(), rail: paydb, describe: "simulation paydb".into() };
+        let source = dlock_reconciler::Paydb { store: paydb, describe: "simulation paydb".into() };
         let params = dlock_reconciler::Params { budget, ..dlock_reconciler::Params::at(Clock::system().wall()) };
         dlock_reconciler::reconcile(&source, &rail, &params).await
     })

@@ -15,6 +15,7 @@ pub mod lock;
 pub mod payment;
 pub mod payout;
 pub mod rail;
+pub mod store;
 pub mod time;
 
 pub use error::{ErrorCode, ErrorEnvelope, ErrorSpec, FieldError};

@@ -112,6 +112,23 @@ pub fn is_decode_error(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::ColumnDecode { .. } | sqlx::Error::Decode(_) | sqlx::Error::ColumnNotFound(_))
 }
 
+/// Whether a failed `COMMIT` lost its answer: the connection broke (I/O, TLS, protocol,
+/// the SQLite worker, SQLite's `SQLITE_IOERR` family) after the commit was sent, so the
+/// write may have committed. Every other failure of a commit is a refusal: nothing
+/// committed. Every SQL store classifies its commits with this one rule
+/// (`StoreFault::CommitUnknown` in `dlock-contract`).
+pub fn is_commit_answer_lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
+        // SQLITE_IOERR (10) and its extended codes.
+        sqlx::Error::Database(db) => {
+            db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+                && db.code().unwrap_or_default().parse::<i32>().is_ok_and(|c| c & 0xff == 10)
+        }
+        _ => false,
+    }
+}
+
 /// A PostgreSQL pool with the shared bounds.
 pub async fn pg_pool(url: &str) -> Result<sqlx::PgPool, sqlx::Error> {
     sqlx::postgres::PgPoolOptions::new()
@@ -198,5 +215,15 @@ mod tests {
         assert_eq!(Dialect::of_url("postgres://u@h/db"), Ok(Dialect::Postgres));
         assert_eq!(Dialect::of_url("sqlite://x"), Ok(Dialect::Sqlite));
         assert!(Dialect::of_url("mysql://x").is_err());
+    }
+
+    #[test]
+    fn a_commit_whose_connection_broke_lost_its_answer_and_a_refusal_did_not() {
+        let broken = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(is_commit_answer_lost(&sqlx::Error::Io(broken)));
+        assert!(is_commit_answer_lost(&sqlx::Error::WorkerCrashed));
+        assert!(is_commit_answer_lost(&sqlx::Error::Protocol("unexpected message".into())));
+        assert!(!is_commit_answer_lost(&sqlx::Error::PoolTimedOut), "no connection: nothing was sent");
+        assert!(!is_commit_answer_lost(&sqlx::Error::RowNotFound));
     }
 }

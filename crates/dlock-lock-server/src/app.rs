@@ -19,7 +19,9 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::service::{AcquireOutcome, LockServer, CONTENTION_RETRY_AFTER_MS, NOT_LEADER_RETRY_AFTER_MS};
-use crate::store::{AcquireRefusal, GrantRow, RenewRefusal, RevokeRefusal, SessionRefusal, StoreError};
+use crate::store::{
+    AcquireRefusal, ClassifiedStoreError, GrantRow, RenewRefusal, RevokeRefusal, SessionRefusal, StoreError,
+};
 
 /// Largest request body the lock server reads.
 pub const BODY_BYTES_MAX: usize = 16 * 1024;
@@ -45,10 +47,19 @@ fn at(ms: i64) -> DateTime<Utc> {
     DateTime::<Utc>::from_timestamp_millis(ms).unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
 }
 
+/// A store failure, by its class (C3-extensions C-29): `Unavailable` is 503 `NOT_LEADER`
+/// (nothing changed; retry-safe), anything else 500 `INTERNAL` (a lost commit answer may
+/// have granted: never retry-safe).
 fn not_leader(e: StoreError) -> ApiError {
-    ApiError::new(ErrorCode::NotLeader, "this replica cannot currently guarantee the backend's ordering")
-        .with_retry_after_ms(NOT_LEADER_RETRY_AFTER_MS)
-        .with_internal(e.to_string())
+    match e.fault().code(ErrorCode::NotLeader) {
+        ErrorCode::NotLeader => {
+            ApiError::new(ErrorCode::NotLeader, "this replica cannot currently guarantee the backend's ordering")
+                .with_retry_after_ms(NOT_LEADER_RETRY_AFTER_MS)
+                .with_internal(e.to_string())
+        }
+        code => ApiError::new(code, "the backend's answer was lost or unreadable; the outcome is unknown")
+            .with_internal(e.to_string()),
+    }
 }
 
 fn session_refusal(r: SessionRefusal, id: Uuid) -> ApiError {

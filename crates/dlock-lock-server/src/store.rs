@@ -37,18 +37,43 @@
 //!    session and dies with it: there are no ghost grants.
 
 use async_trait::async_trait;
+pub use dlock_contract::store::{ClassifiedStoreError, StoreFault};
 use uuid::Uuid;
 
-/// The backend could not decide. The server answers `503 NOT_LEADER`: no state changed that
-/// the caller could rely on, and it may retry.
+/// The backend could not decide, in the one classification every store shares
+/// ([`StoreFault`], C3-extensions C-29). Only `Unavailable` is answered `503 NOT_LEADER`
+/// (nothing changed, the caller may retry); the others are `500 INTERNAL`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
-    /// Unreachable, read-only, failing over, busy past its bound, or without quorum.
+    /// Nothing changed: unreachable, read-only, failing over, busy past its bound, or
+    /// without quorum, before anything could commit.
     #[error("backend unavailable: {0}")]
     Unavailable(String),
+    /// The write was sent and its answer lost: it may have committed (an ambiguous
+    /// acquire's grant stays attached to its session, invariant 5).
+    #[error("commit outcome unknown: {0}")]
+    CommitUnknown(String),
     /// The backend answered something the store cannot interpret.
     #[error("unexpected backend content: {0}")]
     Corrupt(String),
+}
+
+impl ClassifiedStoreError for StoreError {
+    fn fault(&self) -> StoreFault {
+        match self {
+            StoreError::Unavailable(_) => StoreFault::Unavailable,
+            StoreError::CommitUnknown(_) => StoreFault::CommitUnknown,
+            StoreError::Corrupt(_) => StoreFault::Corrupt,
+        }
+    }
+
+    fn of_fault(fault: StoreFault, cause: String) -> StoreError {
+        match fault {
+            StoreFault::Unavailable => StoreError::Unavailable(cause),
+            StoreFault::CommitUnknown => StoreError::CommitUnknown(cause),
+            StoreFault::Corrupt => StoreError::Corrupt(cause),
+        }
+    }
 }
 
 /// Why a session-scoped call was refused.

@@ -271,6 +271,25 @@ fn unavailable(e: etcd_client::Error) -> StoreError {
     StoreError::Unavailable(format!("etcd: {e}"))
 }
 
+/// Answers of etcd (or of the client) that prove a write txn was not applied: refused before
+/// it was sent, or by etcd before it was proposed.
+const WRITE_NOT_APPLIED: [&str; 4] =
+    ["etcdserver: no leader", "etcdserver: too many requests", "etcdserver: not capable", "tcp connect error"];
+
+/// A failed write txn. Provably not applied (see [`WRITE_NOT_APPLIED`], or arguments the
+/// client refused before sending) is [`StoreError::Unavailable`]; anything else (no answer
+/// within the bound, a broken connection, "request timed out", "leader changed") may have
+/// committed: [`StoreError::CommitUnknown`] (C3-extensions C-29).
+fn write_error(e: etcd_client::Error) -> StoreError {
+    let text = e.to_string();
+    let not_sent = matches!(e, etcd_client::Error::InvalidArgs(_) | etcd_client::Error::InvalidUri(_));
+    if not_sent || WRITE_NOT_APPLIED.iter().any(|m| text.contains(m)) {
+        StoreError::Unavailable(format!("etcd: {text}"))
+    } else {
+        StoreError::CommitUnknown(format!("etcd: {text}"))
+    }
+}
+
 fn contended(what: &str) -> StoreError {
     StoreError::Unavailable(format!("etcd: {what} kept conflicting after {CAS_ATTEMPTS_MAX} attempts"))
 }
@@ -475,7 +494,12 @@ impl EtcdLockStore {
                 .or_else(vec![TxnOp::txn(txn)]);
         }
         let mut kv = self.client.kv_client();
-        let mut resp = Self::bounded(kv.txn(txn)).await?;
+        let mut resp = match dlock_rt::timeout(Duration::from_millis(RPC_MS_MAX), kv.txn(txn)).await {
+            Some(r) => r.map_err(write_error)?,
+            None => {
+                return Err(StoreError::CommitUnknown(format!("etcd: write txn unanswered within {RPC_MS_MAX} ms")))
+            }
+        };
         for _ in &absent {
             if resp.succeeded() {
                 // The key exists.
@@ -1121,5 +1145,24 @@ impl LockStore for EtcdLockStore {
             }
         }
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod write_error_tests {
+    use super::*;
+
+    #[test]
+    fn an_etcd_write_error_is_commit_unknown_unless_etcd_proves_it_was_not_applied() {
+        let unknown = write_error(etcd_client::Error::WatchError("connection reset by peer".into()));
+        assert!(matches!(unknown, StoreError::CommitUnknown(_)), "{unknown:?}");
+        let timed_out = write_error(etcd_client::Error::WatchError("etcdserver: request timed out".into()));
+        assert!(matches!(timed_out, StoreError::CommitUnknown(_)), "{timed_out:?}");
+        for proof in WRITE_NOT_APPLIED {
+            let e = write_error(etcd_client::Error::WatchError(format!("status: {proof}")));
+            assert!(matches!(e, StoreError::Unavailable(_)), "{proof}: {e:?}");
+        }
+        let refused = write_error(etcd_client::Error::InvalidArgs("empty key".into()));
+        assert!(matches!(refused, StoreError::Unavailable(_)), "{refused:?}");
     }
 }

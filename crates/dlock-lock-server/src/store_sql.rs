@@ -35,6 +35,16 @@ fn unavailable(e: sqlx::Error) -> StoreError {
     }
 }
 
+/// A failed `COMMIT`: a lost answer may have committed ([`StoreError::CommitUnknown`]);
+/// any other failure committed nothing.
+fn commit_error(e: sqlx::Error) -> StoreError {
+    if dlock_db::is_commit_answer_lost(&e) {
+        StoreError::CommitUnknown(dlock_db::describe(&e))
+    } else {
+        unavailable(e)
+    }
+}
+
 fn parse_uuid(raw: &str) -> Result<Uuid, StoreError> {
     Uuid::parse_str(raw).map_err(|e| StoreError::Corrupt(format!("bad uuid {raw:?}: {e}")))
 }
@@ -309,7 +319,7 @@ macro_rules! sql_lock_store {
                 .execute(&mut *tx)
                 .await
                 .map_err(unavailable)?;
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(SessionRow { session_id, owner_id: owner_id.to_owned(), ttl_ms, expires_at_ms: now + ttl_ms })
             }
 
@@ -339,7 +349,7 @@ macro_rules! sql_lock_store {
                 .await
                 .and_then(|r| r.try_get("held"))
                 .map_err(unavailable)?;
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(Ok((SessionRow { session_id, owner_id, ttl_ms, expires_at_ms: now + ttl_ms }, held)))
             }
 
@@ -378,7 +388,7 @@ macro_rules! sql_lock_store {
                     .execute(&mut *tx)
                     .await
                     .map_err(unavailable)?;
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(Ok(()))
             }
 
@@ -424,7 +434,7 @@ macro_rules! sql_lock_store {
                     Ok(plan) => plan,
                     Err(refusal @ AcquireRefusal::Delayed { .. }) if decision.remove.is_some() => {
                         // Keep the removal of the dead grant: it is part of what this call decided.
-                        tx.commit().await.map_err(unavailable)?;
+                        tx.commit().await.map_err(commit_error)?;
                         return Ok(Err(refusal));
                     }
                     Err(refusal) => {
@@ -474,7 +484,7 @@ macro_rules! sql_lock_store {
                     .await
                     .map_err(unavailable)?;
                 }
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(Ok(GrantRow {
                     key: key.to_owned(),
                     session_id,
@@ -530,7 +540,7 @@ macro_rules! sql_lock_store {
                         .transpose()?;
                     return Ok(Err(RenewRefusal::Lost { stored_token: stored }));
                 }
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(Ok(GrantRow { expires_at_ms: now + ttl_ms, ..g }))
             }
 
@@ -625,7 +635,7 @@ macro_rules! sql_lock_store {
                 .execute(&mut *tx)
                 .await
                 .map_err(unavailable)?;
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(Ok(Revocation { revoked_token: revoked, new_token_floor: floor, revocation_id }))
             }
 
@@ -697,7 +707,7 @@ macro_rules! sql_lock_store {
                 .await
                 .map_err(unavailable)?
                 .rows_affected();
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(report)
             }
         }

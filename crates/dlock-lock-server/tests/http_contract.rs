@@ -635,3 +635,32 @@ on_every_backend!(
     l4_waiters_are_granted_in_arrival_order,
     l4_a_no_wait_request_does_not_barge_past_waiters,
 );
+
+#[tokio::test]
+async fn each_injected_store_fault_of_an_acquire_maps_to_its_code_and_retry_safety() {
+    use dlock_lock_server::store::StoreFault;
+    use dlock_lock_server::store_fault::FaultyLockStore;
+    // (class, status, code, retrySafe, the grant committed)
+    let cases = [
+        (StoreFault::Unavailable, 503, "NOT_LEADER", true, false),
+        (StoreFault::CommitUnknown, 500, "INTERNAL", false, true),
+        (StoreFault::Corrupt, 500, "INTERNAL", false, false),
+    ];
+    for (fault, status, code, retry_safe, granted) in cases {
+        let faulty = Arc::new(FaultyLockStore::new(Arc::new(MemLockStore::new(Clock::system()))));
+        let app = dlock_lock_server::app::router(LockServer::new(
+            faulty.clone(),
+            LockServerConfig::default(),
+            Clock::system(),
+        ));
+        let sid = session(&app, "worker-1", 10_000).await;
+        faulty.faults.inject("acquire", fault);
+        let (s, v) = acquire(&app, "k", &sid, "worker-1", json!({})).await;
+        assert_eq!((s, v["code"].as_str()), (status, Some(code)), "{fault:?}: {v}");
+        assert_eq!(v["retrySafe"], retry_safe, "{fault:?}: {v}");
+        assert!(!v.to_string().contains("injected"), "internal cause leaked: {v}");
+        // A lost answer left the grant, attached to the session (E-9); the others nothing.
+        let (s, v) = call(&app, "GET", "/v1/locks/k", &[], None).await;
+        assert_eq!(s, if granted { 200 } else { 404 }, "{fault:?}: {v}");
+    }
+}

@@ -28,8 +28,8 @@ use crate::cursor::CursorPayload;
 use crate::metrics::{RESOURCE_ACCOUNT, RESOURCE_LEDGER};
 use crate::service::{PaymentResource, NOT_READY_RETRY_AFTER_MS};
 use crate::store::{
-    AccountView, Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, Idempotent, ListQuery,
-    NewAccount, NewPayout, Operation, PayoutView, Post, PostOutcome, StoreError, StoredResponse,
+    AccountView, Claim, ClaimOutcome, ClassifiedStoreError, CreateAccountOutcome, CreatePayoutOutcome, Decided,
+    Idempotent, ListQuery, NewAccount, NewPayout, Operation, PayoutView, Post, PostOutcome, StoreError, StoredResponse,
 };
 
 /// Target of the account-creation identity.
@@ -58,15 +58,18 @@ pub fn router(pr: Arc<PaymentResource>) -> axum::Router {
 // Shared pieces
 // ---------------------------------------------------------------------------------------
 
+/// A store failure, by its class (C3-extensions C-29): only `Unavailable` (nothing was
+/// changed) is the retry-safe 503 `NOT_READY`; the others are 500 `INTERNAL`.
 fn store_error(e: StoreError) -> ApiError {
+    let code = e.fault().code(ErrorCode::NotReady);
     match e {
         StoreError::Unavailable(cause) => {
-            ApiError::new(ErrorCode::NotReady, "paydb could not decide the request; nothing was changed")
+            ApiError::new(code, "paydb could not decide the request; nothing was changed")
                 .with_retry_after_ms(NOT_READY_RETRY_AFTER_MS)
                 .with_internal(cause)
         }
         StoreError::CommitUnknown(cause) => ApiError::new(
-            ErrorCode::Internal,
+            code,
             "the outcome is unknown; replay the same request with the same key and token to learn it",
         )
         .with_internal(cause),

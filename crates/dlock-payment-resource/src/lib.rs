@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod rules;
 pub mod service;
 pub mod store;
+pub mod store_fault;
 pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;

@@ -18,16 +18,16 @@
 //!   is Σ amount of the account's *other* unsettled payouts; a post leaves the balance ≥ 0.
 //! - **Balanced pairs**: a posting is exactly one DEBIT and one CREDIT of one positive
 //!   amount, one currency, one posting id, two different accounts ([`assert_balanced`]).
+//!
+//! The ledger rules ([`payout_posting`], [`assert_balanced`], [`balance_after_debit`] and
+//! [`RuleError`]) live in [`dlock_paydb::ledger`], because code in `dlock-paydb` applies them
+//! too (a payout's posting, the operator's resolution) and it depends on no service crate;
+//! they are re-exported here, so this module is still the one place the payment-resource's
+//! rules are read from.
 
 use dlock_contract::payout::{self, Actor, PayoutState};
 
-use crate::store::{settlement_account, Direction, LedgerEntry, PayoutPosting};
-
-/// A rule could not be applied to the facts: an amount overflowed, or the facts break an
-/// invariant a CHECK would refuse. The store answers it as corrupt content (500).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct RuleError(pub String);
+pub use dlock_paydb::ledger::{assert_balanced, balance_after_debit, payout_posting, RuleError};
 
 /// The fence decision (FR-15, C3 §3.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,51 +146,6 @@ pub fn decide_post(f: &PostFacts) -> Result<PostDecision, RuleError> {
     Ok(PostDecision::Posted { balance_after_minor })
 }
 
-/// A CUSTOMER balance after the debit of a posting: `balance − amount`, never below zero.
-pub fn balance_after_debit(balance_minor: i64, amount_minor: i64) -> Result<i64, RuleError> {
-    balance_minor
-        .checked_sub(amount_minor)
-        .filter(|b| *b >= 0)
-        .ok_or_else(|| RuleError(format!("accounts: balance {balance_minor} − {amount_minor} would fall below 0")))
-}
-
-/// A payout's posting: DEBIT the payout's account, CREDIT `#settlement:{CUR}`, one amount,
-/// both entries carrying the posting's fence. Asserts the pair balances.
-pub fn payout_posting(p: &PayoutPosting<'_>) -> [LedgerEntry; 2] {
-    let entry = |entry_id, account_id, direction| LedgerEntry {
-        entry_id,
-        posting_id: p.posting_id,
-        payout_id: Some(p.payout_id),
-        account_id,
-        direction,
-        amount_minor: p.amount_minor,
-        currency: p.currency.to_owned(),
-        fence: p.fence,
-        created_at: p.at,
-    };
-    let entries = [
-        entry(p.entry_ids[0], p.account_id.to_owned(), Direction::Debit),
-        entry(p.entry_ids[1], settlement_account(p.currency), Direction::Credit),
-    ];
-    assert_balanced(&entries);
-    entries
-}
-
-/// Asserts a posting is one balanced pair: one DEBIT and one CREDIT of the same positive
-/// amount, currency and posting id, on two different accounts (FR-25: Σ DEBIT = Σ CREDIT).
-pub fn assert_balanced(entries: &[LedgerEntry]) {
-    let [a, b] = entries else { panic!("a posting is two entries, not {}", entries.len()) };
-    assert!(
-        a.direction != b.direction
-            && a.amount_minor == b.amount_minor
-            && a.amount_minor > 0
-            && a.currency == b.currency
-            && a.posting_id == b.posting_id
-            && a.account_id != b.account_id,
-        "unbalanced posting: {a:?} / {b:?}"
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -200,7 +155,7 @@ mod tests {
     use uuid::Uuid;
 
     use super::*;
-    use crate::store::is_unsettled;
+    use crate::store::{is_unsettled, Direction, LedgerEntry, PayoutPosting};
 
     proptest! {
         /// Against the history of accepted tokens: a token passes iff it exceeds every token
@@ -234,25 +189,6 @@ mod tests {
     #[should_panic(expected = "fence would not rise")]
     fn an_equal_token_never_raises_the_fence_in_release_builds() {
         raise_fence(7, 7);
-    }
-
-    #[test]
-    #[should_panic(expected = "unbalanced posting")]
-    fn an_unbalanced_pair_is_refused_in_release_builds() {
-        let at = DateTime::<Utc>::UNIX_EPOCH;
-        let p = PayoutPosting {
-            payout_id: Uuid::nil(),
-            posting_id: Uuid::nil(),
-            entry_ids: [Uuid::nil(), Uuid::nil()],
-            account_id: "a",
-            amount_minor: 5,
-            currency: "EUR",
-            fence: 1,
-            at,
-        };
-        let mut entries = payout_posting(&p).to_vec();
-        entries[1].amount_minor = 4;
-        assert_balanced(&entries);
     }
 
     /// One account, a few payouts, operations in any order.

@@ -1,10 +1,9 @@
-//! The simulation store: all of paydb in memory, with the same semantics as SQL.
+//! The simulation store's payment side: the payment-resource's [`PaymentStore`] over
+//! [`MemPaydb`], paydb in memory (`dlock-paydb`), with the same semantics as SQL.
 //!
-//! [`MemPaydb`] stands in for the *database*, not for a service's memory. It holds every
-//! paydb table behind one mutex and implements both [`PaymentStore`] and the proxy's
-//! [`RailStore`], so in the simulation the payment-resource and the rail-proxy share one
-//! paydb exactly as their SQL stores share one database. It outlives every simulated node
-//! it serves, and neither service caches from it.
+//! `MemPaydb` stands in for the *database*, not for a service's memory: the rail-proxy
+//! implements its `RailStore` on the same value, so in the simulation the two services share
+//! one paydb exactly as their SQL stores share one database.
 //!
 //! Each method takes the one mutex for its whole body, which is what a serialisable
 //! transaction looks like from outside. A method validates everything and renders the
@@ -13,108 +12,25 @@
 //! they refuse is [`StoreError::Corrupt`], as a trigger error is). The conformance suite
 //! holds it to the SQL stores.
 
-use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard};
-
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use dlock_contract::payout::{self, Actor, PayoutState};
-
-use crate::rules::{self, ClaimDecision, ClaimFacts, FenceVerdict, PostDecision, PostFacts};
 use dlock_contract::rail::SubmissionOutcome;
-use dlock_rail_proxy::store as rail;
-use dlock_rail_proxy::store::RailStore;
-use dlock_rail_proxy::store_mem::{RailTables, StoredPayout};
+use dlock_paydb::mem::{bigint, payout_view, reserved_minor, system_account, upsert_system_accounts, StoredPayout};
+pub use dlock_paydb::mem::{guard_transition, Identity, MemPaydb, PaydbTables, StoredAccount, StoredRecord};
+use dlock_paydb::rail::PayoutRow;
 use uuid::Uuid;
 
+use crate::rules::{self, ClaimDecision, ClaimFacts, FenceVerdict, PostDecision, PostFacts};
 use crate::store::{
-    funding_account, is_system_account, is_unsettled, settlement_account, AbandonOutcome, AccountKind, AccountView,
-    AmbiguousResolution, Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, Direction,
-    IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, Operation, PaymentStore, PayoutSummary,
-    PayoutView, Post, PostOutcome, Render, ResolutionRow, ResolveOutcome, StoreError, StoredResponse,
-    SubmissionSummary, RESOLUTION_REASON_CHARS_MIN,
+    is_system_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Claim,
+    ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery,
+    NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView, Post, PostOutcome, Render, ResolutionRow,
+    ResolveOutcome, StoreError, StoredResponse,
 };
 
-/// One `accounts` row (the key is its `account_id`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredAccount {
-    pub kind: AccountKind,
-    pub currency: String,
-    pub balance_minor: i64,
-    /// 0 = never fenced.
-    pub fence: i64,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-}
-
-/// One `idempotency_records` row (the key is its identity). In memory a record never
-/// lacks its response: it is inserted together with the mutation it records.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredRecord {
-    pub request_sha256: String,
-    pub owner_id: String,
-    pub response: StoredResponse,
-    pub created_at: DateTime<Utc>,
-    pub expires_at: DateTime<Utc>,
-}
-
-/// The idempotency identity: (operation, target, key, token).
-pub type Identity = (Operation, String, String, i64);
-
-/// Every paydb table. Public so that the simulation's invariant checkers can read the
-/// database itself, never the services' answers.
-#[derive(Debug, Default)]
-pub struct PaydbTables {
-    /// `payouts`, `rail_high_water` and `rail_submission`, with the proxy's own code.
-    pub rail: RailTables,
-    pub accounts: BTreeMap<String, StoredAccount>,
-    /// `ledger_entries`, append-only, in insertion order.
-    pub ledger: Vec<LedgerEntry>,
-    pub idempotency: BTreeMap<Identity, StoredRecord>,
-    /// `paydb_secrets` row `p1-cursor`.
-    pub cursor_secret: Option<[u8; 32]>,
-    /// `payout_resolutions`, append-only, in insertion order.
-    pub resolutions: Vec<ResolutionRow>,
-}
-
-/// In-memory paydb, shared by the payment-resource and the rail-proxy.
-#[derive(Debug, Default)]
-pub struct MemPaydb {
-    tables: Mutex<PaydbTables>,
-}
-
-const POISONED: &str = "simulation store poisoned";
-
-impl MemPaydb {
-    pub fn new() -> MemPaydb {
-        MemPaydb::default()
-    }
-
-    fn lock(&self) -> Result<MutexGuard<'_, PaydbTables>, StoreError> {
-        self.tables.lock().map_err(|_| StoreError::Corrupt(POISONED.into()))
-    }
-
-    fn lock_rail(&self) -> Result<MutexGuard<'_, PaydbTables>, rail::StoreError> {
-        self.tables.lock().map_err(|_| rail::StoreError::Corrupt(POISONED.into()))
-    }
-
-    /// Runs `f` over the tables as one transaction: the simulation's invariant checkers read
-    /// through it, and tests use it for what an operator would do by hand-run SQL. Writes
-    /// made here bypass every guard.
-    pub fn with_tables<R>(&self, f: impl FnOnce(&mut PaydbTables) -> R) -> Result<R, StoreError> {
-        Ok(f(&mut *self.lock()?))
-    }
-}
-
-/// The state trigger (D2): C2's pairs only ([`payout::may_write_state`]); a same-state
-/// write passes.
-pub fn guard_transition(from: PayoutState, to: PayoutState) -> Result<(), StoreError> {
-    if payout::may_write_state(from, to) {
-        Ok(())
-    } else {
-        Err(StoreError::Corrupt(format!("payouts: transition {}>{} not in C2", from.as_str(), to.as_str())))
-    }
-}
+/// The payment-resource's transactions over the tables (each under the one mutex).
+struct PaydbTx;
 
 /// The identity of a request.
 fn identity(i: &IdemRequest) -> Identity {
@@ -168,91 +84,6 @@ fn check_currency(currency: &str) -> Result<(), StoreError> {
     }
 }
 
-/// Σ amount of `account_id`'s unsettled payouts, other than `except`.
-fn reserved_minor(t: &PaydbTables, account_id: &str, except: Option<Uuid>) -> i128 {
-    t.rail
-        .payouts
-        .values()
-        .filter(|p| p.row.account_id == account_id && Some(p.row.payout_id) != except && is_unsettled(p.row.state))
-        .map(|p| i128::from(p.row.amount_minor))
-        .sum()
-}
-
-/// Σ CREDIT − Σ DEBIT over `account_id`'s entries.
-fn ledger_sum_minor(t: &PaydbTables, account_id: &str) -> i128 {
-    t.ledger
-        .iter()
-        .filter(|e| e.account_id == account_id)
-        .map(|e| match e.direction {
-            Direction::Credit => i128::from(e.amount_minor),
-            Direction::Debit => -i128::from(e.amount_minor),
-        })
-        .sum()
-}
-
-/// A sum as the BIGINT SQL computes (`CAST(… AS BIGINT)` fails on overflow).
-fn bigint(v: i128) -> Result<i64, StoreError> {
-    i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("sum {v} overflows BIGINT")))
-}
-
-fn account_view(t: &PaydbTables, account_id: &str, a: &StoredAccount) -> Result<AccountView, StoreError> {
-    Ok(AccountView {
-        account_id: account_id.to_owned(),
-        kind: a.kind,
-        currency: a.currency.clone(),
-        balance_minor: a.balance_minor,
-        fence: a.fence,
-        ledger_sum_minor: bigint(ledger_sum_minor(t, account_id))?,
-        reserved_minor: bigint(reserved_minor(t, account_id, None))?,
-        created_at: a.created_at,
-        updated_at: a.updated_at,
-    })
-}
-
-fn payout_view(t: &PaydbTables, p: &StoredPayout) -> PayoutView {
-    let submissions = t
-        .rail
-        .submissions
-        .iter()
-        .filter(|s| s.payout_id == p.row.payout_id)
-        .map(|s| SubmissionSummary {
-            submission_id: s.submission_id,
-            presented_token: s.presented_token,
-            outcome: s.outcome,
-            rail_reference: s.rail_reference.clone(),
-            submitted_at: s.submitted_at,
-            resolved_at: s.resolved_at,
-        })
-        .collect();
-    PayoutView {
-        payout_id: p.row.payout_id,
-        account_id: p.row.account_id.clone(),
-        amount_minor: p.row.amount_minor,
-        currency: p.row.currency.clone(),
-        beneficiary_ref: p.row.beneficiary_ref.clone(),
-        state: p.row.state,
-        attempt_count: p.row.attempt_count,
-        claim_token: p.claim_token,
-        claimed_by: p.claimed_by.clone(),
-        claimed_at: p.claimed_at,
-        created_at: p.created_at,
-        updated_at: p.updated_at,
-        submissions,
-    }
-}
-
-fn system_account(kind: AccountKind, currency: &str, at: DateTime<Utc>) -> StoredAccount {
-    StoredAccount { kind, currency: currency.to_owned(), balance_minor: 0, fence: 0, created_at: at, updated_at: at }
-}
-
-/// Upserts (`ON CONFLICT DO NOTHING`) the currency's two system accounts.
-fn upsert_system_accounts(t: &mut PaydbTables, currency: &str, at: DateTime<Utc>) {
-    t.accounts.entry(funding_account(currency)).or_insert_with(|| system_account(AccountKind::Funding, currency, at));
-    t.accounts
-        .entry(settlement_account(currency))
-        .or_insert_with(|| system_account(AccountKind::Settlement, currency, at));
-}
-
 /// The fence statement's verdict: `Ok(account_id)` when `token` may pass, else the
 /// outcome's `Fenced` fields, or `None` when the payout does not exist.
 enum Fence {
@@ -288,7 +119,7 @@ fn raise_fence(t: &mut PaydbTables, account_id: &str, token: i64, at: DateTime<U
     Ok(())
 }
 
-impl MemPaydb {
+impl PaydbTx {
     fn do_create_account(
         t: &mut PaydbTables,
         a: &NewAccount,
@@ -368,7 +199,7 @@ impl MemPaydb {
             return Err(StoreError::Corrupt("payouts: amount_minor <= 0".into()));
         }
         let stored = StoredPayout {
-            row: rail::PayoutRow {
+            row: PayoutRow {
                 payout_id: p.payout_id,
                 account_id: p.account_id.clone(),
                 amount_minor: p.amount_minor,
@@ -521,84 +352,6 @@ impl MemPaydb {
         }
         Ok(Idempotent::Executed { outcome, stored: Some(response) })
     }
-
-    fn do_resolve(t: &mut PaydbTables, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
-        r.check()?;
-        let Some(payout) = t.rail.payouts.get(&r.payout_id) else {
-            return Ok(ResolveOutcome::NotFound);
-        };
-        if payout.row.state != PayoutState::RailAmbiguous {
-            return Ok(ResolveOutcome::NotAmbiguous { state: payout.row.state });
-        }
-        payout::check_transition(payout.row.state, r.resolved_as, Actor::Operator)
-            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        guard_transition(payout.row.state, r.resolved_as)?;
-        // The audit row's CHECKs and unique index.
-        let operator_chars = r.operator.chars().count();
-        if !(1..=dlock_contract::headers::OWNER_ID_CHARS_MAX).contains(&operator_chars)
-            || r.reason.chars().count() < RESOLUTION_REASON_CHARS_MIN
-            || r.rail_reference.is_empty()
-        {
-            return Err(StoreError::Corrupt("payout_resolutions: a CHECK refused the row".into()));
-        }
-        if t.resolutions.iter().any(|x| x.payout_id == r.payout_id || x.resolution_id == r.resolution_id) {
-            return Err(StoreError::Corrupt("payout_resolutions: the payout or the id is taken".into()));
-        }
-        let account_id = payout.row.account_id.clone();
-        let amount = payout.row.amount_minor;
-        let currency = payout.row.currency.clone();
-        let Some(balance) = t.accounts.get(&account_id).map(|a| a.balance_minor) else {
-            return Err(StoreError::Corrupt(format!(
-                "payout {} references missing account {account_id:?}",
-                r.payout_id
-            )));
-        };
-        let posted = r.resolved_as == PayoutState::Posted;
-        let at = dlock_contract::time::truncate_ms(r.at);
-        let balance_after = if posted {
-            rules::balance_after_debit(balance, amount).map_err(|e| StoreError::Corrupt(e.to_string()))?
-        } else {
-            balance
-        };
-        // Writes: payout, then (POSTED) entries and balance, then the audit row.
-        if let Some(p) = t.rail.payouts.get_mut(&r.payout_id) {
-            p.row.state = r.resolved_as;
-            p.updated_at = at;
-        }
-        if posted {
-            t.accounts
-                .entry(settlement_account(&currency))
-                .or_insert_with(|| system_account(AccountKind::Settlement, &currency, at));
-            t.ledger.extend(r.entries(&account_id, amount, &currency, at));
-            if let Some(a) = t.accounts.get_mut(&account_id) {
-                a.balance_minor = balance_after;
-                a.updated_at = at;
-            }
-        }
-        t.resolutions.push(r.row(at));
-        Ok(ResolveOutcome::Resolved { state: r.resolved_as, balance_minor: balance_after })
-    }
-
-    fn do_insert_payout(t: &mut PaydbTables, p: &rail::NewPayout, at: DateTime<Utc>) -> Result<(), rail::StoreError> {
-        if is_system_account(&p.account_id) {
-            return Err(rail::StoreError::Corrupt(format!("accounts: {:?} is not a CUSTOMER id", p.account_id)));
-        }
-        if p.currency.chars().count() != 3 {
-            return Err(rail::StoreError::Corrupt(format!("currency {:?} is not 3 characters", p.currency)));
-        }
-        // Fails, changing nothing, if the payout exists.
-        t.rail.insert_payout(p, at)?;
-        let at = dlock_contract::time::truncate_ms(at);
-        t.accounts.entry(p.account_id.clone()).or_insert_with(|| StoredAccount {
-            kind: AccountKind::Customer,
-            currency: p.currency.clone(),
-            balance_minor: 0,
-            fence: 0,
-            created_at: at,
-            updated_at: at,
-        });
-        Ok(())
-    }
 }
 
 #[async_trait]
@@ -618,7 +371,7 @@ impl PaymentStore for MemPaydb {
         i: &IdemRequest,
         r: Render<'_, CreateAccountOutcome>,
     ) -> Decided<CreateAccountOutcome> {
-        MemPaydb::do_create_account(&mut *self.lock()?, a, i, r)
+        PaydbTx::do_create_account(&mut *self.lock()?, a, i, r)
     }
 
     async fn create_payout(
@@ -627,15 +380,15 @@ impl PaymentStore for MemPaydb {
         i: &IdemRequest,
         r: Render<'_, CreatePayoutOutcome>,
     ) -> Decided<CreatePayoutOutcome> {
-        MemPaydb::do_create_payout(&mut *self.lock()?, p, i, r)
+        PaydbTx::do_create_payout(&mut *self.lock()?, p, i, r)
     }
 
     async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome> {
-        MemPaydb::do_claim(&mut *self.lock()?, c, i, r)
+        PaydbTx::do_claim(&mut *self.lock()?, c, i, r)
     }
 
     async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
-        MemPaydb::do_post(&mut *self.lock()?, p, i, r)
+        PaydbTx::do_post(&mut *self.lock()?, p, i, r)
     }
 
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {
@@ -653,68 +406,31 @@ impl PaymentStore for MemPaydb {
     }
 
     async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
-        MemPaydb::do_resolve(&mut *self.lock()?, r)
+        self.lock()?.resolve_ambiguous(r)
     }
 
     async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ResolutionRow>, StoreError> {
-        let t = self.lock()?;
-        let mut rows: Vec<ResolutionRow> =
-            t.resolutions.iter().filter(|r| payout_id.is_none_or(|p| r.payout_id == p)).cloned().collect();
-        rows.sort_by_key(|r| (r.resolved_at, r.resolution_id));
-        Ok(rows)
+        Ok(self.lock()?.resolutions(payout_id))
     }
 
     async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError> {
-        let t = self.lock()?;
-        Ok(t.rail.payouts.get(&payout_id).map(|p| payout_view(&t, p)))
+        Ok(self.lock()?.payout_view(payout_id))
     }
 
     async fn account(&self, account_id: &str) -> Result<Option<AccountView>, StoreError> {
-        let t = self.lock()?;
-        t.accounts.get(account_id).map(|a| account_view(&t, account_id, a)).transpose()
+        self.lock()?.account(account_id)
     }
 
     async fn accounts(&self) -> Result<Vec<AccountView>, StoreError> {
-        let t = self.lock()?;
-        t.accounts.iter().map(|(id, a)| account_view(&t, id, a)).collect()
+        self.lock()?.account_views()
     }
 
     async fn list(&self, q: &ListQuery) -> Result<Vec<PayoutSummary>, StoreError> {
-        let t = self.lock()?;
-        let mut rows: Vec<&StoredPayout> = t
-            .rail
-            .payouts
-            .values()
-            .filter(|p| {
-                p.row.state == q.state
-                    && q.account_id.as_ref().is_none_or(|a| *a == p.row.account_id)
-                    && p.created_at <= q.snapshot
-                    && q.after.is_none_or(|after| (p.created_at, p.row.payout_id) > after)
-            })
-            .collect();
-        rows.sort_by_key(|p| (p.created_at, p.row.payout_id));
-        let limit = usize::try_from(q.limit).unwrap_or(0);
-        Ok(rows
-            .into_iter()
-            .take(limit)
-            .map(|p| PayoutSummary {
-                payout_id: p.row.payout_id,
-                account_id: p.row.account_id.clone(),
-                amount_minor: p.row.amount_minor,
-                currency: p.row.currency.clone(),
-                state: p.row.state,
-                attempt_count: p.row.attempt_count,
-                created_at: p.created_at,
-            })
-            .collect())
+        Ok(self.lock()?.list(q))
     }
 
     async fn ledger(&self, account_id: Option<&str>) -> Result<Vec<LedgerEntry>, StoreError> {
-        let t = self.lock()?;
-        let mut entries: Vec<LedgerEntry> =
-            t.ledger.iter().filter(|e| account_id.is_none_or(|a| e.account_id == a)).cloned().collect();
-        entries.sort_by_key(|e| (e.created_at, e.entry_id));
-        Ok(entries)
+        Ok(self.lock()?.ledger_of(account_id))
     }
 
     async fn oldest_pending_created_at(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
@@ -740,65 +456,5 @@ impl PaymentStore for MemPaydb {
     async fn idempotency_record_count(&self) -> Result<u64, StoreError> {
         let t = self.lock()?;
         Ok(u64::try_from(t.idempotency.len()).unwrap_or(u64::MAX))
-    }
-}
-
-/// The proxy's view of the same paydb: the proxy's own table code, under the same mutex.
-#[async_trait]
-impl RailStore for MemPaydb {
-    async fn ping(&self) -> Result<(), rail::StoreError> {
-        self.lock_rail().map(|_| ())
-    }
-
-    async fn payout(&self, payout_id: Uuid) -> Result<Option<rail::PayoutRow>, rail::StoreError> {
-        Ok(self.lock_rail()?.rail.payout(payout_id))
-    }
-
-    async fn admit(&self, attempt: &rail::Attempt) -> Result<rail::Admission, rail::StoreError> {
-        self.lock_rail()?.rail.admit(attempt)
-    }
-
-    async fn resolve(
-        &self,
-        submission_id: Uuid,
-        resolution: &rail::Resolution,
-        at: DateTime<Utc>,
-    ) -> Result<(), rail::StoreError> {
-        self.lock_rail()?.rail.resolve(submission_id, resolution, at)
-    }
-
-    async fn high_water(&self, account_id: &str) -> Result<Option<i64>, rail::StoreError> {
-        Ok(self.lock_rail()?.rail.high_water.get(account_id).copied())
-    }
-
-    async fn submissions(&self, payout_id: Option<Uuid>) -> Result<Vec<rail::SubmissionRow>, rail::StoreError> {
-        Ok(self.lock_rail()?.rail.submissions_of(payout_id))
-    }
-
-    async fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, rail::StoreError> {
-        Ok(self.lock_rail()?.rail.unresolved_before(before, limit))
-    }
-
-    /// Also upserts a zero-balance CUSTOMER account in the payout's currency, as the SQL
-    /// store does (seeded payouts bypass the funds check: dev and tests only).
-    async fn insert_payout(&self, payout: &rail::NewPayout, at: DateTime<Utc>) -> Result<(), rail::StoreError> {
-        MemPaydb::do_insert_payout(&mut *self.lock_rail()?, payout, at)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn guard_transition_allows_exactly_c2_and_same_state_writes() {
-        for from in PayoutState::ALL {
-            for to in PayoutState::ALL {
-                let allowed =
-                    from == to || dlock_contract::payout::TRANSITIONS.iter().any(|(f, t, _)| *f == from && *t == to);
-                assert_eq!(guard_transition(from, to).is_ok(), allowed, "{from:?}>{to:?}");
-            }
-        }
-        assert!(guard_transition(PayoutState::Posted, PayoutState::Claimed).is_err());
     }
 }

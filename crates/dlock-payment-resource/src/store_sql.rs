@@ -24,72 +24,23 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use dlock_contract::payout::{self, Actor, PayoutState};
-
-use crate::rules::{self, ClaimDecision, ClaimFacts, FenceVerdict, PostDecision, PostFacts};
-use dlock_contract::rail::SubmissionOutcome;
 use dlock_contract::time::truncate_ms;
 use dlock_db::Dialect;
 use sqlx::Row;
 use uuid::Uuid;
 
+use crate::rules::{self, ClaimDecision, ClaimFacts, FenceVerdict, PostDecision, PostFacts};
 use crate::store::{
     funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Claim,
-    ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, Direction, IdemRequest, Idempotent, LedgerEntry,
-    ListQuery, NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView, Post, PostOutcome, Render,
-    ResolutionRow, ResolveOutcome, StoreError, StoredResponse, SubmissionSummary,
+    ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery,
+    NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView, Post, PostOutcome, Render, ResolutionRow,
+    ResolveOutcome, StoreError, StoredResponse,
 };
 
-use dlock_rail_proxy::store_sql::{PG_MIGRATOR, SQLITE_MIGRATOR};
+use dlock_paydb::sql::{commit_error, db_error, parse_kind, parse_state, PG_MIGRATOR, SQLITE_MIGRATOR};
 
 /// The `paydb_secrets.name` of the P1 cursor key.
 pub const CURSOR_SECRET_NAME: &str = "p1-cursor";
-
-/// The states whose payouts reserve their amount ([`crate::store::is_unsettled`]), as an
-/// SQL list. A macro, so that `concat!` can splice it into statement literals.
-macro_rules! unsettled {
-    () => {
-        "('CLAIMED', 'SUBMITTED', 'RAIL_ACKED', 'RAIL_AMBIGUOUS')"
-    };
-}
-
-/// The SQL list of unsettled states (tests hold it to [`crate::store::is_unsettled`]).
-pub const UNSETTLED_SQL: &str = unsettled!();
-
-/// Σ CREDIT − Σ DEBIT of one account's entries (`a` is the `accounts` row).
-macro_rules! ledger_sum {
-    () => {
-        "(SELECT CAST(COALESCE(SUM(CASE WHEN e.direction = 'CREDIT' THEN e.amount_minor ELSE -e.amount_minor END), 0) \
-         AS BIGINT) FROM ledger_entries e WHERE e.account_id = a.account_id)"
-    };
-}
-
-/// Σ amount of one account's unsettled payouts (`a` is the `accounts` row).
-macro_rules! reserved {
-    () => {
-        concat!(
-            "(SELECT CAST(COALESCE(SUM(p.amount_minor), 0) AS BIGINT) FROM payouts p \
-             WHERE p.account_id = a.account_id AND p.state IN ",
-            unsettled!(),
-            ")"
-        )
-    };
-}
-
-const ACCOUNT_COLUMNS: &str = concat!(
-    "a.account_id, a.kind, a.currency, a.balance_minor, a.fence, a.created_at, a.updated_at, ",
-    ledger_sum!(),
-    " AS ledger_sum_minor, ",
-    reserved!(),
-    " AS reserved_minor"
-);
-
-const PAYOUT_COLUMNS: &str = "payout_id, account_id, amount_minor, currency, beneficiary_ref, state, attempt_count, \
-                              claim_token, claimed_by, claimed_at, created_at, updated_at";
-
-const LEDGER_COLUMNS: &str =
-    "entry_id, posting_id, payout_id, account_id, direction, amount_minor, currency, fence, created_at";
-
-const RESOLUTION_COLUMNS: &str = "resolution_id, payout_id, resolved_as, operator, reason, rail_reference, resolved_at";
 
 /// What statement 0 decided.
 enum Gate {
@@ -141,58 +92,9 @@ impl Commits for CreatePayoutOutcome {
     }
 }
 
-/// Whether the database refused a statement on a constraint or a guard trigger: the store
-/// issued a write its own checks should have ruled out.
-fn is_refusal(db: &(dyn sqlx::error::DatabaseError + 'static)) -> bool {
-    if !matches!(db.kind(), sqlx::error::ErrorKind::Other) {
-        return true;
-    }
-    let code = db.code().unwrap_or_default();
-    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
-        // SQLITE_CONSTRAINT (19) and its extended codes, RAISE(ABORT) in a trigger included.
-        code.parse::<i32>().is_ok_and(|c| c & 0xff == 19)
-    } else {
-        // Class 23 (integrity constraint violation); P0001 is a RAISE without an errcode.
-        code.starts_with("23") || code == "P0001"
-    }
-}
-
 /// Longest a PostgreSQL statement waits for a row lock (C3-extensions C-9: a concurrent
 /// duplicate waits, then replays). SQLite's single writer waits `SQLITE_BUSY_MS_MAX`.
 pub const IDEMPOTENCY_WAIT_MS_MAX: u64 = 2_000;
-
-fn db_error(e: sqlx::Error) -> StoreError {
-    let text = dlock_db::describe(&e);
-    let corrupt = dlock_db::is_decode_error(&e)
-        || matches!(
-            &e,
-            sqlx::Error::RowNotFound | sqlx::Error::ColumnIndexOutOfBounds { .. } | sqlx::Error::TypeNotFound { .. }
-        )
-        || matches!(&e, sqlx::Error::Database(db) if is_refusal(db.as_ref()));
-    if corrupt {
-        StoreError::Corrupt(text)
-    } else {
-        StoreError::Unavailable(text)
-    }
-}
-
-/// A failed COMMIT: an I/O failure means the answer was lost, not that nothing happened.
-fn commit_error(e: sqlx::Error) -> StoreError {
-    let lost = match &e {
-        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) | sqlx::Error::WorkerCrashed => true,
-        // SQLITE_IOERR (10) and its extended codes.
-        sqlx::Error::Database(db) => {
-            db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
-                && db.code().unwrap_or_default().parse::<i32>().is_ok_and(|c| c & 0xff == 10)
-        }
-        _ => false,
-    };
-    if lost {
-        StoreError::CommitUnknown(dlock_db::describe(&e))
-    } else {
-        db_error(e)
-    }
-}
 
 fn pg_sql(sql: &str) -> std::borrow::Cow<'_, str> {
     Dialect::Postgres.sql(sql)
@@ -200,27 +102,6 @@ fn pg_sql(sql: &str) -> std::borrow::Cow<'_, str> {
 
 fn sqlite_sql(sql: &str) -> std::borrow::Cow<'_, str> {
     Dialect::Sqlite.sql(sql)
-}
-
-fn parse_uuid(raw: &str) -> Result<Uuid, StoreError> {
-    Uuid::parse_str(raw).map_err(|e| StoreError::Corrupt(format!("bad uuid {raw:?}: {e}")))
-}
-
-fn parse_state(raw: &str) -> Result<PayoutState, StoreError> {
-    PayoutState::parse(raw).ok_or_else(|| StoreError::Corrupt(format!("bad payout state {raw:?}")))
-}
-
-fn parse_kind(raw: &str) -> Result<AccountKind, StoreError> {
-    AccountKind::parse(raw).ok_or_else(|| StoreError::Corrupt(format!("bad account kind {raw:?}")))
-}
-
-fn parse_direction(raw: &str) -> Result<Direction, StoreError> {
-    Direction::parse(raw).ok_or_else(|| StoreError::Corrupt(format!("bad ledger direction {raw:?}")))
-}
-
-fn parse_outcome(raw: Option<String>) -> Result<Option<SubmissionOutcome>, StoreError> {
-    raw.map(|r| SubmissionOutcome::parse(&r).ok_or_else(|| StoreError::Corrupt(format!("bad outcome {r:?}"))))
-        .transpose()
 }
 
 fn parse_secret(raw: &str) -> Result<[u8; 32], StoreError> {
@@ -283,7 +164,7 @@ macro_rules! get {
 }
 
 macro_rules! sql_payment_store {
-    ($store:ty, $db:ty, $sql:path) => {
+    ($store:ty, $db:ty, $sql:path, $paydb:ident) => {
         impl $store {
             /// Statement 0: the upsert of the identity row, which replaces only an expired
             /// record. No row back means a live record: read it and judge the fingerprint.
@@ -424,62 +305,6 @@ macro_rules! sql_payment_store {
                 }
             }
 
-            async fn state_of(tx: &mut sqlx::Transaction<'static, $db>, payout_id: &str) -> Result<PayoutState, StoreError> {
-                let q = $sql("SELECT state FROM payouts WHERE payout_id = $1");
-                let state: String = sqlx::query(&q)
-                    .bind(payout_id.to_owned())
-                    .fetch_one(&mut **tx)
-                    .await
-                    .and_then(|r| r.try_get("state"))
-                    .map_err(db_error)?;
-                parse_state(&state)
-            }
-
-            async fn insert_entry(tx: &mut sqlx::Transaction<'static, $db>, e: &LedgerEntry) -> Result<(), StoreError> {
-                let q = $sql(
-                    "INSERT INTO ledger_entries (entry_id, posting_id, payout_id, account_id, direction, amount_minor, \
-                     currency, fence, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                );
-                sqlx::query(&q)
-                    .bind(e.entry_id.to_string())
-                    .bind(e.posting_id.to_string())
-                    .bind(e.payout_id.map(|p| p.to_string()))
-                    .bind(e.account_id.clone())
-                    .bind(e.direction.as_str())
-                    .bind(e.amount_minor)
-                    .bind(e.currency.clone())
-                    .bind(e.fence)
-                    .bind(e.created_at)
-                    .execute(&mut **tx)
-                    .await
-                    .map(|_| ())
-                    .map_err(db_error)
-            }
-
-            /// Upserts the system accounts of `currency` (no balance, no fence).
-            async fn upsert_system_accounts(
-                tx: &mut sqlx::Transaction<'static, $db>,
-                accounts: &[(String, AccountKind)],
-                currency: &str,
-                at: DateTime<Utc>,
-            ) -> Result<(), StoreError> {
-                let q = $sql(
-                    "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
-                     VALUES ($1, $2, $3, 0, 0, $4, $4) ON CONFLICT (account_id) DO NOTHING",
-                );
-                for (account_id, kind) in accounts {
-                    sqlx::query(&q)
-                        .bind(account_id.clone())
-                        .bind(kind.as_str())
-                        .bind(currency.to_owned())
-                        .bind(at)
-                        .execute(&mut **tx)
-                        .await
-                        .map_err(db_error)?;
-                }
-                Ok(())
-            }
-
             async fn claim_in(tx: &mut sqlx::Transaction<'static, $db>, c: &Claim) -> Result<ClaimOutcome, StoreError> {
                 let at = truncate_ms(c.at);
                 let payout_id = c.payout_id.to_string();
@@ -496,7 +321,7 @@ macro_rules! sql_payment_store {
                     "SELECT state, amount_minor, \
                      (SELECT CAST(COALESCE(SUM(q.amount_minor), 0) AS BIGINT) FROM payouts q \
                       WHERE q.account_id = $2 AND q.payout_id <> $1 AND q.state IN ",
-                    unsettled!(),
+                    dlock_paydb::unsettled_sql!(),
                     ") AS reserved_minor FROM payouts WHERE payout_id = $1"
                 ));
                 let row = sqlx::query(&q)
@@ -534,7 +359,7 @@ macro_rules! sql_payment_store {
                     .await
                     .map_err(db_error)?;
                 let Some(moved) = moved else {
-                    return Ok(ClaimOutcome::NotClaimable { state: Self::state_of(tx, &payout_id).await? });
+                    return Ok(ClaimOutcome::NotClaimable { state: dlock_paydb::sql::$paydb::state_of(tx, &payout_id).await? });
                 };
                 Ok(match decision {
                     ClaimDecision::InsufficientFunds { available_minor } => {
@@ -577,7 +402,7 @@ macro_rules! sql_payment_store {
                     // The conditional write refused: the payout was not in a state the post
                     // rule moves from when it looked (the state read now is evidence only, and
                     // may have moved since under READ COMMITTED).
-                    return Ok(PostOutcome::NotClaimable { state: Self::state_of(tx, &payout_id).await? });
+                    return Ok(PostOutcome::NotClaimable { state: dlock_paydb::sql::$paydb::state_of(tx, &payout_id).await? });
                 };
                 let account_id: String = get!(moved, "account_id");
                 let amount: i64 = get!(moved, "amount_minor");
@@ -604,10 +429,10 @@ macro_rules! sql_payment_store {
                 // 4. Two balanced entries: DEBIT the account, CREDIT the currency's settlement
                 // account (upserted: a payout seeded through the proxy has none yet).
                 let settlement = settlement_account(&currency);
-                Self::upsert_system_accounts(tx, &[(settlement.clone(), AccountKind::Settlement)], &currency, at).await?;
+                dlock_paydb::sql::$paydb::upsert_system_accounts(tx, &[(settlement.clone(), AccountKind::Settlement)], &currency, at).await?;
                 let entries = p.entries(&account_id, amount, &currency, at);
                 for e in &entries {
-                    Self::insert_entry(tx, e).await?;
+                    dlock_paydb::sql::$paydb::insert_entry(tx, e).await?;
                 }
                 // 5. The balance follows the ledger.
                 let q = $sql(
@@ -641,7 +466,7 @@ macro_rules! sql_payment_store {
                     (funding.clone(), AccountKind::Funding),
                     (settlement_account(&a.currency), AccountKind::Settlement),
                 ];
-                Self::upsert_system_accounts(tx, &system, &a.currency, at).await?;
+                dlock_paydb::sql::$paydb::upsert_system_accounts(tx, &system, &a.currency, at).await?;
                 let q = $sql(
                     "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
                      VALUES ($1, 'CUSTOMER', $2, $3, 0, $4, $4) ON CONFLICT (account_id) DO NOTHING \
@@ -659,7 +484,7 @@ macro_rules! sql_payment_store {
                     return Ok(CreateAccountOutcome::Exists);
                 }
                 for e in a.opening_entries(at) {
-                    Self::insert_entry(tx, &e).await?;
+                    dlock_paydb::sql::$paydb::insert_entry(tx, &e).await?;
                 }
                 Ok(CreateAccountOutcome::Created(AccountView {
                     account_id: a.account_id.clone(),
@@ -746,140 +571,6 @@ macro_rules! sql_payment_store {
                 }
             }
 
-            /// `dlock resolve`, inside its transaction. Statement 1 is a write on the
-            /// payout's account row (no column changes): it takes SQLite's write lock at once
-            /// and, on PostgreSQL, the row lock every claim and post takes first, so the
-            /// reservation reads of a concurrent claim stay safe (design §3).
-            async fn resolve_in(
-                tx: &mut sqlx::Transaction<'static, $db>,
-                r: &AmbiguousResolution,
-            ) -> Result<ResolveOutcome, StoreError> {
-                let at = truncate_ms(r.at);
-                let payout_id = r.payout_id.to_string();
-                // 1. Lock the account (the fence is not touched: an operator holds no token).
-                let q = $sql(
-                    "UPDATE accounts SET balance_minor = balance_minor \
-                     WHERE account_id = (SELECT account_id FROM payouts WHERE payout_id = $1) \
-                     RETURNING account_id, balance_minor",
-                );
-                let locked = sqlx::query(&q)
-                    .bind(payout_id.clone())
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(db_error)?;
-                let Some(locked) = locked else {
-                    return Ok(ResolveOutcome::NotFound);
-                };
-                let balance_minor: i64 = get!(locked, "balance_minor");
-                // 2. RAIL_AMBIGUOUS -> POSTED | FAILED, conditionally.
-                // The source states C2 allows an operator's verdict from (RAIL_AMBIGUOUS).
-                let from = payout::sql_states(&payout::sources(r.resolved_as, Actor::Operator));
-                let q = $sql(&format!(
-                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state IN {from} \
-                     RETURNING account_id, amount_minor, currency",
-                ))
-                .into_owned();
-                let moved = sqlx::query(&q)
-                    .bind(payout_id.clone())
-                    .bind(r.resolved_as.as_str())
-                    .bind(at)
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(db_error)?;
-                let Some(moved) = moved else {
-                    return Ok(ResolveOutcome::NotAmbiguous { state: Self::state_of(tx, &payout_id).await? });
-                };
-                // 3. POSTED: the payout's two balanced entries (fence 0) and the debit.
-                let balance_minor = if r.resolved_as == PayoutState::Posted {
-                    let account_id: String = get!(moved, "account_id");
-                    let amount: i64 = get!(moved, "amount_minor");
-                    let currency: String = get!(moved, "currency");
-                    let settlement = settlement_account(&currency);
-                    Self::upsert_system_accounts(tx, &[(settlement, AccountKind::Settlement)], &currency, at).await?;
-                    for e in &r.entries(&account_id, amount, &currency, at) {
-                        Self::insert_entry(tx, e).await?;
-                    }
-                    let expected =
-                        rules::balance_after_debit(balance_minor, amount).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                    let q = $sql(
-                        "UPDATE accounts SET balance_minor = balance_minor - $2, updated_at = $3 \
-                         WHERE account_id = $1 RETURNING balance_minor",
-                    );
-                    sqlx::query(&q)
-                        .bind(account_id)
-                        .bind(amount)
-                        .bind(at)
-                        .fetch_one(&mut **tx)
-                        .await
-                        .and_then(|row| row.try_get::<i64, _>("balance_minor"))
-                        .map_err(db_error)
-                        .and_then(|after| {
-                            // The account row is locked by step 1: nothing else moved it.
-                            (after == expected).then_some(after).ok_or_else(|| {
-                                StoreError::Corrupt(format!("accounts: balance {after} after the resolution, the rule says {expected}"))
-                            })
-                        })?
-                } else {
-                    balance_minor
-                };
-                // 4. The audit row.
-                let q = $sql(
-                    "INSERT INTO payout_resolutions (resolution_id, payout_id, resolved_as, operator, reason, \
-                     rail_reference, resolved_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                );
-                sqlx::query(&q)
-                    .bind(r.resolution_id.to_string())
-                    .bind(payout_id)
-                    .bind(r.resolved_as.as_str())
-                    .bind(r.operator.clone())
-                    .bind(r.reason.clone())
-                    .bind(r.rail_reference.clone())
-                    .bind(at)
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(db_error)?;
-                Ok(ResolveOutcome::Resolved { state: r.resolved_as, balance_minor })
-            }
-
-            fn resolution_row(r: &<$db as sqlx::Database>::Row) -> Result<ResolutionRow, StoreError> {
-                Ok(ResolutionRow {
-                    resolution_id: parse_uuid(&get!(r, "resolution_id", String))?,
-                    payout_id: parse_uuid(&get!(r, "payout_id", String))?,
-                    resolved_as: parse_state(&get!(r, "resolved_as", String))?,
-                    operator: get!(r, "operator"),
-                    reason: get!(r, "reason"),
-                    rail_reference: get!(r, "rail_reference"),
-                    resolved_at: get!(r, "resolved_at"),
-                })
-            }
-
-            fn account_view(r: &<$db as sqlx::Database>::Row) -> Result<AccountView, StoreError> {
-                Ok(AccountView {
-                    account_id: get!(r, "account_id"),
-                    kind: parse_kind(&get!(r, "kind", String))?,
-                    currency: get!(r, "currency"),
-                    balance_minor: get!(r, "balance_minor"),
-                    fence: get!(r, "fence"),
-                    ledger_sum_minor: get!(r, "ledger_sum_minor"),
-                    reserved_minor: get!(r, "reserved_minor"),
-                    created_at: get!(r, "created_at"),
-                    updated_at: get!(r, "updated_at"),
-                })
-            }
-
-            fn ledger_entry(r: &<$db as sqlx::Database>::Row) -> Result<LedgerEntry, StoreError> {
-                Ok(LedgerEntry {
-                    entry_id: parse_uuid(&get!(r, "entry_id", String))?,
-                    posting_id: parse_uuid(&get!(r, "posting_id", String))?,
-                    payout_id: get!(r, "payout_id", Option<String>).as_deref().map(parse_uuid).transpose()?,
-                    account_id: get!(r, "account_id"),
-                    direction: parse_direction(&get!(r, "direction", String))?,
-                    amount_minor: get!(r, "amount_minor"),
-                    currency: get!(r, "currency"),
-                    fence: get!(r, "fence"),
-                    created_at: get!(r, "created_at"),
-                })
-            }
         }
 
         #[async_trait]
@@ -992,153 +683,31 @@ macro_rules! sql_payment_store {
             }
 
             async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
-                r.check()?;
-                let mut tx = self.pool.begin().await.map_err(db_error)?;
-                let outcome = Self::resolve_in(&mut tx, r).await?;
-                if matches!(outcome, ResolveOutcome::Resolved { .. }) {
-                    tx.commit().await.map_err(commit_error)?;
-                } else {
-                    tx.rollback().await.map_err(db_error)?;
-                }
-                Ok(outcome)
+                dlock_paydb::sql::$paydb::resolve_ambiguous(&self.pool, r).await
             }
 
             async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ResolutionRow>, StoreError> {
-                let q = format!(
-                    "SELECT {RESOLUTION_COLUMNS} FROM payout_resolutions WHERE ($1 IS NULL OR payout_id = $1) \
-                     ORDER BY resolved_at, resolution_id"
-                );
-                let q = $sql(&q);
-                let rows = sqlx::query(&q)
-                    .bind(payout_id.map(|p| p.to_string()))
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                rows.iter().map(Self::resolution_row).collect()
+                dlock_paydb::sql::$paydb::resolutions(&self.pool, payout_id).await
             }
 
             async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError> {
-                let q = format!("SELECT {PAYOUT_COLUMNS} FROM payouts WHERE payout_id = $1");
-                let q = $sql(&q);
-                let row = sqlx::query(&q)
-                    .bind(payout_id.to_string())
-                    .fetch_optional(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                let Some(r) = row else {
-                    return Ok(None);
-                };
-                let q = $sql(
-                    "SELECT submission_id, presented_token, outcome, rail_reference, submitted_at, resolved_at \
-                     FROM rail_submission WHERE payout_id = $1 ORDER BY seq",
-                );
-                let attempts = sqlx::query(&q)
-                    .bind(payout_id.to_string())
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                let submissions = attempts
-                    .iter()
-                    .map(|s| {
-                        Ok(SubmissionSummary {
-                            submission_id: parse_uuid(&get!(s, "submission_id", String))?,
-                            presented_token: get!(s, "presented_token"),
-                            outcome: parse_outcome(get!(s, "outcome"))?,
-                            rail_reference: get!(s, "rail_reference"),
-                            submitted_at: get!(s, "submitted_at"),
-                            resolved_at: get!(s, "resolved_at"),
-                        })
-                    })
-                    .collect::<Result<Vec<_>, StoreError>>()?;
-                Ok(Some(PayoutView {
-                    payout_id: parse_uuid(&get!(r, "payout_id", String))?,
-                    account_id: get!(r, "account_id"),
-                    amount_minor: get!(r, "amount_minor"),
-                    currency: get!(r, "currency"),
-                    beneficiary_ref: get!(r, "beneficiary_ref"),
-                    state: parse_state(&get!(r, "state", String))?,
-                    attempt_count: get!(r, "attempt_count"),
-                    claim_token: get!(r, "claim_token"),
-                    claimed_by: get!(r, "claimed_by"),
-                    claimed_at: get!(r, "claimed_at"),
-                    created_at: get!(r, "created_at"),
-                    updated_at: get!(r, "updated_at"),
-                    submissions,
-                }))
+                dlock_paydb::sql::$paydb::payout(&self.pool, payout_id).await
             }
 
             async fn account(&self, account_id: &str) -> Result<Option<AccountView>, StoreError> {
-                let q = format!("SELECT {ACCOUNT_COLUMNS} FROM accounts a WHERE a.account_id = $1");
-                let q = $sql(&q);
-                sqlx::query(&q)
-                    .bind(account_id.to_owned())
-                    .fetch_optional(&self.pool)
-                    .await
-                    .map_err(db_error)?
-                    .map(|r| Self::account_view(&r))
-                    .transpose()
+                dlock_paydb::sql::$paydb::account(&self.pool, account_id).await
             }
 
             async fn accounts(&self) -> Result<Vec<AccountView>, StoreError> {
-                let q = format!("SELECT {ACCOUNT_COLUMNS} FROM accounts a");
-                let rows = sqlx::query(&q).fetch_all(&self.pool).await.map_err(db_error)?;
-                let mut all = rows.iter().map(Self::account_view).collect::<Result<Vec<_>, _>>()?;
-                // Byte order, whatever the database's collation.
-                all.sort_by(|x, y| x.account_id.cmp(&y.account_id));
-                Ok(all)
+                dlock_paydb::sql::$paydb::accounts(&self.pool).await
             }
 
             async fn list(&self, q: &ListQuery) -> Result<Vec<PayoutSummary>, StoreError> {
-                const SELECT: &str = "SELECT payout_id, account_id, amount_minor, currency, state, attempt_count, \
-                                      created_at FROM payouts \
-                                      WHERE state = $1 AND ($2 IS NULL OR account_id = $2) AND created_at <= $3";
-                let limit = q.limit.max(0);
-                let query = match q.after {
-                    None => format!("{SELECT} ORDER BY created_at, payout_id LIMIT $4"),
-                    Some(_) => format!(
-                        "{SELECT} AND (created_at > $4 OR (created_at = $4 AND payout_id > $5)) \
-                         ORDER BY created_at, payout_id LIMIT $6"
-                    ),
-                };
-                let sql = $sql(&query);
-                let base = sqlx::query(&sql)
-                    .bind(q.state.as_str())
-                    .bind(q.account_id.clone())
-                    .bind(truncate_ms(q.snapshot));
-                let query = match q.after {
-                    None => base.bind(limit),
-                    Some((created_at, payout_id)) => {
-                        base.bind(truncate_ms(created_at)).bind(payout_id.to_string()).bind(limit)
-                    }
-                };
-                let rows = query.fetch_all(&self.pool).await.map_err(db_error)?;
-                rows.iter()
-                    .map(|r| {
-                        Ok(PayoutSummary {
-                            payout_id: parse_uuid(&get!(r, "payout_id", String))?,
-                            account_id: get!(r, "account_id"),
-                            amount_minor: get!(r, "amount_minor"),
-                            currency: get!(r, "currency"),
-                            state: parse_state(&get!(r, "state", String))?,
-                            attempt_count: get!(r, "attempt_count"),
-                            created_at: get!(r, "created_at"),
-                        })
-                    })
-                    .collect()
+                dlock_paydb::sql::$paydb::list(&self.pool, q).await
             }
 
             async fn ledger(&self, account_id: Option<&str>) -> Result<Vec<LedgerEntry>, StoreError> {
-                let q = format!(
-                    "SELECT {LEDGER_COLUMNS} FROM ledger_entries WHERE ($1 IS NULL OR account_id = $1) \
-                     ORDER BY created_at, entry_id"
-                );
-                let q = $sql(&q);
-                let rows = sqlx::query(&q)
-                    .bind(account_id.map(str::to_owned))
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(db_error)?;
-                rows.iter().map(Self::ledger_entry).collect()
+                dlock_paydb::sql::$paydb::ledger(&self.pool, account_id).await
             }
 
             async fn oldest_pending_created_at(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
@@ -1184,28 +753,12 @@ macro_rules! sql_payment_store {
     };
 }
 
-sql_payment_store!(PgPaymentStore, sqlx::Postgres, pg_sql);
-sql_payment_store!(SqlitePaymentStore, sqlx::Sqlite, sqlite_sql);
+sql_payment_store!(PgPaymentStore, sqlx::Postgres, pg_sql, pg);
+sql_payment_store!(SqlitePaymentStore, sqlx::Sqlite, sqlite_sql, sqlite);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::is_unsettled;
-
-    #[test]
-    fn unsettled_sql_list_matches_is_unsettled() {
-        for state in PayoutState::ALL {
-            assert_eq!(UNSETTLED_SQL.contains(&format!("'{}'", state.as_str())), is_unsettled(state), "{state:?}");
-        }
-    }
-
-    #[test]
-    fn statements_carry_no_stray_dollar_signs() {
-        // The SQLite spelling rewrites every `$`; only placeholders may use one.
-        for sql in [ACCOUNT_COLUMNS, PAYOUT_COLUMNS, LEDGER_COLUMNS, RESOLUTION_COLUMNS, UNSETTLED_SQL] {
-            assert!(!sql.contains('$'), "{sql}");
-        }
-    }
 
     #[test]
     fn cursor_secret_must_be_32_bytes_of_hex() {

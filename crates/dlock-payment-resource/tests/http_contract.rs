@@ -25,11 +25,15 @@ struct Rig {
     paydb: Arc<MemPaydb>,
 }
 
+/// The payment-resource's settings in these tests (a small body limit), from its resolver.
+fn payment_cfg() -> dlock_payment_resource::PaymentConfig {
+    let l = dlock_config::Layers::of(&[("payment.resource.body-bytes-max", "4096")]);
+    dlock_payment_resource::config::resolve(&l, dlock_config::Profile::Production).expect("settings").config
+}
+
 async fn rig() -> Rig {
     let paydb = Arc::new(MemPaydb::new());
-    let l = dlock_config::Layers::of(&[("payment.resource.body-bytes-max", "4096")]);
-    let cfg = dlock_payment_resource::config::resolve(&l, dlock_config::Profile::Production).expect("settings").config;
-    let pr = PaymentResource::start(paydb.clone(), cfg, Clock::system()).await.expect("start");
+    let pr = PaymentResource::start(paydb.clone(), payment_cfg(), Clock::system()).await.expect("start");
     Rig { app: router(pr), paydb }
 }
 
@@ -615,5 +619,35 @@ async fn payment_metrics_expose_only_pinned_tag_values() {
     }
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         assert!(!line.contains(&p.to_string()) && !line.contains("acct-1"), "an id leaked into a tag: {line}");
+    }
+}
+
+#[tokio::test]
+async fn each_injected_store_fault_of_a_claim_maps_to_its_code_and_retry_safety() {
+    use dlock_payment_resource::store::StoreFault;
+    use dlock_payment_resource::store_fault::FaultyPaymentStore;
+    // (class, status, code, retrySafe, the claim committed)
+    let cases = [
+        (StoreFault::Unavailable, 503, "NOT_READY", true, false),
+        (StoreFault::CommitUnknown, 500, "INTERNAL", false, true),
+        (StoreFault::Corrupt, 500, "INTERNAL", false, false),
+    ];
+    for (fault, status, code, retry_safe, committed) in cases {
+        let paydb = Arc::new(MemPaydb::new());
+        let faulty = Arc::new(FaultyPaymentStore::new(paydb.clone()));
+        let app = router(PaymentResource::start(faulty.clone(), payment_cfg(), Clock::system()).await.expect("start"));
+        assert_eq!(create_account(&app, "acct-1", 10_000).await.status, 201);
+        let p = create_payout(&app, "acct-1", 500).await;
+        faulty.faults.inject("claim", fault);
+        let a = claim(&app, p, 7, "PENDING").await;
+        assert_envelope(&a, status, code);
+        assert_eq!(a.json["retrySafe"], retry_safe, "{fault:?}: {}", a.json);
+        let state = PaymentStore::payout(&*paydb, p).await.expect("read").expect("exists").state;
+        let want = if committed { "CLAIMED" } else { "PENDING" };
+        assert_eq!(state.as_str(), want, "{fault:?}");
+        // The same request again: a lost answer replays the committed claim; after a
+        // refusal it runs afresh. Either way it now answers 200.
+        let again = claim(&app, p, 7, "PENDING").await;
+        assert_eq!(again.status, 200, "{fault:?}: {}", again.json);
     }
 }

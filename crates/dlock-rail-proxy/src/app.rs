@@ -67,6 +67,12 @@ async fn submit(
         .with_retry_after_ms(RAIL_UNAVAILABLE_RETRY_AFTER_MS)
         .with_internal(cause)
         .into_response(),
+        Outcome::StoreUnknown { cause } => ApiError::new(
+            ErrorCode::Internal,
+            "paydb's answer was lost or unreadable; the intent may have committed: do not resubmit",
+        )
+        .with_internal(cause)
+        .into_response(),
         Outcome::Unknown { cause } => {
             ApiError::new(ErrorCode::Internal, "the submission failed at an unknown point; do not resubmit")
                 .with_internal(cause)

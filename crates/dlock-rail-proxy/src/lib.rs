@@ -10,8 +10,9 @@
 //! 2. **Duplicate.** The unique index over forwardable attempts admits one per payout.
 //!    Otherwise record a DUPLICATE row and answer 409 `DUPLICATE_SUBMISSION` (and page).
 //! 3. **Intent.** Steps 1–3 commit together, with the payout moved to SUBMITTED, *before*
-//!    any socket opens. If that commit fails, answer 503 `RAIL_UNAVAILABLE`: nothing was
-//!    presented.
+//!    any socket opens. If that commit provably failed, answer 503 `RAIL_UNAVAILABLE`:
+//!    nothing was presented. If its answer was lost (the intent may have committed), answer
+//!    500 `INTERNAL`, never a retry-safe code (C3-extensions C-29).
 //! 4. **Forward once.** One connection, one request, the `1 s / 8 s` budget, zero retries.
 //!    Record the outcome: ack (200), decline (422), no answer (409 `RAIL_AMBIGUOUS`, the
 //!    payout is quarantined), or could-not-connect (503 `RAIL_UNAVAILABLE`).
@@ -28,6 +29,7 @@ pub mod config;
 pub mod metrics;
 pub mod service;
 pub mod store;
+pub mod store_fault;
 pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;

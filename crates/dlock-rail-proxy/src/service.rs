@@ -12,7 +12,7 @@ use dlock_rt::Clock;
 use uuid::Uuid;
 
 use crate::metrics::{ProxyMetrics, RESOURCE_RAIL};
-use crate::store::{Admission, Attempt, RailStore, Resolution};
+use crate::store::{Admission, Attempt, ClassifiedStoreError, RailStore, Resolution, StoreError};
 
 /// Default `rail.proxy.connect-timeout-ms` (C3 §3.8: proxy → rail connect budget).
 pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 1_000;
@@ -64,8 +64,15 @@ pub enum Outcome {
         message: String,
         fields: Vec<FieldError>,
     },
-    /// The store could not commit steps 1–3: nothing presented.
+    /// The store could not commit steps 1–3, provably: nothing presented, nothing written
+    /// (`StoreFault::Unavailable`).
     StoreUnavailable {
+        cause: String,
+    },
+    /// The store's answer was lost (the intent may have committed, `CommitUnknown`) or
+    /// unreadable (`Corrupt`): nothing was presented by this call, but whether its intent
+    /// row exists is unknown, so the answer is never retry-safe.
+    StoreUnknown {
         cause: String,
     },
     /// The submission's task failed at an unknown point: it may have been forwarded.
@@ -101,6 +108,16 @@ pub enum Outcome {
         submission_id: Uuid,
         cause: String,
     },
+}
+
+/// A store failure before the forward, by its class (C3-extensions C-29): only
+/// `Unavailable` (provably nothing written) is `RAIL_UNAVAILABLE`; a lost or unreadable
+/// answer is [`Outcome::StoreUnknown`].
+fn store_outcome(e: StoreError) -> Outcome {
+    match e.fault().code(dlock_contract::ErrorCode::RailUnavailable) {
+        dlock_contract::ErrorCode::RailUnavailable => Outcome::StoreUnavailable { cause: e.to_string() },
+        _ => Outcome::StoreUnknown { cause: e.to_string() },
+    }
 }
 
 /// Everything a submission carries once its headers have been validated.
@@ -183,7 +200,7 @@ impl RailProxy {
         // Validation before step 1: a mismatch writes no row.
         let payout = match self.store.payout(body.payout_id).await {
             Ok(p) => p,
-            Err(e) => return Outcome::StoreUnavailable { cause: e.to_string() },
+            Err(e) => return store_outcome(e),
         };
         let Some(payout) = payout else {
             return Outcome::Invalid {
@@ -222,7 +239,7 @@ impl RailProxy {
             Ok(a) => a,
             Err(e) => {
                 tracing::warn!(traceId = %s.trace_id, payoutId = %body.payout_id, cause = %e, "rail_intent_not_committed");
-                return Outcome::StoreUnavailable { cause: e.to_string() };
+                return store_outcome(e);
             }
         };
         let submitted_at = match admission {

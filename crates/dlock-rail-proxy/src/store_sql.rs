@@ -16,26 +16,13 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use dlock_db::Dialect;
+use dlock_paydb::sql::{commit_error, db_error, parse_state, parse_uuid, PG_MIGRATOR, SQLITE_MIGRATOR};
 
 use crate::admission::{self, MarkVerdict};
 use crate::store::{Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow};
 
-/// paydb's migrations (`migrations/paydb/postgres`), embedded once: the payment-resource,
-/// which serves the same paydb, runs these too.
-pub static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/postgres");
-/// paydb's migrations for SQLite (`migrations/paydb/sqlite`).
-pub static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/paydb/sqlite");
-
 /// The forwardable-attempt predicate of `rail_submission_attempt_uidx`, verbatim.
 const FORWARDABLE: &str = "outcome IS NULL OR outcome IN ('ACKED', 'REJECTED', 'TIMEOUT')";
-
-fn unavailable(e: sqlx::Error) -> StoreError {
-    if dlock_db::is_decode_error(&e) {
-        StoreError::Corrupt(dlock_db::describe(&e))
-    } else {
-        StoreError::Unavailable(dlock_db::describe(&e))
-    }
-}
 
 fn pg_sql(sql: &str) -> std::borrow::Cow<'_, str> {
     Dialect::Postgres.sql(sql)
@@ -43,19 +30,6 @@ fn pg_sql(sql: &str) -> std::borrow::Cow<'_, str> {
 
 fn sqlite_sql(sql: &str) -> std::borrow::Cow<'_, str> {
     Dialect::Sqlite.sql(sql)
-}
-
-fn parse_uuid(raw: &str) -> Result<Uuid, StoreError> {
-    Uuid::parse_str(raw).map_err(|e| StoreError::Corrupt(format!("bad uuid {raw:?}: {e}")))
-}
-
-fn parse_state(raw: &str) -> Result<PayoutState, StoreError> {
-    PayoutState::parse(raw).ok_or_else(|| StoreError::Corrupt(format!("bad payout state {raw:?}")))
-}
-
-fn parse_outcome(raw: Option<String>) -> Result<Option<SubmissionOutcome>, StoreError> {
-    raw.map(|r| SubmissionOutcome::parse(&r).ok_or_else(|| StoreError::Corrupt(format!("bad outcome {r:?}"))))
-        .transpose()
 }
 
 /// Opens paydb at `url` and applies pending migrations.
@@ -90,7 +64,7 @@ pub struct PgRailStore {
 
 impl PgRailStore {
     pub async fn open(url: &str) -> Result<PgRailStore, StoreError> {
-        let pool = dlock_db::pg_pool(url).await.map_err(unavailable)?;
+        let pool = dlock_db::pg_pool(url).await.map_err(db_error)?;
         PG_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
         Ok(PgRailStore { pool })
     }
@@ -104,18 +78,18 @@ pub struct SqliteRailStore {
 
 impl SqliteRailStore {
     pub async fn open(url: &str) -> Result<SqliteRailStore, StoreError> {
-        let pool = dlock_db::sqlite_pool(url).await.map_err(unavailable)?;
+        let pool = dlock_db::sqlite_pool(url).await.map_err(db_error)?;
         SQLITE_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
         Ok(SqliteRailStore { pool })
     }
 }
 
 macro_rules! sql_rail_store {
-    ($store:ty, $sql:path) => {
+    ($store:ty, $sql:path, $paydb:ident) => {
         #[async_trait]
         impl RailStore for $store {
             async fn ping(&self) -> Result<(), StoreError> {
-                sqlx::query("SELECT 1").execute(&self.pool).await.map(|_| ()).map_err(unavailable)
+                sqlx::query("SELECT 1").execute(&self.pool).await.map(|_| ()).map_err(db_error)
             }
 
             async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutRow>, StoreError> {
@@ -127,23 +101,23 @@ macro_rules! sql_rail_store {
                     .bind(payout_id.to_string())
                     .fetch_optional(&self.pool)
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(db_error)?;
                 row.map(|r| {
                     Ok(PayoutRow {
-                        payout_id: parse_uuid(&r.try_get::<String, _>("payout_id").map_err(unavailable)?)?,
-                        account_id: r.try_get("account_id").map_err(unavailable)?,
-                        amount_minor: r.try_get("amount_minor").map_err(unavailable)?,
-                        currency: r.try_get("currency").map_err(unavailable)?,
-                        beneficiary_ref: r.try_get("beneficiary_ref").map_err(unavailable)?,
-                        state: parse_state(&r.try_get::<String, _>("state").map_err(unavailable)?)?,
-                        attempt_count: r.try_get("attempt_count").map_err(unavailable)?,
+                        payout_id: parse_uuid(&r.try_get::<String, _>("payout_id").map_err(db_error)?)?,
+                        account_id: r.try_get("account_id").map_err(db_error)?,
+                        amount_minor: r.try_get("amount_minor").map_err(db_error)?,
+                        currency: r.try_get("currency").map_err(db_error)?,
+                        beneficiary_ref: r.try_get("beneficiary_ref").map_err(db_error)?,
+                        state: parse_state(&r.try_get::<String, _>("state").map_err(db_error)?)?,
+                        attempt_count: r.try_get("attempt_count").map_err(db_error)?,
                     })
                 })
                 .transpose()
             }
 
             async fn admit(&self, a: &Attempt) -> Result<Admission, StoreError> {
-                let mut tx = self.pool.begin().await.map_err(unavailable)?;
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
                 let insert_row = $sql(
                     "INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, owner_id, \
                      idempotency_key, amount_minor, currency, outcome, submitted_at, resolved_at) \
@@ -178,11 +152,11 @@ macro_rules! sql_rail_store {
                         .bind(a.at)
                         .fetch_optional(&mut *tx)
                         .await
-                        .map_err(unavailable)?;
+                        .map_err(db_error)?;
                     match advanced {
                         // The statement's WHERE is the fence rule: it wrote the token.
                         Some(r) => {
-                            let to: i64 = r.try_get("highest_token").map_err(unavailable)?;
+                            let to: i64 = r.try_get("highest_token").map_err(db_error)?;
                             if to != a.presented_token {
                                 return Err(StoreError::Corrupt(format!("rail_high_water advanced to {to}")));
                             }
@@ -194,7 +168,7 @@ macro_rules! sql_rail_store {
                                 .fetch_one(&mut *tx)
                                 .await
                                 .and_then(|r| r.try_get("highest_token"))
-                                .map_err(unavailable)?;
+                                .map_err(db_error)?;
                             // The mark it left must refuse the token by the rule too.
                             let MarkVerdict::Fenced { highest_token } =
                                 admission::mark_verdict(true, Some(highest), a.presented_token)
@@ -204,8 +178,8 @@ macro_rules! sql_rail_store {
                                     a.presented_token
                                 )));
                             };
-                            refused_row(SubmissionOutcome::Fenced).execute(&mut *tx).await.map_err(unavailable)?;
-                            tx.commit().await.map_err(unavailable)?;
+                            refused_row(SubmissionOutcome::Fenced).execute(&mut *tx).await.map_err(db_error)?;
+                            tx.commit().await.map_err(commit_error)?;
                             return Ok(Admission::Fenced { highest_token });
                         }
                     }
@@ -232,7 +206,7 @@ macro_rules! sql_rail_store {
                     .bind(a.at)
                     .fetch_optional(&mut *tx)
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(db_error)?;
                 if claimed.is_none() {
                     let q = $sql(&format!(
                         "SELECT submission_id, submitted_at FROM rail_submission \
@@ -243,12 +217,12 @@ macro_rules! sql_rail_store {
                         .bind(a.payout_id.to_string())
                         .fetch_one(&mut *tx)
                         .await
-                        .map_err(unavailable)?;
+                        .map_err(db_error)?;
                     let first_submission_id =
-                        parse_uuid(&first.try_get::<String, _>("submission_id").map_err(unavailable)?)?;
-                    let first_submitted_at: DateTime<Utc> = first.try_get("submitted_at").map_err(unavailable)?;
-                    refused_row(SubmissionOutcome::Duplicate).execute(&mut *tx).await.map_err(unavailable)?;
-                    tx.commit().await.map_err(unavailable)?;
+                        parse_uuid(&first.try_get::<String, _>("submission_id").map_err(db_error)?)?;
+                    let first_submitted_at: DateTime<Utc> = first.try_get("submitted_at").map_err(db_error)?;
+                    refused_row(SubmissionOutcome::Duplicate).execute(&mut *tx).await.map_err(db_error)?;
+                    tx.commit().await.map_err(commit_error)?;
                     return Ok(Admission::Duplicate { first_submitted_at, first_submission_id });
                 }
 
@@ -265,7 +239,7 @@ macro_rules! sql_rail_store {
                     .bind(a.at)
                     .execute(&mut *tx)
                     .await
-                    .map_err(unavailable)?
+                    .map_err(db_error)?
                     .rows_affected();
                 if moved != 1 {
                     let q = $sql("SELECT state FROM payouts WHERE payout_id = $1");
@@ -274,18 +248,18 @@ macro_rules! sql_rail_store {
                         .fetch_one(&mut *tx)
                         .await
                         .and_then(|r| r.try_get("state"))
-                        .map_err(unavailable)?;
-                    tx.rollback().await.map_err(unavailable)?;
+                        .map_err(db_error)?;
+                    tx.rollback().await.map_err(db_error)?;
                     // The conditional write refused: the payout was not in a state the proxy may
                     // submit from when it looked (the state read now is evidence only).
                     return Ok(Admission::NotClaimable { state: parse_state(&state)? });
                 }
-                tx.commit().await.map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
                 Ok(Admission::Admitted { submitted_at: a.at })
             }
 
             async fn resolve(&self, submission_id: Uuid, r: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
-                let mut tx = self.pool.begin().await.map_err(unavailable)?;
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
                 let q = $sql(
                     "UPDATE rail_submission SET outcome = $2, outcome_detail = $3, rail_reference = $4, resolved_at = $5 \
                      WHERE submission_id = $1 AND outcome IS NULL \
@@ -299,13 +273,13 @@ macro_rules! sql_rail_store {
                     .bind(at)
                     .fetch_optional(&mut *tx)
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(db_error)?;
                 let Some(updated) = updated else {
                     // Already resolved (or never existed): nothing to do.
-                    tx.rollback().await.map_err(unavailable)?;
+                    tx.rollback().await.map_err(db_error)?;
                     return Ok(());
                 };
-                let payout_id: String = updated.try_get("payout_id").map_err(unavailable)?;
+                let payout_id: String = updated.try_get("payout_id").map_err(db_error)?;
                 // The source states C2 allows this outcome from (SUBMITTED).
                 let from = payout::sql_states(&payout::sources(r.payout_state(), Actor::RailProxy));
                 let q = $sql(&format!(
@@ -318,8 +292,8 @@ macro_rules! sql_rail_store {
                     .bind(at)
                     .execute(&mut *tx)
                     .await
-                    .map_err(unavailable)?;
-                tx.commit().await.map_err(unavailable)
+                    .map_err(db_error)?;
+                tx.commit().await.map_err(commit_error)
             }
 
             async fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, StoreError> {
@@ -327,59 +301,24 @@ macro_rules! sql_rail_store {
                     "SELECT submission_id FROM rail_submission WHERE outcome IS NULL AND submitted_at < $1 \
                      ORDER BY submitted_at LIMIT $2",
                 );
-                let rows = sqlx::query(&q).bind(before).bind(limit).fetch_all(&self.pool).await.map_err(unavailable)?;
+                let rows = sqlx::query(&q).bind(before).bind(limit).fetch_all(&self.pool).await.map_err(db_error)?;
                 rows.iter()
-                    .map(|r| r.try_get::<String, _>("submission_id").map_err(unavailable).and_then(|s| parse_uuid(&s)))
+                    .map(|r| r.try_get::<String, _>("submission_id").map_err(db_error).and_then(|s| parse_uuid(&s)))
                     .collect()
             }
 
             async fn high_water(&self, account_id: &str) -> Result<Option<i64>, StoreError> {
-                let q = $sql("SELECT highest_token FROM rail_high_water WHERE account_id = $1");
-                sqlx::query(&q)
-                    .bind(account_id.to_owned())
-                    .fetch_optional(&self.pool)
-                    .await
-                    .map_err(unavailable)?
-                    .map(|r| r.try_get("highest_token").map_err(unavailable))
-                    .transpose()
+                dlock_paydb::sql::$paydb::high_water(&self.pool, account_id).await
             }
 
             async fn submissions(&self, payout_id: Option<Uuid>) -> Result<Vec<SubmissionRow>, StoreError> {
-                let q = $sql(
-                    "SELECT submission_id, payout_id, account_id, presented_token, owner_id, idempotency_key, \
-                     amount_minor, currency, outcome, outcome_detail, rail_reference, submitted_at, resolved_at \
-                     FROM rail_submission WHERE ($1 IS NULL OR payout_id = $1) ORDER BY seq",
-                );
-                let rows = sqlx::query(&q)
-                    .bind(payout_id.map(|p| p.to_string()))
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(unavailable)?;
-                rows.iter()
-                    .map(|r| {
-                        Ok(SubmissionRow {
-                            submission_id: parse_uuid(&r.try_get::<String, _>("submission_id").map_err(unavailable)?)?,
-                            payout_id: parse_uuid(&r.try_get::<String, _>("payout_id").map_err(unavailable)?)?,
-                            account_id: r.try_get("account_id").map_err(unavailable)?,
-                            presented_token: r.try_get("presented_token").map_err(unavailable)?,
-                            owner_id: r.try_get("owner_id").map_err(unavailable)?,
-                            idempotency_key: r.try_get("idempotency_key").map_err(unavailable)?,
-                            amount_minor: r.try_get("amount_minor").map_err(unavailable)?,
-                            currency: r.try_get("currency").map_err(unavailable)?,
-                            outcome: parse_outcome(r.try_get("outcome").map_err(unavailable)?)?,
-                            outcome_detail: r.try_get("outcome_detail").map_err(unavailable)?,
-                            rail_reference: r.try_get("rail_reference").map_err(unavailable)?,
-                            submitted_at: r.try_get("submitted_at").map_err(unavailable)?,
-                            resolved_at: r.try_get("resolved_at").map_err(unavailable)?,
-                        })
-                    })
-                    .collect()
+                dlock_paydb::sql::$paydb::submissions(&self.pool, payout_id).await
             }
 
             async fn insert_payout(&self, p: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
                 // Every instant paydb stores is whole milliseconds (text order = time order).
                 let at = dlock_contract::time::truncate_ms(at);
-                let mut tx = self.pool.begin().await.map_err(unavailable)?;
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
                 // Payouts reference accounts: make sure the account exists (zero balance,
                 // never fenced). A seeded payout bypasses the payment-resource's funds check.
                 let q = $sql(
@@ -392,7 +331,7 @@ macro_rules! sql_rail_store {
                     .bind(at)
                     .execute(&mut *tx)
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(db_error)?;
                 let q = $sql(
                     "INSERT INTO payouts (payout_id, account_id, amount_minor, currency, beneficiary_ref, state, \
                      attempt_count, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, 0, $7, $7)",
@@ -407,12 +346,12 @@ macro_rules! sql_rail_store {
                     .bind(at)
                     .execute(&mut *tx)
                     .await
-                    .map_err(unavailable)?;
-                tx.commit().await.map_err(unavailable)
+                    .map_err(db_error)?;
+                tx.commit().await.map_err(commit_error)
             }
         }
     };
 }
 
-sql_rail_store!(PgRailStore, pg_sql);
-sql_rail_store!(SqliteRailStore, sqlite_sql);
+sql_rail_store!(PgRailStore, pg_sql, pg);
+sql_rail_store!(SqliteRailStore, sqlite_sql, sqlite);

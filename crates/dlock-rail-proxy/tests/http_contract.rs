@@ -28,6 +28,7 @@ struct Rig {
     app: axum::Router,
     store: Arc<MemRailStore>,
     stub: Arc<RailStub>,
+    rail_url: BaseUrl,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -66,7 +67,7 @@ fn rig_with(stub: Arc<RailStub>, rail_url: BaseUrl, stop: tokio::sync::oneshot::
     let cfg = proxy_cfg(&rail_url);
     let dyn_store: Arc<dyn RailStore> = store.clone();
     let app = router(RailProxy::new(dyn_store, cfg, Clock::system()));
-    Rig { app, store, stub, _stop: stop }
+    Rig { app, store, stub, rail_url, _stop: stop }
 }
 
 async fn claimed(store: &MemRailStore, account: &str) -> Uuid {
@@ -331,4 +332,32 @@ async fn an_orphaned_intent_is_quarantined_by_the_sweep_and_a_live_one_is_left_a
     assert_eq!(live[0].outcome, None, "an intent within one forward's budget may still be in flight");
     assert_eq!(r.store.payout(ids[1].0).await.expect("read").expect("exists").state, PayoutState::Submitted);
     assert_eq!(proxy.sweep_orphans().await, Ok(0), "the sweep is idempotent");
+}
+
+#[tokio::test]
+async fn each_injected_store_fault_of_the_intent_commit_maps_to_its_code_and_retry_safety() {
+    use dlock_rail_proxy::store::StoreFault;
+    use dlock_rail_proxy::store_fault::FaultyRailStore;
+    // (class, status, code, retrySafe, intent row left behind)
+    let cases = [
+        (StoreFault::Unavailable, 503, "RAIL_UNAVAILABLE", true, false),
+        (StoreFault::CommitUnknown, 500, "INTERNAL", false, true),
+        (StoreFault::Corrupt, 500, "INTERNAL", false, false),
+    ];
+    for (fault, status, code, retry_safe, intent) in cases {
+        let base = rig(&[]).await;
+        let faulty = Arc::new(FaultyRailStore::new(base.store.clone()));
+        let app = router(RailProxy::new(faulty.clone(), proxy_cfg(&base.rail_url), Clock::system()));
+        let p = claimed(&base.store, "a-1").await;
+        faulty.faults.inject("admit", fault);
+        let (s, ct, v) = call(&app, request(GOOD, &body_for(p).to_string())).await;
+        assert_envelope(s, &ct, &v, status, code);
+        assert_eq!(v["retrySafe"], retry_safe, "{fault:?}: {v}");
+        // Nothing was ever presented to the rail; a lost commit answer left its intent.
+        assert!(base.stub.calls().is_empty(), "{fault:?}");
+        let rows = base.store.submissions(Some(p)).await.expect("rows");
+        assert_eq!(rows.len(), usize::from(intent), "{fault:?}");
+        let state = base.store.payout(p).await.expect("read").expect("exists").state;
+        assert_eq!(state, if intent { PayoutState::Submitted } else { PayoutState::Claimed }, "{fault:?}");
+    }
 }

@@ -58,18 +58,10 @@ impl ReadError {
     }
 }
 
-impl From<dlock_payment_resource::store::StoreError> for ReadError {
-    fn from(e: dlock_payment_resource::store::StoreError) -> ReadError {
-        use dlock_payment_resource::store::StoreError;
+impl From<dlock_paydb::StoreError> for ReadError {
+    fn from(e: dlock_paydb::StoreError) -> ReadError {
+        use dlock_paydb::StoreError;
         let transient = matches!(e, StoreError::Unavailable(_) | StoreError::CommitUnknown(_));
-        ReadError { transient, message: e.to_string() }
-    }
-}
-
-impl From<dlock_rail_proxy::store::StoreError> for ReadError {
-    fn from(e: dlock_rail_proxy::store::StoreError) -> ReadError {
-        use dlock_rail_proxy::store::StoreError;
-        let transient = matches!(e, StoreError::Unavailable(_));
         ReadError { transient, message: e.to_string() }
     }
 }

@@ -185,7 +185,7 @@ mod run {
             eprintln!("dlock: {e}");
             return ExitCode::from(2);
         }
-        let store = match dlock_payment_resource::store_sql::open(database_url).await {
+        let store = match crate::open::open_migrated(database_url).await {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("dlock: paydb: {e}");
@@ -193,7 +193,7 @@ mod run {
             }
         };
         let now = dlock_rt::Clock::system().wall();
-        match crate::resolve::resolve(&*store, &req, now).await {
+        match crate::resolve::resolve(&store, &req, now).await {
             Ok(r) => {
                 println!(
                     "payout {} resolved as {} by {} (resolution {}); the account's balance is now {}",

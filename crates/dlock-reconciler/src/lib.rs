@@ -1,6 +1,6 @@
-//! The reconciler (FR-26): the detective control. It reads paydb, through the same store
-//! traits the services use (`PaymentStore` and the proxy's `RailStore`, so it runs on SQL
-//! in production and on `MemPaydb` in the simulation), and the rail's own record (the
+//! The reconciler (FR-26): the detective control. It reads paydb through its own store
+//! trait ([`store::ReconcileStore`], over `dlock-paydb`'s shared statements, so it runs on SQL
+//! in production and on `MemPaydb` in the simulation, and depends on no service crate), and the rail's own record (the
 //! stub's `GET /calls` stands in for the bank's statement). It classifies every payout and
 //! reports; it **never repairs**. Repair of a quarantined payout is a separate, explicit,
 //! audited operator command, `dlock resolve` ([`resolve`]).
@@ -21,6 +21,7 @@ pub mod rail;
 pub mod reconcile;
 pub mod report;
 pub mod resolve;
+pub mod store;
 
 pub use reconcile::{reconcile, Bounds, Params, Paydb};
 pub use report::{Finding, FindingKind, Report, Severity};

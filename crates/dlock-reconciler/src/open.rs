@@ -5,11 +5,12 @@
 use std::sync::Arc;
 
 use dlock_db::Dialect;
-use dlock_payment_resource::store_sql::{PgPaymentStore, SqlitePaymentStore};
-use dlock_rail_proxy::store_sql::{PgRailStore, SqliteRailStore};
+use dlock_paydb::sql::{db_error, PG_MIGRATOR, SQLITE_MIGRATOR};
+use dlock_paydb::StoreError;
 
 use crate::budget::{with_budget, BudgetExhausted, ReadBudget, ReadError};
 use crate::reconcile::Paydb;
+use crate::store::SqlPaydb;
 
 /// `url` without credentials or query: what the report may show.
 pub fn describe_url(url: &str) -> String {
@@ -25,7 +26,7 @@ pub fn describe_url(url: &str) -> String {
 }
 
 /// Connects to paydb at `url` within the connect budget (`budget.connect_timeout_ms` per
-/// try, `budget.tries_max` tries), as both the payment-resource's and the proxy's store.
+/// try, `budget.tries_max` tries).
 pub async fn open_paydb(url: &str, budget: &ReadBudget) -> Result<Paydb, BudgetExhausted> {
     let what = "connect to paydb";
     let dialect = Dialect::of_url(url).map_err(|e| BudgetExhausted {
@@ -51,22 +52,32 @@ pub async fn open_paydb(url: &str, budget: &ReadBudget) -> Result<Paydb, BudgetE
                 dlock_db::sqlite_pool(url).await.map_err(|e| ReadError::transient(dlock_db::describe(&e)))
             })
             .await?;
-            Ok(Paydb {
-                pay: Arc::new(SqlitePaymentStore { pool: pool.clone() }),
-                rail: Arc::new(SqliteRailStore { pool }),
-                describe,
-            })
+            Ok(Paydb { store: Arc::new(SqlPaydb::Sqlite(pool)), describe })
         }
         Dialect::Postgres => {
             let pool = with_budget(budget, budget.connect_timeout_ms, what, move || async move {
                 dlock_db::pg_pool(url).await.map_err(|e| ReadError::transient(dlock_db::describe(&e)))
             })
             .await?;
-            Ok(Paydb {
-                pay: Arc::new(PgPaymentStore { pool: pool.clone() }),
-                rail: Arc::new(PgRailStore { pool }),
-                describe,
-            })
+            Ok(Paydb { store: Arc::new(SqlPaydb::Postgres(pool)), describe })
+        }
+    }
+}
+
+/// Opens paydb at `url` for `dlock resolve`, applying pending migrations first (as the
+/// services do when they open it: a resolve against a fresh paydb finds the schema).
+pub async fn open_migrated(url: &str) -> Result<SqlPaydb, StoreError> {
+    let migrate = |e: sqlx::migrate::MigrateError| StoreError::Unavailable(format!("migrate: {e}"));
+    match Dialect::of_url(url).map_err(StoreError::Unavailable)? {
+        Dialect::Postgres => {
+            let pool = dlock_db::pg_pool(url).await.map_err(db_error)?;
+            PG_MIGRATOR.run(&pool).await.map_err(migrate)?;
+            Ok(SqlPaydb::Postgres(pool))
+        }
+        Dialect::Sqlite => {
+            let pool = dlock_db::sqlite_pool(url).await.map_err(db_error)?;
+            SQLITE_MIGRATOR.run(&pool).await.map_err(migrate)?;
+            Ok(SqlPaydb::Sqlite(pool))
         }
     }
 }

@@ -27,11 +27,11 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::{RailCall, SubmissionOutcome};
-use dlock_payment_resource::store::{
-    settlement_account, AccountKind, AccountView, Direction, LedgerEntry, ListQuery, PaymentStore, PayoutView,
-    ResolutionRow,
+use dlock_paydb::pay::{
+    settlement_account, snapshot_after_everything, AccountKind, AccountView, Direction, LedgerEntry, ListQuery,
+    PayoutView, ResolutionRow,
 };
-use dlock_rail_proxy::store::{is_forwardable, RailStore, SubmissionRow};
+use dlock_paydb::rail::{is_forwardable, SubmissionRow};
 use uuid::Uuid;
 
 use crate::budget::{with_budget, BudgetExhausted, ReadBudget, ReadError};
@@ -39,6 +39,7 @@ use crate::rail::RailRecord;
 use crate::report::{
     AmbiguousClass, AmbiguousPayout, CurrencyTotals, Finding, FindingKind, Report, SourceStatus, Sources,
 };
+use crate::store::ReconcileStore;
 
 /// Default `reconcile.intent-unresolved-ms-max`: an intent row older than this is reported.
 /// The proxy resolves an intent within its read timeout (8 s) plus one transaction.
@@ -96,12 +97,11 @@ impl Params {
     }
 }
 
-/// paydb, through the two traits every backend implements (SQL in production, `MemPaydb` in
-/// the simulation).
+/// paydb, through the reconciler's own store trait (SQL in production, `MemPaydb` in the
+/// simulation).
 #[derive(Clone)]
 pub struct Paydb {
-    pub pay: Arc<dyn PaymentStore>,
-    pub rail: Arc<dyn RailStore>,
+    pub store: Arc<dyn ReconcileStore>,
     /// Where it is, for the report (never a URL with credentials).
     pub describe: String,
 }
@@ -126,22 +126,21 @@ struct CallStats {
 }
 
 struct Reader<'a> {
-    pay: &'a dyn PaymentStore,
-    rail: &'a dyn RailStore,
+    store: &'a dyn ReconcileStore,
     budget: &'a ReadBudget,
 }
 
 impl Reader<'_> {
     async fn payout(&self, id: Uuid) -> Result<Option<PayoutView>, BudgetExhausted> {
-        let pay = self.pay;
+        let store = self.store;
         with_budget(self.budget, self.budget.read_timeout_ms, "read a payout", move || async move {
-            pay.payout(id).await.map_err(ReadError::from)
+            store.payout(id).await.map_err(ReadError::from)
         })
         .await
     }
 
     async fn snapshot(&self) -> Result<Snapshot, BudgetExhausted> {
-        let (pay, rail, budget) = (self.pay, self.rail, self.budget);
+        let (store, budget) = (self.store, self.budget);
         let timeout = budget.read_timeout_ms;
         // 1. Every payout id.
         let mut ids = BTreeSet::new();
@@ -151,13 +150,13 @@ impl Reader<'_> {
                 let q = ListQuery {
                     state,
                     account_id: None,
-                    snapshot: dlock_payment_resource::store::snapshot_after_everything(),
+                    snapshot: snapshot_after_everything(),
                     after,
                     limit: LIST_PAGE_ROWS,
                 };
                 let q = &q;
                 let page = with_budget(budget, timeout, "list payouts", move || async move {
-                    pay.list(q).await.map_err(ReadError::from)
+                    store.list(q).await.map_err(ReadError::from)
                 })
                 .await?;
                 ids.extend(page.iter().map(|p| p.payout_id));
@@ -170,7 +169,7 @@ impl Reader<'_> {
             }
         }
         let submissions = with_budget(budget, timeout, "read rail submissions", move || async move {
-            rail.submissions(None).await.map_err(ReadError::from)
+            store.submissions(None).await.map_err(ReadError::from)
         })
         .await?;
         ids.extend(submissions.iter().map(|s| s.payout_id));
@@ -183,22 +182,22 @@ impl Reader<'_> {
         }
         // 3. Resolutions, ledger, accounts.
         let resolutions = with_budget(budget, timeout, "read resolutions", move || async move {
-            pay.resolutions(None).await.map_err(ReadError::from)
+            store.resolutions(None).await.map_err(ReadError::from)
         })
         .await?;
         let ledger = with_budget(budget, timeout, "read the ledger", move || async move {
-            pay.ledger(None).await.map_err(ReadError::from)
+            store.ledger(None).await.map_err(ReadError::from)
         })
         .await?;
         let accounts = with_budget(budget, timeout, "read accounts", move || async move {
-            pay.accounts().await.map_err(ReadError::from)
+            store.accounts().await.map_err(ReadError::from)
         })
         .await?;
         // 4. The marks of every account the proxy saw.
         let mut marks = BTreeMap::new();
         for account in submissions.iter().map(|s| s.account_id.as_str()).collect::<BTreeSet<_>>() {
             let mark = with_budget(budget, timeout, "read a rail mark", move || async move {
-                rail.high_water(account).await.map_err(ReadError::from)
+                store.high_water(account).await.map_err(ReadError::from)
             })
             .await?;
             marks.insert(account.to_owned(), mark);
@@ -215,7 +214,7 @@ async fn read_rail(rail: &dyn RailRecord, budget: &ReadBudget) -> Result<Vec<Rai
 
 /// One run over an open paydb and the rail's record.
 pub async fn reconcile(paydb: &Paydb, rail: &dyn RailRecord, params: &Params) -> Report {
-    let reader = Reader { pay: &*paydb.pay, rail: &*paydb.rail, budget: &params.budget };
+    let reader = Reader { store: &*paydb.store, budget: &params.budget };
     let snapshot = reader.snapshot().await;
     let calls = read_rail(rail, &params.budget).await;
     let mut report = Report::empty(
@@ -736,9 +735,11 @@ mod tests {
     use super::*;
     use async_trait::async_trait;
     use dlock_contract::rail::RailCallOutcome;
-    use dlock_payment_resource::store::{CreateAccountOutcome, IdemRequest, NewAccount, Operation, StoredResponse};
-    use dlock_payment_resource::store_mem::MemPaydb;
-    use dlock_rail_proxy::store::{Attempt, NewPayout, Resolution};
+    use dlock_paydb::MemPaydb;
+    use dlock_payment_resource::store::{
+        CreateAccountOutcome, IdemRequest, NewAccount, Operation, PaymentStore, StoredResponse,
+    };
+    use dlock_rail_proxy::store::{Attempt, NewPayout, RailStore, Resolution};
 
     struct Calls(Vec<RailCall>);
 
@@ -823,7 +824,7 @@ mod tests {
         db.create_account(&account, &idem, &render).await.expect("create account");
         let once = quarantined(&db, "acct", 1).await;
         let twice = quarantined(&db, "acct", 2).await;
-        let paydb = Paydb { pay: db.clone(), rail: db.clone(), describe: "memory".into() };
+        let paydb = Paydb { store: db.clone(), describe: "memory".into() };
         let rail = Calls(vec![paid_call(once, "RR-1"), paid_call(twice, "RR-2"), paid_call(twice, "RR-3")]);
         let report = reconcile(&paydb, &rail, &Params::at(at(1_000))).await;
         let classes: BTreeMap<Uuid, AmbiguousClass> =

@@ -5,16 +5,19 @@
 //! record supports. The verdict is a separate command, backed by a rail reference (or a
 //! statement line), a named operator and a reason, and refused unless the payout is
 //! RAIL_AMBIGUOUS. The store does it in one transaction with its audit row
-//! (`PaymentStore::resolve_ambiguous`).
+//! (`ReconcileStore::resolve_ambiguous`, the statements the payment-resource runs).
 
 use chrono::{DateTime, Utc};
 use dlock_contract::headers::OwnerId;
 use dlock_contract::payout::PayoutState;
-use dlock_payment_resource::store::{
-    AmbiguousResolution, PaymentStore, ResolveOutcome, StoreError, RESOLUTION_RAIL_REFERENCE_CHARS_MAX,
-    RESOLUTION_REASON_CHARS_MAX, RESOLUTION_REASON_CHARS_MIN,
+use dlock_paydb::pay::{
+    AmbiguousResolution, ResolveOutcome, RESOLUTION_RAIL_REFERENCE_CHARS_MAX, RESOLUTION_REASON_CHARS_MAX,
+    RESOLUTION_REASON_CHARS_MIN,
 };
+use dlock_paydb::StoreError;
 use uuid::Uuid;
+
+use crate::store::ReconcileStore;
 
 /// The verdict: the rail paid (POSTED) or it did not (FAILED).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -127,7 +130,7 @@ pub struct Resolved {
 
 /// Validates `req` and resolves it in one paydb transaction at `at`.
 pub async fn resolve(
-    pay: &dyn PaymentStore,
+    pay: &dyn ReconcileStore,
     req: &ResolveRequest,
     at: DateTime<Utc>,
 ) -> Result<Resolved, ResolveError> {

@@ -15,10 +15,11 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::SubmissionOutcome;
+use dlock_paydb::StoreError;
 use dlock_payment_resource::store::{
-    funding_account, AmbiguousResolution, Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Direction,
-    IdemRequest, Idempotent, LedgerEntry, NewAccount, NewPayout, Operation, PaymentStore, Post, PostOutcome,
-    StoredResponse,
+    funding_account, AccountView, AmbiguousResolution, Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
+    Direction, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, Operation, PaymentStore,
+    PayoutSummary, PayoutView, Post, PostOutcome, ResolutionRow, ResolveOutcome, StoredResponse,
 };
 use dlock_payment_resource::store_mem::MemPaydb;
 use dlock_rail_proxy::store::{self as rail, Admission, Attempt, RailStore, Resolution};
@@ -28,6 +29,7 @@ use dlock_reconciler::cli::{reconcile_once, run_resolve, ReconcileSettings, Reso
 use dlock_reconciler::rail::HttpRailRecord;
 use dlock_reconciler::report::{AmbiguousClass, EXIT_CLEAN, EXIT_INCIDENT, EXIT_INCOMPLETE, FENCED_OUT_NOTE};
 use dlock_reconciler::resolve::{ResolveAs, ResolveRequest};
+use dlock_reconciler::store::ReconcileStore;
 use dlock_reconciler::{reconcile, Bounds, FindingKind, Params, Paydb, Report, Severity};
 use dlock_rt::http::{BaseUrl, HttpClient};
 use dlock_rt::Clock;
@@ -155,7 +157,7 @@ impl World {
     }
 
     fn paydb(&self) -> Paydb {
-        Paydb { pay: self.pay.clone(), rail: self.rail.clone(), describe: "memory".into() }
+        Paydb { store: self.mem.clone().expect("a simulation-store world"), describe: "memory".into() }
     }
 
     fn token(&self) -> i64 {
@@ -635,7 +637,7 @@ async fn an_operator_resolved_posted_payout_is_backed_by_its_resolution() {
         reason: "rail statement line 42".into(),
         rail_reference: reference.clone(),
     };
-    let done = dlock_reconciler::resolve::resolve(&*w.pay, &req, at(20)).await.expect("resolved");
+    let done = dlock_reconciler::resolve::resolve(w.mem(), &req, at(20)).await.expect("resolved");
     assert_eq!((done.state, done.balance_minor), (PayoutState::Posted, 700));
     let r = w.run().await;
     assert_eq!(kinds(&r), vec![FindingKind::OperatorResolution], "{}", r.render_table());
@@ -645,7 +647,7 @@ async fn an_operator_resolved_posted_payout_is_backed_by_its_resolution() {
     assert_eq!((r.exit_code(), r.clean, r.ambiguous.len()), (EXIT_CLEAN, true, 0));
     // A second verdict is refused: the payout has left quarantine.
     let again =
-        dlock_reconciler::resolve::resolve(&*w.pay, &ResolveRequest { resolved_as: ResolveAs::Failed, ..req }, at(30))
+        dlock_reconciler::resolve::resolve(w.mem(), &ResolveRequest { resolved_as: ResolveAs::Failed, ..req }, at(30))
             .await;
     assert!(
         matches!(again, Err(dlock_reconciler::resolve::ResolveError::Refused(ref e)) if e.contains("POSTED")),
@@ -930,51 +932,51 @@ async fn a_paydb_that_cannot_be_opened_is_incomplete_but_a_double_payment_still_
     assert!(reconcile_once(&bad, at(0), budget()).await.is_err());
 }
 
-/// The proxy's view of a paydb whose `submissions` read fails `failures` times first.
-struct FlakyRail {
+/// The reconciler's view of a paydb whose `submissions` read fails `failures` times first.
+struct FlakyPaydb {
     inner: Arc<MemPaydb>,
     failures: std::sync::atomic::AtomicU32,
     reads: std::sync::atomic::AtomicU32,
 }
 
 #[async_trait::async_trait]
-impl RailStore for FlakyRail {
-    async fn ping(&self) -> Result<(), rail::StoreError> {
-        RailStore::ping(&*self.inner).await
+impl ReconcileStore for FlakyPaydb {
+    async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError> {
+        ReconcileStore::payout(&*self.inner, payout_id).await
     }
 
-    async fn payout(&self, payout_id: Uuid) -> Result<Option<rail::PayoutRow>, rail::StoreError> {
-        RailStore::payout(&*self.inner, payout_id).await
+    async fn list(&self, q: &ListQuery) -> Result<Vec<PayoutSummary>, StoreError> {
+        ReconcileStore::list(&*self.inner, q).await
     }
 
-    async fn admit(&self, attempt: &Attempt) -> Result<Admission, rail::StoreError> {
-        self.inner.admit(attempt).await
-    }
-
-    async fn resolve(&self, s: Uuid, r: &Resolution, at: DateTime<Utc>) -> Result<(), rail::StoreError> {
-        self.inner.resolve(s, r, at).await
-    }
-
-    async fn high_water(&self, account_id: &str) -> Result<Option<i64>, rail::StoreError> {
-        self.inner.high_water(account_id).await
-    }
-
-    async fn submissions(&self, payout_id: Option<Uuid>) -> Result<Vec<rail::SubmissionRow>, rail::StoreError> {
+    async fn submissions(&self, payout_id: Option<Uuid>) -> Result<Vec<rail::SubmissionRow>, StoreError> {
         self.reads.fetch_add(1, Ordering::SeqCst);
         let left = self.failures.load(Ordering::SeqCst);
         if left > 0 {
             self.failures.store(left - 1, Ordering::SeqCst);
-            return Err(rail::StoreError::Unavailable("database is locked".into()));
+            return Err(StoreError::Unavailable("database is locked".into()));
         }
-        self.inner.submissions(payout_id).await
+        ReconcileStore::submissions(&*self.inner, payout_id).await
     }
 
-    async fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, rail::StoreError> {
-        self.inner.unresolved_before(before, limit).await
+    async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ResolutionRow>, StoreError> {
+        ReconcileStore::resolutions(&*self.inner, payout_id).await
     }
 
-    async fn insert_payout(&self, p: &rail::NewPayout, at: DateTime<Utc>) -> Result<(), rail::StoreError> {
-        self.inner.insert_payout(p, at).await
+    async fn ledger(&self, account_id: Option<&str>) -> Result<Vec<LedgerEntry>, StoreError> {
+        ReconcileStore::ledger(&*self.inner, account_id).await
+    }
+
+    async fn accounts(&self) -> Result<Vec<AccountView>, StoreError> {
+        ReconcileStore::accounts(&*self.inner).await
+    }
+
+    async fn high_water(&self, account_id: &str) -> Result<Option<i64>, StoreError> {
+        ReconcileStore::high_water(&*self.inner, account_id).await
+    }
+
+    async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
+        ReconcileStore::resolve_ambiguous(&*self.inner, r).await
     }
 }
 
@@ -987,8 +989,8 @@ async fn a_paydb_read_is_tried_three_times_then_the_run_is_incomplete() {
     let params = Params { now: at(10_000), bounds: Bounds::default(), budget: budget() };
     for (failures, reads, exit) in [(2, 3, EXIT_CLEAN), (3, 3, EXIT_INCOMPLETE)] {
         let flaky =
-            Arc::new(FlakyRail { inner: w.mem.clone().expect("memory"), failures: failures.into(), reads: 0.into() });
-        let paydb = Paydb { pay: w.pay.clone(), rail: flaky.clone(), describe: "memory".into() };
+            Arc::new(FlakyPaydb { inner: w.mem.clone().expect("memory"), failures: failures.into(), reads: 0.into() });
+        let paydb = Paydb { store: flaky.clone(), describe: "memory".into() };
         let r = reconcile(&paydb, &rail_record(), &params).await;
         assert_eq!(flaky.reads.load(Ordering::SeqCst), reads, "{failures} failures");
         assert_eq!(r.exit_code(), exit, "{failures} failures: {}", r.render_table());

@@ -1,0 +1,261 @@
+//! The admission decision of C3 §3.5, once: fence, duplicate, intent, as pure functions
+//! from the facts a store read to the decision it applies. No I/O, no clock reads, no
+//! randomness; tokens compare as exact integers.
+//!
+//! It lives in `dlock-paydb`, below the services, because [`crate::mem::RailTables::admit`]
+//! applies it here (the proxy's simulation store and the payment-resource's [`crate::MemPaydb`]
+//! share that code); the rail-proxy's `admission` module re-exports it.
+//!
+//! Every store (SQLite, PostgreSQL, the simulation store) reads the facts in its one
+//! transaction and applies the decision; in SQL the statements stay the race authority (the
+//! mark's `ON CONFLICT … WHERE highest_token < EXCLUDED.highest_token`, the unique index over
+//! forwardable attempts, `UPDATE payouts … WHERE state IN …`), and the store calls the step
+//! functions here to choose its answer from what each statement revealed. An answer the
+//! rule would not give is corrupt content, never a guess.
+//!
+//! ## Invariants (asserted in release builds too)
+//! - **The mark only rises**, and only to a token strictly greater than it (`>`, never `>=`:
+//!   an equal-token retry after a timeout must lose) ([`advanced_mark`]).
+//! - **Order**: fence, then duplicate, then intent. A fenced attempt never reaches the
+//!   duplicate check; a duplicate raises the mark (step 1 committed) but never moves the
+//!   payout; a payout the proxy may not submit ([`payout::may_transition`] CLAIMED →
+//!   SUBMITTED) changes nothing at all.
+
+use chrono::{DateTime, Utc};
+use dlock_contract::payout::{self, Actor, PayoutState};
+use uuid::Uuid;
+
+use crate::rail::Admission;
+
+/// Step 1: what the mark says about a presented token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkVerdict {
+    /// Strictly greater than the mark (or no mark yet): the mark advances to `to`.
+    Advance { to: i64 },
+    /// Equal or lower: a FENCED row, and no rail call.
+    Fenced { highest_token: i64 },
+    /// `rail.proxy.fencing.enabled = false` (only under `--profile unsafe-test`).
+    Skipped,
+}
+
+/// Step 1, the fence: the mark for the account (`None`: no attempt yet) against the token.
+pub fn mark_verdict(fencing_enabled: bool, mark: Option<i64>, presented: i64) -> MarkVerdict {
+    if !fencing_enabled {
+        return MarkVerdict::Skipped;
+    }
+    match mark {
+        Some(highest) if highest >= presented => MarkVerdict::Fenced { highest_token: highest },
+        _ => MarkVerdict::Advance { to: advanced_mark(mark, presented) },
+    }
+}
+
+/// The mark after an advance to `presented`. Asserts it rose strictly.
+pub fn advanced_mark(mark: Option<i64>, presented: i64) -> i64 {
+    assert!(mark.is_none_or(|m| presented > m), "mark would not rise: {mark:?} -> {presented}");
+    presented
+}
+
+/// The account's one forwardable attempt (outcome NULL, ACKED, REJECTED or TIMEOUT) for the
+/// payout, if there is one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FirstAttempt {
+    pub submission_id: Uuid,
+    pub submitted_at: DateTime<Utc>,
+}
+
+/// Step 3, the intent: whether the proxy may move a payout in `state` to SUBMITTED.
+pub fn may_submit(state: PayoutState) -> bool {
+    payout::may_transition(state, PayoutState::Submitted, Actor::RailProxy)
+}
+
+/// What one attempt's transaction read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmissionFacts {
+    pub fencing_enabled: bool,
+    pub mark: Option<i64>,
+    pub presented_token: i64,
+    pub first_forwardable: Option<FirstAttempt>,
+    /// The payout's state (`None`: the payout row is gone).
+    pub state: Option<PayoutState>,
+}
+
+/// What the transaction applies. `mark` is the account's new mark to write (`None`: leave it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmissionDecision {
+    /// Write a FENCED row; commit. The mark does not move.
+    Fenced { highest_token: i64 },
+    /// Write a DUPLICATE row and the advanced mark; commit. The payout does not move.
+    Duplicate { first: FirstAttempt, mark: Option<i64> },
+    /// Write nothing (roll back).
+    NotClaimable { state: PayoutState },
+    /// Write the intent row (outcome NULL), the mark, and move the payout to SUBMITTED with
+    /// `attempt_count + 1`; commit before any socket opens.
+    Admit { mark: Option<i64> },
+    /// The payout row is gone (the caller read it before): corrupt content, roll back.
+    Vanished,
+}
+
+impl AdmissionDecision {
+    /// The answer the store returns (`None` for [`AdmissionDecision::Vanished`]).
+    pub fn admission(&self, at: DateTime<Utc>) -> Option<Admission> {
+        Some(match *self {
+            AdmissionDecision::Fenced { highest_token } => Admission::Fenced { highest_token },
+            AdmissionDecision::Duplicate { first, .. } => Admission::Duplicate {
+                first_submitted_at: first.submitted_at,
+                first_submission_id: first.submission_id,
+            },
+            AdmissionDecision::NotClaimable { state } => Admission::NotClaimable { state },
+            AdmissionDecision::Admit { .. } => Admission::Admitted { submitted_at: at },
+            AdmissionDecision::Vanished => return None,
+        })
+    }
+}
+
+/// Steps 1–3 in order, on one snapshot.
+pub fn decide_admission(f: &AdmissionFacts) -> AdmissionDecision {
+    let mark = match mark_verdict(f.fencing_enabled, f.mark, f.presented_token) {
+        MarkVerdict::Fenced { highest_token } => return AdmissionDecision::Fenced { highest_token },
+        MarkVerdict::Advance { to } => Some(to),
+        MarkVerdict::Skipped => None,
+    };
+    if let Some(first) = f.first_forwardable {
+        return AdmissionDecision::Duplicate { first, mark };
+    }
+    match f.state {
+        None => AdmissionDecision::Vanished,
+        Some(state) if !may_submit(state) => AdmissionDecision::NotClaimable { state },
+        Some(_) => AdmissionDecision::Admit { mark },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    #[should_panic(expected = "mark would not rise")]
+    fn an_equal_token_never_advances_the_mark_in_release_builds() {
+        advanced_mark(Some(9), 9);
+    }
+
+    #[test]
+    fn an_equal_token_is_fenced_and_disabled_fencing_skips_the_mark() {
+        assert_eq!(mark_verdict(true, Some(9), 9), MarkVerdict::Fenced { highest_token: 9 });
+        assert_eq!(mark_verdict(true, Some(9), 10), MarkVerdict::Advance { to: 10 });
+        assert_eq!(mark_verdict(true, None, 1), MarkVerdict::Advance { to: 1 });
+        assert_eq!(mark_verdict(false, Some(9), 1), MarkVerdict::Skipped);
+    }
+
+    /// Attempts and rail outcomes on one account's payouts.
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// Payout, token.
+        Attempt(usize, i64),
+        /// Resolve the payout's open attempt: 0 ACKED, 1 REJECTED, 2 TIMEOUT, 3 UNSENT.
+        Resolve(usize, u8),
+        /// A worker re-claims a payout an UNSENT left CLAIMED, or the payment-resource
+        /// claims a PENDING one.
+        Claim(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0usize..3, 0i64..12).prop_map(|(p, t)| Op::Attempt(p, t)),
+            (0usize..3, 0u8..4).prop_map(|(p, o)| Op::Resolve(p, o)),
+            (0usize..3).prop_map(Op::Claim),
+        ]
+    }
+
+    /// One attempt in the reference history.
+    #[derive(Debug, Clone)]
+    struct Tried {
+        payout: usize,
+        token: i64,
+        /// Passed step 1 (admitted or duplicate).
+        passed_fence: bool,
+        admitted: bool,
+        /// 0..=3 as in [`Op::Resolve`], once resolved.
+        outcome: Option<u8>,
+    }
+
+    proptest! {
+        /// The decision over random schedules, against a reference that recomputes from the
+        /// whole history: fenced iff the token does not exceed every token that ever passed
+        /// the fence; duplicate iff an admitted attempt of the payout is not UNSENT; admitted
+        /// iff neither and the payout is CLAIMED. The mark never decreases; at most one
+        /// forwardable attempt per payout.
+        #[test]
+        fn admission_matches_the_history_model(ops in proptest::collection::vec(op(), 1..80)) {
+            let at = DateTime::<Utc>::UNIX_EPOCH;
+            let mut states = [PayoutState::Pending, PayoutState::Claimed, PayoutState::Claimed];
+            let mut mark: Option<i64> = None;
+            let mut hist: Vec<Tried> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Attempt(p, token) => {
+                        let open = |h: &Tried| h.payout == p && h.admitted && h.outcome != Some(3);
+                        let first = hist.iter().position(open).map(|i| FirstAttempt {
+                            submission_id: Uuid::from_u128(i as u128),
+                            submitted_at: at,
+                        });
+                        let facts = AdmissionFacts {
+                            fencing_enabled: true,
+                            mark,
+                            presented_token: token,
+                            first_forwardable: first,
+                            state: Some(states[p]),
+                        };
+                        let d = decide_admission(&facts);
+                        let fenced = !hist.iter().filter(|h| h.passed_fence).all(|h| token > h.token);
+                        let duplicate = !fenced && hist.iter().any(open);
+                        let admitted = !fenced && !duplicate && states[p] == PayoutState::Claimed;
+                        match d {
+                            AdmissionDecision::Fenced { highest_token } => {
+                                prop_assert!(fenced);
+                                prop_assert_eq!(Some(highest_token), mark);
+                            }
+                            AdmissionDecision::Duplicate { mark: m, .. } => {
+                                prop_assert!(duplicate);
+                                prop_assert!(m > mark);
+                                mark = m;
+                            }
+                            AdmissionDecision::NotClaimable { state } => {
+                                prop_assert!(!fenced && !duplicate && !admitted);
+                                prop_assert_eq!(state, states[p]);
+                            }
+                            AdmissionDecision::Vanished => prop_assert!(false, "the payout exists"),
+                            AdmissionDecision::Admit { mark: m } => {
+                                prop_assert!(admitted);
+                                prop_assert!(m > mark);
+                                mark = m;
+                                states[p] = PayoutState::Submitted;
+                            }
+                        }
+                        let passed = matches!(d, AdmissionDecision::Duplicate { .. } | AdmissionDecision::Admit { .. });
+                        let admitted = matches!(d, AdmissionDecision::Admit { .. });
+                        hist.push(Tried { payout: p, token, passed_fence: passed, admitted, outcome: None });
+                    }
+                    Op::Resolve(p, o) => {
+                        if let Some(h) = hist.iter_mut().find(|h| h.payout == p && h.admitted && h.outcome.is_none()) {
+                            h.outcome = Some(o);
+                            let to = [PayoutState::RailAcked, PayoutState::Failed, PayoutState::RailAmbiguous, PayoutState::Claimed][usize::from(o)];
+                            prop_assert!(payout::may_transition(states[p], to, Actor::RailProxy));
+                            states[p] = to;
+                        }
+                    }
+                    Op::Claim(p) => {
+                        if states[p] == PayoutState::Pending {
+                            states[p] = PayoutState::Claimed;
+                        }
+                    }
+                }
+                for p in 0..3 {
+                    let forwardable = hist.iter().filter(|h| h.payout == p && h.admitted && h.outcome != Some(3)).count();
+                    prop_assert!(forwardable <= 1, "payout {} has {} forwardable attempts", p, forwardable);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,513 @@
+//! paydb in memory: every table behind one mutex, with the same semantics as SQL.
+//!
+//! [`MemPaydb`] stands in for the *database*, not for a service's memory. The
+//! payment-resource implements its `PaymentStore` on it, the rail-proxy its `RailStore`, and
+//! the reconciler reads it, so in the simulation the services share one paydb exactly as
+//! their SQL stores share one database. It outlives every simulated node it serves, and no
+//! service caches from it.
+//!
+//! Invariants (the services' conformance suites hold this to the SQL stores):
+//! 1. Each method over [`PaydbTables`] is one transaction: the caller holds the one mutex
+//!    around it ([`MemPaydb::lock`]), which is what a serialisable transaction looks like
+//!    from outside.
+//! 2. A method validates everything before its first write, so a refusal has nothing to
+//!    undo. [`guard_transition`] and the CHECK helpers mirror the SQL triggers and CHECKs (a
+//!    write they refuse is [`StoreError::Corrupt`], as a trigger error is).
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+use chrono::{DateTime, Utc};
+use dlock_contract::payout::{self, Actor, PayoutState};
+use dlock_contract::rail::SubmissionOutcome;
+use uuid::Uuid;
+
+use crate::admission::{self, AdmissionDecision, AdmissionFacts, FirstAttempt};
+use crate::pay::{
+    funding_account, is_system_account, is_unsettled, settlement_account, AccountKind, AccountView,
+    AmbiguousResolution, Direction, LedgerEntry, ListQuery, Operation, PayoutSummary, PayoutView, ResolutionRow,
+    ResolveOutcome, StoredResponse, SubmissionSummary, RESOLUTION_REASON_CHARS_MIN,
+};
+use crate::rail::{is_forwardable, Admission, Attempt, NewPayout, PayoutRow, Resolution, SubmissionRow};
+use crate::StoreError;
+
+/// One `payouts` row with every column paydb holds (the proxy reads only [`PayoutRow`];
+/// the payment-resource's simulation store, which shares these tables, uses the rest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredPayout {
+    pub row: PayoutRow,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// The token of the latest claim (`payouts.claim_token`).
+    pub claim_token: Option<i64>,
+    pub claimed_by: Option<String>,
+    pub claimed_at: Option<DateTime<Utc>>,
+}
+
+/// paydb's payouts and rail tables in memory. Each method is one transaction: the caller
+/// holds the one mutex around it. Public so that a store sharing paydb (the
+/// payment-resource's simulation store) runs the very same admission code.
+#[derive(Debug, Default)]
+pub struct RailTables {
+    pub payouts: BTreeMap<Uuid, StoredPayout>,
+    pub high_water: BTreeMap<String, i64>,
+    /// In insertion order (the `seq` column).
+    pub submissions: Vec<SubmissionRow>,
+}
+
+fn row(a: &Attempt, outcome: Option<SubmissionOutcome>) -> SubmissionRow {
+    SubmissionRow {
+        submission_id: a.submission_id,
+        payout_id: a.payout_id,
+        account_id: a.account_id.clone(),
+        presented_token: a.presented_token,
+        owner_id: a.owner_id.clone(),
+        idempotency_key: a.idempotency_key.clone(),
+        amount_minor: a.amount_minor,
+        currency: a.currency.clone(),
+        outcome,
+        outcome_detail: None,
+        rail_reference: None,
+        submitted_at: a.at,
+        resolved_at: outcome.map(|_| a.at),
+    }
+}
+
+impl RailTables {
+    pub fn payout(&self, payout_id: Uuid) -> Option<PayoutRow> {
+        self.payouts.get(&payout_id).map(|p| p.row.clone())
+    }
+
+    /// Steps 1–3, as [`RailStore::admit`].
+    pub fn admit(&mut self, a: &Attempt) -> Result<Admission, StoreError> {
+        let t = self;
+        // One snapshot of every fact steps 1–3 decide on; the admission rule decides.
+        let first_forwardable = t
+            .submissions
+            .iter()
+            .find(|s| s.payout_id == a.payout_id && is_forwardable(s.outcome))
+            .map(|s| FirstAttempt { submission_id: s.submission_id, submitted_at: s.submitted_at });
+        let decision = admission::decide_admission(&AdmissionFacts {
+            fencing_enabled: a.fencing_enabled,
+            mark: t.high_water.get(&a.account_id).copied(),
+            presented_token: a.presented_token,
+            first_forwardable,
+            state: t.payouts.get(&a.payout_id).map(|p| p.row.state),
+        });
+        match decision {
+            AdmissionDecision::Fenced { .. } => t.submissions.push(row(a, Some(SubmissionOutcome::Fenced))),
+            AdmissionDecision::Duplicate { mark, .. } => {
+                if let Some(m) = mark {
+                    t.high_water.insert(a.account_id.clone(), m);
+                }
+                t.submissions.push(row(a, Some(SubmissionOutcome::Duplicate)));
+            }
+            AdmissionDecision::NotClaimable { .. } => {}
+            AdmissionDecision::Vanished => return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id))),
+            AdmissionDecision::Admit { mark } => {
+                let Some(payout) = t.payouts.get_mut(&a.payout_id) else {
+                    return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id)));
+                };
+                payout.row.state = PayoutState::Submitted;
+                payout.row.attempt_count += 1;
+                payout.updated_at = a.at;
+                if let Some(m) = mark {
+                    t.high_water.insert(a.account_id.clone(), m);
+                }
+                t.submissions.push(row(a, None));
+            }
+        }
+        decision.admission(a.at).ok_or_else(|| StoreError::Corrupt(format!("payout {} vanished", a.payout_id)))
+    }
+
+    /// As [`RailStore::resolve`].
+    pub fn resolve(&mut self, submission_id: Uuid, r: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
+        let t = self;
+        let Some(s) = t.submissions.iter_mut().find(|s| s.submission_id == submission_id) else {
+            return Err(StoreError::Corrupt(format!("no submission {submission_id}")));
+        };
+        if s.outcome.is_some() {
+            return Ok(());
+        }
+        s.outcome = Some(r.outcome());
+        s.outcome_detail = r.detail().map(str::to_owned);
+        s.rail_reference = r.rail_reference().map(str::to_owned);
+        s.resolved_at = Some(at);
+        let payout_id = s.payout_id;
+        if let Some(p) = t.payouts.get_mut(&payout_id) {
+            if payout::may_transition(p.row.state, r.payout_state(), Actor::RailProxy) {
+                p.row.state = r.payout_state();
+                p.updated_at = at;
+            }
+        }
+        Ok(())
+    }
+
+    /// As [`RailStore::unresolved_before`].
+    pub fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Vec<Uuid> {
+        let mut rows: Vec<&SubmissionRow> =
+            self.submissions.iter().filter(|s| s.outcome.is_none() && s.submitted_at < before).collect();
+        rows.sort_by_key(|s| s.submitted_at);
+        rows.into_iter().take(usize::try_from(limit).unwrap_or(0)).map(|s| s.submission_id).collect()
+    }
+
+    pub fn submissions_of(&self, payout_id: Option<Uuid>) -> Vec<SubmissionRow> {
+        self.submissions.iter().filter(|s| payout_id.is_none_or(|p| s.payout_id == p)).cloned().collect()
+    }
+
+    /// As [`RailStore::insert_payout`].
+    pub fn insert_payout(&mut self, p: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
+        if self.payouts.contains_key(&p.payout_id) {
+            return Err(StoreError::Corrupt(format!("payout {} exists", p.payout_id)));
+        }
+        let row = PayoutRow {
+            payout_id: p.payout_id,
+            account_id: p.account_id.clone(),
+            amount_minor: p.amount_minor,
+            currency: p.currency.clone(),
+            beneficiary_ref: p.beneficiary_ref.clone(),
+            state: p.state,
+            attempt_count: 0,
+        };
+        let at = dlock_contract::time::truncate_ms(at);
+        self.payouts.insert(
+            p.payout_id,
+            StoredPayout { row, created_at: at, updated_at: at, claim_token: None, claimed_by: None, claimed_at: None },
+        );
+        Ok(())
+    }
+}
+
+/// One `accounts` row (the key is its `account_id`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredAccount {
+    pub kind: AccountKind,
+    pub currency: String,
+    pub balance_minor: i64,
+    /// 0 = never fenced.
+    pub fence: i64,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// One `idempotency_records` row (the key is its identity). In memory a record never
+/// lacks its response: it is inserted together with the mutation it records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRecord {
+    pub request_sha256: String,
+    pub owner_id: String,
+    pub response: StoredResponse,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// The idempotency identity: (operation, target, key, token).
+pub type Identity = (Operation, String, String, i64);
+
+/// Every paydb table. Public so that the simulation's invariant checkers can read the
+/// database itself, never the services' answers.
+#[derive(Debug, Default)]
+pub struct PaydbTables {
+    /// `payouts`, `rail_high_water` and `rail_submission`, with the proxy's own code.
+    pub rail: RailTables,
+    pub accounts: BTreeMap<String, StoredAccount>,
+    /// `ledger_entries`, append-only, in insertion order.
+    pub ledger: Vec<LedgerEntry>,
+    pub idempotency: BTreeMap<Identity, StoredRecord>,
+    /// `paydb_secrets` row `p1-cursor`.
+    pub cursor_secret: Option<[u8; 32]>,
+    /// `payout_resolutions`, append-only, in insertion order.
+    pub resolutions: Vec<ResolutionRow>,
+}
+
+/// In-memory paydb, shared by the payment-resource and the rail-proxy.
+#[derive(Debug, Default)]
+pub struct MemPaydb {
+    tables: Mutex<PaydbTables>,
+}
+
+const POISONED: &str = "simulation store poisoned";
+
+impl MemPaydb {
+    pub fn new() -> MemPaydb {
+        MemPaydb::default()
+    }
+
+    /// Takes the one mutex: one transaction over every table.
+    pub fn lock(&self) -> Result<MutexGuard<'_, PaydbTables>, StoreError> {
+        self.tables.lock().map_err(|_| StoreError::Corrupt(POISONED.into()))
+    }
+
+    /// Runs `f` over the tables as one transaction: the simulation's invariant checkers read
+    /// through it, and tests use it for what an operator would do by hand-run SQL. Writes
+    /// made here bypass every guard.
+    pub fn with_tables<R>(&self, f: impl FnOnce(&mut PaydbTables) -> R) -> Result<R, StoreError> {
+        Ok(f(&mut *self.lock()?))
+    }
+}
+
+/// The state trigger (D2): C2's pairs only ([`payout::may_write_state`]); a same-state
+/// write passes.
+pub fn guard_transition(from: PayoutState, to: PayoutState) -> Result<(), StoreError> {
+    if payout::may_write_state(from, to) {
+        Ok(())
+    } else {
+        Err(StoreError::Corrupt(format!("payouts: transition {}>{} not in C2", from.as_str(), to.as_str())))
+    }
+}
+
+/// Σ amount of `account_id`'s unsettled payouts, other than `except`.
+pub fn reserved_minor(t: &PaydbTables, account_id: &str, except: Option<Uuid>) -> i128 {
+    t.rail
+        .payouts
+        .values()
+        .filter(|p| p.row.account_id == account_id && Some(p.row.payout_id) != except && is_unsettled(p.row.state))
+        .map(|p| i128::from(p.row.amount_minor))
+        .sum()
+}
+
+/// Σ CREDIT − Σ DEBIT over `account_id`'s entries.
+pub fn ledger_sum_minor(t: &PaydbTables, account_id: &str) -> i128 {
+    t.ledger
+        .iter()
+        .filter(|e| e.account_id == account_id)
+        .map(|e| match e.direction {
+            Direction::Credit => i128::from(e.amount_minor),
+            Direction::Debit => -i128::from(e.amount_minor),
+        })
+        .sum()
+}
+
+/// A sum as the BIGINT SQL computes (`CAST(… AS BIGINT)` fails on overflow).
+pub fn bigint(v: i128) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::Corrupt(format!("sum {v} overflows BIGINT")))
+}
+
+pub fn account_view(t: &PaydbTables, account_id: &str, a: &StoredAccount) -> Result<AccountView, StoreError> {
+    Ok(AccountView {
+        account_id: account_id.to_owned(),
+        kind: a.kind,
+        currency: a.currency.clone(),
+        balance_minor: a.balance_minor,
+        fence: a.fence,
+        ledger_sum_minor: bigint(ledger_sum_minor(t, account_id))?,
+        reserved_minor: bigint(reserved_minor(t, account_id, None))?,
+        created_at: a.created_at,
+        updated_at: a.updated_at,
+    })
+}
+
+pub fn payout_view(t: &PaydbTables, p: &StoredPayout) -> PayoutView {
+    let submissions = t
+        .rail
+        .submissions
+        .iter()
+        .filter(|s| s.payout_id == p.row.payout_id)
+        .map(|s| SubmissionSummary {
+            submission_id: s.submission_id,
+            presented_token: s.presented_token,
+            outcome: s.outcome,
+            rail_reference: s.rail_reference.clone(),
+            submitted_at: s.submitted_at,
+            resolved_at: s.resolved_at,
+        })
+        .collect();
+    PayoutView {
+        payout_id: p.row.payout_id,
+        account_id: p.row.account_id.clone(),
+        amount_minor: p.row.amount_minor,
+        currency: p.row.currency.clone(),
+        beneficiary_ref: p.row.beneficiary_ref.clone(),
+        state: p.row.state,
+        attempt_count: p.row.attempt_count,
+        claim_token: p.claim_token,
+        claimed_by: p.claimed_by.clone(),
+        claimed_at: p.claimed_at,
+        created_at: p.created_at,
+        updated_at: p.updated_at,
+        submissions,
+    }
+}
+
+pub fn system_account(kind: AccountKind, currency: &str, at: DateTime<Utc>) -> StoredAccount {
+    StoredAccount { kind, currency: currency.to_owned(), balance_minor: 0, fence: 0, created_at: at, updated_at: at }
+}
+
+/// Upserts (`ON CONFLICT DO NOTHING`) the currency's two system accounts.
+pub fn upsert_system_accounts(t: &mut PaydbTables, currency: &str, at: DateTime<Utc>) {
+    t.accounts.entry(funding_account(currency)).or_insert_with(|| system_account(AccountKind::Funding, currency, at));
+    t.accounts
+        .entry(settlement_account(currency))
+        .or_insert_with(|| system_account(AccountKind::Settlement, currency, at));
+}
+
+/// paydb's reads and the operator's resolution, over the tables (each one transaction under
+/// [`MemPaydb::lock`]); the services' stores and the reconciler call these.
+impl PaydbTables {
+    /// The resolutions audit trail, all or one payout's, in (`resolved_at`, `resolution_id`)
+    /// order.
+    pub fn resolutions(&self, payout_id: Option<Uuid>) -> Vec<ResolutionRow> {
+        let mut rows: Vec<ResolutionRow> =
+            self.resolutions.iter().filter(|r| payout_id.is_none_or(|p| r.payout_id == p)).cloned().collect();
+        rows.sort_by_key(|r| (r.resolved_at, r.resolution_id));
+        rows
+    }
+
+    /// P4: the payout with its attempts.
+    pub fn payout_view(&self, payout_id: Uuid) -> Option<PayoutView> {
+        self.rail.payouts.get(&payout_id).map(|p| payout_view(self, p))
+    }
+
+    /// P5, system accounts included.
+    pub fn account(&self, account_id: &str) -> Result<Option<AccountView>, StoreError> {
+        self.accounts.get(account_id).map(|a| account_view(self, account_id, a)).transpose()
+    }
+
+    /// Every account, in `account_id` order.
+    pub fn account_views(&self) -> Result<Vec<AccountView>, StoreError> {
+        self.accounts.iter().map(|(id, a)| account_view(self, id, a)).collect()
+    }
+
+    /// P1: at most `q.limit` rows.
+    pub fn list(&self, q: &ListQuery) -> Vec<PayoutSummary> {
+        let mut rows: Vec<&StoredPayout> = self
+            .rail
+            .payouts
+            .values()
+            .filter(|p| {
+                p.row.state == q.state
+                    && q.account_id.as_ref().is_none_or(|a| *a == p.row.account_id)
+                    && p.created_at <= q.snapshot
+                    && q.after.is_none_or(|after| (p.created_at, p.row.payout_id) > after)
+            })
+            .collect();
+        rows.sort_by_key(|p| (p.created_at, p.row.payout_id));
+        let limit = usize::try_from(q.limit).unwrap_or(0);
+        rows.into_iter()
+            .take(limit)
+            .map(|p| PayoutSummary {
+                payout_id: p.row.payout_id,
+                account_id: p.row.account_id.clone(),
+                amount_minor: p.row.amount_minor,
+                currency: p.row.currency.clone(),
+                state: p.row.state,
+                attempt_count: p.row.attempt_count,
+                created_at: p.created_at,
+            })
+            .collect()
+    }
+
+    /// Ledger entries, all or one account's, in (`created_at`, `entry_id`) order.
+    pub fn ledger_of(&self, account_id: Option<&str>) -> Vec<LedgerEntry> {
+        let mut entries: Vec<LedgerEntry> =
+            self.ledger.iter().filter(|e| account_id.is_none_or(|a| e.account_id == a)).cloned().collect();
+        entries.sort_by_key(|e| (e.created_at, e.entry_id));
+        entries
+    }
+
+    /// The mark for an account, if it was ever set.
+    pub fn high_water(&self, account_id: &str) -> Option<i64> {
+        self.rail.high_water.get(account_id).copied()
+    }
+
+    /// `dlock resolve`: RAIL_AMBIGUOUS -> POSTED | FAILED with its audit row (the
+    /// payment-resource's `resolve_ambiguous`).
+    pub fn resolve_ambiguous(&mut self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
+        let t = self;
+        r.check()?;
+        let Some(payout) = t.rail.payouts.get(&r.payout_id) else {
+            return Ok(ResolveOutcome::NotFound);
+        };
+        if payout.row.state != PayoutState::RailAmbiguous {
+            return Ok(ResolveOutcome::NotAmbiguous { state: payout.row.state });
+        }
+        payout::check_transition(payout.row.state, r.resolved_as, Actor::Operator)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        guard_transition(payout.row.state, r.resolved_as)?;
+        // The audit row's CHECKs and unique index.
+        let operator_chars = r.operator.chars().count();
+        if !(1..=dlock_contract::headers::OWNER_ID_CHARS_MAX).contains(&operator_chars)
+            || r.reason.chars().count() < RESOLUTION_REASON_CHARS_MIN
+            || r.rail_reference.is_empty()
+        {
+            return Err(StoreError::Corrupt("payout_resolutions: a CHECK refused the row".into()));
+        }
+        if t.resolutions.iter().any(|x| x.payout_id == r.payout_id || x.resolution_id == r.resolution_id) {
+            return Err(StoreError::Corrupt("payout_resolutions: the payout or the id is taken".into()));
+        }
+        let account_id = payout.row.account_id.clone();
+        let amount = payout.row.amount_minor;
+        let currency = payout.row.currency.clone();
+        let Some(balance) = t.accounts.get(&account_id).map(|a| a.balance_minor) else {
+            return Err(StoreError::Corrupt(format!(
+                "payout {} references missing account {account_id:?}",
+                r.payout_id
+            )));
+        };
+        let posted = r.resolved_as == PayoutState::Posted;
+        let at = dlock_contract::time::truncate_ms(r.at);
+        let balance_after = if posted {
+            crate::ledger::balance_after_debit(balance, amount).map_err(|e| StoreError::Corrupt(e.to_string()))?
+        } else {
+            balance
+        };
+        // Writes: payout, then (POSTED) entries and balance, then the audit row.
+        if let Some(p) = t.rail.payouts.get_mut(&r.payout_id) {
+            p.row.state = r.resolved_as;
+            p.updated_at = at;
+        }
+        if posted {
+            t.accounts
+                .entry(settlement_account(&currency))
+                .or_insert_with(|| system_account(AccountKind::Settlement, &currency, at));
+            t.ledger.extend(r.entries(&account_id, amount, &currency, at));
+            if let Some(a) = t.accounts.get_mut(&account_id) {
+                a.balance_minor = balance_after;
+                a.updated_at = at;
+            }
+        }
+        t.resolutions.push(r.row(at));
+        Ok(ResolveOutcome::Resolved { state: r.resolved_as, balance_minor: balance_after })
+    }
+
+    /// Inserts a payout, and a zero-balance CUSTOMER account in its currency if none exists,
+    /// as the SQL store does (seeded payouts bypass the funds check: dev and tests only).
+    pub fn insert_payout(&mut self, p: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
+        let t = self;
+        if is_system_account(&p.account_id) {
+            return Err(StoreError::Corrupt(format!("accounts: {:?} is not a CUSTOMER id", p.account_id)));
+        }
+        if p.currency.chars().count() != 3 {
+            return Err(StoreError::Corrupt(format!("currency {:?} is not 3 characters", p.currency)));
+        }
+        // Fails, changing nothing, if the payout exists.
+        t.rail.insert_payout(p, at)?;
+        let at = dlock_contract::time::truncate_ms(at);
+        t.accounts.entry(p.account_id.clone()).or_insert_with(|| StoredAccount {
+            kind: AccountKind::Customer,
+            currency: p.currency.clone(),
+            balance_minor: 0,
+            fence: 0,
+            created_at: at,
+            updated_at: at,
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guard_transition_allows_exactly_c2_and_same_state_writes() {
+        for from in PayoutState::ALL {
+            for to in PayoutState::ALL {
+                let allowed =
+                    from == to || dlock_contract::payout::TRANSITIONS.iter().any(|(f, t, _)| *f == from && *t == to);
+                assert_eq!(guard_transition(from, to).is_ok(), allowed, "{from:?}>{to:?}");
+            }
+        }
+        assert!(guard_transition(PayoutState::Posted, PayoutState::Claimed).is_err());
+    }
+}
