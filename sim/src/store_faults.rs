@@ -16,11 +16,11 @@
 //! - Latency is slept on madsim's global timer (a database's latency is real time, whatever
 //!   the calling node's clock drift).
 //!
-//! Store errors: the memory stores on this branch have no `CommitUnknown` class in the
-//! rail-proxy's and the lock server's `StoreError`; there a lost ack is answered as
-//! `Corrupt` (never retry-safe, like `CommitUnknown`). [`InjectError`] is the one place that
-//! maps the injected class to each store's error; with dlock-contract's `StoreFault`
-//! classification (i9-paydb) it becomes `ClassifiedStoreError::of_fault`.
+//! Store errors: an injected class becomes each store's own error through dlock-contract's
+//! one classification (`ClassifiedStoreError::of_fault` with `StoreFault::Unavailable` or
+//! `StoreFault::CommitUnknown`), so the services answer it exactly as they answer the real
+//! failure. The services' own `Faulty*Store` wrappers (per-operation queues) stay the
+//! unit-test hook; this plan adds time windows, latency and seeded rates for the world.
 
 use dlock_rt::probe::Probe;
 
@@ -155,6 +155,7 @@ mod plan {
 
     use async_trait::async_trait;
     use chrono::{DateTime, Utc};
+    use dlock_contract::store::{ClassifiedStoreError, StoreFault};
     use dlock_rt::probe;
     use uuid::Uuid;
 
@@ -397,38 +398,19 @@ mod plan {
         }
     }
 
-    /// A store error an injected fault can be answered as (module doc).
+    /// A store error an injected fault can be answered as: every store's error, through
+    /// dlock-contract's one classification.
     pub trait InjectError: Sized {
         fn injected(fault: Injected, op: &str) -> Self;
     }
 
-    impl InjectError for dlock_lock_server::store::StoreError {
+    impl<E: ClassifiedStoreError> InjectError for E {
         fn injected(fault: Injected, op: &str) -> Self {
-            use dlock_lock_server::store::StoreError;
-            match fault {
-                Injected::Unavailable => StoreError::Unavailable(format!("injected into {op}")),
-                Injected::CommitUnknown => StoreError::Corrupt(format!("commit outcome unknown (injected into {op})")),
-            }
-        }
-    }
-
-    impl InjectError for dlock_payment_resource::store::StoreError {
-        fn injected(fault: Injected, op: &str) -> Self {
-            use dlock_payment_resource::store::StoreError;
-            match fault {
-                Injected::Unavailable => StoreError::Unavailable(format!("injected into {op}")),
-                Injected::CommitUnknown => StoreError::CommitUnknown(format!("injected into {op}")),
-            }
-        }
-    }
-
-    impl InjectError for dlock_rail_proxy::store::StoreError {
-        fn injected(fault: Injected, op: &str) -> Self {
-            use dlock_rail_proxy::store::StoreError;
-            match fault {
-                Injected::Unavailable => StoreError::Unavailable(format!("injected into {op}")),
-                Injected::CommitUnknown => StoreError::Corrupt(format!("commit outcome unknown (injected into {op})")),
-            }
+            let class = match fault {
+                Injected::Unavailable => StoreFault::Unavailable,
+                Injected::CommitUnknown => StoreFault::CommitUnknown,
+            };
+            E::of_fault(class, format!("injected into {op}"))
         }
     }
 
