@@ -387,6 +387,8 @@ pub enum Expect {
     Rejected,
     Unavailable,
     NotClaimable,
+    /// 500 `INTERNAL`: the outcome is unknown (never retry-safe).
+    Internal,
 }
 
 impl Expect {
@@ -400,6 +402,7 @@ impl Expect {
             Expect::Rejected => (422, "VALIDATION_FAILED"),
             Expect::Unavailable => (503, "RAIL_UNAVAILABLE"),
             Expect::NotClaimable => (409, "PAYOUT_NOT_CLAIMABLE"),
+            Expect::Internal => (500, "INTERNAL"),
         }
     }
 }

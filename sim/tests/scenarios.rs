@@ -115,3 +115,28 @@ fn hostile_rail_scenario_meets_the_chaos_it_names() {
     }
     assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["Accepted", "Declined", "Dropped", "Error"]);
 }
+
+#[madsim::test]
+async fn a_lost_intent_ack_is_answered_not_retry_safe_and_the_payout_reaches_the_rail_at_most_once() {
+    eprintln!("dlock-sim seed={}", seed());
+    dlock_rt::probe::reset();
+    let s = Scenario::load(&scenario::scenarios_dir().join("lost-ack-intent.toml")).expect("scenario");
+    let report = dlock_sim::cluster::run(&s).await;
+    report.assert_clean(seed());
+    assert_eq!(dlock_rt::probe::snapshot().get(&dlock_rt::probe::Probe::LostAckIntent), Some(&1));
+    // The intent row was committed although the proxy saw an error: paydb holds it.
+    assert!(report.trace.iter().any(|l| l.starts_with("paydb: p1 token=10 ")), "{:?}", report.trace);
+    assert!(!report.trace.iter().any(|l| l.starts_with("rail: p1")), "p1 reached the rail: {:?}", report.trace);
+}
+
+#[madsim::test]
+async fn a_proxy_partitioned_from_the_rail_presents_nothing_and_recovers_after_the_heal() {
+    eprintln!("dlock-sim seed={}", seed());
+    let s = Scenario::load(&scenario::scenarios_dir().join("proxy-rail-partition.toml")).expect("scenario");
+    let report = dlock_sim::cluster::run(&s).await;
+    report.assert_clean(seed());
+    let rail: Vec<_> = report.trace.iter().filter(|l| l.starts_with("rail: ")).collect();
+    assert_eq!(rail.len(), 2, "{rail:?}");
+    assert!(report.trace.iter().any(|l| l.starts_with("fault @") && l.contains("partition#1")));
+    assert!(report.trace.iter().any(|l| l.starts_with("store-fault @") && l.contains("Unavailable")));
+}
