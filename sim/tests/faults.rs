@@ -43,8 +43,7 @@ fn echo_node(name: &str, last: u8, starts: Arc<AtomicU64>) -> madsim::runtime::N
             let starts = starts.clone();
             async move {
                 starts.fetch_add(1, Ordering::SeqCst);
-                let listener =
-                    tokio::net::TcpListener::bind(SocketAddr::new(ip(last), PORT)).await.expect("bind");
+                let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip(last), PORT)).await.expect("bind");
                 loop {
                     let Ok((mut s, _)) = listener.accept().await else { continue };
                     tokio::spawn(async move {
@@ -156,9 +155,11 @@ async fn a_killed_node_restarts_through_its_init_and_its_database_survives() {
     faults.restart(payment.id());
     let seen = setup
         .spawn(async move {
-            dlock_rt::wait_until(dlock_rt::Duration::from_millis(50), dlock_rt::Duration::from_millis(5_000), || async {
-                payment_client().payout(payout).await.ok()
-            })
+            dlock_rt::wait_until(
+                dlock_rt::Duration::from_millis(50),
+                dlock_rt::Duration::from_millis(5_000),
+                || async { payment_client().payout(payout).await.ok() },
+            )
             .await
         })
         .await
@@ -206,8 +207,7 @@ fn key(k: &str) -> IdempotencyKey {
 async fn seed_payout() -> uuid::Uuid {
     let client = payment_client();
     let ops = OwnerId::parse("ops").expect("owner");
-    let open =
-        NewAccountRequest { account_id: "acct-1".into(), currency: "EUR".into(), opening_balance_minor: 10_000 };
+    let open = NewAccountRequest { account_id: "acct-1".into(), currency: "EUR".into(), opening_balance_minor: 10_000 };
     client.create_account(&ops, &key("acct-1"), &open).await.expect("account opened");
     let body = NewPayoutRequest {
         payout_id: None,
@@ -240,10 +240,7 @@ async fn a_commit_unknown_claim_is_committed_although_the_caller_saw_an_error() 
         .await
         .expect("worker");
     let refusal = answer.expect_err("the caller must see the lost ack as an error");
-    assert!(
-        refusal.code().is_some_and(|c| !c.retry_safe()),
-        "a lost ack must not be answered retry-safe: {refusal}"
-    );
+    assert!(refusal.code().is_some_and(|c| !c.retry_safe()), "a lost ack must not be answered retry-safe: {refusal}");
     let row = PaymentStore::payout(paydb.as_ref(), payout).await.expect("read").expect("payout");
     assert_eq!(row.state, PayoutState::Claimed, "the claim was not committed");
     assert_eq!(probe::snapshot().get(&Probe::LostAckClaim), Some(&1));

@@ -140,3 +140,29 @@ async fn a_proxy_partitioned_from_the_rail_presents_nothing_and_recovers_after_t
     assert!(report.trace.iter().any(|l| l.starts_with("fault @") && l.contains("partition#1")));
     assert!(report.trace.iter().any(|l| l.starts_with("store-fault @") && l.contains("Unavailable")));
 }
+
+#[test]
+fn buggify_fault_points_fire_only_once_the_world_enables_them_and_the_invariants_hold() {
+    let s = Scenario::load(&scenario::scenarios_dir().join("hostile-rail.toml")).expect("scenario");
+    let mut fired = 0;
+    for seed in 0..24u64 {
+        let s2 = s.clone();
+        let (report, n, off) = in_fresh_world(seed, move || async move {
+            dlock_rt::buggify::disable();
+            let before = dlock_rt::buggify::fired();
+            dlock_rt::buggify::enable();
+            let report = dlock_sim::cluster::run(&s2).await;
+            let n = dlock_rt::buggify::fired();
+            dlock_rt::buggify::disable();
+            (report, n, before)
+        });
+        assert_eq!(off, 0, "a disabled fault point fired");
+        // A fault point changes what the proxy answers (an unsent forward is retry-safe), so
+        // the file's expected answers do not apply; its invariants do.
+        let mut report = report;
+        report.violations.retain(|v| !v.starts_with("expectation: "));
+        report.assert_clean(seed);
+        fired += n;
+    }
+    assert!(fired > 0, "no buggify fault point fired in the proxy over 24 seeds");
+}
