@@ -486,10 +486,8 @@ impl Scenario {
                     }
                 }
                 Step::Sleep { ms } => check_ms("ms", Some(*ms)).map_err(at)?,
-                Step::DriftClock { rate, .. } => {
-                    if !(rate.is_finite() && (0.1..=10.0).contains(rate)) {
-                        return Err(at(format!("rate {rate} outside 0.1..=10")));
-                    }
+                Step::DriftClock { rate, .. } if !(rate.is_finite() && (0.1..=10.0).contains(rate)) => {
+                    return Err(at(format!("rate {rate} outside 0.1..=10")));
                 }
                 Step::StoreFault { store, op, fault, count, for_ms, latency_ms, .. } => {
                     let name = StoreName::parse(store)

@@ -48,10 +48,8 @@ fn echo_node(name: &str, last: u8, starts: Arc<AtomicU64>) -> madsim::runtime::N
                     let Ok((mut s, _)) = listener.accept().await else { continue };
                     tokio::spawn(async move {
                         let mut b = [0u8; 1];
-                        if s.read_exact(&mut b).await.is_ok() {
-                            if s.write_all(&[b[0].wrapping_add(1)]).await.is_ok() {
-                                let _ = s.flush().await;
-                            }
+                        if s.read_exact(&mut b).await.is_ok() && s.write_all(&[b[0].wrapping_add(1)]).await.is_ok() {
+                            let _ = s.flush().await;
                         }
                     });
                 }

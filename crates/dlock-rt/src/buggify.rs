@@ -1,7 +1,7 @@
 //! BUGGIFY-style fault points, in the spirit of FoundationDB's `BUGGIFY`: places in our own
 //! code paths where the simulation may inject a realistic delay or early error.
 //!
-//! ```ignore
+//! ```text
 //! dlock_rt::buggify::delay(0.05, 300).await; // sometimes this hop is slow
 //! if dlock_rt::buggify::fires(0.01) { return Err(...) } // sometimes it fails early
 //! ```
