@@ -478,8 +478,9 @@ impl Faults {
 
     /// The simulated etcd loses its leader for `for_ms`: madsim-etcd-client's simulator is
     /// one in-memory node without elections, so a leader loss is played as the node being
-    /// unreachable (every link to and from it clogged: the lock server's etcd store answers
-    /// `Unavailable`, hence `NOT_LEADER`) and frozen (its lease countdown stops, as a new
+    /// unreachable (every link to and from it clogged: the lock server answers reads
+    /// `NOT_LEADER`, and writes `NOT_LEADER` or, where its etcd store cannot prove the
+    /// refused txn was not applied, `INTERNAL`) and frozen (its lease countdown stops, as a new
     /// etcd leader extends every lease by its TTL). Its data survives, as it does in a real
     /// election. The leader comes back after `for_ms` on a supervisor task.
     pub fn etcd_leader_loss(&self, etcd: NodeId, for_ms: u64) {

@@ -315,3 +315,120 @@ async fn a_schedule_applies_each_event_at_its_simulated_time() {
     assert_eq!(rec.len(), 2);
     assert!(rec[0].at_ms >= 1_100 && rec[1].at_ms >= 6_100, "{rec:?}");
 }
+
+fn lock_client(owner: &str) -> dlock_lock_client::LockClient {
+    let cfg = dlock_lock_client::LockClientConfig::new(
+        url(world::LOCK_IP, world::LOCK_PORT),
+        OwnerId::parse(owner).expect("owner"),
+    );
+    dlock_lock_client::LockClient::new(cfg).expect("lock client")
+}
+
+/// Opens a session from `node`; `Ok(())` or the refusal's code.
+async fn open_session_from(node: &madsim::runtime::NodeHandle) -> Result<(), Option<dlock_contract::ErrorCode>> {
+    node.spawn(async {
+        match lock_client("w").open_session().await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                eprintln!("open_session refused: {e}");
+                Err(e.code())
+            }
+        }
+    })
+    .await
+    .expect("worker")
+}
+
+/// Reads a key's advisory info from `node`; the status.
+async fn info_status_from(node: &madsim::runtime::NodeHandle) -> u16 {
+    node.spawn(async {
+        dlock_rt::http::HttpClient::new(1_000, 10_000)
+            .send(&url(world::LOCK_IP, world::LOCK_PORT), http::Method::GET, "/v1/locks/payout:acct-1", &[], None)
+            .await
+            .map_or(0, |r| r.status)
+    })
+    .await
+    .expect("worker")
+}
+
+#[madsim::test]
+async fn lockdb_unavailable_is_not_leader_at_the_lock_server_until_the_window_ends() {
+    let plan = Arc::new(StoreFaultPlan::new());
+    let mem = Arc::new(dlock_lock_server::store_mem::MemLockStore::new(dlock_rt::Clock::reference()));
+    let store: Arc<dyn dlock_lock_server::store::LockStore> =
+        Arc::new(dlock_sim::store_faults::PlannedLockStore { inner: mem, plan: plan.clone() });
+    world::start_lock_node(&world::layers(&[]), 0, move || {
+        let store = store.clone();
+        async move { store }
+    });
+    let worker = client_node("worker", 3);
+    settle().await;
+    assert_eq!(open_session_from(&worker).await, Ok(()));
+    plan.unavailable_for(StoreName::Lockdb, None, 5_000);
+    assert_eq!(open_session_from(&worker).await, Err(Some(dlock_contract::ErrorCode::NotLeader)));
+    assert_eq!(info_status_from(&worker).await, 503);
+    dlock_rt::sleep(dlock_rt::Duration::from_millis(5_000)).await;
+    assert_eq!(open_session_from(&worker).await, Ok(()));
+}
+
+#[madsim::test]
+async fn an_etcd_leader_loss_refuses_lock_server_calls_until_it_ends_and_etcd_keeps_its_data() {
+    const ETCD: &str = "10.0.2.1:2379";
+    let faults = Faults::new();
+    let etcd = madsim::runtime::Handle::current().create_node().name("etcd").ip(IpAddr::from([10, 0, 2, 1])).build();
+    etcd.spawn(async {
+        etcd_client::SimServer::builder().serve(ETCD.parse().expect("addr")).await.expect("simulated etcd serves");
+    });
+    world::start_lock_node(&world::layers(&[]), 0, || async {
+        let endpoints = vec![format!("http://{ETCD}")];
+        let store =
+            dlock_rt::wait_until(dlock_rt::Duration::from_millis(50), dlock_rt::Duration::from_millis(5_000), || {
+                let endpoints = endpoints.clone();
+                async move { dlock_lock_server::store_etcd::EtcdLockStore::connect(&endpoints, "/dlock").await.ok() }
+            })
+            .await
+            .expect("simulated etcd reachable");
+        let store: Arc<dyn dlock_lock_server::store::LockStore> = Arc::new(store);
+        store
+    });
+    let worker = client_node("worker", 3);
+    dlock_rt::sleep(dlock_rt::Duration::from_millis(500)).await;
+    let grant = worker
+        .spawn(async {
+            let s = lock_client("holder").open_session().await.expect("session");
+            let g = s.acquire("payout:acct-1").await.expect("grant");
+            g.token().get()
+        })
+        .await
+        .expect("worker");
+    faults.etcd_leader_loss(etcd.id(), 3_000);
+    // A read is provably harmless: NOT_LEADER (503). A write whose txn the simulated etcd
+    // refused may be answered NOT_LEADER or, when the store cannot prove it was not
+    // applied, INTERNAL (an unknown outcome, never retry-safe: the client's `code()` is
+    // `None`); either way nothing is granted.
+    assert_eq!(info_status_from(&worker).await, 503);
+    let refused = open_session_from(&worker).await;
+    assert!(matches!(refused, Err(None | Some(dlock_contract::ErrorCode::NotLeader))), "{refused:?}");
+    dlock_rt::sleep(dlock_rt::Duration::from_millis(3_000)).await;
+    assert_eq!(open_session_from(&worker).await, Ok(()));
+    // The data survived the election: the next grant of the key is above the first.
+    let next = worker
+        .spawn(async {
+            let s = lock_client("next").open_session().await.expect("session");
+            let g = dlock_rt::wait_until(
+                dlock_rt::Duration::from_millis(250),
+                dlock_rt::Duration::from_millis(60_000),
+                || {
+                    let s = &s;
+                    async move { s.acquire("payout:acct-1").await.ok() }
+                },
+            )
+            .await
+            .expect("grant once the first lapsed");
+            g.token().get()
+        })
+        .await
+        .expect("worker");
+    assert!(next > grant, "token {next} after the leader loss is not above {grant}");
+    assert!(faults.trace().iter().any(|l| l.contains("EtcdLeaderBack")), "{:?}", faults.trace());
+}
