@@ -56,7 +56,7 @@ pub async fn run(scenario: &Scenario) -> Report {
             account_id: scenario.account.clone(),
             amount_minor: PAYOUT_AMOUNT_MINOR,
             currency: "EUR".into(),
-            beneficiary_ref: format!("ben-{label}"),
+            beneficiary_ref: "ben".into(),
             state: PayoutState::Claimed,
         };
         if let Err(e) = store.insert_payout(&p, Clock::system().wall()).await {

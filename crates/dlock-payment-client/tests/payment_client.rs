@@ -2,8 +2,6 @@
 //! bodies, each refusal class, the C3 §3.8 retry rules and budgets. Every test is named
 //! after the behaviour it proves.
 
-mod support;
-
 use chrono::{TimeZone, Utc};
 use dlock_contract::payment::{
     AccountBody, ClaimAck, ClaimRequest, EntryBody, NewAccountRequest, NewPayoutRequest, PayoutBody, PayoutItem,
@@ -13,7 +11,7 @@ use dlock_contract::payout::PayoutState;
 use dlock_contract::{ErrorCode, FencingToken, IdempotencyKey, OwnerId};
 use dlock_payment_client::{ListQuery, Operation, PaymentClient, PaymentClientConfig, PaymentRefusal};
 use dlock_rt::{Clock, Duration};
-use support::{nobody_listens, refuse, slow, FakeService, Reply};
+use dlock_testkit::fake_service::{nobody_listens, refuse, slow, FakeService, Reply};
 use uuid::Uuid;
 
 const PAYOUT: Uuid = Uuid::from_u128(0x4b6f_1b5e_8d0a_4a39_9f5e_2f1d_1a0c_9e11);

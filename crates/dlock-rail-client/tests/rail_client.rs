@@ -2,14 +2,12 @@
 //! class, the hard zero retries and the submit budget of C3 §3.8. Every test is named after
 //! the behaviour it proves.
 
-mod support;
-
 use chrono::{TimeZone, Utc};
 use dlock_contract::rail::{SubmissionAck, SubmissionOutcome, SubmissionRequest};
 use dlock_contract::{ErrorCode, FencingToken, IdempotencyKey, OwnerId};
 use dlock_rail_client::{RailClient, RailClientConfig, RailRefusal, SUBMISSIONS_PATH};
 use dlock_rt::{Clock, Duration};
-use support::{nobody_listens, refuse, slow, FakeService, Reply};
+use dlock_testkit::fake_service::{nobody_listens, refuse, slow, FakeService, Reply};
 use uuid::Uuid;
 
 const PAYOUT: Uuid = Uuid::from_u128(0x4b6f_1b5e_8d0a_4a39_9f5e_2f1d_1a0c_9e11);

@@ -226,6 +226,11 @@ impl RailProxy {
         if payout.currency != body.currency {
             mismatched.push(FieldError::new("currency", "does not match the payout"));
         }
+        // The rail pays whom the request names: a beneficiary that is not the payout's would
+        // send its money elsewhere, whatever the fences say.
+        if payout.beneficiary_ref != body.beneficiary_ref {
+            mismatched.push(FieldError::new("beneficiaryRef", "does not match the payout"));
+        }
         if !mismatched.is_empty() {
             return Outcome::Invalid { message: "the body does not match the payout".into(), fields: mismatched };
         }

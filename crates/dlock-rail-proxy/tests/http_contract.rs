@@ -282,6 +282,29 @@ async fn payout_that_is_not_claimed_is_not_claimable_and_moves_no_mark() {
 }
 
 #[tokio::test]
+async fn a_body_that_differs_from_the_payout_is_validation_failed_and_reaches_nothing() {
+    let r = rig(&[]).await;
+    let id = claimed(&r.store, "a-1").await;
+    for (field, value) in [
+        ("accountId", json!("a-2")),
+        ("amountMinor", json!(501)),
+        ("currency", json!("USD")),
+        ("beneficiaryRef", json!("someone-else")),
+    ] {
+        let mut body = body_for(id);
+        body[field] = value;
+        let (s, ct, v) = call(&r.app, request(GOOD, &body.to_string())).await;
+        assert_envelope(s, &ct, &v, 400, "VALIDATION_FAILED");
+        assert_eq!(v["details"]["fields"][0]["field"], field, "{v}");
+    }
+    assert_eq!(r.store.high_water("a-1").await, Ok(None));
+    assert!(r.stub.calls().is_empty());
+    let (s, _, v) = call(&r.app, request(GOOD, &body_for(id).to_string())).await;
+    assert_eq!(s, 200, "the matching body is still admitted: {v}");
+    assert_eq!(r.stub.calls().len(), 1);
+}
+
+#[tokio::test]
 async fn liveness_touches_no_dependency() {
     let closed = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
     let rail_url = BaseUrl::parse(&format!("http://{}", closed.local_addr().expect("addr"))).expect("url");

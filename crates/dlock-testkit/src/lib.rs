@@ -4,6 +4,9 @@
 //!   URL in `DLOCK_TEST_PG_URL` (`scripts/test.sh` starts a throwaway server and sets it).
 //!   A missing variable fails the test loudly: a PostgreSQL test never passes by skipping.
 //! - [`sqlite_url`]: a fresh SQLite file in a fresh temp directory.
+//! - [`fake_service`]: a scripted fake HTTP peer for the client crates' tests.
+
+pub mod fake_service;
 
 use std::path::PathBuf;
 

@@ -1,9 +1,8 @@
 //! A scripted fake HTTP service, served on 127.0.0.1:0 through `dlock_rt::http`. Each
 //! `(method, path)` answers from its script (front first), then from its default (a 404
 //! envelope unless set); every request is recorded with its arrival instant, headers and
-//! body.
-
-#![allow(dead_code)]
+//! body. The client crates' tests (payment, rail) script their peer with it; it runs on
+//! tokio and on madsim alike.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
