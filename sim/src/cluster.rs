@@ -14,8 +14,11 @@ use dlock_rt::http::{BaseUrl, HttpClient};
 use dlock_rt::{Clock, Duration};
 use uuid::Uuid;
 
+use crate::faults::Faults;
 use crate::invariants;
 use crate::scenario::{Scenario, Step};
+use crate::schedule::{Schedule, Stage};
+use crate::store_faults::{PlannedRailStore, StoreFaultPlan};
 use crate::Report;
 
 pub const STUB_IP: [u8; 4] = [10, 0, 0, 1];
@@ -77,10 +80,16 @@ pub async fn run(scenario: &Scenario) -> Report {
     ];
     let pairs: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let layers = crate::world::layers(&pairs);
-    crate::world::start_stub_node(&layers, skew("rail-stub"));
-    let proxy_store: Arc<dyn RailStore> = store.clone();
+    let plan = Arc::new(StoreFaultPlan::new());
+    let proxy_store: Arc<dyn RailStore> = Arc::new(PlannedRailStore { inner: store.clone(), plan: plan.clone() });
+    let stub = crate::world::start_stub_node(&layers, skew("rail-stub"));
     let proxy = crate::world::start_proxy_node(&layers, skew("rail-proxy"), proxy_store);
     let proxy_id = proxy.id();
+    let faults = Faults::new();
+    faults.name("rail-stub", stub.id());
+    faults.name("rail-proxy", proxy_id);
+    let stage = ProxyStage { faults: faults.clone(), plan, stub: stub.id(), proxy: proxy_id };
+    let plan_trace = stage.plan.clone();
 
     let client = handle.create_node().name("client").ip(IpAddr::from(CLIENT_IP)).build();
     let steps = scenario.steps.clone();
@@ -112,6 +121,25 @@ pub async fn run(scenario: &Scenario) -> Report {
                         h.restart(proxy_id);
                         trace.push(format!("step {i}: restart rail-proxy"));
                     }
+                    Step::Sleep { ms } => {
+                        dlock_rt::sleep(Duration::from_millis(*ms)).await;
+                        trace.push(format!("step {i}: sleep {ms} ms"));
+                    }
+                    fault => {
+                        // The step's events at its own instant now; its undo (`for-ms`) on a
+                        // task of its own, as a schedule plays it.
+                        let events = fault.events();
+                        let (now, later): (Vec<_>, Vec<_>) = events.into_iter().partition(|t| t.at_ms == 0);
+                        for line in (Schedule { events: now }).play(&stage).await {
+                            trace.push(format!("step {i}: {line}"));
+                        }
+                        if !later.is_empty() {
+                            let stage = stage.clone();
+                            madsim::task::spawn(async move {
+                                Schedule { events: later }.play(&stage).await;
+                            });
+                        }
+                    }
                 }
             }
             wait_ready(base(STUB_IP, STUB_PORT)).await;
@@ -127,6 +155,8 @@ pub async fn run(scenario: &Scenario) -> Report {
         }
     };
     report.trace = trace;
+    report.trace.extend(faults.trace());
+    report.trace.extend(plan_trace.trace());
     report.violations = violations;
 
     let labels: BTreeMap<String, String> = payouts.iter().map(|(l, id)| (id.to_string(), l.clone())).collect();
@@ -227,5 +257,37 @@ async fn fetch_calls() -> RailCallLog {
     match client().send(&base(STUB_IP, STUB_PORT), http::Method::GET, "/calls", &[], None).await {
         Ok(r) => serde_json::from_slice(&r.body).unwrap_or_default(),
         Err(_) => RailCallLog::default(),
+    }
+}
+
+/// The legacy proxy world as a [`Stage`]: the rail-stub and the rail-proxy, paydb behind a
+/// store fault plan; no lock server (a revoke is refused).
+#[derive(Clone)]
+struct ProxyStage {
+    faults: Faults,
+    plan: Arc<StoreFaultPlan>,
+    stub: madsim::task::NodeId,
+    proxy: madsim::task::NodeId,
+}
+
+impl Stage for ProxyStage {
+    fn node(&self, name: &str) -> Option<madsim::task::NodeId> {
+        match name {
+            "rail-stub" => Some(self.stub),
+            "rail-proxy" => Some(self.proxy),
+            _ => None,
+        }
+    }
+    fn faults(&self) -> &Faults {
+        &self.faults
+    }
+    fn store_plan(&self) -> Option<&StoreFaultPlan> {
+        Some(&self.plan)
+    }
+    fn revoke<'a>(
+        &'a self,
+        _key: Option<&'a str>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send + 'a>> {
+        Box::pin(async { Err("the proxy world has no lock server".to_owned()) })
     }
 }

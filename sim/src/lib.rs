@@ -14,9 +14,13 @@ pub mod invariants;
 pub mod oracle;
 pub mod outcome;
 pub mod scenario;
+pub mod schedule;
+pub mod store_faults;
 
 #[cfg(madsim)]
 pub mod cluster;
+#[cfg(madsim)]
+pub mod faults;
 #[cfg(madsim)]
 pub mod world;
 

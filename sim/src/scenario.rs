@@ -1,13 +1,52 @@
 //! Scenario files (`scenarios/*.toml`): see `scenarios/README.md` for the format.
+//!
+//! A scenario names its topology and workload, the rail's chaos knobs, and a list of steps:
+//! fault verbs (`pause`, `resume`, `crash`, `start`, `partition`, `heal`, `clog`,
+//! `skew-clock`, `drift-clock`, `store-fault`, `revoke`, `sleep`) and the legacy proxy
+//! steps (`submit`, `restart-proxy`). [`Scenario::schedule`] turns the fault steps into a
+//! [`Schedule`] (steps run at a cursor that only `sleep` advances; a `for-ms` closes its
+//! fault that long after it opened). Unknown keys and verbs are errors, and
+//! [`Scenario::parse`] refuses a step naming a node the topology does not start, so a typo
+//! cannot silently turn a fault off.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Deserialize;
 
-/// Invariants a scenario may ask for.
+use crate::schedule::{Event, Schedule, StoreFaultKind, Timed, Trigger};
+use crate::store_faults::{StoreName, WRITE_OPS};
+
+/// Invariants the legacy proxy scenarios may ask for (the world's oracle checks its own
+/// full set on every scenario).
 pub const INVARIANTS: &[&str] =
     &["fenced_never_forwarded", "at_most_one_forward_per_payout", "mark_equals_highest_admitted"];
+
+/// Every fault verb of the scenario format (each used by at least one shipped file).
+pub const FAULT_VERBS: &[&str] = &[
+    "pause",
+    "resume",
+    "crash",
+    "start",
+    "partition",
+    "heal",
+    "clog",
+    "skew-clock",
+    "drift-clock",
+    "store-fault",
+    "revoke",
+    "sleep",
+];
+
+/// Bounds on what a scenario may ask for.
+pub const LOCK_SERVERS_MAX: u32 = 3;
+pub const PAYMENT_RESOURCES_MAX: u32 = 2;
+pub const RAIL_PROXIES_MAX: u32 = 2;
+pub const EXECUTORS_MAX: u32 = 6;
+pub const EXECUTOR_CONCURRENCY_MAX: u32 = 8;
+pub const PAYOUTS_MAX: u32 = 10_000;
+/// Longest single `sleep` or `for-ms`.
+pub const STEP_MS_MAX: u64 = 3_600_000;
 
 /// A parsed scenario.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -16,16 +55,146 @@ pub struct Scenario {
     pub name: String,
     #[serde(default)]
     pub description: String,
+    /// Explicit node names (the legacy proxy scenarios); without it, the names come from
+    /// [`Topology::node_names`].
+    #[serde(default)]
     pub nodes: Vec<String>,
+    #[serde(default)]
+    pub topology: Topology,
+    #[serde(default)]
+    pub workload: Workload,
+    /// The account every legacy `submit` step is for.
+    #[serde(default)]
     pub account: String,
+    /// Legacy checkers to run ([`INVARIANTS`]); the oracle checks everything regardless.
+    #[serde(default)]
     pub invariants: Vec<String>,
+    /// Coverage probes this scenario exists to reach (`dlock_rt::probe::Probe` names).
+    #[serde(default)]
+    pub probes: Vec<String>,
     #[serde(default)]
     pub rail: RailKnobs,
-    /// Wall-clock skew per node, in milliseconds (monotonic time is never skewed).
+    /// C5 settings for the world's services (`"lock.session.ttl-ms" = 2000`).
+    #[serde(default)]
+    pub settings: BTreeMap<String, toml::Value>,
+    /// Wall-clock skew per node at start, in milliseconds (monotonic time is never skewed).
     #[serde(default)]
     pub skew_ms: BTreeMap<String, i64>,
     #[serde(rename = "step")]
     pub steps: Vec<Step>,
+}
+
+/// Which nodes a scenario's world starts.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Topology {
+    #[serde(default = "one_u32")]
+    pub lock_servers: u32,
+    #[serde(default)]
+    pub lock_backend: LockBackend,
+    #[serde(default = "one_u32")]
+    pub payment_resources: u32,
+    #[serde(default = "one_u32")]
+    pub rail_proxies: u32,
+    #[serde(default = "one_u32")]
+    pub executors: u32,
+    #[serde(default = "one_u32")]
+    pub executor_concurrency: u32,
+    #[serde(default)]
+    pub reconciler: bool,
+}
+
+fn one_u32() -> u32 {
+    1
+}
+
+impl Default for Topology {
+    fn default() -> Self {
+        Topology {
+            lock_servers: 1,
+            lock_backend: LockBackend::Mem,
+            payment_resources: 1,
+            rail_proxies: 1,
+            executors: 1,
+            executor_concurrency: 1,
+            reconciler: false,
+        }
+    }
+}
+
+/// The lock servers' store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LockBackend {
+    /// The simulation lockdb.
+    #[default]
+    Mem,
+    /// madsim-etcd-client's simulated etcd, on node `etcd`.
+    Etcd,
+}
+
+impl Topology {
+    /// The world's node names, as the world names them: `lock-N`, `payment-N`, `proxy-N`,
+    /// `executor-N`, `rail-stub`, and `reconciler` and `etcd` when present.
+    pub fn node_names(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        let mut push = |prefix: &str, n: u32| (1..=n).for_each(|i| v.push(format!("{prefix}-{i}")));
+        push("lock", self.lock_servers);
+        push("payment", self.payment_resources);
+        push("proxy", self.rail_proxies);
+        push("executor", self.executors);
+        v.push("rail-stub".to_owned());
+        if self.reconciler {
+            v.push("reconciler".to_owned());
+        }
+        if self.lock_backend == LockBackend::Etcd {
+            v.push("etcd".to_owned());
+        }
+        v
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let check = |what: &str, n: u32, lo: u32, hi: u32| {
+            if (lo..=hi).contains(&n) {
+                Ok(())
+            } else {
+                Err(format!("topology.{what} = {n} outside {lo}..={hi}"))
+            }
+        };
+        check("lock-servers", self.lock_servers, 1, LOCK_SERVERS_MAX)?;
+        check("payment-resources", self.payment_resources, 1, PAYMENT_RESOURCES_MAX)?;
+        check("rail-proxies", self.rail_proxies, 1, RAIL_PROXIES_MAX)?;
+        check("executors", self.executors, 0, EXECUTORS_MAX)?;
+        check("executor-concurrency", self.executor_concurrency, 1, EXECUTOR_CONCURRENCY_MAX)
+    }
+}
+
+/// What the world's workload generator offers.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Workload {
+    #[serde(default = "one_u32")]
+    pub accounts: u32,
+    /// How many of the accounts take most payouts.
+    #[serde(default)]
+    pub hot_accounts: u32,
+    #[serde(default)]
+    pub payouts: u32,
+    /// Payouts arrive spread over this long (0: all at the start).
+    #[serde(default)]
+    pub arrival_ms: u64,
+    #[serde(default = "default_amount")]
+    pub amount_minor: i64,
+}
+
+fn default_amount() -> i64 {
+    1_000
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Workload { accounts: 1, hot_accounts: 0, payouts: 0, arrival_ms: 0, amount_minor: 1_000 }
+    }
 }
 
 /// `rail.stub.*` knobs for the scenario's stub.
@@ -65,6 +234,146 @@ pub enum Step {
     },
     /// `kill` then `restart` the rail-proxy node: its process memory is gone, paydb is not.
     RestartProxy,
+    /// Freeze `node` (for `for-ms`, then resume it).
+    #[serde(rename_all = "kebab-case")]
+    Pause {
+        node: String,
+        #[serde(default)]
+        for_ms: Option<u64>,
+        #[serde(default)]
+        when: Option<Trigger>,
+    },
+    Resume {
+        node: String,
+    },
+    /// Kill `node` abruptly (for `for-ms`, then start it).
+    #[serde(rename_all = "kebab-case")]
+    Crash {
+        node: String,
+        #[serde(default)]
+        for_ms: Option<u64>,
+        #[serde(default)]
+        when: Option<Trigger>,
+    },
+    /// Start a crashed node again through its init.
+    Start {
+        node: String,
+    },
+    /// Cut side `a` from side `b` (only `a -> b` when `one-way`), for `for-ms` or until a
+    /// `heal`.
+    #[serde(rename_all = "kebab-case")]
+    Partition {
+        #[serde(default)]
+        name: Option<String>,
+        a: Vec<String>,
+        b: Vec<String>,
+        #[serde(default)]
+        one_way: bool,
+        #[serde(default)]
+        for_ms: Option<u64>,
+        #[serde(default)]
+        when: Option<Trigger>,
+    },
+    /// Heal the partition `name`, or every network fault and pause (and the store plan).
+    Heal {
+        #[serde(default)]
+        name: Option<String>,
+    },
+    /// Clog the link `from -> to` (both directions when `both-ways`); with `loss`, the link
+    /// drops that fraction instead of everything.
+    #[serde(rename_all = "kebab-case")]
+    Clog {
+        from: String,
+        to: String,
+        #[serde(default)]
+        both_ways: bool,
+        #[serde(default)]
+        loss: Option<f64>,
+        #[serde(default)]
+        for_ms: Option<u64>,
+        #[serde(default)]
+        when: Option<Trigger>,
+    },
+    /// Step `node`'s wall clock by `ms` (negative: backwards).
+    #[serde(rename_all = "kebab-case")]
+    SkewClock {
+        node: String,
+        ms: i64,
+        #[serde(default)]
+        when: Option<Trigger>,
+    },
+    /// `node`'s monotonic clock runs at `rate` × real time (0.6: 40 % slow).
+    #[serde(rename_all = "kebab-case")]
+    DriftClock {
+        node: String,
+        rate: f64,
+        #[serde(default)]
+        when: Option<Trigger>,
+    },
+    /// A store fault: see [`StoreFaultKind`].
+    #[serde(rename_all = "kebab-case")]
+    StoreFault {
+        store: String,
+        #[serde(default)]
+        op: Option<String>,
+        fault: StoreFaultKind,
+        #[serde(default = "one_u32")]
+        count: u32,
+        #[serde(default)]
+        for_ms: Option<u64>,
+        #[serde(default)]
+        latency_ms: Option<u64>,
+        #[serde(default)]
+        when: Option<Trigger>,
+    },
+    /// An operator revokes `key` (or a key some executor holds).
+    #[serde(rename_all = "kebab-case")]
+    Revoke {
+        #[serde(default)]
+        key: Option<String>,
+        #[serde(default)]
+        when: Option<Trigger>,
+    },
+    /// Let `ms` of simulated time pass.
+    Sleep {
+        ms: u64,
+    },
+}
+
+impl Step {
+    /// The step's verb, as written in the file.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Step::Submit { .. } => "submit",
+            Step::RestartProxy => "restart-proxy",
+            Step::Pause { .. } => "pause",
+            Step::Resume { .. } => "resume",
+            Step::Crash { .. } => "crash",
+            Step::Start { .. } => "start",
+            Step::Partition { .. } => "partition",
+            Step::Heal { .. } => "heal",
+            Step::Clog { .. } => "clog",
+            Step::SkewClock { .. } => "skew-clock",
+            Step::DriftClock { .. } => "drift-clock",
+            Step::StoreFault { .. } => "store-fault",
+            Step::Revoke { .. } => "revoke",
+            Step::Sleep { .. } => "sleep",
+        }
+    }
+
+    fn nodes(&self) -> Vec<&str> {
+        match self {
+            Step::Pause { node, .. }
+            | Step::Resume { node }
+            | Step::Crash { node, .. }
+            | Step::Start { node }
+            | Step::SkewClock { node, .. }
+            | Step::DriftClock { node, .. } => vec![node.as_str()],
+            Step::Partition { a, b, .. } => a.iter().chain(b.iter()).map(String::as_str).collect(),
+            Step::Clog { from, to, .. } => vec![from.as_str(), to.as_str()],
+            _ => vec![],
+        }
+    }
 }
 
 /// What a submission step must come to.
@@ -78,6 +387,8 @@ pub enum Expect {
     Rejected,
     Unavailable,
     NotClaimable,
+    /// 500 `INTERNAL`: the outcome is unknown (never retry-safe).
+    Internal,
 }
 
 impl Expect {
@@ -91,25 +402,137 @@ impl Expect {
             Expect::Rejected => (422, "VALIDATION_FAILED"),
             Expect::Unavailable => (503, "RAIL_UNAVAILABLE"),
             Expect::NotClaimable => (409, "PAYOUT_NOT_CLAIMABLE"),
+            Expect::Internal => (500, "INTERNAL"),
         }
+    }
+}
+
+fn check_ms(what: &str, ms: Option<u64>) -> Result<(), String> {
+    match ms {
+        Some(ms) if ms == 0 || ms > STEP_MS_MAX => Err(format!("{what} = {ms} outside 1..={STEP_MS_MAX}")),
+        _ => Ok(()),
     }
 }
 
 impl Scenario {
     pub fn parse(text: &str) -> Result<Scenario, String> {
         let s: Scenario = toml::from_str(text).map_err(|e| e.to_string())?;
-        if let Some(bad) = s.invariants.iter().find(|i| !INVARIANTS.contains(&i.as_str())) {
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// The node names steps may use: `nodes` when given, else the topology's.
+    pub fn node_names(&self) -> Vec<String> {
+        if self.nodes.is_empty() {
+            self.topology.node_names()
+        } else {
+            self.nodes.clone()
+        }
+    }
+
+    /// Whether this is a legacy proxy scenario (an explicit `nodes` list with the rail-proxy).
+    pub fn is_proxy_only(&self) -> bool {
+        self.nodes.iter().any(|n| n == "rail-proxy")
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if let Some(bad) = self.invariants.iter().find(|i| !INVARIANTS.contains(&i.as_str())) {
             return Err(format!("unknown invariant {bad:?} (known: {})", INVARIANTS.join(", ")));
         }
-        if let Some(bad) = s.skew_ms.keys().find(|n| !s.nodes.contains(n)) {
+        let probe_names: Vec<&str> = dlock_rt::probe::Probe::ALL.iter().map(|p| p.name()).collect();
+        if let Some(bad) = self.probes.iter().find(|p| !probe_names.contains(&p.as_str())) {
+            return Err(format!("unknown probe {bad:?} (known: {})", probe_names.join(", ")));
+        }
+        self.topology.validate()?;
+        if self.workload.payouts > PAYOUTS_MAX {
+            return Err(format!("workload.payouts = {} above {PAYOUTS_MAX}", self.workload.payouts));
+        }
+        if self.workload.accounts == 0 || self.workload.hot_accounts > self.workload.accounts {
+            return Err("workload: accounts must be >= 1 and >= hot-accounts".into());
+        }
+        let names = self.node_names();
+        if let Some(bad) = self.skew_ms.keys().find(|n| !names.contains(n)) {
             return Err(format!("skew-ms names node {bad:?}, which the scenario does not start"));
         }
-        for required in ["rail-stub", "rail-proxy"] {
-            if !s.nodes.iter().any(|n| n == required) {
-                return Err(format!("nodes must include {required}"));
+        if !self.nodes.is_empty() {
+            for required in ["rail-stub", "rail-proxy"] {
+                if !self.nodes.iter().any(|n| n == required) {
+                    return Err(format!("nodes must include {required}"));
+                }
             }
         }
-        Ok(s)
+        if self.steps.is_empty() {
+            return Err("a scenario needs at least one step".into());
+        }
+        for (i, step) in self.steps.iter().enumerate() {
+            let at = |e: String| format!("step {i} ({}): {e}", step.verb());
+            if let Some(bad) = step.nodes().into_iter().find(|n| !names.iter().any(|m| m == n)) {
+                return Err(at(format!("node {bad:?} is not started (nodes: {})", names.join(", "))));
+            }
+            match step {
+                Step::Submit { .. } | Step::RestartProxy if !self.is_proxy_only() => {
+                    return Err(at("submit and restart-proxy need nodes = [\"rail-stub\", \"rail-proxy\"]".into()));
+                }
+                Step::Partition { a, b, .. } if a.is_empty() || b.is_empty() => {
+                    return Err(at("both sides need a node".into()));
+                }
+                Step::Pause { for_ms, .. } | Step::Crash { for_ms, .. } | Step::Partition { for_ms, .. } => {
+                    check_ms("for-ms", *for_ms).map_err(at)?
+                }
+                Step::Clog { loss, for_ms, .. } => {
+                    check_ms("for-ms", *for_ms).map_err(at)?;
+                    if loss.is_some_and(|l| !(0.0..=1.0).contains(&l)) {
+                        return Err(at("loss outside 0..=1".into()));
+                    }
+                }
+                Step::Sleep { ms } => check_ms("ms", Some(*ms)).map_err(at)?,
+                Step::DriftClock { rate, .. } if !(rate.is_finite() && (0.1..=10.0).contains(rate)) => {
+                    return Err(at(format!("rate {rate} outside 0.1..=10")));
+                }
+                Step::StoreFault { store, op, fault, count, for_ms, latency_ms, .. } => {
+                    let name = StoreName::parse(store)
+                        .ok_or_else(|| at(format!("unknown store {store:?} (paydb, lockdb)")))?;
+                    if let Some(op) = op {
+                        if !name.ops().contains(&op.as_str()) {
+                            return Err(at(format!(
+                                "{store} has no operation {op:?} (known: {})",
+                                name.ops().join(", ")
+                            )));
+                        }
+                    }
+                    check_ms("for-ms", *for_ms).map_err(at)?;
+                    let ok = match fault {
+                        StoreFaultKind::CommitUnknown => op.as_deref().is_some_and(|o| WRITE_OPS.contains(&o)),
+                        StoreFaultKind::Unavailable => op.is_some() || for_ms.is_some(),
+                        StoreFaultKind::Latency => latency_ms.is_some_and(|l| l > 0) && for_ms.is_some(),
+                        StoreFaultKind::LeaderLoss => name == StoreName::Lockdb && for_ms.is_some(),
+                    };
+                    if !ok || *count == 0 {
+                        return Err(at(format!(
+                            "{fault:?} needs: commit-unknown a write op; unavailable an op or for-ms; latency latency-ms and for-ms; leader-loss store = \"lockdb\" and for-ms; count >= 1"
+                        )));
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Partition names are unique and every named heal has its partition.
+        let mut named: Vec<&str> = Vec::new();
+        for step in &self.steps {
+            match step {
+                Step::Partition { name: Some(n), .. } => {
+                    if named.contains(&n.as_str()) {
+                        return Err(format!("partition name {n:?} used twice"));
+                    }
+                    named.push(n)
+                }
+                Step::Heal { name: Some(n) } if !named.contains(&n.as_str()) => {
+                    return Err(format!("heal names partition {n:?}, which no earlier step opens"));
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     pub fn load(path: &Path) -> Result<Scenario, String> {
@@ -128,6 +551,117 @@ impl Scenario {
             }
         }
         labels
+    }
+
+    /// The verbs the scenario uses.
+    pub fn verbs(&self) -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = self.steps.iter().map(Step::verb).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// The fault steps as a [`Schedule`]: each step at the cursor, which only `sleep`
+    /// advances; a `for-ms` adds the undo event that long after. `submit` steps are the
+    /// legacy runner's and take no time here; `restart-proxy` is a crash and a start of
+    /// `rail-proxy`.
+    pub fn schedule(&self) -> Schedule {
+        let mut cursor = 0u64;
+        let mut anon = 0u32;
+        let mut events = Vec::new();
+        for step in &self.steps {
+            step_events(step, &mut cursor, &mut anon, &mut events);
+        }
+        Schedule { events }.sorted()
+    }
+}
+
+/// Appends `step`'s events at `cursor` to `events` (a `sleep` advances the cursor; `anon`
+/// numbers unnamed timed partitions).
+fn step_events(step: &Step, cursor: &mut u64, anon: &mut u32, events: &mut Vec<Timed>) {
+    let at = *cursor;
+    let mut push = |at_ms: u64, when: Option<Trigger>, event: Event| events.push(Timed { at_ms, when, event });
+    match step {
+        Step::Submit { .. } => {}
+        Step::RestartProxy => {
+            push(at, None, Event::Crash { node: "rail-proxy".into() });
+            push(at, None, Event::Start { node: "rail-proxy".into() });
+        }
+        Step::Pause { node, for_ms, when } => {
+            push(at, *when, Event::Pause { node: node.clone() });
+            if let Some(ms) = for_ms {
+                push(at + ms, None, Event::Resume { node: node.clone() });
+            }
+        }
+        Step::Resume { node } => push(at, None, Event::Resume { node: node.clone() }),
+        Step::Crash { node, for_ms, when } => {
+            push(at, *when, Event::Crash { node: node.clone() });
+            if let Some(ms) = for_ms {
+                push(at + ms, None, Event::Start { node: node.clone() });
+            }
+        }
+        Step::Start { node } => push(at, None, Event::Start { node: node.clone() }),
+        Step::Partition { name, a, b, one_way, for_ms, when } => {
+            let name = match (name, for_ms) {
+                (Some(n), _) => Some(n.clone()),
+                (None, Some(_)) => {
+                    *anon += 1;
+                    Some(format!("step-partition-{anon}"))
+                }
+                (None, None) => None,
+            };
+            push(at, *when, Event::Partition { name: name.clone(), a: a.clone(), b: b.clone(), one_way: *one_way });
+            if let Some(ms) = for_ms {
+                push(at + ms, None, Event::Heal { name });
+            }
+        }
+        Step::Heal { name } => push(at, None, Event::Heal { name: name.clone() }),
+        Step::Clog { from, to, both_ways, loss, for_ms, when } => {
+            let mut links = vec![(from.clone(), to.clone())];
+            if *both_ways {
+                links.push((to.clone(), from.clone()));
+            }
+            for (from, to) in links {
+                match loss {
+                    Some(l) => push(
+                        at,
+                        *when,
+                        Event::Clog { from, to, loss: Some(*l), for_ms: Some(for_ms.unwrap_or(STEP_MS_MAX)) },
+                    ),
+                    None => {
+                        push(at, *when, Event::Clog { from: from.clone(), to: to.clone(), loss: None, for_ms: None });
+                        if let Some(ms) = for_ms {
+                            push(at + ms, None, Event::Unclog { from, to });
+                        }
+                    }
+                }
+            }
+        }
+        Step::SkewClock { node, ms, when } => push(at, *when, Event::SkewClock { node: node.clone(), ms: *ms }),
+        Step::DriftClock { node, rate, when } => push(at, *when, Event::DriftClock { node: node.clone(), rate: *rate }),
+        Step::StoreFault { store, op, fault, count, for_ms, latency_ms, when } => push(
+            at,
+            *when,
+            Event::StoreFault {
+                store: store.clone(),
+                op: op.clone(),
+                fault: *fault,
+                count: *count,
+                for_ms: *for_ms,
+                latency_ms: *latency_ms,
+            },
+        ),
+        Step::Revoke { key, when } => push(at, *when, Event::Revoke { key: key.clone() }),
+        Step::Sleep { ms } => *cursor += ms,
+    }
+}
+
+impl Step {
+    /// This step's events alone, from time 0 (the legacy runner plays steps one by one).
+    pub fn events(&self) -> Vec<Timed> {
+        let mut events = Vec::new();
+        step_events(self, &mut 0, &mut 0, &mut events);
+        Schedule { events }.sorted().events
     }
 }
 
@@ -154,24 +688,102 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_shipped_scenario_parses() {
+    fn every_shipped_scenario_parses_and_is_named_after_its_file() {
         let all = all().expect("scenarios load");
-        assert!(!all.is_empty());
+        assert!(all.len() >= 12, "expected the shipped scenarios, found {}", all.len());
         for (path, s) in all {
             assert!(!s.steps.is_empty(), "{path}");
+            assert!(path.ends_with(&format!("/{}.toml", s.name)), "{path} is named {:?}", s.name);
+            assert!(!s.description.trim().is_empty(), "{path} has no description");
+            assert!(s.schedule().closes_what_it_opens(), "{path} leaves a fault open");
         }
     }
 
     #[test]
-    fn unknown_invariants_and_fields_are_refused() {
-        let base = "name = \"x\"\nnodes = [\"rail-stub\", \"rail-proxy\"]\naccount = \"a\"\n";
-        let bad_inv = format!("{base}invariants = [\"nope\"]\n[[step]]\naction = \"restart-proxy\"\n");
-        assert!(Scenario::parse(&bad_inv).is_err());
-        let bad_field = format!("{base}invariants = []\ncolour = 1\n[[step]]\naction = \"restart-proxy\"\n");
-        assert!(Scenario::parse(&bad_field).is_err());
-        let bad_action = format!("{base}invariants = []\n[[step]]\naction = \"explode\"\n");
-        assert!(Scenario::parse(&bad_action).is_err());
-        let ok = format!("{base}invariants = []\n[[step]]\naction = \"restart-proxy\"\n");
-        assert!(Scenario::parse(&ok).is_ok());
+    fn every_fault_verb_is_used_by_at_least_one_shipped_scenario() {
+        let all = all().expect("scenarios load");
+        let used: Vec<&str> = all.iter().flat_map(|(_, s)| s.verbs()).collect();
+        for verb in FAULT_VERBS {
+            assert!(used.contains(verb), "no scenario uses {verb}");
+        }
+    }
+
+    #[test]
+    fn the_issues_named_scenarios_exist() {
+        let names: Vec<String> = all().expect("scenarios load").into_iter().map(|(_, s)| s.name).collect();
+        for n in [
+            "pause-during-rail-call",
+            "proxy-restart",
+            "stale-writer-second-proxy",
+            "revoke-mid-flight",
+            "clock-drift-40",
+            "lost-ack-intent",
+            "lock-leader-loss",
+            "duplicate-ack-rail",
+            "waiter-session-expires",
+            "partition-holder-lock-server",
+        ] {
+            assert!(names.iter().any(|m| m == n), "missing scenario {n}");
+        }
+    }
+
+    const BASE: &str = "name = \"x\"\ndescription = \"d\"\n";
+
+    #[test]
+    fn unknown_keys_verbs_nodes_and_invariants_are_refused() {
+        let legacy = "name = \"x\"\nnodes = [\"rail-stub\", \"rail-proxy\"]\naccount = \"a\"\n";
+        assert!(Scenario::parse(&format!("{legacy}invariants = [\"nope\"]\n[[step]]\naction = \"restart-proxy\"\n"))
+            .is_err());
+        assert!(Scenario::parse(&format!("{legacy}colour = 1\n[[step]]\naction = \"restart-proxy\"\n")).is_err());
+        assert!(Scenario::parse(&format!("{legacy}[[step]]\naction = \"explode\"\n")).is_err());
+        assert!(Scenario::parse(&format!("{legacy}[[step]]\naction = \"restart-proxy\"\n")).is_ok());
+        // A key unknown to one verb, a node the topology does not start, a bad store op.
+        let bad = [
+            "[[step]]\naction = \"pause\"\nnode = \"executor-1\"\nfor-sec = 3\n",
+            "[[step]]\naction = \"pause\"\nnode = \"executor-9\"\n",
+            "[[step]]\naction = \"store-fault\"\nstore = \"paydb\"\nop = \"clam\"\nfault = \"commit-unknown\"\n",
+            "[[step]]\naction = \"store-fault\"\nstore = \"paydb\"\nop = \"payout\"\nfault = \"commit-unknown\"\n",
+            "[[step]]\naction = \"store-fault\"\nstore = \"paydb\"\nfault = \"leader-loss\"\nfor-ms = 5\n",
+            "[[step]]\naction = \"drift-clock\"\nnode = \"executor-1\"\nrate = 0\n",
+            "[[step]]\naction = \"heal\"\nname = \"never-opened\"\n",
+            "[[step]]\naction = \"submit\"\npayout = \"p\"\ntoken = 1\n",
+            "[topology]\nexecutors = 7\n[[step]]\naction = \"sleep\"\nms = 1\n",
+            "[[step]]\naction = \"pause\"\nnode = \"executor-1\"\nwhen = \"sometime\"\n",
+        ];
+        for b in bad {
+            assert!(Scenario::parse(&format!("{BASE}{b}")).is_err(), "accepted: {b}");
+        }
+        let good =
+            "[[step]]\naction = \"store-fault\"\nstore = \"paydb\"\nop = \"claim\"\nfault = \"commit-unknown\"\n";
+        assert!(Scenario::parse(&format!("{BASE}{good}")).is_ok());
+    }
+
+    #[test]
+    fn the_schedule_follows_the_cursor_and_closes_timed_faults() {
+        let text = format!(
+            "{BASE}[topology]\nexecutors = 2\n\
+             [[step]]\naction = \"sleep\"\nms = 100\n\
+             [[step]]\naction = \"pause\"\nnode = \"executor-1\"\nfor-ms = 500\nwhen = \"rail-call\"\n\
+             [[step]]\naction = \"partition\"\na = [\"executor-2\"]\nb = [\"lock-1\"]\nfor-ms = 50\n\
+             [[step]]\naction = \"sleep\"\nms = 1000\n\
+             [[step]]\naction = \"clog\"\nfrom = \"proxy-1\"\nto = \"rail-stub\"\nboth-ways = true\nfor-ms = 10\n"
+        );
+        let s = Scenario::parse(&text).expect("parses").schedule();
+        let at: Vec<(u64, &str)> = s.events.iter().map(|t| (t.at_ms, t.event.verb())).collect();
+        assert_eq!(
+            at,
+            [
+                (100, "pause"),
+                (100, "partition"),
+                (150, "heal"),
+                (600, "resume"),
+                (1100, "clog"),
+                (1100, "clog"),
+                (1110, "unclog"),
+                (1110, "unclog"),
+            ]
+        );
+        assert_eq!(s.events[0].when, Some(Trigger::RailCall));
+        assert!(s.closes_what_it_opens());
     }
 }

@@ -38,6 +38,11 @@ use crate::config::ExecutorConfig;
 use crate::hops::Hops;
 use crate::metrics::{ExecutorMetrics, Outcome};
 
+/// BUGGIFY fault point between a hop's lease check and its write (`dlock_rt::buggify`,
+/// never firing outside the simulation): how often, and for at most how long.
+const BUGGIFY_HOP_DELAY_P: f64 = 0.05;
+const BUGGIFY_HOP_DELAY_MS_MAX: u64 = 2_000;
+
 /// A payout a scan found, as P1 lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
@@ -265,6 +270,8 @@ impl Executor {
 
     /// The injected stall (`executor.chaos.*`): between the lease check and the write.
     async fn maybe_stall(&self, hop: &str, owner: &str) {
+        // BUGGIFY (simulation only): a short stall between the lease check and the write.
+        dlock_rt::buggify::delay(BUGGIFY_HOP_DELAY_P, BUGGIFY_HOP_DELAY_MS_MAX).await;
         if self.cfg.pause_rate <= 0.0 || self.cfg.pause_ms == 0 || !self.cfg.pause_hops.contains(hop) {
             return;
         }

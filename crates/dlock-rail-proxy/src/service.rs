@@ -44,6 +44,14 @@ pub const ORPHAN_SWEEP_INTERVAL_MS: u64 = 5_000;
 /// Orphaned intents one sweep records at most.
 pub const ORPHAN_SWEEP_BATCH_MAX: i64 = 100;
 
+/// BUGGIFY fault points (`dlock_rt::buggify`, never firing outside the simulation): how
+/// often the forward stalls after the intent row, for at most how long (well inside one
+/// forward's budget, so the orphan sweep never races a live forward), and how often the
+/// connect fails before any byte.
+const BUGGIFY_FORWARD_DELAY_P: f64 = 0.05;
+const BUGGIFY_FORWARD_DELAY_MS_MAX: u64 = 1_000;
+const BUGGIFY_UNSENT_P: f64 = 0.02;
+
 /// Time allowed, beyond one forward's connect and read budgets, for the two transactions
 /// around it when the proxy drains on shutdown.
 pub const SHUTDOWN_MARGIN_MS: u64 = 5_000;
@@ -293,7 +301,14 @@ impl RailProxy {
         };
 
         // Step 4: forward exactly once. No retry, no fallback, no second socket.
-        let resolution = self.forward(body).await;
+        // BUGGIFY (simulation only): a stall between the intent row and the socket, or a
+        // connect that fails before any byte is sent.
+        dlock_rt::buggify::delay(BUGGIFY_FORWARD_DELAY_P, BUGGIFY_FORWARD_DELAY_MS_MAX).await;
+        let resolution = if dlock_rt::buggify::fires(BUGGIFY_UNSENT_P) {
+            Resolution::Unsent { detail: "buggify: the connect failed before any byte was sent".into() }
+        } else {
+            self.forward(body).await
+        };
         let resolved_at = self.clock.wall();
         let outcome = resolution.outcome();
         if let Err(e) = self.store.resolve(submission_id, &resolution, resolved_at).await {

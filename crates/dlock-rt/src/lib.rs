@@ -16,6 +16,7 @@
 //! - Tasks are spawned with [`spawn`]; sockets are opened with [`http::bind`] and
 //!   [`http::HttpClient`]. Both resolve to madsim's simulated network under `cfg(madsim)`.
 
+pub mod buggify;
 pub mod clock;
 pub mod http;
 pub mod probe;
