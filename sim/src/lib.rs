@@ -13,9 +13,17 @@
 pub mod invariants;
 pub mod outcome;
 pub mod scenario;
+pub mod summary;
+pub mod swarm;
 
 #[cfg(madsim)]
+pub mod campaign;
+#[cfg(madsim)]
 pub mod cluster;
+#[cfg(madsim)]
+pub mod oracle;
+#[cfg(madsim)]
+pub mod workload;
 #[cfg(madsim)]
 pub mod world;
 
