@@ -105,6 +105,9 @@ pub const STUB_LATENCY_MS_MAX: u64 = 800;
 pub const STUB_RATE_MAX: f64 = 0.2;
 pub const PAUSE_RATE_MAX: f64 = 0.2;
 pub const REVOKES_MAX: usize = 3;
+/// `executor.poll-interval-ms` of every executor (an idle task scans this often: the main
+/// cost of an idle simulated second).
+pub const POLL_INTERVAL_MS: u64 = 500;
 /// Probability that a chaos knob is drawn as zero.
 pub const ZERO_P: f64 = 0.3;
 
@@ -219,7 +222,7 @@ impl SwarmConfig {
         let kv = |k: &str, v: String| (k.to_owned(), v);
         vec![
             kv("executor.lock-ttl-ms", self.lock_ttl_ms.to_string()),
-            kv("executor.poll-interval-ms", "100".into()),
+            kv("executor.poll-interval-ms", POLL_INTERVAL_MS.to_string()),
             kv("executor.chaos.pause-rate", self.executor_pause_rate.to_string()),
             kv("executor.chaos.pause-ms", self.executor_pause_ms.to_string()),
             kv("rail.stub.latency-ms", self.stub_latency_ms.to_string()),

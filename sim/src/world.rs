@@ -1,11 +1,34 @@
-//! A whole cluster on madsim nodes: the lock server, the payment-resource, the rail-proxy
-//! and the rail-stub, each on its own node and address. The payment-resource and the proxy
-//! share one simulation paydb ([`MemPaydb`]) and the lock server keeps its simulation lockdb;
-//! both stores live outside every node, as databases outlive processes: killing and
-//! restarting a node loses its memory, never its database.
+//! The simulated cluster: one world builder, [`build`], for every topology a simulation
+//! needs (the swarm's draws, scenarios, hand-written tests): 1–3 lock-server replicas over
+//! one lockdb (the simulation store [`MemLockStore`] or the simulated etcd), 1–2
+//! payment-resource and 1–2 rail-proxy replicas over one paydb ([`MemPaydb`]), the
+//! rail-stub, 1–6 executors of concurrency 1–8, and the reconciler's node. [`start`] is
+//! [`build`] with one replica of each service and no executors.
 //!
-//! Tests start executors (or hand-written workers) on nodes of their own, then judge the run
-//! with [`violations`], which reads paydb and the rail's own record, never the answers.
+//! Nodes are addressed by name ([`node_addr`] holds the table; docs/simulation.md shows it):
+//!
+//! | node | address |
+//! |---|---|
+//! | `rail-stub` | 10.0.0.1:8084 |
+//! | `proxy-1`, `proxy-2` | 10.0.0.2:8083, 10.0.4.2:8083 |
+//! | `payment-1`, `payment-2` | 10.0.0.4:8082, 10.0.3.2:8082 |
+//! | `lock-1` … `lock-3` | 10.0.1.N:8081 |
+//! | `etcd` | 10.0.2.1:2379 (etcd backend only) |
+//! | `executor-1` … `executor-6` | 10.0.5.N:8085 |
+//! | `reconciler`, `workload`, `operator`, `observer` | 10.0.6.1, 10.0.7.1, 10.0.7.2, 10.0.9.9 |
+//!
+//! Invariants:
+//! - Every service starts through its crate's entry point in its node's `init`, so a madsim
+//!   restart of the node ([`World::restart`]) starts it again the production way.
+//! - The databases live outside every service node: a kill or restart loses a process's
+//!   memory, never its database. The world keeps the unwrapped stores ([`World::paydb`],
+//!   [`World::locks`]) as the checkers' ground truth; the nodes get them through the optional
+//!   [`StoreWrap`] closures (the fault layer's seam).
+//! - Executor `i` calls the replicas [`Topology::replica_for`] picks by its index, so any
+//!   topology with two proxies has executors on both.
+//!
+//! Tests judge a run with [`safety_failures`] / [`violations`], which read paydb and the
+//! rail's own record, never the answers.
 
 use std::collections::BTreeMap;
 use std::future::Future;
