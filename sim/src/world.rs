@@ -780,8 +780,15 @@ impl World {
 
     /// Restarts the node `name`: kills it and re-runs its init (the service starts again
     /// through its entry point, over the same database). False if unknown.
+    ///
+    /// A kill first: madsim 0.2's `restart` alone does not reset the node's sockets, so the
+    /// old listener would keep the port and the restarted service could not be reached.
     pub fn restart(&self, name: &str) -> bool {
-        self.node_id(name).map(|id| madsim::runtime::Handle::current().restart(id)).is_some()
+        let Some(id) = self.node_id(name) else { return false };
+        let handle = madsim::runtime::Handle::current();
+        handle.kill(id);
+        handle.restart(id);
+        true
     }
 
     /// Freezes the node `name` (no task of it runs) until [`World::resume`].

@@ -1,5 +1,6 @@
-//! The swarm campaign `cargo test` runs under the simulation cfg: [`DEFAULT_SEEDS`] seeds
-//! (`DLOCK_SIM_SEEDS` raises or lowers it; `DLOCK_SIM_START` moves the range; `DLOCK_SIM_JOBS`
+//! The swarm campaign `cargo test` runs under the simulation cfg: [`DEFAULT_SEEDS`] seeds in
+//! an optimised build (`--profile sim`, as scripts/test.sh runs it; 100 in an unoptimised
+//! one) (`DLOCK_SIM_SEEDS` raises or lowers it; `DLOCK_SIM_START` moves the range; `DLOCK_SIM_JOBS`
 //! sets the worker threads, default the machine's cores), each drawing its own world
 //! ([`dlock_sim::swarm::SwarmConfig`]), with zero failures expected. Prints the summary
 //! (failures by class and invariant, probe counts, seeds/s, simulated s per wall s).
@@ -9,9 +10,12 @@
 use dlock_sim::campaign::{self, RunOptions};
 use dlock_sim::summary;
 
-/// Seeds of the default campaign (sized to fit the simulation stage's budget on 2 cores;
-/// see docs/simulation.md "Speed").
+/// Seeds of the default campaign in an optimised build (`--profile sim`, as
+/// scripts/test.sh runs it), sized to fit the simulation stage's budget on 2 cores; see
+/// docs/simulation.md "Speed".
 const DEFAULT_SEEDS: u64 = 2_000;
+/// Seeds of the default campaign in an unoptimised build (`dev`), about 5x slower per seed.
+const DEFAULT_SEEDS_UNOPTIMISED: u64 = 100;
 /// Default first seed (a fixed range: the default campaign is the same on every run).
 const DEFAULT_START: u64 = 1;
 
@@ -21,7 +25,15 @@ fn env(name: &str) -> Option<u64> {
 
 #[test]
 fn a_swarm_campaign_of_drawn_worlds_finds_no_failure() {
-    let count = env("DLOCK_SIM_SEEDS").unwrap_or(DEFAULT_SEEDS);
+    let optimised = env!("DLOCK_SIM_OPT_LEVEL") != "0";
+    if !optimised && env("DLOCK_SIM_SEEDS").is_none() {
+        eprintln!(
+            "dlock-sim campaign: unoptimised build, {DEFAULT_SEEDS_UNOPTIMISED} seeds by default \
+             ({DEFAULT_SEEDS} under `--profile sim`; DLOCK_SIM_SEEDS sets it)"
+        );
+    }
+    let default = if optimised { DEFAULT_SEEDS } else { DEFAULT_SEEDS_UNOPTIMISED };
+    let count = env("DLOCK_SIM_SEEDS").unwrap_or(default);
     let start = env("DLOCK_SIM_START").unwrap_or(DEFAULT_START);
     let jobs = env("DLOCK_SIM_JOBS")
         .map(|j| j as usize)

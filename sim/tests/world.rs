@@ -118,8 +118,7 @@ async fn a_restarted_payment_replica_comes_back_over_the_same_paydb() {
         let client = client.clone();
         async move {
             let c = PaymentClient::new(PaymentClientConfig::new(client)).expect("client");
-            let body =
-                NewAccountRequest { account_id: id.into(), currency: "EUR".into(), opening_balance_minor: 10 };
+            let body = NewAccountRequest { account_id: id.into(), currency: "EUR".into(), opening_balance_minor: 10 };
             let key = IdempotencyKey::parse(&format!("open-{id}")).expect("key");
             c.create_account(&OwnerId::parse("ops").expect("owner"), &key, &body).await.is_ok()
         }
@@ -129,7 +128,6 @@ async fn a_restarted_payment_replica_comes_back_over_the_same_paydb() {
     assert!(w.restart("payment-2"));
     let back = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(5_000), || {
         let node = node.clone();
-        let open = open.clone();
         async move { node.spawn(open("acct-b")).await.ok().filter(|ok| *ok) }
     })
     .await;

@@ -137,7 +137,8 @@ mod runner {
         let seed = a.seed.ok_or("replay needs --seed S")?;
         let opts = RunOptions { scenario: a.scenario, print_config: true, full_trace: true, ..RunOptions::default() };
         let o = campaign::run_seed(seed, &opts);
-        for line in &o.trace {
+        // The configuration (the trace's first line) was printed before the seed ran.
+        for line in o.trace.iter().skip(1) {
             println!("{line}");
         }
         for f in &o.failures {
