@@ -137,8 +137,10 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<Str
     let operator = crate::workload::start_operator(&mut w, &cfg);
     // Fault phase.
     dlock_rt::sleep(Duration::from_millis(cfg.fault_ms)).await;
-    // Liveness phase: nothing injects chaos any more (the fault schedule heals here); the
-    // workload finishes its creations and every payout must settle within the bound.
+    // Liveness phase: nothing injects chaos any more (the fault schedule heals here; the
+    // executors restart without their stalls); the workload finishes its creations and
+    // every payout must settle within the bound.
+    w.heal_executors();
     let deadline = Duration::from_millis(opts.liveness_ms_max);
     let paydb = w.paydb.clone();
     let settled_in = dlock_rt::wait_until(Duration::from_millis(SETTLE_POLL_MS), deadline, || {

@@ -33,6 +33,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dlock_config::Layers;
@@ -148,6 +149,8 @@ pub struct World {
     nodes: BTreeMap<String, madsim::runtime::NodeHandle>,
     spec: WorldSpec,
     executors: ExecutorRegistry,
+    /// Set by [`World::heal_executors`]: every executor (re)starts without its chaos stalls.
+    calm: Arc<AtomicBool>,
 }
 
 /// Each running executor by node name, replaced at each (re)start of its node.
@@ -703,18 +706,22 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
     }
     dlock_rt::sleep(Duration::from_millis(BIND_SETTLE_MS)).await;
     let executors: ExecutorRegistry = Arc::new(Mutex::new(BTreeMap::new()));
+    let calm = Arc::new(AtomicBool::new(false));
     for (k, concurrency) in t.executors.iter().enumerate() {
         let index = k + 1;
         let name = format!("executor-{index}");
         let cfg = executor_spec_config(&spec, index, *concurrency)?;
         let addr = node_addr(&name).ok_or("executor address")?;
-        let (registry, skew, n) = (executors.clone(), spec.skew(&name), name.clone());
+        let (registry, skew, n, calm) = (executors.clone(), spec.skew(&name), name.clone(), calm.clone());
         let node = handle
             .create_node()
             .name(&name)
             .ip(addr.ip())
             .init(move || {
-                let (cfg, registry, n) = (cfg.clone(), registry.clone(), n.clone());
+                let (mut cfg, registry, n) = (cfg.clone(), registry.clone(), n.clone());
+                if calm.load(Ordering::SeqCst) {
+                    cfg.pause_rate = 0.0;
+                }
                 async move {
                     run_service("executor", addr, |l| async move {
                         let h =
@@ -742,6 +749,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
         nodes,
         spec,
         executors,
+        calm,
     })
 }
 
@@ -789,6 +797,24 @@ impl World {
         handle.kill(id);
         handle.restart(id);
         true
+    }
+
+    /// The liveness phase's heal for the executors' own chaos: every executor restarts (through
+    /// its entry point) without its injected stalls (`executor.chaos.pause-rate = 0`), as
+    /// will every later restart. A restart is a crash of the process: whatever it held is
+    /// recovered the production way (leases lapse, the orphan sweep, re-claims).
+    pub fn heal_executors(&self) {
+        self.calm.store(true, Ordering::SeqCst);
+        let stalled = self
+            .spec
+            .settings
+            .iter()
+            .any(|(k, v)| k == "executor.chaos.pause-rate" && v.parse::<f64>().is_ok_and(|r| r > 0.0));
+        if stalled {
+            for name in self.nodes.keys().filter(|n| n.starts_with("executor-")) {
+                self.restart(name);
+            }
+        }
     }
 
     /// Freezes the node `name` (no task of it runs) until [`World::resume`].
