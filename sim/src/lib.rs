@@ -9,6 +9,12 @@
 //!
 //! Invariants are checked against the rail's own call log and paydb, never against what
 //! the proxy says it did.
+//!
+//! Swarm campaigns: [`swarm::SwarmConfig::draw`] turns a seed into a world's configuration,
+//! `campaign::run_seed` plays one seed in its own madsim runtime (fault phase, liveness
+//! phase, checks) into an [`outcome::SeedOutcome`], and `campaign::run_campaign` runs many on
+//! worker threads into a [`summary::Summary`]. `world::build` is the one world builder.
+//! `cargo xtask sim run` drives the runner binary (`src/bin/dlock-sim.rs`).
 
 pub mod invariants;
 pub mod oracle;
@@ -16,11 +22,17 @@ pub mod outcome;
 pub mod scenario;
 pub mod schedule;
 pub mod store_faults;
+pub mod summary;
+pub mod swarm;
 
+#[cfg(madsim)]
+pub mod campaign;
 #[cfg(madsim)]
 pub mod cluster;
 #[cfg(madsim)]
 pub mod faults;
+#[cfg(madsim)]
+pub mod workload;
 #[cfg(madsim)]
 pub mod world;
 

@@ -1,15 +1,40 @@
-//! A whole cluster on madsim nodes: the lock server, the payment-resource, the rail-proxy
-//! and the rail-stub, each on its own node and address. The payment-resource and the proxy
-//! share one simulation paydb ([`MemPaydb`]) and the lock server keeps its simulation lockdb;
-//! both stores live outside every node, as databases outlive processes: killing and
-//! restarting a node loses its memory, never its database.
+//! The simulated cluster: one world builder, [`build`], for every topology a simulation
+//! needs (the swarm's draws, scenarios, hand-written tests): 1–3 lock-server replicas over
+//! one lockdb (the simulation store [`MemLockStore`] or the simulated etcd), 1–2
+//! payment-resource and 1–2 rail-proxy replicas over one paydb ([`MemPaydb`]), the
+//! rail-stub, 1–6 executors of concurrency 1–8, and the reconciler's node. [`start`] is
+//! [`build`] with one replica of each service and no executors.
 //!
-//! Tests start executors (or hand-written workers) on nodes of their own, then judge the run
-//! with [`violations`], which reads paydb and the rail's own record, never the answers.
+//! Nodes are addressed by name ([`node_addr`] holds the table; docs/simulation.md shows it):
+//!
+//! | node | address |
+//! |---|---|
+//! | `rail-stub` | 10.0.0.1:8084 |
+//! | `proxy-1`, `proxy-2` | 10.0.0.2:8083, 10.0.4.2:8083 |
+//! | `payment-1`, `payment-2` | 10.0.0.4:8082, 10.0.3.2:8082 |
+//! | `lock-1` … `lock-3` | 10.0.1.N:8081 |
+//! | `etcd` | 10.0.2.1:2379 (etcd backend only) |
+//! | `executor-1` … `executor-6` | 10.0.5.N:8085 |
+//! | `reconciler`, `workload`, `operator`, `observer` | 10.0.6.1, 10.0.7.1, 10.0.7.2, 10.0.9.9 |
+//!
+//! Invariants:
+//! - Every service starts through its crate's entry point in its node's `init`, so a madsim
+//!   restart of the node ([`World::restart`]) starts it again the production way.
+//! - The databases live outside every service node: a kill or restart loses a process's
+//!   memory, never its database. The world keeps the unwrapped stores ([`World::paydb`],
+//!   [`World::locks`]) as the checkers' ground truth; the nodes get them through the optional
+//!   [`StoreWrap`] closures (the fault layer's seam).
+//! - Executor `i` calls the replicas [`Topology::replica_for`] picks by its index, so any
+//!   topology with two proxies has executors on both.
+//!
+//! Tests judge a run with [`safety_failures`] / [`violations`], which read paydb and the
+//! rail's own record, never the answers.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use dlock_config::Layers;
 use dlock_executor::{Executor, ExecutorConfig};
@@ -106,24 +131,30 @@ impl WorldConfig {
         self.settings.push((key.to_owned(), value.to_string()));
         self
     }
-
-    fn layers(&self) -> Layers {
-        let pairs: Vec<(&str, &str)> = self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        layers(&pairs)
-    }
 }
 
-/// A running world.
+/// A running world: its nodes by name, the stores (outside every node), and the executors.
 pub struct World {
+    /// The simulation paydb, unwrapped: the ground truth the oracle reads.
     pub paydb: Arc<MemPaydb>,
+    /// The simulation lockdb, unwrapped (the lock servers' store on [`LockBackend::Mem`]).
     pub locks: Arc<MemLockStore>,
+    /// `lock-1`, `payment-1`, `proxy-1` and `rail-stub` (the nodes older tests name).
     pub lock_node: madsim::runtime::NodeHandle,
     pub payment_node: madsim::runtime::NodeHandle,
     pub proxy_node: madsim::runtime::NodeHandle,
     pub stub_node: madsim::runtime::NodeHandle,
     /// A node outside the cluster, for reading the rail's record.
     observer: madsim::runtime::NodeHandle,
+    nodes: BTreeMap<String, madsim::runtime::NodeHandle>,
+    spec: WorldSpec,
+    executors: ExecutorRegistry,
+    /// Set by [`World::heal_executors`]: every executor (re)starts without its chaos stalls.
+    calm: Arc<AtomicBool>,
 }
+
+/// Each running executor by node name, replaced at each (re)start of its node.
+type ExecutorRegistry = Arc<Mutex<BTreeMap<String, Arc<Executor>>>>;
 
 /// On the current node: binds `addr`, starts a service through `start` (a service crate's
 /// entry point, background tasks included), and runs it until the node is killed.
@@ -153,10 +184,18 @@ where
     St: Fn() -> StFut + Send + Sync + 'static,
     StFut: Future<Output = Arc<dyn LockStore>> + Send + 'static,
 {
+    lock_node("lock-server", l, skew_ms, store)
+}
+
+fn lock_node<St, StFut>(name: &str, l: &Layers, skew_ms: i64, store: St) -> madsim::runtime::NodeHandle
+where
+    St: Fn() -> StFut + Send + Sync + 'static,
+    StFut: Future<Output = Arc<dyn LockStore>> + Send + 'static,
+{
     let s = dlock_lock_server::config::resolve(l, l.profile().expect("profile")).expect("lock-server settings");
     madsim::runtime::Handle::current()
         .create_node()
-        .name("lock-server")
+        .name(name)
         .ip(s.listen.ip())
         .init(move || {
             let (cfg, listen, store) = (s.config.clone(), s.listen, store());
@@ -174,10 +213,14 @@ where
 /// The rail-stub on a new node named `rail-stub`, started with `dlock_rail_stub::start`.
 /// Its chaos seed is drawn once from the runtime unless `rail.stub.seed` is set.
 pub fn start_stub_node(l: &Layers, skew_ms: i64) -> madsim::runtime::NodeHandle {
+    stub_node("rail-stub", l, skew_ms)
+}
+
+fn stub_node(name: &str, l: &Layers, skew_ms: i64) -> madsim::runtime::NodeHandle {
     let s = dlock_rail_stub::config::resolve(l, l.profile().expect("profile")).expect("rail-stub settings");
     madsim::runtime::Handle::current()
         .create_node()
-        .name("rail-stub")
+        .name(name)
         .ip(s.listen.ip())
         .init(move || {
             let (cfg, listen) = (s.config.clone(), s.listen);
@@ -195,10 +238,14 @@ pub fn start_stub_node(l: &Layers, skew_ms: i64) -> madsim::runtime::NodeHandle 
 /// `dlock_rail_proxy::start`: its orphan sweeper runs, so an intent a killed proxy left
 /// behind is recovered after a restart, as in production.
 pub fn start_proxy_node(l: &Layers, skew_ms: i64, store: Arc<dyn RailStore>) -> madsim::runtime::NodeHandle {
+    proxy_node("rail-proxy", l, skew_ms, store)
+}
+
+fn proxy_node(name: &str, l: &Layers, skew_ms: i64, store: Arc<dyn RailStore>) -> madsim::runtime::NodeHandle {
     let s = dlock_rail_proxy::config::resolve(l, l.profile().expect("profile")).expect("rail-proxy settings");
     madsim::runtime::Handle::current()
         .create_node()
-        .name("rail-proxy")
+        .name(name)
         .ip(s.listen.ip())
         .init(move || {
             let (cfg, listen, store) = (s.config.clone(), s.listen, store.clone());
@@ -215,10 +262,14 @@ pub fn start_proxy_node(l: &Layers, skew_ms: i64, store: Arc<dyn RailStore>) -> 
 /// The payment-resource on a new node named `payment-resource` over `store`, started with
 /// `dlock_payment_resource::start` (its idempotency purger included).
 pub fn start_payment_node(l: &Layers, skew_ms: i64, store: Arc<dyn PaymentStore>) -> madsim::runtime::NodeHandle {
+    payment_node("payment-resource", l, skew_ms, store)
+}
+
+fn payment_node(name: &str, l: &Layers, skew_ms: i64, store: Arc<dyn PaymentStore>) -> madsim::runtime::NodeHandle {
     let s = dlock_payment_resource::config::resolve(l, l.profile().expect("profile")).expect("payment settings");
     madsim::runtime::Handle::current()
         .create_node()
-        .name("payment-resource")
+        .name(name)
         .ip(s.listen.ip())
         .init(move || {
             let (cfg, listen, store) = (s.config.clone(), s.listen, store.clone());
@@ -262,26 +313,10 @@ pub async fn start_executor_node(
     (node, executor)
 }
 
-/// Starts the four service nodes (the stub seeded from the runtime) and waits for them to bind.
+/// Starts the four service nodes (the stub seeded from the runtime) and waits for them to
+/// bind: [`build`] with one replica of each and no executors.
 pub async fn start(cfg: WorldConfig) -> World {
-    let locks = Arc::new(MemLockStore::new(Clock::reference()));
-    let paydb = Arc::new(MemPaydb::new());
-    let mut l = cfg.layers();
-    if l.get_opt::<u64>("rail.stub.seed").ok().flatten().is_none() {
-        l.set_flag("rail.stub.seed", dlock_rt::rand::random_u64());
-    }
-    let lock_store = locks.clone();
-    let lock_node = start_lock_node(&l, cfg.lock_skew_ms, move || {
-        let store: Arc<dyn LockStore> = lock_store.clone();
-        async move { store }
-    });
-    let stub_node = start_stub_node(&l, cfg.stub_skew_ms);
-    let proxy_node = start_proxy_node(&l, cfg.proxy_skew_ms, paydb.clone());
-    let payment_node = start_payment_node(&l, cfg.payment_skew_ms, paydb.clone());
-    let observer =
-        madsim::runtime::Handle::current().create_node().name("observer").ip(IpAddr::from(OBSERVER_IP)).build();
-    dlock_rt::sleep(Duration::from_millis(BIND_SETTLE_MS)).await;
-    World { paydb, locks, lock_node, payment_node, proxy_node, stub_node, observer }
+    build(WorldSpec::from(cfg)).await.expect("a one-replica world builds")
 }
 
 impl World {
@@ -311,41 +346,583 @@ impl World {
 
 /// What the checkers find in paydb and at the rail: a CUSTOMER balance that is not its
 /// ledger sum, a negative available balance, debits that are not credits, and a payout the
-/// rail saw more than once. One line each; empty when the run is clean.
+/// rail saw more than once. One line each; empty when the run is clean (the lines of
+/// [`safety_failures`]).
 pub async fn violations(paydb: &MemPaydb, rail_calls: &[String]) -> Vec<String> {
+    let mut found: Vec<String> = safety_failures(paydb, rail_calls).await.into_iter().map(|f| f.detail).collect();
+    found.dedup();
+    found
+}
+
+// ---------------------------------------------------------------------------------------
+// The world builder: the one way a simulation builds a cluster of any drawn topology.
+// ---------------------------------------------------------------------------------------
+
+/// The simulated etcd's address (node `etcd`), when the lock servers run on it.
+pub const ETCD_ADDR: &str = "10.0.2.1:2379";
+/// Longest a lock-server replica waits for the simulated etcd at start.
+pub const ETCD_START_MS_MAX: u64 = 5_000;
+/// The workload's node (payout creation through the payment client).
+pub const WORKLOAD_IP: [u8; 4] = [10, 0, 7, 1];
+/// The operator's node (revokes over L8, RAIL_AMBIGUOUS resolutions).
+pub const OPERATOR_IP: [u8; 4] = [10, 0, 7, 2];
+/// The reconciler's node.
+pub const RECONCILER_IP: [u8; 4] = [10, 0, 6, 1];
+/// Most lock-server replicas a topology may have.
+pub const LOCK_REPLICAS_MAX: usize = 3;
+/// Most payment-resource replicas.
+pub const PAYMENT_REPLICAS_MAX: usize = 2;
+/// Most rail-proxy replicas.
+pub const PROXY_REPLICAS_MAX: usize = 2;
+/// Most executors.
+pub const EXECUTORS_MAX: usize = 6;
+/// Most worker tasks per executor.
+pub const EXECUTOR_CONCURRENCY_MAX: usize = 8;
+
+/// The address of the node `name` (see the table in the crate doc and docs/simulation.md):
+///
+/// | name | address |
+/// |---|---|
+/// | `rail-stub` | 10.0.0.1:8084 |
+/// | `proxy-1` | 10.0.0.2:8083 ([`PROXY_IP`]) |
+/// | `proxy-2` | 10.0.4.2:8083 |
+/// | `payment-1` | 10.0.0.4:8082 ([`PAYMENT_IP`]) |
+/// | `payment-2` | 10.0.3.2:8082 |
+/// | `lock-1..3` | 10.0.1.N:8081 (`lock-1` is [`LOCK_IP`]) |
+/// | `etcd` | 10.0.2.1:2379 (etcd backend only) |
+/// | `executor-1..6` | 10.0.5.N:8085 |
+/// | `reconciler` | 10.0.6.1 (no listener) |
+/// | `workload` | 10.0.7.1 (no listener) |
+/// | `operator` | 10.0.7.2 (no listener) |
+/// | `observer` | 10.0.9.9 (no listener) |
+///
+/// `None` for a name outside the table.
+pub fn node_addr(name: &str) -> Option<SocketAddr> {
+    let at = |ip: [u8; 4], port: u16| Some(SocketAddr::new(IpAddr::from(ip), port));
+    let (kind, n) = match name.rsplit_once('-') {
+        Some((k, n)) if n.parse::<u8>().is_ok() && !k.is_empty() => (k, n.parse::<u8>().unwrap_or(0)),
+        _ => (name, 0),
+    };
+    match (kind, n) {
+        ("rail-stub", 0) => at(STUB_IP, STUB_PORT),
+        ("proxy", 1) => at(PROXY_IP, PROXY_PORT),
+        ("proxy", 2) => at([10, 0, 4, 2], PROXY_PORT),
+        ("payment", 1) => at(PAYMENT_IP, PAYMENT_PORT),
+        ("payment", 2) => at([10, 0, 3, 2], PAYMENT_PORT),
+        ("lock", n @ 1..=3) => at([10, 0, 1, n], LOCK_PORT),
+        ("etcd", 0) => ETCD_ADDR.parse().ok(),
+        ("executor", n @ 1..=6) => at([10, 0, 5, n], EXECUTOR_PORT),
+        ("reconciler", 0) => at(RECONCILER_IP, 0),
+        ("workload", 0) => at(WORKLOAD_IP, 0),
+        ("operator", 0) => at(OPERATOR_IP, 0),
+        ("observer", 0) => at(OBSERVER_IP, 0),
+        _ => None,
+    }
+}
+
+/// `http://` base URL of the node `name`'s service.
+///
+/// # Panics
+/// When `name` is not in the table of [`node_addr`] (a bug in the caller: names are fixed).
+pub fn node_url(name: &str) -> BaseUrl {
+    let addr = node_addr(name).unwrap_or_else(|| panic!("no simulated node named {name}"));
+    BaseUrl { authority: addr.to_string() }
+}
+
+/// The lock servers' backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockBackend {
+    /// The simulation lockdb ([`MemLockStore`]), shared by every replica.
+    Mem,
+    /// madsim-etcd-client's simulated etcd on node `etcd`, the etcd backend's own code.
+    Etcd,
+}
+
+impl LockBackend {
+    pub fn name(self) -> &'static str {
+        match self {
+            LockBackend::Mem => "mem",
+            LockBackend::Etcd => "etcd",
+        }
+    }
+}
+
+/// How many of each node a world has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    /// Lock-server replicas, 1..=[`LOCK_REPLICAS_MAX`].
+    pub lock_replicas: usize,
+    /// Payment-resource replicas, 1..=[`PAYMENT_REPLICAS_MAX`].
+    pub payment_replicas: usize,
+    /// Rail-proxy replicas over the one paydb, 1..=[`PROXY_REPLICAS_MAX`].
+    pub proxy_replicas: usize,
+    /// Each executor's `--concurrency` (1..=[`EXECUTOR_CONCURRENCY_MAX`]); at most
+    /// [`EXECUTORS_MAX`] executors, none is allowed (tests that start their own).
+    pub executors: Vec<usize>,
+    /// Whether the world has the `reconciler` node.
+    pub reconciler: bool,
+}
+
+impl Default for Topology {
+    /// One of each service, no executors, no reconciler node (what [`start`] builds).
+    fn default() -> Self {
+        Topology { lock_replicas: 1, payment_replicas: 1, proxy_replicas: 1, executors: Vec::new(), reconciler: false }
+    }
+}
+
+impl Topology {
+    /// The service node names, in start order.
+    pub fn service_names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        names.extend((1..=self.lock_replicas).map(|i| format!("lock-{i}")));
+        names.push("rail-stub".to_owned());
+        names.extend((1..=self.proxy_replicas).map(|i| format!("proxy-{i}")));
+        names.extend((1..=self.payment_replicas).map(|i| format!("payment-{i}")));
+        names
+    }
+
+    /// Executor `i` (1-based) calls lock replica `(i-1) % lock_replicas + 1`, and likewise
+    /// for payment and proxy: executors spread over the replicas by index.
+    pub fn replica_for(i: usize, replicas: usize) -> usize {
+        (i.saturating_sub(1)) % replicas.max(1) + 1
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let within = |what: &str, n: usize, max: usize| {
+            if (1..=max).contains(&n) {
+                Ok(())
+            } else {
+                Err(format!("{what} {n} outside 1..={max}"))
+            }
+        };
+        within("lock replicas", self.lock_replicas, LOCK_REPLICAS_MAX)?;
+        within("payment replicas", self.payment_replicas, PAYMENT_REPLICAS_MAX)?;
+        within("proxy replicas", self.proxy_replicas, PROXY_REPLICAS_MAX)?;
+        if self.executors.len() > EXECUTORS_MAX {
+            return Err(format!("{} executors, at most {EXECUTORS_MAX}", self.executors.len()));
+        }
+        for c in &self.executors {
+            within("executor concurrency", *c, EXECUTOR_CONCURRENCY_MAX)?;
+        }
+        Ok(())
+    }
+}
+
+/// Wraps the store a node is handed (the node's name, the store): the fault layer's seam.
+/// The world keeps the unwrapped stores for the oracle's ground truth.
+pub type PaymentWrap = Arc<dyn Fn(&str, Arc<dyn PaymentStore>) -> Arc<dyn PaymentStore> + Send + Sync>;
+/// See [`PaymentWrap`]; for the proxies' paydb.
+pub type RailWrap = Arc<dyn Fn(&str, Arc<dyn RailStore>) -> Arc<dyn RailStore> + Send + Sync>;
+/// See [`PaymentWrap`]; for the lock servers' lockdb (either backend).
+pub type LockWrap = Arc<dyn Fn(&str, Arc<dyn LockStore>) -> Arc<dyn LockStore> + Send + Sync>;
+
+/// Optional wrappers around every store a node is handed.
+#[derive(Clone, Default)]
+pub struct StoreWrap {
+    pub payment: Option<PaymentWrap>,
+    pub rail: Option<RailWrap>,
+    pub lock: Option<LockWrap>,
+}
+
+/// Everything a world is built from.
+#[derive(Clone)]
+pub struct WorldSpec {
+    pub topology: Topology,
+    pub backend: LockBackend,
+    /// C5 keys for every service and executor (see [`layers`]); executors also get
+    /// `executor.owner-id` and `executor.concurrency` from the topology.
+    pub settings: Vec<(String, String)>,
+    /// Each node's clock skew in ms, by node name (absent: 0).
+    pub skew_ms: BTreeMap<String, i64>,
+    pub wrap: StoreWrap,
+}
+
+impl Default for WorldSpec {
+    fn default() -> Self {
+        WorldSpec {
+            topology: Topology::default(),
+            backend: LockBackend::Mem,
+            settings: Vec::new(),
+            skew_ms: BTreeMap::new(),
+            wrap: StoreWrap::default(),
+        }
+    }
+}
+
+impl WorldSpec {
+    /// With `key = value` among the settings.
+    pub fn with(mut self, key: &str, value: impl ToString) -> WorldSpec {
+        self.settings.push((key.to_owned(), value.to_string()));
+        self
+    }
+
+    fn skew(&self, name: &str) -> i64 {
+        self.skew_ms.get(name).copied().unwrap_or(0)
+    }
+
+    /// The layers every service resolves from: the settings over the world's defaults, the
+    /// wiring of replica 1 (each replica's listen address is then set per node).
+    fn layers(&self) -> Layers {
+        let pairs: Vec<(&str, &str)> = self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        layers(&pairs)
+    }
+}
+
+impl From<WorldConfig> for WorldSpec {
+    fn from(cfg: WorldConfig) -> WorldSpec {
+        let mut skew_ms = BTreeMap::new();
+        skew_ms.insert("lock-1".to_owned(), cfg.lock_skew_ms);
+        skew_ms.insert("proxy-1".to_owned(), cfg.proxy_skew_ms);
+        skew_ms.insert("payment-1".to_owned(), cfg.payment_skew_ms);
+        skew_ms.insert("rail-stub".to_owned(), cfg.stub_skew_ms);
+        WorldSpec { settings: cfg.settings, skew_ms, ..WorldSpec::default() }
+    }
+}
+
+/// `base` with the listen and call addresses of one node set (replica `n` of a service).
+fn layers_for(base: &Layers, key: &str, name: &str) -> Layers {
+    let mut l = base.clone();
+    if let Some(addr) = node_addr(name) {
+        l.set_flag(key, addr);
+    }
+    l
+}
+
+/// `http://ip:port` of the node `name`.
+fn http_of(name: &str) -> String {
+    format!("http://{}", node_url(name).authority)
+}
+
+/// The lockdb a lock-server replica opens at each (re)start.
+async fn open_lock_store(backend: LockBackend, mem: Arc<MemLockStore>) -> Arc<dyn LockStore> {
+    match backend {
+        LockBackend::Mem => mem,
+        LockBackend::Etcd => {
+            let endpoints = vec![format!("http://{ETCD_ADDR}")];
+            let store = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(ETCD_START_MS_MAX), || {
+                let endpoints = endpoints.clone();
+                async move { dlock_lock_server::store_etcd::EtcdLockStore::connect(&endpoints, "/dlock").await.ok() }
+            })
+            .await;
+            match store {
+                Some(s) => Arc::new(s),
+                // Unreachable etcd: a lock server that cannot open its store; the node's
+                // init fails loudly (a crash of the world, not a quiet hang).
+                None => panic!("simulated etcd unreachable within {ETCD_START_MS_MAX} ms"),
+            }
+        }
+    }
+}
+
+/// Executor `index` (1-based) of `spec`: its settings, replicas chosen by index
+/// ([`Topology::replica_for`]), owner `executor-N`, the drawn concurrency.
+pub fn executor_spec_config(spec: &WorldSpec, index: usize, concurrency: usize) -> Result<ExecutorConfig, String> {
+    let t = &spec.topology;
+    let mut l = spec.layers();
+    let name = format!("executor-{index}");
+    l.set_flag("executor.owner-id", &name);
+    l.set_flag("executor.concurrency", concurrency);
+    l.set_flag("executor.listen", node_addr(&name).ok_or("executor index outside the table")?);
+    l.set_flag("executor.lock-url", http_of(&format!("lock-{}", Topology::replica_for(index, t.lock_replicas))));
+    l.set_flag(
+        "executor.payment-url",
+        http_of(&format!("payment-{}", Topology::replica_for(index, t.payment_replicas))),
+    );
+    l.set_flag("executor.proxy-url", http_of(&format!("proxy-{}", Topology::replica_for(index, t.proxy_replicas))));
+    let profile = l.profile().map_err(|e| e.to_string())?;
+    dlock_executor::config::resolve(&l, profile).map(|s| s.config).map_err(|e| e.to_string())
+}
+
+/// Builds `spec`'s world in the current madsim runtime: the databases (outside every node),
+/// each service node through its crate's entry point (a restart re-runs that init: the
+/// service comes back over the same database), the observer, the reconciler's node, and
+/// the executors once the services have bound.
+pub async fn build(spec: WorldSpec) -> Result<World, String> {
+    spec.topology.check()?;
+    let handle = madsim::runtime::Handle::current();
+    let mut nodes = BTreeMap::new();
+    if spec.backend == LockBackend::Etcd {
+        let addr: SocketAddr = ETCD_ADDR.parse().map_err(|_| "etcd address")?;
+        let etcd = handle
+            .create_node()
+            .name("etcd")
+            .ip(addr.ip())
+            .init(move || async move {
+                if let Err(e) = etcd_client::SimServer::builder().serve(addr).await {
+                    tracing::error!(cause = %e, "sim_etcd_serve_failed");
+                }
+            })
+            .build();
+        nodes.insert("etcd".to_owned(), etcd);
+    }
+    let locks = Arc::new(MemLockStore::new(Clock::reference()));
+    let paydb = Arc::new(MemPaydb::new());
+    let mut l = spec.layers();
+    if l.get_opt::<u64>("rail.stub.seed").ok().flatten().is_none() {
+        l.set_flag("rail.stub.seed", dlock_rt::rand::random_u64());
+    }
+    let t = spec.topology.clone();
+    for i in 1..=t.lock_replicas {
+        let name = format!("lock-{i}");
+        let (mem, wrap, backend, n) = (locks.clone(), spec.wrap.lock.clone(), spec.backend, name.clone());
+        let node = lock_node(&name, &layers_for(&l, "lock.server.listen", &name), spec.skew(&name), move || {
+            let (mem, wrap, n) = (mem.clone(), wrap.clone(), n.clone());
+            async move {
+                let store = open_lock_store(backend, mem).await;
+                match &wrap {
+                    Some(w) => w(&n, store),
+                    None => store,
+                }
+            }
+        });
+        nodes.insert(name, node);
+    }
+    nodes.insert("rail-stub".to_owned(), stub_node("rail-stub", &l, spec.skew("rail-stub")));
+    for i in 1..=t.proxy_replicas {
+        let name = format!("proxy-{i}");
+        let raw: Arc<dyn RailStore> = paydb.clone();
+        let store = match &spec.wrap.rail {
+            Some(w) => w(&name, raw),
+            None => raw,
+        };
+        let node = proxy_node(&name, &layers_for(&l, "rail.proxy.listen", &name), spec.skew(&name), store);
+        nodes.insert(name, node);
+    }
+    for i in 1..=t.payment_replicas {
+        let name = format!("payment-{i}");
+        let raw: Arc<dyn PaymentStore> = paydb.clone();
+        let store = match &spec.wrap.payment {
+            Some(w) => w(&name, raw),
+            None => raw,
+        };
+        let node = payment_node(&name, &layers_for(&l, "payment.resource.listen", &name), spec.skew(&name), store);
+        nodes.insert(name, node);
+    }
+    let observer = handle.create_node().name("observer").ip(IpAddr::from(OBSERVER_IP)).build();
+    nodes.insert("observer".to_owned(), observer.clone());
+    if t.reconciler {
+        let node = handle.create_node().name("reconciler").ip(IpAddr::from(RECONCILER_IP)).build();
+        nodes.insert("reconciler".to_owned(), node);
+    }
+    dlock_rt::sleep(Duration::from_millis(BIND_SETTLE_MS)).await;
+    let executors: ExecutorRegistry = Arc::new(Mutex::new(BTreeMap::new()));
+    let calm = Arc::new(AtomicBool::new(false));
+    for (k, concurrency) in t.executors.iter().enumerate() {
+        let index = k + 1;
+        let name = format!("executor-{index}");
+        let cfg = executor_spec_config(&spec, index, *concurrency)?;
+        let addr = node_addr(&name).ok_or("executor address")?;
+        let (registry, skew, n, calm) = (executors.clone(), spec.skew(&name), name.clone(), calm.clone());
+        let node = handle
+            .create_node()
+            .name(&name)
+            .ip(addr.ip())
+            .init(move || {
+                let (mut cfg, registry, n) = (cfg.clone(), registry.clone(), n.clone());
+                if calm.load(Ordering::SeqCst) {
+                    cfg.pause_rate = 0.0;
+                }
+                async move {
+                    run_service("executor", addr, |l| async move {
+                        let h =
+                            dlock_executor::start(cfg, Clock::with_skew_ms(skew), l, std::future::pending()).await?;
+                        if let Ok(mut r) = registry.lock() {
+                            r.insert(n, h.service.clone());
+                        }
+                        Ok(h)
+                    })
+                    .await
+                }
+            })
+            .build();
+        nodes.insert(name, node);
+    }
+    let node = |name: &str| nodes.get(name).cloned().ok_or_else(|| format!("node {name} missing"));
+    Ok(World {
+        paydb,
+        locks,
+        lock_node: node("lock-1")?,
+        payment_node: node("payment-1")?,
+        proxy_node: node("proxy-1")?,
+        stub_node: node("rail-stub")?,
+        observer,
+        nodes,
+        spec,
+        executors,
+        calm,
+    })
+}
+
+impl World {
+    /// Every node's name, in name order (see [`node_addr`] for the table).
+    pub fn node_names(&self) -> Vec<String> {
+        self.nodes.keys().cloned().collect()
+    }
+
+    /// The madsim id of the node `name` (for `Handle::pause`, `kill`, `restart`, and the
+    /// network simulator's partitions and clogs).
+    pub fn node_id(&self, name: &str) -> Option<madsim::task::NodeId> {
+        self.nodes.get(name).map(|n| n.id())
+    }
+
+    /// The node `name`'s handle.
+    pub fn node(&self, name: &str) -> Option<&madsim::runtime::NodeHandle> {
+        self.nodes.get(name)
+    }
+
+    /// The spec the world was built from.
+    pub fn spec(&self) -> &WorldSpec {
+        &self.spec
+    }
+
+    /// The running executors by node name (an executor being restarted is absent until its
+    /// init has run again; a killed one keeps its last entry).
+    pub fn executors(&self) -> BTreeMap<String, Arc<Executor>> {
+        self.executors.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// Kills the node `name` (its memory is lost; the databases are not). False if unknown.
+    pub fn kill(&self, name: &str) -> bool {
+        self.node_id(name).map(|id| madsim::runtime::Handle::current().kill(id)).is_some()
+    }
+
+    /// Restarts the node `name`: kills it and re-runs its init (the service starts again
+    /// through its entry point, over the same database). False if unknown.
+    ///
+    /// A kill first: madsim 0.2's `restart` alone does not reset the node's sockets, so the
+    /// old listener would keep the port and the restarted service could not be reached.
+    pub fn restart(&self, name: &str) -> bool {
+        let Some(id) = self.node_id(name) else { return false };
+        let handle = madsim::runtime::Handle::current();
+        handle.kill(id);
+        handle.restart(id);
+        true
+    }
+
+    /// The liveness phase's heal for the executors' own chaos: every executor restarts (through
+    /// its entry point) without its injected stalls (`executor.chaos.pause-rate = 0`), as
+    /// will every later restart. A restart is a crash of the process: whatever it held is
+    /// recovered the production way (leases lapse, the orphan sweep, re-claims).
+    pub fn heal_executors(&self) {
+        self.calm.store(true, Ordering::SeqCst);
+        let stalled = self
+            .spec
+            .settings
+            .iter()
+            .any(|(k, v)| k == "executor.chaos.pause-rate" && v.parse::<f64>().is_ok_and(|r| r > 0.0));
+        if stalled {
+            for name in self.nodes.keys().filter(|n| n.starts_with("executor-")) {
+                self.restart(name);
+            }
+        }
+    }
+
+    /// Freezes the node `name` (no task of it runs) until [`World::resume`].
+    pub fn pause(&self, name: &str) -> bool {
+        self.node_id(name).map(|id| madsim::runtime::Handle::current().pause(id)).is_some()
+    }
+
+    pub fn resume(&self, name: &str) -> bool {
+        self.node_id(name).map(|id| madsim::runtime::Handle::current().resume(id)).is_some()
+    }
+
+    /// The rail's full record (`GET /calls`), read from the observer node; empty when the
+    /// stub cannot be read.
+    pub async fn rail_call_log(&self) -> dlock_contract::rail::RailCallLog {
+        self.observer
+            .spawn(async {
+                let Ok(r) = HttpClient::new(1_000, 5_000)
+                    .send(&url(STUB_IP, STUB_PORT), http::Method::GET, "/calls", &[], None)
+                    .await
+                else {
+                    return dlock_contract::rail::RailCallLog::default();
+                };
+                serde_json::from_slice(&r.body).unwrap_or_default()
+            })
+            .await
+            .unwrap_or_default()
+    }
+
+    /// The reconciler, run once on the `reconciler` node (the observer when the topology has
+    /// none) over the unwrapped paydb and the rail's record read over the network.
+    pub async fn reconcile(&self) -> dlock_reconciler::Report {
+        let node = self.nodes.get("reconciler").unwrap_or(&self.observer);
+        let paydb = self.paydb.clone();
+        node.spawn(async move {
+            let budget = dlock_reconciler::budget::ReadBudget::default();
+            let rail = dlock_reconciler::rail::HttpRailRecord::new(url(STUB_IP, STUB_PORT), &budget);
+            let source = dlock_reconciler::Paydb { store: paydb, describe: "simulation paydb".into() };
+            let params = dlock_reconciler::Params { budget, ..dlock_reconciler::Params::at(Clock::system().wall()) };
+            dlock_reconciler::reconcile(&source, &rail, &params).await
+        })
+        .await
+        .expect("the reconciler's node runs")
+    }
+}
+
+/// The safety checks on paydb and the rail's record, as failures with invariant names:
+/// `balance_equals_ledger_sum`, `no_negative_available_balance`,
+/// `debits_equal_credits`, `at_most_one_rail_call_per_payout`, `paydb_readable`.
+pub async fn safety_failures(paydb: &MemPaydb, rail_calls: &[String]) -> Vec<crate::outcome::Failure> {
+    use crate::outcome::Failure;
     let mut found = Vec::new();
     match PaymentStore::accounts(paydb).await {
         Ok(accounts) => {
             for a in accounts.iter().filter(|a| !is_system_account(&a.account_id)) {
                 if a.balance_minor != a.ledger_sum_minor {
-                    found.push(format!(
-                        "{}: balance {} != ledger sum {}",
-                        a.account_id, a.balance_minor, a.ledger_sum_minor
+                    found.push(Failure::correctness(
+                        "balance_equals_ledger_sum",
+                        format!("{}: balance {} != ledger sum {}", a.account_id, a.balance_minor, a.ledger_sum_minor),
                     ));
                 }
                 if a.balance_minor - a.reserved_minor < 0 {
-                    found.push(format!("{}: available {} < 0", a.account_id, a.balance_minor - a.reserved_minor));
+                    found.push(Failure::correctness(
+                        "no_negative_available_balance",
+                        format!("{}: available {} < 0", a.account_id, a.balance_minor - a.reserved_minor),
+                    ));
                 }
             }
         }
-        Err(e) => found.push(format!("accounts unreadable: {e}")),
+        Err(e) => found.push(Failure::crash("paydb_readable", format!("accounts unreadable: {e}"))),
     }
     match PaymentStore::ledger(paydb, None).await {
         Ok(ledger) => {
             let side = |d: Direction| ledger.iter().filter(|e| e.direction == d).map(|e| e.amount_minor).sum::<i64>();
             if side(Direction::Debit) != side(Direction::Credit) {
-                found.push(format!("debits {} != credits {}", side(Direction::Debit), side(Direction::Credit)));
+                found.push(Failure::correctness(
+                    "debits_equal_credits",
+                    format!("debits {} != credits {}", side(Direction::Debit), side(Direction::Credit)),
+                ));
             }
         }
-        Err(e) => found.push(format!("ledger unreadable: {e}")),
+        Err(e) => found.push(Failure::crash("paydb_readable", format!("ledger unreadable: {e}"))),
     }
-    let mut sorted = rail_calls.to_vec();
-    sorted.sort();
-    for w in sorted.windows(2) {
-        if w[0] == w[1] {
-            found.push(format!("payout {} reached the rail twice", w[0]));
-        }
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in rail_calls {
+        *counts.entry(c.as_str()).or_insert(0) += 1;
     }
-    found.dedup();
+    for (payout, n) in counts.into_iter().filter(|(_, n)| *n > 1) {
+        found.push(Failure::correctness(
+            "at_most_one_rail_call_per_payout",
+            format!("payout {payout} reached the rail {n} times"),
+        ));
+    }
     found
+}
+
+impl World {
+    /// Adds a node named `name` (an address from the table of [`node_addr`], no init) to the
+    /// world, e.g. `workload` or `operator`; returns it (an existing one if already added).
+    ///
+    /// # Panics
+    /// When `name` is not in the table (node names are fixed).
+    pub fn add_node(&mut self, name: &str) -> madsim::runtime::NodeHandle {
+        if let Some(n) = self.nodes.get(name) {
+            return n.clone();
+        }
+        let addr = node_addr(name).unwrap_or_else(|| panic!("no simulated node named {name}"));
+        let node = madsim::runtime::Handle::current().create_node().name(name).ip(addr.ip()).build();
+        self.nodes.insert(name.to_owned(), node.clone());
+        node
+    }
 }

@@ -1,0 +1,239 @@
+//! One swarm seed, start to end, and campaigns of many.
+//!
+//! [`run_seed`] draws the seed's [`SwarmConfig`], builds a madsim runtime for that seed, and
+//! plays it:
+//!
+//! 1. **Fault phase** (`cfg.fault_ms` of simulated time): the world of the drawn topology,
+//!    the workload creating payouts over time, the operator revoking and resolving, the
+//!    rail-stub's chaos and the executors' stalls; the fault schedule (sim/src/faults.rs)
+//!    plugs in here.
+//! 2. **Liveness phase**: chaos stops being injected, and within [`RunOptions::liveness_ms_max`]
+//!    of simulated time every payout the workload created must reach POSTED, FAILED,
+//!    ABANDONED or RAIL_AMBIGUOUS.
+//! 3. **Checks**: the world's safety checks ([`crate::world::safety_failures`]: ledger, at
+//!    most one rail call per payout) as correctness failures, unsettled payouts as liveness
+//!    failures, then [`crate::oracle::check`]. A panic anywhere (a service, the world, the
+//!    runtime's time limit) is a crash.
+//!
+//! The seed's probe counts come from [`dlock_rt::probe`] (per thread: one runtime per
+//! thread), its simulated time from the runtime's clock.
+
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+
+use dlock_contract::payout::PayoutState;
+use dlock_payment_resource::store::PaymentStore;
+use dlock_rt::Duration;
+use uuid::Uuid;
+
+use crate::outcome::{Failure, SeedOutcome};
+use crate::swarm::{Backend, SwarmConfig};
+use crate::world::{self, LockBackend, Topology, WorldSpec};
+
+/// Default bound of the liveness phase (simulated).
+pub const LIVENESS_MS_MAX: u64 = 120_000;
+/// How often the liveness phase looks at paydb.
+pub const SETTLE_POLL_MS: u64 = 250;
+/// Simulated time past the fault phase and the liveness bound after which the runtime
+/// itself gives up (a crash: something never stopped).
+pub const TIME_LIMIT_SLACK_MS: u64 = 60_000;
+
+/// How a seed is run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// A scenario name (`scenarios/NAME.toml`) to play instead of the swarm draw: accepted
+    /// and carried for the scenario engine (sim/src/scenario.rs), not yet played here.
+    pub scenario: Option<String>,
+    /// Bound of the liveness phase (simulated ms).
+    pub liveness_ms_max: u64,
+    /// Print the drawn configuration to stderr before the seed runs.
+    pub print_config: bool,
+    /// Keep every payout's final state and the operator's actions in the trace.
+    pub full_trace: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions { scenario: None, liveness_ms_max: LIVENESS_MS_MAX, print_config: false, full_trace: false }
+    }
+}
+
+/// The world spec of a drawn configuration.
+pub fn spec_of(cfg: &SwarmConfig) -> WorldSpec {
+    WorldSpec {
+        topology: Topology {
+            lock_replicas: cfg.lock_replicas,
+            payment_replicas: cfg.payment_replicas,
+            proxy_replicas: cfg.proxy_replicas,
+            executors: cfg.executors.clone(),
+            reconciler: true,
+        },
+        backend: match cfg.backend {
+            Backend::Mem => LockBackend::Mem,
+            Backend::Etcd => LockBackend::Etcd,
+        },
+        settings: cfg.settings(),
+        ..WorldSpec::default()
+    }
+}
+
+/// Runs one seed in its own madsim runtime on the calling thread.
+pub fn run_seed(seed: u64, opts: &RunOptions) -> SeedOutcome {
+    let cfg = SwarmConfig::draw(seed);
+    let config = cfg.to_string();
+    if opts.print_config {
+        eprintln!("{config}");
+    }
+    dlock_rt::probe::reset();
+    let limit_ms = cfg.fault_ms + opts.liveness_ms_max + TIME_LIMIT_SLACK_MS;
+    let played = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let mut rt = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
+        rt.set_time_limit(std::time::Duration::from_millis(limit_ms));
+        rt.block_on(play(cfg.clone(), opts.clone()))
+    }));
+    let probes = dlock_rt::probe::snapshot();
+    match played {
+        Ok((failures, sim_ms, trace)) => SeedOutcome { seed, config, failures, probes, sim_ms, trace },
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            let line = msg.lines().next().unwrap_or_default().to_owned();
+            SeedOutcome {
+                seed,
+                config,
+                failures: vec![Failure::crash("no_panic", line)],
+                probes,
+                sim_ms: 0,
+                trace: vec![msg],
+            }
+        }
+    }
+}
+
+fn settled(s: PayoutState) -> bool {
+    s.is_terminal() || s == PayoutState::RailAmbiguous
+}
+
+async fn states(paydb: &dyn PaymentStore, ids: &[Uuid]) -> BTreeMap<Uuid, Option<PayoutState>> {
+    let mut out = BTreeMap::new();
+    for id in ids {
+        out.insert(*id, paydb.payout(*id).await.ok().flatten().map(|p| p.state));
+    }
+    out
+}
+
+/// The seed inside its runtime: (failures, simulated ms, trace).
+async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<String>) {
+    let t0 = madsim::time::Instant::now();
+    let mut trace = vec![cfg.to_string()];
+    let mut w = match world::build(spec_of(&cfg)).await {
+        Ok(w) => w,
+        Err(e) => return (vec![Failure::crash("world_builds", e)], 0, trace),
+    };
+    // The oracle watches every acceptance and grant from the first write on.
+    let monitor = crate::oracle::Monitor::start(&w);
+    let created = crate::workload::start_workload(&mut w, &cfg);
+    let operator = crate::workload::start_operator(&mut w, &cfg);
+    // Fault phase.
+    dlock_rt::sleep(Duration::from_millis(cfg.fault_ms)).await;
+    // Liveness phase: nothing injects chaos any more (the fault schedule heals here; the
+    // executors restart without their stalls); the workload finishes its creations and
+    // every payout must settle within the bound.
+    w.heal_executors();
+    let deadline = Duration::from_millis(opts.liveness_ms_max);
+    let paydb = w.paydb.clone();
+    let settled_in = dlock_rt::wait_until(Duration::from_millis(SETTLE_POLL_MS), deadline, || {
+        let (created, paydb) = (created.clone(), paydb.clone());
+        async move {
+            if !created.done() {
+                return None;
+            }
+            let s = states(&*paydb, &created.ids()).await;
+            s.values().all(|s| s.is_some_and(settled)).then_some(())
+        }
+    })
+    .await;
+    let ids = created.ids();
+    let final_states = states(&*w.paydb, &ids).await;
+    let mut failures = Vec::new();
+    if !created.done() {
+        failures
+            .push(Failure::liveness("workload_finishes", format!("{} of {} payouts created", ids.len(), cfg.payouts)));
+    }
+    if settled_in.is_none() {
+        let open: Vec<String> = final_states
+            .iter()
+            .filter(|(_, s)| !s.is_some_and(settled))
+            .map(|(id, s)| format!("{id}={}", s.map(|s| s.as_str()).unwrap_or("missing")))
+            .collect();
+        if !open.is_empty() {
+            failures.push(Failure::liveness(
+                "every_payout_settles",
+                format!("{} unsettled after {} ms: {}", open.len(), opts.liveness_ms_max, open.join(" ")),
+            ));
+        }
+    }
+    let log = w.rail_call_log().await;
+    let calls: Vec<String> = log.calls.iter().map(|c| c.client_ref.clone()).collect();
+    // Safety, from ground truth: the monitor's online findings and the end-of-run checks.
+    failures.extend(crate::oracle::check(&w, &monitor).await);
+    if settled_in.is_some() {
+        // Liveness beyond settling (no unresolved intent, the reconciler agrees); an
+        // unsettled run already failed above, and would only repeat it here.
+        failures.extend(crate::oracle::liveness(&w).await);
+    }
+    let mut by_state: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in final_states.values() {
+        *by_state.entry(s.map(|s| s.as_str()).unwrap_or("missing")).or_insert(0) += 1;
+    }
+    trace.push(format!(
+        "payouts created {} of {}; by state {by_state:?}; rail calls {}",
+        ids.len(),
+        cfg.payouts,
+        calls.len()
+    ));
+    if opts.full_trace {
+        trace.extend(operator.lines());
+        trace.extend(final_states.iter().map(|(id, s)| format!("payout {id} {s:?}")));
+        trace.extend(log.calls.iter().map(|c| format!("rail: {} {:?} paid={}", c.client_ref, c.outcome, c.paid)));
+    }
+    let sim_ms = t0.elapsed().as_millis() as u64;
+    (failures, sim_ms, trace)
+}
+
+/// Runs `seeds` on `jobs` worker threads (one madsim runtime per thread, one seed at a
+/// time), calling `progress(done, total, &outcome)` after each seed (from the worker's
+/// thread); returns the summary, wall time included.
+pub fn run_campaign(
+    seeds: &[u64],
+    jobs: usize,
+    opts: &RunOptions,
+    progress: &(dyn Fn(usize, usize, &SeedOutcome) + Sync),
+) -> crate::summary::Summary {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let jobs = jobs.clamp(1, seeds.len().max(1));
+    let summary = Mutex::new(crate::summary::Summary::new(jobs));
+    let next = AtomicUsize::new(0);
+    let done = AtomicUsize::new(0);
+    let started = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(seed) = seeds.get(i) else { break };
+                let outcome = run_seed(*seed, opts);
+                if let Ok(mut sum) = summary.lock() {
+                    sum.add(&outcome);
+                }
+                progress(done.fetch_add(1, Ordering::Relaxed) + 1, seeds.len(), &outcome);
+            });
+        }
+    });
+    let mut summary = summary.into_inner().unwrap_or_else(|e| e.into_inner());
+    summary.wall_s = started.elapsed().as_secs_f64();
+    summary
+}

@@ -1,0 +1,330 @@
+//! Swarm testing: each seed draws its own configuration of the world.
+//!
+//! [`SwarmConfig::draw`] turns a seed into a topology, a lock backend, TTLs, executor
+//! concurrency, the rail-stub's chaos knobs, the executors' stall rate, a workload and the
+//! fault rates the fault schedule consumes. The draw uses its own generator seeded from the
+//! seed (splitmix64), not the runtime's, so the configuration is known (and printed)
+//! before anything runs, and replaying a seed draws the same configuration.
+//!
+//! How knobs are drawn, so that configurations that always succeed do not dominate: every
+//! chaos knob (each stub rate, the stub's latency, the stall rate, each fault rate, the
+//! operator's revokes and resolutions) is **zero with probability 0.3**, else uniform in its
+//! range. Topology sizes are uniform in their ranges (1–3 lock replicas, 1–2 payment and
+//! proxy replicas, 1–6 executors each with concurrency 1–8); the backend is the simulated
+//! etcd with probability 0.25. So about one seed in ~4 000 has every chaos knob at zero
+//! (0.3^7 for the seven stub/stall/operator knobs alone is 0.02 %).
+//!
+//! Invariants: `draw` is a pure function of the seed; every drawn value is within the bound
+//! the world accepts (asserted by the tests below over many seeds).
+
+use std::fmt;
+
+/// The lock servers' backend (mirrors `world::LockBackend`, which exists only under madsim).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Mem,
+    Etcd,
+}
+
+/// Rates of the faults the fault schedule (sim/src/faults.rs) injects during the fault phase,
+/// each in events per simulated second across the world; 0 turns the fault off.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FaultRates {
+    /// Process pause (longer than the lease) of a random node.
+    pub pause: f64,
+    /// Kill and restart of a random node.
+    pub crash: f64,
+    /// Network partition (symmetric or one-way) between two nodes.
+    pub partition: f64,
+    /// Per-link delay and loss (madsim's clog).
+    pub clog: f64,
+    /// A node's clock rate or wall step.
+    pub clock_drift: f64,
+    /// A store fault window (latency, unavailable, lost commit acknowledgement).
+    pub store_fault: f64,
+}
+
+impl FaultRates {
+    /// Bound of every fault rate drawn (events per simulated second).
+    pub const RATE_MAX: f64 = 0.5;
+
+    pub fn is_zero(&self) -> bool {
+        [self.pause, self.crash, self.partition, self.clog, self.clock_drift, self.store_fault]
+            .iter()
+            .all(|r| *r == 0.0)
+    }
+}
+
+/// One seed's drawn configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SwarmConfig {
+    pub seed: u64,
+    pub lock_replicas: usize,
+    pub payment_replicas: usize,
+    pub proxy_replicas: usize,
+    /// Each executor's concurrency (1–6 executors).
+    pub executors: Vec<usize>,
+    pub backend: Backend,
+    /// `executor.lock-ttl-ms`.
+    pub lock_ttl_ms: u64,
+    /// `rail.stub.latency-ms`.
+    pub stub_latency_ms: u64,
+    pub stub_failure_rate: f64,
+    pub stub_duplicate_ack_rate: f64,
+    pub stub_decline_rate: f64,
+    /// `executor.chaos.pause-rate` (a stall between the lease check and a fenced write).
+    pub executor_pause_rate: f64,
+    /// `executor.chaos.pause-ms` (past the lease: 1–3 lock TTLs).
+    pub executor_pause_ms: u64,
+    /// Payouts the workload creates over the arrival window.
+    pub payouts: usize,
+    pub accounts: usize,
+    /// Accounts `acct-0 .. acct-{hot_accounts-1}` are hot: they take `hot_share` of payouts.
+    pub hot_accounts: usize,
+    pub hot_share: f64,
+    /// Payouts arrive over `[0, arrival_ms]` of simulated time.
+    pub arrival_ms: u64,
+    /// Operator revokes of a held lock during the fault phase.
+    pub operator_revokes: usize,
+    /// Whether the operator resolves RAIL_AMBIGUOUS payouts mid-run.
+    pub operator_resolves: bool,
+    pub faults: FaultRates,
+    /// Simulated length of the fault phase.
+    pub fault_ms: u64,
+}
+
+/// Bounds of the draw (the world's default size; see docs/simulation.md "Speed").
+pub const PAYOUTS_MIN: usize = 8;
+pub const PAYOUTS_MAX: usize = 32;
+pub const ACCOUNTS_MAX: usize = 8;
+pub const FAULT_MS_MIN: u64 = 5_000;
+pub const FAULT_MS_MAX: u64 = 12_000;
+pub const LOCK_TTL_MS_MIN: u64 = 1_000;
+pub const LOCK_TTL_MS_MAX: u64 = 5_000;
+pub const STUB_LATENCY_MS_MAX: u64 = 800;
+pub const STUB_RATE_MAX: f64 = 0.2;
+pub const PAUSE_RATE_MAX: f64 = 0.2;
+pub const REVOKES_MAX: usize = 3;
+/// `executor.poll-interval-ms` of every executor (an idle task scans this often: the main
+/// cost of an idle simulated second).
+pub const POLL_INTERVAL_MS: u64 = 500;
+/// Probability that a chaos knob is drawn as zero.
+pub const ZERO_P: f64 = 0.3;
+
+/// splitmix64: small, fast, and good enough to draw a configuration.
+struct Draw(u64);
+
+impl Draw {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn chance(&mut self, p: f64) -> bool {
+        self.unit() < p
+    }
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+    fn usize(&mut self, lo: usize, hi: usize) -> usize {
+        self.range(lo as u64, hi as u64) as usize
+    }
+    /// Zero with [`ZERO_P`], else uniform in `(0, max]`.
+    fn rate(&mut self, max: f64) -> f64 {
+        if self.chance(ZERO_P) {
+            0.0
+        } else {
+            let r = (self.unit() * max * 1_000.0).ceil() / 1_000.0;
+            r.clamp(0.001, max)
+        }
+    }
+}
+
+impl SwarmConfig {
+    /// The configuration of `seed` (a pure function of it).
+    pub fn draw(seed: u64) -> SwarmConfig {
+        let mut d = Draw(seed ^ 0x646C_6F63_6B2D_7369); // "dlock-si"
+        let lock_replicas = d.usize(1, 3);
+        let payment_replicas = d.usize(1, 2);
+        let proxy_replicas = d.usize(1, 2);
+        let executors = (0..d.usize(1, 6)).map(|_| d.usize(1, 8)).collect();
+        let backend = if d.chance(0.25) { Backend::Etcd } else { Backend::Mem };
+        let lock_ttl_ms = d.range(LOCK_TTL_MS_MIN / 100, LOCK_TTL_MS_MAX / 100) * 100;
+        let stub_latency_ms = if d.chance(ZERO_P) { 0 } else { d.range(1, STUB_LATENCY_MS_MAX) };
+        let stub_failure_rate = d.rate(STUB_RATE_MAX);
+        let stub_duplicate_ack_rate = d.rate(STUB_RATE_MAX);
+        let stub_decline_rate = d.rate(STUB_RATE_MAX);
+        let executor_pause_rate = d.rate(PAUSE_RATE_MAX);
+        let executor_pause_ms = lock_ttl_ms * d.range(1, 3);
+        let payouts = d.usize(PAYOUTS_MIN, PAYOUTS_MAX);
+        let accounts = d.usize(1, ACCOUNTS_MAX);
+        let hot_accounts = d.usize(1, accounts.min(2));
+        let hot_share = if accounts == hot_accounts { 1.0 } else { d.range(0, 8) as f64 / 10.0 };
+        let fault_ms = d.range(FAULT_MS_MIN / 1_000, FAULT_MS_MAX / 1_000) * 1_000;
+        let arrival_ms = d.range(0, fault_ms / 2 / 100) * 100;
+        let operator_revokes = if d.chance(ZERO_P) { 0 } else { d.usize(1, REVOKES_MAX) };
+        let operator_resolves = !d.chance(ZERO_P);
+        let faults = FaultRates {
+            pause: d.rate(FaultRates::RATE_MAX),
+            crash: d.rate(FaultRates::RATE_MAX),
+            partition: d.rate(FaultRates::RATE_MAX),
+            clog: d.rate(FaultRates::RATE_MAX),
+            clock_drift: d.rate(FaultRates::RATE_MAX),
+            store_fault: d.rate(FaultRates::RATE_MAX),
+        };
+        SwarmConfig {
+            seed,
+            lock_replicas,
+            payment_replicas,
+            proxy_replicas,
+            executors,
+            backend,
+            lock_ttl_ms,
+            stub_latency_ms,
+            stub_failure_rate,
+            stub_duplicate_ack_rate,
+            stub_decline_rate,
+            executor_pause_rate,
+            executor_pause_ms,
+            payouts,
+            accounts,
+            hot_accounts,
+            hot_share,
+            arrival_ms,
+            operator_revokes,
+            operator_resolves,
+            faults,
+            fault_ms,
+        }
+    }
+
+    /// Whether every chaos knob is zero (a seed that only exercises the happy path).
+    pub fn is_calm(&self) -> bool {
+        self.stub_latency_ms == 0
+            && self.stub_failure_rate == 0.0
+            && self.stub_duplicate_ack_rate == 0.0
+            && self.stub_decline_rate == 0.0
+            && self.executor_pause_rate == 0.0
+            && self.operator_revokes == 0
+            && !self.operator_resolves
+            && self.faults.is_zero()
+    }
+
+    /// The C5 settings this configuration gives every service and executor.
+    pub fn settings(&self) -> Vec<(String, String)> {
+        let kv = |k: &str, v: String| (k.to_owned(), v);
+        vec![
+            kv("executor.lock-ttl-ms", self.lock_ttl_ms.to_string()),
+            kv("executor.poll-interval-ms", POLL_INTERVAL_MS.to_string()),
+            kv("executor.chaos.pause-rate", self.executor_pause_rate.to_string()),
+            kv("executor.chaos.pause-ms", self.executor_pause_ms.to_string()),
+            kv("rail.stub.latency-ms", self.stub_latency_ms.to_string()),
+            kv("rail.stub.failure-rate", self.stub_failure_rate.to_string()),
+            kv("rail.stub.duplicate-ack-rate", self.stub_duplicate_ack_rate.to_string()),
+            kv("rail.stub.decline-rate", self.stub_decline_rate.to_string()),
+        ]
+    }
+}
+
+impl fmt::Display for SwarmConfig {
+    /// One line: `seed=7 topo=lock2/pay1/proxy2 exec=[3,1] backend=mem ttl=2400ms ...`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let execs: Vec<String> = self.executors.iter().map(|c| c.to_string()).collect();
+        let fr = &self.faults;
+        write!(
+            f,
+            "seed={} topo=lock{}/pay{}/proxy{} exec=[{}] backend={} ttl={}ms \
+             stub(lat={}ms fail={} dup={} decl={}) stall(rate={} ms={}) \
+             work(payouts={} accounts={} hot={}@{} arrival={}ms) operator(revokes={} resolves={}) \
+             faults(pause={} crash={} partition={} clog={} drift={} store={}) fault_ms={}",
+            self.seed,
+            self.lock_replicas,
+            self.payment_replicas,
+            self.proxy_replicas,
+            execs.join(","),
+            match self.backend {
+                Backend::Mem => "mem",
+                Backend::Etcd => "etcd",
+            },
+            self.lock_ttl_ms,
+            self.stub_latency_ms,
+            self.stub_failure_rate,
+            self.stub_duplicate_ack_rate,
+            self.stub_decline_rate,
+            self.executor_pause_rate,
+            self.executor_pause_ms,
+            self.payouts,
+            self.accounts,
+            self.hot_accounts,
+            self.hot_share,
+            self.arrival_ms,
+            self.operator_revokes,
+            self.operator_resolves,
+            fr.pause,
+            fr.crash,
+            fr.partition,
+            fr.clog,
+            fr.clock_drift,
+            fr.store_fault,
+            self.fault_ms
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_draws_the_same_configuration_every_time() {
+        for seed in [0, 1, 42, u64::MAX] {
+            assert_eq!(SwarmConfig::draw(seed), SwarmConfig::draw(seed));
+        }
+        assert_ne!(SwarmConfig::draw(1), SwarmConfig::draw(2));
+    }
+
+    #[test]
+    fn every_draw_is_within_the_worlds_bounds_and_prints_on_one_line() {
+        for seed in 0..2_000 {
+            let c = SwarmConfig::draw(seed);
+            assert!((1..=3).contains(&c.lock_replicas) && (1..=2).contains(&c.payment_replicas));
+            assert!((1..=2).contains(&c.proxy_replicas) && (1..=6).contains(&c.executors.len()));
+            assert!(c.executors.iter().all(|n| (1..=8).contains(n)));
+            assert!((LOCK_TTL_MS_MIN..=LOCK_TTL_MS_MAX).contains(&c.lock_ttl_ms));
+            assert!((PAYOUTS_MIN..=PAYOUTS_MAX).contains(&c.payouts));
+            assert!(c.hot_accounts >= 1 && c.hot_accounts <= c.accounts && c.accounts <= ACCOUNTS_MAX);
+            assert!(c.arrival_ms <= c.fault_ms);
+            for r in [c.stub_failure_rate, c.stub_duplicate_ack_rate, c.stub_decline_rate, c.executor_pause_rate] {
+                assert!((0.0..=STUB_RATE_MAX.max(PAUSE_RATE_MAX)).contains(&r));
+            }
+            let line = c.to_string();
+            assert!(!line.contains('\n') && line.starts_with(&format!("seed={seed} ")), "{line}");
+        }
+    }
+
+    #[test]
+    fn calm_configurations_do_not_dominate_and_each_knob_is_sometimes_zero() {
+        let draws: Vec<SwarmConfig> = (0..2_000).map(SwarmConfig::draw).collect();
+        let calm = draws.iter().filter(|c| c.is_calm()).count();
+        assert!(calm <= 2, "{calm} calm configurations in 2000");
+        let zero = |f: &dyn Fn(&SwarmConfig) -> bool| draws.iter().filter(|c| f(c)).count();
+        for (name, n) in [
+            ("failure", zero(&|c| c.stub_failure_rate == 0.0)),
+            ("dup", zero(&|c| c.stub_duplicate_ack_rate == 0.0)),
+            ("pause", zero(&|c| c.executor_pause_rate == 0.0)),
+            ("crash", zero(&|c| c.faults.crash == 0.0)),
+            ("store", zero(&|c| c.faults.store_fault == 0.0)),
+        ] {
+            assert!((400..=800).contains(&n), "{name} zero in {n} of 2000 draws");
+        }
+        assert!(draws.iter().any(|c| c.backend == Backend::Etcd) && draws.iter().any(|c| c.backend == Backend::Mem));
+        assert!(draws.iter().any(|c| c.lock_replicas == 3 && c.proxy_replicas == 2 && c.executors.len() == 6));
+    }
+}

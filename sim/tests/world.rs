@@ -1,0 +1,137 @@
+//! The world builder: the largest topology builds with every node at its table address,
+//! each store is handed to each node through the wrapper seam, executors spread over the
+//! replicas by index, and a restarted node comes back through its entry point over the same
+//! database.
+
+#![cfg(madsim)]
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use dlock_contract::payment::NewAccountRequest;
+use dlock_contract::{IdempotencyKey, OwnerId};
+use dlock_payment_client::{PaymentClient, PaymentClientConfig};
+use dlock_payment_resource::store::PaymentStore;
+use dlock_rt::Duration;
+use dlock_sim::world::{self, node_addr, node_url, LockBackend, StoreWrap, Topology, WorldSpec};
+
+const NAMES: [&str; 18] = [
+    "rail-stub",
+    "proxy-1",
+    "proxy-2",
+    "payment-1",
+    "payment-2",
+    "lock-1",
+    "lock-2",
+    "lock-3",
+    "etcd",
+    "executor-1",
+    "executor-2",
+    "executor-3",
+    "executor-4",
+    "executor-5",
+    "executor-6",
+    "reconciler",
+    "workload",
+    "operator",
+];
+
+#[test]
+fn every_node_of_the_table_has_its_own_address() {
+    let mut ips = BTreeSet::new();
+    for name in NAMES.iter().chain(["observer"].iter()) {
+        let addr = node_addr(name).unwrap_or_else(|| panic!("{name} has no address"));
+        assert!(ips.insert(addr.ip()), "{name} shares {addr}");
+    }
+    assert_eq!(node_addr("executor-7"), None);
+    assert_eq!(node_addr("lock-0"), None);
+    assert_eq!(node_addr("nobody"), None);
+}
+
+fn largest(wrapped: Arc<Mutex<Vec<String>>>) -> WorldSpec {
+    let (p, r, l) = (wrapped.clone(), wrapped.clone(), wrapped);
+    WorldSpec {
+        topology: Topology {
+            lock_replicas: 3,
+            payment_replicas: 2,
+            proxy_replicas: 2,
+            executors: vec![1, 8, 2, 3, 1, 4],
+            reconciler: true,
+        },
+        backend: LockBackend::Mem,
+        wrap: StoreWrap {
+            payment: Some(Arc::new(move |n: &str, s| {
+                p.lock().expect("log").push(format!("payment {n}"));
+                s
+            })),
+            rail: Some(Arc::new(move |n: &str, s| {
+                r.lock().expect("log").push(format!("rail {n}"));
+                s
+            })),
+            lock: Some(Arc::new(move |n: &str, s| {
+                l.lock().expect("log").push(format!("lock {n}"));
+                s
+            })),
+        },
+        ..WorldSpec::default()
+    }
+}
+
+#[madsim::test]
+async fn the_largest_world_builds_with_every_node_named_and_every_store_wrapped() {
+    let wrapped = Arc::new(Mutex::new(Vec::new()));
+    let spec = largest(wrapped.clone());
+    let cfg = world::executor_spec_config(&spec, 5, 3).expect("executor 5");
+    assert_eq!(cfg.lock_url, node_url("lock-2"), "executor 5 of 3 lock replicas calls lock-2");
+    assert_eq!(cfg.payment_url, node_url("payment-1"));
+    assert_eq!(cfg.proxy_url, node_url("proxy-1"));
+    assert_eq!(cfg.concurrency, 3);
+    let w = world::build(spec).await.expect("world");
+    let names = w.node_names();
+    for name in NAMES.iter().filter(|n| !["etcd", "workload", "operator"].contains(n)) {
+        assert!(names.iter().any(|n| n == name), "{name} missing from {names:?}");
+    }
+    let ids: BTreeSet<_> = names.iter().map(|n| w.node_id(n).expect("id")).collect();
+    assert_eq!(ids.len(), names.len(), "one node per name");
+    // Every executor runs (its init ran), under its own name.
+    let up = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(5_000), || async {
+        (w.executors().len() == 6).then_some(())
+    })
+    .await;
+    assert!(up.is_some(), "executors running: {:?}", w.executors().keys().collect::<Vec<_>>());
+    let mut seen = wrapped.lock().expect("log").clone();
+    seen.sort();
+    assert!(seen.contains(&"lock lock-3".to_owned()) && seen.contains(&"payment payment-2".to_owned()));
+    assert!(seen.contains(&"rail proxy-2".to_owned()), "{seen:?}");
+}
+
+#[madsim::test]
+async fn a_restarted_payment_replica_comes_back_over_the_same_paydb() {
+    let spec = WorldSpec {
+        topology: Topology { payment_replicas: 2, ..Topology::default() },
+        backend: LockBackend::Mem,
+        ..WorldSpec::default()
+    };
+    let mut w = world::build(spec).await.expect("world");
+    let client = node_url("payment-2");
+    let open = |id: &'static str| {
+        let client = client.clone();
+        async move {
+            let c = PaymentClient::new(PaymentClientConfig::new(client)).expect("client");
+            let body = NewAccountRequest { account_id: id.into(), currency: "EUR".into(), opening_balance_minor: 10 };
+            let key = IdempotencyKey::parse(&format!("open-{id}")).expect("key");
+            c.create_account(&OwnerId::parse("ops").expect("owner"), &key, &body).await.is_ok()
+        }
+    };
+    let node = w.add_node("workload");
+    assert!(node.spawn(open("acct-a")).await.expect("workload"), "payment-2 serves");
+    assert!(w.restart("payment-2"));
+    let back = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(5_000), || {
+        let node = node.clone();
+        async move { node.spawn(open("acct-b")).await.ok().filter(|ok| *ok) }
+    })
+    .await;
+    assert!(back.is_some(), "payment-2 came back through its entry point");
+    let a = PaymentStore::account(&*w.paydb, "acct-a").await.expect("read");
+    assert!(a.is_some(), "the account opened before the restart is still in paydb");
+}

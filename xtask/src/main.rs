@@ -1,0 +1,40 @@
+//! `cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]`
+//! and `cargo xtask sim replay --seed S`: builds the simulation runner (`dlock-sim`, in the
+//! `dlock-sim` crate) with `RUSTFLAGS="--cfg madsim"` into `target/sim` under the `sim`
+//! profile, runs it with the arguments, and exits with its exit code (0 clean, 127 crash,
+//! 128 liveness, 129 correctness, 2 usage).
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+const USAGE: &str = "usage: cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]\n       cargo xtask sim replay --seed S";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("sim") if args.len() >= 2 => sim(&args[1..]),
+        _ => {
+            eprintln!("{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn sim(args: &[String]) -> ExitCode {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let status = Command::new(cargo)
+        .current_dir(&root)
+        .env("RUSTFLAGS", "--cfg madsim")
+        .env("CARGO_TARGET_DIR", root.join("target/sim"))
+        .args(["run", "--quiet", "--profile", "sim", "-p", "dlock-sim", "--bin", "dlock-sim", "--"])
+        .args(args)
+        .status();
+    match status {
+        Ok(s) => ExitCode::from(s.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("xtask: cannot run cargo: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
