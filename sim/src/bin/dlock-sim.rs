@@ -88,9 +88,9 @@ mod runner {
         let seeds = summary::seeds(a.start, a.seeds, a.shard);
         let shard = a.shard.map(|(k, n)| format!(", shard {k}/{n}: {} seeds", seeds.len())).unwrap_or_default();
         eprintln!(
-            "dlock-sim: seeds {}..{} ({} seeds{shard}) on {} jobs{}",
+            "dlock-sim: seeds {}..={} ({} seeds{shard}) on {} jobs{}",
             a.start,
-            a.start.wrapping_add(a.seeds),
+            a.start.wrapping_add(a.seeds.saturating_sub(1)),
             a.seeds,
             a.jobs,
             a.scenario.as_deref().map(|s| format!(", scenario {s} (passed through)")).unwrap_or_default()
