@@ -3,13 +3,21 @@
 //! [`run_seed`] draws the seed's [`SwarmConfig`], builds a madsim runtime for that seed, and
 //! plays it:
 //!
-//! 1. **Fault phase** (`cfg.fault_ms` of simulated time): the world of the drawn topology,
-//!    the workload creating payouts over time, the operator revoking and resolving, the
-//!    rail-stub's chaos and the executors' stalls; the fault schedule (sim/src/faults.rs)
-//!    plugs in here.
-//! 2. **Liveness phase**: chaos stops being injected, and within [`RunOptions::liveness_ms_max`]
-//!    of simulated time every payout the workload created must reach POSTED, FAILED,
-//!    ABANDONED or RAIL_AMBIGUOUS.
+//! 1. **Fault phase** (`cfg.fault_ms` of simulated time): the world of the drawn topology
+//!    (paydb and lockdb behind a [`StoreFaultPlan`], the unwrapped stores kept as the
+//!    oracle's ground truth), the workload creating payouts over time, the operator revoking
+//!    and resolving, the rail-stub's chaos and the executors' stalls, and a fault
+//!    [`Schedule`] drawn from the seed's [`crate::schedule::FaultRates`] with the runtime's
+//!    seeded generator ([`draw_schedule`]) over [`World::fault_targets`] (service nodes and
+//!    executors; never the harness's nodes), played by the supervisor (this task, on no
+//!    service node) concurrently with the workload. The schedule is cut at `cfg.fault_ms`.
+//!    The oracle hears of every partition heal (`partition_healed`) and of every executor
+//!    whose clock was slowed beyond the lock client's safety margin (`note_drifted_owner`).
+//! 2. **Liveness phase**: [`World::heal_all`] (partitions, clogs, pauses, the store plan,
+//!    clocks, an etcd leader loss; killed nodes start again), then
+//!    [`World::heal_executors`]; chaos stops being injected, and within
+//!    [`RunOptions::liveness_ms_max`] of simulated time every payout the workload created
+//!    must reach POSTED, FAILED, ABANDONED or RAIL_AMBIGUOUS.
 //! 3. **Checks**: the world's safety checks ([`crate::world::safety_failures`]: ledger, at
 //!    most one rail call per payout) as correctness failures, unsettled payouts as liveness
 //!    failures, then [`crate::oracle::check`]. A panic anywhere (a service, the world, the
@@ -20,15 +28,19 @@
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 
 use dlock_contract::payout::PayoutState;
 use dlock_payment_resource::store::PaymentStore;
 use dlock_rt::Duration;
 use uuid::Uuid;
 
+use crate::oracle::Monitor;
 use crate::outcome::{Failure, SeedOutcome};
+use crate::schedule::{Event, Schedule, Stage, Trigger};
+use crate::store_faults::StoreFaultPlan;
 use crate::swarm::{Backend, SwarmConfig};
-use crate::world::{self, LockBackend, Topology, WorldSpec};
+use crate::world::{self, LockBackend, StoreWrap, Topology, World, WorldSpec};
 
 /// Default bound of the liveness phase (simulated).
 pub const LIVENESS_MS_MAX: u64 = 120_000;
@@ -73,7 +85,62 @@ pub fn spec_of(cfg: &SwarmConfig) -> WorldSpec {
             Backend::Etcd => LockBackend::Etcd,
         },
         settings: cfg.settings(),
+        wrap: StoreWrap::planned(Arc::new(StoreFaultPlan::new())),
         ..WorldSpec::default()
+    }
+}
+
+/// The seed's fault schedule over `targets` (node names) for `cfg.fault_ms`, drawn from
+/// `rng` (the runtime's seeded generator in a campaign). The rail-stub is never crashed: it
+/// stands for the bank, whose record of calls (the oracle's ground truth) outlives any
+/// outage; it may still be paused, partitioned or clogged.
+pub fn draw_schedule(cfg: &SwarmConfig, targets: &[String], rng: &mut impl dlock_rt::rand::Rng) -> Schedule {
+    let mut s = Schedule::draw(&cfg.faults, targets, cfg.fault_ms, rng);
+    s.events.retain(|t| !matches!(&t.event, Event::Crash { node } | Event::Start { node } if node == "rail-stub"));
+    debug_assert!(s.closes_what_it_opens());
+    s
+}
+
+/// A clock rate below this (`1 - safety margin`) lets a lock client believe its lease
+/// past the server's expiry: the drift "beyond the margin" the oracle's probe names.
+pub fn drift_beyond_margin(rate: f64) -> bool {
+    rate < 1.0 - dlock_lock_client::config::SAFETY_MARGIN_DEFAULT
+}
+
+/// The world as the campaign's stage: the world's own [`Stage`], plus the oracle's hooks.
+struct Played<'a> {
+    world: &'a World,
+    monitor: &'a Monitor,
+}
+
+impl Stage for Played<'_> {
+    fn node(&self, name: &str) -> Option<madsim::task::NodeId> {
+        self.world.node(name).and_then(|_| Stage::node(self.world, name))
+    }
+    fn faults(&self) -> &crate::faults::Faults {
+        self.world.faults()
+    }
+    fn store_plan(&self) -> Option<&StoreFaultPlan> {
+        Stage::store_plan(self.world)
+    }
+    fn etcd(&self) -> Option<madsim::task::NodeId> {
+        self.world.etcd()
+    }
+    fn revoke<'a>(
+        &'a self,
+        key: Option<&'a str>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send + 'a>> {
+        self.world.revoke(key)
+    }
+    fn wait_for(&self, trigger: Trigger) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
+        self.world.wait_for(trigger)
+    }
+    fn applied(&self, event: &Event, line: &str) {
+        if let Event::DriftClock { node, rate } = event {
+            if node.starts_with("executor-") && drift_beyond_margin(*rate) && !line.starts_with("SKIPPED") {
+                self.monitor.note_drifted_owner(node);
+            }
+        }
     }
 }
 
@@ -135,14 +202,40 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<Str
     };
     // The oracle watches every acceptance and grant from the first write on.
     let monitor = crate::oracle::Monitor::start(&w);
+    // Revokes of the schedule go out from the operator's node, as the operator's do.
+    w.add_node("operator");
     let created = crate::workload::start_workload(&mut w, &cfg);
     let operator = crate::workload::start_operator(&mut w, &cfg);
-    // Fault phase.
-    dlock_rt::sleep(Duration::from_millis(cfg.fault_ms)).await;
-    // Liveness phase: nothing injects chaos any more (the fault schedule heals here; the
-    // executors restart without their stalls); the workload finishes its creations and
-    // every payout must settle within the bound.
+    // The seed's schedule, from the runtime's seeded generator (replays draw it again).
+    let schedule = draw_schedule(&cfg, &w.fault_targets(), &mut dlock_rt::rand::seeded(dlock_rt::rand::random_u64()));
+    let fault_events = schedule.events.len();
+    trace.push(format!("schedule: {fault_events} fault events {:?}", schedule.verbs()));
+    trace.extend(schedule.events.iter().map(|t| format!("schedule: @{}ms {:?}", t.at_ms, t.event)));
+    {
+        // Every heal tells the oracle, which fires `partition_healed_mid_lease` when a grant
+        // from before the partition still lives (span times are runtime ms; the monitor
+        // wants the lock store's wall clock).
+        let m = monitor.clone();
+        w.faults().on_heal(move |span| {
+            let ago = crate::faults::now_ms().saturating_sub(span.started_ms);
+            let started = dlock_rt::Clock::system().wall().timestamp_millis() - i64::try_from(ago).unwrap_or(0);
+            m.partition_healed(started);
+        });
+    }
+    // Fault phase: the schedule plays on this task (the supervisor, on no service node)
+    // while the workload and the operator run on theirs; it is cut at `fault_ms`.
+    let fault_end = madsim::time::Instant::now() + std::time::Duration::from_millis(cfg.fault_ms);
+    let stage = Played { world: &w, monitor: &monitor };
+    let cut =
+        madsim::time::timeout(std::time::Duration::from_millis(cfg.fault_ms), schedule.play(&stage)).await.is_err();
+    madsim::time::sleep_until(fault_end).await;
+    // Liveness phase: nothing injects chaos any more: every fault healed, clocks reset,
+    // killed nodes started again, the executors restarted without their stalls; the
+    // workload finishes its creations and every payout must settle within the bound.
+    let healed = w.heal_all();
     w.heal_executors();
+    trace.push(format!("schedule: {} at the fault phase's end; heal_all", if cut { "cut" } else { "done" }));
+    trace.extend(healed);
     let deadline = Duration::from_millis(opts.liveness_ms_max);
     let paydb = w.paydb.clone();
     let settled_in = dlock_rt::wait_until(Duration::from_millis(SETTLE_POLL_MS), deadline, || {
@@ -190,11 +283,15 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<Str
         *by_state.entry(s.map(|s| s.as_str()).unwrap_or("missing")).or_insert(0) += 1;
     }
     trace.push(format!(
-        "payouts created {} of {}; by state {by_state:?}; rail calls {}",
+        "payouts created {} of {}; by state {by_state:?}; rail calls {}; fault events {fault_events}",
         ids.len(),
         cfg.payouts,
         calls.len()
     ));
+    trace.extend(w.faults().trace());
+    if let Some(plan) = w.store_plan() {
+        trace.extend(plan.trace());
+    }
     if opts.full_trace {
         trace.extend(operator.lines());
         trace.extend(final_states.iter().map(|(id, s)| format!("payout {id} {s:?}")));

@@ -671,6 +671,8 @@ mod online {
     /// The online half of the oracle. [`Monitor::start`] registers observers on the world's
     /// paydb and simulation lockdb (call it right after `world::start`, before any
     /// workload); from then on every fenced write and every grant is judged as it commits.
+    /// Clones share the one checker (a fault layer's heal hook holds one).
+    #[derive(Clone)]
     pub struct Monitor {
         checker: Arc<Mutex<Checker>>,
         start: madsim::time::Instant,

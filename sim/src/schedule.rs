@@ -166,8 +166,9 @@ pub struct Schedule {
     pub events: Vec<Timed>,
 }
 
-/// Each fault's rate, as the swarm draws it per seed: events per simulated minute (0: never),
-/// and the ranges their parameters are drawn from.
+/// Each fault's rate, as the swarm draws it per seed ([`crate::swarm::SwarmConfig::draw`];
+/// the one fault-rate type of the crate): events per simulated minute (0: never), and the
+/// ranges their parameters are drawn from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FaultRates {
     pub pause_per_min: f64,
@@ -195,6 +196,27 @@ pub struct FaultRates {
 }
 
 impl FaultRates {
+    /// Whether every rate is zero (a schedule drawn from it is empty).
+    pub fn is_zero(&self) -> bool {
+        [
+            self.pause_per_min,
+            self.crash_per_min,
+            self.partition_per_min,
+            self.one_way_per_min,
+            self.clog_per_min,
+            self.lossy_link_per_min,
+            self.drift_per_min,
+            self.skew_per_min,
+            self.store_unavailable_per_min,
+            self.lost_ack_per_min,
+            self.store_latency_per_min,
+            self.leader_loss_per_min,
+            self.revoke_per_min,
+        ]
+        .iter()
+        .all(|r| *r == 0.0)
+    }
+
     /// No faults at all.
     pub fn none() -> FaultRates {
         FaultRates {
@@ -507,6 +529,11 @@ mod play {
             &'a self,
             key: Option<&'a str>,
         ) -> Pin<Box<dyn Future<Output = Result<String, String>> + Send + 'a>>;
+        /// Called after each event is applied, with its trace line (the default: nothing): a
+        /// campaign tells its oracle what the event did (e.g. which owner's clock drifted).
+        fn applied(&self, event: &Event, line: &str) {
+            let _ = (event, line);
+        }
         /// Resolves once `trigger` happened (the default: at once, for worlds without the hook).
         fn wait_for(&self, trigger: Trigger) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
             let _ = trigger;
@@ -543,6 +570,7 @@ mod play {
                     }
                 }
                 let line = apply(stage, &t.event).await;
+                stage.applied(&t.event, &line);
                 trace.push(format!("schedule @{}ms: {} {line}", now_ms() - start, t.event.verb()));
             }
             trace

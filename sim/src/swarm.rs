@@ -26,34 +26,9 @@ pub enum Backend {
     Etcd,
 }
 
-/// Rates of the faults the fault schedule (sim/src/faults.rs) injects during the fault phase,
-/// each in events per simulated second across the world; 0 turns the fault off.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct FaultRates {
-    /// Process pause (longer than the lease) of a random node.
-    pub pause: f64,
-    /// Kill and restart of a random node.
-    pub crash: f64,
-    /// Network partition (symmetric or one-way) between two nodes.
-    pub partition: f64,
-    /// Per-link delay and loss (madsim's clog).
-    pub clog: f64,
-    /// A node's clock rate or wall step.
-    pub clock_drift: f64,
-    /// A store fault window (latency, unavailable, lost commit acknowledgement).
-    pub store_fault: f64,
-}
-
-impl FaultRates {
-    /// Bound of every fault rate drawn (events per simulated second).
-    pub const RATE_MAX: f64 = 0.5;
-
-    pub fn is_zero(&self) -> bool {
-        [self.pause, self.crash, self.partition, self.clog, self.clock_drift, self.store_fault]
-            .iter()
-            .all(|r| *r == 0.0)
-    }
-}
+/// The fault schedule's rates (one type for the swarm and the schedule): events per
+/// simulated minute of each fault kind, drawn per seed by [`SwarmConfig::draw`].
+pub use crate::schedule::FaultRates;
 
 /// One seed's drawn configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,6 +83,28 @@ pub const REVOKES_MAX: usize = 3;
 /// `executor.poll-interval-ms` of every executor (an idle task scans this often: the main
 /// cost of an idle simulated second).
 pub const POLL_INTERVAL_MS: u64 = 500;
+/// Bound of each fault kind's drawn rate (events per simulated minute).
+pub const FAULT_RATE_MAX_PER_MIN: FaultRates = FaultRates {
+    pause_per_min: 6.0,
+    crash_per_min: 3.0,
+    partition_per_min: 3.0,
+    one_way_per_min: 2.0,
+    clog_per_min: 3.0,
+    lossy_link_per_min: 2.0,
+    drift_per_min: 2.0,
+    skew_per_min: 2.0,
+    store_unavailable_per_min: 3.0,
+    lost_ack_per_min: 4.0,
+    store_latency_per_min: 3.0,
+    leader_loss_per_min: 1.0,
+    revoke_per_min: 2.0,
+    fault_ms_min: 100,
+    fault_ms_max: 10_000,
+    drift_rate_min: 0.5,
+    drift_rate_max: 1.5,
+    skew_ms_max: 120_000,
+    store_latency_ms_max: 2_000,
+};
 /// Probability that a chaos knob is drawn as zero.
 pub const ZERO_P: f64 = 0.3;
 
@@ -147,6 +144,28 @@ impl Draw {
     }
 }
 
+/// Each fault kind's rate (events per simulated minute), zero with [`ZERO_P`], else uniform
+/// up to its bound ([`FAULT_RATE_MAX_PER_MIN`]); durations and parameter ranges are the
+/// schedule's defaults ([`FaultRates::none`]).
+fn draw_fault_rates(d: &mut Draw) -> FaultRates {
+    let m = &FAULT_RATE_MAX_PER_MIN;
+    let mut r = FaultRates::none();
+    r.pause_per_min = d.rate(m.pause_per_min);
+    r.crash_per_min = d.rate(m.crash_per_min);
+    r.partition_per_min = d.rate(m.partition_per_min);
+    r.one_way_per_min = d.rate(m.one_way_per_min);
+    r.clog_per_min = d.rate(m.clog_per_min);
+    r.lossy_link_per_min = d.rate(m.lossy_link_per_min);
+    r.drift_per_min = d.rate(m.drift_per_min);
+    r.skew_per_min = d.rate(m.skew_per_min);
+    r.store_unavailable_per_min = d.rate(m.store_unavailable_per_min);
+    r.lost_ack_per_min = d.rate(m.lost_ack_per_min);
+    r.store_latency_per_min = d.rate(m.store_latency_per_min);
+    r.leader_loss_per_min = d.rate(m.leader_loss_per_min);
+    r.revoke_per_min = d.rate(m.revoke_per_min);
+    r
+}
+
 impl SwarmConfig {
     /// The configuration of `seed` (a pure function of it).
     pub fn draw(seed: u64) -> SwarmConfig {
@@ -171,14 +190,7 @@ impl SwarmConfig {
         let arrival_ms = d.range(0, fault_ms / 2 / 100) * 100;
         let operator_revokes = if d.chance(ZERO_P) { 0 } else { d.usize(1, REVOKES_MAX) };
         let operator_resolves = !d.chance(ZERO_P);
-        let faults = FaultRates {
-            pause: d.rate(FaultRates::RATE_MAX),
-            crash: d.rate(FaultRates::RATE_MAX),
-            partition: d.rate(FaultRates::RATE_MAX),
-            clog: d.rate(FaultRates::RATE_MAX),
-            clock_drift: d.rate(FaultRates::RATE_MAX),
-            store_fault: d.rate(FaultRates::RATE_MAX),
-        };
+        let faults = draw_fault_rates(&mut d);
         SwarmConfig {
             seed,
             lock_replicas,
@@ -233,6 +245,11 @@ impl SwarmConfig {
     }
 }
 
+/// `x` rounded to three decimals (drawn rates already are; this keeps the line short).
+fn r3(x: f64) -> f64 {
+    (x * 1_000.0).round() / 1_000.0
+}
+
 impl fmt::Display for SwarmConfig {
     /// One line: `seed=7 topo=lock2/pay1/proxy2 exec=[3,1] backend=mem ttl=2400ms ...`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -243,7 +260,8 @@ impl fmt::Display for SwarmConfig {
             "seed={} topo=lock{}/pay{}/proxy{} exec=[{}] backend={} ttl={}ms \
              stub(lat={}ms fail={} dup={} decl={}) stall(rate={} ms={}) \
              work(payouts={} accounts={} hot={}@{} arrival={}ms) operator(revokes={} resolves={}) \
-             faults(pause={} crash={} partition={} clog={} drift={} store={}) fault_ms={}",
+             faults/min(pause={} crash={} partition={} one-way={} clog={} lossy={} drift={} skew={} \
+             unavail={} lost-ack={} store-lat={} leader-loss={} revoke={}) fault_ms={}",
             self.seed,
             self.lock_replicas,
             self.payment_replicas,
@@ -267,12 +285,19 @@ impl fmt::Display for SwarmConfig {
             self.arrival_ms,
             self.operator_revokes,
             self.operator_resolves,
-            fr.pause,
-            fr.crash,
-            fr.partition,
-            fr.clog,
-            fr.clock_drift,
-            fr.store_fault,
+            r3(fr.pause_per_min),
+            r3(fr.crash_per_min),
+            r3(fr.partition_per_min),
+            r3(fr.one_way_per_min),
+            r3(fr.clog_per_min),
+            r3(fr.lossy_link_per_min),
+            r3(fr.drift_per_min),
+            r3(fr.skew_per_min),
+            r3(fr.store_unavailable_per_min),
+            r3(fr.lost_ack_per_min),
+            r3(fr.store_latency_per_min),
+            r3(fr.leader_loss_per_min),
+            r3(fr.revoke_per_min),
             self.fault_ms
         )
     }
@@ -319,8 +344,8 @@ mod tests {
             ("failure", zero(&|c| c.stub_failure_rate == 0.0)),
             ("dup", zero(&|c| c.stub_duplicate_ack_rate == 0.0)),
             ("pause", zero(&|c| c.executor_pause_rate == 0.0)),
-            ("crash", zero(&|c| c.faults.crash == 0.0)),
-            ("store", zero(&|c| c.faults.store_fault == 0.0)),
+            ("crash", zero(&|c| c.faults.crash_per_min == 0.0)),
+            ("store", zero(&|c| c.faults.lost_ack_per_min == 0.0)),
         ] {
             assert!((400..=800).contains(&n), "{name} zero in {n} of 2000 draws");
         }

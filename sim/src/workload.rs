@@ -195,8 +195,9 @@ pub fn start_operator(world: &mut World, cfg: &SwarmConfig) -> OperatorLog {
     log
 }
 
-/// L8 revoke of `key` at lock replica `replica`; the answer's status (0: no answer).
-async fn revoke(replica: usize, key: &str) -> u16 {
+/// L8 revoke of `key` at lock replica `replica`, from the current node; the answer's status
+/// (0: no answer).
+pub(crate) async fn revoke(replica: usize, key: &str) -> u16 {
     let body = serde_json::json!({ "operator": "sim-operator", "reason": "simulated operator revoke" });
     let Ok(bytes) = serde_json::to_vec(&body) else { return 0 };
     let path = format!("/v1/locks/{key}/revoke");

@@ -48,6 +48,9 @@ use dlock_rt::{Clock, Duration, ServiceHandle};
 use serde_json::Value;
 use tokio::net::TcpListener;
 
+use crate::faults::Faults;
+use crate::store_faults::StoreFaultPlan;
+
 pub const LOCK_IP: [u8; 4] = [10, 0, 1, 1];
 pub const STUB_IP: [u8; 4] = [10, 0, 0, 1];
 pub const PROXY_IP: [u8; 4] = [10, 0, 0, 2];
@@ -151,6 +154,8 @@ pub struct World {
     executors: ExecutorRegistry,
     /// Set by [`World::heal_executors`]: every executor (re)starts without its chaos stalls.
     calm: Arc<AtomicBool>,
+    /// The fault layer over this world's nodes (every node's name registered).
+    faults: Faults,
 }
 
 /// Each running executor by node name, replaced at each (re)start of its node.
@@ -522,6 +527,24 @@ pub struct StoreWrap {
     pub payment: Option<PaymentWrap>,
     pub rail: Option<RailWrap>,
     pub lock: Option<LockWrap>,
+    /// The store fault plan the wrappers consult, when they are [`StoreWrap::planned`]: the
+    /// world keeps it ([`World::store_plan`]) so a schedule can drive it.
+    pub plan: Option<Arc<StoreFaultPlan>>,
+}
+
+impl StoreWrap {
+    /// paydb (both the payment-resource's and the proxies' view) and lockdb (either backend)
+    /// behind `plan`'s fault layer; the world's own handles stay unwrapped (ground truth).
+    pub fn planned(plan: Arc<StoreFaultPlan>) -> StoreWrap {
+        use crate::store_faults::{PlannedLockStore, PlannedPaymentStore, PlannedRailStore};
+        let (p, r, l) = (plan.clone(), plan.clone(), plan.clone());
+        StoreWrap {
+            payment: Some(Arc::new(move |_: &str, inner| Arc::new(PlannedPaymentStore { inner, plan: p.clone() }))),
+            rail: Some(Arc::new(move |_: &str, inner| Arc::new(PlannedRailStore { inner, plan: r.clone() }))),
+            lock: Some(Arc::new(move |_: &str, inner| Arc::new(PlannedLockStore { inner, plan: l.clone() }))),
+            plan: Some(plan),
+        }
+    }
 }
 
 /// Everything a world is built from.
@@ -737,6 +760,10 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
             .build();
         nodes.insert(name, node);
     }
+    let faults = Faults::new();
+    for (name, n) in &nodes {
+        faults.name(name, n.id());
+    }
     let node = |name: &str| nodes.get(name).cloned().ok_or_else(|| format!("node {name} missing"));
     Ok(World {
         paydb,
@@ -750,6 +777,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
         spec,
         executors,
         calm,
+        faults,
     })
 }
 
@@ -922,7 +950,135 @@ impl World {
         }
         let addr = node_addr(name).unwrap_or_else(|| panic!("no simulated node named {name}"));
         let node = madsim::runtime::Handle::current().create_node().name(name).ip(addr.ip()).build();
+        self.faults.name(name, node.id());
         self.nodes.insert(name.to_owned(), node.clone());
         node
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The world as a schedule's stage.
+// ---------------------------------------------------------------------------------------
+
+/// Nodes a fault schedule never touches: the harness's own (`observer` reads the rail's
+/// record, `workload` must be able to finish creating payouts, `operator` revokes and
+/// resolves, `reconciler` is the liveness check's), and the simulated `etcd` (its data lives
+/// in its process: a kill would lose lockdb; its trouble is the leader loss instead).
+pub const UNFAULTABLE_NODES: &[&str] = &["observer", "workload", "operator", "reconciler", "etcd"];
+
+impl World {
+    /// The fault layer over this world's nodes.
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
+    /// The store fault plan in front of paydb and lockdb, when the world was built with
+    /// [`StoreWrap::planned`].
+    pub fn store_plan(&self) -> Option<&Arc<StoreFaultPlan>> {
+        self.spec.wrap.plan.as_ref()
+    }
+
+    /// The nodes a schedule may fault, in name order: the service nodes and the executors
+    /// (never [`UNFAULTABLE_NODES`]).
+    pub fn fault_targets(&self) -> Vec<String> {
+        self.nodes.keys().filter(|n| !UNFAULTABLE_NODES.contains(&n.as_str())).cloned().collect()
+    }
+
+    /// Heals every fault a schedule can leave behind (the liveness phase's "heal
+    /// everything"): partitions, clogs, lossy links and pauses ([`Faults::heal_all`]), the
+    /// store plan, an etcd leader loss, every node's clock (rate and wall offset), and every
+    /// node killed and not started again is restarted through its init. Returns one trace
+    /// line per node restarted.
+    pub fn heal_all(&self) -> Vec<String> {
+        use crate::faults::FaultKind;
+        self.faults.heal_all();
+        if let Some(plan) = self.store_plan() {
+            plan.heal();
+        }
+        let handle = madsim::runtime::Handle::current();
+        if let Some(etcd) = self.node_id("etcd") {
+            handle.resume(etcd);
+            madsim::net::NetSim::current().unclog_node(etcd);
+        }
+        for id in self.nodes.values().map(|n| n.id()) {
+            crate::faults::clock::reset(id);
+        }
+        // A node whose last process fault was a kill is down: start it again.
+        let mut down: BTreeMap<madsim::task::NodeId, bool> = BTreeMap::new();
+        for r in self.faults.record() {
+            match r.kind {
+                FaultKind::Kill => r.a.iter().for_each(|id| {
+                    down.insert(*id, true);
+                }),
+                FaultKind::Restart => r.a.iter().for_each(|id| {
+                    down.insert(*id, false);
+                }),
+                _ => {}
+            }
+        }
+        let mut lines = Vec::new();
+        for (id, is_down) in down {
+            if is_down {
+                self.faults.restart(id);
+                lines.push(format!("heal: restarted {}", self.faults.name_of(id)));
+            }
+        }
+        lines
+    }
+
+    /// A key some executor holds now on the simulation lockdb (`payout:acct-N`), if any.
+    async fn held_key(&self) -> Option<String> {
+        for a in 0..crate::swarm::ACCOUNTS_MAX {
+            let key = format!("payout:acct-{a}");
+            if let Ok(Some(info)) = LockStore::info(self.locks.as_ref(), &key).await {
+                if info.grant.is_some() {
+                    return Some(key);
+                }
+            }
+        }
+        None
+    }
+}
+
+impl crate::schedule::Stage for World {
+    /// The node `name`, unless it is one of [`UNFAULTABLE_NODES`].
+    fn node(&self, name: &str) -> Option<madsim::task::NodeId> {
+        if UNFAULTABLE_NODES.contains(&name) {
+            return None;
+        }
+        self.node_id(name)
+    }
+    fn faults(&self) -> &Faults {
+        &self.faults
+    }
+    fn store_plan(&self) -> Option<&StoreFaultPlan> {
+        self.spec.wrap.plan.as_deref()
+    }
+    fn etcd(&self) -> Option<madsim::task::NodeId> {
+        (self.spec.backend == LockBackend::Etcd).then(|| self.node_id("etcd")).flatten()
+    }
+    /// An operator revoke over L8 (the operator's own path, from node `operator`, or the
+    /// observer when the world has no operator), at a random lock replica; without a key,
+    /// a key held now (on the etcd backend, `payout:acct-0`).
+    fn revoke<'a>(
+        &'a self,
+        key: Option<&'a str>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<String, String>> + Send + 'a>> {
+        Box::pin(async move {
+            let key = match key {
+                Some(k) => k.to_owned(),
+                None if self.spec.backend == LockBackend::Etcd => "payout:acct-0".to_owned(),
+                None => self.held_key().await.ok_or("no key is held")?,
+            };
+            let replicas = self.spec.topology.lock_replicas.max(1);
+            let replica = (dlock_rt::rand::random_u64() % replicas as u64) as usize + 1;
+            let node = self.nodes.get("operator").unwrap_or(&self.observer);
+            let k = key.clone();
+            let status = node
+                .spawn(async move { crate::workload::revoke(replica, &k).await })
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(format!("revoke {key} at lock-{replica} -> {status}"))
+        })
     }
 }

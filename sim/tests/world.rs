@@ -72,6 +72,7 @@ fn largest(wrapped: Arc<Mutex<Vec<String>>>) -> WorldSpec {
                 l.lock().expect("log").push(format!("lock {n}"));
                 s
             })),
+            plan: None,
         },
         ..WorldSpec::default()
     }
@@ -134,4 +135,64 @@ async fn a_restarted_payment_replica_comes_back_over_the_same_paydb() {
     assert!(back.is_some(), "payment-2 came back through its entry point");
     let a = PaymentStore::account(&*w.paydb, "acct-a").await.expect("read");
     assert!(a.is_some(), "the account opened before the restart is still in paydb");
+}
+
+/// The world as a schedule's stage: only service nodes and executors are fault targets (the
+/// harness's nodes and etcd are refused by name), a swarm draw's store plan sits in front of
+/// the stores, and `heal_all` starts a killed node again and lifts every pause and window.
+#[madsim::test]
+async fn the_world_stage_faults_only_services_and_executors_and_heal_all_restores_them() {
+    use dlock_sim::schedule::Stage;
+    let cfg = dlock_sim::swarm::SwarmConfig::draw(7);
+    let mut w = world::build(dlock_sim::campaign::spec_of(&cfg)).await.expect("the drawn world builds");
+    w.add_node("workload");
+    w.add_node("operator");
+    let targets = w.fault_targets();
+    for name in ["observer", "workload", "operator", "reconciler", "etcd"] {
+        assert!(!targets.iter().any(|t| t == name), "{name} is a fault target: {targets:?}");
+        assert!(Stage::node(&w, name).is_none(), "the stage hands out {name}");
+    }
+    assert!(targets.iter().any(|t| t == "lock-1") && targets.iter().any(|t| t == "executor-1"), "{targets:?}");
+    assert!(Stage::store_plan(&w).is_some(), "the drawn world has no store plan");
+    let payment = Stage::node(&w, "payment-1").expect("payment-1");
+    w.faults().kill(payment);
+    let lock = Stage::node(&w, "lock-1").expect("lock-1");
+    w.faults().pause(lock);
+    let healed = w.heal_all();
+    assert_eq!(healed, vec!["heal: restarted payment-1".to_owned()]);
+    assert!(w.faults().paused().is_empty());
+    // The restarted payment replica answers again.
+    let up = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(5_000), || async {
+        let r = w
+            .node("observer")
+            .expect("observer")
+            .spawn(async {
+                dlock_rt::http::HttpClient::new(500, 1_000)
+                    .send(&node_url("payment-1"), http::Method::GET, "/health/live", &[], None)
+                    .await
+                    .is_ok_and(|r| r.status == 200)
+            })
+            .await;
+        r.ok().filter(|ok| *ok)
+    })
+    .await;
+    assert!(up.is_some(), "payment-1 did not come back after heal_all");
+}
+
+/// Drawn schedules never crash the rail-stub (its record is the oracle's ground truth) and
+/// always close what they open.
+#[test]
+fn a_drawn_campaign_schedule_never_crashes_the_rail_stub_and_closes_every_fault() {
+    let targets: Vec<String> =
+        NAMES.iter().filter(|n| !world::UNFAULTABLE_NODES.contains(n)).map(|s| s.to_string()).collect();
+    let mut events = 0;
+    for seed in 0..300 {
+        let cfg = dlock_sim::swarm::SwarmConfig::draw(seed);
+        let s = dlock_sim::campaign::draw_schedule(&cfg, &targets, &mut dlock_rt::rand::seeded(seed));
+        events += s.events.len();
+        assert!(s.closes_what_it_opens(), "seed {seed}: {s:?}");
+        assert!(!s.events.iter().any(|t| matches!(&t.event,
+            dlock_sim::schedule::Event::Crash { node } | dlock_sim::schedule::Event::Start { node } if node == "rail-stub")));
+    }
+    assert!(events > 300, "300 drawn seeds played only {events} fault events");
 }
