@@ -254,6 +254,9 @@ pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitC
         std::fs::remove_dir_all(&a.data_dir).map_err(|e| format!("cannot clear {}: {e}", a.data_dir.display()))?;
     }
     let cfg = a.chaos.cluster(a.data_dir.clone(), Ports::EPHEMERAL, (0.02, 0.02), layers, profile)?;
+    // Real time on purpose, here and below: the demo's elapsed-time report and progress bar
+    // are for the person watching, decide nothing, and `dlock demo` never runs in the
+    // simulation (the sim worlds start services through their entry points, not this).
     let started = std::time::Instant::now();
     let mut cluster = Cluster::start(cfg).await?;
     warn_unsafe("demo", &cluster);
