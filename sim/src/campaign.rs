@@ -146,7 +146,13 @@ impl Stage for Played<'_> {
 
 /// Runs one seed in its own madsim runtime on the calling thread.
 pub fn run_seed(seed: u64, opts: &RunOptions) -> SeedOutcome {
-    let cfg = SwarmConfig::draw(seed);
+    run_config(SwarmConfig::draw(seed), opts)
+}
+
+/// Runs `cfg` (a drawn configuration, possibly adjusted: the speed bench's fixed size) in
+/// a madsim runtime seeded with `cfg.seed`, on the calling thread.
+pub fn run_config(cfg: SwarmConfig, opts: &RunOptions) -> SeedOutcome {
+    let seed = cfg.seed;
     let config = cfg.to_string();
     if opts.print_config {
         eprintln!("{config}");
@@ -298,6 +304,7 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<Str
         trace.extend(log.calls.iter().map(|c| format!("rail: {} {:?} paid={}", c.client_ref, c.outcome, c.paid)));
     }
     let sim_ms = t0.elapsed().as_millis() as u64;
+    w.shutdown();
     (failures, sim_ms, trace)
 }
 

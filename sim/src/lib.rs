@@ -26,6 +26,8 @@ pub mod summary;
 pub mod swarm;
 
 #[cfg(madsim)]
+pub mod bench;
+#[cfg(madsim)]
 pub mod campaign;
 #[cfg(madsim)]
 pub mod cluster;

@@ -29,8 +29,11 @@ use crate::world::{node_url, World};
 
 /// Each account's opening balance (minor units).
 pub const OPENING_BALANCE_MINOR: i64 = 50_000;
-/// Tries of one creation (same idempotency key) before the workload gives it up.
-pub const CREATE_TRIES_MAX: u32 = 5;
+/// Tries of one creation (same idempotency key) before the workload gives it up: with
+/// [`CREATE_RETRY_MS`] between tries, an upstream that keeps retrying for 30 s, so a
+/// payment-resource down for a fault window (or restarting once its store is back) delays
+/// the creations instead of silently shrinking the workload.
+pub const CREATE_TRIES_MAX: u32 = 100;
 /// Pause between two tries of one creation.
 pub const CREATE_RETRY_MS: u64 = 300;
 /// How often the operator looks for RAIL_AMBIGUOUS payouts.

@@ -161,23 +161,34 @@ pub struct World {
 /// Each running executor by node name, replaced at each (re)start of its node.
 type ExecutorRegistry = Arc<Mutex<BTreeMap<String, Arc<Executor>>>>;
 
-/// On the current node: binds `addr`, starts a service through `start` (a service crate's
-/// entry point, background tasks included), and runs it until the node is killed.
-pub async fn run_service<S, F, Fut>(name: &'static str, addr: SocketAddr, start: F)
+/// How long the simulated supervisor waits before it starts a service again whose start
+/// failed or whose server stopped: `RestartSec=2s` of the shipped systemd units
+/// (deploy/systemd, `Restart=on-failure`), so a service that cannot reach its store at boot
+/// comes back once the store does, as in production.
+pub const SUPERVISOR_RESTART_MS: u64 = 2_000;
+
+/// On the current node, as a supervisor (systemd's `Restart=on-failure`) runs a process:
+/// binds `addr`, starts a service through `start` (a service crate's entry point, background
+/// tasks included), and runs it until the node is killed; a failed bind or start, or a
+/// server that stops, is retried after [`SUPERVISOR_RESTART_MS`] (the runtime's time limit
+/// bounds the whole run).
+pub async fn run_service<S, F, Fut>(name: &'static str, addr: SocketAddr, mut start: F)
 where
-    F: FnOnce(TcpListener) -> Fut,
+    F: FnMut(TcpListener) -> Fut,
     Fut: Future<Output = Result<ServiceHandle<S>, String>>,
 {
-    let listener = match dlock_rt::http::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(service = name, cause = %e, "sim_service_bind_failed");
-            return;
+    loop {
+        match dlock_rt::http::bind(addr).await {
+            Ok(listener) => match start(listener).await {
+                Ok(h) => {
+                    h.stopped().await;
+                    tracing::error!(service = name, "sim_service_stopped");
+                }
+                Err(e) => tracing::error!(service = name, cause = %e, "sim_service_start_failed"),
+            },
+            Err(e) => tracing::error!(service = name, cause = %e, "sim_service_bind_failed"),
         }
-    };
-    match start(listener).await {
-        Ok(h) => h.stopped().await,
-        Err(e) => tracing::error!(service = name, cause = %e, "sim_service_start_failed"),
+        dlock_rt::sleep(std::time::Duration::from_millis(SUPERVISOR_RESTART_MS)).await;
     }
 }
 
@@ -207,7 +218,13 @@ where
             async move {
                 let store = store.await;
                 run_service("lock-server", listen, |l| {
-                    dlock_lock_server::start(cfg, store, Clock::with_skew_ms(skew_ms), l, std::future::pending())
+                    dlock_lock_server::start(
+                        cfg.clone(),
+                        store.clone(),
+                        Clock::with_skew_ms(skew_ms),
+                        l,
+                        std::future::pending(),
+                    )
                 })
                 .await
             }
@@ -231,7 +248,7 @@ fn stub_node(name: &str, l: &Layers, skew_ms: i64) -> madsim::runtime::NodeHandl
             let (cfg, listen) = (s.config.clone(), s.listen);
             async move {
                 run_service("rail-stub", listen, |l| {
-                    dlock_rail_stub::start(cfg, Clock::with_skew_ms(skew_ms), l, std::future::pending())
+                    dlock_rail_stub::start(cfg.clone(), Clock::with_skew_ms(skew_ms), l, std::future::pending())
                 })
                 .await
             }
@@ -256,7 +273,13 @@ fn proxy_node(name: &str, l: &Layers, skew_ms: i64, store: Arc<dyn RailStore>) -
             let (cfg, listen, store) = (s.config.clone(), s.listen, store.clone());
             async move {
                 run_service("rail-proxy", listen, |l| {
-                    dlock_rail_proxy::start(cfg, store, Clock::with_skew_ms(skew_ms), l, std::future::pending())
+                    dlock_rail_proxy::start(
+                        cfg.clone(),
+                        store.clone(),
+                        Clock::with_skew_ms(skew_ms),
+                        l,
+                        std::future::pending(),
+                    )
                 })
                 .await
             }
@@ -280,7 +303,13 @@ fn payment_node(name: &str, l: &Layers, skew_ms: i64, store: Arc<dyn PaymentStor
             let (cfg, listen, store) = (s.config.clone(), s.listen, store.clone());
             async move {
                 run_service("payment-resource", listen, |l| {
-                    dlock_payment_resource::start(cfg, store, Clock::with_skew_ms(skew_ms), l, std::future::pending())
+                    dlock_payment_resource::start(
+                        cfg.clone(),
+                        store.clone(),
+                        Clock::with_skew_ms(skew_ms),
+                        l,
+                        std::future::pending(),
+                    )
                 })
                 .await
             }
@@ -306,11 +335,17 @@ pub async fn start_executor_node(
     let node = madsim::runtime::Handle::current().create_node().name(name).ip(IpAddr::from(ip)).build();
     let (tx, rx) = tokio::sync::oneshot::channel();
     let addr = SocketAddr::new(IpAddr::from(ip), EXECUTOR_PORT);
+    let mut tx = Some(tx);
     node.spawn(async move {
-        run_service("executor", addr, |l| async move {
-            let h = dlock_executor::start(cfg, Clock::with_skew_ms(skew_ms), l, std::future::pending()).await?;
-            let _ = tx.send(h.service.clone());
-            Ok(h)
+        run_service("executor", addr, |l| {
+            let (cfg, tx) = (cfg.clone(), tx.take());
+            async move {
+                let h = dlock_executor::start(cfg, Clock::with_skew_ms(skew_ms), l, std::future::pending()).await?;
+                if let Some(tx) = tx {
+                    let _ = tx.send(h.service.clone());
+                }
+                Ok(h)
+            }
         })
         .await
     });
@@ -746,13 +781,16 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
                     cfg.pause_rate = 0.0;
                 }
                 async move {
-                    run_service("executor", addr, |l| async move {
-                        let h =
-                            dlock_executor::start(cfg, Clock::with_skew_ms(skew), l, std::future::pending()).await?;
-                        if let Ok(mut r) = registry.lock() {
-                            r.insert(n, h.service.clone());
+                    run_service("executor", addr, |l| {
+                        let (cfg, registry, n) = (cfg.clone(), registry.clone(), n.clone());
+                        async move {
+                            let h = dlock_executor::start(cfg, Clock::with_skew_ms(skew), l, std::future::pending())
+                                .await?;
+                            if let Ok(mut r) = registry.lock() {
+                                r.insert(n, h.service.clone());
+                            }
+                            Ok(h)
                         }
-                        Ok(h)
                     })
                     .await
                 }
@@ -944,6 +982,19 @@ impl World {
     ///
     /// # Panics
     /// When `name` is not in the table (node names are fixed).
+    /// Kills every node of the world (services, executors, the etcd, the harness's nodes),
+    /// which drops their tasks. A madsim runtime that is dropped does not cancel the tasks
+    /// still pending on its nodes, and a task holding anything that reaches its own node
+    /// (a service's `Arc`s, a node handle) keeps the whole world alive: a campaign that did
+    /// not end its worlds this way grew by megabytes per seed.
+    pub fn shutdown(self) {
+        let h = madsim::runtime::Handle::current();
+        for node in self.nodes.values() {
+            h.kill(node.id());
+        }
+        h.kill(self.observer.id());
+    }
+
     pub fn add_node(&mut self, name: &str) -> madsim::runtime::NodeHandle {
         if let Some(n) = self.nodes.get(name) {
             return n.clone();

@@ -260,6 +260,45 @@ async fn an_unavailable_window_refuses_calls_then_lets_them_through() {
     assert!(t0.elapsed() >= dlock_rt::Duration::from_millis(300), "no latency was injected");
 }
 
+/// Seed 4419's failure: a payment-resource restarted while paydb was unavailable failed
+/// its start (it reads its cursor key from paydb) and stayed down for good, leaving every
+/// payout PENDING. The world runs services as the shipped systemd units do
+/// (`Restart=on-failure`, `RestartSec=2s`): the start is tried again until the store is back.
+#[madsim::test]
+async fn a_service_whose_store_is_unavailable_at_start_comes_back_once_the_store_does() {
+    let paydb = Arc::new(MemPaydb::new());
+    let plan = Arc::new(StoreFaultPlan::new());
+    let store: Arc<dyn PaymentStore> = Arc::new(PlannedPaymentStore { inner: paydb, plan: plan.clone() });
+    let window_ms = 3 * world::SUPERVISOR_RESTART_MS;
+    plan.unavailable_for(StoreName::Paydb, None, window_ms);
+    let _payment = world::start_payment_node(&world::layers(&[]), 0, store);
+    let client = client_node("client", 3);
+    let started = dlock_rt::sim_clock::reference_now();
+    let answered = client
+        .spawn(async move {
+            dlock_rt::wait_until(
+                dlock_rt::Duration::from_millis(50),
+                dlock_rt::Duration::from_millis(20_000),
+                || async {
+                    match payment_client().payout(uuid::Uuid::nil()).await {
+                        Err(dlock_payment_client::PaymentRefusal::Refused { status: 404, .. }) => Some(()),
+                        _ => None,
+                    }
+                },
+            )
+            .await
+        })
+        .await
+        .expect("client");
+    assert!(answered.is_some(), "the payment-resource never started after paydb came back");
+    let waited = started.elapsed();
+    assert!(
+        waited >= dlock_rt::Duration::from_millis(window_ms),
+        "it answered after {waited:?}, inside the unavailable window: the store fault was not applied"
+    );
+    assert!(plan.record().iter().any(|r| r.op == "cursor_secret"), "the start never met the store fault");
+}
+
 /// A stage over named echo nodes.
 struct Echoes {
     faults: Faults,

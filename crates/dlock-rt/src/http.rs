@@ -155,7 +155,7 @@ where
             let _ = c.await;
         }
     };
-    if tokio::time::timeout(grace, all).await.is_err() {
+    if crate::timeout(grace, all).await.is_none() {
         for c in &conns {
             c.abort();
         }
@@ -172,6 +172,7 @@ async fn serve_connection(
     let io = guard::HeadGuard::new(SkipEmptyFlush::new(stream), header_bytes_max, slot.clone());
     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
         let router = router.clone();
+        crate::traffic::count(req.method(), req.uri().path());
         let refused = slot.take_for(req.headers());
         async move {
             if let Some(refused) = refused {
@@ -211,16 +212,23 @@ async fn serve_connection(
     }
 }
 
-/// hyper's timer, backed by the runtime's (virtual in simulation) sleep.
+/// hyper's timer, backed by the runtime's node-local sleep ([`crate::sleep`]: in
+/// simulation it follows the node's clock, rate included, as every other wait does).
 #[derive(Debug, Clone, Copy)]
 struct RtTimer;
 
-struct RtSleep(std::pin::Pin<Box<tokio::time::Sleep>>);
+/// A node-local sleep for hyper, which wants its timers `Sync`: the future sits behind a
+/// mutex that only its own polls take.
+struct RtSleep(std::sync::Mutex<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>);
 
 impl Future for RtSleep {
     type Output = ();
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        self.0.as_mut().poll(cx)
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        match self.0.lock() {
+            Ok(mut f) => f.as_mut().poll(cx),
+            // A poisoned timer (a panic inside an earlier poll) has fired.
+            Err(_) => std::task::Poll::Ready(()),
+        }
     }
 }
 
@@ -228,7 +236,7 @@ impl hyper::rt::Sleep for RtSleep {}
 
 impl hyper::rt::Timer for RtTimer {
     fn sleep(&self, duration: Duration) -> std::pin::Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(RtSleep(Box::pin(tokio::time::sleep(duration))))
+        Box::pin(RtSleep(std::sync::Mutex::new(Box::pin(crate::sleep(duration)))))
     }
 
     fn sleep_until(&self, deadline: std::time::Instant) -> std::pin::Pin<Box<dyn hyper::rt::Sleep>> {
@@ -368,10 +376,10 @@ impl HttpClient {
     /// Opens a connection to `base` and closes it: the rail's reachability, for readiness.
     pub async fn probe(&self, base: &BaseUrl) -> Result<(), ClientError> {
         let connect = TcpStream::connect(base.authority.as_str());
-        match tokio::time::timeout(Duration::from_millis(self.connect_timeout_ms), connect).await {
-            Err(_) => Err(ClientError::Connect(format!("timed out after {} ms", self.connect_timeout_ms))),
-            Ok(Err(e)) => Err(ClientError::Connect(e.to_string())),
-            Ok(Ok(_stream)) => Ok(()),
+        match crate::timeout(Duration::from_millis(self.connect_timeout_ms), connect).await {
+            None => Err(ClientError::Connect(format!("timed out after {} ms", self.connect_timeout_ms))),
+            Some(Err(e)) => Err(ClientError::Connect(e.to_string())),
+            Some(Ok(_stream)) => Ok(()),
         }
     }
 
@@ -386,10 +394,10 @@ impl HttpClient {
         body: Option<Bytes>,
     ) -> Result<ClientResponse, ClientError> {
         let connect = TcpStream::connect(base.authority.as_str());
-        let stream = match tokio::time::timeout(Duration::from_millis(self.connect_timeout_ms), connect).await {
-            Err(_) => return Err(ClientError::Connect(format!("timed out after {} ms", self.connect_timeout_ms))),
-            Ok(Err(e)) => return Err(ClientError::Connect(e.to_string())),
-            Ok(Ok(s)) => s,
+        let stream = match crate::timeout(Duration::from_millis(self.connect_timeout_ms), connect).await {
+            None => return Err(ClientError::Connect(format!("timed out after {} ms", self.connect_timeout_ms))),
+            Some(Err(e)) => return Err(ClientError::Connect(e.to_string())),
+            Some(Ok(s)) => s,
         };
         let _ = stream.set_nodelay(true);
         let mut builder =
@@ -417,9 +425,9 @@ impl HttpClient {
             driver.abort();
             result
         };
-        match tokio::time::timeout(Duration::from_millis(self.read_timeout_ms), exchange).await {
-            Err(_) => Err(ClientError::Timeout(self.read_timeout_ms)),
-            Ok(r) => r,
+        match crate::timeout(Duration::from_millis(self.read_timeout_ms), exchange).await {
+            None => Err(ClientError::Timeout(self.read_timeout_ms)),
+            Some(r) => r,
         }
     }
 }

@@ -33,7 +33,7 @@ mod runner {
     use dlock_sim::campaign::{self, RunOptions};
     use dlock_sim::summary::{self, replay_command};
 
-    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]\n       dlock-sim replay --seed S";
+    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]\n       dlock-sim replay --seed S\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]";
 
     /// Seeds when `--seeds` is absent.
     const SEEDS_DEFAULT: u64 = 100;
@@ -80,7 +80,11 @@ mod runner {
         match args.first().map(String::as_str) {
             Some("run") => run(parse(&args[1..])?),
             Some("replay") => replay(parse(&args[1..])?),
-            _ => Err("expected `run` or `replay`".into()),
+            Some("bench") => {
+                let given = args.iter().any(|a| a == "--seeds");
+                bench(parse(&args[1..])?, given)
+            }
+            _ => Err("expected `run`, `replay` or `bench`".into()),
         }
     }
 
@@ -131,6 +135,23 @@ mod runner {
             print!("{}", s.render());
         }
         Ok(s.exit_code())
+    }
+
+    /// The speed bench (sim/src/bench.rs): fixed-size seeds, the figures against their
+    /// targets, a bare-round-trip baseline from the same run, requests per seed by route.
+    fn bench(a: Args, seeds_given: bool) -> Result<u8, String> {
+        let n = if seeds_given { a.seeds } else { dlock_sim::bench::BENCH_SEEDS_DEFAULT };
+        let seeds = summary::seeds(a.start, n, a.shard);
+        eprintln!(
+            "dlock-sim bench: seeds {}..={} ({} seeds) on {} jobs",
+            a.start,
+            a.start + n.saturating_sub(1),
+            n,
+            a.jobs
+        );
+        let report = dlock_sim::bench::run_bench(&seeds, a.jobs);
+        print!("{}", report.render());
+        Ok(report.worst.map(|c| c.exit_code()).unwrap_or(0))
     }
 
     fn replay(a: Args) -> Result<u8, String> {
