@@ -1,10 +1,12 @@
 //! The executor's loop and its one critical section per payout.
 //!
 //! For each payout found by a scan (RAIL_ACKED first, to finish what was paid; then
-//! CLAIMED, whose holder may have gone; then PENDING):
+//! CLAIMED, whose holder may have gone; then PENDING; the tasks of one executor share a scan
+//! younger than the poll interval, and any finished payout makes the next one fresh):
 //!
 //! 1. acquire `payout:{accountId}` through the lock client (a contended account is skipped
-//!    and revisited on a later scan);
+//!    and revisited on a later scan; an account a sibling task of this executor works, or
+//!    one found busy earlier in the same pass, is skipped without asking the lock server);
 //! 2. re-read the payout (FR-14). The read is only a hint: the fenced write decides;
 //! 3. claim (P2) with the grant's token, from the state just read (PENDING, or CLAIMED for
 //!    recovery);
@@ -65,6 +67,42 @@ pub struct Executor {
     pub metrics: Arc<ExecutorMetrics>,
     hops: Hops,
     clock: Clock,
+    /// Accounts one of this executor's tasks is working on (acquiring or holding). A sibling
+    /// skips them without asking the lock server: only ever "do less", the lock server stays
+    /// the only authority (at most [`ExecutorConfig::concurrency`] entries).
+    working: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// The last scan of the work queue and when it was taken: a task that finds it younger
+    /// than `executor.poll-interval-ms` works from it instead of scanning again (an idle
+    /// task would have slept that long anyway); any task that works a payout drops it, so
+    /// the next pass after work scans afresh.
+    last_scan: std::sync::Mutex<Option<(dlock_rt::Instant, Vec<Candidate>)>>,
+}
+
+/// How one candidate ended for the task that tried it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Worked (or found nothing to do): go on with the next candidate.
+    Done,
+    /// Its account is busy (a sibling task works it, or the lock server refused the grant):
+    /// the pass skips the account's other candidates.
+    Busy,
+    /// The session must be replaced (an acquire whose answer was lost).
+    Reset,
+}
+
+/// An account marked in [`Executor::working`], unmarked when dropped (every way a critical
+/// section ends, cancellation included).
+struct Working<'a> {
+    set: &'a std::sync::Mutex<std::collections::BTreeSet<String>>,
+    account: String,
+}
+
+impl Drop for Working<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut set) = self.set.lock() {
+            set.remove(&self.account);
+        }
+    }
 }
 
 /// The payout's stable idempotency key, carried by each of its fenced writes with the
@@ -78,7 +116,14 @@ impl Executor {
     pub fn new(cfg: ExecutorConfig, clock: Clock) -> Result<Arc<Executor>, String> {
         cfg.validate()?;
         let hops = Hops::new(&cfg)?;
-        Ok(Arc::new(Executor { cfg, metrics: Arc::new(ExecutorMetrics::default()), hops, clock }))
+        Ok(Arc::new(Executor {
+            cfg,
+            metrics: Arc::new(ExecutorMetrics::default()),
+            hops,
+            clock,
+            working: std::sync::Mutex::new(std::collections::BTreeSet::new()),
+            last_scan: std::sync::Mutex::new(None),
+        }))
     }
 
     /// Runs `concurrency` tasks until `stop` turns true; each finishes its current payout
@@ -146,19 +191,32 @@ impl Executor {
             let mut worked = false;
             let mut reset = false;
             if let Some(s) = &session {
-                let mut candidates = self.scan().await;
+                let mut candidates = self.shared_scan().await;
                 shuffle_within_states(&mut candidates, &mut rng);
+                // Accounts found busy in this pass: their other candidates wait for a later
+                // scan instead of asking the lock server again.
+                let mut busy = std::collections::BTreeSet::new();
                 for c in candidates {
                     if *stop.borrow() || !s.is_alive() {
                         break;
                     }
-                    let (outcome, must_reset) = self.execute_step(s, &owner, &c).await;
-                    if must_reset {
-                        reset = true;
-                        break;
+                    if busy.contains(&c.account_id) {
+                        continue;
+                    }
+                    let (outcome, step) = self.execute_step(s, &owner, &c).await;
+                    match step {
+                        Step::Reset => {
+                            reset = true;
+                            break;
+                        }
+                        Step::Busy => {
+                            busy.insert(c.account_id.clone());
+                        }
+                        Step::Done => {}
                     }
                     if let Some(outcome) = outcome {
                         worked = true;
+                        self.drop_shared_scan();
                         self.metrics.count(outcome);
                         tracing::info!(payoutId = %c.payout_id, accountId = %c.account_id, outcome = outcome.tag(),
                             ownerId = %owner, "payout_executed");
@@ -180,6 +238,34 @@ impl Executor {
         }
         if let Some(s) = session {
             let _ = s.close().await;
+        }
+    }
+
+    /// The work queue as this executor last saw it, if a task scanned it less than
+    /// `executor.poll-interval-ms` ago and no task has worked a payout since; else a fresh
+    /// [`Executor::scan`], kept for the siblings. One scan per executor per poll interval
+    /// instead of one per task: the queue is advisory (every candidate is re-read under
+    /// its lock), so a sibling's scan is as good as one's own.
+    async fn shared_scan(&self) -> Vec<Candidate> {
+        let fresh_for = Duration::from_millis(self.cfg.poll_interval_ms);
+        if let Ok(last) = self.last_scan.lock() {
+            if let Some((at, found)) = last.as_ref() {
+                if self.clock.now().saturating_duration_since(*at) < fresh_for {
+                    return found.clone();
+                }
+            }
+        }
+        let taken = self.clock.now();
+        let found = self.scan().await;
+        if let Ok(mut last) = self.last_scan.lock() {
+            *last = Some((taken, found.clone()));
+        }
+        found
+    }
+
+    fn drop_shared_scan(&self) {
+        if let Ok(mut last) = self.last_scan.lock() {
+            *last = None;
         }
     }
 
@@ -217,23 +303,34 @@ impl Executor {
         self.execute_step(session, owner, c).await.0
     }
 
-    /// [`Executor::execute`], and whether the session must be closed and replaced: after an
-    /// acquire whose answer was lost, the grant may exist in this session and the client
-    /// refuses that key until a new session (the server then reclaims the grant).
-    async fn execute_step(&self, session: &Session, owner: &str, c: &Candidate) -> (Option<Outcome>, bool) {
+    /// [`Executor::execute`], and how the step ended: [`Step::Reset`] when the session must
+    /// be closed and replaced (after an acquire whose answer was lost, the grant may exist
+    /// in this session and the client refuses that key until a new session; the server then
+    /// reclaims the grant), [`Step::Busy`] when the account is worked by a sibling task or
+    /// held elsewhere.
+    async fn execute_step(&self, session: &Session, owner: &str, c: &Candidate) -> (Option<Outcome>, Step) {
+        let Some(_working) = self.mark_working(&c.account_id) else {
+            return (None, Step::Busy);
+        };
         let key = format!("payout:{}", c.account_id);
         let guard = match session.acquire(&key).await {
             Ok(g) => g,
             Err(e @ dlock_lock_client::LockClientError::Ambiguous { .. }) => {
                 tracing::warn!(key, cause = %e, "executor_session_reset");
-                return (None, true);
+                return (None, Step::Reset);
             }
             Err(e) => {
                 tracing::debug!(key, cause = %e, "executor_account_busy");
-                return (None, false);
+                return (None, Step::Busy);
             }
         };
-        (self.execute_held(session, owner, c, guard).await, false)
+        (self.execute_held(session, owner, c, guard).await, Step::Done)
+    }
+
+    /// Marks `account` as worked by the calling task; `None` when a sibling already works it.
+    fn mark_working(&self, account: &str) -> Option<Working<'_>> {
+        let mut set = self.working.lock().ok()?;
+        set.insert(account.to_owned()).then(|| Working { set: &self.working, account: account.to_owned() })
     }
 
     async fn execute_held(&self, session: &Session, owner: &str, c: &Candidate, guard: LockGuard) -> Option<Outcome> {

@@ -376,6 +376,45 @@ impl Rig {
 
 const SUBMISSIONS: &str = "/v1/rail/submissions";
 
+/// Acquire requests the lock server at `lock` has answered (its `lock_acquire_total`).
+async fn acquires(lock: &BaseUrl) -> u64 {
+    let r = HttpClient::new(1_000, 2_000).send(lock, http::Method::GET, "/metrics", &[], None).await.expect("metrics");
+    String::from_utf8_lossy(&r.body)
+        .lines()
+        .filter(|l| l.starts_with("lock_acquire_total{"))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()))
+        .sum()
+}
+
+#[tokio::test]
+async fn a_sibling_task_skips_an_account_its_executor_works_without_asking_the_lock_server() {
+    let rig = rig(|_| {}).await;
+    // Task 0's re-read is slow, so it holds the account's lock a while.
+    rig.payment.on(&format!("/v1/payouts/{}", rig.payout), vec![Reply::Delayed(1_500, 200, view(rig.payout))]);
+    let sibling = async {
+        let held = dlock_rt::wait_until(Duration::from_millis(10), Duration::from_millis(5_000), || async {
+            (!rig.lock_is_free().await).then_some(())
+        })
+        .await;
+        assert!(held.is_some(), "task 0 never took the account's lock");
+        let before = acquires(&rig.lock).await;
+        let client = rig.executor.lock_client(1).expect("client");
+        let session = client.open_session().await.expect("session");
+        let c = dlock_executor::worker::Candidate {
+            payout_id: rig.payout,
+            account_id: "acct-1".into(),
+            state: PayoutState::Pending,
+            created_at: None,
+        };
+        let outcome = rig.executor.execute(&session, "executor-1/1", &c).await;
+        let _ = session.close().await;
+        (outcome, acquires(&rig.lock).await - before)
+    };
+    let (_, (outcome, asked)) = tokio::join!(rig.execute_once(), sibling);
+    assert_eq!(outcome, None, "the sibling worked an account its executor already works");
+    assert_eq!(asked, 0, "the sibling asked the lock server for an account its executor already works");
+}
+
 /// A P2 `200` body (the fakes do not check which payout it names).
 fn claim_ack() -> Value {
     json!({"payoutId": Uuid::nil(), "state": "CLAIMED", "claimToken": 1, "accountFence": 1, "attemptCount": 1,
