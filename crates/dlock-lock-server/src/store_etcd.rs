@@ -272,9 +272,16 @@ fn unavailable(e: etcd_client::Error) -> StoreError {
 }
 
 /// Answers of etcd (or of the client) that prove a write txn was not applied: refused before
-/// it was sent, or by etcd before it was proposed.
-const WRITE_NOT_APPLIED: [&str; 4] =
-    ["etcdserver: no leader", "etcdserver: too many requests", "etcdserver: not capable", "tcp connect error"];
+/// it was sent, or by etcd before it was proposed. A refused connection sent nothing: the
+/// real client says "tcp connect error" (tonic), the simulated one "connection refused"
+/// (madsim's connect, before the request exists on the wire).
+const WRITE_NOT_APPLIED: [&str; 5] = [
+    "etcdserver: no leader",
+    "etcdserver: too many requests",
+    "etcdserver: not capable",
+    "tcp connect error",
+    "connection refused",
+];
 
 /// A failed write txn. Provably not applied (see [`WRITE_NOT_APPLIED`], or arguments the
 /// client refused before sending) is [`StoreError::Unavailable`]; anything else (no answer
