@@ -253,22 +253,13 @@ impl BenchReport {
 
 /// Runs `seeds` bench seeds on `jobs` threads, then the baseline; the report.
 pub fn run_bench(seeds: &[u64], jobs: usize) -> BenchReport {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Mutex;
     let jobs = jobs.clamp(1, seeds.len().max(1));
-    let runs = Mutex::new(Vec::new());
-    let next = AtomicUsize::new(0);
+    let runs = std::sync::Mutex::new(Vec::new());
     let started = std::time::Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..jobs {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(seed) = seeds.get(i) else { break };
-                let r = run_bench_seed(*seed);
-                if let Ok(mut runs) = runs.lock() {
-                    runs.push(r);
-                }
-            });
+    crate::campaign::for_each_seed(seeds, jobs, &|seed| {
+        let r = run_bench_seed(seed);
+        if let Ok(mut runs) = runs.lock() {
+            runs.push(r);
         }
     });
     let wall_s = started.elapsed().as_secs_f64();

@@ -308,9 +308,27 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<Str
     (failures, sim_ms, trace)
 }
 
-/// Runs `seeds` on `jobs` worker threads (one madsim runtime per thread, one seed at a
-/// time), calling `progress(done, total, &outcome)` after each seed (from the worker's
-/// thread); returns the summary, wall time included.
+/// Calls `each(seed)` for every seed on `jobs` worker threads (one seed at a time per
+/// thread, seeds handed out in order; one madsim runtime per thread, as madsim's own test
+/// macro runs them).
+pub fn for_each_seed(seeds: &[u64], jobs: usize, each: &(dyn Fn(u64) + Sync)) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let jobs = jobs.clamp(1, seeds.len().max(1));
+    let next = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| {
+                while let Some(seed) = seeds.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    each(*seed);
+                }
+            });
+        }
+    });
+}
+
+/// Runs `seeds` on `jobs` worker threads ([`for_each_seed`]), calling
+/// `progress(done, total, &outcome)` after each seed (from the worker's thread); returns
+/// the summary, wall time included.
 pub fn run_campaign(
     seeds: &[u64],
     jobs: usize,
@@ -321,21 +339,14 @@ pub fn run_campaign(
     use std::sync::Mutex;
     let jobs = jobs.clamp(1, seeds.len().max(1));
     let summary = Mutex::new(crate::summary::Summary::new(jobs));
-    let next = AtomicUsize::new(0);
     let done = AtomicUsize::new(0);
     let started = std::time::Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..jobs {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(seed) = seeds.get(i) else { break };
-                let outcome = run_seed(*seed, opts);
-                if let Ok(mut sum) = summary.lock() {
-                    sum.add(&outcome);
-                }
-                progress(done.fetch_add(1, Ordering::Relaxed) + 1, seeds.len(), &outcome);
-            });
+    for_each_seed(seeds, jobs, &|seed| {
+        let outcome = run_seed(seed, opts);
+        if let Ok(mut sum) = summary.lock() {
+            sum.add(&outcome);
         }
+        progress(done.fetch_add(1, Ordering::Relaxed) + 1, seeds.len(), &outcome);
     });
     let mut summary = summary.into_inner().unwrap_or_else(|e| e.into_inner());
     summary.wall_s = started.elapsed().as_secs_f64();

@@ -342,7 +342,13 @@ async fn rig(tune: impl FnOnce(&mut ExecutorConfig)) -> Rig {
 
 impl Rig {
     async fn execute_once(&self) -> Option<Outcome> {
-        let client = self.executor.lock_client(0).expect("client");
+        self.execute_as(0).await
+    }
+
+    /// One critical section for the rig's payout by the executor's task `index`, in a
+    /// session of its own.
+    async fn execute_as(&self, index: usize) -> Option<Outcome> {
+        let client = self.executor.lock_client(index).expect("client");
         let session = client.open_session().await.expect("session");
         let c = dlock_executor::worker::Candidate {
             payout_id: self.payout,
@@ -350,7 +356,7 @@ impl Rig {
             state: PayoutState::Pending,
             created_at: None,
         };
-        let outcome = self.executor.execute(&session, "executor-1/0", &c).await;
+        let outcome = self.executor.execute(&session, &format!("executor-1/{index}"), &c).await;
         let _ = session.close().await;
         outcome
     }
@@ -398,16 +404,7 @@ async fn a_sibling_task_skips_an_account_its_executor_works_without_asking_the_l
         .await;
         assert!(held.is_some(), "task 0 never took the account's lock");
         let before = acquires(&rig.lock).await;
-        let client = rig.executor.lock_client(1).expect("client");
-        let session = client.open_session().await.expect("session");
-        let c = dlock_executor::worker::Candidate {
-            payout_id: rig.payout,
-            account_id: "acct-1".into(),
-            state: PayoutState::Pending,
-            created_at: None,
-        };
-        let outcome = rig.executor.execute(&session, "executor-1/1", &c).await;
-        let _ = session.close().await;
+        let outcome = rig.execute_as(1).await;
         (outcome, acquires(&rig.lock).await - before)
     };
     let (_, (outcome, asked)) = tokio::join!(rig.execute_once(), sibling);

@@ -16,6 +16,8 @@
 //! - Tasks are spawned with [`spawn`]; sockets are opened with [`http::bind`] and
 //!   [`http::HttpClient`]. Both resolve to madsim's simulated network under `cfg(madsim)`.
 
+#[macro_use]
+mod tally;
 pub mod buggify;
 pub mod clock;
 pub mod http;

@@ -85,33 +85,12 @@ impl Probe {
     }
 }
 
-#[cfg(madsim)]
-thread_local! {
-    static COUNTS: std::cell::RefCell<std::collections::BTreeMap<Probe, u64>> =
-        const { std::cell::RefCell::new(std::collections::BTreeMap::new()) };
-}
+per_thread_tally!(Probe);
 
 /// Records that `probe` fired (a no-op outside the simulation).
 #[inline]
 pub fn hit(probe: Probe) {
-    #[cfg(madsim)]
-    COUNTS.with(|c| *c.borrow_mut().entry(probe).or_insert(0) += 1);
-    #[cfg(not(madsim))]
-    let _ = probe;
-}
-
-/// This thread's counts since the last [`reset`] (empty outside the simulation).
-pub fn snapshot() -> std::collections::BTreeMap<Probe, u64> {
-    #[cfg(madsim)]
-    return COUNTS.with(|c| c.borrow().clone());
-    #[cfg(not(madsim))]
-    std::collections::BTreeMap::new()
-}
-
-/// Forgets this thread's counts (call before each seed).
-pub fn reset() {
-    #[cfg(madsim)]
-    COUNTS.with(|c| c.borrow_mut().clear());
+    add(probe);
 }
 
 #[cfg(test)]

@@ -30,33 +30,16 @@ pub fn route(method: &str, path: &str) -> String {
     out
 }
 
-#[cfg(madsim)]
-thread_local! {
-    static COUNTS: std::cell::RefCell<std::collections::BTreeMap<String, u64>> =
-        const { std::cell::RefCell::new(std::collections::BTreeMap::new()) };
-}
+per_thread_tally!(String);
 
-/// Counts one request answered (a no-op outside the simulation).
+/// Counts one request answered (a no-op outside the simulation: the route is not even
+/// formed).
 #[inline]
 pub fn count(method: &http::Method, path: &str) {
     #[cfg(madsim)]
-    COUNTS.with(|c| *c.borrow_mut().entry(route(method.as_str(), path)).or_insert(0) += 1);
+    add(route(method.as_str(), path));
     #[cfg(not(madsim))]
     let _ = (method, path);
-}
-
-/// This thread's counts since the last [`reset`] (empty outside the simulation).
-pub fn snapshot() -> std::collections::BTreeMap<String, u64> {
-    #[cfg(madsim)]
-    return COUNTS.with(|c| c.borrow().clone());
-    #[cfg(not(madsim))]
-    std::collections::BTreeMap::new()
-}
-
-/// Forgets this thread's counts.
-pub fn reset() {
-    #[cfg(madsim)]
-    COUNTS.with(|c| c.borrow_mut().clear());
 }
 
 #[cfg(test)]
