@@ -2,7 +2,7 @@
 //!
 //! For each payout found by a scan (RAIL_ACKED first, to finish what was paid; then
 //! CLAIMED, whose holder may have gone; then PENDING; the tasks of one executor share a scan
-//! younger than the poll interval, and any finished payout makes the next one fresh):
+//! younger than the poll interval, less the payouts they have worked since):
 //!
 //! 1. acquire `payout:{accountId}` through the lock client (a contended account is skipped
 //!    and revisited on a later scan; an account a sibling task of this executor works, or
@@ -73,9 +73,10 @@ pub struct Executor {
     working: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// The last scan of the work queue and when it was taken: a task that finds it younger
     /// than `executor.poll-interval-ms` works from it instead of scanning again (an idle
-    /// task would have slept that long anyway); any task that works a payout drops it, so
-    /// the next pass after work scans afresh.
-    last_scan: std::sync::Mutex<Option<(dlock_rt::Instant, Vec<Candidate>)>>,
+    /// task would have slept that long anyway); a payout a task has worked leaves it.
+    /// An async lock held across a scan, so tasks that wake together wait for one scan
+    /// instead of each taking its own.
+    last_scan: tokio::sync::Mutex<Option<(dlock_rt::Instant, Vec<Candidate>)>>,
 }
 
 /// How one candidate ended for the task that tried it.
@@ -122,7 +123,7 @@ impl Executor {
             hops,
             clock,
             working: std::sync::Mutex::new(std::collections::BTreeSet::new()),
-            last_scan: std::sync::Mutex::new(None),
+            last_scan: tokio::sync::Mutex::new(None),
         }))
     }
 
@@ -216,7 +217,7 @@ impl Executor {
                     }
                     if let Some(outcome) = outcome {
                         worked = true;
-                        self.drop_shared_scan();
+                        self.forget_scanned(c.payout_id).await;
                         self.metrics.count(outcome);
                         tracing::info!(payoutId = %c.payout_id, accountId = %c.account_id, outcome = outcome.tag(),
                             ownerId = %owner, "payout_executed");
@@ -241,31 +242,30 @@ impl Executor {
         }
     }
 
-    /// The work queue as this executor last saw it, if a task scanned it less than
-    /// `executor.poll-interval-ms` ago and no task has worked a payout since; else a fresh
+    /// The work queue as this executor last saw it (less the payouts its tasks have worked
+    /// since), if a task scanned it less than `executor.poll-interval-ms` ago; else a fresh
     /// [`Executor::scan`], kept for the siblings. One scan per executor per poll interval
     /// instead of one per task: the queue is advisory (every candidate is re-read under
     /// its lock), so a sibling's scan is as good as one's own.
     async fn shared_scan(&self) -> Vec<Candidate> {
         let fresh_for = Duration::from_millis(self.cfg.poll_interval_ms);
-        if let Ok(last) = self.last_scan.lock() {
-            if let Some((at, found)) = last.as_ref() {
-                if self.clock.now().saturating_duration_since(*at) < fresh_for {
-                    return found.clone();
-                }
+        let mut last = self.last_scan.lock().await;
+        if let Some((at, found)) = last.as_ref() {
+            if self.clock.now().saturating_duration_since(*at) < fresh_for {
+                return found.clone();
             }
         }
         let taken = self.clock.now();
         let found = self.scan().await;
-        if let Ok(mut last) = self.last_scan.lock() {
-            *last = Some((taken, found.clone()));
-        }
+        *last = Some((taken, found.clone()));
         found
     }
 
-    fn drop_shared_scan(&self) {
-        if let Ok(mut last) = self.last_scan.lock() {
-            *last = None;
+    /// Takes a payout this executor has worked out of the shared scan, so a sibling does
+    /// not pick it up again from there.
+    async fn forget_scanned(&self, payout_id: Uuid) {
+        if let Some((_, found)) = self.last_scan.lock().await.as_mut() {
+            found.retain(|c| c.payout_id != payout_id);
         }
     }
 
