@@ -111,6 +111,8 @@ pub fn drift_beyond_margin(rate: f64) -> bool {
 struct Played<'a> {
     world: &'a World,
     monitor: &'a Monitor,
+    /// Fault events applied (not skipped), by kind.
+    kinds: std::sync::Mutex<BTreeMap<&'static str, u64>>,
 }
 
 impl Stage for Played<'_> {
@@ -136,6 +138,11 @@ impl Stage for Played<'_> {
         self.world.wait_for(trigger)
     }
     fn applied(&self, event: &Event, line: &str) {
+        if let (Some(kind), false) = (event.kind(), line.starts_with("SKIPPED")) {
+            if let Ok(mut k) = self.kinds.lock() {
+                *k.entry(kind).or_insert(0) += 1;
+            }
+        }
         if let Event::DriftClock { node, rate } = event {
             if node.starts_with("executor-") && drift_beyond_margin(*rate) && !line.starts_with("SKIPPED") {
                 self.monitor.note_drifted_owner(node);
@@ -166,7 +173,7 @@ pub fn run_config(cfg: SwarmConfig, opts: &RunOptions) -> SeedOutcome {
     }));
     let probes = dlock_rt::probe::snapshot();
     match played {
-        Ok((failures, sim_ms, trace)) => SeedOutcome { seed, config, failures, probes, sim_ms, trace },
+        Ok((failures, sim_ms, trace, faults)) => SeedOutcome { seed, config, failures, probes, sim_ms, trace, faults },
         Err(panic) => {
             let msg = panic
                 .downcast_ref::<String>()
@@ -181,6 +188,7 @@ pub fn run_config(cfg: SwarmConfig, opts: &RunOptions) -> SeedOutcome {
                 probes,
                 sim_ms: 0,
                 trace: vec![msg],
+                faults: BTreeMap::new(),
             }
         }
     }
@@ -198,13 +206,16 @@ async fn states(paydb: &dyn PaymentStore, ids: &[Uuid]) -> BTreeMap<Uuid, Option
     out
 }
 
-/// The seed inside its runtime: (failures, simulated ms, trace).
-async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<String>) {
+/// The seed inside its runtime.
+/// What [`play`] returns: failures, simulated ms, trace, fault events applied by kind.
+type Played4 = (Vec<Failure>, u64, Vec<String>, BTreeMap<&'static str, u64>);
+
+async fn play(cfg: SwarmConfig, opts: RunOptions) -> Played4 {
     let t0 = madsim::time::Instant::now();
     let mut trace = vec![cfg.to_string()];
     let mut w = match world::build(spec_of(&cfg)).await {
         Ok(w) => w,
-        Err(e) => return (vec![Failure::crash("world_builds", e)], 0, trace),
+        Err(e) => return (vec![Failure::crash("world_builds", e)], 0, trace, BTreeMap::new()),
     };
     // The oracle watches every acceptance and grant from the first write on.
     let monitor = crate::oracle::Monitor::start(&w);
@@ -231,7 +242,7 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<Str
     // Fault phase: the schedule plays on this task (the supervisor, on no service node)
     // while the workload and the operator run on theirs; it is cut at `fault_ms`.
     let fault_end = madsim::time::Instant::now() + std::time::Duration::from_millis(cfg.fault_ms);
-    let stage = Played { world: &w, monitor: &monitor };
+    let stage = Played { world: &w, monitor: &monitor, kinds: std::sync::Mutex::new(BTreeMap::new()) };
     let cut =
         madsim::time::timeout(std::time::Duration::from_millis(cfg.fault_ms), schedule.play(&stage)).await.is_err();
     madsim::time::sleep_until(fault_end).await;
@@ -304,8 +315,9 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<Str
         trace.extend(log.calls.iter().map(|c| format!("rail: {} {:?} paid={}", c.client_ref, c.outcome, c.paid)));
     }
     let sim_ms = t0.elapsed().as_millis() as u64;
+    let faults = stage.kinds.into_inner().unwrap_or_else(|e| e.into_inner());
     w.shutdown();
-    (failures, sim_ms, trace)
+    (failures, sim_ms, trace, faults)
 }
 
 /// Calls `each(seed)` for every seed on `jobs` worker threads (one seed at a time per

@@ -51,6 +51,24 @@ impl Trigger {
         [Trigger::LeaseGranted, Trigger::RailCall, Trigger::IntentWritten, Trigger::WaiterQueued];
 }
 
+/// Every fault kind the swarm draws a rate for ([`FaultRates`]), by the name campaign
+/// summaries print ([`Event::kind`]).
+pub const FAULT_KINDS: [&str; 13] = [
+    "pause",
+    "crash",
+    "partition",
+    "one-way",
+    "clog",
+    "lossy-link",
+    "drift",
+    "skew",
+    "store-unavailable",
+    "lost-ack",
+    "store-latency",
+    "leader-loss",
+    "revoke",
+];
+
 /// One fault event, over node names.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -132,6 +150,27 @@ impl Event {
             Event::StoreFault { .. } => "store-fault",
             Event::Revoke { .. } => "revoke",
         }
+    }
+
+    /// The fault kind (one of [`FAULT_KINDS`], the kinds the swarm draws a rate for) this
+    /// event injects; `None` for the events that undo one (resume, start, heal, unclog).
+    pub fn kind(&self) -> Option<&'static str> {
+        Some(match self {
+            Event::Pause { .. } => "pause",
+            Event::Crash { .. } => "crash",
+            Event::Partition { one_way: false, .. } => "partition",
+            Event::Partition { one_way: true, .. } => "one-way",
+            Event::Clog { loss: None, .. } => "clog",
+            Event::Clog { loss: Some(_), .. } => "lossy-link",
+            Event::DriftClock { .. } => "drift",
+            Event::SkewClock { .. } => "skew",
+            Event::StoreFault { fault: StoreFaultKind::Unavailable, .. } => "store-unavailable",
+            Event::StoreFault { fault: StoreFaultKind::CommitUnknown, .. } => "lost-ack",
+            Event::StoreFault { fault: StoreFaultKind::Latency, .. } => "store-latency",
+            Event::StoreFault { fault: StoreFaultKind::LeaderLoss, .. } => "leader-loss",
+            Event::Revoke { .. } => "revoke",
+            Event::Resume { .. } | Event::Start { .. } | Event::Heal { .. } | Event::Unclog { .. } => return None,
+        })
     }
 
     /// Node names the event acts on.

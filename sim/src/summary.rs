@@ -24,6 +24,9 @@ pub struct Summary {
     pub failures: Vec<(u64, String, Failure)>,
     /// Every probe's total over the seeds (zeros included).
     pub probes: BTreeMap<Probe, u64>,
+    /// Fault events applied over the seeds, by kind (every kind of
+    /// [`crate::schedule::FAULT_KINDS`], zeros included).
+    pub faults: BTreeMap<&'static str, u64>,
     pub sim_ms: u64,
     /// Wall time the campaign took, in seconds (set by the runner).
     pub wall_s: f64,
@@ -33,7 +36,12 @@ pub struct Summary {
 
 impl Summary {
     pub fn new(jobs: usize) -> Summary {
-        Summary { probes: Probe::ALL.iter().map(|p| (*p, 0)).collect(), jobs: jobs.max(1), ..Summary::default() }
+        Summary {
+            probes: Probe::ALL.iter().map(|p| (*p, 0)).collect(),
+            faults: crate::schedule::FAULT_KINDS.iter().map(|k| (*k, 0)).collect(),
+            jobs: jobs.max(1),
+            ..Summary::default()
+        }
     }
 
     pub fn add(&mut self, o: &SeedOutcome) {
@@ -41,6 +49,9 @@ impl Summary {
         self.sim_ms += o.sim_ms;
         for (p, n) in &o.probes {
             *self.probes.entry(*p).or_insert(0) += n;
+        }
+        for (k, n) in &o.faults {
+            *self.faults.entry(k).or_insert(0) += n;
         }
         for f in &o.failures {
             self.failures.push((o.seed, o.config.clone(), f.clone()));
@@ -68,6 +79,12 @@ impl Summary {
     /// Probes that never fired.
     pub fn silent_probes(&self) -> Vec<Probe> {
         Probe::ALL.iter().copied().filter(|p| self.probes.get(p).copied().unwrap_or(0) == 0).collect()
+    }
+
+    /// Fault kinds no seed's schedule applied: a campaign that never played one has not
+    /// explored it.
+    pub fn unplayed_fault_kinds(&self) -> Vec<&'static str> {
+        crate::schedule::FAULT_KINDS.iter().copied().filter(|k| self.faults.get(k).copied().unwrap_or(0) == 0).collect()
     }
 
     pub fn seeds_per_s(&self) -> f64 {
@@ -121,6 +138,10 @@ impl Summary {
         for (p, n) in &self.probes {
             out.push_str(&format!("  {:<28} {n}\n", p.name()));
         }
+        out.push_str("fault events applied:\n");
+        for (k, n) in &self.faults {
+            out.push_str(&format!("  {k:<28} {n}\n"));
+        }
         out.push_str(&format!(
             "speed: {:.1} seeds/s on {} jobs ({:.2} seeds/s/core), {:.0} simulated s per wall s ({:.1} s simulated in {:.1} s wall)\n",
             self.seeds_per_s(),
@@ -158,6 +179,8 @@ impl Summary {
             "failures": failures,
             "probes": probes,
             "silentProbes": self.silent_probes().iter().map(|p| p.name()).collect::<Vec<_>>(),
+            "faults": self.faults,
+            "unplayedFaultKinds": self.unplayed_fault_kinds(),
             "simMs": self.sim_ms,
             "wallS": self.wall_s,
             "jobs": self.jobs,
@@ -205,6 +228,19 @@ mod tests {
         assert_eq!(seeds(100, 10, Some((1, 3))), vec![100, 103, 106, 109]);
         assert_eq!(parse_shard("2/4"), Ok((2, 4)));
         assert!(parse_shard("0/4").is_err() && parse_shard("5/4").is_err() && parse_shard("x").is_err());
+    }
+
+    #[test]
+    fn a_fault_kind_no_seed_applied_is_reported_unplayed() {
+        let mut s = Summary::new(1);
+        assert_eq!(s.unplayed_fault_kinds().len(), crate::schedule::FAULT_KINDS.len());
+        let mut o = SeedOutcome::default();
+        for k in crate::schedule::FAULT_KINDS.iter().filter(|k| **k != "lossy-link") {
+            o.faults.insert(k, 1);
+        }
+        s.add(&o);
+        assert_eq!(s.unplayed_fault_kinds(), vec!["lossy-link"]);
+        assert!(s.render().contains("lossy-link"));
     }
 
     #[test]

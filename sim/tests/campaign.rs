@@ -52,6 +52,9 @@ fn a_swarm_campaign_of_drawn_worlds_finds_no_failure() {
     eprintln!("{}", s.render());
     assert_eq!(s.seeds_run as usize, seeds.len());
     assert_eq!(s.exit_code(), 0, "{}", s.failure_lines().join("\n"));
+    // Every fault kind the swarm can draw was played somewhere in the default set.
+    let unplayed = s.unplayed_fault_kinds();
+    assert!(unplayed.is_empty(), "fault kinds no seed of {start}..{} applied: {unplayed:?}", start + count);
 }
 
 /// A seed replays bit for bit: the same configuration, failures, probe counts and trace.
