@@ -24,6 +24,7 @@ pub mod rand;
 pub mod service;
 #[cfg(madsim)]
 pub mod sim_clock;
+pub mod wire_log;
 
 pub use clock::{Clock, Instant};
 pub use service::ServiceHandle;
