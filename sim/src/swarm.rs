@@ -67,7 +67,8 @@ pub struct SwarmConfig {
     /// Simulated length of the fault phase.
     pub fault_ms: u64,
     /// `executor.lock-wait-ms`: how long an executor's acquire of a contended account waits
-    /// in the lock server's queue (0: skipped at once, the executor's default).
+    /// in the lock server's queue (0: skipped at once, the executor's default); at most a
+    /// quarter of `lock_ttl_ms`.
     pub lock_wait_ms: u64,
     /// One executor (0-based index) whose clock runs at this rate, beyond the lock client's
     /// safety margin (below 0.7×), for the whole fault phase: the stale writer the fences
@@ -206,7 +207,10 @@ impl SwarmConfig {
         let operator_resolves = !d.chance(ZERO_P);
         let faults = draw_fault_rates(&mut d);
         // Drawn after everything above, so adding them left every earlier draw unchanged.
-        let lock_wait_ms = if d.chance(ZERO_P) { 0 } else { d.range(1, LOCK_WAIT_MS_MAX / 100) * 100 };
+        // At most a quarter of the lease (the executor's bound: a queued wait uses it up).
+        let wait_steps_max =
+            (LOCK_WAIT_MS_MAX.min(lock_ttl_ms / dlock_executor::config::LOCK_WAIT_TTL_DIVISOR) / 100).max(1);
+        let lock_wait_ms = if d.chance(ZERO_P) { 0 } else { d.range(1, wait_steps_max) * 100 };
         let drifted_executor = if d.chance(ZERO_P) {
             None
         } else {
@@ -364,6 +368,7 @@ mod tests {
             assert!(c.hot_accounts >= 1 && c.hot_accounts <= c.accounts && c.accounts <= ACCOUNTS_MAX);
             assert!(c.arrival_ms <= c.fault_ms);
             assert!(c.lock_wait_ms <= LOCK_WAIT_MS_MAX && c.lock_wait_ms.is_multiple_of(100));
+            assert!(c.lock_wait_ms * dlock_executor::config::LOCK_WAIT_TTL_DIVISOR <= c.lock_ttl_ms, "{c}");
             if let Some((i, rate)) = c.drifted_executor {
                 assert!(i < c.executors.len());
                 assert!((DRIFT_RATE_MIN..=DRIFT_RATE_MAX).contains(&rate), "{rate}");

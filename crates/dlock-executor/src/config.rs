@@ -133,6 +133,12 @@ pub const LOCK_WAIT_MS_DEFAULT: u64 = 0;
 /// give up first and manufacture an ambiguous acquire. 500 ms is left for the answer.
 pub const LOCK_WAIT_MS_MAX: u64 = 1_500;
 const _: () = assert!(LOCK_WAIT_MS_MAX < dlock_lock_client::config::ACQUIRE_READ_TIMEOUT_MS_DEFAULT);
+/// `executor.lock-wait-ms` is at most `executor.lock-ttl-ms / LOCK_WAIT_TTL_DIVISOR`. The
+/// lock client's local deadline runs from the instant the acquire was *sent*
+/// (`ttl × (1 − 0.30)`), so time spent queued is lease lost: after the longest wait a grant
+/// still has 45 % of its lease to work in. A longer wait hands out grants that are dead on
+/// arrival, and a deep queue of such waiters makes no progress at all.
+pub const LOCK_WAIT_TTL_DIVISOR: u64 = 4;
 /// Longest injected stall (`executor.chaos.pause-ms`).
 pub const PAUSE_MS_MAX: u64 = 120_000;
 /// Longest any single budget may be set to.
@@ -154,7 +160,8 @@ pub struct ExecutorConfig {
     pub lock_ttl_ms: u64,
     /// `executor.lock-wait-ms`: how long an acquire of a contended account queues at the
     /// lock server (`waitMillis`) before the account is skipped; 0 skips it at once.
-    /// At most [`LOCK_WAIT_MS_MAX`], below the lock client's acquire read budget.
+    /// At most [`LOCK_WAIT_MS_MAX`], below the lock client's acquire read budget, and at
+    /// most `lock_ttl_ms / LOCK_WAIT_TTL_DIVISOR` (the wait uses up the local lease).
     pub lock_wait_ms: u64,
     pub write_connect_timeout_ms: u64,
     pub write_read_timeout_ms: u64,
@@ -263,9 +270,10 @@ impl ExecutorConfig {
         if !(1_000..=60_000).contains(&self.lock_ttl_ms) {
             return Err("executor.lock-ttl-ms must be 1000..=60000 (C3 L4)".into());
         }
-        if self.lock_wait_ms > LOCK_WAIT_MS_MAX {
+        if self.lock_wait_ms > LOCK_WAIT_MS_MAX || self.lock_wait_ms * LOCK_WAIT_TTL_DIVISOR > self.lock_ttl_ms {
             return Err(format!(
-                "executor.lock-wait-ms must be 0..={LOCK_WAIT_MS_MAX} (below the lock client's acquire read budget)"
+                "executor.lock-wait-ms must be 0..={LOCK_WAIT_MS_MAX} (below the lock client's acquire read budget) \
+                 and at most executor.lock-ttl-ms / {LOCK_WAIT_TTL_DIVISOR} (a queued wait uses up the lease)"
             ));
         }
         if !(1..=CONCURRENCY_MAX).contains(&self.concurrency) {
@@ -355,5 +363,11 @@ mod tests {
         let mut c = cfg();
         c.lock_wait_ms = dlock_lock_client::config::ACQUIRE_READ_TIMEOUT_MS_DEFAULT;
         assert!(c.validate().is_err_and(|e| e.contains("executor.lock-wait-ms")));
+        // A quarter of the lease at most: a 1 s lease may wait 250 ms, not 251.
+        let mut c = cfg();
+        (c.lock_ttl_ms, c.lock_wait_ms) = (1_000, 250);
+        assert_eq!(c.validate(), Ok(()));
+        c.lock_wait_ms = 251;
+        assert!(c.validate().is_err_and(|e| e.contains("executor.lock-ttl-ms / 4")));
     }
 }

@@ -177,7 +177,7 @@ struct ExecutorArgs {
     /// [executor.lock-ttl-ms] Lease asked for on each grant (70 % of it is the local deadline).
     #[arg(long, env = "DLOCK_EXECUTOR_LOCK_TTL_MS", value_name = "MS")]
     lock_ttl_ms: Option<u64>,
-    /// [executor.lock-wait-ms] Wait in the lock server's queue for a contended account, at most 1500 (0: skip it).
+    /// [executor.lock-wait-ms] Wait in the lock server's queue for a contended account, at most 1500 and lock-ttl-ms / 4 (0: skip it).
     #[arg(long, env = "DLOCK_EXECUTOR_LOCK_WAIT_MS", value_name = "MS")]
     lock_wait_ms: Option<u64>,
     /// [executor.write.connect-timeout-ms] Claim and post: connect budget.
