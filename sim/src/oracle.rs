@@ -3,7 +3,9 @@
 //! Ground truth is the stores' own records and the rail's own call log, never an answer a
 //! service gave: paydb's tables ([`MemPaydb`]: payouts, submission rows, accounts, ledger,
 //! fences, marks, idempotency records), the simulation lockdb's committed changes
-//! ([`MemLockStore`]) and the rail-stub's `GET /calls`.
+//! ([`MemLockStore`]) and the rail-stub's `GET /calls`. The answers callers received
+//! ([`dlock_rt::wire_log`]) are never evidence of what happened; the [`wire`] checks judge
+//! them against that ground truth.
 //!
 //! Three parts:
 //! - **Online** ([`Monitor`], the part that must run while the world runs): an observer on
