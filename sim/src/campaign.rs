@@ -93,10 +93,16 @@ pub fn spec_of(cfg: &SwarmConfig) -> WorldSpec {
 /// The seed's fault schedule over `targets` (node names) for `cfg.fault_ms`, drawn from
 /// `rng` (the runtime's seeded generator in a campaign). The rail-stub is never crashed: it
 /// stands for the bank, whose record of calls (the oracle's ground truth) outlives any
-/// outage; it may still be paused, partitioned or clogged.
+/// outage; it may still be paused, partitioned or clogged. The drawn drifted executor
+/// (`cfg.drifted_executor`) opens the schedule: its clock is slowed at 0 ms (it draws
+/// nothing from `rng`, so the rest of the schedule is unchanged by it).
 pub fn draw_schedule(cfg: &SwarmConfig, targets: &[String], rng: &mut impl dlock_rt::rand::Rng) -> Schedule {
     let mut s = Schedule::draw(&cfg.faults, targets, cfg.fault_ms, rng);
     s.events.retain(|t| !matches!(&t.event, Event::Crash { node } | Event::Start { node } if node == "rail-stub"));
+    if let Some((node, rate)) = cfg.drifted_executor_node().filter(|(n, _)| targets.contains(n)) {
+        let drift = crate::schedule::Timed { at_ms: 0, when: None, event: Event::DriftClock { node, rate } };
+        s.events.insert(0, drift);
+    }
     debug_assert!(s.closes_what_it_opens());
     s
 }

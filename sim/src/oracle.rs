@@ -3,7 +3,9 @@
 //! Ground truth is the stores' own records and the rail's own call log, never an answer a
 //! service gave: paydb's tables ([`MemPaydb`]: payouts, submission rows, accounts, ledger,
 //! fences, marks, idempotency records), the simulation lockdb's committed changes
-//! ([`MemLockStore`]) and the rail-stub's `GET /calls`.
+//! ([`MemLockStore`]) and the rail-stub's `GET /calls`. The answers callers received
+//! ([`dlock_rt::wire_log`]) are never evidence of what happened; the [`wire`] checks judge
+//! them against that ground truth.
 //!
 //! Three parts:
 //! - **Online** ([`Monitor`], the part that must run while the world runs): an observer on
@@ -12,8 +14,10 @@
 //!   release, revoke, drop and session end. Each is judged by a [`Checker`] at the moment it
 //!   commits; a failure records the simulated time it fired. Fences and marks are sampled at
 //!   every fenced write (every account, so any write that lowered one is seen at the next).
-//! - **End of run** ([`check`]): the rail's log against paydb's rows, the ledger, and the
-//!   online failures.
+//! - **End of run** ([`check`]): the rail's log against paydb's rows, the ledger, the
+//!   online failures, and what callers received on the wire ([`dlock_rt::wire_log`], the
+//!   [`wire`] checks): every answer marked `retrySafe: true` left no trace, and every
+//!   answer to a recorded claim or post is its record's bytes.
 //! - **Liveness** ([`liveness`], after every fault healed): every payout settled, no intent
 //!   unresolved, and the reconciler's report equal to what the oracle computed itself.
 //!
@@ -37,6 +41,9 @@ use dlock_rt::probe::{self, Probe};
 use uuid::Uuid;
 
 use crate::outcome::Failure;
+
+pub mod wire;
+pub use wire::{parse_wire, retry_safe_failures, wire_replay_failures, Effects, Records, WireTarget, WireWrite};
 
 /// The invariant ids (stable: campaign summaries and `--json` print them).
 pub mod ids {
@@ -66,6 +73,14 @@ pub mod ids {
     pub const AMBIGUOUS_NEVER_RESUBMITTED: &str = "ambiguous_payout_never_resubmitted";
     /// A replay answers exactly the bytes first recorded for its identity.
     pub const REPLAY_BYTE_IDENTICAL: &str = "idempotent_replay_byte_identical";
+    /// On the wire: every answer below 500 to a claim or post whose identity paydb recorded
+    /// is the recorded status and bytes (first execution and replays alike).
+    pub const WIRE_REPLAY_BYTE_IDENTICAL: &str = "idempotent_replay_byte_identical_on_the_wire";
+    /// A claim, post, submission or acquire answered `retrySafe: true` left no effect in the
+    /// stores.
+    pub const RETRY_SAFE_LEFT_NO_TRACE: &str = "retry_safe_answer_left_no_trace";
+    /// The wire log kept every exchange of the seed (`dlock_rt::wire_log::EXCHANGES_MAX`).
+    pub const WIRE_LOG_COMPLETE: &str = "wire_log_within_its_bound";
     /// Liveness: every payout reached POSTED, FAILED, ABANDONED or RAIL_AMBIGUOUS.
     pub const EVERY_PAYOUT_SETTLES: &str = "every_payout_settles";
     /// Liveness: no intent row is left without an outcome.
@@ -164,6 +179,11 @@ pub struct Checker {
     drifted_owners: BTreeSet<String>,
     /// Fences a campaign switched off on purpose: acceptances there are not judged.
     layers_off: BTreeSet<Fence>,
+    /// (op, payout, token) of every fenced write a fence accepted (the retry-safe check's
+    /// effects).
+    accepted_writes: BTreeSet<(FencedOp, Uuid, i64)>,
+    /// Every committed grant: (wire-log sequence at its commit, session, key).
+    grant_seqs: Vec<(u64, Uuid, String)>,
     failures: Vec<TimedFailure>,
     /// Counts of what was observed (for the trace and the tests).
     pub acceptances: u64,
@@ -178,6 +198,21 @@ impl Checker {
 
     fn fail(&mut self, at_ms: u64, f: Failure) {
         self.failures.push(TimedFailure { at_ms, failure: f });
+    }
+
+    /// (op, payout, token) of every fenced write accepted so far.
+    pub fn accepted_writes(&self) -> &BTreeSet<(FencedOp, Uuid, i64)> {
+        &self.accepted_writes
+    }
+
+    /// A grant of `key` to `session` committed at wire-log sequence `seq`.
+    pub fn note_grant_seq(&mut self, seq: u64, session: Uuid, key: &str) {
+        self.grant_seqs.push((seq, session, key.to_owned()));
+    }
+
+    /// Every grant noted with [`Checker::note_grant_seq`], in commit order.
+    pub fn grant_seqs(&self) -> &[(u64, Uuid, String)] {
+        &self.grant_seqs
     }
 
     /// Every failure so far, in the order they fired.
@@ -206,6 +241,7 @@ impl Checker {
         match &w.verdict {
             FenceVerdictSeen::Accepted => {
                 self.acceptances += 1;
+                self.accepted_writes.insert((w.op, w.payout_id, w.token));
                 let slot = (w.account_id.clone(), fence);
                 if let Some((before, by)) = self.accepted.get(&slot).copied() {
                     if w.token <= before && !self.layers_off.contains(&fence) {
@@ -556,6 +592,8 @@ pub struct PaydbRows {
     pub payouts: Vec<(Uuid, PayoutState)>,
     pub fences: BTreeMap<String, i64>,
     pub marks: BTreeMap<String, i64>,
+    /// Every claim's and post's idempotency record.
+    pub records: Records,
 }
 
 impl PaydbRows {
@@ -587,9 +625,34 @@ impl PaydbRows {
                     payouts: t.rail.payouts.values().map(|p| (p.row.payout_id, p.row.state)).collect(),
                     fences: t.accounts.iter().map(|(id, a)| (id.clone(), a.fence)).collect(),
                     marks: t.rail.high_water.clone(),
+                    records: t
+                        .idempotency
+                        .iter()
+                        .filter_map(|((op, target, key, token), r)| {
+                            let op = match op {
+                                dlock_payment_resource::store::Operation::Claim => FencedOp::Claim,
+                                dlock_payment_resource::store::Operation::Post => FencedOp::Post,
+                                _ => return None,
+                            };
+                            let payout = Uuid::parse_str(target).ok()?;
+                            Some(((op, payout, *token, key.clone()), (r.response.status, r.response.body.clone())))
+                        })
+                        .collect(),
                 }
             })
             .unwrap_or_default()
+    }
+
+    /// What paydb holds of each claim, post and submission, for the retry-safe check: the
+    /// recorded claims and posts, and every submission with a forwardable intent row.
+    pub fn effects(&self) -> BTreeSet<(FencedOp, Uuid, i64)> {
+        let recorded = self.records.keys().map(|(op, payout, token, _)| (*op, *payout, *token));
+        let forwardable = self
+            .submissions
+            .iter()
+            .filter(|r| is_forwardable(r.outcome))
+            .map(|r| (FencedOp::Admit, r.payout_id, r.presented_token));
+        recorded.chain(forwardable).collect()
     }
 
     /// The oracle's own figures for the reconciler comparison.
@@ -629,8 +692,8 @@ mod online {
     use dlock_rt::Clock;
 
     use super::{
-        ids, ledger_failures, rail_failures, reconciler_failures, settle_failures, Checker, Known, PaydbFacts,
-        PaydbRows, TimedFailure,
+        ids, ledger_failures, parse_wire, rail_failures, reconciler_failures, retry_safe_failures, settle_failures,
+        wire_replay_failures, Checker, Effects, FencedOp, Known, PaydbFacts, PaydbRows, TimedFailure, WireWrite,
     };
     use crate::outcome::Failure;
     use crate::world::{self, World};
@@ -664,6 +727,9 @@ mod online {
             let at = self.at_ms();
             if let Ok(mut c) = self.checker.lock() {
                 c.on_lock_event(e, at);
+                if let LockEvent::Granted { grant, .. } = e {
+                    c.note_grant_seq(dlock_rt::wire_log::seq(), grant.session_id, &grant.key);
+                }
             }
         }
     }
@@ -680,6 +746,8 @@ mod online {
 
     impl Monitor {
         pub fn start(world: &World) -> Monitor {
+            // What callers receive on the wire, from now on (this seed's thread).
+            dlock_rt::wire_log::enable();
             let checker = Arc::new(Mutex::new(Checker::new()));
             let start = madsim::time::Instant::now();
             world.paydb.set_observer(Arc::new(Hook { checker: checker.clone(), start }));
@@ -723,8 +791,11 @@ mod online {
     }
 
     /// The end-of-run safety check: the monitor's online failures, then the rail's log
-    /// against paydb, the ledger, and a last sample of fences and marks. Every failure is
-    /// correctness-class. `async` because the rail's log is read over the simulated network.
+    /// against paydb, the ledger, a last sample of fences and marks, and the wire checks
+    /// (retry-safe answers left no trace; answers to recorded claims and posts are their
+    /// records' bytes). Every failure is correctness-class, but a wire log over its bound
+    /// (a crash: the checks would be partial). `async` because the rail's log is read over
+    /// the simulated network.
     pub async fn check(world: &World, monitor: &Monitor) -> Vec<Failure> {
         let calls = world.rail_calls().await;
         let rows = PaydbRows::read(&world.paydb);
@@ -733,6 +804,21 @@ mod online {
         let mut found: Vec<Failure> = monitor.failures().into_iter().map(|t| t.failure).collect();
         found.extend(rail_failures(&calls, &rows.submissions));
         found.extend(ledger_failures(&rows.accounts, &rows.ledger));
+        // What callers received on the wire, against the stores.
+        let wire: Vec<WireWrite> = dlock_rt::wire_log::snapshot().iter().filter_map(parse_wire).collect();
+        let mut effects = Effects { writes: rows.effects(), grants: Vec::new() };
+        let _ = monitor.with(|c| {
+            effects.writes.extend(c.accepted_writes().iter().filter(|(op, ..)| *op != FencedOp::Admit).copied());
+            effects.grants = c.grant_seqs().to_vec();
+        });
+        found.extend(retry_safe_failures(&wire, &effects));
+        found.extend(wire_replay_failures(&wire, &rows.records));
+        if dlock_rt::wire_log::overflowed() {
+            found.push(Failure::crash(
+                ids::WIRE_LOG_COMPLETE,
+                format!("more than {} writes: the wire checks are partial", dlock_rt::wire_log::EXCHANGES_MAX),
+            ));
+        }
         found
     }
 

@@ -2,7 +2,13 @@
 //!
 //! Built from each seed's [`SeedOutcome`] as it ends ([`Summary::add`]); printed as text
 //! ([`Summary::render`]) or JSON ([`Summary::to_json`]). The exit code is the worst class's
-//! ([`Summary::exit_code`], 0 when clean).
+//! ([`Summary::exit_code`], 0 when clean); when the campaign requires every probe
+//! ([`Summary::require_probes`], the runner's `--require-probes`, the default campaign test)
+//! and no seed failed, a probe that never fired makes it [`COVERAGE_EXIT_CODE`].
+//!
+//! Invariant: a failing seed always outranks a coverage gap (127/128/129 over 3), and the
+//! coverage verdict ([`Summary::coverage_failure`]) names every probe of [`Probe::ALL`] with a
+//! zero total and the seed range it was judged over.
 
 use std::collections::BTreeMap;
 
@@ -10,6 +16,12 @@ use dlock_rt::probe::Probe;
 use serde_json::{json, Value};
 
 use crate::outcome::{Failure, FailureClass, SeedOutcome};
+
+/// Exit code of a campaign without failures in which a probe of [`Probe::ALL`] never fired,
+/// when every probe is required (`--require-probes`): "the simulation stopped exploring".
+/// Below the seed classes (127 crash, 128 liveness, 129 correctness) and distinct from 2
+/// (usage).
+pub const COVERAGE_EXIT_CODE: u8 = 3;
 
 /// The replay command of one seed, ready to paste.
 pub fn replay_command(seed: u64) -> String {
@@ -32,6 +44,10 @@ pub struct Summary {
     pub wall_s: f64,
     /// Worker threads (one madsim runtime each).
     pub jobs: usize,
+    /// The lowest and highest seed run (for the coverage verdict).
+    pub seed_range: Option<(u64, u64)>,
+    /// Whether a probe that never fired fails the campaign ([`COVERAGE_EXIT_CODE`]).
+    pub require_probes: bool,
 }
 
 impl Summary {
@@ -47,6 +63,10 @@ impl Summary {
     pub fn add(&mut self, o: &SeedOutcome) {
         self.seeds_run += 1;
         self.sim_ms += o.sim_ms;
+        self.seed_range = Some(match self.seed_range {
+            Some((lo, hi)) => (lo.min(o.seed), hi.max(o.seed)),
+            None => (o.seed, o.seed),
+        });
         for (p, n) in &o.probes {
             *self.probes.entry(*p).or_insert(0) += n;
         }
@@ -62,9 +82,41 @@ impl Summary {
         self.failures.iter().map(|(_, _, f)| f.class).max()
     }
 
-    /// 0 when clean, else the worst class's code (127 crash, 128 liveness, 129 correctness).
+    /// 0 when clean, else the worst class's code (127 crash, 128 liveness, 129 correctness);
+    /// with [`Summary::require_probes`] and no failing seed, [`COVERAGE_EXIT_CODE`] when a
+    /// probe never fired.
     pub fn exit_code(&self) -> u8 {
-        self.worst().map(FailureClass::exit_code).unwrap_or(0)
+        match self.worst() {
+            Some(c) => c.exit_code(),
+            None if self.require_probes && self.coverage_failure().is_some() => COVERAGE_EXIT_CODE,
+            None => 0,
+        }
+    }
+
+    /// The seeds judged, as `first..=last (N seeds)`.
+    pub fn seed_range_text(&self) -> String {
+        match self.seed_range {
+            Some((lo, hi)) => format!("seeds {lo}..={hi} ({} seeds)", self.seeds_run),
+            None => "no seeds".to_owned(),
+        }
+    }
+
+    /// The coverage verdict, whether or not it is required: `None` when every probe of
+    /// [`Probe::ALL`] fired at least once, else one line naming each probe that never fired
+    /// and the seed range.
+    pub fn coverage_failure(&self) -> Option<String> {
+        let silent = self.silent_probes();
+        if silent.is_empty() {
+            return None;
+        }
+        let names: Vec<&str> = silent.iter().map(|p| p.name()).collect();
+        Some(format!(
+            "coverage: {} of {} probes never fired across {}: {}",
+            silent.len(),
+            Probe::ALL.len(),
+            self.seed_range_text(),
+            names.join(", ")
+        ))
     }
 
     /// Failures counted by (class, invariant).
@@ -136,7 +188,14 @@ impl Summary {
         }
         out.push_str("probes:\n");
         for (p, n) in &self.probes {
-            out.push_str(&format!("  {:<28} {n}\n", p.name()));
+            out.push_str(&format!("  {:<28} {n}{}\n", p.name(), if *n == 0 { "  (never fired)" } else { "" }));
+        }
+        match self.coverage_failure() {
+            Some(line) if self.require_probes && self.worst().is_none() => {
+                out.push_str(&format!("{line} (required: exit {COVERAGE_EXIT_CODE})\n"))
+            }
+            Some(line) => out.push_str(&format!("{line}\n")),
+            None => out.push_str(&format!("coverage: every probe fired across {}\n", self.seed_range_text())),
         }
         out.push_str("fault events applied:\n");
         for (k, n) in &self.faults {
@@ -181,6 +240,9 @@ impl Summary {
             "silentProbes": self.silent_probes().iter().map(|p| p.name()).collect::<Vec<_>>(),
             "faults": self.faults,
             "unplayedFaultKinds": self.unplayed_fault_kinds(),
+            "everyProbeFired": self.coverage_failure().is_none(),
+            "probesRequired": self.require_probes,
+            "seedRange": self.seed_range.map(|(lo, hi)| json!({"first": lo, "last": hi})),
             "simMs": self.sim_ms,
             "wallS": self.wall_s,
             "jobs": self.jobs,
@@ -262,5 +324,47 @@ mod tests {
         assert!(s.failure_lines()[1].ends_with("cargo xtask sim replay --seed 9"));
         assert_eq!(s.to_json()["exitCode"], 129);
         assert_eq!(s.silent_probes().len(), Probe::ALL.len());
+    }
+
+    fn seed_with_probes(seed: u64, probes: &[Probe]) -> SeedOutcome {
+        SeedOutcome { seed, probes: probes.iter().map(|p| (*p, 1)).collect(), ..SeedOutcome::default() }
+    }
+
+    #[test]
+    fn a_probe_that_never_fired_fails_a_campaign_that_requires_every_probe() {
+        let mut s = Summary::new(1);
+        let all_but_two: Vec<Probe> = Probe::ALL
+            .iter()
+            .copied()
+            .filter(|p| !matches!(p, Probe::WaiterGrantedAfterWait | Probe::DriftCaughtByFence))
+            .collect();
+        s.add(&seed_with_probes(5, &all_but_two));
+        s.add(&seed_with_probes(9, &[]));
+        // Not required: reported, exit 0.
+        let line = s.coverage_failure().expect("two probes never fired");
+        assert_eq!(
+            line,
+            "coverage: 2 of 14 probes never fired across seeds 5..=9 (2 seeds): waiter_granted_after_wait, \
+             drift_caught_by_fence"
+        );
+        assert_eq!(s.exit_code(), 0);
+        assert!(s.render().contains(&line), "{}", s.render());
+        assert_eq!(s.to_json()["everyProbeFired"], false);
+        assert_eq!(s.to_json()["silentProbes"], json!(["waiter_granted_after_wait", "drift_caught_by_fence"]));
+        // Required: the coverage exit code, in the text and the JSON.
+        s.require_probes = true;
+        assert_eq!(s.exit_code(), COVERAGE_EXIT_CODE);
+        assert_eq!(s.to_json()["exitCode"], 3);
+        assert!(s.render().contains("(required: exit 3)"), "{}", s.render());
+        // A failing seed outranks the coverage gap.
+        s.add(&SeedOutcome { seed: 7, failures: vec![Failure::crash("no_panic", "boom")], ..SeedOutcome::default() });
+        assert_eq!(s.exit_code(), 127);
+        // Once the last two fire, the campaign is clean again.
+        let mut s = Summary { require_probes: true, ..Summary::new(1) };
+        s.add(&seed_with_probes(1, &all_but_two));
+        s.add(&seed_with_probes(2, &[Probe::WaiterGrantedAfterWait, Probe::DriftCaughtByFence]));
+        assert_eq!(s.coverage_failure(), None);
+        assert_eq!(s.exit_code(), 0);
+        assert!(s.render().contains("coverage: every probe fired across seeds 1..=2 (2 seeds)"));
     }
 }

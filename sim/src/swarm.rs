@@ -66,6 +66,14 @@ pub struct SwarmConfig {
     pub faults: FaultRates,
     /// Simulated length of the fault phase.
     pub fault_ms: u64,
+    /// `executor.lock-wait-ms`: how long an executor's acquire of a contended account waits
+    /// in the lock server's queue (0: skipped at once, the executor's default); at most a
+    /// quarter of `lock_ttl_ms`.
+    pub lock_wait_ms: u64,
+    /// One executor (0-based index) whose clock runs at this rate, beyond the lock client's
+    /// safety margin (below 0.7×), for the whole fault phase: the stale writer the fences
+    /// must catch (`drift_caught_by_fence`). `None` with [`ZERO_P`].
+    pub drifted_executor: Option<(usize, f64)>,
 }
 
 /// Bounds of the draw (the world's default size; see docs/simulation.md "Speed").
@@ -80,6 +88,13 @@ pub const STUB_LATENCY_MS_MAX: u64 = 800;
 pub const STUB_RATE_MAX: f64 = 0.2;
 pub const PAUSE_RATE_MAX: f64 = 0.2;
 pub const REVOKES_MAX: usize = 3;
+/// Bound of the drawn `executor.lock-wait-ms` (the executor's own bound).
+pub const LOCK_WAIT_MS_MAX: u64 = dlock_executor::config::LOCK_WAIT_MS_MAX;
+/// Range of a drifted executor's clock rate: beyond the lock client's 30 % margin (< 0.7×),
+/// and not so slow that its heartbeats (every third of the TTL on its clock) miss the
+/// session's TTL on the server's.
+pub const DRIFT_RATE_MIN: f64 = 0.5;
+pub const DRIFT_RATE_MAX: f64 = 0.69;
 /// `executor.poll-interval-ms` of every executor (an idle task scans this often: the main
 /// cost of an idle simulated second).
 pub const POLL_INTERVAL_MS: u64 = 500;
@@ -173,7 +188,7 @@ impl SwarmConfig {
         let lock_replicas = d.usize(1, 3);
         let payment_replicas = d.usize(1, 2);
         let proxy_replicas = d.usize(1, 2);
-        let executors = (0..d.usize(1, 6)).map(|_| d.usize(1, 8)).collect();
+        let executors: Vec<usize> = (0..d.usize(1, 6)).map(|_| d.usize(1, 8)).collect();
         let backend = if d.chance(0.25) { Backend::Etcd } else { Backend::Mem };
         let lock_ttl_ms = d.range(LOCK_TTL_MS_MIN / 100, LOCK_TTL_MS_MAX / 100) * 100;
         let stub_latency_ms = if d.chance(ZERO_P) { 0 } else { d.range(1, STUB_LATENCY_MS_MAX) };
@@ -191,6 +206,18 @@ impl SwarmConfig {
         let operator_revokes = if d.chance(ZERO_P) { 0 } else { d.usize(1, REVOKES_MAX) };
         let operator_resolves = !d.chance(ZERO_P);
         let faults = draw_fault_rates(&mut d);
+        // Drawn after everything above, so adding them left every earlier draw unchanged.
+        // At most a quarter of the lease (the executor's bound: a queued wait uses it up).
+        let wait_steps_max =
+            (LOCK_WAIT_MS_MAX.min(lock_ttl_ms / dlock_executor::config::LOCK_WAIT_TTL_DIVISOR) / 100).max(1);
+        let lock_wait_ms = if d.chance(ZERO_P) { 0 } else { d.range(1, wait_steps_max) * 100 };
+        let drifted_executor = if d.chance(ZERO_P) {
+            None
+        } else {
+            let i = d.usize(0, executors.len() - 1);
+            let rate = DRIFT_RATE_MIN + d.unit() * (DRIFT_RATE_MAX - DRIFT_RATE_MIN);
+            Some((i, (rate * 100.0).floor() / 100.0))
+        };
         SwarmConfig {
             seed,
             lock_replicas,
@@ -214,7 +241,14 @@ impl SwarmConfig {
             operator_resolves,
             faults,
             fault_ms,
+            lock_wait_ms,
+            drifted_executor,
         }
+    }
+
+    /// The node name of the drifted executor and its clock rate, if one is drawn.
+    pub fn drifted_executor_node(&self) -> Option<(String, f64)> {
+        self.drifted_executor.map(|(i, rate)| (format!("executor-{}", i + 1), rate))
     }
 
     /// Whether every chaos knob is zero (a seed that only exercises the happy path).
@@ -226,6 +260,7 @@ impl SwarmConfig {
             && self.executor_pause_rate == 0.0
             && self.operator_revokes == 0
             && !self.operator_resolves
+            && self.drifted_executor.is_none()
             && self.faults.is_zero()
     }
 
@@ -234,6 +269,7 @@ impl SwarmConfig {
         let kv = |k: &str, v: String| (k.to_owned(), v);
         vec![
             kv("executor.lock-ttl-ms", self.lock_ttl_ms.to_string()),
+            kv("executor.lock-wait-ms", self.lock_wait_ms.to_string()),
             kv("executor.poll-interval-ms", POLL_INTERVAL_MS.to_string()),
             kv("executor.chaos.pause-rate", self.executor_pause_rate.to_string()),
             kv("executor.chaos.pause-ms", self.executor_pause_ms.to_string()),
@@ -261,7 +297,7 @@ impl fmt::Display for SwarmConfig {
              stub(lat={}ms fail={} dup={} decl={}) stall(rate={} ms={}) \
              work(payouts={} accounts={} hot={}@{} arrival={}ms) operator(revokes={} resolves={}) \
              faults/min(pause={} crash={} partition={} one-way={} clog={} lossy={} drift={} skew={} \
-             unavail={} lost-ack={} store-lat={} leader-loss={} revoke={}) fault_ms={}",
+             unavail={} lost-ack={} store-lat={} leader-loss={} revoke={}) fault_ms={} lock_wait={}ms drifted={}",
             self.seed,
             self.lock_replicas,
             self.payment_replicas,
@@ -298,7 +334,12 @@ impl fmt::Display for SwarmConfig {
             r3(fr.store_latency_per_min),
             r3(fr.leader_loss_per_min),
             r3(fr.revoke_per_min),
-            self.fault_ms
+            self.fault_ms,
+            self.lock_wait_ms,
+            match self.drifted_executor_node() {
+                Some((node, rate)) => format!("{node}@{rate}"),
+                None => "none".to_owned(),
+            }
         )
     }
 }
@@ -326,12 +367,32 @@ mod tests {
             assert!((PAYOUTS_MIN..=PAYOUTS_MAX).contains(&c.payouts));
             assert!(c.hot_accounts >= 1 && c.hot_accounts <= c.accounts && c.accounts <= ACCOUNTS_MAX);
             assert!(c.arrival_ms <= c.fault_ms);
+            assert!(c.lock_wait_ms <= LOCK_WAIT_MS_MAX && c.lock_wait_ms.is_multiple_of(100));
+            assert!(c.lock_wait_ms * dlock_executor::config::LOCK_WAIT_TTL_DIVISOR <= c.lock_ttl_ms, "{c}");
+            if let Some((i, rate)) = c.drifted_executor {
+                assert!(i < c.executors.len());
+                assert!((DRIFT_RATE_MIN..=DRIFT_RATE_MAX).contains(&rate), "{rate}");
+                assert!(rate < 1.0 - dlock_lock_client::config::SAFETY_MARGIN_DEFAULT, "{rate} within the margin");
+            }
             for r in [c.stub_failure_rate, c.stub_duplicate_ack_rate, c.stub_decline_rate, c.executor_pause_rate] {
                 assert!((0.0..=STUB_RATE_MAX.max(PAUSE_RATE_MAX)).contains(&r));
             }
             let line = c.to_string();
             assert!(!line.contains('\n') && line.starts_with(&format!("seed={seed} ")), "{line}");
         }
+    }
+
+    #[test]
+    fn knobs_added_later_leave_every_earlier_draw_of_a_seed_unchanged() {
+        // Seed 1's line before `lock_wait` and `drifted` were drawn (they are drawn last).
+        let before = "seed=1 topo=lock2/pay2/proxy1 exec=[4,3,5,6,8] backend=mem ttl=2200ms \
+            stub(lat=0ms fail=0.174 dup=0.124 decl=0.132) stall(rate=0 ms=6600) \
+            work(payouts=30 accounts=3 hot=2@0.7 arrival=600ms) operator(revokes=0 resolves=true) \
+            faults/min(pause=0 crash=2.457 partition=0 one-way=0.292 clog=0 lossy=0 drift=0 skew=0 unavail=0 \
+            lost-ack=2.411 store-lat=2.501 leader-loss=0.59 revoke=1.279) fault_ms=9000 ";
+        let line = SwarmConfig::draw(1).to_string();
+        assert!(line.starts_with(before), "{line}");
+        assert!(line.ends_with("lock_wait=400ms drifted=executor-5@0.61"), "{line}");
     }
 
     #[test]
@@ -346,6 +407,8 @@ mod tests {
             ("pause", zero(&|c| c.executor_pause_rate == 0.0)),
             ("crash", zero(&|c| c.faults.crash_per_min == 0.0)),
             ("store", zero(&|c| c.faults.lost_ack_per_min == 0.0)),
+            ("lock-wait", zero(&|c| c.lock_wait_ms == 0)),
+            ("drift", zero(&|c| c.drifted_executor.is_none())),
         ] {
             assert!((400..=800).contains(&n), "{name} zero in {n} of 2000 draws");
         }

@@ -269,6 +269,55 @@ async fn an_executor_stalled_before_its_writes_is_fenced_out() {
     assert_eq!(eb.metrics.get(Outcome::Fenced), 0, "the healthy executor never writes stale");
 }
 
+/// Holds `payout:acct-0` from a node of its own for `hold_ms`, while an executor with
+/// `executor.lock-wait-ms = wait_ms` finds its payout; returns the payout's final state and
+/// how often a queued waiter was granted (`waiter_granted_after_wait`).
+async fn contended_account_with_lock_wait(wait_ms: &str, hold_ms: u64) -> (Option<PayoutState>, u64) {
+    use dlock_lock_client::{LockClient, LockClientConfig};
+    use dlock_rt::probe::{self, Probe};
+    probe::reset();
+    let w = world::start(WorldConfig::default()).await;
+    let ids = seed_payouts(1, 1).await;
+    let handle = madsim::runtime::Handle::current();
+    let holder = handle.create_node().name("holder").ip(IpAddr::from([10, 0, 0, 12])).build();
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel::<()>();
+    let hold = holder.spawn(async move {
+        let owner = OwnerId::parse("holder").expect("owner");
+        let client =
+            LockClient::new(LockClientConfig::new(url(world::LOCK_IP, world::LOCK_PORT), owner)).expect("lock client");
+        let session = client.open_session().await.expect("session");
+        let guard = session.acquire("payout:acct-0").await.expect("the holder takes the account first");
+        let _ = held_tx.send(());
+        dlock_rt::sleep(Duration::from_millis(hold_ms)).await;
+        let _ = guard.release().await;
+        let _ = session.close().await;
+    });
+    held_rx.await.expect("held");
+    let cfg = executor_config("executor-w", &[("executor.concurrency", "1"), ("executor.lock-wait-ms", wait_ms)]);
+    let (_n, _e) = start_executor("executor-w", [10, 0, 0, 10], cfg, 0).await;
+    let _ = hold.await;
+    let states = settle(&w.paydb, &ids).await;
+    (states.get(&ids[0]).copied(), probe::snapshot().get(&Probe::WaiterGrantedAfterWait).copied().unwrap_or(0))
+}
+
+/// `executor.lock-wait-ms`: an executor that finds its account held queues at the lock
+/// server, is granted the key once the holder releases it within the wait, and pays the
+/// payout; with the default 0 it skips the account and takes it on a later scan, without
+/// ever queueing.
+#[madsim::test]
+async fn an_executor_with_a_lock_wait_is_granted_a_contended_account_after_waiting() {
+    let (state, waited) = contended_account_with_lock_wait("700", 400).await;
+    assert_eq!(state, Some(PayoutState::Posted));
+    assert!(waited >= 1, "the executor's acquire never waited in the queue");
+}
+
+#[madsim::test]
+async fn an_executor_without_a_lock_wait_skips_a_contended_account_and_never_queues() {
+    let (state, waited) = contended_account_with_lock_wait("0", 400).await;
+    assert_eq!(state, Some(PayoutState::Posted));
+    assert_eq!(waited, 0, "an executor without a lock wait queued");
+}
+
 #[test]
 fn an_executor_run_replays_bit_for_bit() {
     let seed = std::env::var("MADSIM_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(5);

@@ -17,6 +17,7 @@ pub const KEYS: &[&str] = &[
     "executor.poll-interval-ms",
     "executor.batch-max",
     "executor.lock-ttl-ms",
+    "executor.lock-wait-ms",
     "executor.write.connect-timeout-ms",
     "executor.write.read-timeout-ms",
     "executor.write.retries-max",
@@ -61,6 +62,7 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<ExecutorSettings, St
     cfg.poll_interval_ms = layers.get("executor.poll-interval-ms", cfg.poll_interval_ms)?;
     cfg.batch_max = layers.get("executor.batch-max", cfg.batch_max)?;
     cfg.lock_ttl_ms = layers.get("executor.lock-ttl-ms", cfg.lock_ttl_ms)?;
+    cfg.lock_wait_ms = layers.get("executor.lock-wait-ms", cfg.lock_wait_ms)?;
     cfg.write_connect_timeout_ms = layers.get("executor.write.connect-timeout-ms", cfg.write_connect_timeout_ms)?;
     cfg.write_read_timeout_ms = layers.get("executor.write.read-timeout-ms", cfg.write_read_timeout_ms)?;
     cfg.write_retries_max = layers.get("executor.write.retries-max", cfg.write_retries_max)?;
@@ -122,6 +124,21 @@ pub const CONCURRENCY_DEFAULT: usize = 1;
 pub const CONCURRENCY_MAX: usize = 256;
 /// Lease asked for on each grant (the lock client keeps 70 % of it as its local deadline).
 pub const LOCK_TTL_MS_DEFAULT: u64 = 10_000;
+/// Default `executor.lock-wait-ms`: 0, a contended account is skipped and revisited on a
+/// later scan (one acquire attempt, no server-side wait).
+pub const LOCK_WAIT_MS_DEFAULT: u64 = 0;
+/// Largest `executor.lock-wait-ms`: the server-side wait must end, and its answer come back,
+/// inside the lock client's acquire read budget
+/// (`dlock_lock_client::config::ACQUIRE_READ_TIMEOUT_MS_DEFAULT`, 2 s), or the client would
+/// give up first and manufacture an ambiguous acquire. 500 ms is left for the answer.
+pub const LOCK_WAIT_MS_MAX: u64 = 1_500;
+const _: () = assert!(LOCK_WAIT_MS_MAX < dlock_lock_client::config::ACQUIRE_READ_TIMEOUT_MS_DEFAULT);
+/// `executor.lock-wait-ms` is at most `executor.lock-ttl-ms / LOCK_WAIT_TTL_DIVISOR`. The
+/// lock client's local deadline runs from the instant the acquire was *sent*
+/// (`ttl × (1 − 0.30)`), so time spent queued is lease lost: after the longest wait a grant
+/// still has 45 % of its lease to work in. A longer wait hands out grants that are dead on
+/// arrival, and a deep queue of such waiters makes no progress at all.
+pub const LOCK_WAIT_TTL_DIVISOR: u64 = 4;
 /// Longest injected stall (`executor.chaos.pause-ms`).
 pub const PAUSE_MS_MAX: u64 = 120_000;
 /// Longest any single budget may be set to.
@@ -141,6 +158,11 @@ pub struct ExecutorConfig {
     pub poll_interval_ms: u64,
     pub batch_max: u32,
     pub lock_ttl_ms: u64,
+    /// `executor.lock-wait-ms`: how long an acquire of a contended account queues at the
+    /// lock server (`waitMillis`) before the account is skipped; 0 skips it at once.
+    /// At most [`LOCK_WAIT_MS_MAX`], below the lock client's acquire read budget, and at
+    /// most `lock_ttl_ms / LOCK_WAIT_TTL_DIVISOR` (the wait uses up the local lease).
+    pub lock_wait_ms: u64,
     pub write_connect_timeout_ms: u64,
     pub write_read_timeout_ms: u64,
     pub write_retries_max: u32,
@@ -213,6 +235,7 @@ impl ExecutorConfig {
             poll_interval_ms: POLL_INTERVAL_MS_DEFAULT,
             batch_max: BATCH_MAX_DEFAULT,
             lock_ttl_ms: LOCK_TTL_MS_DEFAULT,
+            lock_wait_ms: LOCK_WAIT_MS_DEFAULT,
             write_connect_timeout_ms: WRITE_CONNECT_TIMEOUT_MS_DEFAULT,
             write_read_timeout_ms: WRITE_READ_TIMEOUT_MS_DEFAULT,
             write_retries_max: WRITE_RETRIES_MAX_DEFAULT,
@@ -246,6 +269,12 @@ impl ExecutorConfig {
         }
         if !(1_000..=60_000).contains(&self.lock_ttl_ms) {
             return Err("executor.lock-ttl-ms must be 1000..=60000 (C3 L4)".into());
+        }
+        if self.lock_wait_ms > LOCK_WAIT_MS_MAX || self.lock_wait_ms * LOCK_WAIT_TTL_DIVISOR > self.lock_ttl_ms {
+            return Err(format!(
+                "executor.lock-wait-ms must be 0..={LOCK_WAIT_MS_MAX} (below the lock client's acquire read budget) \
+                 and at most executor.lock-ttl-ms / {LOCK_WAIT_TTL_DIVISOR} (a queued wait uses up the lease)"
+            ));
         }
         if !(1..=CONCURRENCY_MAX).contains(&self.concurrency) {
             return Err(format!("executor.concurrency must be 1..={CONCURRENCY_MAX}"));
@@ -322,5 +351,23 @@ mod tests {
         let mut c = cfg();
         c.read_tries_max = 0;
         assert!(c.validate().is_err_and(|e| e.contains("executor.read.tries-max")));
+    }
+
+    #[test]
+    fn lock_wait_defaults_to_skipping_and_stays_below_the_acquire_read_budget() {
+        assert_eq!(cfg().lock_wait_ms, 0);
+        let s = resolve(&Layers::of(&[("executor.lock-wait-ms", "1500")]), Profile::Production).expect("in range");
+        assert_eq!(s.config.lock_wait_ms, LOCK_WAIT_MS_MAX);
+        let err = resolve(&Layers::of(&[("executor.lock-wait-ms", "1501")]), Profile::Production).expect_err("refused");
+        assert!(err.contains("executor.lock-wait-ms"), "{err}");
+        let mut c = cfg();
+        c.lock_wait_ms = dlock_lock_client::config::ACQUIRE_READ_TIMEOUT_MS_DEFAULT;
+        assert!(c.validate().is_err_and(|e| e.contains("executor.lock-wait-ms")));
+        // A quarter of the lease at most: a 1 s lease may wait 250 ms, not 251.
+        let mut c = cfg();
+        (c.lock_ttl_ms, c.lock_wait_ms) = (1_000, 250);
+        assert_eq!(c.validate(), Ok(()));
+        c.lock_wait_ms = 251;
+        assert!(c.validate().is_err_and(|e| e.contains("executor.lock-ttl-ms / 4")));
     }
 }

@@ -4,9 +4,11 @@
 //! CLAIMED, whose holder may have gone; then PENDING; the tasks of one executor share a scan
 //! younger than the poll interval, less the payouts they have worked since):
 //!
-//! 1. acquire `payout:{accountId}` through the lock client (a contended account is skipped
-//!    and revisited on a later scan; an account a sibling task of this executor works, or
-//!    one found busy earlier in the same pass, is skipped without asking the lock server);
+//! 1. acquire `payout:{accountId}` through the lock client: one attempt, queued at the lock
+//!    server for at most `executor.lock-wait-ms` (default 0: no wait). A contended account
+//!    is skipped and revisited on a later scan; an account a sibling task of this executor
+//!    works, or one found busy earlier in the same pass, is skipped without asking the lock
+//!    server;
 //! 2. re-read the payout (FR-14). The read is only a hint: the fenced write decides;
 //! 3. claim (P2) with the grant's token, from the state just read (PENDING, or CLAIMED for
 //!    recovery);
@@ -28,7 +30,7 @@ use dlock_contract::payment::{ClaimRequest, PayoutBody, PostRequest};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::{SubmissionOutcome, SubmissionRequest};
 use dlock_contract::{ErrorCode, IdempotencyKey, OwnerId};
-use dlock_lock_client::{LockClient, LockClientConfig, LockGuard, Session};
+use dlock_lock_client::{AcquireOptions, LockClient, LockClientConfig, LockClientError, LockGuard, Session};
 use dlock_payment_client::ListQuery;
 use dlock_rail_client::RailRefusal;
 use dlock_rt::Clock;
@@ -140,7 +142,8 @@ impl Executor {
     }
 
     /// The lock client of task `index`: owner `{owner}/{index}` (FR-30), one acquire attempt
-    /// (a contended account is skipped, not waited for).
+    /// (a contended account is skipped after at most `executor.lock-wait-ms` in the server's
+    /// queue; see [`Executor::acquire`]).
     pub fn lock_client(&self, index: usize) -> Result<LockClient, String> {
         let owner = format!("{}/{index}", self.cfg.owner_id.as_str());
         let owner = OwnerId::parse(&owner).map_err(|e| format!("executor.owner-id: {e}"))?;
@@ -269,6 +272,13 @@ impl Executor {
         }
     }
 
+    /// Acquires `key` in `session`: one attempt, waiting in the lock server's queue for at
+    /// most `executor.lock-wait-ms` when the key is held (no `waitMillis` when it is 0).
+    async fn acquire(&self, session: &Session, key: &str) -> Result<LockGuard, LockClientError> {
+        let wait_ms = (self.cfg.lock_wait_ms > 0).then_some(self.cfg.lock_wait_ms);
+        session.acquire_with(key, AcquireOptions { ttl_ms: None, wait_ms }).await
+    }
+
     /// One scan of the work queue (advisory reads), in [`SCAN_STATES`] order. Updates the
     /// backlog gauge from the oldest PENDING payout seen.
     pub async fn scan(&self) -> Vec<Candidate> {
@@ -313,9 +323,9 @@ impl Executor {
             return (None, Step::Busy);
         };
         let key = format!("payout:{}", c.account_id);
-        let guard = match session.acquire(&key).await {
+        let guard = match self.acquire(session, &key).await {
             Ok(g) => g,
-            Err(e @ dlock_lock_client::LockClientError::Ambiguous { .. }) => {
+            Err(e @ LockClientError::Ambiguous { .. }) => {
                 tracing::warn!(key, cause = %e, "executor_session_reset");
                 return (None, Step::Reset);
             }
@@ -462,7 +472,7 @@ impl Executor {
         // The post needs a newer grant than the claim (C3-extensions C-10).
         let account_key = guard.key().to_owned();
         let _ = guard.release().await;
-        let newer = match session.acquire(&account_key).await {
+        let newer = match self.acquire(session, &account_key).await {
             Ok(g) => g,
             Err(e) => {
                 // Paid and RAIL_ACKED: a later scan posts it.

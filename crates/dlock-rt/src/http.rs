@@ -384,8 +384,33 @@ impl HttpClient {
     }
 
     /// Sends one request on a fresh connection and reads the whole answer.
-    /// `path_and_query` starts with `/`.
+    /// `path_and_query` starts with `/`. In the simulation every `POST` and its fate go to
+    /// [`crate::wire_log`] (nothing is kept outside it).
     pub async fn send(
+        &self,
+        base: &BaseUrl,
+        method: http::Method,
+        path_and_query: &str,
+        headers: &[(&str, &str)],
+        body: Option<Bytes>,
+    ) -> Result<ClientResponse, ClientError> {
+        if method != http::Method::POST {
+            return self.send_unrecorded(base, method, path_and_query, headers, body).await;
+        }
+        let bytes = body.as_deref().unwrap_or_default();
+        let entry = crate::wire_log::begin(&base.authority, method.as_str(), path_and_query, headers, bytes);
+        let result = self.send_unrecorded(base, method, path_and_query, headers, body).await;
+        if entry.is_some() {
+            let fate = match &result {
+                Ok(r) => crate::wire_log::Fate::Answered { status: r.status, body: r.body.to_vec() },
+                Err(e) => crate::wire_log::Fate::Failed { nothing_sent: e.nothing_sent() },
+            };
+            crate::wire_log::finish(entry, fate);
+        }
+        result
+    }
+
+    async fn send_unrecorded(
         &self,
         base: &BaseUrl,
         method: http::Method,

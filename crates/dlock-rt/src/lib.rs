@@ -27,6 +27,7 @@ pub mod service;
 #[cfg(madsim)]
 pub mod sim_clock;
 pub mod traffic;
+pub mod wire_log;
 
 pub use clock::{Clock, Instant};
 pub use service::ServiceHandle;

@@ -177,6 +177,9 @@ struct ExecutorArgs {
     /// [executor.lock-ttl-ms] Lease asked for on each grant (70 % of it is the local deadline).
     #[arg(long, env = "DLOCK_EXECUTOR_LOCK_TTL_MS", value_name = "MS")]
     lock_ttl_ms: Option<u64>,
+    /// [executor.lock-wait-ms] Wait in the lock server's queue for a contended account, at most 1500 and lock-ttl-ms / 4 (0: skip it).
+    #[arg(long, env = "DLOCK_EXECUTOR_LOCK_WAIT_MS", value_name = "MS")]
+    lock_wait_ms: Option<u64>,
     /// [executor.write.connect-timeout-ms] Claim and post: connect budget.
     #[arg(long, env = "DLOCK_EXECUTOR_WRITE_CONNECT_TIMEOUT_MS", value_name = "MS")]
     write_connect_timeout_ms: Option<u64>,
@@ -396,6 +399,7 @@ impl ExecutorArgs {
         l.set_flag_opt("executor.poll-interval-ms", self.poll_interval_ms.as_ref());
         l.set_flag_opt("executor.batch-max", self.batch_max.as_ref());
         l.set_flag_opt("executor.lock-ttl-ms", self.lock_ttl_ms.as_ref());
+        l.set_flag_opt("executor.lock-wait-ms", self.lock_wait_ms.as_ref());
         l.set_flag_opt("executor.write.connect-timeout-ms", self.write_connect_timeout_ms.as_ref());
         l.set_flag_opt("executor.write.read-timeout-ms", self.write_read_timeout_ms.as_ref());
         l.set_flag_opt("executor.write.retries-max", self.write_retries_max.as_ref());

@@ -1,7 +1,12 @@
 //! The simulation runner: `dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N]
-//! [--scenario NAME] [--json]` and `dlock-sim replay --seed S`. Built and run under
-//! `--cfg madsim` by `cargo xtask sim ...` (target/sim); a build without the simulation cfg
-//! only explains how to run it.
+//! [--scenario NAME] [--json] [--require-probes] [--verbose]` and `dlock-sim replay --seed S`.
+//! Built and run under `--cfg madsim` by `cargo xtask sim ...` (target/sim); a build without
+//! the simulation cfg only explains how to run it.
+//!
+//! Exit codes: 0 clean; 127 crash, 128 liveness, 129 correctness (the worst failing seed's
+//! class); 3 coverage (`--require-probes` and no seed failed, but a probe never fired); 2
+//! usage. A failing seed's drawn configuration is printed before its failure lines; with
+//! `--verbose` every seed's configuration is printed (stderr) before the seed runs.
 
 #[cfg(not(madsim))]
 fn main() {
@@ -33,7 +38,7 @@ mod runner {
     use dlock_sim::campaign::{self, RunOptions};
     use dlock_sim::summary::{self, replay_command};
 
-    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]\n       dlock-sim replay --seed S\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]";
+    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
 
     /// Seeds when `--seeds` is absent.
     const SEEDS_DEFAULT: u64 = 100;
@@ -46,6 +51,8 @@ mod runner {
         scenario: Option<String>,
         json: bool,
         seed: Option<u64>,
+        require_probes: bool,
+        verbose: bool,
     }
 
     fn parse(args: &[String]) -> Result<Args, String> {
@@ -57,6 +64,8 @@ mod runner {
             scenario: None,
             json: false,
             seed: None,
+            require_probes: false,
+            verbose: false,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -70,6 +79,8 @@ mod runner {
                 "--shard" => a.shard = Some(summary::parse_shard(&value()?)?),
                 "--scenario" => a.scenario = Some(value()?),
                 "--json" => a.json = true,
+                "--require-probes" => a.require_probes = true,
+                "--verbose" => a.verbose = true,
                 other => return Err(format!("unknown argument {other}")),
             }
         }
@@ -99,18 +110,24 @@ mod runner {
             a.jobs,
             a.scenario.as_deref().map(|s| format!(", scenario {s} (passed through)")).unwrap_or_default()
         );
-        let opts = RunOptions { scenario: a.scenario.clone(), ..RunOptions::default() };
-        let tty = std::io::stderr().is_terminal();
+        // --verbose: each seed's drawn configuration on stderr before it runs (plain progress
+        // lines then, so the bar does not overwrite them).
+        let opts = RunOptions { scenario: a.scenario.clone(), print_config: a.verbose, ..RunOptions::default() };
+        let tty = std::io::stderr().is_terminal() && !a.verbose;
         let failures = Mutex::new(0usize);
-        let s = campaign::run_campaign(&seeds, a.jobs, &opts, &|done, total, o| {
+        let mut s = campaign::run_campaign(&seeds, a.jobs, &opts, &|done, total, o| {
             let mut err = std::io::stderr().lock();
             let mut failed = failures.lock().unwrap_or_else(|e| e.into_inner());
-            for f in &o.failures {
-                *failed += 1;
+            if !o.failures.is_empty() {
                 if tty {
                     let _ = write!(err, "\r\x1b[K");
                 }
-                let _ = writeln!(err, "{}  [{}]  replay: {}", f.line(o.seed), o.config, replay_command(o.seed));
+                // The drawn configuration first, then each failure with its replay command.
+                let _ = writeln!(err, "config: {}", o.config);
+            }
+            for f in &o.failures {
+                *failed += 1;
+                let _ = writeln!(err, "{}  replay: {}", f.line(o.seed), replay_command(o.seed));
             }
             if tty {
                 let width = 40;
@@ -129,6 +146,7 @@ mod runner {
                 let _ = writeln!(err, "dlock-sim: {done}/{total} seeds, {} failures", *failed);
             }
         });
+        s.require_probes = a.require_probes;
         if a.json {
             println!("{}", s.to_json());
         } else {

@@ -337,3 +337,117 @@ fn a_revoked_or_drifted_holder_fenced_out_fires_its_correlation_probe() {
     assert!(c.partition_healed(500, 1_000));
     assert_eq!(probe::snapshot().get(&Probe::PartitionHealedMidLease), Some(&1));
 }
+
+// ---- the wire checks ---------------------------------------------------------------
+
+fn envelope(code: &str, retry_safe: bool) -> dlock_rt::wire_log::Fate {
+    let body = format!(r#"{{"code":"{code}","message":"m","retrySafe":{retry_safe},"traceId":"t"}}"#);
+    dlock_rt::wire_log::Fate::Answered { status: 503, body: body.into_bytes() }
+}
+
+fn wire(target: WireTarget, seq_sent: u64, seq_done: Option<u64>, fate: Option<dlock_rt::wire_log::Fate>) -> WireWrite {
+    WireWrite { target, seq_sent, seq_done, fate }
+}
+
+fn claim_target(token: i64) -> WireTarget {
+    WireTarget::Fenced { op: FencedOp::Claim, payout: uuid(1), token, key: "payout:k".into() }
+}
+
+#[test]
+fn the_wire_log_parses_claims_posts_submissions_and_acquires_and_nothing_else() {
+    let ex = |path: &str, headers: &[(&str, &str)], body: &str| dlock_rt::wire_log::Exchange {
+        seq_sent: 1,
+        seq_done: None,
+        authority: "a:1".into(),
+        method: "POST".into(),
+        path: path.into(),
+        headers: headers.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        request: body.as_bytes().to_vec(),
+        fate: None,
+    };
+    let p = uuid(1);
+    let fenced = [("x-fencing-token", "7"), ("x-idempotency-key", "payout:k")];
+    let claim = parse_wire(&ex(&format!("/v1/payouts/{p}/claim"), &fenced, "{}")).expect("claim");
+    assert_eq!(claim.target, claim_target(7));
+    let post = parse_wire(&ex(&format!("/v1/payouts/{p}/post"), &fenced, "{}")).expect("post");
+    assert!(matches!(post.target, WireTarget::Fenced { op: FencedOp::Post, token: 7, .. }));
+    let body = format!(r#"{{"payoutId":"{p}"}}"#);
+    let submit = parse_wire(&ex("/v1/rail/submissions", &fenced, &body)).expect("submission");
+    assert!(matches!(submit.target, WireTarget::Fenced { op: FencedOp::Admit, payout, token: 7, .. } if payout == p));
+    let s = uuid(9);
+    let acquire = parse_wire(&ex("/v1/locks/payout:a/acquire", &[], &format!(r#"{{"sessionId":"{s}"}}"#)));
+    assert_eq!(acquire.map(|w| w.target), Some(WireTarget::Acquire { session: s, key: "payout:a".into() }));
+    assert_eq!(parse_wire(&ex("/v1/payouts", &fenced, "{}")), None);
+    assert_eq!(parse_wire(&ex(&format!("/v1/sessions/{s}/heartbeat"), &[], "{}")), None);
+}
+
+#[test]
+fn a_claim_answered_retry_safe_whose_effect_the_store_holds_is_a_trace() {
+    let sends = [wire(claim_target(7), 1, Some(2), Some(envelope("NOT_LEADER", true)))];
+    let clean = Effects::default();
+    assert!(retry_safe_failures(&sends, &clean).is_empty());
+    let planted = Effects { writes: [(FencedOp::Claim, uuid(1), 7)].into(), grants: vec![] };
+    let broken = retry_safe_failures(&sends, &planted);
+    assert_eq!(invariants(&broken), [ids::RETRY_SAFE_LEFT_NO_TRACE], "{broken:?}");
+    assert!(broken[0].detail.contains("NOT_LEADER"), "{broken:?}");
+    // A retry of the same identity that was not answered retry-safe may be what committed.
+    let retried = [
+        sends[0].clone(),
+        wire(claim_target(7), 3, Some(4), Some(dlock_rt::wire_log::Fate::Answered { status: 200, body: vec![] })),
+    ];
+    assert!(retry_safe_failures(&retried, &planted).is_empty());
+    // An answer that is not retry-safe (INTERNAL: unknown) may have committed.
+    let unknown = [wire(claim_target(7), 1, Some(2), Some(envelope("INTERNAL", false)))];
+    assert!(retry_safe_failures(&unknown, &planted).is_empty());
+}
+
+#[test]
+fn a_submission_answered_retry_safe_with_a_forwardable_intent_row_is_a_trace() {
+    let target = WireTarget::Fenced { op: FencedOp::Admit, payout: uuid(1), token: 5, key: "payout:k".into() };
+    let sends = [wire(target, 1, Some(2), Some(envelope("RAIL_UNAVAILABLE", true)))];
+    // An UNSENT row is not forwardable: PaydbRows::effects leaves it out.
+    let rows =
+        PaydbRows { submissions: vec![row(uuid(1), 5, Some(SubmissionOutcome::Unsent))], ..PaydbRows::default() };
+    assert!(retry_safe_failures(&sends, &Effects { writes: rows.effects(), grants: vec![] }).is_empty());
+    let rows = PaydbRows { submissions: vec![row(uuid(1), 5, None)], ..PaydbRows::default() };
+    let broken = retry_safe_failures(&sends, &Effects { writes: rows.effects(), grants: vec![] });
+    assert_eq!(invariants(&broken), [ids::RETRY_SAFE_LEFT_NO_TRACE], "{broken:?}");
+}
+
+#[test]
+fn an_acquire_answered_retry_safe_that_the_lock_store_granted_is_a_trace() {
+    let (s, key) = (uuid(9), "payout:a".to_owned());
+    let target = WireTarget::Acquire { session: s, key: key.clone() };
+    let contended = wire(target.clone(), 10, Some(20), Some(envelope("LOCK_CONTENDED", true)));
+    // The grant commits while only the refused acquire was in flight.
+    let planted = Effects { writes: BTreeSet::new(), grants: vec![(15, s, key.clone())] };
+    let broken = retry_safe_failures(std::slice::from_ref(&contended), &planted);
+    assert_eq!(invariants(&broken), [ids::RETRY_SAFE_LEFT_NO_TRACE], "{broken:?}");
+    // ... or after it, before the session asked again.
+    let late = Effects { writes: BTreeSet::new(), grants: vec![(25, s, key.clone())] };
+    assert_eq!(
+        invariants(&retry_safe_failures(std::slice::from_ref(&contended), &late)),
+        [ids::RETRY_SAFE_LEFT_NO_TRACE]
+    );
+    // A later acquire that succeeded explains a grant in its window; another session's
+    // grant is not this one's.
+    let granted = wire(target, 30, Some(40), Some(dlock_rt::wire_log::Fate::Answered { status: 200, body: vec![] }));
+    let fine = Effects { writes: BTreeSet::new(), grants: vec![(35, s, key.clone()), (15, uuid(8), key)] };
+    assert!(retry_safe_failures(&[contended, granted], &fine).is_empty());
+}
+
+#[test]
+fn an_answer_on_the_wire_that_differs_from_its_record_is_not_a_byte_identical_replay() {
+    let record = (200u16, br#"{"payoutId":"1","traceId":"first"}"#.to_vec());
+    let records: Records = [((FencedOp::Claim, uuid(1), 7, "payout:k".to_owned()), record.clone())].into();
+    let answered = |status: u16, body: &[u8]| {
+        wire(claim_target(7), 1, Some(2), Some(dlock_rt::wire_log::Fate::Answered { status, body: body.to_vec() }))
+    };
+    assert!(wire_replay_failures(&[answered(200, &record.1), answered(503, b"other")], &records).is_empty());
+    let planted = answered(200, br#"{"payoutId":"1","traceId":"second"}"#);
+    let broken = wire_replay_failures(&[answered(200, &record.1), planted], &records);
+    assert_eq!(invariants(&broken), [ids::WIRE_REPLAY_BYTE_IDENTICAL], "{broken:?}");
+    // An identity with no record (never committed) is not judged here.
+    let other = WireWrite { target: claim_target(8), ..answered(409, b"x") };
+    assert!(wire_replay_failures(&[other], &records).is_empty());
+}
