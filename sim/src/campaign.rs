@@ -25,6 +25,16 @@
 //!
 //! The seed's probe counts come from [`dlock_rt::probe`] (per thread: one runtime per
 //! thread), its simulated time from the runtime's clock.
+//!
+//! **A scenario as a seed** ([`RunOptions::scenario`], `dlock-sim run --scenario NAME`):
+//! the same three phases, oracle and outcome, with `scenarios/NAME.toml` in place of the
+//! draw: its topology, settings, rail knobs and workload ([`Scenario::swarm_config`], no
+//! drawn faults, stalls or operator), its steps as the fault phase's schedule (played to
+//! the end of its cursor, triggers waited for), the scripted lock clients it names. The
+//! seed still seeds the runtime (the rail's chaos, the workload's arrivals, every race).
+//! The proxy-only scenarios (`nodes = ["rail-stub", "rail-proxy"]`) play on the proxy
+//! world ([`crate::cluster::run`]), each broken invariant a correctness failure.
+//! [`run_seed_with`] also returns what a scenario test asserts on ([`ScenarioFacts`]).
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
@@ -35,8 +45,9 @@ use dlock_payment_resource::store::PaymentStore;
 use dlock_rt::Duration;
 use uuid::Uuid;
 
-use crate::oracle::Monitor;
+use crate::oracle::{Monitor, Seen};
 use crate::outcome::{Failure, SeedOutcome};
+use crate::scenario::Scenario;
 use crate::schedule::{Event, Schedule, Stage, Trigger};
 use crate::store_faults::StoreFaultPlan;
 use crate::swarm::{Backend, SwarmConfig};
@@ -53,8 +64,8 @@ pub const TIME_LIMIT_SLACK_MS: u64 = 60_000;
 /// How a seed is run.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// A scenario name (`scenarios/NAME.toml`) to play instead of the swarm draw: accepted
-    /// and carried for the scenario engine (sim/src/scenario.rs), not yet played here.
+    /// A scenario name (`scenarios/NAME.toml`) to play instead of the swarm draw (module
+    /// doc); an unknown name is a crash of each seed (the runner refuses it first).
     pub scenario: Option<String>,
     /// Bound of the liveness phase (simulated ms).
     pub liveness_ms_max: u64,
@@ -135,6 +146,16 @@ impl Stage for Played<'_> {
     fn wait_for(&self, trigger: Trigger) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
         self.world.wait_for(trigger)
     }
+    fn acquire<'a>(
+        &'a self,
+        client: &'a str,
+        key: &'a str,
+        wait_ms: u64,
+        hold_ms: u64,
+        session_ttl_ms: Option<u64>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send + 'a>> {
+        self.world.acquire(client, key, wait_ms, hold_ms, session_ttl_ms)
+    }
     fn applied(&self, event: &Event, line: &str) {
         if let Event::DriftClock { node, rate } = event {
             if node.starts_with("executor-") && drift_beyond_margin(*rate) && !line.starts_with("SKIPPED") {
@@ -144,10 +165,55 @@ impl Stage for Played<'_> {
     }
 }
 
+/// What a scenario seed leaves for a test to assert on, beyond its outcome: ground truth
+/// gathered at the end of the run.
+#[derive(Debug, Clone, Default)]
+pub struct ScenarioFacts {
+    /// Every fenced write and grant the oracle saw, in commit order.
+    pub seen: Vec<Seen>,
+    /// Runtime ms (`faults::now_ms`) at which the oracle started: `seen` times are after it.
+    pub monitor_started_ms: u64,
+    /// What the scripted lock clients did.
+    pub clients: Vec<String>,
+    /// The rail's own log: each call's `clientRef`, in arrival order.
+    pub rail_calls: Vec<String>,
+    /// `lock_acquire_total{outcome="not_leader"}` summed over the lock replicas (acquires
+    /// answered NOT_LEADER, or INTERNAL for a store answer that was lost).
+    pub acquires_not_leader: f64,
+    /// Every injected store fault.
+    pub store_faults: Vec<crate::store_faults::StoreFaultRecord>,
+    /// Every applied network, process and clock fault.
+    pub faults: Vec<crate::faults::FaultRecord>,
+    /// Each created payout's final state.
+    pub final_states: BTreeMap<Uuid, Option<PayoutState>>,
+}
+
 /// Runs one seed in its own madsim runtime on the calling thread.
 pub fn run_seed(seed: u64, opts: &RunOptions) -> SeedOutcome {
-    let cfg = SwarmConfig::draw(seed);
-    let config = cfg.to_string();
+    run_seed_with(seed, opts).0
+}
+
+/// [`run_seed`], with a scenario seed's [`ScenarioFacts`] (`None` for a swarm seed or a
+/// proxy-only scenario).
+pub fn run_seed_with(seed: u64, opts: &RunOptions) -> (SeedOutcome, Option<ScenarioFacts>) {
+    let scenario = match opts.scenario.as_deref().map(crate::scenario::load_named).transpose() {
+        Ok(s) => s,
+        Err(e) => {
+            let failures = vec![Failure::crash("scenario_loads", e.clone())];
+            let outcome = SeedOutcome {
+                seed,
+                config: format!("seed={seed} scenario={}", opts.scenario.as_deref().unwrap_or_default()),
+                failures,
+                probes: BTreeMap::new(),
+                sim_ms: 0,
+                trace: vec![e],
+            };
+            return (outcome, None);
+        }
+    };
+    let trigger_wait = crate::schedule::TRIGGER_WAIT_MS_MAX;
+    let cfg = scenario.as_ref().map_or_else(|| SwarmConfig::draw(seed), |s| s.swarm_config(seed, trigger_wait));
+    let config = scenario.as_ref().map_or_else(|| cfg.to_string(), |s| s.describe(seed));
     if opts.print_config {
         eprintln!("{config}");
     }
@@ -156,11 +222,14 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> SeedOutcome {
     let played = std::panic::catch_unwind(AssertUnwindSafe(|| {
         let mut rt = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
         rt.set_time_limit(std::time::Duration::from_millis(limit_ms));
-        rt.block_on(play(cfg.clone(), opts.clone()))
+        match scenario.clone() {
+            Some(s) if s.is_proxy_only() => rt.block_on(play_proxy(s, config.clone())),
+            _ => rt.block_on(play(cfg.clone(), opts.clone(), scenario.clone(), config.clone())),
+        }
     }));
     let probes = dlock_rt::probe::snapshot();
     match played {
-        Ok((failures, sim_ms, trace)) => SeedOutcome { seed, config, failures, probes, sim_ms, trace },
+        Ok((failures, sim_ms, trace, facts)) => (SeedOutcome { seed, config, failures, probes, sim_ms, trace }, facts),
         Err(panic) => {
             let msg = panic
                 .downcast_ref::<String>()
@@ -168,16 +237,40 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> SeedOutcome {
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                 .unwrap_or_else(|| "a panic without a message".to_owned());
             let line = msg.lines().next().unwrap_or_default().to_owned();
-            SeedOutcome {
+            let outcome = SeedOutcome {
                 seed,
                 config,
                 failures: vec![Failure::crash("no_panic", line)],
                 probes,
                 sim_ms: 0,
                 trace: vec![msg],
-            }
+            };
+            (outcome, None)
         }
     }
+}
+
+/// A proxy-only scenario as a seed: [`crate::cluster::run`] on the proxy world; each broken
+/// invariant or unmet expectation is a correctness failure named after it.
+async fn play_proxy(s: Scenario, config: String) -> (Vec<Failure>, u64, Vec<String>, Option<ScenarioFacts>) {
+    let t0 = madsim::time::Instant::now();
+    let report = crate::cluster::run(&s).await;
+    let failures = report
+        .violations
+        .iter()
+        .map(|v| {
+            let name = v.split(':').next().unwrap_or_default();
+            let invariant = crate::scenario::INVARIANTS
+                .iter()
+                .copied()
+                .find(|i| *i == name)
+                .unwrap_or(if name == "expectation" { "scenario_expectation" } else { "scenario_check" });
+            Failure::correctness(invariant, v.clone())
+        })
+        .collect();
+    let mut trace = vec![config];
+    trace.extend(report.trace);
+    (failures, t0.elapsed().as_millis() as u64, trace, None)
 }
 
 fn settled(s: PayoutState) -> bool {
@@ -192,22 +285,48 @@ async fn states(paydb: &dyn PaymentStore, ids: &[Uuid]) -> BTreeMap<Uuid, Option
     out
 }
 
-/// The seed inside its runtime: (failures, simulated ms, trace).
-async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<String>) {
+/// The world spec of a scenario seed: the drawn-configuration spec of its
+/// [`Scenario::swarm_config`], with the scenario's settings over it, its per-executor
+/// settings and its clocks' skews.
+pub fn scenario_spec(s: &Scenario, cfg: &SwarmConfig) -> WorldSpec {
+    let mut spec = spec_of(cfg);
+    let own = s.settings_pairs();
+    spec.settings.retain(|(k, _)| !own.iter().any(|(o, _)| o == k));
+    spec.settings.extend(own);
+    spec.node_settings = s.node_settings_pairs();
+    spec.skew_ms = s.skew_ms.clone();
+    spec
+}
+
+type Played4 = (Vec<Failure>, u64, Vec<String>, Option<ScenarioFacts>);
+
+/// The seed inside its runtime: (failures, simulated ms, trace, a scenario's facts).
+async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, config: String) -> Played4 {
     let t0 = madsim::time::Instant::now();
-    let mut trace = vec![cfg.to_string()];
-    let mut w = match world::build(spec_of(&cfg)).await {
+    let mut trace = vec![config];
+    let spec = scenario.as_ref().map_or_else(|| spec_of(&cfg), |s| scenario_spec(s, &cfg));
+    let mut w = match world::build(spec).await {
         Ok(w) => w,
-        Err(e) => return (vec![Failure::crash("world_builds", e)], 0, trace),
+        Err(e) => return (vec![Failure::crash("world_builds", e)], 0, trace, None),
     };
     // The oracle watches every acceptance and grant from the first write on.
+    let monitor_started_ms = crate::faults::now_ms();
     let monitor = crate::oracle::Monitor::start(&w);
     // Revokes of the schedule go out from the operator's node, as the operator's do.
     w.add_node("operator");
+    if let Some(s) = &scenario {
+        for i in 1..=s.topology.lock_clients {
+            w.add_node(&format!("client-{i}"));
+        }
+    }
     let created = crate::workload::start_workload(&mut w, &cfg);
     let operator = crate::workload::start_operator(&mut w, &cfg);
-    // The seed's schedule, from the runtime's seeded generator (replays draw it again).
-    let schedule = draw_schedule(&cfg, &w.fault_targets(), &mut dlock_rt::rand::seeded(dlock_rt::rand::random_u64()));
+    // The seed's schedule, from the runtime's seeded generator (replays draw it again), or
+    // the scenario's steps.
+    let schedule = match &scenario {
+        Some(s) => s.schedule(),
+        None => draw_schedule(&cfg, &w.fault_targets(), &mut dlock_rt::rand::seeded(dlock_rt::rand::random_u64())),
+    };
     let fault_events = schedule.events.len();
     trace.push(format!("schedule: {fault_events} fault events {:?}", schedule.verbs()));
     trace.extend(schedule.events.iter().map(|t| format!("schedule: @{}ms {:?}", t.at_ms, t.event)));
@@ -226,9 +345,23 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<Str
     // while the workload and the operator run on theirs; it is cut at `fault_ms`.
     let fault_end = madsim::time::Instant::now() + std::time::Duration::from_millis(cfg.fault_ms);
     let stage = Played { world: &w, monitor: &monitor };
-    let cut =
-        madsim::time::timeout(std::time::Duration::from_millis(cfg.fault_ms), schedule.play(&stage)).await.is_err();
-    madsim::time::sleep_until(fault_end).await;
+    let played = madsim::time::timeout(std::time::Duration::from_millis(cfg.fault_ms), schedule.play(&stage)).await;
+    let cut = played.is_err();
+    // A scenario's step that could not apply (or whose trigger never came) proves nothing.
+    let mut step_failures = Vec::new();
+    if let (Some(_), Ok(lines)) = (&scenario, played) {
+        for l in lines {
+            if l.contains("SKIPPED") || l.contains("never came") {
+                step_failures.push(Failure::crash("scenario_step_applies", l.clone()));
+            }
+            trace.push(l);
+        }
+    }
+    match &scenario {
+        // A scenario's fault phase ends with its steps' cursor (the trailing sleep).
+        Some(s) if !cut => madsim::time::sleep(std::time::Duration::from_millis(s.tail_ms())).await,
+        _ => madsim::time::sleep_until(fault_end).await,
+    }
     // Liveness phase: nothing injects chaos any more: every fault healed, clocks reset,
     // killed nodes started again, the executors restarted without their stalls; the
     // workload finishes its creations and every payout must settle within the bound.
@@ -251,7 +384,7 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<Str
     .await;
     let ids = created.ids();
     let final_states = states(&*w.paydb, &ids).await;
-    let mut failures = Vec::new();
+    let mut failures = step_failures;
     if !created.done() {
         failures
             .push(Failure::liveness("workload_finishes", format!("{} of {} payouts created", ids.len(), cfg.payouts)));
@@ -297,8 +430,32 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<Str
         trace.extend(final_states.iter().map(|(id, s)| format!("payout {id} {s:?}")));
         trace.extend(log.calls.iter().map(|c| format!("rail: {} {:?} paid={}", c.client_ref, c.outcome, c.paid)));
     }
+    let facts = match &scenario {
+        None => None,
+        Some(_) => {
+            let mut acquires_not_leader = 0.0;
+            for r in 1..=w.spec().topology.lock_replicas {
+                acquires_not_leader +=
+                    w.lock_metric(r, "lock_acquire_total{outcome=\"not_leader\"}").await.unwrap_or(0.0);
+            }
+            let f = ScenarioFacts {
+                seen: monitor.with(|c| c.seen().to_vec()).unwrap_or_default(),
+                monitor_started_ms,
+                clients: w.client_log(),
+                rail_calls: calls.clone(),
+                acquires_not_leader,
+                store_faults: w.store_plan().map(|p| p.record()).unwrap_or_default(),
+                faults: w.faults().record(),
+                final_states: final_states.clone(),
+            };
+            trace.extend(f.clients.iter().cloned());
+            trace.extend(f.seen.iter().map(|s| s.to_string()));
+            trace.push(format!("lock servers: {acquires_not_leader} acquires answered not_leader"));
+            Some(f)
+        }
+    };
     let sim_ms = t0.elapsed().as_millis() as u64;
-    (failures, sim_ms, trace)
+    (failures, sim_ms, trace, facts)
 }
 
 /// Runs `seeds` on `jobs` worker threads (one madsim runtime per thread, one seed at a

@@ -1,13 +1,13 @@
 //! `cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]`
-//! and `cargo xtask sim replay --seed S`: builds the simulation runner (`dlock-sim`, in the
-//! `dlock-sim` crate) with `RUSTFLAGS="--cfg madsim"` into `target/sim` under the `sim`
-//! profile, runs it with the arguments, and exits with its exit code (0 clean, 127 crash,
+//! and `cargo xtask sim replay --seed S [--scenario NAME]`: builds the simulation runner
+//! (`dlock-sim`, in the `dlock-sim` crate) with `RUSTFLAGS="--cfg madsim"` into `target/sim`
+//! under the `sim` profile, runs it with the arguments, and exits with its exit code (0 clean, 127 crash,
 //! 128 liveness, 129 correctness, 2 usage).
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]\n       cargo xtask sim replay --seed S";
+const USAGE: &str = "usage: cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]\n       cargo xtask sim replay --seed S [--scenario NAME]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

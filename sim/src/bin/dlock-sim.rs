@@ -1,5 +1,7 @@
 //! The simulation runner: `dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N]
-//! [--scenario NAME] [--json]` and `dlock-sim replay --seed S`. Built and run under
+//! [--scenario NAME] [--json]` and `dlock-sim replay --seed S [--scenario NAME]`. With
+//! `--scenario NAME` every seed plays `scenarios/NAME.toml` instead of its swarm draw; an
+//! unknown name is a usage error (exit 2) listing the known ones. Built and run under
 //! `--cfg madsim` by `cargo xtask sim ...` (target/sim); a build without the simulation cfg
 //! only explains how to run it.
 
@@ -33,7 +35,7 @@ mod runner {
     use dlock_sim::campaign::{self, RunOptions};
     use dlock_sim::summary::{self, replay_command};
 
-    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]\n       dlock-sim replay --seed S";
+    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]\n       dlock-sim replay --seed S [--scenario NAME]";
 
     /// Seeds when `--seeds` is absent.
     const SEEDS_DEFAULT: u64 = 100;
@@ -77,9 +79,17 @@ mod runner {
     }
 
     pub fn main(args: &[String]) -> Result<u8, String> {
+        let parsed = |args: &[String]| -> Result<Args, String> {
+            let a = parse(args)?;
+            if let Some(name) = &a.scenario {
+                // An unknown name is a usage error listing the known ones, before any seed runs.
+                dlock_sim::scenario::load_named(name)?;
+            }
+            Ok(a)
+        };
         match args.first().map(String::as_str) {
-            Some("run") => run(parse(&args[1..])?),
-            Some("replay") => replay(parse(&args[1..])?),
+            Some("run") => run(parsed(&args[1..])?),
+            Some("replay") => replay(parsed(&args[1..])?),
             _ => Err("expected `run` or `replay`".into()),
         }
     }
@@ -93,9 +103,10 @@ mod runner {
             a.start.wrapping_add(a.seeds.saturating_sub(1)),
             a.seeds,
             a.jobs,
-            a.scenario.as_deref().map(|s| format!(", scenario {s} (passed through)")).unwrap_or_default()
+            a.scenario.as_deref().map(|s| format!(", scenario {s}")).unwrap_or_default()
         );
         let opts = RunOptions { scenario: a.scenario.clone(), ..RunOptions::default() };
+        let scenario = a.scenario.as_deref().map(|s| format!(" --scenario {s}")).unwrap_or_default();
         let tty = std::io::stderr().is_terminal();
         let failures = Mutex::new(0usize);
         let s = campaign::run_campaign(&seeds, a.jobs, &opts, &|done, total, o| {
@@ -106,7 +117,8 @@ mod runner {
                 if tty {
                     let _ = write!(err, "\r\x1b[K");
                 }
-                let _ = writeln!(err, "{}  [{}]  replay: {}", f.line(o.seed), o.config, replay_command(o.seed));
+                let _ =
+                    writeln!(err, "{}  [{}]  replay: {}{scenario}", f.line(o.seed), o.config, replay_command(o.seed));
             }
             if tty {
                 let width = 40;
