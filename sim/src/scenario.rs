@@ -954,6 +954,52 @@ mod tests {
     }
 
     #[test]
+    fn acquire_steps_and_node_settings_are_checked() {
+        let clients = "[topology]\nlock-clients = 2\nexecutors = 2\n";
+        let step = |body: &str| format!("{BASE}{clients}[[step]]\naction = \"acquire\"\n{body}");
+        let ok = step(
+            "client = \"client-2\"\nkey = \"payout:acct-0\"\nwait-ms = 20000\nhold-ms = 1000\nsession-ttl-ms = 3000\n",
+        );
+        let s = Scenario::parse(&ok).expect("a good acquire parses");
+        assert_eq!(s.verbs(), ["acquire"]);
+        assert!(s.node_names().contains(&"client-2".to_owned()));
+        for bad in [
+            "client = \"client-3\"\nkey = \"k\"\nhold-ms = 1\n",
+            "client = \"executor-1\"\nkey = \"k\"\nhold-ms = 1\n",
+            "client = \"client-1\"\nkey = \"a b\"\nhold-ms = 1\n",
+            "client = \"client-1\"\nkey = \"k\"\nwait-ms = 30001\nhold-ms = 1\n",
+            "client = \"client-1\"\nkey = \"k\"\nhold-ms = 0\n",
+            "client = \"client-1\"\nkey = \"k\"\nhold-ms = 1\nsession-ttl-ms = 10\n",
+            "client = \"client-1\"\nkey = \"k\"\nhold-ms = 1\nholdms = 1\n",
+        ] {
+            assert!(Scenario::parse(&step(bad)).is_err(), "accepted: {bad}");
+        }
+        let settings = |table: &str| {
+            format!("{BASE}{clients}[node-settings.{table}]\n\"executor.chaos.pause-rate\" = 1.0\n[[step]]\naction = \"sleep\"\nms = 1\n")
+        };
+        let s = Scenario::parse(&settings("executor-2")).expect("an executor's own settings parse");
+        assert_eq!(s.node_settings_pairs()["executor-2"], [("executor.chaos.pause-rate".to_owned(), "1.0".to_owned())]);
+        for bad in ["executor-3", "lock-1", "client-1"] {
+            assert!(Scenario::parse(&settings(bad)).is_err(), "accepted node-settings for {bad}");
+        }
+    }
+
+    #[test]
+    fn a_scenario_seed_configuration_is_the_files_with_no_drawn_faults() {
+        let s = load_named("stale-writer-second-proxy").expect("shipped");
+        let c = s.swarm_config(9, 1_000);
+        assert_eq!((c.lock_replicas, c.payment_replicas, c.proxy_replicas, c.executors.clone()), (1, 1, 2, vec![1, 1]));
+        assert_eq!((c.payouts, c.accounts, c.hot_accounts, c.hot_share), (2, 1, 1, 1.0));
+        assert_eq!((c.stub_latency_ms, c.operator_revokes, c.operator_resolves), (6_000, 0, false));
+        assert!(c.faults.is_zero() && c.executor_pause_rate == 0.0);
+        // The steps' cursor (40 s) plus one trigger's longest wait.
+        assert_eq!(c.fault_ms, 40_000 + 1_000);
+        assert_eq!(s.tail_ms(), 40_000);
+        assert!(s.describe(9).starts_with("seed=9 scenario=stale-writer-second-proxy topo=lock1/pay1/proxy2 "));
+        assert!(load_named("nope").is_err_and(|e| e.contains("known: ") && e.contains("proxy-restart")));
+    }
+
+    #[test]
     fn the_schedule_follows_the_cursor_and_closes_timed_faults() {
         let text = format!(
             "{BASE}[topology]\nexecutors = 2\n\

@@ -335,6 +335,12 @@ fn play_in_the_world(name: &str, seed: u64) -> (dlock_sim::outcome::SeedOutcome,
     let lines: Vec<String> = outcome.failures.iter().map(|f| f.line(seed)).collect();
     assert!(lines.is_empty(), "{name} seed {seed}: {lines:?}\n{}", outcome.trace.join("\n"));
     let facts = facts.expect("a world scenario leaves its facts");
+    // The file names the probes it exists to reach: each fired in this seed.
+    let s = scenario::load_named(name).expect("scenario");
+    for p in &s.probes {
+        let fired = outcome.probes.iter().any(|(probe, n)| probe.name() == p && *n > 0);
+        assert!(fired, "{name} seed {seed}: probe {p} never fired ({:?})", outcome.probes);
+    }
     (outcome, facts)
 }
 
