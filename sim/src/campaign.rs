@@ -34,7 +34,8 @@
 //! seed still seeds the runtime (the rail's chaos, the workload's arrivals, every race).
 //! The proxy-only scenarios (`nodes = ["rail-stub", "rail-proxy"]`) play on the proxy
 //! world ([`crate::cluster::run`]), each broken invariant a correctness failure.
-//! [`run_seed_with`] also returns what a scenario test asserts on ([`ScenarioFacts`]).
+//! [`run_seed_with`] also returns what a scenario test asserts on ([`ScenarioFacts`]). The
+//! scenario-only parts live in [`crate::scenario_seed`].
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
@@ -45,9 +46,10 @@ use dlock_payment_resource::store::PaymentStore;
 use dlock_rt::Duration;
 use uuid::Uuid;
 
-use crate::oracle::{Monitor, Seen};
+use crate::oracle::Monitor;
 use crate::outcome::{Failure, SeedOutcome};
 use crate::scenario::Scenario;
+pub use crate::scenario_seed::ScenarioFacts;
 use crate::schedule::{Event, Schedule, Stage, Trigger};
 use crate::store_faults::StoreFaultPlan;
 use crate::swarm::{Backend, SwarmConfig};
@@ -165,29 +167,6 @@ impl Stage for Played<'_> {
     }
 }
 
-/// What a scenario seed leaves for a test to assert on, beyond its outcome: ground truth
-/// gathered at the end of the run.
-#[derive(Debug, Clone, Default)]
-pub struct ScenarioFacts {
-    /// Every fenced write and grant the oracle saw, in commit order.
-    pub seen: Vec<Seen>,
-    /// Runtime ms (`faults::now_ms`) at which the oracle started: `seen` times are after it.
-    pub monitor_started_ms: u64,
-    /// What the scripted lock clients did.
-    pub clients: Vec<String>,
-    /// The rail's own log: each call's `clientRef`, in arrival order.
-    pub rail_calls: Vec<String>,
-    /// `lock_acquire_total{outcome="not_leader"}` summed over the lock replicas (acquires
-    /// answered NOT_LEADER, or INTERNAL for a store answer that was lost).
-    pub acquires_not_leader: f64,
-    /// Every injected store fault.
-    pub store_faults: Vec<crate::store_faults::StoreFaultRecord>,
-    /// Every applied network, process and clock fault.
-    pub faults: Vec<crate::faults::FaultRecord>,
-    /// Each created payout's final state.
-    pub final_states: BTreeMap<Uuid, Option<PayoutState>>,
-}
-
 /// Runs one seed in its own madsim runtime on the calling thread.
 pub fn run_seed(seed: u64, opts: &RunOptions) -> SeedOutcome {
     run_seed_with(seed, opts).0
@@ -223,7 +202,7 @@ pub fn run_seed_with(seed: u64, opts: &RunOptions) -> (SeedOutcome, Option<Scena
         let mut rt = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
         rt.set_time_limit(std::time::Duration::from_millis(limit_ms));
         match scenario.clone() {
-            Some(s) if s.is_proxy_only() => rt.block_on(play_proxy(s, config.clone())),
+            Some(s) if s.is_proxy_only() => rt.block_on(crate::scenario_seed::play_proxy(s, config.clone())),
             _ => rt.block_on(play(cfg.clone(), opts.clone(), scenario.clone(), config.clone())),
         }
     }));
@@ -250,29 +229,6 @@ pub fn run_seed_with(seed: u64, opts: &RunOptions) -> (SeedOutcome, Option<Scena
     }
 }
 
-/// A proxy-only scenario as a seed: [`crate::cluster::run`] on the proxy world; each broken
-/// invariant or unmet expectation is a correctness failure named after it.
-async fn play_proxy(s: Scenario, config: String) -> (Vec<Failure>, u64, Vec<String>, Option<ScenarioFacts>) {
-    let t0 = madsim::time::Instant::now();
-    let report = crate::cluster::run(&s).await;
-    let failures = report
-        .violations
-        .iter()
-        .map(|v| {
-            let name = v.split(':').next().unwrap_or_default();
-            let invariant = crate::scenario::INVARIANTS
-                .iter()
-                .copied()
-                .find(|i| *i == name)
-                .unwrap_or(if name == "expectation" { "scenario_expectation" } else { "scenario_check" });
-            Failure::correctness(invariant, v.clone())
-        })
-        .collect();
-    let mut trace = vec![config];
-    trace.extend(report.trace);
-    (failures, t0.elapsed().as_millis() as u64, trace, None)
-}
-
 fn settled(s: PayoutState) -> bool {
     s.is_terminal() || s == PayoutState::RailAmbiguous
 }
@@ -285,26 +241,13 @@ async fn states(paydb: &dyn PaymentStore, ids: &[Uuid]) -> BTreeMap<Uuid, Option
     out
 }
 
-/// The world spec of a scenario seed: the drawn-configuration spec of its
-/// [`Scenario::swarm_config`], with the scenario's settings over it, its per-executor
-/// settings and its clocks' skews.
-pub fn scenario_spec(s: &Scenario, cfg: &SwarmConfig) -> WorldSpec {
-    let mut spec = spec_of(cfg);
-    let own = s.settings_pairs();
-    spec.settings.retain(|(k, _)| !own.iter().any(|(o, _)| o == k));
-    spec.settings.extend(own);
-    spec.node_settings = s.node_settings_pairs();
-    spec.skew_ms = s.skew_ms.clone();
-    spec
-}
-
 type Played4 = (Vec<Failure>, u64, Vec<String>, Option<ScenarioFacts>);
 
 /// The seed inside its runtime: (failures, simulated ms, trace, a scenario's facts).
 async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, config: String) -> Played4 {
     let t0 = madsim::time::Instant::now();
     let mut trace = vec![config];
-    let spec = scenario.as_ref().map_or_else(|| spec_of(&cfg), |s| scenario_spec(s, &cfg));
+    let spec = scenario.as_ref().map_or_else(|| spec_of(&cfg), |s| crate::scenario_seed::spec(s, &cfg));
     let mut w = match world::build(spec).await {
         Ok(w) => w,
         Err(e) => return (vec![Failure::crash("world_builds", e)], 0, trace, None),
@@ -347,16 +290,10 @@ async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, co
     let stage = Played { world: &w, monitor: &monitor };
     let played = madsim::time::timeout(std::time::Duration::from_millis(cfg.fault_ms), schedule.play(&stage)).await;
     let cut = played.is_err();
-    // A scenario's step that could not apply (or whose trigger never came) proves nothing.
-    let mut step_failures = Vec::new();
-    if let (Some(_), Ok(lines)) = (&scenario, played) {
-        for l in lines {
-            if l.contains("SKIPPED") || l.contains("never came") {
-                step_failures.push(Failure::crash("scenario_step_applies", l.clone()));
-            }
-            trace.push(l);
-        }
-    }
+    let step_failures = match (&scenario, played) {
+        (Some(_), Ok(lines)) => crate::scenario_seed::step_failures(lines, &mut trace),
+        _ => Vec::new(),
+    };
     match &scenario {
         // A scenario's fault phase ends with its steps' cursor (the trailing sleep).
         Some(s) if !cut => madsim::time::sleep(std::time::Duration::from_millis(s.tail_ms())).await,
@@ -431,28 +368,10 @@ async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, co
         trace.extend(log.calls.iter().map(|c| format!("rail: {} {:?} paid={}", c.client_ref, c.outcome, c.paid)));
     }
     let facts = match &scenario {
-        None => None,
         Some(_) => {
-            let mut acquires_not_leader = 0.0;
-            for r in 1..=w.spec().topology.lock_replicas {
-                acquires_not_leader +=
-                    w.lock_metric(r, "lock_acquire_total{outcome=\"not_leader\"}").await.unwrap_or(0.0);
-            }
-            let f = ScenarioFacts {
-                seen: monitor.with(|c| c.seen().to_vec()).unwrap_or_default(),
-                monitor_started_ms,
-                clients: w.client_log(),
-                rail_calls: calls.clone(),
-                acquires_not_leader,
-                store_faults: w.store_plan().map(|p| p.record()).unwrap_or_default(),
-                faults: w.faults().record(),
-                final_states: final_states.clone(),
-            };
-            trace.extend(f.clients.iter().cloned());
-            trace.extend(f.seen.iter().map(|s| s.to_string()));
-            trace.push(format!("lock servers: {acquires_not_leader} acquires answered not_leader"));
-            Some(f)
+            Some(crate::scenario_seed::facts(&w, &monitor, monitor_started_ms, &calls, &final_states, &mut trace).await)
         }
+        None => None,
     };
     let sim_ms = t0.elapsed().as_millis() as u64;
     (failures, sim_ms, trace, facts)
