@@ -3,7 +3,8 @@
 //! A scenario names its topology and workload, the rail's chaos knobs, and a list of steps:
 //! fault verbs (`pause`, `resume`, `crash`, `start`, `partition`, `heal`, `clog`,
 //! `skew-clock`, `drift-clock`, `store-fault`, `revoke`, `sleep`), the scripted lock
-//! client's `acquire`, and the legacy proxy steps (`submit`, `restart-proxy`). [`Scenario::schedule`] turns the fault steps into a
+//! client's `acquire`, and the legacy proxy steps (`submit`, `restart-proxy`); settings for
+//! every service (`[settings]`) and for one executor (`[node-settings.executor-N]`). [`Scenario::schedule`] turns the fault steps into a
 //! [`Schedule`] (steps run at a cursor that only `sleep` advances; a `for-ms` closes its
 //! fault that long after it opened). Unknown keys and verbs are errors, and
 //! [`Scenario::parse`] refuses a step naming a node the topology does not start, so a typo
