@@ -1001,6 +1001,18 @@ mod tests {
     }
 
     #[test]
+    fn a_scenario_seeds_replay_command_names_the_scenario() {
+        use crate::summary::replay_command_of;
+        let s = load_named("waiter-session-expires").expect("shipped");
+        assert_eq!(
+            replay_command_of(4, &s.describe(4)),
+            "cargo xtask sim replay --seed 4 --scenario waiter-session-expires"
+        );
+        let swarm = crate::swarm::SwarmConfig::draw(4).to_string();
+        assert_eq!(replay_command_of(4, &swarm), "cargo xtask sim replay --seed 4");
+    }
+
+    #[test]
     fn the_schedule_follows_the_cursor_and_closes_timed_faults() {
         let text = format!(
             "{BASE}[topology]\nexecutors = 2\n\

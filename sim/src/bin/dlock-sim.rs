@@ -33,7 +33,7 @@ mod runner {
     use std::sync::Mutex;
 
     use dlock_sim::campaign::{self, RunOptions};
-    use dlock_sim::summary::{self, replay_command};
+    use dlock_sim::summary::{self, replay_command_of};
 
     pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]\n       dlock-sim replay --seed S [--scenario NAME]";
 
@@ -106,7 +106,6 @@ mod runner {
             a.scenario.as_deref().map(|s| format!(", scenario {s}")).unwrap_or_default()
         );
         let opts = RunOptions { scenario: a.scenario.clone(), ..RunOptions::default() };
-        let scenario = a.scenario.as_deref().map(|s| format!(" --scenario {s}")).unwrap_or_default();
         let tty = std::io::stderr().is_terminal();
         let failures = Mutex::new(0usize);
         let s = campaign::run_campaign(&seeds, a.jobs, &opts, &|done, total, o| {
@@ -117,8 +116,8 @@ mod runner {
                 if tty {
                     let _ = write!(err, "\r\x1b[K");
                 }
-                let _ =
-                    writeln!(err, "{}  [{}]  replay: {}{scenario}", f.line(o.seed), o.config, replay_command(o.seed));
+                let replay = replay_command_of(o.seed, &o.config);
+                let _ = writeln!(err, "{}  [{}]  replay: {replay}", f.line(o.seed), o.config);
             }
             if tty {
                 let width = 40;
