@@ -25,6 +25,17 @@
 //!
 //! The seed's probe counts come from [`dlock_rt::probe`] (per thread: one runtime per
 //! thread), its simulated time from the runtime's clock.
+//!
+//! **A scenario as a seed** ([`RunOptions::scenario`], `dlock-sim run --scenario NAME`):
+//! the same three phases, oracle and outcome, with `scenarios/NAME.toml` in place of the
+//! draw: its topology, settings, rail knobs and workload ([`Scenario::swarm_config`], no
+//! drawn faults, stalls or operator), its steps as the fault phase's schedule (played to
+//! the end of its cursor, triggers waited for), the scripted lock clients it names. The
+//! seed still seeds the runtime (the rail's chaos, the workload's arrivals, every race).
+//! The proxy-only scenarios (`nodes = ["rail-stub", "rail-proxy"]`) play on the proxy
+//! world ([`crate::cluster::run`]), each broken invariant a correctness failure.
+//! [`run_seed_with`] also returns what a scenario test asserts on ([`ScenarioFacts`]). The
+//! scenario-only parts live in [`crate::scenario_seed`].
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
@@ -37,6 +48,8 @@ use uuid::Uuid;
 
 use crate::oracle::Monitor;
 use crate::outcome::{Failure, SeedOutcome};
+use crate::scenario::Scenario;
+pub use crate::scenario_seed::ScenarioFacts;
 use crate::schedule::{Event, Schedule, Stage, Trigger};
 use crate::store_faults::StoreFaultPlan;
 use crate::swarm::{Backend, SwarmConfig};
@@ -53,8 +66,8 @@ pub const TIME_LIMIT_SLACK_MS: u64 = 60_000;
 /// How a seed is run.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// A scenario name (`scenarios/NAME.toml`) to play instead of the swarm draw: accepted
-    /// and carried for the scenario engine (sim/src/scenario.rs), not yet played here.
+    /// A scenario name (`scenarios/NAME.toml`) to play instead of the swarm draw (module
+    /// doc); an unknown name is a crash of each seed (the runner refuses it first).
     pub scenario: Option<String>,
     /// Bound of the liveness phase (simulated ms).
     pub liveness_ms_max: u64,
@@ -143,6 +156,16 @@ impl Stage for Played<'_> {
     fn wait_for(&self, trigger: Trigger) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + '_>> {
         self.world.wait_for(trigger)
     }
+    fn acquire<'a>(
+        &'a self,
+        client: &'a str,
+        key: &'a str,
+        wait_ms: u64,
+        hold_ms: u64,
+        session_ttl_ms: Option<u64>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<String, String>> + Send + 'a>> {
+        self.world.acquire(client, key, wait_ms, hold_ms, session_ttl_ms)
+    }
     fn applied(&self, event: &Event, line: &str) {
         if let (Some(kind), false) = (event.kind(), line.starts_with("SKIPPED")) {
             if let Ok(mut k) = self.kinds.lock() {
@@ -159,14 +182,49 @@ impl Stage for Played<'_> {
 
 /// Runs one seed in its own madsim runtime on the calling thread.
 pub fn run_seed(seed: u64, opts: &RunOptions) -> SeedOutcome {
-    run_config(SwarmConfig::draw(seed), opts)
+    run_seed_with(seed, opts).0
+}
+
+/// [`run_seed`], with a scenario seed's [`ScenarioFacts`] (`None` for a swarm seed or a
+/// proxy-only scenario).
+pub fn run_seed_with(seed: u64, opts: &RunOptions) -> (SeedOutcome, Option<ScenarioFacts>) {
+    let scenario = match opts.scenario.as_deref().map(crate::scenario::load_named).transpose() {
+        Ok(s) => s,
+        Err(e) => {
+            let failures = vec![Failure::crash("scenario_loads", e.clone())];
+            let outcome = SeedOutcome {
+                seed,
+                config: format!("seed={seed} scenario={}", opts.scenario.as_deref().unwrap_or_default()),
+                failures,
+                probes: BTreeMap::new(),
+                sim_ms: 0,
+                trace: vec![e],
+                faults: BTreeMap::new(),
+            };
+            return (outcome, None);
+        }
+    };
+    let trigger_wait = crate::schedule::TRIGGER_WAIT_MS_MAX;
+    let cfg = scenario.as_ref().map_or_else(|| SwarmConfig::draw(seed), |s| s.swarm_config(seed, trigger_wait));
+    let config = scenario.as_ref().map_or_else(|| cfg.to_string(), |s| s.describe(seed));
+    run_prepared(cfg, config, scenario, opts)
 }
 
 /// Runs `cfg` (a drawn configuration, possibly adjusted: the speed bench's fixed size) in
 /// a madsim runtime seeded with `cfg.seed`, on the calling thread.
 pub fn run_config(cfg: SwarmConfig, opts: &RunOptions) -> SeedOutcome {
-    let seed = cfg.seed;
     let config = cfg.to_string();
+    run_prepared(cfg, config, None, opts).0
+}
+
+/// One seed of `cfg` (printed as `config`), or of `scenario` when given.
+fn run_prepared(
+    cfg: SwarmConfig,
+    config: String,
+    scenario: Option<Scenario>,
+    opts: &RunOptions,
+) -> (SeedOutcome, Option<ScenarioFacts>) {
+    let seed = cfg.seed;
     if opts.print_config {
         eprintln!("{config}");
     }
@@ -175,11 +233,16 @@ pub fn run_config(cfg: SwarmConfig, opts: &RunOptions) -> SeedOutcome {
     let played = std::panic::catch_unwind(AssertUnwindSafe(|| {
         let mut rt = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
         rt.set_time_limit(std::time::Duration::from_millis(limit_ms));
-        rt.block_on(play(cfg.clone(), opts.clone()))
+        match scenario.clone() {
+            Some(s) if s.is_proxy_only() => rt.block_on(crate::scenario_seed::play_proxy(s, config.clone())),
+            _ => rt.block_on(play(cfg.clone(), opts.clone(), scenario.clone(), config.clone())),
+        }
     }));
     let probes = dlock_rt::probe::snapshot();
     match played {
-        Ok((failures, sim_ms, trace, faults)) => SeedOutcome { seed, config, failures, probes, sim_ms, trace, faults },
+        Ok((failures, sim_ms, trace, faults, facts)) => {
+            (SeedOutcome { seed, config, failures, probes, sim_ms, trace, faults }, facts)
+        }
         Err(panic) => {
             let msg = panic
                 .downcast_ref::<String>()
@@ -187,7 +250,7 @@ pub fn run_config(cfg: SwarmConfig, opts: &RunOptions) -> SeedOutcome {
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                 .unwrap_or_else(|| "a panic without a message".to_owned());
             let line = msg.lines().next().unwrap_or_default().to_owned();
-            SeedOutcome {
+            let outcome = SeedOutcome {
                 seed,
                 config,
                 failures: vec![Failure::crash("no_panic", line)],
@@ -195,7 +258,8 @@ pub fn run_config(cfg: SwarmConfig, opts: &RunOptions) -> SeedOutcome {
                 sim_ms: 0,
                 trace: vec![msg],
                 faults: BTreeMap::new(),
-            }
+            };
+            (outcome, None)
         }
     }
 }
@@ -212,25 +276,37 @@ async fn states(paydb: &dyn PaymentStore, ids: &[Uuid]) -> BTreeMap<Uuid, Option
     out
 }
 
-/// The seed inside its runtime.
-/// What [`play`] returns: failures, simulated ms, trace, fault events applied by kind.
-type Played4 = (Vec<Failure>, u64, Vec<String>, BTreeMap<&'static str, u64>);
+/// What [`play`] returns: failures, simulated ms, trace, fault events applied by kind, a
+/// scenario's facts.
+pub(crate) type Played5 = (Vec<Failure>, u64, Vec<String>, BTreeMap<&'static str, u64>, Option<ScenarioFacts>);
 
-async fn play(cfg: SwarmConfig, opts: RunOptions) -> Played4 {
+/// The seed inside its runtime.
+async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, config: String) -> Played5 {
     let t0 = madsim::time::Instant::now();
-    let mut trace = vec![cfg.to_string()];
-    let mut w = match world::build(spec_of(&cfg)).await {
+    let mut trace = vec![config];
+    let spec = scenario.as_ref().map_or_else(|| spec_of(&cfg), |s| crate::scenario_seed::spec(s, &cfg));
+    let mut w = match world::build(spec).await {
         Ok(w) => w,
-        Err(e) => return (vec![Failure::crash("world_builds", e)], 0, trace, BTreeMap::new()),
+        Err(e) => return (vec![Failure::crash("world_builds", e)], 0, trace, BTreeMap::new(), None),
     };
     // The oracle watches every acceptance and grant from the first write on.
+    let monitor_started_ms = crate::faults::now_ms();
     let monitor = crate::oracle::Monitor::start(&w);
     // Revokes of the schedule go out from the operator's node, as the operator's do.
     w.add_node("operator");
+    if let Some(s) = &scenario {
+        for i in 1..=s.topology.lock_clients {
+            w.add_node(&format!("client-{i}"));
+        }
+    }
     let created = crate::workload::start_workload(&mut w, &cfg);
     let operator = crate::workload::start_operator(&mut w, &cfg);
-    // The seed's schedule, from the runtime's seeded generator (replays draw it again).
-    let schedule = draw_schedule(&cfg, &w.fault_targets(), &mut dlock_rt::rand::seeded(dlock_rt::rand::random_u64()));
+    // The seed's schedule, from the runtime's seeded generator (replays draw it again), or
+    // the scenario's steps.
+    let schedule = match &scenario {
+        Some(s) => s.schedule(),
+        None => draw_schedule(&cfg, &w.fault_targets(), &mut dlock_rt::rand::seeded(dlock_rt::rand::random_u64())),
+    };
     let fault_events = schedule.events.len();
     trace.push(format!("schedule: {fault_events} fault events {:?}", schedule.verbs()));
     trace.extend(schedule.events.iter().map(|t| format!("schedule: @{}ms {:?}", t.at_ms, t.event)));
@@ -249,9 +325,17 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> Played4 {
     // while the workload and the operator run on theirs; it is cut at `fault_ms`.
     let fault_end = madsim::time::Instant::now() + std::time::Duration::from_millis(cfg.fault_ms);
     let stage = Played { world: &w, monitor: &monitor, kinds: std::sync::Mutex::new(BTreeMap::new()) };
-    let cut =
-        madsim::time::timeout(std::time::Duration::from_millis(cfg.fault_ms), schedule.play(&stage)).await.is_err();
-    madsim::time::sleep_until(fault_end).await;
+    let played = madsim::time::timeout(std::time::Duration::from_millis(cfg.fault_ms), schedule.play(&stage)).await;
+    let cut = played.is_err();
+    let step_failures = match (&scenario, played) {
+        (Some(_), Ok(lines)) => crate::scenario_seed::step_failures(lines, &mut trace),
+        _ => Vec::new(),
+    };
+    match &scenario {
+        // A scenario's fault phase ends with its steps' cursor (the trailing sleep).
+        Some(s) if !cut => madsim::time::sleep(std::time::Duration::from_millis(s.tail_ms())).await,
+        _ => madsim::time::sleep_until(fault_end).await,
+    }
     // Liveness phase: nothing injects chaos any more: every fault healed, clocks reset,
     // killed nodes started again, the executors restarted without their stalls; the
     // workload finishes its creations and every payout must settle within the bound.
@@ -274,7 +358,7 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> Played4 {
     .await;
     let ids = created.ids();
     let final_states = states(&*w.paydb, &ids).await;
-    let mut failures = Vec::new();
+    let mut failures = step_failures;
     if !created.done() {
         failures
             .push(Failure::liveness("workload_finishes", format!("{} of {} payouts created", ids.len(), cfg.payouts)));
@@ -320,10 +404,16 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> Played4 {
         trace.extend(final_states.iter().map(|(id, s)| format!("payout {id} {s:?}")));
         trace.extend(log.calls.iter().map(|c| format!("rail: {} {:?} paid={}", c.client_ref, c.outcome, c.paid)));
     }
+    let facts = match &scenario {
+        Some(_) => {
+            Some(crate::scenario_seed::facts(&w, &monitor, monitor_started_ms, &calls, &final_states, &mut trace).await)
+        }
+        None => None,
+    };
     let sim_ms = t0.elapsed().as_millis() as u64;
     let faults = stage.kinds.into_inner().unwrap_or_else(|e| e.into_inner());
     w.shutdown();
-    (failures, sim_ms, trace, faults)
+    (failures, sim_ms, trace, faults, facts)
 }
 
 /// Calls `each(seed)` for every seed on `jobs` worker threads (one seed at a time per

@@ -132,6 +132,9 @@ pub struct PaydbFacts {
     /// The written payout's forwardable submission rows' tokens, oldest first (for an
     /// admission).
     pub forwardable_tokens: Vec<i64>,
+    /// Every intent row still without an outcome (a forward in flight): account, token,
+    /// owner.
+    pub unresolved: Vec<(String, i64, String)>,
 }
 
 impl PaydbFacts {
@@ -147,6 +150,62 @@ impl PaydbFacts {
                 .filter(|s| s.payout_id == payout_id && is_forwardable(s.outcome))
                 .map(|s| s.presented_token)
                 .collect(),
+            unresolved: t
+                .rail
+                .submissions
+                .iter()
+                .filter(|s| s.outcome.is_none())
+                .map(|s| (s.account_id.clone(), s.presented_token, s.owner_id.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// Bound on the checker's log of what it saw ([`Checker::seen`]); past it, entries are
+/// counted, not kept.
+pub const SEEN_LOG_MAX: usize = 20_000;
+
+/// One thing the online checker saw, in commit order: what a scenario test asserts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    /// A fenced write and its verdict, with the account's forwards in flight at that
+    /// instant (intent rows without an outcome: token and owner).
+    Fenced {
+        at_ms: u64,
+        op: FencedOp,
+        payout_id: Uuid,
+        account_id: String,
+        token: i64,
+        owner_id: String,
+        accepted: bool,
+        admission: Option<&'static str>,
+        in_flight: Vec<(i64, String)>,
+    },
+    /// A grant the lock store committed.
+    Granted { at_ms: u64, key: String, token: i64, session_id: Uuid, owner_id: String },
+}
+
+impl std::fmt::Display for Seen {
+    /// One trace line: `seen @1200ms admit acct-0 payout=... token=7 by executor-1/0 fenced_out in_flight=[8 by executor-2/0]`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Seen::Fenced { at_ms, op, payout_id, account_id, token, owner_id, accepted, admission, in_flight } => {
+                let verdict = admission.unwrap_or(if *accepted { "accepted" } else { "fenced_out" });
+                let flight: Vec<String> = in_flight.iter().map(|(t, o)| format!("{t} by {o}")).collect();
+                let op = match op {
+                    FencedOp::Claim => "claim",
+                    FencedOp::Post => "post",
+                    FencedOp::Admit => "admit",
+                };
+                write!(
+                    f,
+                    "seen @{at_ms}ms {op} {account_id} payout={payout_id} token={token} by {owner_id} {verdict} in_flight=[{}]",
+                    flight.join(", ")
+                )
+            }
+            Seen::Granted { at_ms, key, token, session_id, owner_id } => {
+                write!(f, "seen @{at_ms}ms grant {key} token={token} to {owner_id} session={session_id}")
+            }
         }
     }
 }
@@ -185,6 +244,8 @@ pub struct Checker {
     /// Every committed grant: (wire-log sequence at its commit, session, key).
     grant_seqs: Vec<(u64, Uuid, String)>,
     failures: Vec<TimedFailure>,
+    /// What was seen, in commit order (at most [`SEEN_LOG_MAX`]).
+    seen: Vec<Seen>,
     /// Counts of what was observed (for the trace and the tests).
     pub acceptances: u64,
     pub fenced_outs: u64,
@@ -220,6 +281,18 @@ impl Checker {
         &self.failures
     }
 
+    /// Every fenced write and grant seen so far, in commit order (the first
+    /// [`SEEN_LOG_MAX`]).
+    pub fn seen(&self) -> &[Seen] {
+        &self.seen
+    }
+
+    fn note(&mut self, s: Seen) {
+        if self.seen.len() < SEEN_LOG_MAX {
+            self.seen.push(s);
+        }
+    }
+
     /// A writer whose owner id starts with `owner_prefix` runs on a node whose clock drifted
     /// beyond the lock client's safety margin: its fenced-out writes fire
     /// [`Probe::DriftCaughtByFence`].
@@ -238,6 +311,24 @@ impl Checker {
     /// One fenced write, as paydb decided it, with what its transaction left (`facts`).
     pub fn on_fenced_write(&mut self, w: &FencedWrite, facts: &PaydbFacts, at_ms: u64) {
         let fence = Fence::of(w.op);
+        if matches!(w.verdict, FenceVerdictSeen::Accepted | FenceVerdictSeen::FencedOut { .. }) {
+            self.note(Seen::Fenced {
+                at_ms,
+                op: w.op,
+                payout_id: w.payout_id,
+                account_id: w.account_id.clone(),
+                token: w.token,
+                owner_id: w.owner_id.clone(),
+                accepted: matches!(w.verdict, FenceVerdictSeen::Accepted),
+                admission: w.admission,
+                in_flight: facts
+                    .unresolved
+                    .iter()
+                    .filter(|(a, _, _)| *a == w.account_id)
+                    .map(|(_, t, o)| (*t, o.clone()))
+                    .collect(),
+            });
+        }
         match &w.verdict {
             FenceVerdictSeen::Accepted => {
                 self.acceptances += 1;
@@ -360,6 +451,13 @@ impl Checker {
             }
             LockEvent::Granted { grant, now_ms } => {
                 self.grants_seen += 1;
+                self.note(Seen::Granted {
+                    at_ms,
+                    key: grant.key.clone(),
+                    token: grant.fencing_token,
+                    session_id: grant.session_id,
+                    owner_id: grant.owner_id.clone(),
+                });
                 if let Some(prior) = self.grants.get(&grant.key) {
                     if self.live(prior, *now_ms) {
                         let detail = format!(

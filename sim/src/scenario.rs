@@ -2,8 +2,9 @@
 //!
 //! A scenario names its topology and workload, the rail's chaos knobs, and a list of steps:
 //! fault verbs (`pause`, `resume`, `crash`, `start`, `partition`, `heal`, `clog`,
-//! `skew-clock`, `drift-clock`, `store-fault`, `revoke`, `sleep`) and the legacy proxy
-//! steps (`submit`, `restart-proxy`). [`Scenario::schedule`] turns the fault steps into a
+//! `skew-clock`, `drift-clock`, `store-fault`, `revoke`, `sleep`), the scripted lock
+//! client's `acquire`, and the legacy proxy steps (`submit`, `restart-proxy`); settings for
+//! every service (`[settings]`) and for one executor (`[node-settings.executor-N]`). [`Scenario::schedule`] turns the fault steps into a
 //! [`Schedule`] (steps run at a cursor that only `sleep` advances; a `for-ms` closes its
 //! fault that long after it opened). Unknown keys and verbs are errors, and
 //! [`Scenario::parse`] refuses a step naming a node the topology does not start, so a typo
@@ -45,6 +46,15 @@ pub const RAIL_PROXIES_MAX: u32 = 2;
 pub const EXECUTORS_MAX: u32 = 6;
 pub const EXECUTOR_CONCURRENCY_MAX: u32 = 8;
 pub const PAYOUTS_MAX: u32 = 10_000;
+/// Most scripted lock clients (`client-1` .. `client-3`).
+pub const LOCK_CLIENTS_MAX: u32 = 3;
+/// Longest an `acquire` step waits in the server's queue (`waitMillis`, C3 L4's bound).
+pub const ACQUIRE_WAIT_MS_MAX: u64 = 30_000;
+/// Longest an `acquire` step holds its grant.
+pub const ACQUIRE_HOLD_MS_MAX: u64 = 30_000;
+/// Bounds of an `acquire` step's session TTL.
+pub const CLIENT_SESSION_TTL_MS_MIN: u64 = 1_000;
+pub const CLIENT_SESSION_TTL_MS_MAX: u64 = 60_000;
 /// Longest single `sleep` or `for-ms`.
 pub const STEP_MS_MAX: u64 = 3_600_000;
 
@@ -77,6 +87,10 @@ pub struct Scenario {
     /// C5 settings for the world's services (`"lock.session.ttl-ms" = 2000`).
     #[serde(default)]
     pub settings: BTreeMap<String, toml::Value>,
+    /// C5 settings for one executor only, over `settings` (`[node-settings.executor-1]`):
+    /// e.g. a chaos stall on one executor.
+    #[serde(default)]
+    pub node_settings: BTreeMap<String, BTreeMap<String, toml::Value>>,
     /// Wall-clock skew per node at start, in milliseconds (monotonic time is never skewed).
     #[serde(default)]
     pub skew_ms: BTreeMap<String, i64>,
@@ -102,6 +116,9 @@ pub struct Topology {
     pub executor_concurrency: u32,
     #[serde(default)]
     pub reconciler: bool,
+    /// Scripted lock clients (`client-1` ..), driven by `acquire` steps.
+    #[serde(default)]
+    pub lock_clients: u32,
 }
 
 fn one_u32() -> u32 {
@@ -118,6 +135,7 @@ impl Default for Topology {
             executors: 1,
             executor_concurrency: 1,
             reconciler: false,
+            lock_clients: 0,
         }
     }
 }
@@ -135,7 +153,7 @@ pub enum LockBackend {
 
 impl Topology {
     /// The world's node names, as the world names them: `lock-N`, `payment-N`, `proxy-N`,
-    /// `executor-N`, `rail-stub`, and `reconciler` and `etcd` when present.
+    /// `executor-N`, `rail-stub`, `client-N`, and `reconciler` and `etcd` when present.
     pub fn node_names(&self) -> Vec<String> {
         let mut v = Vec::new();
         let mut push = |prefix: &str, n: u32| (1..=n).for_each(|i| v.push(format!("{prefix}-{i}")));
@@ -143,6 +161,7 @@ impl Topology {
         push("payment", self.payment_resources);
         push("proxy", self.rail_proxies);
         push("executor", self.executors);
+        push("client", self.lock_clients);
         v.push("rail-stub".to_owned());
         if self.reconciler {
             v.push("reconciler".to_owned());
@@ -165,7 +184,8 @@ impl Topology {
         check("payment-resources", self.payment_resources, 1, PAYMENT_RESOURCES_MAX)?;
         check("rail-proxies", self.rail_proxies, 1, RAIL_PROXIES_MAX)?;
         check("executors", self.executors, 0, EXECUTORS_MAX)?;
-        check("executor-concurrency", self.executor_concurrency, 1, EXECUTOR_CONCURRENCY_MAX)
+        check("executor-concurrency", self.executor_concurrency, 1, EXECUTOR_CONCURRENCY_MAX)?;
+        check("lock-clients", self.lock_clients, 0, LOCK_CLIENTS_MAX)
     }
 }
 
@@ -183,17 +203,11 @@ pub struct Workload {
     /// Payouts arrive spread over this long (0: all at the start).
     #[serde(default)]
     pub arrival_ms: u64,
-    #[serde(default = "default_amount")]
-    pub amount_minor: i64,
-}
-
-fn default_amount() -> i64 {
-    1_000
 }
 
 impl Default for Workload {
     fn default() -> Self {
-        Workload { accounts: 1, hot_accounts: 0, payouts: 0, arrival_ms: 0, amount_minor: 1_000 }
+        Workload { accounts: 1, hot_accounts: 0, payouts: 0, arrival_ms: 0 }
     }
 }
 
@@ -245,6 +259,8 @@ pub enum Step {
     },
     Resume {
         node: String,
+        #[serde(default)]
+        when: Option<Trigger>,
     },
     /// Kill `node` abruptly (for `for-ms`, then start it).
     #[serde(rename_all = "kebab-case")]
@@ -258,6 +274,8 @@ pub enum Step {
     /// Start a crashed node again through its init.
     Start {
         node: String,
+        #[serde(default)]
+        when: Option<Trigger>,
     },
     /// Cut side `a` from side `b` (only `a -> b` when `one-way`), for `for-ms` or until a
     /// `heal`.
@@ -335,8 +353,22 @@ pub enum Step {
         when: Option<Trigger>,
     },
     /// Let `ms` of simulated time pass.
-    Sleep {
-        ms: u64,
+    Sleep { ms: u64 },
+    /// The scripted lock client `client` opens a session (TTL `session-ttl-ms`, else the
+    /// lock client's default), acquires `key` waiting up to `wait-ms` in the server's queue,
+    /// holds a grant for `hold-ms` and releases it. Runs on its own node: the next step does
+    /// not wait for it.
+    #[serde(rename_all = "kebab-case")]
+    Acquire {
+        client: String,
+        key: String,
+        #[serde(default)]
+        wait_ms: u64,
+        hold_ms: u64,
+        #[serde(default)]
+        session_ttl_ms: Option<u64>,
+        #[serde(default)]
+        when: Option<Trigger>,
     },
 }
 
@@ -358,17 +390,19 @@ impl Step {
             Step::StoreFault { .. } => "store-fault",
             Step::Revoke { .. } => "revoke",
             Step::Sleep { .. } => "sleep",
+            Step::Acquire { .. } => "acquire",
         }
     }
 
     fn nodes(&self) -> Vec<&str> {
         match self {
             Step::Pause { node, .. }
-            | Step::Resume { node }
+            | Step::Resume { node, .. }
             | Step::Crash { node, .. }
-            | Step::Start { node }
+            | Step::Start { node, .. }
             | Step::SkewClock { node, .. }
             | Step::DriftClock { node, .. } => vec![node.as_str()],
+            Step::Acquire { client, .. } => vec![client.as_str()],
             Step::Partition { a, b, .. } => a.iter().chain(b.iter()).map(String::as_str).collect(),
             Step::Clog { from, to, .. } => vec![from.as_str(), to.as_str()],
             _ => vec![],
@@ -454,6 +488,11 @@ impl Scenario {
         if let Some(bad) = self.skew_ms.keys().find(|n| !names.contains(n)) {
             return Err(format!("skew-ms names node {bad:?}, which the scenario does not start"));
         }
+        if let Some(bad) = self.node_settings.keys().find(|n| !n.starts_with("executor-") || !names.contains(n)) {
+            return Err(format!(
+                "node-settings names {bad:?}: only an executor the scenario starts takes its own settings"
+            ));
+        }
         if !self.nodes.is_empty() {
             for required in ["rail-stub", "rail-proxy"] {
                 if !self.nodes.iter().any(|n| n == required) {
@@ -486,6 +525,30 @@ impl Scenario {
                     }
                 }
                 Step::Sleep { ms } => check_ms("ms", Some(*ms)).map_err(at)?,
+                Step::Acquire { client, key, wait_ms, hold_ms, session_ttl_ms, .. } => {
+                    if !client.starts_with("client-") {
+                        return Err(at(format!("{client:?} is not a scripted lock client (client-N)")));
+                    }
+                    if key.is_empty()
+                        || key.len() > 128
+                        || !key.chars().all(|c| c.is_ascii_alphanumeric() || ":._-".contains(c))
+                    {
+                        return Err(at(format!("lock key {key:?} must be 1 to 128 of [a-zA-Z0-9:._-]")));
+                    }
+                    if *wait_ms > ACQUIRE_WAIT_MS_MAX {
+                        return Err(at(format!("wait-ms = {wait_ms} above {ACQUIRE_WAIT_MS_MAX}")));
+                    }
+                    if !(1..=ACQUIRE_HOLD_MS_MAX).contains(hold_ms) {
+                        return Err(at(format!("hold-ms = {hold_ms} outside 1..={ACQUIRE_HOLD_MS_MAX}")));
+                    }
+                    if session_ttl_ms
+                        .is_some_and(|t| !(CLIENT_SESSION_TTL_MS_MIN..=CLIENT_SESSION_TTL_MS_MAX).contains(&t))
+                    {
+                        return Err(at(format!(
+                            "session-ttl-ms outside {CLIENT_SESSION_TTL_MS_MIN}..={CLIENT_SESSION_TTL_MS_MAX}"
+                        )));
+                    }
+                }
                 Step::DriftClock { rate, .. } if !(rate.is_finite() && (0.1..=10.0).contains(rate)) => {
                     return Err(at(format!("rate {rate} outside 0.1..=10")));
                 }
@@ -593,14 +656,14 @@ fn step_events(step: &Step, cursor: &mut u64, anon: &mut u32, events: &mut Vec<T
                 push(at + ms, None, Event::Resume { node: node.clone() });
             }
         }
-        Step::Resume { node } => push(at, None, Event::Resume { node: node.clone() }),
+        Step::Resume { node, when } => push(at, *when, Event::Resume { node: node.clone() }),
         Step::Crash { node, for_ms, when } => {
             push(at, *when, Event::Crash { node: node.clone() });
             if let Some(ms) = for_ms {
                 push(at + ms, None, Event::Start { node: node.clone() });
             }
         }
-        Step::Start { node } => push(at, None, Event::Start { node: node.clone() }),
+        Step::Start { node, when } => push(at, *when, Event::Start { node: node.clone() }),
         Step::Partition { name, a, b, one_way, for_ms, when } => {
             let name = match (name, for_ms) {
                 (Some(n), _) => Some(n.clone()),
@@ -652,6 +715,17 @@ fn step_events(step: &Step, cursor: &mut u64, anon: &mut u32, events: &mut Vec<T
             },
         ),
         Step::Revoke { key, when } => push(at, *when, Event::Revoke { key: key.clone() }),
+        Step::Acquire { client, key, wait_ms, hold_ms, session_ttl_ms, when } => push(
+            at,
+            *when,
+            Event::Acquire {
+                client: client.clone(),
+                key: key.clone(),
+                wait_ms: *wait_ms,
+                hold_ms: *hold_ms,
+                session_ttl_ms: *session_ttl_ms,
+            },
+        ),
         Step::Sleep { ms } => *cursor += ms,
     }
 }
@@ -663,6 +737,128 @@ impl Step {
         step_events(self, &mut 0, &mut 0, &mut events);
         Schedule { events }.sorted().events
     }
+}
+
+impl Scenario {
+    /// Where the steps' cursor ends (the sum of the `sleep`s), in ms.
+    pub fn cursor_end_ms(&self) -> u64 {
+        self.steps.iter().map(|s| if let Step::Sleep { ms } = s { *ms } else { 0 }).sum()
+    }
+
+    /// Simulated time to let pass after the schedule's last event, so the steps' cursor
+    /// (the trailing `sleep`) is honoured.
+    pub fn tail_ms(&self) -> u64 {
+        self.cursor_end_ms().saturating_sub(self.schedule().end_ms())
+    }
+
+    /// How many steps wait for a trigger.
+    pub fn triggers(&self) -> usize {
+        self.schedule().events.iter().filter(|t| t.when.is_some()).count()
+    }
+
+    /// The `[settings]` as C5 key and value strings.
+    pub fn settings_pairs(&self) -> Vec<(String, String)> {
+        self.settings.iter().map(|(k, v)| (k.clone(), setting_value(v))).collect()
+    }
+
+    /// The `[node-settings.NODE]` tables as C5 key and value strings, by node.
+    pub fn node_settings_pairs(&self) -> BTreeMap<String, Vec<(String, String)>> {
+        self.node_settings
+            .iter()
+            .map(|(n, t)| (n.clone(), t.iter().map(|(k, v)| (k.clone(), setting_value(v))).collect()))
+            .collect()
+    }
+
+    /// The swarm configuration a campaign seed plays this scenario with: the scenario's
+    /// topology, rail knobs, workload and settings; no drawn faults, stalls or operator (the
+    /// steps are the faults). `fault_ms` bounds the schedule: the steps' time plus the
+    /// longest wait of each trigger.
+    pub fn swarm_config(&self, seed: u64, trigger_wait_ms_max: u64) -> crate::swarm::SwarmConfig {
+        use crate::swarm::{Backend, SwarmConfig};
+        let t = &self.topology;
+        let w = &self.workload;
+        let mut c = SwarmConfig::draw(seed);
+        c.lock_replicas = t.lock_servers as usize;
+        c.payment_replicas = t.payment_resources as usize;
+        c.proxy_replicas = t.rail_proxies as usize;
+        c.executors = vec![t.executor_concurrency as usize; t.executors as usize];
+        c.backend = match t.lock_backend {
+            LockBackend::Mem => Backend::Mem,
+            LockBackend::Etcd => Backend::Etcd,
+        };
+        c.stub_latency_ms = self.rail.latency_ms;
+        c.stub_failure_rate = self.rail.failure_rate;
+        c.stub_duplicate_ack_rate = self.rail.duplicate_ack_rate;
+        c.stub_decline_rate = self.rail.decline_rate;
+        c.executor_pause_rate = 0.0;
+        c.payouts = w.payouts as usize;
+        c.accounts = w.accounts as usize;
+        c.hot_accounts = (w.hot_accounts as usize).max(1);
+        c.hot_share = match w.hot_accounts {
+            0 => 0.0,
+            h if h >= w.accounts => 1.0,
+            _ => HOT_SHARE,
+        };
+        c.arrival_ms = w.arrival_ms;
+        c.operator_revokes = 0;
+        c.operator_resolves = false;
+        c.faults = crate::schedule::FaultRates::none();
+        let span = self.cursor_end_ms().max(self.schedule().end_ms());
+        c.fault_ms = span.saturating_add(trigger_wait_ms_max.saturating_mul(self.triggers() as u64)).max(1);
+        c
+    }
+
+    /// The configuration line a campaign prints before the seed runs.
+    pub fn describe(&self, seed: u64) -> String {
+        let t = &self.topology;
+        let w = &self.workload;
+        format!(
+            "seed={seed} scenario={} topo=lock{}/pay{}/proxy{} exec={}x{} clients={} backend={:?} \
+             rail(lat={}ms fail={} dup={} decl={}) work(payouts={} accounts={} hot={} arrival={}ms) steps={}",
+            self.name,
+            t.lock_servers,
+            t.payment_resources,
+            t.rail_proxies,
+            t.executors,
+            t.executor_concurrency,
+            t.lock_clients,
+            t.lock_backend,
+            self.rail.latency_ms,
+            self.rail.failure_rate,
+            self.rail.duplicate_ack_rate,
+            self.rail.decline_rate,
+            w.payouts,
+            w.accounts,
+            w.hot_accounts,
+            w.arrival_ms,
+            self.steps.len()
+        )
+    }
+}
+
+/// The share of payouts the hot accounts take when some accounts are not hot.
+pub const HOT_SHARE: f64 = 0.8;
+
+fn setting_value(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The name of every shipped scenario, sorted.
+pub fn names() -> Result<Vec<String>, String> {
+    Ok(all()?.into_iter().map(|(_, s)| s.name).collect())
+}
+
+/// The shipped scenario `name` (`scenarios/NAME.toml`); an unknown name is an error listing
+/// the known ones.
+pub fn load_named(name: &str) -> Result<Scenario, String> {
+    let known = names()?;
+    if !known.iter().any(|n| n == name) {
+        return Err(format!("unknown scenario {name:?} (known: {})", known.join(", ")));
+    }
+    Scenario::load(&scenarios_dir().join(format!("{name}.toml")))
 }
 
 /// The repository's `scenarios/` directory.
@@ -756,6 +952,64 @@ mod tests {
         let good =
             "[[step]]\naction = \"store-fault\"\nstore = \"paydb\"\nop = \"claim\"\nfault = \"commit-unknown\"\n";
         assert!(Scenario::parse(&format!("{BASE}{good}")).is_ok());
+    }
+
+    #[test]
+    fn acquire_steps_and_node_settings_are_checked() {
+        let clients = "[topology]\nlock-clients = 2\nexecutors = 2\n";
+        let step = |body: &str| format!("{BASE}{clients}[[step]]\naction = \"acquire\"\n{body}");
+        let ok = step(
+            "client = \"client-2\"\nkey = \"payout:acct-0\"\nwait-ms = 20000\nhold-ms = 1000\nsession-ttl-ms = 3000\n",
+        );
+        let s = Scenario::parse(&ok).expect("a good acquire parses");
+        assert_eq!(s.verbs(), ["acquire"]);
+        assert!(s.node_names().contains(&"client-2".to_owned()));
+        for bad in [
+            "client = \"client-3\"\nkey = \"k\"\nhold-ms = 1\n",
+            "client = \"executor-1\"\nkey = \"k\"\nhold-ms = 1\n",
+            "client = \"client-1\"\nkey = \"a b\"\nhold-ms = 1\n",
+            "client = \"client-1\"\nkey = \"k\"\nwait-ms = 30001\nhold-ms = 1\n",
+            "client = \"client-1\"\nkey = \"k\"\nhold-ms = 0\n",
+            "client = \"client-1\"\nkey = \"k\"\nhold-ms = 1\nsession-ttl-ms = 10\n",
+            "client = \"client-1\"\nkey = \"k\"\nhold-ms = 1\nholdms = 1\n",
+        ] {
+            assert!(Scenario::parse(&step(bad)).is_err(), "accepted: {bad}");
+        }
+        let settings = |table: &str| {
+            format!("{BASE}{clients}[node-settings.{table}]\n\"executor.chaos.pause-rate\" = 1.0\n[[step]]\naction = \"sleep\"\nms = 1\n")
+        };
+        let s = Scenario::parse(&settings("executor-2")).expect("an executor's own settings parse");
+        assert_eq!(s.node_settings_pairs()["executor-2"], [("executor.chaos.pause-rate".to_owned(), "1.0".to_owned())]);
+        for bad in ["executor-3", "lock-1", "client-1"] {
+            assert!(Scenario::parse(&settings(bad)).is_err(), "accepted node-settings for {bad}");
+        }
+    }
+
+    #[test]
+    fn a_scenario_seed_configuration_is_the_files_with_no_drawn_faults() {
+        let s = load_named("stale-writer-second-proxy").expect("shipped");
+        let c = s.swarm_config(9, 1_000);
+        assert_eq!((c.lock_replicas, c.payment_replicas, c.proxy_replicas, c.executors.clone()), (1, 1, 2, vec![1, 1]));
+        assert_eq!((c.payouts, c.accounts, c.hot_accounts, c.hot_share), (2, 1, 1, 1.0));
+        assert_eq!((c.stub_latency_ms, c.operator_revokes, c.operator_resolves), (6_000, 0, false));
+        assert!(c.faults.is_zero() && c.executor_pause_rate == 0.0);
+        // The steps' cursor (40 s) plus one trigger's longest wait.
+        assert_eq!(c.fault_ms, 40_000 + 1_000);
+        assert_eq!(s.tail_ms(), 40_000);
+        assert!(s.describe(9).starts_with("seed=9 scenario=stale-writer-second-proxy topo=lock1/pay1/proxy2 "));
+        assert!(load_named("nope").is_err_and(|e| e.contains("known: ") && e.contains("proxy-restart")));
+    }
+
+    #[test]
+    fn a_scenario_seeds_replay_command_names_the_scenario() {
+        use crate::summary::replay_command_of;
+        let s = load_named("waiter-session-expires").expect("shipped");
+        assert_eq!(
+            replay_command_of(4, &s.describe(4)),
+            "cargo xtask sim replay --seed 4 --scenario waiter-session-expires"
+        );
+        let swarm = crate::swarm::SwarmConfig::draw(4).to_string();
+        assert_eq!(replay_command_of(4, &swarm), "cargo xtask sim replay --seed 4");
     }
 
     #[test]

@@ -131,6 +131,15 @@ pub enum Event {
     Revoke {
         key: Option<String>,
     },
+    /// The scripted lock client `client` acquires `key` (waiting up to `wait_ms` in the
+    /// server's queue) and holds the grant for `hold_ms` (a scenario's `acquire`; never drawn).
+    Acquire {
+        client: String,
+        key: String,
+        wait_ms: u64,
+        hold_ms: u64,
+        session_ttl_ms: Option<u64>,
+    },
 }
 
 impl Event {
@@ -149,6 +158,7 @@ impl Event {
             Event::DriftClock { .. } => "drift-clock",
             Event::StoreFault { .. } => "store-fault",
             Event::Revoke { .. } => "revoke",
+            Event::Acquire { .. } => "acquire",
         }
     }
 
@@ -169,7 +179,12 @@ impl Event {
             Event::StoreFault { fault: StoreFaultKind::Latency, .. } => "store-latency",
             Event::StoreFault { fault: StoreFaultKind::LeaderLoss, .. } => "leader-loss",
             Event::Revoke { .. } => "revoke",
-            Event::Resume { .. } | Event::Start { .. } | Event::Heal { .. } | Event::Unclog { .. } => return None,
+            // Undoes, and a scenario's scripted lock client (not a fault).
+            Event::Resume { .. }
+            | Event::Start { .. }
+            | Event::Heal { .. }
+            | Event::Unclog { .. }
+            | Event::Acquire { .. } => return None,
         })
     }
 
@@ -182,6 +197,7 @@ impl Event {
             | Event::Start { node }
             | Event::SkewClock { node, .. }
             | Event::DriftClock { node, .. } => vec![node.as_str()],
+            Event::Acquire { client, .. } => vec![client.as_str()],
             Event::Partition { a, b, .. } => a.iter().chain(b.iter()).map(String::as_str).collect(),
             Event::Clog { from, to, .. } | Event::Unclog { from, to } => vec![from.as_str(), to.as_str()],
             Event::Heal { .. } | Event::StoreFault { .. } | Event::Revoke { .. } => vec![],
@@ -573,6 +589,20 @@ mod play {
         fn applied(&self, event: &Event, line: &str) {
             let _ = (event, line);
         }
+        /// The scripted lock client `client` acquires `key` and holds it (an `acquire` step),
+        /// on its own node, without blocking the schedule; a line for the trace (the default:
+        /// refused, for worlds without scripted clients).
+        fn acquire<'a>(
+            &'a self,
+            client: &'a str,
+            key: &'a str,
+            wait_ms: u64,
+            hold_ms: u64,
+            session_ttl_ms: Option<u64>,
+        ) -> Pin<Box<dyn Future<Output = Result<String, String>> + Send + 'a>> {
+            let _ = (client, key, wait_ms, hold_ms, session_ttl_ms);
+            Box::pin(async { Err("this world has no scripted lock clients".to_owned()) })
+        }
         /// Resolves once `trigger` happened (the default: at once, for worlds without the hook).
         fn wait_for(&self, trigger: Trigger) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
             let _ = trigger;
@@ -712,6 +742,9 @@ mod play {
                     }
                 }
                 Event::Revoke { key } => return stage.revoke(key.as_deref()).await,
+                Event::Acquire { client, key, wait_ms, hold_ms, session_ttl_ms } => {
+                    return stage.acquire(client, key, *wait_ms, *hold_ms, *session_ttl_ms).await
+                }
             }
             Ok(String::new())
         }

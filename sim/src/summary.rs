@@ -28,6 +28,15 @@ pub fn replay_command(seed: u64) -> String {
     format!("cargo xtask sim replay --seed {seed}")
 }
 
+/// The replay command of a seed whose configuration line is `config`: a scenario seed's
+/// (`seed=S scenario=NAME ...`) replays with `--scenario NAME`.
+pub fn replay_command_of(seed: u64, config: &str) -> String {
+    match config.split(' ').find_map(|w| w.strip_prefix("scenario=")) {
+        Some(name) => format!("{} --scenario {name}", replay_command(seed)),
+        None => replay_command(seed),
+    }
+}
+
 /// What a campaign saw.
 #[derive(Debug, Clone, Default)]
 pub struct Summary {
@@ -164,7 +173,7 @@ impl Summary {
     pub fn failure_lines(&self) -> Vec<String> {
         self.failures
             .iter()
-            .map(|(seed, _, f)| format!("{}  replay: {}", f.line(*seed), replay_command(*seed)))
+            .map(|(seed, config, f)| format!("{}  replay: {}", f.line(*seed), replay_command_of(*seed, config)))
             .collect()
     }
 
@@ -225,7 +234,7 @@ impl Summary {
             .iter()
             .map(|(seed, config, f)| {
                 json!({"seed": seed, "class": f.class.name(), "exitCode": f.class.exit_code(), "invariant": f.invariant,
-                       "detail": f.detail, "config": config, "replay": replay_command(*seed)})
+                       "detail": f.detail, "config": config, "replay": replay_command_of(*seed, config)})
             })
             .collect();
         let probes: serde_json::Map<String, Value> =

@@ -15,6 +15,7 @@
 //! | `lock-1` … `lock-3` | 10.0.1.N:8081 |
 //! | `etcd` | 10.0.2.1:2379 (etcd backend only) |
 //! | `executor-1` … `executor-6` | 10.0.5.N:8085 |
+//! | `client-1` … `client-3` | 10.0.8.N (scripted lock clients, no listener) |
 //! | `reconciler`, `workload`, `operator`, `observer` | 10.0.6.1, 10.0.7.1, 10.0.7.2, 10.0.9.9 |
 //!
 //! Invariants:
@@ -156,6 +157,28 @@ pub struct World {
     calm: Arc<AtomicBool>,
     /// The fault layer over this world's nodes (every node's name registered).
     faults: Faults,
+    /// What the scripted lock clients did (`acquire` steps), one line each.
+    clients: ClientLog,
+}
+
+/// What the scripted lock clients did, one line each, in order.
+#[derive(Clone, Default)]
+pub struct ClientLog(Arc<Mutex<Vec<String>>>);
+
+impl ClientLog {
+    /// Most lines kept.
+    pub const LEN_MAX: usize = 10_000;
+
+    pub fn lines(&self) -> Vec<String> {
+        self.0.lock().map(|g| g.clone()).unwrap_or_default()
+    }
+    fn push(&self, line: String) {
+        if let Ok(mut g) = self.0.lock() {
+            if g.len() < Self::LEN_MAX {
+                g.push(line);
+            }
+        }
+    }
 }
 
 /// Each running executor by node name, replaced at each (re)start of its node.
@@ -431,6 +454,7 @@ pub const EXECUTOR_CONCURRENCY_MAX: usize = 8;
 /// | `lock-1..3` | 10.0.1.N:8081 (`lock-1` is [`LOCK_IP`]) |
 /// | `etcd` | 10.0.2.1:2379 (etcd backend only) |
 /// | `executor-1..6` | 10.0.5.N:8085 |
+/// | `client-1..3` | 10.0.8.N (scripted lock clients, no listener) |
 /// | `reconciler` | 10.0.6.1 (no listener) |
 /// | `workload` | 10.0.7.1 (no listener) |
 /// | `operator` | 10.0.7.2 (no listener) |
@@ -452,6 +476,7 @@ pub fn node_addr(name: &str) -> Option<SocketAddr> {
         ("lock", n @ 1..=3) => at([10, 0, 1, n], LOCK_PORT),
         ("etcd", 0) => ETCD_ADDR.parse().ok(),
         ("executor", n @ 1..=6) => at([10, 0, 5, n], EXECUTOR_PORT),
+        ("client", n @ 1..=3) => at([10, 0, 8, n], 0),
         ("reconciler", 0) => at(RECONCILER_IP, 0),
         ("workload", 0) => at(WORKLOAD_IP, 0),
         ("operator", 0) => at(OPERATOR_IP, 0),
@@ -593,6 +618,8 @@ pub struct WorldSpec {
     /// Each node's clock skew in ms, by node name (absent: 0).
     pub skew_ms: BTreeMap<String, i64>,
     pub wrap: StoreWrap,
+    /// C5 keys for one executor only, over `settings`, by node name (`executor-N`).
+    pub node_settings: BTreeMap<String, Vec<(String, String)>>,
 }
 
 impl Default for WorldSpec {
@@ -603,6 +630,7 @@ impl Default for WorldSpec {
             settings: Vec::new(),
             skew_ms: BTreeMap::new(),
             wrap: StoreWrap::default(),
+            node_settings: BTreeMap::new(),
         }
     }
 }
@@ -687,6 +715,9 @@ pub fn executor_spec_config(spec: &WorldSpec, index: usize, concurrency: usize) 
         http_of(&format!("payment-{}", Topology::replica_for(index, t.payment_replicas))),
     );
     l.set_flag("executor.proxy-url", http_of(&format!("proxy-{}", Topology::replica_for(index, t.proxy_replicas))));
+    for (key, value) in spec.node_settings.get(&name).into_iter().flatten() {
+        l.set_flag(key, value);
+    }
     let profile = l.profile().map_err(|e| e.to_string())?;
     dlock_executor::config::resolve(&l, profile).map(|s| s.config).map_err(|e| e.to_string())
 }
@@ -816,6 +847,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
         executors,
         calm,
         faults,
+        clients: ClientLog::default(),
     })
 }
 
@@ -875,6 +907,7 @@ impl World {
             .spec
             .settings
             .iter()
+            .chain(self.spec.node_settings.values().flatten())
             .any(|(k, v)| k == "executor.chaos.pause-rate" && v.parse::<f64>().is_ok_and(|r| r > 0.0));
         if stalled {
             for name in self.nodes.keys().filter(|n| n.starts_with("executor-")) {
@@ -1131,5 +1164,187 @@ impl crate::schedule::Stage for World {
                 .map_err(|e| e.to_string())?;
             Ok(format!("revoke {key} at lock-{replica} -> {status}"))
         })
+    }
+    /// The scripted lock client `client` (a node added with [`World::add_node`]) runs
+    /// [`scripted_acquire`] on its node at lock replica [`Topology::replica_for`] its index.
+    fn acquire<'a>(
+        &'a self,
+        client: &'a str,
+        key: &'a str,
+        wait_ms: u64,
+        hold_ms: u64,
+        session_ttl_ms: Option<u64>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<String, String>> + Send + 'a>> {
+        Box::pin(async move {
+            let node = self.nodes.get(client).ok_or_else(|| format!("no scripted client node {client:?}"))?;
+            let index: usize = client
+                .strip_prefix("client-")
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| format!("{client:?} is not client-N"))?;
+            let replica = Topology::replica_for(index, self.spec.topology.lock_replicas);
+            let script =
+                Script { client: client.to_owned(), replica, key: key.to_owned(), wait_ms, hold_ms, session_ttl_ms };
+            node.spawn(scripted_acquire(script, self.clients.clone()));
+            Ok(format!("{client} acquires {key} at lock-{replica} (wait {wait_ms} ms, hold {hold_ms} ms)"))
+        })
+    }
+    /// Polls the world's ground truth every [`TRIGGER_POLL_MS`] until `trigger` happened:
+    /// `lease-granted` a grant of an account key lives (lockdb; on etcd, L7 at `lock-1`),
+    /// `rail-call` the rail logged a call since the wait began (with the rail's latency it
+    /// is then in flight), `intent-written` paydb holds an intent row written since the
+    /// wait began, `waiter-queued` some lock replica's `lock_waiters` gauge is above zero.
+    fn wait_for(&self, trigger: crate::schedule::Trigger) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        use crate::schedule::Trigger;
+        Box::pin(async move {
+            let intents = || self.paydb.with_tables(|t| t.rail.submissions.len()).unwrap_or(0);
+            let calls_before = if trigger == Trigger::RailCall { self.rail_calls().await.len() } else { 0 };
+            let intents_before = intents();
+            loop {
+                let hit = match trigger {
+                    Trigger::LeaseGranted => self.lease_held().await,
+                    Trigger::RailCall => self.rail_calls().await.len() > calls_before,
+                    Trigger::IntentWritten => intents() > intents_before,
+                    Trigger::WaiterQueued => self.waiters().await > 0.0,
+                };
+                if hit {
+                    return;
+                }
+                madsim::time::sleep(std::time::Duration::from_millis(TRIGGER_POLL_MS)).await;
+            }
+        })
+    }
+}
+
+/// How often [`World`]'s `wait_for` looks at the ground truth.
+pub const TRIGGER_POLL_MS: u64 = 20;
+/// How much longer than its hold a scripted client's lease is (it never renews).
+pub const SCRIPTED_LEASE_SLACK_MS: u64 = 5_000;
+/// How much longer than its server-side wait a scripted client reads its acquire's answer.
+pub const SCRIPTED_READ_SLACK_MS: u64 = 5_000;
+
+/// One `acquire` step of a scripted lock client.
+#[derive(Debug, Clone)]
+struct Script {
+    client: String,
+    replica: usize,
+    key: String,
+    wait_ms: u64,
+    hold_ms: u64,
+    session_ttl_ms: Option<u64>,
+}
+
+/// A scripted lock client, on its own node: opens a session (its TTL, else the client's
+/// default), acquires the key waiting up to `wait_ms` in the server's queue (one attempt,
+/// read budget above the wait), holds a grant for `hold_ms` (the lease outlasts the hold:
+/// no renew), releases it and closes the session. Each step is one line of `log`:
+/// `client-2: session <id>`, `client-2: granted <key> token=N session=<id> after N ms`,
+/// `client-2: refused <key> CODE after N ms`, `client-2: released <key> token=N`.
+async fn scripted_acquire(s: Script, log: ClientLog) {
+    use dlock_lock_client::{AcquireOptions, LockClient, LockClientConfig, LockClientError};
+    let who = s.client.clone();
+    let line = |what: String| format!("{who}: {what}");
+    let Ok(owner) = dlock_contract::OwnerId::parse(&s.client) else {
+        return log.push(line("owner id refused".into()));
+    };
+    let mut cfg = LockClientConfig::new(node_url(&format!("lock-{}", s.replica)), owner);
+    if let Some(ttl) = s.session_ttl_ms {
+        cfg.session_ttl_ms = ttl;
+    }
+    cfg.lock_ttl_ms =
+        s.hold_ms.saturating_add(SCRIPTED_LEASE_SLACK_MS).min(dlock_contract::lock::LOCK_TTL_MS_MAX as u64);
+    cfg.acquire_read_timeout_ms = s.wait_ms.saturating_add(SCRIPTED_READ_SLACK_MS);
+    cfg.acquire_attempts_max = 1;
+    let client = match LockClient::new(cfg) {
+        Ok(c) => c,
+        Err(e) => return log.push(line(format!("config refused: {e}"))),
+    };
+    let session = match client.open_session().await {
+        Ok(s) => s,
+        Err(e) => return log.push(line(format!("session refused: {e}"))),
+    };
+    log.push(line(format!("session {}", session.id())));
+    let asked = crate::faults::now_ms();
+    let options = AcquireOptions { ttl_ms: None, wait_ms: Some(s.wait_ms) };
+    match session.acquire_with(&s.key, options).await {
+        Ok(guard) => {
+            let token = guard.token().get();
+            let after = crate::faults::now_ms().saturating_sub(asked);
+            log.push(line(format!("granted {} token={token} session={} after {after} ms", s.key, guard.session_id())));
+            dlock_rt::sleep(Duration::from_millis(s.hold_ms)).await;
+            let released = guard.release().await;
+            log.push(line(format!("released {} token={token}: {released:?}", s.key)));
+        }
+        Err(e) => {
+            let after = crate::faults::now_ms().saturating_sub(asked);
+            let code = match &e {
+                LockClientError::Server { code, .. } => code.as_str().to_owned(),
+                other => other.to_string(),
+            };
+            log.push(line(format!("refused {} {code} after {after} ms", s.key)));
+        }
+    }
+    let _ = session.close().await;
+}
+
+impl World {
+    /// What the scripted lock clients did so far, one line each.
+    pub fn client_log(&self) -> Vec<String> {
+        self.clients.lines()
+    }
+
+    /// `GET path` on the node `name`'s service, from the observer: status and body (`None`
+    /// when nothing answered).
+    async fn observe(&self, name: &str, path: &str) -> Option<(u16, Vec<u8>)> {
+        let (url, path) = (node_url(name), path.to_owned());
+        self.observer
+            .spawn(async move {
+                HttpClient::new(300, 1_000)
+                    .send(&url, http::Method::GET, &path, &[], None)
+                    .await
+                    .ok()
+                    .map(|r| (r.status, r.body.to_vec()))
+            })
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The value of the metric line `series` (`lock_acquire_total{outcome="not_leader"}`)
+    /// at lock replica `replica`'s `/metrics`, when it answers.
+    pub async fn lock_metric(&self, replica: usize, series: &str) -> Option<f64> {
+        let (status, body) = self.observe(&format!("lock-{replica}"), "/metrics").await?;
+        if status != 200 {
+            return None;
+        }
+        let text = String::from_utf8_lossy(&body).into_owned();
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse::<f64>().ok()))
+    }
+
+    /// Requests queued in every lock replica's FIFO queues now (`lock_waiters`).
+    pub async fn waiters(&self) -> f64 {
+        let mut n = 0.0;
+        for r in 1..=self.spec.topology.lock_replicas {
+            n += self.lock_metric(r, "lock_waiters").await.unwrap_or(0.0);
+        }
+        n
+    }
+
+    /// Whether a grant of an account key lives now: lockdb's own rows on the simulation
+    /// store; on etcd, L7 (`GET /v1/locks/{key}`) at `lock-1`.
+    async fn lease_held(&self) -> bool {
+        if self.spec.backend == LockBackend::Mem {
+            return self.held_key().await.is_some();
+        }
+        for a in 0..crate::swarm::ACCOUNTS_MAX {
+            if let Some((200, body)) = self.observe("lock-1", &format!("/v1/locks/payout:acct-{a}")).await {
+                let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                if v["held"].as_bool() == Some(true) {
+                    return true;
+                }
+            }
+        }
+        false
     }
 }

@@ -1,7 +1,9 @@
 //! The simulation runner: `dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N]
-//! [--scenario NAME] [--json] [--require-probes] [--verbose]` and `dlock-sim replay --seed S`.
-//! Built and run under `--cfg madsim` by `cargo xtask sim ...` (target/sim); a build without
-//! the simulation cfg only explains how to run it.
+//! [--scenario NAME] [--json] [--require-probes] [--verbose]`, `dlock-sim replay --seed S
+//! [--scenario NAME]` and `dlock-sim bench [--seeds N]`. With `--scenario NAME` every seed
+//! plays `scenarios/NAME.toml` instead of its swarm draw; an unknown name is a usage error
+//! (exit 2) listing the known ones. Built and run under `--cfg madsim` by `cargo xtask sim
+//! ...` (target/sim); a build without the simulation cfg only explains how to run it.
 //!
 //! Exit codes: 0 clean; 127 crash, 128 liveness, 129 correctness (the worst failing seed's
 //! class); 3 coverage (`--require-probes` and no seed failed, but a probe never fired); 2
@@ -36,9 +38,9 @@ mod runner {
     use std::sync::Mutex;
 
     use dlock_sim::campaign::{self, RunOptions};
-    use dlock_sim::summary::{self, replay_command};
+    use dlock_sim::summary::{self, replay_command_of};
 
-    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
+    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
 
     /// Seeds when `--seeds` is absent.
     const SEEDS_DEFAULT: u64 = 100;
@@ -88,12 +90,20 @@ mod runner {
     }
 
     pub fn main(args: &[String]) -> Result<u8, String> {
+        let parsed = |args: &[String]| -> Result<Args, String> {
+            let a = parse(args)?;
+            if let Some(name) = &a.scenario {
+                // An unknown name is a usage error listing the known ones, before any seed runs.
+                dlock_sim::scenario::load_named(name)?;
+            }
+            Ok(a)
+        };
         match args.first().map(String::as_str) {
-            Some("run") => run(parse(&args[1..])?),
-            Some("replay") => replay(parse(&args[1..])?),
+            Some("run") => run(parsed(&args[1..])?),
+            Some("replay") => replay(parsed(&args[1..])?),
             Some("bench") => {
                 let given = args.iter().any(|a| a == "--seeds");
-                bench(parse(&args[1..])?, given)
+                bench(parsed(&args[1..])?, given)
             }
             _ => Err("expected `run`, `replay` or `bench`".into()),
         }
@@ -108,7 +118,7 @@ mod runner {
             a.start.wrapping_add(a.seeds.saturating_sub(1)),
             a.seeds,
             a.jobs,
-            a.scenario.as_deref().map(|s| format!(", scenario {s} (passed through)")).unwrap_or_default()
+            a.scenario.as_deref().map(|s| format!(", scenario {s}")).unwrap_or_default()
         );
         // --verbose: each seed's drawn configuration on stderr before it runs (plain progress
         // lines then, so the bar does not overwrite them).
@@ -127,7 +137,7 @@ mod runner {
             }
             for f in &o.failures {
                 *failed += 1;
-                let _ = writeln!(err, "{}  replay: {}", f.line(o.seed), replay_command(o.seed));
+                let _ = writeln!(err, "{}  replay: {}", f.line(o.seed), replay_command_of(o.seed, &o.config));
             }
             if tty {
                 let width = 40;

@@ -49,6 +49,7 @@ fn facts(fence: i64, mark: i64) -> PaydbFacts {
         fences: [("a".to_owned(), fence)].into(),
         marks: [("a".to_owned(), mark)].into(),
         forwardable_tokens: vec![],
+        unresolved: vec![],
     }
 }
 
