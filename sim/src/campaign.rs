@@ -23,6 +23,12 @@
 //!    failures, then [`crate::oracle::check`]. A panic anywhere (a service, the world, the
 //!    runtime's time limit) is a crash.
 //!
+//! **Defence in depth**: [`RunOptions::layer_off`] switches one stale-writer defence off
+//! for the seed (`dlock_rt::defence::set_off` on the seed's thread, switched back on after
+//! it, panic or not); the oracle is told when the layer is a fence it watches
+//! ([`fence_of`]), and the seed's [`dlock_rt::defence::Tally`] (what each layer stopped, and
+//! what the switched-off one let through) is in its outcome.
+//!
 //! The seed's probe counts come from [`dlock_rt::probe`] (per thread: one runtime per
 //! thread), its simulated time from the runtime's clock.
 
@@ -32,6 +38,7 @@ use std::sync::Arc;
 
 use dlock_contract::payout::PayoutState;
 use dlock_payment_resource::store::PaymentStore;
+use dlock_rt::defence::{self, Layer};
 use dlock_rt::Duration;
 use uuid::Uuid;
 
@@ -62,11 +69,30 @@ pub struct RunOptions {
     pub print_config: bool,
     /// Keep every payout's final state and the operator's actions in the trace.
     pub full_trace: bool,
+    /// A defence layer to switch off for the seed (`--layer-off NAME`; `dlock_rt::defence`):
+    /// the defence-in-depth campaigns. `None` (the default) runs every layer.
+    pub layer_off: Option<Layer>,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { scenario: None, liveness_ms_max: LIVENESS_MS_MAX, print_config: false, full_trace: false }
+        RunOptions {
+            scenario: None,
+            liveness_ms_max: LIVENESS_MS_MAX,
+            print_config: false,
+            full_trace: false,
+            layer_off: None,
+        }
+    }
+}
+
+/// The oracle's fence a switched-off layer bypasses, if it is one: its acceptances of lower
+/// tokens are then the switch doing what it says, not a finding (`Monitor::expect_layer_off`).
+pub fn fence_of(layer: Layer) -> Option<crate::oracle::Fence> {
+    match layer {
+        Layer::ClaimFence | Layer::PostFence => Some(crate::oracle::Fence::Account),
+        Layer::RailMark => Some(crate::oracle::Fence::Rail),
+        Layer::ExecutorLeaseCheck | Layer::DuplicateGuard | Layer::StateChecks => None,
     }
 }
 
@@ -152,15 +178,21 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> SeedOutcome {
         eprintln!("{config}");
     }
     dlock_rt::probe::reset();
+    // The layer switched off for this seed, on this thread only (the seed's runtime runs
+    // here); switched back on below whatever the seed did.
+    defence::reset();
+    defence::set_off(opts.layer_off);
     let limit_ms = cfg.fault_ms + opts.liveness_ms_max + TIME_LIMIT_SLACK_MS;
     let played = std::panic::catch_unwind(AssertUnwindSafe(|| {
         let mut rt = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
         rt.set_time_limit(std::time::Duration::from_millis(limit_ms));
         rt.block_on(play(cfg.clone(), opts.clone()))
     }));
+    defence::set_off(None);
     let probes = dlock_rt::probe::snapshot();
+    let defence = defence::snapshot();
     match played {
-        Ok((failures, sim_ms, trace)) => SeedOutcome { seed, config, failures, probes, sim_ms, trace },
+        Ok((failures, sim_ms, trace)) => SeedOutcome { seed, config, failures, probes, sim_ms, trace, defence },
         Err(panic) => {
             let msg = panic
                 .downcast_ref::<String>()
@@ -175,6 +207,7 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> SeedOutcome {
                 probes,
                 sim_ms: 0,
                 trace: vec![msg],
+                defence,
             }
         }
     }
@@ -202,6 +235,12 @@ async fn play(cfg: SwarmConfig, opts: RunOptions) -> (Vec<Failure>, u64, Vec<Str
     };
     // The oracle watches every acceptance and grant from the first write on.
     let monitor = crate::oracle::Monitor::start(&w);
+    if let Some(layer) = opts.layer_off {
+        trace.push(format!("defence: layer {layer} switched off"));
+        if let Some(fence) = fence_of(layer) {
+            monitor.expect_layer_off(fence);
+        }
+    }
     // Revokes of the schedule go out from the operator's node, as the operator's do.
     w.add_node("operator");
     let created = crate::workload::start_workload(&mut w, &cfg);
@@ -331,6 +370,7 @@ pub fn run_campaign(
         }
     });
     let mut summary = summary.into_inner().unwrap_or_else(|e| e.into_inner());
+    summary.layer_off = opts.layer_off;
     summary.wall_s = started.elapsed().as_secs_f64();
     summary
 }

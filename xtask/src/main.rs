@@ -1,5 +1,6 @@
-//! `cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]`
-//! and `cargo xtask sim replay --seed S`: builds the simulation runner (`dlock-sim`, in the
+//! `cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME]
+//! [--layer-off LAYER] [--json]` and `cargo xtask sim replay --seed S [--layer-off LAYER]`
+//! (LAYER: one defence switched off, `dlock_rt::defence::Layer`): builds the simulation runner (`dlock-sim`, in the
 //! `dlock-sim` crate) with `RUSTFLAGS="--cfg madsim"` into `target/sim` under the `sim`
 //! profile, runs it with the arguments, and exits with its exit code (0 clean, 127 crash,
 //! 128 liveness, 129 correctness, 2 usage).
@@ -7,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]\n       cargo xtask sim replay --seed S";
+const USAGE: &str = "usage: cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--json]\n       cargo xtask sim replay --seed S [--layer-off LAYER]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -26,6 +26,8 @@ pub mod service;
 pub mod sim_clock;
 
 pub use clock::{Clock, Instant};
+/// Test-only switches of the stale-writer defences (`cfg(madsim)` only; see the module).
+pub use dlock_contract::defence;
 pub use service::ServiceHandle;
 
 pub use tokio::task::JoinHandle;

@@ -1,5 +1,5 @@
 //! The simulation runner: `dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N]
-//! [--scenario NAME] [--json]` and `dlock-sim replay --seed S`. Built and run under
+//! [--scenario NAME] [--layer-off LAYER] [--json]` and `dlock-sim replay --seed S [--layer-off LAYER]`. Built and run under
 //! `--cfg madsim` by `cargo xtask sim ...` (target/sim); a build without the simulation cfg
 //! only explains how to run it.
 
@@ -30,10 +30,11 @@ mod runner {
     use std::io::{IsTerminal, Write};
     use std::sync::Mutex;
 
+    use dlock_rt::defence::Layer;
     use dlock_sim::campaign::{self, RunOptions};
     use dlock_sim::summary::{self, replay_command};
 
-    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]\n       dlock-sim replay --seed S";
+    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--json]\n       dlock-sim replay --seed S [--layer-off LAYER]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks";
 
     /// Seeds when `--seeds` is absent.
     const SEEDS_DEFAULT: u64 = 100;
@@ -44,6 +45,7 @@ mod runner {
         jobs: usize,
         shard: Option<(u64, u64)>,
         scenario: Option<String>,
+        layer_off: Option<Layer>,
         json: bool,
         seed: Option<u64>,
     }
@@ -55,6 +57,7 @@ mod runner {
             jobs: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             shard: None,
             scenario: None,
+            layer_off: None,
             json: false,
             seed: None,
         };
@@ -69,6 +72,10 @@ mod runner {
                 "--jobs" => a.jobs = num(value()?)?.max(1) as usize,
                 "--shard" => a.shard = Some(summary::parse_shard(&value()?)?),
                 "--scenario" => a.scenario = Some(value()?),
+                "--layer-off" => {
+                    let v = value()?;
+                    a.layer_off = Some(Layer::parse(&v).ok_or_else(|| format!("--layer-off {v}: no such layer"))?);
+                }
                 "--json" => a.json = true,
                 other => return Err(format!("unknown argument {other}")),
             }
@@ -95,12 +102,22 @@ mod runner {
             a.jobs,
             a.scenario.as_deref().map(|s| format!(", scenario {s} (passed through)")).unwrap_or_default()
         );
-        let opts = RunOptions { scenario: a.scenario.clone(), ..RunOptions::default() };
+        if let Some(l) = a.layer_off {
+            eprintln!("dlock-sim: defence layer {l} switched off for every seed");
+        }
+        let opts = RunOptions { scenario: a.scenario.clone(), layer_off: a.layer_off, ..RunOptions::default() };
         let tty = std::io::stderr().is_terminal();
         let failures = Mutex::new(0usize);
         let s = campaign::run_campaign(&seeds, a.jobs, &opts, &|done, total, o| {
             let mut err = std::io::stderr().lock();
             let mut failed = failures.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(l) = a.layer_off.filter(|l| o.defence.bypassed(*l) > 0) {
+                if tty {
+                    let _ = write!(err, "\r\x1b[K");
+                }
+                let _ =
+                    writeln!(err, "dlock-sim: seed {}: layer {l} (off) let {} through", o.seed, o.defence.bypassed(l));
+            }
             for f in &o.failures {
                 *failed += 1;
                 if tty {
@@ -135,7 +152,13 @@ mod runner {
 
     fn replay(a: Args) -> Result<u8, String> {
         let seed = a.seed.ok_or("replay needs --seed S")?;
-        let opts = RunOptions { scenario: a.scenario, print_config: true, full_trace: true, ..RunOptions::default() };
+        let opts = RunOptions {
+            scenario: a.scenario,
+            print_config: true,
+            full_trace: true,
+            layer_off: a.layer_off,
+            ..RunOptions::default()
+        };
         let o = campaign::run_seed(seed, &opts);
         // The configuration (the trace's first line) was printed before the seed ran.
         for line in o.trace.iter().skip(1) {
@@ -146,6 +169,10 @@ mod runner {
         }
         let probes: Vec<String> = o.probes.iter().map(|(p, n)| format!("{}={n}", p.name())).collect();
         println!("probes: {}", probes.join(" "));
+        let mut d = summary::Summary::new(1);
+        d.layer_off = a.layer_off;
+        d.defence = o.defence.clone();
+        println!("{}", d.defence_line());
         println!("simulated {} ms", o.sim_ms);
         Ok(o.worst().map(|c| c.exit_code()).unwrap_or(0))
     }
