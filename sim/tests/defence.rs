@@ -212,3 +212,27 @@ fn the_state_checks_are_load_bearing_for_liveness_not_safety() {
     assert!(on.failures.is_empty(), "seed {seed} with every layer on: {:?}", on.failures);
     assert!(on.defence.bypassed.is_empty());
 }
+
+/// The summary says which layer was off and sums what each layer stopped and let through,
+/// in text and JSON.
+#[test]
+fn the_summary_names_the_layer_switched_off_and_sums_the_tallies() {
+    let mut s = dlock_sim::summary::Summary::new(1);
+    assert!(s.render().contains("defence: every layer on; stopped none; bypassed none"), "{}", s.render());
+    s.layer_off = Some(Layer::RailMark);
+    for n in [2, 3] {
+        let mut t = Tally::default();
+        t.bypassed.insert(Layer::RailMark, n);
+        t.stopped.insert(Layer::DuplicateGuard, n);
+        s.add(&SeedOutcome { seed: n, defence: t, ..SeedOutcome::default() });
+    }
+    assert!(
+        s.render().contains("defence: layer rail-mark OFF; stopped duplicate-guard=5; bypassed rail-mark=5"),
+        "{}",
+        s.render()
+    );
+    let j = s.to_json();
+    assert_eq!(j["layerOff"], "rail-mark");
+    assert_eq!(j["defence"]["bypassed"]["rail-mark"], 5);
+    assert_eq!(j["defence"]["stopped"]["duplicate-guard"], 5);
+}
