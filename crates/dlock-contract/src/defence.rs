@@ -21,7 +21,8 @@
 //! - **Compiled out of production.** Outside `cfg(madsim)` [`off`] is the constant `false`
 //!   and [`stops`] is the identity on `would_stop` (both `#[inline]`, no state): no build
 //!   without the simulation cfg can switch a layer off, because the only setter,
-//!   [`set_off`], exists only under `cfg(madsim)`. A normal-cfg unit test holds it.
+//!   `set_off`, exists only under `cfg(madsim)`. A normal-cfg unit test holds the first
+//!   half, and a `compile_fail` doctest (on [`current`]) the second.
 //! - **At most one layer is off**, and only on the thread that switched it (one madsim
 //!   runtime per thread, as with `dlock_rt::probe`): a campaign sets it before a seed and
 //!   clears it after; other seeds on other threads are untouched.
@@ -47,7 +48,9 @@ pub enum Layer {
     /// One forwardable attempt per payout (C3 §3.5 step 2, `DUPLICATE_SUBMISSION`).
     DuplicateGuard,
     /// The payout state machine (C2): `payout::may_transition` and the state-trigger mirror
-    /// `payout::may_write_state`, which every store's transition goes through.
+    /// `payout::may_write_state`, which every store's transition goes through, and the
+    /// claim's compare-and-set on the state its writer read (`rules::decide_claim` in the
+    /// payment-resource).
     StateChecks,
 }
 
