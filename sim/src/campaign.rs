@@ -23,6 +23,12 @@
 //!    failures, then [`crate::oracle::check`]. A panic anywhere (a service, the world, the
 //!    runtime's time limit) is a crash.
 //!
+//! **Defence in depth**: [`RunOptions::layer_off`] switches one stale-writer defence off
+//! for the seed (`dlock_rt::defence::set_off` on the seed's thread, switched back on after
+//! it, panic or not); the oracle is told when the layer is a fence it watches
+//! ([`fence_of`]), and the seed's [`dlock_rt::defence::Tally`] (what each layer stopped, and
+//! what the switched-off one let through) is in its outcome.
+//!
 //! The seed's probe counts come from [`dlock_rt::probe`] (per thread: one runtime per
 //! thread), its simulated time from the runtime's clock.
 //!
@@ -43,6 +49,7 @@ use std::sync::Arc;
 
 use dlock_contract::payout::PayoutState;
 use dlock_payment_resource::store::PaymentStore;
+use dlock_rt::defence::{self, Layer};
 use dlock_rt::Duration;
 use uuid::Uuid;
 
@@ -75,11 +82,30 @@ pub struct RunOptions {
     pub print_config: bool,
     /// Keep every payout's final state and the operator's actions in the trace.
     pub full_trace: bool,
+    /// A defence layer to switch off for the seed (`--layer-off NAME`; `dlock_rt::defence`):
+    /// the defence-in-depth campaigns. `None` (the default) runs every layer.
+    pub layer_off: Option<Layer>,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { scenario: None, liveness_ms_max: LIVENESS_MS_MAX, print_config: false, full_trace: false }
+        RunOptions {
+            scenario: None,
+            liveness_ms_max: LIVENESS_MS_MAX,
+            print_config: false,
+            full_trace: false,
+            layer_off: None,
+        }
+    }
+}
+
+/// The oracle's fence a switched-off layer bypasses, if it is one: its acceptances of lower
+/// tokens are then the switch doing what it says, not a finding (`Monitor::expect_layer_off`).
+pub fn fence_of(layer: Layer) -> Option<crate::oracle::Fence> {
+    match layer {
+        Layer::ClaimFence | Layer::PostFence => Some(crate::oracle::Fence::Account),
+        Layer::RailMark => Some(crate::oracle::Fence::Rail),
+        Layer::ExecutorLeaseCheck | Layer::DuplicateGuard | Layer::StateChecks => None,
     }
 }
 
@@ -196,10 +222,8 @@ pub fn run_seed_with(seed: u64, opts: &RunOptions) -> (SeedOutcome, Option<Scena
                 seed,
                 config: format!("seed={seed} scenario={}", opts.scenario.as_deref().unwrap_or_default()),
                 failures,
-                probes: BTreeMap::new(),
-                sim_ms: 0,
                 trace: vec![e],
-                faults: BTreeMap::new(),
+                ..SeedOutcome::default()
             };
             return (outcome, None);
         }
@@ -229,6 +253,10 @@ fn run_prepared(
         eprintln!("{config}");
     }
     dlock_rt::probe::reset();
+    // The layer switched off for this seed, on this thread only (the seed's runtime runs
+    // here); switched back on below whatever the seed did.
+    defence::reset();
+    defence::set_off(opts.layer_off);
     let limit_ms = cfg.fault_ms + opts.liveness_ms_max + TIME_LIMIT_SLACK_MS;
     let played = std::panic::catch_unwind(AssertUnwindSafe(|| {
         let mut rt = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
@@ -238,10 +266,12 @@ fn run_prepared(
             _ => rt.block_on(play(cfg.clone(), opts.clone(), scenario.clone(), config.clone())),
         }
     }));
+    defence::set_off(None);
     let probes = dlock_rt::probe::snapshot();
+    let defence = defence::snapshot();
     match played {
         Ok((failures, sim_ms, trace, faults, facts)) => {
-            (SeedOutcome { seed, config, failures, probes, sim_ms, trace, faults }, facts)
+            (SeedOutcome { seed, config, failures, probes, sim_ms, trace, faults, defence }, facts)
         }
         Err(panic) => {
             let msg = panic
@@ -258,6 +288,7 @@ fn run_prepared(
                 sim_ms: 0,
                 trace: vec![msg],
                 faults: BTreeMap::new(),
+                defence,
             };
             (outcome, None)
         }
@@ -292,6 +323,12 @@ async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, co
     // The oracle watches every acceptance and grant from the first write on.
     let monitor_started_ms = crate::faults::now_ms();
     let monitor = crate::oracle::Monitor::start(&w);
+    if let Some(layer) = opts.layer_off {
+        trace.push(format!("defence: layer {layer} switched off"));
+        if let Some(fence) = fence_of(layer) {
+            monitor.expect_layer_off(fence);
+        }
+    }
     // Revokes of the schedule go out from the operator's node, as the operator's do.
     w.add_node("operator");
     if let Some(s) = &scenario {
@@ -457,6 +494,7 @@ pub fn run_campaign(
         progress(done.fetch_add(1, Ordering::Relaxed) + 1, seeds.len(), &outcome);
     });
     let mut summary = summary.into_inner().unwrap_or_else(|e| e.into_inner());
+    summary.layer_off = opts.layer_off;
     summary.wall_s = started.elapsed().as_secs_f64();
     summary
 }

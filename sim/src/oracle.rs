@@ -301,7 +301,9 @@ impl Checker {
     }
 
     /// A campaign switched `fence` off on purpose (a defence-in-depth run): acceptances of
-    /// lower tokens there are expected and not reported; every other invariant still holds.
+    /// lower tokens that bypassed it (`FencedWrite::fenced == false`) are expected and not
+    /// reported; an acceptance the fence did compare (the post when only the claim's fence
+    /// is off, say) is still judged, and every other invariant still holds.
     /// By default every acceptance is judged, a switched-off fence included: a stale token
     /// it took is exactly the defect the fence exists to stop.
     pub fn expect_layer_off(&mut self, fence: Fence) {
@@ -335,7 +337,7 @@ impl Checker {
                 self.accepted_writes.insert((w.op, w.payout_id, w.token));
                 let slot = (w.account_id.clone(), fence);
                 if let Some((before, by)) = self.accepted.get(&slot).copied() {
-                    if w.token <= before && !self.layers_off.contains(&fence) {
+                    if w.token <= before && (w.fenced || !self.layers_off.contains(&fence)) {
                         let detail = format!(
                             "account {} accepted token {} at its {}{} after token {} at its {}",
                             w.account_id,

@@ -80,6 +80,9 @@ pub struct SeedOutcome {
     pub faults: BTreeMap<&'static str, u64>,
     /// The seed's event trace, one line per event (the same seed gives the same lines).
     pub trace: Vec<String>,
+    /// What each defence layer stopped, and what a switched-off layer let through
+    /// (`dlock_rt::defence`, per thread like the probes).
+    pub defence: dlock_rt::defence::Tally,
 }
 
 impl SeedOutcome {

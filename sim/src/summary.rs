@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 
+use dlock_rt::defence::{Layer, Tally};
 use dlock_rt::probe::Probe;
 use serde_json::{json, Value};
 
@@ -57,6 +58,10 @@ pub struct Summary {
     pub seed_range: Option<(u64, u64)>,
     /// Whether a probe that never fired fails the campaign ([`COVERAGE_EXIT_CODE`]).
     pub require_probes: bool,
+    /// The defence layer the campaign switched off (`--layer-off`), if any.
+    pub layer_off: Option<Layer>,
+    /// What each defence layer stopped or (switched off) let through, over the seeds.
+    pub defence: Tally,
 }
 
 impl Summary {
@@ -85,6 +90,25 @@ impl Summary {
         for f in &o.failures {
             self.failures.push((o.seed, o.config.clone(), f.clone()));
         }
+        self.defence.add(&o.defence);
+    }
+
+    /// The defence line: which layer was off, what each layer stopped and let through.
+    pub fn defence_line(&self) -> String {
+        let counts = |m: &BTreeMap<Layer, u64>| {
+            let v: Vec<String> = m.iter().map(|(l, n)| format!("{l}={n}")).collect();
+            if v.is_empty() {
+                "none".to_owned()
+            } else {
+                v.join(" ")
+            }
+        };
+        format!(
+            "defence: {}; stopped {}; bypassed {}",
+            self.layer_off.map(|l| format!("layer {l} OFF")).unwrap_or_else(|| "every layer on".to_owned()),
+            counts(&self.defence.stopped),
+            counts(&self.defence.bypassed)
+        )
     }
 
     pub fn worst(&self) -> Option<FailureClass> {
@@ -195,6 +219,8 @@ impl Summary {
         for line in self.failure_lines() {
             out.push_str(&format!("  {line}\n"));
         }
+        out.push_str(&self.defence_line());
+        out.push('\n');
         out.push_str("probes:\n");
         for (p, n) in &self.probes {
             out.push_str(&format!("  {:<28} {n}{}\n", p.name(), if *n == 0 { "  (never fired)" } else { "" }));
@@ -258,6 +284,11 @@ impl Summary {
             "seedsPerS": self.seeds_per_s(),
             "seedsPerSPerCore": self.seeds_per_s_per_core(),
             "simSecondsPerWallSecond": self.sim_speedup(),
+            "layerOff": self.layer_off.map(|l| l.name()),
+            "defence": {
+                "stopped": self.defence.stopped.iter().map(|(l, n)| (l.name().to_owned(), json!(n))).collect::<serde_json::Map<_, _>>(),
+                "bypassed": self.defence.bypassed.iter().map(|(l, n)| (l.name().to_owned(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            },
         })
     }
 }

@@ -9,6 +9,7 @@
 //! - Every non-2xx body on the wire is an [`ErrorEnvelope`].
 
 pub mod currency;
+pub mod defence;
 pub mod error;
 pub mod headers;
 pub mod lock;

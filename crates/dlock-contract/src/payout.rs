@@ -4,6 +4,10 @@
 //! (directly, through [`check_transition`], or through the SQL state lists built from it by
 //! [`sources`] and [`sql_states`]) before it moves a payout, and the database triggers' pairs
 //! are held to [`TRANSITIONS`] by a test. A state never moves out of a terminal state.
+//!
+//! Defence in depth: [`may_transition`] and [`may_write_state`] are where the state-checks
+//! layer decides ([`crate::defence::Layer::StateChecks`]). Only a simulation campaign can
+//! switch it off (`cfg(madsim)`); in every other build they are exactly C2's table.
 
 use serde::{Deserialize, Serialize};
 
@@ -84,9 +88,16 @@ pub const TRANSITIONS: &[(PayoutState, PayoutState, Actor)] = &[
     (PayoutState::RailAmbiguous, PayoutState::Failed, Actor::Operator),
 ];
 
-/// Whether `actor` may move a payout from `from` to `to`.
-pub fn may_transition(from: PayoutState, to: PayoutState, actor: Actor) -> bool {
+fn in_c2(from: PayoutState, to: PayoutState, actor: Actor) -> bool {
     TRANSITIONS.iter().any(|(f, t, a)| *f == from && *t == to && *a == actor)
+}
+
+/// Whether `actor` may move a payout from `from` to `to`.
+///
+/// The state-checks layer of defence in depth decides here ([`crate::defence::Layer::StateChecks`]:
+/// only a simulation campaign can switch it off, and then every transition is allowed).
+pub fn may_transition(from: PayoutState, to: PayoutState, actor: Actor) -> bool {
+    !crate::defence::stops(crate::defence::Layer::StateChecks, !in_c2(from, to, actor))
 }
 
 /// A transition C2 does not allow for that actor.
@@ -110,8 +121,9 @@ pub fn check_transition(from: PayoutState, to: PayoutState, actor: Actor) -> Res
 /// What the state triggers allow on any write (they do not know the actor): a same-state
 /// write, or a transition some actor [`may_transition`].
 pub fn may_write_state(from: PayoutState, to: PayoutState) -> bool {
-    from == to
-        || [Actor::PaymentResource, Actor::RailProxy, Actor::Operator].into_iter().any(|a| may_transition(from, to, a))
+    let allowed = from == to
+        || [Actor::PaymentResource, Actor::RailProxy, Actor::Operator].into_iter().any(|a| in_c2(from, to, a));
+    !crate::defence::stops(crate::defence::Layer::StateChecks, !allowed)
 }
 
 /// The states from which `actor` may move a payout to `to`, in [`PayoutState::ALL`] order:

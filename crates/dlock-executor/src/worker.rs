@@ -371,8 +371,11 @@ impl Executor {
     }
 
     /// Whether a fenced write may be sent under `guard`: its local deadline has not passed.
+    /// The executor-lease-check layer of defence in depth decides here, and only here
+    /// (`dlock_rt::defence`; only a simulation campaign can switch it off).
     fn may_write(&self, guard: &LockGuard) -> bool {
-        !self.cfg.fencing_enabled || guard.is_held()
+        !self.cfg.fencing_enabled
+            || !dlock_rt::defence::stops(dlock_rt::defence::Layer::ExecutorLeaseCheck, !guard.is_held())
     }
 
     /// The injected stall (`executor.chaos.*`): between the lease check and the write.

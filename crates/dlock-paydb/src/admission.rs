@@ -20,8 +20,16 @@
 //!   duplicate check; a duplicate raises the mark (step 1 committed) but never moves the
 //!   payout; a payout the proxy may not submit ([`payout::may_transition`] CLAIMED →
 //!   SUBMITTED) changes nothing at all.
+//!
+//! Defence in depth: step 1 ([`mark_verdict`]) is where the rail-mark layer decides, and
+//! step 2 ([`decide_admission`]) where the duplicate guard does
+//! ([`dlock_contract::defence`], `Layer::RailMark`, `Layer::DuplicateGuard`). Only a
+//! simulation campaign can switch one off: a switched-off mark is [`MarkVerdict::Skipped`]
+//! for the token it would have fenced (the mark does not move); a switched-off guard lets
+//! the attempt on to step 3, the state check.
 
 use chrono::{DateTime, Utc};
+use dlock_contract::defence::{self, Layer};
 use dlock_contract::payout::{self, Actor, PayoutState};
 use uuid::Uuid;
 
@@ -44,7 +52,15 @@ pub fn mark_verdict(fencing_enabled: bool, mark: Option<i64>, presented: i64) ->
         return MarkVerdict::Skipped;
     }
     match mark {
-        Some(highest) if highest >= presented => MarkVerdict::Fenced { highest_token: highest },
+        Some(highest) if highest >= presented => {
+            if defence::stops(Layer::RailMark, true) {
+                MarkVerdict::Fenced { highest_token: highest }
+            } else {
+                // The simulation switched the mark off: the token is not compared, and the
+                // mark stays where it is.
+                MarkVerdict::Skipped
+            }
+        }
         _ => MarkVerdict::Advance { to: advanced_mark(mark, presented) },
     }
 }
@@ -119,7 +135,9 @@ pub fn decide_admission(f: &AdmissionFacts) -> AdmissionDecision {
         MarkVerdict::Skipped => None,
     };
     if let Some(first) = f.first_forwardable {
-        return AdmissionDecision::Duplicate { first, mark };
+        if defence::stops(Layer::DuplicateGuard, true) {
+            return AdmissionDecision::Duplicate { first, mark };
+        }
     }
     match f.state {
         None => AdmissionDecision::Vanished,

@@ -349,7 +349,7 @@ impl MemPaydb {
             account_id: attempt.account_id.clone(),
             token: attempt.presented_token,
             owner_id: attempt.owner_id.clone(),
-            fenced: attempt.fencing_enabled,
+            fenced: attempt.fencing_enabled && !dlock_contract::defence::off(dlock_contract::defence::Layer::RailMark),
             state_before,
             verdict,
             identity: None,

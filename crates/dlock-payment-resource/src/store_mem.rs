@@ -12,6 +12,12 @@
 //! they refuse is [`StoreError::Corrupt`], as a trigger error is). The conformance suite
 //! holds it to the SQL stores.
 //!
+//! Defence in depth: the account fence at claim and at post decide in one place,
+//! `fence_check` here, through `dlock_rt::defence::stops` ([`Layer::ClaimFence`],
+//! [`Layer::PostFence`]). Only a simulation campaign can switch either off; a bypassed fence
+//! lets the write through without moving (a lower token never lowers `accounts.fence`).
+//! The SQL stores have no switch: they never run in the simulation.
+//!
 //! Claims and posts report to paydb's observer, when one is registered
 //! ([`MemPaydb::set_observer`]), inside their transaction (the simulation's oracle).
 
@@ -25,6 +31,7 @@ pub use dlock_paydb::mem::{
     StoredAccount, StoredRecord,
 };
 use dlock_paydb::rail::PayoutRow;
+use dlock_rt::defence::{self, Layer};
 use uuid::Uuid;
 
 use crate::rules::{self, ClaimDecision, ClaimFacts, FenceVerdict, PostDecision, PostFacts};
@@ -93,12 +100,25 @@ fn check_currency(currency: &str) -> Result<(), StoreError> {
 /// The fence statement's verdict: `Ok(account_id)` when `token` may pass, else the
 /// outcome's `Fenced` fields, or `None` when the payout does not exist.
 enum Fence {
-    Passes { account_id: String },
-    Fenced { account_id: String, highest_token: i64 },
+    Passes {
+        account_id: String,
+    },
+    Fenced {
+        account_id: String,
+        highest_token: i64,
+    },
+    /// The fence would have refused, but the simulation switched this layer off
+    /// ([`Layer::ClaimFence`] or [`Layer::PostFence`]): the write goes on and the fence is
+    /// left where it is (a lower token never lowers it).
+    Bypassed {
+        account_id: String,
+    },
     NotFound,
 }
 
-fn fence_check(t: &PaydbTables, payout_id: Uuid, token: i64) -> Result<Fence, StoreError> {
+/// The account fence, at the layer `layer` (claim or post): the one place either layer
+/// decides (`dlock_rt::defence::stops`).
+fn fence_check(t: &PaydbTables, payout_id: Uuid, token: i64, layer: Layer) -> Result<Fence, StoreError> {
     let Some(p) = t.rail.payouts.get(&payout_id) else {
         return Ok(Fence::NotFound);
     };
@@ -108,7 +128,10 @@ fn fence_check(t: &PaydbTables, payout_id: Uuid, token: i64) -> Result<Fence, St
     };
     match rules::fence_check(a.fence, token) {
         FenceVerdict::Passes => Ok(Fence::Passes { account_id }),
-        FenceVerdict::Fenced { highest_token } => Ok(Fence::Fenced { account_id, highest_token }),
+        FenceVerdict::Fenced { highest_token } if defence::stops(layer, true) => {
+            Ok(Fence::Fenced { account_id, highest_token })
+        }
+        FenceVerdict::Fenced { .. } => Ok(Fence::Bypassed { account_id }),
     }
 }
 
@@ -234,12 +257,13 @@ impl PaydbTx {
         }
         let refused = |outcome| Ok(Idempotent::Executed { outcome, stored: None });
         // 1. The fence.
-        let account_id = match fence_check(t, c.payout_id, c.token)? {
+        let (account_id, raise) = match fence_check(t, c.payout_id, c.token, Layer::ClaimFence)? {
             Fence::NotFound => return refused(ClaimOutcome::NotFound),
             Fence::Fenced { account_id, highest_token } => {
                 return refused(ClaimOutcome::Fenced { account_id, highest_token })
             }
-            Fence::Passes { account_id } => account_id,
+            Fence::Passes { account_id } => (account_id, true),
+            Fence::Bypassed { account_id } => (account_id, false),
         };
         // 2. The state (a refusal rolls the fence back: it never moved).
         let Some(p) = t.rail.payouts.get(&c.payout_id) else {
@@ -281,7 +305,9 @@ impl PaydbTx {
         let response = r(&outcome);
         // Writes: fence (first: its guard is the only write that could refuse, and the
         // check above means it cannot), identity, payout.
-        raise_fence(t, &account_id, c.token, c.at)?;
+        if raise {
+            raise_fence(t, &account_id, c.token, c.at)?;
+        }
         record(t, i, &response);
         if let Some(p) = t.rail.payouts.get_mut(&c.payout_id) {
             p.row.state = next;
@@ -300,12 +326,13 @@ impl PaydbTx {
         }
         let refused = |outcome| Ok(Idempotent::Executed { outcome, stored: None });
         // 1. The fence (a ledger write).
-        let account_id = match fence_check(t, p.payout_id, p.token)? {
+        let (account_id, raise) = match fence_check(t, p.payout_id, p.token, Layer::PostFence)? {
             Fence::NotFound => return refused(PostOutcome::NotFound),
             Fence::Fenced { account_id, highest_token } => {
                 return refused(PostOutcome::Fenced { account_id, highest_token })
             }
-            Fence::Passes { account_id } => account_id,
+            Fence::Passes { account_id } => (account_id, true),
+            Fence::Bypassed { account_id } => (account_id, false),
         };
         // 2. RAIL_ACKED -> POSTED.
         let Some(payout) = t.rail.payouts.get(&p.payout_id) else {
@@ -342,7 +369,9 @@ impl PaydbTx {
         };
         let response = r(&outcome);
         // Writes: fence (first, as in a claim), identity, payout, entries, balance.
-        raise_fence(t, &account_id, p.token, p.at)?;
+        if raise {
+            raise_fence(t, &account_id, p.token, p.at)?;
+        }
         record(t, i, &response);
         if let Some(payout) = t.rail.payouts.get_mut(&p.payout_id) {
             payout.row.state = PayoutState::Posted;
@@ -433,7 +462,7 @@ impl PaymentStore for MemPaydb {
             account_id: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
             token: c.token,
             owner_id: c.owner_id.clone(),
-            fenced: true,
+            fenced: !defence::off(Layer::ClaimFence),
             state_before: before.map(|b| b.0),
             verdict,
             identity: Some(identity(i)),
@@ -466,7 +495,7 @@ impl PaymentStore for MemPaydb {
             account_id: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
             token: p.token,
             owner_id: p.owner_id.clone(),
-            fenced: true,
+            fenced: !defence::off(Layer::PostFence),
             state_before: before.map(|b| b.0),
             verdict,
             identity: Some(identity(i)),

@@ -30,6 +30,8 @@ pub mod traffic;
 pub mod wire_log;
 
 pub use clock::{Clock, Instant};
+/// Test-only switches of the stale-writer defences (`cfg(madsim)` only; see the module).
+pub use dlock_contract::defence;
 pub use service::ServiceHandle;
 
 pub use tokio::task::JoinHandle;

@@ -1,6 +1,6 @@
 //! The simulation runner: `dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N]
-//! [--scenario NAME] [--json] [--require-probes] [--verbose]`, `dlock-sim replay --seed S
-//! [--scenario NAME]` and `dlock-sim bench [--seeds N]`. With `--scenario NAME` every seed
+//! [--scenario NAME] [--layer-off LAYER] [--json] [--require-probes] [--verbose]`, `dlock-sim
+//! replay --seed S [--scenario NAME] [--layer-off LAYER]` and `dlock-sim bench [--seeds N]`. With `--scenario NAME` every seed
 //! plays `scenarios/NAME.toml` instead of its swarm draw; an unknown name is a usage error
 //! (exit 2) listing the known ones. Built and run under `--cfg madsim` by `cargo xtask sim
 //! ...` (target/sim); a build without the simulation cfg only explains how to run it.
@@ -37,10 +37,11 @@ mod runner {
     use std::io::{IsTerminal, Write};
     use std::sync::Mutex;
 
+    use dlock_rt::defence::Layer;
     use dlock_sim::campaign::{self, RunOptions};
     use dlock_sim::summary::{self, replay_command_of};
 
-    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
+    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
 
     /// Seeds when `--seeds` is absent.
     const SEEDS_DEFAULT: u64 = 100;
@@ -51,6 +52,7 @@ mod runner {
         jobs: usize,
         shard: Option<(u64, u64)>,
         scenario: Option<String>,
+        layer_off: Option<Layer>,
         json: bool,
         seed: Option<u64>,
         require_probes: bool,
@@ -64,6 +66,7 @@ mod runner {
             jobs: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             shard: None,
             scenario: None,
+            layer_off: None,
             json: false,
             seed: None,
             require_probes: false,
@@ -80,6 +83,10 @@ mod runner {
                 "--jobs" => a.jobs = num(value()?)?.max(1) as usize,
                 "--shard" => a.shard = Some(summary::parse_shard(&value()?)?),
                 "--scenario" => a.scenario = Some(value()?),
+                "--layer-off" => {
+                    let v = value()?;
+                    a.layer_off = Some(Layer::parse(&v).ok_or_else(|| format!("--layer-off {v}: no such layer"))?);
+                }
                 "--json" => a.json = true,
                 "--require-probes" => a.require_probes = true,
                 "--verbose" => a.verbose = true,
@@ -120,14 +127,29 @@ mod runner {
             a.jobs,
             a.scenario.as_deref().map(|s| format!(", scenario {s}")).unwrap_or_default()
         );
+        if let Some(l) = a.layer_off {
+            eprintln!("dlock-sim: defence layer {l} switched off for every seed");
+        }
         // --verbose: each seed's drawn configuration on stderr before it runs (plain progress
         // lines then, so the bar does not overwrite them).
-        let opts = RunOptions { scenario: a.scenario.clone(), print_config: a.verbose, ..RunOptions::default() };
+        let opts = RunOptions {
+            scenario: a.scenario.clone(),
+            print_config: a.verbose,
+            layer_off: a.layer_off,
+            ..RunOptions::default()
+        };
         let tty = std::io::stderr().is_terminal() && !a.verbose;
         let failures = Mutex::new(0usize);
         let mut s = campaign::run_campaign(&seeds, a.jobs, &opts, &|done, total, o| {
             let mut err = std::io::stderr().lock();
             let mut failed = failures.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(l) = a.layer_off.filter(|l| o.defence.bypassed(*l) > 0) {
+                if tty {
+                    let _ = write!(err, "\r\x1b[K");
+                }
+                let _ =
+                    writeln!(err, "dlock-sim: seed {}: layer {l} (off) let {} through", o.seed, o.defence.bypassed(l));
+            }
             if !o.failures.is_empty() {
                 if tty {
                     let _ = write!(err, "\r\x1b[K");
@@ -184,7 +206,13 @@ mod runner {
 
     fn replay(a: Args) -> Result<u8, String> {
         let seed = a.seed.ok_or("replay needs --seed S")?;
-        let opts = RunOptions { scenario: a.scenario, print_config: true, full_trace: true, ..RunOptions::default() };
+        let opts = RunOptions {
+            scenario: a.scenario,
+            print_config: true,
+            full_trace: true,
+            layer_off: a.layer_off,
+            ..RunOptions::default()
+        };
         let o = campaign::run_seed(seed, &opts);
         // The configuration (the trace's first line) was printed before the seed ran.
         for line in o.trace.iter().skip(1) {
@@ -195,6 +223,10 @@ mod runner {
         }
         let probes: Vec<String> = o.probes.iter().map(|(p, n)| format!("{}={n}", p.name())).collect();
         println!("probes: {}", probes.join(" "));
+        let mut d = summary::Summary::new(1);
+        d.layer_off = a.layer_off;
+        d.defence = o.defence.clone();
+        println!("{}", d.defence_line());
         println!("simulated {} ms", o.sim_ms);
         Ok(o.worst().map(|c| c.exit_code()).unwrap_or(0))
     }

@@ -168,6 +168,23 @@ fn a_stale_token_taken_by_a_switched_off_fence_is_reported_unless_the_campaign_e
 }
 
 #[test]
+fn a_fence_declared_off_excuses_only_the_writes_that_bypassed_it() {
+    // The claim's fence is off (defence in depth): a stale claim it let through is expected;
+    // a stale post the same account fence did compare is still a finding.
+    let mut stale_claim = accepted(FencedOp::Claim, "a", 5);
+    stale_claim.fenced = false;
+    let stale_post = accepted(FencedOp::Post, "a", 6);
+    let mut c = Checker::new();
+    c.expect_layer_off(Fence::Account);
+    c.on_fenced_write(&accepted(FencedOp::Claim, "a", 9), &facts(9, 0), 1);
+    c.on_fenced_write(&stale_claim, &facts(9, 0), 2);
+    assert!(c.failures().is_empty(), "{:?}", c.failures());
+    c.on_fenced_write(&stale_post, &facts(9, 0), 3);
+    assert_eq!(online(&c), [ids::FENCE_ACCEPTS_RISING_TOKENS]);
+    assert!(c.failures()[0].failure.detail.contains("token 6 at its post"), "{:?}", c.failures());
+}
+
+#[test]
 fn a_decreasing_fence_or_mark_is_reported() {
     let mut c = Checker::new();
     c.sample(&facts(7, 9).fences, &facts(7, 9).marks, 1);
