@@ -29,6 +29,10 @@
 //! ([`fence_of`]), and the seed's [`dlock_rt::defence::Tally`] (what each layer stopped, and
 //! what the switched-off one let through) is in its outcome.
 //!
+//! **Negative controls**: [`RunOptions::planted`] plants one bug for the seed
+//! (`dlock_rt::planted::set` on the seed's thread, cleared after it, panic or not); the
+//! oracle is not told, so what the bug lets through is a finding.
+//!
 //! The seed's probe counts come from [`dlock_rt::probe`] (per thread: one runtime per
 //! thread), its simulated time from the runtime's clock.
 //!
@@ -50,6 +54,7 @@ use std::sync::Arc;
 use dlock_contract::payout::PayoutState;
 use dlock_payment_resource::store::PaymentStore;
 use dlock_rt::defence::{self, Layer};
+use dlock_rt::planted::{self, Bug};
 use dlock_rt::Duration;
 use uuid::Uuid;
 
@@ -85,6 +90,10 @@ pub struct RunOptions {
     /// A defence layer to switch off for the seed (`--layer-off NAME`; `dlock_rt::defence`):
     /// the defence-in-depth campaigns. `None` (the default) runs every layer.
     pub layer_off: Option<Layer>,
+    /// A bug to plant for the seed (`--plant NAME`; `dlock_rt::planted`): the negative
+    /// controls. `None` (the default) plants nothing. Unlike `layer_off`, the oracle is not
+    /// told: what the bug lets through is a finding.
+    pub planted: Option<Bug>,
 }
 
 impl Default for RunOptions {
@@ -95,6 +104,7 @@ impl Default for RunOptions {
             print_config: false,
             full_trace: false,
             layer_off: None,
+            planted: None,
         }
     }
 }
@@ -257,6 +267,7 @@ fn run_prepared(
     // here); switched back on below whatever the seed did.
     defence::reset();
     defence::set_off(opts.layer_off);
+    planted::set(opts.planted);
     let limit_ms = cfg.fault_ms + opts.liveness_ms_max + TIME_LIMIT_SLACK_MS;
     let played = std::panic::catch_unwind(AssertUnwindSafe(|| {
         let mut rt = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
@@ -267,6 +278,7 @@ fn run_prepared(
         }
     }));
     defence::set_off(None);
+    planted::set(None);
     let probes = dlock_rt::probe::snapshot();
     let defence = defence::snapshot();
     match played {
@@ -323,6 +335,9 @@ async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, co
     // The oracle watches every acceptance and grant from the first write on.
     let monitor_started_ms = crate::faults::now_ms();
     let monitor = crate::oracle::Monitor::start(&w);
+    if let Some(bug) = opts.planted {
+        trace.push(format!("planted: bug {bug}"));
+    }
     if let Some(layer) = opts.layer_off {
         trace.push(format!("defence: layer {layer} switched off"));
         if let Some(fence) = fence_of(layer) {

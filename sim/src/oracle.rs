@@ -68,6 +68,9 @@ pub mod ids {
     pub const NO_TWO_LIVE_GRANTS: &str = "no_two_live_grants_per_key";
     /// Tokens strictly increase in grant order.
     pub const TOKENS_INCREASE: &str = "lock_tokens_increase_in_grant_order";
+    /// A revoke raises the token floor above the revoked token (L8): every later grant is
+    /// then issued above it, whatever the store's token source.
+    pub const REVOKE_RAISES_FLOOR: &str = "revoke_raises_the_token_floor";
     /// A RAIL_AMBIGUOUS payout is never submitted again (counted at the proxy's admission,
     /// refused attempts included).
     pub const AMBIGUOUS_NEVER_RESUBMITTED: &str = "ambiguous_payout_never_resubmitted";
@@ -500,6 +503,10 @@ impl Checker {
                 }
             }
             LockEvent::Revoked { key, token, new_token_floor, .. } => {
+                if *new_token_floor <= *token {
+                    let detail = format!("key {key}: token {token} revoked, the token floor left at {new_token_floor}");
+                    self.fail(at_ms, Failure::correctness(ids::REVOKE_RAISES_FLOOR, detail));
+                }
                 self.revoked_tokens.insert(*token);
                 self.last_token = self.last_token.max(*new_token_floor);
                 if self.grants.get(key).is_some_and(|g| g.token == *token) {

@@ -1,7 +1,7 @@
 //! `cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--json]
-//! [--layer-off LAYER] [--require-probes] [--verbose]`, `cargo xtask sim replay --seed S
-//! [--scenario NAME] [--layer-off LAYER]` (LAYER: one defence switched off,
-//! `dlock_rt::defence::Layer`) and
+//! [--layer-off LAYER] [--plant BUG] [--require-probes] [--verbose]`, `cargo xtask sim replay --seed S
+//! [--scenario NAME] [--layer-off LAYER] [--plant BUG]` (LAYER: one defence switched off,
+//! `dlock_rt::defence::Layer`; BUG: one planted bug, `dlock_rt::planted::Bug`) and
 //! `cargo xtask sim bench [--seeds N]` (the speed bench, sim/src/bench.rs): builds the
 //! simulation runner (`dlock-sim`, in the `dlock-sim` crate) with `RUSTFLAGS="--cfg madsim"`
 //! into `target/sim` under the `sim` profile, runs it with the arguments, and exits with its
@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--json] [--require-probes] [--verbose]\n       cargo xtask sim replay --seed S [--scenario NAME] [--layer-off LAYER]\n       cargo xtask sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
+const USAGE: &str = "usage: cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       cargo xtask sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG]\n       cargo xtask sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -129,12 +129,12 @@ mod state {
     }
 }
 
-/// Whether `layer` is switched off on this thread. The constant `false` outside the
-/// simulation.
+/// Whether `layer` is switched off on this thread (by [`set_off`], or by a planted fencing
+/// bug, [`crate::planted::Bug::layers_off`]). The constant `false` outside the simulation.
 #[inline]
 pub fn off(layer: Layer) -> bool {
     #[cfg(madsim)]
-    return state::OFF.with(|o| o.get() == Some(layer));
+    return state::OFF.with(|o| o.get() == Some(layer)) || crate::planted::turns_off(layer);
     #[cfg(not(madsim))]
     {
         let _ = layer;

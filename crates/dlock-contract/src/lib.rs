@@ -15,6 +15,7 @@ pub mod headers;
 pub mod lock;
 pub mod payment;
 pub mod payout;
+pub mod planted;
 pub mod rail;
 pub mod store;
 pub mod time;

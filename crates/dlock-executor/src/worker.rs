@@ -464,7 +464,17 @@ impl Executor {
             beneficiary_ref: view.beneficiary_ref.clone(),
         };
         self.maybe_stall("submit", owner.as_str()).await;
-        let ack = match self.hops.rail.submit(token, owner, &key, &body).await {
+        let mut answer = self.hops.rail.submit(token, owner, &key, &body).await;
+        if dlock_rt::planted::on(dlock_rt::planted::Bug::ExecutorRetriesSubmit) {
+            // Planted bug `executor-retries-submit` (simulation only): after a rail timeout or
+            // a lost answer the executor submits again, under a fresh idempotency key.
+            let unknown = matches!(&answer, Err(r) if r.code() == Some(ErrorCode::RailAmbiguous)
+                || matches!(r, RailRefusal::NoAnswer { .. }));
+            if let (true, Ok(retry_key)) = (unknown, IdempotencyKey::parse(&format!("payout:{payout_id}:retry"))) {
+                answer = self.hops.rail.submit(token, owner, &retry_key, &body).await;
+            }
+        }
+        let ack = match answer {
             Ok(ack) => ack,
             Err(refusal) => {
                 let outcome = self.refused_submission(payout_id, owner, token.get(), &refusal);

@@ -153,7 +153,14 @@ pub fn decide_acquire(f: &AcquireFacts<'_>) -> AcquireDecision {
     let mut remove = None;
     if let Some(g) = f.grant {
         if g.live(f.now_ms) {
-            return refuse(holder_refusal(g.grant, f.session_id));
+            if !dlock_contract::planted::on(dlock_contract::planted::Bug::GrantUnexpired) {
+                return refuse(holder_refusal(g.grant, f.session_id));
+            }
+            // Planted bug `grant-unexpired` (simulation only): the live grant is dropped as
+            // if it had expired, and the key granted again.
+            let remove = Some(Removal { token: g.grant.fencing_token, died_at_ms: None, delay_until_ms: None });
+            let plan = GrantPlan { write_key_record: f.key.is_none(), replaces: Some(g.grant.fencing_token) };
+            return AcquireDecision { remove, verdict: Ok(plan) };
         }
         let died_at_ms = g.dies_at();
         let delay_until_ms = lock_delay_until(died_at_ms, f.delay_ms);

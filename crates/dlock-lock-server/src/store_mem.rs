@@ -317,8 +317,15 @@ impl LockStore for MemLockStore {
             Err(refusal) => return Ok(Err(refusal)),
         };
         t.grants.remove(key);
-        let floor = t.next_token();
-        t.floor = floor;
+        let floor = if dlock_contract::planted::on(dlock_contract::planted::Bug::RevokeKeepsFloor) {
+            // Planted bug `revoke-keeps-floor` (simulation only): the grant is gone, the
+            // floor stays where it was.
+            t.floor
+        } else {
+            let floor = t.next_token();
+            t.floor = floor;
+            floor
+        };
         t.revocations.push((
             revocation_id,
             key.to_owned(),

@@ -31,6 +31,7 @@
 use chrono::{DateTime, Utc};
 use dlock_contract::defence::{self, Layer};
 use dlock_contract::payout::{self, Actor, PayoutState};
+use dlock_contract::planted::{self, Bug};
 use uuid::Uuid;
 
 use crate::rail::Admission;
@@ -52,6 +53,9 @@ pub fn mark_verdict(fencing_enabled: bool, mark: Option<i64>, presented: i64) ->
         return MarkVerdict::Skipped;
     }
     match mark {
+        // Planted bug `mark-ge` (simulation only): `>=` where `>` belongs, so a token equal to
+        // the mark passes (and the mark stays where it is).
+        Some(highest) if highest == presented && planted::on(Bug::MarkGe) => MarkVerdict::Advance { to: presented },
         Some(highest) if highest >= presented => {
             if defence::stops(Layer::RailMark, true) {
                 MarkVerdict::Fenced { highest_token: highest }

@@ -26,6 +26,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use chrono::{DateTime, Utc};
 use dlock_contract::payout::{self, Actor, PayoutState};
+use dlock_contract::planted::{self, Bug};
 use dlock_contract::rail::SubmissionOutcome;
 use uuid::Uuid;
 
@@ -118,7 +119,9 @@ impl RailTables {
                 payout.row.state = PayoutState::Submitted;
                 payout.row.attempt_count += 1;
                 payout.updated_at = a.at;
-                if let Some(m) = mark {
+                // Planted bug `mark-after-call` (simulation only): the mark is not written with
+                // the intent, but in `resolve`, after the forward returned.
+                if let Some(m) = mark.filter(|_| !planted::on(Bug::MarkAfterCall)) {
                     t.high_water.insert(a.account_id.clone(), m);
                 }
                 t.submissions.push(row(a, None));
@@ -141,6 +144,12 @@ impl RailTables {
         s.rail_reference = r.rail_reference().map(str::to_owned);
         s.resolved_at = Some(at);
         let payout_id = s.payout_id;
+        if planted::on(Bug::MarkAfterCall) {
+            // Planted bug `mark-after-call`: the mark the intent should have written, now.
+            let (account, token) = (s.account_id.clone(), s.presented_token);
+            let m = t.high_water.entry(account).or_insert(token);
+            *m = (*m).max(token);
+        }
         if let Some(p) = t.payouts.get_mut(&payout_id) {
             if payout::may_transition(p.row.state, r.payout_state(), Actor::RailProxy) {
                 p.row.state = r.payout_state();

@@ -32,6 +32,8 @@ pub mod wire_log;
 pub use clock::{Clock, Instant};
 /// Test-only switches of the stale-writer defences (`cfg(madsim)` only; see the module).
 pub use dlock_contract::defence;
+/// Test-only planted bugs, the negative controls (`cfg(madsim)` only; see the module).
+pub use dlock_contract::planted;
 pub use service::ServiceHandle;
 
 pub use tokio::task::JoinHandle;

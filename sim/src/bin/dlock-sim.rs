@@ -1,6 +1,8 @@
 //! The simulation runner: `dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N]
-//! [--scenario NAME] [--layer-off LAYER] [--json] [--require-probes] [--verbose]`, `dlock-sim
-//! replay --seed S [--scenario NAME] [--layer-off LAYER]` and `dlock-sim bench [--seeds N]`. With `--scenario NAME` every seed
+//! [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]`,
+//! `dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG]` and
+//! `dlock-sim bench [--seeds N]`. `--plant BUG` plants one bug for every seed (the negative
+//! controls, `dlock_rt::planted`); an unknown name is a usage error (exit 2). With `--scenario NAME` every seed
 //! plays `scenarios/NAME.toml` instead of its swarm draw; an unknown name is a usage error
 //! (exit 2) listing the known ones. Built and run under `--cfg madsim` by `cargo xtask sim
 //! ...` (target/sim); a build without the simulation cfg only explains how to run it.
@@ -38,10 +40,11 @@ mod runner {
     use std::sync::Mutex;
 
     use dlock_rt::defence::Layer;
+    use dlock_rt::planted::Bug;
     use dlock_sim::campaign::{self, RunOptions};
     use dlock_sim::summary::{self, replay_command_of};
 
-    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
+    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
 
     /// Seeds when `--seeds` is absent.
     const SEEDS_DEFAULT: u64 = 100;
@@ -53,6 +56,7 @@ mod runner {
         shard: Option<(u64, u64)>,
         scenario: Option<String>,
         layer_off: Option<Layer>,
+        planted: Option<Bug>,
         json: bool,
         seed: Option<u64>,
         require_probes: bool,
@@ -67,6 +71,7 @@ mod runner {
             shard: None,
             scenario: None,
             layer_off: None,
+            planted: None,
             json: false,
             seed: None,
             require_probes: false,
@@ -86,6 +91,10 @@ mod runner {
                 "--layer-off" => {
                     let v = value()?;
                     a.layer_off = Some(Layer::parse(&v).ok_or_else(|| format!("--layer-off {v}: no such layer"))?);
+                }
+                "--plant" => {
+                    let v = value()?;
+                    a.planted = Some(Bug::parse(&v).ok_or_else(|| format!("--plant {v}: no such bug"))?);
                 }
                 "--json" => a.json = true,
                 "--require-probes" => a.require_probes = true,
@@ -130,12 +139,16 @@ mod runner {
         if let Some(l) = a.layer_off {
             eprintln!("dlock-sim: defence layer {l} switched off for every seed");
         }
+        if let Some(b) = a.planted {
+            eprintln!("dlock-sim: bug {b} planted in every seed");
+        }
         // --verbose: each seed's drawn configuration on stderr before it runs (plain progress
         // lines then, so the bar does not overwrite them).
         let opts = RunOptions {
             scenario: a.scenario.clone(),
             print_config: a.verbose,
             layer_off: a.layer_off,
+            planted: a.planted,
             ..RunOptions::default()
         };
         let tty = std::io::stderr().is_terminal() && !a.verbose;
@@ -211,6 +224,7 @@ mod runner {
             print_config: true,
             full_trace: true,
             layer_off: a.layer_off,
+            planted: a.planted,
             ..RunOptions::default()
         };
         let o = campaign::run_seed(seed, &opts);

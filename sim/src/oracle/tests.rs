@@ -286,6 +286,15 @@ fn two_overlapping_grants_of_one_key_are_reported() {
 }
 
 #[test]
+fn a_revoke_that_leaves_the_token_floor_at_or_below_the_revoked_token_is_reported() {
+    let mut c = Checker::new();
+    c.on_lock_event(&LockEvent::Revoked { key: "k".into(), token: 5, new_token_floor: 6, now_ms: 0 }, 0);
+    assert!(c.failures().is_empty(), "{:?}", c.failures());
+    c.on_lock_event(&LockEvent::Revoked { key: "k".into(), token: 9, new_token_floor: 6, now_ms: 10 }, 0);
+    assert_eq!(online(&c), [ids::REVOKE_RAISES_FLOOR]);
+}
+
+#[test]
 fn a_token_not_above_every_earlier_grant_is_reported() {
     let mut c = Checker::new();
     c.on_lock_event(&session(1, 100_000), 0);

@@ -1,0 +1,230 @@
+//! Negative controls: planted bugs, one test-only switch per bug this project exists to
+//! prevent, so a simulation campaign can show that its oracle finds each one (issue 11).
+//!
+//! Each bug lives at exactly the one place the defect would live in real code, which asks
+//! this module with [`on`]:
+//!
+//! ```text
+//! if dlock_contract::planted::on(Bug::MarkGe) { the defective comparison } else { the right one }
+//! ```
+//!
+//! | bug | where it lives |
+//! |---|---|
+//! | `fencing-off-payment` | the payment-resource's account fence at claim and at post (both [`crate::defence::Layer::ClaimFence`] and `PostFence` off) |
+//! | `fencing-off-proxy` | the rail-proxy's high-water mark ([`crate::defence::Layer::RailMark`] off) |
+//! | `fencing-off-both` | all three fences above |
+//! | `executor-retries-submit` | the executor, after a rail timeout or a lost answer: it submits again under a fresh idempotency key |
+//! | `mark-ge` | the mark's comparison in `dlock_paydb::admission::mark_verdict`: `>=` where `>` belongs (an equal token passes) |
+//! | `mark-after-call` | the proxy's admission: the mark is not written with the intent, but when the rail call's outcome is recorded (after the forward returns) |
+//! | `revoke-keeps-floor` | the lock server's revoke: the grant is deleted, the token floor is not raised |
+//! | `grant-unexpired` | the lock server's acquire rule: a key whose grant still lives is granted again |
+//!
+//! The fencing bugs (1–3) are the defence layers of [`crate::defence`] switched off
+//! together, with one difference from a defence-in-depth run: the oracle is not told, so a
+//! lower token a switched-off fence takes is a finding ([`crate::defence::off`] asks this
+//! module too).
+//!
+//! ## Invariants
+//! - **Compiled out of production.** Outside `cfg(madsim)` [`on`] is the constant `false`
+//!   (`#[inline]`, no state) and [`current`] is `None`: no build without the simulation cfg
+//!   can plant a bug, because the only setter, `set`, exists only under `cfg(madsim)`. A
+//!   normal-cfg unit test holds the first half, and a `compile_fail` doctest (on
+//!   [`current`]) the second.
+//! - **At most one bug is planted**, and only on the thread that planted it (one madsim
+//!   runtime per thread): a campaign plants it before a seed and clears it after.
+//! - **Nothing changes when no bug is planted**: every bug point then takes the path the code
+//!   took before the switch existed.
+//! - The names ([`Bug::name`]) are stable: `dlock-sim --plant NAME` and the campaign
+//!   summaries use them.
+
+use crate::defence::Layer;
+
+/// One planted bug (module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Bug {
+    /// Fencing off at the payment-resource: the account fence neither at claim nor at post.
+    FencingOffPayment,
+    /// Fencing off at the rail-proxy: the high-water mark never refuses.
+    FencingOffProxy,
+    /// Both of the above.
+    FencingOffBoth,
+    /// The executor submits again after a rail timeout (`RAIL_AMBIGUOUS`) or a lost answer.
+    ExecutorRetriesSubmit,
+    /// `>=` in place of `>` at the rail's mark: a token equal to the mark passes.
+    MarkGe,
+    /// The proxy advances the mark after the rail call instead of with the intent.
+    MarkAfterCall,
+    /// Revoke deletes the grant without raising the token floor.
+    RevokeKeepsFloor,
+    /// The lock server grants a key whose lease has not expired.
+    GrantUnexpired,
+}
+
+impl Bug {
+    /// Every bug, in the issue's order.
+    pub const ALL: [Bug; 8] = [
+        Bug::FencingOffPayment,
+        Bug::FencingOffProxy,
+        Bug::FencingOffBoth,
+        Bug::ExecutorRetriesSubmit,
+        Bug::MarkGe,
+        Bug::MarkAfterCall,
+        Bug::RevokeKeepsFloor,
+        Bug::GrantUnexpired,
+    ];
+
+    /// The stable name (`--plant NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Bug::FencingOffPayment => "fencing-off-payment",
+            Bug::FencingOffProxy => "fencing-off-proxy",
+            Bug::FencingOffBoth => "fencing-off-both",
+            Bug::ExecutorRetriesSubmit => "executor-retries-submit",
+            Bug::MarkGe => "mark-ge",
+            Bug::MarkAfterCall => "mark-after-call",
+            Bug::RevokeKeepsFloor => "revoke-keeps-floor",
+            Bug::GrantUnexpired => "grant-unexpired",
+        }
+    }
+
+    /// The bug of a stable name; `None` for anything else.
+    pub fn parse(name: &str) -> Option<Bug> {
+        Bug::ALL.into_iter().find(|b| b.name() == name)
+    }
+
+    /// The defence layers this bug switches off (the fencing bugs; empty for the others).
+    pub fn layers_off(self) -> &'static [Layer] {
+        match self {
+            Bug::FencingOffPayment => &[Layer::ClaimFence, Layer::PostFence],
+            Bug::FencingOffProxy => &[Layer::RailMark],
+            Bug::FencingOffBoth => &[Layer::ClaimFence, Layer::PostFence, Layer::RailMark],
+            _ => &[],
+        }
+    }
+}
+
+impl std::fmt::Display for Bug {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(madsim)]
+mod state {
+    use std::cell::Cell;
+
+    thread_local! {
+        pub static PLANTED: Cell<Option<super::Bug>> = const { Cell::new(None) };
+    }
+}
+
+/// Whether `bug` is planted on this thread. The constant `false` outside the simulation.
+#[inline]
+pub fn on(bug: Bug) -> bool {
+    #[cfg(madsim)]
+    return state::PLANTED.with(|p| p.get() == Some(bug));
+    #[cfg(not(madsim))]
+    {
+        let _ = bug;
+        false
+    }
+}
+
+/// Whether the planted bug (if any) switches `layer` off. The constant `false` outside the
+/// simulation.
+#[inline]
+pub fn turns_off(layer: Layer) -> bool {
+    #[cfg(madsim)]
+    return state::PLANTED.with(|p| p.get().is_some_and(|b| b.layers_off().contains(&layer)));
+    #[cfg(not(madsim))]
+    {
+        let _ = layer;
+        false
+    }
+}
+
+/// Plants `bug` on this thread (`None`: no bug). Simulation only: there is no way to plant
+/// a bug in any other build.
+#[cfg(madsim)]
+pub fn set(bug: Option<Bug>) {
+    state::PLANTED.with(|p| p.set(bug));
+}
+
+/// The bug planted on this thread, if any (always `None` outside the simulation).
+///
+/// Outside the simulation there is no setter at all; this must not compile there:
+#[cfg_attr(not(madsim), doc = "```compile_fail")]
+#[cfg_attr(madsim, doc = "```text")]
+/// dlock_contract::planted::set(Some(dlock_contract::planted::Bug::MarkGe));
+/// ```
+pub fn current() -> Option<Bug> {
+    #[cfg(madsim)]
+    return state::PLANTED.with(|p| p.get());
+    #[cfg(not(madsim))]
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bug_names_are_stable_and_parse_back() {
+        let names: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "fencing-off-payment",
+                "fencing-off-proxy",
+                "fencing-off-both",
+                "executor-retries-submit",
+                "mark-ge",
+                "mark-after-call",
+                "revoke-keeps-floor",
+                "grant-unexpired"
+            ]
+        );
+        for b in Bug::ALL {
+            assert_eq!(Bug::parse(b.name()), Some(b));
+        }
+        assert_eq!(Bug::parse("mark_ge"), None);
+        assert_eq!(Bug::parse(""), None);
+    }
+
+    #[test]
+    fn the_fencing_bugs_are_the_fence_layers_off_together() {
+        assert_eq!(Bug::FencingOffPayment.layers_off(), [Layer::ClaimFence, Layer::PostFence]);
+        assert_eq!(Bug::FencingOffProxy.layers_off(), [Layer::RailMark]);
+        assert_eq!(Bug::FencingOffBoth.layers_off(), [Layer::ClaimFence, Layer::PostFence, Layer::RailMark]);
+        assert!(Bug::ALL[3..].iter().all(|b| b.layers_off().is_empty()));
+    }
+
+    #[cfg(not(madsim))]
+    #[test]
+    fn outside_the_simulation_no_bug_is_ever_planted() {
+        for b in Bug::ALL {
+            assert!(!on(b), "{b} is planted in a production build");
+        }
+        for l in Layer::ALL {
+            assert!(!turns_off(l), "{l} is off in a production build");
+            assert!(crate::defence::stops(l, true));
+        }
+        assert_eq!(current(), None);
+    }
+
+    #[cfg(madsim)]
+    #[test]
+    fn a_planted_bug_is_on_for_this_thread_only_and_its_layers_are_off() {
+        set(Some(Bug::FencingOffBoth));
+        assert!(on(Bug::FencingOffBoth) && !on(Bug::MarkGe));
+        for l in Layer::ALL {
+            let expected = matches!(l, Layer::ClaimFence | Layer::PostFence | Layer::RailMark);
+            assert_eq!(crate::defence::off(l), expected, "{l}");
+        }
+        let other = std::thread::spawn(|| (current(), crate::defence::off(Layer::RailMark))).join().expect("thread");
+        assert_eq!(other, (None, false));
+        set(None);
+        assert_eq!(current(), None);
+        assert!(!crate::defence::off(Layer::RailMark));
+    }
+}
