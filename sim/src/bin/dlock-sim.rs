@@ -1,6 +1,7 @@
 //! The simulation runner: `dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N]
 //! [--scenario NAME] [--layer-off LAYER] [--json] [--require-probes] [--verbose]`, `dlock-sim
-//! replay --seed S [--scenario NAME] [--layer-off LAYER]` and `dlock-sim bench [--seeds N]`. With `--scenario NAME` every seed
+//! replay --seed S [--scenario NAME] [--layer-off LAYER] [--trace FILE.jsonl]` (`--trace`: the
+//! seed's incident trace, JSON lines, `docs/simulation.md` "Incident trace") and `dlock-sim bench [--seeds N]`. With `--scenario NAME` every seed
 //! plays `scenarios/NAME.toml` instead of its swarm draw; an unknown name is a usage error
 //! (exit 2) listing the known ones. Built and run under `--cfg madsim` by `cargo xtask sim
 //! ...` (target/sim); a build without the simulation cfg only explains how to run it.
@@ -41,7 +42,7 @@ mod runner {
     use dlock_sim::campaign::{self, RunOptions};
     use dlock_sim::summary::{self, replay_command_of};
 
-    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
+    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--trace FILE.jsonl]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
 
     /// Seeds when `--seeds` is absent.
     const SEEDS_DEFAULT: u64 = 100;
@@ -57,6 +58,7 @@ mod runner {
         seed: Option<u64>,
         require_probes: bool,
         verbose: bool,
+        trace: Option<String>,
     }
 
     fn parse(args: &[String]) -> Result<Args, String> {
@@ -71,6 +73,7 @@ mod runner {
             seed: None,
             require_probes: false,
             verbose: false,
+            trace: None,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -90,6 +93,7 @@ mod runner {
                 "--json" => a.json = true,
                 "--require-probes" => a.require_probes = true,
                 "--verbose" => a.verbose = true,
+                "--trace" => a.trace = Some(value()?),
                 other => return Err(format!("unknown argument {other}")),
             }
         }
@@ -213,7 +217,17 @@ mod runner {
             layer_off: a.layer_off,
             ..RunOptions::default()
         };
-        let o = campaign::run_seed(seed, &opts);
+        let o = match &a.trace {
+            None => campaign::run_seed(seed, &opts),
+            Some(path) => {
+                let (o, lines) = campaign::run_seed_traced(seed, &opts);
+                let mut text = lines.join("\n");
+                text.push('\n');
+                std::fs::write(path, text).map_err(|e| format!("--trace {path}: {e}"))?;
+                eprintln!("dlock-sim: incident trace of seed {seed}: {} lines in {path}", lines.len());
+                o
+            }
+        };
         // The configuration (the trace's first line) was printed before the seed ran.
         for line in o.trace.iter().skip(1) {
             println!("{line}");
