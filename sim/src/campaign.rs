@@ -240,6 +240,9 @@ fn run_seed_inner(
         Ok(s) => s,
         Err(e) => {
             let failures = vec![Failure::crash("scenario_loads", e.clone())];
+            if let Some(t) = trace {
+                t.failures(&failures);
+            }
             let outcome = SeedOutcome {
                 seed,
                 config: format!("seed={seed} scenario={}", opts.scenario.as_deref().unwrap_or_default()),
@@ -375,6 +378,12 @@ async fn play(
     let monitor = crate::oracle::Monitor::start_traced(&w, tr.clone());
     if let Some(layer) = opts.layer_off {
         trace.push(format!("defence: layer {layer} switched off"));
+        if let Some(t) = &tr {
+            t.supervisor(
+                "note",
+                crate::trace::fields([("line", format!("defence: layer {layer} switched off").into())]),
+            );
+        }
         if let Some(fence) = fence_of(layer) {
             monitor.expect_layer_off(fence);
         }

@@ -40,6 +40,30 @@ pub const SCHEMA: &str = "dlock-incident-trace/1";
 /// Bound on the events one trace keeps.
 pub const TRACE_EVENTS_MAX: usize = 200_000;
 
+/// Every `kind` a line may have (docs/simulation.md "Incident trace" describes each).
+pub const KINDS: [&str; 20] = [
+    "trace_start",
+    "phase",
+    "session",
+    "session_closed",
+    "grant",
+    "renew",
+    "release",
+    "revoke",
+    "drop",
+    "fenced_write",
+    "intent",
+    "schedule",
+    "fault",
+    "store_fault",
+    "heal",
+    "rail_call",
+    "intent_outcome",
+    "failure",
+    "trace_end",
+    "note",
+];
+
 /// The node name of events the supervisor (the harness's own task) makes.
 pub const SUPERVISOR: &str = "supervisor";
 
