@@ -61,8 +61,21 @@ fn replaying_one_seed_twice_with_trace_writes_byte_identical_files() {
 
 #[test]
 fn every_trace_line_is_json_with_the_fixed_fields_first_and_in_order() {
-    for (what, lines) in [
-        ("swarm seed 1", traced(1)),
+    let swarm_kinds: &[&str] = &[
+        "phase",
+        "session",
+        "grant",
+        "release",
+        "fenced_write",
+        "intent",
+        "schedule",
+        "fault",
+        "rail_call",
+        "intent_outcome",
+    ];
+    let scenario_kinds: &[&str] = &["phase", "grant", "fenced_write", "intent", "schedule", "fault", "rail_call"];
+    for (what, lines, kinds) in [
+        ("swarm seed 1", traced(1), swarm_kinds),
         (
             "scenario pause-during-rail-call",
             campaign::run_seed_traced(
@@ -70,6 +83,7 @@ fn every_trace_line_is_json_with_the_fixed_fields_first_and_in_order() {
                 &RunOptions { scenario: Some("pause-during-rail-call".into()), ..RunOptions::default() },
             )
             .1,
+            scenario_kinds,
         ),
     ] {
         assert!(lines.len() > 10, "{what}: {} lines", lines.len());
@@ -96,8 +110,8 @@ fn every_trace_line_is_json_with_the_fixed_fields_first_and_in_order() {
         assert_eq!(first["kind"], "trace_start", "{what}");
         assert_eq!(first["schema"], SCHEMA, "{what}");
         assert_eq!(parse(&lines[lines.len() - 1])["kind"], "trace_end", "{what}");
-        for kind in ["phase", "fenced_write", "intent", "rail_call", "intent_outcome"] {
-            assert!(lines.iter().any(|l| parse(l)["kind"] == kind), "{what}: no {kind} line");
+        for kind in kinds {
+            assert!(lines.iter().any(|l| parse(l)["kind"] == *kind), "{what}: no {kind} line");
         }
     }
 }
@@ -116,6 +130,25 @@ fn a_fenced_out_write_shows_its_presented_token_below_the_stored_one() {
         refused.iter().any(|m| m["presented_token"].as_i64() < m["stored_token"].as_i64()),
         "seed {FENCED_OUT_SEED}: no refusal with presented < stored: {refused:?}"
     );
+}
+
+#[test]
+fn a_failing_seeds_trace_lists_its_failure_and_the_switched_off_layer() {
+    // Seed 340 without the state checks fails `every_payout_settles` (tests/defence.rs).
+    let opts = RunOptions { layer_off: Some(dlock_rt::defence::Layer::StateChecks), ..RunOptions::default() };
+    let (outcome, lines) = campaign::run_seed_traced(340, &opts);
+    assert!(!outcome.failures.is_empty(), "seed 340 with the state checks off fails");
+    let parsed: Vec<_> = lines.iter().map(|l| parse(l)).collect();
+    for f in &outcome.failures {
+        assert!(
+            parsed.iter().any(|m| m["kind"] == "failure" && m["invariant"] == f.invariant && m["detail"] == *f.detail),
+            "no failure line for {}",
+            f.invariant
+        );
+    }
+    assert!(parsed
+        .iter()
+        .any(|m| m["kind"] == "note" && m["line"].as_str().is_some_and(|l| l.contains("state-checks"))));
 }
 
 #[test]
