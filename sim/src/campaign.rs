@@ -168,6 +168,8 @@ struct Played<'a> {
     monitor: &'a Monitor,
     /// Fault events applied (not skipped), by kind.
     kinds: std::sync::Mutex<BTreeMap<&'static str, u64>>,
+    /// The seed's incident trace, when kept.
+    trace: Option<&'a crate::trace::Trace>,
 }
 
 impl Stage for Played<'_> {
@@ -203,6 +205,9 @@ impl Stage for Played<'_> {
         self.world.acquire(client, key, wait_ms, hold_ms, session_ttl_ms)
     }
     fn applied(&self, event: &Event, line: &str) {
+        if let Some(t) = self.trace {
+            t.schedule_event(event, line);
+        }
         if let (Some(kind), false) = (event.kind(), line.starts_with("SKIPPED")) {
             if let Ok(mut k) = self.kinds.lock() {
                 *k.entry(kind).or_insert(0) += 1;
@@ -224,10 +229,30 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> SeedOutcome {
 /// [`run_seed`], with a scenario seed's [`ScenarioFacts`] (`None` for a swarm seed or a
 /// proxy-only scenario).
 pub fn run_seed_with(seed: u64, opts: &RunOptions) -> (SeedOutcome, Option<ScenarioFacts>) {
+    run_seed_inner(seed, opts, None)
+}
+
+/// [`run_seed`], keeping the seed's incident trace ([`crate::trace`]): its JSON lines, in
+/// order (`dlock-sim replay --trace FILE`). A proxy-only scenario's trace holds its start,
+/// its failures and its end only.
+pub fn run_seed_traced(seed: u64, opts: &RunOptions) -> (SeedOutcome, Vec<String>) {
+    let trace = crate::trace::Trace::new();
+    let (outcome, _) = run_seed_inner(seed, opts, Some(&trace));
+    (outcome, trace.lines())
+}
+
+fn run_seed_inner(
+    seed: u64,
+    opts: &RunOptions,
+    trace: Option<&crate::trace::Trace>,
+) -> (SeedOutcome, Option<ScenarioFacts>) {
     let scenario = match opts.scenario.as_deref().map(crate::scenario::load_named).transpose() {
         Ok(s) => s,
         Err(e) => {
             let failures = vec![Failure::crash("scenario_loads", e.clone())];
+            if let Some(t) = trace {
+                t.failures(&failures);
+            }
             let outcome = SeedOutcome {
                 seed,
                 config: format!("seed={seed} scenario={}", opts.scenario.as_deref().unwrap_or_default()),
@@ -241,14 +266,14 @@ pub fn run_seed_with(seed: u64, opts: &RunOptions) -> (SeedOutcome, Option<Scena
     let trigger_wait = crate::schedule::TRIGGER_WAIT_MS_MAX;
     let cfg = scenario.as_ref().map_or_else(|| SwarmConfig::draw(seed), |s| s.swarm_config(seed, trigger_wait));
     let config = scenario.as_ref().map_or_else(|| cfg.to_string(), |s| s.describe(seed));
-    run_prepared(cfg, config, scenario, opts)
+    run_prepared(cfg, config, scenario, opts, trace)
 }
 
 /// Runs `cfg` (a drawn configuration, possibly adjusted: the speed bench's fixed size) in
 /// a madsim runtime seeded with `cfg.seed`, on the calling thread.
 pub fn run_config(cfg: SwarmConfig, opts: &RunOptions) -> SeedOutcome {
     let config = cfg.to_string();
-    run_prepared(cfg, config, None, opts).0
+    run_prepared(cfg, config, None, opts, None).0
 }
 
 /// One seed of `cfg` (printed as `config`), or of `scenario` when given.
@@ -257,6 +282,7 @@ fn run_prepared(
     config: String,
     scenario: Option<Scenario>,
     opts: &RunOptions,
+    trace: Option<&crate::trace::Trace>,
 ) -> (SeedOutcome, Option<ScenarioFacts>) {
     let seed = cfg.seed;
     if opts.print_config {
@@ -272,15 +298,27 @@ fn run_prepared(
     let played = std::panic::catch_unwind(AssertUnwindSafe(|| {
         let mut rt = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
         rt.set_time_limit(std::time::Duration::from_millis(limit_ms));
+        let trace = trace.cloned();
         match scenario.clone() {
-            Some(s) if s.is_proxy_only() => rt.block_on(crate::scenario_seed::play_proxy(s, config.clone())),
-            _ => rt.block_on(play(cfg.clone(), opts.clone(), scenario.clone(), config.clone())),
+            Some(s) if s.is_proxy_only() => {
+                let config = config.clone();
+                rt.block_on(async move {
+                    if let Some(t) = &trace {
+                        t.begin(seed, &config);
+                    }
+                    crate::scenario_seed::play_proxy(s, config).await
+                })
+            }
+            _ => rt.block_on(play(cfg.clone(), opts.clone(), scenario.clone(), config.clone(), trace)),
         }
     }));
     defence::set_off(None);
     planted::set(None);
     let probes = dlock_rt::probe::snapshot();
     let defence = defence::snapshot();
+    if let (Some(t), Ok((failures, ..))) = (trace, &played) {
+        t.failures(failures);
+    }
     match played {
         Ok((failures, sim_ms, trace, faults, facts)) => {
             (SeedOutcome { seed, config, failures, probes, sim_ms, trace, faults, defence }, facts)
@@ -292,6 +330,9 @@ fn run_prepared(
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
                 .unwrap_or_else(|| "a panic without a message".to_owned());
             let line = msg.lines().next().unwrap_or_default().to_owned();
+            if let Some(t) = trace {
+                t.failures(&[Failure::crash("no_panic", line.clone())]);
+            }
             let outcome = SeedOutcome {
                 seed,
                 config,
@@ -324,8 +365,17 @@ async fn states(paydb: &dyn PaymentStore, ids: &[Uuid]) -> BTreeMap<Uuid, Option
 pub(crate) type Played5 = (Vec<Failure>, u64, Vec<String>, BTreeMap<&'static str, u64>, Option<ScenarioFacts>);
 
 /// The seed inside its runtime.
-async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, config: String) -> Played5 {
+async fn play(
+    cfg: SwarmConfig,
+    opts: RunOptions,
+    scenario: Option<Scenario>,
+    config: String,
+    tr: Option<crate::trace::Trace>,
+) -> Played5 {
     let t0 = madsim::time::Instant::now();
+    if let Some(t) = &tr {
+        t.begin(cfg.seed, &config);
+    }
     let mut trace = vec![config];
     let spec = scenario.as_ref().map_or_else(|| spec_of(&cfg), |s| crate::scenario_seed::spec(s, &cfg));
     let mut w = match world::build(spec).await {
@@ -334,12 +384,24 @@ async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, co
     };
     // The oracle watches every acceptance and grant from the first write on.
     let monitor_started_ms = crate::faults::now_ms();
-    let monitor = crate::oracle::Monitor::start(&w);
+    if let Some(t) = &tr {
+        t.name_nodes(&w);
+    }
+    let monitor = crate::oracle::Monitor::start_traced(&w, tr.clone());
     if let Some(bug) = opts.planted {
         trace.push(format!("planted: bug {bug}"));
+        if let Some(t) = &tr {
+            t.supervisor("note", crate::trace::fields([("line", format!("planted: bug {bug}").into())]));
+        }
     }
     if let Some(layer) = opts.layer_off {
         trace.push(format!("defence: layer {layer} switched off"));
+        if let Some(t) = &tr {
+            t.supervisor(
+                "note",
+                crate::trace::fields([("line", format!("defence: layer {layer} switched off").into())]),
+            );
+        }
         if let Some(fence) = fence_of(layer) {
             monitor.expect_layer_off(fence);
         }
@@ -350,6 +412,9 @@ async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, co
         for i in 1..=s.topology.lock_clients {
             w.add_node(&format!("client-{i}"));
         }
+    }
+    if let Some(t) = &tr {
+        t.name_nodes(&w);
     }
     let created = crate::workload::start_workload(&mut w, &cfg);
     let operator = crate::workload::start_operator(&mut w, &cfg);
@@ -376,7 +441,11 @@ async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, co
     // Fault phase: the schedule plays on this task (the supervisor, on no service node)
     // while the workload and the operator run on theirs; it is cut at `fault_ms`.
     let fault_end = madsim::time::Instant::now() + std::time::Duration::from_millis(cfg.fault_ms);
-    let stage = Played { world: &w, monitor: &monitor, kinds: std::sync::Mutex::new(BTreeMap::new()) };
+    let stage =
+        Played { world: &w, monitor: &monitor, kinds: std::sync::Mutex::new(BTreeMap::new()), trace: tr.as_ref() };
+    if let Some(t) = &tr {
+        t.phase("fault", &format!("{fault_events} fault events for {} ms", cfg.fault_ms));
+    }
     let played = madsim::time::timeout(std::time::Duration::from_millis(cfg.fault_ms), schedule.play(&stage)).await;
     let cut = played.is_err();
     let step_failures = match (&scenario, played) {
@@ -394,6 +463,12 @@ async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, co
     let healed = w.heal_all();
     w.heal_executors();
     trace.push(format!("schedule: {} at the fault phase's end; heal_all", if cut { "cut" } else { "done" }));
+    if let Some(t) = &tr {
+        t.phase("liveness", if cut { "schedule cut at the fault phase's end" } else { "schedule done" });
+        for h in &healed {
+            t.supervisor("heal", crate::trace::fields([("line", h.as_str().into())]));
+        }
+    }
     trace.extend(healed);
     let deadline = Duration::from_millis(opts.liveness_ms_max);
     let paydb = w.paydb.clone();
@@ -409,6 +484,9 @@ async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, co
     })
     .await;
     let ids = created.ids();
+    if let Some(t) = &tr {
+        t.phase("checks", if settled_in.is_some() { "every payout settled" } else { "liveness bound reached" });
+    }
     let final_states = states(&*w.paydb, &ids).await;
     let mut failures = step_failures;
     if !created.done() {
@@ -447,6 +525,11 @@ async fn play(cfg: SwarmConfig, opts: RunOptions, scenario: Option<Scenario>, co
         cfg.payouts,
         calls.len()
     ));
+    if let Some(t) = &tr {
+        t.merge_fault_records(&w);
+        t.end_of_run(&log, &crate::oracle::PaydbRows::read(&w.paydb).submissions);
+        t.phase("end", "");
+    }
     trace.extend(w.faults().trace());
     if let Some(plan) = w.store_plan() {
         trace.extend(plan.trace());

@@ -36,6 +36,8 @@ pub mod faults;
 #[cfg(madsim)]
 pub mod scenario_seed;
 #[cfg(madsim)]
+pub mod trace;
+#[cfg(madsim)]
 pub mod workload;
 #[cfg(madsim)]
 pub mod world;

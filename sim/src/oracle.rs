@@ -811,6 +811,8 @@ mod online {
     struct Hook {
         checker: Arc<Mutex<Checker>>,
         start: madsim::time::Instant,
+        /// The seed's incident trace, when one is kept (`crate::trace`).
+        trace: Option<crate::trace::Trace>,
     }
 
     impl Hook {
@@ -826,6 +828,9 @@ mod online {
             if let Ok(mut c) = self.checker.lock() {
                 c.on_fenced_write(write, &facts, at);
             }
+            if let Some(t) = &self.trace {
+                t.fenced_write(tables, write);
+            }
         }
     }
 
@@ -837,6 +842,9 @@ mod online {
                 if let LockEvent::Granted { grant, .. } = e {
                     c.note_grant_seq(dlock_rt::wire_log::seq(), grant.session_id, &grant.key);
                 }
+            }
+            if let Some(t) = &self.trace {
+                t.lock_event(e);
             }
         }
     }
@@ -853,12 +861,18 @@ mod online {
 
     impl Monitor {
         pub fn start(world: &World) -> Monitor {
+            Monitor::start_traced(world, None)
+        }
+
+        /// [`Monitor::start`], recording every observed grant and fenced write in `trace`
+        /// as well.
+        pub fn start_traced(world: &World, trace: Option<crate::trace::Trace>) -> Monitor {
             // What callers receive on the wire, from now on (this seed's thread).
             dlock_rt::wire_log::enable();
             let checker = Arc::new(Mutex::new(Checker::new()));
             let start = madsim::time::Instant::now();
-            world.paydb.set_observer(Arc::new(Hook { checker: checker.clone(), start }));
-            world.locks.set_observer(Arc::new(Hook { checker: checker.clone(), start }));
+            world.paydb.set_observer(Arc::new(Hook { checker: checker.clone(), start, trace: trace.clone() }));
+            world.locks.set_observer(Arc::new(Hook { checker: checker.clone(), start, trace }));
             Monitor { checker, start }
         }
 

@@ -1,6 +1,7 @@
 //! The simulation runner: `dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N]
 //! [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]`,
-//! `dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG]` and
+//! `dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl]`
+//! (`--trace`: the seed's incident trace, JSON lines, `docs/simulation.md` "Incident trace") and
 //! `dlock-sim bench [--seeds N]`. `--plant BUG` plants one bug for every seed (the negative
 //! controls, `dlock_rt::planted`); an unknown name is a usage error (exit 2). With `--scenario NAME` every seed
 //! plays `scenarios/NAME.toml` instead of its swarm draw; an unknown name is a usage error
@@ -44,7 +45,7 @@ mod runner {
     use dlock_sim::campaign::{self, RunOptions};
     use dlock_sim::summary::{self, replay_command_of};
 
-    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
+    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
 
     /// Seeds when `--seeds` is absent.
     const SEEDS_DEFAULT: u64 = 100;
@@ -61,6 +62,7 @@ mod runner {
         seed: Option<u64>,
         require_probes: bool,
         verbose: bool,
+        trace: Option<String>,
     }
 
     fn parse(args: &[String]) -> Result<Args, String> {
@@ -76,6 +78,7 @@ mod runner {
             seed: None,
             require_probes: false,
             verbose: false,
+            trace: None,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -99,6 +102,7 @@ mod runner {
                 "--json" => a.json = true,
                 "--require-probes" => a.require_probes = true,
                 "--verbose" => a.verbose = true,
+                "--trace" => a.trace = Some(value()?),
                 other => return Err(format!("unknown argument {other}")),
             }
         }
@@ -227,7 +231,17 @@ mod runner {
             planted: a.planted,
             ..RunOptions::default()
         };
-        let o = campaign::run_seed(seed, &opts);
+        let o = match &a.trace {
+            None => campaign::run_seed(seed, &opts),
+            Some(path) => {
+                let (o, lines) = campaign::run_seed_traced(seed, &opts);
+                let mut text = lines.join("\n");
+                text.push('\n');
+                std::fs::write(path, text).map_err(|e| format!("--trace {path}: {e}"))?;
+                eprintln!("dlock-sim: incident trace of seed {seed}: {} lines in {path}", lines.len());
+                o
+            }
+        };
         // The configuration (the trace's first line) was printed before the seed ran.
         for line in o.trace.iter().skip(1) {
             println!("{line}");
