@@ -803,6 +803,9 @@ impl Scenario {
         c.operator_revokes = 0;
         c.operator_resolves = false;
         c.faults = crate::schedule::FaultRates::none();
+        // The steps are the faults and the settings the knobs: nothing else drawn from the seed.
+        c.drifted_executor = None;
+        c.lock_wait_ms = 0;
         let span = self.cursor_end_ms().max(self.schedule().end_ms());
         c.fault_ms = span.saturating_add(trigger_wait_ms_max.saturating_mul(self.triggers() as u64)).max(1);
         c
