@@ -593,6 +593,7 @@ pub fn run_campaign(
     });
     let mut summary = summary.into_inner().unwrap_or_else(|e| e.into_inner());
     summary.layer_off = opts.layer_off;
+    summary.planted = opts.planted;
     summary.wall_s = started.elapsed().as_secs_f64();
     summary
 }

@@ -38,6 +38,25 @@ pub fn replay_command_of(seed: u64, config: &str) -> String {
     }
 }
 
+/// The replay command of a seed of a campaign run with `layer_off` switched off and
+/// `planted` planted: [`replay_command_of`] with the same switches, so the pasted command
+/// replays the same run.
+pub fn replay_command_with(
+    seed: u64,
+    config: &str,
+    layer_off: Option<Layer>,
+    planted: Option<dlock_rt::planted::Bug>,
+) -> String {
+    let mut c = replay_command_of(seed, config);
+    if let Some(l) = layer_off {
+        c.push_str(&format!(" --layer-off {l}"));
+    }
+    if let Some(b) = planted {
+        c.push_str(&format!(" --plant {b}"));
+    }
+    c
+}
+
 /// What a campaign saw.
 #[derive(Debug, Clone, Default)]
 pub struct Summary {
@@ -60,6 +79,8 @@ pub struct Summary {
     pub require_probes: bool,
     /// The defence layer the campaign switched off (`--layer-off`), if any.
     pub layer_off: Option<Layer>,
+    /// The bug planted for every seed, if any (`--plant`).
+    pub planted: Option<dlock_rt::planted::Bug>,
     /// What each defence layer stopped or (switched off) let through, over the seeds.
     pub defence: Tally,
 }
@@ -197,7 +218,13 @@ impl Summary {
     pub fn failure_lines(&self) -> Vec<String> {
         self.failures
             .iter()
-            .map(|(seed, config, f)| format!("{}  replay: {}", f.line(*seed), replay_command_of(*seed, config)))
+            .map(|(seed, config, f)| {
+                format!(
+                    "{}  replay: {}",
+                    f.line(*seed),
+                    replay_command_with(*seed, config, self.layer_off, self.planted)
+                )
+            })
             .collect()
     }
 
@@ -221,6 +248,9 @@ impl Summary {
         }
         out.push_str(&self.defence_line());
         out.push('\n');
+        if let Some(b) = self.planted {
+            out.push_str(&format!("planted: bug {b} in every seed (a negative control: failures are expected)\n"));
+        }
         out.push_str("probes:\n");
         for (p, n) in &self.probes {
             out.push_str(&format!("  {:<28} {n}{}\n", p.name(), if *n == 0 { "  (never fired)" } else { "" }));
@@ -260,7 +290,7 @@ impl Summary {
             .iter()
             .map(|(seed, config, f)| {
                 json!({"seed": seed, "class": f.class.name(), "exitCode": f.class.exit_code(), "invariant": f.invariant,
-                       "detail": f.detail, "config": config, "replay": replay_command_of(*seed, config)})
+                       "detail": f.detail, "config": config, "replay": replay_command_with(*seed, config, self.layer_off, self.planted)})
             })
             .collect();
         let probes: serde_json::Map<String, Value> =
@@ -285,6 +315,7 @@ impl Summary {
             "seedsPerSPerCore": self.seeds_per_s_per_core(),
             "simSecondsPerWallSecond": self.sim_speedup(),
             "layerOff": self.layer_off.map(|l| l.name()),
+            "planted": self.planted.map(|b| b.name()),
             "defence": {
                 "stopped": self.defence.stopped.iter().map(|(l, n)| (l.name().to_owned(), json!(n))).collect::<serde_json::Map<_, _>>(),
                 "bypassed": self.defence.bypassed.iter().map(|(l, n)| (l.name().to_owned(), json!(n))).collect::<serde_json::Map<_, _>>(),
@@ -330,6 +361,34 @@ mod tests {
         assert_eq!(seeds(100, 10, Some((1, 3))), vec![100, 103, 106, 109]);
         assert_eq!(parse_shard("2/4"), Ok((2, 4)));
         assert!(parse_shard("0/4").is_err() && parse_shard("5/4").is_err() && parse_shard("x").is_err());
+    }
+
+    #[test]
+    fn a_failure_lines_replay_command_carries_the_campaigns_switches() {
+        use dlock_rt::planted::Bug;
+        let mut s = Summary::new(1);
+        s.layer_off = Some(Layer::RailMark);
+        s.planted = Some(Bug::GrantUnexpired);
+        s.failures.push((
+            7,
+            "seed=7 scenario=revoke-mid-flight topo=lock1".to_owned(),
+            crate::outcome::Failure {
+                class: crate::outcome::FailureClass::Correctness,
+                invariant: "no_two_live_grants_per_key",
+                detail: "x".to_owned(),
+            },
+        ));
+        let lines = s.failure_lines();
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].ends_with(
+                "replay: cargo xtask sim replay --seed 7 --scenario revoke-mid-flight --layer-off rail-mark --plant grant-unexpired"
+            ),
+            "{}",
+            lines[0]
+        );
+        assert!(s.render().contains("planted: bug grant-unexpired"));
+        assert_eq!(replay_command_with(3, "seed=3 topo=x", None, None), "cargo xtask sim replay --seed 3");
     }
 
     #[test]

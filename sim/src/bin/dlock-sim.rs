@@ -43,7 +43,7 @@ mod runner {
     use dlock_rt::defence::Layer;
     use dlock_rt::planted::Bug;
     use dlock_sim::campaign::{self, RunOptions};
-    use dlock_sim::summary::{self, replay_command_of};
+    use dlock_sim::summary::{self, replay_command_with};
 
     pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
 
@@ -176,7 +176,12 @@ mod runner {
             }
             for f in &o.failures {
                 *failed += 1;
-                let _ = writeln!(err, "{}  replay: {}", f.line(o.seed), replay_command_of(o.seed, &o.config));
+                let _ = writeln!(
+                    err,
+                    "{}  replay: {}",
+                    f.line(o.seed),
+                    replay_command_with(o.seed, &o.config, a.layer_off, a.planted)
+                );
             }
             if tty {
                 let width = 40;
