@@ -43,6 +43,24 @@ pub struct ProxyConfig {
 pub const ORPHAN_SWEEP_INTERVAL_MS: u64 = 5_000;
 /// Orphaned intents one sweep records at most.
 pub const ORPHAN_SWEEP_BATCH_MAX: i64 = 100;
+/// How far ahead of this proxy's wall clock an unresolved intent's `submitted_at` may lie
+/// and still be watched by the sweep: the replica that wrote it had a wall clock running
+/// ahead (an intent stamped further ahead is a broken clock and waits for it).
+pub const ORPHAN_WALL_AHEAD_MS_MAX: i64 = 24 * 3_600_000;
+/// Unresolved intents one sweeper watches at most (their first sighting on its own
+/// monotonic clock); past it, the newest sightings are not kept.
+pub const ORPHAN_WATCHED_MAX: usize = 10_000;
+
+/// Whether an unresolved intent is an orphan (no forward can still be in flight for it):
+/// its `submitted_at` is a whole forward budget (`budget_ms`) older than this proxy's wall
+/// clock (`budget_old_by_wall`), or this
+/// proxy has itself watched it unresolved for a whole budget on its monotonic clock. The
+/// second covers an intent stamped by a replica whose wall clock ran ahead: by wall time
+/// alone it would look fresh for as long as that clock was ahead, and its payout would stay
+/// SUBMITTED that long.
+pub fn is_orphan(budget_old_by_wall: bool, watched_ms: u64, budget_ms: u64) -> bool {
+    budget_old_by_wall || watched_ms >= budget_ms
+}
 
 /// BUGGIFY fault points (`dlock_rt::buggify`, never firing outside the simulation): how
 /// often the forward stalls after the intent row, for at most how long (well inside one
@@ -146,26 +164,69 @@ pub struct RailProxy {
     pub clock: Clock,
     pub metrics: ProxyMetrics,
     client: HttpClient,
+    /// Each unresolved intent the orphan sweep has seen, with when it first saw it (this
+    /// proxy's monotonic clock). At most [`ORPHAN_WATCHED_MAX`]; forgotten once resolved.
+    watched: std::sync::Mutex<std::collections::BTreeMap<Uuid, dlock_rt::Instant>>,
 }
 
 impl RailProxy {
     pub fn new(store: Arc<dyn RailStore>, cfg: ProxyConfig, clock: Clock) -> Arc<RailProxy> {
         let client = HttpClient::new(cfg.connect_timeout_ms, cfg.read_timeout_ms);
-        Arc::new(RailProxy { store, cfg, clock, metrics: ProxyMetrics::default(), client })
+        Arc::new(RailProxy {
+            store,
+            cfg,
+            clock,
+            metrics: ProxyMetrics::default(),
+            client,
+            watched: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+        })
     }
 
-    /// One orphan sweep: every intent older than one forward's whole budget
-    /// ([`ProxyConfig::shutdown_grace_ms`]) whose outcome was never recorded belongs to a
-    /// forward that can no longer be in flight (its proxy died or stalled mid-forward). The
-    /// rail may have paid, so it is recorded as TIMEOUT and its payout quarantined
-    /// (RAIL_AMBIGUOUS), never handed back for another attempt. At most
-    /// [`ORPHAN_SWEEP_BATCH_MAX`] per pass; safe on every replica at once (recording an
-    /// outcome is a no-op once one exists).
+    /// One orphan sweep: every unresolved intent [`is_orphan`] judges to be one (older than
+    /// one forward's whole budget, [`ProxyConfig::shutdown_grace_ms`], by this proxy's wall
+    /// clock, or watched unresolved by this proxy for that long) belongs to a forward that
+    /// can no longer be in flight (its proxy died or stalled mid-forward). The rail may have
+    /// paid, so it is recorded as TIMEOUT and its payout quarantined (RAIL_AMBIGUOUS), never
+    /// handed back for another attempt. At most [`ORPHAN_SWEEP_BATCH_MAX`] per pass; safe on
+    /// every replica at once (recording an outcome is a no-op once one exists).
     pub async fn sweep_orphans(&self) -> Result<usize, crate::store::StoreError> {
-        let budget = chrono::Duration::milliseconds(i64::try_from(self.cfg.shutdown_grace_ms()).unwrap_or(i64::MAX));
-        let now = self.clock.wall();
-        let ids = self.store.unresolved_before(now - budget, ORPHAN_SWEEP_BATCH_MAX).await?;
-        for id in &ids {
+        self.sweep_orphans_at(self.clock.wall(), self.clock.now()).await
+    }
+
+    /// [`RailProxy::sweep_orphans`] at the given wall and monotonic readings of this
+    /// proxy's clock (a test drives time through it).
+    pub async fn sweep_orphans_at(
+        &self,
+        now: DateTime<Utc>,
+        mono: dlock_rt::Instant,
+    ) -> Result<usize, crate::store::StoreError> {
+        let budget_ms = self.cfg.shutdown_grace_ms();
+        let budget = chrono::Duration::milliseconds(i64::try_from(budget_ms).unwrap_or(i64::MAX));
+        let ahead = now + chrono::Duration::milliseconds(ORPHAN_WALL_AHEAD_MS_MAX);
+        // Two reads, no new store query: every unresolved intent the sweep watches, and
+        // those of them already a budget old by this proxy's wall clock.
+        let unresolved = self.store.unresolved_before(ahead, ORPHAN_SWEEP_BATCH_MAX).await?;
+        let aged = self.store.unresolved_before(now - budget, ORPHAN_SWEEP_BATCH_MAX).await?;
+        let mut orphans: Vec<Uuid> = Vec::new();
+        {
+            let mut watched = self.watched.lock().unwrap_or_else(|e| e.into_inner());
+            watched.retain(|id, _| unresolved.contains(id) || aged.contains(id));
+            for id in unresolved.iter().chain(aged.iter()) {
+                if orphans.contains(id) {
+                    continue;
+                }
+                if !watched.contains_key(id) && watched.len() < ORPHAN_WATCHED_MAX {
+                    watched.insert(*id, mono);
+                }
+                let watched_ms = watched.get(id).map_or(0, |first| {
+                    u64::try_from(mono.saturating_duration_since(*first).as_millis()).unwrap_or(u64::MAX)
+                });
+                if is_orphan(aged.contains(id), watched_ms, budget_ms) {
+                    orphans.push(*id);
+                }
+            }
+        }
+        for id in &orphans {
             let detail = "orphaned intent: the forward's outcome was never recorded (the proxy that sent it stopped); \
                           the rail may have paid";
             self.store.resolve(*id, &Resolution::Timeout { detail: detail.into() }, now).await?;
@@ -173,7 +234,7 @@ impl RailProxy {
             self.metrics.outcome(SubmissionOutcome::Timeout);
             tracing::warn!(submissionId = %id, cause = detail, "rail_ambiguous");
         }
-        Ok(ids.len())
+        Ok(orphans.len())
     }
 
     /// The orphan sweep, every [`ORPHAN_SWEEP_INTERVAL_MS`], until the task is aborted.
@@ -404,6 +465,13 @@ mod tests {
 
     fn resp(status: u16, body: &str) -> Result<ClientResponse, ClientError> {
         Ok(ClientResponse { status, headers: http::HeaderMap::new(), body: body.to_owned().into() })
+    }
+
+    #[test]
+    fn an_intent_is_an_orphan_once_a_budget_old_by_wall_or_watched_for_a_budget() {
+        assert!(is_orphan(true, 0, 14_000));
+        assert!(is_orphan(false, 14_000, 14_000));
+        assert!(!is_orphan(false, 13_999, 14_000));
     }
 
     #[test]

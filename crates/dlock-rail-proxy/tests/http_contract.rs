@@ -357,6 +357,48 @@ async fn an_orphaned_intent_is_quarantined_by_the_sweep_and_a_live_one_is_left_a
     assert_eq!(proxy.sweep_orphans().await, Ok(0), "the sweep is idempotent");
 }
 
+/// An intent stamped by a replica whose wall clock ran ahead looks fresh by this proxy's
+/// wall clock for as long as that clock was ahead; the sweep still quarantines it once it
+/// has watched it unresolved for one forward's budget on its own monotonic clock, and not
+/// before.
+#[tokio::test]
+async fn an_orphan_stamped_by_a_clock_running_ahead_is_swept_after_one_budget_watched() {
+    use dlock_rail_proxy::store::Attempt;
+    let stub = RailStub::new(stub_cfg(&[]), Clock::system());
+    let (tx, _rx) = tokio::sync::oneshot::channel::<()>();
+    let r = rig_with(stub, BaseUrl::parse("http://127.0.0.1:9").expect("url"), tx);
+    let proxy = RailProxy::new(
+        r.store.clone(),
+        proxy_cfg(&BaseUrl::parse("http://127.0.0.1:9").expect("url")),
+        Clock::system(),
+    );
+    let budget_ms = proxy.cfg.shutdown_grace_ms();
+    let payout = claimed(&r.store, "acct-ahead").await;
+    let attempt = Attempt {
+        submission_id: Uuid::new_v4(),
+        payout_id: payout,
+        account_id: "acct-ahead".into(),
+        presented_token: 3,
+        owner_id: "w-1".into(),
+        idempotency_key: format!("payout:{payout}"),
+        amount_minor: 500,
+        currency: "EUR".into(),
+        // Ten budgets ahead of this proxy's wall clock.
+        at: Clock::system().wall() + chrono::Duration::milliseconds(10 * budget_ms as i64),
+        fencing_enabled: true,
+    };
+    r.store.admit(&attempt).await.expect("admit");
+    let (wall, mono) = (Clock::system().wall(), Clock::system().now());
+    let later =
+        |ms: u64| (wall + chrono::Duration::milliseconds(ms as i64), mono + std::time::Duration::from_millis(ms));
+    assert_eq!(proxy.sweep_orphans_at(wall, mono).await, Ok(0), "first sighting");
+    let (w, m) = later(budget_ms - 1);
+    assert_eq!(proxy.sweep_orphans_at(w, m).await, Ok(0), "watched for less than a budget");
+    let (w, m) = later(budget_ms);
+    assert_eq!(proxy.sweep_orphans_at(w, m).await, Ok(1), "watched for a whole budget");
+    assert_eq!(r.store.payout(payout).await.expect("read").expect("exists").state, PayoutState::RailAmbiguous);
+}
+
 #[tokio::test]
 async fn each_injected_store_fault_of_the_intent_commit_maps_to_its_code_and_retry_safety() {
     use dlock_rail_proxy::store::StoreFault;
