@@ -239,6 +239,38 @@ fn token_hits(evs: &[Ev], kept: &BTreeSet<usize>, detail: &str) -> Vec<usize> {
     }
 }
 
+/// A lease as its holder believed it (`lease_belief` lines: `granted`, `renewed`, then
+/// `early_notice`, `lost` or `released`).
+struct Belief {
+    lane: String,
+    key: String,
+    token: u64,
+    start: u64,
+    /// The latest local deadline, in simulated ms.
+    deadline: Option<u64>,
+    /// When the holder stopped believing, and the line that says so.
+    end: Option<(u64, usize)>,
+    idxs: Vec<usize>,
+}
+
+/// A belief line's local deadline, in simulated ms: `local_deadline_mono_ms` (or any numeric
+/// field with `deadline` in its name; on the node's monotonic clock unless it says `wall`).
+fn belief_deadline(e: &Ev) -> Option<u64> {
+    if let Some(v) = e.i("local_deadline_mono_ms") {
+        return Some(e.mono_to_t(v));
+    }
+    e.m.iter()
+        .filter(|(k, _)| k.contains("deadline"))
+        .find_map(|(k, v)| v.as_i64().map(|v| if k.contains("wall") { e.wall_to_t(v) } else { e.mono_to_t(v) }))
+}
+
+/// Whether a belief line ends the belief: `source` is `early_notice`, `lost` or `released`
+/// (or the line has a `lost`/`loss` field that is set).
+fn belief_ends(e: &Ev) -> bool {
+    matches!(e.s("source"), Some("early_notice" | "lost" | "released"))
+        || e.m.iter().any(|(k, v)| (k == "lost" || k.contains("loss")) && !matches!(v, Value::Null | Value::Bool(false)))
+}
+
 /// A lease as the lock server saw it.
 struct Lease {
     lane: String,
@@ -336,7 +368,7 @@ struct Model<'a> {
     executors: Vec<String>,
     executors_hidden: Vec<String>,
     leases: Vec<Lease>,
-    beliefs: Vec<usize>,
+    beliefs: Vec<Belief>,
     node_bands: Vec<Band>,
     partitions: Vec<Band>,
     schedule_ticks: Vec<usize>,
@@ -432,6 +464,7 @@ impl<'a> Model<'a> {
 
         let mut lanes: BTreeSet<(String, u64, String)> = BTreeSet::new();
         let mut open: BTreeMap<(String, u64), usize> = BTreeMap::new();
+        let mut open_beliefs: BTreeMap<(String, String, u64), usize> = BTreeMap::new();
         let mut session_expiry: BTreeMap<String, u64> = BTreeMap::new();
         let mut open_bands: BTreeMap<(String, String), usize> = BTreeMap::new();
         let mut open_parts: BTreeMap<String, usize> = BTreeMap::new();
@@ -510,7 +543,35 @@ impl<'a> Model<'a> {
                 "lease_belief" => {
                     let lane = e.s("owner").map(lane_of_owner).unwrap_or(e.node.as_str()).to_owned();
                     lanes.insert(natural_key(&lane));
-                    m.beliefs.push(i);
+                    let k = (lane.clone(), e.s("key").unwrap_or("?").to_owned(), e.u("token").unwrap_or(0));
+                    let source = e.s("source").unwrap_or("?");
+                    let deadline = belief_deadline(e);
+                    let ends = belief_ends(e);
+                    let b = match open_beliefs.get(&k) {
+                        Some(&b) if source != "granted" => b,
+                        _ => {
+                            open_beliefs.insert(k.clone(), m.beliefs.len());
+                            m.beliefs.push(Belief {
+                                lane,
+                                key: k.1.clone(),
+                                token: k.2,
+                                start: e.t,
+                                deadline: None,
+                                end: None,
+                                idxs: Vec::new(),
+                            });
+                            m.beliefs.len() - 1
+                        }
+                    };
+                    let bl = &mut m.beliefs[b];
+                    bl.idxs.push(i);
+                    if let Some(d) = deadline {
+                        bl.deadline = Some(bl.deadline.map_or(d, |o| o.max(d)));
+                    }
+                    if ends {
+                        bl.end = Some((e.t, i));
+                        open_beliefs.remove(&k);
+                    }
                 }
                 "fenced_write" => {
                     if let Some(o) = e.s("owner") {
@@ -723,6 +784,7 @@ impl<'a> Model<'a> {
         }
         let mut exec_layouts: Vec<ExecLayout> = Vec::new();
         let mut lease_row: BTreeMap<usize, usize> = BTreeMap::new();
+        let mut belief_row: BTreeMap<usize, usize> = BTreeMap::new();
         let has_beliefs = !self.beliefs.is_empty();
         for lane in &self.executors {
             let mut rows = Rows::new(LEASE_ROWS_MAX);
@@ -732,9 +794,15 @@ impl<'a> Model<'a> {
                 let label_px = if l.end.is_some_and(|e| e.1 == "released" && e.0 <= l.expiry) { 2.0 } else { 60.0 };
                 lease_row.insert(li, rows.place(x(l.start), x(end) + label_px));
             }
+            let mut brows = Rows::new(LEASE_ROWS_MAX);
+            for (bi, b) in self.beliefs.iter().enumerate().filter(|(_, b)| &b.lane == lane) {
+                let end = b.end.map_or(b.deadline.unwrap_or(b.start), |e| e.0).max(b.deadline.unwrap_or(0));
+                belief_row.insert(bi, brows.place(x(b.start), x(end) + 70.0));
+            }
             let lease_y = y + 4.0;
             let belief_y = lease_y + rows.count() as f64 * ROW_H_PX + 2.0;
-            let write_y = belief_y + if has_beliefs { ROW_H_PX + 2.0 } else { 0.0 };
+            let belief_rows = if has_beliefs { brows.count() } else { 0 };
+            let write_y = belief_y + belief_rows as f64 * ROW_H_PX + if has_beliefs { 2.0 } else { 0.0 };
             let h = write_y - y + 2.0 * ROW_H_PX + 8.0;
             exec_layouts.push(ExecLayout { y, lease_rows: rows.count(), lease_y, belief_y, write_y, h });
             y += h + LANE_GAP_PX;
@@ -1020,7 +1088,11 @@ impl<'a> Model<'a> {
                 self.draw_lease(&mut p, ls, yy, &x, dur, &mut lease_labels[row.min(lay.lease_rows - 1)]);
             }
             if has_beliefs {
-                self.draw_beliefs(&mut p, lane, lay.belief_y, &x);
+                let mut labels = LabelRow::default();
+                for (bi, b) in self.beliefs.iter().enumerate().filter(|(_, b)| &b.lane == lane) {
+                    let row = belief_row.get(&bi).copied().unwrap_or(0);
+                    self.draw_belief(&mut p, b, lay.belief_y + row as f64 * ROW_H_PX, &x, dur, &mut labels);
+                }
             }
             let mut write_labels = LabelRow::default();
             let mut fenced_labels = LabelRow::default();
@@ -1265,56 +1337,67 @@ impl<'a> Model<'a> {
         p.push_str("</g>");
     }
 
-    /// `lease_belief` lines: a bar from the belief to the local deadline the line names (any
-    /// field whose name has `deadline` in it: on the node's monotonic clock unless its name
-    /// says `wall`), and a notice mark when the executor believes the lease lost.
-    fn draw_beliefs(&self, p: &mut String, lane: &str, yy: f64, x: &dyn Fn(u64) -> f64) {
-        let mut labels = LabelRow::default();
-        for &i in &self.beliefs {
-            let e = &self.evs[i];
-            let owner_lane = e.s("owner").map(lane_of_owner).unwrap_or(e.node.as_str());
-            if owner_lane != lane {
-                continue;
-            }
-            let deadline = e
-                .m
-                .iter()
-                .filter(|(k, _)| k.contains("deadline"))
-                .find_map(|(k, v)| v.as_i64().map(|v| if k.contains("wall") { e.wall_to_t(v) } else { e.mono_to_t(v) }));
-            let lost = e.m.iter().any(|(k, v)| {
-                (k.contains("lost") || k.contains("loss") || k.contains("early"))
-                    && !matches!(v, Value::Null | Value::Bool(false))
-            }) || ["belief", "state", "event", "what"].iter().any(|f| e.s(f).is_some_and(|s| s.contains("lost")));
-            let x0 = x(e.t);
-            let what = ["belief", "state", "event", "what"].iter().find_map(|f| e.s(f)).unwrap_or("belief");
-            let tok = e.u("token").map_or(String::new(), |t| format!(" token {t}"));
+    /// A belief: a dashed amber bar from `granted` to the local deadline (or to the notice
+    /// that ended it, when earlier); a notice after the deadline (a holder that was frozen
+    /// learns late) is a dotted line from the deadline to the notice.
+    fn draw_belief(&self, p: &mut String, b: &Belief, yy: f64, x: &dyn Fn(u64) -> f64, dur: u64, labels: &mut LabelRow) {
+        let x0 = x(b.start);
+        let deadline = b.deadline.unwrap_or(b.start);
+        let (end_t, source) = match b.end {
+            Some((t, i)) => (Some(t), self.evs[i].s("source").unwrap_or("lost")),
+            None => (None, "believed"),
+        };
+        let solid_end = end_t.map_or(deadline, |t| t.min(deadline)).min(dur);
+        let x1 = x(solid_end).max(x0 + 2.0);
+        let lines: Vec<&str> = b.idxs.iter().map(|i| self.evs[*i].raw.as_str()).collect();
+        let first = &self.evs[b.idxs[0]];
+        let h = ROW_H_PX - 4.0;
+        let _ = write!(
+            p,
+            r##"<g class="ev belief" data-seq="{}" data-kind="lease_belief" data-key="{}" data-token="{}" data-end="{}"><title>{}</title><rect x="{x0:.1}" y="{:.1}" width="{:.1}" height="{h:.1}" fill="#fef3c7" stroke="#d97706" stroke-dasharray="3 2" rx="2"/>"##,
+            first.seq,
+            esc(&b.key),
+            b.token,
+            esc(source),
+            tooltip(&lines.join("\n")),
+            yy + 1.0,
+            x1 - x0
+        );
+        if x1 - x0 > (7.0 + digits(b.token)) * CHAR_W_PX + 4.0 {
+            let _ = write!(p, r##"<text x="{:.1}" y="{:.1}" fill="#92400e">token {}</text>"##, x0 + 3.0, yy + 10.0, b.token);
+        }
+        // The deadline itself: a bar end.
+        if b.deadline.is_some() {
+            let xd = x(deadline);
             let _ = write!(
                 p,
-                r##"<g class="ev belief" data-seq="{}" data-kind="lease_belief" data-lost="{lost}"><title>{}</title>"##,
-                e.seq,
-                tooltip(&e.raw)
+                r##"<line x1="{xd:.1}" x2="{xd:.1}" y1="{:.1}" y2="{:.1}" stroke="#b45309" stroke-width="2"/>"##,
+                yy,
+                yy + ROW_H_PX - 2.0
             );
-            if let Some(d) = deadline.filter(|d| *d > e.t) {
-                let x1 = x(d);
+        }
+        let (text, color, xe) = match end_t {
+            Some(t) if t > deadline && b.deadline.is_some() => {
+                let xt = x(t);
                 let _ = write!(
                     p,
-                    r##"<rect x="{x0:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="#fef3c7" stroke="#d97706" stroke-dasharray="3 2" rx="2"/><line x1="{x1:.1}" x2="{x1:.1}" y1="{:.1}" y2="{:.1}" stroke="#b45309" stroke-width="2"/>"##,
-                    yy + 1.0,
-                    (x1 - x0).max(1.0),
-                    ROW_H_PX - 4.0,
-                    yy - 1.0,
-                    yy + ROW_H_PX - 1.0
+                    r##"<line x1="{x1:.1}" x2="{xt:.1}" y1="{:.1}" y2="{:.1}" stroke="#dc2626" stroke-width="1.5" stroke-dasharray="2 3"/>"##,
+                    yy + h / 2.0 + 1.0,
+                    yy + h / 2.0 + 1.0
                 );
+                (format!("{source} {} after its deadline", secs(t - deadline)), "#dc2626", xt)
             }
-            let (shape, color) = if lost { ("M{x} {y} l5 9 h-10 z", "#dc2626") } else { ("M{x} {y} l4 4 l-4 4 l-4 -4 z", "#b45309") };
-            let d = shape.replace("{x}", &format!("{x0:.1}")).replace("{y}", &format!("{:.1}", yy + 2.0));
-            let _ = write!(p, r##"<path d="{d}" fill="{color}"/>"##);
-            let text = if lost { format!("believes lost{tok}") } else { format!("{what}{tok}") };
-            if labels.fits(x0 + 6.0, &text) {
-                let _ = write!(p, r##"<text x="{:.1}" y="{:.1}" fill="{color}">{}</text>"##, x0 + 6.0, yy + 11.0, esc(&text));
-            }
-            p.push_str("</g>");
+            Some(_) if source == "released" => (String::new(), "#92400e", x1),
+            Some(_) => (source.replace('_', " "), "#dc2626", x1),
+            None => (String::new(), "#92400e", x1),
+        };
+        if end_t.is_some() && source != "released" {
+            let _ = write!(p, r##"<path d="M{xe:.1} {:.1} l5 9 h-10 z" fill="{color}"/>"##, yy + 1.0);
         }
+        if !text.is_empty() && labels.fits(xe + 6.0, &text) {
+            let _ = write!(p, r##"<text x="{:.1}" y="{:.1}" fill="{color}">{}</text>"##, xe + 6.0, yy + 10.0, esc(&text));
+        }
+        p.push_str("</g>");
     }
 
     fn draw_write(
