@@ -41,7 +41,7 @@ use serde_json::{Map, Value};
 /// Bound on the events drawn (the earliest by drawing time); the rest are counted.
 pub const EVENTS_DRAWN_MAX: usize = 4_000;
 /// Bound on the trace text accepted.
-pub const INPUT_BYTES_MAX: usize = 512 * 1024 * 1024;
+pub const INPUT_BYTES_MAX: usize = 256 * 1024 * 1024;
 /// Bound on executor lanes (the rest are named as not drawn).
 pub const EXECUTOR_LANES_MAX: usize = 24;
 /// Bound on account lanes (accounts with fenced-out writes first, then by write count).
@@ -49,7 +49,7 @@ pub const ACCOUNT_LANES_MAX: usize = 6;
 /// Bound on failures drawn.
 pub const FAILURES_DRAWN_MAX: usize = 20;
 /// Bound on rows of the fault lane and of the rail lane (later intervals share the last).
-pub const BAND_ROWS_MAX: usize = 8;
+pub const BAND_ROWS_MAX: usize = 12;
 /// Bound on stacked lease rows in one executor lane.
 pub const LEASE_ROWS_MAX: usize = 8;
 /// Bound on the characters of one tooltip (a longer line is cut, and says so).
@@ -57,7 +57,7 @@ pub const TOOLTIP_CHARS_MAX: usize = 4_000;
 /// Horizontal scale before the width bounds apply.
 pub const PLOT_PX_PER_S: f64 = 24.0;
 /// Bounds on the plot's width.
-pub const PLOT_WIDTH_PX_MIN: f64 = 1_300.0;
+pub const PLOT_WIDTH_PX_MIN: f64 = 1_500.0;
 pub const PLOT_WIDTH_PX_MAX: f64 = 12_000.0;
 
 const LABEL_W_PX: f64 = 200.0;
@@ -66,7 +66,7 @@ const AXIS_H_PX: f64 = 26.0;
 const PHASE_H_PX: f64 = 18.0;
 const ROW_H_PX: f64 = 16.0;
 const LANE_GAP_PX: f64 = 8.0;
-const ACCOUNT_H_PX: f64 = 84.0;
+const ACCOUNT_H_PX: f64 = 72.0;
 const CHAR_W_PX: f64 = 6.4;
 
 /// One parsed trace line.
@@ -268,7 +268,9 @@ fn belief_deadline(e: &Ev) -> Option<u64> {
 /// (or the line has a `lost`/`loss` field that is set).
 fn belief_ends(e: &Ev) -> bool {
     matches!(e.s("source"), Some("early_notice" | "lost" | "released"))
-        || e.m.iter().any(|(k, v)| (k == "lost" || k.contains("loss")) && !matches!(v, Value::Null | Value::Bool(false)))
+        || e.m
+            .iter()
+            .any(|(k, v)| (k == "lost" || k.contains("loss")) && !matches!(v, Value::Null | Value::Bool(false)))
 }
 
 /// A lease as the lock server saw it.
@@ -529,11 +531,8 @@ impl<'a> Model<'a> {
                 }
                 "session_closed" => {
                     let s = e.s("session").unwrap_or("");
-                    let ended: Vec<(String, u64)> = open
-                        .iter()
-                        .filter(|(_, &l)| m.leases[l].session == s)
-                        .map(|(k, _)| k.clone())
-                        .collect();
+                    let ended: Vec<(String, u64)> =
+                        open.iter().filter(|(_, &l)| m.leases[l].session == s).map(|(k, _)| k.clone()).collect();
                     for k in ended {
                         if let Some(l) = open.remove(&k) {
                             m.leases[l].end = Some((e.t, "session closed", i));
@@ -607,7 +606,9 @@ impl<'a> Model<'a> {
                         // form when it has one (else the ticks of `store_fault` lines show it).
                         let ev = e.s("event").unwrap_or("");
                         let num_after = |pat: &str| {
-                            ev.split(pat).nth(1).and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok())
+                            ev.split(pat)
+                                .nth(1)
+                                .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok())
                         };
                         let store = ev.split("store: \"").nth(1).and_then(|r| r.split('"').next()).unwrap_or("store");
                         if let Some(for_ms) = num_after("for_ms: Some(") {
@@ -629,8 +630,8 @@ impl<'a> Model<'a> {
                             }
                         }
                         let k = (what.to_owned(), scope.clone());
-                        if !open_bands.contains_key(&k) {
-                            open_bands.insert(k, m.node_bands.len());
+                        if let std::collections::btree_map::Entry::Vacant(slot) = open_bands.entry(k) {
+                            slot.insert(m.node_bands.len());
                             m.node_bands.push(Band {
                                 what: what.to_owned(),
                                 nodes,
@@ -752,7 +753,8 @@ impl<'a> Model<'a> {
         // Fault lane rows.
         let mut fault_rows = Rows::new(BAND_ROWS_MAX);
         let mut fault_items: Vec<(usize, &Band)> = Vec::new();
-        for b in self.partitions.iter().chain(self.node_bands.iter().filter(|b| !b.nodes.iter().all(|n| is_executor(n))))
+        for b in
+            self.partitions.iter().chain(self.node_bands.iter().filter(|b| !b.nodes.iter().all(|n| is_executor(n))))
         {
             let s = x(b.start);
             let label_end = s + (b.what.len() as f64 + 12.0) * CHAR_W_PX;
@@ -850,7 +852,10 @@ impl<'a> Model<'a> {
         // Lane backgrounds first (zebra), so bands and marks sit on top.
         let bg = |p: &mut String, y: f64, h: f64, shade: bool| {
             let fill = if shade { "#f7f8fa" } else { "#ffffff" };
-            let _ = write!(p, r##"<rect x="0" y="{y:.1}" width="{full_w:.1}" height="{h:.1}" fill="{fill}" stroke="#e5e7eb"/>"##);
+            let _ = write!(
+                p,
+                r##"<rect x="0" y="{y:.1}" width="{full_w:.1}" height="{h:.1}" fill="{fill}" stroke="#e5e7eb"/>"##
+            );
         };
         bg(&mut p, fault_y, fault_h, true);
         for (n, lay) in exec_layouts.iter().enumerate() {
@@ -902,7 +907,13 @@ impl<'a> Model<'a> {
             );
             let text = format!("{name} phase");
             if x1 - x0 > text.len() as f64 * CHAR_W_PX + 8.0 {
-                let _ = write!(p, r##"<text x="{:.1}" y="{:.1}" fill="#374151">{}</text>"##, x0 + 4.0, phase_y + 13.0, esc(&text));
+                let _ = write!(
+                    p,
+                    r##"<text x="{:.1}" y="{:.1}" fill="#374151">{}</text>"##,
+                    x0 + 4.0,
+                    phase_y + 13.0,
+                    esc(&text)
+                );
             }
             p.push_str("</g>");
         }
@@ -1057,7 +1068,11 @@ impl<'a> Model<'a> {
                 n = esc(lane)
             );
             if has_beliefs {
-                let _ = write!(l, r##"<text x="110" y="{:.1}" fill="#6b7280">lease (believed)</text>"##, lay.belief_y + 11.0);
+                let _ = write!(
+                    l,
+                    r##"<text x="110" y="{:.1}" fill="#6b7280">lease (believed)</text>"##,
+                    lay.belief_y + 11.0
+                );
             }
             let _ = write!(l, r##"<text x="110" y="{:.1}" fill="#6b7280">writes</text></g>"##, lay.write_y + 15.0);
             let _ = write!(p, r#"<g class="lane" data-lane="{}" data-lane-kind="executor">"#, esc(lane));
@@ -1113,14 +1128,14 @@ impl<'a> Model<'a> {
                 l,
                 r##"<g data-lane-label="account {a}"><text x="8" y="{:.1}" font-weight="bold" fill="#111827">account {a}</text><line x1="8" x2="26" y1="{:.1}" y2="{:.1}" stroke="#1d4ed8" stroke-width="2.5"/><text x="30" y="{:.1}" fill="#374151">account fence</text><line x1="8" x2="26" y1="{:.1}" y2="{:.1}" stroke="#7c3aed" stroke-width="2.5" stroke-dasharray="5 3"/><text x="30" y="{:.1}" fill="#374151">rail high-water mark</text><circle cx="17" cy="{:.1}" r="4" fill="#dc2626"/><text x="30" y="{:.1}" fill="#374151">presented token</text></g>"##,
                 ay + 14.0,
-                ay + 30.0,
-                ay + 30.0,
-                ay + 34.0,
-                ay + 46.0,
-                ay + 46.0,
-                ay + 50.0,
-                ay + 62.0,
-                ay + 66.0,
+                ay + 27.0,
+                ay + 27.0,
+                ay + 31.0,
+                ay + 41.0,
+                ay + 41.0,
+                ay + 45.0,
+                ay + 55.0,
+                ay + 59.0,
                 a = esc(acct)
             );
             self.draw_account(&mut p, acct, ay, &x, dur);
@@ -1141,7 +1156,13 @@ impl<'a> Model<'a> {
             let xx = x(draw_t(e));
             let outcome = e.s("outcome").unwrap_or("?");
             let paid = e.b("paid") == Some(true);
-            let color = if paid { "#15803d" } else if outcome.contains("Decline") { "#6b7280" } else { "#ea580c" };
+            let color = if paid {
+                "#15803d"
+            } else if outcome.contains("Decline") {
+                "#6b7280"
+            } else {
+                "#ea580c"
+            };
             let text = format!("{}{}", outcome, if paid { " (paid)" } else { "" });
             let _ = write!(
                 p,
@@ -1154,7 +1175,13 @@ impl<'a> Model<'a> {
                 rail_y + 5.0
             );
             if call_labels.fits(xx + 6.0, &text) {
-                let _ = write!(p, r##"<text x="{:.1}" y="{:.1}" fill="{color}">{}</text>"##, xx + 6.0, rail_y + 14.0, esc(&text));
+                let _ = write!(
+                    p,
+                    r##"<text x="{:.1}" y="{:.1}" fill="{color}">{}</text>"##,
+                    xx + 6.0,
+                    rail_y + 14.0,
+                    esc(&text)
+                );
             }
             p.push_str("</g>");
         }
@@ -1320,18 +1347,32 @@ impl<'a> Model<'a> {
         );
         let text = format!("{} token {}", ls.key, ls.token);
         if x1 - x0 > text.len() as f64 * CHAR_W_PX + 6.0 {
-            let _ = write!(p, r##"<text x="{:.1}" y="{:.1}" fill="#ffffff">{}</text>"##, x0 + 3.0, yy + 10.5, esc(&text));
+            let _ =
+                write!(p, r##"<text x="{:.1}" y="{:.1}" fill="#ffffff">{}</text>"##, x0 + 3.0, yy + 10.5, esc(&text));
         } else if x1 - x0 > (7.0 + digits(ls.token)) * CHAR_W_PX + 4.0 {
-            let _ = write!(p, r##"<text x="{:.1}" y="{:.1}" fill="#ffffff">token {}</text>"##, x0 + 3.0, yy + 10.5, ls.token);
+            let _ = write!(
+                p,
+                r##"<text x="{:.1}" y="{:.1}" fill="#ffffff">token {}</text>"##,
+                x0 + 3.0,
+                yy + 10.5,
+                ls.token
+            );
         } else if x1 - x0 > 4.0 * CHAR_W_PX + 6.0 {
-            let _ = write!(p, r##"<text x="{:.1}" y="{:.1}" fill="#ffffff">t{}</text>"##, x0 + 2.0, yy + 10.5, ls.token);
+            let _ =
+                write!(p, r##"<text x="{:.1}" y="{:.1}" fill="#ffffff">t{}</text>"##, x0 + 2.0, yy + 10.5, ls.token);
         }
         let end_text = match cause {
             "released" => String::new(),
             c => c.to_owned(),
         };
         if !end_text.is_empty() && labels.fits(xe + 3.0, &end_text) {
-            let _ = write!(p, r##"<text x="{:.1}" y="{:.1}" fill="{cap_color}">{}</text>"##, xe + 3.0, yy + 10.5, esc(&end_text));
+            let _ = write!(
+                p,
+                r##"<text x="{:.1}" y="{:.1}" fill="{cap_color}">{}</text>"##,
+                xe + 3.0,
+                yy + 10.5,
+                esc(&end_text)
+            );
         }
         labels.end_x = labels.end_x.max(xe);
         p.push_str("</g>");
@@ -1340,7 +1381,15 @@ impl<'a> Model<'a> {
     /// A belief: a dashed amber bar from `granted` to the local deadline (or to the notice
     /// that ended it, when earlier); a notice after the deadline (a holder that was frozen
     /// learns late) is a dotted line from the deadline to the notice.
-    fn draw_belief(&self, p: &mut String, b: &Belief, yy: f64, x: &dyn Fn(u64) -> f64, dur: u64, labels: &mut LabelRow) {
+    fn draw_belief(
+        &self,
+        p: &mut String,
+        b: &Belief,
+        yy: f64,
+        x: &dyn Fn(u64) -> f64,
+        dur: u64,
+        labels: &mut LabelRow,
+    ) {
         let x0 = x(b.start);
         let deadline = b.deadline.unwrap_or(b.start);
         let (end_t, source) = match b.end {
@@ -1364,7 +1413,13 @@ impl<'a> Model<'a> {
             x1 - x0
         );
         if x1 - x0 > (7.0 + digits(b.token)) * CHAR_W_PX + 4.0 {
-            let _ = write!(p, r##"<text x="{:.1}" y="{:.1}" fill="#92400e">token {}</text>"##, x0 + 3.0, yy + 10.0, b.token);
+            let _ = write!(
+                p,
+                r##"<text x="{:.1}" y="{:.1}" fill="#92400e">token {}</text>"##,
+                x0 + 3.0,
+                yy + 10.0,
+                b.token
+            );
         }
         // The deadline itself: a bar end.
         if b.deadline.is_some() {
@@ -1395,7 +1450,8 @@ impl<'a> Model<'a> {
             let _ = write!(p, r##"<path d="M{xe:.1} {:.1} l5 9 h-10 z" fill="{color}"/>"##, yy + 1.0);
         }
         if !text.is_empty() && labels.fits(xe + 6.0, &text) {
-            let _ = write!(p, r##"<text x="{:.1}" y="{:.1}" fill="{color}">{}</text>"##, xe + 6.0, yy + 10.0, esc(&text));
+            let _ =
+                write!(p, r##"<text x="{:.1}" y="{:.1}" fill="{color}">{}</text>"##, xe + 6.0, yy + 10.0, esc(&text));
         }
         p.push_str("</g>");
     }
@@ -1473,7 +1529,10 @@ impl<'a> Model<'a> {
                 }
             }
             _ => {
-                let _ = write!(p, r##"<circle cx="{xx:.1}" cy="{cy:.1}" r="4.5" fill="#ffffff" stroke="#6b7280" stroke-width="1.5"/>"##);
+                let _ = write!(
+                    p,
+                    r##"<circle cx="{xx:.1}" cy="{cy:.1}" r="4.5" fill="#ffffff" stroke="#6b7280" stroke-width="1.5"/>"##
+                );
             }
         }
         p.push_str("</g>");
@@ -1667,7 +1726,7 @@ body{margin:0;font:13px/1.4 'DejaVu Sans',Arial,sans-serif;color:#111827;backgro
 header{padding:10px 16px 4px}
 h1{font-size:18px;margin:0 0 4px}
 p{margin:2px 0}
-.config{color:#4b5563;font-family:'DejaVu Sans Mono',monospace;font-size:11px;max-height:3.2em;overflow:hidden}
+.config{color:#4b5563;font-family:'DejaVu Sans Mono',monospace;font-size:11px;line-height:1.4;max-height:2.8em;overflow:hidden}
 .stats{color:#374151}
 .banner{padding:4px 8px;border-radius:3px;margin:4px 0}
 .broken{background:#fee2e2;color:#991b1b;font-weight:bold;border-left:4px solid #dc2626}
@@ -1680,6 +1739,7 @@ p{margin:2px 0}
 .ev{cursor:pointer}
 .ev:hover>*:not(title),.ev.pinned>*:not(title){filter:drop-shadow(0 0 2px #111827)}
 .implicated>rect,.implicated>circle{stroke:#dc2626;stroke-width:2.5}
+.related>rect:first-of-type{stroke:#111827;stroke-width:2}
 #raw{position:sticky;bottom:0;margin:0;padding:6px 16px;background:#111827;color:#f9fafb;font:12px 'DejaVu Sans Mono',monospace;white-space:pre-wrap;word-break:break-all;min-height:2.8em;max-height:9em;overflow:auto}
 ";
 
@@ -1703,8 +1763,12 @@ const JS: &str = "
   var pinned=null;
   var evs=document.querySelectorAll('.ev');
   function show(g){var t=g.querySelector('title');raw.textContent=t?t.textContent:'';}
+  function relate(g,on){var k=g.getAttribute('data-key');if(!k){return;}
+    var same=document.querySelectorAll('.ev[data-key]');
+    for(var j=0;j<same.length;j++){if(same[j].getAttribute('data-key')===k){same[j].classList.toggle('related',on);}}}
   for(var i=0;i<evs.length;i++){(function(g){
-    g.addEventListener('mouseenter',function(){if(!pinned){show(g);}});
+    g.addEventListener('mouseenter',function(){if(!pinned){show(g);}relate(g,true);});
+    g.addEventListener('mouseleave',function(){relate(g,false);});
     g.addEventListener('click',function(ev){ev.stopPropagation();
       if(pinned){pinned.classList.remove('pinned');}
       if(pinned===g){pinned=null;return;}

@@ -146,7 +146,8 @@ fn the_broken_invariant_is_marked_at_the_write_that_broke_it() {
     let admit = lines_of_kind(PLANTED, "fenced_write")
         .into_iter()
         .find(|(_, m)| {
-            m.get("op").and_then(Value::as_str) == Some("admit") && m.get("presented_token").and_then(Value::as_u64) == Some(1)
+            m.get("op").and_then(Value::as_str) == Some("admit")
+                && m.get("presented_token").and_then(Value::as_u64) == Some(1)
         })
         .expect("the stale admission");
     let t = admit.1.get("t_ms").and_then(Value::as_u64).expect("t_ms");
