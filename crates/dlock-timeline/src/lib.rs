@@ -654,6 +654,17 @@ impl<'a> Model<'a> {
                             m.partitions[b].end = Some(e.t);
                             m.partitions[b].seqs.push(i);
                         }
+                    } else if !f.contains('#') {
+                        // The fault layer's own record of a pause, kill, resume or restart:
+                        // its line joins the band the schedule opened or closed at that time.
+                        let a = e.strs("a");
+                        if let Some(b) =
+                            m.node_bands.iter_mut().rev().find(|b| {
+                                b.nodes.iter().any(|n| a.contains(n)) && (b.start == e.t || b.end == Some(e.t))
+                            })
+                        {
+                            b.seqs.push(i);
+                        }
                     } else if let Some((what, id)) = f.split_once('#') {
                         open_parts.insert(id.to_owned(), m.partitions.len());
                         let (a, b) = (e.strs("a"), e.strs("b"));

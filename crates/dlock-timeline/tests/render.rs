@@ -217,3 +217,19 @@ fn lease_beliefs_are_drawn_when_present_and_absent_ones_leave_no_row() {
     assert!(b.contains(r#"data-token="1" data-end="lost""#), "{b}");
     assert!(b.contains("lost 12.959 s after its deadline"), "{b}");
 }
+
+#[test]
+fn a_pause_band_carries_the_schedule_and_the_fault_layer_lines_that_made_it() {
+    let html = render(PAUSE);
+    let band = element_with(lane(&html, "executor-1"), r#"data-band="paused""#);
+    for (raw, m) in lines_of_kind(PAUSE, "schedule").into_iter().chain(lines_of_kind(PAUSE, "fault")) {
+        let on_1 = m
+            .get("nodes")
+            .or_else(|| m.get("a"))
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|n| n == "executor-1"));
+        if on_1 {
+            assert!(band.contains(&escaped(raw)), "the band's tooltip has {raw}");
+        }
+    }
+}
