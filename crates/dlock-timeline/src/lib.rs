@@ -48,6 +48,8 @@ pub const EXECUTOR_LANES_MAX: usize = 24;
 pub const ACCOUNT_LANES_MAX: usize = 6;
 /// Bound on failures drawn.
 pub const FAILURES_DRAWN_MAX: usize = 20;
+/// Bound on fenced-out writes listed in the header (all are drawn in their lanes).
+pub const FENCED_LISTED_MAX: usize = 8;
 /// Bound on rows of the fault lane and of the rail lane (later intervals share the last).
 pub const BAND_ROWS_MAX: usize = 12;
 /// Bound on stacked lease rows in one executor lane.
@@ -1682,6 +1684,28 @@ impl<'a> Model<'a> {
                 esc(e.s("detail").unwrap_or(""))
             );
         }
+        let fenced_out: Vec<&Ev> =
+            self.writes.iter().map(|i| &self.evs[*i]).filter(|e| e.s("answer") == Some("fenced_out")).collect();
+        for e in fenced_out.iter().take(FENCED_LISTED_MAX) {
+            let _ = write!(
+                h,
+                r#"<p class="banner fenced">FENCED OUT at t = {}: {} {} with token {} ≤ {} on {} ({})</p>"#,
+                secs(e.t),
+                esc(e.s("owner").unwrap_or("?")),
+                esc(e.s("op").unwrap_or("?")),
+                e.u("presented_token").map_or("?".to_owned(), |t| t.to_string()),
+                e.u("stored_token").map_or("?".to_owned(), |t| t.to_string()),
+                esc(e.s("account").unwrap_or("?")),
+                esc(&e.node)
+            );
+        }
+        if fenced_out.len() > FENCED_LISTED_MAX {
+            let _ = write!(
+                h,
+                r#"<p class="banner fenced">… and {} more fenced-out writes (marked in their lanes)</p>"#,
+                fenced_out.len() - FENCED_LISTED_MAX
+            );
+        }
         if self.failures_total > self.failures.len() {
             let _ = write!(
                 h,
@@ -1742,6 +1766,7 @@ p{margin:2px 0}
 .banner{padding:4px 8px;border-radius:3px;margin:4px 0}
 .broken{background:#fee2e2;color:#991b1b;font-weight:bold;border-left:4px solid #dc2626}
 .truncated{background:#fef3c7;color:#92400e;border-left:4px solid #d97706}
+.fenced{background:#fff1f2;color:#b91c1c;border-left:4px solid #f87171;font-size:12px;padding:2px 8px}
 .legend{display:flex;flex-wrap:wrap;gap:14px;margin:6px 0 2px;color:#374151;font-size:12px;align-items:center}
 .legend svg{vertical-align:middle;margin-right:4px}
 .chart{display:flex;border-top:1px solid #e5e7eb}

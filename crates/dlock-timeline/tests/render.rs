@@ -233,3 +233,11 @@ fn a_pause_band_carries_the_schedule_and_the_fault_layer_lines_that_made_it() {
         }
     }
 }
+
+#[test]
+fn the_header_lists_each_fenced_out_write_with_its_tokens() {
+    let html = render(SWARM_122);
+    assert!(html.contains("FENCED OUT at t = 7.387 s: executor-5/0 claim with token 17 ≤ 30 on acct-3"), "listed");
+    assert_eq!(html.matches(r#"class="banner fenced""#).count(), 1);
+    assert!(!render(PAUSE).contains(r#"class="banner fenced""#), "none without a fenced-out write");
+}
