@@ -68,6 +68,7 @@ fn run_chromium(bin: &Path, page: &Path, extra: &[String], profile: &Path) -> St
             "--disable-component-update",
             "--disable-sync",
             "--hide-scrollbars",
+            "--disable-dev-shm-usage",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(extra)
