@@ -402,6 +402,7 @@ impl<'a> Model<'a> {
         let cut_at = (drawable > EVENTS_DRAWN_MAX).then(|| marks[EVENTS_DRAWN_MAX - 1].0);
         marks.truncate(EVENTS_DRAWN_MAX);
         let kept: Vec<usize> = marks.iter().map(|m| m.2).collect();
+        assert!(kept.len() <= EVENTS_DRAWN_MAX, "timeline: more marks kept than EVENTS_DRAWN_MAX");
         let kept_set: BTreeSet<usize> = kept.iter().copied().collect();
         let limit = cut_at.unwrap_or(u64::MAX);
 
