@@ -5,7 +5,9 @@
 # What it does, in order:
 #   1. Installs missing system packages with apt (needs root):
 #        postgresql (server), etcd-server (`etcd`), protobuf-compiler (`protoc`,
-#        for etcd-client's build script), pkg-config, curl (etcd health checks).
+#        for etcd-client's build script), pkg-config, curl (etcd health checks),
+#        chromium and fonts-dejavu-core (the timeline's headless browser test,
+#        crates/dlock-timeline/tests/browser.rs).
 #      `apt-get update` runs once, and only if something is missing.
 #   2. Starts a throwaway PostgreSQL and a throwaway etcd on 127.0.0.1, on free
 #      ports, in temp dirs, and exports
@@ -30,6 +32,9 @@
 # Environment knobs:
 #   DLOCK_SKIP_LINT=1            skip the fmt and clippy stages (both builds)
 #   DLOCK_SKIP_SIM=1             skip the madsim stages
+#   DLOCK_SKIP_BROWSER=1         do not install chromium; the timeline's browser test then
+#                                prints that it skipped (without this knob a missing
+#                                chromium fails that test)
 #   DLOCK_TEST_ONLY_SERVICES=1   start (or reuse) PostgreSQL and etcd, print their URLs,
 #                                check them (psql 'select 1', etcd /health), stop them
 #                                and exit 0 — runs no cargo at all
@@ -141,6 +146,10 @@ ensure_packages() {
         command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
         command -v curl >/dev/null 2>&1 || missing+=(curl)
     fi
+    if [ "${DLOCK_SKIP_BROWSER:-0}" != "1" ]; then
+        command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+        [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
+    fi
     if [ "${#missing[@]}" -eq 0 ]; then
         note "system packages present"
         return
@@ -163,6 +172,9 @@ ensure_packages() {
     fi
     if [ -z "${DLOCK_TEST_ETCD_ENDPOINTS:-}" ]; then
         command -v etcd >/dev/null 2>&1 || die "etcd still missing after installing etcd-server"
+    fi
+    if [ "${DLOCK_SKIP_BROWSER:-0}" != "1" ]; then
+        command -v chromium >/dev/null 2>&1 || die "chromium still missing after install"
     fi
 }
 

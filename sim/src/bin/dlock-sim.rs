@@ -1,7 +1,9 @@
 //! The simulation runner: `dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N]
 //! [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]`,
-//! `dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl]`
-//! (`--trace`: the seed's incident trace, JSON lines, `docs/simulation.md` "Incident trace") and
+//! `dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl]
+//! [--timeline FILE.html]` (`--trace`: the seed's incident trace, JSON lines, `docs/simulation.md`
+//! "Incident trace"; `--timeline`: the same trace drawn as one self-contained HTML page,
+//! `dlock_timeline::render_html`, `docs/simulation.md` "Timeline") and
 //! `dlock-sim bench [--seeds N]`. `--plant BUG` plants one bug for every seed (the negative
 //! controls, `dlock_rt::planted`); an unknown name is a usage error (exit 2). With `--scenario NAME` every seed
 //! plays `scenarios/NAME.toml` instead of its swarm draw; an unknown name is a usage error
@@ -45,7 +47,7 @@ mod runner {
     use dlock_sim::campaign::{self, RunOptions};
     use dlock_sim::summary::{self, replay_command_with};
 
-    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
+    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
 
     /// Seeds when `--seeds` is absent.
     const SEEDS_DEFAULT: u64 = 100;
@@ -63,6 +65,7 @@ mod runner {
         require_probes: bool,
         verbose: bool,
         trace: Option<String>,
+        timeline: Option<String>,
     }
 
     fn parse(args: &[String]) -> Result<Args, String> {
@@ -79,6 +82,7 @@ mod runner {
             require_probes: false,
             verbose: false,
             trace: None,
+            timeline: None,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -103,6 +107,7 @@ mod runner {
                 "--require-probes" => a.require_probes = true,
                 "--verbose" => a.verbose = true,
                 "--trace" => a.trace = Some(value()?),
+                "--timeline" => a.timeline = Some(value()?),
                 other => return Err(format!("unknown argument {other}")),
             }
         }
@@ -236,16 +241,22 @@ mod runner {
             planted: a.planted,
             ..RunOptions::default()
         };
-        let o = match &a.trace {
-            None => campaign::run_seed(seed, &opts),
-            Some(path) => {
-                let (o, lines) = campaign::run_seed_traced(seed, &opts);
-                let mut text = lines.join("\n");
-                text.push('\n');
-                std::fs::write(path, text).map_err(|e| format!("--trace {path}: {e}"))?;
+        let o = if a.trace.is_none() && a.timeline.is_none() {
+            campaign::run_seed(seed, &opts)
+        } else {
+            let (o, lines) = campaign::run_seed_traced(seed, &opts);
+            let mut text = lines.join("\n");
+            text.push('\n');
+            if let Some(path) = &a.trace {
+                std::fs::write(path, &text).map_err(|e| format!("--trace {path}: {e}"))?;
                 eprintln!("dlock-sim: incident trace of seed {seed}: {} lines in {path}", lines.len());
-                o
             }
+            if let Some(path) = &a.timeline {
+                let html = dlock_timeline::render_html(&text).map_err(|e| format!("--timeline {path}: {e}"))?;
+                std::fs::write(path, html).map_err(|e| format!("--timeline {path}: {e}"))?;
+                eprintln!("dlock-sim: timeline of seed {seed} in {path} (open it in a browser)");
+            }
+            o
         };
         // The configuration (the trace's first line) was printed before the seed ran.
         for line in o.trace.iter().skip(1) {
