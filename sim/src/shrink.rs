@@ -18,8 +18,10 @@
 //! 3. **ddmin** over the plan's steps (fault events; a proxy scenario's submissions), then
 //!    greedy passes until none helps: drop each executor, lower each executor's
 //!    concurrency, drop a lock, payment or proxy replica, fewer payouts, halve every
-//!    `for-ms` (pauses and the other timed faults). Steps naming a dropped node are
-//!    dropped, later replicas renumbered.
+//!    `for-ms` (pauses and the other timed faults); and the chaos that is no fault event:
+//!    the operator off, each rail knob to zero, the executors' stalls off. Steps naming a
+//!    dropped node are dropped, later replicas renumbered. A candidate already judged is
+//!    not run again.
 //! 4. **Acceptance**: a candidate is kept only if its scenario, played with the same seed
 //!    and the same bug or switched-off layer, has a correctness or liveness failure of the
 //!    same invariant; and, when a bug is planted or a layer is off, the same candidate
@@ -337,13 +339,14 @@ fn steps_of(drawn: &Schedule, fault_ms: u64) -> Vec<Timed> {
                 Step::Crash { node: node.clone(), for_ms, when }
             }
             Event::Partition { name, a, b, one_way } => {
-                let for_ms = name.as_ref().and_then(|name| {
-                    close(i, &mut used, &|e| matches!(e, Event::Heal { name: Some(n) } if n == name))
-                });
+                let for_ms = name
+                    .as_ref()
+                    .and_then(|name| close(i, &mut used, &|e| matches!(e, Event::Heal { name: Some(n) } if n == name)));
                 Step::Partition { name: None, a: a.clone(), b: b.clone(), one_way: *one_way, for_ms, when }
             }
             Event::Clog { from, to, loss: None, .. } => {
-                let for_ms = close(i, &mut used, &|e| matches!(e, Event::Unclog { from: f, to: t } if f == from && t == to));
+                let for_ms =
+                    close(i, &mut used, &|e| matches!(e, Event::Unclog { from: f, to: t } if f == from && t == to));
                 Step::Clog { from: from.clone(), to: to.clone(), both_ways: false, loss: None, for_ms, when }
             }
             Event::Clog { from, to, loss: Some(loss), for_ms } => Step::Clog {
@@ -401,7 +404,10 @@ pub struct Shrunk {
 
 /// The first correctness or liveness failure's invariant.
 fn target_of(o: &SeedOutcome) -> Option<&'static str> {
-    o.failures.iter().find(|f| matches!(f.class, FailureClass::Correctness | FailureClass::Liveness)).map(|f| f.invariant)
+    o.failures
+        .iter()
+        .find(|f| matches!(f.class, FailureClass::Correctness | FailureClass::Liveness))
+        .map(|f| f.invariant)
 }
 
 fn breaks(o: &SeedOutcome, invariant: &str) -> bool {
@@ -418,6 +424,8 @@ struct Judge {
     /// Whether a kept candidate must also not break the invariant without the bug/layer.
     control: bool,
     runs: usize,
+    /// Every candidate judged, by its rendered scenario: none is run twice.
+    judged: BTreeMap<String, bool>,
 }
 
 impl Judge {
@@ -427,12 +435,22 @@ impl Judge {
 
     /// Whether `plan` breaks the invariant (and, with a control, only with the bug).
     fn fails(&mut self, plan: &Plan) -> bool {
+        let s = plan.scenario();
+        let key = render(&s);
+        if let Some(verdict) = self.judged.get(&key) {
+            return *verdict;
+        }
+        let verdict = self.judge(&s);
+        self.judged.insert(key, verdict);
+        verdict
+    }
+
+    fn judge(&mut self, s: &Scenario) -> bool {
         if !self.budget_left() {
             return false;
         }
-        let s = plan.scenario();
         self.runs += 1;
-        if !breaks(&campaign::run_scenario(self.seed, &s, &self.opts), self.invariant) {
+        if !breaks(&campaign::run_scenario(self.seed, s, &self.opts), self.invariant) {
             return false;
         }
         if self.control {
@@ -441,7 +459,7 @@ impl Judge {
             }
             self.runs += 1;
             let clean = RunOptions { planted: None, layer_off: None, ..self.opts.clone() };
-            if breaks(&campaign::run_scenario(self.seed, &s, &clean), self.invariant) {
+            if breaks(&campaign::run_scenario(self.seed, s, &clean), self.invariant) {
                 return false;
             }
         }
@@ -520,6 +538,31 @@ fn candidates(p: &Plan) -> Vec<Plan> {
                 out.push(p.without_node(prefix, i));
             }
         }
+    }
+    // The chaos that is not a fault event: the operator, the rail's knobs, the stalls.
+    if p.base.operator != Operator::default() {
+        let mut q = p.clone();
+        q.base.operator = Operator::default();
+        out.push(q);
+    }
+    let r = &p.base.rail;
+    for calm in [
+        RailKnobs { latency_ms: 0, ..r.clone() },
+        RailKnobs { failure_rate: 0.0, ..r.clone() },
+        RailKnobs { duplicate_ack_rate: 0.0, ..r.clone() },
+        RailKnobs { decline_rate: 0.0, ..r.clone() },
+    ] {
+        if calm != *r {
+            let mut q = p.clone();
+            q.base.rail = calm;
+            out.push(q);
+        }
+    }
+    let stall = "executor.chaos.pause-rate";
+    if p.base.settings.get(stall).is_some_and(|v| v.as_str().is_some_and(|v| v != "0")) {
+        let mut q = p.clone();
+        q.base.settings.insert(stall.to_owned(), toml::Value::String("0".into()));
+        out.push(q);
     }
     let payouts = p.base.workload.payouts;
     let mut fewer: Vec<u32> = vec![1, payouts / 4, payouts / 2, payouts.saturating_sub(1)];
@@ -608,8 +651,14 @@ pub fn shrink(o: &ShrinkOptions) -> Result<Shrunk, ShrinkError> {
         (None, Some(d)) => Plan::from_swarm(&SwarmConfig::draw(o.seed), &d, &o.name),
         (None, None) => return Err(ShrinkError::NotReproduced(format!("{what}: the seed drew no schedule"))),
     };
-    let mut judge =
-        Judge { seed: o.seed, invariant, opts, control: o.planted.is_some() || o.layer_off.is_some(), runs: 1 };
+    let mut judge = Judge {
+        seed: o.seed,
+        invariant,
+        opts,
+        control: o.planted.is_some() || o.layer_off.is_some(),
+        runs: 1,
+        judged: BTreeMap::new(),
+    };
     if !judge.fails(&plan) {
         return Err(ShrinkError::NotReproduced(format!(
             "{what} breaks {invariant}, but its plan played as a scenario does not (or also does without the bug/layer)"
@@ -652,7 +701,10 @@ pub fn shrink(o: &ShrinkOptions) -> Result<Shrunk, ShrinkError> {
         format!("# Before: {before}."),
         format!("# After:  {after}."),
         format!("# Runs used: {} of {SHRINK_RUNS_MAX}.", judge.runs),
-        format!("# Replay: {}", replay_command(o.seed, o.replay_as.as_deref().unwrap_or(&o.name), o.planted, o.layer_off)),
+        format!(
+            "# Replay: {}",
+            replay_command(o.seed, o.replay_as.as_deref().unwrap_or(&o.name), o.planted, o.layer_off)
+        ),
     ];
     let text = format!("{}\n\n{}", header.join("\n"), render(&best.scenario()));
     Ok(Shrunk { seed: o.seed, invariant, before, after, runs: judge.runs, plan: best, text })

@@ -87,7 +87,11 @@ fn shrinks(bug: Bug) -> Shrunk {
     std::fs::write(&path, &s.text).expect("written");
     let opts = RunOptions { scenario: Some(path.display().to_string()), planted: Some(bug), ..RunOptions::default() };
     let replayed = campaign::run_seed(seed, &opts);
-    assert!(breaks(&replayed, invariant), "bug {bug}: the shrunk file does not break {invariant}: {:?}", replayed.failures);
+    assert!(
+        breaks(&replayed, invariant),
+        "bug {bug}: the shrunk file does not break {invariant}: {:?}",
+        replayed.failures
+    );
     for line in [format!("seed {seed}"), format!("Invariant: {invariant}"), format!("bug {bug}")] {
         assert!(s.text.contains(&line), "header lacks {line:?}:\n{}", s.text);
     }

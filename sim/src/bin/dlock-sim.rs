@@ -271,6 +271,9 @@ mod runner {
                 return Ok(1);
             }
         };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
         std::fs::write(&path, &s.text).map_err(|e| format!("{}: {e}", path.display()))?;
         println!("invariant: {}", s.invariant);
         println!("before: {}", s.before);
