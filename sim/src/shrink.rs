@@ -651,12 +651,26 @@ pub fn shrink(o: &ShrinkOptions) -> Result<Shrunk, ShrinkError> {
         (None, Some(d)) => Plan::from_swarm(&SwarmConfig::draw(o.seed), &d, &o.name),
         (None, None) => return Err(ShrinkError::NotReproduced(format!("{what}: the seed drew no schedule"))),
     };
+    shrink_plan(plan, invariant, o, &what, 1)
+}
+
+/// Shrinks `plan` (module doc, 3. and 4.) for `invariant`, with `o`'s seed, bug and layer;
+/// `what` names its origin in the errors and the header, `runs` were already used. Public
+/// so that a test can shrink a plan it built (e.g. a seed's plan with faults added).
+pub fn shrink_plan(
+    plan: Plan,
+    invariant: &'static str,
+    o: &ShrinkOptions,
+    what: &str,
+    runs: usize,
+) -> Result<Shrunk, ShrinkError> {
+    let opts = RunOptions { planted: o.planted, layer_off: o.layer_off, ..RunOptions::default() };
     let mut judge = Judge {
         seed: o.seed,
         invariant,
         opts,
         control: o.planted.is_some() || o.layer_off.is_some(),
-        runs: 1,
+        runs,
         judged: BTreeMap::new(),
     };
     if !judge.fails(&plan) {
@@ -683,7 +697,6 @@ pub fn shrink(o: &ShrinkOptions) -> Result<Shrunk, ShrinkError> {
         }
     }
     let after = best.size();
-    let mut best = best;
     best.base.description = format!(
         "Seed {} shrunk by `dlock-sim shrink`: the smallest plan found that still breaks {invariant}{}{}.",
         o.seed,

@@ -228,3 +228,33 @@ fn the_cli_refuses_a_clean_seed_with_exit_2_and_shrinks_a_failing_one_into_its_o
     assert_eq!(code, 129, "{stdout}");
     assert!(stdout.contains("no_two_live_grants_per_key"), "{stdout}");
 }
+
+/// Fault events added to a seed's plan that the failure does not need: ddmin drops them
+/// and keeps the one it needs (`fencing-off-proxy`'s seed 2 needs its drifted executor).
+#[test]
+fn ddmin_drops_the_fault_events_a_failure_does_not_need_and_keeps_the_one_it_does() {
+    use dlock_sim::scenario::Step;
+    use dlock_sim::shrink::{Plan, Timed};
+    const ADDED: u64 = 24;
+    let (bug, seed, invariant) = (Bug::FencingOffProxy, 2, "fence_accepts_only_rising_tokens");
+    let opts = RunOptions { planted: Some(bug), ..RunOptions::default() };
+    let (_, drawn) = campaign::run_seed_drawn(seed, &opts);
+    let mut plan = Plan::from_swarm(&dlock_sim::swarm::SwarmConfig::draw(seed), &drawn.expect("drawn"), "padded-2");
+    // In the fault phase's last second (the seed's races before them are the seed's).
+    for i in 0..ADDED {
+        let step = Step::SkewClock { node: "rail-stub".into(), ms: 1, when: None };
+        plan.steps.push(Timed { at_ms: plan.end_ms - 1_000 + 40 * i, step });
+    }
+    let before = plan.size();
+    assert!(before.fault_events as u64 > ADDED, "{before}");
+    assert!(breaks(&campaign::run_scenario(seed, &plan.scenario(), &opts), invariant), "the padded plan does not fail");
+    let o = ShrinkOptions { seed, planted: Some(bug), name: "padded-2".into(), ..ShrinkOptions::default() };
+    let s = shrink::shrink_plan(plan, invariant, &o, "seed 2, padded", 1).expect("shrunk");
+    eprintln!("padded seed 2: {} -> {} in {} runs", s.before, s.after, s.runs);
+    assert_eq!(s.after.fault_events, 1, "{}", s.text);
+    assert!(
+        matches!(&s.plan.steps[0].step, Step::DriftClock { node, .. } if node == "executor-1"),
+        "{:?}",
+        s.plan.steps
+    );
+}
