@@ -4,7 +4,10 @@
 //! fault verbs (`pause`, `resume`, `crash`, `start`, `partition`, `heal`, `clog`,
 //! `skew-clock`, `drift-clock`, `store-fault`, `revoke`, `sleep`), the scripted lock
 //! client's `acquire`, and the legacy proxy steps (`submit`, `restart-proxy`); settings for
-//! every service (`[settings]`) and for one executor (`[node-settings.executor-N]`). [`Scenario::schedule`] turns the fault steps into a
+//! every service (`[settings]`) and for one executor (`[node-settings.executor-N]`); optional
+//! keys that let a file hold a swarm seed's drawn configuration (what `dlock-sim shrink`
+//! writes: each executor's concurrency, the hot accounts' share, the `[operator]`, and
+//! `swarm-rng`), each defaulting to what a scenario meant without it. [`Scenario::schedule`] turns the fault steps into a
 //! [`Schedule`] (steps run at a cursor that only `sleep` advances; a `for-ms` closes its
 //! fault that long after it opened). Unknown keys and verbs are errors, and
 //! [`Scenario::parse`] refuses a step naming a node the topology does not start, so a typo
