@@ -258,3 +258,26 @@ fn ddmin_drops_the_fault_events_a_failure_does_not_need_and_keeps_the_one_it_doe
         s.plan.steps
     );
 }
+
+/// A defence-in-depth failure shrinks too: seed 106 without the state checks fails
+/// `every_payout_settles` (sim/tests/defence.rs); its shrunk file still does with the layer
+/// off, and is clean of it with every layer on.
+#[test]
+fn a_seed_failing_with_a_layer_off_shrinks_to_a_file_that_needs_the_layer_off() {
+    use dlock_rt::defence::Layer;
+    let (seed, layer, invariant) = (106, Layer::StateChecks, "every_payout_settles");
+    let name = format!("shrunk-{seed}-{layer}-off");
+    let o = ShrinkOptions { seed, layer_off: Some(layer), name: name.clone(), ..ShrinkOptions::default() };
+    let s = shrink::shrink(&o).expect("shrunk");
+    eprintln!("shrink {layer} off seed {seed}: {} -> {} in {} runs", s.before, s.after, s.runs);
+    assert_eq!(s.invariant, invariant);
+    assert!(s.after.fault_events <= s.before.fault_events && s.after.payouts <= s.before.payouts, "{s:?}");
+    assert!(s.text.contains(&format!("layer off: {layer}")), "{}", s.text);
+    let path = tmp(&name);
+    std::fs::write(&path, &s.text).expect("written");
+    let opts =
+        RunOptions { scenario: Some(path.display().to_string()), layer_off: Some(layer), ..RunOptions::default() };
+    assert!(breaks(&campaign::run_seed(seed, &opts), invariant));
+    let on = campaign::run_seed(seed, &RunOptions { layer_off: None, ..opts });
+    assert!(!breaks(&on, invariant), "{:?}", on.failures);
+}
