@@ -440,7 +440,9 @@ impl Judge {
         if let Some(verdict) = self.judged.get(&key) {
             return *verdict;
         }
-        let verdict = self.judge(&s);
+        // A candidate whose file would not parse (a named heal left without its partition, a
+        // node the topology no longer starts) is no candidate: the file must play alone.
+        let verdict = Scenario::parse(&key).is_ok_and(|back| back == s) && self.judge(&s);
         self.judged.insert(key, verdict);
         verdict
     }
@@ -697,6 +699,16 @@ pub fn shrink_plan(
         }
     }
     let after = best.size();
+    // Every pass only removes or lowers (module doc, invariants), within the bound.
+    assert!(
+        after.fault_events <= before.fault_events
+            && after.steps <= before.steps
+            && after.payouts <= before.payouts
+            && after.executors <= before.executors
+            && after.replicas <= before.replicas,
+        "shrinking grew the plan: {before} -> {after}"
+    );
+    assert!(judge.runs <= SHRINK_RUNS_MAX, "{} runs past {SHRINK_RUNS_MAX}", judge.runs);
     best.base.description = format!(
         "Seed {} shrunk by `dlock-sim shrink`: the smallest plan found that still breaks {invariant}{}{}.",
         o.seed,
