@@ -45,7 +45,10 @@
 //! The proxy-only scenarios (`nodes = ["rail-stub", "rail-proxy"]`) play on the proxy
 //! world ([`crate::cluster::run`]), each broken invariant a correctness failure.
 //! [`run_seed_with`] also returns what a scenario test asserts on ([`ScenarioFacts`]). The
-//! scenario-only parts live in [`crate::scenario_seed`].
+//! scenario-only parts live in [`crate::scenario_seed`]. A scenario with `swarm-rng = true`
+//! advances the runtime's generator where a swarm seed draws its schedule, so a seed shrunk
+//! into a scenario ([`crate::shrink`]) keeps the races of the seed it came from;
+//! [`run_scenario`] plays a parsed scenario that is not a file.
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
@@ -230,6 +233,26 @@ pub fn run_seed(seed: u64, opts: &RunOptions) -> SeedOutcome {
 /// proxy-only scenario).
 pub fn run_seed_with(seed: u64, opts: &RunOptions) -> (SeedOutcome, Option<ScenarioFacts>) {
     run_seed_inner(seed, opts, None)
+}
+
+thread_local! {
+    /// The fault schedule the last swarm seed on this thread drew ([`run_seed_drawn`]).
+    static LAST_DRAWN: std::cell::RefCell<Option<Schedule>> = const { std::cell::RefCell::new(None) };
+}
+
+/// [`run_seed`], with the fault schedule a swarm seed drew (before the cut at `fault_ms`;
+/// `None` for a scenario seed): what [`crate::shrink`] turns into an editable plan.
+pub fn run_seed_drawn(seed: u64, opts: &RunOptions) -> (SeedOutcome, Option<Schedule>) {
+    LAST_DRAWN.with(|d| *d.borrow_mut() = None);
+    let outcome = run_seed(seed, opts);
+    (outcome, LAST_DRAWN.with(|d| d.borrow_mut().take()))
+}
+
+/// One seed of `scenario`, already parsed (a candidate of [`crate::shrink`]), as
+/// [`RunOptions::scenario`] plays a named one (`opts.scenario` is not read).
+pub fn run_scenario(seed: u64, scenario: &Scenario, opts: &RunOptions) -> SeedOutcome {
+    let cfg = scenario.swarm_config(seed, crate::schedule::TRIGGER_WAIT_MS_MAX);
+    run_prepared(cfg, scenario.describe(seed), Some(scenario.clone()), opts, None).0
 }
 
 /// [`run_seed`], keeping the seed's incident trace ([`crate::trace`]): its JSON lines, in
@@ -421,8 +444,18 @@ async fn play(
     // The seed's schedule, from the runtime's seeded generator (replays draw it again), or
     // the scenario's steps.
     let schedule = match &scenario {
-        Some(s) => s.schedule(),
-        None => draw_schedule(&cfg, &w.fault_targets(), &mut dlock_rt::rand::seeded(dlock_rt::rand::random_u64())),
+        Some(s) => {
+            if s.swarm_rng {
+                // The one draw a swarm seed's schedule takes here (a shrunk seed's races).
+                let _ = dlock_rt::rand::random_u64();
+            }
+            s.schedule()
+        }
+        None => {
+            let s = draw_schedule(&cfg, &w.fault_targets(), &mut dlock_rt::rand::seeded(dlock_rt::rand::random_u64()));
+            LAST_DRAWN.with(|d| *d.borrow_mut() = Some(s.clone()));
+            s
+        }
     };
     let fault_events = schedule.events.len();
     trace.push(format!("schedule: {fault_events} fault events {:?}", schedule.verbs()));

@@ -36,6 +36,8 @@ pub mod faults;
 #[cfg(madsim)]
 pub mod scenario_seed;
 #[cfg(madsim)]
+pub mod shrink;
+#[cfg(madsim)]
 pub mod trace;
 #[cfg(madsim)]
 pub mod workload;

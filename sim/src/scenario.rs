@@ -4,7 +4,10 @@
 //! fault verbs (`pause`, `resume`, `crash`, `start`, `partition`, `heal`, `clog`,
 //! `skew-clock`, `drift-clock`, `store-fault`, `revoke`, `sleep`), the scripted lock
 //! client's `acquire`, and the legacy proxy steps (`submit`, `restart-proxy`); settings for
-//! every service (`[settings]`) and for one executor (`[node-settings.executor-N]`). [`Scenario::schedule`] turns the fault steps into a
+//! every service (`[settings]`) and for one executor (`[node-settings.executor-N]`); optional
+//! keys that let a file hold a swarm seed's drawn configuration (what `dlock-sim shrink`
+//! writes: each executor's concurrency, the hot accounts' share, the `[operator]`, and
+//! `swarm-rng`), each defaulting to what a scenario meant without it. [`Scenario::schedule`] turns the fault steps into a
 //! [`Schedule`] (steps run at a cursor that only `sleep` advances; a `for-ms` closes its
 //! fault that long after it opened). Unknown keys and verbs are errors, and
 //! [`Scenario::parse`] refuses a step naming a node the topology does not start, so a typo
@@ -94,6 +97,15 @@ pub struct Scenario {
     /// Wall-clock skew per node at start, in milliseconds (monotonic time is never skewed).
     #[serde(default)]
     pub skew_ms: BTreeMap<String, i64>,
+    /// The operator's revokes and resolutions during the fault phase (`[operator]`; default
+    /// none: the steps are the faults). A shrunk swarm seed keeps its drawn operator here.
+    #[serde(default)]
+    pub operator: Operator,
+    /// Advance the runtime's generator where a swarm seed draws its fault schedule (one
+    /// draw), so a shrunk swarm seed (`dlock-sim shrink`) plays the same races as the seed it
+    /// came from. Default false.
+    #[serde(default)]
+    pub swarm_rng: bool,
     #[serde(rename = "step")]
     pub steps: Vec<Step>,
 }
@@ -114,6 +126,10 @@ pub struct Topology {
     pub executors: u32,
     #[serde(default = "one_u32")]
     pub executor_concurrency: u32,
+    /// Each executor's own concurrency (optional; when given, one entry per executor, over
+    /// `executor-concurrency`).
+    #[serde(default)]
+    pub executor_concurrencies: Vec<u32>,
     #[serde(default)]
     pub reconciler: bool,
     /// Scripted lock clients (`client-1` ..), driven by `acquire` steps.
@@ -134,6 +150,7 @@ impl Default for Topology {
             rail_proxies: 1,
             executors: 1,
             executor_concurrency: 1,
+            executor_concurrencies: Vec::new(),
             reconciler: false,
             lock_clients: 0,
         }
@@ -185,6 +202,18 @@ impl Topology {
         check("rail-proxies", self.rail_proxies, 1, RAIL_PROXIES_MAX)?;
         check("executors", self.executors, 0, EXECUTORS_MAX)?;
         check("executor-concurrency", self.executor_concurrency, 1, EXECUTOR_CONCURRENCY_MAX)?;
+        if !self.executor_concurrencies.is_empty() {
+            if self.executor_concurrencies.len() != self.executors as usize {
+                return Err(format!(
+                    "topology.executor-concurrencies has {} entries for {} executors",
+                    self.executor_concurrencies.len(),
+                    self.executors
+                ));
+            }
+            for c in &self.executor_concurrencies {
+                check("executor-concurrencies[]", *c, 1, EXECUTOR_CONCURRENCY_MAX)?;
+            }
+        }
         check("lock-clients", self.lock_clients, 0, LOCK_CLIENTS_MAX)
     }
 }
@@ -203,13 +232,32 @@ pub struct Workload {
     /// Payouts arrive spread over this long (0: all at the start).
     #[serde(default)]
     pub arrival_ms: u64,
+    /// The share of payouts the hot accounts take (optional, 0..=1; without it 0.8 when
+    /// some accounts are not hot).
+    #[serde(default)]
+    pub hot_share: Option<f64>,
 }
 
 impl Default for Workload {
     fn default() -> Self {
-        Workload { accounts: 1, hot_accounts: 0, payouts: 0, arrival_ms: 0 }
+        Workload { accounts: 1, hot_accounts: 0, payouts: 0, arrival_ms: 0, hot_share: None }
     }
 }
+
+/// The operator of a campaign seed (`[operator]`).
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct Operator {
+    /// Revokes of a held lock at times drawn over the fault phase.
+    #[serde(default)]
+    pub revokes: u32,
+    /// Whether the operator resolves RAIL_AMBIGUOUS payouts mid-run.
+    #[serde(default)]
+    pub resolves: bool,
+}
+
+/// Most operator revokes a scenario may ask for.
+pub const OPERATOR_REVOKES_MAX: u32 = 100;
 
 /// `rail.stub.*` knobs for the scenario's stub.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -483,6 +531,12 @@ impl Scenario {
         }
         if self.workload.accounts == 0 || self.workload.hot_accounts > self.workload.accounts {
             return Err("workload: accounts must be >= 1 and >= hot-accounts".into());
+        }
+        if self.workload.hot_share.is_some_and(|h| !(0.0..=1.0).contains(&h)) {
+            return Err("workload.hot-share outside 0..=1".into());
+        }
+        if self.operator.revokes > OPERATOR_REVOKES_MAX {
+            return Err(format!("operator.revokes = {} above {OPERATOR_REVOKES_MAX}", self.operator.revokes));
         }
         let names = self.node_names();
         if let Some(bad) = self.skew_ms.keys().find(|n| !names.contains(n)) {
@@ -770,8 +824,8 @@ impl Scenario {
     }
 
     /// The swarm configuration a campaign seed plays this scenario with: the scenario's
-    /// topology, rail knobs, workload and settings; no drawn faults, stalls or operator (the
-    /// steps are the faults). `fault_ms` bounds the schedule: the steps' time plus the
+    /// topology, rail knobs, workload, operator (none by default) and settings; no drawn
+    /// faults or stalls (the steps are the faults). `fault_ms` bounds the schedule: the steps' time plus the
     /// longest wait of each trigger.
     pub fn swarm_config(&self, seed: u64, trigger_wait_ms_max: u64) -> crate::swarm::SwarmConfig {
         use crate::swarm::{Backend, SwarmConfig};
@@ -781,7 +835,11 @@ impl Scenario {
         c.lock_replicas = t.lock_servers as usize;
         c.payment_replicas = t.payment_resources as usize;
         c.proxy_replicas = t.rail_proxies as usize;
-        c.executors = vec![t.executor_concurrency as usize; t.executors as usize];
+        c.executors = if t.executor_concurrencies.is_empty() {
+            vec![t.executor_concurrency as usize; t.executors as usize]
+        } else {
+            t.executor_concurrencies.iter().map(|c| *c as usize).collect()
+        };
         c.backend = match t.lock_backend {
             LockBackend::Mem => Backend::Mem,
             LockBackend::Etcd => Backend::Etcd,
@@ -794,14 +852,15 @@ impl Scenario {
         c.payouts = w.payouts as usize;
         c.accounts = w.accounts as usize;
         c.hot_accounts = (w.hot_accounts as usize).max(1);
-        c.hot_share = match w.hot_accounts {
-            0 => 0.0,
-            h if h >= w.accounts => 1.0,
+        c.hot_share = match (w.hot_share, w.hot_accounts) {
+            (Some(h), _) => h,
+            (None, 0) => 0.0,
+            (None, h) if h >= w.accounts => 1.0,
             _ => HOT_SHARE,
         };
         c.arrival_ms = w.arrival_ms;
-        c.operator_revokes = 0;
-        c.operator_resolves = false;
+        c.operator_revokes = self.operator.revokes as usize;
+        c.operator_resolves = self.operator.resolves;
         c.faults = crate::schedule::FaultRates::none();
         // The steps are the faults and the settings the knobs: nothing else drawn from the seed.
         c.drifted_executor = None;
@@ -856,7 +915,13 @@ pub fn names() -> Result<Vec<String>, String> {
 
 /// The shipped scenario `name` (`scenarios/NAME.toml`); an unknown name is an error listing
 /// the known ones.
+///
+/// A name ending in `.toml` is a path instead (a file outside `scenarios/`, such as the one
+/// `dlock-sim shrink --out FILE.toml` writes).
 pub fn load_named(name: &str) -> Result<Scenario, String> {
+    if name.ends_with(".toml") {
+        return Scenario::load(Path::new(name));
+    }
     let known = names()?;
     if !known.iter().any(|n| n == name) {
         return Err(format!("unknown scenario {name:?} (known: {})", known.join(", ")));

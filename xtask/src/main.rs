@@ -2,7 +2,9 @@
 //! [--layer-off LAYER] [--plant BUG] [--require-probes] [--verbose]`, `cargo xtask sim replay --seed S
 //! [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]` (LAYER: one defence switched off,
 //! `dlock_rt::defence::Layer`; BUG: one planted bug, `dlock_rt::planted::Bug`) and
-//! `cargo xtask sim bench [--seeds N]` (the speed bench, sim/src/bench.rs): builds the
+//! `cargo xtask sim bench [--seeds N]` (the speed bench, sim/src/bench.rs) and `cargo xtask
+//! sim shrink --seed S [--scenario NAME] [--plant BUG] [--layer-off LAYER] [--out FILE.toml]`
+//! (a failing seed shrunk into a scenario file, sim/src/shrink.rs): builds the
 //! simulation runner (`dlock-sim`, in the `dlock-sim` crate) with `RUSTFLAGS="--cfg madsim"`
 //! into `target/sim` under the `sim` profile, runs it with the arguments, and exits with its
 //! exit code (0 clean, 127 crash, 128 liveness, 129 correctness, 3 coverage: with
@@ -11,7 +13,7 @@
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       cargo xtask sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]\n       cargo xtask sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
+const USAGE: &str = "usage: cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       cargo xtask sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]\n       cargo xtask sim bench [--seeds N] [--start S] [--jobs J]\n       cargo xtask sim shrink --seed S [--scenario NAME] [--plant BUG] [--layer-off LAYER] [--out FILE.toml]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage; shrink: 0 written, 1 its plan does not reproduce, 2 a clean seed or usage";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -27,14 +29,17 @@ fn main() -> ExitCode {
 fn sim(args: &[String]) -> ExitCode {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    // The runner runs from the workspace root: a relative `--trace FILE` or `--timeline FILE`
-    // is made absolute against the caller's directory first.
+    // The runner runs from the workspace root: a relative `--trace FILE`, `--timeline FILE`,
+    // `--out FILE` or `--scenario FILE.toml` is made absolute against the caller's directory first.
     let here = std::env::current_dir().unwrap_or_default();
     let args: Vec<String> = args
         .iter()
         .enumerate()
         .map(|(i, v)| match i.checked_sub(1).and_then(|p| args.get(p)) {
-            Some(flag) if flag == "--trace" || flag == "--timeline" => here.join(v).to_string_lossy().into_owned(),
+            Some(flag) if flag == "--trace" || flag == "--timeline" || flag == "--out" => {
+                here.join(v).to_string_lossy().into_owned()
+            }
+            Some(flag) if flag == "--scenario" && v.ends_with(".toml") => here.join(v).to_string_lossy().into_owned(),
             _ => v.clone(),
         })
         .collect();

@@ -4,7 +4,13 @@
 //! [--timeline FILE.html]` (`--trace`: the seed's incident trace, JSON lines, `docs/simulation.md`
 //! "Incident trace"; `--timeline`: the same trace drawn as one self-contained HTML page,
 //! `dlock_timeline::render_html`, `docs/simulation.md` "Timeline") and
-//! `dlock-sim bench [--seeds N]`. `--plant BUG` plants one bug for every seed (the negative
+//! `dlock-sim bench [--seeds N]`, and `dlock-sim shrink --seed S [--scenario NAME] [--plant BUG]
+//! [--layer-off LAYER] [--out FILE.toml]`: delta debugging of a failing seed down to a small
+//! scenario file that breaks the same invariant (`dlock_sim::shrink`, docs/simulation.md
+//! "Shrinking"); it prints the size before and after and the replay command, and writes
+//! `scenarios/shrunk-S[-BUG].toml` unless `--out` names the file (a `--scenario` ending in
+//! `.toml` is a path, so the file replays from anywhere). Shrinking a clean seed is refused
+//! (exit 2); a seed whose plan does not reproduce as a scenario exits 1. `--plant BUG` plants one bug for every seed (the negative
 //! controls, `dlock_rt::planted`); an unknown name is a usage error (exit 2). With `--scenario NAME` every seed
 //! plays `scenarios/NAME.toml` instead of its swarm draw; an unknown name is a usage error
 //! (exit 2) listing the known ones. Built and run under `--cfg madsim` by `cargo xtask sim
@@ -47,7 +53,7 @@ mod runner {
     use dlock_sim::campaign::{self, RunOptions};
     use dlock_sim::summary::{self, replay_command_with};
 
-    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage";
+    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n       dlock-sim shrink --seed S [--scenario NAME] [--plant BUG] [--layer-off LAYER] [--out FILE.toml]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage; shrink: 0 written, 1 its plan does not reproduce, 2 a clean seed or usage";
 
     /// Seeds when `--seeds` is absent.
     const SEEDS_DEFAULT: u64 = 100;
@@ -66,6 +72,7 @@ mod runner {
         verbose: bool,
         trace: Option<String>,
         timeline: Option<String>,
+        out: Option<String>,
     }
 
     fn parse(args: &[String]) -> Result<Args, String> {
@@ -83,6 +90,7 @@ mod runner {
             verbose: false,
             trace: None,
             timeline: None,
+            out: None,
         };
         let mut it = args.iter();
         while let Some(flag) = it.next() {
@@ -108,6 +116,7 @@ mod runner {
                 "--verbose" => a.verbose = true,
                 "--trace" => a.trace = Some(value()?),
                 "--timeline" => a.timeline = Some(value()?),
+                "--out" => a.out = Some(value()?),
                 other => return Err(format!("unknown argument {other}")),
             }
         }
@@ -130,7 +139,8 @@ mod runner {
                 let given = args.iter().any(|a| a == "--seeds");
                 bench(parsed(&args[1..])?, given)
             }
-            _ => Err("expected `run`, `replay` or `bench`".into()),
+            Some("shrink") => shrink(parsed(&args[1..])?),
+            _ => Err("expected `run`, `replay`, `bench` or `shrink`".into()),
         }
     }
 
@@ -229,6 +239,60 @@ mod runner {
         let report = dlock_sim::bench::run_bench(&seeds, a.jobs);
         print!("{}", report.render());
         Ok(report.worst.map(|c| c.exit_code()).unwrap_or(0))
+    }
+
+    /// Shrinks a failing seed into a scenario file (`dlock_sim::shrink`).
+    fn shrink(a: Args) -> Result<u8, String> {
+        use dlock_sim::shrink::{ShrinkError, ShrinkOptions};
+        let seed = a.seed.ok_or("shrink needs --seed S")?;
+        let tag = a.planted.map(|b| format!("-{b}")).or(a.layer_off.map(|l| format!("-{l}-off"))).unwrap_or_default();
+        let (path, name, replay_as) = match &a.out {
+            Some(out) => {
+                let path = std::path::PathBuf::from(out);
+                let stem = path.file_stem().and_then(|s| s.to_str()).map(str::to_owned);
+                match stem.filter(|_| out.ends_with(".toml")) {
+                    Some(stem) => (path.clone(), stem, Some(path.display().to_string())),
+                    None => return Err(format!("--out {out}: expected a FILE.toml")),
+                }
+            }
+            None => {
+                let name = format!("shrunk-{seed}{tag}");
+                (dlock_sim::scenario::scenarios_dir().join(format!("{name}.toml")), name, None)
+            }
+        };
+        eprintln!("dlock-sim shrink: seed {seed}: at most {} runs", dlock_sim::shrink::SHRINK_RUNS_MAX);
+        let opts = ShrinkOptions {
+            seed,
+            scenario: a.scenario.clone(),
+            planted: a.planted,
+            layer_off: a.layer_off,
+            name: name.clone(),
+            replay_as: replay_as.clone(),
+        };
+        let s = match dlock_sim::shrink::shrink(&opts) {
+            Ok(s) => s,
+            Err(ShrinkError::Clean(e)) => {
+                eprintln!("dlock-sim shrink: refused: {e}");
+                return Ok(2);
+            }
+            Err(ShrinkError::Scenario(e)) => return Err(e),
+            Err(ShrinkError::NotReproduced(e)) => {
+                eprintln!("dlock-sim shrink: {e}");
+                return Ok(1);
+            }
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        std::fs::write(&path, &s.text).map_err(|e| format!("{}: {e}", path.display()))?;
+        println!("invariant: {}", s.invariant);
+        println!("before: {}", s.before);
+        println!("after:  {}", s.after);
+        println!("runs:   {} of {}", s.runs, dlock_sim::shrink::SHRINK_RUNS_MAX);
+        println!("wrote {}", path.display());
+        let scenario = replay_as.unwrap_or(name);
+        println!("replay: {}", dlock_sim::shrink::replay_command(seed, &scenario, a.planted, a.layer_off));
+        Ok(0)
     }
 
     fn replay(a: Args) -> Result<u8, String> {
