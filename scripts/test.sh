@@ -23,6 +23,7 @@
 #          or, without cargo-nextest: cargo test --workspace --locked "$@"
 #        RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/sim cargo clippy ... -D warnings
 #        RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/sim cargo test --workspace --locked --profile sim
+#          (with INSTA_UPDATE=no: a changed scenario trace snapshot fails, as under CI=true)
 #   4. Prints the total wall time.
 #
 # Usage:
@@ -442,5 +443,10 @@ else
     # The `sim` profile (optimised, debug assertions on): the swarm campaign of
     # sim/tests/campaign.rs (2 000 seeds by default, DLOCK_SIM_SEEDS) needs optimised code to
     # fit the stage's budget (docs/simulation.md "Speed").
-    run_stage "tests (madsim)" with_madsim cargo test --workspace --locked --profile sim
+    # The scenarios' trace snapshots (sim/tests/snapshots.rs) are checked strictly, as under
+    # CI=true whoever runs this: a changed or missing snapshot fails, nothing is written
+    # (INSTA_UPDATE=no), and no insta config can force a pass. Accepting a change is a
+    # developer's step (docs/simulation.md "Snapshots").
+    run_stage "tests (madsim)" with_madsim env INSTA_UPDATE=no INSTA_FORCE_PASS=0 \
+        cargo test --workspace --locked --profile sim
 fi
