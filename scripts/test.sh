@@ -18,6 +18,7 @@
 #   3. Runs, failing fast, with a banner per stage:
 #        cargo fmt --all -- --check
 #        cargo clippy --workspace --all-targets --locked -- -D warnings
+#        cargo build --release --locked -p dlock   (searched by crates/dlock/tests/release_build.rs)
 #        cargo nextest run --workspace --locked --no-fail-fast "$@"
 #          (+ cargo test --doc, since nextest does not run doctests)
 #          or, without cargo-nextest: cargo test --workspace --locked "$@"
@@ -420,6 +421,12 @@ else
     run_stage "fmt" cargo fmt --all -- --check
     run_stage "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 fi
+
+# The release `dlock` binary, in a stage of its own so its cost is timed apart: the release
+# check (crates/dlock/tests/release_build.rs) searches it for the simulation's test-only
+# switches (docs/simulation.md "Planted bugs"); the test's own `cargo build --release` is
+# then a no-op.
+run_stage "release build" cargo build --release --locked -p dlock
 
 if cargo nextest --version >/dev/null 2>&1; then
     run_stage "tests (nextest)" cargo nextest run --workspace --locked --no-fail-fast "$@"
