@@ -88,8 +88,7 @@ fn the_release_binary_holds_no_planted_bug_and_no_defence_switch() {
     );
 
     let setters = found(&text, SWITCH_SYMBOLS.iter().map(|(m, _)| *m));
-    let what: Vec<&str> =
-        SWITCH_SYMBOLS.iter().filter(|(m, _)| setters.contains(m)).map(|(_, what)| *what).collect();
+    let what: Vec<&str> = SWITCH_SYMBOLS.iter().filter(|(m, _)| setters.contains(m)).map(|(_, what)| *what).collect();
     assert!(what.is_empty(), "{}: the release binary holds {what:?}", bin.display());
     for (module, path) in [(PLANTED_MODULE, "dlock_contract::planted"), (DEFENCE_MODULE, "dlock_contract::defence")] {
         assert!(found(&text, [module]).is_empty(), "{}: the release binary links something of {path}", bin.display());
