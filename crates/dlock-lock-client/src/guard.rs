@@ -51,8 +51,11 @@ pub(crate) struct GrantShared {
     session: Arc<SessionShared>,
     state: Mutex<GrantState>,
     tx: watch::Sender<LeaseStatus>,
-    /// The holder's owner id: its node name in emitted events ([`dlock_rt::events`]).
+    /// The holder's owner id.
     owner: String,
+    /// Its node name in emitted events ([`dlock_rt::events`]): the owner id up to its
+    /// first `/` (an executor's worker `executor-0/3` is the node `executor-0`).
+    node: String,
 }
 
 impl GrantShared {
@@ -95,7 +98,7 @@ impl GrantShared {
     /// a renew failed or the session was lost), `lost` (the local deadline passed) or
     /// `released` (released, or the guard dropped).
     fn belief(&self, source: &'static str, deadline: Instant, reason: Option<LossReason>) {
-        dlock_rt::events::emit(&self.owner, "lease_belief", || {
+        dlock_rt::events::emit(&self.node, "lease_belief", || {
             [
                 ("key", self.key.clone().into()),
                 ("token", self.token.get().into()),
@@ -165,6 +168,8 @@ impl LockGuard {
     ) -> LockGuard {
         let (tx, _rx) = watch::channel(LeaseStatus::Held);
         let owner = inner.config.owner_id.as_str().to_owned();
+        // An executor's workers are `EXECUTOR/N`: their node is the executor.
+        let node = owner.split('/').next().unwrap_or_default().to_owned();
         let grant = Arc::new(GrantShared {
             key,
             token,
@@ -172,6 +177,7 @@ impl LockGuard {
             state: Mutex::new(GrantState { deadline, lost: None }),
             tx,
             owner,
+            node,
         });
         grant.belief("granted", deadline, None);
         let watchdog = dlock_rt::spawn(watchdog(grant.clone()));

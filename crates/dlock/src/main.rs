@@ -8,6 +8,7 @@ mod cluster;
 mod config;
 #[cfg(not(madsim))]
 mod demo;
+mod trace_file;
 
 #[cfg(not(madsim))]
 fn main() -> std::process::ExitCode {
