@@ -14,6 +14,9 @@
 //!   leads to another try. Any renew that does not succeed marks the grant lost (fail
 //!   closed).
 //! - Release sends exactly one request and is never retried: expiry is the fallback.
+//! - Every change of the holder's belief is emitted once as a `lease_belief` event
+//!   ([`dlock_rt::events`]; a no-op without a sink): the grant, each renew that moved the
+//!   deadline, and the one loss (its watch flip), with the local deadline believed then.
 
 use std::sync::{Arc, Mutex};
 

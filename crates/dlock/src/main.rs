@@ -8,6 +8,7 @@ mod cluster;
 mod config;
 #[cfg(not(madsim))]
 mod demo;
+#[cfg(not(madsim))]
 mod trace_file;
 
 #[cfg(not(madsim))]
