@@ -16,7 +16,8 @@
 //!   process's.
 //! - [`mono_ms`] puts an [`Instant`] on the same scale as the line's `mono_ms`: in
 //!   simulation the reading of the instant's own node clock (whole ms since the frame's
-//!   origin), outside it the ms since this process first asked.
+//!   origin), outside it the ms since this process first asked (an instant before that
+//!   reads 0).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -160,7 +161,7 @@ pub fn mono_ms(i: Instant) -> u64 {
     #[cfg(not(madsim))]
     {
         static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-        let origin = *ORIGIN.get_or_init(|| i.min(Instant::now()));
+        let origin = *ORIGIN.get_or_init(Instant::now);
         u64::try_from(i.saturating_duration_since(origin).as_millis()).unwrap_or(u64::MAX)
     }
 }
@@ -212,6 +213,8 @@ mod tests {
 
     #[test]
     fn mono_ms_never_decreases_for_later_instants() {
+        // The first reading fixes the origin; an instant before it reads 0.
+        let _ = mono_ms(Instant::now());
         let a = Instant::now();
         let b = a + std::time::Duration::from_millis(250);
         assert!(mono_ms(b) >= mono_ms(a) + 250);
