@@ -268,6 +268,22 @@ fn a_seed_with_an_ambiguous_payout_shows_the_reconcilers_finding_for_it() {
     assert_eq!(keys.len(), grants, "a grant recorded twice");
 }
 
+/// Tracing observes: a seed run with its trace (and so with the event seam's sink
+/// installed) covers the same simulated time, fires the same probes and records the same
+/// events as the same seed run without.
+#[test]
+fn tracing_a_seed_changes_nothing_the_seed_does() {
+    for seed in [FINDING_SEED, FENCED_OUT_SEED] {
+        let plain = campaign::run_seed(seed, &RunOptions::default());
+        let (traced, lines) = campaign::run_seed_traced(seed, &RunOptions::default());
+        assert!(lines.iter().any(|l| l.contains("\"kind\":\"lease_belief\"")), "seed {seed}: the seam was on");
+        assert_eq!(plain.sim_ms, traced.sim_ms, "seed {seed}: simulated time");
+        assert_eq!(plain.probes, traced.probes, "seed {seed}: probes");
+        assert_eq!(plain.trace, traced.trace, "seed {seed}: the outcome's event lines");
+        assert_eq!(plain.failures.len(), traced.failures.len(), "seed {seed}: failures");
+    }
+}
+
 #[test]
 fn the_determinism_check_sees_one_changed_byte() {
     let a: Vec<String> = vec!["{\"seq\":0}".into(), "{\"seq\":1,\"t_ms\":5}".into()];
