@@ -171,6 +171,21 @@ impl RailProxy {
             self.store.resolve(*id, &Resolution::Timeout { detail: detail.into() }, now).await?;
             dlock_rt::probe::hit(Probe::OrphanIntentSwept);
             self.metrics.outcome(SubmissionOutcome::Timeout);
+            // The sweep knows the row by its id only: the rest of the line says nothing.
+            dlock_rt::events::emit(crate::NODE, "intent_outcome", || {
+                let none = serde_json::Value::Null;
+                [
+                    ("submission", id.to_string().into()),
+                    ("payout", none.clone()),
+                    ("account", none.clone()),
+                    ("owner", none.clone()),
+                    ("presented_token", none.clone()),
+                    ("outcome", format!("{:?}", SubmissionOutcome::Timeout).into()),
+                    ("detail", detail.into()),
+                    ("submitted_wall_ms", none),
+                    ("resolved_wall_ms", now.timestamp_millis().into()),
+                ]
+            });
             tracing::warn!(submissionId = %id, cause = detail, "rail_ambiguous");
         }
         Ok(ids.len())
