@@ -11,6 +11,11 @@
 //! - the fault schedule as the supervisor applied it ([`crate::schedule::Stage::applied`]),
 //!   the fault layer's own record ([`crate::faults::Faults::record`]) and the store fault
 //!   plan's record, merged in by their simulated time;
+//! - the services' event seam ([`dlock_rt::events`]), for what only a service knows: each
+//!   lock holder's belief about its lease (`lease_belief`: its local deadline on its own
+//!   monotonic clock, renewals as it saw them, the early loss notice of its watch) and the
+//!   reconciler's findings (`reconciler_finding`); [`SEAM_KINDS`] only, so nothing the
+//!   observers record is recorded twice;
 //! - the campaign's phase markers, the liveness phase's heals, and at the end of the run the
 //!   rail-stub's call log, every intent row's outcome, and every failure of the seed.
 //!
@@ -35,13 +40,13 @@ use serde_json::Value;
 
 /// The schema's name and version, in the first line (`trace_start`). A field or kind is
 /// only ever added under the same version; a renamed or removed one is a new version.
-pub const SCHEMA: &str = "dlock-incident-trace/1";
+pub const SCHEMA: &str = dlock_rt::events::SCHEMA;
 
 /// Bound on the events one trace keeps.
 pub const TRACE_EVENTS_MAX: usize = 200_000;
 
 /// Every `kind` a line may have (docs/simulation.md "Incident trace" describes each).
-pub const KINDS: [&str; 20] = [
+pub const KINDS: [&str; 22] = [
     "trace_start",
     "phase",
     "session",
@@ -62,7 +67,30 @@ pub const KINDS: [&str; 20] = [
     "failure",
     "trace_end",
     "note",
+    "lease_belief",
+    "reconciler_finding",
 ];
+
+/// The kinds the trace takes from the services' event seam ([`dlock_rt::events`]). Every
+/// other kind a service emits there (grant, renew, release, revoke, fenced_write, intent,
+/// rail_call, intent_outcome) the trace already has from its own ground-truth sources (the
+/// store observers, the rail-stub's log, the intent rows), so the sink drops it: nothing is
+/// recorded twice.
+pub const SEAM_KINDS: [&str; 2] = ["lease_belief", "reconciler_finding"];
+
+/// The trace's sink on the event seam: keeps [`SEAM_KINDS`], on the node whose task
+/// emitted (the service's own name for itself when the trace does not know that node).
+struct SeamSink(Trace);
+
+impl dlock_rt::events::Sink for SeamSink {
+    fn record(&self, node: &str, kind: &'static str, fields: dlock_rt::events::Fields) {
+        if SEAM_KINDS.contains(&kind) {
+            let id = madsim::plugin::node();
+            let name = self.0.with(|s| s.names.get(&id).cloned()).unwrap_or_else(|| node.to_owned());
+            self.0.on_node_named(id, name, kind, fields);
+        }
+    }
+}
 
 /// The node name of events the supervisor (the harness's own task) makes.
 pub const SUPERVISOR: &str = "supervisor";
@@ -92,20 +120,10 @@ struct Inner {
 #[derive(Debug, Clone, Default)]
 pub struct Trace(Arc<Mutex<Inner>>);
 
-/// `i`'s reading as whole ms since its frame's origin. `sim_clock::Instant` keeps its reading
-/// private; `checked_sub(d)` is `Some` exactly when `d` is at most the reading, so a binary
-/// search over ms finds it (42 steps of integer arithmetic).
+/// `i`'s reading as whole ms since its frame's origin (the scale of every `mono_ms` and of
+/// a `lease_belief`'s `local_deadline_mono_ms`).
 fn reading_ms(i: dlock_rt::sim_clock::Instant) -> u64 {
-    let (mut lo, mut hi) = (0u64, 1u64 << 42);
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if i.checked_sub(std::time::Duration::from_millis(mid)).is_some() {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    lo
+    i.reading_ms()
 }
 
 /// Builds a detail map from `(name, value)` pairs.
@@ -165,13 +183,24 @@ impl Trace {
         });
     }
 
+    /// The sink to install on the event seam for this seed (see [`SEAM_KINDS`]); install
+    /// it on the thread the seed's runtime runs on.
+    pub fn seam_sink(&self) -> Arc<dyn dlock_rt::events::Sink> {
+        Arc::new(SeamSink(self.clone()))
+    }
+
     /// An event on `node`'s clocks, now.
     fn on_node(&self, id: NodeId, kind: &'static str, fields: BTreeMap<&'static str, Value>) {
+        self.on_node_named(id, self.name_of(id), kind, fields);
+    }
+
+    /// An event on `id`'s clocks, now, under the node name `node`.
+    fn on_node_named(&self, id: NodeId, node: String, kind: &'static str, fields: BTreeMap<&'static str, Value>) {
         let t_ms = crate::faults::now_ms();
         let mono_ms = reading_ms(dlock_rt::sim_clock::now_on(id));
         let origin = self.with(|s| s.wall_origin_ms);
         let wall_ms = origin + i64::try_from(t_ms).unwrap_or(0) + dlock_rt::sim_clock::wall_offset_ms(id);
-        self.push(Entry { t_ms, node: self.name_of(id), mono_ms, wall_ms, kind, fields });
+        self.push(Entry { t_ms, node, mono_ms, wall_ms, kind, fields });
     }
 
     /// An event on the node whose task runs the caller (an observer, called in the
@@ -450,24 +479,19 @@ impl Trace {
 
 /// One line: the six fixed fields in order, then the kind's fields sorted by name.
 fn render(seq: u64, e: &Entry) -> String {
-    let s = |v: &str| Value::from(v).to_string();
-    let mut line = format!(
-        "{{\"seq\":{seq},\"t_ms\":{},\"node\":{},\"mono_ms\":{},\"wall_ms\":{},\"kind\":{}",
-        e.t_ms,
-        s(&e.node),
-        e.mono_ms,
-        e.wall_ms,
-        s(e.kind)
-    );
-    for (k, v) in &e.fields {
-        line.push_str(&format!(",{}:{}", s(k), v));
-    }
-    line.push('}');
-    line
+    let head = dlock_rt::events::LineHead {
+        seq,
+        t_ms: e.t_ms,
+        node: &e.node,
+        mono_ms: e.mono_ms,
+        wall_ms: e.wall_ms,
+        kind: e.kind,
+    };
+    dlock_rt::events::render_line(head, &e.fields)
 }
 
 /// The fields every line has, in order.
-pub const REQUIRED_FIELDS: [&str; 6] = ["seq", "t_ms", "node", "mono_ms", "wall_ms", "kind"];
+pub const REQUIRED_FIELDS: [&str; 6] = dlock_rt::events::REQUIRED_FIELDS;
 
 /// A stable 64-bit hash of a trace's lines (FNV-1a over the bytes, a newline after each):
 /// what the determinism check compares.

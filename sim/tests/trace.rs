@@ -3,7 +3,9 @@
 //! the fixed fields in their order, a fenced-out write shows its presented token below the
 //! stored one, and the determinism check: a sample of the default campaign's seeds, each
 //! run twice, gives the same trace hash (a difference names the seed and its first
-//! differing line).
+//! differing line). The services' event seam adds each holder's lease belief (a paused
+//! executor's local deadline precedes the server's expiry of its grant) and the reconciler's
+//! findings (an ambiguous payout's finding names a payout whose intent ended in a timeout).
 
 #![cfg(madsim)]
 
@@ -17,6 +19,12 @@ const DETERMINISM_SEEDS: [u64; 10] = [1, 202, 403, 604, 805, 1006, 1207, 1408, 1
 
 /// Swarm seed 2 has an admission refused by the rail's mark (presented 4, stored 25).
 const FENCED_OUT_SEED: u64 = 2;
+
+/// Swarm seed 1's liveness reconcile finds ambiguous payouts (AMBIGUOUS_PAYOUT).
+const FINDING_SEED: u64 = 1;
+
+/// The scenario whose executor is paused past its lease while its rail call is in flight.
+const PAUSED_SCENARIO: &str = "pause-during-rail-call";
 
 fn traced(seed: u64) -> Vec<String> {
     campaign::run_seed_traced(seed, &RunOptions::default()).1
@@ -72,8 +80,11 @@ fn every_trace_line_is_json_with_the_fixed_fields_first_and_in_order() {
         "fault",
         "rail_call",
         "intent_outcome",
+        "lease_belief",
+        "reconciler_finding",
     ];
-    let scenario_kinds: &[&str] = &["phase", "grant", "fenced_write", "intent", "schedule", "fault", "rail_call"];
+    let scenario_kinds: &[&str] =
+        &["phase", "grant", "fenced_write", "intent", "schedule", "fault", "rail_call", "lease_belief"];
     for (what, lines, kinds) in [
         ("swarm seed 1", traced(1), swarm_kinds),
         (
@@ -168,6 +179,108 @@ fn sampled_default_campaign_seeds_give_the_same_trace_hash_on_a_second_run() {
             ha == hb && diff.is_none(),
             "seed {seed}: nondeterministic trace (hash {ha:016x} then {hb:016x}); first differing line: {diff:?}"
         );
+    }
+}
+
+/// A line's `t_ms` when its node's monotonic clock reads `mono` (the node's clock runs at
+/// the global rate in this scenario: no drift is drawn for a scenario seed).
+fn t_at(m: &serde_json::Map<String, Value>, mono: u64) -> i64 {
+    let (t, at) = (m["t_ms"].as_i64().unwrap_or(0), m["mono_ms"].as_i64().unwrap_or(0));
+    t + (mono as i64 - at)
+}
+
+#[test]
+fn a_paused_executors_lease_belief_ends_before_the_servers_expiry_of_its_grant() {
+    let opts = RunOptions { scenario: Some(PAUSED_SCENARIO.into()), ..RunOptions::default() };
+    let lines: Vec<_> = campaign::run_seed_traced(1, &opts).1.iter().map(|l| parse(l)).collect();
+    let pause = lines
+        .iter()
+        .find(|m| m["kind"] == "schedule" && m["verb"] == "pause")
+        .unwrap_or_else(|| panic!("{PAUSED_SCENARIO}: no pause in its trace"));
+    let paused = pause["node"].as_str().unwrap_or_default().to_owned();
+    let paused_at = pause["t_ms"].as_i64().unwrap_or(0);
+    let resumed_at = lines
+        .iter()
+        .find(|m| m["kind"] == "schedule" && m["verb"] == "resume" && m["node"] == paused.as_str())
+        .and_then(|m| m["t_ms"].as_i64())
+        .unwrap_or_else(|| panic!("{paused} never resumed"));
+    // The grants the paused executor believed it held when it froze.
+    let held: Vec<_> = lines
+        .iter()
+        .filter(|m| {
+            m["kind"] == "lease_belief"
+                && m["node"] == paused.as_str()
+                && m["source"] == "granted"
+                && m["t_ms"].as_i64() <= Some(paused_at)
+        })
+        .collect();
+    assert!(!held.is_empty(), "{paused}: no lease_belief before its pause");
+    for b in &held {
+        let grant = lines
+            .iter()
+            .find(|m| m["kind"] == "grant" && m["key"] == b["key"] && m["token"] == b["token"])
+            .unwrap_or_else(|| panic!("no grant line for the belief {b:?}"));
+        let server_expiry = grant["t_ms"].as_i64().unwrap_or(0) + grant["expires_at_ms"].as_i64().unwrap_or(0)
+            - grant["store_ms"].as_i64().unwrap_or(0);
+        let believed_until = t_at(b, b["local_deadline_mono_ms"].as_u64().unwrap_or(u64::MAX));
+        assert!(
+            believed_until < server_expiry,
+            "the belief must end first: believed until {believed_until}, server expiry {server_expiry}: {b:?} {grant:?}"
+        );
+        assert!(believed_until < resumed_at, "the pause outlasts the belief: {b:?}");
+    }
+    // Woken, the executor records how its belief ended (lost, early notice or released).
+    assert!(
+        lines.iter().any(|m| m["kind"] == "lease_belief"
+            && m["node"] == paused.as_str()
+            && m["t_ms"].as_i64() >= Some(resumed_at)
+            && m["source"] != "granted"),
+        "{paused}: no belief line after its resume"
+    );
+    // Every belief kind names its source from the documented set.
+    for m in lines.iter().filter(|m| m["kind"] == "lease_belief") {
+        let source = m["source"].as_str().unwrap_or_default();
+        assert!(["granted", "renewed", "early_notice", "lost", "released"].contains(&source), "{m:?}");
+        assert!(m["local_deadline_mono_ms"].as_u64().is_some(), "{m:?}");
+    }
+}
+
+#[test]
+fn a_seed_with_an_ambiguous_payout_shows_the_reconcilers_finding_for_it() {
+    let lines: Vec<_> = traced(FINDING_SEED).iter().map(|l| parse(l)).collect();
+    let findings: Vec<_> =
+        lines.iter().filter(|m| m["kind"] == "reconciler_finding" && m["finding"] == "AMBIGUOUS_PAYOUT").collect();
+    assert!(!findings.is_empty(), "seed {FINDING_SEED}: no AMBIGUOUS_PAYOUT finding in its trace");
+    for f in &findings {
+        assert!(
+            lines
+                .iter()
+                .any(|m| m["kind"] == "intent_outcome" && m["payout"] == f["payout"] && m["outcome"] == "Timeout"),
+            "the finding names a payout with no ambiguous intent: {f:?}"
+        );
+    }
+    // Each seam kind is recorded once: no grant or fenced write comes twice from the seam.
+    let grants = lines.iter().filter(|m| m["kind"] == "grant").count();
+    let mut keys: Vec<_> =
+        lines.iter().filter(|m| m["kind"] == "grant").map(|m| (m["key"].to_string(), m["token"].to_string())).collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), grants, "a grant recorded twice");
+}
+
+/// Tracing observes: a seed run with its trace (and so with the event seam's sink
+/// installed) covers the same simulated time, fires the same probes and records the same
+/// events as the same seed run without.
+#[test]
+fn tracing_a_seed_changes_nothing_the_seed_does() {
+    for seed in [FINDING_SEED, FENCED_OUT_SEED] {
+        let plain = campaign::run_seed(seed, &RunOptions::default());
+        let (traced, lines) = campaign::run_seed_traced(seed, &RunOptions::default());
+        assert!(lines.iter().any(|l| l.contains("\"kind\":\"lease_belief\"")), "seed {seed}: the seam was on");
+        assert_eq!(plain.sim_ms, traced.sim_ms, "seed {seed}: simulated time");
+        assert_eq!(plain.probes, traced.probes, "seed {seed}: probes");
+        assert_eq!(plain.trace, traced.trace, "seed {seed}: the outcome's event lines");
+        assert_eq!(plain.failures.len(), traced.failures.len(), "seed {seed}: failures");
     }
 }
 

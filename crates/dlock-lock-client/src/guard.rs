@@ -14,6 +14,9 @@
 //!   leads to another try. Any renew that does not succeed marks the grant lost (fail
 //!   closed).
 //! - Release sends exactly one request and is never retried: expiry is the fallback.
+//! - Every change of the holder's belief is emitted once as a `lease_belief` event
+//!   ([`dlock_rt::events`]; a no-op without a sink): the grant, each renew that moved the
+//!   deadline, and the one loss (its watch flip), with the local deadline believed then.
 
 use std::sync::{Arc, Mutex};
 
@@ -51,6 +54,11 @@ pub(crate) struct GrantShared {
     session: Arc<SessionShared>,
     state: Mutex<GrantState>,
     tx: watch::Sender<LeaseStatus>,
+    /// The holder's owner id.
+    owner: String,
+    /// Its node name in emitted events ([`dlock_rt::events`]): the owner id up to its
+    /// first `/` (an executor's worker `executor-0/3` is the node `executor-0`).
+    node: String,
 }
 
 impl GrantShared {
@@ -69,8 +77,9 @@ impl GrantShared {
         };
         if let Err(reason) = verdict {
             st.lost = Some(reason);
+            let deadline = st.deadline;
             drop(st);
-            self.announce(reason);
+            self.announce(reason, deadline);
         }
         verdict
     }
@@ -82,11 +91,36 @@ impl GrantShared {
             return;
         }
         st.lost = Some(reason);
+        let deadline = st.deadline;
         drop(st);
-        self.announce(reason);
+        self.announce(reason, deadline);
     }
 
-    fn announce(&self, reason: LossReason) {
+    /// The holder's belief about this grant, as a `lease_belief` event: `source` is
+    /// `granted`, `renewed`, `early_notice` (the watch flipped before the local deadline:
+    /// a renew failed or the session was lost), `lost` (the local deadline passed) or
+    /// `released` (released, or the guard dropped).
+    fn belief(&self, source: &'static str, deadline: Instant, reason: Option<LossReason>) {
+        dlock_rt::events::emit(&self.node, "lease_belief", || {
+            [
+                ("key", self.key.clone().into()),
+                ("token", self.token.get().into()),
+                ("owner", self.owner.clone().into()),
+                ("session", self.session.id.to_string().into()),
+                ("local_deadline_mono_ms", dlock_rt::events::mono_ms(deadline).into()),
+                ("source", source.into()),
+                ("reason", dlock_rt::events::opt(reason.map(|r| r.to_string()))),
+            ]
+        });
+    }
+
+    fn announce(&self, reason: LossReason, deadline: Instant) {
+        let source = match reason {
+            LossReason::Released | LossReason::Dropped => "released",
+            LossReason::DeadlinePassed => "lost",
+            LossReason::RenewFailed | LossReason::SessionLost(_) => "early_notice",
+        };
+        self.belief(source, deadline, Some(reason));
         match reason {
             LossReason::Released | LossReason::Dropped => {
                 tracing::info!(key = %self.key, fencingToken = self.token.get(), %reason, "lock_given_up");
@@ -106,6 +140,9 @@ impl GrantShared {
             return Err(reason);
         }
         st.deadline = st.deadline.max(new_deadline);
+        let deadline = st.deadline;
+        drop(st);
+        self.belief("renewed", deadline, None);
         Ok(())
     }
 }
@@ -133,8 +170,19 @@ impl LockGuard {
         deadline: Instant,
     ) -> LockGuard {
         let (tx, _rx) = watch::channel(LeaseStatus::Held);
-        let grant =
-            Arc::new(GrantShared { key, token, session, state: Mutex::new(GrantState { deadline, lost: None }), tx });
+        let owner = inner.config.owner_id.as_str().to_owned();
+        // An executor's workers are `EXECUTOR/N`: their node is the executor.
+        let node = owner.split('/').next().unwrap_or_default().to_owned();
+        let grant = Arc::new(GrantShared {
+            key,
+            token,
+            session,
+            state: Mutex::new(GrantState { deadline, lost: None }),
+            tx,
+            owner,
+            node,
+        });
+        grant.belief("granted", deadline, None);
         let watchdog = dlock_rt::spawn(watchdog(grant.clone()));
         LockGuard { grant, inner, ttl_ms, watchdog }
     }

@@ -374,3 +374,65 @@ async fn inspect_is_an_advisory_read_and_an_unknown_key_is_none() {
     assert_eq!(info.key, "payout:acct-1");
     assert_eq!(client.inspect("payout:acct-9").await, Ok(None));
 }
+
+/// Collects the `lease_belief` events of the keys it is given (other tests of this binary
+/// emit into the same process-wide sink).
+struct Beliefs(std::sync::Mutex<Vec<(String, dlock_rt::events::Fields)>>, &'static [&'static str]);
+
+impl dlock_rt::events::Sink for Beliefs {
+    fn record(&self, node: &str, kind: &'static str, fields: dlock_rt::events::Fields) {
+        let key = fields.get("key").and_then(|k| k.as_str()).unwrap_or_default().to_owned();
+        if kind == "lease_belief" && self.1.contains(&key.as_str()) {
+            if let Ok(mut v) = self.0.lock() {
+                v.push((node.to_owned(), fields));
+            }
+        }
+    }
+}
+
+/// DL-91: every change of a holder's belief is one `lease_belief` event, with its source and
+/// the local deadline believed then: granted, renewed (a later deadline), released; a failed
+/// renew is the watch's early notice; a passed deadline is lost.
+#[tokio::test]
+async fn every_change_of_a_holders_belief_is_one_lease_belief_event_with_its_source() {
+    const KEYS: &[&str] = &["payout:belief-renew", "payout:belief-refused", "payout:belief-lapse"];
+    let sink = std::sync::Arc::new(Beliefs(std::sync::Mutex::new(Vec::new()), KEYS));
+    let _installed = dlock_rt::events::install(sink.clone());
+    let server = FakeLockServer::start().await;
+    let (_client, session) = open(&server, |c| c.lock_ttl_ms = 2_000).await;
+
+    let guard = session.acquire(KEYS[0]).await.expect("granted");
+    // Some of the 1 400 ms local lease passes, so the renew's deadline is a later one.
+    assert!(eventually(|| guard.remaining() < Duration::from_millis(1_300)).await);
+    guard.renew().await.expect("renewed");
+    guard.release().await.expect("released");
+    let guard = session.acquire(KEYS[1]).await.expect("granted");
+    server.script(Op::Renew, [refuse(ErrorCode::LockLost)]);
+    guard.renew().await.expect_err("lock lost");
+    let (_c2, short) = open(&server, |c| c.lock_ttl_ms = 1_000).await;
+    let lapsing = short.acquire(KEYS[2]).await.expect("granted");
+    assert!(eventually(|| !lapsing.is_held()).await, "the local deadline passes");
+    assert!(
+        eventually(|| sink
+            .0
+            .lock()
+            .map(|v| v.iter().filter(|(_, f)| f["key"] == KEYS[2]).count() == 2)
+            .unwrap_or(false))
+        .await,
+        "the lapse is announced"
+    );
+
+    let got = sink.0.lock().map(|v| v.clone()).unwrap_or_default();
+    let of = |key: &str| got.iter().filter(|(_, f)| f["key"] == key).map(|(_, f)| f.clone()).collect::<Vec<_>>();
+    let sources =
+        |key: &str| of(key).iter().map(|f| f["source"].as_str().unwrap_or_default().to_owned()).collect::<Vec<_>>();
+    assert_eq!(sources(KEYS[0]), ["granted", "renewed", "released"], "{got:?}");
+    assert_eq!(sources(KEYS[1]), ["granted", "early_notice"], "{got:?}");
+    assert_eq!(sources(KEYS[2]), ["granted", "lost"], "{got:?}");
+    let deadline = |f: &dlock_rt::events::Fields| f["local_deadline_mono_ms"].as_u64().expect("a deadline");
+    let renewed = of(KEYS[0]);
+    assert!(deadline(&renewed[1]) > deadline(&renewed[0]), "the renew moved the believed deadline: {renewed:?}");
+    assert_eq!(of(KEYS[1])[1]["reason"], "a renew failed");
+    assert!(of(KEYS[0])[0]["reason"].is_null());
+    assert!(got.iter().all(|(node, f)| node == "worker-1" && f["owner"] == "worker-1"), "{got:?}");
+}

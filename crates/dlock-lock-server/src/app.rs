@@ -307,7 +307,16 @@ async fn renew(
     let session = body_session(&body)?;
     let ttl = lock_ttl(&server, opt_int(&body, "ttlMillis", 1, i64::MAX)?);
     match server.store.renew(&key, session, token.get(), ttl).await.map_err(not_leader)? {
-        Ok(g) => Ok(dlock_http::json(StatusCode::OK, &grant_body(&g))),
+        Ok(g) => {
+            dlock_rt::events::emit(crate::NODE, "renew", || {
+                [
+                    ("key", g.key.clone().into()),
+                    ("token", g.fencing_token.into()),
+                    ("expires_at_ms", g.expires_at_ms.into()),
+                ]
+            });
+            Ok(dlock_http::json(StatusCode::OK, &grant_body(&g)))
+        }
         Err(RenewRefusal::Session(r)) => Err(session_refusal(r, session)),
         Err(RenewRefusal::Lost { stored_token }) => {
             tracing::warn!(key = %key, ownerId = %owner, presentedToken = token.get(), storedToken = %display_token(stored_token), traceId = %trace.0, "lock_lost");
@@ -344,6 +353,13 @@ async fn release(
         Ok(()) => {
             server.metrics.releases.inc(0);
             server.wake(&key);
+            dlock_rt::events::emit(crate::NODE, "release", || {
+                [
+                    ("key", key.clone().into()),
+                    ("token", token.get().into()),
+                    ("store_ms", server.clock.wall().timestamp_millis().into()),
+                ]
+            });
             tracing::info!(key = %key, ownerId = %owner, sessionId = %session, fencingToken = token.get(), traceId = %trace.0, "lock_released");
             Ok(StatusCode::NO_CONTENT.into_response())
         }
@@ -421,6 +437,14 @@ async fn revoke(
         Ok(r) => {
             server.metrics.revokes.inc();
             server.wake(&key);
+            dlock_rt::events::emit(crate::NODE, "revoke", || {
+                [
+                    ("key", key.clone().into()),
+                    ("token", r.revoked_token.into()),
+                    ("token_floor", r.new_token_floor.into()),
+                    ("store_ms", server.clock.wall().timestamp_millis().into()),
+                ]
+            });
             tracing::warn!(
                 key = %key, operator = %operator, reason = %reason, requestedBy = %owner,
                 revokedToken = r.revoked_token, newTokenFloor = r.new_token_floor, revocationId = %id, traceId = %trace.0,

@@ -26,6 +26,9 @@ pub mod store_sql;
 
 /// How long a graceful shutdown waits for in-flight requests: the longest `waitMillis`
 /// plus a second.
+/// The lock server's name for itself in emitted protocol events ([`dlock_rt::events`]).
+pub const NODE: &str = "lock-server";
+
 pub const SHUTDOWN_GRACE_MS_MAX: u64 = dlock_contract::lock::WAIT_MS_MAX as u64 + 1_000;
 
 /// The lock server's one start entry point: serves [`app::router`] on `listener` over

@@ -239,6 +239,18 @@ impl LockServer {
         wait_ms: i64,
     ) -> Result<AcquireOutcome, StoreError> {
         let outcome = self.acquire_inner(key, session_id, ttl_ms, wait_ms).await;
+        if let Ok(AcquireOutcome::Granted(g)) = &outcome {
+            dlock_rt::events::emit(crate::NODE, "grant", || {
+                [
+                    ("key", g.key.clone().into()),
+                    ("token", g.fencing_token.into()),
+                    ("session", g.session_id.to_string().into()),
+                    ("owner", g.owner_id.clone().into()),
+                    ("expires_at_ms", g.expires_at_ms.into()),
+                    ("store_ms", g.acquired_at_ms.into()),
+                ]
+            });
+        }
         let tag = match &outcome {
             Ok(AcquireOutcome::Granted(_)) => "granted",
             Ok(AcquireOutcome::Refused(AcquireRefusal::Contended { .. } | AcquireRefusal::AlreadyHeld { .. })) => {

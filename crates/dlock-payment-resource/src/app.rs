@@ -148,6 +148,65 @@ fn answer<T>(
     }
 }
 
+/// What a fenced write decided, for its `fenced_write` event ([`dlock_rt::events`]):
+/// `accepted` (the fence let it through), `fenced_out` (with the stored token it did not
+/// exceed), `no_decision` (refused before the fence: not found, not claimable; a conflict,
+/// a replay, a store error).
+struct FenceSeen<'a> {
+    op: &'static str,
+    payout_id: Uuid,
+    token: i64,
+    owner: &'a str,
+    account: Option<&'a str>,
+    answer: &'static str,
+    stored_token: Option<i64>,
+    replay: bool,
+    fenced: bool,
+}
+
+/// Emits the `fenced_write` event of one claim or post, in the one code path every store
+/// answers through (the handler), after the store decided.
+fn emit_fenced_write(f: FenceSeen<'_>) {
+    dlock_rt::events::emit(crate::NODE, "fenced_write", || {
+        [
+            ("op", f.op.into()),
+            ("payout", f.payout_id.to_string().into()),
+            ("account", f.account.unwrap_or_default().into()),
+            ("owner", f.owner.into()),
+            ("presented_token", f.token.into()),
+            ("stored_token", dlock_rt::events::opt(f.stored_token)),
+            ("answer", f.answer.into()),
+            ("admission", serde_json::Value::Null),
+            ("fenced", f.fenced.into()),
+            ("state_before", serde_json::Value::Null),
+            ("replay", f.replay.into()),
+        ]
+    });
+}
+
+/// The answer, stored token and account of a decided claim or post (`accepted`: the outcome
+/// passed the fence; `fenced`: its highest token when it was refused by it).
+fn fence_seen<T>(
+    d: &Decided<T>,
+    accepted: impl Fn(&T) -> Option<&str>,
+    fenced: impl Fn(&T) -> Option<(&str, i64)>,
+    token: i64,
+) -> (&'static str, Option<i64>, Option<String>, bool) {
+    match d {
+        Ok(Idempotent::Executed { outcome, .. }) => {
+            if let Some(a) = accepted(outcome) {
+                ("accepted", Some(token), Some(a.to_owned()), false)
+            } else if let Some((a, highest)) = fenced(outcome) {
+                ("fenced_out", Some(highest), Some(a.to_owned()), false)
+            } else {
+                ("no_decision", None, None, false)
+            }
+        }
+        Ok(Idempotent::Replayed(_)) => ("no_decision", None, None, true),
+        _ => ("no_decision", None, None, false),
+    }
+}
+
 /// The 409 `FENCED_OUT` of a claim (`account`) or a post (`ledger`), logged and counted.
 #[allow(clippy::too_many_arguments)]
 fn fenced_out(
@@ -432,6 +491,35 @@ async fn claim(
     let render = move |o: &ClaimOutcome| render_claim(o, payout_id, token, &key_text, &trace_id);
     let decided = pr.store.claim(&c, &idem, &render).await;
     let owner_text = owner.as_str();
+    if dlock_rt::events::enabled() {
+        let (answer, stored_token, account, replay) = fence_seen(
+            &decided,
+            |o| match o {
+                ClaimOutcome::Claimed { account_id, .. } | ClaimOutcome::InsufficientFunds { account_id, .. } => {
+                    Some(account_id.as_str())
+                }
+                _ => None,
+            },
+            |o| match o {
+                ClaimOutcome::Fenced { account_id, highest_token } => Some((account_id.as_str(), *highest_token)),
+                _ => None,
+            },
+            token,
+        );
+        let fenced = !dlock_rt::defence::off(dlock_rt::defence::Layer::ClaimFence);
+        let account = account.as_deref();
+        emit_fenced_write(FenceSeen {
+            op: "claim",
+            payout_id,
+            token,
+            owner: owner_text,
+            account,
+            answer,
+            stored_token,
+            replay,
+            fenced,
+        });
+    }
     Ok(answer(
         &pr,
         decided,
@@ -500,6 +588,33 @@ async fn post_payout(
     let render = move |o: &PostOutcome| render_post(o, payout_id, &trace_id);
     let decided = pr.store.post(&p, &idem, &render).await;
     let owner_text = owner.as_str();
+    if dlock_rt::events::enabled() {
+        let (answer, stored_token, account, replay) = fence_seen(
+            &decided,
+            |o| match o {
+                PostOutcome::Posted { account_id, .. } => Some(account_id.as_str()),
+                _ => None,
+            },
+            |o| match o {
+                PostOutcome::Fenced { account_id, highest_token } => Some((account_id.as_str(), *highest_token)),
+                _ => None,
+            },
+            token,
+        );
+        let fenced = !dlock_rt::defence::off(dlock_rt::defence::Layer::PostFence);
+        let account = account.as_deref();
+        emit_fenced_write(FenceSeen {
+            op: "post",
+            payout_id,
+            token,
+            owner: owner_text,
+            account,
+            answer,
+            stored_token,
+            replay,
+            fenced,
+        });
+    }
     Ok(answer(
         &pr,
         decided,

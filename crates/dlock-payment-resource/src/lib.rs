@@ -26,6 +26,9 @@ pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;
 
+/// The payment-resource's name for itself in emitted protocol events ([`dlock_rt::events`]).
+pub const NODE: &str = "payment-resource";
+
 pub use app::router;
 pub use service::{PaymentConfig, PaymentResource};
 pub use store::PaymentStore;

@@ -34,6 +34,9 @@ pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;
 
+/// The rail-proxy's name for itself in emitted protocol events ([`dlock_rt::events`]).
+pub const NODE: &str = "rail-proxy";
+
 pub use app::router;
 pub use service::{ProxyConfig, RailProxy};
 pub use store::RailStore;

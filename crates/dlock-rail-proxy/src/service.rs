@@ -232,6 +232,21 @@ impl RailProxy {
             self.store.resolve(*id, &Resolution::Timeout { detail: detail.into() }, now).await?;
             dlock_rt::probe::hit(Probe::OrphanIntentSwept);
             self.metrics.outcome(SubmissionOutcome::Timeout);
+            // The sweep knows the row by its id only: the rest of the line says nothing.
+            dlock_rt::events::emit(crate::NODE, "intent_outcome", || {
+                let none = serde_json::Value::Null;
+                [
+                    ("submission", id.to_string().into()),
+                    ("payout", none.clone()),
+                    ("account", none.clone()),
+                    ("owner", none.clone()),
+                    ("presented_token", none.clone()),
+                    ("outcome", format!("{:?}", SubmissionOutcome::Timeout).into()),
+                    ("detail", detail.into()),
+                    ("submitted_wall_ms", none),
+                    ("resolved_wall_ms", now.timestamp_millis().into()),
+                ]
+            });
             tracing::warn!(submissionId = %id, cause = detail, "rail_ambiguous");
         }
         Ok(orphans.len())
@@ -318,6 +333,7 @@ impl RailProxy {
                 return store_outcome(e);
             }
         };
+        self.emit_admission(&attempt, &admission);
         let submitted_at = match admission {
             Admission::Fenced { highest_token } => {
                 dlock_rt::probe::hit(Probe::FencedOutRail);
@@ -388,6 +404,19 @@ impl RailProxy {
             return Outcome::Ambiguous { submission_id, cause: "the outcome could not be recorded".into() };
         }
         self.metrics.outcome(outcome);
+        dlock_rt::events::emit(crate::NODE, "intent_outcome", || {
+            [
+                ("submission", submission_id.to_string().into()),
+                ("payout", body.payout_id.to_string().into()),
+                ("account", body.account_id.clone().into()),
+                ("owner", s.owner.as_str().into()),
+                ("presented_token", s.token.get().into()),
+                ("outcome", format!("{outcome:?}").into()),
+                ("detail", dlock_rt::events::opt(resolution.detail().map(str::to_owned))),
+                ("submitted_wall_ms", submitted_at.timestamp_millis().into()),
+                ("resolved_wall_ms", resolved_at.timestamp_millis().into()),
+            ]
+        });
         tracing::info!(
             payoutId = %body.payout_id,
             submissionId = %submission_id,
@@ -414,6 +443,47 @@ impl RailProxy {
                 Outcome::Ambiguous { submission_id, cause: detail }
             }
             Resolution::Unsent { detail } => Outcome::Unsent { submission_id, cause: detail },
+        }
+    }
+
+    /// The `fenced_write` event of an admission (op `admit`: the rail's high-water mark),
+    /// and its `intent` when the intent row was written ([`dlock_rt::events`]); emitted here,
+    /// the one code path every store's admission answers through.
+    fn emit_admission(&self, a: &Attempt, admission: &Admission) {
+        if !dlock_rt::events::enabled() {
+            return;
+        }
+        let (answer, stored, tag) = match admission {
+            Admission::Admitted { .. } => ("accepted", Some(a.presented_token), "admitted"),
+            Admission::Fenced { highest_token } => ("fenced_out", Some(*highest_token), "fenced"),
+            Admission::Duplicate { .. } => ("accepted", Some(a.presented_token), "duplicate"),
+            Admission::NotClaimable { .. } => ("no_decision", None, "not_claimable"),
+        };
+        let fenced = a.fencing_enabled && !dlock_rt::defence::off(dlock_rt::defence::Layer::RailMark);
+        dlock_rt::events::emit(crate::NODE, "fenced_write", || {
+            [
+                ("op", "admit".into()),
+                ("payout", a.payout_id.to_string().into()),
+                ("account", a.account_id.clone().into()),
+                ("owner", a.owner_id.clone().into()),
+                ("presented_token", a.presented_token.into()),
+                ("stored_token", dlock_rt::events::opt(stored)),
+                ("answer", answer.into()),
+                ("admission", tag.into()),
+                ("fenced", fenced.into()),
+                ("state_before", serde_json::Value::Null),
+                ("replay", false.into()),
+            ]
+        });
+        if matches!(admission, Admission::Admitted { .. }) {
+            dlock_rt::events::emit(crate::NODE, "intent", || {
+                [
+                    ("payout", a.payout_id.to_string().into()),
+                    ("account", a.account_id.clone().into()),
+                    ("owner", a.owner_id.clone().into()),
+                    ("presented_token", a.presented_token.into()),
+                ]
+            });
         }
     }
 

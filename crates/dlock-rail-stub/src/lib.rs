@@ -27,6 +27,9 @@ use dlock_rt::Clock;
 use serde_json::Value;
 
 /// Most calls the stub records; past this it answers 503 and moves no money.
+/// The rail-stub's name for itself in emitted protocol events ([`dlock_rt::events`]).
+pub const NODE: &str = "rail-stub";
+
 pub const CALL_LOG_ENTRIES_MAX: usize = 1_000_000;
 /// Largest `/submit` body the stub reads.
 pub const BODY_BYTES_MAX: usize = 16 * 1024;
@@ -178,6 +181,19 @@ impl RailStub {
             received_at: self.clock.wall(),
         };
         *st.seen.entry(client_ref).or_insert(0) += 1;
+        let index = st.calls.len();
+        dlock_rt::events::emit(NODE, "rail_call", || {
+            [
+                ("index", index.into()),
+                ("client_ref", call.client_ref.clone().into()),
+                ("amount_minor", call.amount_minor.into()),
+                ("currency", call.currency.clone().into()),
+                ("outcome", format!("{:?}", call.outcome).into()),
+                ("paid", call.paid.into()),
+                ("rail_reference", dlock_rt::events::opt(call.rail_reference.clone())),
+                ("received_wall_ms", call.received_at.timestamp_millis().into()),
+            ]
+        });
         st.calls.push(call.clone());
         self.calls_total.inc(match outcome {
             RailCallOutcome::Accepted => 0,

@@ -12,6 +12,9 @@
 //! - [`cli`]: the clap arguments of `dlock reconcile` and `dlock resolve`, and their entry
 //!   points.
 
+/// The reconciler's name for itself in emitted protocol events ([`dlock_rt::events`]).
+pub const NODE: &str = "reconciler";
+
 pub mod budget;
 pub mod cli;
 pub mod config;

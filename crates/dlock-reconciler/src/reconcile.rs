@@ -250,6 +250,7 @@ pub async fn reconcile(paydb: &Paydb, rail: &dyn RailRecord, params: &Params) ->
     }
     unreadable_findings(&mut report);
     report.finish();
+    emit_findings(&report);
     report
 }
 
@@ -272,7 +273,27 @@ pub async fn reconcile_without_paydb(paydb: &str, error: &str, rail: &dyn RailRe
     }
     unreadable_findings(&mut report);
     report.finish();
+    emit_findings(&report);
     report
+}
+
+/// One `reconciler_finding` event per finding of a finished run ([`dlock_rt::events`]), in
+/// the report's order: the one place every run's findings pass.
+fn emit_findings(report: &Report) {
+    if !dlock_rt::events::enabled() {
+        return;
+    }
+    for f in &report.findings {
+        dlock_rt::events::emit(crate::NODE, "reconciler_finding", || {
+            [
+                ("finding", f.kind.as_str().into()),
+                ("severity", f.severity.as_str().into()),
+                ("payout", dlock_rt::events::opt(f.payout_id.map(|p| p.to_string()))),
+                ("account", dlock_rt::events::opt(f.account_id.clone())),
+                ("detail", f.detail.clone().into()),
+            ]
+        });
+    }
 }
 
 fn unreadable_findings(report: &mut Report) {

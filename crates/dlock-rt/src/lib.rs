@@ -20,6 +20,7 @@
 mod tally;
 pub mod buggify;
 pub mod clock;
+pub mod events;
 pub mod http;
 pub mod probe;
 pub mod rand;

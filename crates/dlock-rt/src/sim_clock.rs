@@ -84,6 +84,12 @@ impl Instant {
         current_now()
     }
 
+    /// The reading of this instant's clock, in whole ms since its frame's origin (the
+    /// `mono_ms` scale of the incident trace).
+    pub fn reading_ms(&self) -> u64 {
+        u64::try_from(self.at.as_millis()).unwrap_or(u64::MAX)
+    }
+
     /// Whose clock this instant was read from.
     pub fn frame(&self) -> Frame {
         self.frame

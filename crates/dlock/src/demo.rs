@@ -149,6 +149,11 @@ pub struct DemoArgs {
     /// Longest the run may take before it is judged as it stands, in ms.
     #[arg(long, value_name = "MS", default_value_t = 300_000)]
     pub timeout_ms: u64,
+    /// Write the run's incident trace here: one JSON line per protocol event (grants,
+    /// fenced writes, intents, rail calls, lease beliefs, reconciler findings), in the
+    /// simulation's trace schema (docs/simulation.md "Incident trace").
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub trace: Option<PathBuf>,
     #[command(flatten)]
     pub chaos: ChaosArgs,
 }
@@ -254,6 +259,21 @@ pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitC
         std::fs::remove_dir_all(&a.data_dir).map_err(|e| format!("cannot clear {}: {e}", a.data_dir.display()))?;
     }
     let cfg = a.chaos.cluster(a.data_dir.clone(), Ports::EPHEMERAL, (0.02, 0.02), layers, profile)?;
+    let trace = match &a.trace {
+        Some(path) => {
+            let config = format!(
+                "dlock demo --payouts {} --accounts {} --executors {}",
+                a.payouts, a.accounts, a.chaos.executors
+            );
+            Some(crate::trace_file::TraceFile::start(path, &config)?)
+        }
+        None => None,
+    };
+    let phase = |name: &str, detail: &str| {
+        if let Some(t) = &trace {
+            t.phase(name, detail);
+        }
+    };
     // Real time on purpose, here and below: the demo's elapsed-time report and progress bar
     // are for the person watching, decide nothing, and `dlock demo` never runs in the
     // simulation (the sim worlds start services through their entry points, not this).
@@ -274,6 +294,7 @@ pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitC
     println!("data in {} (paydb.sqlite, lockdb.sqlite)", a.data_dir.display());
 
     // Seed. Each account is funded for about 95 % of its payouts, so a few end FAILED for funds.
+    phase("seed", &format!("{} accounts, {} payouts", a.accounts, a.payouts));
     let client = seeding_client(&cluster)?;
     let amount = |i: usize| 1_000 + (i as i64 % 97) * 10;
     let mut per_account = vec![0i64; a.accounts];
@@ -303,6 +324,7 @@ pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitC
     // The work queue lists what was created before its first page's millisecond.
     dlock_rt::sleep(Duration::from_millis(2)).await;
     let run_started = std::time::Instant::now();
+    phase("run", &format!("{} executors start", a.chaos.executors));
     cluster.start_executors().await?;
 
     let tty = std::io::stderr().is_terminal();
@@ -338,12 +360,17 @@ pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitC
     let run_time = run_started.elapsed();
     cluster.stop_executors().await;
 
+    phase("checks", "the reconciler judges the run");
     let now = dlock_rt::Clock::system().wall();
     let report = dlock_reconciler::cli::reconcile_once(&cluster.reconcile_settings(false)?, now, Default::default())
         .await
         .map_err(|e| format!("reconcile: {e}"))?;
     let fenced = [fenced_out(&cluster, 0), fenced_out(&cluster, 1), fenced_out(&cluster, 2)];
     cluster.shutdown().await;
+    if let (Some(t), Some(path)) = (trace, &a.trace) {
+        let lines = t.finish()?;
+        eprintln!("dlock demo: trace: {lines} lines in {}", path.display());
+    }
 
     println!();
     println!("payouts by final state");

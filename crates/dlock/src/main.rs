@@ -8,6 +8,8 @@ mod cluster;
 mod config;
 #[cfg(not(madsim))]
 mod demo;
+#[cfg(not(madsim))]
+mod trace_file;
 
 #[cfg(not(madsim))]
 fn main() -> std::process::ExitCode {

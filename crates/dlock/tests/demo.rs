@@ -208,3 +208,90 @@ async fn up_serves_the_cluster_on_the_default_ports_settles_payouts_and_stops_on
     assert!(posted.is_some(), "the executors of dlock up did not settle the payout");
     assert!(status.is_some_and(|s| s.success()), "dlock up did not stop cleanly on SIGTERM: {status:?}");
 }
+
+/// The node names the demo's trace may give (the services' own, the executors', the demo's).
+fn demo_trace_node(n: &str) -> bool {
+    ["demo", "lock-server", "payment-resource", "rail-proxy", "rail-stub", "reconciler"].contains(&n)
+        || n.strip_prefix("executor-").is_some_and(|i| i.parse::<u32>().is_ok())
+}
+
+/// DL-93, DL-94: `dlock demo --trace FILE.jsonl` writes the real cluster's run in the
+/// simulation's trace schema: every line JSON with the six fixed fields first and in order,
+/// `seq` the line number, `t_ms` never going back, and the protocol's events (grants, fenced
+/// writes, a stalled worker's fenced-out write below the stored token, intents, rail calls,
+/// lease beliefs matching their grants, the reconciler's findings) from the services' nodes.
+#[test]
+fn demo_with_trace_writes_the_runs_protocol_events_in_the_simulation_trace_schema() {
+    let dir = TempDir::new("demo-trace");
+    let file = dir.0.join("run.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["demo", "--payouts", "40", "--accounts", "2", "--rail-failure-rate", "0.3", "--pause-rate", "0.2"])
+        .arg("--data-dir")
+        .arg(dir.0.join("data"))
+        .arg("--trace")
+        .arg(&file)
+        .output()
+        .expect("run dlock demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "exit {:?}\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(&file).expect("the trace file was written");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() > 40, "{} lines", lines.len());
+    let fixed = ["seq", "t_ms", "node", "mono_ms", "wall_ms", "kind"];
+    let mut parsed = Vec::new();
+    let mut last_t = 0;
+    for (i, line) in lines.iter().enumerate() {
+        let m = match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(serde_json::Value::Object(m)) => m,
+            other => panic!("line {i} is not a JSON object ({other:?}): {line}"),
+        };
+        let keys: Vec<&str> = m.keys().map(String::as_str).collect();
+        let mut at = 0;
+        for f in fixed {
+            let pos = line.find(&format!("\"{f}\":")).unwrap_or_else(|| panic!("no {f}: {line}"));
+            assert!(pos >= at, "field {f} out of order: {line}");
+            at = pos;
+        }
+        assert!(line.starts_with("{\"seq\":"), "{line}");
+        assert_eq!(m["seq"].as_u64(), Some(i as u64), "seq is the line number: {line}");
+        let t = m["t_ms"].as_u64().unwrap_or_else(|| panic!("t_ms: {line}"));
+        assert!(t >= last_t, "t_ms went back: {line}");
+        last_t = t;
+        assert!(m["mono_ms"].as_u64().is_some() && m["wall_ms"].as_i64().is_some(), "clocks: {line} {keys:?}");
+        let node = m["node"].as_str().unwrap_or_default();
+        assert!(demo_trace_node(node), "unknown node {node}: {line}");
+        parsed.push(m);
+    }
+    let first = &parsed[0];
+    assert_eq!(first["kind"], "trace_start");
+    assert_eq!(first["schema"], "dlock-incident-trace/1");
+    assert_eq!(parsed[parsed.len() - 1]["kind"], "trace_end");
+    let of = |kind: &str| parsed.iter().filter(|m| m["kind"] == kind).collect::<Vec<_>>();
+    for kind in ["grant", "fenced_write", "intent", "rail_call", "intent_outcome", "lease_belief", "reconciler_finding"]
+    {
+        assert!(!of(kind).is_empty(), "no {kind} line in the demo's trace");
+    }
+    for (kind, node) in [
+        ("grant", "lock-server"),
+        ("intent", "rail-proxy"),
+        ("rail_call", "rail-stub"),
+        ("reconciler_finding", "reconciler"),
+    ] {
+        assert!(of(kind).iter().all(|m| m["node"] == node), "{kind} lines come from {node}");
+    }
+    // The fences stopped a stalled worker: presented below the stored token.
+    let refused: Vec<_> = of("fenced_write").into_iter().filter(|m| m["answer"] == "fenced_out").collect();
+    assert!(!refused.is_empty(), "no fenced-out write although workers stalled past their lease:\n{stdout}");
+    for m in &refused {
+        assert!(m["presented_token"].as_i64() <= m["stored_token"].as_i64(), "{m:?}");
+    }
+    assert!(refused.iter().any(|m| m["presented_token"].as_i64() < m["stored_token"].as_i64()), "{refused:?}");
+    // Every granted belief is of a grant the lock server made, from an executor's node.
+    for b in of("lease_belief").into_iter().filter(|m| m["source"] == "granted") {
+        assert!(b["node"].as_str().is_some_and(|n| n.starts_with("executor-")), "{b:?}");
+        assert!(
+            of("grant").iter().any(|g| g["key"] == b["key"] && g["token"] == b["token"]),
+            "a belief without its grant: {b:?}"
+        );
+    }
+}

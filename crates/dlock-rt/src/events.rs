@@ -1,0 +1,222 @@
+//! The protocol-event seam: services say what they decided or believed (a grant, a fenced
+//! write and its answer, an intent, a rail call, a lease belief, a reconciler finding) as a
+//! `kind` with named fields, and whoever installed a [`Sink`] records it. The simulation's
+//! sink appends to its incident trace (`sim/src/trace.rs`); `dlock demo --trace FILE.jsonl`
+//! installs a file sink that writes the same line schema (docs/simulation.md "Incident
+//! trace").
+//!
+//! Invariants of this module:
+//! - With no sink installed, [`emit`] is one branch: the closure that builds the fields is
+//!   never called, so nothing is allocated and nothing is read.
+//! - A sink never decides anything: emitting is after the decision, and a sink's answer is
+//!   not returned to the service.
+//! - Fields are a `BTreeMap`, so their order is by name whatever order the emitter gave.
+//! - In simulation (`cfg(madsim)`) the sink is per thread, the thread a seed's runtime runs
+//!   on, so seeds run in parallel never see each other's events; outside it, the sink is the
+//!   process's.
+//! - [`mono_ms`] puts an [`Instant`] on the same scale as the line's `mono_ms`: in
+//!   simulation the reading of the instant's own node clock (whole ms since the frame's
+//!   origin), outside it the ms since this process first asked (an instant before that
+//!   reads 0).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::Instant;
+
+/// An event's own fields, sorted by name.
+pub type Fields = BTreeMap<&'static str, Value>;
+
+/// Where emitted events go.
+pub trait Sink: Send + Sync {
+    /// `node`: the emitting service's name for itself (a sink that knows better, such as the
+    /// simulation's, which knows the running node, may use its own).
+    fn record(&self, node: &str, kind: &'static str, fields: Fields);
+}
+
+#[cfg(madsim)]
+thread_local! {
+    static SINK: std::cell::RefCell<Option<Arc<dyn Sink>>> = const { std::cell::RefCell::new(None) };
+}
+
+#[cfg(not(madsim))]
+static ENABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+#[cfg(not(madsim))]
+static SINK: std::sync::RwLock<Option<Arc<dyn Sink>>> = std::sync::RwLock::new(None);
+
+/// Removes the sink it installed when dropped.
+#[must_use = "the sink is removed when the guard is dropped"]
+pub struct Installed(());
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        set(None);
+    }
+}
+
+fn set(sink: Option<Arc<dyn Sink>>) {
+    #[cfg(madsim)]
+    SINK.with(|s| *s.borrow_mut() = sink);
+    #[cfg(not(madsim))]
+    {
+        let on = sink.is_some();
+        match SINK.write() {
+            Ok(mut g) => *g = sink,
+            Err(poisoned) => *poisoned.into_inner() = sink,
+        }
+        ENABLED.store(on, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Installs `sink` (replacing any other) until the returned guard drops.
+pub fn install(sink: Arc<dyn Sink>) -> Installed {
+    set(Some(sink));
+    Installed(())
+}
+
+/// Whether a sink is installed.
+pub fn enabled() -> bool {
+    #[cfg(madsim)]
+    return SINK.with(|s| s.borrow().is_some());
+    #[cfg(not(madsim))]
+    ENABLED.load(std::sync::atomic::Ordering::Acquire)
+}
+
+fn current() -> Option<Arc<dyn Sink>> {
+    #[cfg(madsim)]
+    return SINK.with(|s| s.borrow().clone());
+    #[cfg(not(madsim))]
+    match SINK.read() {
+        Ok(g) => g.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    }
+}
+
+/// Emits one event of `node` (the service's own name): `fields` is called only when a sink
+/// is installed.
+pub fn emit<F, I>(node: &str, kind: &'static str, fields: F)
+where
+    F: FnOnce() -> I,
+    I: IntoIterator<Item = (&'static str, Value)>,
+{
+    if !enabled() {
+        return;
+    }
+    if let Some(sink) = current() {
+        sink.record(node, kind, fields().into_iter().collect());
+    }
+}
+
+/// The incident trace's schema name and version (docs/simulation.md "Incident trace"). A
+/// field or kind is only ever added under the same version; a renamed or removed one is a
+/// new version.
+pub const SCHEMA: &str = "dlock-incident-trace/1";
+
+/// The fields every trace line has, first and in this order.
+pub const REQUIRED_FIELDS: [&str; 6] = ["seq", "t_ms", "node", "mono_ms", "wall_ms", "kind"];
+
+/// The fixed fields of one trace line.
+#[derive(Debug, Clone, Copy)]
+pub struct LineHead<'a> {
+    pub seq: u64,
+    pub t_ms: u64,
+    pub node: &'a str,
+    pub mono_ms: u64,
+    pub wall_ms: i64,
+    pub kind: &'a str,
+}
+
+/// One trace line: the six fixed fields in order, then `fields` sorted by name. Rendered by
+/// hand (fixed order, sorted map), so no JSON library's map order can leak in; the
+/// simulation's trace and the demo's file both render through here.
+pub fn render_line(h: LineHead<'_>, fields: &Fields) -> String {
+    let s = |v: &str| Value::from(v).to_string();
+    let mut line = format!(
+        "{{\"seq\":{},\"t_ms\":{},\"node\":{},\"mono_ms\":{},\"wall_ms\":{},\"kind\":{}",
+        h.seq,
+        h.t_ms,
+        s(h.node),
+        h.mono_ms,
+        h.wall_ms,
+        s(h.kind)
+    );
+    for (k, v) in fields {
+        line.push_str(&format!(",{}:{}", s(k), v));
+    }
+    line.push('}');
+    line
+}
+
+/// A value from an optional one (`null` when `None`).
+pub fn opt<T: Into<Value>>(v: Option<T>) -> Value {
+    v.map_or(Value::Null, Into::into)
+}
+
+/// `i` in whole ms on the scale of a trace line's `mono_ms` (see the module doc).
+pub fn mono_ms(i: Instant) -> u64 {
+    #[cfg(madsim)]
+    return i.reading_ms();
+    #[cfg(not(madsim))]
+    {
+        static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        let origin = *ORIGIN.get_or_init(Instant::now);
+        u64::try_from(i.saturating_duration_since(origin).as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+#[cfg(all(test, not(madsim)))]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    struct Collect(Mutex<Vec<(String, &'static str, Fields)>>);
+    impl Sink for Collect {
+        fn record(&self, node: &str, kind: &'static str, fields: Fields) {
+            if let Ok(mut v) = self.0.lock() {
+                v.push((node.to_owned(), kind, fields));
+            }
+        }
+    }
+
+    #[test]
+    fn without_a_sink_the_fields_are_never_built_and_with_one_they_arrive_sorted() {
+        let called = std::cell::Cell::new(false);
+        emit("n", "k", || {
+            called.set(true);
+            [("a", Value::from(1))]
+        });
+        assert!(!called.get(), "no sink: the closure must not run");
+        let sink = Arc::new(Collect(Mutex::new(Vec::new())));
+        {
+            let _g = install(sink.clone());
+            emit("lock-server", "grant", || [("token", Value::from(3)), ("key", Value::from("k"))]);
+        }
+        emit("n", "after", || [("a", Value::from(1))]);
+        let got = sink.0.lock().map(|v| v.clone()).unwrap_or_default();
+        assert_eq!(got.len(), 1, "one event while installed, none after: {got:?}");
+        assert_eq!(got[0].0, "lock-server");
+        assert_eq!(got[0].1, "grant");
+        assert_eq!(got[0].2.keys().copied().collect::<Vec<_>>(), vec!["key", "token"]);
+    }
+
+    #[test]
+    fn a_rendered_line_has_the_fixed_fields_first_then_the_sorted_fields() {
+        let f: Fields = [("b", Value::from(2)), ("a", Value::from("x"))].into_iter().collect();
+        let h = LineHead { seq: 7, t_ms: 5, node: "rail-proxy", mono_ms: 4, wall_ms: -1, kind: "intent" };
+        assert_eq!(
+            render_line(h, &f),
+            r#"{"seq":7,"t_ms":5,"node":"rail-proxy","mono_ms":4,"wall_ms":-1,"kind":"intent","a":"x","b":2}"#
+        );
+    }
+
+    #[test]
+    fn mono_ms_never_decreases_for_later_instants() {
+        // The first reading fixes the origin; an instant before it reads 0.
+        let _ = mono_ms(Instant::now());
+        let a = Instant::now();
+        let b = a + std::time::Duration::from_millis(250);
+        assert!(mono_ms(b) >= mono_ms(a) + 250);
+    }
+}
