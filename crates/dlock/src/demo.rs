@@ -154,6 +154,12 @@ pub struct DemoArgs {
     /// simulation's trace schema (docs/simulation.md "Incident trace").
     #[arg(long, value_name = "FILE.jsonl")]
     pub trace: Option<PathBuf>,
+    /// Draw the run's incident trace as one self-contained HTML page here: a lane per
+    /// executor with its leases and writes, the account fences and rail marks, each rail
+    /// call (docs/simulation.md "Timeline"). Without `--trace` the trace is kept under the
+    /// data dir as `trace.jsonl`.
+    #[arg(long, value_name = "FILE.html")]
+    pub timeline: Option<PathBuf>,
     #[command(flatten)]
     pub chaos: ChaosArgs,
 }
@@ -259,7 +265,12 @@ pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitC
         std::fs::remove_dir_all(&a.data_dir).map_err(|e| format!("cannot clear {}: {e}", a.data_dir.display()))?;
     }
     let cfg = a.chaos.cluster(a.data_dir.clone(), Ports::EPHEMERAL, (0.02, 0.02), layers, profile)?;
-    let trace = match &a.trace {
+    // `--timeline` draws from the trace: record one even without `--trace`.
+    let trace_path = a.trace.clone().or_else(|| a.timeline.as_ref().map(|_| a.data_dir.join("trace.jsonl")));
+    if trace_path.is_some() {
+        std::fs::create_dir_all(&a.data_dir).map_err(|e| format!("cannot create {}: {e}", a.data_dir.display()))?;
+    }
+    let trace = match &trace_path {
         Some(path) => {
             let config = format!(
                 "dlock demo --payouts {} --accounts {} --executors {}",
@@ -367,9 +378,15 @@ pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitC
         .map_err(|e| format!("reconcile: {e}"))?;
     let fenced = [fenced_out(&cluster, 0), fenced_out(&cluster, 1), fenced_out(&cluster, 2)];
     cluster.shutdown().await;
-    if let (Some(t), Some(path)) = (trace, &a.trace) {
+    if let (Some(t), Some(path)) = (trace, &trace_path) {
         let lines = t.finish()?;
         eprintln!("dlock demo: trace: {lines} lines in {}", path.display());
+        if let Some(html) = &a.timeline {
+            let jsonl = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let page = dlock_timeline::render_html(&jsonl).map_err(|e| format!("timeline: {e}"))?;
+            std::fs::write(html, page).map_err(|e| format!("cannot write {}: {e}", html.display()))?;
+            eprintln!("dlock demo: timeline: {}", html.display());
+        }
     }
 
     println!();

@@ -224,12 +224,15 @@ fn demo_trace_node(n: &str) -> bool {
 fn demo_with_trace_writes_the_runs_protocol_events_in_the_simulation_trace_schema() {
     let dir = TempDir::new("demo-trace");
     let file = dir.0.join("run.jsonl");
+    let html = dir.0.join("run.html");
     let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
         .args(["demo", "--payouts", "40", "--accounts", "2", "--rail-failure-rate", "0.3", "--pause-rate", "0.2"])
         .arg("--data-dir")
         .arg(dir.0.join("data"))
         .arg("--trace")
         .arg(&file)
+        .arg("--timeline")
+        .arg(&html)
         .output()
         .expect("run dlock demo");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -294,4 +297,10 @@ fn demo_with_trace_writes_the_runs_protocol_events_in_the_simulation_trace_schem
             "a belief without its grant: {b:?}"
         );
     }
+    // `--timeline`: the same trace drawn, the same page the renderer makes of the file, with
+    // a lane per executor and the fenced-out writes drawn.
+    let page = std::fs::read_to_string(&html).expect("the timeline was written");
+    assert_eq!(page, dlock_timeline::render_html(&text).expect("renders"), "the page is the trace's drawing");
+    assert!(page.contains(r#"data-lane-kind="executor""#), "no executor lane");
+    assert!(page.contains(r#"data-answer="fenced_out""#), "no fenced-out write drawn");
 }
