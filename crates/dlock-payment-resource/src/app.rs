@@ -184,6 +184,36 @@ fn emit_fenced_write(f: FenceSeen<'_>) {
     });
 }
 
+/// The `fenced_write` event of one claim or post (`op`, guarded by `layer`), when a sink
+/// listens: what the store decided, read through `accepted` and `fenced`.
+#[allow(clippy::too_many_arguments)]
+fn trace_fenced_write<T>(
+    op: &'static str,
+    layer: dlock_rt::defence::Layer,
+    payout_id: Uuid,
+    token: i64,
+    owner: &str,
+    decided: &Decided<T>,
+    accepted: impl Fn(&T) -> Option<&str>,
+    fenced: impl Fn(&T) -> Option<(&str, i64)>,
+) {
+    if !dlock_rt::events::enabled() {
+        return;
+    }
+    let (answer, stored_token, account, replay) = fence_seen(decided, accepted, fenced, token);
+    emit_fenced_write(FenceSeen {
+        op,
+        payout_id,
+        token,
+        owner,
+        account: account.as_deref(),
+        answer,
+        stored_token,
+        replay,
+        fenced: !dlock_rt::defence::off(layer),
+    });
+}
+
 /// The answer, stored token and account of a decided claim or post (`accepted`: the outcome
 /// passed the fence; `fenced`: its highest token when it was refused by it).
 fn fence_seen<T>(
@@ -491,35 +521,24 @@ async fn claim(
     let render = move |o: &ClaimOutcome| render_claim(o, payout_id, token, &key_text, &trace_id);
     let decided = pr.store.claim(&c, &idem, &render).await;
     let owner_text = owner.as_str();
-    if dlock_rt::events::enabled() {
-        let (answer, stored_token, account, replay) = fence_seen(
-            &decided,
-            |o| match o {
-                ClaimOutcome::Claimed { account_id, .. } | ClaimOutcome::InsufficientFunds { account_id, .. } => {
-                    Some(account_id.as_str())
-                }
-                _ => None,
-            },
-            |o| match o {
-                ClaimOutcome::Fenced { account_id, highest_token } => Some((account_id.as_str(), *highest_token)),
-                _ => None,
-            },
-            token,
-        );
-        let fenced = !dlock_rt::defence::off(dlock_rt::defence::Layer::ClaimFence);
-        let account = account.as_deref();
-        emit_fenced_write(FenceSeen {
-            op: "claim",
-            payout_id,
-            token,
-            owner: owner_text,
-            account,
-            answer,
-            stored_token,
-            replay,
-            fenced,
-        });
-    }
+    trace_fenced_write(
+        "claim",
+        dlock_rt::defence::Layer::ClaimFence,
+        payout_id,
+        token,
+        owner_text,
+        &decided,
+        |o| match o {
+            ClaimOutcome::Claimed { account_id, .. } | ClaimOutcome::InsufficientFunds { account_id, .. } => {
+                Some(account_id.as_str())
+            }
+            _ => None,
+        },
+        |o| match o {
+            ClaimOutcome::Fenced { account_id, highest_token } => Some((account_id.as_str(), *highest_token)),
+            _ => None,
+        },
+    );
     Ok(answer(
         &pr,
         decided,
@@ -588,33 +607,22 @@ async fn post_payout(
     let render = move |o: &PostOutcome| render_post(o, payout_id, &trace_id);
     let decided = pr.store.post(&p, &idem, &render).await;
     let owner_text = owner.as_str();
-    if dlock_rt::events::enabled() {
-        let (answer, stored_token, account, replay) = fence_seen(
-            &decided,
-            |o| match o {
-                PostOutcome::Posted { account_id, .. } => Some(account_id.as_str()),
-                _ => None,
-            },
-            |o| match o {
-                PostOutcome::Fenced { account_id, highest_token } => Some((account_id.as_str(), *highest_token)),
-                _ => None,
-            },
-            token,
-        );
-        let fenced = !dlock_rt::defence::off(dlock_rt::defence::Layer::PostFence);
-        let account = account.as_deref();
-        emit_fenced_write(FenceSeen {
-            op: "post",
-            payout_id,
-            token,
-            owner: owner_text,
-            account,
-            answer,
-            stored_token,
-            replay,
-            fenced,
-        });
-    }
+    trace_fenced_write(
+        "post",
+        dlock_rt::defence::Layer::PostFence,
+        payout_id,
+        token,
+        owner_text,
+        &decided,
+        |o| match o {
+            PostOutcome::Posted { account_id, .. } => Some(account_id.as_str()),
+            _ => None,
+        },
+        |o| match o {
+            PostOutcome::Fenced { account_id, highest_token } => Some((account_id.as_str(), *highest_token)),
+            _ => None,
+        },
+    );
     Ok(answer(
         &pr,
         decided,
