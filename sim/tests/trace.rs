@@ -182,6 +182,67 @@ fn sampled_default_campaign_seeds_give_the_same_trace_hash_on_a_second_run() {
     }
 }
 
+/// The other campaign kinds CI runs get the same check on a sample: a seed per planted bug
+/// (the seed its negative control finds), a seed per defence layer switched off, and a seed
+/// of two world scenarios, each run twice with the same switches, give the same trace hash.
+#[test]
+fn sampled_seeds_of_every_campaign_kind_give_the_same_trace_hash_on_a_second_run() {
+    use dlock_rt::defence::Layer;
+    use dlock_rt::planted::Bug;
+    let planted_seeds = [
+        (Bug::FencingOffPayment, 25),
+        (Bug::FencingOffProxy, 2),
+        (Bug::FencingOffBoth, 2),
+        (Bug::ExecutorRetriesSubmit, 1),
+        (Bug::MarkAfterCall, 99),
+        (Bug::RevokeKeepsFloor, 5),
+        (Bug::GrantUnexpired, 1),
+    ];
+    let mut runs: Vec<(String, u64, RunOptions)> = planted_seeds
+        .iter()
+        .map(|(b, seed)| (format!("--plant {b}"), *seed, RunOptions { planted: Some(*b), ..RunOptions::default() }))
+        .collect();
+    for (i, layer) in Layer::ALL.iter().enumerate() {
+        let seed = 10 + i as u64;
+        runs.push((
+            format!("--layer-off {layer}"),
+            seed,
+            RunOptions { layer_off: Some(*layer), ..RunOptions::default() },
+        ));
+    }
+    for name in ["revoke-mid-flight", "stale-writer-second-proxy"] {
+        runs.push((
+            format!("--scenario {name}"),
+            3,
+            RunOptions { scenario: Some(name.into()), ..RunOptions::default() },
+        ));
+    }
+    let results = std::sync::Mutex::new(Vec::new());
+    let jobs = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).min(2);
+    let indices: Vec<u64> = (0..runs.len() as u64).collect();
+    campaign::for_each_seed(&indices, jobs, &|i| {
+        let (what, seed, opts) = &runs[i as usize];
+        let (a, b) = (campaign::run_seed_traced(*seed, opts).1, campaign::run_seed_traced(*seed, opts).1);
+        if let Ok(mut r) = results.lock() {
+            r.push((
+                what.clone(),
+                *seed,
+                trace::hash_lines(&a),
+                trace::hash_lines(&b),
+                trace::first_difference(&a, &b),
+            ));
+        }
+    });
+    let results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    assert_eq!(results.len(), runs.len());
+    for (what, seed, ha, hb, diff) in results {
+        assert!(
+            ha == hb && diff.is_none(),
+            "seed {seed} {what}: nondeterministic trace (hash {ha:016x} then {hb:016x}); first differing line: {diff:?}"
+        );
+    }
+}
+
 /// A line's `t_ms` when its node's monotonic clock reads `mono` (the node's clock runs at
 /// the global rate in this scenario: no drift is drawn for a scenario seed).
 fn t_at(m: &serde_json::Map<String, Value>, mono: u64) -> i64 {
