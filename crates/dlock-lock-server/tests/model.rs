@@ -35,12 +35,14 @@
 //!
 //! Bounded for CI: [`CASES_PER_BACKEND`] cases of at most [`OPS_PER_CASE_MAX`] steps each.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use dlock_lock_server::store::{AcquireRefusal, LockStore, RenewRefusal, RevokeRefusal, SessionRefusal};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use uuid::Uuid;
 
 /// Random cases per backend.
@@ -53,10 +55,13 @@ const UNIT_MS: i64 = 600_000;
 const SLOTS: usize = 3;
 /// Keys a case drives.
 const KEYS: usize = 2;
-/// Session and lease ttls, in units, below this bound.
-const TTL_UNITS_MAX: i64 = 6;
+/// Session ttls, in units: at least the lease ttls, so that a lease often lapses while its
+/// session lives (the case where a renew must be refused by the lease alone).
+const SESSION_TTL_UNITS: std::ops::Range<i64> = 2..9;
+/// Lease ttls, in units.
+const LEASE_TTL_UNITS: std::ops::Range<i64> = 1..4;
 /// One `Advance`, in units, below this bound.
-const ADVANCE_UNITS_MAX: i64 = 5;
+const ADVANCE_UNITS_MAX: i64 = 3;
 /// The lock-delay every acquire and close passes.
 const DELAY_MS: i64 = 0;
 
@@ -91,22 +96,27 @@ fn pick() -> impl Strategy<Value = Pick> {
 fn op() -> impl Strategy<Value = Op> {
     let slot = 0..SLOTS;
     let key = 0..KEYS;
-    let ttl = 1..TTL_UNITS_MAX;
+    let ttl = LEASE_TTL_UNITS;
     prop_oneof![
-        2 => (1..ADVANCE_UNITS_MAX).prop_map(Op::Advance),
-        2 => (slot.clone(), ttl.clone()).prop_map(|(s, t)| Op::Open(s, t)),
-        1 => slot.clone().prop_map(Op::Heartbeat),
+        3 => (1..ADVANCE_UNITS_MAX).prop_map(Op::Advance),
+        1 => (slot.clone(), SESSION_TTL_UNITS).prop_map(|(s, t)| Op::Open(s, t)),
+        2 => slot.clone().prop_map(Op::Heartbeat),
         1 => slot.clone().prop_map(Op::Close),
-        3 => (slot.clone(), key.clone(), ttl.clone()).prop_map(|(s, k, t)| Op::Acquire(s, k, t)),
-        2 => (slot, key.clone(), pick(), ttl).prop_map(|(s, k, p, t)| Op::Renew(s, k, p, t)),
+        4 => (slot.clone(), key.clone(), ttl.clone()).prop_map(|(s, k, t)| Op::Acquire(s, k, t)),
+        4 => (slot, key.clone(), pick(), ttl).prop_map(|(s, k, p, t)| Op::Renew(s, k, p, t)),
         2 => (key.clone(), pick()).prop_map(|(k, p)| Op::Release(k, p)),
         1 => (key, proptest::option::of(pick())).prop_map(|(k, p)| Op::Revoke(k, p)),
         1 => Just(Op::Restart),
     ]
 }
 
+/// A case: every slot opens a session first (else most steps would name unknown sessions),
+/// then random steps; [`OPS_PER_CASE_MAX`] in all.
 fn ops() -> impl Strategy<Value = Vec<Op>> {
-    proptest::collection::vec(op(), 1..=OPS_PER_CASE_MAX)
+    let opens = proptest::collection::vec(SESSION_TTL_UNITS, SLOTS);
+    (opens, proptest::collection::vec(op(), 1..=OPS_PER_CASE_MAX - SLOTS)).prop_map(|(ttls, rest)| {
+        ttls.into_iter().enumerate().map(|(slot, ttl)| Op::Open(slot, ttl)).chain(rest).collect()
+    })
 }
 
 /// An answer, normalised to what the model can predict exactly (no absolute instants:
@@ -331,11 +341,7 @@ impl Tokens {
 /// A backend under test: the store, how its clock advances, how it restarts.
 enum Backend {
     #[cfg(not(madsim))]
-    Sqlite {
-        url: String,
-        store: dlock_lock_server::store_sql::SqliteLockStore,
-        _dir: dlock_testkit::TempDir,
-    },
+    Sqlite { url: String, store: dlock_lock_server::store_sql::SqliteLockStore, _dir: dlock_testkit::TempDir },
     #[cfg(madsim)]
     Mem(Arc<dlock_lock_server::store_mem::MemLockStore>),
 }
@@ -443,14 +449,17 @@ async fn check_state(store: &Arc<dyn LockStore>, model: &Model, after: &Op) -> R
         let got = got.map(|i| i.grant.map(|g| (g.fencing_token, g.session_id)));
         let want = model.seen.contains(&k).then(|| model.live_grant(k).map(|g| (g.token, g.session)));
         if got != want {
-            return Err(TestCaseError::fail(format!("after {after:?}: key-{k} is {got:?} in the store, {want:?} in the model")));
+            return Err(TestCaseError::fail(format!(
+                "after {after:?}: key-{k} is {got:?} in the store, {want:?} in the model"
+            )));
         }
     }
     Ok(())
 }
 
 /// Runs one case against a fresh backend.
-async fn run_case(mut backend: Backend, ops: &[Op]) -> Result<(), TestCaseError> {
+async fn run_case(mut backend: Backend, ops: &[Op], seen: &RefCell<Coverage>) -> Result<(), TestCaseError> {
+    let mut restarted = false;
     let mut model = Model::default();
     let mut tokens = Tokens::default();
     // slot -> current session id; a slot never opened names a session that never existed.
@@ -471,8 +480,11 @@ async fn run_case(mut backend: Backend, ops: &[Op]) -> Result<(), TestCaseError>
             Op::Restart => backend.restart().await,
             _ => {}
         }
+        let class = classify(&model, op, |s| slots[s], restarted);
+        restarted |= matches!(op, Op::Restart);
         let expected = model.step(op, |s| slots[s]);
         judge(op, &expected, &actual)?;
+        seen.borrow_mut().note(class, &expected);
         tokens.check(op, &actual)?;
         check_state(&backend.store(), &model, op).await?;
     }
@@ -486,13 +498,132 @@ where
     B: Fn(std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), TestCaseError>>>>) -> Result<(), TestCaseError>,
     F: std::future::Future<Output = Backend> + 'static,
 {
-    let mut runner = TestRunner::new(Config { cases: CASES_PER_BACKEND, failure_persistence: None, ..Config::default() });
+    let config = Config { cases: CASES_PER_BACKEND, failure_persistence: None, ..Config::default() };
+    // A fixed seed: every CI run drives the same cases.
+    let mut runner = TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    let seen = Rc::new(RefCell::new(Coverage::default()));
     let outcome = runner.run(&ops(), |ops| {
         let backend = make();
-        block_on(Box::pin(async move { run_case(backend.await, &ops).await }))
+        let seen = seen.clone();
+        block_on(Box::pin(async move { run_case(backend.await, &ops, &seen).await }))
     });
     if let Err(e) = outcome {
         panic!("{e}");
+    }
+    // The cases reached every situation the properties are about (else they prove little).
+    let seen = *seen.borrow();
+    eprintln!("coverage: {seen:?}");
+    let missing = seen.missing();
+    assert!(missing.is_empty(), "the cases never reached {missing:?}: {seen:?}");
+}
+
+/// A situation a step is in, before it runs, that the properties are about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// A renew by the holder with its token after the lease lapsed, its session live.
+    RenewOfLapsedLease,
+    /// A release with a token that is not the live holder's.
+    ReleaseByNonHolder,
+    /// An acquire of a key whose stored grant is dead (lapsed lease or session).
+    AcquireOverDeadGrant,
+    /// An acquire after a revoke raised the floor.
+    AcquireAfterRevoke,
+    /// An acquire after a restart of the backend.
+    AcquireAfterRestart,
+    Other,
+}
+
+fn classify(m: &Model, op: &Op, slot_id: impl Fn(usize) -> Uuid, restarted: bool) -> Class {
+    match *op {
+        Op::Renew(slot, key, p, _) => {
+            let s = slot_id(slot);
+            let token = m.presented(key, p);
+            let lapsed = m.rows.get(&key).is_some_and(|g| g.session == s && g.token == token && m.now >= g.lease_end);
+            if lapsed && m.session_check(s).is_ok() {
+                return Class::RenewOfLapsedLease;
+            }
+            Class::Other
+        }
+        Op::Release(key, p) if m.live_grant(key).is_some_and(|g| g.token != m.presented(key, p)) => {
+            Class::ReleaseByNonHolder
+        }
+        Op::Acquire(slot, key, _) if m.session_check(slot_id(slot)).is_ok() => {
+            if m.rows.get(&key).is_some_and(|g| !m.live(g)) {
+                Class::AcquireOverDeadGrant
+            } else if m.live_grant(key).is_none() && m.floor > 0 {
+                Class::AcquireAfterRevoke
+            } else if m.live_grant(key).is_none() && restarted {
+                Class::AcquireAfterRestart
+            } else {
+                Class::Other
+            }
+        }
+        _ => Class::Other,
+    }
+}
+
+/// How often each situation and answer occurred over all cases.
+#[derive(Debug, Clone, Copy, Default)]
+struct Coverage {
+    renew_of_lapsed_lease: u32,
+    release_by_non_holder: u32,
+    acquire_over_dead_grant: u32,
+    acquire_after_revoke: u32,
+    acquire_after_restart: u32,
+    contended: u32,
+    already_held: u32,
+    revoked: u32,
+    stale_revoke: u32,
+    renewed: u32,
+    session_expired: u32,
+    session_unknown: u32,
+}
+
+impl Coverage {
+    fn note(&mut self, class: Class, answer: &Answer) {
+        match class {
+            Class::RenewOfLapsedLease => self.renew_of_lapsed_lease += 1,
+            Class::ReleaseByNonHolder => self.release_by_non_holder += 1,
+            Class::AcquireOverDeadGrant => self.acquire_over_dead_grant += 1,
+            Class::AcquireAfterRevoke => self.acquire_after_revoke += 1,
+            Class::AcquireAfterRestart => self.acquire_after_restart += 1,
+            Class::Other => {}
+        }
+        match answer {
+            Answer::Acquire(Err(Refused::Contended { .. })) => self.contended += 1,
+            Answer::Acquire(Err(Refused::AlreadyHeld { .. })) => self.already_held += 1,
+            Answer::Revoke(Ok(_)) => self.revoked += 1,
+            Answer::Revoke(Err(RevokeRefusal::Stale { .. })) => self.stale_revoke += 1,
+            Answer::Renew(Ok(_)) => self.renewed += 1,
+            Answer::Heartbeat(Err(SessionRefusal::Expired))
+            | Answer::Acquire(Err(Refused::Session(SessionRefusal::Expired)))
+            | Answer::Renew(Err(RenewRefusal::Session(SessionRefusal::Expired))) => self.session_expired += 1,
+            Answer::Heartbeat(Err(SessionRefusal::Unknown)) | Answer::Closed(Err(SessionRefusal::Unknown)) => {
+                self.session_unknown += 1
+            }
+            _ => {}
+        }
+    }
+
+    fn missing(&self) -> Vec<&'static str> {
+        [
+            ("renew_of_lapsed_lease", self.renew_of_lapsed_lease),
+            ("release_by_non_holder", self.release_by_non_holder),
+            ("acquire_over_dead_grant", self.acquire_over_dead_grant),
+            ("acquire_after_revoke", self.acquire_after_revoke),
+            ("acquire_after_restart", self.acquire_after_restart),
+            ("contended", self.contended),
+            ("already_held", self.already_held),
+            ("revoked", self.revoked),
+            ("stale_revoke", self.stale_revoke),
+            ("renewed", self.renewed),
+            ("session_expired", self.session_expired),
+            ("session_unknown", self.session_unknown),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n == 0)
+        .map(|(name, _)| name)
+        .collect()
     }
 }
 
@@ -514,7 +645,9 @@ fn sqlite_store_matches_the_model_across_expiry_revoke_and_restart() {
 #[test]
 fn sim_store_matches_the_model_across_expiry_revoke_and_restart() {
     run_cases(
-        || async { Backend::Mem(Arc::new(dlock_lock_server::store_mem::MemLockStore::new(dlock_rt::Clock::reference()))) },
+        || async {
+            Backend::Mem(Arc::new(dlock_lock_server::store_mem::MemLockStore::new(dlock_rt::Clock::reference())))
+        },
         |f| madsim::runtime::Runtime::new().block_on(f),
     );
 }
