@@ -492,8 +492,10 @@ async fn run_case(mut backend: Backend, ops: &[Op], seen: &RefCell<Coverage>) ->
 }
 
 /// Runs [`CASES_PER_BACKEND`] random cases, each on a backend `make` builds, with `block_on`
-/// the runtime's entry point; proptest shrinks a failing case to a minimal sequence.
-fn run_cases<B, F>(make: impl Fn() -> F, block_on: B)
+/// the runtime's entry point; proptest shrinks a failing case to a minimal sequence, which
+/// is the `Err`. `Ok` also requires that the cases reached every situation the properties
+/// are about ([`Coverage::missing`]), else they would prove little.
+fn run_cases<B, F>(make: impl Fn() -> F, block_on: B) -> Result<Coverage, String>
 where
     B: Fn(std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), TestCaseError>>>>) -> Result<(), TestCaseError>,
     F: std::future::Future<Output = Backend> + 'static,
@@ -502,19 +504,77 @@ where
     // A fixed seed: every CI run drives the same cases.
     let mut runner = TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
     let seen = Rc::new(RefCell::new(Coverage::default()));
-    let outcome = runner.run(&ops(), |ops| {
-        let backend = make();
-        let seen = seen.clone();
-        block_on(Box::pin(async move { run_case(backend.await, &ops, &seen).await }))
-    });
-    if let Err(e) = outcome {
-        panic!("{e}");
-    }
-    // The cases reached every situation the properties are about (else they prove little).
+    runner
+        .run(&ops(), |ops| {
+            let backend = make();
+            let seen = seen.clone();
+            block_on(Box::pin(async move { run_case(backend.await, &ops, &seen).await }))
+        })
+        .map_err(|e| e.to_string())?;
     let seen = *seen.borrow();
-    eprintln!("coverage: {seen:?}");
     let missing = seen.missing();
-    assert!(missing.is_empty(), "the cases never reached {missing:?}: {seen:?}");
+    if !missing.is_empty() {
+        return Err(format!("the cases never reached {missing:?}: {seen:?}"));
+    }
+    Ok(seen)
+}
+
+#[cfg(not(madsim))]
+#[test]
+fn sqlite_store_matches_the_model_across_expiry_revoke_and_restart() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let outcome = run_cases(
+        || async {
+            let (url, dir) = dlock_testkit::fresh_database(dlock_testkit::Db::Sqlite).await;
+            let store = dlock_lock_server::store_sql::SqliteLockStore::open(&url).await.expect("open lockdb");
+            Backend::Sqlite { url, store, _dir: dir }
+        },
+        |f| rt.block_on(f),
+    );
+    match outcome {
+        Ok(seen) => eprintln!("coverage: {seen:?}"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The simulation store's cases, with `bug` planted on the simulation thread.
+#[cfg(madsim)]
+fn sim_cases(bug: Option<dlock_contract::planted::Bug>) -> Result<Coverage, String> {
+    let outcome = run_cases(
+        move || async move {
+            dlock_contract::planted::set(bug);
+            Backend::Mem(Arc::new(dlock_lock_server::store_mem::MemLockStore::new(dlock_rt::Clock::reference())))
+        },
+        |f| madsim::runtime::Runtime::new().block_on(f),
+    );
+    dlock_contract::planted::set(None);
+    outcome
+}
+
+#[cfg(madsim)]
+#[test]
+fn sim_store_matches_the_model_across_expiry_revoke_and_restart() {
+    match sim_cases(None) {
+        Ok(seen) => eprintln!("coverage: {seen:?}"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The model test can fail on a real store: each planted lock-store bug is found (and
+/// shrunk) by it.
+#[cfg(madsim)]
+#[test]
+fn planted_lock_store_bugs_fail_the_model_test() {
+    use dlock_contract::planted::Bug;
+    for (bug, symptom) in [(Bug::GrantUnexpired, "Acquire("), (Bug::RevokeKeepsFloor, "Revoke(")] {
+        match sim_cases(Some(bug)) {
+            Ok(seen) => panic!("{bug} went unnoticed: {seen:?}"),
+            Err(e) => {
+                assert!(e.contains(symptom), "{bug} failed the model test elsewhere than at {symptom}: {e}");
+                assert!(e.contains("minimal failing input"), "{bug}: not shrunk: {e}");
+            }
+        }
+    }
 }
 
 /// A situation a step is in, before it runs, that the properties are about.
@@ -625,31 +685,6 @@ impl Coverage {
         .map(|(name, _)| name)
         .collect()
     }
-}
-
-#[cfg(not(madsim))]
-#[test]
-fn sqlite_store_matches_the_model_across_expiry_revoke_and_restart() {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    run_cases(
-        || async {
-            let (url, dir) = dlock_testkit::fresh_database(dlock_testkit::Db::Sqlite).await;
-            let store = dlock_lock_server::store_sql::SqliteLockStore::open(&url).await.expect("open lockdb");
-            Backend::Sqlite { url, store, _dir: dir }
-        },
-        |f| rt.block_on(f),
-    );
-}
-
-#[cfg(madsim)]
-#[test]
-fn sim_store_matches_the_model_across_expiry_revoke_and_restart() {
-    run_cases(
-        || async {
-            Backend::Mem(Arc::new(dlock_lock_server::store_mem::MemLockStore::new(dlock_rt::Clock::reference())))
-        },
-        |f| madsim::runtime::Runtime::new().block_on(f),
-    );
 }
 
 /// The checker can fail: a store that answered a grant with a token not above the last one,
