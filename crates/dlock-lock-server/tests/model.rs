@@ -33,7 +33,13 @@
 //! Lock-delay is 0 here (the rules-level model in `rules.rs` and the conformance suite cover
 //! it); the reaper is not driven (expired sessions stay remembered, answering `Expired`).
 //!
-//! Bounded for CI: [`CASES_PER_BACKEND`] cases of at most [`OPS_PER_CASE_MAX`] steps each.
+//! Bounded for CI: [`CASES_PER_BACKEND`] cases of at most [`OPS_PER_CASE_MAX`] steps each,
+//! from a fixed proptest seed. A run that never reached one of the situations these
+//! properties are about ([`Coverage`]) fails, so it cannot pass vacuously.
+//!
+//! It can fail: [`the_model_checker_flags_wrong_answers`] feeds the checker wrong answers,
+//! and under madsim `planted_lock_store_bugs_fail_the_model_test` plants lock-store bugs
+//! (`grant-unexpired`, `revoke-keeps-floor`) that the run must find and shrink.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
