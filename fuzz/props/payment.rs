@@ -17,10 +17,10 @@ const MUTATED_LEAVES_MAX: usize = 64;
 /// Writes `v` as JSON text with its object keys in reverse order and whitespace (chosen by
 /// `ws`) around every token: the same value, spelled differently.
 fn respell(v: &Value, ws: &[&str], i: &mut usize, out: &mut String) {
-fn pad(ws: &[&str], i: &mut usize, out: &mut String) {
-    out.push_str(ws[*i % ws.len()]);
-    *i += 1;
-}
+    fn pad(ws: &[&str], i: &mut usize, out: &mut String) {
+        out.push_str(ws[*i % ws.len()]);
+        *i += 1;
+    }
     pad(ws, i, out);
     match v {
         Value::Object(m) => {
@@ -201,7 +201,13 @@ pub fn cursor_codec(data: &[u8]) {
     let at = at % forged.len();
     forged[at] = match b(37) {
         c if c != forged[at] && c.is_ascii() => c,
-        _ => if forged[at] == b'A' { b'B' } else { b'A' },
+        _ => {
+            if forged[at] == b'A' {
+                b'B'
+            } else {
+                b'A'
+            }
+        }
     };
     if let Ok(forged) = String::from_utf8(forged) {
         assert_eq!(

@@ -53,12 +53,7 @@ async fn send(app: &axum::Router, method: &str, path: &str, key: &str, body: Vec
         .expect("a well-formed request");
     let resp = app.clone().oneshot(req).await.expect("the router is infallible");
     let status = resp.status().as_u16();
-    let ct = resp
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
+    let ct = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     let bytes = resp.into_body().collect().await.expect("a body").to_bytes().to_vec();
     (status, ct, bytes)
 }
@@ -71,7 +66,9 @@ pub fn router_body(data: &[u8]) {
             .await
             .expect("the payment-resource starts on a fresh store");
         let app = router(pr);
-        for (path, key, setup) in [("/v1/accounts", "setup-account", ACCOUNT_BODY), ("/v1/payouts", "setup-payout", PAYOUT_BODY)] {
+        for (path, key, setup) in
+            [("/v1/accounts", "setup-account", ACCOUNT_BODY), ("/v1/payouts", "setup-payout", PAYOUT_BODY)]
+        {
             let (status, _, answer) = send(&app, "POST", path, key, setup.as_bytes().to_vec()).await;
             assert!((200..300).contains(&status), "setup {path}: {status} {}", String::from_utf8_lossy(&answer));
         }

@@ -52,9 +52,9 @@ fn the_cursor_corpus_holds_authentic_cursors_for_the_fuzzer_to_mutate() {
                 dlock_contract::payout::PayoutState::Claimed,
                 dlock_contract::payout::PayoutState::Posted,
             ];
-            let accepted = states.into_iter().any(|s| {
-                [None, Some("acct:1"), Some("acct:2")].into_iter().any(|a| key.decode(raw, s, a).is_ok())
-            });
+            let accepted = states
+                .into_iter()
+                .any(|s| [None, Some("acct:1"), Some("acct:2")].into_iter().any(|a| key.decode(raw, s, a).is_ok()));
             authentic += usize::from(accepted);
         }
     }
