@@ -39,7 +39,7 @@
 #   DLOCK_SKIP_LINT=1            skip the fmt and clippy stages (both builds)
 #   DLOCK_SKIP_SIM=1             skip the madsim stages
 #   DLOCK_SKIP_FUZZ=1            skip the fuzz stage
-#   FUZZ_SECONDS_PER_TARGET      seconds of libFuzzer per fuzz target (default 20; the
+#   FUZZ_SECONDS_PER_TARGET      seconds of libFuzzer per fuzz target (default 15; the
 #                                stage runs the targets one after the other)
 #   DLOCK_SKIP_BROWSER=1         do not install chromium; the timeline's browser test then
 #                                prints that it skipped (without this knob a missing
@@ -452,7 +452,7 @@ fi
 FUZZ_RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares"
-FUZZ_SECONDS_PER_TARGET="${FUZZ_SECONDS_PER_TARGET:-20}"
+FUZZ_SECONDS_PER_TARGET="${FUZZ_SECONDS_PER_TARGET:-15}"
 # Longest one input may run before libFuzzer calls it a hang (a failure).
 FUZZ_INPUT_TIMEOUT_SECONDS=10
 # Memory bound of one fuzzing process (libFuzzer's -rss_limit_mb).
