@@ -461,6 +461,7 @@ FUZZ_RSS_LIMIT_MB=2048
 fuzz_all() {
     local host targets t
     host="$(rustc -vV | sed -n 's/^host: //p')"
+    note "toolchain: $(rustc --version) on $host"
     RUSTFLAGS="$FUZZ_RUSTFLAGS" CARGO_TARGET_DIR="$ROOT/fuzz/target" \
         cargo build --manifest-path fuzz/Cargo.toml --locked --release --bins --target "$host"
     targets="$(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^dlock-fuzz$')"
