@@ -22,6 +22,10 @@
 #        cargo nextest run --workspace --locked --no-fail-fast "$@"
 #          (+ cargo test --doc, since nextest does not run doctests)
 #          or, without cargo-nextest: cargo test --workspace --locked "$@"
+#        fuzz: builds fuzz/ (its own workspace, fuzz/Cargo.lock) on the stable toolchain with
+#          libFuzzer's coverage instrumentation (FUZZ_RUSTFLAGS below, fuzz/README.md) and
+#          runs every target for FUZZ_SECONDS_PER_TARGET from its committed seed corpus
+#          (fuzz/corpus/<target>/); a crash or a failed property fails the build
 #        RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/sim cargo clippy ... -D warnings
 #        RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/sim cargo test --workspace --locked --profile sim
 #          (with INSTA_UPDATE=no: a changed scenario trace snapshot fails, as under CI=true)
@@ -34,6 +38,9 @@
 # Environment knobs:
 #   DLOCK_SKIP_LINT=1            skip the fmt and clippy stages (both builds)
 #   DLOCK_SKIP_SIM=1             skip the madsim stages
+#   DLOCK_SKIP_FUZZ=1            skip the fuzz stage
+#   FUZZ_SECONDS_PER_TARGET      seconds of libFuzzer per fuzz target (default 15; the
+#                                stage runs the targets one after the other)
 #   DLOCK_SKIP_BROWSER=1         do not install chromium; the timeline's browser test then
 #                                prints that it skipped (without this knob a missing
 #                                chromium fails that test)
@@ -437,6 +444,45 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     note "cargo-nextest not found: falling back to cargo test"
     run_stage "tests (cargo test)" cargo test --workspace --locked "$@"
+fi
+
+# Coverage-guided fuzzing on stable (fuzz/README.md "How it runs on stable"): these are the
+# flags `cargo fuzz build --sanitizer none` passes, none of them nightly-only. `--target`
+# keeps them off build scripts and proc macros, which must not link against libFuzzer.
+FUZZ_RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
+-Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
+-Cllvm-args=-sanitizer-coverage-trace-compares"
+FUZZ_SECONDS_PER_TARGET="${FUZZ_SECONDS_PER_TARGET:-15}"
+# Longest one input may run before libFuzzer calls it a hang (a failure).
+FUZZ_INPUT_TIMEOUT_SECONDS=10
+# Memory bound of one fuzzing process (libFuzzer's -rss_limit_mb).
+FUZZ_RSS_LIMIT_MB=2048
+
+fuzz_all() {
+    local host targets t
+    host="$(rustc -vV | sed -n 's/^host: //p')"
+    note "toolchain: $(rustc --version) on $host"
+    RUSTFLAGS="$FUZZ_RUSTFLAGS" CARGO_TARGET_DIR="$ROOT/fuzz/target" \
+        cargo build --manifest-path fuzz/Cargo.toml --locked --release --bins --target "$host"
+    targets="$(sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^dlock-fuzz$')"
+    [ -n "$targets" ] || die "no fuzz targets found in fuzz/Cargo.toml"
+    for t in $targets; do
+        [ -n "$(ls -A "fuzz/corpus/$t" 2>/dev/null)" ] || die "fuzz target $t has no seed corpus in fuzz/corpus/$t"
+        # New inputs go to the first (scratch, git-ignored) corpus dir; the seeds stay as committed.
+        mkdir -p "fuzz/target/corpus/$t" "fuzz/artifacts/$t"
+        note "fuzzing $t for ${FUZZ_SECONDS_PER_TARGET}s"
+        "fuzz/target/$host/release/$t" -max_total_time="$FUZZ_SECONDS_PER_TARGET" \
+            -timeout="$FUZZ_INPUT_TIMEOUT_SECONDS" -rss_limit_mb="$FUZZ_RSS_LIMIT_MB" \
+            -print_final_stats=1 -artifact_prefix="fuzz/artifacts/$t/" \
+            "fuzz/target/corpus/$t" "fuzz/corpus/$t" \
+            || die "fuzz target $t failed: the input is in fuzz/artifacts/$t/ (replay: fuzz/README.md)"
+    done
+}
+
+if [ "${DLOCK_SKIP_FUZZ:-0}" = "1" ]; then
+    note "DLOCK_SKIP_FUZZ=1: skipping the fuzz stage"
+else
+    run_stage "fuzz" fuzz_all
 fi
 
 if [ "${DLOCK_SKIP_SIM:-0}" = "1" ]; then
