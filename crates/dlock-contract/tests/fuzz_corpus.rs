@@ -3,28 +3,13 @@
 //! run in every normal `cargo test`, on stable, without libFuzzer. The coverage-guided runs
 //! are the `fuzz` stage of `scripts/test.sh` (`fuzz/README.md`).
 
+#[path = "../../../fuzz/props/replay.rs"]
+mod corpus;
 #[path = "../../../fuzz/props/headers.rs"]
 mod props;
-
-use std::path::Path;
+use corpus::replay;
 
 use dlock_contract::headers::{FencingToken, HeaderError};
-
-/// Runs `property` on every file of `fuzz/corpus/<target>/`; the corpus must not be empty.
-fn replay(target: &str, property: fn(&[u8])) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus").join(target);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "{} holds no seed", dir.display());
-    for f in files {
-        let data = std::fs::read(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        property(&data);
-    }
-}
 
 #[test]
 fn fencing_token_corpus_keeps_the_canonical_spelling_property() {

@@ -4,27 +4,11 @@
 //! without libFuzzer. The coverage-guided runs are the `fuzz` stage of `scripts/test.sh`
 //! (`fuzz/README.md`).
 
+#[path = "../../../fuzz/props/replay.rs"]
+mod corpus;
 #[path = "../../../fuzz/props/payment.rs"]
 mod props;
-
-use std::path::Path;
-
-/// Runs `property` on every file of `fuzz/corpus/<target>/`; the corpus must not be empty.
-fn replay(target: &str, property: fn(&[u8])) -> usize {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus").join(target);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "{} holds no seed", dir.display());
-    for f in &files {
-        let data = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        property(&data);
-    }
-    files.len()
-}
+use corpus::replay;
 
 #[test]
 fn jcs_fingerprint_corpus_is_stable_under_respelling_and_changes_with_any_value() {
@@ -40,7 +24,7 @@ fn cursor_codec_corpus_accepts_only_issued_cursors_under_their_own_filter() {
 fn the_cursor_corpus_holds_authentic_cursors_for_the_fuzzer_to_mutate() {
     // The seeds `seed-cursor-*` are cursors signed with the targets' key: without them the
     // fuzzer would only ever see cursors that fail the MAC.
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/cursor_codec");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/cursor_codec");
     let key = props::cursor_key();
     let mut authentic = 0;
     for e in std::fs::read_dir(&dir).expect("corpus dir").filter_map(Result::ok) {

@@ -5,26 +5,11 @@
 
 #![cfg(not(madsim))]
 
+#[path = "../../../fuzz/props/replay.rs"]
+mod corpus;
 #[path = "../../../fuzz/props/router.rs"]
 mod props;
-
-use std::path::Path;
-
-/// Runs `property` on every file of `fuzz/corpus/<target>/`; the corpus must not be empty.
-fn replay(target: &str, property: fn(&[u8])) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus").join(target);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "{} holds no seed", dir.display());
-    for f in &files {
-        let data = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-        property(&data);
-    }
-}
+use corpus::replay;
 
 #[test]
 fn router_body_corpus_never_yields_a_5xx_or_a_non_envelope_error() {
