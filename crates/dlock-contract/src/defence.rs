@@ -244,6 +244,8 @@ mod tests {
         let t = snapshot();
         assert_eq!((t.bypassed(Layer::RailMark), t.stopped(Layer::RailMark)), (1, 0));
         assert_eq!(t.stopped(Layer::ClaimFence), 1);
+        // A real OS thread on purpose (a unit test, never service code): the switch is
+        // per thread, and only another thread can show it does not leak.
         let other = std::thread::spawn(|| (current(), snapshot())).join().expect("thread");
         assert_eq!(other, (None, Tally::default()));
         set_off(None);

@@ -221,6 +221,8 @@ mod tests {
             let expected = matches!(l, Layer::ClaimFence | Layer::PostFence | Layer::RailMark);
             assert_eq!(crate::defence::off(l), expected, "{l}");
         }
+        // A real OS thread on purpose (a unit test, never service code): the switch is
+        // per thread, and only another thread can show it does not leak.
         let other = std::thread::spawn(|| (current(), crate::defence::off(Layer::RailMark))).join().expect("thread");
         assert_eq!(other, (None, false));
         set(None);

@@ -317,35 +317,43 @@ async fn liveness_touches_no_dependency() {
     assert_eq!(v["status"], "UP");
 }
 
-#[tokio::test]
-async fn an_orphaned_intent_is_quarantined_by_the_sweep_and_a_live_one_is_left_alone() {
-    use dlock_rail_proxy::store::Attempt;
+/// A proxy over an in-memory store with no reachable rail: only its orphan sweep is driven.
+fn sweep_rig() -> (Rig, Arc<RailProxy>) {
     let stub = RailStub::new(stub_cfg(&[]), Clock::system());
     let (tx, _rx) = tokio::sync::oneshot::channel::<()>();
-    let r = rig_with(stub, BaseUrl::parse("http://127.0.0.1:9").expect("url"), tx);
-    let proxy = RailProxy::new(
-        r.store.clone(),
-        proxy_cfg(&BaseUrl::parse("http://127.0.0.1:9").expect("url")),
-        Clock::system(),
-    );
+    let rail = BaseUrl::parse("http://127.0.0.1:9").expect("url");
+    let r = rig_with(stub, rail.clone(), tx);
+    let proxy = RailProxy::new(r.store.clone(), proxy_cfg(&rail), Clock::system());
+    (r, proxy)
+}
+
+/// Admits an intent for a claimed payout of `account`, stamped `at`; returns its payout and
+/// submission ids.
+async fn intent_at(store: &MemRailStore, account: &str, at: chrono::DateTime<chrono::Utc>) -> (Uuid, Uuid) {
+    let payout = claimed(store, account).await;
+    let attempt = dlock_rail_proxy::store::Attempt {
+        submission_id: Uuid::new_v4(),
+        payout_id: payout,
+        account_id: account.into(),
+        presented_token: 3,
+        owner_id: "w-1".into(),
+        idempotency_key: format!("payout:{payout}"),
+        amount_minor: 500,
+        currency: "EUR".into(),
+        at,
+        fencing_enabled: true,
+    };
+    store.admit(&attempt).await.expect("admit");
+    (payout, attempt.submission_id)
+}
+
+#[tokio::test]
+async fn an_orphaned_intent_is_quarantined_by_the_sweep_and_a_live_one_is_left_alone() {
+    let (r, proxy) = sweep_rig();
     let now = Clock::system().wall();
     let mut ids = Vec::new();
     for (account, age_ms) in [("acct-orphan", proxy.cfg.shutdown_grace_ms() as i64 + 1_000), ("acct-live", 100)] {
-        let payout = claimed(&r.store, account).await;
-        let attempt = Attempt {
-            submission_id: Uuid::new_v4(),
-            payout_id: payout,
-            account_id: account.into(),
-            presented_token: 3,
-            owner_id: "w-1".into(),
-            idempotency_key: format!("payout:{payout}"),
-            amount_minor: 500,
-            currency: "EUR".into(),
-            at: now - chrono::Duration::milliseconds(age_ms),
-            fencing_enabled: true,
-        };
-        r.store.admit(&attempt).await.expect("admit");
-        ids.push((payout, attempt.submission_id));
+        ids.push(intent_at(&r.store, account, now - chrono::Duration::milliseconds(age_ms)).await);
     }
     assert_eq!(proxy.sweep_orphans().await, Ok(1));
     let orphan = r.store.submissions(Some(ids[0].0)).await.expect("rows");
@@ -363,31 +371,11 @@ async fn an_orphaned_intent_is_quarantined_by_the_sweep_and_a_live_one_is_left_a
 /// before.
 #[tokio::test]
 async fn an_orphan_stamped_by_a_clock_running_ahead_is_swept_after_one_budget_watched() {
-    use dlock_rail_proxy::store::Attempt;
-    let stub = RailStub::new(stub_cfg(&[]), Clock::system());
-    let (tx, _rx) = tokio::sync::oneshot::channel::<()>();
-    let r = rig_with(stub, BaseUrl::parse("http://127.0.0.1:9").expect("url"), tx);
-    let proxy = RailProxy::new(
-        r.store.clone(),
-        proxy_cfg(&BaseUrl::parse("http://127.0.0.1:9").expect("url")),
-        Clock::system(),
-    );
+    let (r, proxy) = sweep_rig();
     let budget_ms = proxy.cfg.shutdown_grace_ms();
-    let payout = claimed(&r.store, "acct-ahead").await;
-    let attempt = Attempt {
-        submission_id: Uuid::new_v4(),
-        payout_id: payout,
-        account_id: "acct-ahead".into(),
-        presented_token: 3,
-        owner_id: "w-1".into(),
-        idempotency_key: format!("payout:{payout}"),
-        amount_minor: 500,
-        currency: "EUR".into(),
-        // Ten budgets ahead of this proxy's wall clock.
-        at: Clock::system().wall() + chrono::Duration::milliseconds(10 * budget_ms as i64),
-        fencing_enabled: true,
-    };
-    r.store.admit(&attempt).await.expect("admit");
+    // Ten budgets ahead of this proxy's wall clock.
+    let ahead = Clock::system().wall() + chrono::Duration::milliseconds(10 * budget_ms as i64);
+    let (payout, _) = intent_at(&r.store, "acct-ahead", ahead).await;
     let (wall, mono) = (Clock::system().wall(), Clock::system().now());
     let later =
         |ms: u64| (wall + chrono::Duration::milliseconds(ms as i64), mono + std::time::Duration::from_millis(ms));

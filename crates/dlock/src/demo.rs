@@ -285,10 +285,10 @@ pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitC
             t.phase(name, detail);
         }
     };
-    // Real time on purpose, here and below: the demo's elapsed-time report and progress bar
-    // are for the person watching, decide nothing, and `dlock demo` never runs in the
-    // simulation (the sim worlds start services through their entry points, not this).
-    let started = std::time::Instant::now();
+    // The host's clock (the seam's system clock), here and below: the demo's elapsed-time
+    // report and progress bar are for the person watching and decide nothing.
+    let clock = dlock_rt::Clock::system();
+    let started = clock.now();
     let mut cluster = Cluster::start(cfg).await?;
     warn_unsafe("demo", &cluster);
     let stub = &cluster.stub_cfg;
@@ -334,12 +334,12 @@ pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitC
     }
     // The work queue lists what was created before its first page's millisecond.
     dlock_rt::sleep(Duration::from_millis(2)).await;
-    let run_started = std::time::Instant::now();
+    let run_started = clock.now();
     phase("run", &format!("{} executors start", a.chaos.executors));
     cluster.start_executors().await?;
 
     let tty = std::io::stderr().is_terminal();
-    let mut last_line = std::time::Instant::now();
+    let mut last_line = clock.now();
     let deadline = Duration::from_millis(a.timeout_ms);
     let mut settled_all = false;
     loop {
@@ -354,7 +354,7 @@ pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitC
             let _ = std::io::stderr().flush();
         } else if last_line.elapsed() >= Duration::from_secs(2) || unsettled == 0 {
             eprintln!("{line}");
-            last_line = std::time::Instant::now();
+            last_line = clock.now();
         }
         if unsettled == 0 {
             settled_all = true;

@@ -24,7 +24,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use dlock_rt::events::{self, Fields, LineHead, Sink};
-use dlock_rt::{Clock, Instant};
+use dlock_rt::Clock;
 use serde_json::Value;
 
 /// Bound on the events one demo trace writes.
@@ -61,7 +61,7 @@ impl FileSink {
                 s.dropped += 1;
                 return;
             }
-            let mono_ms = events::mono_ms(Instant::now());
+            let mono_ms = events::mono_ms(Clock::system().now());
             let t_ms = mono_ms.saturating_sub(s.origin_ms).max(s.last_t_ms);
             let wall_ms = Clock::system().wall().timestamp_millis();
             let head = LineHead { seq: s.seq, t_ms, node, mono_ms, wall_ms, kind };
@@ -93,7 +93,7 @@ impl TraceFile {
     /// Creates `path` (truncating it), writes `trace_start`, and installs the sink.
     pub fn start(path: &Path, config: &str) -> Result<TraceFile, String> {
         let file = File::create(path).map_err(|e| format!("cannot create the trace file {}: {e}", path.display()))?;
-        let origin_ms = events::mono_ms(Instant::now());
+        let origin_ms = events::mono_ms(Clock::system().now());
         let sink = Arc::new(FileSink(Mutex::new(State {
             out: Some(BufWriter::new(file)),
             seq: 0,
