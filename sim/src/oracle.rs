@@ -244,6 +244,9 @@ pub struct Checker {
     /// (op, payout, token) of every fenced write a fence accepted (the retry-safe check's
     /// effects).
     accepted_writes: BTreeSet<(FencedOp, Uuid, i64)>,
+    /// Per payout, the claim tokens accepted before its first forwardable admission (the
+    /// attempt that may turn out ambiguous): holders that could not know of it.
+    claimed_before_intent: BTreeMap<Uuid, BTreeSet<i64>>,
     /// Every committed grant: (wire-log sequence at its commit, session, key).
     grant_seqs: Vec<(u64, Uuid, String)>,
     failures: Vec<TimedFailure>,
@@ -338,6 +341,16 @@ impl Checker {
             FenceVerdictSeen::Accepted => {
                 self.acceptances += 1;
                 self.accepted_writes.insert((w.op, w.payout_id, w.token));
+                if w.op == FencedOp::Admit && w.admission == Some("admitted") {
+                    let claims = &self.accepted_writes;
+                    self.claimed_before_intent.entry(w.payout_id).or_insert_with(|| {
+                        claims
+                            .iter()
+                            .filter(|(op, p, _)| *op == FencedOp::Claim && *p == w.payout_id)
+                            .map(|(_, _, t)| *t)
+                            .collect()
+                    });
+                }
                 let slot = (w.account_id.clone(), fence);
                 if let Some((before, by)) = self.accepted.get(&slot).copied() {
                     if w.token <= before && (w.fenced || !self.layers_off.contains(&fence)) {
@@ -374,7 +387,14 @@ impl Checker {
             // quarantined payout: an executor defect even when the proxy refused it. A lower
             // token is a stale writer from before the ambiguity, which the fences stop.
             let ambiguous_token = facts.forwardable_tokens.first().copied();
-            if ambiguous_token.is_none_or(|t| w.token >= t) {
+            // A newer holder whose claim was accepted before the ambiguous attempt was even
+            // admitted (a stale writer reached the rail first, between that claim and its
+            // own submission) could not know: its submission is a race the duplicate guard
+            // settles, not a resubmission. The same token, or a claim after, is.
+            let raced = ambiguous_token.is_some_and(|t| {
+                w.token > t && self.claimed_before_intent.get(&w.payout_id).is_some_and(|c| c.contains(&w.token))
+            });
+            if !raced && ambiguous_token.is_none_or(|t| w.token >= t) {
                 let detail = format!(
                     "payout {} was submitted again while RAIL_AMBIGUOUS: token {} by {:?} (ambiguous attempt's token {:?}), \
                      the proxy answered {}",

@@ -221,6 +221,40 @@ fn a_resubmitted_ambiguous_payout_is_reported_even_when_refused() {
     assert!(c.failures().is_empty(), "{:?}", c.failures());
 }
 
+/// A newer holder that claimed before the stale writer's attempt was admitted submits
+/// after that attempt went ambiguous: a race it could not see, not a resubmission. The same
+/// holder retrying (the ambiguous attempt's token), or a holder that claimed after the
+/// admission, is still reported.
+#[test]
+fn a_newer_holder_that_claimed_before_the_ambiguous_attempt_is_not_a_resubmitter() {
+    let submit_after_ambiguity = |token: i64| {
+        let mut w = write(FencedOp::Admit, "a", token, FenceVerdictSeen::Other);
+        w.state_before = Some(PayoutState::RailAmbiguous);
+        w.admission = Some("duplicate");
+        w
+    };
+    let mut stale_admit = write(FencedOp::Admit, "a", 10, FenceVerdictSeen::Accepted);
+    stale_admit.admission = Some("admitted");
+    let f = PaydbFacts { forwardable_tokens: vec![10], ..facts(20, 10) };
+    // Claims 10 (the stale holder) and 20 (the newer one), then the stale admission.
+    let mut c = Checker::new();
+    c.on_fenced_write(&accepted(FencedOp::Claim, "a", 10), &facts(10, 0), 1);
+    c.on_fenced_write(&accepted(FencedOp::Claim, "a", 20), &facts(20, 0), 2);
+    c.on_fenced_write(&stale_admit, &f, 3);
+    c.on_fenced_write(&submit_after_ambiguity(20), &f, 4);
+    assert!(c.failures().is_empty(), "{:?}", c.failures());
+    // The same holder retrying is reported.
+    c.on_fenced_write(&submit_after_ambiguity(10), &f, 5);
+    assert_eq!(online(&c), [ids::AMBIGUOUS_NEVER_RESUBMITTED]);
+    // A claim accepted after the admission is reported.
+    let mut c = Checker::new();
+    c.on_fenced_write(&accepted(FencedOp::Claim, "a", 10), &facts(10, 0), 1);
+    c.on_fenced_write(&stale_admit, &f, 2);
+    c.on_fenced_write(&accepted(FencedOp::Claim, "a", 20), &facts(20, 10), 3);
+    c.on_fenced_write(&submit_after_ambiguity(20), &f, 4);
+    assert_eq!(online(&c), [ids::AMBIGUOUS_NEVER_RESUBMITTED]);
+}
+
 #[test]
 fn a_replay_whose_bytes_differ_from_the_record_is_reported() {
     let identity: Identity = (Operation::Claim, uuid(1).to_string(), "k".into(), 7);
