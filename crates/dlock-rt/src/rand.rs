@@ -26,6 +26,23 @@ pub fn random_u64() -> u64 {
     }
 }
 
+/// `N` bytes for a secret (a credential, a signing key): the operating system's generator
+/// in production; inside a madsim runtime the seeded stream, so a simulated world replays
+/// (a simulated secret guards nothing real).
+pub fn secret_bytes<const N: usize>() -> [u8; N] {
+    let mut out = [0u8; N];
+    #[cfg(madsim)]
+    if madsim::runtime::Handle::try_current().is_ok() {
+        for chunk in out.chunks_mut(8) {
+            let word = madsim::rand::random::<u64>().to_le_bytes();
+            chunk.copy_from_slice(&word[..chunk.len()]);
+        }
+        return out;
+    }
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut out);
+    out
+}
+
 /// A stream seeded with `seed`: the same seed gives the same stream on every run.
 pub fn seeded(seed: u64) -> SeededRng {
     SeededRng::seed_from_u64(seed)
@@ -72,6 +89,13 @@ mod tests {
             })
             .collect();
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn secret_bytes_differ_between_draws() {
+        let (a, b) = (secret_bytes::<32>(), secret_bytes::<32>());
+        assert_ne!(a, b);
+        assert_ne!(a, [0u8; 32]);
     }
 
     #[test]
