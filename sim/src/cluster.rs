@@ -38,7 +38,7 @@ fn addr(ip: [u8; 4], port: u16) -> SocketAddr {
 }
 
 fn base(ip: [u8; 4], port: u16) -> BaseUrl {
-    BaseUrl { authority: addr(ip, port).to_string() }
+    BaseUrl::plain(addr(ip, port).to_string())
 }
 
 /// Plays `scenario` in the current madsim runtime.

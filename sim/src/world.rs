@@ -71,7 +71,7 @@ pub const REAP_INTERVAL_MS: u64 = 200;
 
 /// `http://ip:port`.
 pub fn url(ip: [u8; 4], port: u16) -> BaseUrl {
-    BaseUrl { authority: SocketAddr::new(IpAddr::from(ip), port).to_string() }
+    BaseUrl::plain(SocketAddr::new(IpAddr::from(ip), port).to_string())
 }
 
 fn http(ip: [u8; 4], port: u16) -> String {
@@ -491,7 +491,7 @@ pub fn node_addr(name: &str) -> Option<SocketAddr> {
 /// When `name` is not in the table of [`node_addr`] (a bug in the caller: names are fixed).
 pub fn node_url(name: &str) -> BaseUrl {
     let addr = node_addr(name).unwrap_or_else(|| panic!("no simulated node named {name}"));
-    BaseUrl { authority: addr.to_string() }
+    BaseUrl::plain(addr.to_string())
 }
 
 /// The lock servers' backend.

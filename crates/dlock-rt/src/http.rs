@@ -10,6 +10,14 @@
 //! body framing, or a header section over [`ServeLimits::header_bytes_max`] is answered with
 //! the C3 envelope (`400 VALIDATION_FAILED` or `431 HEADERS_TOO_LARGE`), never with
 //! hyper's bodyless answer.
+//!
+//! Both sides may speak TLS ([`crate::tls`], production only): a server given a
+//! [`crate::tls::ServerTls`] ([`serve_with_tls`]) handshakes every connection before the
+//! guard sees a byte; a client with a [`crate::tls::ClientTls`] calls `https://` URLs,
+//! handshaking as part of connecting (a failed handshake on its side is "nothing sent").
+//! A server that refuses the client's certificate (mutual TLS) does so after the client's
+//! last handshake flight under TLS 1.3, so the client sees that refusal as a broken
+//! exchange: ambiguous, the conservative reading.
 
 mod guard;
 
@@ -132,6 +140,22 @@ pub async fn serve_with_limits<S>(listener: TcpListener, router: axum::Router, s
 where
     S: Future<Output = ()> + Send,
 {
+    serve_with_tls(listener, router, shutdown, limits, None).await
+}
+
+/// [`serve_with_limits`], over TLS when `tls` is given: every accepted connection
+/// completes its handshake within [`crate::tls::TLS_HANDSHAKE_MS_MAX`] (else it is
+/// closed, unanswered) before a byte reaches hyper; a client the server's TLS refuses
+/// (mutual TLS: no certificate, or one from another CA) never reaches a handler.
+pub async fn serve_with_tls<S>(
+    listener: TcpListener,
+    router: axum::Router,
+    shutdown: S,
+    limits: ServeLimits,
+    tls: Option<crate::tls::ServerTls>,
+) where
+    S: Future<Output = ()> + Send,
+{
     let header_bytes_max = limits.effective_header_bytes_max();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut conns: Vec<tokio::task::JoinHandle<()>> = Vec::new();
@@ -141,9 +165,23 @@ where
             biased;
             () = &mut shutdown => break,
             accepted = listener.accept() => {
-                let Ok((stream, _peer)) = accepted else { continue };
+                let Ok((stream, peer)) = accepted else { continue };
                 conns.retain(|h| !h.is_finished());
-                conns.push(tokio::spawn(serve_connection(stream, router.clone(), stop_rx.clone(), header_bytes_max)));
+                let (router, stop_rx) = (router.clone(), stop_rx.clone());
+                conns.push(match &tls {
+                    None => tokio::spawn(serve_connection(SkipEmptyFlush::new(stream), router, stop_rx, header_bytes_max)),
+                    Some(tls) => {
+                        let tls = tls.clone();
+                        tokio::spawn(async move {
+                            let handshake = Duration::from_millis(crate::tls::TLS_HANDSHAKE_MS_MAX);
+                            match crate::timeout(handshake, tls.accept(stream)).await {
+                                Some(Ok(io)) => serve_connection(io, router, stop_rx, header_bytes_max).await,
+                                Some(Err(e)) => tracing::warn!(%peer, "TLS handshake refused: {e}"),
+                                None => tracing::warn!(%peer, "TLS handshake not done within {} ms", crate::tls::TLS_HANDSHAKE_MS_MAX),
+                            }
+                        })
+                    }
+                });
             }
         }
     }
@@ -162,14 +200,16 @@ where
     }
 }
 
-async fn serve_connection(
-    stream: TcpStream,
+async fn serve_connection<T>(
+    stream: T,
     router: axum::Router,
     mut stop: tokio::sync::watch::Receiver<bool>,
     header_bytes_max: usize,
-) {
+) where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let slot = std::sync::Arc::new(guard::Slot::default());
-    let io = guard::HeadGuard::new(SkipEmptyFlush::new(stream), header_bytes_max, slot.clone());
+    let io = guard::HeadGuard::new(stream, header_bytes_max, slot.clone());
     let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
         let router = router.clone();
         crate::traffic::count(req.method(), req.uri().path());
@@ -330,34 +370,59 @@ impl ClientError {
     }
 }
 
-/// A parsed `http://host:port` base URL.
+/// A parsed `http://host:port` or `https://host:port` base URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BaseUrl {
     pub authority: String,
+    /// `https://`: the client speaks TLS to it ([`crate::tls`]).
+    pub tls: bool,
 }
 
 impl BaseUrl {
-    /// Parses `http://host:port` (a trailing `/` is allowed; nothing else may follow).
+    /// Parses `http://host:port` or `https://host:port` (a trailing `/` is allowed;
+    /// nothing else may follow).
     pub fn parse(raw: &str) -> Result<BaseUrl, ClientError> {
-        let rest = raw
-            .strip_prefix("http://")
-            .ok_or_else(|| ClientError::BadUrl(format!("{raw}: only http:// is supported")))?;
+        let (rest, tls) = match (raw.strip_prefix("http://"), raw.strip_prefix("https://")) {
+            (Some(rest), _) => (rest, false),
+            (None, Some(rest)) => (rest, true),
+            (None, None) => {
+                return Err(ClientError::BadUrl(format!("{raw}: only http:// and https:// are supported")));
+            }
+        };
         let authority = rest.strip_suffix('/').unwrap_or(rest);
         let ok = !authority.is_empty()
             && !authority.contains('/')
             && authority.rsplit_once(':').is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
         if !ok {
-            return Err(ClientError::BadUrl(format!("{raw}: expected http://host:port")));
+            return Err(ClientError::BadUrl(format!("{raw}: expected http://host:port or https://host:port")));
         }
-        Ok(BaseUrl { authority: authority.to_owned() })
+        Ok(BaseUrl { authority: authority.to_owned(), tls })
+    }
+
+    /// A plain-HTTP base URL for `authority` (`host:port`).
+    pub fn plain(authority: impl Into<String>) -> BaseUrl {
+        BaseUrl { authority: authority.into(), tls: false }
+    }
+
+    /// The host part of the authority (what a TLS client names the server by).
+    pub fn host(&self) -> &str {
+        self.authority.rsplit_once(':').map_or(self.authority.as_str(), |(h, _)| h)
+    }
+
+    /// The URL again: `http://host:port` or `https://host:port`.
+    pub fn url(&self) -> String {
+        format!("{}://{}", if self.tls { "https" } else { "http" }, self.authority)
     }
 }
 
 /// A one-connection-per-request HTTP/1 client with explicit connect and read budgets.
+/// With TLS ([`HttpClient::new`] takes the process's, [`crate::tls::install_process_tls`])
+/// it calls `https://` URLs and refuses `http://` ones; without, it refuses `https://`.
 #[derive(Debug, Clone)]
 pub struct HttpClient {
     pub connect_timeout_ms: u64,
     pub read_timeout_ms: u64,
+    tls: Option<crate::tls::ClientTls>,
 }
 
 /// A complete response.
@@ -369,8 +434,28 @@ pub struct ClientResponse {
 }
 
 impl HttpClient {
+    /// A client with this process's TLS (none unless installed).
     pub fn new(connect_timeout_ms: u64, read_timeout_ms: u64) -> HttpClient {
-        HttpClient { connect_timeout_ms, read_timeout_ms }
+        let tls = crate::tls::process_tls().map(|t| t.client.clone());
+        HttpClient { connect_timeout_ms, read_timeout_ms, tls }
+    }
+
+    /// This client with `tls` instead of the process's.
+    pub fn with_tls(mut self, tls: Option<crate::tls::ClientTls>) -> HttpClient {
+        self.tls = tls;
+        self
+    }
+
+    /// Refuses a URL whose scheme does not match this client's transport: nothing is sent.
+    fn check_scheme(&self, base: &BaseUrl) -> Result<(), ClientError> {
+        match (base.tls, self.tls.is_some()) {
+            (true, false) => Err(ClientError::BadUrl(format!("{}: https:// needs tls.enabled", base.url()))),
+            (false, true) => Err(ClientError::BadUrl(format!(
+                "{}: tls.enabled is true, a plaintext http:// request is refused (use https://)",
+                base.url()
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Opens a connection to `base` and closes it: the rail's reachability, for readiness.
@@ -418,6 +503,7 @@ impl HttpClient {
         headers: &[(&str, &str)],
         body: Option<Bytes>,
     ) -> Result<ClientResponse, ClientError> {
+        self.check_scheme(base)?;
         let connect = TcpStream::connect(base.authority.as_str());
         let stream = match crate::timeout(Duration::from_millis(self.connect_timeout_ms), connect).await {
             None => return Err(ClientError::Connect(format!("timed out after {} ms", self.connect_timeout_ms))),
@@ -431,10 +517,31 @@ impl HttpClient {
             builder = builder.header(*k, *v);
         }
         let req = builder.body(Full::new(body.unwrap_or_default())).map_err(|e| ClientError::BadUrl(e.to_string()))?;
+        match &self.tls {
+            None => self.exchange(SkipEmptyFlush::new(stream), req).await,
+            Some(tls) => {
+                // The handshake is part of connecting: no byte of the request is written
+                // before it completes, so its failure is "nothing sent".
+                let handshake_ms = self.connect_timeout_ms.min(crate::tls::TLS_HANDSHAKE_MS_MAX);
+                let io = match crate::timeout(Duration::from_millis(handshake_ms), tls.connect(base.host(), stream)).await
+                {
+                    None => return Err(ClientError::Connect(format!("TLS handshake timed out after {handshake_ms} ms"))),
+                    Some(Err(e)) => return Err(ClientError::Connect(format!("TLS handshake failed: {e}"))),
+                    Some(Ok(io)) => io,
+                };
+                self.exchange(io, req).await
+            }
+        }
+    }
 
-        // From here on the request may reach the peer: every failure is ambiguous.
+    /// Sends `req` on the connection `io` and reads the whole answer within the read budget.
+    /// From here on the request may reach the peer: every failure is ambiguous.
+    async fn exchange<T>(&self, io: T, req: Request<Full<Bytes>>) -> Result<ClientResponse, ClientError>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let exchange = async move {
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(SkipEmptyFlush::new(stream)))
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
                 .await
                 .map_err(|e| ClientError::Broken(e.to_string()))?;
             let driver = tokio::spawn(async move {
@@ -462,10 +569,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn base_url_accepts_only_http_host_port() {
+    fn base_url_accepts_only_http_or_https_host_port() {
         assert_eq!(BaseUrl::parse("http://127.0.0.1:8084").expect("valid").authority, "127.0.0.1:8084");
         assert!(BaseUrl::parse("http://localhost:1/").is_ok());
-        for bad in ["https://a:1", "http://a", "http://:1", "http://a:1/x", "a:1", "http://a:99999"] {
+        let tls = BaseUrl::parse("https://localhost:8443").expect("https");
+        assert!(tls.tls && tls.host() == "localhost" && tls.url() == "https://localhost:8443");
+        for bad in ["ftp://a:1", "https://a", "http://a", "http://:1", "http://a:1/x", "a:1", "http://a:99999"] {
             assert!(BaseUrl::parse(bad).is_err(), "{bad}");
         }
     }

@@ -27,6 +27,7 @@ pub mod rand;
 pub mod service;
 #[cfg(madsim)]
 pub mod sim_clock;
+pub mod tls;
 pub mod traffic;
 pub mod wire_log;
 

@@ -29,7 +29,8 @@ pub struct ServiceHandle<S> {
 impl<S> ServiceHandle<S> {
     /// Serves `router` on `listener` until `shutdown`, allowing in-flight requests up to
     /// `grace_ms_max` to finish, with this process's header limit
-    /// ([`crate::http::process_header_bytes_max`], `http.header-bytes-max`).
+    /// ([`crate::http::process_header_bytes_max`], `http.header-bytes-max`) and its TLS
+    /// ([`crate::tls::process_tls`], `tls.*`; refused when TLS is on without an identity).
     pub fn serve<F>(
         service: Arc<S>,
         listener: TcpListener,
@@ -41,11 +42,21 @@ impl<S> ServiceHandle<S> {
         F: Future<Output = ()> + Send + 'static,
     {
         let local_addr = listener.local_addr()?;
-        let server = crate::spawn(crate::http::serve_with_limits(
+        let tls = match crate::tls::process_tls() {
+            None => None,
+            Some(crate::tls::Tls { server: Some(server), .. }) => Some(server.clone()),
+            Some(crate::tls::Tls { server: None, .. }) => {
+                return Err(std::io::Error::other(
+                    "tls.enabled is true but tls.cert-file and tls.key-file are not set: a service cannot serve TLS",
+                ));
+            }
+        };
+        let server = crate::spawn(crate::http::serve_with_tls(
             listener,
             router,
             shutdown,
             crate::http::ServeLimits { grace_ms_max, header_bytes_max: crate::http::process_header_bytes_max() },
+            tls,
         ));
         Ok(ServiceHandle { service, local_addr, server, draining: Vec::new(), background: Vec::new() })
     }

@@ -5,7 +5,10 @@
 //!   A missing variable fails the test loudly: a PostgreSQL test never passes by skipping.
 //! - [`sqlite_url`]: a fresh SQLite file in a fresh temp directory.
 //! - [`fake_service`]: a scripted fake HTTP peer for the client crates' tests.
+//! - [`certs`]: CAs and certificates made in the test, for the TLS tests (normal cfg only).
 
+#[cfg(not(madsim))]
+pub mod certs;
 pub mod fake_service;
 
 use std::path::PathBuf;
