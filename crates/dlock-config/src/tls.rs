@@ -30,7 +30,8 @@ pub const TLS_CLIENT_CA_FILE_KEY: &str = "tls.client-ca-file";
 pub const TLS_CA_FILE_KEY: &str = "tls.ca-file";
 
 /// Every `tls.*` key.
-pub const KEYS: &[&str] = &[TLS_ENABLED_KEY, TLS_CERT_FILE_KEY, TLS_KEY_FILE_KEY, TLS_CLIENT_CA_FILE_KEY, TLS_CA_FILE_KEY];
+pub const KEYS: &[&str] =
+    &[TLS_ENABLED_KEY, TLS_CERT_FILE_KEY, TLS_KEY_FILE_KEY, TLS_CLIENT_CA_FILE_KEY, TLS_CA_FILE_KEY];
 
 /// The resolved `tls.*` keys (paths, not yet read).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

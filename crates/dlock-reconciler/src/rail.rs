@@ -52,6 +52,6 @@ impl RailRecord for HttpRailRecord {
     }
 
     fn describe(&self) -> String {
-        format!("http://{}/calls", self.base.authority)
+        format!("{}/calls", self.base.url())
     }
 }

@@ -523,9 +523,12 @@ impl HttpClient {
                 // The handshake is part of connecting: no byte of the request is written
                 // before it completes, so its failure is "nothing sent".
                 let handshake_ms = self.connect_timeout_ms.min(crate::tls::TLS_HANDSHAKE_MS_MAX);
-                let io = match crate::timeout(Duration::from_millis(handshake_ms), tls.connect(base.host(), stream)).await
+                let io = match crate::timeout(Duration::from_millis(handshake_ms), tls.connect(base.host(), stream))
+                    .await
                 {
-                    None => return Err(ClientError::Connect(format!("TLS handshake timed out after {handshake_ms} ms"))),
+                    None => {
+                        return Err(ClientError::Connect(format!("TLS handshake timed out after {handshake_ms} ms")))
+                    }
                     Some(Err(e)) => return Err(ClientError::Connect(format!("TLS handshake failed: {e}"))),
                     Some(Ok(io)) => io,
                 };

@@ -109,9 +109,9 @@ pub fn load(settings: &TlsSettings) -> Result<Option<Tls>, String> {
         Some(p) => Some(read(TLS_CLIENT_CA_FILE_KEY, p)?),
         None => None,
     };
-    let ident = identity.as_ref().map(|(c, k)| {
-        (Pem::new(TLS_CERT_FILE_KEY, &c.0, &c.1), Pem::new(TLS_KEY_FILE_KEY, &k.0, &k.1))
-    });
+    let ident = identity
+        .as_ref()
+        .map(|(c, k)| (Pem::new(TLS_CERT_FILE_KEY, &c.0, &c.1), Pem::new(TLS_KEY_FILE_KEY, &k.0, &k.1)));
     let client = ClientTls::from_pem(Pem::new(TLS_CA_FILE_KEY, &ca.0, &ca.1), ident)?;
     let server = match ident {
         Some((cert, key)) => Some(ServerTls::from_pem(
@@ -120,7 +120,9 @@ pub fn load(settings: &TlsSettings) -> Result<Option<Tls>, String> {
             client_ca.as_ref().map(|f| Pem::new(TLS_CLIENT_CA_FILE_KEY, &f.0, &f.1)),
         )?),
         None if client_ca.is_some() => {
-            return Err(format!("{TLS_CLIENT_CA_FILE_KEY} is set without {TLS_CERT_FILE_KEY}: a server needs an identity"))
+            return Err(format!(
+                "{TLS_CLIENT_CA_FILE_KEY} is set without {TLS_CERT_FILE_KEY}: a server needs an identity"
+            ))
         }
         None => None,
     };
@@ -176,7 +178,8 @@ mod real {
 
     fn key(pem: Pem<'_>) -> Result<PrivateKeyDer<'static>, String> {
         // The parser's own error may quote a line of the file: never shown.
-        PrivateKeyDer::from_pem_slice(pem.bytes).map_err(|_| pem.error("holds no PEM private key (PKCS#8, PKCS#1 or SEC1)"))
+        PrivateKeyDer::from_pem_slice(pem.bytes)
+            .map_err(|_| pem.error("holds no PEM private key (PKCS#8, PKCS#1 or SEC1)"))
     }
 
     fn roots(pem: Pem<'_>) -> Result<rustls::RootCertStore, String> {
@@ -244,8 +247,10 @@ mod real {
             host: &str,
             stream: tokio::net::TcpStream,
         ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
-            let name = ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']').to_owned())
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("server name {host}: {e}")))?;
+            let name =
+                ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']').to_owned()).map_err(|e| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("server name {host}: {e}"))
+                })?;
             self.connector.connect(name, stream).await
         }
     }

@@ -29,6 +29,21 @@ struct Cli {
     /// [http.header-bytes-max] Largest request header section a service accepts (431 over it).
     #[arg(long, global = true, env = "DLOCK_HTTP_HEADER_BYTES_MAX", value_name = "BYTES")]
     http_header_bytes_max: Option<usize>,
+    /// [tls.enabled] Serve and call the other services over TLS (default false).
+    #[arg(long, global = true, env = "DLOCK_TLS_ENABLED", value_name = "BOOL")]
+    tls_enabled: Option<bool>,
+    /// [tls.cert-file] PEM certificate chain: the services' identity, and the clients'.
+    #[arg(long, global = true, env = "DLOCK_TLS_CERT_FILE", value_name = "FILE")]
+    tls_cert_file: Option<String>,
+    /// [tls.key-file] PEM private key of tls.cert-file.
+    #[arg(long, global = true, env = "DLOCK_TLS_KEY_FILE", value_name = "FILE")]
+    tls_key_file: Option<String>,
+    /// [tls.client-ca-file] PEM CAs a client certificate must chain to (set: mutual TLS).
+    #[arg(long, global = true, env = "DLOCK_TLS_CLIENT_CA_FILE", value_name = "FILE")]
+    tls_client_ca_file: Option<String>,
+    /// [tls.ca-file] PEM CAs the clients trust for the services they call.
+    #[arg(long, global = true, env = "DLOCK_TLS_CA_FILE", value_name = "FILE")]
+    tls_ca_file: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -447,6 +462,16 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
     dlock_rt::http::set_process_header_bytes_max(
         layers.get(config::HTTP_HEADER_BYTES_MAX_KEY, dlock_rt::http::HEADER_BYTES_MAX_DEFAULT)?,
     )?;
+    {
+        use dlock_config::tls as k;
+        layers.set_flag_opt(k::TLS_ENABLED_KEY, cli.tls_enabled.as_ref());
+        layers.set_flag_opt(k::TLS_CERT_FILE_KEY, cli.tls_cert_file.as_ref());
+        layers.set_flag_opt(k::TLS_KEY_FILE_KEY, cli.tls_key_file.as_ref());
+        layers.set_flag_opt(k::TLS_CLIENT_CA_FILE_KEY, cli.tls_client_ca_file.as_ref());
+        layers.set_flag_opt(k::TLS_CA_FILE_KEY, cli.tls_ca_file.as_ref());
+        // Before any service starts or any client is built: all of them use it.
+        dlock_rt::tls::install_process_tls(&k::resolve(&layers)?)?;
+    }
     match cli.command {
         Command::Reconcile(a) => {
             reconcile_flags(&a, &mut layers);

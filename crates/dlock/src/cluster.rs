@@ -95,7 +95,7 @@ async fn bind(port: u16) -> Result<(TcpListener, BaseUrl), String> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let listener = dlock_rt::http::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let url = BaseUrl::parse(&format!("http://{local}")).map_err(|e| e.to_string())?;
+    let url = BaseUrl::parse(&format!("{}://{local}", dlock_rt::tls::process_scheme())).map_err(|e| e.to_string())?;
     Ok((listener, url))
 }
 
@@ -106,8 +106,9 @@ fn signal(stop: &watch::Sender<bool>) -> impl std::future::Future<Output = ()> +
     }
 }
 
+/// The URL a service is called at (`https://` when the process speaks TLS).
 fn http(url: &BaseUrl) -> String {
-    format!("http://{}", url.authority)
+    url.url()
 }
 
 /// Every service's settings for one cluster, resolved.
@@ -184,7 +185,8 @@ impl Cluster {
     pub async fn start(cfg: ClusterConfig) -> Result<Cluster, String> {
         let paydb_url = cfg.paydb_url.clone().unwrap_or_else(|| sqlite_url(&cfg.data_dir, "paydb.sqlite"));
         let lockdb_url = cfg.lockdb_url.clone().unwrap_or_else(|| sqlite_url(&cfg.data_dir, "lockdb.sqlite"));
-        let at = |port: u16| BaseUrl::parse(&format!("http://127.0.0.1:{port}")).map_err(|e| e.to_string());
+        let scheme = dlock_rt::tls::process_scheme();
+        let at = |port: u16| BaseUrl::parse(&format!("{scheme}://127.0.0.1:{port}")).map_err(|e| e.to_string());
         let (lock_at, stub_at, payment_at, proxy_at) =
             (at(cfg.ports.lock)?, at(cfg.ports.stub)?, at(cfg.ports.payment)?, at(cfg.ports.proxy)?);
         let wiring = Wiring {

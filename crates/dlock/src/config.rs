@@ -14,6 +14,8 @@ pub const HTTP_HEADER_BYTES_MAX_KEY: &str = "http.header-bytes-max";
 /// in a payment system's config should stop the process, not be ignored.
 pub fn known_keys() -> Vec<&'static str> {
     let mut keys = vec![PROFILE_KEY, HTTP_HEADER_BYTES_MAX_KEY];
+    // `tls.*`: one transport for every service and client of the process (E-15).
+    keys.extend_from_slice(dlock_config::tls::KEYS);
     for service in [
         dlock_rail_stub::config::KEYS,
         dlock_rail_proxy::config::KEYS,
