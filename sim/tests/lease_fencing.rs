@@ -33,7 +33,7 @@ const LEASE_MS: u64 = 3_000;
 const PAUSE_MS: u64 = 12_000;
 
 fn url(ip: [u8; 4], port: u16) -> BaseUrl {
-    BaseUrl { authority: SocketAddr::new(IpAddr::from(ip), port).to_string() }
+    BaseUrl::plain(SocketAddr::new(IpAddr::from(ip), port).to_string())
 }
 
 struct World {

@@ -81,6 +81,7 @@ impl<'a> Pem<'a> {
         Pem { key, source, bytes }
     }
 
+    #[cfg(not(madsim))]
     fn error(&self, what: &str) -> String {
         format!("{} = {}: {what}", self.key, self.source)
     }
