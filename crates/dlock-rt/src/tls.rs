@@ -154,6 +154,17 @@ pub fn process_scheme() -> &'static str {
     }
 }
 
+/// The start-up check of a URL key: with TLS installed it must be `https://`, without it
+/// `http://` (the client would refuse every call otherwise; better to refuse to start,
+/// naming the key).
+pub fn check_url_scheme(key: &str, url: &crate::http::BaseUrl) -> Result<(), String> {
+    match (process_tls().is_some(), url.tls) {
+        (true, false) => Err(format!("{key} = {}: tls.enabled is true, so the URL must be https://", url.url())),
+        (false, true) => Err(format!("{key} = {}: an https:// URL needs tls.enabled = true", url.url())),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(not(madsim))]
 mod real {
     use std::sync::Arc;
@@ -287,5 +298,32 @@ mod sim {
         ) -> std::io::Result<tokio::net::TcpStream> {
             match self.never {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enabled_tls_is_refused_in_the_simulation_and_read_from_its_files_outside_it() {
+        let s = TlsSettings {
+            enabled: true,
+            identity: None,
+            client_ca_file: None,
+            ca_file: Some("/nonexistent/dlock-ca.pem".into()),
+        };
+        let err = load(&s).expect_err("no usable TLS");
+        if cfg!(madsim) {
+            assert!(err.contains("not supported in the simulation"), "{err}");
+        } else {
+            assert!(err.starts_with("tls.ca-file = /nonexistent/dlock-ca.pem: cannot read"), "{err}");
+        }
+        assert!(load(&TlsSettings::default()).expect("off").is_none());
+        // Nothing installed in this process: plain HTTP, and an https:// URL key is refused.
+        assert_eq!(process_scheme(), "http");
+        let https = crate::http::BaseUrl::parse("https://127.0.0.1:1").expect("url");
+        assert!(check_url_scheme("x.url", &https).expect_err("https without tls").starts_with("x.url = https://"));
+        assert!(check_url_scheme("x.url", &crate::http::BaseUrl::plain("127.0.0.1:1")).is_ok());
     }
 }

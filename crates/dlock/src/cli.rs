@@ -476,6 +476,9 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         Command::Reconcile(a) => {
             reconcile_flags(&a, &mut layers);
             let s = dlock_reconciler::config::resolve(&layers, a.json)?;
+            if let Ok(url) = dlock_rt::http::BaseUrl::parse(&s.rail_url) {
+                dlock_rt::tls::check_url_scheme("reconcile.rail-url", &url)?;
+            }
             return Ok(dlock_reconciler::cli::run_reconcile(&s).await);
         }
         Command::Resolve(a) => {
@@ -503,6 +506,7 @@ async fn run_service(command: Command, mut layers: Layers, profile: Profile) -> 
         Command::RailProxy(a) => {
             a.flags(&mut layers);
             let s = dlock_rail_proxy::config::resolve(&layers, profile)?;
+            dlock_rt::tls::check_url_scheme("rail.proxy.rail-url", &s.config.rail_url)?;
             let store = dlock_rail_proxy::store_sql::open(&s.database_url).await.map_err(|e| format!("paydb: {e}"))?;
             let l = bind("rail-proxy", s.listen).await?;
             stopped("rail-proxy", dlock_rail_proxy::start(s.config, store, clock, l, shutdown_signal()).await?).await
@@ -519,6 +523,13 @@ async fn run_service(command: Command, mut layers: Layers, profile: Profile) -> 
         Command::Executor(a) => {
             a.flags(&mut layers);
             let s = dlock_executor::config::resolve(&layers, profile)?;
+            for (key, url) in [
+                ("executor.lock-url", &s.config.lock_url),
+                ("executor.payment-url", &s.config.payment_url),
+                ("executor.proxy-url", &s.config.proxy_url),
+            ] {
+                dlock_rt::tls::check_url_scheme(key, url)?;
+            }
             let l = bind("executor", s.listen).await?;
             // On SIGINT or SIGTERM each task finishes its payout, then the process exits.
             stopped("executor", dlock_executor::start(s.config, clock, l, shutdown_signal()).await?).await

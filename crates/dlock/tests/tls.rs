@@ -3,8 +3,9 @@
 //! file (`tls.enabled`, `tls.client-ca-file`) serve their health endpoints over https to a
 //! client with a certificate from the CA; a plaintext request, a client without a
 //! certificate and one with a certificate from an untrusted CA are refused; the proxy's
-//! own client reaches the rail over mutual TLS; and a broken TLS file stops the process at
-//! start-up with an error naming the key and the file, never the key material.
+//! own client reaches the rail over mutual TLS; a broken TLS file stops the process at
+//! start-up with an error naming the key and the file, never the key material; and so
+//! does a plaintext URL key under TLS.
 
 #![cfg(not(madsim))]
 
@@ -118,4 +119,20 @@ fn a_broken_tls_file_stops_the_process_at_start_up_naming_the_key_and_the_file()
     assert!(err.contains("tls.key-file") && err.contains(&files.path("bad.key").display().to_string()), "{err}");
     assert!(!err.contains(secret) && !err.contains("BEGIN"), "key material printed: {err}");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("listening on"), "it served before refusing");
+}
+
+#[test]
+fn an_http_url_key_under_tls_is_a_start_up_error_naming_the_key() {
+    let files = TlsFiles::new();
+    let cfg = files.path("dlock.toml");
+    std::fs::write(&cfg, files.mtls_config()).expect("config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dlock"))
+        .args(["--config", &cfg.display().to_string(), "executor", "--listen", "127.0.0.1:0"])
+        .args(["--lock-url", "https://127.0.0.1:1", "--payment-url", "https://127.0.0.1:2"])
+        .args(["--proxy-url", "http://127.0.0.1:3"])
+        .output()
+        .expect("run dlock");
+    assert!(!out.status.success(), "an executor with a plaintext URL started under TLS");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("executor.proxy-url = http://127.0.0.1:3") && err.contains("https://"), "{err}");
 }
