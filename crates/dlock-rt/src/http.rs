@@ -504,6 +504,7 @@ impl HttpClient {
         body: Option<Bytes>,
     ) -> Result<ClientResponse, ClientError> {
         self.check_scheme(base)?;
+        assert_eq!(base.tls, self.tls.is_some(), "E-15: a request's transport is its URL's scheme");
         let connect = TcpStream::connect(base.authority.as_str());
         let stream = match crate::timeout(Duration::from_millis(self.connect_timeout_ms), connect).await {
             None => return Err(ClientError::Connect(format!("timed out after {} ms", self.connect_timeout_ms))),
