@@ -264,6 +264,20 @@ impl GrantVerifier {
         GrantVerifier { keys, accept_unsigned }
     }
 
+    /// A resource's verifier from its configured key text and transition switch
+    /// (`prefix`: its key prefix, for the messages). Refuses to build one that trusts no key
+    /// and refuses every grant under the production profile: a resource there always verifies.
+    pub fn from_config(keys: &str, accept_unsigned: bool, production: bool, prefix: &str) -> Result<Self, String> {
+        let keys = parse_verify_keys(keys).map_err(|e| format!("{prefix}.verify-keys: {e}"))?;
+        if production && keys.is_empty() && !accept_unsigned {
+            return Err(format!(
+                "{prefix}.verify-keys (or {prefix}.verify-keys-file) names no public key: the resource cannot verify \
+                 the lock server's grant signatures and will not start (give it the lock server's public key)"
+            ));
+        }
+        Ok(GrantVerifier { keys, accept_unsigned })
+    }
+
     pub fn keys(&self) -> &[VerifyKey] {
         &self.keys
     }
@@ -294,6 +308,27 @@ impl GrantVerifier {
         let sig = ed25519_dalek::Signature::from_bytes(&parsed.signature);
         key.key.verify_strict(&message(lock_key, token, owner), &sig).map_err(|_| GrantError::BadSignature)?;
         Ok(Verdict::Signed)
+    }
+}
+
+/// A fencing token as a fenced write presents it: the token, and the lock server's
+/// signature of its grant (absent only for a client of an unsigned lock server, in the
+/// transition). A bare [`crate::FencingToken`] converts into an unsigned one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedToken {
+    pub token: crate::FencingToken,
+    pub signature: Option<String>,
+}
+
+impl SignedToken {
+    pub fn new(token: crate::FencingToken, signature: Option<String>) -> SignedToken {
+        SignedToken { token, signature }
+    }
+}
+
+impl From<crate::FencingToken> for SignedToken {
+    fn from(token: crate::FencingToken) -> SignedToken {
+        SignedToken { token, signature: None }
     }
 }
 

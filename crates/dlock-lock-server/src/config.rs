@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 
 use dlock_config::{Layers, Profile, LOCKDB_URL_DEFAULT};
 
+use dlock_contract::grant::GrantSigner;
+
 use crate::service::LockServerConfig;
 
 /// Every key the lock server reads.
@@ -21,7 +23,25 @@ pub const KEYS: &[&str] = &[
     "lock.session.retention-ms",
     "lock.reaper.interval-ms",
     "lock.wait.poll-ms",
+    "lock.grants.signing-key-file",
 ];
+
+/// Longest signing key file read, in bytes.
+pub const SIGNING_KEY_FILE_BYTES_MAX: u64 = 4_096;
+
+/// The signer of `lock.grants.signing-key-file`, if set (C3-extensions E-14): a one-line
+/// file holding the 32-byte Ed25519 seed, base64 or hex.
+fn signer(layers: &Layers) -> Result<Option<GrantSigner>, String> {
+    let key = "lock.grants.signing-key-file";
+    let Some(path) = layers.get_opt::<String>(key)? else { return Ok(None) };
+    let len = std::fs::metadata(&path).map_err(|e| format!("{key} = {path}: {e}"))?.len();
+    if len > SIGNING_KEY_FILE_BYTES_MAX {
+        return Err(format!("{key} = {path}: larger than {SIGNING_KEY_FILE_BYTES_MAX} bytes"));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{key} = {path}: {e}"))?;
+    let seed = dlock_contract::grant::parse_seed(&text).map_err(|e| format!("{key} = {path}: {e}"))?;
+    Ok(Some(GrantSigner::from_seed(&seed)))
+}
 
 /// Default `lock.server.listen`.
 pub const LISTEN_DEFAULT: ([u8; 4], u16) = ([127, 0, 0, 1], 8081);
@@ -90,6 +110,7 @@ pub fn resolve(layers: &Layers, _profile: Profile) -> Result<LockServerSettings,
         reap_interval_ms: layers.get("lock.reaper.interval-ms", d.reap_interval_ms)?,
         reap_batch_max: d.reap_batch_max,
         wait_poll_ms: layers.get("lock.wait.poll-ms", d.wait_poll_ms)?,
+        signer: signer(layers)?,
     };
     Ok(LockServerSettings { listen, backend, config })
 }

@@ -9,6 +9,8 @@ use std::net::SocketAddr;
 
 use dlock_config::{Layers, Profile, PAYDB_URL_DEFAULT};
 
+use dlock_contract::grant::GrantVerifier;
+
 use crate::service::PaymentConfig;
 
 /// Every key the payment-resource reads.
@@ -19,6 +21,9 @@ pub const KEYS: &[&str] = &[
     "payment.idempotency.retention-ms",
     "payment.idempotency.purge-interval-ms",
     "payment.idempotency.purge-batch-max",
+    "payment.grants.verify-keys",
+    "payment.grants.verify-keys-file",
+    "payment.grants.accept-unsigned",
 ];
 
 /// Default `payment.resource.listen`.
@@ -34,7 +39,7 @@ pub struct PaymentSettings {
 }
 
 /// Resolves every payment-resource key and checks the ranges.
-pub fn resolve(layers: &Layers, _profile: Profile) -> Result<PaymentSettings, String> {
+pub fn resolve(layers: &Layers, profile: Profile) -> Result<PaymentSettings, String> {
     let d = PaymentConfig::default();
     let listen = layers.get("payment.resource.listen", SocketAddr::from(LISTEN_DEFAULT))?;
     let database_url = layers.get("payment.resource.database-url", PAYDB_URL_DEFAULT.to_owned())?;
@@ -43,6 +48,10 @@ pub fn resolve(layers: &Layers, _profile: Profile) -> Result<PaymentSettings, St
         idempotency_retention_ms: layers.get("payment.idempotency.retention-ms", d.idempotency_retention_ms)?,
         purge_interval_ms: layers.get("payment.idempotency.purge-interval-ms", d.purge_interval_ms)?,
         purge_batch_max: layers.get("payment.idempotency.purge-batch-max", d.purge_batch_max)?,
+        grants: {
+            let g = dlock_config::grant_keys(layers, profile, "payment.grants")?;
+            GrantVerifier::from_config(&g.keys, g.accept_unsigned, profile == Profile::Production, "payment.grants")?
+        },
     };
     config.validate()?;
     Ok(PaymentSettings { listen, database_url, config })

@@ -22,6 +22,9 @@ pub const KEYS: &[&str] = &[
     "rail.proxy.fencing.enabled",
     "rail.proxy.body-bytes-max",
     "rail.proxy.duplicate-guard.enabled",
+    "rail.proxy.grants.verify-keys",
+    "rail.proxy.grants.verify-keys-file",
+    "rail.proxy.grants.accept-unsigned",
 ];
 
 /// Default `rail.proxy.listen`.
@@ -63,6 +66,15 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<ProxySettings, Strin
         fencing_enabled,
         duplicate_guard_enabled,
         body_bytes_max: layers.get("rail.proxy.body-bytes-max", BODY_BYTES_MAX_DEFAULT)?,
+        grants: {
+            let g = dlock_config::grant_keys(layers, profile, "rail.proxy.grants")?;
+            dlock_contract::grant::GrantVerifier::from_config(
+                &g.keys,
+                g.accept_unsigned,
+                profile == Profile::Production,
+                "rail.proxy.grants",
+            )?
+        },
     };
     Ok(ProxySettings { listen, database_url, config })
 }
@@ -73,6 +85,9 @@ pub fn unsafe_warnings(cfg: &ProxyConfig) -> Vec<String> {
     let mut w = Vec::new();
     if !cfg.fencing_enabled {
         w.push("rail.proxy.fencing.enabled=false: the rail-proxy skips step 1 (the high-water mark); a stale writer reaches the rail".to_owned());
+    }
+    if cfg.grants.accepts_unsigned() {
+        w.push("rail.proxy.grants.accept-unsigned=true: the rail-proxy admits tokens the lock server did not sign".to_owned());
     }
     if !cfg.duplicate_guard_enabled {
         w.push("rail.proxy.duplicate-guard.enabled=false: the rail-proxy forwards what step 2 refused; a payout can be paid twice".to_owned());
