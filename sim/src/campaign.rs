@@ -444,6 +444,8 @@ async fn play(
     }
     let created = crate::workload::start_workload(&mut w, &cfg);
     let operator = crate::workload::start_operator(&mut w, &cfg);
+    // The forger plays in swarm seeds (a scenario's steps are its own).
+    let forger = if scenario.is_none() { Some(crate::forger::start_forger(&mut w, &cfg)) } else { None };
     // The seed's schedule, from the runtime's seeded generator (replays draw it again), or
     // the scenario's steps.
     let schedule = match &scenario {
@@ -546,6 +548,9 @@ async fn play(
     let calls: Vec<String> = log.calls.iter().map(|c| c.client_ref.clone()).collect();
     // Safety, from ground truth: the monitor's online findings and the end-of-run checks.
     failures.extend(crate::oracle::check(&w, &monitor).await);
+    if let Some(f) = &forger {
+        failures.extend(f.failures());
+    }
     if settled_in.is_some() {
         // Liveness beyond settling (no unresolved intent, the reconciler agrees); an
         // unsettled run already failed above, and would only repeat it here.
@@ -572,6 +577,9 @@ async fn play(
     }
     if opts.full_trace {
         trace.extend(operator.lines());
+        if let Some(f) = &forger {
+            trace.extend(f.writes().iter().map(|w| w.line()));
+        }
         trace.extend(final_states.iter().map(|(id, s)| format!("payout {id} {s:?}")));
         trace.extend(log.calls.iter().map(|c| format!("rail: {} {:?} paid={}", c.client_ref, c.outcome, c.paid)));
     }
