@@ -81,7 +81,14 @@ impl Forgery {
 
     /// The signature header of this forgery of a grant of `account` presented with
     /// `token`.
-    fn signature(self, world: &GrantSigner, rogue: &GrantSigner, account: &str, token: i64, draw: u64) -> Option<String> {
+    fn signature(
+        self,
+        world: &GrantSigner,
+        rogue: &GrantSigner,
+        account: &str,
+        token: i64,
+        draw: u64,
+    ) -> Option<String> {
         let key = dlock_contract::grant::payout_lock_key(account);
         match self {
             Forgery::Unsigned => None,
@@ -125,14 +132,7 @@ impl Forged {
     }
 
     pub fn line(&self) -> String {
-        format!(
-            "forger: {} {} on {} -> {} {}",
-            self.forgery.name(),
-            self.hop,
-            self.payout,
-            self.status,
-            self.code
-        )
+        format!("forger: {} {} on {} -> {} {}", self.forgery.name(), self.hop, self.payout, self.status, self.code)
     }
 }
 
@@ -250,7 +250,8 @@ pub fn start_forger(world: &mut World, cfg: &SwarmConfig) -> ForgerLog {
 async fn settled_payout(paydb: &dyn PaymentStore) -> Option<uuid::Uuid> {
     let mut found = Vec::new();
     for state in [PayoutState::Posted, PayoutState::Failed] {
-        let q = ListQuery { state, account_id: None, snapshot: Clock::system().wall(), after: None, limit: TARGETS_MAX };
+        let q =
+            ListQuery { state, account_id: None, snapshot: Clock::system().wall(), after: None, limit: TARGETS_MAX };
         if let Ok(page) = paydb.list(&q).await {
             found.extend(page.into_iter().map(|p| p.payout_id));
         }

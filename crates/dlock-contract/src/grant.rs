@@ -123,8 +123,7 @@ impl GrantSignature {
         }
         let mut key_id = [0u8; 8];
         hex::decode_to_slice(id, &mut key_id).map_err(|_| GrantError::Malformed)?;
-        let bytes =
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(sig).map_err(|_| GrantError::Malformed)?;
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(sig).map_err(|_| GrantError::Malformed)?;
         let signature: [u8; 64] = bytes.try_into().map_err(|_| GrantError::Malformed)?;
         Ok(GrantSignature { key_id: KeyId(key_id), signature })
     }
@@ -456,8 +455,8 @@ mod tests {
         assert!(parse_seed(&base64::engine::general_purpose::STANDARD.encode([1u8; 31])).is_err());
         let s = GrantSigner::from_seed(&seed);
         let pk = s.verify_key().to_base64();
-        let keys = parse_verify_keys(&format!("{pk}, {}\n\n", testing::signer().verify_key().to_base64()))
-            .expect("two keys");
+        let keys =
+            parse_verify_keys(&format!("{pk}, {}\n\n", testing::signer().verify_key().to_base64())).expect("two keys");
         assert_eq!(keys.len(), 2);
         assert_eq!(keys[0].key_id(), s.key_id());
         assert_eq!(keys[0].key_id().to_string().len(), KEY_ID_HEX_CHARS);

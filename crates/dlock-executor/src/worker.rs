@@ -431,8 +431,11 @@ impl Executor {
             return self.finish(guard, Outcome::LeaseLost).await;
         }
         self.maybe_stall("claim", owner.as_str()).await;
-        let claimed =
-            self.hops.payment.claim(payout_id, guard.signed_token(), owner, &key, &ClaimRequest { expected_state: state }).await;
+        let claimed = self
+            .hops
+            .payment
+            .claim(payout_id, guard.signed_token(), owner, &key, &ClaimRequest { expected_state: state })
+            .await;
         if let Err(refusal) = claimed {
             return match refusal.code() {
                 Some(ErrorCode::FencedOut) => {

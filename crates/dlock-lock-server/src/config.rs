@@ -142,6 +142,24 @@ mod tests {
     }
 
     #[test]
+    fn the_signing_key_file_gives_the_signer_and_a_bad_file_is_refused() {
+        assert!(resolve(&Layers::default(), Profile::Production).expect("defaults").config.signer.is_none());
+        let dir = std::env::temp_dir().join(format!("dlock-signing-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (good, bad) = (dir.join("good.key"), dir.join("bad.key"));
+        std::fs::write(&good, dlock_contract::grant::seed_text(&dlock_contract::grant::testing::SEED)).expect("write");
+        std::fs::write(&bad, "not a key\n").expect("write");
+        let path = good.display().to_string();
+        let l = Layers::of(&[("lock.grants.signing-key-file", path.as_str())]);
+        let signer = resolve(&l, Profile::Production).expect("ok").config.signer.expect("a signer");
+        assert_eq!(signer.key_id(), dlock_contract::grant::testing::signer().key_id());
+        let path = bad.display().to_string();
+        let l = Layers::of(&[("lock.grants.signing-key-file", path.as_str())]);
+        assert!(resolve(&l, Profile::Production).is_err_and(|e| e.contains("lock.grants.signing-key-file")));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn service_knobs_read_their_keys() {
         let l = Layers::of(&[("lock.reaper.interval-ms", "200"), ("lock.waiters-max", "1"), ("lock.delay-ms", "-5")]);
         let c = resolve(&l, Profile::Production).expect("ok").config;

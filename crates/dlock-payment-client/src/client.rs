@@ -4,15 +4,14 @@
 //! `read_tries_max` tries).
 
 use bytes::Bytes;
+use dlock_contract::grant::SignedToken;
 use dlock_contract::payment::{
     AccountBody, ClaimAck, ClaimRequest, NewAccountRequest, NewPayoutRequest, PayoutBody, PayoutPage, PostAck,
     PostRequest,
 };
-use dlock_contract::grant::SignedToken;
 use dlock_contract::payout::PayoutState;
 use dlock_contract::{
-    IdempotencyKey, OwnerId, CONTENT_TYPE_JSON, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY,
-    HEADER_OWNER_ID,
+    IdempotencyKey, OwnerId, CONTENT_TYPE_JSON, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY, HEADER_OWNER_ID,
 };
 use dlock_rt::http::HttpClient;
 use dlock_rt::Duration;

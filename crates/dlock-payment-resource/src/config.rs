@@ -61,13 +61,49 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<PaymentSettings, Str
 mod tests {
     use super::*;
 
+    /// `pairs` with the test key trusted (production needs a verify key).
+    fn keyed(pairs: &[(&str, &str)]) -> Layers {
+        let mut l = Layers::of(pairs);
+        l.set_default("payment.grants.verify-keys", dlock_contract::grant::testing::signer().verify_key().to_base64());
+        l
+    }
+
     #[test]
     fn defaults_resolve_and_out_of_range_values_name_their_key() {
-        let s = resolve(&Layers::default(), Profile::Production).expect("defaults");
-        assert_eq!((s.listen.port(), s.config.clone()), (8082, PaymentConfig::default()));
-        let l = Layers::of(&[("payment.resource.body-bytes-max", "4096")]);
+        let s = resolve(&keyed(&[]), Profile::Production).expect("defaults");
+        let expected = PaymentConfig { grants: dlock_contract::grant::testing::verifier(), ..PaymentConfig::default() };
+        assert_eq!((s.listen.port(), s.config.clone()), (8082, expected));
+        let l = keyed(&[("payment.resource.body-bytes-max", "4096")]);
         assert_eq!(resolve(&l, Profile::Production).expect("ok").config.body_bytes_max, 4_096);
-        let bad = Layers::of(&[("payment.idempotency.retention-ms", "1")]);
+        let bad = keyed(&[("payment.idempotency.retention-ms", "1")]);
         assert!(resolve(&bad, Profile::Production).is_err_and(|e| e.contains("payment.idempotency.retention-ms")));
+    }
+
+    #[test]
+    fn production_refuses_to_start_without_a_verify_key_and_refuses_the_transition_switch() {
+        let err = resolve(&Layers::default(), Profile::Production).expect_err("no key");
+        assert!(err.contains("payment.grants.verify-keys") && err.contains("will not start"), "{err}");
+        let unsigned = keyed(&[("payment.grants.accept-unsigned", "true")]);
+        let err = resolve(&unsigned, Profile::Production).expect_err("refused");
+        assert!(err.contains("payment.grants.accept-unsigned") && err.contains("unsafe-test"), "{err}");
+        let s = resolve(&Layers::of(&[("payment.grants.accept-unsigned", "true")]), Profile::UnsafeTest).expect("ok");
+        assert!(s.config.grants.accepts_unsigned() && s.config.grants.keys().is_empty());
+        assert!(resolve(&keyed(&[]), Profile::Production).is_ok_and(|s| !s.config.grants.accepts_unsigned()));
+        let bad = Layers::of(&[("payment.grants.verify-keys", "not-a-key")]);
+        assert!(resolve(&bad, Profile::Production).is_err_and(|e| e.contains("payment.grants.verify-keys")));
+    }
+
+    #[test]
+    fn verify_keys_are_read_from_a_file_too() {
+        let dir = std::env::temp_dir().join(format!("dlock-verify-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("keys");
+        let next = dlock_contract::grant::GrantSigner::from_seed(&dlock_contract::grant::testing::SEED_NEXT);
+        std::fs::write(&file, format!("{}\n{}\n", next.verify_key().to_base64(), "")).expect("write");
+        let path = file.display().to_string();
+        let l = keyed(&[("payment.grants.verify-keys-file", path.as_str())]);
+        let s = resolve(&l, Profile::Production).expect("ok");
+        assert_eq!(s.config.grants.keys().len(), 2);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

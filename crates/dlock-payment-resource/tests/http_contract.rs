@@ -73,7 +73,8 @@ fn fenced_headers<'a>(token: &'a str, owner: &'a str, key: &'a str) -> Vec<(&'a 
     h.push(("x-fencing-token", token));
     if let Ok(t) = token.parse::<i64>() {
         // Leaked: a few bytes per request of a test process.
-        let sig: &'static str = Box::leak(dlock_contract::grant::testing::sign_payout("acct-1", t, owner).into_boxed_str());
+        let sig: &'static str =
+            Box::leak(dlock_contract::grant::testing::sign_payout("acct-1", t, owner).into_boxed_str());
         h.push(("x-fencing-signature", sig));
     }
     h

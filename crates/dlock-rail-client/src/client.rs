@@ -3,8 +3,7 @@
 use bytes::Bytes;
 use dlock_contract::rail::{SubmissionAck, SubmissionRequest};
 use dlock_contract::{
-    IdempotencyKey, OwnerId, CONTENT_TYPE_JSON, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY,
-    HEADER_OWNER_ID,
+    IdempotencyKey, OwnerId, CONTENT_TYPE_JSON, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY, HEADER_OWNER_ID,
 };
 use dlock_rt::http::{BaseUrl, HttpClient};
 

@@ -323,7 +323,8 @@ impl RailProxy {
         // mark: signed by a trusted key for `payout:{accountId}` of the payout as stored, this
         // token and this owner. A refusal writes no row.
         let lock_key = dlock_contract::grant::payout_lock_key(&payout.account_id);
-        if let Err(e) = self.cfg.grants.verify(s.signature.as_deref(), &lock_key, s.token.get(), Some(s.owner.as_str())) {
+        if let Err(e) = self.cfg.grants.verify(s.signature.as_deref(), &lock_key, s.token.get(), Some(s.owner.as_str()))
+        {
             tracing::warn!(payoutId = %body.payout_id, accountId = %payout.account_id, presentedToken = s.token.get(),
                 ownerId = %s.owner, cause = %e, traceId = %s.trace_id, "grant_signature_refused");
             return Outcome::GrantRefused(e);

@@ -139,9 +139,9 @@ pub const GRANT_KEY_FILE: &str = "grant-signing.key";
 fn grant_seed(data_dir: &std::path::Path) -> Result<([u8; 32], bool), String> {
     let path = data_dir.join(GRANT_KEY_FILE);
     match std::fs::read_to_string(&path) {
-        Ok(text) => dlock_contract::grant::parse_seed(&text)
-            .map(|s| (s, true))
-            .map_err(|e| format!("{}: {e}", path.display())),
+        Ok(text) => {
+            dlock_contract::grant::parse_seed(&text).map(|s| (s, true)).map_err(|e| format!("{}: {e}", path.display()))
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((dlock_rt::rand::secret_bytes::<32>(), false)),
         Err(e) => Err(format!("{}: {e}", path.display())),
     }

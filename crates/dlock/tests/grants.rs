@@ -70,7 +70,14 @@ async fn grant(lock: &BaseUrl, account: &str, owner: &str) -> (i64, String) {
 }
 
 /// A claim with exactly these headers (`sig` absent: no signature header).
-async fn claim(payment: &BaseUrl, p: Uuid, token: &str, owner: &str, sig: Option<&str>, expected: &str) -> (u16, Value) {
+async fn claim(
+    payment: &BaseUrl,
+    p: Uuid,
+    token: &str,
+    owner: &str,
+    sig: Option<&str>,
+    expected: &str,
+) -> (u16, Value) {
     let key = format!("payout:{p}");
     let mut h = vec![("x-fencing-token", token), ("x-owner-id", owner), ("x-idempotency-key", key.as_str())];
     if let Some(s) = sig {
@@ -86,7 +93,8 @@ async fn submit(proxy: &BaseUrl, p: Uuid, account: &str, token: &str, owner: &st
     if let Some(s) = sig {
         h.push(("x-fencing-signature", s));
     }
-    let body = json!({"payoutId": p, "accountId": account, "amountMinor": 500, "currency": "EUR", "beneficiaryRef": "ben-1"});
+    let body =
+        json!({"payoutId": p, "accountId": account, "amountMinor": 500, "currency": "EUR", "beneficiaryRef": "ben-1"});
     post_json(proxy, "/v1/rail/submissions", &h, body).await
 }
 
@@ -96,7 +104,8 @@ async fn post(payment: &BaseUrl, p: Uuid, token: &str, owner: &str, sig: Option<
     if let Some(s) = sig {
         h.push(("x-fencing-signature", s));
     }
-    let body = json!({"submissionId": ack["submissionId"], "railReference": ack["railReference"], "railOutcome": "ACKED"});
+    let body =
+        json!({"submissionId": ack["submissionId"], "railReference": ack["railReference"], "railOutcome": "ACKED"});
     post_json(payment, &format!("/v1/payouts/{p}/post"), &h, body).await
 }
 
@@ -171,7 +180,10 @@ async fn a_real_grant_for_one_account_is_refused_on_another_accounts_payout_and_
     let t = token_a.to_string();
 
     // Claim of B's payout under A's grant: refused, nothing written.
-    assert_invalid_token(&claim(&c.payment.base, b, &t, "w-1", Some(&sig_a), "PENDING").await, "claim B with A's grant");
+    assert_invalid_token(
+        &claim(&c.payment.base, b, &t, "w-1", Some(&sig_a), "PENDING").await,
+        "claim B with A's grant",
+    );
     assert_eq!(fence(&c.payment, "acct-b").await, 0);
     assert_eq!(state(&c.payment, b).await, (PayoutState::Pending, 0));
 
@@ -225,7 +237,10 @@ async fn a_signature_from_an_untrusted_key_and_malformed_or_oversized_headers_ar
     // The good one works; then the proxy refuses the same forgeries.
     assert_eq!(claim(&c.payment.base, p, "5", "w-1", Some(&good), "PENDING").await.0, 200);
     let sub_untrusted = rogue.sign("payout:acct-1", 6, "w-1");
-    assert_invalid_token(&submit(&c.proxy.base, p, "acct-1", "6", "w-1", Some(&sub_untrusted)).await, "untrusted submit");
+    assert_invalid_token(
+        &submit(&c.proxy.base, p, "acct-1", "6", "w-1", Some(&sub_untrusted)).await,
+        "untrusted submit",
+    );
     assert_invalid_token(&submit(&c.proxy.base, p, "acct-1", "6", "w-1", None).await, "unsigned submit");
     for sig in &bad {
         assert_invalid_token(&submit(&c.proxy.base, p, "acct-1", "6", "w-1", Some(sig)).await, sig);
@@ -317,9 +332,10 @@ async fn the_accept_unsigned_switch_is_refused_outside_unsafe_test_and_productio
         let (ok, err) = run_to_exit(&[svc, "--database-url", &url], &[(key, "true")]);
         assert!(!ok && err.contains("accept-unsigned") && err.contains("unsafe-test"), "{svc}: {err}");
     }
-    for (svc, key) in
-        [("payment-resource", "DLOCK_PAYMENT_GRANTS_VERIFY_KEYS"), ("rail-proxy", "DLOCK_RAIL_PROXY_GRANTS_VERIFY_KEYS")]
-    {
+    for (svc, key) in [
+        ("payment-resource", "DLOCK_PAYMENT_GRANTS_VERIFY_KEYS"),
+        ("rail-proxy", "DLOCK_RAIL_PROXY_GRANTS_VERIFY_KEYS"),
+    ] {
         let (ok, err) = run_to_exit(&[svc, "--database-url", &url], &[(key, "")]);
         assert!(!ok && err.contains("verify-keys") && err.contains("will not start"), "{svc}: {err}");
     }
@@ -330,6 +346,9 @@ async fn the_accept_unsigned_switch_is_refused_outside_unsafe_test_and_productio
     );
     let p = payout_on(&payment, "acct-1", 0).await;
     let rogue = GrantSigner::from_seed(&[9; 32]).sign("payout:acct-1", 3, "w-1");
-    assert_invalid_token(&claim(&payment.base, p, "3", "w-1", Some(&rogue), "PENDING").await, "untrusted under the switch");
+    assert_invalid_token(
+        &claim(&payment.base, p, "3", "w-1", Some(&rogue), "PENDING").await,
+        "untrusted under the switch",
+    );
     assert_eq!(claim(&payment.base, p, "3", "w-1", None, "PENDING").await.0, 200);
 }

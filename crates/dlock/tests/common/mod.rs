@@ -226,7 +226,12 @@ pub async fn account_of(payment: &BaseUrl, payout: Uuid) -> String {
 }
 
 /// `token` with the test key's signature for `payout`'s stored account and `owner`.
-pub async fn signed_token(payment: &BaseUrl, payout: Uuid, token: i64, owner: &str) -> dlock_contract::grant::SignedToken {
+pub async fn signed_token(
+    payment: &BaseUrl,
+    payout: Uuid,
+    token: i64,
+    owner: &str,
+) -> dlock_contract::grant::SignedToken {
     let account = account_of(payment, payout).await;
     let t = dlock_contract::FencingToken::new(token).expect("token > 0");
     dlock_contract::grant::SignedToken::new(t, sign_payout(&account, &token.to_string(), owner))
