@@ -355,3 +355,28 @@ pub async fn pause_or_stop(ms: u64, stop: &mut watch::Receiver<bool>) {
         _ = stop.wait_for(|s| *s) => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_data_dir_gets_an_owner_only_signing_key_that_later_runs_reuse() {
+        let dir = std::env::temp_dir().join(format!("dlock-grant-seed-{}", dlock_rt::rand::random_u64()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (seed, on_disk) = grant_seed(&dir).expect("fresh");
+        assert!(!on_disk, "nothing was written yet");
+        write_grant_seed(&dir, &seed).expect("written");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.join(GRANT_KEY_FILE)).expect("meta").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        assert_eq!(grant_seed(&dir).expect("reread"), (seed, true));
+        // Never overwritten.
+        assert!(write_grant_seed(&dir, &[1; 32]).is_err());
+        assert_eq!(grant_seed(&dir).expect("reread").0, seed);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
