@@ -444,8 +444,6 @@ async fn play(
     }
     let created = crate::workload::start_workload(&mut w, &cfg);
     let operator = crate::workload::start_operator(&mut w, &cfg);
-    // The forger plays in swarm seeds (a scenario's steps are its own).
-    let forger = if scenario.is_none() { Some(crate::forger::start_forger(&mut w, &cfg)) } else { None };
     // The seed's schedule, from the runtime's seeded generator (replays draw it again), or
     // the scenario's steps.
     let schedule = match &scenario {
@@ -526,6 +524,9 @@ async fn play(
         t.phase("checks", if settled_in.is_some() { "every payout settled" } else { "liveness bound reached" });
     }
     let final_states = states(&*w.paydb, &ids).await;
+    // The forger plays in swarm seeds (a scenario's steps are its own), after everything
+    // settled: it moves nothing the seed did before.
+    let forger = if scenario.is_none() { Some(crate::forger::run_forger(&w).await) } else { None };
     let mut failures = step_failures;
     if !created.done() {
         failures

@@ -1,7 +1,8 @@
 //! The forger (issue 12): a client on node `forger` that presents fenced writes under
 //! tokens the lock server never granted it, to the payment-resource (claim, post) and the
-//! rail-proxy (submission), at [`FORGED_WRITES_PER_SEED`] drawn instants of a swarm seed's
-//! fault phase. Its forgeries ([`Forgery`]):
+//! rail-proxy (submission): [`FORGED_WRITES_PER_SEED`] of them at the end of every swarm
+//! seed, after its liveness phase and before its checks ([`run_forger`]). Its forgeries
+//! ([`Forgery`]):
 //!
 //! - `unsigned`: no signature at all;
 //! - `made_up`: a well-formed signature of random bytes under the world key's id;
@@ -25,8 +26,8 @@
 //! again), so one that got through is seen (a 409 or 400 on its merits) without changing
 //! anything the rest of the seed's oracle judges: a planted `skip-grant-signature-check` is
 //! found by this invariant alone. Its refusals fire the probe `forged_token_refused` at the
-//! resources. The forger draws its instants, targets and its untrusted key from the
-//! runtime, so a seed replays bit for bit.
+//! resources. The forger draws its targets, kinds and its untrusted key from the runtime,
+//! so a seed replays bit for bit.
 
 use std::sync::{Arc, Mutex};
 
@@ -34,10 +35,9 @@ use dlock_contract::grant::{GrantSignature, GrantSigner, SIGNATURE_HEADER_CHARS_
 use dlock_contract::payout::PayoutState;
 use dlock_payment_resource::store::{ListQuery, PaymentStore};
 use dlock_rt::http::HttpClient;
-use dlock_rt::{Clock, Duration};
+use dlock_rt::Clock;
 
 use crate::outcome::Failure;
-use crate::swarm::SwarmConfig;
 use crate::world::{grant_signer, node_url, World};
 
 /// Forged writes per swarm seed.
@@ -46,6 +46,10 @@ pub const FORGED_WRITES_PER_SEED: usize = 6;
 pub const FORGER_OWNER: &str = "forger";
 /// Settled payouts the forger reads per look.
 pub const TARGETS_MAX: i64 = 50;
+/// The forger's connect budget.
+pub const FORGER_CONNECT_MS: u64 = 1_000;
+/// The forger's read budget.
+pub const FORGER_READ_MS: u64 = 5_000;
 
 /// One kind of forged grant (module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,25 +167,25 @@ impl ForgerLog {
     }
 }
 
-/// Starts the forger on node `forger` (added to `world`); it acts during the first
-/// `cfg.fault_ms` of simulated time.
-pub fn start_forger(world: &mut World, cfg: &SwarmConfig) -> ForgerLog {
+/// Runs the forger on a node `forger` of its own (never faulted) to its end: after the seed's
+/// liveness phase, when the payouts have settled and every fault has healed, and before the
+/// checks. Played there, it moves nothing the seed did before (a forged write sent during
+/// the run would move every later draw of the runtime, and so every existing seed).
+pub async fn run_forger(world: &World) -> ForgerLog {
     let log = ForgerLog::default();
-    let node = world.add_node("forger");
+    let node = madsim::runtime::Handle::current()
+        .create_node()
+        .name("forger")
+        .ip(std::net::IpAddr::from(crate::world::FORGER_IP))
+        .build();
     let paydb = world.paydb.clone();
     let topology = world.spec().topology.clone();
-    let (out, fault_ms) = (log.clone(), cfg.fault_ms);
-    node.spawn(async move {
+    let out = log.clone();
+    let task = node.spawn(async move {
         let signer = grant_signer();
         let rogue = GrantSigner::from_seed(&dlock_rt::rand::secret_bytes::<32>());
-        let mut at: Vec<u64> =
-            (0..FORGED_WRITES_PER_SEED).map(|_| dlock_rt::rand::random_u64() % fault_ms.max(1)).collect();
-        at.sort_unstable();
-        let mut now = 0;
-        for t in at {
-            dlock_rt::sleep(Duration::from_millis(t - now)).await;
-            now = t;
-            let Some(target) = settled_payout(&*paydb).await else { continue };
+        for _ in 0..FORGED_WRITES_PER_SEED {
+            let Some(target) = settled_payout(&*paydb).await else { return };
             let Ok(Some(view)) = paydb.payout(target).await else { continue };
             let draw = dlock_rt::rand::random_u64();
             let forgery = Forgery::ALL[(draw % Forgery::ALL.len() as u64) as usize];
@@ -230,7 +234,7 @@ pub fn start_forger(world: &mut World, cfg: &SwarmConfig) -> ForgerLog {
             if let Some(sig) = &signature {
                 headers.push((dlock_contract::HEADER_FENCING_SIGNATURE, sig.as_str()));
             }
-            let answer = HttpClient::new(1_000, 5_000)
+            let answer = HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS)
                 .send(&base, http::Method::POST, &path, &headers, Some(body.to_string().into()))
                 .await;
             let (status, code) = match answer {
@@ -243,6 +247,7 @@ pub fn start_forger(world: &mut World, cfg: &SwarmConfig) -> ForgerLog {
             out.push(Forged { forgery, hop, payout: target.to_string(), status, code });
         }
     });
+    let _ = task.await;
     log
 }
 

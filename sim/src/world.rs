@@ -126,6 +126,14 @@ pub fn grant_signer() -> dlock_contract::grant::GrantSigner {
     dlock_contract::grant::GrantSigner::from_seed(&key)
 }
 
+/// `token` with the world key's signature of a grant of `payout:{account}` to `owner`: what
+/// a test that drives the resources without a lock server presents (C3-extensions E-14).
+pub fn signed(account: &str, token: i64, owner: &str) -> dlock_contract::grant::SignedToken {
+    let t = dlock_contract::FencingToken::new(token).unwrap_or_else(|| panic!("token {token} is not > 0"));
+    let sig = grant_signer().sign(&dlock_contract::grant::payout_lock_key(account), token, owner);
+    dlock_contract::grant::SignedToken::new(t, Some(sig))
+}
+
 /// The knobs of a world: service settings by key and each node's clock skew.
 #[derive(Debug, Clone)]
 pub struct WorldConfig {
