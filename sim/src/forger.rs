@@ -132,7 +132,8 @@ impl Forged {
     /// Whether the resource judged this write on its merits (it passed the grant check).
     pub fn got_through(&self) -> bool {
         let undecided = self.status == 0 || self.status >= 500;
-        !undecided && !(self.status == 400 && self.code == "INVALID_TOKEN")
+        let refused = self.status == 400 && self.code == "INVALID_TOKEN";
+        !(undecided || refused)
     }
 
     pub fn line(&self) -> String {

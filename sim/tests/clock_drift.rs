@@ -104,7 +104,15 @@ async fn claim(
     expected: PayoutState,
     k: &IdempotencyKey,
 ) -> Result<ClaimAck, PaymentRefusal> {
-    payment().claim(payout, dlock_sim::world::signed(ACCOUNT, token, owner), &owner_id(owner), k, &ClaimRequest { expected_state: expected }).await
+    payment()
+        .claim(
+            payout,
+            dlock_sim::world::signed(ACCOUNT, token, owner),
+            &owner_id(owner),
+            k,
+            &ClaimRequest { expected_state: expected },
+        )
+        .await
 }
 
 async fn submit(payout: Uuid, token: i64, owner: &str) -> Result<SubmissionAck, RailRefusal> {
@@ -124,7 +132,9 @@ async fn post(payout: Uuid, token: i64, owner: &str, acked: (&str, Uuid)) -> Res
         submission_id: acked.1,
         rail_outcome: SubmissionOutcome::Acked.as_str().to_owned(),
     };
-    payment().post(payout, dlock_sim::world::signed(ACCOUNT, token, owner), &owner_id(owner), &payout_key(payout), &body).await
+    payment()
+        .post(payout, dlock_sim::world::signed(ACCOUNT, token, owner), &owner_id(owner), &payout_key(payout), &body)
+        .await
 }
 
 /// One account and one PENDING payout, opened from a setup node.

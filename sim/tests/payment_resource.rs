@@ -142,7 +142,15 @@ async fn claim_keyed(
     expected: PayoutState,
     key: &IdempotencyKey,
 ) -> Result<ClaimAck, PaymentRefusal> {
-    payment().claim(payout, dlock_sim::world::signed(ACCOUNT, token, owner), &owner_id(owner), key, &ClaimRequest { expected_state: expected }).await
+    payment()
+        .claim(
+            payout,
+            dlock_sim::world::signed(ACCOUNT, token, owner),
+            &owner_id(owner),
+            key,
+            &ClaimRequest { expected_state: expected },
+        )
+        .await
 }
 
 async fn submit(payout: Uuid, amount: i64, token: i64, owner: &str) -> Result<SubmissionAck, RailRefusal> {
@@ -163,7 +171,9 @@ async fn post(payout: Uuid, token: i64, owner: &str, acked: (&str, Uuid)) -> Res
         submission_id: acked.1,
         rail_outcome: SubmissionOutcome::Acked.as_str().to_owned(),
     };
-    payment().post(payout, dlock_sim::world::signed(ACCOUNT, token, owner), &owner_id(owner), &payout_key(payout), &body).await
+    payment()
+        .post(payout, dlock_sim::world::signed(ACCOUNT, token, owner), &owner_id(owner), &payout_key(payout), &body)
+        .await
 }
 
 /// Moves one payout the executor's way; returns the final answers' codes.
