@@ -86,9 +86,12 @@ async fn claimed(store: &dyn RailStore) -> Uuid {
 }
 
 async fn submit(s: &Served, path: &str, body: &str) -> (u16, Value) {
+    // The test key's grant of `payout:a-1` (the payout's account) to w-1 under token 7.
+    let sig = dlock_contract::grant::testing::sign_payout("a-1", 7, "w-1");
     let headers = [
         ("content-type", "application/json"),
         ("x-fencing-token", "7"),
+        ("x-fencing-signature", sig.as_str()),
         ("x-owner-id", "w-1"),
         ("x-idempotency-key", "payout:k"),
     ];
