@@ -6,6 +6,8 @@
 //! The harness (`common::grant_env`) gives every process the test signing key and the
 //! resources its public key; these tests also start processes with keys of their own.
 
+#![cfg(not(madsim))]
+
 mod common;
 
 use std::time::Duration;
