@@ -26,7 +26,7 @@ KEEP=0
 command -v cargo >/dev/null || { echo "quickstart: cargo not found (install Rust with rustup)" >&2; exit 1; }
 # Debian packages the build and the walk-through need: protoc (etcd-client's build script
 # compiles etcd's .proto files) and curl.
-"$ROOT/scripts/ensure-packages.sh" protoc:protobuf-compiler curl:curl
+"$ROOT/scripts/ensure-packages.sh" protoc:protobuf-compiler curl:curl openssl:openssl
 
 echo "==> building dlock (release)"
 cargo build --release --locked -p dlock
@@ -40,6 +40,16 @@ LOCKDB="sqlite://$DATA/lockdb.sqlite"
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
+
+# The lock server signs every grant with an Ed25519 key; the resources trust its public key
+# (C3-extensions E-14). openssl makes the pair: the 32-byte seed and public key are the last
+# 32 bytes of the DER encodings.
+openssl genpkey -algorithm ed25519 -out "$DATA/grant.pem" 2>/dev/null
+(umask 077 && openssl pkey -in "$DATA/grant.pem" -outform DER | tail -c 32 | base64 >"$DATA/grant-signing.key")
+GRANT_PUBLIC_KEY=$(openssl pkey -in "$DATA/grant.pem" -pubout -outform DER | tail -c 32 | base64)
+export DLOCK_LOCK_GRANTS_SIGNING_KEY_FILE="$DATA/grant-signing.key"
+export DLOCK_PAYMENT_GRANTS_VERIFY_KEYS="$GRANT_PUBLIC_KEY"
+export DLOCK_RAIL_PROXY_GRANTS_VERIFY_KEYS="$GRANT_PUBLIC_KEY"
 
 start_proxy() {
     "$DLOCK" rail-proxy --database-url "$DB" --listen 127.0.0.1:8083 --rail-url http://127.0.0.1:8084 \
@@ -93,7 +103,14 @@ acquire() { # owner session -> token
     local out
     out=$(lock_call POST /v1/locks/payout:acct-1/acquire "$1" "" "{\"sessionId\":\"$2\",\"ttlMillis\":30000,\"waitMillis\":5000}")
     echo "    acquire by $1: ${out%$'\n'*}" >&2
-    field "${out%$'\n'*}" fencingToken
+    local token
+    token=$(field "${out%$'\n'*}" fencingToken)
+    # The grant's signature, sent next to its token on every fenced write (by sig_args).
+    field "${out%$'\n'*}" fencingSignature >"$DATA/sig-$token"
+    echo "$token"
+}
+sig_of() { # token -> the lock server's signature of that grant ("" if none)
+    cat "$DATA/sig-$1" 2>/dev/null || true
 }
 submit() { # label payout amount token owner expected-status expected-code
     local label=$1 payout=$2 amount=$3 token=$4 owner=$5 want_status=$6 want_code=$7 out status
@@ -102,6 +119,7 @@ submit() { # label payout amount token owner expected-status expected-code
     echo "curl -X POST localhost:8083/v1/rail/submissions -H 'X-Fencing-Token: $token' -H 'X-Owner-Id: $owner' -H 'X-Idempotency-Key: payout:$payout' ..."
     out=$(curl -sS -w '\n%{http_code}' http://127.0.0.1:8083/v1/rail/submissions \
         -H 'Content-Type: application/json' -H "X-Fencing-Token: $token" -H "X-Owner-Id: $owner" \
+        -H "X-Fencing-Signature: $(sig_of "$token")" \
         -H "X-Idempotency-Key: payout:$payout" \
         -d "{\"payoutId\":\"$payout\",\"accountId\":\"acct-1\",\"amountMinor\":$amount,\"currency\":\"EUR\",\"beneficiaryRef\":\"ben-1\"}")
     status=${out##*$'\n'}
@@ -120,7 +138,7 @@ pay_call() { # method path [owner key token body] -> prints the body, then the s
     local args=(-sS -X "$method" -w '\n%{http_code}' "http://127.0.0.1:8082$path")
     [ -n "$owner" ] && args+=(-H "X-Owner-Id: $owner")
     [ -n "$key" ] && args+=(-H "X-Idempotency-Key: $key")
-    [ -n "$token" ] && args+=(-H "X-Fencing-Token: $token")
+    [ -n "$token" ] && args+=(-H "X-Fencing-Token: $token" -H "X-Fencing-Signature: $(sig_of "$token")")
     [ -n "$body" ] && args+=(-H 'Content-Type: application/json' -d "$body")
     curl "${args[@]}"
 }

@@ -39,7 +39,7 @@ fn runtime() -> &'static tokio::runtime::Runtime {
     RT.get_or_init(|| tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime"))
 }
 
-/// Sends one write as owner `ops` under `key` with fencing token 5; returns the status, the
+/// Sends one write as owner `ops` under `key` with fencing token 5 (signed); returns the status, the
 /// content type and the body.
 async fn send(app: &axum::Router, method: &str, path: &str, key: &str, body: Vec<u8>) -> (u16, String, Vec<u8>) {
     let req = Request::builder()
@@ -48,6 +48,9 @@ async fn send(app: &axum::Router, method: &str, path: &str, key: &str, body: Vec
         .header("x-owner-id", "ops")
         .header("x-idempotency-key", key)
         .header("x-fencing-token", "5")
+        // The test key's grant of the account's lock (C3-extensions E-14), so a claim or
+        // post reaches the store.
+        .header("x-fencing-signature", dlock_contract::grant::testing::sign_payout("acct:1", 5, "ops"))
         .header("content-type", "application/json")
         .body(Body::from(body))
         .expect("a well-formed request");
@@ -62,7 +65,8 @@ async fn send(app: &axum::Router, method: &str, path: &str, key: &str, body: Vec
 pub fn router_body(data: &[u8]) {
     let Some((&selector, body)) = data.split_first() else { return };
     runtime().block_on(async {
-        let pr = PaymentResource::start(Arc::new(MemPaydb::new()), PaymentConfig::default(), Clock::system())
+        let cfg = PaymentConfig { grants: dlock_contract::grant::testing::verifier(), ..PaymentConfig::default() };
+        let pr = PaymentResource::start(Arc::new(MemPaydb::new()), cfg, Clock::system())
             .await
             .expect("the payment-resource starts on a fresh store");
         let app = router(pr);

@@ -524,6 +524,9 @@ async fn play(
         t.phase("checks", if settled_in.is_some() { "every payout settled" } else { "liveness bound reached" });
     }
     let final_states = states(&*w.paydb, &ids).await;
+    // The forger plays in swarm seeds (a scenario's steps are its own), after everything
+    // settled: it moves nothing the seed did before.
+    let forger = if scenario.is_none() { Some(crate::forger::run_forger(&w).await) } else { None };
     let mut failures = step_failures;
     if !created.done() {
         failures
@@ -546,6 +549,9 @@ async fn play(
     let calls: Vec<String> = log.calls.iter().map(|c| c.client_ref.clone()).collect();
     // Safety, from ground truth: the monitor's online findings and the end-of-run checks.
     failures.extend(crate::oracle::check(&w, &monitor).await);
+    if let Some(f) = &forger {
+        failures.extend(f.failures());
+    }
     if settled_in.is_some() {
         // Liveness beyond settling (no unresolved intent, the reconciler agrees); an
         // unsettled run already failed above, and would only repeat it here.
@@ -572,6 +578,9 @@ async fn play(
     }
     if opts.full_trace {
         trace.extend(operator.lines());
+        if let Some(f) = &forger {
+            trace.extend(f.writes().iter().map(|w| w.line()));
+        }
         trace.extend(final_states.iter().map(|(id, s)| format!("payout {id} {s:?}")));
         trace.extend(log.calls.iter().map(|c| format!("rail: {} {:?} paid={}", c.client_ref, c.outcome, c.paid)));
     }

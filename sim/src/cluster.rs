@@ -243,6 +243,13 @@ async fn submit(payout: Uuid, account: &str, token: i64) -> (u16, String) {
     ) else {
         return (0, "not sent: invalid token or settings".to_owned());
     };
+    // Signed with the world's grant key, as the lock server signs (C3-extensions E-14).
+    let sig = crate::world::grant_signer().sign(
+        &dlock_contract::grant::payout_lock_key(account),
+        token.get(),
+        owner.as_str(),
+    );
+    let token = dlock_contract::grant::SignedToken::new(token, Some(sig));
     match rail.submit(token, &owner, &key, &body).await {
         Ok(ack) => (200, ack.outcome.as_str().to_owned()),
         Err(dlock_rail_client::RailRefusal::Refused { status, envelope }) => {

@@ -34,6 +34,8 @@ pub mod cluster;
 #[cfg(madsim)]
 pub mod faults;
 #[cfg(madsim)]
+pub mod forger;
+#[cfg(madsim)]
 pub mod scenario_seed;
 #[cfg(madsim)]
 pub mod shrink;

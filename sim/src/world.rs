@@ -100,10 +100,38 @@ pub fn wiring() -> Vec<(&'static str, String)> {
 pub fn layers(settings: &[(&str, &str)]) -> Layers {
     let mut l = Layers::of(settings);
     l.set_default("lock.reaper.interval-ms", REAP_INTERVAL_MS);
+    // The resources trust the world's grant key (C3-extensions E-14; [`grant_signer`]).
+    let public = grant_signer().verify_key().to_base64();
+    l.set_default("payment.grants.verify-keys", &public);
+    l.set_default("rail.proxy.grants.verify-keys", &public);
     for (key, value) in wiring() {
         l.set_flag(key, value);
     }
     l
+}
+
+/// Salt of the world's grant key stream ([`grant_signer`]).
+const GRANT_KEY_SALT: u64 = 0x6772_616e_742d_6b65;
+
+/// The world's grant signing key: every lock-server replica signs with it and the resources
+/// trust its public key. Its 32 seed bytes come from a stream seeded with the simulation's
+/// seed (the same bytes on every replay of a seed), not from the runtime's own stream: a
+/// draw there would move every existing seed's schedule. Outside a runtime: seed 0.
+pub fn grant_signer() -> dlock_contract::grant::GrantSigner {
+    use dlock_rt::rand::Rng;
+    let seed = madsim::runtime::Handle::try_current().map(|h| h.seed()).unwrap_or(0);
+    let mut rng = dlock_rt::rand::seeded(seed ^ GRANT_KEY_SALT);
+    let mut key = [0u8; 32];
+    rng.fill(&mut key);
+    dlock_contract::grant::GrantSigner::from_seed(&key)
+}
+
+/// `token` with the world key's signature of a grant of `payout:{account}` to `owner`: what
+/// a test that drives the resources without a lock server presents (C3-extensions E-14).
+pub fn signed(account: &str, token: i64, owner: &str) -> dlock_contract::grant::SignedToken {
+    let t = dlock_contract::FencingToken::new(token).unwrap_or_else(|| panic!("token {token} is not > 0"));
+    let sig = grant_signer().sign(&dlock_contract::grant::payout_lock_key(account), token, owner);
+    dlock_contract::grant::SignedToken::new(t, Some(sig))
 }
 
 /// The knobs of a world: service settings by key and each node's clock skew.
@@ -231,7 +259,9 @@ where
     St: Fn() -> StFut + Send + Sync + 'static,
     StFut: Future<Output = Arc<dyn LockStore>> + Send + 'static,
 {
-    let s = dlock_lock_server::config::resolve(l, l.profile().expect("profile")).expect("lock-server settings");
+    let mut s = dlock_lock_server::config::resolve(l, l.profile().expect("profile")).expect("lock-server settings");
+    // Every replica signs with the world's key unless the settings name a key file.
+    s.config.signer.get_or_insert_with(grant_signer);
     madsim::runtime::Handle::current()
         .create_node()
         .name(name)
@@ -429,6 +459,8 @@ pub const ETCD_START_MS_MAX: u64 = 5_000;
 pub const WORKLOAD_IP: [u8; 4] = [10, 0, 7, 1];
 /// The operator's node (revokes over L8, RAIL_AMBIGUOUS resolutions).
 pub const OPERATOR_IP: [u8; 4] = [10, 0, 7, 2];
+/// IP of the forger's node (issue 12, [`crate::forger`]).
+pub const FORGER_IP: [u8; 4] = [10, 0, 7, 3];
 /// The reconciler's node.
 pub const RECONCILER_IP: [u8; 4] = [10, 0, 6, 1];
 /// Most lock-server replicas a topology may have.
@@ -480,6 +512,7 @@ pub fn node_addr(name: &str) -> Option<SocketAddr> {
         ("reconciler", 0) => at(RECONCILER_IP, 0),
         ("workload", 0) => at(WORKLOAD_IP, 0),
         ("operator", 0) => at(OPERATOR_IP, 0),
+        ("forger", 0) => at(FORGER_IP, 0),
         ("observer", 0) => at(OBSERVER_IP, 0),
         _ => None,
     }
@@ -1048,7 +1081,7 @@ impl World {
 /// record, `workload` must be able to finish creating payouts, `operator` revokes and
 /// resolves, `reconciler` is the liveness check's), and the simulated `etcd` (its data lives
 /// in its process: a kill would lose lockdb; its trouble is the leader loss instead).
-pub const UNFAULTABLE_NODES: &[&str] = &["observer", "workload", "operator", "reconciler", "etcd"];
+pub const UNFAULTABLE_NODES: &[&str] = &["observer", "workload", "operator", "forger", "reconciler", "etcd"];
 
 impl World {
     /// The fault layer over this world's nodes.

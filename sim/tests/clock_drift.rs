@@ -22,7 +22,7 @@ use std::net::IpAddr;
 use dlock_contract::payment::{ClaimAck, ClaimRequest, NewAccountRequest, NewPayoutRequest, PostAck, PostRequest};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::{SubmissionAck, SubmissionOutcome, SubmissionRequest};
-use dlock_contract::{FencingToken, IdempotencyKey, OwnerId};
+use dlock_contract::{IdempotencyKey, OwnerId};
 use dlock_lock_client::{LockClient, LockClientConfig, LossReason};
 use dlock_payment_client::{PaymentClient, PaymentClientConfig, PaymentRefusal};
 use dlock_payment_resource::store::PaymentStore;
@@ -76,10 +76,6 @@ fn payout_key(payout: Uuid) -> IdempotencyKey {
     key(&format!("payout:{payout}"))
 }
 
-fn fencing(token: i64) -> FencingToken {
-    FencingToken::new(token).expect("token")
-}
-
 fn claim_code(r: &Result<ClaimAck, PaymentRefusal>) -> String {
     r.as_ref().map_or_else(
         |e| e.code().map_or_else(|| format!("? {e}"), |c| c.as_str().to_owned()),
@@ -108,7 +104,15 @@ async fn claim(
     expected: PayoutState,
     k: &IdempotencyKey,
 ) -> Result<ClaimAck, PaymentRefusal> {
-    payment().claim(payout, fencing(token), &owner_id(owner), k, &ClaimRequest { expected_state: expected }).await
+    payment()
+        .claim(
+            payout,
+            dlock_sim::world::signed(ACCOUNT, token, owner),
+            &owner_id(owner),
+            k,
+            &ClaimRequest { expected_state: expected },
+        )
+        .await
 }
 
 async fn submit(payout: Uuid, token: i64, owner: &str) -> Result<SubmissionAck, RailRefusal> {
@@ -119,7 +123,7 @@ async fn submit(payout: Uuid, token: i64, owner: &str) -> Result<SubmissionAck, 
         currency: "EUR".into(),
         beneficiary_ref: "b".into(),
     };
-    rail().submit(fencing(token), &owner_id(owner), &payout_key(payout), &body).await
+    rail().submit(dlock_sim::world::signed(ACCOUNT, token, owner), &owner_id(owner), &payout_key(payout), &body).await
 }
 
 async fn post(payout: Uuid, token: i64, owner: &str, acked: (&str, Uuid)) -> Result<PostAck, PaymentRefusal> {
@@ -128,7 +132,9 @@ async fn post(payout: Uuid, token: i64, owner: &str, acked: (&str, Uuid)) -> Res
         submission_id: acked.1,
         rail_outcome: SubmissionOutcome::Acked.as_str().to_owned(),
     };
-    payment().post(payout, fencing(token), &owner_id(owner), &payout_key(payout), &body).await
+    payment()
+        .post(payout, dlock_sim::world::signed(ACCOUNT, token, owner), &owner_id(owner), &payout_key(payout), &body)
+        .await
 }
 
 /// One account and one PENDING payout, opened from a setup node.

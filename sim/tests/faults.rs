@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use dlock_contract::payment::{ClaimRequest, NewAccountRequest, NewPayoutRequest};
 use dlock_contract::payout::PayoutState;
-use dlock_contract::{FencingToken, IdempotencyKey, OwnerId};
+use dlock_contract::{IdempotencyKey, OwnerId};
 use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_payment_resource::store::PaymentStore;
 use dlock_payment_resource::store_mem::MemPaydb;
@@ -230,7 +230,7 @@ async fn a_commit_unknown_claim_is_committed_although_the_caller_saw_an_error() 
     plan.inject(StoreName::Paydb, "claim", Injected::CommitUnknown, 1);
     let answer = worker
         .spawn(async move {
-            let token = FencingToken::new(7).expect("token");
+            let token = dlock_sim::world::signed("acct-1", 7, "worker");
             let owner = OwnerId::parse("worker").expect("owner");
             let body = ClaimRequest { expected_state: PayoutState::Pending };
             payment_client().claim(payout, token, &owner, &key(&format!("payout:{payout}")), &body).await

@@ -130,7 +130,7 @@ async fn submit(payout: Uuid, amount_minor: i64, token: i64, owner: &str) -> (u1
         currency: "EUR".into(),
         beneficiary_ref: "b".into(),
     };
-    let token = dlock_contract::FencingToken::new(token).expect("token");
+    let token = dlock_sim::world::signed(ACCOUNT, token, owner);
     let key = dlock_contract::IdempotencyKey::parse(&format!("payout:{payout}")).expect("key");
     match client.submit(token, &OwnerId::parse(owner).expect("owner"), &key, &body).await {
         Ok(ack) => (200, ack.outcome.as_str().to_owned()),

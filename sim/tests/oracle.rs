@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use dlock_contract::payment::{ClaimRequest, NewAccountRequest, NewPayoutRequest};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::SubmissionRequest;
-use dlock_contract::{FencingToken, IdempotencyKey, OwnerId};
+use dlock_contract::{IdempotencyKey, OwnerId};
 use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_payment_resource::store::PaymentStore;
 use dlock_rail_client::{RailClient, RailClientConfig};
@@ -33,8 +33,9 @@ fn key(k: &str) -> IdempotencyKey {
     IdempotencyKey::parse(k).expect("key")
 }
 
-fn token(t: i64) -> FencingToken {
-    FencingToken::new(t).expect("token")
+/// `t` signed for the writer's grant of `payout:acct-0` (C3-extensions E-14).
+fn signed(t: i64) -> dlock_contract::grant::SignedToken {
+    dlock_sim::world::signed("acct-0", t, "writer")
 }
 
 /// Opens `accounts` accounts and `n` payouts through the payment-resource, from a node of
@@ -101,16 +102,16 @@ async fn stale_writer(monitor: &Monitor, ids: &[Uuid]) -> Stale {
     let pending = ClaimRequest { expected_state: PayoutState::Pending };
     let (o, b0, b1) = (owner.clone(), body(p0), body(p1));
     node.spawn(async move {
-        pay.claim(p0, token(10), &o, &key("c0"), &pending).await.expect("claim 0 under 10");
-        rail.submit(token(10), &o, &key("s0"), &b0).await.expect("payout 0 paid under 10");
-        pay.claim(p1, token(11), &o, &key("c1"), &pending).await.expect("claim 1 under 11");
+        pay.claim(p0, signed(10), &o, &key("c0"), &pending).await.expect("claim 0 under 10");
+        rail.submit(signed(10), &o, &key("s0"), &b0).await.expect("payout 0 paid under 10");
+        pay.claim(p1, signed(11), &o, &key("c1"), &pending).await.expect("claim 1 under 11");
     })
     .await
     .expect("writer node");
     let sent_ms = monitor.elapsed_ms();
     let rail = RailClient::new(RailClientConfig::new(url(PROXY_IP, PROXY_PORT))).expect("rail client");
     let acked = node
-        .spawn(async move { rail.submit(token(5), &owner, &key("s1"), &b1).await.is_ok() })
+        .spawn(async move { rail.submit(signed(5), &owner, &key("s1"), &b1).await.is_ok() })
         .await
         .expect("writer node");
     Stale { sent_ms, answered_ms: monitor.elapsed_ms(), acked }

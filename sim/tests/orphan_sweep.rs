@@ -47,6 +47,7 @@ async fn an_intent_orphaned_by_a_killed_proxy_is_quarantined_by_the_restarted_pr
         let body = json!({"payoutId": payout_id, "accountId": "acct-1", "amountMinor": 1_000, "currency": "EUR",
             "beneficiaryRef": "ben-1"});
         let key = format!("payout:{payout_id}");
+        let sig = dlock_sim::world::signed("acct-1", 1, "sim-worker").signature.unwrap_or_default();
         let _ = HttpClient::new(1_000, 30_000)
             .send(
                 &url(PROXY_IP, PROXY_PORT),
@@ -57,6 +58,7 @@ async fn an_intent_orphaned_by_a_killed_proxy_is_quarantined_by_the_restarted_pr
                     ("x-fencing-token", "1"),
                     ("x-owner-id", "sim-worker"),
                     ("x-idempotency-key", &key),
+                    ("x-fencing-signature", &sig),
                 ],
                 Some(body.to_string().into()),
             )

@@ -19,7 +19,7 @@ use std::net::IpAddr;
 use dlock_contract::payment::{ClaimAck, ClaimRequest, NewAccountRequest, NewPayoutRequest, PostAck, PostRequest};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::{SubmissionAck, SubmissionOutcome, SubmissionRequest};
-use dlock_contract::{ErrorCode, ErrorEnvelope, FencingToken, IdempotencyKey, OwnerId};
+use dlock_contract::{ErrorCode, ErrorEnvelope, IdempotencyKey, OwnerId};
 use dlock_lock_client::{LockClient, LockClientConfig};
 use dlock_payment_client::{PaymentClient, PaymentClientConfig, PaymentRefusal};
 use dlock_payment_resource::store::PaymentStore;
@@ -68,10 +68,6 @@ fn owner_id(owner: &str) -> OwnerId {
 
 fn payout_key(payout: Uuid) -> IdempotencyKey {
     IdempotencyKey::parse(&format!("payout:{payout}")).expect("key")
-}
-
-fn fencing(token: i64) -> FencingToken {
-    FencingToken::new(token).expect("token")
 }
 
 /// A sent request whose answer must have come back (a success or a C3 envelope).
@@ -146,7 +142,15 @@ async fn claim_keyed(
     expected: PayoutState,
     key: &IdempotencyKey,
 ) -> Result<ClaimAck, PaymentRefusal> {
-    payment().claim(payout, fencing(token), &owner_id(owner), key, &ClaimRequest { expected_state: expected }).await
+    payment()
+        .claim(
+            payout,
+            dlock_sim::world::signed(ACCOUNT, token, owner),
+            &owner_id(owner),
+            key,
+            &ClaimRequest { expected_state: expected },
+        )
+        .await
 }
 
 async fn submit(payout: Uuid, amount: i64, token: i64, owner: &str) -> Result<SubmissionAck, RailRefusal> {
@@ -157,7 +161,7 @@ async fn submit(payout: Uuid, amount: i64, token: i64, owner: &str) -> Result<Su
         currency: "EUR".into(),
         beneficiary_ref: "b".into(),
     };
-    rail().submit(fencing(token), &owner_id(owner), &payout_key(payout), &body).await
+    rail().submit(dlock_sim::world::signed(ACCOUNT, token, owner), &owner_id(owner), &payout_key(payout), &body).await
 }
 
 /// P3 under `token` of the rail's `(railReference, submissionId)`.
@@ -167,7 +171,9 @@ async fn post(payout: Uuid, token: i64, owner: &str, acked: (&str, Uuid)) -> Res
         submission_id: acked.1,
         rail_outcome: SubmissionOutcome::Acked.as_str().to_owned(),
     };
-    payment().post(payout, fencing(token), &owner_id(owner), &payout_key(payout), &body).await
+    payment()
+        .post(payout, dlock_sim::world::signed(ACCOUNT, token, owner), &owner_id(owner), &payout_key(payout), &body)
+        .await
 }
 
 /// Moves one payout the executor's way; returns the final answers' codes.
@@ -301,7 +307,13 @@ async fn payment_resource_restart_on_madsim_keeps_the_fence_and_replays() {
         .spawn(async {
             let ids = create_account_and_payouts(1).await;
             let p = ids[0];
-            let headers = [("x-fencing-token", "40"), ("x-owner-id", "w-1"), ("x-idempotency-key", "payout:k")];
+            let sig = dlock_sim::world::signed(ACCOUNT, 40, "w-1").signature.unwrap_or_default();
+            let headers = [
+                ("x-fencing-token", "40"),
+                ("x-owner-id", "w-1"),
+                ("x-idempotency-key", "payout:k"),
+                ("x-fencing-signature", sig.as_str()),
+            ];
             let path = format!("/v1/payouts/{p}/claim");
             let first = call_raw(url(PAYMENT_IP, 8082), &path, &headers, json!({"expectedState": "PENDING"})).await;
             (p, first)
@@ -317,7 +329,13 @@ async fn payment_resource_restart_on_madsim_keeps_the_fence_and_replays() {
 
     let after = client
         .spawn(async move {
-            let headers = [("x-fencing-token", "40"), ("x-owner-id", "w-1"), ("x-idempotency-key", "payout:k")];
+            let sig = dlock_sim::world::signed(ACCOUNT, 40, "w-1").signature.unwrap_or_default();
+            let headers = [
+                ("x-fencing-token", "40"),
+                ("x-owner-id", "w-1"),
+                ("x-idempotency-key", "payout:k"),
+                ("x-fencing-signature", sig.as_str()),
+            ];
             let path = format!("/v1/payouts/{p}/claim");
             let replay = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(5_000), || {
                 let path = path.clone();
@@ -327,7 +345,7 @@ async fn payment_resource_restart_on_madsim_keeps_the_fence_and_replays() {
                             &url(PAYMENT_IP, 8082),
                             http::Method::POST,
                             &path,
-                            &[("content-type", "application/json"), headers[0], headers[1], headers[2]],
+                            &[("content-type", "application/json"), headers[0], headers[1], headers[2], headers[3]],
                             Some(json!({"expectedState": "PENDING"}).to_string().into()),
                         )
                         .await

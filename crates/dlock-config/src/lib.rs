@@ -198,6 +198,44 @@ pub fn safety_switch(layers: &Layers, profile: Profile, key: &str, why: &str) ->
     Ok(on)
 }
 
+/// The grant-verification keys of one resource (C3-extensions E-14), as text: what
+/// `{prefix}.verify-keys` (public keys, comma-separated) and the file named by
+/// `{prefix}.verify-keys-file` (one per line) hold, joined; and `{prefix}.accept-unsigned`,
+/// the transition switch (default `false`; `true` is refused outside `--profile
+/// unsafe-test`, like every unsafe switch).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GrantKeys {
+    pub keys: String,
+    pub accept_unsigned: bool,
+}
+
+/// Longest verify-keys file read, in bytes.
+pub const VERIFY_KEYS_FILE_BYTES_MAX: u64 = 4_096;
+
+/// Reads the `{prefix}.verify-keys`, `{prefix}.verify-keys-file` and
+/// `{prefix}.accept-unsigned` keys (see [`GrantKeys`]).
+pub fn grant_keys(layers: &Layers, profile: Profile, prefix: &str) -> Result<GrantKeys, String> {
+    let mut keys = layers.get(&format!("{prefix}.verify-keys"), String::new())?;
+    let file_key = format!("{prefix}.verify-keys-file");
+    if let Some(path) = layers.get_opt::<String>(&file_key)? {
+        let len = std::fs::metadata(&path).map_err(|e| format!("{file_key} = {path}: {e}"))?.len();
+        if len > VERIFY_KEYS_FILE_BYTES_MAX {
+            return Err(format!("{file_key} = {path}: larger than {VERIFY_KEYS_FILE_BYTES_MAX} bytes"));
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{file_key} = {path}: {e}"))?;
+        keys.push('\n');
+        keys.push_str(&text);
+    }
+    let unsigned_key = format!("{prefix}.accept-unsigned");
+    let accept_unsigned = layers.get(&unsigned_key, false)?;
+    if accept_unsigned && profile != Profile::UnsafeTest {
+        return Err(format!(
+            "{unsigned_key}=true is refused outside --profile unsafe-test: an unsigned token can raise a fence to any value"
+        ));
+    }
+    Ok(GrantKeys { keys, accept_unsigned })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

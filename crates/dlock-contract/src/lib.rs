@@ -11,6 +11,7 @@
 pub mod currency;
 pub mod defence;
 pub mod error;
+pub mod grant;
 pub mod headers;
 pub mod lock;
 pub mod payment;
@@ -31,3 +32,6 @@ pub const HEADER_FENCING_TOKEN: &str = "x-fencing-token";
 pub const HEADER_OWNER_ID: &str = "x-owner-id";
 /// Header carrying the payout's stable idempotency key (C3 §3.1).
 pub const HEADER_IDEMPOTENCY_KEY: &str = "x-idempotency-key";
+/// Header carrying the lock server's signature of the grant whose token is in
+/// `X-Fencing-Token` (C3-extensions E-14, [`grant`]).
+pub const HEADER_FENCING_SIGNATURE: &str = "x-fencing-signature";

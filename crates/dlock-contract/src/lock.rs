@@ -68,6 +68,10 @@ pub struct LockGrant {
     pub acquired_at: DateTime<Utc>,
     #[serde(with = "crate::time::ms")]
     pub expires_at: DateTime<Utc>,
+    /// The lock server's signature of (key, token, owner), the `X-Fencing-Signature` value
+    /// to send with the token (C3-extensions E-14). Additive: absent from an unsigned server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_signature: Option<String>,
 }
 
 /// `200` body of `GET /v1/locks/{key}` (L7). Advisory: never decide "safe to act" from it.

@@ -18,6 +18,7 @@
 //! | `mark-after-call` | the proxy's admission: the mark is not written with the intent, but when the rail call's outcome is recorded (after the forward returns) |
 //! | `revoke-keeps-floor` | the lock server's revoke: the grant is deleted, the token floor is not raised |
 //! | `grant-unexpired` | the lock server's acquire rule: a key whose grant still lives is granted again |
+//! | `skip-grant-signature-check` | [`crate::grant::GrantVerifier::verify`]: every grant is admitted, signed or not (the forger's writes reach the fences) |
 //!
 //! The fencing bugs (1–3) are the defence layers of [`crate::defence`] switched off
 //! together, with one difference from a defence-in-depth run: the oracle is not told, so a
@@ -58,11 +59,13 @@ pub enum Bug {
     RevokeKeepsFloor,
     /// The lock server grants a key whose lease has not expired.
     GrantUnexpired,
+    /// The resources admit every grant without checking its signature.
+    SkipGrantSignatureCheck,
 }
 
 impl Bug {
     /// Every bug, in the order.
-    pub const ALL: [Bug; 8] = [
+    pub const ALL: [Bug; 9] = [
         Bug::FencingOffPayment,
         Bug::FencingOffProxy,
         Bug::FencingOffBoth,
@@ -71,6 +74,7 @@ impl Bug {
         Bug::MarkAfterCall,
         Bug::RevokeKeepsFloor,
         Bug::GrantUnexpired,
+        Bug::SkipGrantSignatureCheck,
     ];
 
     /// The stable name (`--plant NAME`).
@@ -84,6 +88,7 @@ impl Bug {
             Bug::MarkAfterCall => "mark-after-call",
             Bug::RevokeKeepsFloor => "revoke-keeps-floor",
             Bug::GrantUnexpired => "grant-unexpired",
+            Bug::SkipGrantSignatureCheck => "skip-grant-signature-check",
         }
     }
 
@@ -181,7 +186,8 @@ mod tests {
                 "mark-ge",
                 "mark-after-call",
                 "revoke-keeps-floor",
-                "grant-unexpired"
+                "grant-unexpired",
+                "skip-grant-signature-check"
             ]
         );
         for b in Bug::ALL {

@@ -431,8 +431,11 @@ impl Executor {
             return self.finish(guard, Outcome::LeaseLost).await;
         }
         self.maybe_stall("claim", owner.as_str()).await;
-        let claimed =
-            self.hops.payment.claim(payout_id, token, owner, &key, &ClaimRequest { expected_state: state }).await;
+        let claimed = self
+            .hops
+            .payment
+            .claim(payout_id, guard.signed_token(), owner, &key, &ClaimRequest { expected_state: state })
+            .await;
         if let Err(refusal) = claimed {
             return match refusal.code() {
                 Some(ErrorCode::FencedOut) => {
@@ -464,14 +467,14 @@ impl Executor {
             beneficiary_ref: view.beneficiary_ref.clone(),
         };
         self.maybe_stall("submit", owner.as_str()).await;
-        let mut answer = self.hops.rail.submit(token, owner, &key, &body).await;
+        let mut answer = self.hops.rail.submit(guard.signed_token(), owner, &key, &body).await;
         if dlock_rt::planted::on(dlock_rt::planted::Bug::ExecutorRetriesSubmit) {
             // Planted bug `executor-retries-submit` (simulation only): after a rail timeout or
             // a lost answer the executor submits again, under a fresh idempotency key.
             let unknown = matches!(&answer, Err(r) if r.code() == Some(ErrorCode::RailAmbiguous)
                 || matches!(r, RailRefusal::NoAnswer { .. }));
             if let (true, Ok(retry_key)) = (unknown, IdempotencyKey::parse(&format!("payout:{payout_id}:retry"))) {
-                answer = self.hops.rail.submit(token, owner, &retry_key, &body).await;
+                answer = self.hops.rail.submit(guard.signed_token(), owner, &retry_key, &body).await;
             }
         }
         let ack = match answer {
@@ -552,7 +555,7 @@ impl Executor {
         let body =
             PostRequest { rail_reference, submission_id, rail_outcome: SubmissionOutcome::Acked.as_str().to_owned() };
         self.maybe_stall("post", owner.as_str()).await;
-        let outcome = match self.hops.payment.post(payout_id, token, owner, &key, &body).await {
+        let outcome = match self.hops.payment.post(payout_id, guard.signed_token(), owner, &key, &body).await {
             Ok(_) => Outcome::Posted,
             Err(refusal) => match refusal.code() {
                 Some(ErrorCode::FencedOut) => {

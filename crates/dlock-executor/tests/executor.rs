@@ -66,7 +66,9 @@ fn stop_signal() -> (impl std::future::Future<Output = ()> + Send + 'static, tok
 
 /// The lock server over the simulation store, started through its entry point.
 async fn lock_server(locks: Arc<MemLockStore>) -> (BaseUrl, tokio::sync::oneshot::Sender<()>) {
-    let cfg = dlock_lock_server::config::resolve(&Layers::default(), Profile::Production).expect("defaults").config;
+    let mut cfg = dlock_lock_server::config::resolve(&Layers::default(), Profile::Production).expect("defaults").config;
+    // Signs its grants with the test key, which the resources below trust (C3-extensions E-14).
+    cfg.signer = Some(dlock_contract::grant::testing::signer());
     let (l, url) = listener().await;
     let (signal, stop) = stop_signal();
     dlock_lock_server::start(cfg, locks, Clock::system(), l, signal).await.expect("lock server");
@@ -78,7 +80,9 @@ async fn lock_server(locks: Arc<MemLockStore>) -> (BaseUrl, tokio::sync::oneshot
 async fn cluster(stub: &[(&str, &str)]) -> Cluster {
     let (lock, s1) = lock_server(Arc::new(MemLockStore::new(Clock::system()))).await;
     let paydb = Arc::new(MemPaydb::new());
-    let pay_cfg = dlock_payment_resource::config::resolve(&Layers::default(), Profile::Production).expect("ok").config;
+    let public = dlock_contract::grant::testing::signer().verify_key().to_base64();
+    let pay_layers = Layers::of(&[("payment.grants.verify-keys", &public)]);
+    let pay_cfg = dlock_payment_resource::config::resolve(&pay_layers, Profile::Production).expect("ok").config;
     let (l, payment) = listener().await;
     let (signal, s2) = stop_signal();
     dlock_payment_resource::start(pay_cfg, paydb.clone(), Clock::system(), l, signal).await.expect("payment");
@@ -87,7 +91,7 @@ async fn cluster(stub: &[(&str, &str)]) -> Cluster {
     let (signal, s3) = stop_signal();
     dlock_rail_stub::start(stub_cfg, Clock::system(), l, signal).await.expect("stub");
     let rail = format!("http://{}", stub_url.authority);
-    let proxy_layers = Layers::of(&[("rail.proxy.rail-url", &rail)]);
+    let proxy_layers = Layers::of(&[("rail.proxy.rail-url", &rail), ("rail.proxy.grants.verify-keys", &public)]);
     let proxy_cfg = dlock_rail_proxy::config::resolve(&proxy_layers, Profile::Production).expect("proxy").config;
     let (l, proxy) = listener().await;
     let (signal, s4) = stop_signal();

@@ -41,6 +41,26 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'a str, ()> {
     }
 }
 
+/// `X-Fencing-Signature`, if present (syntax checked: a malformed one is 400
+/// `INVALID_TOKEN` before anything else is read; [`dlock_contract::grant`] judges it).
+pub fn fencing_signature(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(v) = headers.get(dlock_contract::HEADER_FENCING_SIGNATURE) else { return Ok(None) };
+    let malformed = || ApiError::new(ErrorCode::InvalidToken, dlock_contract::grant::GrantError::Malformed.to_string());
+    let raw = v.to_str().map_err(|_| malformed())?;
+    if raw.is_empty() {
+        return Err(malformed());
+    }
+    dlock_contract::grant::GrantSignature::parse(raw)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidToken, e.to_string()))?;
+    Ok(Some(raw.to_owned()))
+}
+
+/// A grant refusal (C3-extensions E-14): 400 `INVALID_TOKEN`, and the coverage probe.
+pub fn grant_refused(e: dlock_contract::grant::GrantError) -> ApiError {
+    dlock_rt::probe::hit(dlock_rt::probe::Probe::ForgedTokenRefused);
+    ApiError::new(ErrorCode::InvalidToken, e.to_string())
+}
+
 /// `X-Fencing-Token`, or 400 `INVALID_TOKEN` (never coerced).
 pub fn fencing_token(headers: &HeaderMap) -> Result<FencingToken, ApiError> {
     let raw = header_str(headers, HEADER_FENCING_TOKEN)

@@ -19,7 +19,7 @@ pub mod metrics;
 pub mod strict_json;
 
 pub use error::ApiError;
-pub use extract::{fencing_token, idempotency_key, owner_id, JsonBody, TraceId};
+pub use extract::{fencing_signature, fencing_token, grant_refused, idempotency_key, owner_id, JsonBody, TraceId};
 
 use axum::body::Body;
 use axum::extract::Request;

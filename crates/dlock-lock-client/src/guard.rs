@@ -51,6 +51,8 @@ struct GrantState {
 pub(crate) struct GrantShared {
     key: String,
     token: FencingToken,
+    /// The lock server's signature of this grant (`fencingSignature`), if it signs.
+    signature: Option<String>,
     session: Arc<SessionShared>,
     state: Mutex<GrantState>,
     tx: watch::Sender<LeaseStatus>,
@@ -166,6 +168,7 @@ impl LockGuard {
         session: Arc<SessionShared>,
         key: String,
         token: FencingToken,
+        signature: Option<String>,
         ttl_ms: u64,
         deadline: Instant,
     ) -> LockGuard {
@@ -176,6 +179,7 @@ impl LockGuard {
         let grant = Arc::new(GrantShared {
             key,
             token,
+            signature,
             session,
             state: Mutex::new(GrantState { deadline, lost: None }),
             tx,
@@ -194,6 +198,17 @@ impl LockGuard {
     /// The fencing token to send as `X-Fencing-Token` on every protected write.
     pub fn token(&self) -> FencingToken {
         self.grant.token
+    }
+
+    /// The lock server's signature of this grant, to send as `X-Fencing-Signature` next to
+    /// the token (C3-extensions E-14); `None` from a lock server without a signing key.
+    pub fn signature(&self) -> Option<&str> {
+        self.grant.signature.as_deref()
+    }
+
+    /// The token with its signature, as a fenced write presents them.
+    pub fn signed_token(&self) -> dlock_contract::grant::SignedToken {
+        dlock_contract::grant::SignedToken::new(self.grant.token, self.grant.signature.clone())
     }
 
     pub fn session_id(&self) -> Uuid {

@@ -238,7 +238,15 @@ impl Session {
                     ttlMillis = granted_ms,
                     "lock_acquired"
                 );
-                Ok(LockGuard::start(self.inner.clone(), self.shared.clone(), key.to_owned(), token, ttl_ms, deadline))
+                Ok(LockGuard::start(
+                    self.inner.clone(),
+                    self.shared.clone(),
+                    key.to_owned(),
+                    token,
+                    grant.fencing_signature.clone(),
+                    ttl_ms,
+                    deadline,
+                ))
             }
             Err(e) => {
                 self.note_acquire_failure(key, &e);

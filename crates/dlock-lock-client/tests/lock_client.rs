@@ -436,3 +436,21 @@ async fn every_change_of_a_holders_belief_is_one_lease_belief_event_with_its_sou
     assert!(of(KEYS[0])[0]["reason"].is_null());
     assert!(got.iter().all(|(node, f)| node == "worker-1" && f["owner"] == "worker-1"), "{got:?}");
 }
+
+#[tokio::test]
+async fn a_grant_carries_the_lock_servers_signature_for_its_fenced_writes() {
+    let server = FakeLockServer::start().await;
+    let (_client, session) = open(&server, |_| {}).await;
+    let guard = session.acquire("payout:acct-1").await.expect("granted");
+    let signed = guard.signed_token();
+    assert_eq!(signed.token, guard.token());
+    assert_eq!(signed.signature.as_deref(), guard.signature());
+    // The signature is the server's over (key, token, owner): a resource trusting its key admits it.
+    let verdict = dlock_contract::grant::testing::verifier().verify(
+        guard.signature(),
+        "payout:acct-1",
+        guard.token().get(),
+        Some("worker-1"),
+    );
+    assert_eq!(verdict, Ok(dlock_contract::grant::Verdict::Signed));
+}

@@ -122,8 +122,11 @@ fn opt_int(body: &Value, field: &str, min: i64, max: i64) -> Result<Option<i64>,
     }
 }
 
-fn grant_body(g: &GrantRow) -> LockGrant {
+/// A grant's body, signed by this server when it has a signing key (the one place grants
+/// are signed, whatever the backend: C3-extensions E-14).
+fn grant_body(server: &LockServer, g: &GrantRow) -> LockGrant {
     LockGrant {
+        fencing_signature: server.sign(g),
         key: g.key.clone(),
         owner_id: g.owner_id.clone(),
         session_id: g.session_id,
@@ -256,7 +259,7 @@ async fn acquire(
     match outcome {
         AcquireOutcome::Granted(g) => {
             tracing::info!(key = %key, ownerId = %owner, sessionId = %session, fencingToken = g.fencing_token, traceId = %trace.0, "lock_granted");
-            Ok(dlock_http::json(StatusCode::OK, &grant_body(&g)))
+            Ok(dlock_http::json(StatusCode::OK, &grant_body(&server, &g)))
         }
         AcquireOutcome::QueueFull => {
             tracing::warn!(key = %key, ownerId = %owner, waitersMax = server.cfg.waiters_per_key_max, traceId = %trace.0, "lock_waiters_full");
@@ -315,7 +318,7 @@ async fn renew(
                     ("expires_at_ms", g.expires_at_ms.into()),
                 ]
             });
-            Ok(dlock_http::json(StatusCode::OK, &grant_body(&g)))
+            Ok(dlock_http::json(StatusCode::OK, &grant_body(&server, &g)))
         }
         Err(RenewRefusal::Session(r)) => Err(session_refusal(r, session)),
         Err(RenewRefusal::Lost { stored_token }) => {

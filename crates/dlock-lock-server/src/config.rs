@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 
 use dlock_config::{Layers, Profile, LOCKDB_URL_DEFAULT};
 
+use dlock_contract::grant::GrantSigner;
+
 use crate::service::LockServerConfig;
 
 /// Every key the lock server reads.
@@ -21,7 +23,25 @@ pub const KEYS: &[&str] = &[
     "lock.session.retention-ms",
     "lock.reaper.interval-ms",
     "lock.wait.poll-ms",
+    "lock.grants.signing-key-file",
 ];
+
+/// Longest signing key file read, in bytes.
+pub const SIGNING_KEY_FILE_BYTES_MAX: u64 = 4_096;
+
+/// The signer of `lock.grants.signing-key-file`, if set (C3-extensions E-14): a one-line
+/// file holding the 32-byte Ed25519 seed, base64 or hex.
+fn signer(layers: &Layers) -> Result<Option<GrantSigner>, String> {
+    let key = "lock.grants.signing-key-file";
+    let Some(path) = layers.get_opt::<String>(key)? else { return Ok(None) };
+    let len = std::fs::metadata(&path).map_err(|e| format!("{key} = {path}: {e}"))?.len();
+    if len > SIGNING_KEY_FILE_BYTES_MAX {
+        return Err(format!("{key} = {path}: larger than {SIGNING_KEY_FILE_BYTES_MAX} bytes"));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{key} = {path}: {e}"))?;
+    let seed = dlock_contract::grant::parse_seed(&text).map_err(|e| format!("{key} = {path}: {e}"))?;
+    Ok(Some(GrantSigner::from_seed(&seed)))
+}
 
 /// Default `lock.server.listen`.
 pub const LISTEN_DEFAULT: ([u8; 4], u16) = ([127, 0, 0, 1], 8081);
@@ -90,6 +110,7 @@ pub fn resolve(layers: &Layers, _profile: Profile) -> Result<LockServerSettings,
         reap_interval_ms: layers.get("lock.reaper.interval-ms", d.reap_interval_ms)?,
         reap_batch_max: d.reap_batch_max,
         wait_poll_ms: layers.get("lock.wait.poll-ms", d.wait_poll_ms)?,
+        signer: signer(layers)?,
     };
     Ok(LockServerSettings { listen, backend, config })
 }
@@ -118,6 +139,24 @@ mod tests {
         assert!(backend(&[("lock.server.backend", "etcd")]).is_err());
         assert!(backend(&[("lock.server.backend", "postgres")]).is_err());
         assert!(backend(&[("lock.server.backend", "zookeeper")]).is_err());
+    }
+
+    #[test]
+    fn the_signing_key_file_gives_the_signer_and_a_bad_file_is_refused() {
+        assert!(resolve(&Layers::default(), Profile::Production).expect("defaults").config.signer.is_none());
+        let dir = std::env::temp_dir().join(format!("dlock-signing-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (good, bad) = (dir.join("good.key"), dir.join("bad.key"));
+        std::fs::write(&good, dlock_contract::grant::seed_text(&dlock_contract::grant::testing::SEED)).expect("write");
+        std::fs::write(&bad, "not a key\n").expect("write");
+        let path = good.display().to_string();
+        let l = Layers::of(&[("lock.grants.signing-key-file", path.as_str())]);
+        let signer = resolve(&l, Profile::Production).expect("ok").config.signer.expect("a signer");
+        assert_eq!(signer.key_id(), dlock_contract::grant::testing::signer().key_id());
+        let path = bad.display().to_string();
+        let l = Layers::of(&[("lock.grants.signing-key-file", path.as_str())]);
+        assert!(resolve(&l, Profile::Production).is_err_and(|e| e.contains("lock.grants.signing-key-file")));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

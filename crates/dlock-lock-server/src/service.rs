@@ -53,6 +53,9 @@ pub struct LockServerConfig {
     pub reap_interval_ms: u64,
     pub reap_batch_max: i64,
     pub wait_poll_ms: u64,
+    /// `lock.grants.signing-key-file`: the key every grant is signed with (C3-extensions
+    /// E-14). `None`: grants carry no signature, and resources that verify refuse them.
+    pub signer: Option<dlock_contract::grant::GrantSigner>,
 }
 
 impl Default for LockServerConfig {
@@ -66,6 +69,7 @@ impl Default for LockServerConfig {
             reap_interval_ms: REAP_INTERVAL_MS_DEFAULT,
             reap_batch_max: REAP_BATCH_MAX_DEFAULT,
             wait_poll_ms: WAIT_POLL_MS_DEFAULT,
+            signer: None,
         }
     }
 }
@@ -178,6 +182,11 @@ impl LockServer {
             queues: Mutex::new(BTreeMap::new()),
             next_waiter: std::sync::atomic::AtomicU64::new(1),
         })
+    }
+
+    /// The `X-Fencing-Signature` of a grant (key, token, owner), if this server signs.
+    pub fn sign(&self, g: &GrantRow) -> Option<String> {
+        self.cfg.signer.as_ref().map(|s| s.sign(&g.key, g.fencing_token, &g.owner_id))
     }
 
     /// Waiters queued for `key` on this replica (advisory, for L7).

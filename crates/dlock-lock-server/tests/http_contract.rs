@@ -596,6 +596,42 @@ async fn l4_a_no_wait_request_does_not_barge_past_waiters(backend: Backend) {
     assert_eq!((s, g2["ownerId"].as_str()), (200, Some("waiter")), "{g2}");
 }
 
+/// E-14: with a signing key, acquire and renew both answer the grant's signature
+/// (`fencingSignature`) over (key, token, owner), whatever the backend; without one, none.
+async fn acquire_and_renew_answer_the_grant_signature(backend: Backend) {
+    let mut rig = app_with(backend, &[]).await;
+    let app = rig.app.clone();
+    let a = session(&app, "worker-1", 10_000).await;
+    let (_, unsigned) = acquire(&app, "payout:acct-9", &a, "worker-1", json!({})).await;
+    assert!(unsigned.get("fencingSignature").is_none(), "{unsigned}");
+    let mut cfg = settings(&[]);
+    cfg.signer = Some(dlock_contract::grant::testing::signer());
+    let signed = LockServer::new(rig.server.store.clone(), cfg, Clock::system());
+    rig.app = dlock_lock_server::app::router(signed);
+    let app = rig.app.clone();
+    let b = session(&app, "worker-1", 10_000).await;
+    let (s, g) = acquire(&app, "payout:acct-1", &b, "worker-1", json!({})).await;
+    assert_eq!(s, 200, "{g}");
+    let token = g["fencingToken"].as_i64().expect("token");
+    let sig = g["fencingSignature"].as_str().expect("signed").to_owned();
+    let v = dlock_contract::grant::testing::verifier();
+    assert_eq!(
+        v.verify(Some(&sig), "payout:acct-1", token, Some("worker-1")),
+        Ok(dlock_contract::grant::Verdict::Signed)
+    );
+    let t = token.to_string();
+    let (s, r) = call(
+        &app,
+        "POST",
+        "/v1/locks/payout:acct-1/renew",
+        &[OWNER, ("x-fencing-token", &t)],
+        Some(json!({ "sessionId": b })),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["fencingSignature"].as_str(), Some(sig.as_str()));
+}
+
 macro_rules! on_every_backend {
     ($($case:ident),* $(,)?) => {
         mod sim {
@@ -634,6 +670,7 @@ on_every_backend!(
     a_waiter_whose_session_lapses_while_it_waits_is_never_granted,
     l4_waiters_are_granted_in_arrival_order,
     l4_a_no_wait_request_does_not_barge_past_waiters,
+    acquire_and_renew_answer_the_grant_signature,
 );
 
 #[tokio::test]

@@ -4,14 +4,14 @@
 //! `read_tries_max` tries).
 
 use bytes::Bytes;
+use dlock_contract::grant::SignedToken;
 use dlock_contract::payment::{
     AccountBody, ClaimAck, ClaimRequest, NewAccountRequest, NewPayoutRequest, PayoutBody, PayoutPage, PostAck,
     PostRequest,
 };
 use dlock_contract::payout::PayoutState;
 use dlock_contract::{
-    FencingToken, IdempotencyKey, OwnerId, CONTENT_TYPE_JSON, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY,
-    HEADER_OWNER_ID,
+    IdempotencyKey, OwnerId, CONTENT_TYPE_JSON, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY, HEADER_OWNER_ID,
 };
 use dlock_rt::http::HttpClient;
 use dlock_rt::Duration;
@@ -86,11 +86,23 @@ pub struct PaymentClient {
 /// The headers of one write.
 struct WriteHeaders {
     token: Option<String>,
+    signature: Option<String>,
     owner: String,
     key: String,
 }
 
 impl WriteHeaders {
+    /// The headers of a fenced write: the token and, when the grant carries one, its
+    /// signature (`X-Fencing-Signature`, C3-extensions E-14).
+    fn fenced(t: SignedToken, owner: &OwnerId, key: &IdempotencyKey) -> WriteHeaders {
+        WriteHeaders {
+            token: Some(t.token.to_string()),
+            signature: t.signature,
+            owner: owner.to_string(),
+            key: key.to_string(),
+        }
+    }
+
     fn pairs(&self) -> Vec<(&str, &str)> {
         let mut h = vec![
             ("content-type", CONTENT_TYPE_JSON),
@@ -100,6 +112,9 @@ impl WriteHeaders {
         ];
         if let Some(t) = &self.token {
             h.push((HEADER_FENCING_TOKEN, t.as_str()));
+        }
+        if let Some(sig) = &self.signature {
+            h.push((dlock_contract::HEADER_FENCING_SIGNATURE, sig.as_str()));
         }
         h
     }
@@ -143,12 +158,12 @@ impl PaymentClient {
     pub async fn claim(
         &self,
         payout_id: Uuid,
-        token: FencingToken,
+        token: impl Into<SignedToken>,
         owner: &OwnerId,
         key: &IdempotencyKey,
         body: &ClaimRequest,
     ) -> Result<ClaimAck, PaymentRefusal> {
-        let headers = WriteHeaders { token: Some(token.to_string()), owner: owner.to_string(), key: key.to_string() };
+        let headers = WriteHeaders::fenced(token.into(), owner, key);
         self.write(Operation::Claim, &format!("/v1/payouts/{payout_id}/claim"), &headers, body).await
     }
 
@@ -156,12 +171,12 @@ impl PaymentClient {
     pub async fn post(
         &self,
         payout_id: Uuid,
-        token: FencingToken,
+        token: impl Into<SignedToken>,
         owner: &OwnerId,
         key: &IdempotencyKey,
         body: &PostRequest,
     ) -> Result<PostAck, PaymentRefusal> {
-        let headers = WriteHeaders { token: Some(token.to_string()), owner: owner.to_string(), key: key.to_string() };
+        let headers = WriteHeaders::fenced(token.into(), owner, key);
         self.write(Operation::Post, &format!("/v1/payouts/{payout_id}/post"), &headers, body).await
     }
 
@@ -172,7 +187,7 @@ impl PaymentClient {
         key: &IdempotencyKey,
         body: &NewAccountRequest,
     ) -> Result<AccountBody, PaymentRefusal> {
-        let headers = WriteHeaders { token: None, owner: owner.to_string(), key: key.to_string() };
+        let headers = WriteHeaders { token: None, signature: None, owner: owner.to_string(), key: key.to_string() };
         self.write(Operation::CreateAccount, "/v1/accounts", &headers, body).await
     }
 
@@ -183,7 +198,7 @@ impl PaymentClient {
         key: &IdempotencyKey,
         body: &NewPayoutRequest,
     ) -> Result<PayoutBody, PaymentRefusal> {
-        let headers = WriteHeaders { token: None, owner: owner.to_string(), key: key.to_string() };
+        let headers = WriteHeaders { token: None, signature: None, owner: owner.to_string(), key: key.to_string() };
         self.write(Operation::CreatePayout, "/v1/payouts", &headers, body).await
     }
 

@@ -1,9 +1,11 @@
 //! HTTP surface of the payment-resource (C3 §3.4, P1–P5, and the two creates).
 //!
-//! Check order on a fenced write (the first failure answers): token (400 `INVALID_TOKEN`)
-//! → owner → key → path → media type, size, JSON → fields → idempotency identity → the
-//! store's one transaction (404, fence, state, funds). Refusals are judged afresh on every
-//! request; committed outcomes are answered from the bytes the store recorded with them.
+//! Check order on a fenced write (the first failure answers): token and the syntax of its
+//! signature (400 `INVALID_TOKEN`) → owner → key → path → media type, size, JSON → fields
+//! → the grant's signature against the stored payout's lock key (400 `INVALID_TOKEN`,
+//! C3-extensions E-14; it writes nothing) → idempotency identity → the store's one
+//! transaction (404, fence, state, funds). Refusals are judged afresh on every request;
+//! committed outcomes are answered from the bytes the store recorded with them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -74,6 +76,32 @@ fn store_error(e: StoreError) -> ApiError {
         )
         .with_internal(cause),
         StoreError::Corrupt(cause) => ApiError::internal(cause),
+    }
+}
+
+/// The grant check of a fenced write (C3-extensions E-14), before the store's transaction
+/// compares the token to the fence: the signature must be a trusted key's over
+/// (`payout:{accountId}` of the payout as stored, the token, the request's owner). A
+/// refusal is 400 `INVALID_TOKEN` and writes nothing (no row, no fence, no idempotency
+/// record). The payout's account never changes once created, so reading it here, outside
+/// the write's transaction, cannot race. An unknown payout passes to the store, whose
+/// transaction answers 404 and writes nothing either.
+async fn verify_grant(
+    pr: &PaymentResource,
+    payout_id: Uuid,
+    signature: Option<&str>,
+    token: i64,
+    owner: &str,
+) -> Result<(), ApiError> {
+    let Some(payout) = pr.store.payout(payout_id).await.map_err(store_error)? else { return Ok(()) };
+    let lock_key = dlock_contract::grant::payout_lock_key(&payout.account_id);
+    match pr.cfg.grants.verify(signature, &lock_key, token, Some(owner)) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            tracing::warn!(payoutId = %payout_id, accountId = %payout.account_id, presentedToken = token,
+                ownerId = owner, cause = %e, "grant_signature_refused");
+            Err(dlock_http::grant_refused(e))
+        }
     }
 }
 
@@ -504,12 +532,14 @@ async fn claim(
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
     let token = dlock_http::fencing_token(&headers)?.get();
+    let signature = dlock_http::fencing_signature(&headers)?;
     let owner = dlock_http::owner_id(&headers)?;
     let key = dlock_http::idempotency_key(&headers)?;
     let payout_id = path_uuid(&raw_id, "payoutId")?;
     let JsonBody(raw) = body?;
     let req =
         ClaimRequest::from_json(&raw).map_err(|fields| ApiError::validation("the claim body is invalid", fields))?;
+    verify_grant(&pr, payout_id, signature.as_deref(), token, owner.as_str()).await?;
     let at = pr.now();
     let target = payout_id.to_string();
     let idem = pr
@@ -583,12 +613,14 @@ async fn post_payout(
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
     let token = dlock_http::fencing_token(&headers)?.get();
+    let signature = dlock_http::fencing_signature(&headers)?;
     let owner = dlock_http::owner_id(&headers)?;
     let key = dlock_http::idempotency_key(&headers)?;
     let payout_id = path_uuid(&raw_id, "payoutId")?;
     let JsonBody(raw) = body?;
     let req =
         PostRequest::from_json(&raw).map_err(|fields| ApiError::validation("the post body is invalid", fields))?;
+    verify_grant(&pr, payout_id, signature.as_deref(), token, owner.as_str()).await?;
     let at = pr.now();
     let target = payout_id.to_string();
     let idem =

@@ -47,6 +47,13 @@ pub async fn start<F>(
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
+    if cfg.grants.accepts_unsigned() {
+        tracing::warn!(
+            profile = "unsafe-test",
+            admitted = "tokens without a grant signature",
+            "payment_grants_unsigned_accepted"
+        );
+    }
     let pr = PaymentResource::start(store, cfg, clock).await.map_err(|e| format!("paydb: {e}"))?;
     let purger = dlock_rt::spawn(pr.clone().run_purger());
     let grace = service::SHUTDOWN_GRACE_MS_MAX;

@@ -41,6 +41,9 @@ pub struct PaymentConfig {
     pub idempotency_retention_ms: u64,
     pub purge_interval_ms: u64,
     pub purge_batch_max: i64,
+    /// `payment.grants.*`: whose grant signatures a claim or a post accepts (C3-extensions
+    /// E-14). The default trusts no key and refuses every fenced write.
+    pub grants: dlock_contract::grant::GrantVerifier,
 }
 
 impl Default for PaymentConfig {
@@ -50,6 +53,7 @@ impl Default for PaymentConfig {
             idempotency_retention_ms: IDEMPOTENCY_RETENTION_MS_DEFAULT,
             purge_interval_ms: IDEMPOTENCY_PURGE_INTERVAL_MS_DEFAULT,
             purge_batch_max: IDEMPOTENCY_PURGE_BATCH_MAX_DEFAULT,
+            grants: dlock_contract::grant::GrantVerifier::default(),
         }
     }
 }

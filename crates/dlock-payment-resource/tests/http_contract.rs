@@ -27,7 +27,11 @@ struct Rig {
 
 /// The payment-resource's settings in these tests (a small body limit), from its resolver.
 fn payment_cfg() -> dlock_payment_resource::PaymentConfig {
-    let l = dlock_config::Layers::of(&[("payment.resource.body-bytes-max", "4096")]);
+    let public = dlock_contract::grant::testing::signer().verify_key().to_base64();
+    let l = dlock_config::Layers::of(&[
+        ("payment.resource.body-bytes-max", "4096"),
+        ("payment.grants.verify-keys", public.as_str()),
+    ]);
     dlock_payment_resource::config::resolve(&l, dlock_config::Profile::Production).expect("settings").config
 }
 
@@ -62,9 +66,17 @@ fn write_headers<'a>(owner: &'a str, key: &'a str) -> Vec<(&'a str, &'a str)> {
     vec![("content-type", "application/json"), ("x-owner-id", owner), ("x-idempotency-key", key)]
 }
 
+/// A fenced write's headers, with the test key's signature of a grant of `payout:acct-1`
+/// (every payout here is acct-1's) when the token is a number.
 fn fenced_headers<'a>(token: &'a str, owner: &'a str, key: &'a str) -> Vec<(&'a str, &'a str)> {
     let mut h = write_headers(owner, key);
     h.push(("x-fencing-token", token));
+    if let Ok(t) = token.parse::<i64>() {
+        // Leaked: a few bytes per request of a test process.
+        let sig: &'static str =
+            Box::leak(dlock_contract::grant::testing::sign_payout("acct-1", t, owner).into_boxed_str());
+        h.push(("x-fencing-signature", sig));
+    }
     h
 }
 

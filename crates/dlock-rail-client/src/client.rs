@@ -3,8 +3,7 @@
 use bytes::Bytes;
 use dlock_contract::rail::{SubmissionAck, SubmissionRequest};
 use dlock_contract::{
-    FencingToken, IdempotencyKey, OwnerId, CONTENT_TYPE_JSON, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY,
-    HEADER_OWNER_ID,
+    IdempotencyKey, OwnerId, CONTENT_TYPE_JSON, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY, HEADER_OWNER_ID,
 };
 use dlock_rt::http::{BaseUrl, HttpClient};
 
@@ -75,7 +74,7 @@ impl RailClient {
     /// refusal: see the crate's invariant 1.
     pub async fn submit(
         &self,
-        token: FencingToken,
+        token: impl Into<dlock_contract::grant::SignedToken>,
         owner: &OwnerId,
         key: &IdempotencyKey,
         body: &SubmissionRequest,
@@ -84,14 +83,19 @@ impl RailClient {
             Ok(b) => Bytes::from(b),
             Err(e) => return Err(RailRefusal::NothingSent { cause: e.to_string() }),
         };
-        let token = token.to_string();
-        let headers = [
+        let signed = token.into();
+        let token = signed.token.to_string();
+        let mut headers = vec![
             ("content-type", CONTENT_TYPE_JSON),
             ("accept", CONTENT_TYPE_JSON),
             (HEADER_FENCING_TOKEN, token.as_str()),
             (HEADER_OWNER_ID, owner.as_str()),
             (HEADER_IDEMPOTENCY_KEY, key.as_str()),
         ];
+        // The grant's signature travels next to its token (C3-extensions E-14).
+        if let Some(sig) = &signed.signature {
+            headers.push((dlock_contract::HEADER_FENCING_SIGNATURE, sig.as_str()));
+        }
         let sent =
             self.budget.send(&self.cfg.base_url, http::Method::POST, SUBMISSIONS_PATH, &headers, Some(bytes)).await;
         decode(sent)

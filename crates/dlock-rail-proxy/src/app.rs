@@ -36,6 +36,7 @@ async fn submit(
 ) -> Result<Response, ApiError> {
     // Header checks first: a malformed token is INVALID_TOKEN whatever the body says.
     let token = dlock_http::fencing_token(&headers)?;
+    let signature = dlock_http::fencing_signature(&headers)?;
     let owner = dlock_http::owner_id(&headers)?;
     let key = dlock_http::idempotency_key(&headers)?;
     let JsonBody(raw) = body?;
@@ -45,7 +46,7 @@ async fn submit(
     let account_id = body.account_id.clone();
     let presented = token.get();
     let owner_text = owner.as_str().to_owned();
-    let outcome = proxy.submit(Submission { token, owner, key, body, trace_id: trace.0 }).await;
+    let outcome = proxy.submit(Submission { token, signature, owner, key, body, trace_id: trace.0 }).await;
     Ok(match outcome {
         Outcome::Acked { submission_id, rail_reference, submitted_at, resolved_at } => dlock_http::json(
             StatusCode::OK,
@@ -60,6 +61,7 @@ async fn submit(
             },
         ),
         Outcome::Invalid { message, fields } => ApiError::validation(message, fields).into_response(),
+        Outcome::GrantRefused(e) => dlock_http::grant_refused(e).into_response(),
         Outcome::StoreUnavailable { cause } => ApiError::new(
             ErrorCode::RailUnavailable,
             "the submission could not be recorded; nothing was presented to the rail",

@@ -22,6 +22,9 @@ pub const KEYS: &[&str] = &[
     "rail.proxy.fencing.enabled",
     "rail.proxy.body-bytes-max",
     "rail.proxy.duplicate-guard.enabled",
+    "rail.proxy.grants.verify-keys",
+    "rail.proxy.grants.verify-keys-file",
+    "rail.proxy.grants.accept-unsigned",
 ];
 
 /// Default `rail.proxy.listen`.
@@ -63,6 +66,15 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<ProxySettings, Strin
         fencing_enabled,
         duplicate_guard_enabled,
         body_bytes_max: layers.get("rail.proxy.body-bytes-max", BODY_BYTES_MAX_DEFAULT)?,
+        grants: {
+            let g = dlock_config::grant_keys(layers, profile, "rail.proxy.grants")?;
+            dlock_contract::grant::GrantVerifier::from_config(
+                &g.keys,
+                g.accept_unsigned,
+                profile == Profile::Production,
+                "rail.proxy.grants",
+            )?
+        },
     };
     Ok(ProxySettings { listen, database_url, config })
 }
@@ -73,6 +85,12 @@ pub fn unsafe_warnings(cfg: &ProxyConfig) -> Vec<String> {
     let mut w = Vec::new();
     if !cfg.fencing_enabled {
         w.push("rail.proxy.fencing.enabled=false: the rail-proxy skips step 1 (the high-water mark); a stale writer reaches the rail".to_owned());
+    }
+    if cfg.grants.accepts_unsigned() {
+        w.push(
+            "rail.proxy.grants.accept-unsigned=true: the rail-proxy admits tokens the lock server did not sign"
+                .to_owned(),
+        );
     }
     if !cfg.duplicate_guard_enabled {
         w.push("rail.proxy.duplicate-guard.enabled=false: the rail-proxy forwards what step 2 refused; a payout can be paid twice".to_owned());
@@ -86,7 +104,13 @@ mod tests {
 
     #[test]
     fn proxy_defaults_follow_c3_budgets() {
-        let s = resolve(&Layers::default(), Profile::Production).expect("defaults");
+        let mut l = Layers::default();
+        l.set_default(
+            "rail.proxy.grants.verify-keys",
+            dlock_contract::grant::testing::signer().verify_key().to_base64(),
+        );
+        let s = resolve(&l, Profile::Production).expect("defaults");
+        assert_eq!(s.config.grants, dlock_contract::grant::testing::verifier());
         assert_eq!(s.listen.port(), 8083);
         assert_eq!(s.database_url, PAYDB_URL_DEFAULT);
         assert_eq!((s.config.connect_timeout_ms, s.config.read_timeout_ms), (1_000, 8_000));
@@ -102,6 +126,18 @@ mod tests {
         assert!(err.contains("rail.proxy.fencing.enabled") && err.contains("unsafe-test"), "{err}");
         let s = resolve(&l, Profile::UnsafeTest).expect("allowed");
         assert!(!s.config.fencing_enabled);
+        assert_eq!(unsafe_warnings(&s.config).len(), 1);
+    }
+
+    #[test]
+    fn the_grant_switches_follow_the_profile() {
+        let err = resolve(&Layers::default(), Profile::Production).expect_err("no key");
+        assert!(err.contains("rail.proxy.grants.verify-keys") && err.contains("will not start"), "{err}");
+        let l = Layers::of(&[("rail.proxy.grants.accept-unsigned", "true")]);
+        let err = resolve(&l, Profile::Production).expect_err("refused");
+        assert!(err.contains("rail.proxy.grants.accept-unsigned") && err.contains("unsafe-test"), "{err}");
+        let s = resolve(&l, Profile::UnsafeTest).expect("allowed");
+        assert!(s.config.grants.accepts_unsigned());
         assert_eq!(unsafe_warnings(&s.config).len(), 1);
     }
 

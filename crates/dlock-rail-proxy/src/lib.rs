@@ -62,6 +62,13 @@ where
             "rail_proxy_fencing_disabled"
         );
     }
+    if cfg.grants.accepts_unsigned() {
+        tracing::warn!(
+            profile = "unsafe-test",
+            admitted = "tokens without a grant signature",
+            "rail_proxy_grants_unsigned_accepted"
+        );
+    }
     if !cfg.duplicate_guard_enabled {
         tracing::warn!(
             profile = "unsafe-test",

@@ -37,6 +37,9 @@ pub struct ProxyConfig {
     /// twice and the reconciler catches it (C3-extensions E-8).
     pub duplicate_guard_enabled: bool,
     pub body_bytes_max: usize,
+    /// `rail.proxy.grants.*`: whose grant signatures a submission accepts (C3-extensions
+    /// E-14), checked before step 1.
+    pub grants: dlock_contract::grant::GrantVerifier,
 }
 
 /// Pause between two orphan sweeps ([`RailProxy::sweep_orphans`]).
@@ -86,6 +89,8 @@ impl ProxyConfig {
 /// What one submission came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
+    /// The grant's signature did not verify (C3-extensions E-14); nothing written.
+    GrantRefused(dlock_contract::grant::GrantError),
     /// Body or payout validation failed before step 1; nothing written.
     Invalid {
         message: String,
@@ -151,6 +156,8 @@ fn store_outcome(e: StoreError) -> Outcome {
 #[derive(Debug, Clone)]
 pub struct Submission {
     pub token: FencingToken,
+    /// `X-Fencing-Signature`, if sent (syntax already checked).
+    pub signature: Option<String>,
     pub owner: OwnerId,
     pub key: IdempotencyKey,
     pub body: SubmissionRequest,
@@ -311,6 +318,16 @@ impl RailProxy {
         }
         if !mismatched.is_empty() {
             return Outcome::Invalid { message: "the body does not match the payout".into(), fields: mismatched };
+        }
+        // The grant check (C3-extensions E-14), before step 1 compares the token to the
+        // mark: signed by a trusted key for `payout:{accountId}` of the payout as stored, this
+        // token and this owner. A refusal writes no row.
+        let lock_key = dlock_contract::grant::payout_lock_key(&payout.account_id);
+        if let Err(e) = self.cfg.grants.verify(s.signature.as_deref(), &lock_key, s.token.get(), Some(s.owner.as_str()))
+        {
+            tracing::warn!(payoutId = %body.payout_id, accountId = %payout.account_id, presentedToken = s.token.get(),
+                ownerId = %s.owner, cause = %e, traceId = %s.trace_id, "grant_signature_refused");
+            return Outcome::GrantRefused(e);
         }
 
         let submission_id = dlock_rt::rand::uuid_v4();

@@ -45,6 +45,7 @@ fn proxy_cfg(rail_url: &BaseUrl) -> ProxyConfig {
         ("rail.proxy.connect-timeout-ms", "500"),
         ("rail.proxy.read-timeout-ms", "2000"),
         ("rail.proxy.body-bytes-max", "4096"),
+        ("rail.proxy.grants.verify-keys", &dlock_contract::grant::testing::signer().verify_key().to_base64()),
     ]);
     dlock_rail_proxy::config::resolve(&l, Profile::Production).expect("proxy settings").config
 }
@@ -93,10 +94,19 @@ fn body_for(p: Uuid) -> Value {
     json!({"payoutId": p, "accountId": "a-1", "amountMinor": 500, "currency": "EUR", "beneficiaryRef": "b"})
 }
 
+/// The submission with `headers`; when they carry a numeric token and no signature, the
+/// test key's signature of a grant of `payout:a-1` (every payout here is a-1's) for that
+/// token and owner is added (C3-extensions E-14).
 fn request(headers: &[(&str, &str)], body: &str) -> axum::http::Request<Body> {
     let mut b = axum::http::Request::post("/v1/rail/submissions");
     for (k, v) in headers {
         b = b.header(*k, *v);
+    }
+    let get = |name: &str| headers.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+    if let (Some(Ok(t)), Some(owner), None) =
+        (get("x-fencing-token").map(str::parse::<i64>), get("x-owner-id"), get("x-fencing-signature"))
+    {
+        b = b.header("x-fencing-signature", dlock_contract::grant::testing::sign_payout("a-1", t, owner));
     }
     b.body(Body::from(body.to_owned())).expect("request")
 }

@@ -65,6 +65,7 @@ async fn served(backend: Backend) -> Served {
         fencing_enabled: true,
         duplicate_guard_enabled: true,
         body_bytes_max: 4_096,
+        grants: dlock_contract::grant::testing::verifier(),
     };
     let (base, stop_proxy) = serve_on_loopback(router(RailProxy::new(store.clone(), cfg, Clock::system()))).await;
     Served { base, store, stub, _stops: vec![stop_stub, stop_proxy], _guard: guard }
@@ -85,9 +86,12 @@ async fn claimed(store: &dyn RailStore) -> Uuid {
 }
 
 async fn submit(s: &Served, path: &str, body: &str) -> (u16, Value) {
+    // The test key's grant of `payout:a-1` (the payout's account) to w-1 under token 7.
+    let sig = dlock_contract::grant::testing::sign_payout("a-1", 7, "w-1");
     let headers = [
         ("content-type", "application/json"),
         ("x-fencing-token", "7"),
+        ("x-fencing-signature", sig.as_str()),
         ("x-owner-id", "w-1"),
         ("x-idempotency-key", "payout:k"),
     ];

@@ -45,10 +45,13 @@ pub enum Probe {
     OrphanIntentSwept,
     /// A partition healed while a lease taken before it was still live.
     PartitionHealedMidLease,
+    /// A resource refused a fenced write whose grant signature it could not verify
+    /// (`INVALID_TOKEN`: unsigned, forged, for another lock key, from an untrusted key).
+    ForgedTokenRefused,
 }
 
 impl Probe {
-    pub const ALL: [Probe; 14] = [
+    pub const ALL: [Probe; 15] = [
         Probe::FencedOutAccount,
         Probe::FencedOutLedger,
         Probe::FencedOutRail,
@@ -63,6 +66,7 @@ impl Probe {
         Probe::DriftCaughtByFence,
         Probe::OrphanIntentSwept,
         Probe::PartitionHealedMidLease,
+        Probe::ForgedTokenRefused,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,6 +85,7 @@ impl Probe {
             Probe::DriftCaughtByFence => "drift_caught_by_fence",
             Probe::OrphanIntentSwept => "orphan_intent_swept",
             Probe::PartitionHealedMidLease => "partition_healed_mid_lease",
+            Probe::ForgedTokenRefused => "forged_token_refused",
         }
     }
 }

@@ -706,7 +706,9 @@ mod tests {
 
     #[test]
     fn a_service_flag_sets_the_key_its_resolver_reads() {
-        let (l, p) = layers_of(&["dlock", "rail-proxy", "--read-timeout-ms", "123", "--listen", "127.0.0.1:9"]);
+        let (mut l, p) = layers_of(&["dlock", "rail-proxy", "--read-timeout-ms", "123", "--listen", "127.0.0.1:9"]);
+        let public = dlock_contract::grant::testing::signer().verify_key().to_base64();
+        l.set_default("rail.proxy.grants.verify-keys", public);
         let s = dlock_rail_proxy::config::resolve(&l, p).expect("resolves");
         assert_eq!((s.config.read_timeout_ms, s.listen.port()), (123, 9));
         let (l, p) = layers_of(&["dlock", "executor", "--pause-hops", "submit", "--concurrency", "3"]);

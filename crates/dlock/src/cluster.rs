@@ -132,7 +132,35 @@ struct Wiring<'a> {
     lockdb_url: &'a str,
 }
 
-fn plan(cfg: &ClusterConfig, w: &Wiring<'_>) -> Result<Plan, String> {
+/// The file under the data directory holding the cluster's grant signing key (its seed).
+pub const GRANT_KEY_FILE: &str = "grant-signing.key";
+
+/// The cluster's grant signing seed: the one under the data directory from an earlier run,
+/// or a fresh one (written by [`write_grant_seed`] once the cluster's settings resolved).
+fn grant_seed(data_dir: &std::path::Path) -> Result<([u8; 32], bool), String> {
+    let path = data_dir.join(GRANT_KEY_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            dlock_contract::grant::parse_seed(&text).map(|s| (s, true)).map_err(|e| format!("{}: {e}", path.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok((dlock_rt::rand::secret_bytes::<32>(), false)),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// Writes a fresh signing seed under the data directory, readable by its owner only.
+fn write_grant_seed(data_dir: &std::path::Path, seed: &[u8; 32]) -> Result<(), String> {
+    use std::io::Write;
+    let path = data_dir.join(GRANT_KEY_FILE);
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts.open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    f.write_all(dlock_contract::grant::seed_text(seed).as_bytes()).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn plan(cfg: &ClusterConfig, w: &Wiring<'_>, grant_seed: &[u8; 32]) -> Result<Plan, String> {
     // The wiring keys, imposed; everything else resolves from the layers.
     let mut l = cfg.layers.clone();
     let lock_backend = if w.lockdb_url.starts_with("sqlite:") { "sqlite" } else { "postgres" };
@@ -155,7 +183,17 @@ fn plan(cfg: &ClusterConfig, w: &Wiring<'_>) -> Result<Plan, String> {
         l.set_flag(key, value);
     }
     let p = cfg.profile;
-    let lock = dlock_lock_server::config::resolve(&l, p)?;
+    let mut lock = dlock_lock_server::config::resolve(&l, p)?;
+    // Grants are signed with `lock.grants.signing-key-file` if set, else with the data
+    // directory's key; the resources trust its public key unless told otherwise.
+    let signer = lock
+        .config
+        .signer
+        .get_or_insert_with(|| dlock_contract::grant::GrantSigner::from_seed(grant_seed))
+        .verify_key()
+        .to_base64();
+    l.set_default("payment.grants.verify-keys", &signer);
+    l.set_default("rail.proxy.grants.verify-keys", &signer);
     let stub = dlock_rail_stub::config::resolve(&l, p)?;
     let payment = dlock_payment_resource::config::resolve(&l, p)?;
     let proxy = dlock_rail_proxy::config::resolve(&l, p)?;
@@ -197,7 +235,8 @@ impl Cluster {
             paydb_url: &paydb_url,
             lockdb_url: &lockdb_url,
         };
-        plan(&cfg, &wiring)?;
+        let (seed, seed_on_disk) = grant_seed(&cfg.data_dir)?;
+        plan(&cfg, &wiring, &seed)?;
         let (lock_l, lock_url) = bind(cfg.ports.lock).await?;
         let (stub_l, stub_url) = bind(cfg.ports.stub).await?;
         let (payment_l, payment_url) = bind(cfg.ports.payment).await?;
@@ -218,10 +257,13 @@ impl Cluster {
             executors: executor_cfgs,
             unsafe_warnings,
             layers: l,
-        } = plan(&cfg, &wiring)?;
+        } = plan(&cfg, &wiring, &seed)?;
 
         std::fs::create_dir_all(&cfg.data_dir)
             .map_err(|e| format!("cannot create the data directory {}: {e}", cfg.data_dir.display()))?;
+        if !seed_on_disk {
+            write_grant_seed(&cfg.data_dir, &seed)?;
+        }
         let (stop, _) = watch::channel(false);
         let clock = Clock::system();
 
@@ -313,5 +355,30 @@ pub async fn pause_or_stop(ms: u64, stop: &mut watch::Receiver<bool>) {
     tokio::select! {
         () = dlock_rt::sleep(Duration::from_millis(ms)) => {}
         _ = stop.wait_for(|s| *s) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fresh_data_dir_gets_an_owner_only_signing_key_that_later_runs_reuse() {
+        let dir = std::env::temp_dir().join(format!("dlock-grant-seed-{}", dlock_rt::rand::random_u64()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let (seed, on_disk) = grant_seed(&dir).expect("fresh");
+        assert!(!on_disk, "nothing was written yet");
+        write_grant_seed(&dir, &seed).expect("written");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.join(GRANT_KEY_FILE)).expect("meta").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        assert_eq!(grant_seed(&dir).expect("reread"), (seed, true));
+        // Never overwritten.
+        assert!(write_grant_seed(&dir, &[1; 32]).is_err());
+        assert_eq!(grant_seed(&dir).expect("reread").0, seed);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -67,13 +67,20 @@ type Claimed = Result<ClaimAck, PaymentRefusal>;
 async fn claim_keyed(payment: &Service, p: Uuid, token: i64, owner: &str, expected: PayoutState, key: &str) -> Claimed {
     let (token, owner) = (FencingToken::new(token).expect("token"), OwnerId::parse(owner).expect("owner"));
     let key = IdempotencyKey::parse(key).expect("key");
+    let token = signed_token(&payment.base, p, token.get(), owner.as_str()).await;
     payment_client(payment).claim(p, token, &owner, &key, &ClaimRequest { expected_state: expected }).await
 }
 
 /// P2 with its answer's raw bytes, for the byte-for-byte replay.
 async fn claim_bytes(payment: &BaseUrl, p: Uuid, token: i64, owner: &str) -> (u16, Vec<u8>) {
     let (t, key) = (token.to_string(), format!("payout:{p}"));
-    let headers = [("x-fencing-token", t.as_str()), ("x-owner-id", owner), ("x-idempotency-key", key.as_str())];
+    let sig = signed_token(payment, p, token, owner).await.signature.unwrap_or_default();
+    let headers = [
+        ("x-fencing-token", t.as_str()),
+        ("x-owner-id", owner),
+        ("x-idempotency-key", key.as_str()),
+        ("x-fencing-signature", sig.as_str()),
+    ];
     let (s, bytes, _) =
         call(payment, &format!("/v1/payouts/{p}/claim"), &headers, json!({"expectedState": "PENDING"})).await;
     (s, bytes)
@@ -92,6 +99,7 @@ async fn submit_once(proxy: &Service, p: Uuid, amount_minor: i64, token: i64) ->
     cfg.read_timeout_ms = client().read_timeout_ms;
     let (token, owner) = (FencingToken::new(token).expect("token"), OwnerId::parse("worker-1").expect("owner"));
     let key = IdempotencyKey::parse(&format!("payout:{p}")).expect("key");
+    let token = dlock_contract::grant::SignedToken::new(token, sign_payout("acct-1", &token.to_string(), "worker-1"));
     RailClient::new(cfg).expect("rail client").submit(token, &owner, &key, &body).await.expect("acked")
 }
 
@@ -109,6 +117,7 @@ async fn post(
     };
     let (token, owner) = (FencingToken::new(token).expect("token"), OwnerId::parse(owner).expect("owner"));
     let key = IdempotencyKey::parse(&format!("payout:{p}")).expect("key");
+    let token = signed_token(&payment.base, p, token.get(), owner.as_str()).await;
     payment_client(payment).post(p, token, &owner, &key, &body).await
 }
 

@@ -222,9 +222,12 @@ fn success(shared: &Shared, op: Op, id: &str, seen: &Seen) -> Response {
                     st.last_token
                 }
             };
+            // Signed as the lock server signs (C3-extensions E-14), with the test key.
+            let fencing_signature = Some(dlock_contract::grant::testing::signer().sign(id, token, &owner));
             dlock_http::json(
                 StatusCode::OK,
                 &LockGrant {
+                    fencing_signature,
                     key: id.to_owned(),
                     owner_id: owner,
                     session_id: session_id.unwrap_or_default(),

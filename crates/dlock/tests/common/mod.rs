@@ -41,6 +41,7 @@ pub struct Service {
     pub addr: String,
     pub base: BaseUrl,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Service {
@@ -63,10 +64,29 @@ impl Service {
         Service::spawn(args, listen, None)
     }
 
+    /// [`Service::start`] with extra environment variables (they beat the harness's grant
+    /// keys, see [`grant_env`]).
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Service {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Service::spawn_env(args, "127.0.0.1:0", None, env)
+    }
+
     fn spawn(args: Vec<String>, listen: &str, watch: Option<(String, mpsc::Sender<()>)>) -> Service {
+        Service::spawn_env(args, listen, watch, Vec::new())
+    }
+
+    fn spawn_env(
+        args: Vec<String>,
+        listen: &str,
+        watch: Option<(String, mpsc::Sender<()>)>,
+        env: Vec<(String, String)>,
+    ) -> Service {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dlock"))
             .args(&args)
             .args(["--listen", listen])
+            .envs(grant_env())
+            .envs(env.clone())
             .env("DLOCK_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(if watch.is_some() { Stdio::piped() } else { Stdio::inherit() })
@@ -99,14 +119,14 @@ impl Service {
             }
         };
         let base = BaseUrl::parse(&format!("http://{addr}")).expect("base url");
-        Service { child, addr, base, args }
+        Service { child, addr, base, args, env }
     }
 
     /// SIGKILLs the process (no graceful shutdown) and starts it again on the same address.
     pub fn crash_and_restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let fresh = Service::start_owned(self.args.clone(), &self.addr);
+        let fresh = Service::spawn_env(self.args.clone(), &self.addr, None, self.env.clone());
         drop(std::mem::replace(self, fresh));
     }
 
@@ -172,6 +192,51 @@ pub async fn claimed_payout(store: &dyn RailStore, account: &str, amount_minor: 
     id
 }
 
+/// The environment every harness process gets: the lock server signs grants with the test
+/// key ([`dlock_contract::grant::testing`]), and the resources trust its public key, so a
+/// test signs its own fenced writes with [`sign_payout`] (C3-extensions E-14).
+pub fn grant_env() -> Vec<(String, String)> {
+    static KEY_FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let path = KEY_FILE.get_or_init(|| {
+        let path = std::env::temp_dir().join(format!("dlock-test-grant-{}.key", std::process::id()));
+        std::fs::write(&path, dlock_contract::grant::seed_text(&dlock_contract::grant::testing::SEED))
+            .expect("write the test signing key");
+        path
+    });
+    let public = dlock_contract::grant::testing::signer().verify_key().to_base64();
+    vec![
+        ("DLOCK_LOCK_GRANTS_SIGNING_KEY_FILE".into(), path.display().to_string()),
+        ("DLOCK_PAYMENT_GRANTS_VERIFY_KEYS".into(), public.clone()),
+        ("DLOCK_RAIL_PROXY_GRANTS_VERIFY_KEYS".into(), public),
+    ]
+}
+
+/// The test key's `X-Fencing-Signature` for a grant of `payout:{account}` (`token` as
+/// text: a malformed one, which the resource refuses before any signature, gets none).
+pub fn sign_payout(account: &str, token: &str, owner: &str) -> Option<String> {
+    let t: i64 = token.parse().ok()?;
+    Some(dlock_contract::grant::testing::sign_payout(account, t, owner))
+}
+
+/// The account of `payout` as the payment-resource stores it (for signing a grant).
+pub async fn account_of(payment: &BaseUrl, payout: Uuid) -> String {
+    let r = client().send(payment, http::Method::GET, &format!("/v1/payouts/{payout}"), &[], None).await;
+    let r = r.expect("payout read answered");
+    json_of(&r)["accountId"].as_str().unwrap_or_default().to_owned()
+}
+
+/// `token` with the test key's signature for `payout`'s stored account and `owner`.
+pub async fn signed_token(
+    payment: &BaseUrl,
+    payout: Uuid,
+    token: i64,
+    owner: &str,
+) -> dlock_contract::grant::SignedToken {
+    let account = account_of(payment, payout).await;
+    let t = dlock_contract::FencingToken::new(token).expect("token > 0");
+    dlock_contract::grant::SignedToken::new(t, sign_payout(&account, &token.to_string(), owner))
+}
+
 /// `POST /v1/rail/submissions` for `payout` with `token`; the transport's verdict as is.
 pub async fn try_submit(
     proxy: &BaseUrl,
@@ -188,20 +253,17 @@ pub async fn try_submit(
         "beneficiaryRef": "ben-1",
     });
     let key = format!("payout:{payout}");
-    client()
-        .send(
-            proxy,
-            http::Method::POST,
-            "/v1/rail/submissions",
-            &[
-                ("content-type", "application/json"),
-                ("x-fencing-token", token),
-                ("x-owner-id", "worker-1"),
-                ("x-idempotency-key", &key),
-            ],
-            Some(body.to_string().into()),
-        )
-        .await
+    let signature = sign_payout(account, token, "worker-1");
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("x-fencing-token", token),
+        ("x-owner-id", "worker-1"),
+        ("x-idempotency-key", &key),
+    ];
+    if let Some(sig) = &signature {
+        headers.push(("x-fencing-signature", sig.as_str()));
+    }
+    client().send(proxy, http::Method::POST, "/v1/rail/submissions", &headers, Some(body.to_string().into())).await
 }
 
 /// `POST /v1/rail/submissions` for `payout` with `token`, which must be answered.
