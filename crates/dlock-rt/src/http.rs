@@ -11,7 +11,10 @@
 //! the C3 envelope (`400 VALIDATION_FAILED` or `431 HEADERS_TOO_LARGE`), never with
 //! hyper's bodyless answer.
 
+mod bearer;
 mod guard;
+
+pub use bearer::{Bearer, BearerSource, TOKEN_FILE_BYTES_MAX};
 
 pub use guard::HEADERS_COUNT_MAX;
 
@@ -358,6 +361,8 @@ impl BaseUrl {
 pub struct HttpClient {
     pub connect_timeout_ms: u64,
     pub read_timeout_ms: u64,
+    /// Where the `Authorization` header comes from (none: no header).
+    pub bearer: Option<Bearer>,
 }
 
 /// A complete response.
@@ -370,7 +375,13 @@ pub struct ClientResponse {
 
 impl HttpClient {
     pub fn new(connect_timeout_ms: u64, read_timeout_ms: u64) -> HttpClient {
-        HttpClient { connect_timeout_ms, read_timeout_ms }
+        HttpClient { connect_timeout_ms, read_timeout_ms, bearer: None }
+    }
+
+    /// This client, presenting `bearer`'s token on every request (C3-extensions E-13).
+    pub fn with_bearer(mut self, bearer: Option<Bearer>) -> HttpClient {
+        self.bearer = bearer;
+        self
     }
 
     /// Opens a connection to `base` and closes it: the rail's reachability, for readiness.
@@ -425,10 +436,20 @@ impl HttpClient {
             Some(Ok(s)) => s,
         };
         let _ = stream.set_nodelay(true);
+        // The one place a credential is put on the wire (after the wire log, never logged).
+        let authorization = match &self.bearer {
+            Some(b) if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("authorization")) => {
+                b.header_value(&method, path_and_query)
+            }
+            _ => None,
+        };
         let mut builder =
             Request::builder().method(method).uri(path_and_query).header(http::header::HOST, base.authority.as_str());
         for (k, v) in headers {
             builder = builder.header(*k, *v);
+        }
+        if let Some(v) = authorization {
+            builder = builder.header(http::header::AUTHORIZATION, v);
         }
         let req = builder.body(Full::new(body.unwrap_or_default())).map_err(|e| ClientError::BadUrl(e.to_string()))?;
 
