@@ -30,6 +30,8 @@ pub const KEYS: &[&str] = &[
     "executor.chaos.pause-rate",
     "executor.chaos.pause-ms",
     "executor.chaos.pause-hops",
+    "executor.auth.token-file",
+    "executor.auth.token",
 ];
 
 /// Default `executor.listen` (its `/metrics` and `/health`).
@@ -80,6 +82,17 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<ExecutorSettings, St
     cfg.pause_rate = layers.get("executor.chaos.pause-rate", cfg.pause_rate)?;
     cfg.pause_ms = layers.get("executor.chaos.pause-ms", cfg.pause_ms)?;
     cfg.pause_hops = parse_hops(&layers.get("executor.chaos.pause-hops", "claim,submit,post".to_owned())?)?;
+    cfg.auth = dlock_http::auth::resolve(layers, profile)?;
+    cfg.bearer = dlock_rt::http::Bearer::from_keys(
+        layers.get_opt::<String>("executor.auth.token")?,
+        layers.get_opt::<String>("executor.auth.token-file")?.filter(|f| !f.is_empty()).map(std::path::PathBuf::from),
+    )
+    .map_err(|e| format!("executor.auth.token-file: {e}"))?;
+    if cfg.auth.enabled && cfg.bearer.is_none() {
+        return Err("the executor needs a worker credential: set executor.auth.token-file \
+                    (DLOCK_EXECUTOR_AUTH_TOKEN_FILE) or executor.auth.token (DLOCK_EXECUTOR_AUTH_TOKEN)"
+            .to_owned());
+    }
     cfg.validate()?;
     Ok(ExecutorSettings { listen, config: cfg })
 }
@@ -87,12 +100,14 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<ExecutorSettings, St
 /// One line per safety switch `cfg` turns off (empty in production), for the loud warning
 /// every start gives.
 pub fn unsafe_warnings(cfg: &ExecutorConfig) -> Vec<String> {
-    if cfg.fencing_enabled {
-        Vec::new()
-    } else {
-        vec!["payment.fencing.enabled=false: the executor writes without checking its lease; a stale worker writes"
-            .to_owned()]
+    let mut w: Vec<String> = dlock_http::auth::unsafe_warning(&cfg.auth).into_iter().collect();
+    if !cfg.fencing_enabled {
+        w.push(
+            "payment.fencing.enabled=false: the executor writes without checking its lease; a stale worker writes"
+                .to_owned(),
+        );
     }
+    w
 }
 
 /// executor → payment-resource claim / post: connect budget (C3 §3.8: 500 ms / 3 s).
@@ -183,6 +198,11 @@ pub struct ExecutorConfig {
     pub pause_ms: u64,
     /// `executor.chaos.pause-hops`: which writes a stall may precede.
     pub pause_hops: Hops,
+    /// `executor.auth.token-file` / `executor.auth.token`: the worker credential every
+    /// request to the lock server, payment-resource and rail-proxy presents (E-13).
+    pub bearer: Option<dlock_rt::http::Bearer>,
+    /// `auth.*`: who may read the executor's own `/metrics` (E-13).
+    pub auth: dlock_http::auth::AuthSettings,
 }
 
 /// A set of the executor's fenced writes.
@@ -248,6 +268,8 @@ impl ExecutorConfig {
             pause_rate: 0.0,
             pause_ms: 0,
             pause_hops: Hops::ALL,
+            bearer: None,
+            auth: dlock_http::auth::AuthSettings::disabled(),
         }
     }
 

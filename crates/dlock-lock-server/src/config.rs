@@ -48,7 +48,7 @@ fn is_postgres(url: &str) -> bool {
 }
 
 /// Resolves every `lock.*` key; the backend follows `lock.server.backend`, else the URL.
-pub fn resolve(layers: &Layers, _profile: Profile) -> Result<LockServerSettings, String> {
+pub fn resolve(layers: &Layers, profile: Profile) -> Result<LockServerSettings, String> {
     let d = LockServerConfig::default();
     let listen = layers.get("lock.server.listen", SocketAddr::from(LISTEN_DEFAULT))?;
     let url = layers.get("lock.server.database-url", LOCKDB_URL_DEFAULT.to_owned())?;
@@ -90,6 +90,7 @@ pub fn resolve(layers: &Layers, _profile: Profile) -> Result<LockServerSettings,
         reap_interval_ms: layers.get("lock.reaper.interval-ms", d.reap_interval_ms)?,
         reap_batch_max: d.reap_batch_max,
         wait_poll_ms: layers.get("lock.wait.poll-ms", d.wait_poll_ms)?,
+        auth: dlock_http::auth::resolve(layers, profile)?,
     };
     Ok(LockServerSettings { listen, backend, config })
 }

@@ -53,6 +53,8 @@ pub struct LockServerConfig {
     pub reap_interval_ms: u64,
     pub reap_batch_max: i64,
     pub wait_poll_ms: u64,
+    /// `auth.*` (C3-extensions E-13).
+    pub auth: dlock_http::auth::AuthSettings,
 }
 
 impl Default for LockServerConfig {
@@ -66,6 +68,7 @@ impl Default for LockServerConfig {
             reap_interval_ms: REAP_INTERVAL_MS_DEFAULT,
             reap_batch_max: REAP_BATCH_MAX_DEFAULT,
             wait_poll_ms: WAIT_POLL_MS_DEFAULT,
+            auth: dlock_http::auth::AuthSettings::disabled(),
         }
     }
 }

@@ -34,7 +34,7 @@ pub struct PaymentSettings {
 }
 
 /// Resolves every payment-resource key and checks the ranges.
-pub fn resolve(layers: &Layers, _profile: Profile) -> Result<PaymentSettings, String> {
+pub fn resolve(layers: &Layers, profile: Profile) -> Result<PaymentSettings, String> {
     let d = PaymentConfig::default();
     let listen = layers.get("payment.resource.listen", SocketAddr::from(LISTEN_DEFAULT))?;
     let database_url = layers.get("payment.resource.database-url", PAYDB_URL_DEFAULT.to_owned())?;
@@ -43,6 +43,7 @@ pub fn resolve(layers: &Layers, _profile: Profile) -> Result<PaymentSettings, St
         idempotency_retention_ms: layers.get("payment.idempotency.retention-ms", d.idempotency_retention_ms)?,
         purge_interval_ms: layers.get("payment.idempotency.purge-interval-ms", d.purge_interval_ms)?,
         purge_batch_max: layers.get("payment.idempotency.purge-batch-max", d.purge_batch_max)?,
+        auth: dlock_http::auth::resolve(layers, profile)?,
     };
     config.validate()?;
     Ok(PaymentSettings { listen, database_url, config })

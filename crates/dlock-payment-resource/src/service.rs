@@ -41,6 +41,8 @@ pub struct PaymentConfig {
     pub idempotency_retention_ms: u64,
     pub purge_interval_ms: u64,
     pub purge_batch_max: i64,
+    /// `auth.*` (C3-extensions E-13).
+    pub auth: dlock_http::auth::AuthSettings,
 }
 
 impl Default for PaymentConfig {
@@ -50,6 +52,7 @@ impl Default for PaymentConfig {
             idempotency_retention_ms: IDEMPOTENCY_RETENTION_MS_DEFAULT,
             purge_interval_ms: IDEMPOTENCY_PURGE_INTERVAL_MS_DEFAULT,
             purge_batch_max: IDEMPOTENCY_PURGE_BATCH_MAX_DEFAULT,
+            auth: dlock_http::auth::AuthSettings::disabled(),
         }
     }
 }

@@ -63,6 +63,7 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<ProxySettings, Strin
         fencing_enabled,
         duplicate_guard_enabled,
         body_bytes_max: layers.get("rail.proxy.body-bytes-max", BODY_BYTES_MAX_DEFAULT)?,
+        auth: dlock_http::auth::resolve(layers, profile)?,
     };
     Ok(ProxySettings { listen, database_url, config })
 }
@@ -74,6 +75,7 @@ pub fn unsafe_warnings(cfg: &ProxyConfig) -> Vec<String> {
     if !cfg.fencing_enabled {
         w.push("rail.proxy.fencing.enabled=false: the rail-proxy skips step 1 (the high-water mark); a stale writer reaches the rail".to_owned());
     }
+    w.extend(dlock_http::auth::unsafe_warning(&cfg.auth));
     if !cfg.duplicate_guard_enabled {
         w.push("rail.proxy.duplicate-guard.enabled=false: the rail-proxy forwards what step 2 refused; a payout can be paid twice".to_owned());
     }

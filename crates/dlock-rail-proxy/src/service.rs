@@ -37,6 +37,8 @@ pub struct ProxyConfig {
     /// twice and the reconciler catches it (C3-extensions E-8).
     pub duplicate_guard_enabled: bool,
     pub body_bytes_max: usize,
+    /// `auth.*` (C3-extensions E-13).
+    pub auth: dlock_http::auth::AuthSettings,
 }
 
 /// Pause between two orphan sweeps ([`RailProxy::sweep_orphans`]).
