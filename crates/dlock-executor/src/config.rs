@@ -324,6 +324,23 @@ impl ExecutorConfig {
 mod tests {
     use super::*;
 
+    /// Layers of `pairs` with a credential, as every resolved service needs (E-13).
+    fn authed(pairs: &[(&str, &str)]) -> Layers {
+        let mut l = Layers::of(pairs);
+        l.set_flag("auth.credentials", "worker unit-test-token-0000000001");
+        l.set_flag("executor.auth.token", "unit-test-token-0000000001");
+        l
+    }
+
+    #[test]
+    fn an_executor_with_auth_on_needs_a_worker_credential() {
+        let mut l = Layers::of(&[]);
+        l.set_flag("auth.credentials", "worker unit-test-token-0000000001");
+        let err = resolve(&l, Profile::Production).expect_err("no token");
+        assert!(err.contains("executor.auth.token-file"), "{err}");
+        assert!(resolve(&authed(&[]), Profile::Production).is_ok_and(|s| s.config.bearer.is_some()));
+    }
+
     fn cfg() -> ExecutorConfig {
         let url = |p: u16| BaseUrl::parse(&format!("http://127.0.0.1:{p}")).expect("url");
         ExecutorConfig::new(url(8081), url(8082), url(8083), OwnerId::parse("executor-1").expect("owner"))
@@ -349,13 +366,13 @@ mod tests {
 
     #[test]
     fn an_executor_without_fencing_refuses_to_start_outside_unsafe_test() {
-        let off = Layers::of(&[("payment.fencing.enabled", "false")]);
+        let off = authed(&[("payment.fencing.enabled", "false")]);
         let err = resolve(&off, Profile::Production).expect_err("refused");
         assert!(err.contains("payment.fencing.enabled") && err.contains("unsafe-test"), "{err}");
         let s = resolve(&off, Profile::UnsafeTest).expect("allowed in unsafe-test");
         assert!(!s.config.fencing_enabled);
         assert_eq!(unsafe_warnings(&s.config).len(), 1);
-        let s = resolve(&Layers::default(), Profile::Production).expect("defaults");
+        let s = resolve(&authed(&[]), Profile::Production).expect("defaults");
         assert!(s.config.fencing_enabled);
         assert_eq!(s.listen.port(), 8085);
         let c = s.config;
@@ -378,9 +395,9 @@ mod tests {
     #[test]
     fn lock_wait_defaults_to_skipping_and_stays_below_the_acquire_read_budget() {
         assert_eq!(cfg().lock_wait_ms, 0);
-        let s = resolve(&Layers::of(&[("executor.lock-wait-ms", "1500")]), Profile::Production).expect("in range");
+        let s = resolve(&authed(&[("executor.lock-wait-ms", "1500")]), Profile::Production).expect("in range");
         assert_eq!(s.config.lock_wait_ms, LOCK_WAIT_MS_MAX);
-        let err = resolve(&Layers::of(&[("executor.lock-wait-ms", "1501")]), Profile::Production).expect_err("refused");
+        let err = resolve(&authed(&[("executor.lock-wait-ms", "1501")]), Profile::Production).expect_err("refused");
         assert!(err.contains("executor.lock-wait-ms"), "{err}");
         let mut c = cfg();
         c.lock_wait_ms = dlock_lock_client::config::ACQUIRE_READ_TIMEOUT_MS_DEFAULT;

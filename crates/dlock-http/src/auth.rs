@@ -227,8 +227,9 @@ impl Authenticator {
     pub fn spawn_reloader(self: &Arc<Self>) -> Option<dlock_rt::JoinHandle<()>> {
         self.settings.credentials_file.as_ref()?;
         let me = self.clone();
+        // Listening starts now, before the task first runs: a SIGHUP from here on reloads.
+        let mut hangups = dlock_rt::signal::Hangups::new();
         Some(dlock_rt::spawn(async move {
-            let mut hangups = dlock_rt::signal::Hangups::new();
             let every = Duration::from_millis(me.settings.reload_interval_ms.max(RELOAD_INTERVAL_MS_MIN));
             loop {
                 let forced = tokio::select! {

@@ -99,13 +99,20 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<LockServerSettings, 
 mod tests {
     use super::*;
 
+    /// Layers of `pairs` with a credential, as every resolved service needs (E-13).
+    fn authed(pairs: &[(&str, &str)]) -> Layers {
+        let mut l = Layers::of(pairs);
+        l.set_flag("auth.credentials", "worker unit-test-token-0000000001");
+        l
+    }
+
     fn backend(pairs: &[(&str, &str)]) -> Result<LockBackend, String> {
-        resolve(&Layers::of(pairs), Profile::Production).map(|s| s.backend)
+        resolve(&authed(pairs), Profile::Production).map(|s| s.backend)
     }
 
     #[test]
     fn lock_backend_follows_the_keys_and_refuses_mismatches() {
-        let s = resolve(&Layers::default(), Profile::Production).expect("defaults");
+        let s = resolve(&authed(&[]), Profile::Production).expect("defaults");
         assert_eq!(s.listen.port(), 8081);
         assert_eq!(s.backend, LockBackend::Sql(LOCKDB_URL_DEFAULT.to_owned()));
         assert_eq!(
@@ -123,7 +130,7 @@ mod tests {
 
     #[test]
     fn service_knobs_read_their_keys() {
-        let l = Layers::of(&[("lock.reaper.interval-ms", "200"), ("lock.waiters-max", "1"), ("lock.delay-ms", "-5")]);
+        let l = authed(&[("lock.reaper.interval-ms", "200"), ("lock.waiters-max", "1"), ("lock.delay-ms", "-5")]);
         let c = resolve(&l, Profile::Production).expect("ok").config;
         assert_eq!((c.reap_interval_ms, c.waiters_per_key_max, c.delay_ms), (200, 1, 0));
     }

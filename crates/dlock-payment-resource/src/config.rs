@@ -53,13 +53,22 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<PaymentSettings, Str
 mod tests {
     use super::*;
 
+    /// Layers of `pairs` with a credential, as every resolved service needs (E-13).
+    fn authed(pairs: &[(&str, &str)]) -> Layers {
+        let mut l = Layers::of(pairs);
+        l.set_flag("auth.credentials", "worker unit-test-token-0000000001");
+        l
+    }
+
     #[test]
     fn defaults_resolve_and_out_of_range_values_name_their_key() {
-        let s = resolve(&Layers::default(), Profile::Production).expect("defaults");
-        assert_eq!((s.listen.port(), s.config.clone()), (8082, PaymentConfig::default()));
-        let l = Layers::of(&[("payment.resource.body-bytes-max", "4096")]);
+        let s = resolve(&authed(&[]), Profile::Production).expect("defaults");
+        let d = PaymentConfig { auth: s.config.auth.clone(), ..PaymentConfig::default() };
+        assert_eq!((s.listen.port(), s.config.clone()), (8082, d));
+        assert!(s.config.auth.enabled, "authentication is on by default");
+        let l = authed(&[("payment.resource.body-bytes-max", "4096")]);
         assert_eq!(resolve(&l, Profile::Production).expect("ok").config.body_bytes_max, 4_096);
-        let bad = Layers::of(&[("payment.idempotency.retention-ms", "1")]);
+        let bad = authed(&[("payment.idempotency.retention-ms", "1")]);
         assert!(resolve(&bad, Profile::Production).is_err_and(|e| e.contains("payment.idempotency.retention-ms")));
     }
 }

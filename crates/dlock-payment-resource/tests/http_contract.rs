@@ -27,7 +27,8 @@ struct Rig {
 
 /// The payment-resource's settings in these tests (a small body limit), from its resolver.
 fn payment_cfg() -> dlock_payment_resource::PaymentConfig {
-    let l = dlock_config::Layers::of(&[("payment.resource.body-bytes-max", "4096")]);
+    let mut l = dlock_config::Layers::of(&[("payment.resource.body-bytes-max", "4096")]);
+    l.set_flag("auth.credentials", dlock_testkit::auth::credentials());
     dlock_payment_resource::config::resolve(&l, dlock_config::Profile::Production).expect("settings").config
 }
 

@@ -86,9 +86,16 @@ pub fn unsafe_warnings(cfg: &ProxyConfig) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// Layers of `pairs` with a credential, as every resolved service needs (E-13).
+    fn authed(pairs: &[(&str, &str)]) -> Layers {
+        let mut l = Layers::of(pairs);
+        l.set_flag("auth.credentials", "worker unit-test-token-0000000001");
+        l
+    }
+
     #[test]
     fn proxy_defaults_follow_c3_budgets() {
-        let s = resolve(&Layers::default(), Profile::Production).expect("defaults");
+        let s = resolve(&authed(&[]), Profile::Production).expect("defaults");
         assert_eq!(s.listen.port(), 8083);
         assert_eq!(s.database_url, PAYDB_URL_DEFAULT);
         assert_eq!((s.config.connect_timeout_ms, s.config.read_timeout_ms), (1_000, 8_000));
@@ -99,7 +106,7 @@ mod tests {
 
     #[test]
     fn disabling_fencing_needs_the_unsafe_test_profile() {
-        let l = Layers::of(&[("rail.proxy.fencing.enabled", "false")]);
+        let l = authed(&[("rail.proxy.fencing.enabled", "false")]);
         let err = resolve(&l, Profile::Production).expect_err("refused");
         assert!(err.contains("rail.proxy.fencing.enabled") && err.contains("unsafe-test"), "{err}");
         let s = resolve(&l, Profile::UnsafeTest).expect("allowed");
@@ -109,7 +116,7 @@ mod tests {
 
     #[test]
     fn bypassing_the_duplicate_guard_needs_the_unsafe_test_profile() {
-        let l = Layers::of(&[("rail.proxy.duplicate-guard.enabled", "false")]);
+        let l = authed(&[("rail.proxy.duplicate-guard.enabled", "false")]);
         let err = resolve(&l, Profile::Production).expect_err("refused");
         assert!(err.contains("rail.proxy.duplicate-guard.enabled") && err.contains("unsafe-test"), "{err}");
         assert!(!resolve(&l, Profile::UnsafeTest).expect("allowed").config.duplicate_guard_enabled);

@@ -5,7 +5,9 @@
 //!   A missing variable fails the test loudly: a PostgreSQL test never passes by skipping.
 //! - [`sqlite_url`]: a fresh SQLite file in a fresh temp directory.
 //! - [`fake_service`]: a scripted fake HTTP peer for the client crates' tests.
+//! - [`auth`]: the credentials every harness carries (authentication stays on in tests).
 
+pub mod auth;
 pub mod fake_service;
 
 use std::path::PathBuf;

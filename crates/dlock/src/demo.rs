@@ -106,6 +106,7 @@ impl ChaosArgs {
             executors: self.executors,
             layers,
             profile,
+            local_credentials: None,
         })
     }
 }

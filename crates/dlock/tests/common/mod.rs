@@ -41,6 +41,7 @@ pub struct Service {
     pub addr: String,
     pub base: BaseUrl,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Service {
@@ -59,15 +60,50 @@ impl Service {
         (svc, rx)
     }
 
+    /// [`Service::start`] with `env` set on top of the harness's (e.g. its own credentials).
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Service {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Service::spawn_env(args, "127.0.0.1:0", None, env)
+    }
+
+    /// [`Service::start_watching`] with `env` set on top of the harness's.
+    pub fn start_watching_with_env(
+        args: &[&str],
+        needle: &str,
+        env: &[(&str, &str)],
+    ) -> (Service, mpsc::Receiver<()>) {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let (tx, rx) = mpsc::channel();
+        let svc = Service::spawn_env(args, "127.0.0.1:0", Some((needle.to_owned(), tx)), env);
+        (svc, rx)
+    }
+
     fn start_owned(args: Vec<String>, listen: &str) -> Service {
         Service::spawn(args, listen, None)
     }
 
     fn spawn(args: Vec<String>, listen: &str, watch: Option<(String, mpsc::Sender<()>)>) -> Service {
+        Service::spawn_env(args, listen, watch, Vec::new())
+    }
+
+    /// Every process carries the harness credentials (authentication stays on, E-13):
+    /// `DLOCK_AUTH_CREDENTIALS` for the services and `DLOCK_EXECUTOR_AUTH_TOKEN` for an
+    /// executor; `env` is set on top.
+    fn spawn_env(
+        args: Vec<String>,
+        listen: &str,
+        watch: Option<(String, mpsc::Sender<()>)>,
+        env: Vec<(String, String)>,
+    ) -> Service {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dlock"))
             .args(&args)
             .args(["--listen", listen])
             .env("DLOCK_LOG", "warn")
+            .env("DLOCK_AUTH_CREDENTIALS", dlock_testkit::auth::credentials())
+            .env("DLOCK_EXECUTOR_AUTH_TOKEN", dlock_testkit::auth::WORKER_TOKEN)
+            .envs(env.clone())
             .stdout(Stdio::piped())
             .stderr(if watch.is_some() { Stdio::piped() } else { Stdio::inherit() })
             .spawn()
@@ -99,14 +135,14 @@ impl Service {
             }
         };
         let base = BaseUrl::parse(&format!("http://{addr}")).expect("base url");
-        Service { child, addr, base, args }
+        Service { child, addr, base, args, env }
     }
 
     /// SIGKILLs the process (no graceful shutdown) and starts it again on the same address.
     pub fn crash_and_restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let fresh = Service::start_owned(self.args.clone(), &self.addr);
+        let fresh = Service::spawn_env(self.args.clone(), &self.addr, None, self.env.clone());
         drop(std::mem::replace(self, fresh));
     }
 
@@ -140,7 +176,13 @@ impl Drop for Service {
     }
 }
 
+/// The harness's client: it presents the harness token of the role each endpoint needs.
 pub fn client() -> HttpClient {
+    dlock_testkit::auth::client(1_000, 20_000)
+}
+
+/// A client without any credential.
+pub fn anonymous_client() -> HttpClient {
     HttpClient::new(1_000, 20_000)
 }
 
@@ -246,6 +288,7 @@ pub async fn rail_calls(stub: &Service) -> Vec<Value> {
 pub fn payment_client(svc: &Service) -> dlock_payment_client::PaymentClient {
     let mut cfg = dlock_payment_client::PaymentClientConfig::new(svc.base.clone());
     cfg.write_read_timeout_ms = client().read_timeout_ms;
+    cfg.bearer = Some(dlock_testkit::auth::bearer());
     dlock_payment_client::PaymentClient::new(cfg).expect("payment client")
 }
 
