@@ -100,7 +100,7 @@ async fn lock_server_answers_401_and_403_by_role_before_any_lookup() {
     let body = json!({"sessionId": session, "ttlMillis": 60000});
     let g = call(&lock, "POST", "/v1/locks/held/acquire", Some(WORKER), &owner, Some(body.clone())).await;
     assert_eq!(g.0, 200, "{}", g.1);
-    let revoke = json!({"reason": "operator test revoke"});
+    let revoke = json!({"reason": "operator test revoke", "operator": "ops"});
     for key in ["held", "missing"] {
         let acquire = format!("/v1/locks/{key}/acquire");
         let revoke_path = format!("/v1/locks/{key}/revoke");
@@ -218,7 +218,7 @@ where
 }
 
 async fn reads(svc: &Service, token: &str) -> u16 {
-    call(svc, "GET", "/v1/locks/k", Some(token), &[], None).await.0
+    call(svc, "GET", "/metrics", Some(token), &[], None).await.0
 }
 
 const OLD: &str = "rotation-old-token-00000000000001";
@@ -252,7 +252,7 @@ async fn a_replaced_credentials_file_rotates_without_restart_with_an_overlap_win
     assert_eq!(reads(&lock, OLD).await, 200, "the old token works inside the overlap window");
     eventually("the old token stops working after the overlap", || async { reads(&lock, OLD).await == 401 }).await;
     assert!(rotated_at.elapsed() < Duration::from_millis(RELOAD_WAIT_MS_MAX));
-    let r = call(&lock, "GET", "/v1/locks/k", Some(OLD), &[], None).await;
+    let r = call(&lock, "GET", "/metrics", Some(OLD), &[], None).await;
     assert_refused(&r, 401, "a retired token");
 
     // A malformed file is refused at reload; the current set stays.
