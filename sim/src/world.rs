@@ -100,6 +100,12 @@ pub fn wiring() -> Vec<(&'static str, String)> {
 pub fn layers(settings: &[(&str, &str)]) -> Layers {
     let mut l = Layers::of(settings);
     l.set_default("lock.reaper.interval-ms", REAP_INTERVAL_MS);
+    // Every node is given the world's credentials (E-13): the services the harness's
+    // three tokens, the executors the worker's, and every client in the simulation (one
+    // process) a token of the role each endpoint needs.
+    l.set_default("auth.credentials", dlock_testkit::auth::credentials());
+    l.set_default("executor.auth.token", dlock_testkit::auth::WORKER_TOKEN);
+    dlock_rt::http::set_process_default_bearer(dlock_testkit::auth::bearer());
     for (key, value) in wiring() {
         l.set_flag(key, value);
     }

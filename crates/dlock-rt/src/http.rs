@@ -356,6 +356,16 @@ impl BaseUrl {
     }
 }
 
+/// The token source every [`HttpClient`] starts with, for a harness that runs many clients
+/// in one process (the simulation: every node shares it). A production binary never sets
+/// it: each client is given its credential by its own keys.
+static PROCESS_BEARER: std::sync::OnceLock<Bearer> = std::sync::OnceLock::new();
+
+/// Sets the process default token source (the first call wins; later ones change nothing).
+pub fn set_process_default_bearer(bearer: Bearer) {
+    let _ = PROCESS_BEARER.set(bearer);
+}
+
 /// A one-connection-per-request HTTP/1 client with explicit connect and read budgets.
 #[derive(Debug, Clone)]
 pub struct HttpClient {
@@ -375,12 +385,15 @@ pub struct ClientResponse {
 
 impl HttpClient {
     pub fn new(connect_timeout_ms: u64, read_timeout_ms: u64) -> HttpClient {
-        HttpClient { connect_timeout_ms, read_timeout_ms, bearer: None }
+        HttpClient { connect_timeout_ms, read_timeout_ms, bearer: PROCESS_BEARER.get().cloned() }
     }
 
-    /// This client, presenting `bearer`'s token on every request (C3-extensions E-13).
+    /// This client, presenting `bearer`'s token on every request (C3-extensions E-13);
+    /// `None` keeps the client's current source (the process default, if any).
     pub fn with_bearer(mut self, bearer: Option<Bearer>) -> HttpClient {
-        self.bearer = bearer;
+        if bearer.is_some() {
+            self.bearer = bearer;
+        }
         self
     }
 
