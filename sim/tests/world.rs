@@ -215,7 +215,13 @@ async fn every_world_node_authenticates_and_the_worlds_clients_carry_its_credent
                     .await
                     .map(|r| r.status);
                 let stranger = dlock_rt::http::HttpClient::new(500, 2_000)
-                    .send(&url, http::Method::GET, "/metrics", &[("authorization", "Bearer nobody-knows-this-token")], None)
+                    .send(
+                        &url,
+                        http::Method::GET,
+                        "/metrics",
+                        &[("authorization", "Bearer nobody-knows-this-token")],
+                        None,
+                    )
                     .await
                     .map(|r| (r.status, serde_json::from_slice::<serde_json::Value>(&r.body).unwrap_or_default()));
                 let health = dlock_rt::http::HttpClient::new(500, 2_000)

@@ -237,7 +237,11 @@ impl Credential {
 
 impl std::fmt::Debug for Credential {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credential").field("role", &self.role).field("token", &"***").field("owners", &self.owners).finish()
+        f.debug_struct("Credential")
+            .field("role", &self.role)
+            .field("token", &"***")
+            .field("owners", &self.owners)
+            .finish()
     }
 }
 

@@ -65,7 +65,8 @@ where
     if cfg.pause_rate > 0.0 {
         tracing::warn!(pauseRate = cfg.pause_rate, pauseMs = cfg.pause_ms, "executor_chaos_stalls_enabled");
     }
-    let auth = dlock_http::auth::Authenticator::new("executor", dlock_contract::auth::EXECUTOR_ROUTES, &cfg.auth, clock)?;
+    let auth =
+        dlock_http::auth::Authenticator::new("executor", dlock_contract::auth::EXECUTOR_ROUTES, &cfg.auth, clock)?;
     let reloader = auth.as_ref().and_then(|a| a.spawn_reloader());
     let executor = Executor::new(cfg, clock)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

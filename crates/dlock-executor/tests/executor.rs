@@ -154,7 +154,10 @@ async fn states(paydb: &MemPaydb, ids: &[Uuid]) -> BTreeMap<Uuid, PayoutState> {
 }
 
 async fn rail_calls(stub: &BaseUrl) -> Vec<String> {
-    let r = dlock_testkit::auth::client(1_000, 5_000).send(stub, http::Method::GET, "/calls", &[], None).await.expect("calls");
+    let r = dlock_testkit::auth::client(1_000, 5_000)
+        .send(stub, http::Method::GET, "/calls", &[], None)
+        .await
+        .expect("calls");
     let v: Value = serde_json::from_slice(&r.body).expect("json");
     v["calls"].as_array().into_iter().flatten().filter_map(|c| c["clientRef"].as_str().map(str::to_owned)).collect()
 }
@@ -394,7 +397,10 @@ const SUBMISSIONS: &str = "/v1/rail/submissions";
 
 /// Acquire requests the lock server at `lock` has answered (its `lock_acquire_total`).
 async fn acquires(lock: &BaseUrl) -> u64 {
-    let r = dlock_testkit::auth::client(1_000, 2_000).send(lock, http::Method::GET, "/metrics", &[], None).await.expect("metrics");
+    let r = dlock_testkit::auth::client(1_000, 2_000)
+        .send(lock, http::Method::GET, "/metrics", &[], None)
+        .await
+        .expect("metrics");
     String::from_utf8_lossy(&r.body)
         .lines()
         .filter(|l| l.starts_with("lock_acquire_total{"))

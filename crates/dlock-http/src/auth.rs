@@ -94,7 +94,10 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<AuthSettings, String
     )?;
     let settings = AuthSettings {
         enabled,
-        credentials_file: layers.get_opt::<String>("auth.credentials-file")?.filter(|s| !s.is_empty()).map(PathBuf::from),
+        credentials_file: layers
+            .get_opt::<String>("auth.credentials-file")?
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from),
         credentials: layers.get_opt::<String>("auth.credentials")?.filter(|s| !s.trim().is_empty()).map(Secret::new),
         rotation_overlap_ms: layers.get("auth.rotation-overlap-ms", ROTATION_OVERLAP_MS_DEFAULT)?,
         reload_interval_ms: layers.get("auth.reload-interval-ms", RELOAD_INTERVAL_MS_DEFAULT)?,
@@ -284,8 +287,13 @@ impl Authenticator {
         let now = self.clock.now();
         let deadline = now + Duration::from_millis(self.settings.rotation_overlap_ms);
         let mut live = self.lock();
-        let removed: Vec<Credential> =
-            live.current.entries.iter().filter(|c| !set.entries.iter().any(|n| n.digest() == c.digest())).cloned().collect();
+        let removed: Vec<Credential> = live
+            .current
+            .entries
+            .iter()
+            .filter(|c| !set.entries.iter().any(|n| n.digest() == c.digest()))
+            .cloned()
+            .collect();
         live.retiring.retain(|(c, until)| *until > now && !set.entries.iter().any(|n| n.digest() == c.digest()));
         let retired = removed.len();
         live.retiring.extend(removed.into_iter().map(|c| (c, deadline)));
@@ -319,7 +327,12 @@ impl Authenticator {
     }
 
     /// The answer for a request, or the principal to attach: method + route + headers only.
-    pub fn decide(&self, method: &str, path: &str, headers: &axum::http::HeaderMap) -> Result<Option<Principal>, ApiError> {
+    pub fn decide(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &axum::http::HeaderMap,
+    ) -> Result<Option<Principal>, ApiError> {
         let need = need_for(self.table, method, path);
         if need == Need::Open {
             return Ok(None);
@@ -416,7 +429,10 @@ mod tests {
         assert_eq!(code(a.decide("GET", "/health/live", &headers(None, None))), None);
         assert_eq!(code(a.decide("POST", acquire, &headers(None, None))), Some(ErrorCode::Unauthenticated));
         assert_eq!(code(a.decide("GET", "/nope", &headers(None, None))), Some(ErrorCode::Unauthenticated));
-        assert_eq!(code(a.decide("POST", acquire, &headers(Some("x".repeat(20).as_str()), None))), Some(ErrorCode::Unauthenticated));
+        assert_eq!(
+            code(a.decide("POST", acquire, &headers(Some("x".repeat(20).as_str()), None))),
+            Some(ErrorCode::Unauthenticated)
+        );
         assert_eq!(code(a.decide("POST", acquire, &headers(Some(W1), Some("exec-1")))), None);
         assert_eq!(code(a.decide("POST", acquire, &headers(Some(W1), Some("exec-2")))), Some(ErrorCode::Forbidden));
         assert_eq!(code(a.decide("POST", acquire, &headers(Some(W2), Some("exec-2")))), None);

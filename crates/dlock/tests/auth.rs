@@ -356,11 +356,8 @@ fn demo_generates_private_credentials_once_and_reuses_them() {
         let mode = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "the credentials file is private");
     }
-    let tokens: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split_whitespace().nth(1))
-        .collect();
+    let tokens: Vec<&str> =
+        text.lines().filter(|l| !l.starts_with('#')).filter_map(|l| l.split_whitespace().nth(1)).collect();
     assert_eq!(tokens.len(), 3, "one worker, one operator, one reader: {}", tokens.len());
     assert!(tokens.iter().all(|t| t.len() == 64 && t.chars().all(|c| c.is_ascii_hexdigit())));
     assert!(tokens[0] != tokens[1] && tokens[1] != tokens[2] && tokens[0] != tokens[2]);

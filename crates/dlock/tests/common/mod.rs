@@ -68,11 +68,7 @@ impl Service {
     }
 
     /// [`Service::start_watching`] with `env` set on top of the harness's.
-    pub fn start_watching_with_env(
-        args: &[&str],
-        needle: &str,
-        env: &[(&str, &str)],
-    ) -> (Service, mpsc::Receiver<()>) {
+    pub fn start_watching_with_env(args: &[&str], needle: &str, env: &[(&str, &str)]) -> (Service, mpsc::Receiver<()>) {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let (tx, rx) = mpsc::channel();
