@@ -158,6 +158,8 @@ fn matches(pattern: &str, path: &str) -> bool {
 /// then answered 404/405 by the router).
 pub fn need_for<'a>(table: impl IntoIterator<Item = &'a RouteRule>, method: &str, path: &str) -> Need {
     let path = path.split('?').next().unwrap_or_default();
+    // The router answers HEAD on every GET route: it needs what the GET needs.
+    let method = if method.eq_ignore_ascii_case("HEAD") { "GET" } else { method };
     HEALTH_ROUTES
         .iter()
         .chain(table)
@@ -418,6 +420,7 @@ mod tests {
         assert_eq!(need_for(lock(), "GET", "/v1/locks/a?x=1"), Need::Read);
         assert_eq!(need_for(lock(), "DELETE", "/v1/locks/a"), Need::Role(Role::Worker));
         assert_eq!(need_for(lock(), "GET", "/health/live"), Need::Open);
+        assert_eq!(need_for(lock(), "HEAD", "/health/ready"), Need::Open);
         assert_eq!(need_for(lock(), "GET", "/nope"), Need::Read);
         assert_eq!(need_for(lock(), "POST", "/v1/locks//acquire"), Need::Read);
         let pay = || PAYMENT_ROUTES.iter();

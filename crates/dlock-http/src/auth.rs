@@ -253,7 +253,8 @@ impl Authenticator {
     pub fn reload(&self, forced: bool) {
         let Some(path) = &self.settings.credentials_file else { return };
         let stamp = std::fs::metadata(path).ok().map(|m| (m.modified().ok(), m.len()));
-        if !forced && stamp.is_some() && stamp == self.lock().file_stamp {
+        let seen = self.lock().file_stamp;
+        if !forced && stamp.is_some() && stamp == seen {
             return;
         }
         let (text, stamp) = match read_file(path) {
@@ -264,9 +265,13 @@ impl Authenticator {
             }
         };
         let d = digest(text.as_bytes());
-        if self.lock().file_digest == d {
-            self.lock().file_stamp = Some(stamp);
-            return;
+        {
+            let mut live = self.lock();
+            if live.file_digest == d {
+                // Touched, not changed.
+                live.file_stamp = Some(stamp);
+                return;
+            }
         }
         let parsed = parse_credentials(&text, &path.display().to_string()).and_then(|mut set| {
             if let Some(inline) = &self.settings.credentials {

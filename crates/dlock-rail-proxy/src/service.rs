@@ -173,7 +173,7 @@ pub struct RailProxy {
 
 impl RailProxy {
     pub fn new(store: Arc<dyn RailStore>, cfg: ProxyConfig, clock: Clock) -> Arc<RailProxy> {
-        let client = HttpClient::new(cfg.connect_timeout_ms, cfg.read_timeout_ms);
+        let client = HttpClient::new(cfg.connect_timeout_ms, cfg.read_timeout_ms).without_bearer();
         Arc::new(RailProxy {
             store,
             cfg,

@@ -397,6 +397,13 @@ impl HttpClient {
         self
     }
 
+    /// This client with no credential at all, whatever the process default: for calls
+    /// outside dlock (the rail), which must never see a dlock token.
+    pub fn without_bearer(mut self) -> HttpClient {
+        self.bearer = None;
+        self
+    }
+
     /// Opens a connection to `base` and closes it: the rail's reachability, for readiness.
     pub async fn probe(&self, base: &BaseUrl) -> Result<(), ClientError> {
         let connect = TcpStream::connect(base.authority.as_str());
