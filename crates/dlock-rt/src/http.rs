@@ -554,6 +554,43 @@ mod tests {
         server.await.expect("server stops");
     }
 
+    /// The client puts its bearer's token on the wire as `Authorization: Bearer <token>`,
+    /// once, unless the caller gave that header itself; without a bearer it sends none.
+    #[tokio::test]
+    async fn a_client_with_a_bearer_sends_its_token_once_and_an_explicit_header_wins() {
+        use axum::routing::get;
+        let router = axum::Router::new().route(
+            "/who",
+            get(|h: http::HeaderMap| async move {
+                let all: Vec<String> = h
+                    .get_all(http::header::AUTHORIZATION)
+                    .iter()
+                    .map(|v| v.to_str().unwrap_or("?").to_owned())
+                    .collect();
+                all.join("|")
+            }),
+        );
+        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let base = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, router, async {
+            let _ = rx.await;
+        }));
+        let token = Bearer::fixed(dlock_contract::auth::Secret::new("client-token-0123456789"));
+        let with = HttpClient::new(1_000, 2_000).with_bearer(Some(token));
+        let r = with.send(&base, http::Method::GET, "/who", &[], None).await.expect("answered");
+        assert_eq!(&r.body[..], b"Bearer client-token-0123456789");
+        let own = [("authorization", "Bearer mine-0123456789abcdef")];
+        let r = with.send(&base, http::Method::GET, "/who", &own, None).await.expect("answered");
+        assert_eq!(&r.body[..], b"Bearer mine-0123456789abcdef");
+        let r = with.clone().without_bearer().send(&base, http::Method::GET, "/who", &[], None).await.expect("ok");
+        assert_eq!(&r.body[..], b"");
+        let shown = format!("{with:?}");
+        assert!(!shown.contains("client-token"), "{shown}");
+        let _ = tx.send(());
+        server.await.expect("server stops");
+    }
+
     /// Serves a small router (`GET /ok`, `POST /echo`) with `limits`; the sender stops it.
     async fn served(limits: ServeLimits) -> (SocketAddr, tokio::sync::oneshot::Sender<()>) {
         use axum::routing::{get, post};
