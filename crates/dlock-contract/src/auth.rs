@@ -58,6 +58,7 @@ impl Role {
         match need {
             Need::Open | Need::Read => true,
             Need::Role(r) => r == self,
+            Need::Nobody => false,
         }
     }
 }
@@ -78,6 +79,9 @@ pub enum Need {
     Read,
     /// Exactly this role.
     Role(Role),
+    /// No role: a write (any method but GET/HEAD) on a route the table does not list. A
+    /// route added without a row is refused to everyone (fail closed), never open to all.
+    Nobody,
 }
 
 /// One row of a service's role table: `method` and a route `pattern` whose `{name}`
@@ -154,8 +158,9 @@ fn matches(pattern: &str, path: &str) -> bool {
 }
 
 /// What `method path` needs under `table` (plus [`HEALTH_ROUTES`]): the matching row's
-/// need, else [`Need::Read`] (an unknown route or method still needs a credential, and is
-/// then answered 404/405 by the router).
+/// need; else, for a GET or HEAD, [`Need::Read`] (an unknown route still needs a
+/// credential, then the router answers 404/405), and for any other method
+/// [`Need::Nobody`] (fail closed: a write the table does not list is refused to all).
 pub fn need_for<'a>(table: impl IntoIterator<Item = &'a RouteRule>, method: &str, path: &str) -> Need {
     let path = path.split('?').next().unwrap_or_default();
     // The router answers HEAD on every GET route: it needs what the GET needs.
@@ -164,7 +169,7 @@ pub fn need_for<'a>(table: impl IntoIterator<Item = &'a RouteRule>, method: &str
         .iter()
         .chain(table)
         .find(|r| r.method.eq_ignore_ascii_case(method) && matches(r.pattern, path))
-        .map_or(Need::Read, |r| r.need)
+        .map_or(if method.eq_ignore_ascii_case("GET") { Need::Read } else { Need::Nobody }, |r| r.need)
 }
 
 /// A secret string whose `Debug` and `Display` print `***`.
@@ -422,7 +427,9 @@ mod tests {
         assert_eq!(need_for(lock(), "GET", "/health/live"), Need::Open);
         assert_eq!(need_for(lock(), "HEAD", "/health/ready"), Need::Open);
         assert_eq!(need_for(lock(), "GET", "/nope"), Need::Read);
-        assert_eq!(need_for(lock(), "POST", "/v1/locks//acquire"), Need::Read);
+        assert_eq!(need_for(lock(), "POST", "/v1/locks//acquire"), Need::Nobody);
+        assert_eq!(need_for(lock(), "PUT", "/v1/locks/a"), Need::Nobody);
+        assert!(Role::ALL.iter().all(|r| !r.may(Need::Nobody)), "an unlisted write is refused to every role");
         let pay = || PAYMENT_ROUTES.iter();
         assert_eq!(need_for(pay(), "POST", "/v1/payouts"), Need::Role(Role::Operator));
         assert_eq!(need_for(pay(), "POST", "/v1/payouts/p/claim"), Need::Role(Role::Worker));

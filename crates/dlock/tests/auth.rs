@@ -91,6 +91,11 @@ async fn lock_server_answers_401_and_403_by_role_before_any_lookup() {
     assert_eq!(r.0, 401, "a non-Bearer scheme is no credential");
     // With a credential an unknown route is the router's 404.
     assert_eq!(call(&lock, "GET", "/nope", Some(READER), &[], None).await.0, 404);
+    // A write the role table does not list is refused to every role (fail closed).
+    for t in [WORKER, OPERATOR, READER] {
+        assert_refused(&call(&lock, "POST", "/nope", Some(t), &[], None).await, 403, "an unlisted write");
+    }
+    assert_refused(&call(&lock, "POST", "/nope", None, &[], None).await, 401, "an anonymous unlisted write");
 
     // A session and a held lock exist for key `held`; key `missing` has none.
     let owner = [("x-owner-id", "exec-1")];
