@@ -15,6 +15,9 @@
 #      tries C with T3 at the resource and at the rail                        -> 409 FENCED_OUT (twice)
 #   7. the rail's own call log: one call for A, one for B, none for C; the account's
 #      balance equals its ledger sum.
+# Every service authenticates its callers (C3-extensions E-13): the script writes a
+# credentials file (mode 0600, one worker, one operator, one reader token) under its data
+# dir and presents, on each call, the token of the role the endpoint needs.
 # It exits non-zero if any answer differs. `--keep` leaves the services running afterwards
 # (Ctrl-C stops them).
 set -euo pipefail
@@ -35,6 +38,17 @@ DLOCK="$ROOT/target/release/dlock"
 DATA="$ROOT/dlock-data/quickstart"
 rm -rf "$DATA"
 mkdir -p "$DATA"
+token() { od -An -tx1 -N32 /dev/urandom | tr -d ' \n'; }
+WORKER=$(token)
+OPERATOR=$(token)
+READER=$(token)
+(
+    umask 077
+    printf '# quickstart credentials (C3-extensions E-13)\nworker %s\noperator %s\nreader %s\n' \
+        "$WORKER" "$OPERATOR" "$READER" >"$DATA/credentials"
+)
+export DLOCK_AUTH_CREDENTIALS_FILE="$DATA/credentials"
+echo "==> credentials in $DATA/credentials (worker, operator, reader)"
 DB="sqlite://$DATA/paydb.sqlite"
 LOCKDB="sqlite://$DATA/lockdb.sqlite"
 PIDS=()
@@ -89,7 +103,10 @@ field() { # json name -> the value of a top-level string or number field
 }
 lock_call() { # method path owner [token] [body] -> prints the body, then the status on the last line
     local method=$1 path=$2 owner=$3 token=${4:-} body=${5:-}
-    local args=(-sS -X "$method" -w '\n%{http_code}' "http://127.0.0.1:8081$path" -H "X-Owner-Id: $owner")
+    local bearer=$WORKER
+    case "$path" in */revoke) bearer=$OPERATOR ;; esac
+    local args=(-sS -X "$method" -w '\n%{http_code}' "http://127.0.0.1:8081$path" -H "X-Owner-Id: $owner"
+        -H "Authorization: Bearer $bearer")
     [ -n "$token" ] && args+=(-H "X-Fencing-Token: $token")
     [ -n "$body" ] && args+=(-H 'Content-Type: application/json' -d "$body")
     curl "${args[@]}"
@@ -120,6 +137,7 @@ submit() { # label payout amount token owner expected-status expected-code
     out=$(curl -sS -w '\n%{http_code}' http://127.0.0.1:8083/v1/rail/submissions \
         -H 'Content-Type: application/json' -H "X-Fencing-Token: $token" -H "X-Owner-Id: $owner" \
         -H "X-Fencing-Signature: $(sig_of "$token")" \
+        -H "Authorization: Bearer $WORKER" \
         -H "X-Idempotency-Key: payout:$payout" \
         -d "{\"payoutId\":\"$payout\",\"accountId\":\"acct-1\",\"amountMinor\":$amount,\"currency\":\"EUR\",\"beneficiaryRef\":\"ben-1\"}")
     status=${out##*$'\n'}
@@ -135,7 +153,12 @@ submit() { # label payout amount token owner expected-status expected-code
 
 pay_call() { # method path [owner key token body] -> prints the body, then the status on the last line
     local method=$1 path=$2 owner=${3:-} key=${4:-} token=${5:-} body=${6:-}
-    local args=(-sS -X "$method" -w '\n%{http_code}' "http://127.0.0.1:8082$path")
+    local bearer=$READER
+    case "$method $path" in
+        "POST /v1/accounts" | "POST /v1/payouts") bearer=$OPERATOR ;;
+        POST\ */claim | POST\ */post) bearer=$WORKER ;;
+    esac
+    local args=(-sS -X "$method" -w '\n%{http_code}' "http://127.0.0.1:8082$path" -H "Authorization: Bearer $bearer")
     [ -n "$owner" ] && args+=(-H "X-Owner-Id: $owner")
     [ -n "$key" ] && args+=(-H "X-Idempotency-Key: $key")
     [ -n "$token" ] && args+=(-H "X-Fencing-Token: $token" -H "X-Fencing-Signature: $(sig_of "$token")")
@@ -236,7 +259,7 @@ submit "6b. worker-1 pays C with token $T3 after the restart" "$C" 4200 "$T3" wo
 
 echo
 echo "--- account acct-1 (GET localhost:8082/v1/accounts/acct-1)"
-ACCT=$(curl -sS http://127.0.0.1:8082/v1/accounts/acct-1)
+ACCT=$(curl -sS -H "Authorization: Bearer $READER" http://127.0.0.1:8082/v1/accounts/acct-1)
 echo "$ACCT"
 if [ "$(field "$ACCT" balanceMinor)" = 7760 ] && [ "$(field "$ACCT" ledgerSumMinor)" = 7760 ]; then
     echo "=> balance 10 000 - 1 250 - 990 = 7 760, equal to the sum of its ledger entries"
@@ -259,9 +282,9 @@ fi
 
 echo
 echo "--- metrics (GET /metrics on :8081, :8082 and :8083; the payment-resource's restarted at step 6)"
-curl -sS http://127.0.0.1:8081/metrics | grep -v '^#'
-curl -sS http://127.0.0.1:8082/metrics | grep -v '^#'
-curl -sS http://127.0.0.1:8083/metrics | grep -v '^#'
+for port in 8081 8082 8083; do
+    curl -sS -H "Authorization: Bearer $READER" "http://127.0.0.1:$port/metrics" | grep -v '^#'
+done
 
 if [ "$FAILED" -ne 0 ]; then
     echo "quickstart: FAILED; logs in $DATA" >&2

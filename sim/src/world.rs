@@ -104,6 +104,12 @@ pub fn layers(settings: &[(&str, &str)]) -> Layers {
     let public = grant_signer().verify_key().to_base64();
     l.set_default("payment.grants.verify-keys", &public);
     l.set_default("rail.proxy.grants.verify-keys", &public);
+    // Every node is given the world's credentials (E-13): the services the harness's
+    // three tokens, the executors the worker's, and every client in the simulation (one
+    // process) a token of the role each endpoint needs.
+    l.set_default("auth.credentials", dlock_testkit::auth::credentials());
+    l.set_default("executor.auth.token", dlock_testkit::auth::WORKER_TOKEN);
+    dlock_rt::http::set_process_default_bearer(dlock_testkit::auth::bearer());
     for (key, value) in wiring() {
         l.set_flag(key, value);
     }

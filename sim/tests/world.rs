@@ -196,3 +196,48 @@ fn a_drawn_campaign_schedule_never_crashes_the_rail_stub_and_closes_every_fault(
     }
     assert!(events > 300, "300 drawn seeds played only {events} fault events");
 }
+
+/// DL-109: every node of a world authenticates (E-13): a request with an unknown token is
+/// `401 UNAUTHENTICATED` and one with no token is too, while the world's own clients carry
+/// its credentials (a token of the role each endpoint needs) and are served.
+#[madsim::test]
+async fn every_world_node_authenticates_and_the_worlds_clients_carry_its_credentials() {
+    let spec = WorldSpec { backend: LockBackend::Mem, ..WorldSpec::default() };
+    let mut w = world::build(spec).await.expect("world");
+    let node = w.add_node("workload");
+    let answers = node
+        .spawn(async {
+            let mut out = Vec::new();
+            for name in ["lock-1", "payment-1", "proxy-1"] {
+                let url = node_url(name);
+                let carried = dlock_rt::http::HttpClient::new(500, 2_000)
+                    .send(&url, http::Method::GET, "/metrics", &[], None)
+                    .await
+                    .map(|r| r.status);
+                let stranger = dlock_rt::http::HttpClient::new(500, 2_000)
+                    .send(
+                        &url,
+                        http::Method::GET,
+                        "/metrics",
+                        &[("authorization", "Bearer nobody-knows-this-token")],
+                        None,
+                    )
+                    .await
+                    .map(|r| (r.status, serde_json::from_slice::<serde_json::Value>(&r.body).unwrap_or_default()));
+                let health = dlock_rt::http::HttpClient::new(500, 2_000)
+                    .send(&url, http::Method::GET, "/health/live", &[("authorization", "Bearer x")], None)
+                    .await
+                    .map(|r| r.status);
+                out.push((name, carried.ok(), stranger.ok(), health.ok()));
+            }
+            out
+        })
+        .await
+        .expect("workload");
+    for (name, carried, stranger, health) in answers {
+        assert_eq!(carried, Some(200), "{name}: the world's client is served");
+        let (status, body) = stranger.expect("answered");
+        assert_eq!((status, body["code"].as_str()), (401, Some("UNAUTHENTICATED")), "{name}: {body}");
+        assert_eq!(health, Some(200), "{name}: health is open");
+    }
+}

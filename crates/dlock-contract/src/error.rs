@@ -38,6 +38,8 @@ pub enum ErrorCode {
     NotReady,
     Internal,
     HeadersTooLarge,
+    Unauthenticated,
+    Forbidden,
 }
 
 /// Where a code is defined.
@@ -243,11 +245,27 @@ pub const CATALOGUE: &[ErrorSpec] = &[
         Origin::Extension,
         "The request's header section exceeds the service's named limit (http.header-bytes-max).",
     ),
+    row(
+        ErrorCode::Unauthenticated,
+        401,
+        false,
+        false,
+        Origin::Extension,
+        "No credential, or one this service does not know (E-13); fix the credential, do not resend.",
+    ),
+    row(
+        ErrorCode::Forbidden,
+        403,
+        false,
+        false,
+        Origin::Extension,
+        "The credential's role may not call this endpoint, or it is not bound to the owner id (E-13).",
+    ),
 ];
 
 impl ErrorCode {
     /// Every code, in catalogue order.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::LockContended,
         ErrorCode::ContentionExceeded,
         ErrorCode::NotLeader,
@@ -270,6 +288,8 @@ impl ErrorCode {
         ErrorCode::NotReady,
         ErrorCode::Internal,
         ErrorCode::HeadersTooLarge,
+        ErrorCode::Unauthenticated,
+        ErrorCode::Forbidden,
     ];
 
     /// This code's catalogue row.
@@ -311,6 +331,8 @@ impl ErrorCode {
             ErrorCode::NotReady => "NOT_READY",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::HeadersTooLarge => "HEADERS_TOO_LARGE",
+            ErrorCode::Unauthenticated => "UNAUTHENTICATED",
+            ErrorCode::Forbidden => "FORBIDDEN",
         }
     }
 
@@ -319,6 +341,8 @@ impl ErrorCode {
     pub fn for_status(status: u16) -> ErrorCode {
         match status {
             400 | 422 => ErrorCode::ValidationFailed,
+            401 => ErrorCode::Unauthenticated,
+            403 => ErrorCode::Forbidden,
             404 => ErrorCode::NotFound,
             405 => ErrorCode::MethodNotAllowed,
             413 => ErrorCode::PayloadTooLarge,

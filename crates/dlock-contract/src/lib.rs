@@ -8,6 +8,7 @@
 //!   below every stored fence and look like a harmless no-op).
 //! - Every non-2xx body on the wire is an [`ErrorEnvelope`].
 
+pub mod auth;
 pub mod currency;
 pub mod defence;
 pub mod error;
@@ -30,6 +31,8 @@ pub const CONTENT_TYPE_JSON: &str = "application/json; charset=utf-8";
 pub const HEADER_FENCING_TOKEN: &str = "x-fencing-token";
 /// Header carrying the opaque worker identity (C3 §3.1, FR-30).
 pub const HEADER_OWNER_ID: &str = "x-owner-id";
+/// Header carrying the caller's credential, `Bearer <token>` (C3-extensions E-13).
+pub const HEADER_AUTHORIZATION: &str = "authorization";
 /// Header carrying the payout's stable idempotency key (C3 §3.1).
 pub const HEADER_IDEMPOTENCY_KEY: &str = "x-idempotency-key";
 /// Header carrying the lock server's signature of the grant whose token is in

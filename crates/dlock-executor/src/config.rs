@@ -30,6 +30,8 @@ pub const KEYS: &[&str] = &[
     "executor.chaos.pause-rate",
     "executor.chaos.pause-ms",
     "executor.chaos.pause-hops",
+    "executor.auth.token-file",
+    "executor.auth.token",
 ];
 
 /// Default `executor.listen` (its `/metrics` and `/health`).
@@ -80,6 +82,17 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<ExecutorSettings, St
     cfg.pause_rate = layers.get("executor.chaos.pause-rate", cfg.pause_rate)?;
     cfg.pause_ms = layers.get("executor.chaos.pause-ms", cfg.pause_ms)?;
     cfg.pause_hops = parse_hops(&layers.get("executor.chaos.pause-hops", "claim,submit,post".to_owned())?)?;
+    cfg.auth = dlock_http::auth::resolve(layers, profile)?;
+    cfg.bearer = dlock_rt::http::Bearer::from_keys(
+        layers.get_opt::<String>("executor.auth.token")?,
+        layers.get_opt::<String>("executor.auth.token-file")?.filter(|f| !f.is_empty()).map(std::path::PathBuf::from),
+    )
+    .map_err(|e| format!("executor.auth.token-file: {e}"))?;
+    if cfg.auth.enabled && cfg.bearer.is_none() {
+        return Err("the executor needs a worker credential: set executor.auth.token-file \
+                    (DLOCK_EXECUTOR_AUTH_TOKEN_FILE) or executor.auth.token (DLOCK_EXECUTOR_AUTH_TOKEN)"
+            .to_owned());
+    }
     cfg.validate()?;
     Ok(ExecutorSettings { listen, config: cfg })
 }
@@ -87,12 +100,14 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<ExecutorSettings, St
 /// One line per safety switch `cfg` turns off (empty in production), for the loud warning
 /// every start gives.
 pub fn unsafe_warnings(cfg: &ExecutorConfig) -> Vec<String> {
-    if cfg.fencing_enabled {
-        Vec::new()
-    } else {
-        vec!["payment.fencing.enabled=false: the executor writes without checking its lease; a stale worker writes"
-            .to_owned()]
+    let mut w: Vec<String> = dlock_http::auth::unsafe_warning(&cfg.auth).into_iter().collect();
+    if !cfg.fencing_enabled {
+        w.push(
+            "payment.fencing.enabled=false: the executor writes without checking its lease; a stale worker writes"
+                .to_owned(),
+        );
     }
+    w
 }
 
 /// executor → payment-resource claim / post: connect budget (C3 §3.8: 500 ms / 3 s).
@@ -183,6 +198,11 @@ pub struct ExecutorConfig {
     pub pause_ms: u64,
     /// `executor.chaos.pause-hops`: which writes a stall may precede.
     pub pause_hops: Hops,
+    /// `executor.auth.token-file` / `executor.auth.token`: the worker credential every
+    /// request to the lock server, payment-resource and rail-proxy presents (E-13).
+    pub bearer: Option<dlock_rt::http::Bearer>,
+    /// `auth.*`: who may read the executor's own `/metrics` (E-13).
+    pub auth: dlock_http::auth::AuthSettings,
 }
 
 /// A set of the executor's fenced writes.
@@ -248,6 +268,8 @@ impl ExecutorConfig {
             pause_rate: 0.0,
             pause_ms: 0,
             pause_hops: Hops::ALL,
+            bearer: None,
+            auth: dlock_http::auth::AuthSettings::disabled(),
         }
     }
 
@@ -302,6 +324,23 @@ impl ExecutorConfig {
 mod tests {
     use super::*;
 
+    /// Layers of `pairs` with a credential, as every resolved service needs (E-13).
+    fn authed(pairs: &[(&str, &str)]) -> Layers {
+        let mut l = Layers::of(pairs);
+        l.set_flag("auth.credentials", "worker unit-test-token-0000000001");
+        l.set_flag("executor.auth.token", "unit-test-token-0000000001");
+        l
+    }
+
+    #[test]
+    fn an_executor_with_auth_on_needs_a_worker_credential() {
+        let mut l = Layers::of(&[]);
+        l.set_flag("auth.credentials", "worker unit-test-token-0000000001");
+        let err = resolve(&l, Profile::Production).expect_err("no token");
+        assert!(err.contains("executor.auth.token-file"), "{err}");
+        assert!(resolve(&authed(&[]), Profile::Production).is_ok_and(|s| s.config.bearer.is_some()));
+    }
+
     fn cfg() -> ExecutorConfig {
         let url = |p: u16| BaseUrl::parse(&format!("http://127.0.0.1:{p}")).expect("url");
         ExecutorConfig::new(url(8081), url(8082), url(8083), OwnerId::parse("executor-1").expect("owner"))
@@ -327,13 +366,13 @@ mod tests {
 
     #[test]
     fn an_executor_without_fencing_refuses_to_start_outside_unsafe_test() {
-        let off = Layers::of(&[("payment.fencing.enabled", "false")]);
+        let off = authed(&[("payment.fencing.enabled", "false")]);
         let err = resolve(&off, Profile::Production).expect_err("refused");
         assert!(err.contains("payment.fencing.enabled") && err.contains("unsafe-test"), "{err}");
         let s = resolve(&off, Profile::UnsafeTest).expect("allowed in unsafe-test");
         assert!(!s.config.fencing_enabled);
         assert_eq!(unsafe_warnings(&s.config).len(), 1);
-        let s = resolve(&Layers::default(), Profile::Production).expect("defaults");
+        let s = resolve(&authed(&[]), Profile::Production).expect("defaults");
         assert!(s.config.fencing_enabled);
         assert_eq!(s.listen.port(), 8085);
         let c = s.config;
@@ -356,9 +395,9 @@ mod tests {
     #[test]
     fn lock_wait_defaults_to_skipping_and_stays_below_the_acquire_read_budget() {
         assert_eq!(cfg().lock_wait_ms, 0);
-        let s = resolve(&Layers::of(&[("executor.lock-wait-ms", "1500")]), Profile::Production).expect("in range");
+        let s = resolve(&authed(&[("executor.lock-wait-ms", "1500")]), Profile::Production).expect("in range");
         assert_eq!(s.config.lock_wait_ms, LOCK_WAIT_MS_MAX);
-        let err = resolve(&Layers::of(&[("executor.lock-wait-ms", "1501")]), Profile::Production).expect_err("refused");
+        let err = resolve(&authed(&[("executor.lock-wait-ms", "1501")]), Profile::Production).expect_err("refused");
         assert!(err.contains("executor.lock-wait-ms"), "{err}");
         let mut c = cfg();
         c.lock_wait_ms = dlock_lock_client::config::ACQUIRE_READ_TIMEOUT_MS_DEFAULT;

@@ -40,11 +40,13 @@ impl Hops {
             read_connect_timeout_ms: cfg.read_connect_timeout_ms,
             read_read_timeout_ms: cfg.read_read_timeout_ms,
             read_tries_max: cfg.read_tries_max,
+            bearer: cfg.bearer.clone(),
         })?;
         let rail = RailClient::new(RailClientConfig {
             base_url: cfg.proxy_url.clone(),
             connect_timeout_ms: cfg.submit_connect_timeout_ms,
             read_timeout_ms: cfg.submit_read_timeout_ms,
+            bearer: cfg.bearer.clone(),
         })?;
         Ok(Hops { payment, rail })
     }

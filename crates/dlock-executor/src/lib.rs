@@ -22,12 +22,17 @@ use axum::routing::get;
 
 /// The executor's own small HTTP surface: `/metrics`, `/health/live`, `/health/ready`.
 pub fn router(executor: Arc<Executor>) -> axum::Router {
+    router_with_auth(executor, None)
+}
+
+/// [`router`] behind `auth` (none: authentication off): `/metrics` needs a credential.
+pub fn router_with_auth(executor: Arc<Executor>, auth: Option<Arc<dlock_http::auth::Authenticator>>) -> axum::Router {
     let routes = axum::Router::new()
         .route("/metrics", get(metrics))
         .route("/health/live", get(dlock_http::health::live))
         .route("/health/ready", get(ready))
         .with_state(executor);
-    dlock_http::finish(routes, 1_024)
+    dlock_http::finish_with_auth(routes, 1_024, auth)
 }
 
 async fn metrics(State(e): State<Arc<Executor>>) -> Response {
@@ -60,6 +65,9 @@ where
     if cfg.pause_rate > 0.0 {
         tracing::warn!(pauseRate = cfg.pause_rate, pauseMs = cfg.pause_ms, "executor_chaos_stalls_enabled");
     }
+    let auth =
+        dlock_http::auth::Authenticator::new("executor", dlock_contract::auth::EXECUTOR_ROUTES, &cfg.auth, clock)?;
+    let reloader = auth.as_ref().and_then(|a| a.spawn_reloader());
     let executor = Executor::new(cfg, clock)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut server_stop = stop_rx.clone();
@@ -71,12 +79,16 @@ where
     let handle = dlock_rt::ServiceHandle::serve(
         executor.clone(),
         listener,
-        router(executor),
+        router_with_auth(executor, auth),
         SHUTDOWN_GRACE_MS_MAX,
         async move {
             let _ = server_stop.wait_for(|s| *s).await;
         },
     )
     .map_err(|e| format!("executor: {e}"))?;
-    Ok(handle.with_draining(worker).with_background(signal))
+    let handle = handle.with_draining(worker).with_background(signal);
+    Ok(match reloader {
+        Some(r) => handle.with_background(r),
+        None => handle,
+    })
 }

@@ -151,6 +151,7 @@ impl Executor {
         cfg.lock_ttl_ms = self.cfg.lock_ttl_ms;
         cfg.session_ttl_ms = self.cfg.lock_ttl_ms;
         cfg.acquire_attempts_max = 1;
+        cfg.bearer = self.cfg.bearer.clone();
         LockClient::new(cfg).map_err(|e| e.to_string())
     }
 

@@ -21,7 +21,7 @@ use dlock_lock_server::store_mem::MemLockStore;
 use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_payment_resource::store::{is_system_account, Direction, PaymentStore};
 use dlock_payment_resource::store_mem::MemPaydb;
-use dlock_rt::http::{BaseUrl, HttpClient};
+use dlock_rt::http::BaseUrl;
 use dlock_rt::Clock;
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -66,7 +66,7 @@ fn stop_signal() -> (impl std::future::Future<Output = ()> + Send + 'static, tok
 
 /// The lock server over the simulation store, started through its entry point.
 async fn lock_server(locks: Arc<MemLockStore>) -> (BaseUrl, tokio::sync::oneshot::Sender<()>) {
-    let mut cfg = dlock_lock_server::config::resolve(&Layers::default(), Profile::Production).expect("defaults").config;
+    let mut cfg = dlock_lock_server::config::resolve(&authed(&[]), Profile::Production).expect("defaults").config;
     // Signs its grants with the test key, which the resources below trust (C3-extensions E-14).
     cfg.signer = Some(dlock_contract::grant::testing::signer());
     let (l, url) = listener().await;
@@ -81,7 +81,7 @@ async fn cluster(stub: &[(&str, &str)]) -> Cluster {
     let (lock, s1) = lock_server(Arc::new(MemLockStore::new(Clock::system()))).await;
     let paydb = Arc::new(MemPaydb::new());
     let public = dlock_contract::grant::testing::signer().verify_key().to_base64();
-    let pay_layers = Layers::of(&[("payment.grants.verify-keys", &public)]);
+    let pay_layers = authed(&[("payment.grants.verify-keys", &public)]);
     let pay_cfg = dlock_payment_resource::config::resolve(&pay_layers, Profile::Production).expect("ok").config;
     let (l, payment) = listener().await;
     let (signal, s2) = stop_signal();
@@ -91,7 +91,7 @@ async fn cluster(stub: &[(&str, &str)]) -> Cluster {
     let (signal, s3) = stop_signal();
     dlock_rail_stub::start(stub_cfg, Clock::system(), l, signal).await.expect("stub");
     let rail = format!("http://{}", stub_url.authority);
-    let proxy_layers = Layers::of(&[("rail.proxy.rail-url", &rail), ("rail.proxy.grants.verify-keys", &public)]);
+    let proxy_layers = authed(&[("rail.proxy.rail-url", &rail), ("rail.proxy.grants.verify-keys", &public)]);
     let proxy_cfg = dlock_rail_proxy::config::resolve(&proxy_layers, Profile::Production).expect("proxy").config;
     let (l, proxy) = listener().await;
     let (signal, s4) = stop_signal();
@@ -102,7 +102,9 @@ async fn cluster(stub: &[(&str, &str)]) -> Cluster {
 /// Opens `accounts` accounts and `n` payouts spread over them through the payment client;
 /// returns the payout ids.
 async fn seed(c: &Cluster, accounts: usize, n: usize, opening: i64, amount: i64) -> Vec<Uuid> {
-    let client = PaymentClient::new(PaymentClientConfig::new(c.payment.clone())).expect("client");
+    let mut pcfg = PaymentClientConfig::new(c.payment.clone());
+    pcfg.bearer = Some(dlock_testkit::auth::bearer());
+    let client = PaymentClient::new(pcfg).expect("client");
     let ops = OwnerId::parse("ops").expect("owner");
     let key = |k: String| IdempotencyKey::parse(&k).expect("key");
     for a in 0..accounts {
@@ -132,7 +134,15 @@ fn config(lock: &BaseUrl, payment: &BaseUrl, proxy: &BaseUrl, owner: &str) -> Ex
     let mut cfg =
         ExecutorConfig::new(lock.clone(), payment.clone(), proxy.clone(), OwnerId::parse(owner).expect("owner"));
     cfg.poll_interval_ms = 20;
+    cfg.bearer = Some(dlock_testkit::auth::bearer_of(dlock_contract::auth::Role::Worker));
     cfg
+}
+
+/// Layers of `pairs` with the harness credentials (authentication on, as in production).
+fn authed(pairs: &[(&str, &str)]) -> Layers {
+    let mut l = Layers::of(pairs);
+    l.set_flag("auth.credentials", dlock_testkit::auth::credentials());
+    l
 }
 
 /// Longest the end-to-end tests wait for the queue to drain.
@@ -148,7 +158,10 @@ async fn states(paydb: &MemPaydb, ids: &[Uuid]) -> BTreeMap<Uuid, PayoutState> {
 }
 
 async fn rail_calls(stub: &BaseUrl) -> Vec<String> {
-    let r = HttpClient::new(1_000, 5_000).send(stub, http::Method::GET, "/calls", &[], None).await.expect("calls");
+    let r = dlock_testkit::auth::client(1_000, 5_000)
+        .send(stub, http::Method::GET, "/calls", &[], None)
+        .await
+        .expect("calls");
     let v: Value = serde_json::from_slice(&r.body).expect("json");
     v["calls"].as_array().into_iter().flatten().filter_map(|c| c["clientRef"].as_str().map(str::to_owned)).collect()
 }
@@ -375,7 +388,7 @@ impl Rig {
 
     /// Whether the account's lock is free again (the critical section released it).
     async fn lock_is_free(&self) -> bool {
-        let r = HttpClient::new(1_000, 2_000)
+        let r = dlock_testkit::auth::client(1_000, 2_000)
             .send(&self.lock, http::Method::GET, "/v1/locks/payout:acct-1", &[], None)
             .await
             .expect("L7");
@@ -388,7 +401,10 @@ const SUBMISSIONS: &str = "/v1/rail/submissions";
 
 /// Acquire requests the lock server at `lock` has answered (its `lock_acquire_total`).
 async fn acquires(lock: &BaseUrl) -> u64 {
-    let r = HttpClient::new(1_000, 2_000).send(lock, http::Method::GET, "/metrics", &[], None).await.expect("metrics");
+    let r = dlock_testkit::auth::client(1_000, 2_000)
+        .send(lock, http::Method::GET, "/metrics", &[], None)
+        .await
+        .expect("metrics");
     String::from_utf8_lossy(&r.body)
         .lines()
         .filter(|l| l.starts_with("lock_acquire_total{"))

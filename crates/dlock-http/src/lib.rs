@@ -12,6 +12,7 @@
 //! key, no NUL). Header values cannot carry a NUL at all (the HTTP parser refuses it, and
 //! `dlock_rt::http` answers that with the envelope too).
 
+pub mod auth;
 pub mod error;
 pub mod extract;
 pub mod health;
@@ -31,13 +32,28 @@ use dlock_contract::{ErrorCode, ErrorEnvelope, FieldError, CONTENT_TYPE_JSON};
 /// Finishes a service router: adds the envelope middleware (which also assigns trace ids),
 /// a body-size limit, and envelope-shaped 404/405 answers.
 pub fn finish(router: axum::Router, body_bytes_max: usize) -> axum::Router {
-    router
+    finish_with_auth(router, body_bytes_max, None)
+}
+
+/// [`finish`], with `auth` (none: authentication off) deciding every request before
+/// routing (see [`auth`]): its 401/403 are envelopes too, and an unknown route without a
+/// credential is 401.
+pub fn finish_with_auth(
+    router: axum::Router,
+    body_bytes_max: usize,
+    auth: Option<std::sync::Arc<auth::Authenticator>>,
+) -> axum::Router {
+    let router = router
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(ErrorCode::MethodNotAllowed, "this route does not accept that method")
         })
-        .layer(axum::extract::DefaultBodyLimit::max(body_bytes_max))
-        .layer(axum::middleware::from_fn(envelope))
+        .layer(axum::extract::DefaultBodyLimit::max(body_bytes_max));
+    let router = match auth {
+        Some(a) => router.layer(axum::middleware::from_fn_with_state(a, auth::middleware)),
+        None => router,
+    };
+    router.layer(axum::middleware::from_fn(envelope))
 }
 
 /// Assigns the request's trace id and turns every error response into the envelope.
@@ -95,6 +111,8 @@ fn default_message(code: ErrorCode) -> &'static str {
         ErrorCode::UnsupportedMediaType => "the request body must be application/json",
         ErrorCode::ValidationFailed => "the request is malformed",
         ErrorCode::NotReady => "the service is not ready",
+        ErrorCode::Unauthenticated => "a credential is required: Authorization: Bearer <token>",
+        ErrorCode::Forbidden => "this credential may not call this endpoint",
         _ => "internal error",
     }
 }

@@ -96,6 +96,8 @@ pub struct LockClientConfig {
     pub read_connect_timeout_ms: u64,
     pub read_read_timeout_ms: u64,
     pub read_retries_max: u32,
+    /// The credential every request presents (C3-extensions E-13); none: no header.
+    pub bearer: Option<dlock_rt::http::Bearer>,
 }
 
 impl LockClientConfig {
@@ -124,6 +126,7 @@ impl LockClientConfig {
             read_connect_timeout_ms: READ_CONNECT_TIMEOUT_MS_DEFAULT,
             read_read_timeout_ms: READ_READ_TIMEOUT_MS_DEFAULT,
             read_retries_max: READ_RETRIES_MAX_DEFAULT,
+            bearer: None,
         }
     }
 

@@ -100,14 +100,16 @@ pub(crate) struct Transport {
 
 impl Transport {
     pub(crate) fn new(cfg: &LockClientConfig) -> Transport {
+        // The one place the credential (E-13) is attached.
+        let budget = |connect, read| HttpClient::new(connect, read).with_bearer(cfg.bearer.clone());
         Transport {
             base: cfg.base_url.clone(),
             owner: cfg.owner_id.clone(),
-            acquire: HttpClient::new(cfg.acquire_connect_timeout_ms, cfg.acquire_read_timeout_ms),
-            heartbeat: HttpClient::new(cfg.heartbeat_connect_timeout_ms, cfg.heartbeat_read_timeout_ms),
-            renew: HttpClient::new(cfg.renew_connect_timeout_ms, cfg.renew_read_timeout_ms),
-            release: HttpClient::new(cfg.release_connect_timeout_ms, cfg.release_read_timeout_ms),
-            read: HttpClient::new(cfg.read_connect_timeout_ms, cfg.read_read_timeout_ms),
+            acquire: budget(cfg.acquire_connect_timeout_ms, cfg.acquire_read_timeout_ms),
+            heartbeat: budget(cfg.heartbeat_connect_timeout_ms, cfg.heartbeat_read_timeout_ms),
+            renew: budget(cfg.renew_connect_timeout_ms, cfg.renew_read_timeout_ms),
+            release: budget(cfg.release_connect_timeout_ms, cfg.release_read_timeout_ms),
+            read: budget(cfg.read_connect_timeout_ms, cfg.read_read_timeout_ms),
         }
     }
 

@@ -28,7 +28,16 @@ pub const BODY_BYTES_MAX: usize = 16 * 1024;
 
 /// The lock server's routes, wrapped in the envelope middleware.
 pub fn router(server: Arc<LockServer>) -> axum::Router {
-    let routes = axum::Router::new()
+    dlock_http::finish(routes(server), BODY_BYTES_MAX)
+}
+
+/// [`router`] behind `auth` (none: authentication off), with the lock server's role table.
+pub fn router_with_auth(server: Arc<LockServer>, auth: Option<Arc<dlock_http::auth::Authenticator>>) -> axum::Router {
+    dlock_http::finish_with_auth(routes(server), BODY_BYTES_MAX, auth)
+}
+
+fn routes(server: Arc<LockServer>) -> axum::Router {
+    axum::Router::new()
         .route("/v1/sessions", post(open_session))
         .route("/v1/sessions/{session_id}/heartbeat", post(heartbeat))
         .route("/v1/sessions/{session_id}", delete(close_session))
@@ -39,8 +48,7 @@ pub fn router(server: Arc<LockServer>) -> axum::Router {
         .route("/health/live", get(dlock_http::health::live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
-        .with_state(server);
-    dlock_http::finish(routes, BODY_BYTES_MAX)
+        .with_state(server)
 }
 
 fn at(ms: i64) -> DateTime<Utc> {
@@ -158,6 +166,7 @@ fn optional_body(body: Result<JsonBody, ApiError>, headers: &HeaderMap) -> Resul
 async fn open_session(
     State(server): State<Arc<LockServer>>,
     Extension(trace): Extension<TraceId>,
+    principal: Option<Extension<dlock_http::auth::Principal>>,
     headers: HeaderMap,
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
@@ -186,6 +195,8 @@ async fn open_session(
             ))
         }
     };
+    // A credential bound to owner ids opens sessions only for them (E-13).
+    dlock_http::auth::check_owner(principal.as_ref().map(|p| &p.0), owner.as_str())?;
     let requested = opt_int(&body, "ttlMillis", 1, i64::MAX)?;
     let ttl = clamp_session_ttl_ms(requested.unwrap_or(server.cfg.session_ttl_ms_default));
     let id = dlock_rt::rand::uuid_v4();

@@ -68,7 +68,7 @@ fn is_postgres(url: &str) -> bool {
 }
 
 /// Resolves every `lock.*` key; the backend follows `lock.server.backend`, else the URL.
-pub fn resolve(layers: &Layers, _profile: Profile) -> Result<LockServerSettings, String> {
+pub fn resolve(layers: &Layers, profile: Profile) -> Result<LockServerSettings, String> {
     let d = LockServerConfig::default();
     let listen = layers.get("lock.server.listen", SocketAddr::from(LISTEN_DEFAULT))?;
     let url = layers.get("lock.server.database-url", LOCKDB_URL_DEFAULT.to_owned())?;
@@ -111,6 +111,7 @@ pub fn resolve(layers: &Layers, _profile: Profile) -> Result<LockServerSettings,
         reap_batch_max: d.reap_batch_max,
         wait_poll_ms: layers.get("lock.wait.poll-ms", d.wait_poll_ms)?,
         signer: signer(layers)?,
+        auth: dlock_http::auth::resolve(layers, profile)?,
     };
     Ok(LockServerSettings { listen, backend, config })
 }
@@ -119,13 +120,20 @@ pub fn resolve(layers: &Layers, _profile: Profile) -> Result<LockServerSettings,
 mod tests {
     use super::*;
 
+    /// Layers of `pairs` with a credential, as every resolved service needs (E-13).
+    fn authed(pairs: &[(&str, &str)]) -> Layers {
+        let mut l = Layers::of(pairs);
+        l.set_flag("auth.credentials", "worker unit-test-token-0000000001");
+        l
+    }
+
     fn backend(pairs: &[(&str, &str)]) -> Result<LockBackend, String> {
-        resolve(&Layers::of(pairs), Profile::Production).map(|s| s.backend)
+        resolve(&authed(pairs), Profile::Production).map(|s| s.backend)
     }
 
     #[test]
     fn lock_backend_follows_the_keys_and_refuses_mismatches() {
-        let s = resolve(&Layers::default(), Profile::Production).expect("defaults");
+        let s = resolve(&authed(&[]), Profile::Production).expect("defaults");
         assert_eq!(s.listen.port(), 8081);
         assert_eq!(s.backend, LockBackend::Sql(LOCKDB_URL_DEFAULT.to_owned()));
         assert_eq!(
@@ -143,25 +151,25 @@ mod tests {
 
     #[test]
     fn the_signing_key_file_gives_the_signer_and_a_bad_file_is_refused() {
-        assert!(resolve(&Layers::default(), Profile::Production).expect("defaults").config.signer.is_none());
+        assert!(resolve(&authed(&[]), Profile::Production).expect("defaults").config.signer.is_none());
         let dir = std::env::temp_dir().join(format!("dlock-signing-key-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let (good, bad) = (dir.join("good.key"), dir.join("bad.key"));
         std::fs::write(&good, dlock_contract::grant::seed_text(&dlock_contract::grant::testing::SEED)).expect("write");
         std::fs::write(&bad, "not a key\n").expect("write");
         let path = good.display().to_string();
-        let l = Layers::of(&[("lock.grants.signing-key-file", path.as_str())]);
+        let l = authed(&[("lock.grants.signing-key-file", path.as_str())]);
         let signer = resolve(&l, Profile::Production).expect("ok").config.signer.expect("a signer");
         assert_eq!(signer.key_id(), dlock_contract::grant::testing::signer().key_id());
         let path = bad.display().to_string();
-        let l = Layers::of(&[("lock.grants.signing-key-file", path.as_str())]);
+        let l = authed(&[("lock.grants.signing-key-file", path.as_str())]);
         assert!(resolve(&l, Profile::Production).is_err_and(|e| e.contains("lock.grants.signing-key-file")));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn service_knobs_read_their_keys() {
-        let l = Layers::of(&[("lock.reaper.interval-ms", "200"), ("lock.waiters-max", "1"), ("lock.delay-ms", "-5")]);
+        let l = authed(&[("lock.reaper.interval-ms", "200"), ("lock.waiters-max", "1"), ("lock.delay-ms", "-5")]);
         let c = resolve(&l, Profile::Production).expect("ok").config;
         assert_eq!((c.reap_interval_ms, c.waiters_per_key_max, c.delay_ms), (200, 1, 0));
     }

@@ -44,10 +44,16 @@ pub async fn start<F>(
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
+    let auth = dlock_http::auth::Authenticator::new(NODE, dlock_contract::auth::LOCK_SERVER_ROUTES, &cfg.auth, clock)?;
+    let reloader = auth.as_ref().and_then(|a| a.spawn_reloader());
     let server = service::LockServer::new(store, cfg, clock);
     let reaper = dlock_rt::spawn(server.clone().run_reaper());
-    let handle =
-        dlock_rt::ServiceHandle::serve(server.clone(), listener, app::router(server), SHUTDOWN_GRACE_MS_MAX, shutdown)
-            .map_err(|e| format!("lock-server: {e}"))?;
-    Ok(handle.with_background(reaper))
+    let router = app::router_with_auth(server.clone(), auth);
+    let handle = dlock_rt::ServiceHandle::serve(server.clone(), listener, router, SHUTDOWN_GRACE_MS_MAX, shutdown)
+        .map_err(|e| format!("lock-server: {e}"))?;
+    let handle = handle.with_background(reaper);
+    Ok(match reloader {
+        Some(r) => handle.with_background(r),
+        None => handle,
+    })
 }

@@ -56,6 +56,8 @@ pub struct LockServerConfig {
     /// `lock.grants.signing-key-file`: the key every grant is signed with (C3-extensions
     /// E-14). `None`: grants carry no signature, and resources that verify refuse them.
     pub signer: Option<dlock_contract::grant::GrantSigner>,
+    /// `auth.*` (C3-extensions E-13).
+    pub auth: dlock_http::auth::AuthSettings,
 }
 
 impl Default for LockServerConfig {
@@ -70,6 +72,7 @@ impl Default for LockServerConfig {
             reap_batch_max: REAP_BATCH_MAX_DEFAULT,
             wait_poll_ms: WAIT_POLL_MS_DEFAULT,
             signer: None,
+            auth: dlock_http::auth::AuthSettings::disabled(),
         }
     }
 }

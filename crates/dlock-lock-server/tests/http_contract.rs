@@ -34,7 +34,8 @@ struct Rig {
 
 /// The lock server's settings from its own resolver, with `keys` (C5 `lock.*`) set.
 fn settings(keys: &[(&str, &str)]) -> LockServerConfig {
-    let l = dlock_config::Layers::of(keys);
+    let mut l = dlock_config::Layers::of(keys);
+    l.set_flag("auth.credentials", dlock_testkit::auth::credentials());
     dlock_lock_server::config::resolve(&l, dlock_config::Profile::Production).expect("settings").config
 }
 

@@ -124,8 +124,10 @@ impl PaymentClient {
     /// A client with validated settings.
     pub fn new(cfg: PaymentClientConfig) -> Result<PaymentClient, String> {
         cfg.validate()?;
-        let write_budget = HttpClient::new(cfg.write_connect_timeout_ms, cfg.write_read_timeout_ms);
-        let read_budget = HttpClient::new(cfg.read_connect_timeout_ms, cfg.read_read_timeout_ms);
+        let write_budget =
+            HttpClient::new(cfg.write_connect_timeout_ms, cfg.write_read_timeout_ms).with_bearer(cfg.bearer.clone());
+        let read_budget =
+            HttpClient::new(cfg.read_connect_timeout_ms, cfg.read_read_timeout_ms).with_bearer(cfg.bearer.clone());
         Ok(PaymentClient { cfg, write_budget, read_budget })
     }
 

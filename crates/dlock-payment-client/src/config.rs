@@ -43,6 +43,8 @@ pub struct PaymentClientConfig {
     pub read_read_timeout_ms: u64,
     /// Tries, the first included. At least 1.
     pub read_tries_max: u32,
+    /// The credential every request presents (C3-extensions E-13); none: no header.
+    pub bearer: Option<dlock_rt::http::Bearer>,
 }
 
 impl PaymentClientConfig {
@@ -56,6 +58,7 @@ impl PaymentClientConfig {
             read_connect_timeout_ms: READ_CONNECT_TIMEOUT_MS_DEFAULT,
             read_read_timeout_ms: READ_READ_TIMEOUT_MS_DEFAULT,
             read_tries_max: READ_TRIES_MAX_DEFAULT,
+            bearer: None,
         }
     }
 

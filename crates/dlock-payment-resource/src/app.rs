@@ -41,6 +41,11 @@ const TARGET_PAYOUTS: &str = "payouts";
 
 /// The payment-resource's routes, wrapped in the envelope middleware.
 pub fn router(pr: Arc<PaymentResource>) -> axum::Router {
+    router_with_auth(pr, None)
+}
+
+/// [`router`] behind `auth` (none: authentication off), with this service's role table.
+pub fn router_with_auth(pr: Arc<PaymentResource>, auth: Option<Arc<dlock_http::auth::Authenticator>>) -> axum::Router {
     let body_bytes_max = pr.cfg.body_bytes_max;
     let routes = axum::Router::new()
         .route("/v1/accounts", post(create_account))
@@ -53,7 +58,7 @@ pub fn router(pr: Arc<PaymentResource>) -> axum::Router {
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
         .with_state(pr);
-    dlock_http::finish(routes, body_bytes_max)
+    dlock_http::finish_with_auth(routes, body_bytes_max, auth)
 }
 
 // ---------------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<PaymentSettings, Str
             let g = dlock_config::grant_keys(layers, profile, "payment.grants")?;
             GrantVerifier::from_config(&g.keys, g.accept_unsigned, profile == Profile::Production, "payment.grants")?
         },
+        auth: dlock_http::auth::resolve(layers, profile)?,
     };
     config.validate()?;
     Ok(PaymentSettings { listen, database_url, config })
@@ -61,9 +62,16 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<PaymentSettings, Str
 mod tests {
     use super::*;
 
-    /// `pairs` with the test key trusted (production needs a verify key).
-    fn keyed(pairs: &[(&str, &str)]) -> Layers {
+    /// Layers of `pairs` with a credential, as every resolved service needs (E-13).
+    fn authed(pairs: &[(&str, &str)]) -> Layers {
         let mut l = Layers::of(pairs);
+        l.set_flag("auth.credentials", "worker unit-test-token-0000000001");
+        l
+    }
+
+    /// [`authed`] with the test key trusted (production needs a verify key).
+    fn keyed(pairs: &[(&str, &str)]) -> Layers {
+        let mut l = authed(pairs);
         l.set_default("payment.grants.verify-keys", dlock_contract::grant::testing::signer().verify_key().to_base64());
         l
     }
@@ -71,8 +79,13 @@ mod tests {
     #[test]
     fn defaults_resolve_and_out_of_range_values_name_their_key() {
         let s = resolve(&keyed(&[]), Profile::Production).expect("defaults");
-        let expected = PaymentConfig { grants: dlock_contract::grant::testing::verifier(), ..PaymentConfig::default() };
+        let expected = PaymentConfig {
+            grants: dlock_contract::grant::testing::verifier(),
+            auth: s.config.auth.clone(),
+            ..PaymentConfig::default()
+        };
         assert_eq!((s.listen.port(), s.config.clone()), (8082, expected));
+        assert!(s.config.auth.enabled, "authentication is on by default");
         let l = keyed(&[("payment.resource.body-bytes-max", "4096")]);
         assert_eq!(resolve(&l, Profile::Production).expect("ok").config.body_bytes_max, 4_096);
         let bad = keyed(&[("payment.idempotency.retention-ms", "1")]);
@@ -81,15 +94,15 @@ mod tests {
 
     #[test]
     fn production_refuses_to_start_without_a_verify_key_and_refuses_the_transition_switch() {
-        let err = resolve(&Layers::default(), Profile::Production).expect_err("no key");
+        let err = resolve(&authed(&[]), Profile::Production).expect_err("no key");
         assert!(err.contains("payment.grants.verify-keys") && err.contains("will not start"), "{err}");
         let unsigned = keyed(&[("payment.grants.accept-unsigned", "true")]);
         let err = resolve(&unsigned, Profile::Production).expect_err("refused");
         assert!(err.contains("payment.grants.accept-unsigned") && err.contains("unsafe-test"), "{err}");
-        let s = resolve(&Layers::of(&[("payment.grants.accept-unsigned", "true")]), Profile::UnsafeTest).expect("ok");
+        let s = resolve(&authed(&[("payment.grants.accept-unsigned", "true")]), Profile::UnsafeTest).expect("ok");
         assert!(s.config.grants.accepts_unsigned() && s.config.grants.keys().is_empty());
         assert!(resolve(&keyed(&[]), Profile::Production).is_ok_and(|s| !s.config.grants.accepts_unsigned()));
-        let bad = Layers::of(&[("payment.grants.verify-keys", "not-a-key")]);
+        let bad = authed(&[("payment.grants.verify-keys", "not-a-key")]);
         assert!(resolve(&bad, Profile::Production).is_err_and(|e| e.contains("payment.grants.verify-keys")));
     }
 

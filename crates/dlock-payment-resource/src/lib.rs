@@ -54,10 +54,17 @@ where
             "payment_grants_unsigned_accepted"
         );
     }
+    let auth = dlock_http::auth::Authenticator::new(NODE, dlock_contract::auth::PAYMENT_ROUTES, &cfg.auth, clock)?;
+    let reloader = auth.as_ref().and_then(|a| a.spawn_reloader());
     let pr = PaymentResource::start(store, cfg, clock).await.map_err(|e| format!("paydb: {e}"))?;
     let purger = dlock_rt::spawn(pr.clone().run_purger());
     let grace = service::SHUTDOWN_GRACE_MS_MAX;
-    let handle = dlock_rt::ServiceHandle::serve(pr.clone(), listener, router(pr), grace, shutdown)
+    let router = app::router_with_auth(pr.clone(), auth);
+    let handle = dlock_rt::ServiceHandle::serve(pr.clone(), listener, router, grace, shutdown)
         .map_err(|e| format!("payment-resource: {e}"))?;
-    Ok(handle.with_background(purger))
+    let handle = handle.with_background(purger);
+    Ok(match reloader {
+        Some(r) => handle.with_background(r),
+        None => handle,
+    })
 }

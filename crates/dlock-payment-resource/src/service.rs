@@ -44,6 +44,8 @@ pub struct PaymentConfig {
     /// `payment.grants.*`: whose grant signatures a claim or a post accepts (C3-extensions
     /// E-14). The default trusts no key and refuses every fenced write.
     pub grants: dlock_contract::grant::GrantVerifier,
+    /// `auth.*` (C3-extensions E-13).
+    pub auth: dlock_http::auth::AuthSettings,
 }
 
 impl Default for PaymentConfig {
@@ -54,6 +56,7 @@ impl Default for PaymentConfig {
             purge_interval_ms: IDEMPOTENCY_PURGE_INTERVAL_MS_DEFAULT,
             purge_batch_max: IDEMPOTENCY_PURGE_BATCH_MAX_DEFAULT,
             grants: dlock_contract::grant::GrantVerifier::default(),
+            auth: dlock_http::auth::AuthSettings::disabled(),
         }
     }
 }

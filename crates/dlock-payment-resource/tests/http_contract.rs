@@ -28,10 +28,11 @@ struct Rig {
 /// The payment-resource's settings in these tests (a small body limit), from its resolver.
 fn payment_cfg() -> dlock_payment_resource::PaymentConfig {
     let public = dlock_contract::grant::testing::signer().verify_key().to_base64();
-    let l = dlock_config::Layers::of(&[
+    let mut l = dlock_config::Layers::of(&[
         ("payment.resource.body-bytes-max", "4096"),
         ("payment.grants.verify-keys", public.as_str()),
     ]);
+    l.set_flag("auth.credentials", dlock_testkit::auth::credentials());
     dlock_payment_resource::config::resolve(&l, dlock_config::Profile::Production).expect("settings").config
 }
 

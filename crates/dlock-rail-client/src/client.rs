@@ -28,6 +28,8 @@ pub struct RailClientConfig {
     pub connect_timeout_ms: u64,
     /// Must exceed the proxy's own read timeout towards the rail (C3 §3.8).
     pub read_timeout_ms: u64,
+    /// The credential every request presents (C3-extensions E-13); none: no header.
+    pub bearer: Option<dlock_rt::http::Bearer>,
 }
 
 impl RailClientConfig {
@@ -37,6 +39,7 @@ impl RailClientConfig {
             base_url,
             connect_timeout_ms: CONNECT_TIMEOUT_MS_DEFAULT,
             read_timeout_ms: RAIL_READ_TIMEOUT_MS_DEFAULT + READ_MARGIN_MS,
+            bearer: None,
         }
     }
 
@@ -62,7 +65,7 @@ impl RailClient {
     /// A client with validated settings.
     pub fn new(cfg: RailClientConfig) -> Result<RailClient, String> {
         cfg.validate()?;
-        let budget = HttpClient::new(cfg.connect_timeout_ms, cfg.read_timeout_ms);
+        let budget = HttpClient::new(cfg.connect_timeout_ms, cfg.read_timeout_ms).with_bearer(cfg.bearer.clone());
         Ok(RailClient { cfg, budget })
     }
 

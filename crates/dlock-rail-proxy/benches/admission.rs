@@ -31,7 +31,7 @@ mod bench {
     use dlock_config::Layers;
     use dlock_contract::payout::PayoutState;
     use dlock_rail_proxy::store::{NewPayout, RailStore};
-    use dlock_rt::http::{BaseUrl, HttpClient};
+    use dlock_rt::http::BaseUrl;
     use dlock_rt::Clock;
     use sqlx::Connection;
 
@@ -108,7 +108,8 @@ mod bench {
         let _stub = dlock_rail_stub::start(stub_cfg, Clock::system(), stub_listener, std::future::pending())
             .await
             .expect("stub");
-        let proxy_layers = Layers::of(&[("rail.proxy.rail-url", &rail_url)]);
+        let creds = dlock_testkit::auth::credentials();
+        let proxy_layers = Layers::of(&[("rail.proxy.rail-url", &rail_url), ("auth.credentials", &creds)]);
         let cfg = dlock_rail_proxy::config::resolve(&proxy_layers, production).expect("proxy").config;
         let listener = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
         let proxy_url = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
@@ -139,7 +140,7 @@ mod bench {
         for items in work {
             let url = proxy_url.clone();
             tasks.push(tokio::spawn(async move {
-                let client = HttpClient::new(1_000, 10_000);
+                let client = dlock_testkit::auth::client(1_000, 10_000);
                 for (id, account, token) in items {
                     let body = serde_json::json!({
                         "payoutId": id, "accountId": account, "amountMinor": 100,

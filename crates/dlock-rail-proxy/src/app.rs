@@ -18,6 +18,11 @@ use crate::service::{Outcome, RailProxy, Submission, RAIL_UNAVAILABLE_RETRY_AFTE
 
 /// The proxy's routes, wrapped in the envelope middleware.
 pub fn router(proxy: Arc<RailProxy>) -> axum::Router {
+    router_with_auth(proxy, None)
+}
+
+/// [`router`] behind `auth` (none: authentication off), with this service's role table.
+pub fn router_with_auth(proxy: Arc<RailProxy>, auth: Option<Arc<dlock_http::auth::Authenticator>>) -> axum::Router {
     let body_bytes_max = proxy.cfg.body_bytes_max;
     let routes = axum::Router::new()
         .route("/v1/rail/submissions", post(submit))
@@ -25,7 +30,7 @@ pub fn router(proxy: Arc<RailProxy>) -> axum::Router {
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
         .with_state(proxy);
-    dlock_http::finish(routes, body_bytes_max)
+    dlock_http::finish_with_auth(routes, body_bytes_max, auth)
 }
 
 async fn submit(

@@ -75,6 +75,7 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<ProxySettings, Strin
                 "rail.proxy.grants",
             )?
         },
+        auth: dlock_http::auth::resolve(layers, profile)?,
     };
     Ok(ProxySettings { listen, database_url, config })
 }
@@ -92,6 +93,7 @@ pub fn unsafe_warnings(cfg: &ProxyConfig) -> Vec<String> {
                 .to_owned(),
         );
     }
+    w.extend(dlock_http::auth::unsafe_warning(&cfg.auth));
     if !cfg.duplicate_guard_enabled {
         w.push("rail.proxy.duplicate-guard.enabled=false: the rail-proxy forwards what step 2 refused; a payout can be paid twice".to_owned());
     }
@@ -102,14 +104,23 @@ pub fn unsafe_warnings(cfg: &ProxyConfig) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// Layers of `pairs` with a credential, as every resolved service needs (E-13).
+    fn authed(pairs: &[(&str, &str)]) -> Layers {
+        let mut l = Layers::of(pairs);
+        l.set_flag("auth.credentials", "worker unit-test-token-0000000001");
+        l
+    }
+
+    /// [`authed`] with the test key trusted (production needs a verify key).
+    fn keyed(pairs: &[(&str, &str)]) -> Layers {
+        let mut l = authed(pairs);
+        l.set_default("rail.proxy.grants.verify-keys", dlock_contract::grant::testing::signer().verify_key().to_base64());
+        l
+    }
+
     #[test]
     fn proxy_defaults_follow_c3_budgets() {
-        let mut l = Layers::default();
-        l.set_default(
-            "rail.proxy.grants.verify-keys",
-            dlock_contract::grant::testing::signer().verify_key().to_base64(),
-        );
-        let s = resolve(&l, Profile::Production).expect("defaults");
+        let s = resolve(&keyed(&[]), Profile::Production).expect("defaults");
         assert_eq!(s.config.grants, dlock_contract::grant::testing::verifier());
         assert_eq!(s.listen.port(), 8083);
         assert_eq!(s.database_url, PAYDB_URL_DEFAULT);
@@ -121,7 +132,7 @@ mod tests {
 
     #[test]
     fn disabling_fencing_needs_the_unsafe_test_profile() {
-        let l = Layers::of(&[("rail.proxy.fencing.enabled", "false")]);
+        let l = keyed(&[("rail.proxy.fencing.enabled", "false")]);
         let err = resolve(&l, Profile::Production).expect_err("refused");
         assert!(err.contains("rail.proxy.fencing.enabled") && err.contains("unsafe-test"), "{err}");
         let s = resolve(&l, Profile::UnsafeTest).expect("allowed");
@@ -131,9 +142,9 @@ mod tests {
 
     #[test]
     fn the_grant_switches_follow_the_profile() {
-        let err = resolve(&Layers::default(), Profile::Production).expect_err("no key");
+        let err = resolve(&authed(&[]), Profile::Production).expect_err("no key");
         assert!(err.contains("rail.proxy.grants.verify-keys") && err.contains("will not start"), "{err}");
-        let l = Layers::of(&[("rail.proxy.grants.accept-unsigned", "true")]);
+        let l = authed(&[("rail.proxy.grants.accept-unsigned", "true")]);
         let err = resolve(&l, Profile::Production).expect_err("refused");
         assert!(err.contains("rail.proxy.grants.accept-unsigned") && err.contains("unsafe-test"), "{err}");
         let s = resolve(&l, Profile::UnsafeTest).expect("allowed");
@@ -143,7 +154,7 @@ mod tests {
 
     #[test]
     fn bypassing_the_duplicate_guard_needs_the_unsafe_test_profile() {
-        let l = Layers::of(&[("rail.proxy.duplicate-guard.enabled", "false")]);
+        let l = keyed(&[("rail.proxy.duplicate-guard.enabled", "false")]);
         let err = resolve(&l, Profile::Production).expect_err("refused");
         assert!(err.contains("rail.proxy.duplicate-guard.enabled") && err.contains("unsafe-test"), "{err}");
         assert!(!resolve(&l, Profile::UnsafeTest).expect("allowed").config.duplicate_guard_enabled);

@@ -76,10 +76,17 @@ where
             "rail_proxy_duplicate_guard_disabled"
         );
     }
+    let auth = dlock_http::auth::Authenticator::new(NODE, dlock_contract::auth::RAIL_PROXY_ROUTES, &cfg.auth, clock)?;
+    let reloader = auth.as_ref().and_then(|a| a.spawn_reloader());
     let grace_ms = cfg.shutdown_grace_ms();
     let proxy = RailProxy::new(store, cfg, clock);
     let sweeper = dlock_rt::spawn(proxy.clone().run_orphan_sweeper());
-    let handle = dlock_rt::ServiceHandle::serve(proxy.clone(), listener, router(proxy), grace_ms, shutdown)
+    let router = app::router_with_auth(proxy.clone(), auth);
+    let handle = dlock_rt::ServiceHandle::serve(proxy.clone(), listener, router, grace_ms, shutdown)
         .map_err(|e| format!("rail-proxy: {e}"))?;
-    Ok(handle.with_background(sweeper))
+    let handle = handle.with_background(sweeper);
+    Ok(match reloader {
+        Some(r) => handle.with_background(r),
+        None => handle,
+    })
 }

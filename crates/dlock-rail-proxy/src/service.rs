@@ -40,6 +40,8 @@ pub struct ProxyConfig {
     /// `rail.proxy.grants.*`: whose grant signatures a submission accepts (C3-extensions
     /// E-14), checked before step 1.
     pub grants: dlock_contract::grant::GrantVerifier,
+    /// `auth.*` (C3-extensions E-13).
+    pub auth: dlock_http::auth::AuthSettings,
 }
 
 /// Pause between two orphan sweeps ([`RailProxy::sweep_orphans`]).
@@ -178,7 +180,7 @@ pub struct RailProxy {
 
 impl RailProxy {
     pub fn new(store: Arc<dyn RailStore>, cfg: ProxyConfig, clock: Clock) -> Arc<RailProxy> {
-        let client = HttpClient::new(cfg.connect_timeout_ms, cfg.read_timeout_ms);
+        let client = HttpClient::new(cfg.connect_timeout_ms, cfg.read_timeout_ms).without_bearer();
         Arc::new(RailProxy {
             store,
             cfg,

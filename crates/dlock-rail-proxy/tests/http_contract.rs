@@ -40,12 +40,14 @@ fn stub_cfg(knobs: &[(&str, &str)]) -> StubConfig {
 /// The proxy's settings in these tests (short budgets, a small body limit), from its resolver.
 fn proxy_cfg(rail_url: &BaseUrl) -> ProxyConfig {
     let rail = format!("http://{}", rail_url.authority);
+    let creds = dlock_testkit::auth::credentials();
     let l = Layers::of(&[
         ("rail.proxy.rail-url", &rail),
         ("rail.proxy.connect-timeout-ms", "500"),
         ("rail.proxy.read-timeout-ms", "2000"),
         ("rail.proxy.body-bytes-max", "4096"),
         ("rail.proxy.grants.verify-keys", &dlock_contract::grant::testing::signer().verify_key().to_base64()),
+        ("auth.credentials", &creds),
     ]);
     dlock_rail_proxy::config::resolve(&l, Profile::Production).expect("proxy settings").config
 }

@@ -66,6 +66,7 @@ async fn served(backend: Backend) -> Served {
         duplicate_guard_enabled: true,
         body_bytes_max: 4_096,
         grants: dlock_contract::grant::testing::verifier(),
+        auth: dlock_http::auth::AuthSettings::inline(&dlock_testkit::auth::credentials()),
     };
     let (base, stop_proxy) = serve_on_loopback(router(RailProxy::new(store.clone(), cfg, Clock::system()))).await;
     Served { base, store, stub, _stops: vec![stop_stub, stop_proxy], _guard: guard }

@@ -29,7 +29,10 @@ pub struct HttpRailRecord {
 
 impl HttpRailRecord {
     pub fn new(base: BaseUrl, budget: &ReadBudget) -> HttpRailRecord {
-        HttpRailRecord { base, client: HttpClient::new(budget.connect_timeout_ms, budget.read_timeout_ms) }
+        HttpRailRecord {
+            base,
+            client: HttpClient::new(budget.connect_timeout_ms, budget.read_timeout_ms).without_bearer(),
+        }
     }
 }
 

@@ -19,7 +19,10 @@
 //! last handshake flight under TLS 1.3, so the client sees that refusal as a broken
 //! exchange: ambiguous, the conservative reading.
 
+mod bearer;
 mod guard;
+
+pub use bearer::{Bearer, BearerSource, TOKEN_FILE_BYTES_MAX};
 
 pub use guard::HEADERS_COUNT_MAX;
 
@@ -415,6 +418,16 @@ impl BaseUrl {
     }
 }
 
+/// The token source every [`HttpClient`] starts with, for a harness that runs many clients
+/// in one process (the simulation: every node shares it). A production binary never sets
+/// it: each client is given its credential by its own keys.
+static PROCESS_BEARER: std::sync::OnceLock<Bearer> = std::sync::OnceLock::new();
+
+/// Sets the process default token source (the first call wins; later ones change nothing).
+pub fn set_process_default_bearer(bearer: Bearer) {
+    let _ = PROCESS_BEARER.set(bearer);
+}
+
 /// A one-connection-per-request HTTP/1 client with explicit connect and read budgets.
 /// With TLS ([`HttpClient::new`] takes the process's, [`crate::tls::install_process_tls`])
 /// it calls `https://` URLs and refuses `http://` ones; without, it refuses `https://`.
@@ -423,6 +436,8 @@ pub struct HttpClient {
     pub connect_timeout_ms: u64,
     pub read_timeout_ms: u64,
     tls: Option<crate::tls::ClientTls>,
+    /// Where the `Authorization` header comes from (none: no header).
+    pub bearer: Option<Bearer>,
 }
 
 /// A complete response.
@@ -437,7 +452,7 @@ impl HttpClient {
     /// A client with this process's TLS (none unless installed).
     pub fn new(connect_timeout_ms: u64, read_timeout_ms: u64) -> HttpClient {
         let tls = crate::tls::process_tls().map(|t| t.client.clone());
-        HttpClient { connect_timeout_ms, read_timeout_ms, tls }
+        HttpClient { connect_timeout_ms, read_timeout_ms, tls, bearer: PROCESS_BEARER.get().cloned() }
     }
 
     /// This client with `tls` instead of the process's.
@@ -456,6 +471,22 @@ impl HttpClient {
             ))),
             _ => Ok(()),
         }
+    }
+
+    /// This client, presenting `bearer`'s token on every request (C3-extensions E-13);
+    /// `None` keeps the client's current source (the process default, if any).
+    pub fn with_bearer(mut self, bearer: Option<Bearer>) -> HttpClient {
+        if bearer.is_some() {
+            self.bearer = bearer;
+        }
+        self
+    }
+
+    /// This client with no credential at all, whatever the process default: for calls
+    /// outside dlock (the rail), which must never see a dlock token.
+    pub fn without_bearer(mut self) -> HttpClient {
+        self.bearer = None;
+        self
     }
 
     /// Opens a connection to `base` and closes it: the rail's reachability, for readiness.
@@ -512,10 +543,20 @@ impl HttpClient {
             Some(Ok(s)) => s,
         };
         let _ = stream.set_nodelay(true);
+        // The one place a credential is put on the wire (after the wire log, never logged).
+        let authorization = match &self.bearer {
+            Some(b) if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("authorization")) => {
+                b.header_value(&method, path_and_query)
+            }
+            _ => None,
+        };
         let mut builder =
             Request::builder().method(method).uri(path_and_query).header(http::header::HOST, base.authority.as_str());
         for (k, v) in headers {
             builder = builder.header(*k, *v);
+        }
+        if let Some(v) = authorization {
+            builder = builder.header(http::header::AUTHORIZATION, v);
         }
         let req = builder.body(Full::new(body.unwrap_or_default())).map_err(|e| ClientError::BadUrl(e.to_string()))?;
         match &self.tls {
@@ -622,6 +663,43 @@ mod tests {
         let dropped = client.send(&base, http::Method::GET, "/drop", &[], None).await.expect_err("dropped");
         assert!(matches!(dropped, ClientError::Broken(_)), "{dropped}");
         assert!(!dropped.nothing_sent());
+        let _ = tx.send(());
+        server.await.expect("server stops");
+    }
+
+    /// The client puts its bearer's token on the wire as `Authorization: Bearer <token>`,
+    /// once, unless the caller gave that header itself; without a bearer it sends none.
+    #[tokio::test]
+    async fn a_client_with_a_bearer_sends_its_token_once_and_an_explicit_header_wins() {
+        use axum::routing::get;
+        let router = axum::Router::new().route(
+            "/who",
+            get(|h: http::HeaderMap| async move {
+                let all: Vec<String> = h
+                    .get_all(http::header::AUTHORIZATION)
+                    .iter()
+                    .map(|v| v.to_str().unwrap_or("?").to_owned())
+                    .collect();
+                all.join("|")
+            }),
+        );
+        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let base = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, router, async {
+            let _ = rx.await;
+        }));
+        let token = Bearer::fixed(dlock_contract::auth::Secret::new("client-token-0123456789"));
+        let with = HttpClient::new(1_000, 2_000).with_bearer(Some(token));
+        let r = with.send(&base, http::Method::GET, "/who", &[], None).await.expect("answered");
+        assert_eq!(&r.body[..], b"Bearer client-token-0123456789");
+        let own = [("authorization", "Bearer mine-0123456789abcdef")];
+        let r = with.send(&base, http::Method::GET, "/who", &own, None).await.expect("answered");
+        assert_eq!(&r.body[..], b"Bearer mine-0123456789abcdef");
+        let r = with.clone().without_bearer().send(&base, http::Method::GET, "/who", &[], None).await.expect("ok");
+        assert_eq!(&r.body[..], b"");
+        let shown = format!("{with:?}");
+        assert!(!shown.contains("client-token"), "{shown}");
         let _ = tx.send(());
         server.await.expect("server stops");
     }

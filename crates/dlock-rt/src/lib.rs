@@ -25,6 +25,7 @@ pub mod http;
 pub mod probe;
 pub mod rand;
 pub mod service;
+pub mod signal;
 #[cfg(madsim)]
 pub mod sim_clock;
 pub mod tls;

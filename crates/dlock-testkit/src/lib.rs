@@ -6,7 +6,9 @@
 //! - [`sqlite_url`]: a fresh SQLite file in a fresh temp directory.
 //! - [`fake_service`]: a scripted fake HTTP peer for the client crates' tests.
 //! - [`certs`]: CAs and certificates made in the test, for the TLS tests (normal cfg only).
+//! - [`auth`]: the credentials every harness carries (authentication stays on in tests).
 
+pub mod auth;
 #[cfg(not(madsim))]
 pub mod certs;
 pub mod fake_service;

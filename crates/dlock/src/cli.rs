@@ -692,6 +692,9 @@ mod tests {
         let cli = Cli::try_parse_from(args).expect("parses");
         let mut l = Layers::default();
         l.set_flag_opt(config::PROFILE_KEY, cli.profile.as_ref());
+        // A credential, as every service needs (E-13).
+        l.set_default("auth.credentials", "worker cli-unit-test-token-00000001");
+        l.set_default("executor.auth.token", "cli-unit-test-token-00000001");
         match &cli.command {
             Command::RailProxy(a) => a.flags(&mut l),
             Command::Executor(a) => a.flags(&mut l),

@@ -13,7 +13,7 @@ use dlock_contract::{IdempotencyKey, OwnerId};
 use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_payment_resource::store::ListQuery;
 
-use crate::cluster::{Cluster, ClusterConfig, Ports};
+use crate::cluster::{Cluster, ClusterConfig, LocalCredentials, Ports};
 
 /// The chaos and sizing both commands share.
 #[derive(Debug, Clone, Args)]
@@ -106,8 +106,32 @@ impl ChaosArgs {
             executors: self.executors,
             layers,
             profile,
+            local_credentials: None,
         })
     }
+}
+
+/// Says where the local credentials are (never the tokens).
+fn print_credentials(command: &str, creds: Option<&LocalCredentials>) {
+    if let Some(c) = creds {
+        let how = if c.created { "generated" } else { "reused" };
+        println!("dlock {command}: credentials {how} in {} (worker, operator, reader; mode 0600)", c.path.display());
+    }
+}
+
+/// Empties `dir` for a fresh demo run, except its credentials file (reused across runs).
+fn clear_keeping_credentials(dir: &std::path::Path) -> Result<(), String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot clear {}: {e}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("cannot clear {}: {e}", dir.display()))?;
+        let path = entry.path();
+        if entry.file_name() == crate::cluster::CREDENTIALS_FILE_NAME {
+            continue;
+        }
+        let r = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+        r.map_err(|e| format!("cannot clear {}: {e}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// Prints every disabled safety switch of `cluster` to stderr, loudly.
@@ -168,8 +192,10 @@ pub struct DemoArgs {
 pub async fn up(a: UpArgs, layers: Layers, profile: Profile) -> Result<ExitCode, String> {
     let cfg = a.chaos.cluster(a.data_dir.clone(), Ports::DEFAULT, (0.0, 0.0), layers, profile)?;
     let cfg = ClusterConfig { paydb_url: a.paydb_url.clone(), lockdb_url: a.lockdb_url.clone(), ..cfg };
+    let (cfg, creds) = cfg.with_local_credentials()?;
     let mut cluster = Cluster::start(cfg).await?;
     warn_unsafe("up", &cluster);
+    print_credentials("up", creds.as_ref());
     cluster.start_executors().await?;
     println!("dlock up: paydb {}", redact(&cluster.paydb_url));
     for (name, url) in [
@@ -242,9 +268,10 @@ fn bar(done: usize, total: usize, elapsed: Duration, detail: &str) -> String {
 
 /// The demo's seeding client: the payment client a worker holds, with a read budget for a
 /// machine busy starting the cluster.
-fn seeding_client(cluster: &Cluster) -> Result<PaymentClient, String> {
+fn seeding_client(cluster: &Cluster, creds: Option<&LocalCredentials>) -> Result<PaymentClient, String> {
     let mut cfg = PaymentClientConfig::new(cluster.payment_url.clone());
     cfg.write_read_timeout_ms = 10_000;
+    cfg.bearer = creds.map(|c| dlock_rt::http::Bearer::fixed(c.operator.clone()));
     PaymentClient::new(cfg)
 }
 
@@ -262,9 +289,10 @@ pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitC
         return Err("--payouts must be > 0 and --accounts 1..=payouts".into());
     }
     if a.data_dir.exists() {
-        std::fs::remove_dir_all(&a.data_dir).map_err(|e| format!("cannot clear {}: {e}", a.data_dir.display()))?;
+        clear_keeping_credentials(&a.data_dir)?;
     }
     let cfg = a.chaos.cluster(a.data_dir.clone(), Ports::EPHEMERAL, (0.02, 0.02), layers, profile)?;
+    let (cfg, creds) = cfg.with_local_credentials()?;
     // `--timeline` draws from the trace: record one even without `--trace`.
     let trace_path = a.trace.clone().or_else(|| a.timeline.as_ref().map(|_| a.data_dir.join("trace.jsonl")));
     if trace_path.is_some() {
@@ -303,10 +331,11 @@ pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitC
         println!("dlock demo: SAFETY SWITCH OFF (--profile unsafe-test): {w}");
     }
     println!("data in {} (paydb.sqlite, lockdb.sqlite)", a.data_dir.display());
+    print_credentials("demo", creds.as_ref());
 
     // Seed. Each account is funded for about 95 % of its payouts, so a few end FAILED for funds.
     phase("seed", &format!("{} accounts, {} payouts", a.accounts, a.payouts));
-    let client = seeding_client(&cluster)?;
+    let client = seeding_client(&cluster, creds.as_ref())?;
     let amount = |i: usize| 1_000 + (i as i64 % 97) * 10;
     let mut per_account = vec![0i64; a.accounts];
     for i in 0..a.payouts {

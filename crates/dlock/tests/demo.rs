@@ -147,10 +147,20 @@ impl Drop for Reaped {
 }
 
 /// The payment client of `base`, as an operator seeding the demo holds one.
-fn payment_client(base: &BaseUrl) -> PaymentClient {
+fn payment_client(base: &BaseUrl, operator: &str) -> PaymentClient {
     let mut cfg = PaymentClientConfig::new(base.clone());
     cfg.write_read_timeout_ms = 5_000;
+    cfg.bearer = Some(dlock_rt::http::Bearer::fixed(dlock_contract::auth::Secret::new(operator)));
     PaymentClient::new(cfg).expect("payment client")
+}
+
+/// The first token of `role` in a credentials file's text.
+fn token_of(text: &str, role: &str) -> String {
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .find(|(r, _)| *r == role)
+        .map(|(_, rest)| rest.split_whitespace().next().unwrap_or_default().to_owned())
+        .unwrap_or_else(|| panic!("no {role} credential"))
 }
 
 fn key(k: &str) -> IdempotencyKey {
@@ -178,7 +188,10 @@ async fn up_serves_the_cluster_on_the_default_ports_settles_payouts_and_stops_on
     })
     .await;
     assert!(ready.is_some(), "dlock up did not serve the payment-resource on 127.0.0.1:8082");
-    let typed = payment_client(&payment);
+    // The credentials `dlock up` generated in its data dir (E-13): the operator seeds.
+    let creds = std::fs::read_to_string(dir.0.join("credentials")).expect("dlock up wrote its credentials");
+    let operator = token_of(&creds, "operator");
+    let typed = payment_client(&payment, &operator);
     let ops = OwnerId::parse("ops").expect("owner");
     let open = NewAccountRequest { account_id: "acct-1".into(), currency: "EUR".into(), opening_balance_minor: 5_000 };
     typed.create_account(&ops, &key("open"), &open).await.expect("account opened");

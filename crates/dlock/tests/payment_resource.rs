@@ -97,6 +97,7 @@ async fn submit_once(proxy: &Service, p: Uuid, amount_minor: i64, token: i64) ->
     };
     let mut cfg = RailClientConfig::new(proxy.base.clone());
     cfg.read_timeout_ms = client().read_timeout_ms;
+    cfg.bearer = Some(dlock_testkit::auth::bearer());
     let (token, owner) = (FencingToken::new(token).expect("token"), OwnerId::parse("worker-1").expect("owner"));
     let key = IdempotencyKey::parse(&format!("payout:{p}")).expect("key");
     let token = dlock_contract::grant::SignedToken::new(token, sign_payout("acct-1", &token.to_string(), "worker-1"));

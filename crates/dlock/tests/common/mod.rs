@@ -60,22 +60,33 @@ impl Service {
         (svc, rx)
     }
 
-    fn start_owned(args: Vec<String>, listen: &str) -> Service {
-        Service::spawn(args, listen, None)
-    }
-
-    /// [`Service::start`] with extra environment variables (they beat the harness's grant
-    /// keys, see [`grant_env`]).
+    /// [`Service::start`] with `env` set on top of the harness's (e.g. its own credentials).
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Service {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Service::spawn_env(args, "127.0.0.1:0", None, env)
+    }
+
+    /// [`Service::start_watching`] with `env` set on top of the harness's.
+    pub fn start_watching_with_env(args: &[&str], needle: &str, env: &[(&str, &str)]) -> (Service, mpsc::Receiver<()>) {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let (tx, rx) = mpsc::channel();
+        let svc = Service::spawn_env(args, "127.0.0.1:0", Some((needle.to_owned(), tx)), env);
+        (svc, rx)
+    }
+
+    fn start_owned(args: Vec<String>, listen: &str) -> Service {
+        Service::spawn(args, listen, None)
     }
 
     fn spawn(args: Vec<String>, listen: &str, watch: Option<(String, mpsc::Sender<()>)>) -> Service {
         Service::spawn_env(args, listen, watch, Vec::new())
     }
 
+    /// Every process carries the harness credentials (authentication stays on, E-13):
+    /// `DLOCK_AUTH_CREDENTIALS` for the services and `DLOCK_EXECUTOR_AUTH_TOKEN` for an
+    /// executor; `env` is set on top.
     fn spawn_env(
         args: Vec<String>,
         listen: &str,
@@ -86,8 +97,10 @@ impl Service {
             .args(&args)
             .args(["--listen", listen])
             .envs(grant_env())
-            .envs(env.clone())
             .env("DLOCK_LOG", "warn")
+            .env("DLOCK_AUTH_CREDENTIALS", dlock_testkit::auth::credentials())
+            .env("DLOCK_EXECUTOR_AUTH_TOKEN", dlock_testkit::auth::WORKER_TOKEN)
+            .envs(env.clone())
             .stdout(Stdio::piped())
             .stderr(if watch.is_some() { Stdio::piped() } else { Stdio::inherit() })
             .spawn()
@@ -160,7 +173,13 @@ impl Drop for Service {
     }
 }
 
+/// The harness's client: it presents the harness token of the role each endpoint needs.
 pub fn client() -> HttpClient {
+    dlock_testkit::auth::client(1_000, 20_000)
+}
+
+/// A client without any credential.
+pub fn anonymous_client() -> HttpClient {
     HttpClient::new(1_000, 20_000)
 }
 
@@ -308,6 +327,7 @@ pub async fn rail_calls(stub: &Service) -> Vec<Value> {
 pub fn payment_client(svc: &Service) -> dlock_payment_client::PaymentClient {
     let mut cfg = dlock_payment_client::PaymentClientConfig::new(svc.base.clone());
     cfg.write_read_timeout_ms = client().read_timeout_ms;
+    cfg.bearer = Some(dlock_testkit::auth::bearer());
     dlock_payment_client::PaymentClient::new(cfg).expect("payment client")
 }
 
