@@ -85,9 +85,11 @@ async fn services_under_mutual_tls_serve_a_client_with_a_ca_certificate_and_refu
     let body =
         json!({"payoutId": p, "accountId": "acct-1", "amountMinor": 700, "currency": "EUR", "beneficiaryRef": "ben-1"});
     let key = format!("payout:{p}");
+    let sig = dlock_contract::grant::testing::sign_payout("acct-1", 5, "worker-1");
     let headers = [
         ("content-type", "application/json"),
         ("x-fencing-token", "5"),
+        ("x-fencing-signature", sig.as_str()),
         ("x-owner-id", "worker-1"),
         ("x-idempotency-key", key.as_str()),
     ];
@@ -130,6 +132,8 @@ fn an_http_url_key_under_tls_is_a_start_up_error_naming_the_key() {
         .args(["--config", &cfg.display().to_string(), "executor", "--listen", "127.0.0.1:0"])
         .args(["--lock-url", "https://127.0.0.1:1", "--payment-url", "https://127.0.0.1:2"])
         .args(["--proxy-url", "http://127.0.0.1:3"])
+        .env("DLOCK_EXECUTOR_AUTH_TOKEN", dlock_testkit::auth::WORKER_TOKEN)
+        .env("DLOCK_AUTH_CREDENTIALS", dlock_testkit::auth::credentials())
         .output()
         .expect("run dlock");
     assert!(!out.status.success(), "an executor with a plaintext URL started under TLS");
