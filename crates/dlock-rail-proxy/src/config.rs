@@ -114,7 +114,10 @@ mod tests {
     /// [`authed`] with the test key trusted (production needs a verify key).
     fn keyed(pairs: &[(&str, &str)]) -> Layers {
         let mut l = authed(pairs);
-        l.set_default("rail.proxy.grants.verify-keys", dlock_contract::grant::testing::signer().verify_key().to_base64());
+        l.set_default(
+            "rail.proxy.grants.verify-keys",
+            dlock_contract::grant::testing::signer().verify_key().to_base64(),
+        );
         l
     }
 
