@@ -218,6 +218,17 @@ pub fn token_eq(a: &[u8], b: &[u8]) -> bool {
     digest_eq(&digest(a), &digest(b))
 }
 
+/// Whether a credential bound to `owners` (`None`: unbound) may act as `owner`: an entry
+/// names one owner id exactly, or, ending in `*`, every owner id starting with the rest.
+pub fn may_act_as(owners: Option<&BTreeSet<String>>, owner: &str) -> bool {
+    owners.is_none_or(|o| {
+        o.iter().any(|id| match id.strip_suffix('*') {
+            Some(prefix) => owner.starts_with(prefix),
+            None => id == owner,
+        })
+    })
+}
+
 /// One credential: a role, its token's digest and the owner ids it may act as (`None`:
 /// any owner).
 #[derive(Clone, PartialEq, Eq)]
@@ -232,9 +243,11 @@ impl Credential {
         Credential { role, digest: digest(token.expose().as_bytes()), owners }
     }
 
-    /// Whether this credential may act as `owner`.
+    /// Whether this credential may act as `owner`: an entry names one owner id exactly,
+    /// or, ending in `*`, every owner id that starts with what precedes it (`exec-1/*`: the
+    /// tasks of executor `exec-1`, whose owner ids are `exec-1/<task>`).
     pub fn may_act_as(&self, owner: &str) -> bool {
-        self.owners.as_ref().is_none_or(|o| o.contains(owner))
+        may_act_as(self.owners.as_ref(), owner)
     }
 
     pub fn digest(&self) -> &[u8; 32] {
@@ -365,6 +378,14 @@ mod tests {
         let o = set.find(T2.as_bytes()).expect("operator");
         assert_eq!((o.role, o.may_act_as("anyone")), (Role::Operator, true));
         assert!(set.find(b"nope-nope-nope-nope").is_none());
+    }
+
+    #[test]
+    fn an_owner_entry_ending_in_a_star_binds_every_owner_id_with_that_prefix() {
+        let text = format!("worker {T1} owners=exec-1/*,w-9\n");
+        let w = parse_credentials(&text, "f").expect("parse").find(T1.as_bytes()).cloned().expect("worker");
+        assert!(w.may_act_as("exec-1/0") && w.may_act_as("exec-1/17") && w.may_act_as("w-9"));
+        assert!(!w.may_act_as("exec-2/0") && !w.may_act_as("exec-1") && !w.may_act_as("w-9/0"));
     }
 
     #[test]

@@ -168,7 +168,7 @@ pub struct Principal {
 
 impl Principal {
     pub fn may_act_as(&self, owner: &str) -> bool {
-        self.owners.as_ref().is_none_or(|o| o.contains(owner))
+        dlock_contract::auth::may_act_as(self.owners.as_ref(), owner)
     }
 }
 

@@ -35,6 +35,20 @@ macro_rules! on_both_databases {
 /// Longest a service may take to print its listening line.
 pub const START_MS_MAX: u64 = 20_000;
 
+/// Every line some processes wrote, shared by the threads that read their pipes.
+#[derive(Debug, Clone, Default)]
+pub struct Transcript(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Transcript {
+    pub fn push(&self, line: String) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 /// A running `dlock` service process, killed when dropped.
 pub struct Service {
     child: Child,
@@ -64,7 +78,15 @@ impl Service {
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Service {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Service::spawn_env(args, "127.0.0.1:0", None, env)
+        Service::spawn_env(args, "127.0.0.1:0", None, env, None)
+    }
+
+    /// [`Service::start_with_env`], keeping every line the process writes (stdout and
+    /// stderr, in arrival order per stream) in `transcript`: for the secret scan.
+    pub fn start_recorded(args: &[&str], env: &[(&str, &str)], transcript: &Transcript) -> Service {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Service::spawn_env(args, "127.0.0.1:0", None, env, Some(transcript.clone()))
     }
 
     /// [`Service::start_watching`] with `env` set on top of the harness's.
@@ -72,7 +94,7 @@ impl Service {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let (tx, rx) = mpsc::channel();
-        let svc = Service::spawn_env(args, "127.0.0.1:0", Some((needle.to_owned(), tx)), env);
+        let svc = Service::spawn_env(args, "127.0.0.1:0", Some((needle.to_owned(), tx)), env, None);
         (svc, rx)
     }
 
@@ -81,7 +103,7 @@ impl Service {
     }
 
     fn spawn(args: Vec<String>, listen: &str, watch: Option<(String, mpsc::Sender<()>)>) -> Service {
-        Service::spawn_env(args, listen, watch, Vec::new())
+        Service::spawn_env(args, listen, watch, Vec::new(), None)
     }
 
     /// Every process carries the harness credentials (authentication stays on, E-13):
@@ -92,6 +114,7 @@ impl Service {
         listen: &str,
         watch: Option<(String, mpsc::Sender<()>)>,
         env: Vec<(String, String)>,
+        record: Option<Transcript>,
     ) -> Service {
         let mut child = Command::new(env!("CARGO_BIN_EXE_dlock"))
             .args(&args)
@@ -102,10 +125,11 @@ impl Service {
             .env("DLOCK_EXECUTOR_AUTH_TOKEN", dlock_testkit::auth::WORKER_TOKEN)
             .envs(env.clone())
             .stdout(Stdio::piped())
-            .stderr(if watch.is_some() { Stdio::piped() } else { Stdio::inherit() })
+            .stderr(if watch.is_some() || record.is_some() { Stdio::piped() } else { Stdio::inherit() })
             .spawn()
             .expect("spawn dlock");
-        if let (Some((needle, tx)), Some(stderr)) = (watch, child.stderr.take()) {
+        if let Some((needle, tx)) = watch {
+            let stderr = child.stderr.take().expect("stderr is piped when watched");
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                     eprintln!("{line}");
@@ -115,10 +139,22 @@ impl Service {
                 }
             });
         }
+        let transcript_of = record.clone();
+        let mut recorder = None;
+        if let (Some(t), Some(stderr)) = (record.clone(), child.stderr.take()) {
+            recorder = Some(std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    t.push(line);
+                }
+            }));
+        }
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(t) = &record {
+                    t.push(line.clone());
+                }
                 if let Some(addr) = line.split(" listening on ").nth(1) {
                     let _ = tx.send(addr.trim().to_owned());
                 }
@@ -128,7 +164,11 @@ impl Service {
             Ok(a) => a,
             Err(_) => {
                 let _ = child.kill();
-                panic!("dlock {args:?} did not print its listening line within {START_MS_MAX} ms");
+                let _ = child.wait();
+                // The pipe closed with the process: everything it wrote is in the transcript.
+                let _ = recorder.map(std::thread::JoinHandle::join);
+                let said = transcript_of.map(|t| t.lines().join("\n")).unwrap_or_default();
+                panic!("dlock {args:?} did not print its listening line within {START_MS_MAX} ms\n{said}");
             }
         };
         let base = BaseUrl::parse(&format!("http://{addr}")).expect("base url");
@@ -139,7 +179,7 @@ impl Service {
     pub fn crash_and_restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let fresh = Service::spawn_env(self.args.clone(), &self.addr, None, self.env.clone());
+        let fresh = Service::spawn_env(self.args.clone(), &self.addr, None, self.env.clone(), None);
         drop(std::mem::replace(self, fresh));
     }
 
