@@ -327,6 +327,24 @@ fn command() -> clap::Command {
     hide_env_values(<Cli as clap::CommandFactory>::command())
 }
 
+/// A panic becomes one line on stderr: where, and its message with any credential in a
+/// URL redacted; never a stack trace (whatever `RUST_BACKTRACE` says) and never the
+/// default hook's output (docs/security.md "Secret hygiene"). The process's behaviour is
+/// unchanged: a panicking task still ends, a panicking main thread still exits.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_owned());
+        let location = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
+        // stderr directly: a log filter (the demo's is `off`) must not hide a panic.
+        eprintln!("dlock: panic at {location}: {}", dlock_db::redact_credentials(&message));
+    }));
+}
+
 pub fn main() -> ExitCode {
     let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&command().get_matches()) {
         Ok(cli) => cli,
@@ -340,6 +358,7 @@ pub fn main() -> ExitCode {
         _ => "info",
     };
     init_logging(cli.log_format, default_filter);
+    install_panic_hook();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

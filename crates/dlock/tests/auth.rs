@@ -4,6 +4,8 @@
 //! binding, rotation without restart (file change and SIGHUP, with the overlap window),
 //! start-up refusals, and the local credentials of `dlock demo`.
 
+#![cfg(not(madsim))]
+
 mod common;
 
 use std::process::{Command, Stdio};
