@@ -7,7 +7,8 @@
 #        postgresql (server), etcd-server (`etcd`), protobuf-compiler (`protoc`,
 #        for etcd-client's build script), pkg-config, curl (etcd health checks),
 #        chromium and fonts-dejavu-core (the timeline's headless browser test,
-#        crates/dlock-timeline/tests/browser.rs).
+#        crates/dlock-timeline/tests/browser.rs), prometheus (`promtool`, for the alert
+#        rules of deploy/observability/).
 #      `apt-get update` runs once, and only if something is missing.
 #   2. Starts a throwaway PostgreSQL and a throwaway etcd on 127.0.0.1, on free
 #      ports, in temp dirs, and exports
@@ -22,6 +23,7 @@
 #        cargo nextest run --workspace --locked --no-fail-fast "$@"
 #          (+ cargo test --doc, since nextest does not run doctests)
 #          or, without cargo-nextest: cargo test --workspace --locked "$@"
+#        promtool check rules / promtool test rules (deploy/observability/prometheus/)
 #        fuzz: builds fuzz/ (its own workspace, fuzz/Cargo.lock) on the stable toolchain with
 #          libFuzzer's coverage instrumentation (FUZZ_RUSTFLAGS below, fuzz/README.md) and
 #          runs every target for FUZZ_SECONDS_PER_TARGET from its committed seed corpus
@@ -155,6 +157,8 @@ ensure_packages() {
         command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
         command -v curl >/dev/null 2>&1 || missing+=(curl)
     fi
+    # promtool (the alert rules' check and unit tests, deploy/observability/).
+    command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
     if [ "${DLOCK_SKIP_BROWSER:-0}" != "1" ]; then
         command -v chromium >/dev/null 2>&1 || missing+=(chromium)
         [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
@@ -182,6 +186,7 @@ ensure_packages() {
     if [ -z "${DLOCK_TEST_ETCD_ENDPOINTS:-}" ]; then
         command -v etcd >/dev/null 2>&1 || die "etcd still missing after installing etcd-server"
     fi
+    command -v promtool >/dev/null 2>&1 || die "promtool still missing after installing prometheus"
     if [ "${DLOCK_SKIP_BROWSER:-0}" != "1" ]; then
         command -v chromium >/dev/null 2>&1 || die "chromium still missing after install"
     fi
@@ -445,6 +450,13 @@ else
     note "cargo-nextest not found: falling back to cargo test"
     run_stage "tests (cargo test)" cargo test --workspace --locked "$@"
 fi
+
+# The alert rules parse, and fire (and stay quiet) exactly as their unit tests say.
+promtool_rules() {
+    promtool check rules deploy/observability/prometheus/alerts.yml \
+        && (cd deploy/observability/prometheus && promtool test rules alerts_test.yml)
+}
+run_stage "promtool" promtool_rules
 
 # Coverage-guided fuzzing on stable (fuzz/README.md "How it runs on stable"): these are the
 # flags `cargo fuzz build --sanitizer none` passes, none of them nightly-only. `--target`
