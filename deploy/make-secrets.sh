@@ -37,9 +37,11 @@ PG=$(openssl rand -hex 24)
 printf '%s\n' "$PG" >"$DIR/postgres-password"
 printf 'postgres://dlock:%s@postgres:5432/paydb\n' "$PG" >"$DIR/paydb-url"
 printf 'postgres://dlock:%s@postgres:5432/lockdb\n' "$PG" >"$DIR/lockdb-url"
-# The compose services run as uid 10001 and read the files through bind mounts.
-chmod 0644 "$DIR"/* 2>/dev/null || true
-chmod 0755 "$DIR"
+# The compose containers (uid 10001, postgres) read the files through bind mounts of the
+# files themselves, so the files are 0644; the directory stays 0700, which keeps other
+# users of this host out.
+chmod 0644 "$DIR"/*
+chmod 0700 "$DIR"
 echo "make-secrets: wrote $DIR (keep it out of git; deploy/secrets/ is ignored)"
 if [ -n "$NS" ]; then
     cat <<CMDS
