@@ -8,7 +8,7 @@
 #        for etcd-client's build script), pkg-config, curl (etcd health checks),
 #        chromium and fonts-dejavu-core (the timeline's headless browser test,
 #        crates/dlock-timeline/tests/browser.rs), prometheus (`promtool`, for the alert
-#        rules of deploy/observability/).
+#        rules of deploy/observability/), python3-venv (the manifest checker's venv).
 #      `apt-get update` runs once, and only if something is missing.
 #   2. Starts a throwaway PostgreSQL and a throwaway etcd on 127.0.0.1, on free
 #      ports, in temp dirs, and exports
@@ -24,6 +24,8 @@
 #          (+ cargo test --doc, since nextest does not run doctests)
 #          or, without cargo-nextest: cargo test --workspace --locked "$@"
 #        promtool check rules / promtool test rules (deploy/observability/prometheus/)
+#        deploy manifests: kubernetes-validate (pinned, deploy/validate-requirements.txt, in
+#          target/deploy-venv) on deploy/k8s/*.yaml, scripts/check-compose.py on the compose file
 #        fuzz: builds fuzz/ (its own workspace, fuzz/Cargo.lock) on the stable toolchain with
 #          libFuzzer's coverage instrumentation (FUZZ_RUSTFLAGS below, fuzz/README.md) and
 #          runs every target for FUZZ_SECONDS_PER_TARGET from its committed seed corpus
@@ -159,6 +161,8 @@ ensure_packages() {
     fi
     # promtool (the alert rules' check and unit tests, deploy/observability/).
     command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+    # python3-venv (the pinned manifest checker's venv, "deploy manifests" stage).
+    python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
     if [ "${DLOCK_SKIP_BROWSER:-0}" != "1" ]; then
         command -v chromium >/dev/null 2>&1 || missing+=(chromium)
         [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
@@ -457,6 +461,22 @@ promtool_rules() {
         && (cd deploy/observability/prometheus && promtool test rules alerts_test.yml)
 }
 run_stage "promtool" promtool_rules
+
+# The deploy manifests (deploy/README.md "Validating the manifests"): every file in
+# deploy/k8s/ against the Kubernetes 1.31 JSON schemas that kubernetes-validate bundles
+# (strict: an unknown field fails), and deploy/compose/compose.yaml's structure
+# (scripts/check-compose.py; no compose plugin here). The checker is pinned
+# (deploy/validate-requirements.txt) in a venv under target/; once installed it needs no
+# network (pip finds every pin satisfied and asks no index).
+DEPLOY_VENV="$ROOT/target/deploy-venv"
+deploy_manifests() {
+    { [ -x "$DEPLOY_VENV/bin/pip" ] || python3 -m venv "$DEPLOY_VENV"; } \
+        && "$DEPLOY_VENV/bin/pip" install --quiet --disable-pip-version-check -r deploy/validate-requirements.txt \
+        && "$DEPLOY_VENV/bin/kubernetes-validate" --strict --quiet -k 1.31.0 deploy/k8s/*.yaml \
+        && note "deploy/k8s: $(ls deploy/k8s/*.yaml | wc -l) files valid against Kubernetes 1.31" \
+        && "$DEPLOY_VENV/bin/python" scripts/check-compose.py deploy/compose/compose.yaml
+}
+run_stage "deploy manifests" deploy_manifests
 
 # Coverage-guided fuzzing on stable (fuzz/README.md "How it runs on stable"): these are the
 # flags `cargo fuzz build --sanitizer none` passes, none of them nightly-only. `--target`
