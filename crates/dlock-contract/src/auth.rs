@@ -274,10 +274,14 @@ pub struct CredentialSet {
 impl CredentialSet {
     /// The credential whose token is `token`, comparing against every entry.
     pub fn find(&self, token: &[u8]) -> Option<&Credential> {
-        let d = digest(token);
+        self.find_digest(&digest(token))
+    }
+
+    /// [`CredentialSet::find`] by the token's [`digest`], comparing against every entry.
+    pub fn find_digest(&self, d: &[u8; 32]) -> Option<&Credential> {
         let mut found = None;
         for c in &self.entries {
-            let eq = digest_eq(&d, &c.digest);
+            let eq = digest_eq(d, &c.digest);
             if eq && found.is_none() {
                 found = Some(c);
             }

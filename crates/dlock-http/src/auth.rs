@@ -319,8 +319,8 @@ impl Authenticator {
     pub fn authenticate(&self, token: &[u8]) -> Option<Credential> {
         let now = self.clock.now();
         let live = self.lock();
-        let current = live.current.find(token).cloned();
         let d = digest(token);
+        let current = live.current.find_digest(&d).cloned();
         let mut retiring = None;
         for (c, until) in &live.retiring {
             let hit = dlock_contract::auth::digest_eq(&d, c.digest());

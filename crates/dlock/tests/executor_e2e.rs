@@ -83,7 +83,7 @@ async fn seed(c: &Cluster) -> Vec<Uuid> {
 }
 
 fn executor(c: &Cluster, owner: &str, extra: &[&str]) -> Service {
-    Service::start(&executor_args(c, owner, extra).iter().map(String::as_str).collect::<Vec<_>>())
+    Service::start(&strs(&args_for(c, owner, extra)))
 }
 
 fn executor_watching(
@@ -92,30 +92,14 @@ fn executor_watching(
     extra: &[&str],
     needle: &str,
 ) -> (Service, std::sync::mpsc::Receiver<()>) {
-    Service::start_watching(&executor_args(c, owner, extra).iter().map(String::as_str).collect::<Vec<_>>(), needle)
+    Service::start_watching(&strs(&args_for(c, owner, extra)), needle)
 }
 
-fn executor_args(c: &Cluster, owner: &str, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = [
-        "executor",
-        "--lock-url",
-        &c.lock.url(),
-        "--payment-url",
-        &c.payment.url(),
-        "--proxy-url",
-        &c.proxy.url(),
-        "--owner-id",
-        owner,
-        "--concurrency",
-        "2",
-        "--poll-interval-ms",
-        "50",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
+/// This cluster's executor as `owner`: two tasks polling every 50 ms, then `extra`.
+fn args_for(c: &Cluster, owner: &str, extra: &[&str]) -> Vec<String> {
+    let mut flags = vec!["--concurrency", "2", "--poll-interval-ms", "50"];
+    flags.extend_from_slice(extra);
+    executor_args(&c.lock, &c.payment, &c.proxy, owner, &flags)
 }
 
 /// Each payout's state as P4 reads it ("?" when the read is refused).

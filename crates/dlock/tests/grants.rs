@@ -149,19 +149,8 @@ async fn an_int64_maximum_claim_is_refused_and_the_fence_is_unchanged_and_a_real
     assert_eq!(state(&c.payment, p).await, (PayoutState::Pending, 0));
 
     // A real executor, with the lock server's signed grants, claims, submits and posts.
-    let exec = Service::start(&[
-        "executor",
-        "--lock-url",
-        &c.lock.url(),
-        "--payment-url",
-        &c.payment.url(),
-        "--proxy-url",
-        &c.proxy.url(),
-        "--owner-id",
-        "executor-1",
-        "--poll-interval-ms",
-        "50",
-    ]);
+    let args = executor_args(&c.lock, &c.payment, &c.proxy, "executor-1", &["--poll-interval-ms", "50"]);
+    let exec = Service::start(&strs(&args));
     let posted = dlock_rt::wait_until(
         dlock_rt::Duration::from_millis(50),
         dlock_rt::Duration::from_millis(SETTLE_MS_MAX),

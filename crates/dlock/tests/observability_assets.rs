@@ -127,17 +127,7 @@ async fn every_metric_the_alerts_and_the_dashboard_name_is_exported_with_its_lab
     let payment = Service::start(&["payment-resource", "--database-url", &paydb]);
     let rail = stub.url();
     let proxy = Service::start(&["rail-proxy", "--database-url", &paydb, "--rail-url", &rail]);
-    let executor = Service::start(&[
-        "executor",
-        "--lock-url",
-        &lock.url(),
-        "--payment-url",
-        &payment.url(),
-        "--proxy-url",
-        &proxy.url(),
-        "--owner-id",
-        "obs",
-    ]);
+    let executor = Service::start(&strs(&executor_args(&lock, &payment, &proxy, "obs", &[])));
     let mut exported = Exported::new();
     for svc in [&lock, &payment, &proxy, &executor] {
         let r = get(svc, "/metrics").await;

@@ -13,6 +13,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
+use base64::Engine as _;
 use common::*;
 use dlock_rt::http::{BaseUrl, ClientResponse, HttpClient};
 use dlock_testkit::{fresh_database, Db, TempDir};
@@ -31,29 +33,11 @@ const SEED: [u8; 32] = [
 const PAID_MS_MAX: u64 = 60_000;
 const PAYOUTS: usize = 4;
 
-/// Standard base64 with padding (RFC 4648 §4).
-fn base64(bytes: &[u8]) -> String {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(A[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 /// Every spelling of every secret the scan looks for.
 fn needles() -> Vec<(String, String)> {
-    let b64 = base64(&SEED);
+    let b64 = STANDARD.encode(SEED);
     assert_eq!(format!("{b64}\n"), dlock_contract::grant::seed_text(&SEED), "the key file's own spelling");
-    let b64url = b64.trim_end_matches('=').replace('+', "-").replace('/', "_");
+    let b64url = URL_SAFE_NO_PAD.encode(SEED);
     let hex: String = SEED.iter().map(|b| format!("{b:02x}")).collect();
     let mut n = vec![
         ("worker token".to_owned(), WORKER.to_owned()),
@@ -146,7 +130,7 @@ async fn send(
 /// The credential headers the battery tries on every route.
 fn hostile_credentials() -> Vec<(&'static str, String)> {
     let near_miss = format!("{}x", &WORKER[..WORKER.len() - 1]);
-    let basic = base64(format!("worker:{DB_PASSWORD}").as_bytes());
+    let basic = STANDARD.encode(format!("worker:{DB_PASSWORD}"));
     let hex: String = SEED.iter().map(|b| format!("{b:02x}")).collect();
     vec![
         ("none", String::new()),
@@ -293,23 +277,8 @@ async fn no_secret_reaches_a_response_a_log_line_a_metric_or_help_text() {
     assert!(r.status >= 400);
 
     // Real work: an executor with the worker token file pays every payout.
-    let exec = Service::start_recorded(
-        &[
-            "executor",
-            "--lock-url",
-            &lock.url(),
-            "--payment-url",
-            &payment.url(),
-            "--proxy-url",
-            &proxy.url(),
-            "--owner-id",
-            "scan-exec",
-            "--poll-interval-ms",
-            "50",
-        ],
-        &env,
-        &logs,
-    );
+    let args = executor_args(&lock, &payment, &proxy, "scan-exec", &["--poll-interval-ms", "50"]);
+    let exec = Service::start_recorded(&strs(&args), &env, &logs);
     let start = Instant::now();
     loop {
         let mut settled = 0;

@@ -214,6 +214,22 @@ impl Drop for Service {
 }
 
 /// The harness's client: it presents the harness token of the role each endpoint needs.
+/// `dlock executor` against these services as `owner`, then `extra` flags.
+pub fn executor_args(lock: &Service, payment: &Service, proxy: &Service, owner: &str, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["executor", "--lock-url", &lock.url(), "--payment-url", &payment.url()]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    args.extend(["--proxy-url".to_owned(), proxy.url(), "--owner-id".to_owned(), owner.to_owned()]);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// Borrows owned arguments as [`Service::start`] takes them.
+pub fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
 pub fn client() -> HttpClient {
     dlock_testkit::auth::client(1_000, 20_000)
 }
