@@ -8,7 +8,9 @@
 #        for etcd-client's build script), pkg-config, curl (etcd health checks),
 #        chromium and fonts-dejavu-core (the timeline's headless browser test,
 #        crates/dlock-timeline/tests/browser.rs), prometheus (`promtool`, for the alert
-#        rules of deploy/observability/), python3-venv (the manifest checker's venv).
+#        rules of deploy/observability/), python3-venv (the manifest checker's venv);
+#        for the local fault run also iproute2 (`ip`: its network namespace), openssl
+#        (deploy/make-secrets.sh), and etcd-server, postgresql, curl even when reused.
 #      `apt-get update` runs once, and only if something is missing.
 #   2. Starts a throwaway PostgreSQL and a throwaway etcd on 127.0.0.1, on free
 #      ports, in temp dirs, and exports
@@ -20,6 +22,11 @@
 #        cargo fmt --all -- --check
 #        cargo clippy --workspace --all-targets --locked -- -D warnings
 #        cargo build --release --locked -p dlock   (searched by crates/dlock/tests/release_build.rs)
+#        local fault run: deploy/local/fault-run.sh (the release binaries on a real 3-member
+#          etcd and PostgreSQL of their own, 2 000 payouts under faults: the etcd leader
+#          killed, kill -9 of a lock server and a proxy, an executor SIGSTOPped past its
+#          lease, another cut off from the lock servers in a network namespace; needs root),
+#          then `fault-run.sh --planted`, which must fail with a DOUBLE PAYMENT
 #        cargo nextest run --workspace --locked --no-fail-fast "$@"
 #          (+ cargo test --doc, since nextest does not run doctests)
 #          or, without cargo-nextest: cargo test --workspace --locked "$@"
@@ -43,6 +50,7 @@
 #   DLOCK_SKIP_LINT=1            skip the fmt and clippy stages (both builds)
 #   DLOCK_SKIP_SIM=1             skip the madsim stages
 #   DLOCK_SKIP_FUZZ=1            skip the fuzz stage
+#   DLOCK_SKIP_FAULT_RUN=1       skip the local fault run (deploy/local/; it needs root)
 #   FUZZ_SECONDS_PER_TARGET      seconds of libFuzzer per fuzz target (default 15; the
 #                                stage runs the targets one after the other)
 #   DLOCK_SKIP_BROWSER=1         do not install chromium; the timeline's browser test then
@@ -161,6 +169,17 @@ ensure_packages() {
     fi
     # promtool (the alert rules' check and unit tests, deploy/observability/).
     command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+    # The local fault run (deploy/local/up.sh, fault-run.sh): an etcd cluster and a
+    # PostgreSQL of its own (whatever DLOCK_TEST_* reuses), `ip` for its network
+    # namespace, openssl for deploy/make-secrets.sh, curl for its health checks.
+    if [ "${DLOCK_SKIP_FAULT_RUN:-0}" != "1" ]; then
+        want() { case " ${missing[*]} " in *" $1 "*) ;; *) missing+=("$1") ;; esac; }
+        command -v ip >/dev/null 2>&1 || want iproute2
+        command -v openssl >/dev/null 2>&1 || want openssl
+        command -v curl >/dev/null 2>&1 || want curl
+        command -v etcd >/dev/null 2>&1 || want etcd-server
+        { [ -n "$(pg_bin_dir)" ] && command -v psql >/dev/null 2>&1; } || want postgresql
+    fi
     # python3-venv (the pinned manifest checker's venv, "deploy manifests" stage).
     python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
     if [ "${DLOCK_SKIP_BROWSER:-0}" != "1" ]; then
@@ -191,6 +210,10 @@ ensure_packages() {
         command -v etcd >/dev/null 2>&1 || die "etcd still missing after installing etcd-server"
     fi
     command -v promtool >/dev/null 2>&1 || die "promtool still missing after installing prometheus"
+    if [ "${DLOCK_SKIP_FAULT_RUN:-0}" != "1" ]; then
+        command -v ip >/dev/null 2>&1 || die "ip still missing after installing iproute2"
+        command -v openssl >/dev/null 2>&1 || die "openssl still missing after install"
+    fi
     if [ "${DLOCK_SKIP_BROWSER:-0}" != "1" ]; then
         command -v chromium >/dev/null 2>&1 || die "chromium still missing after install"
     fi
@@ -443,6 +466,31 @@ fi
 # switches (docs/simulation.md "Planted bugs"); the test's own `cargo build --release` is
 # then a no-op.
 run_stage "release build" cargo build --release --locked -p dlock
+
+# The release binaries as production runs them, under faults (deploy/local/README.md):
+# fault-run.sh starts deploy/local/up.sh's cluster (its own 3-member etcd and PostgreSQL
+# in a temp dir), runs 2 000 payouts through it while it kills the etcd leader, kill -9s a
+# lock server and a proxy, SIGSTOPs an executor past its lease and cuts another off from
+# the lock servers, prints the fault table and judges (reconciler clean, at most one rail
+# call per payout, every payout terminal or quarantined). The planted run turns the fences
+# off (--profile unsafe-test) and must be judged a DOUBLE PAYMENT: the judgement can fail.
+local_fault_run() {
+    deploy/local/fault-run.sh || return 1
+    local out rc=0
+    out=$(deploy/local/fault-run.sh --planted 2>&1) || rc=$?
+    printf '%s\n' "$out" | sed -n '/^faults injected/,$p'
+    if [ "$rc" -ne 1 ] || ! grep -q 'DOUBLE PAYMENT' <<<"$out"; then
+        printf '%s\n' "$out" | head -n 40
+        note "planted run: expected exit 1 with a DOUBLE PAYMENT violation, got exit $rc"
+        return 1
+    fi
+    note "planted run: the judgement caught the double payment (exit 1), as it must"
+}
+if [ "${DLOCK_SKIP_FAULT_RUN:-0}" = "1" ]; then
+    note "DLOCK_SKIP_FAULT_RUN=1: skipping the local fault run"
+else
+    run_stage "local fault run" local_fault_run
+fi
 
 if cargo nextest --version >/dev/null 2>&1; then
     run_stage "tests (nextest)" cargo nextest run --workspace --locked --no-fail-fast "$@"
