@@ -155,8 +155,24 @@ ROWS=()
 row() { ROWS+=("$1|$2|$3|$4|$5"); say "$1 on $2: +$3 s .. +$4 s: $5"; }
 # Counter deltas around a fault: snapshot before, and after its end + this long.
 MEASURE_AFTER_S=3
+# About how long one snapshot takes (python start, six /metrics pages).
+SNAP_MS=400
 snap() { W snap "$CJ" "$RUN/snap-$1.json"; }
 delta() { local a=$1 b=$2; shift 2; W delta "$CJ" "$RUN/snap-$a.json" "$RUN/snap-$b.json" "$@"; }
+
+# How long after the fault ended executor-N posts a payout again ("" if not in 20 s).
+RECOVERY_S_MAX=20
+recovered() { # executor-index end-ms
+    local ex=$1 t_end=$2 base now
+    base=$(W posted "$CJ" "$ex")
+    posting() { now=$(W posted "$CJ" "$ex"); [ "$now" -gt "$base" ]; }
+    if poll "$RECOVERY_S_MAX" posting; then
+        local d=$(($(ms) - t_end))
+        echo "executor-$ex posting again $((d / 1000)).$(((d % 1000) / 100)) s after"
+    else
+        echo "executor-$ex NOT posting again ${RECOVERY_S_MAX} s after"
+    fi
+}
 
 restarted_and_ready() { # name old-pid url
     local p
@@ -172,10 +188,13 @@ kill9_service() { # fault name url executor-index
     kill -9 "$old"
     poll 30 restarted_and_ready "$name" "$old" "$url" || { row "$f kill -9" "$name" "$start" "$(off)" "NOT back after 30 s"; return; }
     end=$(off)
+    local t_end rec
+    t_end=$(ms)
+    rec=$(recovered "$ex" "$t_end")
     sleep "$MEASURE_AFTER_S"
     snap "$f-after"
     row "$f kill -9" "$name" "$start" "$end" \
-        "pid $old killed, supervisor restarted it (pid $(pid_of "$name")), ready again; $(delta "$f-before" "$f-after" --executor "$ex")"
+        "pid $old killed, supervisor restarted it (pid $(pid_of "$name")), ready again; $rec; $(delta "$f-before" "$f-after" --executor "$ex")"
 }
 
 # Requests the lock servers answered 503 because etcd failed them (their logs).
@@ -211,16 +230,19 @@ fault_sigstop() { # executor-index seconds
     sleep "$secs"
     kill -CONT "$p"
     end=$(off)
+    local rec
+    rec=$(recovered "$ex" "$(ms)")
     sleep "$MEASURE_AFTER_S"
     snap F4-after
     row "F4 SIGSTOP ${secs}s" "$name" "$start" "$end" \
-        "stopped ${secs} s > lease ${LEASE_MS} ms, then SIGCONT; $(delta F4-before F4-after --executor "$ex")"
+        "stopped ${secs} s > lease ${LEASE_MS} ms, then SIGCONT; $rec; $(delta F4-before F4-after --executor "$ex")"
 }
 
 fault_partition() { # executor-index seconds
-    local ex=$1 secs=$2 start end seen
+    local ex=$1 secs=$2 start end seen t_cut
     snap F5-before
     start=$(off)
+    t_cut=$(ms)
     ip -n "$NETNS" route replace "$LOCK_IP/32" via "$NETNS_VOID_IP" dev "$NETNS_DEV"
     # The cut holds: from the namespace, the lock server no longer answers.
     local lock_seen=unreachable pay_seen=reachable
@@ -228,16 +250,21 @@ fault_partition() { # executor-index seconds
     if ns_get "${LOCK_URLS[0]}" || ns_get "${LOCK_URLS[1]}"; then lock_seen="STILL REACHABLE"; fi
     ns_get "$PAYMENT_URL" && ns_get "${PROXY_URLS[1]}" || pay_seen="UNREACHABLE"
     seen="from the namespace: lock servers $lock_seen, payment and proxy $pay_seen"
-    sleep "$secs"
+    # The cut lasts $secs from its start, the checks above and the snapshot (about
+    # SNAP_MS) below included.
+    local left_ms=$((t_cut + secs * 1000 - SNAP_MS - $(ms)))
+    [ $left_ms -le 0 ] || sleep "$((left_ms / 1000)).$(printf '%03d' $((left_ms % 1000)))"
     snap F5-cut
     ip -n "$NETNS" route del "$LOCK_IP/32"
     end=$(off)
+    local rec
+    rec=$(recovered "$ex" "$(ms)")
     sleep "$MEASURE_AFTER_S"
     snap F5-after
     local back="lock server reachable again"
     ip netns exec "$NETNS" curl -fsS --max-time 2 "${LOCK_URLS[0]}/health/live" >/dev/null 2>&1 || back="lock server STILL unreachable"
     row "F5 partition ${secs}s" "executor-$ex" "$start" "$end" \
-        "$seen; during the cut: $(delta F5-before F5-cut --executor "$ex"); $back; ${MEASURE_AFTER_S} s after: $(delta F5-cut F5-after --executor "$ex")"
+        "$seen; during the cut: $(delta F5-before F5-cut --executor "$ex"); $back; $rec; after: $(delta F5-cut F5-after --executor "$ex")"
 }
 
 if [ "$PLANTED" = 1 ]; then

@@ -200,13 +200,18 @@ finally:
     s.close()
 PY
 }
-NEXT_PORT=$((20000 + ($$ * 7) % 30000))
+# Below the kernel's ephemeral range (ip_local_port_range, 32768.. by default), so no
+# outgoing connection takes a picked port before its service binds it; a per-run base.
+PORT_MIN=20000
+PORT_MAX=$(($(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768) - 1))
+[ "$PORT_MAX" -gt $((PORT_MIN + 1000)) ] || PORT_MAX=32767
+NEXT_PORT=$((PORT_MIN + ($$ * 37) % (PORT_MAX - PORT_MIN)))
 PICKED=""
 pick_port() { # addr: sets PICKED
     local port=$NEXT_PORT
     while :; do
         port=$((port + 1))
-        [ $port -lt 60000 ] || port=20001
+        [ $port -le $PORT_MAX ] || port=$PORT_MIN
         case "$USED_PORTS" in *" $port "*) continue ;; esac
         if port_is_free 127.0.0.1 "$port" && port_is_free "$1" "$port"; then
             USED_PORTS="$USED_PORTS$port "
@@ -217,12 +222,16 @@ pick_port() { # addr: sets PICKED
     done
 }
 
-wait_until() { # what seconds cmd...
-    local what=$1 secs=$2
-    shift 2
+wait_until() { # what log seconds cmd...: on a timeout, the end of that log and the events
+    local what=$1 log=$2 secs=$3
+    shift 3
     local deadline=$((SECONDS + secs))
     until "$@" >/dev/null 2>&1; do
-        [ $SECONDS -lt $deadline ] || die "$what not ready after ${secs}s (logs in $LOGS)"
+        if [ $SECONDS -ge $deadline ]; then
+            { echo "--- last lines of $LOGS/$log.log"; tail -n 30 "$LOGS/$log.log"
+              echo "--- $RUN/events.log"; cat "$RUN/events.log"; } >&2 2>/dev/null
+            die "$what not ready after ${secs}s (logs in $LOGS)"
+        fi
         sleep 0.1
     done
 }
@@ -307,7 +316,7 @@ else
     "$PG_BIN/postgres" -D "$DIR/pg/data" >>"$LOGS/postgres.log" 2>&1 &
 fi
 PG_PID=$!
-wait_until "PostgreSQL on 127.0.0.1:$PG_PORT" $SERVICE_TIMEOUT_S pg_isready -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -t 1
+wait_until "PostgreSQL on 127.0.0.1:$PG_PORT" postgres $SERVICE_TIMEOUT_S pg_isready -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -t 1
 psql -q "postgres://postgres@127.0.0.1:$PG_PORT/postgres" -v ON_ERROR_STOP=1 -c 'create database paydb' >/dev/null
 PAYDB_URL="postgres://postgres@127.0.0.1:$PG_PORT/paydb"
 say "PostgreSQL ready on 127.0.0.1:$PG_PORT (pid $PG_PID)"
@@ -334,7 +343,9 @@ for i in 1 2 3; do
         --initial-cluster-token "dlock-local-$$"
 done
 etcd_healthy() { curl -fsS --max-time 2 "$1/health" 2>/dev/null | grep -q '"health":[ ]*"true"'; }
-for u in "${ETCD_CLIENT[@]}"; do wait_until "etcd at $u" $SERVICE_TIMEOUT_S etcd_healthy "$u"; done
+for i in 1 2 3; do
+    wait_until "etcd-$i at ${ETCD_CLIENT[$((i - 1))]}" "etcd-$i" $SERVICE_TIMEOUT_S etcd_healthy "${ETCD_CLIENT[$((i - 1))]}"
+done
 ETCD_ENDPOINTS="$(IFS=,; echo "${ETCD_CLIENT[*]}")"
 say "etcd cluster ready: $ETCD_ENDPOINTS"
 
@@ -376,8 +387,9 @@ for i in 1 2; do
         DLOCK_RAIL_PROXY_GRANTS_VERIFY_KEYS_FILE="$SECRETS/grant-verify.keys" \
         "$DLOCK" rail-proxy
 done
-for u in "${LOCK_URLS[@]}" "$STUB_URL" "$PAYMENT_URL" "${PROXY_URLS[@]}"; do
-    wait_until "$u" $SERVICE_TIMEOUT_S ready "$u"
+for pair in "lock-server-1 ${LOCK_URLS[0]}" "lock-server-2 ${LOCK_URLS[1]}" "rail-stub $STUB_URL" \
+    "payment-resource $PAYMENT_URL" "rail-proxy-1 ${PROXY_URLS[0]}" "rail-proxy-2 ${PROXY_URLS[1]}"; do
+    wait_until "${pair%% *} at ${pair#* }" "${pair%% *}" $SERVICE_TIMEOUT_S ready "${pair#* }"
 done
 say "services ready"
 
@@ -404,7 +416,9 @@ for i in 1 2 3; do
         DLOCK_EXECUTOR_AUTH_TOKEN_FILE="$SECRETS/executor-token" \
         "$DLOCK" executor
 done
-for u in "${EXEC_URLS[@]}"; do wait_until "$u" $SERVICE_TIMEOUT_S ready "$u"; done
+for i in 1 2 3; do
+    wait_until "executor-$i at ${EXEC_URLS[$((i - 1))]}" "executor-$i" $SERVICE_TIMEOUT_S ready "${EXEC_URLS[$((i - 1))]}"
+done
 say "executors ready"
 
 # The reconciler: detective, log only (fault-run.sh runs the judging one itself).

@@ -12,6 +12,7 @@ Subcommands (CLUSTER is the cluster.json that deploy/local/up.sh writes):
       polls the states until no payout is PENDING/CLAIMED/SUBMITTED/RAIL_ACKED, or S s.
   metrics URL              the counters of one /metrics page, JSON {name{labels}: value}.
   etcd-leader CLUSTER      the name of the etcd leader among the reachable members.
+  posted CLUSTER N         executor-N's posted payouts so far (-1: no answer).
   snap CLUSTER OUT         every reachable /metrics page (payment, proxies, executors).
   delta CLUSTER BEFORE AFTER [--executor N]...
       what two snapshots differ by: executor N's payout outcomes, fenced-out writes.
@@ -323,6 +324,9 @@ def main():
     s.add_argument("cluster")
     s.add_argument("url")
     sub.add_parser("etcd-leader").add_argument("cluster")
+    s = sub.add_parser("posted")
+    s.add_argument("cluster")
+    s.add_argument("executor", type=int)
     s = sub.add_parser("snap")
     s.add_argument("cluster")
     s.add_argument("out")
@@ -346,6 +350,12 @@ def main():
         return settle(c, a)
     elif a.cmd == "metrics":
         print(json.dumps(metrics(a.url, c["reader_token"])))
+    elif a.cmd == "posted":
+        try:
+            m = metrics(c["exec_urls"][a.executor - 1], c["reader_token"])
+            print(int(m.get('payout_execute_total{outcome="posted"}', 0)))
+        except (OSError, SystemExit):
+            print(-1)
     elif a.cmd == "snap":
         snap(c, a.out)
     elif a.cmd == "delta":

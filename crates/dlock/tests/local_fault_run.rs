@@ -65,13 +65,18 @@ fn problems(test_sh: &str, fault_run: &str, up: &str) -> Vec<String> {
     if !fault_run.lines().any(|l| l.trim().starts_with("export DLOCK_RAIL_STUB_FAILURE_RATE=0.0")) {
         p.push("fault-run.sh's rail is not chaotic (DLOCK_RAIL_STUB_FAILURE_RATE)".to_owned());
     }
-    let schedule: String = fault_run
-        .lines()
-        .skip_while(|l| !l.starts_with("if [ \"$PLANTED\" = 1 ]; then"))
-        .skip_while(|l| l.trim() != "else")
-        .take_while(|l| l.trim() != "fi")
-        .collect::<Vec<_>>()
-        .join("\n");
+    // The schedule: the last `if [ "$PLANTED" = 1 ]` block's `else` branch, at top level.
+    let lines: Vec<&str> = fault_run.lines().collect();
+    let schedule: String = match lines.iter().rposition(|l| l.starts_with("if [ \"$PLANTED\" = 1 ]; then")) {
+        Some(at) => lines[at..]
+            .iter()
+            .skip_while(|l| **l != "else")
+            .take_while(|l| **l != "fi")
+            .copied()
+            .collect::<Vec<_>>()
+            .join("\n"),
+        None => String::new(),
+    };
     for needle in [
         "fault_etcd_leader",
         "kill9_service F2 lock-server-",
