@@ -117,6 +117,15 @@
 //!   `--max-txn-ops` (default 128); a session holding more is closed in several txns.
 //! - Every RPC is bounded by [`RPC_MS_MAX`]; unreachable etcd, no leader (requests require
 //!   one), a timeout or any etcd error is `Unavailable` (503 `NOT_LEADER`).
+//! - A txn whose connection was refused (nothing sent) is sent again, up to
+//!   [`CONNECT_REFUSED_TRIES_MAX`] tries within that one bound: etcd-client balances over
+//!   the endpoints with tonic's balanced channel, which keeps a member whose reconnect
+//!   failed "ready", so its power-of-two-choices balancer keeps handing requests to a
+//!   member that is down (it is never busy), each refused at once; another try most often
+//!   reaches a live member. Found by `deploy/local/fault-run.sh`: with one of three members
+//!   down the lock servers answered a steady share of requests 503 until it came back.
+//!   Invariant: only a refused connect is retried (the request never left the process), so
+//!   a retried write cannot apply twice.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -137,6 +146,13 @@ use crate::store::{
 
 /// Bound on one etcd round trip (connect, read, or txn).
 pub const RPC_MS_MAX: u64 = 2_000;
+/// Tries of one txn whose connect is refused (see the module doc, "Limits"). The
+/// simulator dials one endpoint only, so there another try would reach the same node:
+/// one try, and the simulation's runs stay as they were.
+#[cfg(not(madsim))]
+pub const CONNECT_REFUSED_TRIES_MAX: usize = 8;
+#[cfg(madsim)]
+pub const CONNECT_REFUSED_TRIES_MAX: usize = 1;
 /// Bound on optimistic retries of one method whose guard failed under contention.
 pub const CAS_ATTEMPTS_MAX: usize = 64;
 /// Grants removed per txn (2 ops each, plus one for the session) under etcd's default
@@ -297,6 +313,13 @@ fn write_error(e: etcd_client::Error) -> StoreError {
     }
 }
 
+/// Whether `e` is a connect that was refused: the request never left this process (the
+/// real client: tonic's "tcp connect error" with an `ECONNREFUSED` source).
+fn connect_refused(e: &etcd_client::Error) -> bool {
+    let text = e.to_string();
+    text.contains("tcp connect error") && (text.contains("ConnectionRefused") || text.contains("Connection refused"))
+}
+
 fn contended(what: &str) -> StoreError {
     StoreError::Unavailable(format!("etcd: {what} kept conflicting after {CAS_ATTEMPTS_MAX} attempts"))
 }
@@ -439,9 +462,21 @@ impl EtcdLockStore {
     /// One read-only txn: a consistent snapshot of every key or prefix asked for.
     async fn read(&self, reads: Vec<Read>) -> Result<Vec<Vec<Entry>>, StoreError> {
         let ops: Vec<TxnOp> = reads.iter().map(Read::op).collect();
-        let mut kv = self.client.kv_client();
-        let resp = Self::bounded(kv.txn(Txn::new().when(Vec::<Compare>::new()).and_then(ops))).await?;
+        let resp = Self::bounded(self.txn(Txn::new().when(Vec::<Compare>::new()).and_then(ops))).await?;
         Self::entries(resp.op_responses(), reads.len())
+    }
+
+    /// One txn, sent again while its connect is refused, [`CONNECT_REFUSED_TRIES_MAX`] tries
+    /// in all (the caller bounds them all by one [`RPC_MS_MAX`]).
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, etcd_client::Error> {
+        let mut kv = self.client.kv_client();
+        let mut tries = 1;
+        loop {
+            match kv.txn(txn.clone()).await {
+                Err(e) if tries < CONNECT_REFUSED_TRIES_MAX && connect_refused(&e) => tries += 1,
+                answer => return answer,
+            }
+        }
     }
 
     /// The records answered by `n` gets.
@@ -500,8 +535,7 @@ impl EtcdLockStore {
                 .and_then(read_ops())
                 .or_else(vec![TxnOp::txn(txn)]);
         }
-        let mut kv = self.client.kv_client();
-        let mut resp = match dlock_rt::timeout(Duration::from_millis(RPC_MS_MAX), kv.txn(txn)).await {
+        let mut resp = match dlock_rt::timeout(Duration::from_millis(RPC_MS_MAX), self.txn(txn)).await {
             Some(r) => r.map_err(write_error)?,
             None => {
                 return Err(StoreError::CommitUnknown(format!("etcd: write txn unanswered within {RPC_MS_MAX} ms")))
