@@ -268,3 +268,91 @@ fn the_router_scan_sees_every_method_of_a_route() {
     let want = [("DELETE", "/a/{}"), ("GET", "/a/{}"), ("GET", DOCUMENT_PATH), ("POST", "/b")];
     assert_eq!(got, want.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect::<Vec<_>>());
 }
+
+fn repo_file(path: &str) -> String {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").join(path);
+    std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("read {}: {e}", file.display()))
+}
+
+/// The problems of the API conformance stage: `test.sh` must run `check-api.sh` with the
+/// release binary and the pinned schemathesis, the pins must be exact, and `check-api.sh`
+/// must fuzz every service with its own document under the four checks.
+fn api_stage_problems(test_sh: &str, check_api: &str, requirements: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if !test_sh.contains(r#"run_stage "API conformance" api_conformance"#) {
+        out.push("scripts/test.sh has no \"API conformance\" stage".to_owned());
+    }
+    if !test_sh.contains(r#"scripts/check-api.sh "$ROOT/target/release/dlock""#)
+        || !test_sh.contains("-r deploy/api-check-requirements.txt")
+    {
+        out.push("the stage does not run check-api.sh on the release binary with the pinned schemathesis".to_owned());
+    }
+    let pins: Vec<&str> = requirements.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')).collect();
+    if !pins.iter().any(|l| l.starts_with("schemathesis==")) {
+        out.push("schemathesis is not pinned".to_owned());
+    }
+    for l in pins.iter().filter(|l| !l.contains("==")) {
+        out.push(format!("unpinned requirement {l:?}"));
+    }
+    for check in
+        ["not_a_server_error", "status_code_conformance", "content_type_conformance", "response_schema_conformance"]
+    {
+        if !check_api.contains(check) {
+            out.push(format!("check-api.sh does not run {check}"));
+        }
+    }
+    for s in services() {
+        if !check_api.contains(&format!("fuzz {} ", s.name)) || !check_api.contains(r#"served "$1" "$2""#) {
+            out.push(format!("check-api.sh does not fuzz {} with its served document", s.name));
+        }
+    }
+    out
+}
+
+#[test]
+fn ci_runs_schemathesis_against_every_service_with_its_own_document() {
+    let (t, c, r) = (
+        repo_file("scripts/test.sh"),
+        repo_file("scripts/check-api.sh"),
+        repo_file("deploy/api-check-requirements.txt"),
+    );
+    assert_eq!(api_stage_problems(&t, &c, &r), Vec::<String>::new());
+}
+
+#[test]
+fn a_missing_api_stage_an_unpinned_tool_or_an_unfuzzed_service_is_reported() {
+    let (t, c, r) = (
+        repo_file("scripts/test.sh"),
+        repo_file("scripts/check-api.sh"),
+        repo_file("deploy/api-check-requirements.txt"),
+    );
+    let no_stage = t.replace(r#"run_stage "API conformance" api_conformance"#, "");
+    assert!(api_stage_problems(&no_stage, &c, &r).iter().any(|p| p.contains("no \"API conformance\"")));
+    let unpinned = r.replace("schemathesis==", "schemathesis>=");
+    assert!(api_stage_problems(&t, &c, &unpinned).iter().any(|p| p.contains("pinned") || p.contains("unpinned")));
+    let no_proxy = c.replace("fuzz rail-proxy ", "true ");
+    assert!(api_stage_problems(&t, &no_proxy, &r).iter().any(|p| p.contains("rail-proxy")));
+    let no_schema_check = c.replace("response_schema_conformance", "");
+    assert!(api_stage_problems(&t, &no_schema_check, &r).iter().any(|p| p.contains("response_schema_conformance")));
+}
+
+#[test]
+fn an_operation_without_error_rows_or_rows_without_an_operation_are_refused() {
+    use dlock_http::openapi::{complete, errors, RouteErrors, ServiceDoc};
+    use utoipa::openapi::path::{HttpMethod, Operation, PathItem, PathsBuilder};
+    let raw = || {
+        utoipa::openapi::OpenApiBuilder::new()
+            .paths(PathsBuilder::new().path("/v1/locks/{key}", PathItem::new(HttpMethod::Get, Operation::new())))
+            .build()
+    };
+    const NONE: &[RouteErrors] = &[];
+    let err = complete(raw(), &ServiceDoc { roles: Some(LOCK_SERVER_ROUTES), errors: NONE }).err().expect("refused");
+    assert_eq!(err, DocError::NoErrorRow("GET /v1/locks/{key}".to_owned()));
+    const EXTRA: &[RouteErrors] = &[errors("GET", "/v1/locks/{key}", &[]), errors("GET", "/v1/nowhere", &[])];
+    let err = complete(raw(), &ServiceDoc { roles: Some(LOCK_SERVER_ROUTES), errors: EXTRA }).err().expect("refused");
+    assert_eq!(err, DocError::NoOperation("GET /v1/nowhere".to_owned()));
+    const EXACT: &[RouteErrors] = &[errors("GET", "/v1/locks/{key}", &[])];
+    let doc = complete(raw(), &ServiceDoc { roles: Some(LOCK_SERVER_ROUTES), errors: EXACT }).expect("complete");
+    let json = serde_json::to_value(doc).expect("json");
+    assert_eq!(json["paths"]["/v1/locks/{key}"]["get"]["security"], serde_json::json!([{ "bearer": [] }]));
+}
