@@ -19,6 +19,10 @@ set -euo pipefail
 DLOCK=${1:?usage: check-api.sh DLOCK_BINARY ST_BINARY}
 ST=${2:?usage: check-api.sh DLOCK_BINARY ST_BINARY}
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# Absolute: schemathesis runs from the temp dir.
+abs() { printf '%s/%s' "$(cd "$(dirname "$1")" && pwd)" "$(basename "$1")"; }
+DLOCK="$(abs "$DLOCK")"
+ST="$(abs "$ST")"
 EXAMPLES=${DLOCK_API_CHECK_EXAMPLES:-30}
 SEED=${DLOCK_API_CHECK_SEED:-1}
 # Longest wait for a service's listening line.
