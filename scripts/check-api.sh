@@ -13,7 +13,8 @@
 # document lists for that status). Services, temp dir and data are removed on exit.
 #
 # Knobs: DLOCK_API_CHECK_EXAMPLES (test cases per operation, default 30),
-#        DLOCK_API_CHECK_SEED (schemathesis seed, default 1).
+#        DLOCK_API_CHECK_SEED (schemathesis seed, default 1),
+#        DLOCK_API_CHECK_PHASES (schemathesis phases, default examples,coverage,fuzzing,stateful).
 set -euo pipefail
 
 DLOCK=${1:?usage: check-api.sh DLOCK_BINARY ST_BINARY}
@@ -25,11 +26,12 @@ DLOCK="$(abs "$DLOCK")"
 ST="$(abs "$ST")"
 EXAMPLES=${DLOCK_API_CHECK_EXAMPLES:-30}
 SEED=${DLOCK_API_CHECK_SEED:-1}
+PHASES=${DLOCK_API_CHECK_PHASES:-examples,coverage,fuzzing,stateful}
 # Longest wait for a service's listening line.
 START_SECONDS_MAX=30
 # Time budget of one schemathesis run (the stage runs six: five services, two roles on the
 # payment-resource).
-RUN_SECONDS_MAX=20
+RUN_SECONDS_MAX=${DLOCK_API_CHECK_RUN_SECONDS:-20}
 
 mkdir -p "$ROOT/target"
 WORK="$(mktemp -d "$ROOT/target/api-check.XXXXXX")"
@@ -101,7 +103,7 @@ fuzz() {
     (cd "$WORK" && "$ST" run "$ROOT/docs/api/$name.json" --url "http://$addr" \
         --header "Authorization: Bearer $token" \
         --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
-        --phases examples,coverage,fuzzing \
+        --phases "$PHASES" \
         --max-examples "$EXAMPLES" --seed "$SEED" --max-time "$RUN_SECONDS_MAX" \
         --workers 1 --no-color --warnings off)
 }
@@ -117,6 +119,11 @@ start payment-resource payment-resource --database-url "$PAY_DB"
 PAY=$ADDR
 start rail-proxy rail-proxy --database-url "$PAY_DB" --rail-url "http://$STUB"
 PROXY=$ADDR
+# The success paths random requests cannot reach (a signed grant, a claimed payout), each
+# answer held to its document; before the executor starts, so no worker races the walk.
+"$(dirname "$ST")/python" "$ROOT/scripts/check-api-flow.py" "$ROOT/docs/api" "$LOCK" "$PAY" "$PROXY" "$STUB" \
+    "$WORKER" "$OPERATOR" "$READER"
+
 DLOCK_EXECUTOR_AUTH_TOKEN="$WORKER" start executor executor --lock-url "http://$LOCK" \
     --payment-url "http://$PAY" --proxy-url "http://$PROXY" --owner-id api-check-executor
 EXEC=$ADDR

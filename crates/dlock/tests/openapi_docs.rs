@@ -301,6 +301,9 @@ fn api_stage_problems(test_sh: &str, check_api: &str, requirements: &str) -> Vec
             out.push(format!("check-api.sh does not run {check}"));
         }
     }
+    if !check_api.contains("scripts/check-api-flow.py") {
+        out.push("check-api.sh does not walk the success paths (scripts/check-api-flow.py)".to_owned());
+    }
     for s in services() {
         if !check_api.contains(&format!("fuzz {} ", s.name)) || !check_api.contains(r#"served "$1" "$2""#) {
             out.push(format!("check-api.sh does not fuzz {} with its served document", s.name));
@@ -332,6 +335,8 @@ fn a_missing_api_stage_an_unpinned_tool_or_an_unfuzzed_service_is_reported() {
     assert!(api_stage_problems(&t, &c, &unpinned).iter().any(|p| p.contains("pinned") || p.contains("unpinned")));
     let no_proxy = c.replace("fuzz rail-proxy ", "true ");
     assert!(api_stage_problems(&t, &no_proxy, &r).iter().any(|p| p.contains("rail-proxy")));
+    let no_walk = c.replace("scripts/check-api-flow.py", "true");
+    assert!(api_stage_problems(&t, &no_walk, &r).iter().any(|p| p.contains("success paths")));
     let no_schema_check = c.replace("response_schema_conformance", "");
     assert!(api_stage_problems(&t, &no_schema_check, &r).iter().any(|p| p.contains("response_schema_conformance")));
 }
