@@ -26,7 +26,7 @@ use dlock_contract::{ErrorCode, ErrorEnvelope, FieldError};
 use serde_json::{json, Value};
 use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::path::{Operation, Parameter, ParameterBuilder, ParameterIn};
-use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema, Type};
+use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Schema, SchemaType, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, OpenApi, Ref, RefOr, Required, ResponseBuilder};
 
@@ -259,9 +259,28 @@ fn decorate(op: &mut Operation, row: &RouteErrors, need: Option<Need>) {
         list.sort();
         op.responses.responses.insert(status.to_string(), RefOr::T(error_response(&list).build()));
     }
+    not_null_when_optional(op);
     let params = op.parameters.get_or_insert_with(Vec::new);
     if !params.iter().any(|p| p.name == "traceparent") {
         params.push(traceparent());
+    }
+}
+
+/// An optional request body is documented as "absent or the object", never `null`: the
+/// handlers refuse a `null` body (`400 VALIDATION_FAILED`: it is not a JSON object), while
+/// utoipa spells `Option<T>` as `oneOf: [null, T]`.
+fn not_null_when_optional(op: &mut Operation) {
+    let Some(body) = op.request_body.as_mut() else { return };
+    if body.required == Some(Required::True) {
+        return;
+    }
+    for content in body.content.values_mut() {
+        let Some(RefOr::T(Schema::OneOf(one_of))) = &content.schema else { continue };
+        let is_null = |s: &RefOr<Schema>| matches!(s, RefOr::T(Schema::Object(o)) if o.schema_type == SchemaType::Type(Type::Null));
+        let rest: Vec<RefOr<Schema>> = one_of.items.iter().filter(|s| !is_null(s)).cloned().collect();
+        if rest.len() == 1 && one_of.items.len() == 2 {
+            content.schema = rest.into_iter().next();
+        }
     }
 }
 
@@ -298,10 +317,10 @@ fn traceparent() -> Parameter {
         .parameter_in(ParameterIn::Header)
         .required(Required::False)
         .description(Some(
-            "W3C trace context. Its trace id becomes the answer's `traceId`; without one (or with a malformed one) \
-             the service draws a fresh trace id.",
+            "W3C trace context. Its trace id becomes the answer's `traceId`; without one, or with any value that is \
+             not a well-formed `traceparent`, the service draws a fresh trace id (it never refuses the request).",
         ))
-        .schema(Some(ObjectBuilder::new().schema_type(Type::String).max_length(Some(55))))
+        .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
         .build()
 }
 
