@@ -10,11 +10,14 @@
 # the document does not list for the operation (status_code_conformance), no content type
 # it does not list (content_type_conformance), every body valid against the document's
 # schema (response_schema_conformance: an error must be the envelope, with a code the
-# document lists for that status). Services, temp dir and data are removed on exit.
+# document lists for that status). Before schemathesis, scripts/check-api-flow.py walks the
+# success paths a random request cannot reach (a signed grant, claim, submit, post) and
+# holds each answer to the same documents. Services, temp dir and data are removed on exit.
 #
 # Knobs: DLOCK_API_CHECK_EXAMPLES (test cases per operation, default 30),
 #        DLOCK_API_CHECK_SEED (schemathesis seed, default 1),
-#        DLOCK_API_CHECK_PHASES (schemathesis phases, default examples,coverage,fuzzing,stateful).
+#        DLOCK_API_CHECK_PHASES (schemathesis phases, default examples,coverage,fuzzing,stateful),
+#        DLOCK_API_CHECK_RUN_SECONDS (time budget of one schemathesis run, default 20).
 set -euo pipefail
 
 DLOCK=${1:?usage: check-api.sh DLOCK_BINARY ST_BINARY}
