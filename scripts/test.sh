@@ -33,6 +33,9 @@
 #        promtool check rules / promtool test rules (deploy/observability/prometheus/)
 #        deploy manifests: kubernetes-validate (pinned, deploy/validate-requirements.txt, in
 #          target/deploy-venv) on deploy/k8s/*.yaml, scripts/check-compose.py on the compose file
+#        API conformance: scripts/check-api.sh — each service from the release binary,
+#          schemathesis (pinned, deploy/api-check-requirements.txt, in target/api-check-venv)
+#          against it with its own docs/api/<service>.json
 #        fuzz: builds fuzz/ (its own workspace, fuzz/Cargo.lock) on the stable toolchain with
 #          libFuzzer's coverage instrumentation (FUZZ_RUSTFLAGS below, fuzz/README.md) and
 #          runs every target for FUZZ_SECONDS_PER_TARGET from its committed seed corpus
@@ -182,6 +185,9 @@ ensure_packages() {
     fi
     # python3-venv (the pinned manifest checker's venv, "deploy manifests" stage).
     python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+    # openssl and curl (the throwaway grant key and the document fetch, "API conformance").
+    command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+    command -v curl >/dev/null 2>&1 || missing+=(curl)
     if [ "${DLOCK_SKIP_BROWSER:-0}" != "1" ]; then
         command -v chromium >/dev/null 2>&1 || missing+=(chromium)
         [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
@@ -525,6 +531,19 @@ deploy_manifests() {
         && "$DEPLOY_VENV/bin/python" scripts/check-compose.py deploy/compose/compose.yaml
 }
 run_stage "deploy manifests" deploy_manifests
+
+# The HTTP contract, checked against the running services (C3-extensions E-16): every
+# service started from the release binary on SQLite with credentials, its served document
+# equal to docs/api/<service>.json, and schemathesis (pinned,
+# deploy/api-check-requirements.txt, in target/api-check-venv) finding no 5xx, no status or
+# content type outside the document and no body (errors: the envelope) outside its schema.
+API_VENV="$ROOT/target/api-check-venv"
+api_conformance() {
+    { [ -x "$API_VENV/bin/pip" ] || python3 -m venv "$API_VENV"; } \
+        && "$API_VENV/bin/pip" install --quiet --disable-pip-version-check -r deploy/api-check-requirements.txt \
+        && scripts/check-api.sh "$ROOT/target/release/dlock" "$API_VENV/bin/st"
+}
+run_stage "API conformance" api_conformance
 
 # Coverage-guided fuzzing on stable (fuzz/README.md "How it runs on stable"): these are the
 # flags `cargo fuzz build --sanitizer none` passes, none of them nightly-only. `--target`

@@ -102,9 +102,14 @@ const O: Need = Need::Role(Role::Operator);
 const R: Need = Need::Read;
 const OPEN: Need = Need::Open;
 
-/// The health endpoints, open on every service.
-pub const HEALTH_ROUTES: &[RouteRule] =
-    &[rule("GET", "/health/live", OPEN), rule("GET", "/health/ready", OPEN), rule("GET", "/metrics", R)];
+/// The health endpoints, open on every service; metrics and the OpenAPI document
+/// (C3-extensions E-16) need any valid credential.
+pub const HEALTH_ROUTES: &[RouteRule] = &[
+    rule("GET", "/health/live", OPEN),
+    rule("GET", "/health/ready", OPEN),
+    rule("GET", "/metrics", R),
+    rule("GET", "/v1/openapi.json", R),
+];
 
 /// The lock server's role table (C3 §3.3).
 pub const LOCK_SERVER_ROUTES: &[RouteRule] = &[

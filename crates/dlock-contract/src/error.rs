@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 /// A stable, machine-readable error identifier. Alerts filter on this, never on `message`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {
     LockContended,
@@ -361,7 +361,7 @@ impl std::fmt::Display for ErrorCode {
 }
 
 /// One field-level problem in a `VALIDATION_FAILED` body (`details.fields[]`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FieldError {
     pub field: String,
     pub problem: String,
@@ -374,7 +374,7 @@ impl FieldError {
 }
 
 /// The only error body on the wire (C3 §3.1).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ErrorEnvelope {
     pub code: ErrorCode,

@@ -34,7 +34,7 @@ pub fn clamp_session_ttl_ms(requested: i64) -> i64 {
 }
 
 /// `201` body of `POST /v1/sessions` (L1).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SessionOpened {
     pub session_id: Uuid,
@@ -45,7 +45,7 @@ pub struct SessionOpened {
 }
 
 /// `200` body of `POST /v1/sessions/{id}/heartbeat` (L2).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HeartbeatAck {
     pub session_id: Uuid,
@@ -57,7 +57,7 @@ pub struct HeartbeatAck {
 }
 
 /// `200` body of acquire and renew (L4, L5).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockGrant {
     pub key: String,
@@ -75,7 +75,7 @@ pub struct LockGrant {
 }
 
 /// `200` body of `GET /v1/locks/{key}` (L7). Advisory: never decide "safe to act" from it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockInfo {
     pub key: String,
@@ -92,12 +92,73 @@ pub struct LockInfo {
 }
 
 /// `200` body of `POST /v1/locks/{key}/revoke` (L8), the `LockOutcome` record of C2 §2.3.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LockOutcome {
     pub revoked_token: i64,
     pub new_token_floor: i64,
     pub revocation_id: Uuid,
+}
+
+/// `POST /v1/sessions` body (L1). The body is optional: the owner may come from `X-Owner-Id`
+/// alone. Documents the wire shape; the server validates field by field.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenSessionRequest {
+    /// Must equal `X-Owner-Id` when both are given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[!-~]{1,64}$", example = "worker-1")]
+    pub owner_id: Option<String>,
+    /// Requested session TTL; clamped into `[SESSION_TTL_MS_MIN, SESSION_TTL_MS_MAX]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, example = 10_000)]
+    pub ttl_millis: Option<i64>,
+}
+
+/// `POST /v1/locks/{key}/acquire` body (L4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AcquireRequest {
+    pub session_id: Uuid,
+    /// Requested lease; clamped into `[LOCK_TTL_MS_MIN, LOCK_TTL_MS_MAX]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, example = 15_000)]
+    pub ttl_millis: Option<i64>,
+    /// How long the server may hold the request while the key is held (0: answer at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 30_000, example = 0)]
+    pub wait_millis: Option<i64>,
+}
+
+/// `POST /v1/locks/{key}/renew` body (L5).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewRequest {
+    pub session_id: Uuid,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, example = 15_000)]
+    pub ttl_millis: Option<i64>,
+}
+
+/// `DELETE /v1/locks/{key}` body (L6), when `sessionId` is not in the query.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReleaseRequest {
+    pub session_id: Uuid,
+}
+
+/// `POST /v1/locks/{key}/revoke` body (L8).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RevokeRequest {
+    #[schema(min_length = 1, max_length = 512, example = "alice")]
+    pub operator: String,
+    #[schema(min_length = 8, max_length = 512, example = "worker wedged on payout 4b6f1b5e")]
+    pub reason: String,
+    /// Revoke only if this is still the current grant's token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, example = 42)]
+    pub expected_token: Option<i64>,
 }
 
 #[cfg(test)]

@@ -177,11 +177,14 @@ impl<'a> Fields<'a> {
 }
 
 /// `POST /v1/accounts` body, validated.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NewAccountRequest {
+    #[schema(pattern = "^[a-zA-Z0-9:._-]{1,64}$", example = "acct-1")]
     pub account_id: String,
+    #[schema(pattern = "^[A-Z]{3}$", example = "EUR")]
     pub currency: String,
+    #[schema(minimum = 0, maximum = 1_000_000_000_000_000_i64, example = 100_000)]
     pub opening_balance_minor: i64,
 }
 
@@ -204,13 +207,18 @@ impl NewAccountRequest {
 
 /// `POST /v1/payouts` body, validated. Without `payoutId` the service generates one; the
 /// fingerprint then sees `null`, not the generated id.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NewPayoutRequest {
+    #[schema(required = false)]
     pub payout_id: Option<Uuid>,
+    #[schema(pattern = "^[a-zA-Z0-9:._-]{1,64}$", example = "acct-1")]
     pub account_id: String,
+    #[schema(minimum = 1, maximum = 1_000_000_000_000_000_i64, example = 1250)]
     pub amount_minor: i64,
+    #[schema(pattern = "^[A-Z]{3}$", example = "EUR")]
     pub currency: String,
+    #[schema(min_length = 1, max_length = 256, example = "ben-1")]
     pub beneficiary_ref: String,
 }
 
@@ -235,10 +243,11 @@ impl NewPayoutRequest {
 }
 
 /// P2 `POST /v1/payouts/{payoutId}/claim` body, validated.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimRequest {
     /// `PENDING` for a first claim, `CLAIMED` for a recovery re-claim. Nothing else.
+    #[schema(example = "PENDING")]
     pub expected_state: PayoutState,
 }
 
@@ -263,12 +272,14 @@ impl ClaimRequest {
 }
 
 /// P3 `POST /v1/payouts/{payoutId}/post` body, validated.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PostRequest {
+    #[schema(min_length = 1, max_length = 256, example = "rail-ref-1")]
     pub rail_reference: String,
     pub submission_id: Uuid,
     /// Always `ACKED`: only an acknowledged transfer is posted.
+    #[schema(pattern = "^ACKED$", example = "ACKED")]
     pub rail_outcome: String,
 }
 
@@ -297,7 +308,7 @@ impl PostRequest {
 }
 
 /// `200` body of P2.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimAck {
     pub payout_id: Uuid,
@@ -310,7 +321,7 @@ pub struct ClaimAck {
 }
 
 /// One ledger entry in a P3 answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EntryBody {
     pub entry_id: Uuid,
@@ -322,7 +333,7 @@ pub struct EntryBody {
 }
 
 /// `200` body of P3.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PostAck {
     pub payout_id: Uuid,
@@ -334,7 +345,7 @@ pub struct PostAck {
 }
 
 /// One rail submission in a P4 answer, in `seq` order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SubmissionBody {
     pub submission_id: Uuid,
@@ -350,7 +361,7 @@ pub struct SubmissionBody {
 }
 
 /// `200` body of P4 and `201` body of `POST /v1/payouts`. Advisory.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PayoutBody {
     pub payout_id: Uuid,
@@ -374,7 +385,7 @@ pub struct PayoutBody {
 }
 
 /// `200` body of P5 and `201` body of `POST /v1/accounts`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AccountBody {
     pub account_id: String,
@@ -392,7 +403,7 @@ pub struct AccountBody {
 }
 
 /// One row of a P1 page.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PayoutItem {
     pub payout_id: Uuid,
@@ -406,7 +417,7 @@ pub struct PayoutItem {
 }
 
 /// `200` body of P1.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PayoutPage {
     pub items: Vec<PayoutItem>,

@@ -15,7 +15,7 @@ pub const BENEFICIARY_REF_CHARS_MAX: usize = 256;
 
 /// Outcome recorded on a `rail_submission` row (C1), also the `outcome` tag of
 /// `rail_submission_total` in lower case (C4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum SubmissionOutcome {
     /// Step 1 refused the token; nothing was forwarded.
@@ -72,13 +72,17 @@ impl SubmissionOutcome {
 }
 
 /// `POST /v1/rail/submissions` body, validated.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SubmissionRequest {
     pub payout_id: Uuid,
+    #[schema(pattern = "^[a-zA-Z0-9:._-]{1,64}$", example = "acct-1")]
     pub account_id: String,
+    #[schema(minimum = 1, example = 1250)]
     pub amount_minor: i64,
+    #[schema(pattern = "^[A-Z]{3}$", example = "EUR")]
     pub currency: String,
+    #[schema(min_length = 1, max_length = 256, example = "ben-1")]
     pub beneficiary_ref: String,
 }
 
@@ -178,7 +182,7 @@ impl SubmissionRequest {
 }
 
 /// `200` body of `POST /v1/rail/submissions` (C3 §3.5).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SubmissionAck {
     pub submission_id: Uuid,
@@ -193,16 +197,18 @@ pub struct SubmissionAck {
 }
 
 /// `POST /submit` body of the rail (C3 §3.6). No token, no idempotency key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RailSubmit {
+    #[schema(min_length = 1, max_length = 128, example = "4b6f1b5e-8d0a-4a39-9f5e-2f1d1a0c9e11")]
     pub client_ref: String,
     pub amount_minor: i64,
+    #[schema(min_length = 1, example = "EUR")]
     pub currency: String,
 }
 
 /// `200` body of the rail's `POST /submit`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RailAck {
     pub rail_reference: String,
@@ -211,7 +217,7 @@ pub struct RailAck {
 }
 
 /// What the rail did with one inbound call, as its own record says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum RailCallOutcome {
     /// Paid and answered 200 (the caller may still have stopped listening).
@@ -225,7 +231,7 @@ pub enum RailCallOutcome {
 }
 
 /// One entry of the rail's call log (`GET /calls`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RailCall {
     pub client_ref: String,
@@ -241,7 +247,7 @@ pub struct RailCall {
 }
 
 /// `GET /calls` body.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RailCallLog {
     pub calls: Vec<RailCall>,
 }

@@ -7,6 +7,7 @@
 pub mod config;
 pub mod hops;
 pub mod metrics;
+pub mod openapi;
 pub mod worker;
 
 pub use config::ExecutorConfig;
@@ -31,14 +32,21 @@ pub fn router_with_auth(executor: Arc<Executor>, auth: Option<Arc<dlock_http::au
         .route("/metrics", get(metrics))
         .route("/health/live", get(dlock_http::health::live))
         .route("/health/ready", get(ready))
+        .route(dlock_http::openapi::DOCUMENT_PATH, get(crate::openapi::openapi_json))
         .with_state(executor);
     dlock_http::finish_with_auth(routes, 1_024, auth)
 }
 
+/// Prometheus metrics (C4).
+#[utoipa::path(get, path = "/metrics", tag = "metrics",
+    responses((status = 200, description = "Prometheus text exposition.", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)))]
 async fn metrics(State(e): State<Arc<Executor>>) -> Response {
     dlock_http::metrics::response(e.metrics.render())
 }
 
+/// Readiness (C4): the worker is running.
+#[utoipa::path(get, path = "/health/ready", tag = "health",
+    responses((status = 200, description = "Ready.", body = dlock_http::openapi::Health)))]
 async fn ready(State(_e): State<Arc<Executor>>) -> Response {
     dlock_http::health::ready(BTreeMap::new())
 }

@@ -10,6 +10,9 @@ use serde_json::json;
 use crate::ApiError;
 
 /// `GET /health/live`: the process is up. Deliberately checks no dependency.
+#[utoipa::path(get, path = "/health/live", tag = "health", operation_id = "health_live",
+    responses((status = 200, description = "The process is up.", body = crate::openapi::Health,
+        example = json!({ "status": "UP" }))))]
 pub async fn live() -> Response {
     crate::json(StatusCode::OK, &json!({ "status": "UP" }))
 }

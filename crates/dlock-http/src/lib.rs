@@ -17,6 +17,7 @@ pub mod error;
 pub mod extract;
 pub mod health;
 pub mod metrics;
+pub mod openapi;
 pub mod strict_json;
 
 pub use error::ApiError;

@@ -48,6 +48,7 @@ fn routes(server: Arc<LockServer>) -> axum::Router {
         .route("/health/live", get(dlock_http::health::live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route(dlock_http::openapi::DOCUMENT_PATH, get(crate::openapi::openapi_json))
         .with_state(server)
 }
 
@@ -163,6 +164,14 @@ fn optional_body(body: Result<JsonBody, ApiError>, headers: &HeaderMap) -> Resul
 }
 
 // L1
+/// Open a session (L1).
+///
+/// The owner comes from `X-Owner-Id` or the body's `ownerId` (both: they must agree). The
+/// TTL is clamped into the contract's range.
+#[utoipa::path(post, path = "/v1/sessions", tag = "sessions",
+    params(("X-Owner-Id" = Option<String>, Header, description = "The caller's worker identity (or send `ownerId`).", pattern = "^[!-~]{1,64}$")),
+    request_body(content = Option<dlock_contract::lock::OpenSessionRequest>, content_type = "application/json"),
+    responses((status = 201, description = "The session is open.", body = SessionOpened)))]
 async fn open_session(
     State(server): State<Arc<LockServer>>,
     Extension(trace): Extension<TraceId>,
@@ -214,6 +223,10 @@ async fn open_session(
 }
 
 // L2
+/// Heartbeat a session (L2): extends it by its TTL.
+#[utoipa::path(post, path = "/v1/sessions/{sessionId}/heartbeat", tag = "sessions",
+    params(crate::openapi::SessionPath, dlock_http::openapi::OwnerHeader),
+    responses((status = 200, description = "The session is extended.", body = HeartbeatAck)))]
 async fn heartbeat(
     State(server): State<Arc<LockServer>>,
     Path(session_id): Path<String>,
@@ -236,6 +249,10 @@ async fn heartbeat(
 }
 
 // L3
+/// Close a session (L3): releases its locks (after the lock delay).
+#[utoipa::path(delete, path = "/v1/sessions/{sessionId}", tag = "sessions",
+    params(crate::openapi::SessionPath, dlock_http::openapi::OwnerHeader),
+    responses((status = 204, description = "The session is closed.")))]
 async fn close_session(
     State(server): State<Arc<LockServer>>,
     Extension(trace): Extension<TraceId>,
@@ -253,6 +270,11 @@ async fn close_session(
 }
 
 // L4
+/// Acquire a lock (L4), optionally waiting up to `waitMillis` for it.
+#[utoipa::path(post, path = "/v1/locks/{key}/acquire", tag = "locks",
+    params(crate::openapi::KeyPath, dlock_http::openapi::OwnerHeader),
+    request_body(content = dlock_contract::lock::AcquireRequest, content_type = "application/json"),
+    responses((status = 200, description = "Granted: the grant and its fencing token.", body = LockGrant)))]
 async fn acquire(
     State(server): State<Arc<LockServer>>,
     Extension(trace): Extension<TraceId>,
@@ -307,6 +329,11 @@ async fn acquire(
 }
 
 // L5
+/// Renew a held lock (L5): same token, later expiry.
+#[utoipa::path(post, path = "/v1/locks/{key}/renew", tag = "locks",
+    params(crate::openapi::KeyPath, dlock_http::openapi::FencingTokenHeader, dlock_http::openapi::OwnerHeader),
+    request_body(content = dlock_contract::lock::RenewRequest, content_type = "application/json"),
+    responses((status = 200, description = "Renewed.", body = LockGrant)))]
 async fn renew(
     State(server): State<Arc<LockServer>>,
     Extension(trace): Extension<TraceId>,
@@ -347,6 +374,14 @@ struct SessionQuery {
 }
 
 // L6
+/// Release a lock (L6): only the grant whose token is presented.
+///
+/// `sessionId` comes from the query or, without it, from the body (attribution only).
+#[utoipa::path(delete, path = "/v1/locks/{key}", tag = "locks",
+    params(crate::openapi::KeyPath, dlock_http::openapi::FencingTokenHeader, dlock_http::openapi::OwnerHeader,
+        ("sessionId" = Option<uuid::Uuid>, Query, description = "The releasing session (or send it in the body).")),
+    request_body(content = Option<dlock_contract::lock::ReleaseRequest>, content_type = "application/json"),
+    responses((status = 204, description = "Released.")))]
 async fn release(
     State(server): State<Arc<LockServer>>,
     Extension(trace): Extension<TraceId>,
@@ -390,6 +425,9 @@ async fn release(
 }
 
 // L7
+/// Read a lock's state (L7). Advisory: never decide "safe to act" from it.
+#[utoipa::path(get, path = "/v1/locks/{key}", tag = "locks", params(crate::openapi::KeyPath),
+    responses((status = 200, description = "The key's current state.", body = LockInfo)))]
 async fn info(State(server): State<Arc<LockServer>>, Path(key): Path<String>) -> Result<Response, ApiError> {
     let key = lock_key(&key)?;
     let Some(info) = server.store.info(&key).await.map_err(not_leader)? else {
@@ -413,6 +451,11 @@ async fn info(State(server): State<Arc<LockServer>>, Path(key): Path<String>) ->
 }
 
 // L8
+/// Revoke a lock (L8, operator): the next grant's token is above the revoked one.
+#[utoipa::path(post, path = "/v1/locks/{key}/revoke", tag = "locks",
+    params(crate::openapi::KeyPath, dlock_http::openapi::OwnerHeader),
+    request_body(content = dlock_contract::lock::RevokeRequest, content_type = "application/json"),
+    responses((status = 200, description = "Revoked.", body = LockOutcome)))]
 async fn revoke(
     State(server): State<Arc<LockServer>>,
     Extension(trace): Extension<TraceId>,
@@ -481,11 +524,17 @@ async fn revoke(
     }
 }
 
+/// Readiness (C4): the backend answers.
+#[utoipa::path(get, path = "/health/ready", tag = "health",
+    responses((status = 200, description = "Ready.", body = dlock_http::openapi::Health)))]
 async fn ready(State(server): State<Arc<LockServer>>) -> Response {
     let backend = server.store.ping().await.map_err(|e| e.to_string());
     dlock_http::health::ready(BTreeMap::from([("backend", backend)]))
 }
 
+/// Prometheus metrics (C4).
+#[utoipa::path(get, path = "/metrics", tag = "metrics",
+    responses((status = 200, description = "Prometheus text exposition.", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)))]
 async fn metrics(State(server): State<Arc<LockServer>>) -> Response {
     dlock_http::metrics::response(server.metrics.render())
 }

@@ -15,6 +15,7 @@
 
 pub mod app;
 pub mod config;
+pub mod openapi;
 pub mod rules;
 pub mod service;
 pub mod store;

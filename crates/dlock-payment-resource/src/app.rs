@@ -57,6 +57,7 @@ pub fn router_with_auth(pr: Arc<PaymentResource>, auth: Option<Arc<dlock_http::a
         .route("/health/live", get(dlock_http::health::live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route(dlock_http::openapi::DOCUMENT_PATH, get(crate::openapi::openapi_json))
         .with_state(pr);
     dlock_http::finish_with_auth(routes, body_bytes_max, auth)
 }
@@ -362,6 +363,11 @@ fn payout_body(p: &PayoutView) -> PayoutBody {
 // Creates
 // ---------------------------------------------------------------------------------------
 
+/// Create an account (operator), with its opening balance posted to the ledger.
+#[utoipa::path(post, path = "/v1/accounts", tag = "accounts",
+    params(dlock_http::openapi::OwnerHeader, dlock_http::openapi::IdempotencyKeyHeader),
+    request_body(content = dlock_contract::payment::NewAccountRequest, content_type = "application/json"),
+    responses((status = 201, description = "Created (or the recorded answer to this idempotency key).", body = AccountBody)))]
 async fn create_account(
     State(pr): State<Arc<PaymentResource>>,
     Extension(trace): Extension<TraceId>,
@@ -410,6 +416,11 @@ async fn create_account(
     ))
 }
 
+/// Create a payout (operator) in state `PENDING`.
+#[utoipa::path(post, path = "/v1/payouts", tag = "payouts",
+    params(dlock_http::openapi::OwnerHeader, dlock_http::openapi::IdempotencyKeyHeader),
+    request_body(content = dlock_contract::payment::NewPayoutRequest, content_type = "application/json"),
+    responses((status = 201, description = "Created (or the recorded answer to this idempotency key).", body = PayoutBody)))]
 async fn create_payout(
     State(pr): State<Arc<PaymentResource>>,
     Extension(trace): Extension<TraceId>,
@@ -529,6 +540,11 @@ pub fn render_post(o: &PostOutcome, payout_id: Uuid, trace_id: &str) -> StoredRe
     }
 }
 
+/// Claim a payout (P2, worker): a fenced write under the caller's lock token.
+#[utoipa::path(post, path = "/v1/payouts/{payoutId}/claim", tag = "payouts",
+    params(crate::openapi::PayoutPath, dlock_http::openapi::FencingTokenHeader, dlock_http::openapi::FencingSignatureHeader, dlock_http::openapi::OwnerHeader, dlock_http::openapi::IdempotencyKeyHeader),
+    request_body(content = dlock_contract::payment::ClaimRequest, content_type = "application/json"),
+    responses((status = 200, description = "Claimed (or the recorded answer to this idempotency key).", body = ClaimAck)))]
 async fn claim(
     State(pr): State<Arc<PaymentResource>>,
     Extension(trace): Extension<TraceId>,
@@ -610,6 +626,11 @@ async fn claim(
     ))
 }
 
+/// Post an acknowledged payout to the ledger (P3, worker): a fenced write.
+#[utoipa::path(post, path = "/v1/payouts/{payoutId}/post", tag = "payouts",
+    params(crate::openapi::PayoutPath, dlock_http::openapi::FencingTokenHeader, dlock_http::openapi::FencingSignatureHeader, dlock_http::openapi::OwnerHeader, dlock_http::openapi::IdempotencyKeyHeader),
+    request_body(content = dlock_contract::payment::PostRequest, content_type = "application/json"),
+    responses((status = 200, description = "Posted (or the recorded answer to this idempotency key).", body = PostAck)))]
 async fn post_payout(
     State(pr): State<Arc<PaymentResource>>,
     Extension(trace): Extension<TraceId>,
@@ -701,6 +722,9 @@ async fn post_payout(
 // Reads: P1, P4, P5
 // ---------------------------------------------------------------------------------------
 
+/// Read a payout and its rail submissions (P4). Advisory.
+#[utoipa::path(get, path = "/v1/payouts/{payoutId}", tag = "payouts", params(crate::openapi::PayoutPath),
+    responses((status = 200, description = "The payout.", body = PayoutBody)))]
 async fn get_payout(State(pr): State<Arc<PaymentResource>>, Path(raw_id): Path<String>) -> Result<Response, ApiError> {
     let payout_id = path_uuid(&raw_id, "payoutId")?;
     match pr.store.payout(payout_id).await.map_err(store_error)? {
@@ -709,6 +733,9 @@ async fn get_payout(State(pr): State<Arc<PaymentResource>>, Path(raw_id): Path<S
     }
 }
 
+/// Read an account (P5): balance, fence and the ledger's sum. Advisory.
+#[utoipa::path(get, path = "/v1/accounts/{accountId}", tag = "accounts", params(crate::openapi::AccountPath),
+    responses((status = 200, description = "The account.", body = AccountBody)))]
 async fn get_account(
     State(pr): State<Arc<PaymentResource>>,
     Path(account_id): Path<String>,
@@ -808,6 +835,9 @@ fn page_query(pr: &PaymentResource, pairs: Vec<(String, String)>) -> Result<Page
     Ok(PageQuery { state, account_id, limit, cursor })
 }
 
+/// List payouts in one state (P1), oldest first, in pages over one snapshot.
+#[utoipa::path(get, path = "/v1/payouts", tag = "payouts", params(crate::openapi::ListQuery),
+    responses((status = 200, description = "One page.", body = PayoutPage)))]
 async fn list_payouts(
     State(pr): State<Arc<PaymentResource>>,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
@@ -873,10 +903,16 @@ async fn list_payouts(
     Ok(dlock_http::json(StatusCode::OK, &PayoutPage { items, next_cursor }))
 }
 
+/// Readiness (C4): paydb answers.
+#[utoipa::path(get, path = "/health/ready", tag = "health",
+    responses((status = 200, description = "Ready.", body = dlock_http::openapi::Health)))]
 async fn ready(State(pr): State<Arc<PaymentResource>>) -> Response {
     dlock_http::health::ready(BTreeMap::from([("paydb", pr.readiness().await)]))
 }
 
+/// Prometheus metrics (C4).
+#[utoipa::path(get, path = "/metrics", tag = "metrics",
+    responses((status = 200, description = "Prometheus text exposition.", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)))]
 async fn metrics(State(pr): State<Arc<PaymentResource>>) -> Response {
     dlock_http::metrics::response(pr.render_metrics().await)
 }

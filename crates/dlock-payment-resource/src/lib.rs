@@ -18,6 +18,7 @@ pub mod config;
 pub mod cursor;
 pub mod idempotency;
 pub mod metrics;
+pub mod openapi;
 pub mod rules;
 pub mod service;
 pub mod store;

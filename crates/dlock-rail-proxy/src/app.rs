@@ -29,10 +29,16 @@ pub fn router_with_auth(proxy: Arc<RailProxy>, auth: Option<Arc<dlock_http::auth
         .route("/health/live", get(dlock_http::health::live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route(dlock_http::openapi::DOCUMENT_PATH, get(crate::openapi::openapi_json))
         .with_state(proxy);
     dlock_http::finish_with_auth(routes, body_bytes_max, auth)
 }
 
+/// Submit a claimed payout to the rail (C3 §3.5, worker), at most once per payout.
+#[utoipa::path(post, path = "/v1/rail/submissions", tag = "rail",
+    params(dlock_http::openapi::FencingTokenHeader, dlock_http::openapi::FencingSignatureHeader, dlock_http::openapi::OwnerHeader, dlock_http::openapi::IdempotencyKeyHeader),
+    request_body(content = dlock_contract::rail::SubmissionRequest, content_type = "application/json"),
+    responses((status = 200, description = "The rail acknowledged the transfer.", body = SubmissionAck)))]
 async fn submit(
     State(proxy): State<Arc<RailProxy>>,
     Extension(trace): Extension<TraceId>,
@@ -153,11 +159,17 @@ async fn submit(
     })
 }
 
+/// Readiness (C4): paydb and the rail answer.
+#[utoipa::path(get, path = "/health/ready", tag = "health",
+    responses((status = 200, description = "Ready.", body = dlock_http::openapi::Health)))]
 async fn ready(State(proxy): State<Arc<RailProxy>>) -> Response {
     let (db, rail) = proxy.readiness().await;
     dlock_http::health::ready(BTreeMap::from([("paydb", db), ("railStub", rail)]))
 }
 
+/// Prometheus metrics (C4).
+#[utoipa::path(get, path = "/metrics", tag = "metrics",
+    responses((status = 200, description = "Prometheus text exposition.", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)))]
 async fn metrics(State(proxy): State<Arc<RailProxy>>) -> Response {
     dlock_http::metrics::response(proxy.metrics.render())
 }

@@ -27,6 +27,7 @@ pub mod admission;
 pub mod app;
 pub mod config;
 pub mod metrics;
+pub mod openapi;
 pub mod service;
 pub mod store;
 pub mod store_fault;

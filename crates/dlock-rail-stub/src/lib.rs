@@ -10,6 +10,7 @@
 //! order: the same seed and the same arrival order give the same outcomes.
 
 pub mod config;
+pub mod openapi;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -241,8 +242,9 @@ pub fn router(stub: Arc<RailStub>) -> axum::Router {
         .route("/submit", post(submit))
         .route("/calls", get(calls))
         .route("/health/live", get(dlock_http::health::live))
-        .route("/health/ready", get(dlock_http::health::live))
+        .route("/health/ready", get(crate::openapi::ready))
         .route("/metrics", get(metrics))
+        .route(dlock_http::openapi::DOCUMENT_PATH, get(crate::openapi::openapi_json))
         .with_state(stub);
     dlock_http::finish(routes, BODY_BYTES_MAX)
 }
@@ -260,6 +262,11 @@ fn parse_submit(body: &Value) -> Result<(String, i64, String), ApiError> {
     }
 }
 
+/// The rail's transfer endpoint (C3 §3.6): pays, declines (`402`), fails (`500`) or drops
+/// the connection, as the seeded chaos decides.
+#[utoipa::path(post, path = "/submit", tag = "rail",
+    request_body(content = dlock_contract::rail::RailSubmit, content_type = "application/json"),
+    responses((status = 200, description = "Paid.", body = RailAck)))]
 async fn submit(State(stub): State<Arc<RailStub>>, JsonBody(body): JsonBody) -> Response {
     let (client_ref, amount_minor, currency) = match parse_submit(&body) {
         Ok(v) => v,
@@ -295,10 +302,16 @@ async fn submit(State(stub): State<Arc<RailStub>>, JsonBody(body): JsonBody) -> 
     }
 }
 
+/// The rail's own record of every inbound `/submit`, in arrival order.
+#[utoipa::path(get, path = "/calls", tag = "rail",
+    responses((status = 200, description = "The call log.", body = RailCallLog)))]
 async fn calls(State(stub): State<Arc<RailStub>>) -> Response {
     dlock_http::json(StatusCode::OK, &RailCallLog { calls: stub.calls() })
 }
 
+/// Prometheus metrics (C4).
+#[utoipa::path(get, path = "/metrics", tag = "metrics",
+    responses((status = 200, description = "Prometheus text exposition.", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)))]
 async fn metrics(State(stub): State<Arc<RailStub>>) -> Response {
     let mut out = String::new();
     stub.calls_total.render(&mut out);
