@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -486,6 +486,8 @@ async fn ready(State(server): State<Arc<LockServer>>) -> Response {
     dlock_http::health::ready(BTreeMap::from([("backend", backend)]))
 }
 
-async fn metrics(State(server): State<Arc<LockServer>>) -> Response {
-    dlock_http::metrics::response(server.metrics.render())
+/// `GET /metrics`, optionally only the families named by `name[]=` parameters.
+async fn metrics(State(server): State<Arc<LockServer>>, RawQuery(query): RawQuery) -> Response {
+    let only = dlock_http::metrics::requested_families(query.as_deref());
+    dlock_http::metrics::response(server.render_metrics(&only))
 }

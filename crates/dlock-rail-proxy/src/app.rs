@@ -159,5 +159,5 @@ async fn ready(State(proxy): State<Arc<RailProxy>>) -> Response {
 }
 
 async fn metrics(State(proxy): State<Arc<RailProxy>>) -> Response {
-    dlock_http::metrics::response(proxy.metrics.render())
+    dlock_http::metrics::response(proxy.render_metrics())
 }
