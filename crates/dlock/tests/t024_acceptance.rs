@@ -182,7 +182,9 @@ async fn metrics_expose_only_pinned_tag_values(db: Db) {
     let store_ops: &[&str] =
         &["ping", "payout", "admit", "resolve", "high_water", "submissions", "unresolved_before", "insert_payout"];
     let rail_calls: &[&str] = &["acked", "rejected", "ambiguous", "unsent"];
-    let pinned: &[(&str, &[(&str, &[&str])])] = &[
+    // (family, [(label, its values)]).
+    type Labels<'a> = &'a [(&'a str, &'a [&'a str])];
+    let pinned: &[(&str, Labels)] = &[
         ("rail_submission_total", &[("outcome", &["fenced", "duplicate", "acked", "rejected", "timeout", "unsent"])]),
         ("lock_fenced_out_total", &[("resource", &["account", "ledger", "rail"])]),
         ("rail_duplicate_attempted_total", &[]),
