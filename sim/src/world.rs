@@ -1350,8 +1350,11 @@ impl World {
 
     /// The value of the metric line `series` (`lock_acquire_total{outcome="not_leader"}`)
     /// at lock replica `replica`'s `/metrics`, when it answers.
+    /// Asks for the series' family alone (`name[]`), so the answer stays as small as the
+    /// exposition was before the latency histograms (and the schedule with it).
     pub async fn lock_metric(&self, replica: usize, series: &str) -> Option<f64> {
-        let (status, body) = self.observe(&format!("lock-{replica}"), "/metrics").await?;
+        let family = series.split('{').next().unwrap_or(series);
+        let (status, body) = self.observe(&format!("lock-{replica}"), &format!("/metrics?name[]={family}")).await?;
         if status != 200 {
             return None;
         }

@@ -22,6 +22,11 @@
 //! retry, no re-acquire-and-continue; it is logged (`executor_fenced_out`, error) and
 //! counted. `RAIL_AMBIGUOUS` emits `rail_ambiguous`, releases and stops: that payout is never
 //! submitted again (C3 §3.7).
+//!
+//! Every hop (acquire, the re-read, claim, submit, post, release) is timed on the executor's
+//! clock into `payout_hop_seconds{hop}`, answered or not, and a payout that ends POSTED or
+//! FAILED here is observed in `payout_end_to_end_seconds{outcome}` ([`crate::metrics`]).
+//! Timing never changes what a hop does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,7 +45,7 @@ use uuid::Uuid;
 
 use crate::config::ExecutorConfig;
 use crate::hops::Hops;
-use crate::metrics::{ExecutorMetrics, Outcome};
+use crate::metrics::{ExecutorMetrics, Hop, Outcome, Terminal};
 
 /// BUGGIFY fault point between a hop's lease check and its write (`dlock_rt::buggify`,
 /// never firing outside the simulation): how often, and for at most how long.
@@ -277,7 +282,13 @@ impl Executor {
     /// most `executor.lock-wait-ms` when the key is held (no `waitMillis` when it is 0).
     async fn acquire(&self, session: &Session, key: &str) -> Result<LockGuard, LockClientError> {
         let wait_ms = (self.cfg.lock_wait_ms > 0).then_some(self.cfg.lock_wait_ms);
-        session.acquire_with(key, AcquireOptions { ttl_ms: None, wait_ms }).await
+        let acquired = session.acquire_with(key, AcquireOptions { ttl_ms: None, wait_ms });
+        self.metrics.hops.time(&self.clock, Hop::Acquire, acquired).await
+    }
+
+    /// Releases `guard` (L6), timed as the `release` hop; its answer changes nothing here.
+    async fn release(&self, guard: LockGuard) {
+        let _ = self.metrics.hops.time(&self.clock, Hop::Release, guard.release()).await;
     }
 
     /// One scan of the work queue (advisory reads), in [`SCAN_STATES`] order. Updates the
@@ -324,6 +335,7 @@ impl Executor {
             return (None, Step::Busy);
         };
         let key = format!("payout:{}", c.account_id);
+        let started = self.clock.now();
         let guard = match self.acquire(session, &key).await {
             Ok(g) => g,
             Err(e @ LockClientError::Ambiguous { .. }) => {
@@ -335,7 +347,18 @@ impl Executor {
                 return (None, Step::Busy);
             }
         };
-        (self.execute_held(session, owner, c, guard).await, Step::Done)
+        let outcome = self.execute_held(session, owner, c, guard).await;
+        if let Some(terminal) = outcome.and_then(Terminal::of) {
+            let took = match c.created_at {
+                Some(created) => {
+                    let ms = (self.clock.wall() - created).num_milliseconds().max(0);
+                    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+                }
+                None => self.clock.now() - started,
+            };
+            self.metrics.end_to_end.observe(terminal, took);
+        }
+        (outcome, Step::Done)
     }
 
     /// Marks `account` as worked by the calling task; `None` when a sibling already works it.
@@ -350,7 +373,7 @@ impl Executor {
             return Some(self.finish(guard, Outcome::Unavailable).await);
         };
         // FR-14: re-read before acting. Only a hint; the fenced write decides.
-        let view = match self.hops.payment.payout(c.payout_id).await {
+        let view = match self.metrics.hops.time(&self.clock, Hop::Reread, self.hops.payment.payout(c.payout_id)).await {
             Ok(view) => view,
             Err(_) => return Some(self.finish(guard, Outcome::Unavailable).await),
         };
@@ -365,7 +388,7 @@ impl Executor {
                 None => Some(self.finish(guard, Outcome::Unavailable).await),
             },
             _ => {
-                let _ = guard.release().await;
+                self.release(guard).await;
                 None
             }
         }
@@ -394,7 +417,7 @@ impl Executor {
     }
 
     async fn finish(&self, guard: LockGuard, outcome: Outcome) -> Outcome {
-        let _ = guard.release().await;
+        self.release(guard).await;
         outcome
     }
 
@@ -432,11 +455,9 @@ impl Executor {
             return self.finish(guard, Outcome::LeaseLost).await;
         }
         self.maybe_stall("claim", owner.as_str()).await;
-        let claimed = self
-            .hops
-            .payment
-            .claim(payout_id, guard.signed_token(), owner, &key, &ClaimRequest { expected_state: state })
-            .await;
+        let request = ClaimRequest { expected_state: state };
+        let claim = self.hops.payment.claim(payout_id, guard.signed_token(), owner, &key, &request);
+        let claimed = self.metrics.hops.time(&self.clock, Hop::Claim, claim).await;
         if let Err(refusal) = claimed {
             return match refusal.code() {
                 Some(ErrorCode::FencedOut) => {
@@ -468,7 +489,8 @@ impl Executor {
             beneficiary_ref: view.beneficiary_ref.clone(),
         };
         self.maybe_stall("submit", owner.as_str()).await;
-        let mut answer = self.hops.rail.submit(guard.signed_token(), owner, &key, &body).await;
+        let submit = self.hops.rail.submit(guard.signed_token(), owner, &key, &body);
+        let mut answer = self.metrics.hops.time(&self.clock, Hop::Submit, submit).await;
         if dlock_rt::planted::on(dlock_rt::planted::Bug::ExecutorRetriesSubmit) {
             // Planted bug `executor-retries-submit` (simulation only): after a rail timeout or
             // a lost answer the executor submits again, under a fresh idempotency key.
@@ -488,7 +510,7 @@ impl Executor {
 
         // The post needs a newer grant than the claim (C3-extensions C-10).
         let account_key = guard.key().to_owned();
-        let _ = guard.release().await;
+        self.release(guard).await;
         let newer = match self.acquire(session, &account_key).await {
             Ok(g) => g,
             Err(e) => {
@@ -556,7 +578,8 @@ impl Executor {
         let body =
             PostRequest { rail_reference, submission_id, rail_outcome: SubmissionOutcome::Acked.as_str().to_owned() };
         self.maybe_stall("post", owner.as_str()).await;
-        let outcome = match self.hops.payment.post(payout_id, guard.signed_token(), owner, &key, &body).await {
+        let post = self.hops.payment.post(payout_id, guard.signed_token(), owner, &key, &body);
+        let outcome = match self.metrics.hops.time(&self.clock, Hop::Post, post).await {
             Ok(_) => Outcome::Posted,
             Err(refusal) => match refusal.code() {
                 Some(ErrorCode::FencedOut) => {

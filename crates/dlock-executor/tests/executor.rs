@@ -241,6 +241,57 @@ async fn a_payout_the_balance_cannot_cover_fails_and_never_reaches_the_rail() {
     assert_ledger_balances(&c.paydb).await;
 }
 
+/// `GET /metrics` of the service at `url`, as text.
+async fn metrics_of(url: &BaseUrl) -> String {
+    let r = dlock_testkit::auth::client(1_000, 5_000)
+        .send(url, http::Method::GET, "/metrics", &[], None)
+        .await
+        .expect("metrics");
+    assert_eq!(r.status, 200);
+    String::from_utf8_lossy(&r.body).into_owned()
+}
+
+/// The value of the sample line `series` in `text`.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.parse().ok()))
+        .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_hop_the_rail_call_the_store_calls_and_each_payout_end_to_end_are_timed() {
+    let c = cluster(&[]).await;
+    // 1 500 covers one of the two payouts of 1 000: one is posted, one fails at the claim.
+    let ids = seed(&c, 1, 2, 1_500, 1_000).await;
+    let (ex, states) = drain(&c, &ids).await;
+    assert!(states.values().all(|s| s.is_terminal()), "{states:?}");
+    let text = ex.metrics.render();
+    let hop = |h: &str| sample(&text, &format!("payout_hop_seconds_count{{hop=\"{h}\"}}"));
+    for h in ["acquire", "reread", "claim", "release"] {
+        assert!(hop(h) >= 2.0, "{h}: {text}");
+    }
+    // The unfunded payout never reaches the rail: one submit, one post.
+    assert_eq!((hop("submit"), hop("post")), (1.0, 1.0), "{text}");
+    assert!(hop("acquire") >= 3.0, "the post needs a newer grant: {text}");
+    let e2e = |o: &str| sample(&text, &format!("payout_end_to_end_seconds_count{{outcome=\"{o}\"}}"));
+    assert_eq!((e2e("posted"), e2e("failed")), (1.0, 1.0), "{text}");
+    assert!(sample(&text, "payout_end_to_end_seconds_sum{outcome=\"posted\"}") > 0.0, "{text}");
+    assert_eq!(sample(&text, "payout_backlog_age_seconds"), 0.0, "the last scan found nothing PENDING");
+
+    let proxy = metrics_of(&c.proxy).await;
+    assert_eq!(sample(&proxy, "rail_call_seconds_count{outcome=\"acked\"}"), 1.0, "{proxy}");
+    assert_eq!(sample(&proxy, "rail_call_seconds_count{outcome=\"ambiguous\"}"), 0.0, "{proxy}");
+    assert_eq!(sample(&proxy, "rail_store_op_seconds_count{op=\"admit\"}"), 1.0, "{proxy}");
+    assert_eq!(sample(&proxy, "rail_store_op_seconds_count{op=\"resolve\"}"), 1.0, "{proxy}");
+    let payment = metrics_of(&c.payment).await;
+    assert!(sample(&payment, "payout_store_op_seconds_count{op=\"claim\"}") >= 2.0, "{payment}");
+    assert_eq!(sample(&payment, "payout_store_op_seconds_count{op=\"post\"}"), 1.0, "{payment}");
+    assert!(sample(&payment, "payout_store_op_seconds_count{op=\"list\"}") >= 1.0, "{payment}");
+    let lock = metrics_of(&c.lock).await;
+    assert!(sample(&lock, "lock_store_op_seconds_count{op=\"acquire\"}") >= 3.0, "{lock}");
+    assert!(sample(&lock, "lock_store_op_seconds_count{op=\"release\"}") >= 3.0, "{lock}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_payout_the_rail_declines_fails_after_exactly_one_call() {
     let c = cluster(&[("rail.stub.decline-rate", "1")]).await;

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -532,9 +532,11 @@ async fn ready(State(server): State<Arc<LockServer>>) -> Response {
     dlock_http::health::ready(BTreeMap::from([("backend", backend)]))
 }
 
-/// Prometheus metrics (C4).
+/// `GET /metrics` (C4), optionally only the families named by `name[]=` parameters.
 #[utoipa::path(get, path = "/metrics", tag = "metrics",
+    params(("name[]" = Option<Vec<String>>, Query, description = "Only these metric families (repeatable); absent: every family.")),
     responses((status = 200, description = "Prometheus text exposition.", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)))]
-async fn metrics(State(server): State<Arc<LockServer>>) -> Response {
-    dlock_http::metrics::response(server.metrics.render())
+async fn metrics(State(server): State<Arc<LockServer>>, RawQuery(query): RawQuery) -> Response {
+    let only = dlock_http::metrics::requested_families(query.as_deref());
+    dlock_http::metrics::response(server.render_metrics(&only))
 }

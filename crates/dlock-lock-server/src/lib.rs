@@ -24,6 +24,7 @@ pub mod store_fault;
 pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;
+pub mod store_timed;
 
 /// How long a graceful shutdown waits for in-flight requests: the longest `waitMillis`
 /// plus a second.

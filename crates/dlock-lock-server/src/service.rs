@@ -8,19 +8,21 @@
 //!   per replica; across replicas, heads race at the store, which stays the only judge.
 //! - **Reaper**: one pass every `lock.reaper.interval-ms`, bounded by
 //!   `lock.reaper.batch-max`; safe to run on every replica at once.
-//! - **Metrics and logs** for acquire outcomes, contention, waiter depth, session expiry,
-//!   revokes.
+//! - **Metrics and logs** for acquire outcomes, contention, waiter depth and queues, session
+//!   expiry, revokes, the latency of every store call (`lock_store_op_seconds{op}`) and the
+//!   SQL pool (`dlock_db_pool_connections{state}`), on the replica's own recorder.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use dlock_http::metrics::{Counter, Gauge, LabeledCounter};
+use dlock_http::metrics::{Counter, Gauge, LabeledCounter, PoolGauges, Registry, TaggedHistogram, HOP_BUCKETS_SECONDS};
 use dlock_rt::{Clock, Duration};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::rules::{ends_the_wait, on_arrival, queue_has_room, Arrival};
 use crate::store::{AcquireRefusal, GrantRow, LockStore, StoreError};
+use crate::store_timed::{LockStoreOp, TimedLockStore};
 
 /// Default `lock.session.ttl-ms` (C3 L1 "default lock.session.ttl").
 pub const SESSION_TTL_MS_DEFAULT: i64 = 10_000;
@@ -81,38 +83,60 @@ impl Default for LockServerConfig {
 pub const ACQUIRE_OUTCOMES: [&str; 7] =
     ["granted", "contended", "delayed", "exceeded", "session_unknown", "session_expired", "not_leader"];
 
+/// `lock_store_op_seconds`: every store call of this replica (buckets 0.5 ms .. 10 s).
+pub const STORE_OP_SECONDS: &str = "lock_store_op_seconds";
+
+/// The lock server's metrics (C4, issue 13), on this replica's own recorder.
 #[derive(Debug)]
 pub struct LockMetrics {
+    registry: Registry,
     pub acquire: LabeledCounter<7>,
     pub waiters: Gauge,
+    /// Keys with a non-empty waiter queue on this replica (set at each scrape).
+    pub waiter_queues: Gauge,
     pub sessions_expired: Counter,
     pub grants_reaped: Counter,
     pub revokes: Counter,
     pub releases: LabeledCounter<2>,
+    pub store_ops: Arc<TaggedHistogram<LockStoreOp>>,
+    pub pool: PoolGauges,
 }
 
 impl Default for LockMetrics {
     fn default() -> Self {
+        let registry = Registry::new(&[(STORE_OP_SECONDS, &HOP_BUCKETS_SECONDS)]);
+        let r = &registry;
         LockMetrics {
             acquire: LabeledCounter::new(
+                r,
                 "lock_acquire_total",
                 "Acquire requests by outcome.",
                 "outcome",
                 ACQUIRE_OUTCOMES,
             ),
-            waiters: Gauge::new("lock_waiters", "Requests waiting in this replica's per-key FIFO queues."),
+            waiters: Gauge::new(r, "lock_waiters", "Requests waiting in this replica's per-key FIFO queues."),
+            waiter_queues: Gauge::new(r, "lock_waiter_queues", "Keys with at least one waiter queued on this replica."),
             sessions_expired: Counter::new(
+                r,
                 "lock_session_expired_total",
                 "Sessions whose heartbeat lapsed, processed by this replica's reaper.",
             ),
-            grants_reaped: Counter::new("lock_grant_reaped_total", "Dead grants removed by this replica's reaper."),
-            revokes: Counter::new("lock_revoke_total", "Operator revocations (each also raised the token floor)."),
+            grants_reaped: Counter::new(r, "lock_grant_reaped_total", "Dead grants removed by this replica's reaper."),
+            revokes: Counter::new(r, "lock_revoke_total", "Operator revocations (each also raised the token floor)."),
             releases: LabeledCounter::new(
+                r,
                 "lock_release_total",
                 "Release requests by outcome.",
                 "outcome",
                 ["released", "lost"],
             ),
+            store_ops: Arc::new(TaggedHistogram::new(
+                r,
+                STORE_OP_SECONDS,
+                "Lock store calls of this replica by operation (the LockStore method), seconds.",
+            )),
+            pool: PoolGauges::new(r),
+            registry,
         }
     }
 }
@@ -124,15 +148,9 @@ impl LockMetrics {
         }
     }
 
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        self.acquire.render(&mut out);
-        self.waiters.render(&mut out);
-        self.sessions_expired.render(&mut out);
-        self.grants_reaped.render(&mut out);
-        self.revokes.render(&mut out);
-        self.releases.render(&mut out);
-        out
+    /// The families in `only` (every family when empty).
+    pub fn render(&self, only: &[String]) -> String {
+        self.registry.render_families(only)
     }
 }
 
@@ -176,12 +194,17 @@ impl Drop for WaiterGuard<'_> {
 }
 
 impl LockServer {
+    /// A replica over `store`; every call it makes to `store` is timed
+    /// (`lock_store_op_seconds`, [`TimedLockStore`]).
     pub fn new(store: Arc<dyn LockStore>, cfg: LockServerConfig, clock: Clock) -> Arc<LockServer> {
+        let metrics = LockMetrics::default();
+        let store: Arc<dyn LockStore> =
+            Arc::new(TimedLockStore { inner: store, ops: metrics.store_ops.clone(), clock });
         Arc::new(LockServer {
             store,
             cfg,
             clock,
-            metrics: LockMetrics::default(),
+            metrics,
             queues: Mutex::new(BTreeMap::new()),
             next_waiter: std::sync::atomic::AtomicU64::new(1),
         })
@@ -190,6 +213,15 @@ impl LockServer {
     /// The `X-Fencing-Signature` of a grant (key, token, owner), if this server signs.
     pub fn sign(&self, g: &GrantRow) -> Option<String> {
         self.cfg.signer.as_ref().map(|s| s.sign(&g.key, g.fencing_token, &g.owner_id))
+    }
+
+    /// The `/metrics` text of the families in `only` (every family when empty): the gauges
+    /// read at scrape time (waiter queues, the store's pool) are set first.
+    pub fn render_metrics(&self, only: &[String]) -> String {
+        let queues = self.queues.lock().map(|q| q.values().filter(|q| !q.ids.is_empty()).count()).unwrap_or(0);
+        self.metrics.waiter_queues.set(i64::try_from(queues).unwrap_or(i64::MAX));
+        self.metrics.pool.set(self.store.pool_stats());
+        self.metrics.render(only)
     }
 
     /// Waiters queued for `key` on this replica (advisory, for L7).

@@ -211,4 +211,9 @@ pub trait LockStore: Send + Sync + 'static {
     /// and forgets sessions expired more than `retention_ms` ago. Idempotent, and safe to
     /// run concurrently from several replicas.
     async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError>;
+
+    /// The SQL pool's connections now, for `dlock_db_pool_connections` (`None`: no pool).
+    fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
+        None
+    }
 }

@@ -93,4 +93,8 @@ impl LockStore for FaultyLockStore {
     async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError> {
         self.faults.run("reap", self.inner.reap(limit, delay_ms, retention_ms)).await
     }
+
+    fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
+        self.inner.pool_stats()
+    }
 }

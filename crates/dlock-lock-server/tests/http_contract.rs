@@ -633,6 +633,62 @@ async fn acquire_and_renew_answer_the_grant_signature(backend: Backend) {
     assert_eq!(r["fencingSignature"].as_str(), Some(sig.as_str()));
 }
 
+/// `GET /metrics` as text.
+async fn metrics_text(app: &axum::Router) -> String {
+    let req = axum::http::Request::builder().uri("/metrics").body(Body::empty()).expect("request");
+    let resp = app.clone().oneshot(req).await.expect("response");
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    String::from_utf8(bytes.to_vec()).expect("utf8")
+}
+
+/// The value of the sample line `series` in `text`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.parse().ok()))
+}
+
+async fn metrics_time_every_store_call_and_show_the_waiter_queues_and_the_pool(backend: Backend) {
+    let rig = app_with(backend, &[]).await;
+    let app = rig.app.clone();
+    let before = metrics_text(&app).await;
+    for op in ["acquire", "release", "heartbeat", "reap", "open_session", "info"] {
+        let series = format!("lock_store_op_seconds_bucket{{op=\"{op}\",le=\"0.0005\"}}");
+        assert!(sample(&before, &series).is_some(), "{series} is not registered at start-up:\n{before}");
+    }
+    let a = session(&app, "worker-1", 10_000).await;
+    let b = session(&app, "worker-2", 10_000).await;
+    assert_eq!(acquire(&app, "k", &a, "worker-1", json!({})).await.0, 200);
+    let waiter = {
+        let app = app.clone();
+        tokio::spawn(async move { acquire(&app, "k", &b, "worker-2", json!({ "waitMillis": 2_000 })).await })
+    };
+    let queued = dlock_rt::wait_until(dlock_rt::Duration::from_millis(10), dlock_rt::Duration::from_secs(5), || {
+        let app = app.clone();
+        async move { (sample(&metrics_text(&app).await, "lock_waiter_queues") == Some(1.0)).then_some(()) }
+    })
+    .await;
+    assert!(queued.is_some(), "the waiter's queue never showed");
+    let text = metrics_text(&app).await;
+    assert_eq!(sample(&text, "lock_waiters"), Some(1.0), "{text}");
+    let (s, _) = waiter.await.expect("waiter");
+    assert_eq!(s, 409);
+    let text = metrics_text(&app).await;
+    assert_eq!(sample(&text, "lock_waiter_queues"), Some(0.0), "{text}");
+    // Two sessions opened, and at least the first acquire and the waiter's asked the store.
+    assert_eq!(sample(&text, "lock_store_op_seconds_count{op=\"open_session\"}"), Some(2.0), "{text}");
+    assert!(sample(&text, "lock_store_op_seconds_count{op=\"acquire\"}").is_some_and(|n| n >= 2.0), "{text}");
+    assert_eq!(sample(&text, "lock_store_op_seconds_count{op=\"revoke\"}"), Some(0.0), "{text}");
+    let inf = sample(&text, "lock_store_op_seconds_bucket{op=\"open_session\",le=\"+Inf\"}");
+    assert_eq!(inf, Some(2.0), "{text}");
+    let pool = sample(&text, "dlock_db_pool_connections{state=\"idle\"}")
+        .zip(sample(&text, "dlock_db_pool_connections{state=\"in_use\"}"));
+    let (idle, in_use) = pool.expect("pool gauges");
+    match backend {
+        Backend::Sqlite | Backend::Postgres => assert!(idle + in_use >= 1.0, "a SQL store shows its pool: {text}"),
+        Backend::Sim | Backend::Etcd => assert_eq!(idle + in_use, 0.0, "{text}"),
+    }
+}
+
 macro_rules! on_every_backend {
     ($($case:ident),* $(,)?) => {
         mod sim {
@@ -672,6 +728,7 @@ on_every_backend!(
     l4_waiters_are_granted_in_arrival_order,
     l4_a_no_wait_request_does_not_barge_past_waiters,
     acquire_and_renew_answer_the_grant_signature,
+    metrics_time_every_store_call_and_show_the_waiter_queues_and_the_pool,
 );
 
 #[tokio::test]

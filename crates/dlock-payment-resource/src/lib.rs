@@ -26,6 +26,7 @@ pub mod store_fault;
 pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;
+pub mod store_timed;
 
 /// The payment-resource's name for itself in emitted protocol events ([`dlock_rt::events`]).
 pub const NODE: &str = "payment-resource";

@@ -1,7 +1,16 @@
-//! The payment-resource's metrics (C4): closed tag-value sets, never a payout or account id
-//! as a tag (NFR-09). Every series is registered at 0 and counted after commit.
+//! The payment-resource's metrics (C4, issue 13): closed tag-value sets, never a payout or
+//! account id as a tag (NFR-09). Every series is registered at 0 on the instance's own
+//! recorder and counted after commit; `payout_store_op_seconds{op}` times every paydb call
+//! ([`crate::store_timed`]); the backlog age and the pool are read at scrape time.
 
-use dlock_http::metrics::{Counter, LabeledCounter};
+use std::sync::Arc;
+
+use dlock_http::metrics::{Counter, LabeledCounter, PoolGauges, Registry, TaggedHistogram, HOP_BUCKETS_SECONDS};
+
+use crate::store_timed::PaymentStoreOp;
+
+/// `payout_store_op_seconds`: every paydb call of this instance (buckets 0.5 ms .. 10 s).
+pub const STORE_OP_SECONDS: &str = "payout_store_op_seconds";
 
 /// Values of the `resource` tag on `lock_fenced_out_total` (C4). `rail` stays 0 here: the
 /// proxy counts its own refusals.
@@ -18,31 +27,47 @@ pub const IDEMPOTENCY_OUTCOMES: [&str; 3] = ["executed", "replayed", "conflict"]
 
 #[derive(Debug)]
 pub struct PaymentMetrics {
+    registry: Registry,
     pub fenced_out: LabeledCounter<3>,
     pub claims: LabeledCounter<5>,
     pub posts: LabeledCounter<4>,
     pub idempotency: LabeledCounter<3>,
     pub purged: Counter,
+    pub store_ops: Arc<TaggedHistogram<PaymentStoreOp>>,
+    pub pool: PoolGauges,
+    backlog_age: metrics::Gauge,
 }
 
 impl Default for PaymentMetrics {
     fn default() -> Self {
+        let registry = Registry::new(&[(STORE_OP_SECONDS, &HOP_BUCKETS_SECONDS)]);
+        let r = &registry;
         PaymentMetrics {
             fenced_out: LabeledCounter::new(
+                r,
                 "lock_fenced_out_total",
                 "Writes refused because the presented token did not exceed the stored fence. Incident-grade.",
                 "resource",
                 FENCED_RESOURCES,
             ),
-            claims: LabeledCounter::new("payout_claim_total", "Claims (P2) by outcome.", "outcome", CLAIM_OUTCOMES),
-            posts: LabeledCounter::new("payout_post_total", "Posts (P3) by outcome.", "outcome", POST_OUTCOMES),
+            claims: LabeledCounter::new(r, "payout_claim_total", "Claims (P2) by outcome.", "outcome", CLAIM_OUTCOMES),
+            posts: LabeledCounter::new(r, "payout_post_total", "Posts (P3) by outcome.", "outcome", POST_OUTCOMES),
             idempotency: LabeledCounter::new(
+                r,
                 "idempotency_request_total",
                 "Mutating requests by what the idempotency ledger decided.",
                 "outcome",
                 IDEMPOTENCY_OUTCOMES,
             ),
-            purged: Counter::new("idempotency_purged_total", "Expired idempotency records deleted."),
+            purged: Counter::new(r, "idempotency_purged_total", "Expired idempotency records deleted."),
+            store_ops: Arc::new(TaggedHistogram::new(
+                r,
+                STORE_OP_SECONDS,
+                "paydb calls of this payment-resource by operation (the PaymentStore method), seconds.",
+            )),
+            pool: PoolGauges::new(r),
+            backlog_age: r.gauge("payout_backlog_age_seconds", "Age of the oldest PENDING payout (0 when none).", &[]),
+            registry,
         }
     }
 }
@@ -64,17 +89,10 @@ impl PaymentMetrics {
         self.idempotency.inc(index(&IDEMPOTENCY_OUTCOMES, tag));
     }
 
-    /// The exposition text; `backlog_age_seconds` is read from paydb at scrape time.
+    /// The exposition text; `backlog_age_seconds` is read from paydb at scrape time (0
+    /// when it could not be read).
     pub fn render(&self, backlog_age_seconds: Option<f64>) -> String {
-        let mut out = String::new();
-        self.fenced_out.render(&mut out);
-        self.claims.render(&mut out);
-        self.posts.render(&mut out);
-        self.idempotency.render(&mut out);
-        self.purged.render(&mut out);
-        out.push_str("# HELP payout_backlog_age_seconds Age of the oldest PENDING payout (0 when none).\n");
-        out.push_str("# TYPE payout_backlog_age_seconds gauge\n");
-        out.push_str(&format!("payout_backlog_age_seconds {}\n", backlog_age_seconds.unwrap_or(0.0)));
-        out
+        self.backlog_age.set(backlog_age_seconds.unwrap_or(0.0));
+        self.registry.render()
     }
 }

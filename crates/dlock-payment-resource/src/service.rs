@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::cursor::CursorKey;
 use crate::metrics::PaymentMetrics;
 use crate::store::{IdemRequest, Operation, PaymentStore, StoreError};
+use crate::store_timed::TimedPaymentStore;
 
 /// Default `payment.resource.body-bytes-max`.
 pub const BODY_BYTES_MAX_DEFAULT: usize = 64 * 1024;
@@ -110,14 +111,12 @@ impl PaymentResource {
         for chunk in candidate.chunks_mut(8) {
             chunk.copy_from_slice(&dlock_rt::rand::random_u64().to_le_bytes());
         }
+        // Every paydb call of this instance is timed (`payout_store_op_seconds`).
+        let metrics = PaymentMetrics::default();
+        let store: Arc<dyn PaymentStore> =
+            Arc::new(TimedPaymentStore { inner: store, ops: metrics.store_ops.clone(), clock });
         let secret = store.cursor_secret(candidate, dlock_contract::time::truncate_ms(clock.wall())).await?;
-        Ok(Arc::new(PaymentResource {
-            store,
-            cfg,
-            clock,
-            metrics: PaymentMetrics::default(),
-            cursor: CursorKey::new(secret),
-        }))
+        Ok(Arc::new(PaymentResource { store, cfg, clock, metrics, cursor: CursorKey::new(secret) }))
     }
 
     /// This replica's wall clock, truncated to whole milliseconds (every instant paydb
@@ -194,6 +193,7 @@ impl PaymentResource {
             Ok(None) => Some(0.0),
             Err(_) => None,
         };
+        self.metrics.pool.set(self.store.pool_stats());
         self.metrics.render(age)
     }
 }

@@ -323,4 +323,9 @@ pub trait PaymentStore: Send + Sync + 'static {
 
     /// How many idempotency records exist (live or expired, tests and metrics).
     async fn idempotency_record_count(&self) -> Result<u64, StoreError>;
+
+    /// The SQL pool's connections now, for `dlock_db_pool_connections` (`None`: no pool).
+    fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
+        None
+    }
 }

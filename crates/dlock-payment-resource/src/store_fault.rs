@@ -109,4 +109,8 @@ impl PaymentStore for FaultyPaymentStore {
     async fn idempotency_record_count(&self) -> Result<u64, StoreError> {
         self.faults.run("idempotency_record_count", self.inner.idempotency_record_count()).await
     }
+
+    fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
+        self.inner.pool_stats()
+    }
 }

@@ -575,6 +575,11 @@ macro_rules! sql_payment_store {
 
         #[async_trait]
         impl PaymentStore for $store {
+            fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
+                let idle = u32::try_from(self.pool.num_idle()).unwrap_or(u32::MAX);
+                Some(dlock_http::metrics::PoolStats { size: self.pool.size(), idle })
+            }
+
             async fn ping(&self) -> Result<(), StoreError> {
                 sqlx::query("SELECT 1").execute(&self.pool).await.map(|_| ()).map_err(db_error)
             }

@@ -171,5 +171,5 @@ async fn ready(State(proxy): State<Arc<RailProxy>>) -> Response {
 #[utoipa::path(get, path = "/metrics", tag = "metrics",
     responses((status = 200, description = "Prometheus text exposition.", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)))]
 async fn metrics(State(proxy): State<Arc<RailProxy>>) -> Response {
-    dlock_http::metrics::response(proxy.metrics.render())
+    dlock_http::metrics::response(proxy.render_metrics())
 }

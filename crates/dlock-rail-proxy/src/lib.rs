@@ -34,6 +34,7 @@ pub mod store_fault;
 pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;
+pub mod store_timed;
 
 /// The rail-proxy's name for itself in emitted protocol events ([`dlock_rt::events`]).
 pub const NODE: &str = "rail-proxy";

@@ -12,8 +12,9 @@ use dlock_rt::probe::Probe;
 use dlock_rt::Clock;
 use uuid::Uuid;
 
-use crate::metrics::{ProxyMetrics, RESOURCE_RAIL};
+use crate::metrics::{ProxyMetrics, RailCall, RESOURCE_RAIL};
 use crate::store::{Admission, Attempt, ClassifiedStoreError, RailStore, Resolution, StoreError};
+use crate::store_timed::TimedRailStore;
 
 /// Default `rail.proxy.connect-timeout-ms` (C3 §3.8: proxy → rail connect budget).
 pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 1_000;
@@ -181,11 +182,15 @@ pub struct RailProxy {
 impl RailProxy {
     pub fn new(store: Arc<dyn RailStore>, cfg: ProxyConfig, clock: Clock) -> Arc<RailProxy> {
         let client = HttpClient::new(cfg.connect_timeout_ms, cfg.read_timeout_ms).without_bearer();
+        // Every store call of this proxy is timed (`rail_store_op_seconds`).
+        let metrics = ProxyMetrics::default();
+        let store: Arc<dyn RailStore> =
+            Arc::new(TimedRailStore { inner: store, ops: metrics.store_ops.clone(), clock });
         Arc::new(RailProxy {
             store,
             cfg,
             clock,
-            metrics: ProxyMetrics::default(),
+            metrics,
             client,
             watched: std::sync::Mutex::new(std::collections::BTreeMap::new()),
         })
@@ -516,6 +521,7 @@ impl RailProxy {
             Ok(b) => b,
             Err(e) => return Resolution::Unsent { detail: format!("could not encode the rail request: {e}") },
         };
+        let started = self.clock.now();
         let sent = self
             .client
             .send(
@@ -526,7 +532,15 @@ impl RailProxy {
                 Some(bytes.into()),
             )
             .await;
-        classify(sent)
+        let resolution = classify(sent);
+        self.metrics.rail_calls.observe(RailCall::of(resolution.outcome()), self.clock.now() - started);
+        resolution
+    }
+
+    /// The `/metrics` text, with the store's pool read now.
+    pub fn render_metrics(&self) -> String {
+        self.metrics.pool.set(self.store.pool_stats());
+        self.metrics.render()
     }
 }
 

@@ -51,4 +51,9 @@ pub trait RailStore: Send + Sync + 'static {
 
     /// Inserts a payout. Fails if the id exists.
     async fn insert_payout(&self, payout: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError>;
+
+    /// The SQL pool's connections now, for `dlock_db_pool_connections` (`None`: no pool).
+    fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
+        None
+    }
 }

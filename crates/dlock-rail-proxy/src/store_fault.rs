@@ -59,4 +59,8 @@ impl RailStore for FaultyRailStore {
     async fn insert_payout(&self, payout: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
         self.faults.run("insert_payout", self.inner.insert_payout(payout, at)).await
     }
+
+    fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
+        self.inner.pool_stats()
+    }
 }

@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use dlock_contract::rail::{RailAck, RailCall, RailCallLog, RailCallOutcome};
 use dlock_contract::ErrorCode;
-use dlock_http::metrics::LabeledCounter;
+use dlock_http::metrics::{LabeledCounter, Registry};
 use dlock_http::{ApiError, JsonBody};
 use dlock_rt::rand::{Rng, SeededRng};
 use dlock_rt::Clock;
@@ -127,21 +127,25 @@ pub struct RailStub {
     clock: Clock,
     state: Mutex<StubState>,
     calls_total: LabeledCounter<4>,
+    registry: Registry,
 }
 
 impl RailStub {
     pub fn new(cfg: StubConfig, clock: Clock) -> Arc<RailStub> {
         let rng = dlock_rt::rand::seeded(cfg.seed);
+        let registry = Registry::default();
         Arc::new(RailStub {
             cfg,
             clock,
             state: Mutex::new(StubState { rng, calls: Vec::new(), seen: BTreeMap::new() }),
             calls_total: LabeledCounter::new(
+                &registry,
                 "rail_stub_calls_total",
                 "Inbound /submit calls by what the rail did with them.",
                 "outcome",
                 ["accepted", "declined", "error", "dropped"],
             ),
+            registry,
         })
     }
 
@@ -313,9 +317,7 @@ async fn calls(State(stub): State<Arc<RailStub>>) -> Response {
 #[utoipa::path(get, path = "/metrics", tag = "metrics",
     responses((status = 200, description = "Prometheus text exposition.", content_type = "text/plain; version=0.0.4; charset=utf-8", body = String)))]
 async fn metrics(State(stub): State<Arc<RailStub>>) -> Response {
-    let mut out = String::new();
-    stub.calls_total.render(&mut out);
-    dlock_http::metrics::response(out)
+    dlock_http::metrics::response(stub.registry.render())
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use dlock_testkit::{fresh_database, Db, TempDir};
 
 /// The prefixes of dlock's metric families (C4): an identifier in an expression that starts
 /// with one of them names a metric.
-const METRIC_PREFIXES: [&str; 4] = ["lock_", "rail_", "payout_", "idempotency_"];
+const METRIC_PREFIXES: [&str; 5] = ["lock_", "rail_", "payout_", "idempotency_", "dlock_"];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -160,8 +160,39 @@ async fn every_metric_the_alerts_and_the_dashboard_name_is_exported_with_its_lab
         }
     }
     assert!(unknown.is_empty(), "{}", unknown.join("\n"));
-    for must in ["lock_fenced_out_total", "rail_duplicate_attempted_total", "payout_backlog_age_seconds"] {
+    for must in [
+        "lock_fenced_out_total",
+        "rail_duplicate_attempted_total",
+        "payout_backlog_age_seconds",
+        // Issue 13: the latency percentiles, the waiter queues and the pools.
+        "payout_hop_seconds_bucket",
+        "payout_end_to_end_seconds_bucket",
+        "rail_call_seconds_bucket",
+        "lock_store_op_seconds_bucket",
+        "payout_store_op_seconds_bucket",
+        "rail_store_op_seconds_bucket",
+        "lock_waiter_queues",
+        "dlock_db_pool_connections",
+    ] {
         assert!(named.contains(must), "the assets never mention {must}");
+    }
+    // Every histogram is exported with every value of its closed tag, before any sample.
+    for (family, label, values) in [
+        ("payout_hop_seconds_bucket", "hop", &["acquire", "reread", "claim", "submit", "post", "release"][..]),
+        ("payout_end_to_end_seconds_bucket", "outcome", &["posted", "failed"][..]),
+        ("rail_call_seconds_bucket", "outcome", &["acked", "rejected", "ambiguous", "unsent"][..]),
+        ("lock_store_op_seconds_bucket", "op", &["acquire", "release", "heartbeat", "reap"][..]),
+        ("payout_store_op_seconds_bucket", "op", &["claim", "post", "list", "oldest_pending_created_at"][..]),
+        ("rail_store_op_seconds_bucket", "op", &["admit", "resolve", "payout"][..]),
+        ("dlock_db_pool_connections", "state", &["idle", "in_use"][..]),
+    ] {
+        for v in values {
+            let pair = (label.to_owned(), (*v).to_owned());
+            assert!(
+                exported.get(family).is_some_and(|p| p.contains(&pair)),
+                "{family}{{{label}=\"{v}\"}} not exported"
+            );
+        }
     }
 }
 

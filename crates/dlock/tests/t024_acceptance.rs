@@ -171,30 +171,52 @@ async fn metrics_expose_only_pinned_tag_values(db: Db) {
     submit(&c.proxy, p2, "acct-1", 100, "41").await;
     submit(&c.proxy, p1, "acct-1", 100, "43").await;
     let text = String::from_utf8_lossy(&get(&c.proxy, "/metrics").await.body).into_owned();
-    let pinned: &[(&str, &str, &[&str])] = &[
-        ("rail_submission_total", "outcome", &["fenced", "duplicate", "acked", "rejected", "timeout", "unsent"]),
-        ("lock_fenced_out_total", "resource", &["account", "ledger", "rail"]),
+    // Every family's labels, each with its closed value set (`le`: the histograms' buckets).
+    let buckets: Vec<String> = dlock_http::metrics::HOP_BUCKETS_SECONDS
+        .iter()
+        .chain(&dlock_http::metrics::RAIL_BUCKETS_SECONDS)
+        .map(f64::to_string)
+        .chain(["+Inf".to_owned()])
+        .collect();
+    let le: Vec<&str> = buckets.iter().map(String::as_str).collect();
+    let store_ops: &[&str] =
+        &["ping", "payout", "admit", "resolve", "high_water", "submissions", "unresolved_before", "insert_payout"];
+    let rail_calls: &[&str] = &["acked", "rejected", "ambiguous", "unsent"];
+    // (family, [(label, its values)]).
+    type Labels<'a> = &'a [(&'a str, &'a [&'a str])];
+    let pinned: &[(&str, Labels)] = &[
+        ("rail_submission_total", &[("outcome", &["fenced", "duplicate", "acked", "rejected", "timeout", "unsent"])]),
+        ("lock_fenced_out_total", &[("resource", &["account", "ledger", "rail"])]),
+        ("rail_duplicate_attempted_total", &[]),
+        ("rail_call_seconds_bucket", &[("outcome", rail_calls), ("le", &le)]),
+        ("rail_call_seconds_sum", &[("outcome", rail_calls)]),
+        ("rail_call_seconds_count", &[("outcome", rail_calls)]),
+        ("rail_store_op_seconds_bucket", &[("op", store_ops), ("le", &le)]),
+        ("rail_store_op_seconds_sum", &[("op", store_ops)]),
+        ("rail_store_op_seconds_count", &[("op", store_ops)]),
+        ("dlock_db_pool_connections", &[("state", &["idle", "in_use"])]),
     ];
     let mut families = std::collections::BTreeSet::new();
     for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
         let (series, _value) = line.rsplit_once(' ').expect("sample line");
         let name = series.split('{').next().unwrap_or(series);
         families.insert(name.to_owned());
-        match pinned.iter().find(|(n, _, _)| *n == name) {
-            Some((_, label, values)) => {
-                let inner =
-                    series.strip_prefix(name).and_then(|s| s.strip_prefix('{')).and_then(|s| s.strip_suffix('}'));
-                let (k, v) = inner.and_then(|i| i.split_once('=')).expect("one label");
-                assert_eq!(k, *label, "{line}");
-                assert!(values.contains(&v.trim_matches('"')), "unpinned tag value in {line}");
-            }
-            None => assert_eq!(name, "rail_duplicate_attempted_total", "unexpected series {line}"),
+        let Some((_, labels)) = pinned.iter().find(|(n, _)| *n == name) else {
+            panic!("unexpected series {line}");
+        };
+        let inner = series.strip_prefix(name).and_then(|s| s.strip_prefix('{')).and_then(|s| s.strip_suffix('}'));
+        let pairs: Vec<(&str, &str)> =
+            inner.map(|i| i.split(',').map(|p| p.split_once('=').expect("label=value")).collect()).unwrap_or_default();
+        assert_eq!(
+            pairs.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            labels.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            "{line}"
+        );
+        for ((_, v), (_, values)) in pairs.iter().zip(labels.iter()) {
+            assert!(values.contains(&v.trim_matches('"')), "unpinned tag value in {line}");
         }
     }
-    assert_eq!(
-        families.into_iter().collect::<Vec<_>>(),
-        ["lock_fenced_out_total", "rail_duplicate_attempted_total", "rail_submission_total"]
-    );
+    assert_eq!(families.len(), pinned.len(), "{families:?}");
     assert!(!text.contains(&p1.to_string()) && !text.contains(&p2.to_string()), "a payout id leaked into metrics");
     assert!(text.contains("rail_submission_total{outcome=\"acked\"} 1"));
     assert!(text.contains("rail_submission_total{outcome=\"fenced\"} 1"));

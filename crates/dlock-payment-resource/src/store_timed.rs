@@ -1,0 +1,182 @@
+//! A [`PaymentStore`] that measures every call: `payout_store_op_seconds{op}` (issue 13).
+//!
+//! [`TimedPaymentStore`] wraps the store the [`crate::service::PaymentResource`] is given, so every store call is timed in one
+//! place, on the service's `dlock-rt` clock. The `op` tag is the trait method
+//! ([`PaymentStoreOp`], a closed set); nothing else differs from the wrapped store.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use dlock_http::metrics::{ClosedTag, PoolStats, TaggedHistogram};
+use dlock_rt::Clock;
+use uuid::Uuid;
+
+use crate::store::{
+    AbandonOutcome, AccountView, AmbiguousResolution, Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
+    Decided, IdemRequest, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView, Post,
+    PostOutcome, Render, ResolutionRow, ResolveOutcome, StoreError,
+};
+
+/// The `op` tag of `payout_store_op_seconds`: one value per [`PaymentStore`] method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentStoreOp {
+    Ping,
+    CursorSecret,
+    CreateAccount,
+    CreatePayout,
+    Claim,
+    Post,
+    Abandon,
+    ResolveAmbiguous,
+    Resolutions,
+    Payout,
+    Account,
+    Accounts,
+    List,
+    Ledger,
+    OldestPendingCreatedAt,
+    PurgeIdempotency,
+    IdempotencyRecordCount,
+}
+
+impl ClosedTag for PaymentStoreOp {
+    const LABEL: &'static str = "op";
+
+    fn all() -> &'static [Self] {
+        use PaymentStoreOp::*;
+        &[
+            Ping,
+            CursorSecret,
+            CreateAccount,
+            CreatePayout,
+            Claim,
+            Post,
+            Abandon,
+            ResolveAmbiguous,
+            Resolutions,
+            Payout,
+            Account,
+            Accounts,
+            List,
+            Ledger,
+            OldestPendingCreatedAt,
+            PurgeIdempotency,
+            IdempotencyRecordCount,
+        ]
+    }
+
+    fn tag(self) -> &'static str {
+        match self {
+            PaymentStoreOp::Ping => "ping",
+            PaymentStoreOp::CursorSecret => "cursor_secret",
+            PaymentStoreOp::CreateAccount => "create_account",
+            PaymentStoreOp::CreatePayout => "create_payout",
+            PaymentStoreOp::Claim => "claim",
+            PaymentStoreOp::Post => "post",
+            PaymentStoreOp::Abandon => "abandon",
+            PaymentStoreOp::ResolveAmbiguous => "resolve_ambiguous",
+            PaymentStoreOp::Resolutions => "resolutions",
+            PaymentStoreOp::Payout => "payout",
+            PaymentStoreOp::Account => "account",
+            PaymentStoreOp::Accounts => "accounts",
+            PaymentStoreOp::List => "list",
+            PaymentStoreOp::Ledger => "ledger",
+            PaymentStoreOp::OldestPendingCreatedAt => "oldest_pending_created_at",
+            PaymentStoreOp::PurgeIdempotency => "purge_idempotency",
+            PaymentStoreOp::IdempotencyRecordCount => "idempotency_record_count",
+        }
+    }
+}
+
+/// `inner`, timing every call into `ops`.
+pub struct TimedPaymentStore {
+    pub inner: Arc<dyn PaymentStore>,
+    pub ops: Arc<TaggedHistogram<PaymentStoreOp>>,
+    pub clock: Clock,
+}
+
+#[async_trait]
+impl PaymentStore for TimedPaymentStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::Ping, self.inner.ping()).await
+    }
+
+    async fn cursor_secret(&self, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::CursorSecret, self.inner.cursor_secret(candidate, at)).await
+    }
+
+    async fn create_account(
+        &self,
+        a: &NewAccount,
+        i: &IdemRequest,
+        r: Render<'_, CreateAccountOutcome>,
+    ) -> Decided<CreateAccountOutcome> {
+        self.ops.time(&self.clock, PaymentStoreOp::CreateAccount, self.inner.create_account(a, i, r)).await
+    }
+
+    async fn create_payout(
+        &self,
+        p: &NewPayout,
+        i: &IdemRequest,
+        r: Render<'_, CreatePayoutOutcome>,
+    ) -> Decided<CreatePayoutOutcome> {
+        self.ops.time(&self.clock, PaymentStoreOp::CreatePayout, self.inner.create_payout(p, i, r)).await
+    }
+
+    async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome> {
+        self.ops.time(&self.clock, PaymentStoreOp::Claim, self.inner.claim(c, i, r)).await
+    }
+
+    async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
+        self.ops.time(&self.clock, PaymentStoreOp::Post, self.inner.post(p, i, r)).await
+    }
+
+    async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::Abandon, self.inner.abandon(payout_id, at)).await
+    }
+
+    async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::ResolveAmbiguous, self.inner.resolve_ambiguous(r)).await
+    }
+
+    async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ResolutionRow>, StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::Resolutions, self.inner.resolutions(payout_id)).await
+    }
+
+    async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::Payout, self.inner.payout(payout_id)).await
+    }
+
+    async fn account(&self, account_id: &str) -> Result<Option<AccountView>, StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::Account, self.inner.account(account_id)).await
+    }
+
+    async fn accounts(&self) -> Result<Vec<AccountView>, StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::Accounts, self.inner.accounts()).await
+    }
+
+    async fn list(&self, q: &ListQuery) -> Result<Vec<PayoutSummary>, StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::List, self.inner.list(q)).await
+    }
+
+    async fn ledger(&self, account_id: Option<&str>) -> Result<Vec<LedgerEntry>, StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::Ledger, self.inner.ledger(account_id)).await
+    }
+
+    async fn oldest_pending_created_at(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::OldestPendingCreatedAt, self.inner.oldest_pending_created_at()).await
+    }
+
+    async fn purge_idempotency(&self, now: DateTime<Utc>, batch_max: i64) -> Result<u64, StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::PurgeIdempotency, self.inner.purge_idempotency(now, batch_max)).await
+    }
+
+    async fn idempotency_record_count(&self) -> Result<u64, StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::IdempotencyRecordCount, self.inner.idempotency_record_count()).await
+    }
+
+    fn pool_stats(&self) -> Option<PoolStats> {
+        self.inner.pool_stats()
+    }
+}
