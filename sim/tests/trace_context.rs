@@ -14,7 +14,8 @@ const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 /// envelope: the client sent `traceparent` and the server adopted it.
 #[madsim::test]
 async fn every_world_service_adopts_the_callers_trace_under_the_simulation() {
-    let _w = world::start(WorldConfig::default()).await;
+    let mut w = world::start(WorldConfig::default()).await;
+    let node = w.add_node("workload");
     let root = TraceContext::root(0x0123_4567_89ab_cdef_0011_2233_4455_6677, FLAG_SAMPLED);
     let services = [
         ("lock-server", world::url(world::LOCK_IP, world::LOCK_PORT)),
@@ -22,23 +23,21 @@ async fn every_world_service_adopts_the_callers_trace_under_the_simulation() {
         ("rail-proxy", world::url(world::PROXY_IP, world::PROXY_PORT)),
         ("rail-stub", world::url(world::STUB_IP, world::STUB_PORT)),
     ];
-    let client = dlock_rt::http::HttpClient::new(1_000, 5_000);
     for (name, base) in services {
-        let (inside, outside) = root
-            .clone()
-            .scope(async {
+        let ctx = root.clone();
+        let answers = node.spawn(async move {
+            let client = dlock_rt::http::HttpClient::new(1_000, 5_000);
+            let call = || async {
                 let r = client.send(&base, http::Method::GET, "/v1/no-such-route", &[], None).await;
-                r.ok().map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).unwrap_or_default())
-            })
-            .await
-            .zip(
-                client
-                    .send(&base, http::Method::GET, "/v1/no-such-route", &[], None)
-                    .await
-                    .ok()
-                    .map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).unwrap_or_default()),
-            )
-            .unwrap_or_else(|| panic!("{name} did not answer"));
+                r.map(|r| serde_json::from_slice::<serde_json::Value>(&r.body).unwrap_or_default())
+                    .map_err(|e| e.to_string())
+            };
+            let inside = ctx.scope(call()).await;
+            (inside, call().await)
+        });
+        let (inside, outside) = answers.await.expect("the workload task");
+        let (inside, outside) =
+            (inside.unwrap_or_else(|e| panic!("{name}: {e}")), outside.unwrap_or_else(|e| panic!("{name}: {e}")));
         assert_eq!(inside["traceId"], root.trace_id_hex(), "{name}: {inside}");
         assert_ne!(outside["traceId"], root.trace_id_hex(), "{name}: {outside}");
         assert_eq!(outside["traceId"].as_str().map(str::len), Some(32), "{name}: {outside}");
