@@ -17,6 +17,7 @@
 //! Invariant: a value that does not parse is an error naming the key and where it came
 //! from; it never falls back to a lower layer.
 
+pub mod telemetry;
 pub mod tls;
 
 use std::collections::BTreeMap;

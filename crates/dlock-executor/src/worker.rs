@@ -84,6 +84,8 @@ pub struct Executor {
     /// An async lock held across a scan, so tasks that wake together wait for one scan
     /// instead of each taking its own.
     last_scan: tokio::sync::Mutex<Option<(dlock_rt::Instant, Vec<Candidate>)>>,
+    /// One trace per payout attempt (C3-extensions E-17), its id derived without a draw.
+    traces: dlock_rt::trace::TraceSeed,
 }
 
 /// How one candidate ended for the task that tried it.
@@ -124,7 +126,12 @@ impl Executor {
     pub fn new(cfg: ExecutorConfig, clock: Clock) -> Result<Arc<Executor>, String> {
         cfg.validate()?;
         let hops = Hops::new(&cfg)?;
+        let traces = dlock_rt::trace::TraceSeed::new(&[
+            dlock_rt::trace::hash_str(cfg.owner_id.as_str()),
+            clock.wall().timestamp_millis() as u64,
+        ]);
         Ok(Arc::new(Executor {
+            traces,
             cfg,
             metrics: Arc::new(ExecutorMetrics::default()),
             hops,
@@ -331,6 +338,13 @@ impl Executor {
     /// reclaims the grant), [`Step::Busy`] when the account is worked by a sibling task or
     /// held elsewhere.
     async fn execute_step(&self, session: &Session, owner: &str, c: &Candidate) -> (Option<Outcome>, Step) {
+        // E-17: the attempt is one trace; each hop below is a child span of its root.
+        let root = self.traces.next_root();
+        let span = root.work_span("payout_attempt", &c.payout_id.to_string());
+        tracing::Instrument::instrument(root.scope(self.execute_attempt(session, owner, c)), span).await
+    }
+
+    async fn execute_attempt(&self, session: &Session, owner: &str, c: &Candidate) -> (Option<Outcome>, Step) {
         let Some(_working) = self.mark_working(&c.account_id) else {
             return (None, Step::Busy);
         };

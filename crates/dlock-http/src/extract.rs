@@ -14,24 +14,12 @@ use crate::ApiError;
 pub struct TraceId(pub String);
 
 impl TraceId {
-    /// The trace id of an incoming W3C `traceparent` header, or a fresh one.
+    /// The trace id of an incoming W3C `traceparent` header, or a fresh one (the rules of
+    /// [`dlock_rt::trace::TraceContext::for_request`]).
     pub fn from_headers(headers: &HeaderMap) -> TraceId {
-        headers
-            .get("traceparent")
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_traceparent)
-            .map(TraceId)
-            .unwrap_or_else(|| TraceId(dlock_rt::rand::trace_id()))
+        let incoming = dlock_rt::trace::traceparent_of(headers);
+        TraceId(dlock_rt::trace::TraceContext::for_request(incoming).trace_id_hex())
     }
-}
-
-fn parse_traceparent(raw: &str) -> Option<String> {
-    let mut parts = raw.split('-');
-    let (_version, trace) = (parts.next()?, parts.next()?);
-    let ok = trace.len() == 32
-        && trace.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        && trace.bytes().any(|b| b != b'0');
-    ok.then(|| trace.to_owned())
 }
 
 fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Result<&'a str, ()> {
@@ -137,8 +125,16 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse().expect("hv"));
         assert_eq!(TraceId::from_headers(&h).0, "4bf92f3577b34da6a3ce929d0e0e4736");
-        h.insert("traceparent", "00-00000000000000000000000000000000-00f067aa0ba902b7-01".parse().expect("hv"));
-        assert_ne!(TraceId::from_headers(&h).0, "00000000000000000000000000000000");
+        for bad in [
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        ] {
+            h.insert("traceparent", bad.parse().expect("hv"));
+            let t = TraceId::from_headers(&h).0;
+            assert!(t != "4bf92f3577b34da6a3ce929d0e0e4736" && t != "0".repeat(32) && t.len() == 32, "{bad}");
+        }
     }
 
     #[test]

@@ -57,9 +57,20 @@ pub fn finish_with_auth(
     router.layer(axum::middleware::from_fn(envelope))
 }
 
-/// Assigns the request's trace id and turns every error response into the envelope.
-pub async fn envelope(mut req: Request, next: Next) -> Response {
-    let trace = TraceId::from_headers(req.headers());
+/// Assigns the request's trace context (C3-extensions E-17: the trace of a valid incoming
+/// `traceparent`, else a new one) and turns every error response into the envelope. The
+/// handler runs inside the context (its own outgoing calls are child spans) and inside the
+/// server's tracing span (its logs carry the trace id).
+pub async fn envelope(req: Request, next: Next) -> Response {
+    use tracing::Instrument;
+    let incoming = dlock_rt::trace::traceparent_of(req.headers());
+    let ctx = dlock_rt::trace::TraceContext::for_request(incoming);
+    let span = ctx.server_span(req.method().as_str(), req.uri().path());
+    let trace = TraceId(ctx.trace_id_hex());
+    ctx.scope(envelope_in(req, next, trace).instrument(span)).await
+}
+
+async fn envelope_in(mut req: Request, next: Next, trace: TraceId) -> Response {
     req.extensions_mut().insert(trace.clone());
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
@@ -88,6 +99,7 @@ pub async fn envelope(mut req: Request, next: Next) -> Response {
         return render(err, &trace, &method, &path);
     }
     normalize_json_content_type(&mut resp);
+    tracing::debug!(status = status.as_u16(), method = %method, path, "request_served");
     resp
 }
 
@@ -271,6 +283,43 @@ mod tests {
         assert_eq!(s, StatusCode::OK);
         assert_eq!(ct, CONTENT_TYPE_JSON);
         assert_eq!(v["a"], 1);
+    }
+
+    /// E-17: the handler runs inside the request's context (the sent trace, the caller's
+    /// span as parent); an error answer's `traceId` is the sent trace id; an invalid
+    /// `traceparent` is ignored.
+    #[tokio::test]
+    async fn the_handler_runs_in_the_trace_of_the_traceparent_and_errors_carry_its_id() {
+        let app = finish(
+            axum::Router::new()
+                .route(
+                    "/ctx",
+                    axum::routing::get(|| async {
+                        let c = dlock_rt::trace::current().expect("a context");
+                        format!("{} {} {}", c.trace_id_hex(), c.parent_id_hex(), c.span_id_hex())
+                    }),
+                )
+                .route("/boom", axum::routing::get(|| async { ApiError::internal("boom") })),
+            64,
+        );
+        let sent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let with = |uri: &str, tp: &str| {
+            axum::http::Request::builder().uri(uri).header("traceparent", tp).body(Body::empty()).expect("request")
+        };
+        let resp = app.clone().oneshot(with("/ctx", sent)).await.expect("infallible");
+        let text =
+            String::from_utf8(resp.into_body().collect().await.expect("body").to_bytes().to_vec()).expect("utf8");
+        let parts: Vec<&str> = text.split(' ').collect();
+        assert_eq!(parts[..2], ["4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"], "{text}");
+        assert!(parts[2].len() == 16 && parts[2] != "00f067aa0ba902b7", "{text}");
+        for (tp, adopted) in [(sent, true), ("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", false)] {
+            for uri in ["/boom", "/nope"] {
+                let resp = app.clone().oneshot(with(uri, tp)).await.expect("infallible");
+                let v: serde_json::Value =
+                    serde_json::from_slice(&resp.into_body().collect().await.expect("body").to_bytes()).expect("json");
+                assert_eq!(v["traceId"] == "4bf92f3577b34da6a3ce929d0e0e4736", adopted, "{uri} {tp}: {v}");
+            }
+        }
     }
 
     #[tokio::test]

@@ -287,7 +287,8 @@ impl RailProxy {
     /// disconnects mid-forward cannot cancel the recording of the outcome.
     pub async fn submit(self: &Arc<Self>, s: Submission) -> Outcome {
         let this = self.clone();
-        match dlock_rt::spawn(async move { this.run(s).await }).await {
+        // The task stays in the request's trace (E-17): its rail call is a child span.
+        match dlock_rt::spawn(dlock_rt::trace::carry(async move { this.run(s).await })).await {
             Ok(o) => o,
             // The task died somewhere between validation and recording: whether the rail was
             // reached is unknown, so the answer must not claim that nothing was presented.

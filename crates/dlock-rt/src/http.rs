@@ -501,7 +501,9 @@ impl HttpClient {
 
     /// Sends one request on a fresh connection and reads the whole answer.
     /// `path_and_query` starts with `/`. In the simulation every `POST` and its fate go to
-    /// [`crate::wire_log`] (nothing is kept outside it).
+    /// [`crate::wire_log`] (nothing is kept outside it). Called inside a trace
+    /// ([`crate::trace::current`]), the call is a child span of it and carries its
+    /// `traceparent` (unless the caller gave that header itself).
     pub async fn send(
         &self,
         base: &BaseUrl,
@@ -510,12 +512,30 @@ impl HttpClient {
         headers: &[(&str, &str)],
         body: Option<Bytes>,
     ) -> Result<ClientResponse, ClientError> {
+        // E-17: inside a trace, each call is a child span, sent on as `traceparent`.
+        let Some(hop) = crate::trace::current().map(|parent| parent.child()) else {
+            return self.send_logged(None, base, method, path_and_query, headers, body).await;
+        };
+        let span = hop.client_span(method.as_str(), &base.authority, path_and_query);
+        tracing::Instrument::instrument(self.send_logged(Some(&hop), base, method, path_and_query, headers, body), span)
+            .await
+    }
+
+    async fn send_logged(
+        &self,
+        hop: Option<&crate::trace::TraceContext>,
+        base: &BaseUrl,
+        method: http::Method,
+        path_and_query: &str,
+        headers: &[(&str, &str)],
+        body: Option<Bytes>,
+    ) -> Result<ClientResponse, ClientError> {
         if method != http::Method::POST {
-            return self.send_unrecorded(base, method, path_and_query, headers, body).await;
+            return self.send_unrecorded(hop, base, method, path_and_query, headers, body).await;
         }
         let bytes = body.as_deref().unwrap_or_default();
         let entry = crate::wire_log::begin(&base.authority, method.as_str(), path_and_query, headers, bytes);
-        let result = self.send_unrecorded(base, method, path_and_query, headers, body).await;
+        let result = self.send_unrecorded(hop, base, method, path_and_query, headers, body).await;
         if entry.is_some() {
             let fate = match &result {
                 Ok(r) => crate::wire_log::Fate::Answered { status: r.status, body: r.body.to_vec() },
@@ -528,6 +548,7 @@ impl HttpClient {
 
     async fn send_unrecorded(
         &self,
+        hop: Option<&crate::trace::TraceContext>,
         base: &BaseUrl,
         method: http::Method,
         path_and_query: &str,
@@ -557,6 +578,9 @@ impl HttpClient {
         }
         if let Some(v) = authorization {
             builder = builder.header(http::header::AUTHORIZATION, v);
+        }
+        if let Some(hop) = hop.filter(|_| !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("traceparent"))) {
+            builder = builder.header(crate::trace::TRACEPARENT_HEADER, hop.traceparent());
         }
         let req = builder.body(Full::new(body.unwrap_or_default())).map_err(|e| ClientError::BadUrl(e.to_string()))?;
         match &self.tls {
@@ -700,6 +724,53 @@ mod tests {
         assert_eq!(&r.body[..], b"");
         let shown = format!("{with:?}");
         assert!(!shown.contains("client-token"), "{shown}");
+        let _ = tx.send(());
+        server.await.expect("server stops");
+    }
+
+    /// E-17: inside a trace every call carries a `traceparent` naming a new child span of
+    /// the caller's; outside one no header is sent; a caller's own header wins.
+    #[tokio::test]
+    async fn a_call_inside_a_trace_sends_a_child_traceparent_and_none_outside() {
+        use axum::routing::get;
+        let router = axum::Router::new().route(
+            "/tp",
+            get(|h: http::HeaderMap| async move {
+                h.get("traceparent").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned()
+            }),
+        );
+        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let base = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, router, async {
+            let _ = rx.await;
+        }));
+        let client = HttpClient::new(1_000, 2_000);
+        let outside = client.send(&base, http::Method::GET, "/tp", &[], None).await.expect("answered");
+        assert_eq!(&outside.body[..], b"-");
+        let root = crate::trace::TraceContext::root(0x1234, crate::trace::FLAG_SAMPLED);
+        let (first, second, own) = root
+            .clone()
+            .scope(async {
+                let get = |h: &'static [(&'static str, &'static str)]| {
+                    let (client, base) = (client.clone(), base.clone());
+                    async move {
+                        let r = client.send(&base, http::Method::GET, "/tp", h, None).await.expect("answered");
+                        String::from_utf8(r.body.to_vec()).expect("utf8")
+                    }
+                };
+                let mine: &'static [(&'static str, &'static str)] =
+                    &[("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")];
+                (get(&[]).await, get(&[]).await, get(mine).await)
+            })
+            .await;
+        let (a, b) = (
+            crate::trace::TraceParent::parse(&first).expect("valid"),
+            crate::trace::TraceParent::parse(&second).expect("valid"),
+        );
+        assert_eq!((a.trace_id, b.trace_id), (0x1234, 0x1234));
+        assert!(a.parent_id != b.parent_id && a.parent_id != root.span_id(), "{first} {second}");
+        assert_eq!(own, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
         let _ = tx.send(());
         server.await.expect("server stops");
     }

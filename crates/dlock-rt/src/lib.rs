@@ -22,6 +22,22 @@ pub mod buggify;
 pub mod clock;
 pub mod events;
 pub mod http;
+#[cfg(not(madsim))]
+pub mod otlp;
+/// The OTLP exporter is production-only: under the simulation it is compiled out and
+/// `telemetry.otlp.enabled` is refused at start-up.
+#[cfg(madsim)]
+pub mod otlp {
+    pub fn install_process_exporter(
+        settings: &dlock_config::telemetry::OtlpSettings,
+        _service_name: &str,
+    ) -> Result<(), String> {
+        match settings.enabled {
+            true => Err(format!("{} is not available in the simulation", dlock_config::telemetry::OTLP_ENABLED_KEY)),
+            false => Ok(()),
+        }
+    }
+}
 pub mod probe;
 pub mod rand;
 pub mod service;
@@ -29,6 +45,7 @@ pub mod signal;
 #[cfg(madsim)]
 pub mod sim_clock;
 pub mod tls;
+pub mod trace;
 pub mod traffic;
 pub mod wire_log;
 

@@ -44,6 +44,15 @@ struct Cli {
     /// [tls.ca-file] PEM CAs the clients trust for the services they call.
     #[arg(long, global = true, env = "DLOCK_TLS_CA_FILE", value_name = "FILE")]
     tls_ca_file: Option<String>,
+    /// [telemetry.otlp.enabled] Export spans over OTLP/HTTP JSON to telemetry.otlp.endpoint.
+    #[arg(long, global = true, env = "DLOCK_TELEMETRY_OTLP_ENABLED", value_name = "BOOL")]
+    telemetry_otlp_enabled: Option<bool>,
+    /// [telemetry.otlp.endpoint] The OTLP collector, http://host:port (spans go to /v1/traces).
+    #[arg(long, global = true, env = "DLOCK_TELEMETRY_OTLP_ENDPOINT", value_name = "URL")]
+    telemetry_otlp_endpoint: Option<String>,
+    /// [telemetry.otlp.service-name] The spans' service.name (default: the command's name).
+    #[arg(long, global = true, env = "DLOCK_TELEMETRY_OTLP_SERVICE_NAME", value_name = "NAME")]
+    telemetry_otlp_service_name: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -379,10 +388,27 @@ fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DLOCK_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
+    // The OTLP exporter's layer comes first, empty until `telemetry.otlp.enabled` fills it
+    // (the keys are read after logging starts).
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let registry = tracing_subscriber::registry().with(dlock_rt::otlp::layer()).with(filter);
+    let fmt = tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => registry.with(fmt).init(),
+        LogFormat::Json => registry.with(fmt.json().flatten_event(true)).init(),
+    }
+}
+
+/// The `service.name` of the spans a command exports (`telemetry.otlp.service-name` wins).
+fn telemetry_service_name(command: &Command) -> &'static str {
+    match command {
+        Command::RailStub(_) => "rail-stub",
+        Command::RailProxy(_) => "rail-proxy",
+        Command::PaymentResource(_) => "payment-resource",
+        Command::Executor(_) => "executor",
+        Command::LockServer(_) => "lock-server",
+        _ => "dlock",
     }
 }
 
@@ -490,6 +516,14 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         layers.set_flag_opt(k::TLS_CA_FILE_KEY, cli.tls_ca_file.as_ref());
         // Before any service starts or any client is built: all of them use it.
         dlock_rt::tls::install_process_tls(&k::resolve(&layers)?)?;
+    }
+    {
+        use dlock_config::telemetry as k;
+        layers.set_flag_opt(k::OTLP_ENABLED_KEY, cli.telemetry_otlp_enabled.as_ref());
+        layers.set_flag_opt(k::OTLP_ENDPOINT_KEY, cli.telemetry_otlp_endpoint.as_ref());
+        layers.set_flag_opt(k::OTLP_SERVICE_NAME_KEY, cli.telemetry_otlp_service_name.as_ref());
+        // After TLS (an https:// collector uses the process's CAs).
+        dlock_rt::otlp::install_process_exporter(&k::resolve(&layers)?, telemetry_service_name(&cli.command))?;
     }
     match cli.command {
         Command::Reconcile(a) => {

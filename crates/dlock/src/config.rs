@@ -16,6 +16,8 @@ pub fn known_keys() -> Vec<&'static str> {
     let mut keys = vec![PROFILE_KEY, HTTP_HEADER_BYTES_MAX_KEY];
     // `tls.*`: one transport for every service and client of the process (E-15).
     keys.extend_from_slice(dlock_config::tls::KEYS);
+    // `telemetry.*`: the process's optional OTLP exporter (E-17).
+    keys.extend_from_slice(dlock_config::telemetry::KEYS);
     for service in [
         dlock_rail_stub::config::KEYS,
         dlock_rail_proxy::config::KEYS,
