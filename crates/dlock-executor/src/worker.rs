@@ -341,7 +341,11 @@ impl Executor {
         // E-17: the attempt is one trace; each hop below is a child span of its root.
         let root = self.traces.next_root();
         let span = root.work_span("payout_attempt", &c.payout_id.to_string());
-        tracing::Instrument::instrument(root.scope(self.execute_attempt(session, owner, c)), span).await
+        // Boxed: the attempt's state machine (every hop, timed and traced) is large, and a
+        // debug build polled on a 2 MiB thread stack (a test thread, a runtime worker)
+        // overflowed it. One allocation per attempt; the hops below are boxed for the same reason.
+        let attempt = Box::pin(self.execute_attempt(session, owner, c));
+        tracing::Instrument::instrument(root.scope(attempt), span).await
     }
 
     async fn execute_attempt(&self, session: &Session, owner: &str, c: &Candidate) -> (Option<Outcome>, Step) {
@@ -393,11 +397,11 @@ impl Executor {
         };
         match view.state {
             s @ (PayoutState::Pending | PayoutState::Claimed) => {
-                Some(self.claim_submit_post(session, guard, &owner_id, &view, s).await)
+                Some(Box::pin(self.claim_submit_post(session, guard, &owner_id, &view, s)).await)
             }
             PayoutState::RailAcked => match acked_submission(&view) {
                 Some((submission_id, reference)) => {
-                    Some(self.post(guard, &owner_id, c.payout_id, submission_id, reference).await)
+                    Some(Box::pin(self.post(guard, &owner_id, c.payout_id, submission_id, reference)).await)
                 }
                 None => Some(self.finish(guard, Outcome::Unavailable).await),
             },
@@ -533,7 +537,7 @@ impl Executor {
                 return Outcome::Unavailable;
             }
         };
-        self.post(newer, owner, payout_id, ack.submission_id, ack.rail_reference).await
+        Box::pin(self.post(newer, owner, payout_id, ack.submission_id, ack.rail_reference)).await
     }
 
     /// What a refused submission comes to. Nothing here submits again: not after a lost
