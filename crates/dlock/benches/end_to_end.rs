@@ -17,9 +17,11 @@
 //!   to `DLOCK_BENCH_SVG` (default `target/bench/end_to_end.svg`, the CSV next to it).
 //!
 //! **The window.** `dlock up` starts its executors with the cluster, so payouts are created
-//! while they already run. The window starts when the last payout has been created (bench
-//! wall clock, `t0`) and ends at the last payout's POSTED instant (paydb's `updatedAt`);
-//! payouts/s counts only the payouts posted after `t0`. While the window runs the bench polls
+//! while they already run; the bench creates them [`CREATE_CONCURRENCY`] at a time so that
+//! nearly all are still queued when the window starts. The window starts when the last payout
+//! has been created (bench wall clock, `t0`) and ends at the last payout's POSTED instant
+//! (paydb's `updatedAt`); payouts/s counts only the payouts posted after `t0` (the column
+//! "in window"). While the window runs the bench polls
 //! one list endpoint (`GET /v1/payouts?state=POSTED`, every [`POLL_MS`]), not every payout;
 //! it reads each payout's timestamps only after the window. Latency (p50/p99) is
 //! POSTED − max(createdAt, `t0`): with the whole backlog queued at `t0` it is mostly queueing,
@@ -69,6 +71,7 @@ mod bench {
 
     use dlock_rt::http::{BaseUrl, HttpClient};
     use dlock_testkit::bench::env_usize;
+    use futures::StreamExt as _;
     use serde_json::{json, Value};
 
     /// Executors and tasks per executor of the measured `dlock up` (the default run).
@@ -88,6 +91,8 @@ mod bench {
     const SWEEP_EXECUTORS: [usize; 4] = [1, 2, 4, 8];
     const SWEEP_ACCOUNTS: [usize; 4] = [1, 10, 100, 1000];
     const SWEEP_LATENCY_MS: [u64; 3] = [0, 50, 500];
+    /// Payout creations the bench keeps in flight.
+    const CREATE_CONCURRENCY: usize = 16;
     /// The bench's HTTP timeouts.
     const CONNECT_TIMEOUT_MS: u64 = 1_000;
     const READ_TIMEOUT_MS: u64 = 10_000;
@@ -465,13 +470,21 @@ mod bench {
                 json!({"accountId": format!("acct-{a}"), "currency": "EUR", "openingBalanceMinor": 1_000_000_000});
             send(&client, &payment, "/v1/accounts", &format!("open-{a}"), body).await;
         }
-        let mut ids = Vec::with_capacity(p.n);
-        for i in 0..p.n {
-            let body = json!({"accountId": format!("acct-{}", i % p.accounts), "amountMinor": 1_000, "currency": "EUR",
-                "beneficiaryRef": format!("ben-{i}")});
-            let v = send(&client, &payment, "/v1/payouts", &format!("create-{i}"), body).await;
-            ids.push(v["payoutId"].as_str().expect("id").to_owned());
-        }
+        // Created [`CREATE_CONCURRENCY`] at a time, so the executors see most of the backlog
+        // queued when the window starts.
+        let ids: Vec<String> = futures::stream::iter(0..p.n)
+            .map(|i| {
+                let (client, payment) = (&client, &payment);
+                async move {
+                    let body = json!({"accountId": format!("acct-{}", i % p.accounts), "amountMinor": 1_000,
+                        "currency": "EUR", "beneficiaryRef": format!("ben-{i}")});
+                    let v = send(client, payment, "/v1/payouts", &format!("create-{i}"), body).await;
+                    v["payoutId"].as_str().expect("id").to_owned()
+                }
+            })
+            .buffer_unordered(CREATE_CONCURRENCY)
+            .collect()
+            .await;
         let t0 = chrono::Utc::now().timestamp_millis();
         // The window: poll one list endpoint at a modest rate until every payout is POSTED.
         let done = dlock_rt::wait_until(Duration::from_millis(POLL_MS), Duration::from_millis(RUN_MS_MAX), || async {
