@@ -1,14 +1,49 @@
 //! Payouts per second end to end through `dlock up` (the real binary, every service and two
-//! executors in one process), on SQLite and on PostgreSQL, at rail-stub latency 0; p50 and
-//! p99 per payout (from creation to POSTED, as paydb stamps them); next to the floor the
-//! design allows: the same run's raw per-hop database commits, measured on the same
-//! databases in the same run. Prints the ratio. Not a test: it asserts no timing.
+//! executors in one process), on SQLite and on PostgreSQL, next to the **peer baseline** a
+//! user who does not adopt dlock would write (a plain work queue on the same database kind,
+//! same rail stub, same number of workers), and next to the floor the design allows (the
+//! same run's raw per-hop database commits). Prints dlock / baseline and dlock / floor. Not a
+//! test: it asserts no timing.
 //!
 //! `cargo bench -p dlock --bench end_to_end`
 //!
 //! - `DLOCK_BENCH_N` payouts (default 300) over `DLOCK_BENCH_ACCOUNTS` accounts (default 8).
-//! - PostgreSQL when `DLOCK_BENCH_PG_URL` or `DLOCK_TEST_PG_URL` names a server (paydb and
-//!   lockdb each get a fresh database).
+//! - `DLOCK_BENCH_RAIL_LATENCY_MS` (default 0): the rail stub's fixed delay, for both sides.
+//! - PostgreSQL when `DLOCK_BENCH_PG_URL` or `DLOCK_TEST_PG_URL` names a server (paydb,
+//!   lockdb and the baseline's queue each get a fresh database).
+//! - `DLOCK_BENCH_SWEEP=1` adds the sweeps (executors 1, 2, 4, 8; accounts 1, 10, 100, 1000;
+//!   rail latency 0, 50, 500 ms; `DLOCK_BENCH_SWEEP_N` payouts per point, default 150) on
+//!   PostgreSQL when one is configured, else on SQLite. They are written as a CSV and an SVG
+//!   to `DLOCK_BENCH_SVG` (default `target/bench/end_to_end.svg`, the CSV next to it).
+//!
+//! **The window.** `dlock up` starts its executors with the cluster, so payouts are created
+//! while they already run; the bench creates them [`CREATE_CONCURRENCY`] at a time so that
+//! nearly all are still queued when the window starts. The window starts when the last payout
+//! has been created (bench wall clock, `t0`) and ends at the last payout's POSTED instant
+//! (paydb's `updatedAt`); payouts/s counts only the payouts posted after `t0` (the column
+//! "in window"). While the window runs the bench polls
+//! one list endpoint (`GET /v1/payouts?state=POSTED`, every [`POLL_MS`]), not every payout;
+//! it reads each payout's timestamps only after the window. Latency (p50/p99) is
+//! POSTED − max(createdAt, `t0`): with the whole backlog queued at `t0` it is mostly queueing,
+//! the same definition as the baseline's (paid − its workers' start, with every row queued
+//! before the start).
+//!
+//! **The peer baseline** (its own tables in a fresh database: `q_accounts`, `q_payouts` with a
+//! state, `q_submissions` with one unique row per payout). Each worker loops, in the
+//! two-transaction shape a user would write so that no transaction stays open across the
+//! rail call:
+//! 1. transaction 1: claim one PENDING payout (PostgreSQL: `SELECT … FOR UPDATE SKIP LOCKED
+//!    LIMIT 1`; SQLite has no SKIP LOCKED, so an `UPDATE … WHERE id = (SELECT … LIMIT 1)
+//!    RETURNING`, atomic because SQLite serialises writers), mark it SUBMITTING, insert its
+//!    unique submission row, commit;
+//! 2. one `POST /submit` to the same `dlock rail-stub` binary (started by the bench, same
+//!    latency, no chaos), `clientRef` = the payout id;
+//! 3. transaction 2: mark the payout PAID with the rail's reference, stamp the submission
+//!    row, debit the account's balance, commit.
+//!
+//! It runs as many workers as `dlock up` runs executor tasks, on the same pool settings
+//! (`dlock_db`'s pools). It checks nothing dlock checks (no fencing, no lease, no proxy
+//! intent): that is what the ratio prices.
 //!
 //! **The floor.** A settled payout costs eight commits: on lockdb two acquires and two
 //! releases (the post needs a newer grant than the claim), on paydb the claim, the proxy's
@@ -27,26 +62,70 @@ fn main() {
 
 #[cfg(not(madsim))]
 mod bench {
+    use std::fmt::Write as _;
     use std::process::{Child, Command, Stdio};
+    use std::sync::Arc;
     // Real wall-clock time on purpose: a bench measures the real machine, and it is built
     // only outside the simulation.
     use std::time::{Duration, Instant};
 
     use dlock_rt::http::{BaseUrl, HttpClient};
     use dlock_testkit::bench::env_usize;
+    use futures::StreamExt as _;
     use serde_json::{json, Value};
 
-    /// Executors and tasks per executor of the measured `dlock up`.
+    /// Executors and tasks per executor of the measured `dlock up` (the default run).
     const EXECUTORS: usize = 2;
     const CONCURRENCY: usize = 4;
     /// Commits one settled payout costs on each database (see the module docs).
     const COMMITS_PER_PAYOUT_PER_DB: usize = 4;
     /// Longest a run may take.
     const RUN_MS_MAX: u64 = 600_000;
+    /// How often the bench polls the POSTED list while a window runs.
+    const POLL_MS: u64 = 250;
+    /// Page size of that poll (P1's maximum).
+    const PAGE_LIMIT_MAX: usize = 500;
+    /// Payouts per sweep point unless `DLOCK_BENCH_SWEEP_N` says otherwise.
+    const SWEEP_N_DEFAULT: usize = 150;
+    /// The sweeps' axes.
+    const SWEEP_EXECUTORS: [usize; 4] = [1, 2, 4, 8];
+    const SWEEP_ACCOUNTS: [usize; 4] = [1, 10, 100, 1000];
+    const SWEEP_LATENCY_MS: [u64; 3] = [0, 50, 500];
+    /// Payout creations the bench keeps in flight.
+    const CREATE_CONCURRENCY: usize = 16;
+    /// The bench's HTTP timeouts.
+    const CONNECT_TIMEOUT_MS: u64 = 1_000;
+    const READ_TIMEOUT_MS: u64 = 10_000;
 
-    struct Up(Child);
+    /// One measured configuration.
+    #[derive(Clone, Copy)]
+    struct Point {
+        n: usize,
+        accounts: usize,
+        executors: usize,
+        latency_ms: u64,
+    }
 
-    impl Drop for Up {
+    impl Point {
+        fn workers(&self) -> usize {
+            self.executors * CONCURRENCY
+        }
+    }
+
+    /// Payouts/s and p50/p99 ms of one side of one point.
+    #[derive(Clone, Copy)]
+    struct Rate {
+        per_s: f64,
+        p50_ms: i64,
+        p99_ms: i64,
+        /// Payouts inside the window (dlock: those posted after the last creation).
+        counted: usize,
+    }
+
+    /// A child process, stopped with SIGTERM (then SIGKILL) when dropped.
+    struct Proc(Child);
+
+    impl Drop for Proc {
         fn drop(&mut self) {
             let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
             let deadline = Instant::now() + Duration::from_secs(20);
@@ -61,34 +140,247 @@ mod bench {
         }
     }
 
-    pub async fn run() {
-        let n = env_usize("DLOCK_BENCH_N", 300).max(1);
-        let accounts = env_usize("DLOCK_BENCH_ACCOUNTS", 8).clamp(1, n);
-        println!(
-            "end-to-end bench through `dlock up`: n={n} accounts={accounts} executors={EXECUTORS}x{CONCURRENCY} stub latency=0"
-        );
-        println!(
-            "{:<10} {:>11} {:>9} {:>9} {:>14} {:>8}",
-            "database", "payouts/s", "p50 ms", "p99 ms", "floor payout/s", "ratio"
-        );
-        let dir = dlock_testkit::TempDir::new("bench-e2e");
-        let paydb = format!("sqlite://{}", dir.path().join("paydb.sqlite").display());
-        let lockdb = format!("sqlite://{}", dir.path().join("lockdb.sqlite").display());
-        measure("sqlite", &dir, &paydb, &lockdb, n, accounts).await;
-        match dlock_testkit::bench::pg_admin_url() {
-            Some(admin) => {
-                let paydb = dlock_testkit::pg_database_on(&admin).await;
-                let lockdb = dlock_testkit::pg_database_on(&admin).await;
-                measure("postgres", &dir, &paydb, &lockdb, n, accounts).await;
+    /// Where each database kind of a run lives.
+    enum Dbs {
+        Sqlite,
+        Postgres(String),
+    }
+
+    impl Dbs {
+        fn name(&self) -> &'static str {
+            match self {
+                Dbs::Sqlite => "sqlite",
+                Dbs::Postgres(_) => "postgres",
             }
-            None => println!("postgres   (skipped: set DLOCK_TEST_PG_URL to include it)"),
+        }
+
+        async fn fresh(&self, dir: &dlock_testkit::TempDir, tag: &str) -> String {
+            match self {
+                Dbs::Sqlite => format!(
+                    "sqlite://{}",
+                    dir.path().join(format!("{tag}-{}.sqlite", uuid::Uuid::new_v4().simple())).display()
+                ),
+                Dbs::Postgres(admin) => dlock_testkit::pg_database_on(admin).await,
+            }
         }
     }
 
-    async fn measure(name: &str, dir: &dlock_testkit::TempDir, paydb: &str, lockdb: &str, n: usize, accounts: usize) {
-        let (rate, p50, p99) = end_to_end(dir, paydb, lockdb, n, accounts).await;
-        let floor = floor_rate(paydb, lockdb, n).await;
-        println!("{name:<10} {rate:>11.1} {p50:>9} {p99:>9} {floor:>14.1} {:>8.2}", rate / floor);
+    pub async fn run() {
+        let n = env_usize("DLOCK_BENCH_N", 300).max(1);
+        let accounts = env_usize("DLOCK_BENCH_ACCOUNTS", 8).clamp(1, n);
+        let latency_ms = env_usize("DLOCK_BENCH_RAIL_LATENCY_MS", 0) as u64;
+        let point = Point { n, accounts, executors: EXECUTORS, latency_ms };
+        println!(
+            "end-to-end bench through `dlock up`: n={n} accounts={accounts} executors={EXECUTORS}x{CONCURRENCY} stub latency={latency_ms} ms; baseline: SKIP LOCKED queue, {} workers",
+            point.workers()
+        );
+        println!(
+            "{:<10} {:>9} {:>11} {:>9} {:>9} {:>12} {:>9} {:>9} {:>8} {:>14} {:>8}",
+            "database",
+            "in window",
+            "payouts/s",
+            "p50 ms",
+            "p99 ms",
+            "baseline/s",
+            "p50 ms",
+            "p99 ms",
+            "vs base",
+            "floor payout/s",
+            "vs floor"
+        );
+        let dir = dlock_testkit::TempDir::new("bench-e2e");
+        let mut kinds = vec![Dbs::Sqlite];
+        match dlock_testkit::bench::pg_admin_url() {
+            Some(admin) => kinds.push(Dbs::Postgres(admin)),
+            None => println!("postgres   (skipped: set DLOCK_TEST_PG_URL to include it)"),
+        }
+        for kind in &kinds {
+            let paydb = kind.fresh(&dir, "paydb").await;
+            let lockdb = kind.fresh(&dir, "lockdb").await;
+            let d = end_to_end(&dir, &paydb, &lockdb, point).await;
+            let b = baseline(&kind.fresh(&dir, "queue").await, point).await;
+            let floor = floor_rate(&paydb, &lockdb, n, point.workers()).await;
+            println!(
+                "{:<10} {:>9} {:>11.1} {:>9} {:>9} {:>12.1} {:>9} {:>9} {:>8.2} {:>14.1} {:>8.2}",
+                kind.name(),
+                d.counted,
+                d.per_s,
+                d.p50_ms,
+                d.p99_ms,
+                b.per_s,
+                b.p50_ms,
+                b.p99_ms,
+                d.per_s / b.per_s,
+                floor,
+                d.per_s / floor
+            );
+        }
+        if std::env::var("DLOCK_BENCH_SWEEP").is_ok_and(|v| v == "1") {
+            let kind = kinds.pop().expect("sqlite is always there");
+            sweep(&dir, &kind, accounts).await;
+        }
+    }
+
+    /// The three sweeps; each varies one axis from the default point.
+    async fn sweep(dir: &dlock_testkit::TempDir, kind: &Dbs, accounts: usize) {
+        let n = env_usize("DLOCK_BENCH_SWEEP_N", SWEEP_N_DEFAULT).max(1);
+        let base = Point { n, accounts, executors: EXECUTORS, latency_ms: 0 };
+        let axes: [(&str, Vec<(u64, Point)>); 3] = [
+            ("executors", SWEEP_EXECUTORS.iter().map(|&e| (e as u64, Point { executors: e, ..base })).collect()),
+            ("accounts", SWEEP_ACCOUNTS.iter().map(|&a| (a as u64, Point { accounts: a, ..base })).collect()),
+            ("rail latency ms", SWEEP_LATENCY_MS.iter().map(|&l| (l, Point { latency_ms: l, ..base })).collect()),
+        ];
+        println!(
+            "sweep on {} (n={n} per point; other axes: executors={EXECUTORS}, accounts={accounts}, latency 0 ms)",
+            kind.name()
+        );
+        println!("{:<16} {:>6} {:>9} {:>11} {:>12} {:>8}", "axis", "x", "in window", "dlock/s", "baseline/s", "ratio");
+        let mut csv = String::from("axis,x,database,executors,accounts,rail_latency_ms,n,dlock_per_s,dlock_p50_ms,dlock_p99_ms,baseline_per_s,baseline_p50_ms,baseline_p99_ms\n");
+        let mut curves: Vec<Curve> = Vec::new();
+        for (axis, points) in &axes {
+            let mut curve = Vec::new();
+            for &(x, p) in points {
+                let paydb = kind.fresh(dir, "paydb").await;
+                let lockdb = kind.fresh(dir, "lockdb").await;
+                let d = end_to_end(dir, &paydb, &lockdb, p).await;
+                let b = baseline(&kind.fresh(dir, "queue").await, p).await;
+                println!(
+                    "{axis:<16} {x:>6} {:>9} {:>11.1} {:>12.1} {:>8.2}",
+                    d.counted,
+                    d.per_s,
+                    b.per_s,
+                    d.per_s / b.per_s
+                );
+                let _ = writeln!(
+                    csv,
+                    "{axis},{x},{},{},{},{},{},{:.1},{},{},{:.1},{},{}",
+                    kind.name(),
+                    p.executors,
+                    p.accounts,
+                    p.latency_ms,
+                    p.n,
+                    d.per_s,
+                    d.p50_ms,
+                    d.p99_ms,
+                    b.per_s,
+                    b.p50_ms,
+                    b.p99_ms
+                );
+                curve.push((x, d.per_s, b.per_s));
+            }
+            curves.push((axis, curve));
+        }
+        let svg_path = std::env::var("DLOCK_BENCH_SVG")
+            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/bench/end_to_end.svg").to_owned());
+        let svg_path = std::path::PathBuf::from(svg_path);
+        if let Some(parent) = svg_path.parent() {
+            std::fs::create_dir_all(parent).expect("create the SVG's directory");
+        }
+        let title =
+            format!("dlock vs a plain work queue (SKIP LOCKED on PostgreSQL), {} ({n} payouts per point)", kind.name());
+        std::fs::write(&svg_path, svg(&title, &curves)).expect("write the SVG");
+        let csv_path = svg_path.with_extension("csv");
+        std::fs::write(&csv_path, csv).expect("write the CSV");
+        println!("sweep written to {} and {}", svg_path.display(), csv_path.display());
+    }
+
+    /// One sweep's curve: its axis and, per point, x, dlock's and the baseline's payouts/s.
+    type Curve<'a> = (&'a str, Vec<(u64, f64, f64)>);
+
+    /// A hand-written SVG: one panel per axis, x evenly spaced by index, y linear from 0.
+    fn svg(title: &str, curves: &[Curve]) -> String {
+        const PANEL_W: f64 = 300.0;
+        const PANEL_H: f64 = 220.0;
+        const PAD: f64 = 50.0;
+        let width = PAD + curves.len() as f64 * (PANEL_W + PAD);
+        let height = PANEL_H + 2.0 * PAD + 40.0;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">"#
+        );
+        let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+        let _ = writeln!(s, r#"<text x="{PAD}" y="20" font-size="14">{title}</text>"#);
+        let _ = writeln!(
+            s,
+            "<line x1=\"{PAD}\" y1=\"34\" x2=\"{}\" y2=\"34\" stroke=\"#1f77b4\" stroke-width=\"2\"/><text x=\"{}\" y=\"38\">dlock payouts/s</text>",
+            PAD + 20.0,
+            PAD + 25.0
+        );
+        let _ = writeln!(
+            s,
+            "<line x1=\"{}\" y1=\"34\" x2=\"{}\" y2=\"34\" stroke=\"#d62728\" stroke-width=\"2\" stroke-dasharray=\"5,3\"/><text x=\"{}\" y=\"38\">baseline payouts/s</text>",
+            PAD + 140.0,
+            PAD + 160.0,
+            PAD + 165.0
+        );
+        for (i, (axis, pts)) in curves.iter().enumerate() {
+            let x0 = PAD + i as f64 * (PANEL_W + PAD);
+            let y0 = PAD + 10.0;
+            let ymax = pts.iter().map(|p| p.1.max(p.2)).fold(1.0_f64, f64::max) * 1.1;
+            let _ = writeln!(
+                s,
+                "<rect x=\"{x0}\" y=\"{y0}\" width=\"{PANEL_W}\" height=\"{PANEL_H}\" fill=\"none\" stroke=\"#888\"/>"
+            );
+            for k in 0..=4 {
+                let v = ymax * k as f64 / 4.0;
+                let y = y0 + PANEL_H - PANEL_H * k as f64 / 4.0;
+                let _ = writeln!(
+                    s,
+                    "<line x1=\"{x0}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#eee\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{v:.0}</text>",
+                    x0 + PANEL_W,
+                    x0 - 4.0,
+                    y + 4.0
+                );
+            }
+            let step = PANEL_W / (pts.len().max(1)) as f64;
+            let at = |j: usize, v: f64| (x0 + step * (j as f64 + 0.5), y0 + PANEL_H - PANEL_H * v / ymax);
+            for (j, p) in pts.iter().enumerate() {
+                let (x, _) = at(j, 0.0);
+                let _ = writeln!(
+                    s,
+                    r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                    y0 + PANEL_H + 14.0,
+                    p.0
+                );
+            }
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">{axis}</text>"#,
+                x0 + PANEL_W / 2.0,
+                y0 + PANEL_H + 30.0
+            );
+            for (series, color, dash) in [(1, "#1f77b4", ""), (2, "#d62728", " stroke-dasharray=\"5,3\"")] {
+                let line: Vec<String> = pts
+                    .iter()
+                    .enumerate()
+                    .map(|(j, p)| {
+                        let (x, y) = at(j, if series == 1 { p.1 } else { p.2 });
+                        format!("{x:.1},{y:.1}")
+                    })
+                    .collect();
+                let _ = writeln!(
+                    s,
+                    r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"{dash}/>"#,
+                    line.join(" ")
+                );
+                for (j, p) in pts.iter().enumerate() {
+                    let (x, y) = at(j, if series == 1 { p.1 } else { p.2 });
+                    let _ = writeln!(s, r#"<circle cx="{x:.1}" cy="{y:.1}" r="3" fill="{color}"/>"#);
+                }
+            }
+        }
+        s.push_str("</svg>\n");
+        s
+    }
+
+    fn percentiles(mut latencies: Vec<i64>) -> (i64, i64) {
+        if latencies.is_empty() {
+            return (0, 0);
+        }
+        latencies.sort_unstable();
+        let pct = |p: usize| latencies[(latencies.len() * p / 100).min(latencies.len() - 1)];
+        (pct(50), pct(99))
     }
 
     async fn send(client: &HttpClient, base: &BaseUrl, path: &str, key: &str, body: Value) -> Value {
@@ -106,58 +398,106 @@ mod bench {
         serde_json::from_slice(&r.body).expect("json")
     }
 
-    /// Runs `n` payouts through `dlock up`; returns payouts/s and p50/p99 ms per payout.
-    async fn end_to_end(
-        dir: &dlock_testkit::TempDir,
-        paydb: &str,
-        lockdb: &str,
-        n: usize,
-        accounts: usize,
-    ) -> (f64, i64, i64) {
+    async fn get_json(client: &HttpClient, base: &BaseUrl, path: &str) -> Option<Value> {
+        let r = client.send(base, http::Method::GET, path, &[], None).await.ok()?;
+        (r.status == 200).then(|| serde_json::from_slice(&r.body).ok()).flatten()
+    }
+
+    /// How many payouts are POSTED, walking P1's pages.
+    async fn posted_count(client: &HttpClient, base: &BaseUrl) -> Option<usize> {
+        let mut count = 0;
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut path = format!("/v1/payouts?state=POSTED&limit={PAGE_LIMIT_MAX}");
+            if let Some(c) = &cursor {
+                path.push_str("&cursor=");
+                path.push_str(c);
+            }
+            let page = get_json(client, base, &path).await?;
+            count += page["items"].as_array()?.len();
+            match page["nextCursor"].as_str() {
+                Some(c) => cursor = Some(c.to_owned()),
+                None => return Some(count),
+            }
+        }
+    }
+
+    /// Runs `p.n` payouts through `dlock up`; payouts/s and p50/p99 ms (see the window).
+    async fn end_to_end(dir: &dlock_testkit::TempDir, paydb: &str, lockdb: &str, p: Point) -> Rate {
         let data = dir.path().join(format!("up-{}", uuid::Uuid::new_v4().simple()));
-        let _up = Up(Command::new(env!("CARGO_BIN_EXE_dlock"))
-            .arg("up")
-            .arg("--data-dir")
-            .arg(&data)
-            .args(["--paydb-url", paydb, "--lockdb-url", lockdb])
-            .args(["--executors", &EXECUTORS.to_string(), "--concurrency", &CONCURRENCY.to_string()])
-            .env("DLOCK_LOG", "error")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn dlock up"));
+        // `dlock up` reuses a credentials file in its data dir: the bench writes one so it
+        // knows the operator's token.
+        let operator = format!("bench-operator-{}", uuid::Uuid::new_v4().simple());
+        std::fs::create_dir_all(&data).expect("data dir");
+        let creds = data.join("credentials");
+        std::fs::write(
+            &creds,
+            format!(
+                "worker bench-worker-{}\noperator {operator}\nreader bench-reader-{}\n",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            ),
+        )
+        .expect("credentials file");
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o600)).expect("mode 0600");
+        }
+        let client = HttpClient::new(CONNECT_TIMEOUT_MS, READ_TIMEOUT_MS)
+            .with_bearer(Some(dlock_rt::http::Bearer::fixed(dlock_contract::auth::Secret::new(operator))));
+        let _up = Proc(
+            Command::new(env!("CARGO_BIN_EXE_dlock"))
+                .arg("up")
+                .arg("--data-dir")
+                .arg(&data)
+                .args(["--paydb-url", paydb, "--lockdb-url", lockdb])
+                .args(["--executors", &p.executors.to_string(), "--concurrency", &CONCURRENCY.to_string()])
+                .args(["--rail-latency-ms", &p.latency_ms.to_string()])
+                .env("DLOCK_LOG", "error")
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("spawn dlock up"),
+        );
         let payment = BaseUrl::parse("http://127.0.0.1:8082").expect("url");
-        let client = HttpClient::new(1_000, 10_000);
         let ready = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_secs(60), || async {
             let r = client.send(&payment, http::Method::GET, "/health/ready", &[], None).await.ok()?;
             (r.status == 200).then_some(())
         })
         .await;
         assert!(ready.is_some(), "dlock up did not become ready on 127.0.0.1:8082");
-        for a in 0..accounts {
+        for a in 0..p.accounts {
             let body =
                 json!({"accountId": format!("acct-{a}"), "currency": "EUR", "openingBalanceMinor": 1_000_000_000});
             send(&client, &payment, "/v1/accounts", &format!("open-{a}"), body).await;
         }
-        let mut ids = Vec::with_capacity(n);
-        for i in 0..n {
-            let body = json!({"accountId": format!("acct-{}", i % accounts), "amountMinor": 1_000, "currency": "EUR",
-                "beneficiaryRef": format!("ben-{i}")});
-            let v = send(&client, &payment, "/v1/payouts", &format!("create-{i}"), body).await;
-            ids.push(v["payoutId"].as_str().expect("id").to_owned());
-        }
-        // Wait for every payout to be POSTED, then read its creation and posting instants.
-        let mut latencies = Vec::with_capacity(n);
-        let mut first_created = i64::MAX;
-        let mut last_posted = i64::MIN;
-        let deadline = Instant::now() + Duration::from_millis(RUN_MS_MAX);
-        for id in &ids {
-            let view = dlock_rt::wait_until(Duration::from_millis(20), deadline - Instant::now(), || async {
-                let r = client.send(&payment, http::Method::GET, &format!("/v1/payouts/{id}"), &[], None).await.ok()?;
-                let v: Value = serde_json::from_slice(&r.body).ok()?;
-                (v["state"] == "POSTED").then_some(v)
+        // Created [`CREATE_CONCURRENCY`] at a time, so the executors see most of the backlog
+        // queued when the window starts.
+        let ids: Vec<String> = futures::stream::iter(0..p.n)
+            .map(|i| {
+                let (client, payment) = (&client, &payment);
+                async move {
+                    let body = json!({"accountId": format!("acct-{}", i % p.accounts), "amountMinor": 1_000,
+                        "currency": "EUR", "beneficiaryRef": format!("ben-{i}")});
+                    let v = send(client, payment, "/v1/payouts", &format!("create-{i}"), body).await;
+                    v["payoutId"].as_str().expect("id").to_owned()
+                }
             })
-            .await
-            .expect("every payout is posted within the bench's bound");
+            .buffer_unordered(CREATE_CONCURRENCY)
+            .collect()
+            .await;
+        let t0 = chrono::Utc::now().timestamp_millis();
+        // The window: poll one list endpoint at a modest rate until every payout is POSTED.
+        let done = dlock_rt::wait_until(Duration::from_millis(POLL_MS), Duration::from_millis(RUN_MS_MAX), || async {
+            (posted_count(&client, &payment).await? >= p.n).then_some(())
+        })
+        .await;
+        assert!(done.is_some(), "every payout is posted within the bench's bound");
+        // After the window: each payout's creation and posting instants.
+        let mut latencies = Vec::with_capacity(p.n);
+        let mut last_posted = t0;
+        for id in &ids {
+            let view = get_json(&client, &payment, &format!("/v1/payouts/{id}")).await.expect("payout view");
+            assert_eq!(view["state"], "POSTED");
             let ms = |field: &str| {
                 view[field]
                     .as_str()
@@ -166,28 +506,268 @@ mod bench {
                     .expect("timestamp")
             };
             let (created, posted) = (ms("createdAt"), ms("updatedAt"));
-            first_created = first_created.min(created);
-            last_posted = last_posted.max(posted);
-            latencies.push(posted - created);
+            if posted >= t0 {
+                last_posted = last_posted.max(posted);
+                latencies.push(posted - created.max(t0));
+            }
         }
-        latencies.sort_unstable();
-        let pct = |p: usize| latencies[(latencies.len() * p / 100).min(latencies.len() - 1)];
-        let seconds = ((last_posted - first_created).max(1)) as f64 / 1000.0;
-        (n as f64 / seconds, pct(50), pct(99))
+        let counted = latencies.len();
+        let (p50_ms, p99_ms) = percentiles(latencies);
+        let seconds = ((last_posted - t0).max(1)) as f64 / 1000.0;
+        Rate { per_s: counted as f64 / seconds, p50_ms, p99_ms, counted }
+    }
+
+    /// A free loopback port (bound, then released; the stub binds it right after).
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+    }
+
+    /// The peer baseline (see the module docs) on a fresh database at `url`.
+    async fn baseline(url: &str, p: Point) -> Rate {
+        let port = free_port();
+        let _stub = Proc(
+            Command::new(env!("CARGO_BIN_EXE_dlock"))
+                .arg("rail-stub")
+                .args(["--listen", &format!("127.0.0.1:{port}")])
+                .args(["--latency-ms", &p.latency_ms.to_string()])
+                .args(["--failure-rate", "0", "--duplicate-ack-rate", "0", "--decline-rate", "0"])
+                .env("DLOCK_LOG", "error")
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("spawn dlock rail-stub"),
+        );
+        let rail = BaseUrl::parse(&format!("http://127.0.0.1:{port}")).expect("url");
+        let client = Arc::new(HttpClient::new(CONNECT_TIMEOUT_MS, READ_TIMEOUT_MS));
+        let ready = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_secs(60), || async {
+            let r = client.send(&rail, http::Method::GET, "/health/ready", &[], None).await.ok()?;
+            (r.status == 200).then_some(())
+        })
+        .await;
+        assert!(ready.is_some(), "dlock rail-stub did not become ready on 127.0.0.1:{port}");
+        let queue = if url.starts_with("postgres") {
+            Queue::Pg(dlock_db::pg_pool(url).await.expect("baseline pool"))
+        } else {
+            Queue::Sqlite(dlock_db::sqlite_pool(url).await.expect("baseline pool"))
+        };
+        queue.setup(p).await.expect("baseline tables");
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..p.workers() {
+            let (queue, client, rail) = (queue.clone(), client.clone(), rail.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                while queue.work_one(&client, &rail).await? {
+                    latencies.push(started.elapsed().as_millis() as i64);
+                }
+                Ok::<Vec<i64>, String>(latencies)
+            }));
+        }
+        let mut latencies = Vec::with_capacity(p.n);
+        for t in tasks {
+            latencies.extend(t.await.expect("worker").expect("baseline worker"));
+        }
+        assert_eq!(latencies.len(), p.n, "the baseline paid every payout once");
+        let last_ms = latencies.iter().copied().max().unwrap_or(1).max(1);
+        let (p50_ms, p99_ms) = percentiles(latencies);
+        Rate { per_s: p.n as f64 / (last_ms as f64 / 1000.0), p50_ms, p99_ms, counted: p.n }
+    }
+
+    #[derive(Clone)]
+    enum Queue {
+        Pg(sqlx::PgPool),
+        Sqlite(sqlx::SqlitePool),
+    }
+
+    impl Queue {
+        /// The queue's tables, its accounts and `p.n` PENDING payouts, before any worker runs.
+        async fn setup(&self, p: Point) -> Result<(), sqlx::Error> {
+            let ddl = [
+                "CREATE TABLE q_accounts (id TEXT PRIMARY KEY, balance_minor BIGINT NOT NULL)",
+                "CREATE TABLE q_payouts (id BIGINT PRIMARY KEY, account_id TEXT NOT NULL REFERENCES q_accounts(id), \
+                 amount_minor BIGINT NOT NULL, state TEXT NOT NULL, rail_reference TEXT)",
+                "CREATE INDEX q_payouts_pending ON q_payouts (id) WHERE state = 'PENDING'",
+                "CREATE TABLE q_submissions (payout_id BIGINT NOT NULL UNIQUE REFERENCES q_payouts(id), \
+                 client_ref TEXT NOT NULL, rail_reference TEXT)",
+            ];
+            match self {
+                Queue::Pg(pool) => {
+                    for d in ddl {
+                        sqlx::query(d).execute(pool).await?;
+                    }
+                    for a in 0..p.accounts {
+                        sqlx::query("INSERT INTO q_accounts VALUES ($1, 1000000000)")
+                            .bind(format!("acct-{a}"))
+                            .execute(pool)
+                            .await?;
+                    }
+                    for i in 0..p.n {
+                        sqlx::query("INSERT INTO q_payouts VALUES ($1, $2, 1000, 'PENDING', NULL)")
+                            .bind(i as i64)
+                            .bind(format!("acct-{}", i % p.accounts))
+                            .execute(pool)
+                            .await?;
+                    }
+                }
+                Queue::Sqlite(pool) => {
+                    for d in ddl {
+                        sqlx::query(d).execute(pool).await?;
+                    }
+                    let mut tx = pool.begin().await?;
+                    for a in 0..p.accounts {
+                        sqlx::query("INSERT INTO q_accounts VALUES (?1, 1000000000)")
+                            .bind(format!("acct-{a}"))
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    for i in 0..p.n {
+                        sqlx::query("INSERT INTO q_payouts VALUES (?1, ?2, 1000, 'PENDING', NULL)")
+                            .bind(i as i64)
+                            .bind(format!("acct-{}", i % p.accounts))
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    tx.commit().await?;
+                }
+            }
+            Ok(())
+        }
+
+        /// One payout through the queue; `false` when none is PENDING.
+        async fn work_one(&self, client: &HttpClient, rail: &BaseUrl) -> Result<bool, String> {
+            let e = |e: sqlx::Error| e.to_string();
+            // Transaction 1: claim + the unique submission row.
+            let claimed: Option<(i64, i64)> = match self {
+                Queue::Pg(pool) => {
+                    let mut tx = pool.begin().await.map_err(e)?;
+                    let row: Option<(i64, i64)> = sqlx::query_as(
+                        "SELECT id, amount_minor FROM q_payouts WHERE state = 'PENDING' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED",
+                    )
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(e)?;
+                    if let Some((id, _)) = row {
+                        sqlx::query("UPDATE q_payouts SET state = 'SUBMITTING' WHERE id = $1")
+                            .bind(id)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(e)?;
+                        sqlx::query("INSERT INTO q_submissions (payout_id, client_ref) VALUES ($1, $2)")
+                            .bind(id)
+                            .bind(format!("q-{id}"))
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(e)?;
+                    }
+                    tx.commit().await.map_err(e)?;
+                    row
+                }
+                Queue::Sqlite(pool) => {
+                    let mut tx = pool.begin().await.map_err(e)?;
+                    let row: Option<(i64, i64)> = sqlx::query_as(
+                        "UPDATE q_payouts SET state = 'SUBMITTING' WHERE id = \
+                         (SELECT id FROM q_payouts WHERE state = 'PENDING' ORDER BY id LIMIT 1) RETURNING id, amount_minor",
+                    )
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(e)?;
+                    if let Some((id, _)) = row {
+                        sqlx::query("INSERT INTO q_submissions (payout_id, client_ref) VALUES (?1, ?2)")
+                            .bind(id)
+                            .bind(format!("q-{id}"))
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(e)?;
+                    }
+                    tx.commit().await.map_err(e)?;
+                    row
+                }
+            };
+            let Some((id, amount)) = claimed else { return Ok(false) };
+            // The one rail call.
+            let body = json!({"clientRef": format!("q-{id}"), "amountMinor": amount, "currency": "EUR"});
+            let r = client
+                .send(
+                    rail,
+                    http::Method::POST,
+                    "/submit",
+                    &[("content-type", "application/json")],
+                    Some(body.to_string().into()),
+                )
+                .await
+                .map_err(|e| format!("rail: {e:?}"))?;
+            if r.status != 200 {
+                return Err(format!("rail answered {}", r.status));
+            }
+            let ack: Value = serde_json::from_slice(&r.body).map_err(|e| e.to_string())?;
+            let reference = ack["railReference"].as_str().unwrap_or_default().to_owned();
+            // Transaction 2: mark paid, stamp the submission, debit the account.
+            match self {
+                Queue::Pg(pool) => {
+                    let mut tx = pool.begin().await.map_err(e)?;
+                    let (account,): (String,) = sqlx::query_as(
+                        "UPDATE q_payouts SET state = 'PAID', rail_reference = $2 WHERE id = $1 AND state = 'SUBMITTING' RETURNING account_id",
+                    )
+                    .bind(id)
+                    .bind(&reference)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(e)?;
+                    sqlx::query("UPDATE q_submissions SET rail_reference = $2 WHERE payout_id = $1")
+                        .bind(id)
+                        .bind(&reference)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(e)?;
+                    sqlx::query("UPDATE q_accounts SET balance_minor = balance_minor - $2 WHERE id = $1")
+                        .bind(account)
+                        .bind(amount)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(e)?;
+                    tx.commit().await.map_err(e)?;
+                }
+                Queue::Sqlite(pool) => {
+                    let mut tx = pool.begin().await.map_err(e)?;
+                    let (account,): (String,) = sqlx::query_as(
+                        "UPDATE q_payouts SET state = 'PAID', rail_reference = ?2 WHERE id = ?1 AND state = 'SUBMITTING' RETURNING account_id",
+                    )
+                    .bind(id)
+                    .bind(&reference)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(e)?;
+                    sqlx::query("UPDATE q_submissions SET rail_reference = ?2 WHERE payout_id = ?1")
+                        .bind(id)
+                        .bind(&reference)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(e)?;
+                    sqlx::query("UPDATE q_accounts SET balance_minor = balance_minor - ?2 WHERE id = ?1")
+                        .bind(account)
+                        .bind(amount)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(e)?;
+                    tx.commit().await.map_err(e)?;
+                }
+            }
+            Ok(true)
+        }
     }
 
     /// The floor: `4n` autocommitted single-row conditional UPDATEs on each database, both
     /// databases at once, with as many workers as the executors have tasks. Payouts/s.
-    async fn floor_rate(paydb: &str, lockdb: &str, n: usize) -> f64 {
+    async fn floor_rate(paydb: &str, lockdb: &str, n: usize, workers: usize) -> f64 {
         let started = Instant::now();
-        let (a, b) =
-            tokio::join!(updates(paydb, n * COMMITS_PER_PAYOUT_PER_DB), updates(lockdb, n * COMMITS_PER_PAYOUT_PER_DB));
+        let (a, b) = tokio::join!(
+            updates(paydb, n * COMMITS_PER_PAYOUT_PER_DB, workers),
+            updates(lockdb, n * COMMITS_PER_PAYOUT_PER_DB, workers)
+        );
         a.and(b).expect("floor updates");
         n as f64 / started.elapsed().as_secs_f64()
     }
 
-    async fn updates(url: &str, total: usize) -> Result<(), String> {
-        let workers = EXECUTORS * CONCURRENCY;
+    async fn updates(url: &str, total: usize, workers: usize) -> Result<(), String> {
         if url.starts_with("postgres") {
             let pool = dlock_db::pg_pool(url).await.map_err(|e| e.to_string())?;
             sqlx::query("CREATE TABLE IF NOT EXISTS bench_floor (id BIGINT PRIMARY KEY, fence BIGINT NOT NULL)")
