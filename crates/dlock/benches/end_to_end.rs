@@ -15,6 +15,12 @@
 //!   rail latency 0, 50, 500 ms; `DLOCK_BENCH_SWEEP_N` payouts per point, default 150) on
 //!   PostgreSQL when one is configured, else on SQLite. They are written as a CSV and an SVG
 //!   to `DLOCK_BENCH_SVG` (default `target/bench/end_to_end.svg`, the CSV next to it).
+//!   On the accounts axis a point runs at least one payout per account (n grows to 1 000).
+//!   The SVG writes the ratio dlock / baseline over each of dlock's points.
+//! - **Memory.** `dlock up` runs every service (lock server, payment-resource, rail proxy,
+//!   stub) and the executors in one process; the bench samples that process's `VmRSS` at the
+//!   window's start, with every poll, and at its end, and prints start -> peak -> end and the
+//!   growth per run (the CSV has the KiB). The database servers are not counted.
 //!
 //! **The window.** `dlock up` starts its executors with the cluster, so payouts are created
 //! while they already run; the bench creates them [`CREATE_CONCURRENCY`] at a time so that
@@ -120,6 +126,49 @@ mod bench {
         p99_ms: i64,
         /// Payouts inside the window (dlock: those posted after the last creation).
         counted: usize,
+        /// dlock only: the `dlock up` process's resident memory over the window.
+        rss: Option<Rss>,
+    }
+
+    /// Resident set size of one process (`VmRSS`, KiB) at the window's start, its peak over
+    /// the samples taken with each poll, and at the window's end.
+    #[derive(Clone, Copy)]
+    struct Rss {
+        start_kib: u64,
+        peak_kib: u64,
+        end_kib: u64,
+        samples: usize,
+    }
+
+    impl Rss {
+        fn new(kib: u64) -> Rss {
+            Rss { start_kib: kib, peak_kib: kib, end_kib: kib, samples: 1 }
+        }
+
+        fn sample(&mut self, kib: u64) {
+            self.peak_kib = self.peak_kib.max(kib);
+            self.end_kib = kib;
+            self.samples += 1;
+        }
+
+        /// `start -> peak -> end MiB (+growth)`.
+        fn show(&self) -> String {
+            let mib = |k: u64| k as f64 / 1024.0;
+            format!(
+                "{:.0}->{:.0}->{:.0} MiB ({:+.1})",
+                mib(self.start_kib),
+                mib(self.peak_kib),
+                mib(self.end_kib),
+                mib(self.end_kib) - mib(self.start_kib)
+            )
+        }
+    }
+
+    /// `VmRSS` of process `pid` in KiB, from `/proc/<pid>/status` (Linux).
+    fn rss_kib(pid: u32) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
     }
 
     /// A child process, stopped with SIGTERM (then SIGKILL) when dropped.
@@ -175,7 +224,7 @@ mod bench {
             point.workers()
         );
         println!(
-            "{:<10} {:>9} {:>11} {:>9} {:>9} {:>12} {:>9} {:>9} {:>8} {:>14} {:>8}",
+            "{:<10} {:>9} {:>11} {:>9} {:>9} {:>12} {:>9} {:>9} {:>8} {:>14} {:>8}  {}",
             "database",
             "in window",
             "payouts/s",
@@ -186,7 +235,8 @@ mod bench {
             "p99 ms",
             "vs base",
             "floor payout/s",
-            "vs floor"
+            "vs floor",
+            "dlock up RSS start->peak->end"
         );
         let dir = dlock_testkit::TempDir::new("bench-e2e");
         let mut kinds = vec![Dbs::Sqlite];
@@ -201,7 +251,7 @@ mod bench {
             let b = baseline(&kind.fresh(&dir, "queue").await, point).await;
             let floor = floor_rate(&paydb, &lockdb, n, point.workers()).await;
             println!(
-                "{:<10} {:>9} {:>11.1} {:>9} {:>9} {:>12.1} {:>9} {:>9} {:>8.2} {:>14.1} {:>8.2}",
+                "{:<10} {:>9} {:>11.1} {:>9} {:>9} {:>12.1} {:>9} {:>9} {:>8.2} {:>14.1} {:>8.2}  {}",
                 kind.name(),
                 d.counted,
                 d.per_s,
@@ -212,7 +262,8 @@ mod bench {
                 b.p99_ms,
                 d.per_s / b.per_s,
                 floor,
-                d.per_s / floor
+                d.per_s / floor,
+                d.rss.map(|r| r.show()).unwrap_or_default()
             );
         }
         if std::env::var("DLOCK_BENCH_SWEEP").is_ok_and(|v| v == "1") {
@@ -227,15 +278,22 @@ mod bench {
         let base = Point { n, accounts, executors: EXECUTORS, latency_ms: 0 };
         let axes: [(&str, Vec<(u64, Point)>); 3] = [
             ("executors", SWEEP_EXECUTORS.iter().map(|&e| (e as u64, Point { executors: e, ..base })).collect()),
-            ("accounts", SWEEP_ACCOUNTS.iter().map(|&a| (a as u64, Point { accounts: a, ..base })).collect()),
+            // Every account gets at least one payout: n grows to the account count.
+            (
+                "accounts",
+                SWEEP_ACCOUNTS.iter().map(|&a| (a as u64, Point { accounts: a, n: n.max(a), ..base })).collect(),
+            ),
             ("rail latency ms", SWEEP_LATENCY_MS.iter().map(|&l| (l, Point { latency_ms: l, ..base })).collect()),
         ];
         println!(
             "sweep on {} (n={n} per point; other axes: executors={EXECUTORS}, accounts={accounts}, latency 0 ms)",
             kind.name()
         );
-        println!("{:<16} {:>6} {:>9} {:>11} {:>12} {:>8}", "axis", "x", "in window", "dlock/s", "baseline/s", "ratio");
-        let mut csv = String::from("axis,x,database,executors,accounts,rail_latency_ms,n,dlock_per_s,dlock_p50_ms,dlock_p99_ms,baseline_per_s,baseline_p50_ms,baseline_p99_ms\n");
+        println!(
+            "{:<16} {:>6} {:>6} {:>9} {:>11} {:>12} {:>8}  {}",
+            "axis", "x", "n", "in window", "dlock/s", "baseline/s", "ratio", "dlock up RSS start->peak->end"
+        );
+        let mut csv = String::from("axis,x,database,executors,accounts,rail_latency_ms,n,dlock_per_s,dlock_p50_ms,dlock_p99_ms,baseline_per_s,baseline_p50_ms,baseline_p99_ms,rss_start_kib,rss_peak_kib,rss_end_kib\n");
         let mut curves: Vec<Curve> = Vec::new();
         for (axis, points) in &axes {
             let mut curve = Vec::new();
@@ -245,15 +303,18 @@ mod bench {
                 let d = end_to_end(dir, &paydb, &lockdb, p).await;
                 let b = baseline(&kind.fresh(dir, "queue").await, p).await;
                 println!(
-                    "{axis:<16} {x:>6} {:>9} {:>11.1} {:>12.1} {:>8.2}",
+                    "{axis:<16} {x:>6} {:>6} {:>9} {:>11.1} {:>12.1} {:>8.2}  {}",
+                    p.n,
                     d.counted,
                     d.per_s,
                     b.per_s,
-                    d.per_s / b.per_s
+                    d.per_s / b.per_s,
+                    d.rss.map(|r| r.show()).unwrap_or_default()
                 );
+                let rss = d.rss.map(|r| (r.start_kib, r.peak_kib, r.end_kib)).unwrap_or_default();
                 let _ = writeln!(
                     csv,
-                    "{axis},{x},{},{},{},{},{},{:.1},{},{},{:.1},{},{}",
+                    "{axis},{x},{},{},{},{},{},{:.1},{},{},{:.1},{},{},{},{},{}",
                     kind.name(),
                     p.executors,
                     p.accounts,
@@ -264,7 +325,10 @@ mod bench {
                     d.p99_ms,
                     b.per_s,
                     b.p50_ms,
-                    b.p99_ms
+                    b.p99_ms,
+                    rss.0,
+                    rss.1,
+                    rss.2
                 );
                 curve.push((x, d.per_s, b.per_s));
             }
@@ -367,6 +431,15 @@ mod bench {
                 for (j, p) in pts.iter().enumerate() {
                     let (x, y) = at(j, if series == 1 { p.1 } else { p.2 });
                     let _ = writeln!(s, r#"<circle cx="{x:.1}" cy="{y:.1}" r="3" fill="{color}"/>"#);
+                    if series == 1 && p.2 > 0.0 {
+                        // The ratio dlock / baseline over each dlock point.
+                        let _ = writeln!(
+                            s,
+                            r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle" fill="{color}">{:.2}x</text>"#,
+                            y - 7.0,
+                            p.1 / p.2
+                        );
+                    }
                 }
             }
         }
@@ -486,8 +559,15 @@ mod bench {
             .collect()
             .await;
         let t0 = chrono::Utc::now().timestamp_millis();
-        // The window: poll one list endpoint at a modest rate until every payout is POSTED.
+        // The window: poll one list endpoint at a modest rate until every payout is POSTED,
+        // sampling `dlock up`'s resident memory with each poll.
+        let pid = _up.0.id();
+        let rss = std::cell::Cell::new(rss_kib(pid).map(Rss::new));
         let done = dlock_rt::wait_until(Duration::from_millis(POLL_MS), Duration::from_millis(RUN_MS_MAX), || async {
+            if let (Some(mut r), Some(kib)) = (rss.get(), rss_kib(pid)) {
+                r.sample(kib);
+                rss.set(Some(r));
+            }
             (posted_count(&client, &payment).await? >= p.n).then_some(())
         })
         .await;
@@ -514,7 +594,7 @@ mod bench {
         let counted = latencies.len();
         let (p50_ms, p99_ms) = percentiles(latencies);
         let seconds = ((last_posted - t0).max(1)) as f64 / 1000.0;
-        Rate { per_s: counted as f64 / seconds, p50_ms, p99_ms, counted }
+        Rate { per_s: counted as f64 / seconds, p50_ms, p99_ms, counted, rss: rss.get() }
     }
 
     /// A free loopback port (bound, then released; the stub binds it right after).
@@ -569,7 +649,26 @@ mod bench {
         assert_eq!(latencies.len(), p.n, "the baseline paid every payout once");
         let last_ms = latencies.iter().copied().max().unwrap_or(1).max(1);
         let (p50_ms, p99_ms) = percentiles(latencies);
-        Rate { per_s: p.n as f64 / (last_ms as f64 / 1000.0), p50_ms, p99_ms, counted: p.n }
+        Rate { per_s: p.n as f64 / (last_ms as f64 / 1000.0), p50_ms, p99_ms, counted: p.n, rss: None }
+    }
+
+    /// The same body for both of the queue's pools: `$q` renders a statement written with
+    /// PostgreSQL's `$n` placeholders for the pool's database (SQLite: `?n`).
+    macro_rules! on_pool {
+        ($queue:expr, $pool:ident, $q:ident, $is_pg:ident => $body:block) => {
+            match $queue {
+                Queue::Pg($pool) => {
+                    let $q = |s: &'static str| std::borrow::Cow::Borrowed(s);
+                    let $is_pg = true;
+                    $body
+                }
+                Queue::Sqlite($pool) => {
+                    let $q = |s: &'static str| std::borrow::Cow::<str>::Owned(s.replace('$', "?"));
+                    let $is_pg = false;
+                    $body
+                }
+            }
+        };
     }
 
     #[derive(Clone)]
@@ -589,99 +688,58 @@ mod bench {
                 "CREATE TABLE q_submissions (payout_id BIGINT NOT NULL UNIQUE REFERENCES q_payouts(id), \
                  client_ref TEXT NOT NULL, rail_reference TEXT)",
             ];
-            match self {
-                Queue::Pg(pool) => {
-                    for d in ddl {
-                        sqlx::query(d).execute(pool).await?;
-                    }
-                    for a in 0..p.accounts {
-                        sqlx::query("INSERT INTO q_accounts VALUES ($1, 1000000000)")
-                            .bind(format!("acct-{a}"))
-                            .execute(pool)
-                            .await?;
-                    }
-                    for i in 0..p.n {
-                        sqlx::query("INSERT INTO q_payouts VALUES ($1, $2, 1000, 'PENDING', NULL)")
-                            .bind(i as i64)
-                            .bind(format!("acct-{}", i % p.accounts))
-                            .execute(pool)
-                            .await?;
-                    }
+            on_pool!(self, pool, q, _is_pg => {
+                for d in ddl {
+                    sqlx::query(d).execute(pool).await?;
                 }
-                Queue::Sqlite(pool) => {
-                    for d in ddl {
-                        sqlx::query(d).execute(pool).await?;
-                    }
-                    let mut tx = pool.begin().await?;
-                    for a in 0..p.accounts {
-                        sqlx::query("INSERT INTO q_accounts VALUES (?1, 1000000000)")
-                            .bind(format!("acct-{a}"))
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    for i in 0..p.n {
-                        sqlx::query("INSERT INTO q_payouts VALUES (?1, ?2, 1000, 'PENDING', NULL)")
-                            .bind(i as i64)
-                            .bind(format!("acct-{}", i % p.accounts))
-                            .execute(&mut *tx)
-                            .await?;
-                    }
-                    tx.commit().await?;
+                let mut tx = pool.begin().await?;
+                for a in 0..p.accounts {
+                    sqlx::query(&q("INSERT INTO q_accounts VALUES ($1, 1000000000)"))
+                        .bind(format!("acct-{a}"))
+                        .execute(&mut *tx)
+                        .await?;
                 }
-            }
+                for i in 0..p.n {
+                    sqlx::query(&q("INSERT INTO q_payouts VALUES ($1, $2, 1000, 'PENDING', NULL)"))
+                        .bind(i as i64)
+                        .bind(format!("acct-{}", i % p.accounts))
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+            });
             Ok(())
         }
 
-        /// One payout through the queue; `false` when none is PENDING.
+        /// One payout through the queue; `false` when none is PENDING. The statements are
+        /// written once with PostgreSQL's `$n` placeholders; SQLite gets them as `?n`.
         async fn work_one(&self, client: &HttpClient, rail: &BaseUrl) -> Result<bool, String> {
             let e = |e: sqlx::Error| e.to_string();
-            // Transaction 1: claim + the unique submission row.
-            let claimed: Option<(i64, i64)> = match self {
-                Queue::Pg(pool) => {
-                    let mut tx = pool.begin().await.map_err(e)?;
-                    let row: Option<(i64, i64)> = sqlx::query_as(
-                        "SELECT id, amount_minor FROM q_payouts WHERE state = 'PENDING' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED",
-                    )
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(e)?;
-                    if let Some((id, _)) = row {
-                        sqlx::query("UPDATE q_payouts SET state = 'SUBMITTING' WHERE id = $1")
-                            .bind(id)
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(e)?;
-                        sqlx::query("INSERT INTO q_submissions (payout_id, client_ref) VALUES ($1, $2)")
-                            .bind(id)
-                            .bind(format!("q-{id}"))
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(e)?;
+            // Transaction 1: claim + the unique submission row. PostgreSQL skips rows other
+            // workers hold; SQLite serialises writers, so one `UPDATE … RETURNING` claims.
+            const CLAIM_PG: &str =
+                "SELECT id, amount_minor FROM q_payouts WHERE state = 'PENDING' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED";
+            const MARK_PG: &str = "UPDATE q_payouts SET state = 'SUBMITTING' WHERE id = $1";
+            const CLAIM_SQLITE: &str = "UPDATE q_payouts SET state = 'SUBMITTING' WHERE id = \
+                 (SELECT id FROM q_payouts WHERE state = 'PENDING' ORDER BY id LIMIT 1) RETURNING id, amount_minor";
+            const SUBMISSION: &str = "INSERT INTO q_submissions (payout_id, client_ref) VALUES ($1, $2)";
+            // Transaction 2: mark paid, stamp the submission, debit the account.
+            const PAID: &str = "UPDATE q_payouts SET state = 'PAID', rail_reference = $2 WHERE id = $1 AND state = 'SUBMITTING' RETURNING account_id";
+            const STAMP: &str = "UPDATE q_submissions SET rail_reference = $2 WHERE payout_id = $1";
+            const DEBIT: &str = "UPDATE q_accounts SET balance_minor = balance_minor - $2 WHERE id = $1";
+            let claimed: Option<(i64, i64)> = on_pool!(self, pool, q, is_pg => {
+                let mut tx = pool.begin().await.map_err(e)?;
+                let claim = if is_pg { CLAIM_PG } else { CLAIM_SQLITE };
+                let row: Option<(i64, i64)> = sqlx::query_as(&q(claim)).fetch_optional(&mut *tx).await.map_err(e)?;
+                if let Some((id, _)) = row {
+                    if is_pg {
+                        sqlx::query(&q(MARK_PG)).bind(id).execute(&mut *tx).await.map_err(e)?;
                     }
-                    tx.commit().await.map_err(e)?;
-                    row
+                    sqlx::query(&q(SUBMISSION)).bind(id).bind(format!("q-{id}")).execute(&mut *tx).await.map_err(e)?;
                 }
-                Queue::Sqlite(pool) => {
-                    let mut tx = pool.begin().await.map_err(e)?;
-                    let row: Option<(i64, i64)> = sqlx::query_as(
-                        "UPDATE q_payouts SET state = 'SUBMITTING' WHERE id = \
-                         (SELECT id FROM q_payouts WHERE state = 'PENDING' ORDER BY id LIMIT 1) RETURNING id, amount_minor",
-                    )
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(e)?;
-                    if let Some((id, _)) = row {
-                        sqlx::query("INSERT INTO q_submissions (payout_id, client_ref) VALUES (?1, ?2)")
-                            .bind(id)
-                            .bind(format!("q-{id}"))
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(e)?;
-                    }
-                    tx.commit().await.map_err(e)?;
-                    row
-                }
-            };
+                tx.commit().await.map_err(e)?;
+                row
+            });
             let Some((id, amount)) = claimed else { return Ok(false) };
             // The one rail call.
             let body = json!({"clientRef": format!("q-{id}"), "amountMinor": amount, "currency": "EUR"});
@@ -700,57 +758,14 @@ mod bench {
             }
             let ack: Value = serde_json::from_slice(&r.body).map_err(|e| e.to_string())?;
             let reference = ack["railReference"].as_str().unwrap_or_default().to_owned();
-            // Transaction 2: mark paid, stamp the submission, debit the account.
-            match self {
-                Queue::Pg(pool) => {
-                    let mut tx = pool.begin().await.map_err(e)?;
-                    let (account,): (String,) = sqlx::query_as(
-                        "UPDATE q_payouts SET state = 'PAID', rail_reference = $2 WHERE id = $1 AND state = 'SUBMITTING' RETURNING account_id",
-                    )
-                    .bind(id)
-                    .bind(&reference)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(e)?;
-                    sqlx::query("UPDATE q_submissions SET rail_reference = $2 WHERE payout_id = $1")
-                        .bind(id)
-                        .bind(&reference)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(e)?;
-                    sqlx::query("UPDATE q_accounts SET balance_minor = balance_minor - $2 WHERE id = $1")
-                        .bind(account)
-                        .bind(amount)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(e)?;
-                    tx.commit().await.map_err(e)?;
-                }
-                Queue::Sqlite(pool) => {
-                    let mut tx = pool.begin().await.map_err(e)?;
-                    let (account,): (String,) = sqlx::query_as(
-                        "UPDATE q_payouts SET state = 'PAID', rail_reference = ?2 WHERE id = ?1 AND state = 'SUBMITTING' RETURNING account_id",
-                    )
-                    .bind(id)
-                    .bind(&reference)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(e)?;
-                    sqlx::query("UPDATE q_submissions SET rail_reference = ?2 WHERE payout_id = ?1")
-                        .bind(id)
-                        .bind(&reference)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(e)?;
-                    sqlx::query("UPDATE q_accounts SET balance_minor = balance_minor - ?2 WHERE id = ?1")
-                        .bind(account)
-                        .bind(amount)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(e)?;
-                    tx.commit().await.map_err(e)?;
-                }
-            }
+            on_pool!(self, pool, q, _is_pg => {
+                let mut tx = pool.begin().await.map_err(e)?;
+                let (account,): (String,) =
+                    sqlx::query_as(&q(PAID)).bind(id).bind(&reference).fetch_one(&mut *tx).await.map_err(e)?;
+                sqlx::query(&q(STAMP)).bind(id).bind(&reference).execute(&mut *tx).await.map_err(e)?;
+                sqlx::query(&q(DEBIT)).bind(account).bind(amount).execute(&mut *tx).await.map_err(e)?;
+                tx.commit().await.map_err(e)?;
+            });
             Ok(true)
         }
     }
