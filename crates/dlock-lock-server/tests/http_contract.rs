@@ -424,6 +424,16 @@ impl dlock_lock_server::store::LockStore for Unreachable {
     async fn release(&self, _: &str, _: i64) -> Result<Result<(), Option<i64>>, StoreError> {
         Err(gone())
     }
+    async fn rotate(
+        &self,
+        _: &str,
+        _: uuid::Uuid,
+        _: i64,
+        _: i64,
+        _: i64,
+    ) -> Result<Result<GrantRow, dlock_lock_server::store::RotateRefusal>, StoreError> {
+        Err(gone())
+    }
     async fn info(&self, _: &str) -> Result<Option<KeyInfo>, StoreError> {
         Err(gone())
     }
