@@ -386,11 +386,7 @@ impl LockServer {
         if let Ok(g) = &outcome {
             assert!(g.fencing_token > token, "rotate issued token {} over {token}", g.fencing_token);
             dlock_rt::events::emit(crate::NODE, "release", || {
-                [
-                    ("key", g.key.clone().into()),
-                    ("token", token.into()),
-                    ("store_ms", g.acquired_at_ms.into()),
-                ]
+                [("key", g.key.clone().into()), ("token", token.into()), ("store_ms", g.acquired_at_ms.into())]
             });
             dlock_rt::events::emit(crate::NODE, "grant", || {
                 [

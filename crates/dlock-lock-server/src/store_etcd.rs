@@ -1169,23 +1169,25 @@ impl LockStore for EtcdLockStore {
         delay_ms: i64,
     ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
         // The holder must be the caller, so the caller's session is the holder lookup.
-        let reads =
-            || vec![Read::Key(self.session_key(session_id)), Read::Key(self.grant_key(key)), Read::Key(self.key_key(key))];
-        let decide = |session: Option<&Rec<SessionVal>>, grant: Option<&Rec<GrantVal>>, rec: Option<&Rec<KeyVal>>, now| {
-            let row = grant.map(|g| grant_row(key, g));
-            let session_end = session.map(|s| s.val.expires_at_ms);
-            // A grant of another session refuses whatever its holder's liveness (rules).
-            let holder_end = session_end.filter(|_| grant.is_some_and(|g| g.val.session_id == session_id));
-            rules::decide_rotate(&RotateFacts {
-                now_ms: now,
-                session_id,
-                session_end_ms: session_end,
-                grant: row.as_ref().map(|r| GrantFacts { grant: r, holder_end_ms: holder_end }),
-                key: rec.map(|r| r.val.delay_until_ms),
-                token,
-                delay_ms,
-            })
+        let reads = || {
+            vec![Read::Key(self.session_key(session_id)), Read::Key(self.grant_key(key)), Read::Key(self.key_key(key))]
         };
+        let decide =
+            |session: Option<&Rec<SessionVal>>, grant: Option<&Rec<GrantVal>>, rec: Option<&Rec<KeyVal>>, now| {
+                let row = grant.map(|g| grant_row(key, g));
+                let session_end = session.map(|s| s.val.expires_at_ms);
+                // A grant of another session refuses whatever its holder's liveness (rules).
+                let holder_end = session_end.filter(|_| grant.is_some_and(|g| g.val.session_id == session_id));
+                rules::decide_rotate(&RotateFacts {
+                    now_ms: now,
+                    session_id,
+                    session_end_ms: session_end,
+                    grant: row.as_ref().map(|r| GrantFacts { grant: r, holder_end_ms: holder_end }),
+                    key: rec.map(|r| r.val.delay_until_ms),
+                    token,
+                    delay_ms,
+                })
+            };
         let mut snap: Option<Vec<Vec<Entry>>> = None;
         // First, on what this process last saw (the grant `(key, token)` live and the caller's,
         // its session, the key record): every record the decision used is guarded. Refusals
@@ -1328,7 +1330,8 @@ impl LockStore for EtcdLockStore {
                 report.expired_sessions += 1;
                 report.released_grants += n;
                 gone.extend(mine.iter().map(|g| g.key.clone()));
-                let updated = Rec { key: s.key.clone(), raw, val: marked, create_rev: s.create_rev, mod_rev: s.mod_rev };
+                let updated =
+                    Rec { key: s.key.clone(), raw, val: marked, create_rev: s.create_rev, mod_rev: s.mod_rev };
                 sessions.insert(id, updated);
             }
         }

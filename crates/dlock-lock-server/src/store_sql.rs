@@ -196,14 +196,16 @@ const RECORD_DELAY: &str = "UPDATE lock_keys SET delay_until_ms = \
 /// expression (PostgreSQL's `nextval`, evaluated after the per-key advisory lock was taken
 /// by an earlier statement of the same transaction, so the ordering argument at
 /// `tx_lock_key` is unchanged).
-const INSERT_GRANT: &str = "INSERT INTO lock_grants (lock_key, session_id, owner_id, fencing_token, acquired_at_ms, expires_at_ms) \
+const INSERT_GRANT: &str =
+    "INSERT INTO lock_grants (lock_key, session_id, owner_id, fencing_token, acquired_at_ms, expires_at_ms) \
      VALUES ($1, $2, $3, {TOKEN}, $4, $5) ON CONFLICT (lock_key) DO NOTHING RETURNING fencing_token";
 
 /// The rotate's write: the release predicate of the grant `(key $1, token $2)` held by the
 /// caller's session `$3` with its lease ahead of `now` (`$4`), re-stated so a row changed
 /// since the context read is not touched, and the fresh grant (`{TOKEN}`: `$7` or the
 /// inline token expression) written over it.
-const ROTATE_GRANT: &str = "UPDATE lock_grants SET fencing_token = {TOKEN}, acquired_at_ms = $4, expires_at_ms = $5, owner_id = $6 \
+const ROTATE_GRANT: &str =
+    "UPDATE lock_grants SET fencing_token = {TOKEN}, acquired_at_ms = $4, expires_at_ms = $5, owner_id = $6 \
      WHERE lock_key = $1 AND fencing_token = $2 AND session_id = $3 AND expires_at_ms > $4 \
      RETURNING fencing_token";
 

@@ -304,7 +304,9 @@ impl Model {
                         self.rows.insert(key, MGrant { session: s, token: fresh, lease_end: self.now + ttl });
                         Answer::Rotate(Ok((fresh, ttl * UNIT_MS)))
                     }
-                    _ => Answer::Rotate(Err(RotateRefusal::Lost { stored_token: self.rows.get(&key).map(|g| g.token) })),
+                    _ => {
+                        Answer::Rotate(Err(RotateRefusal::Lost { stored_token: self.rows.get(&key).map(|g| g.token) }))
+                    }
                 }
             }
             Op::Revoke(key, p) => {
