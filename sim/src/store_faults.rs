@@ -98,6 +98,7 @@ pub const LOCKDB_OPS: &[&str] = &[
     "acquire",
     "renew",
     "release",
+    "rotate",
     "info",
     "revoke",
     "reap",
@@ -122,6 +123,7 @@ pub const WRITE_OPS: &[&str] = &[
     "acquire",
     "renew",
     "release",
+    "rotate",
     "revoke",
     "reap",
 ];
@@ -490,6 +492,16 @@ mod plan {
         }
         async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, ls::StoreError> {
             self.plan.run(L, "release", self.inner.release(key, token)).await
+        }
+        async fn rotate(
+            &self,
+            key: &str,
+            session_id: Uuid,
+            token: i64,
+            ttl_ms: i64,
+            delay_ms: i64,
+        ) -> Result<Result<ls::GrantRow, ls::RotateRefusal>, ls::StoreError> {
+            self.plan.run(L, "rotate", self.inner.rotate(key, session_id, token, ttl_ms, delay_ms)).await
         }
         async fn info(&self, key: &str) -> Result<Option<ls::KeyInfo>, ls::StoreError> {
             self.plan.run(L, "info", self.inner.info(key)).await

@@ -118,6 +118,7 @@ pub const LOCK_SERVER_ROUTES: &[RouteRule] = &[
     rule("DELETE", "/v1/sessions/{sessionId}", W),
     rule("POST", "/v1/locks/{key}/acquire", W),
     rule("POST", "/v1/locks/{key}/renew", W),
+    rule("POST", "/v1/locks/{key}/rotate", W),
     rule("DELETE", "/v1/locks/{key}", W),
     rule("POST", "/v1/locks/{key}/revoke", O),
     rule("GET", "/v1/locks/{key}", R),

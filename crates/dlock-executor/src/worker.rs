@@ -526,10 +526,14 @@ impl Executor {
             }
         };
 
-        // The post needs a newer grant than the claim (C3-extensions C-10).
-        let account_key = guard.key().to_owned();
-        self.release(guard).await;
-        let newer = match self.acquire(session, &account_key).await {
+        // The post needs a newer grant than the claim (C3-extensions C-10): one rotate
+        // (E-18) releases the claim's grant and grants a greater token to this session, in
+        // one call; timed as the acquire it replaces. An unknown outcome leaves the key
+        // refused by this session, as after an ambiguous acquire. (The guard carries its
+        // session; `session` is kept in the signature for the callers.)
+        let _ = session;
+        let rotated = guard.rotate();
+        let newer = match self.metrics.hops.time(&self.clock, Hop::Acquire, rotated).await {
             Ok(g) => g,
             Err(e) => {
                 // Paid and RAIL_ACKED: a later scan posts it.

@@ -272,7 +272,7 @@ async fn every_hop_the_rail_call_the_store_calls_and_each_payout_end_to_end_are_
     }
     // The unfunded payout never reaches the rail: one submit, one post.
     assert_eq!((hop("submit"), hop("post")), (1.0, 1.0), "{text}");
-    assert!(hop("acquire") >= 3.0, "the post needs a newer grant: {text}");
+    assert!(hop("acquire") >= 3.0, "the post needs a newer grant (a rotate, timed as an acquire): {text}");
     let e2e = |o: &str| sample(&text, &format!("payout_end_to_end_seconds_count{{outcome=\"{o}\"}}"));
     assert_eq!((e2e("posted"), e2e("failed")), (1.0, 1.0), "{text}");
     assert!(sample(&text, "payout_end_to_end_seconds_sum{outcome=\"posted\"}") > 0.0, "{text}");
@@ -288,8 +288,10 @@ async fn every_hop_the_rail_call_the_store_calls_and_each_payout_end_to_end_are_
     assert_eq!(sample(&payment, "payout_store_op_seconds_count{op=\"post\"}"), 1.0, "{payment}");
     assert!(sample(&payment, "payout_store_op_seconds_count{op=\"list\"}") >= 1.0, "{payment}");
     let lock = metrics_of(&c.lock).await;
-    assert!(sample(&lock, "lock_store_op_seconds_count{op=\"acquire\"}") >= 3.0, "{lock}");
-    assert!(sample(&lock, "lock_store_op_seconds_count{op=\"release\"}") >= 3.0, "{lock}");
+    // The post's newer grant is one rotate (C3-extensions E-18), not a release and an acquire.
+    assert!(sample(&lock, "lock_store_op_seconds_count{op=\"acquire\"}") >= 2.0, "{lock}");
+    assert_eq!(sample(&lock, "lock_store_op_seconds_count{op=\"rotate\"}"), 1.0, "{lock}");
+    assert!(sample(&lock, "lock_store_op_seconds_count{op=\"release\"}") >= 2.0, "{lock}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,8 @@ pub enum Operation {
     Acquire,
     Renew,
     Release,
+    /// Release + acquire in one call (C3-extensions E-18).
+    Rotate,
     Inspect,
 }
 
@@ -30,6 +32,7 @@ impl Operation {
             Operation::Acquire => "acquire",
             Operation::Renew => "renew",
             Operation::Release => "release",
+            Operation::Rotate => "rotate",
             Operation::Inspect => "inspect",
         }
     }

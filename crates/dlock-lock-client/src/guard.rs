@@ -14,6 +14,12 @@
 //!   leads to another try. Any renew that does not succeed marks the grant lost (fail
 //!   closed).
 //! - Release sends exactly one request and is never retried: expiry is the fallback.
+//! - Rotate (C3-extensions E-18) ends the belief in the old grant before anything is sent
+//!   (once sent, the server may release it at any moment). Only a retry-safe failure
+//!   (`NOT_LEADER`, `NOT_READY`, a refused connection: nothing happened) leads to another
+//!   try, and only while the old grant's local deadline is ahead. A lost answer is
+//!   [`LockClientError::Ambiguous`], never retried, and the session then refuses the key as
+//!   after an ambiguous acquire. The new grant's token must exceed the old one.
 //! - Every change of the holder's belief is emitted once as a `lease_belief` event
 //!   ([`dlock_rt::events`]; a no-op without a sink): the grant, each renew that moved the
 //!   deadline, and the one loss (its watch flip), with the local deadline believed then.
@@ -30,6 +36,7 @@ use crate::lease::{self, LeaseStatus, LossReason, SessionLoss};
 use crate::retry::{self, Failure, RetryPolicy, NO_RETRY_CODES, UNAVAILABLE_RETRY_CODES};
 use crate::session::{read_grant, SessionShared};
 use crate::wire::{self, ReleaseBody, RenewBody};
+use crate::LockClientError as E;
 use crate::{lock_state, now, ClientInner};
 
 /// How a release ended.
@@ -329,6 +336,80 @@ impl LockGuard {
             Err(Failure::Final(e)) => Err(e),
             // Only a refused connection gets here; release is never repeated.
             Err(Failure::Retry(nothing_sent)) => Err(nothing_sent.into_error()),
+        }
+    }
+}
+
+impl LockGuard {
+    /// Rotates the grant (C3-extensions E-18): one request that releases this grant and
+    /// grants the key again to the same session with a greater token, in one atomic step on
+    /// the server. Refused locally (nothing sent) once the grant is lost. Belief in this
+    /// grant ends before the request is sent, whatever the answer: on success the new guard
+    /// holds, with a local deadline from this request's send instant; on a refusal nothing
+    /// changed on the server and this grant expires there; on an unknown outcome (lost
+    /// answer, `INTERNAL`) the session refuses the key from then on, as after an ambiguous
+    /// acquire.
+    pub async fn rotate(self) -> Result<LockGuard, E> {
+        let grant = self.grant.clone();
+        let deadline = grant.check(now()).map_err(|reason| E::LeaseLost { reason })?;
+        self.watchdog.abort();
+        grant.mark_lost(LossReason::Released);
+        let cfg = &self.inner.config;
+        let transport = &self.inner.transport;
+        let session = &grant.session;
+        let body = serde_json::to_vec(&RenewBody { session_id: session.id, ttl_millis: self.ttl_ms })
+            .map_err(|e| E::Invalid(e.to_string()))?;
+        let body = &body[..];
+        let path = wire::lock_path(&grant.key, Some("rotate"));
+        let path = path.as_str();
+        let owner = cfg.owner_id.as_str();
+        let (key, old) = (grant.key.as_str(), grant.token);
+        let policy = RetryPolicy {
+            attempts_max: cfg.renew_retries_max.saturating_add(1),
+            backoff_ms_min: cfg.backoff_ms_min,
+            backoff_ms_max: cfg.backoff_ms_max,
+            retry_after_ms_max: cfg.retry_after_ms_max,
+        };
+        let outcome = retry::run(policy, |attempt| async move {
+            // Another try only while the old grant would still be held (nothing happened yet).
+            let t = now();
+            session.check(t).map_err(|reason| E::SessionLost { reason })?;
+            if t >= deadline {
+                return Err(Failure::Final(E::LeaseLost { reason: LossReason::DeadlinePassed }));
+            }
+            let sent_at = now();
+            let answer =
+                transport.call(&transport.acquire, http::Method::POST, path, Some(old), Some(body.to_vec())).await;
+            let ok = retry::classify(Operation::Rotate, attempt, answer, UNAVAILABLE_RETRY_CODES)?;
+            // A 200 was sent: a grant may exist, but the client cannot use it.
+            let unusable = |cause| Failure::Final(E::Ambiguous { operation: Operation::Rotate, cause });
+            let (granted, token) = read_grant(&ok.body, key, session.id, owner).map_err(unusable)?;
+            if token <= old {
+                return Err(unusable(format!("rotate issued token {token}; it must exceed {old}")));
+            }
+            Ok((granted, token, sent_at))
+        })
+        .await;
+        match outcome {
+            Ok((granted, token, sent_at)) => {
+                let granted_ms = lease::granted_ttl_ms(self.ttl_ms, granted.acquired_at, granted.expires_at);
+                let deadline = lease::local_deadline(sent_at, granted_ms, cfg.safety_margin);
+                tracing::info!(key, releasedToken = old.get(), fencingToken = token.get(), sessionId = %session.id,
+                    ttlMillis = granted_ms, "lock_rotated");
+                Ok(LockGuard::start(
+                    self.inner.clone(),
+                    session.clone(),
+                    key.to_owned(),
+                    token,
+                    granted.fencing_signature.clone(),
+                    self.ttl_ms,
+                    deadline,
+                ))
+            }
+            Err(e) => {
+                session.note_grant_failure(key, &e);
+                Err(e)
+            }
         }
     }
 }

@@ -117,6 +117,27 @@ impl SessionShared {
     pub(crate) fn subscribe(&self) -> watch::Receiver<SessionStatus> {
         self.tx.subscribe()
     }
+
+    /// What a failed grant-issuing call (acquire, rotate) of `key` teaches the session: an
+    /// unknown outcome makes it refuse the key from now on (a grant may exist, attached to
+    /// it, under a token never seen); a session refusal ends it.
+    pub(crate) fn note_grant_failure(&self, key: &str, e: &LockClientError) {
+        match e {
+            LockClientError::Ambiguous { .. } => {
+                tracing::warn!(key, sessionId = %self.id, cause = %e, "lock_acquire_ambiguous");
+                let mut keys = lock_state(&self.ambiguous_keys);
+                if keys.len() < AMBIGUOUS_KEYS_MAX {
+                    keys.insert(key.to_owned());
+                }
+            }
+            LockClientError::Server {
+                code: code @ (ErrorCode::SessionExpired | ErrorCode::SessionUnknown), ..
+            } => {
+                self.mark_lost(SessionLoss::Ended(*code));
+            }
+            _ => tracing::info!(key, cause = %e, "lock_acquire_failed"),
+        }
+    }
 }
 
 /// An open session. Dropping it stops the heartbeats and marks it (and its grants) lost;
@@ -270,21 +291,7 @@ impl Session {
     }
 
     fn note_acquire_failure(&self, key: &str, e: &LockClientError) {
-        match e {
-            LockClientError::Ambiguous { .. } => {
-                tracing::warn!(key, sessionId = %self.shared.id, cause = %e, "lock_acquire_ambiguous");
-                let mut keys = lock_state(&self.shared.ambiguous_keys);
-                if keys.len() < AMBIGUOUS_KEYS_MAX {
-                    keys.insert(key.to_owned());
-                }
-            }
-            LockClientError::Server {
-                code: code @ (ErrorCode::SessionExpired | ErrorCode::SessionUnknown), ..
-            } => {
-                self.shared.mark_lost(SessionLoss::Ended(*code));
-            }
-            _ => tracing::info!(key, cause = %e, "lock_acquire_failed"),
-        }
+        self.shared.note_grant_failure(key, e);
     }
 
     /// Closes the session (C3 L3): stops the heartbeats, marks the session and all its grants

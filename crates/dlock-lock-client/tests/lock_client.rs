@@ -346,6 +346,70 @@ async fn ambiguous_acquire_is_not_retried_and_its_key_is_refused_until_a_new_ses
 }
 
 #[tokio::test]
+async fn rotate_sends_the_old_token_once_and_returns_a_held_guard_with_the_greater_one() {
+    let server = FakeLockServer::start().await;
+    let (_client, session) = open(&server, |_| {}).await;
+    let old = session.acquire("payout:acct-1").await.expect("granted");
+    let old_token = old.token();
+    let watch = old.watch();
+
+    let newer = old.rotate().await.expect("rotated");
+
+    assert_eq!(server.count(Op::Rotate), 1);
+    let sent = server.seen(Op::Rotate).pop().expect("seen");
+    assert_eq!(sent.token, Some(old_token.to_string()), "rotate carries the old X-Fencing-Token");
+    assert_eq!(sent.body["sessionId"], serde_json::json!(session.id()));
+    assert!(newer.token() > old_token);
+    assert!(newer.is_held());
+    assert_eq!(*watch.borrow(), LeaseStatus::Lost(LossReason::Released), "belief in the old grant ended");
+    assert!(newer.signature().is_some(), "the new grant carries its own signature");
+}
+
+#[tokio::test]
+async fn a_refused_rotate_is_one_request_and_leaves_the_key_acquirable() {
+    let server = FakeLockServer::start().await;
+    let (_client, session) = open(&server, |_| {}).await;
+    let old = session.acquire("payout:acct-1").await.expect("granted");
+    server.script(Op::Rotate, [refuse(ErrorCode::LockLost)]);
+
+    let err = old.rotate().await.expect_err("refused");
+
+    assert_eq!(err.code(), Some(ErrorCode::LockLost));
+    assert_eq!(server.count(Op::Rotate), 1, "never retried");
+    session.acquire("payout:acct-1").await.expect("a definite refusal leaves the key acquirable");
+}
+
+#[tokio::test]
+async fn rotate_is_retried_only_on_not_leader() {
+    let server = FakeLockServer::start().await;
+    let (_client, session) = open(&server, |_| {}).await;
+    let old = session.acquire("payout:acct-1").await.expect("granted");
+    server.script(Op::Rotate, [Reply::Refuse(ErrorCode::NotLeader, Some(10))]);
+
+    let newer = old.rotate().await.expect("rotated on the retry");
+
+    assert_eq!(server.count(Op::Rotate), 2, "one try and one retry");
+    assert!(newer.is_held());
+}
+
+#[tokio::test]
+async fn an_ambiguous_rotate_is_not_retried_and_its_key_is_refused_like_an_ambiguous_acquire() {
+    let server = FakeLockServer::start().await;
+    server.script(Op::Rotate, [slow(600, Reply::Ok)]);
+    let (_client, session) = open(&server, |c| c.acquire_read_timeout_ms = 300).await;
+    let old = session.acquire("payout:acct-1").await.expect("granted");
+
+    let err = old.rotate().await.expect_err("answer lost");
+
+    assert!(matches!(err, LockClientError::Ambiguous { operation: Operation::Rotate, .. }), "{err:?}");
+    assert_eq!(server.count(Op::Rotate), 1, "not retried");
+    let before = server.count(Op::Acquire);
+    let again = session.acquire("payout:acct-1").await.expect_err("refused locally");
+    assert!(matches!(again, LockClientError::Ambiguous { .. }), "{again:?}");
+    assert_eq!(server.count(Op::Acquire), before, "nothing sent for a key with an unknown rotate");
+}
+
+#[tokio::test]
 async fn server_side_wait_must_fit_inside_the_read_budget() {
     let server = FakeLockServer::start().await;
     let (_client, session) = open(&server, |_| {}).await;

@@ -1,4 +1,5 @@
-//! HTTP surface of the lock server (C3 §3.3, L1–L8), health and metrics.
+//! HTTP surface of the lock server (C3 §3.3, L1–L8; rotate, C3-extensions E-18), health and
+//! metrics.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,7 +21,8 @@ use uuid::Uuid;
 
 use crate::service::{AcquireOutcome, LockServer, CONTENTION_RETRY_AFTER_MS, NOT_LEADER_RETRY_AFTER_MS};
 use crate::store::{
-    AcquireRefusal, ClassifiedStoreError, GrantRow, RenewRefusal, RevokeRefusal, SessionRefusal, StoreError,
+    AcquireRefusal, ClassifiedStoreError, GrantRow, RenewRefusal, RevokeRefusal, RotateRefusal, SessionRefusal,
+    StoreError,
 };
 
 /// Largest request body the lock server reads.
@@ -43,6 +45,7 @@ fn routes(server: Arc<LockServer>) -> axum::Router {
         .route("/v1/sessions/{session_id}", delete(close_session))
         .route("/v1/locks/{key}/acquire", post(acquire))
         .route("/v1/locks/{key}/renew", post(renew))
+        .route("/v1/locks/{key}/rotate", post(rotate))
         .route("/v1/locks/{key}/revoke", post(revoke))
         .route("/v1/locks/{key}", get(info).delete(release))
         .route("/health/live", get(dlock_http::health::live))
@@ -363,6 +366,52 @@ async fn renew(
             tracing::warn!(key = %key, ownerId = %owner, presentedToken = token.get(), storedToken = %display_token(stored_token), traceId = %trace.0, "lock_lost");
             Err(ApiError::new(ErrorCode::LockLost, "this grant expired or was taken over; re-acquire, never retry")
                 .with_details(json!({ "key": key, "presentedToken": token.get(), "storedToken": stored_token })))
+        }
+    }
+}
+
+// E-18
+/// Rotate a held lock (C3-extensions E-18): release the grant whose token is presented and
+/// grant the key again to the same session, with a greater token, in one atomic step.
+///
+/// The checks and refusals are renew's (L5); a lock-delay recorded on the key answers
+/// `LOCK_CONTENDED` as acquire does. A refusal changes nothing: the presented grant stays
+/// as it was. An answer that is lost (or `500 INTERNAL`) may have rotated: the old grant may
+/// be gone and a new one attached to the session.
+#[utoipa::path(post, path = "/v1/locks/{key}/rotate", tag = "locks",
+    params(crate::openapi::KeyPath, dlock_http::openapi::FencingTokenHeader, dlock_http::openapi::OwnerHeader),
+    request_body(content = dlock_contract::lock::RenewRequest, content_type = "application/json"),
+    responses((status = 200, description = "Rotated: the new grant and its (greater) fencing token.", body = LockGrant)))]
+async fn rotate(
+    State(server): State<Arc<LockServer>>,
+    Extension(trace): Extension<TraceId>,
+    Path(key): Path<String>,
+    headers: HeaderMap,
+    body: Result<JsonBody, ApiError>,
+) -> Result<Response, ApiError> {
+    let key = lock_key(&key)?;
+    let token = dlock_http::fencing_token(&headers)?;
+    let owner = dlock_http::owner_id(&headers)?;
+    let JsonBody(body) = body?;
+    let session = body_session(&body)?;
+    let ttl = lock_ttl(&server, opt_int(&body, "ttlMillis", 1, i64::MAX)?);
+    match server.rotate(&key, session, token.get(), ttl).await.map_err(not_leader)? {
+        Ok(g) => {
+            tracing::info!(key = %key, ownerId = %owner, sessionId = %session, releasedToken = token.get(), fencingToken = g.fencing_token, traceId = %trace.0, "lock_rotated");
+            Ok(dlock_http::json(StatusCode::OK, &grant_body(&server, &g)))
+        }
+        Err(RotateRefusal::Session(r)) => Err(session_refusal(r, session)),
+        Err(RotateRefusal::Lost { stored_token }) => {
+            tracing::warn!(key = %key, ownerId = %owner, presentedToken = token.get(), storedToken = %display_token(stored_token), traceId = %trace.0, "lock_lost");
+            Err(ApiError::new(ErrorCode::LockLost, "this grant expired or was taken over; nothing was rotated")
+                .with_details(json!({ "key": key, "presentedToken": token.get(), "storedToken": stored_token })))
+        }
+        Err(RotateRefusal::Delayed { until_ms }) => {
+            let now = server.clock.wall().timestamp_millis();
+            let wait_ms = u64::try_from(until_ms.saturating_sub(now)).unwrap_or(0).clamp(1, WAIT_MS_MAX as u64);
+            Err(ApiError::new(ErrorCode::LockContended, "a lock-delay runs on the key; nothing was rotated")
+                .with_retry_after_ms(wait_ms)
+                .with_details(json!({ "key": key, "lockDelayUntil": dlock_contract::time::rfc3339_ms(at(until_ms)) })))
         }
     }
 }

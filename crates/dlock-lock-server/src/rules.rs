@@ -17,12 +17,15 @@
 //!   the grant it replaces ([`next_token`], [`assert_token_replaces`]).
 //! - An acquire grants only when the caller's session is live, no live grant holds the key,
 //!   and no lock-delay runs at `now`.
+//! - A rotate ([`decide_rotate`]) is a release followed by an acquire, decided on one
+//!   snapshot: it grants only when the caller's session is live and holds the live grant
+//!   `(key, token)`; the new token must exceed `token` ([`assert_token_replaces`]).
 //!
 //! All instants are Unix epoch milliseconds; comparisons are exact integers (no rounding).
 
 use uuid::Uuid;
 
-use crate::store::{AcquireRefusal, GrantRow, RenewRefusal, RevokeRefusal, SessionRefusal};
+use crate::store::{AcquireRefusal, GrantRow, RenewRefusal, RevokeRefusal, RotateRefusal, SessionRefusal};
 
 /// A session may act at `now` iff it exists (`Some(end)`, closed or forgotten sessions are
 /// `None`) and `now < end`. An expired session that is still remembered answers `Expired`.
@@ -209,6 +212,59 @@ pub fn decide_release(grant: Option<GrantFacts<'_>>, token: i64, now_ms: i64) ->
     }
 }
 
+/// What a rotate read: the caller's session, the key's grant, the key's record, and the
+/// token presented (the grant to release).
+#[derive(Debug, Clone, Copy)]
+pub struct RotateFacts<'a> {
+    pub now_ms: i64,
+    pub session_id: Uuid,
+    /// The caller's session end (`None`: unknown).
+    pub session_end_ms: Option<i64>,
+    /// The key's grant. Its holder's end matters only when the holder is the caller (a
+    /// grant of another session refuses whatever its liveness).
+    pub grant: Option<GrantFacts<'a>>,
+    /// The key's record: `None` never granted, `Some(delay_until)` seen.
+    pub key: Option<Option<i64>>,
+    pub token: i64,
+    pub delay_ms: i64,
+}
+
+/// Decides a rotate (C3-extensions E-18): [`decide_release`] of `(key, token)`, then
+/// [`decide_acquire`] by the same session on the state that release leaves (no grant), as
+/// one decision. The caller's session is checked first, in the same decision that grants
+/// (as renew and acquire do); the grant must be the caller's own (a rotate re-grants to the
+/// holder; another session's grant is `Lost`, as renew answers). The release half imposes
+/// no lock-delay, so the acquire half refuses only on a lock-delay recorded before (which
+/// a live grant never leaves running); then the release does not happen either. `Ok` is the
+/// grant to issue, replacing `token`.
+pub fn decide_rotate(f: &RotateFacts<'_>) -> Result<GrantPlan, RotateRefusal> {
+    session_check(f.session_end_ms, f.now_ms).map_err(RotateRefusal::Session)?;
+    let own = f.grant.filter(|g| g.grant.session_id == f.session_id);
+    let stored = f.grant.map(|g| g.grant.fencing_token);
+    if own.is_none() {
+        return Err(RotateRefusal::Lost { stored_token: stored });
+    }
+    decide_release(own, f.token, f.now_ms).map_err(|stored_token| RotateRefusal::Lost { stored_token })?;
+    let after_release = decide_acquire(&AcquireFacts {
+        now_ms: f.now_ms,
+        session_id: f.session_id,
+        session_end_ms: f.session_end_ms,
+        grant: None,
+        key: f.key,
+        delay_ms: f.delay_ms,
+    });
+    assert!(after_release.remove.is_none(), "a released key has no grant to remove");
+    match after_release.verdict {
+        Ok(plan) => Ok(GrantPlan { replaces: Some(f.token), ..plan }),
+        Err(AcquireRefusal::Delayed { until_ms }) => Err(RotateRefusal::Delayed { until_ms }),
+        Err(AcquireRefusal::Session(r)) => Err(RotateRefusal::Session(r)),
+        // No grant is left to contend with once the release half ran.
+        Err(other @ (AcquireRefusal::Contended { .. } | AcquireRefusal::AlreadyHeld { .. })) => {
+            panic!("rotate: acquire over a released key refused {other:?}")
+        }
+    }
+}
+
 /// Decides a revoke (L8): there is a live grant, and it holds `expected_token` if one was
 /// given. `Ok` is the token to revoke.
 pub fn decide_revoke(
@@ -370,6 +426,8 @@ mod tests {
         Renew(usize, i64, bool),
         /// Revoke, expecting the row's token, a wrong one, or none.
         Revoke(Option<bool>),
+        /// Rotate by the slot's session, presenting the row's token (or a wrong one).
+        Rotate(usize, i64, bool),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -382,6 +440,7 @@ mod tests {
             Just(Op::Release),
             (0usize..3, 1i64..10, any::<bool>()).prop_map(|(s, ttl, right)| Op::Renew(s, ttl, right)),
             proptest::option::of(any::<bool>()).prop_map(Op::Revoke),
+            (0usize..3, 1i64..10, any::<bool>()).prop_map(|(s, ttl, right)| Op::Rotate(s, ttl, right)),
         ]
     }
 
@@ -431,11 +490,12 @@ mod tests {
     }
 
     proptest! {
-        /// The acquire, renew, release and revoke decisions, driven over a random schedule,
+        /// The acquire, renew, release, revoke and rotate decisions, driven over a random schedule,
         /// against the history model: an acquire grants exactly when the history says the
         /// key is free (caller's session live, no live grant, no lock-delay running), a renew
         /// extends exactly the live grant of the caller's session, a revoke removes exactly
-        /// the live grant (raising the floor, imposing no delay), each refusal is the one the
+        /// the live grant (raising the floor, imposing no delay), a rotate replaces exactly the
+        /// live grant of the caller's session with a greater token, each refusal is the one the
         /// history explains, tokens strictly increase past the floor, and at most one grant
         /// is ever live.
         #[test]
@@ -536,6 +596,52 @@ mod tests {
                             Err(RevokeRefusal::Stale { current_token }) => {
                                 prop_assert!(live.len() == 1 && live[0].token == current_token);
                                 prop_assert!(expected.is_some_and(|e| e != current_token));
+                            }
+                        }
+                    }
+                    Op::Rotate(slot, ttl, right) => {
+                        let Some(s) = slots[slot] else { continue };
+                        let id = Uuid::from_u128(s as u128);
+                        let presented = row.as_ref().map_or(1, |(_, g)| g.fencing_token) + if right { 0 } else { 1_000 };
+                        let holder = row.as_ref().map(|(rs, g)| GrantFacts { grant: g, holder_end_ms: open(&hist, *rs) });
+                        let decision = decide_rotate(&RotateFacts {
+                            now_ms: now,
+                            session_id: id,
+                            session_end_ms: open(&hist, s),
+                            grant: holder,
+                            key: record,
+                            delay_ms: delay,
+                        token: presented,
+                        });
+                        // The reference: a release by the holder then an acquire by it, with
+                        // nothing in between; the release imposes no delay, so the acquire
+                        // half is refused only by a delay already running.
+                        let live = hist.live_at(now);
+                        let holds = open(&hist, s).is_some_and(|e| now < e)
+                            && live.iter().any(|g| g.session == s && g.token == presented);
+                        prop_assert_eq!(decision.is_ok(), holds && !hist.delayed_at(now, delay), "rotate {:?} at {}: {:?}", decision, now, hist);
+                        match decision {
+                            Ok(plan) => {
+                                let token = next_token(last_issued, floor);
+                                assert_token_replaces(token, plan.replaces);
+                                prop_assert!(token > presented && token > floor);
+                                last_issued = token;
+                                if let Some(h) = hist.grants.iter_mut().find(|h| h.token == presented) {
+                                    h.released_at = Some(now);
+                                }
+                                row = Some((s, grant("k", id, token, now, now + ttl)));
+                                if plan.write_key_record {
+                                    record = Some(None);
+                                }
+                                hist.grants.push(Made { session: s, token, lease_end: now + ttl, released_at: None });
+                            }
+                            Err(RotateRefusal::Lost { stored_token }) => {
+                                prop_assert!(!holds);
+                                prop_assert_eq!(stored_token, row.as_ref().map(|(_, g)| g.fencing_token));
+                            }
+                            Err(RotateRefusal::Session(_)) => prop_assert!(open(&hist, s).is_none_or(|e| now >= e)),
+                            Err(RotateRefusal::Delayed { until_ms }) => {
+                                prop_assert!(now < until_ms && hist.delayed_at(now, delay));
                             }
                         }
                     }

@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::rules::{ends_the_wait, on_arrival, queue_has_room, Arrival};
-use crate::store::{AcquireRefusal, GrantRow, LockStore, StoreError};
+use crate::store::{AcquireRefusal, GrantRow, LockStore, RotateRefusal, StoreError};
 use crate::store_timed::{LockStoreOp, TimedLockStore};
 
 /// Default `lock.session.ttl-ms` (C3 L1 "default lock.session.ttl").
@@ -369,6 +369,37 @@ impl LockServer {
             }
             let _ = dlock_rt::timeout(poll.min(deadline - now), notified).await;
         }
+    }
+
+    /// Rotate (C3-extensions E-18): the store's one atomic release + acquire of `key` by
+    /// `session_id`, presenting `token`. The key is never free in between, so no waiter of
+    /// this replica could have been granted it: nobody is woken (renew does the same). Emits
+    /// the `release` and the `grant` events a release and an acquire would.
+    pub async fn rotate(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        token: i64,
+        ttl_ms: i64,
+    ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
+        let outcome = self.store.rotate(key, session_id, token, ttl_ms, self.cfg.delay_ms).await?;
+        if let Ok(g) = &outcome {
+            assert!(g.fencing_token > token, "rotate issued token {} over {token}", g.fencing_token);
+            dlock_rt::events::emit(crate::NODE, "release", || {
+                [("key", g.key.clone().into()), ("token", token.into()), ("store_ms", g.acquired_at_ms.into())]
+            });
+            dlock_rt::events::emit(crate::NODE, "grant", || {
+                [
+                    ("key", g.key.clone().into()),
+                    ("token", g.fencing_token.into()),
+                    ("session", g.session_id.to_string().into()),
+                    ("owner", g.owner_id.clone().into()),
+                    ("expires_at_ms", g.expires_at_ms.into()),
+                    ("store_ms", g.acquired_at_ms.into()),
+                ]
+            });
+        }
+        Ok(outcome)
     }
 
     /// The refusal a contended key gives right now (for callers that did not ask the store).

@@ -35,6 +35,10 @@
 //! 4. Release deletes exactly the grant `(key, token)` and nothing else.
 //! 5. A grant committed but never reported (an ambiguous acquire) is still attached to its
 //!    session and dies with it: there are no ghost grants.
+//! 6. A rotate (release `(key, t₁)` + acquire by the same session, C3-extensions E-18) is
+//!    one atomic step: either the live grant `(key, t₁)` of the caller's live session is
+//!    replaced by a grant with a fresh token `t₂ > t₁`, or nothing changes. The key is never
+//!    free in between, and the release imposes no lock-delay.
 
 use async_trait::async_trait;
 pub use dlock_contract::store::{ClassifiedStoreError, StoreFault};
@@ -105,6 +109,19 @@ pub enum RenewRefusal {
     Lost {
         stored_token: Option<i64>,
     },
+}
+
+/// Why a rotate (C3-extensions E-18) did not replace the grant. Nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RotateRefusal {
+    /// The caller's session cannot act (`404 SESSION_UNKNOWN`, `410 SESSION_EXPIRED`).
+    Session(SessionRefusal),
+    /// No live grant `(key, token)` of this session (`409 LOCK_LOST`); `stored_token` as
+    /// for renew: the key's current grant token, live or dead, if a row exists.
+    Lost { stored_token: Option<i64> },
+    /// A lock-delay runs on the key (`409 LOCK_CONTENDED` with `details.lockDelayUntil`):
+    /// the acquire half refuses, so the release half does not happen either.
+    Delayed { until_ms: i64 },
 }
 
 /// The key's state for `GET /v1/locks/{key}` (advisory).
@@ -190,6 +207,20 @@ pub trait LockStore: Send + Sync + 'static {
     /// the predicate (it is carried for attribution). `Err(stored_token)` when there is no
     /// such live grant: the key's current token, if a row exists.
     async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError>;
+
+    /// Rotate (C3-extensions E-18): in one atomic step, releases the live grant
+    /// `(key, token)` of the live session `session_id` and grants `key` to that session
+    /// again for `ttl_ms`, with a fresh token greater than `token` (and than every token
+    /// issued before). [`crate::rules::decide_rotate`] decides; a refusal changes nothing.
+    /// The session is checked in the same step; no lock-delay is imposed (a release).
+    async fn rotate(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        token: i64,
+        ttl_ms: i64,
+        delay_ms: i64,
+    ) -> Result<Result<GrantRow, RotateRefusal>, StoreError>;
 
     /// The key's state; `None` if the key was never granted.
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError>;

@@ -6,7 +6,8 @@
 //! runs can share one etcd:
 //! - `P/s/{session_id}`: a session, JSON `{owner_id, ttl_ms, expires_at_ms, expired_marked}`.
 //! - `P/g/{key}`: the grant of a key, JSON `{session_id, owner_id, acquired_at_ms,
-//!   expires_at_ms, nonce}`. At most one per key, by construction (it is one etcd key).
+//!   expires_at_ms, nonce}`, plus `rotated` or `token` on a rotated grant (see "Tokens").
+//!   At most one per key, by construction (it is one etcd key).
 //! - `P/k/{key}`: the key was seen (`info` answers `Some`), with its lock-delay
 //!   `{delay_until_ms}`. Written by every removal of a lost grant, and by a grant only when
 //!   that changes it (absent, or carrying a lock-delay that has run out); a grant over a
@@ -25,6 +26,15 @@
 //! WAL and the snapshot), so tokens strictly increase across keys, sessions and restarts.
 //! Callers may rely only on their order (they are not dense: every write advances the
 //! revision).
+//!
+//! **Rotate** (C3-extensions E-18) replaces a grant in one guarded txn. etcd refuses a txn
+//! that deletes and puts the same key, so the rotate *puts over* `P/g/{key}`, which keeps its
+//! CreateRevision; the new grant's value carries `rotated: true`, and its token is the
+//! record's **ModRevision**, the rotate txn's own revision (its first put, read back in the
+//! same txn), greater than every revision before it, `t₁` included. A renew of a rotated
+//! grant (a put, which moves the ModRevision) writes the token into the value (`token`) and
+//! drops `rotated`. So a grant's token is `token`, else the ModRevision if `rotated`, else
+//! the CreateRevision ([`Rec::token`]); grants never rotated keep their exact old bytes.
 //!
 //! **Floor.** A revoke writes its audit record in the same transaction that deletes the
 //! grant, as that transaction's first put; the record's CreateRevision is the revoke's own
@@ -56,6 +66,8 @@
 //!   guards make the commit decide on exactly the state it would have read, and a stale
 //!   hint only fails a guard (one write round trip that reads back instead of a read).
 //!   Refusals are decided only on real snapshots, never on hints.
+//! - **Rotate** is like release: first on what this process last saw of the grant and the
+//!   caller's session (both guarded), else on a snapshot; a failed guard reads back.
 //! - **Holder in the same read.** Where a grant's holder session is needed (`acquire`,
 //!   `release`, `info`, `revoke`), the read also gets the session this process last saw
 //!   holding the key; the separate holder lookup happens only when that guess was wrong.
@@ -138,10 +150,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::rules::{self, AcquireFacts, GrantFacts, GrantPlan};
+use crate::rules::{self, AcquireFacts, GrantFacts, GrantPlan, RotateFacts};
 use crate::store::{
-    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, SessionRefusal,
-    SessionRow, StoreError,
+    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, RotateRefusal,
+    SessionRefusal, SessionRow, StoreError,
 };
 
 /// Bound on one etcd round trip (connect, read, or txn).
@@ -179,6 +191,12 @@ struct GrantVal {
     expires_at_ms: i64,
     /// Makes every grant's bytes unique, so a value compare identifies one grant.
     nonce: Uuid,
+    /// Written by a rotate: the token is this value's ModRevision (see "Tokens").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    rotated: bool,
+    /// The token, written by a renew of a rotated grant (its put moves the ModRevision).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    token: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -202,6 +220,18 @@ struct Rec<T> {
     raw: Vec<u8>,
     val: T,
     create_rev: i64,
+    mod_rev: i64,
+}
+
+impl Rec<GrantVal> {
+    /// The grant's fencing token (module doc, "Tokens").
+    fn token(&self) -> i64 {
+        match (self.val.token, self.val.rotated) {
+            (Some(t), _) => t,
+            (None, true) => self.mod_rev,
+            (None, false) => self.create_rev,
+        }
+    }
 }
 
 /// One raw key-value as read.
@@ -210,13 +240,14 @@ struct Entry {
     key: String,
     value: Vec<u8>,
     create_rev: i64,
+    mod_rev: i64,
 }
 
 impl Entry {
     fn decode<T: DeserializeOwned>(self) -> Result<Rec<T>, StoreError> {
         let val = serde_json::from_slice(&self.value)
             .map_err(|e| StoreError::Corrupt(format!("etcd value at {}: {e}", self.key)))?;
-        Ok(Rec { key: self.key, raw: self.value, val, create_rev: self.create_rev })
+        Ok(Rec { key: self.key, raw: self.value, val, create_rev: self.create_rev, mod_rev: self.mod_rev })
     }
 }
 
@@ -243,8 +274,9 @@ impl Read {
 struct Seen {
     /// Session records, by session id.
     sessions: HashMap<Uuid, Vec<u8>>,
-    /// `P/g/{key}` by lock key: bytes and CreateRevision (the token).
-    grants: HashMap<String, Option<(Vec<u8>, i64)>>,
+    /// `P/g/{key}` by lock key: bytes, CreateRevision and ModRevision (the token is one of
+    /// them or in the bytes, [`Rec::token`]).
+    grants: HashMap<String, Option<(Vec<u8>, i64, i64)>>,
     /// `P/k/{key}` by lock key.
     keys: HashMap<String, Option<Vec<u8>>>,
 }
@@ -342,7 +374,7 @@ fn grant_row(key: &str, g: &Rec<GrantVal>) -> GrantRow {
         key: key.to_owned(),
         session_id: g.val.session_id,
         owner_id: g.val.owner_id.clone(),
-        fencing_token: g.create_rev,
+        fencing_token: g.token(),
         acquired_at_ms: g.val.acquired_at_ms,
         expires_at_ms: g.val.expires_at_ms,
     }
@@ -490,7 +522,12 @@ impl EtcdLockStore {
             for kv in get.kvs() {
                 let key = String::from_utf8(kv.key().to_vec())
                     .map_err(|e| StoreError::Corrupt(format!("etcd: non-utf8 key: {e}")))?;
-                entries.push(Entry { key, value: kv.value().to_vec(), create_rev: kv.create_revision() });
+                entries.push(Entry {
+                    key,
+                    value: kv.value().to_vec(),
+                    create_rev: kv.create_revision(),
+                    mod_rev: kv.mod_revision(),
+                });
             }
             out.push(entries);
         }
@@ -586,7 +623,7 @@ impl EtcdLockStore {
     }
 
     fn saw_grant(&self, key: &str, g: Option<&Rec<GrantVal>>) {
-        remember(&mut self.seen().grants, key.to_owned(), g.map(|g| (g.raw.clone(), g.create_rev)));
+        remember(&mut self.seen().grants, key.to_owned(), g.map(|g| (g.raw.clone(), g.create_rev, g.mod_rev)));
     }
 
     fn saw_key(&self, key: &str, rec: Option<&Rec<KeyVal>>) {
@@ -596,26 +633,28 @@ impl EtcdLockStore {
     /// The session this process last saw holding `key`, to read along with the grant.
     fn holder_hint(&self, key: &str) -> Option<Uuid> {
         let seen = self.seen();
-        let (raw, _) = seen.grants.get(key)?.as_ref()?;
+        let (raw, _, _) = seen.grants.get(key)?.as_ref()?;
         serde_json::from_slice::<GrantVal>(raw).ok().map(|g| g.session_id)
     }
 
     /// The session record `id` as last seen, decoded.
     fn seen_session(&self, id: Uuid) -> Option<Rec<SessionVal>> {
         let raw = self.seen().sessions.get(&id)?.clone();
-        Entry { key: self.session_key(id), value: raw, create_rev: 0 }.decode().ok()
+        Entry { key: self.session_key(id), value: raw, create_rev: 0, mod_rev: 0 }.decode().ok()
     }
 
     /// The grant of `key` as last seen: `None` unknown, `Some(None)` seen absent.
     fn seen_grant(&self, key: &str) -> Option<Option<Rec<GrantVal>>> {
         let g = self.seen().grants.get(key)?.clone();
-        Some(g.and_then(|(raw, rev)| Entry { key: self.grant_key(key), value: raw, create_rev: rev }.decode().ok()))
+        Some(g.and_then(|(raw, create_rev, mod_rev)| {
+            Entry { key: self.grant_key(key), value: raw, create_rev, mod_rev }.decode().ok()
+        }))
     }
 
     /// The key record of `key` as last seen: `None` unknown, `Some(None)` seen absent.
     fn seen_key(&self, key: &str) -> Option<Option<Rec<KeyVal>>> {
         let rec = self.seen().keys.get(key)?.clone();
-        Some(rec.and_then(|raw| Entry { key: self.key_key(key), value: raw, create_rev: 0 }.decode().ok()))
+        Some(rec.and_then(|raw| Entry { key: self.key_key(key), value: raw, create_rev: 0, mod_rev: 0 }.decode().ok()))
     }
 
     /// The caller's session, the key record and the grant to make, when what this process
@@ -649,7 +688,7 @@ impl EtcdLockStore {
     /// The grant `(key, token)` and its holder session, when what this process last saw
     /// says that grant is live at `now`.
     fn live_as_seen(&self, key: &str, token: i64, now: i64) -> Option<(Rec<GrantVal>, Rec<SessionVal>)> {
-        let g = self.seen_grant(key).flatten().filter(|g| g.create_rev == token)?;
+        let g = self.seen_grant(key).flatten().filter(|g| g.token() == token)?;
         let h = self.seen_session(g.val.session_id)?;
         live(&g.val, Some(&h.val), now).then_some((g, h))
     }
@@ -672,6 +711,8 @@ impl EtcdLockStore {
             acquired_at_ms: now,
             expires_at_ms: now + ttl_ms,
             nonce: dlock_rt::rand::uuid_v4(),
+            rotated: false,
+            token: None,
         };
         let raw = encode(&val)?;
         let conds = vec![Cond::of(s), Cond::Absent(gkey.clone()), Cond::of_opt(rec, kkey.clone())];
@@ -692,10 +733,58 @@ impl EtcdLockStore {
             Ok(resps) => {
                 let token = token_of(&resps)?;
                 rules::assert_token_replaces(token, plan.replaces);
-                let granted = Rec { key: gkey, raw, val, create_rev: token };
+                let granted = Rec { key: gkey, raw, val, create_rev: token, mod_rev: token };
                 self.saw_grant(key, Some(&granted));
                 remember(&mut self.seen().keys, key.to_owned(), Some(rec_after));
                 Ok(Ok(grant_row(key, &granted)))
+            }
+            Err(read) => Ok(Err(read)),
+        }
+    }
+
+    /// The rotating txn: replaces the grant `g` of session `s` by a fresh grant to `s`, unless
+    /// `s`, `g` or the key record `rec` changed from what the decision saw; then `Err` with
+    /// `reads`' snapshot. The new token is the txn's revision (the first put's ModRevision,
+    /// read back in the same txn), asserted above the replaced one.
+    async fn rotate_txn(
+        &self,
+        key: &str,
+        (s, g): (&Rec<SessionVal>, &Rec<GrantVal>),
+        (rec, plan): (Option<&Rec<KeyVal>>, GrantPlan),
+        (ttl_ms, now): (i64, i64),
+        reads: &[Read],
+    ) -> Result<Result<GrantRow, Vec<Vec<Entry>>>, StoreError> {
+        let (gkey, kkey) = (self.grant_key(key), self.key_key(key));
+        let val = GrantVal {
+            session_id: g.val.session_id,
+            owner_id: s.val.owner_id.clone(),
+            acquired_at_ms: now,
+            expires_at_ms: now + ttl_ms,
+            nonce: dlock_rt::rand::uuid_v4(),
+            rotated: true,
+            token: None,
+        };
+        let raw = encode(&val)?;
+        let conds = vec![Cond::of(s), Cond::of(g), Cond::of_opt(rec, kkey.clone())];
+        // First op: its revision is the new token on real etcd and in the simulator alike.
+        let mut ops = vec![TxnOp::put(gkey.clone(), raw.clone(), None)];
+        let rec_after = match rec {
+            Some(r) if !plan.write_key_record => r.raw.clone(),
+            _ => {
+                let cleared = encode(&KeyVal::default())?;
+                ops.push(TxnOp::put(kkey.clone(), cleared.clone(), None));
+                cleared
+            }
+        };
+        ops.push(TxnOp::get(gkey.clone(), None));
+        match self.commit_or_read(conds, ops, reads).await? {
+            Ok(resps) => {
+                let (create_rev, mod_rev) = revisions_of(&resps)?;
+                let rotated = Rec { key: gkey, raw, val, create_rev, mod_rev };
+                rules::assert_token_replaces(rotated.token(), plan.replaces);
+                self.saw_grant(key, Some(&rotated));
+                remember(&mut self.seen().keys, key.to_owned(), Some(rec_after));
+                Ok(Ok(grant_row(key, &rotated)))
             }
             Err(read) => Ok(Err(read)),
         }
@@ -784,6 +873,18 @@ impl EtcdLockStore {
     fn grants_of(entries: Vec<Entry>) -> Result<Vec<Rec<GrantVal>>, StoreError> {
         entries.into_iter().map(Entry::decode).collect()
     }
+}
+
+/// The CreateRevision and ModRevision of the record a write txn read back last.
+fn revisions_of(resps: &[TxnOpResponse]) -> Result<(i64, i64), StoreError> {
+    for r in resps.iter().rev() {
+        if let TxnOpResponse::Get(get) = r {
+            if let Some(kv) = get.kvs().first() {
+                return Ok((kv.create_revision(), kv.mod_revision()));
+            }
+        }
+    }
+    Err(StoreError::Corrupt("etcd: the rotating txn did not read its record back".into()))
 }
 
 fn token_of(resps: &[TxnOpResponse]) -> Result<i64, StoreError> {
@@ -986,7 +1087,10 @@ impl LockStore for EtcdLockStore {
             let (Ok(s), Some(g)) = (session_check(session.as_ref(), now), grant) else {
                 return Ok(Err(RenewRefusal::Lost { stored_token: None }));
             };
-            let val = GrantVal { expires_at_ms: now + ttl_ms, ..g.val.clone() };
+            // A rotated grant's token is its ModRevision, which this put moves: it is written
+            // into the value instead (module doc, "Tokens").
+            let kept = if g.val.rotated { Some(g.token()) } else { g.val.token };
+            let val = GrantVal { expires_at_ms: now + ttl_ms, rotated: false, token: kept, ..g.val.clone() };
             let raw = encode(&val)?;
             let ops = vec![TxnOp::put(g.key.clone(), raw.clone(), None)];
             if self.commit(vec![Cond::of(s), Cond::of(&g)], ops).await?.is_some() {
@@ -1033,9 +1137,9 @@ impl LockStore for EtcdLockStore {
             let hinted = hint.map(|h| one::<SessionVal>(r.next()).map(|s| (h, s))).transpose()?;
             self.saw_grant(key, grant.as_ref());
             let Some(g) = grant else { return Ok(Err(None)) };
-            if g.create_rev != token {
+            if g.token() != token {
                 // Decided without the holder (the token alone refuses): saves its lookup.
-                return Ok(Err(Some(g.create_rev)));
+                return Ok(Err(Some(g.token())));
             }
             let known: Vec<_> = hinted.iter().map(|(h, hs)| (*h, hs.as_ref())).collect();
             let holder = self.holder(&g.val, &known).await?;
@@ -1054,6 +1158,76 @@ impl LockStore for EtcdLockStore {
             }
         }
         Err(contended("release"))
+    }
+
+    async fn rotate(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        token: i64,
+        ttl_ms: i64,
+        delay_ms: i64,
+    ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
+        // The holder must be the caller, so the caller's session is the holder lookup.
+        let reads = || {
+            vec![Read::Key(self.session_key(session_id)), Read::Key(self.grant_key(key)), Read::Key(self.key_key(key))]
+        };
+        let decide =
+            |session: Option<&Rec<SessionVal>>, grant: Option<&Rec<GrantVal>>, rec: Option<&Rec<KeyVal>>, now| {
+                let row = grant.map(|g| grant_row(key, g));
+                let session_end = session.map(|s| s.val.expires_at_ms);
+                // A grant of another session refuses whatever its holder's liveness (rules).
+                let holder_end = session_end.filter(|_| grant.is_some_and(|g| g.val.session_id == session_id));
+                rules::decide_rotate(&RotateFacts {
+                    now_ms: now,
+                    session_id,
+                    session_end_ms: session_end,
+                    grant: row.as_ref().map(|r| GrantFacts { grant: r, holder_end_ms: holder_end }),
+                    key: rec.map(|r| r.val.delay_until_ms),
+                    token,
+                    delay_ms,
+                })
+            };
+        let mut snap: Option<Vec<Vec<Entry>>> = None;
+        // First, on what this process last saw (the grant `(key, token)` live and the caller's,
+        // its session, the key record): every record the decision used is guarded. Refusals
+        // are never decided on what was seen.
+        let now = self.now();
+        let seen = self.live_as_seen(key, token, now).filter(|(g, _)| g.val.session_id == session_id);
+        if let (Some((g, s)), Some(rec)) = (seen, self.seen_key(key)) {
+            if let Ok(plan) = decide(Some(&s), Some(&g), rec.as_ref(), now) {
+                match self.rotate_txn(key, (&s, &g), (rec.as_ref(), plan), (ttl_ms, now), &reads()).await? {
+                    Ok(row) => return Ok(Ok(row)),
+                    Err(read) => snap = Some(read),
+                }
+            }
+        }
+        for _ in 0..CAS_ATTEMPTS_MAX {
+            let r = match snap.take() {
+                Some(taken) => taken,
+                None => self.read(reads()).await?,
+            };
+            let now = self.now();
+            let mut r = r.into_iter();
+            let session = one::<SessionVal>(r.next())?;
+            let grant = one::<GrantVal>(r.next())?;
+            let rec = one::<KeyVal>(r.next())?;
+            self.saw_session(session_id, session.as_ref());
+            self.saw_grant(key, grant.as_ref());
+            self.saw_key(key, rec.as_ref());
+            let plan = match decide(session.as_ref(), grant.as_ref(), rec.as_ref(), now) {
+                Ok(plan) => plan,
+                Err(refusal) => return Ok(Err(refusal)),
+            };
+            let (Ok(s), Some(g)) = (session_check(session.as_ref(), now), grant.as_ref()) else {
+                return Err(StoreError::Corrupt("etcd: rotate granted without a live session and grant".into()));
+            };
+            match self.rotate_txn(key, (s, g), (rec.as_ref(), plan), (ttl_ms, now), &reads()).await? {
+                Ok(row) => return Ok(Ok(row)),
+                Err(read) => snap = Some(read),
+            }
+        }
+        Err(contended("rotate"))
     }
 
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
@@ -1106,7 +1280,7 @@ impl LockStore for EtcdLockStore {
                 key: key.to_owned(),
                 operator: operator.to_owned(),
                 reason: reason.to_owned(),
-                revoked_token: g.create_rev,
+                revoked_token: g.token(),
                 at_ms: now,
             };
             let ops = vec![
@@ -1118,7 +1292,7 @@ impl LockStore for EtcdLockStore {
             if let Some(resps) = self.commit(vec![Cond::of(&g), Cond::Absent(rkey.clone())], ops).await? {
                 let floor = token_of(&resps)?;
                 self.saw_grant(key, None);
-                return Ok(Ok(Revocation { revoked_token: g.create_rev, new_token_floor: floor, revocation_id }));
+                return Ok(Ok(Revocation { revoked_token: g.token(), new_token_floor: floor, revocation_id }));
             }
         }
         Err(contended("revoke"))
@@ -1156,7 +1330,8 @@ impl LockStore for EtcdLockStore {
                 report.expired_sessions += 1;
                 report.released_grants += n;
                 gone.extend(mine.iter().map(|g| g.key.clone()));
-                let updated = Rec { key: s.key.clone(), raw, val: marked, create_rev: s.create_rev };
+                let updated =
+                    Rec { key: s.key.clone(), raw, val: marked, create_rev: s.create_rev, mod_rev: s.mod_rev };
                 sessions.insert(id, updated);
             }
         }

@@ -13,8 +13,8 @@ use dlock_contract::store::StoreFaults;
 use uuid::Uuid;
 
 use crate::store::{
-    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, SessionRefusal,
-    SessionRow, StoreError,
+    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, RotateRefusal,
+    SessionRefusal, SessionRow, StoreError,
 };
 
 /// `inner`, failing the calls `faults` holds.
@@ -73,6 +73,17 @@ impl LockStore for FaultyLockStore {
 
     async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
         self.faults.run("release", self.inner.release(key, token)).await
+    }
+
+    async fn rotate(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        token: i64,
+        ttl_ms: i64,
+        delay_ms: i64,
+    ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
+        self.faults.run("rotate", self.inner.rotate(key, session_id, token, ttl_ms, delay_ms)).await
     }
 
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {

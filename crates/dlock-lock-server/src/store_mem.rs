@@ -19,10 +19,10 @@ use async_trait::async_trait;
 use dlock_rt::Clock;
 use uuid::Uuid;
 
-use crate::rules::{self, AcquireFacts, GrantFacts};
+use crate::rules::{self, AcquireFacts, GrantFacts, RotateFacts};
 use crate::store::{
-    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, SessionRefusal,
-    SessionRow, StoreError,
+    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, RotateRefusal,
+    SessionRefusal, SessionRow, StoreError,
 };
 
 #[derive(Debug, Clone)]
@@ -290,6 +290,49 @@ impl LockStore for MemLockStore {
         t.grants.remove(key);
         self.observer.tell(|| LockEvent::Released { key: key.to_owned(), token, now_ms: now });
         Ok(Ok(()))
+    }
+
+    async fn rotate(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        token: i64,
+        ttl_ms: i64,
+        delay_ms: i64,
+    ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
+        let now = self.now();
+        let mut t = self.lock()?;
+        let plan = match rules::decide_rotate(&RotateFacts {
+            now_ms: now,
+            session_id,
+            session_end_ms: t.session_end(session_id),
+            grant: t.grant_facts(key),
+            key: t.keys.get(key).copied(),
+            token,
+            delay_ms,
+        }) {
+            Ok(plan) => plan,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let owner_id = t.sessions.get(&session_id).map(|s| s.row.owner_id.clone()).unwrap_or_default();
+        let fresh = t.next_token();
+        rules::assert_token_replaces(fresh, plan.replaces);
+        let grant = GrantRow {
+            key: key.to_owned(),
+            session_id,
+            owner_id,
+            fencing_token: fresh,
+            acquired_at_ms: now,
+            expires_at_ms: now + ttl_ms,
+        };
+        t.grants.insert(key.to_owned(), grant.clone());
+        if plan.write_key_record {
+            t.keys.insert(key.to_owned(), None);
+        }
+        // One transaction, seen as what it is: the release of `token`, then the grant.
+        self.observer.tell(|| LockEvent::Released { key: key.to_owned(), token, now_ms: now });
+        self.observer.tell(|| LockEvent::Granted { grant: grant.clone(), now_ms: now });
+        Ok(Ok(grant))
     }
 
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {

@@ -1,12 +1,24 @@
 //! lockdb on PostgreSQL and SQLite, through sqlx.
 //!
 //! The statements are written once with `$n` placeholders; the two implementations differ
-//! only in three dialect fragments, passed to the macro that stamps the one body out:
+//! only in a few dialect fragments, passed to the macro that stamps the one body out:
 //! how a transaction begins (SQLite: `BEGIN IMMEDIATE`, so the write lock is taken up
 //! front and a read-then-write transaction can never deadlock on upgrade), how the
 //! database's clock is read, and where the next token comes from (PostgreSQL: `nextval` of
-//! the global `fencing_token_seq`; SQLite: `token_floor.last_issued`, advanced in the
-//! granting transaction).
+//! the global `fencing_token_seq`, evaluated inside the statement that writes the grant, so
+//! drawing the token costs no round trip of its own; SQLite: `token_floor.last_issued`,
+//! advanced by its own statement in the granting transaction).
+//!
+//! ## Rotate (C3-extensions E-18)
+//! One transaction, like acquire: the per-key advisory lock (PostgreSQL), the acquire context
+//! (now, the caller's session, the grant with its holder's session, the key record) in one
+//! read, [`rules::decide_rotate`], then one `UPDATE` of the grant row that re-states the
+//! release predicate (`(key, token)`, the caller's session, lease ahead of `now`) and sets
+//! the fresh token. The session is checked in the same transaction that grants (the Jepsen
+//! note at `acquire`). A concurrent release, reaper or close that removed the row after the
+//! read leaves the `UPDATE` with no row (READ COMMITTED re-evaluates its predicate on the
+//! row's newest version): the rotate then rolls back and answers `Lost`, having changed
+//! nothing.
 //!
 //! Every method runs in one transaction and reads `now` from the database first, so every
 //! replica judges leases by the same clock.
@@ -18,10 +30,10 @@ use dlock_db::Dialect;
 use sqlx::Row;
 use uuid::Uuid;
 
-use crate::rules::{self, AcquireFacts, GrantFacts};
+use crate::rules::{self, AcquireFacts, GrantFacts, RotateFacts};
 use crate::store::{
-    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, SessionRefusal,
-    SessionRow, StoreError,
+    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, RotateRefusal,
+    SessionRefusal, SessionRow, StoreError,
 };
 
 static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/lockdb/postgres");
@@ -180,14 +192,31 @@ const RECORD_DELAY: &str = "UPDATE lock_keys SET delay_until_ms = \
      CASE WHEN delay_until_ms IS NOT NULL AND delay_until_ms > $2 THEN delay_until_ms ELSE $2 END \
      WHERE lock_key = $1";
 
+/// The grant row of an acquire. `{TOKEN}` is the token: `$6` (bound last), or the dialect's inline token
+/// expression (PostgreSQL's `nextval`, evaluated after the per-key advisory lock was taken
+/// by an earlier statement of the same transaction, so the ordering argument at
+/// `tx_lock_key` is unchanged).
+const INSERT_GRANT: &str =
+    "INSERT INTO lock_grants (lock_key, session_id, owner_id, fencing_token, acquired_at_ms, expires_at_ms) \
+     VALUES ($1, $2, $3, {TOKEN}, $4, $5) ON CONFLICT (lock_key) DO NOTHING RETURNING fencing_token";
+
+/// The rotate's write: the release predicate of the grant `(key $1, token $2)` held by the
+/// caller's session `$3` with its lease ahead of `now` (`$4`), re-stated so a row changed
+/// since the context read is not touched, and the fresh grant (`{TOKEN}`: `$7` or the
+/// inline token expression) written over it.
+const ROTATE_GRANT: &str =
+    "UPDATE lock_grants SET fencing_token = {TOKEN}, acquired_at_ms = $4, expires_at_ms = $5, owner_id = $6 \
+     WHERE lock_key = $1 AND fencing_token = $2 AND session_id = $3 AND expires_at_ms > $4 \
+     RETURNING fencing_token";
+
 macro_rules! sql_lock_store {
-    ($store:ty, $dialect:expr, $begin:expr, $now:expr, $next_token:expr, $key_lock:expr) => {
+    ($store:ty, $dialect:expr, $begin:expr, $now:expr, $next_token:expr, $inline_token:expr, $key_lock:expr) => {
         impl $store {
             fn q(sql: &str) -> String {
                 $dialect.sql(sql).into_owned()
             }
 
-            /// Serialises every token-issuing transaction on one key (acquire, revoke) for
+            /// Serialises every token-issuing transaction on one key (acquire, rotate, revoke) for
             /// the rest of the transaction, before anything is read. Without it, on
             /// PostgreSQL, an acquire could draw its token, stall, and commit after a later
             /// token was granted and released on the same key: tokens would go backwards
@@ -448,20 +477,22 @@ macro_rules! sql_lock_store {
                     }
                 };
                 let owner_id = ctx.opt_text("s_owner_id")?.unwrap_or_default();
-                let token = Self::tx_next_token(&mut tx).await?;
-                let inserted = sqlx::query(&Self::q(
-                    "INSERT INTO lock_grants (lock_key, session_id, owner_id, fencing_token, acquired_at_ms, expires_at_ms) \
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (lock_key) DO NOTHING RETURNING fencing_token",
-                ))
-                .bind(key.to_owned())
-                .bind(session_id.to_string())
-                .bind(owner_id.clone())
-                .bind(token)
-                .bind(now)
-                .bind(now + ttl_ms)
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(unavailable)?;
+                let inline: Option<&str> = $inline_token;
+                let sql = Self::q(&INSERT_GRANT.replace("{TOKEN}", inline.unwrap_or("$6")));
+                let mut insert = sqlx::query(&sql)
+                    .bind(key.to_owned())
+                    .bind(session_id.to_string())
+                    .bind(owner_id.clone())
+                    .bind(now)
+                    .bind(now + ttl_ms);
+                if inline.is_none() {
+                    insert = insert.bind(Self::tx_next_token(&mut tx).await?);
+                }
+                let inserted = insert.fetch_optional(&mut *tx).await.map_err(unavailable)?;
+                let token = match inserted.as_ref() {
+                    Some(row) => row.int("fencing_token")?,
+                    None => 0,
+                };
                 if inserted.is_none() {
                     // A concurrent transaction granted the key first (PostgreSQL, READ COMMITTED).
                     tx.rollback().await.map_err(unavailable)?;
@@ -495,6 +526,100 @@ macro_rules! sql_lock_store {
                     session_id,
                     owner_id,
                     fencing_token: token,
+                    acquired_at_ms: now,
+                    expires_at_ms: now + ttl_ms,
+                }))
+            }
+
+            async fn rotate(
+                &self,
+                key: &str,
+                session_id: Uuid,
+                token: i64,
+                ttl_ms: i64,
+                delay_ms: i64,
+            ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
+                let mut tx = self.begin().await?;
+                // A token-issuing transaction: serialised on the key like acquire (see `tx_lock_key`).
+                Self::tx_lock_key(&mut tx, key).await?;
+                // The session is checked in the same transaction that grants (Jepsen etcd 3.4.3).
+                let ctx = sqlx::query(&Self::q(&ACQUIRE_CONTEXT.replace("{NOW}", $now)))
+                    .bind(key.to_owned())
+                    .bind(session_id.to_string())
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                let now = ctx.int("now_ms")?;
+                let grant = match ctx.opt_text("lock_key")? {
+                    Some(_) => Some(grant_of(&ctx)?),
+                    None => None,
+                };
+                let key_record = match ctx.opt_text("k_lock_key")? {
+                    Some(_) => Some(ctx.opt_int("delay_until_ms")?),
+                    None => None,
+                };
+                let holder_end = ctx.opt_int("session_expires_at_ms")?;
+                let decision = rules::decide_rotate(&RotateFacts {
+                    now_ms: now,
+                    session_id,
+                    session_end_ms: ctx.opt_int("s_expires_at_ms")?,
+                    grant: grant.as_ref().map(|g| GrantFacts { grant: g, holder_end_ms: holder_end }),
+                    key: key_record,
+                    token,
+                    delay_ms,
+                });
+                let plan = match decision {
+                    Ok(plan) => plan,
+                    Err(refusal) => {
+                        tx.rollback().await.map_err(unavailable)?;
+                        return Ok(Err(refusal));
+                    }
+                };
+                let owner_id = ctx.opt_text("s_owner_id")?.unwrap_or_default();
+                let inline: Option<&str> = $inline_token;
+                let sql = Self::q(&ROTATE_GRANT.replace("{TOKEN}", inline.unwrap_or("$7")));
+                let mut update = sqlx::query(&sql)
+                    .bind(key.to_owned())
+                    .bind(token)
+                    .bind(session_id.to_string())
+                    .bind(now)
+                    .bind(now + ttl_ms)
+                    .bind(owner_id.clone());
+                if inline.is_none() {
+                    update = update.bind(Self::tx_next_token(&mut tx).await?);
+                }
+                let rotated = update.fetch_optional(&mut *tx).await.map_err(unavailable)?;
+                let Some(rotated) = rotated else {
+                    // Released, reaped or closed since the read: nothing to rotate, nothing changed.
+                    tx.rollback().await.map_err(unavailable)?;
+                    let stored = sqlx::query(&Self::q("SELECT fencing_token FROM lock_grants WHERE lock_key = $1"))
+                        .bind(key.to_owned())
+                        .fetch_optional(&self.pool)
+                        .await
+                        .map_err(unavailable)?
+                        .map(|r| r.int("fencing_token"))
+                        .transpose()?;
+                    return Ok(Err(RotateRefusal::Lost { stored_token: stored }));
+                };
+                let fresh = rotated.int("fencing_token")?;
+                rules::assert_token_replaces(fresh, plan.replaces);
+                if plan.write_key_record {
+                    sqlx::query(&Self::q(
+                        "INSERT INTO lock_keys (lock_key, first_granted_at_ms, delay_until_ms) VALUES ($1, $2, NULL) \
+                         ON CONFLICT (lock_key) DO UPDATE SET delay_until_ms = NULL",
+                    ))
+                    .bind(key.to_owned())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                }
+                tx.commit().await.map_err(commit_error)?;
+                Ok(Ok(GrantRow {
+                    key: key.to_owned(),
+                    session_id,
+                    owner_id,
+                    fencing_token: fresh,
                     acquired_at_ms: now,
                     expires_at_ms: now + ttl_ms,
                 }))
@@ -738,6 +863,7 @@ sql_lock_store!(
     "BEGIN",
     "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
     "SELECT nextval('fencing_token_seq') AS token",
+    Some("nextval('fencing_token_seq')"),
     Some("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
 );
 sql_lock_store!(
@@ -746,6 +872,7 @@ sql_lock_store!(
     "BEGIN IMMEDIATE",
     "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
     "UPDATE token_floor SET last_issued = MAX(last_issued, floor) + 1 WHERE id = 1 RETURNING last_issued AS token",
+    None,
     None
 );
 

@@ -13,8 +13,8 @@ use dlock_rt::Clock;
 use uuid::Uuid;
 
 use crate::store::{
-    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, SessionRefusal,
-    SessionRow, StoreError,
+    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, RotateRefusal,
+    SessionRefusal, SessionRow, StoreError,
 };
 
 /// The `op` tag of `lock_store_op_seconds`: one value per [`LockStore`] method.
@@ -28,6 +28,7 @@ pub enum LockStoreOp {
     Acquire,
     Renew,
     Release,
+    Rotate,
     Info,
     Revoke,
     Reap,
@@ -38,7 +39,7 @@ impl ClosedTag for LockStoreOp {
 
     fn all() -> &'static [Self] {
         use LockStoreOp::*;
-        &[Ping, NowMs, OpenSession, Heartbeat, CloseSession, Acquire, Renew, Release, Info, Revoke, Reap]
+        &[Ping, NowMs, OpenSession, Heartbeat, CloseSession, Acquire, Renew, Release, Rotate, Info, Revoke, Reap]
     }
 
     fn tag(self) -> &'static str {
@@ -51,6 +52,7 @@ impl ClosedTag for LockStoreOp {
             LockStoreOp::Acquire => "acquire",
             LockStoreOp::Renew => "renew",
             LockStoreOp::Release => "release",
+            LockStoreOp::Rotate => "rotate",
             LockStoreOp::Info => "info",
             LockStoreOp::Revoke => "revoke",
             LockStoreOp::Reap => "reap",
@@ -111,6 +113,18 @@ impl LockStore for TimedLockStore {
 
     async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
         self.ops.time(&self.clock, LockStoreOp::Release, self.inner.release(key, token)).await
+    }
+
+    async fn rotate(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        token: i64,
+        ttl_ms: i64,
+        delay_ms: i64,
+    ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
+        let call = self.inner.rotate(key, session_id, token, ttl_ms, delay_ms);
+        self.ops.time(&self.clock, LockStoreOp::Rotate, call).await
     }
 
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {

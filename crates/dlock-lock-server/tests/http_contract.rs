@@ -306,6 +306,53 @@ async fn l5_renew_keeps_the_token_and_a_dead_grant_is_lock_lost(backend: Backend
     }
 }
 
+/// E-18: rotate answers a new grant of the same session with a greater token; the old token
+/// is then stale; a foreign or stale rotate is LOCK_LOST and changes nothing; the checks are
+/// renew's.
+async fn e18_rotate_grants_a_greater_token_to_the_holder_and_a_stale_one_is_lock_lost(backend: Backend) {
+    let rig = app_with(backend, &[]).await;
+    let app = rig.app.clone();
+    let a = session(&app, "worker-1", 10_000).await;
+    let b = session(&app, "worker-2", 10_000).await;
+    let (_, g) = acquire(&app, "k", &a, "worker-1", json!({ "ttlMillis": 2_000 })).await;
+    let t1 = g["fencingToken"].as_i64().expect("token");
+    let rotate = |token: String, sid: String| {
+        let app = app.clone();
+        async move {
+            call(
+                &app,
+                "POST",
+                "/v1/locks/k/rotate",
+                &[OWNER, ("x-fencing-token", &token)],
+                Some(json!({ "sessionId": sid, "ttlMillis": 5_000 })),
+            )
+            .await
+        }
+    };
+    // Another session presenting the holder's token: refused, nothing changes.
+    let (s, v) = rotate(t1.to_string(), b.clone()).await;
+    assert_eq!((s, v["code"].as_str()), (409, Some("LOCK_LOST")), "{v}");
+    assert_eq!(v["details"]["storedToken"], g["fencingToken"]);
+    let (s, r) = rotate(t1.to_string(), a.clone()).await;
+    assert_eq!(s, 200, "{r}");
+    let t2 = r["fencingToken"].as_i64().expect("token");
+    assert!(t2 > t1, "rotated {t2} over {t1}");
+    assert_eq!((r["key"].as_str(), r["sessionId"].as_str()), (Some("k"), Some(a.as_str())));
+    let (_, info) = call(&app, "GET", "/v1/locks/k", &[], None).await;
+    assert_eq!((info["held"].as_bool(), info["fencingToken"].as_i64()), (Some(true), Some(t2)));
+    // The old token rotates nothing now.
+    let (s, v) = rotate(t1.to_string(), a.clone()).await;
+    assert_eq!((s, v["code"].as_str()), (409, Some("LOCK_LOST")));
+    assert_eq!(v["details"]["storedToken"].as_i64(), Some(t2));
+    for bad in ["0", "-3", "05", ""] {
+        let (s, v) = rotate(bad.to_owned(), a.clone()).await;
+        assert_eq!((s, v["code"].as_str()), (400, Some("INVALID_TOKEN")), "{bad:?}");
+    }
+    let ghost = uuid::Uuid::new_v4().to_string();
+    let (s, v) = rotate(t2.to_string(), ghost).await;
+    assert_eq!((s, v["code"].as_str()), (404, Some("SESSION_UNKNOWN")));
+}
+
 async fn l6_stale_release_is_lock_lost_and_never_frees_the_newer_grant(backend: Backend) {
     let rig = app_with(backend, &[]).await;
     let app = rig.app.clone();
@@ -424,6 +471,16 @@ impl dlock_lock_server::store::LockStore for Unreachable {
     async fn release(&self, _: &str, _: i64) -> Result<Result<(), Option<i64>>, StoreError> {
         Err(gone())
     }
+    async fn rotate(
+        &self,
+        _: &str,
+        _: uuid::Uuid,
+        _: i64,
+        _: i64,
+        _: i64,
+    ) -> Result<Result<GrantRow, dlock_lock_server::store::RotateRefusal>, StoreError> {
+        Err(gone())
+    }
     async fn info(&self, _: &str) -> Result<Option<KeyInfo>, StoreError> {
         Err(gone())
     }
@@ -465,6 +522,7 @@ async fn an_unreachable_backend_is_not_leader_never_a_guess() {
         ("DELETE", format!("/v1/sessions/{sid}"), None, vec![OWNER]),
         ("POST", "/v1/locks/k/acquire".into(), Some(json!({ "sessionId": sid })), vec![OWNER]),
         ("POST", "/v1/locks/k/renew".into(), Some(json!({ "sessionId": sid })), vec![OWNER, ("x-fencing-token", "5")]),
+        ("POST", "/v1/locks/k/rotate".into(), Some(json!({ "sessionId": sid })), vec![OWNER, ("x-fencing-token", "5")]),
         ("DELETE", format!("/v1/locks/k?sessionId={sid}"), None, vec![OWNER, ("x-fencing-token", "5")]),
         ("GET", "/v1/locks/k".into(), None, vec![]),
         ("POST", "/v1/locks/k/revoke".into(), Some(json!({ "operator": "o", "reason": "long enough" })), vec![OWNER]),
@@ -720,6 +778,7 @@ on_every_backend!(
     l4_waiter_is_granted_when_the_holder_releases,
     l4_waiters_past_the_cap_get_contention_exceeded,
     l5_renew_keeps_the_token_and_a_dead_grant_is_lock_lost,
+    e18_rotate_grants_a_greater_token_to_the_holder_and_a_stale_one_is_lock_lost,
     l6_stale_release_is_lock_lost_and_never_frees_the_newer_grant,
     l7_info_is_404_for_a_never_seen_key_and_advisory_otherwise,
     l8_revoke_raises_the_floor_and_validates_its_request,

@@ -1,5 +1,6 @@
-//! Model-based test of the lock store (DL-100): random sequences of session open, heartbeat,
-//! close, acquire, renew, release, revoke, info, lease expiry (time advances) and restart,
+//! Model-based test of the lock store (DL-100, DL-181): random sequences of session open,
+//! heartbeat, close, acquire, renew, release, rotate (C3-extensions E-18), revoke, info, lease
+//! expiry (time advances) and restart,
 //! driven against the real store and against a small reference model, compared after every
 //! step.
 //!
@@ -46,7 +47,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::sync::Arc;
 
-use dlock_lock_server::store::{AcquireRefusal, LockStore, RenewRefusal, RevokeRefusal, SessionRefusal};
+use dlock_lock_server::store::{AcquireRefusal, LockStore, RenewRefusal, RevokeRefusal, RotateRefusal, SessionRefusal};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use uuid::Uuid;
@@ -91,6 +92,8 @@ enum Op {
     Acquire(usize, usize, i64),
     Renew(usize, usize, Pick, i64),
     Release(usize, Pick),
+    /// Rotate by the slot's session, presenting the picked token, for a lease of `ttl`.
+    Rotate(usize, usize, Pick, i64),
     Revoke(usize, Option<Pick>),
     Restart,
 }
@@ -111,6 +114,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (slot.clone(), key.clone(), ttl.clone()).prop_map(|(s, k, t)| Op::Acquire(s, k, t)),
         4 => (slot, key.clone(), pick(), ttl).prop_map(|(s, k, p, t)| Op::Renew(s, k, p, t)),
         2 => (key.clone(), pick()).prop_map(|(k, p)| Op::Release(k, p)),
+        3 => (0..SLOTS, key.clone(), pick(), LEASE_TTL_UNITS).prop_map(|(s, k, p, t)| Op::Rotate(s, k, p, t)),
         1 => (key, proptest::option::of(pick())).prop_map(|(k, p)| Op::Revoke(k, p)),
         1 => Just(Op::Restart),
     ]
@@ -137,6 +141,8 @@ enum Answer {
     /// Renewed: token, lease length (ms).
     Renew(Result<(i64, i64), RenewRefusal>),
     Release(Result<(), Option<i64>>),
+    /// Rotated: the new token, lease length (ms).
+    Rotate(Result<(i64, i64), RotateRefusal>),
     /// Revoked: revoked token, new floor.
     Revoke(Result<(i64, i64), RevokeRefusal>),
 }
@@ -285,6 +291,24 @@ impl Model {
                     _ => Answer::Release(Err(self.rows.get(&key).map(|g| g.token))),
                 }
             }
+            Op::Rotate(slot, key, p, ttl) => {
+                let s = slot_id(slot);
+                let token = self.presented(key, p);
+                if let Err(r) = self.session_check(s) {
+                    return Answer::Rotate(Err(RotateRefusal::Session(r)));
+                }
+                match self.live_grant(key) {
+                    // Release by the holder, then acquire by it: a fresh token, the key never free.
+                    Some(g) if g.session == s && g.token == token => {
+                        let fresh = self.issue();
+                        self.rows.insert(key, MGrant { session: s, token: fresh, lease_end: self.now + ttl });
+                        Answer::Rotate(Ok((fresh, ttl * UNIT_MS)))
+                    }
+                    _ => {
+                        Answer::Rotate(Err(RotateRefusal::Lost { stored_token: self.rows.get(&key).map(|g| g.token) }))
+                    }
+                }
+            }
             Op::Revoke(key, p) => {
                 let expected = p.map(|p| self.presented(key, p));
                 let Some(g) = self.live_grant(key) else { return Answer::Revoke(Err(RevokeRefusal::NotHeld)) };
@@ -319,7 +343,7 @@ struct Tokens {
 impl Tokens {
     fn check(&mut self, op: &Op, actual: &Answer) -> Result<(), TestCaseError> {
         match actual {
-            Answer::Acquire(Ok((token, _, _))) => {
+            Answer::Acquire(Ok((token, _, _))) | Answer::Rotate(Ok((token, _))) => {
                 if *token <= self.max_issued || *token <= self.floor {
                     return Err(TestCaseError::fail(format!(
                         "{op:?}: token {token} issued after {} (floor {})",
@@ -436,6 +460,13 @@ async fn answer(store: &Arc<dyn LockStore>, op: &Op, slot_id: impl Fn(usize) -> 
             Answer::Renew(got.map(|g| (g.fencing_token, ((g.expires_at_ms - now) + UNIT_MS / 2) / UNIT_MS * UNIT_MS)))
         }
         Op::Release(k, p) => Answer::Release(store.release(&key(k), model.presented(k, p)).await.expect("release")),
+        Op::Rotate(slot, k, p, ttl) => {
+            let got = store
+                .rotate(&key(k), slot_id(slot), model.presented(k, p), ttl * UNIT_MS, DELAY_MS)
+                .await
+                .expect("rotate");
+            Answer::Rotate(got.map(|g| (g.fencing_token, g.expires_at_ms - g.acquired_at_ms)))
+        }
         Op::Revoke(k, p) => {
             let expected = p.map(|p| model.presented(k, p));
             let got = store
@@ -641,6 +672,8 @@ struct Coverage {
     revoked: u32,
     stale_revoke: u32,
     renewed: u32,
+    rotated: u32,
+    rotate_lost: u32,
     session_expired: u32,
     session_unknown: u32,
 }
@@ -661,9 +694,12 @@ impl Coverage {
             Answer::Revoke(Ok(_)) => self.revoked += 1,
             Answer::Revoke(Err(RevokeRefusal::Stale { .. })) => self.stale_revoke += 1,
             Answer::Renew(Ok(_)) => self.renewed += 1,
+            Answer::Rotate(Ok(_)) => self.rotated += 1,
+            Answer::Rotate(Err(RotateRefusal::Lost { .. })) => self.rotate_lost += 1,
             Answer::Heartbeat(Err(SessionRefusal::Expired))
             | Answer::Acquire(Err(Refused::Session(SessionRefusal::Expired)))
-            | Answer::Renew(Err(RenewRefusal::Session(SessionRefusal::Expired))) => self.session_expired += 1,
+            | Answer::Renew(Err(RenewRefusal::Session(SessionRefusal::Expired)))
+            | Answer::Rotate(Err(RotateRefusal::Session(SessionRefusal::Expired))) => self.session_expired += 1,
             Answer::Heartbeat(Err(SessionRefusal::Unknown)) | Answer::Closed(Err(SessionRefusal::Unknown)) => {
                 self.session_unknown += 1
             }
@@ -683,6 +719,8 @@ impl Coverage {
             ("revoked", self.revoked),
             ("stale_revoke", self.stale_revoke),
             ("renewed", self.renewed),
+            ("rotated", self.rotated),
+            ("rotate_lost", self.rotate_lost),
             ("session_expired", self.session_expired),
             ("session_unknown", self.session_unknown),
         ]
@@ -729,4 +767,15 @@ fn the_model_checker_flags_wrong_answers() {
     let want = model.step(&release, id);
     assert_eq!(want, Answer::Release(Err(Some(2))));
     assert!(judge(&release, &want, &Answer::Release(Ok(()))).is_err());
+    // A rotate that re-issued the token it was given, or rotated a grant it did not hold.
+    let rotate = Op::Rotate(0, 0, Pick::Current, 2);
+    let want = model.step(&rotate, id);
+    assert_eq!(want, Answer::Rotate(Ok((3, 2 * UNIT_MS))));
+    let mut tokens = Tokens { max_issued: 2, floor: 0 };
+    assert!(tokens.check(&rotate, &Answer::Rotate(Ok((2, 2 * UNIT_MS)))).is_err());
+    model.step(&Op::Open(1, 3), id);
+    let foreign = Op::Rotate(1, 0, Pick::Current, 2);
+    let want = model.step(&foreign, id);
+    assert_eq!(want, Answer::Rotate(Err(RotateRefusal::Lost { stored_token: Some(3) })));
+    assert!(judge(&foreign, &want, &Answer::Rotate(Ok((4, 2 * UNIT_MS)))).is_err());
 }

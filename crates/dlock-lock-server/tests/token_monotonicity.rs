@@ -1,6 +1,7 @@
 //! Tokens never go backwards on the SQL backends: across a backend restart (a fresh pool
 //! on the same database), across a restore that left the token source behind the issued
-//! tokens, and across a revoke's raised floor.
+//! tokens, and across a revoke's raised floor; a rotate (C3-extensions E-18) draws from the
+//! same source, above all of them.
 
 #![cfg(not(madsim))]
 
@@ -42,6 +43,42 @@ async fn revoke_floor_survives_a_backend_restart(db: Db) {
     let reopened = dlock_lock_server::store_sql::open(&url).await.expect("reopen");
     let next = grant(&reopened, "k").await;
     assert!(next > floor, "token {next} issued at or below the floor {floor} after a restart");
+}
+
+/// Rotated tokens come from the one token source: above the rotated grant, above a revoke's
+/// floor, and below every later grant, across a restart.
+async fn rotated_tokens_stay_in_the_one_sequence(db: Db) {
+    let (url, _dir) = fresh_database(db).await;
+    let store = dlock_lock_server::store_sql::open(&url).await.expect("open");
+    let t = grant(&store, "revoked").await;
+    let floor = store
+        .revoke("revoked", "ops", "stuck holder, revoking", Some(t), Uuid::new_v4())
+        .await
+        .expect("revoke")
+        .expect("revoked")
+        .new_token_floor;
+    let s = store.open_session(Uuid::new_v4(), "w", 30_000).await.expect("session");
+    let mut token = store.acquire("k", s.session_id, 30_000, 0).await.expect("acquire").expect("granted").fencing_token;
+    assert!(token > floor);
+    for _ in 0..3 {
+        let rotated = store.rotate("k", s.session_id, token, 30_000, 0).await.expect("rotate").expect("rotated");
+        assert!(rotated.fencing_token > token, "rotate issued {} over {token}", rotated.fencing_token);
+        token = rotated.fencing_token;
+    }
+    drop(store);
+    let reopened = dlock_lock_server::store_sql::open(&url).await.expect("reopen");
+    let next = grant(&reopened, "after-restart").await;
+    assert!(next > token, "token {next} issued after the rotated {token} across a restart");
+}
+
+#[tokio::test]
+async fn postgres_rotated_tokens_stay_in_the_one_sequence() {
+    rotated_tokens_stay_in_the_one_sequence(Db::Postgres).await
+}
+
+#[tokio::test]
+async fn sqlite_rotated_tokens_stay_in_the_one_sequence() {
+    rotated_tokens_stay_in_the_one_sequence(Db::Sqlite).await
 }
 
 #[tokio::test]

@@ -26,6 +26,7 @@ pub enum Op {
     Close,
     Acquire,
     Renew,
+    Rotate,
     Release,
     Inspect,
 }
@@ -133,6 +134,7 @@ fn route(method: &str, path: &str) -> Option<(Op, String)> {
         ("DELETE", ["v1", "sessions", _]) => Op::Close,
         ("POST", ["v1", "locks", _, "acquire"]) => Op::Acquire,
         ("POST", ["v1", "locks", _, "renew"]) => Op::Renew,
+        ("POST", ["v1", "locks", _, "rotate"]) => Op::Rotate,
         ("DELETE", ["v1", "locks", _]) => Op::Release,
         ("GET", ["v1", "locks", _]) => Op::Inspect,
         _ => return None,
@@ -213,7 +215,7 @@ fn success(shared: &Shared, op: Op, id: &str, seen: &Seen) -> Response {
         Op::Close | Op::Release => {
             Response::builder().status(StatusCode::NO_CONTENT).body(Body::empty()).unwrap_or_default()
         }
-        Op::Acquire | Op::Renew => {
+        Op::Acquire | Op::Renew | Op::Rotate => {
             let token = match op {
                 Op::Renew => seen.token.as_deref().and_then(|t| t.parse().ok()).unwrap_or(0),
                 _ => {

@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use dlock_lock_server::store::{
-    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, SessionRefusal,
-    SessionRow,
+    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, RotateRefusal,
+    SessionRefusal, SessionRow,
 };
 use dlock_rt::Duration;
 use uuid::Uuid;
@@ -86,6 +86,17 @@ pub async fn renew(
 
 pub async fn release(store: &Store, key: &str, token: i64) -> Result<(), Option<i64>> {
     store.release(key, token).await.expect("release")
+}
+
+pub async fn rotate(
+    store: &Store,
+    key: &str,
+    session: &SessionRow,
+    token: i64,
+    ttl_ms: i64,
+    delay_ms: i64,
+) -> Result<GrantRow, RotateRefusal> {
+    store.rotate(key, session.session_id, token, ttl_ms, delay_ms).await.expect("rotate")
 }
 
 pub async fn info(store: &Store, key: &str) -> Option<KeyInfo> {
@@ -633,6 +644,162 @@ pub async fn release_of_a_dead_grant_is_refused(store: Store) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Rotate (C3-extensions E-18): release + acquire by the same session, one atomic step.
+// ---------------------------------------------------------------------------------------
+
+pub async fn rotate_replaces_the_holders_grant_with_a_greater_token_in_one_step(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, DELAY_MS).await;
+    let before = now(&store).await;
+    let r = rotate(&store, "k", &a, g.fencing_token, SHORT_MS * 10, DELAY_MS).await.expect("the holder rotates");
+    let after = now(&store).await;
+    assert!(r.fencing_token > g.fencing_token, "rotated {} over {}", r.fencing_token, g.fencing_token);
+    assert_eq!((&r.key, r.session_id, &r.owner_id), (&g.key, a.session_id, &a.owner_id));
+    assert_within(r.acquired_at_ms, before - EPS_MS, after + EPS_MS, "rotate: a fresh grant at now");
+    assert_eq!(r.expires_at_ms - r.acquired_at_ms, SHORT_MS * 10, "rotate: now + ttl");
+    assert_eq!(live_grant(&store, "k").await, Some(r.clone()));
+    // The old grant is gone: its token releases, renews and rotates nothing.
+    assert_eq!(release(&store, "k", g.fencing_token).await, Err(Some(r.fencing_token)));
+    assert_eq!(
+        renew(&store, "k", &a, g.fencing_token, LONG_MS).await,
+        Err(RenewRefusal::Lost { stored_token: Some(r.fencing_token) })
+    );
+    assert_eq!(
+        rotate(&store, "k", &a, g.fencing_token, LONG_MS, DELAY_MS).await,
+        Err(RotateRefusal::Lost { stored_token: Some(r.fencing_token) })
+    );
+    // The key was never free: another session is still refused, by the new grant.
+    assert!(matches!(acquire(&store, "k", &b, LONG_MS, DELAY_MS).await, Err(AcquireRefusal::Contended { .. })));
+    assert_eq!(heartbeat(&store, a.session_id).await.map(|(_, n)| n), Ok(1));
+    // The rotated grant is a grant like any other: renewed with its own token, rotated again,
+    // and the next grant of any key is above it.
+    renew(&store, "k", &a, r.fencing_token, LONG_MS).await.expect("renew the rotated grant");
+    let again = rotate(&store, "k", &a, r.fencing_token, LONG_MS, DELAY_MS).await.expect("rotate again");
+    assert!(again.fencing_token > r.fencing_token);
+    let renewed = renew(&store, "k", &a, again.fencing_token, LONG_MS).await.expect("renew keeps the token");
+    assert_eq!(renewed.fencing_token, again.fencing_token);
+    let other = grant(&store, "k-other", &b, LONG_MS, 0).await;
+    assert!(other.fencing_token > again.fencing_token);
+    // Released (not lost): no lock-delay, the key is free at once.
+    assert_eq!(release(&store, "k", again.fencing_token).await, Ok(()));
+    grant(&store, "k", &b, LONG_MS, DELAY_MS).await;
+}
+
+pub async fn rotate_of_a_wrong_token_another_sessions_or_a_dead_grant_is_lost_and_grants_nothing(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, 0).await;
+    let t = g.fencing_token;
+    let lost = |stored| Err(RotateRefusal::Lost { stored_token: stored });
+    assert_eq!(rotate(&store, "k", &a, t + 1, LONG_MS, 0).await, lost(Some(t)));
+    assert_eq!(rotate(&store, "k", &a, t - 1, LONG_MS, 0).await, lost(Some(t)));
+    // Another session presenting the holder's token: a rotate re-grants only to the holder.
+    assert_eq!(rotate(&store, "k", &b, t, LONG_MS, 0).await, lost(Some(t)));
+    assert_eq!(rotate(&store, "never", &a, t, LONG_MS, 0).await, lost(None));
+    assert_eq!(info(&store, "never").await, None, "a refused rotate does not make the key seen");
+    // None of the refusals touched the grant, and none issued a grant.
+    assert_eq!(live_grant(&store, "k").await, Some(g.clone()));
+    assert_eq!(heartbeat(&store, b.session_id).await.map(|(_, n)| n), Ok(0));
+    // A dead grant (own lease lapsed, session alive) is not rotated back to life.
+    let short = grant(&store, "k-short", &a, SHORT_MS, 0).await;
+    wait_past(&store, short.expires_at_ms).await;
+    let r = rotate(&store, "k-short", &a, short.fencing_token, LONG_MS, 0).await;
+    assert!(r == lost(None) || r == lost(Some(short.fencing_token)), "{r:?}");
+    assert_eq!(live_grant(&store, "k-short").await, None);
+    assert_eq!(heartbeat(&store, a.session_id).await.map(|(_, n)| n), Ok(1), "only `k` is held");
+    // Taken over: the old holder learns the newer token, and the newer grant stays.
+    let next = grant(&store, "k-short", &b, LONG_MS, 0).await;
+    assert_eq!(rotate(&store, "k-short", &a, short.fencing_token, LONG_MS, 0).await, lost(Some(next.fencing_token)));
+    assert_eq!(live_grant(&store, "k-short").await, Some(next));
+}
+
+pub async fn rotate_by_an_expired_or_unknown_session_is_a_session_refusal(store: Store) {
+    let a = open(&store, "owner-a", SHORT_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, 0).await;
+    let ghost = SessionRow { session_id: id(), owner_id: "ghost".into(), ttl_ms: LONG_MS, expires_at_ms: i64::MAX };
+    assert_eq!(
+        rotate(&store, "k", &ghost, g.fencing_token, LONG_MS, 0).await,
+        Err(RotateRefusal::Session(SessionRefusal::Unknown))
+    );
+    assert_eq!(live_grant(&store, "k").await, Some(g.clone()));
+    wait_past(&store, a.expires_at_ms).await;
+    assert_eq!(
+        rotate(&store, "k", &a, g.fencing_token, LONG_MS, 0).await,
+        Err(RotateRefusal::Session(SessionRefusal::Expired))
+    );
+    assert_eq!(live_grant(&store, "k").await, None);
+}
+
+pub async fn a_rotated_grant_that_lapses_imposes_the_lock_delay_like_any_grant(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, DELAY_MS).await;
+    let r = rotate(&store, "k", &a, g.fencing_token, SHORT_MS, DELAY_MS).await.expect("rotate");
+    wait_past(&store, r.expires_at_ms).await;
+    let until = assert_delayed(&acquire(&store, "k", &b, LONG_MS, DELAY_MS).await);
+    assert_within(until, r.expires_at_ms + DELAY_MS - EPS_MS, r.expires_at_ms + DELAY_MS + EPS_MS, "until");
+    let (next, _) = wait_granted(&store, "k", &b, LONG_MS, DELAY_MS).await;
+    assert!(next.fencing_token > r.fencing_token);
+}
+
+pub async fn racing_rotates_and_acquirers_never_overlap_and_tokens_increase(store: Store) {
+    const TASKS: usize = 3;
+    const TENURES_EACH: usize = 5;
+    const ROTATES_PER_TENURE: usize = 3;
+    let holders = Arc::new(AtomicI64::new(0));
+    let most_holders = Arc::new(AtomicI64::new(0));
+    let issued = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        let s = open(&store, &format!("rotator-{i}"), LONG_MS).await;
+        let (store, holders, most_holders, issued) =
+            (store.clone(), holders.clone(), most_holders.clone(), issued.clone());
+        tasks.push(tokio::spawn(async move {
+            let started = dlock_rt::Instant::now();
+            let mut tenures = 0;
+            while tenures < TENURES_EACH {
+                assert!(started.elapsed() < DEADLINE, "rotator-{i} starved: {tenures} tenures");
+                match store.acquire("hot", s.session_id, LONG_MS, 0).await.expect("acquire") {
+                    Ok(g) => {
+                        let now_holding = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                        most_holders.fetch_max(now_holding, Ordering::SeqCst);
+                        let mut token = g.fencing_token;
+                        let mut mine = vec![token];
+                        for _ in 0..ROTATES_PER_TENURE {
+                            let r = store.rotate("hot", s.session_id, token, LONG_MS, 0).await.expect("rotate");
+                            let r = r.unwrap_or_else(|e| panic!("rotator-{i} could not rotate its own grant: {e:?}"));
+                            assert!(r.fencing_token > token);
+                            token = r.fencing_token;
+                            mine.push(token);
+                        }
+                        issued.lock().expect("issued").push(mine);
+                        holders.fetch_sub(1, Ordering::SeqCst);
+                        assert_eq!(store.release("hot", token).await.expect("release"), Ok(()));
+                        tenures += 1;
+                    }
+                    Err(AcquireRefusal::Contended { .. }) => dlock_rt::sleep(Duration::from_millis(1)).await,
+                    Err(other) => panic!("rotator-{i}: unexpected refusal {other:?}"),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("rotator task");
+    }
+    assert_eq!(most_holders.load(Ordering::SeqCst), 1, "two tasks held the key at once");
+    // Each tenure's tokens form one run, and runs do not interleave: sorted by their first
+    // token, every run ends below the next one's start.
+    let mut runs = issued.lock().expect("issued").clone();
+    assert_eq!(runs.len(), TASKS * TENURES_EACH);
+    runs.sort();
+    for w in runs.windows(2) {
+        assert!(w[0].last() < w[1].first(), "tenures interleaved: {:?} then {:?}", w[0], w[1]);
+    }
+    assert_eq!(info(&store, "hot").await, Some(KeyInfo { grant: None }));
+}
+
+// ---------------------------------------------------------------------------------------
 // Info (L7).
 // ---------------------------------------------------------------------------------------
 
@@ -1039,6 +1206,11 @@ macro_rules! lock_store_conformance {
                 stale_release_never_frees_the_newer_holders_grant,
                 release_of_a_never_granted_key_is_none,
                 release_of_a_dead_grant_is_refused,
+                rotate_replaces_the_holders_grant_with_a_greater_token_in_one_step,
+                rotate_of_a_wrong_token_another_sessions_or_a_dead_grant_is_lost_and_grants_nothing,
+                rotate_by_an_expired_or_unknown_session_is_a_session_refusal,
+                a_rotated_grant_that_lapses_imposes_the_lock_delay_like_any_grant,
+                racing_rotates_and_acquirers_never_overlap_and_tokens_increase,
                 info_is_none_for_a_never_seen_key_and_shows_only_the_live_grant,
                 revoke_of_a_key_without_a_live_grant_is_not_held,
                 revoke_with_a_stale_expected_token_is_refused_and_leaves_the_grant,
