@@ -117,6 +117,20 @@ pub fn post_of(payout_id: Uuid, token: i64, submission_id: Uuid, reference: &str
     }
 }
 
+/// The committed claim of a payout of `new_payout`'s terms on account `acct` (the answer
+/// carries the payout's terms, C3-extensions C-30).
+fn claimed_outcome(account_fence: i64, attempt_count: i32, reclaimed: bool, amount_minor: i64) -> ClaimOutcome {
+    ClaimOutcome::Claimed {
+        account_id: "acct".into(),
+        account_fence,
+        attempt_count,
+        reclaimed,
+        amount_minor,
+        currency: EUR.into(),
+        beneficiary_ref: "ben-1".into(),
+    }
+}
+
 fn committed<T: Debug>(r: Idempotent<T>) -> T {
     match r {
         Idempotent::Executed { outcome, stored: Some(stored) } => {
@@ -478,7 +492,7 @@ pub async fn claim_moves_pending_to_claimed_and_raises_the_fence_to_the_token(db
     let i = idem(Operation::Claim, &p.to_string(), "k-claim", 7, &fingerprint(), at(50));
     let r = db.pay.claim(&c, &i, &render).await.expect("claim");
     let outcome =
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 7, attempt_count: 0, reclaimed: false };
+        claimed_outcome(7, 0, false, 300);
     assert_eq!(r, Idempotent::Executed { stored: Some(render(&outcome)), outcome });
     let v = db.view(p).await;
     assert_eq!(v.state, PayoutState::Claimed);
@@ -517,7 +531,7 @@ pub async fn reclaim_by_a_newer_token_keeps_claimed_and_raises_the_fence(db: Pay
     let outcome = committed(db.pay.claim(&c, &i, &render).await.expect("claim"));
     assert_eq!(
         outcome,
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 5, attempt_count: 0, reclaimed: true }
+        claimed_outcome(5, 0, true, 400)
     );
     let v = db.view(p).await;
     assert_eq!(
@@ -532,7 +546,7 @@ pub async fn reclaim_by_a_newer_token_keeps_claimed_and_raises_the_fence(db: Pay
     let outcome = committed(db.claim(p, 7, PayoutState::Claimed, at(40)).await);
     assert_eq!(
         outcome,
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 7, attempt_count: 1, reclaimed: true }
+        claimed_outcome(7, 1, true, 400)
     );
     assert_eq!(db.acct("acct").await.fence, 7);
 }
@@ -604,7 +618,7 @@ pub async fn claim_that_would_overdraw_fails_the_payout_and_raises_the_fence(db:
     let outcome = committed(db.claim(p3, 3, PayoutState::Pending, at(30)).await);
     assert_eq!(
         outcome,
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 3, attempt_count: 0, reclaimed: false }
+        claimed_outcome(3, 0, false, 100)
     );
     assert_eq!(db.acct("acct").await.reserved_minor, 500);
 }
@@ -987,7 +1001,7 @@ pub async fn proxy_transitions_and_claims_share_one_payout_state_machine(db: Pay
     db.rail.resolve(s1, &Resolution::Unsent { detail: "refused".into() }, at(6)).await.expect("resolve");
     assert_eq!(
         committed(db.claim(p, 3, PayoutState::Claimed, at(7)).await),
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 3, attempt_count: 1, reclaimed: true }
+        claimed_outcome(3, 1, true, 300)
     );
     let s2 = db.submit(p, 3, Some(Resolution::Acked { rail_reference: "RR-3".into() }), at(8)).await;
     assert_eq!(
@@ -1212,7 +1226,7 @@ pub async fn concurrent_duplicates_execute_once_and_replay_the_same_bytes(db: Pa
     let (outcome, stored) = &executed[0];
     assert_eq!(
         *outcome,
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 1, attempt_count: 0, reclaimed: false }
+        claimed_outcome(1, 0, false, 300)
     );
     assert!(replayed.iter().all(|r| r == stored), "every replay is byte-identical");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
@@ -1291,7 +1305,7 @@ pub async fn a_newer_token_under_the_same_key_is_a_new_request_judged_by_the_fen
     let (c2, i2) = claim(2, PayoutState::Claimed, 3);
     assert_eq!(
         committed(db.pay.claim(&c2, &i2, &render).await.expect("claim")),
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 2, attempt_count: 0, reclaimed: true }
+        claimed_outcome(2, 0, true, 300)
     );
     assert_eq!(db.records().await, 5);
     // The older identity still replays its own answer.
