@@ -655,7 +655,9 @@ mod tests {
     #[test]
     fn statements_carry_no_stray_dollar_signs() {
         // The SQLite spelling rewrites every `$`; only placeholders may use one.
-        for sql in [ACCOUNT_COLUMNS, PAYOUT_COLUMNS, PAYOUT_COLUMNS_P, LEDGER_COLUMNS, RESOLUTION_COLUMNS, UNSETTLED_SQL] {
+        for sql in
+            [ACCOUNT_COLUMNS, PAYOUT_COLUMNS, PAYOUT_COLUMNS_P, LEDGER_COLUMNS, RESOLUTION_COLUMNS, UNSETTLED_SQL]
+        {
             assert!(!sql.contains('$'), "{sql}");
         }
     }

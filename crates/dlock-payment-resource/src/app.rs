@@ -490,23 +490,29 @@ async fn create_payout(
 /// `INSUFFICIENT_FUNDS` envelope (under the first request's trace id).
 pub fn render_claim(o: &ClaimOutcome, payout_id: Uuid, token: i64, key: &str, trace_id: &str) -> StoredResponse {
     match o {
-        ClaimOutcome::Claimed { account_id, account_fence, attempt_count, amount_minor, currency, beneficiary_ref, .. } => {
-            recorded(
-                200,
-                &ClaimAck {
-                    payout_id,
-                    state: PayoutState::Claimed,
-                    claim_token: token,
-                    account_fence: *account_fence,
-                    attempt_count: *attempt_count,
-                    idempotency_key: key.to_owned(),
-                    account_id: Some(account_id.clone()),
-                    amount_minor: Some(*amount_minor),
-                    currency: Some(currency.clone()),
-                    beneficiary_ref: Some(beneficiary_ref.clone()),
-                },
-            )
-        }
+        ClaimOutcome::Claimed {
+            account_id,
+            account_fence,
+            attempt_count,
+            amount_minor,
+            currency,
+            beneficiary_ref,
+            ..
+        } => recorded(
+            200,
+            &ClaimAck {
+                payout_id,
+                state: PayoutState::Claimed,
+                claim_token: token,
+                account_fence: *account_fence,
+                attempt_count: *attempt_count,
+                idempotency_key: key.to_owned(),
+                account_id: Some(account_id.clone()),
+                amount_minor: Some(*amount_minor),
+                currency: Some(currency.clone()),
+                beneficiary_ref: Some(beneficiary_ref.clone()),
+            },
+        ),
         ClaimOutcome::InsufficientFunds { account_id, amount_minor, available_minor } => {
             let message = "the account's available balance does not cover this payout; it is FAILED and will never \
                            reach the rail";

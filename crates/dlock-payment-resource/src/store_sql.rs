@@ -1050,10 +1050,8 @@ mod tests {
                 .fetch_all(&mut *tx)
                 .await
                 .expect("read");
-        let expected: Vec<(String, String, i64)> = entries
-            .iter()
-            .map(|e| (e.entry_id.to_string(), e.direction.as_str().to_owned(), e.amount_minor))
-            .collect();
+        let expected: Vec<(String, String, i64)> =
+            entries.iter().map(|e| (e.entry_id.to_string(), e.direction.as_str().to_owned(), e.amount_minor)).collect();
         assert_eq!(rows, expected);
         tx.rollback().await.expect("rollback");
     }

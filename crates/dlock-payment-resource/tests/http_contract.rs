@@ -646,7 +646,8 @@ async fn the_grant_check_reads_only_the_payouts_account_once_per_fenced_write() 
     assert_eq!(post(&r.app, p, 2, submission, "RR-1").await.status, 200);
     let m = send(&r.app, "GET", "/metrics", &[], None).await;
     let text = String::from_utf8(m.bytes).expect("utf8");
-    for series in ["payout_store_op_seconds_count{op=\"payout_account\"} 2", "payout_store_op_seconds_count{op=\"payout\"} 0"]
+    for series in
+        ["payout_store_op_seconds_count{op=\"payout_account\"} 2", "payout_store_op_seconds_count{op=\"payout\"} 0"]
     {
         assert!(text.contains(series), "{series} missing from\n{text}");
     }
