@@ -12,8 +12,9 @@
 //! 2. re-read the payout before acting (FR-14). For a PENDING or CLAIMED candidate the
 //!    fenced claim is the re-read: it is sent with `expectedState` from the scan and answers
 //!    `PAYOUT_NOT_CLAIMABLE` with the current state when the scan was stale (then, for
-//!    CLAIMED or RAIL_ACKED, or no state named, the payout is read, P4, and worked from what
-//!    it says; any other state ends the attempt as not claimable); its
+//!    RAIL_ACKED, the payout is read, P4, and posted; any other state ends the attempt as
+//!    not claimable, and a CLAIMED payout is re-claimed from a later scan: never a second
+//!    claim under one grant and key); its
 //!    answer carries the payout's terms for the submission (C3-extensions C-30), and a
 //!    replayed answer without them falls back to a P4 read. A RAIL_ACKED candidate is read
 //!    (P4) for its acknowledged attempt. The read is only a hint: the fenced write decides;
@@ -508,19 +509,21 @@ impl Executor {
                         Some(self.finish(guard, Outcome::Fenced).await)
                     }
                     Some(ErrorCode::PayoutNotClaimable) if view.is_none() => {
-                        // The scan was stale; the refusal names the state now (FR-14). A state
-                        // this executor works (or none named) is read and worked; any other
-                        // ends the attempt as before.
+                        // The scan was stale; the refusal names the state now (FR-14). Paid
+                        // already (RAIL_ACKED): read it and post. Anything else ends the
+                        // attempt: a second claim under this grant and key would be a second
+                        // request with one identity (a CLAIMED payout is re-claimed from a
+                        // later scan, under a newer grant).
                         let now = refusal
                             .details()
                             .and_then(|d| d.get("state"))
                             .and_then(Value::as_str)
                             .and_then(PayoutState::parse);
                         match now {
-                            None | Some(PayoutState::Claimed | PayoutState::RailAcked) => {
+                            Some(PayoutState::RailAcked) => {
                                 Box::pin(self.reread_and_act(session, guard, owner, payout_id)).await
                             }
-                            Some(_) => Some(self.finish(guard, Outcome::NotClaimable).await),
+                            _ => Some(self.finish(guard, Outcome::NotClaimable).await),
                         }
                     }
                     Some(ErrorCode::PayoutNotClaimable) => Some(self.finish(guard, Outcome::NotClaimable).await),

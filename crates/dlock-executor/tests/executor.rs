@@ -630,15 +630,18 @@ async fn a_stale_scan_state_is_corrected_by_the_claims_refusal() {
     assert_eq!(r.proxy.calls(SUBMISSIONS), 0, "a paid payout is never submitted again");
     assert_eq!(r.payment.bodies(&r.post_path())[0]["railReference"], json!("RR-7"));
 
-    // A refusal naming a state the executor does not work ends the attempt without a read.
-    let r = rig(|_| {}).await;
-    r.payment.on(
-        &r.claim_path(),
-        vec![Reply::Json(409, envelope("PAYOUT_NOT_CLAIMABLE", json!({"payoutId": r.payout, "state": "POSTED"})))],
-    );
-    assert_eq!(r.execute_once().await, Some(Outcome::NotClaimable));
-    assert_eq!(r.payment.calls(&r.view_path()), 0);
-    assert!(r.lock_is_free().await);
+    // Any other state ends the attempt without a read, and a CLAIMED payout is never claimed
+    // a second time under the same grant and key (one identity, one request).
+    for state in ["POSTED", "CLAIMED"] {
+        let r = rig(|_| {}).await;
+        r.payment.on(
+            &r.claim_path(),
+            vec![Reply::Json(409, envelope("PAYOUT_NOT_CLAIMABLE", json!({"payoutId": r.payout, "state": state})))],
+        );
+        assert_eq!(r.execute_once().await, Some(Outcome::NotClaimable), "{state}");
+        assert_eq!((r.payment.calls(&r.claim_path()), r.payment.calls(&r.view_path())), (1, 0), "{state}");
+        assert!(r.lock_is_free().await);
+    }
 }
 
 #[tokio::test]
