@@ -308,6 +308,12 @@ impl PostRequest {
 }
 
 /// `200` body of P2.
+///
+/// Since issue 14 (C3-extensions C-30) the answer also carries the payout's immutable terms
+/// (`accountId`, `amountMinor`, `currency`, `beneficiaryRef`), read by the claim's own
+/// transaction, so a worker can submit without reading the payout again. They are optional
+/// on the wire: a recorded answer from before the change (replayed under its idempotency
+/// key) lacks them, and a client then reads the payout (P4) instead.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimAck {
@@ -318,6 +324,40 @@ pub struct ClaimAck {
     pub account_fence: i64,
     pub attempt_count: i32,
     pub idempotency_key: String,
+    /// The payout's account.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_id: Option<String>,
+    /// The payout's amount, in minor units.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amount_minor: Option<i64>,
+    /// The payout's ISO 4217 currency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+    /// The payout's beneficiary reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beneficiary_ref: Option<String>,
+}
+
+/// The payout terms a [`ClaimAck`] carries (all four, or none of them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimedTerms {
+    pub account_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub beneficiary_ref: String,
+}
+
+impl ClaimAck {
+    /// The payout's terms, when the answer carries all of them (`None` for a recorded answer
+    /// from before they were added, or one missing any).
+    pub fn terms(&self) -> Option<ClaimedTerms> {
+        Some(ClaimedTerms {
+            account_id: self.account_id.clone()?,
+            amount_minor: self.amount_minor?,
+            currency: self.currency.clone()?,
+            beneficiary_ref: self.beneficiary_ref.clone()?,
+        })
+    }
 }
 
 /// One ledger entry in a P3 answer.
@@ -836,6 +876,10 @@ mod tests {
             account_fence: 9_007_199_254_740_993,
             attempt_count: 1,
             idempotency_key: "payout:k".into(),
+            account_id: None,
+            amount_minor: None,
+            currency: None,
+            beneficiary_ref: None,
         };
         let wire = serde_json::to_string(&ack).expect("ser");
         assert_eq!(
@@ -845,6 +889,33 @@ mod tests {
             )
         );
         assert_eq!(serde_json::from_str::<ClaimAck>(&wire).expect("de"), ack);
+        assert_eq!(ack.terms(), None, "an answer recorded before C-30 carries no terms");
+    }
+
+    #[test]
+    fn claim_ack_carries_the_payout_terms_in_camel_case() {
+        let ack = ClaimAck {
+            payout_id: Uuid::parse_str(PAYOUT_ID).expect("uuid"),
+            state: PayoutState::Claimed,
+            claim_token: 3,
+            account_fence: 3,
+            attempt_count: 0,
+            idempotency_key: "payout:k".into(),
+            account_id: Some("acct-1".into()),
+            amount_minor: Some(1250),
+            currency: Some("EUR".into()),
+            beneficiary_ref: Some("ben-1".into()),
+        };
+        let wire = serde_json::to_string(&ack).expect("ser");
+        assert!(
+            wire.ends_with(r#""accountId":"acct-1","amountMinor":1250,"currency":"EUR","beneficiaryRef":"ben-1"}"#),
+            "{wire}"
+        );
+        assert_eq!(serde_json::from_str::<ClaimAck>(&wire).expect("de"), ack);
+        let terms = ack.terms().expect("all four terms");
+        assert_eq!((terms.account_id.as_str(), terms.amount_minor), ("acct-1", 1250));
+        let partial = ClaimAck { currency: None, ..ack };
+        assert_eq!(partial.terms(), None, "a partial set is no set");
     }
 
     #[test]

@@ -9,9 +9,16 @@
 //!    is skipped and revisited on a later scan; an account a sibling task of this executor
 //!    works, or one found busy earlier in the same pass, is skipped without asking the lock
 //!    server;
-//! 2. re-read the payout (FR-14). The read is only a hint: the fenced write decides;
-//! 3. claim (P2) with the grant's token, from the state just read (PENDING, or CLAIMED for
-//!    recovery);
+//! 2. re-read the payout before acting (FR-14). For a PENDING or CLAIMED candidate the
+//!    fenced claim is the re-read: it is sent with `expectedState` from the scan and answers
+//!    `PAYOUT_NOT_CLAIMABLE` with the current state when the scan was stale (then, for
+//!    RAIL_ACKED, the payout is read, P4, and posted; any other state ends the attempt as
+//!    not claimable, and a CLAIMED payout is re-claimed from a later scan: never a second
+//!    claim under one grant and key); its
+//!    answer carries the payout's terms for the submission (C3-extensions C-30), and a
+//!    replayed answer without them falls back to a P4 read. A RAIL_ACKED candidate is read
+//!    (P4) for its acknowledged attempt. The read is only a hint: the fenced write decides;
+//! 3. claim (P2) with the grant's token (PENDING, or CLAIMED for recovery);
 //! 4. submit once to the rail-proxy with the same token. Never retried, whatever happens;
 //! 5. release, acquire a newer grant, and post (P3) with it: each grant passes each fence
 //!    once (C3-extensions C-10, C-12);
@@ -31,7 +38,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock_contract::payment::{ClaimRequest, PayoutBody, PostRequest};
+use dlock_contract::payment::{ClaimRequest, ClaimedTerms, PayoutBody, PostRequest};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::{SubmissionOutcome, SubmissionRequest};
 use dlock_contract::{ErrorCode, IdempotencyKey, OwnerId};
@@ -390,18 +397,34 @@ impl Executor {
             tracing::error!(ownerId = owner, "executor_owner_invalid");
             return Some(self.finish(guard, Outcome::Unavailable).await);
         };
-        // FR-14: re-read before acting. Only a hint; the fenced write decides.
-        let view = match self.metrics.hops.time(&self.clock, Hop::Reread, self.hops.payment.payout(c.payout_id)).await {
+        // FR-14: a PENDING or CLAIMED candidate's re-read is its fenced claim (expected
+        // state from the scan); any other is read first. Only a hint; the fenced write decides.
+        if matches!(c.state, PayoutState::Pending | PayoutState::Claimed) {
+            return Box::pin(self.claim_submit_post(session, guard, &owner_id, c.payout_id, c.state, None)).await;
+        }
+        Box::pin(self.reread_and_act(session, guard, &owner_id, c.payout_id)).await
+    }
+
+    /// Reads the payout (P4) under `guard` and works it from the state read: claim (PENDING,
+    /// CLAIMED), post (RAIL_ACKED), or release and leave it (any other state).
+    async fn reread_and_act(
+        &self,
+        session: &Session,
+        guard: LockGuard,
+        owner: &OwnerId,
+        payout_id: Uuid,
+    ) -> Option<Outcome> {
+        let view = match self.metrics.hops.time(&self.clock, Hop::Reread, self.hops.payment.payout(payout_id)).await {
             Ok(view) => view,
             Err(_) => return Some(self.finish(guard, Outcome::Unavailable).await),
         };
         match view.state {
             s @ (PayoutState::Pending | PayoutState::Claimed) => {
-                Some(Box::pin(self.claim_submit_post(session, guard, &owner_id, &view, s)).await)
+                Box::pin(self.claim_submit_post(session, guard, owner, payout_id, s, Some(&view))).await
             }
             PayoutState::RailAcked => match acked_submission(&view) {
                 Some((submission_id, reference)) => {
-                    Some(Box::pin(self.post(guard, &owner_id, c.payout_id, submission_id, reference)).await)
+                    Some(Box::pin(self.post(guard, owner, payout_id, submission_id, reference)).await)
                 }
                 None => Some(self.finish(guard, Outcome::Unavailable).await),
             },
@@ -456,55 +479,115 @@ impl Executor {
         );
     }
 
+    /// Claims the payout from `state` (`view`: the payout as just read; `None` when the state
+    /// is the scan's and the claim is the re-read), submits it and posts it.
     async fn claim_submit_post(
         &self,
         session: &Session,
         guard: LockGuard,
         owner: &OwnerId,
-        view: &PayoutBody,
+        payout_id: Uuid,
         state: PayoutState,
-    ) -> Outcome {
-        let payout_id = view.payout_id;
+        view: Option<&PayoutBody>,
+    ) -> Option<Outcome> {
         let Some(key) = write_key(payout_id) else {
-            return self.finish(guard, Outcome::Unavailable).await;
+            return Some(self.finish(guard, Outcome::Unavailable).await);
         };
         let token = guard.token();
         if !self.may_write(&guard) {
-            return self.finish(guard, Outcome::LeaseLost).await;
+            return Some(self.finish(guard, Outcome::LeaseLost).await);
         }
         self.maybe_stall("claim", owner.as_str()).await;
         let request = ClaimRequest { expected_state: state };
         let claim = self.hops.payment.claim(payout_id, guard.signed_token(), owner, &key, &request);
-        let claimed = self.metrics.hops.time(&self.clock, Hop::Claim, claim).await;
-        if let Err(refusal) = claimed {
-            return match refusal.code() {
-                Some(ErrorCode::FencedOut) => {
-                    self.fenced("claim", owner, token.get(), refusal.details());
-                    self.finish(guard, Outcome::Fenced).await
-                }
-                Some(ErrorCode::PayoutNotClaimable) => self.finish(guard, Outcome::NotClaimable).await,
-                Some(ErrorCode::InsufficientFunds) => self.finish(guard, Outcome::Failed).await,
-                _ => {
-                    tracing::warn!(payoutId = %payout_id, answer = %refusal, "executor_claim_undecided");
-                    self.finish(guard, Outcome::Unavailable).await
-                }
-            };
-        }
+        let ack = match self.metrics.hops.time(&self.clock, Hop::Claim, claim).await {
+            Ok(ack) => ack,
+            Err(refusal) => {
+                return match refusal.code() {
+                    Some(ErrorCode::FencedOut) => {
+                        self.fenced("claim", owner, token.get(), refusal.details());
+                        Some(self.finish(guard, Outcome::Fenced).await)
+                    }
+                    Some(ErrorCode::PayoutNotClaimable) if view.is_none() => {
+                        // The scan was stale; the refusal names the state now (FR-14). Paid
+                        // already (RAIL_ACKED): read it and post. Anything else ends the
+                        // attempt: a second claim under this grant and key would be a second
+                        // request with one identity (a CLAIMED payout is re-claimed from a
+                        // later scan, under a newer grant).
+                        let now = refusal
+                            .details()
+                            .and_then(|d| d.get("state"))
+                            .and_then(Value::as_str)
+                            .and_then(PayoutState::parse);
+                        match now {
+                            Some(PayoutState::RailAcked) => {
+                                Box::pin(self.reread_and_act(session, guard, owner, payout_id)).await
+                            }
+                            _ => Some(self.finish(guard, Outcome::NotClaimable).await),
+                        }
+                    }
+                    Some(ErrorCode::PayoutNotClaimable) => Some(self.finish(guard, Outcome::NotClaimable).await),
+                    Some(ErrorCode::InsufficientFunds) => Some(self.finish(guard, Outcome::Failed).await),
+                    _ => {
+                        tracing::warn!(payoutId = %payout_id, answer = %refusal, "executor_claim_undecided");
+                        Some(self.finish(guard, Outcome::Unavailable).await)
+                    }
+                };
+            }
+        };
         if state == PayoutState::Claimed {
             // CLAIMED -> CLAIMED under this newer grant: an earlier holder left it (recovery).
             dlock_rt::probe::hit(dlock_rt::probe::Probe::RecoveryReclaim);
         }
+        // What the submission carries: the read's, the claim answer's (C-30), or, for a
+        // replayed answer recorded without them, a read now.
+        let terms = match (view, ack.terms()) {
+            (Some(v), _) => ClaimedTerms {
+                account_id: v.account_id.clone(),
+                amount_minor: v.amount_minor,
+                currency: v.currency.clone(),
+                beneficiary_ref: v.beneficiary_ref.clone(),
+            },
+            (None, Some(terms)) => terms,
+            (None, None) => {
+                match self.metrics.hops.time(&self.clock, Hop::Reread, self.hops.payment.payout(payout_id)).await {
+                    Ok(v) => ClaimedTerms {
+                        account_id: v.account_id,
+                        amount_minor: v.amount_minor,
+                        currency: v.currency,
+                        beneficiary_ref: v.beneficiary_ref,
+                    },
+                    // The payout stays CLAIMED; a later scan re-claims it.
+                    Err(_) => return Some(self.finish(guard, Outcome::Unavailable).await),
+                }
+            }
+        };
+        Some(Box::pin(self.submit_post(session, guard, owner, payout_id, terms)).await)
+    }
 
+    /// Submits the claimed payout once (with its `terms`) and posts it under a newer grant.
+    async fn submit_post(
+        &self,
+        session: &Session,
+        guard: LockGuard,
+        owner: &OwnerId,
+        payout_id: Uuid,
+        terms: ClaimedTerms,
+    ) -> Outcome {
+        let Some(key) = write_key(payout_id) else {
+            return self.finish(guard, Outcome::Unavailable).await;
+        };
+        let token = guard.token();
         if !self.may_write(&guard) {
             // The payout stays CLAIMED; a newer holder re-claims it.
             return self.finish(guard, Outcome::LeaseLost).await;
         }
         let body = SubmissionRequest {
             payout_id,
-            account_id: view.account_id.clone(),
-            amount_minor: view.amount_minor,
-            currency: view.currency.clone(),
-            beneficiary_ref: view.beneficiary_ref.clone(),
+            account_id: terms.account_id,
+            amount_minor: terms.amount_minor,
+            currency: terms.currency,
+            beneficiary_ref: terms.beneficiary_ref,
         };
         self.maybe_stall("submit", owner.as_str()).await;
         let submit = self.hops.rail.submit(guard.signed_token(), owner, &key, &body);

@@ -267,9 +267,12 @@ async fn every_hop_the_rail_call_the_store_calls_and_each_payout_end_to_end_are_
     assert!(states.values().all(|s| s.is_terminal()), "{states:?}");
     let text = ex.metrics.render();
     let hop = |h: &str| sample(&text, &format!("payout_hop_seconds_count{{hop=\"{h}\"}}"));
-    for h in ["acquire", "reread", "claim", "release"] {
+    for h in ["acquire", "claim", "release"] {
         assert!(hop(h) >= 2.0, "{h}: {text}");
     }
+    // FR-14: a PENDING candidate's fenced claim is its re-read, and the claim's answer
+    // carries the payout's terms (C3-extensions C-30): no P4 read.
+    assert_eq!(hop("reread"), 0.0, "{text}");
     // The unfunded payout never reaches the rail: one submit, one post.
     assert_eq!((hop("submit"), hop("post")), (1.0, 1.0), "{text}");
     assert!(hop("acquire") >= 3.0, "the post needs a newer grant (a rotate, timed as an acquire): {text}");
@@ -319,6 +322,8 @@ async fn a_payout_the_rail_declines_fails_after_exactly_one_call() {
 struct Fake {
     script: Arc<Mutex<BTreeMap<String, Vec<Reply>>>>,
     calls: Arc<Mutex<Vec<String>>>,
+    /// The JSON body of each call, by path (`Null` when it had none).
+    bodies: Arc<Mutex<Vec<(String, Value)>>>,
 }
 
 #[derive(Clone)]
@@ -338,11 +343,18 @@ impl Fake {
     fn calls(&self, path: &str) -> usize {
         self.calls.lock().expect("lock").iter().filter(|p| p.as_str() == path).count()
     }
+
+    /// The JSON bodies sent to `path`, in order.
+    fn bodies(&self, path: &str) -> Vec<Value> {
+        self.bodies.lock().expect("lock").iter().filter(|(p, _)| p == path).map(|(_, b)| b.clone()).collect()
+    }
 }
 
-async fn fake_answer(State(f): State<Fake>, uri: Uri) -> Response {
+async fn fake_answer(State(f): State<Fake>, uri: Uri, body: axum::body::Bytes) -> Response {
     let path = uri.path().to_owned();
     f.calls.lock().expect("lock").push(path.clone());
+    let sent = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    f.bodies.lock().expect("lock").push((path.clone(), sent));
     let reply = {
         let mut script = f.script.lock().expect("lock");
         match script.get_mut(&path) {
@@ -418,12 +430,17 @@ impl Rig {
     /// One critical section for the rig's payout by the executor's task `index`, in a
     /// session of its own.
     async fn execute_as(&self, index: usize) -> Option<Outcome> {
+        self.execute_candidate(index, PayoutState::Pending).await
+    }
+
+    /// One critical section for the rig's payout, found by a scan in `state`.
+    async fn execute_candidate(&self, index: usize, state: PayoutState) -> Option<Outcome> {
         let client = self.executor.lock_client(index).expect("client");
         let session = client.open_session().await.expect("session");
         let c = dlock_executor::worker::Candidate {
             payout_id: self.payout,
             account_id: "acct-1".into(),
-            state: PayoutState::Pending,
+            state,
             created_at: None,
         };
         let outcome = self.executor.execute(&session, &format!("executor-1/{index}"), &c).await;
@@ -437,6 +454,10 @@ impl Rig {
 
     fn post_path(&self) -> String {
         format!("/v1/payouts/{}/post", self.payout)
+    }
+
+    fn view_path(&self) -> String {
+        format!("/v1/payouts/{}", self.payout)
     }
 
     /// Whether the account's lock is free again (the critical section released it).
@@ -468,8 +489,12 @@ async fn acquires(lock: &BaseUrl) -> u64 {
 #[tokio::test]
 async fn a_sibling_task_skips_an_account_its_executor_works_without_asking_the_lock_server() {
     let rig = rig(|_| {}).await;
-    // Task 0's re-read is slow, so it holds the account's lock a while.
-    rig.payment.on(&format!("/v1/payouts/{}", rig.payout), vec![Reply::Delayed(1_500, 200, view(rig.payout))]);
+    // Task 0's claim (a PENDING candidate's re-read, FR-14) is slow, so it holds the
+    // account's lock a while.
+    rig.payment.on(
+        &rig.claim_path(),
+        vec![Reply::Delayed(1_500, 409, envelope("PAYOUT_NOT_CLAIMABLE", json!({"state": "POSTED"})))],
+    );
     let sibling = async {
         let held = dlock_rt::wait_until(Duration::from_millis(10), Duration::from_millis(5_000), || async {
             (!rig.lock_is_free().await).then_some(())
@@ -534,6 +559,91 @@ async fn claim_is_retried_once_on_503_and_never_on_a_409() {
     assert_eq!(r.payment.calls(&r.claim_path()), 1, "a 409 is never retried");
     assert_eq!(r.proxy.calls(SUBMISSIONS), 0);
     assert!(r.lock_is_free().await);
+}
+
+/// A P2 `200` body carrying the payout's terms (C3-extensions C-30).
+fn claim_ack_with_terms() -> Value {
+    json!({"payoutId": Uuid::nil(), "state": "CLAIMED", "claimToken": 1, "accountFence": 1, "attemptCount": 0,
+        "idempotencyKey": "payout:k", "accountId": "acct-1", "amountMinor": 250, "currency": "EUR",
+        "beneficiaryRef": "ben-claim"})
+}
+
+#[tokio::test]
+async fn a_pending_candidate_is_claimed_from_the_scan_and_submitted_from_the_claim_answer_without_a_read() {
+    let r = rig(|_| {}).await;
+    r.payment.on(&r.claim_path(), vec![Reply::Json(200, claim_ack_with_terms())]);
+    r.proxy.on(SUBMISSIONS, vec![acked()]);
+    r.payment.on(&r.post_path(), vec![posted_ok()]);
+    assert_eq!(r.execute_once().await, Some(Outcome::Posted));
+    assert_eq!(r.payment.calls(&r.view_path()), 0, "the fenced claim is the re-read (FR-14)");
+    assert_eq!(r.payment.bodies(&r.claim_path()), [json!({"expectedState": "PENDING"})]);
+    let sent = r.proxy.bodies(SUBMISSIONS);
+    assert_eq!(sent.len(), 1);
+    // The terms are the claim answer's (the P4 body the rig would serve says 100 and "b").
+    assert_eq!(
+        (&sent[0]["accountId"], &sent[0]["amountMinor"], &sent[0]["currency"], &sent[0]["beneficiaryRef"]),
+        (&json!("acct-1"), &json!(250), &json!("EUR"), &json!("ben-claim"))
+    );
+    assert!(r.lock_is_free().await);
+}
+
+#[tokio::test]
+async fn a_claimed_candidate_is_reclaimed_from_the_scan_state() {
+    let r = rig(|_| {}).await;
+    r.payment.on(&r.claim_path(), vec![Reply::Json(200, claim_ack_with_terms())]);
+    r.proxy.on(SUBMISSIONS, vec![acked()]);
+    r.payment.on(&r.post_path(), vec![posted_ok()]);
+    assert_eq!(r.execute_candidate(0, PayoutState::Claimed).await, Some(Outcome::Posted));
+    assert_eq!(r.payment.bodies(&r.claim_path()), [json!({"expectedState": "CLAIMED"})]);
+    assert_eq!(r.payment.calls(&r.view_path()), 0);
+}
+
+#[tokio::test]
+async fn a_replayed_claim_answer_without_the_terms_falls_back_to_one_read() {
+    let r = rig(|_| {}).await;
+    // An answer recorded before C-30 (no accountId, amountMinor, currency, beneficiaryRef).
+    r.payment.on(&r.claim_path(), vec![claimed_ok()]);
+    r.proxy.on(SUBMISSIONS, vec![acked()]);
+    r.payment.on(&r.post_path(), vec![posted_ok()]);
+    assert_eq!(r.execute_once().await, Some(Outcome::Posted));
+    assert_eq!(r.payment.calls(&r.view_path()), 1, "one P4 read supplies the terms");
+    let sent = r.proxy.bodies(SUBMISSIONS);
+    assert_eq!((&sent[0]["amountMinor"], &sent[0]["beneficiaryRef"]), (&json!(100), &json!("b")), "the read's terms");
+}
+
+#[tokio::test]
+async fn a_stale_scan_state_is_corrected_by_the_claims_refusal() {
+    // The scan said PENDING; another executor already claimed and paid it: the refusal names
+    // RAIL_ACKED, the payout is read, and its acknowledged attempt is posted.
+    let r = rig(|_| {}).await;
+    r.payment.on(
+        &r.claim_path(),
+        vec![Reply::Json(409, envelope("PAYOUT_NOT_CLAIMABLE", json!({"payoutId": r.payout, "state": "RAIL_ACKED"})))],
+    );
+    let mut acked_view = view(r.payout);
+    acked_view["state"] = json!("RAIL_ACKED");
+    acked_view["attemptCount"] = json!(1);
+    acked_view["submissions"] = json!([{"submissionId": Uuid::from_u128(7), "presentedToken": 1, "outcome": "ACKED",
+        "railReference": "RR-7", "submittedAt": "2025-11-30T11:05:30.123Z", "resolvedAt": "2025-11-30T11:05:31.000Z"}]);
+    r.payment.on(&r.view_path(), vec![Reply::Json(200, acked_view)]);
+    r.payment.on(&r.post_path(), vec![posted_ok()]);
+    assert_eq!(r.execute_once().await, Some(Outcome::Posted));
+    assert_eq!((r.payment.calls(&r.claim_path()), r.payment.calls(&r.view_path())), (1, 1));
+    assert_eq!(r.proxy.calls(SUBMISSIONS), 0, "a paid payout is never submitted again");
+    assert_eq!(r.payment.bodies(&r.post_path())[0]["railReference"], json!("RR-7"));
+
+    // Any other state ends the attempt without a read, and a CLAIMED payout is never claimed
+    // a second time under the same grant and key (one identity, one request).
+    for state in ["POSTED", "CLAIMED"] {
+        let r = rig(|_| {}).await;
+        r.payment.on(
+            &r.claim_path(),
+            vec![Reply::Json(409, envelope("PAYOUT_NOT_CLAIMABLE", json!({"payoutId": r.payout, "state": state})))],
+        );
+        assert_eq!(r.execute_once().await, Some(Outcome::NotClaimable), "{state}");
+        assert_eq!((r.payment.calls(&r.claim_path()), r.payment.calls(&r.view_path())), (1, 0), "{state}");
+        assert!(r.lock_is_free().await);
+    }
 }
 
 #[tokio::test]
@@ -615,18 +725,19 @@ async fn a_lease_that_lapses_during_the_claim_stops_the_submission() {
 
 #[tokio::test]
 async fn an_advisory_read_is_tried_twice_and_a_failed_one_writes_nothing() {
+    // A RAIL_ACKED candidate is read before anything is written (the read finds it PENDING).
     let r = rig(|_| {}).await;
     let view_path = format!("/v1/payouts/{}", r.payout);
     r.payment
         .on(&view_path, vec![Reply::Json(503, envelope("NOT_READY", json!({}))), Reply::Json(200, view(r.payout))]);
     r.payment.on(&r.claim_path(), vec![Reply::Json(409, envelope("PAYOUT_NOT_CLAIMABLE", json!({})))]);
-    assert_eq!(r.execute_once().await, Some(Outcome::NotClaimable));
+    assert_eq!(r.execute_candidate(0, PayoutState::RailAcked).await, Some(Outcome::NotClaimable));
     assert_eq!(r.payment.calls(&view_path), 2, "the re-read is retried once");
 
     let r = rig(|_| {}).await;
     let view_path = format!("/v1/payouts/{}", r.payout);
     r.payment.on(&view_path, vec![Reply::Json(503, envelope("NOT_READY", json!({})))]);
-    assert_eq!(r.execute_once().await, Some(Outcome::Unavailable));
+    assert_eq!(r.execute_candidate(0, PayoutState::RailAcked).await, Some(Outcome::Unavailable));
     assert_eq!(r.payment.calls(&view_path), 2, "two tries, then give up");
     assert_eq!(r.payment.calls(&r.claim_path()), 0, "a failed advisory read never leads to a write");
     assert!(r.lock_is_free().await);

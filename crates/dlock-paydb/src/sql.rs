@@ -12,8 +12,10 @@
 //!   the operator's resolution). The SQL is written once, with `$n` placeholders; SQLite
 //!   gets `?n`, its numbered form, and [`paydb_sql!`] stamps the one body out per backend.
 //!
-//! Invariant: every statement here is exactly the one the services ran before it moved;
-//! each service's conformance suite proves the stores over them.
+//! Invariant: every statement here reads or writes exactly the rows the services' earlier
+//! statements did (issue 14 folded some of them: P4's payout and submissions are one joined
+//! read, a posting's two entries are one multi-row INSERT); each service's conformance
+//! suite proves the stores over them.
 
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::SubmissionOutcome;
@@ -63,6 +65,11 @@ pub const ACCOUNT_COLUMNS: &str = concat!(
 pub const PAYOUT_COLUMNS: &str =
     "payout_id, account_id, amount_minor, currency, beneficiary_ref, state, attempt_count, \
                                   claim_token, claimed_by, claimed_at, created_at, updated_at";
+
+/// Every `payouts` column, qualified by the alias `p` (for reads that join).
+pub const PAYOUT_COLUMNS_P: &str =
+    "p.payout_id, p.account_id, p.amount_minor, p.currency, p.beneficiary_ref, p.state, p.attempt_count, \
+     p.claim_token, p.claimed_by, p.claimed_at, p.created_at, p.updated_at";
 
 /// Every `ledger_entries` column.
 pub const LEDGER_COLUMNS: &str =
@@ -202,6 +209,47 @@ macro_rules! paydb_sql {
                     .map_err(db_error)
             }
 
+            /// Inserts `entries` (a posting's balanced pair) in one multi-row INSERT: one statement
+            /// instead of one per entry. The rows and their checks are [`insert_entry`]'s.
+            pub async fn insert_entries(tx: &mut sqlx::Transaction<'static, $db>, entries: &[LedgerEntry]) -> Result<(), StoreError> {
+                if entries.is_empty() {
+                    return Ok(());
+                }
+                let rows: Vec<String> = (0..entries.len())
+                    .map(|k| {
+                        let b = k * 9;
+                        format!(
+                            "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${})",
+                            b + 1, b + 2, b + 3, b + 4, b + 5, b + 6, b + 7, b + 8, b + 9
+                        )
+                    })
+                    .collect();
+                let q = format!(
+                    "INSERT INTO ledger_entries (entry_id, posting_id, payout_id, account_id, direction, amount_minor, \
+                     currency, fence, created_at) VALUES {}",
+                    rows.join(", ")
+                );
+                let q = sql(&q);
+                let mut query = sqlx::query(&q);
+                for e in entries {
+                    query = query
+                        .bind(e.entry_id.to_string())
+                        .bind(e.posting_id.to_string())
+                        .bind(e.payout_id.map(|p| p.to_string()))
+                        .bind(e.account_id.clone())
+                        .bind(e.direction.as_str())
+                        .bind(e.amount_minor)
+                        .bind(e.currency.clone())
+                        .bind(e.fence)
+                        .bind(e.created_at);
+                }
+                let written = query.execute(&mut **tx).await.map_err(db_error)?.rows_affected();
+                if written != entries.len() as u64 {
+                    return Err(StoreError::Corrupt(format!("ledger: {written} entries written, not {}", entries.len())));
+                }
+                Ok(())
+            }
+
             /// Upserts the system accounts of `currency` (no balance, no fence).
             pub async fn upsert_system_accounts(
                 tx: &mut sqlx::Transaction<'static, $db>,
@@ -276,9 +324,7 @@ macro_rules! paydb_sql {
                     let currency: String = get!(moved, "currency");
                     let settlement = settlement_account(&currency);
                     upsert_system_accounts(tx, &[(settlement, AccountKind::Settlement)], &currency, at).await?;
-                    for e in &r.entries(&account_id, amount, &currency, at) {
-                        insert_entry(tx, e).await?;
-                    }
+                    insert_entries(tx, &r.entries(&account_id, amount, &currency, at)).await?;
                     let expected = crate::ledger::balance_after_debit(balance_minor, amount)
                         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
                     let q = sql(
@@ -387,39 +433,44 @@ macro_rules! paydb_sql {
                 rows.iter().map(resolution_row).collect()
             }
 
+            /// P4: the payout and its rail submissions in one statement (the payout LEFT JOIN its
+            /// `rail_submission` rows, in `seq` order; a payout without submissions is one row
+            /// whose submission columns are NULL).
             pub async fn payout(pool: &sqlx::Pool<$db>, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError> {
-                let q = format!("SELECT {PAYOUT_COLUMNS} FROM payouts WHERE payout_id = $1");
-                let q = sql(&q);
-                let row = sqlx::query(&q)
-                    .bind(payout_id.to_string())
-                    .fetch_optional(pool)
-                    .await
-                    .map_err(db_error)?;
-                let Some(r) = row else {
-                    return Ok(None);
-                };
-                let q = sql(
-                    "SELECT submission_id, presented_token, outcome, rail_reference, submitted_at, resolved_at \
-                     FROM rail_submission WHERE payout_id = $1 ORDER BY seq",
+                let q = format!(
+                    "SELECT {PAYOUT_COLUMNS_P}, s.submission_id AS s_submission_id, s.presented_token AS s_presented_token, \
+                     s.outcome AS s_outcome, s.rail_reference AS s_rail_reference, s.submitted_at AS s_submitted_at, \
+                     s.resolved_at AS s_resolved_at FROM payouts p LEFT JOIN rail_submission s ON s.payout_id = p.payout_id \
+                     WHERE p.payout_id = $1 ORDER BY s.seq"
                 );
-                let attempts = sqlx::query(&q)
+                let q = sql(&q);
+                let rows = sqlx::query(&q)
                     .bind(payout_id.to_string())
                     .fetch_all(pool)
                     .await
                     .map_err(db_error)?;
-                let submissions = attempts
-                    .iter()
-                    .map(|s| {
-                        Ok(SubmissionSummary {
-                            submission_id: parse_uuid(&get!(s, "submission_id", String))?,
-                            presented_token: get!(s, "presented_token"),
-                            outcome: parse_outcome(get!(s, "outcome"))?,
-                            rail_reference: get!(s, "rail_reference"),
-                            submitted_at: get!(s, "submitted_at"),
-                            resolved_at: get!(s, "resolved_at"),
-                        })
-                    })
-                    .collect::<Result<Vec<_>, StoreError>>()?;
+                let Some(r) = rows.first() else {
+                    return Ok(None);
+                };
+                let mut submissions = Vec::with_capacity(rows.len());
+                for s in &rows {
+                    let Some(submission_id) = get!(s, "s_submission_id", Option<String>) else {
+                        continue;
+                    };
+                    let presented_token: Option<i64> = get!(s, "s_presented_token");
+                    let submitted_at: Option<DateTime<Utc>> = get!(s, "s_submitted_at");
+                    let (Some(presented_token), Some(submitted_at)) = (presented_token, submitted_at) else {
+                        return Err(StoreError::Corrupt(format!("rail_submission {submission_id}: NOT NULL columns read as NULL")));
+                    };
+                    submissions.push(SubmissionSummary {
+                        submission_id: parse_uuid(&submission_id)?,
+                        presented_token,
+                        outcome: parse_outcome(get!(s, "s_outcome"))?,
+                        rail_reference: get!(s, "s_rail_reference"),
+                        submitted_at,
+                        resolved_at: get!(s, "s_resolved_at"),
+                    });
+                }
                 Ok(Some(PayoutView {
                     payout_id: parse_uuid(&get!(r, "payout_id", String))?,
                     account_id: get!(r, "account_id"),
@@ -435,6 +486,19 @@ macro_rules! paydb_sql {
                     updated_at: get!(r, "updated_at"),
                     submissions,
                 }))
+            }
+
+            /// The payout's account, one single-column read (the grant check of a fenced write
+            /// needs nothing else; `accounts.account_id` of a payout never changes).
+            pub async fn payout_account(pool: &sqlx::Pool<$db>, payout_id: Uuid) -> Result<Option<String>, StoreError> {
+                let q = sql("SELECT account_id FROM payouts WHERE payout_id = $1");
+                sqlx::query(&q)
+                    .bind(payout_id.to_string())
+                    .fetch_optional(pool)
+                    .await
+                    .map_err(db_error)?
+                    .map(|r| r.try_get("account_id").map_err(db_error))
+                    .transpose()
             }
 
             pub async fn account(pool: &sqlx::Pool<$db>, account_id: &str) -> Result<Option<AccountView>, StoreError> {
@@ -591,7 +655,9 @@ mod tests {
     #[test]
     fn statements_carry_no_stray_dollar_signs() {
         // The SQLite spelling rewrites every `$`; only placeholders may use one.
-        for sql in [ACCOUNT_COLUMNS, PAYOUT_COLUMNS, LEDGER_COLUMNS, RESOLUTION_COLUMNS, UNSETTLED_SQL] {
+        for sql in
+            [ACCOUNT_COLUMNS, PAYOUT_COLUMNS, PAYOUT_COLUMNS_P, LEDGER_COLUMNS, RESOLUTION_COLUMNS, UNSETTLED_SQL]
+        {
             assert!(!sql.contains('$'), "{sql}");
         }
     }

@@ -40,6 +40,10 @@ fn claim_ack() -> ClaimAck {
         account_fence: 7,
         attempt_count: 1,
         idempotency_key: format!("payout:{PAYOUT}"),
+        account_id: Some("acct-1".into()),
+        amount_minor: Some(1250),
+        currency: Some("EUR".into()),
+        beneficiary_ref: Some("ben-1".into()),
     }
 }
 

@@ -18,6 +18,10 @@
 //!    (untimed: the proxy has its own bench);
 //! 3. posts, RAIL_ACKED→POSTED with newer tokens `m+1..=2m` (timed).
 //!
+//! Each timed claim and post starts with the grant check's store read (the handler's
+//! `verify_grant` reads the payout's account before the transaction), so the cost of that
+//! read is in the rates.
+//!
 //! The baseline runs on the same pool: one row per account and `UPDATE bench_fence SET fence
 //! = $1 WHERE id = $2 AND fence < $1`, one autocommitted statement per operation, the same
 //! number of operations (2N) per account split and concurrency. A claim or a post is one
@@ -379,8 +383,18 @@ mod bench {
         format!("payout:{payout_id}")
     }
 
-    /// P2 as the handler runs it: identity, fingerprint, render closure, one store call.
+    /// The grant check's store read (`app.rs` `verify_grant`): the payout's account, which the
+    /// grant's signature covers (one single-column read since `docs/performance.md` §8.2; the
+    /// payout and all its submissions before). Timed with the claim and the post it precedes.
+    async fn grant_read(store: &dyn PaymentStore, it: &Item, w: usize) {
+        let account = store.payout_account(it.payout_id).await.expect("grant read").expect("payout exists");
+        assert_eq!(account, account_id(w), "the grant check reads the payout's account");
+    }
+
+    /// P2 as the handler runs it: the grant check's read, identity, fingerprint, render
+    /// closure, one store call.
     async fn claim(store: &dyn PaymentStore, w: usize, it: &Item) {
+        grant_read(store, it, w).await;
         let owner = owner(w);
         let key = payout_key(it.payout_id);
         let target = it.payout_id.to_string();
@@ -421,6 +435,7 @@ mod bench {
 
     /// P3 as the handler runs it, with a token newer than every claim of the account.
     async fn post(store: &dyn PaymentStore, w: usize, it: &Item) {
+        grant_read(store, it, w).await;
         let owner = owner(w);
         let key = payout_key(it.payout_id);
         let target = it.payout_id.to_string();

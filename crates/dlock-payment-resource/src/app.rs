@@ -90,8 +90,10 @@ fn store_error(e: StoreError) -> ApiError {
 /// (`payout:{accountId}` of the payout as stored, the token, the request's owner). A
 /// refusal is 400 `INVALID_TOKEN` and writes nothing (no row, no fence, no idempotency
 /// record). The payout's account never changes once created, so reading it here, outside
-/// the write's transaction, cannot race. An unknown payout passes to the store, whose
-/// transaction answers 404 and writes nothing either.
+/// the write's transaction, cannot race; the read is the one column
+/// ([`crate::store::PaymentStore::payout_account`]), not the payout and its submissions. An
+/// unknown payout passes to the store, whose transaction answers 404 and writes nothing
+/// either.
 async fn verify_grant(
     pr: &PaymentResource,
     payout_id: Uuid,
@@ -99,12 +101,12 @@ async fn verify_grant(
     token: i64,
     owner: &str,
 ) -> Result<(), ApiError> {
-    let Some(payout) = pr.store.payout(payout_id).await.map_err(store_error)? else { return Ok(()) };
-    let lock_key = dlock_contract::grant::payout_lock_key(&payout.account_id);
+    let Some(account_id) = pr.store.payout_account(payout_id).await.map_err(store_error)? else { return Ok(()) };
+    let lock_key = dlock_contract::grant::payout_lock_key(&account_id);
     match pr.cfg.grants.verify(signature, &lock_key, token, Some(owner)) {
         Ok(_) => Ok(()),
         Err(e) => {
-            tracing::warn!(payoutId = %payout_id, accountId = %payout.account_id, presentedToken = token,
+            tracing::warn!(payoutId = %payout_id, accountId = %account_id, presentedToken = token,
                 ownerId = owner, cause = %e, "grant_signature_refused");
             Err(dlock_http::grant_refused(e))
         }
@@ -488,7 +490,15 @@ async fn create_payout(
 /// `INSUFFICIENT_FUNDS` envelope (under the first request's trace id).
 pub fn render_claim(o: &ClaimOutcome, payout_id: Uuid, token: i64, key: &str, trace_id: &str) -> StoredResponse {
     match o {
-        ClaimOutcome::Claimed { account_fence, attempt_count, .. } => recorded(
+        ClaimOutcome::Claimed {
+            account_id,
+            account_fence,
+            attempt_count,
+            amount_minor,
+            currency,
+            beneficiary_ref,
+            ..
+        } => recorded(
             200,
             &ClaimAck {
                 payout_id,
@@ -497,6 +507,10 @@ pub fn render_claim(o: &ClaimOutcome, payout_id: Uuid, token: i64, key: &str, tr
                 account_fence: *account_fence,
                 attempt_count: *attempt_count,
                 idempotency_key: key.to_owned(),
+                account_id: Some(account_id.clone()),
+                amount_minor: Some(*amount_minor),
+                currency: Some(currency.clone()),
+                beneficiary_ref: Some(beneficiary_ref.clone()),
             },
         ),
         ClaimOutcome::InsufficientFunds { account_id, amount_minor, available_minor } => {

@@ -171,12 +171,18 @@ impl Post {
 /// What a claim decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimOutcome {
-    /// Committed: the payout is CLAIMED, the fence equals the token.
+    /// Committed: the payout is CLAIMED, the fence equals the token. `amount_minor`,
+    /// `currency` and `beneficiary_ref` are the payout's (immutable) terms, read by the
+    /// claim's own reservation read: the answer carries what a submission needs
+    /// (C3-extensions C-30), so the worker does not read the payout again.
     Claimed {
         account_id: String,
         account_fence: i64,
         attempt_count: i32,
         reclaimed: bool,
+        amount_minor: i64,
+        currency: String,
+        beneficiary_ref: String,
     },
     /// Committed: the fence was raised and the payout is FAILED (422, recorded).
     InsufficientFunds {
@@ -302,6 +308,14 @@ pub trait PaymentStore: Send + Sync + 'static {
 
     /// P4 (advisory).
     async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError>;
+
+    /// The payout's account (`None`: no such payout), for the grant check of a fenced write.
+    /// A payout's account never changes once created (the `payouts_guard` triggers), so the
+    /// answer read outside the write's transaction cannot go stale. SQL stores read the one
+    /// column; the default reads the whole payout.
+    async fn payout_account(&self, payout_id: Uuid) -> Result<Option<String>, StoreError> {
+        Ok(self.payout(payout_id).await?.map(|p| p.account_id))
+    }
 
     /// P5 (advisory), system accounts included.
     async fn account(&self, account_id: &str) -> Result<Option<AccountView>, StoreError>;

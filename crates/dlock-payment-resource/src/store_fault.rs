@@ -82,6 +82,11 @@ impl PaymentStore for FaultyPaymentStore {
         self.faults.run("payout", self.inner.payout(payout_id)).await
     }
 
+    /// Faulted as `payout`: it is the same read of the same row, narrowed to one column.
+    async fn payout_account(&self, payout_id: Uuid) -> Result<Option<String>, StoreError> {
+        self.faults.run("payout", self.inner.payout_account(payout_id)).await
+    }
+
     async fn account(&self, account_id: &str) -> Result<Option<AccountView>, StoreError> {
         self.faults.run("account", self.inner.account(account_id)).await
     }

@@ -273,6 +273,7 @@ impl PaydbTx {
         // 3. The funds, decided by the claim rule on what this transaction read.
         let amount = p.row.amount_minor;
         let attempt_count = p.row.attempt_count;
+        let (currency, beneficiary_ref) = (p.row.currency.clone(), p.row.beneficiary_ref.clone());
         let facts = ClaimFacts {
             state,
             expected: c.expected,
@@ -290,6 +291,9 @@ impl PaydbTx {
                     account_fence: c.token,
                     attempt_count,
                     reclaimed,
+                    amount_minor: amount,
+                    currency,
+                    beneficiary_ref,
                 },
             ),
             ClaimDecision::InsufficientFunds { available_minor } => (
@@ -531,6 +535,10 @@ impl PaymentStore for MemPaydb {
 
     async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError> {
         Ok(self.lock()?.payout_view(payout_id))
+    }
+
+    async fn payout_account(&self, payout_id: Uuid) -> Result<Option<String>, StoreError> {
+        Ok(self.lock()?.rail.payouts.get(&payout_id).map(|p| p.row.account_id.clone()))
     }
 
     async fn account(&self, account_id: &str) -> Result<Option<AccountView>, StoreError> {

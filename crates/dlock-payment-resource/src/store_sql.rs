@@ -14,6 +14,15 @@
 //! transaction and written into the identity row before the commit; a refusal rolls back,
 //! identity row included.
 //!
+//! Folded statements (issue 14, `docs/performance.md` §8.2), none of them touching the fence
+//! or the reservation read: a post's transition carries the ACKED-attempt check
+//! (`AND EXISTS`, [`post_move_sql`], held to `rules::decide_post` by a test) and writes both
+//! ledger entries in one INSERT; on PostgreSQL a claim's transition and its identity row's
+//! response are one data-modifying statement ([`CLAIM_MOVE_AND_RECORD`]). The fence UPDATE
+//! and the reservation read stay two statements: under READ COMMITTED one statement reads
+//! one snapshot, taken before it waits for the account's row lock, so a reservation read
+//! folded into the fence could miss a claim that committed during the wait (overspend).
+//!
 //! Errors: connection failures, timeouts and busy answers are [`StoreError::Unavailable`]
 //! (nothing was decided); a commit whose answer was lost is [`StoreError::CommitUnknown`];
 //! a constraint or trigger refusing a statement the store issued, or content the store
@@ -96,6 +105,42 @@ impl Commits for CreatePayoutOutcome {
 /// duplicate waits, then replays). SQLite's single writer waits `SQLITE_BUSY_MS_MAX`.
 pub const IDEMPOTENCY_WAIT_MS_MAX: u64 = 2_000;
 
+/// The named attempt is the payout's ACKED one with this reference (I7); `$1` payout,
+/// `$3` submission id, `$4` rail reference.
+const ACKED_ATTEMPT: &str = "EXISTS (SELECT 1 FROM rail_submission s WHERE s.payout_id = $1 AND s.submission_id = $3 \
+     AND s.outcome = 'ACKED' AND s.rail_reference = $4)";
+
+/// The post's transition (statement 2): RAIL_ACKED → POSTED only if the payout is in a state
+/// the post rule moves from and the named ACKED attempt exists, i.e. exactly when
+/// [`rules::decide_post`] answers `Posted` (a test holds the two together). `$2` is the
+/// instant.
+fn post_move_sql() -> String {
+    let from = payout::sql_states(&payout::sources(PayoutState::Posted, Actor::PaymentResource));
+    format!(
+        "UPDATE payouts SET state = 'POSTED', updated_at = $2 WHERE payout_id = $1 AND state IN {from} \
+         AND {ACKED_ATTEMPT} RETURNING account_id, amount_minor, currency"
+    )
+}
+
+/// The facts of a refused post, read after the refusal: the state, the amount, and whether
+/// the named ACKED attempt exists (`$1` payout, `$2` submission id, `$3` rail reference).
+const POST_REFUSAL_FACTS: &str = "SELECT state, amount_minor, EXISTS (SELECT 1 FROM rail_submission s \
+     WHERE s.payout_id = $1 AND s.submission_id = $2 AND s.outcome = 'ACKED' AND s.rail_reference = $3) AS acked \
+     FROM payouts WHERE payout_id = $1";
+
+/// PostgreSQL only: a claim's transition (statement 3) and its identity row's response
+/// (the recorded answer) as one data-modifying statement. The transition is conditional on
+/// the state and on the attempt count the reservation read saw (the answer carries it); the
+/// response is written only if the transition was. One row back: how many payouts moved and
+/// how many identity rows were written (1 and 1, or 0 and 0). The reservation read stays its
+/// own statement before it (never folded into the fence: module doc).
+const CLAIM_MOVE_AND_RECORD: &str = "WITH moved AS (UPDATE payouts SET state = $2, claim_token = $3, claimed_by = $4, \
+     claimed_at = $5, updated_at = $5 WHERE payout_id = $1 AND state = $6 AND attempt_count = $7 RETURNING payout_id), \
+     recorded AS (UPDATE idempotency_records SET response_status = $12, response_body = $13 \
+     WHERE operation = $8 AND target_id = $9 AND idempotency_key = $10 AND fencing_token = $11 \
+     AND EXISTS (SELECT 1 FROM moved) RETURNING operation) \
+     SELECT (SELECT COUNT(*) FROM moved) AS moved, (SELECT COUNT(*) FROM recorded) AS recorded";
+
 fn pg_sql(sql: &str) -> std::borrow::Cow<'_, str> {
     Dialect::Postgres.sql(sql)
 }
@@ -164,7 +209,7 @@ macro_rules! get {
 }
 
 macro_rules! sql_payment_store {
-    ($store:ty, $db:ty, $sql:path, $paydb:ident) => {
+    ($store:ty, $db:ty, $sql:path, $paydb:ident, $cte:expr) => {
         impl $store {
             /// Statement 0: the upsert of the identity row, which replaces only an expired
             /// record. No row back means a live record: read it and judge the fingerprint.
@@ -305,20 +350,31 @@ macro_rules! sql_payment_store {
                 }
             }
 
-            async fn claim_in(tx: &mut sqlx::Transaction<'static, $db>, c: &Claim) -> Result<ClaimOutcome, StoreError> {
+            /// The claim inside its transaction. With `record` (PostgreSQL), an outcome that
+            /// commits is rendered before its transition, and the transition and the identity
+            /// row's response are one data-modifying statement ([`CLAIM_MOVE_AND_RECORD`]); the
+            /// response is then returned for the caller to commit. Without it (SQLite, whose
+            /// CTEs cannot modify data), [`Self::finish`] records the response afterwards.
+            async fn claim_in(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                c: &Claim,
+                record: Option<(&IdemRequest, Render<'_, ClaimOutcome>)>,
+            ) -> Result<(ClaimOutcome, Option<StoredResponse>), StoreError> {
                 let at = truncate_ms(c.at);
                 let payout_id = c.payout_id.to_string();
                 // 1. The fence (C3 §3.4 verbatim).
                 let (account_id, balance) = match Self::raise_fence(tx, &payout_id, c.token, at).await? {
                     Ok(raised) => raised,
-                    Err(None) => return Ok(ClaimOutcome::NotFound),
+                    Err(None) => return Ok((ClaimOutcome::NotFound, None)),
                     Err(Some((account_id, highest_token))) => {
-                        return Ok(ClaimOutcome::Fenced { account_id, highest_token })
+                        return Ok((ClaimOutcome::Fenced { account_id, highest_token }, None))
                     }
                 };
-                // 2. State and reservation (every other unsettled payout of the account).
+                // 2. State, the payout's terms, and the reservation (every other unsettled payout
+                // of the account). A separate statement from the fence, on purpose: its snapshot
+                // is taken after the fence's row lock was granted (module doc).
                 let q = $sql(concat!(
-                    "SELECT state, amount_minor, \
+                    "SELECT state, amount_minor, currency, beneficiary_ref, attempt_count, \
                      (SELECT CAST(COALESCE(SUM(q.amount_minor), 0) AS BIGINT) FROM payouts q \
                       WHERE q.account_id = $2 AND q.payout_id <> $1 AND q.state IN ",
                     dlock_paydb::unsettled_sql!(),
@@ -332,6 +388,7 @@ macro_rules! sql_payment_store {
                     .map_err(db_error)?;
                 let state = parse_state(&get!(row, "state", String))?;
                 let amount: i64 = get!(row, "amount_minor");
+                let read_attempts: i32 = get!(row, "attempt_count");
                 let facts = ClaimFacts {
                     state,
                     expected: c.expected,
@@ -341,9 +398,69 @@ macro_rules! sql_payment_store {
                 };
                 let decision = rules::decide_claim(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 let Some(next) = decision.next_state() else {
-                    return Ok(ClaimOutcome::NotClaimable { state });
+                    return Ok((ClaimOutcome::NotClaimable { state }, None));
+                };
+                let (currency, beneficiary_ref): (String, String) = (get!(row, "currency"), get!(row, "beneficiary_ref"));
+                // The committed outcome, with the attempt count its answer carries.
+                let outcome_with = |attempt_count: i32| match &decision {
+                    ClaimDecision::InsufficientFunds { available_minor } => ClaimOutcome::InsufficientFunds {
+                        account_id: account_id.clone(),
+                        amount_minor: amount,
+                        available_minor: *available_minor,
+                    },
+                    ClaimDecision::Claimed { reclaimed } => ClaimOutcome::Claimed {
+                        account_id: account_id.clone(),
+                        account_fence: c.token,
+                        attempt_count,
+                        reclaimed: *reclaimed,
+                        amount_minor: amount,
+                        currency: currency.clone(),
+                        beneficiary_ref: beneficiary_ref.clone(),
+                    },
+                    ClaimDecision::NotClaimable { state } => ClaimOutcome::NotClaimable { state: *state },
                 };
                 // 3. The conditional transition; another writer may have moved the payout.
+                if let Some((i, render)) = record {
+                    // The attempt count read in 2 is the answer's; the transition requires it
+                    // unchanged (the proxy moves it without the account's row lock).
+                    let outcome = outcome_with(read_attempts);
+                    let response = render(&outcome);
+                    let row = sqlx::query(CLAIM_MOVE_AND_RECORD)
+                        .bind(payout_id.clone())
+                        .bind(next.as_str())
+                        .bind(c.token)
+                        .bind(c.owner_id.clone())
+                        .bind(at)
+                        .bind(c.expected.as_str())
+                        .bind(read_attempts)
+                        .bind(i.operation.as_str())
+                        .bind(i.target_id.clone())
+                        .bind(i.key.clone())
+                        .bind(i.token)
+                        .bind(i32::from(response.status))
+                        .bind(response.body.clone())
+                        .fetch_one(&mut **tx)
+                        .await
+                        .map_err(db_error)?;
+                    let (moved, recorded): (i64, i64) = (get!(row, "moved"), get!(row, "recorded"));
+                    return match (moved, recorded) {
+                        (1, 1) => Ok((outcome, Some(response))),
+                        (0, 0) => {
+                            let now = dlock_paydb::sql::$paydb::state_of(tx, &payout_id).await?;
+                            if now == c.expected {
+                                // Still the expected state: the attempt count moved (a
+                                // submission was admitted and resolved in between).
+                                return Err(StoreError::Unavailable(format!(
+                                    "payout {payout_id} changed while it was claimed; nothing was written"
+                                )));
+                            }
+                            Ok((ClaimOutcome::NotClaimable { state: now }, None))
+                        }
+                        (moved, recorded) => Err(StoreError::Corrupt(format!(
+                            "claim of {payout_id}: {moved} payouts moved, identity row written {recorded} times"
+                        ))),
+                    };
+                }
                 let q = $sql(
                     "UPDATE payouts SET state = $2, claim_token = $3, claimed_by = $4, claimed_at = $5, updated_at = $5 \
                      WHERE payout_id = $1 AND state = $6 RETURNING attempt_count",
@@ -359,20 +476,9 @@ macro_rules! sql_payment_store {
                     .await
                     .map_err(db_error)?;
                 let Some(moved) = moved else {
-                    return Ok(ClaimOutcome::NotClaimable { state: dlock_paydb::sql::$paydb::state_of(tx, &payout_id).await? });
+                    return Ok((ClaimOutcome::NotClaimable { state: dlock_paydb::sql::$paydb::state_of(tx, &payout_id).await? }, None));
                 };
-                Ok(match decision {
-                    ClaimDecision::InsufficientFunds { available_minor } => {
-                        ClaimOutcome::InsufficientFunds { account_id, amount_minor: amount, available_minor }
-                    }
-                    ClaimDecision::Claimed { reclaimed } => ClaimOutcome::Claimed {
-                        account_id,
-                        account_fence: c.token,
-                        attempt_count: get!(moved, "attempt_count"),
-                        reclaimed,
-                    },
-                    ClaimDecision::NotClaimable { state } => ClaimOutcome::NotClaimable { state },
-                })
+                Ok((outcome_with(get!(moved, "attempt_count")), None))
             }
 
             async fn post_in(tx: &mut sqlx::Transaction<'static, $db>, p: &Post) -> Result<PostOutcome, StoreError> {
@@ -384,57 +490,41 @@ macro_rules! sql_payment_store {
                     Err(None) => return Ok(PostOutcome::NotFound),
                     Err(Some((account_id, highest_token))) => return Ok(PostOutcome::Fenced { account_id, highest_token }),
                 };
-                // 2. RAIL_ACKED -> POSTED, conditionally (the race authority; a refusal below
-                // rolls it back).
-                let from = payout::sql_states(&payout::sources(PayoutState::Posted, Actor::PaymentResource));
-                let q = $sql(&format!(
-                    "UPDATE payouts SET state = 'POSTED', updated_at = $2 WHERE payout_id = $1 AND state IN {from} \
-                     RETURNING account_id, amount_minor, currency"
-                ))
-                .into_owned();
+                // 2. RAIL_ACKED -> POSTED, conditionally, and only with the acknowledged attempt
+                // the caller names (I7), in one statement: the race authority. Only a refusal
+                // is classified, by the post rule over what is read then.
+                let q = $sql(&post_move_sql()).into_owned();
                 let moved = sqlx::query(&q)
                     .bind(payout_id.clone())
                     .bind(at)
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(db_error)?;
-                let Some(moved) = moved else {
-                    // The conditional write refused: the payout was not in a state the post
-                    // rule moves from when it looked (the state read now is evidence only, and
-                    // may have moved since under READ COMMITTED).
-                    return Ok(PostOutcome::NotClaimable { state: dlock_paydb::sql::$paydb::state_of(tx, &payout_id).await? });
-                };
-                let account_id: String = get!(moved, "account_id");
-                let amount: i64 = get!(moved, "amount_minor");
-                let currency: String = get!(moved, "currency");
-                // 3. The acknowledged attempt the caller names (I7).
-                let q = $sql(
-                    "SELECT submission_id FROM rail_submission \
-                     WHERE payout_id = $1 AND submission_id = $2 AND outcome = 'ACKED' AND rail_reference = $3",
-                );
-                let acked = sqlx::query(&q)
-                    .bind(payout_id.clone())
                     .bind(p.submission_id.to_string())
                     .bind(p.rail_reference.clone())
                     .fetch_optional(&mut **tx)
                     .await
-                    .map_err(db_error)?
-                    .is_some();
-                let facts = PostFacts { state: PayoutState::RailAcked, acked, balance_minor: balance, amount_minor: amount };
-                let balance_after = match rules::decide_post(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))? {
-                    PostDecision::NotClaimable { state } => return Ok(PostOutcome::NotClaimable { state }),
-                    PostDecision::RailMismatch => return Ok(PostOutcome::RailMismatch),
-                    PostDecision::Posted { balance_after_minor } => balance_after_minor,
+                    .map_err(db_error)?;
+                let Some(moved) = moved else {
+                    return Self::post_refused(tx, p, &payout_id, balance).await;
                 };
-                // 4. Two balanced entries: DEBIT the account, CREDIT the currency's settlement
-                // account (upserted: a payout seeded through the proxy has none yet).
+                let account_id: String = get!(moved, "account_id");
+                let amount: i64 = get!(moved, "amount_minor");
+                let currency: String = get!(moved, "currency");
+                // The statement passed: the payout was RAIL_ACKED with the named ACKED attempt.
+                let facts = PostFacts { state: PayoutState::RailAcked, acked: true, balance_minor: balance, amount_minor: amount };
+                let balance_after = match rules::decide_post(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))? {
+                    PostDecision::Posted { balance_after_minor } => balance_after_minor,
+                    other => {
+                        return Err(StoreError::Corrupt(format!(
+                            "the post statement moved payout {payout_id}, the post rule says {other:?}"
+                        )))
+                    }
+                };
+                // 3. Two balanced entries in one INSERT: DEBIT the account, CREDIT the currency's
+                // settlement account (upserted: a payout seeded through the proxy has none yet).
                 let settlement = settlement_account(&currency);
                 dlock_paydb::sql::$paydb::upsert_system_accounts(tx, &[(settlement.clone(), AccountKind::Settlement)], &currency, at).await?;
                 let entries = p.entries(&account_id, amount, &currency, at);
-                for e in &entries {
-                    dlock_paydb::sql::$paydb::insert_entry(tx, e).await?;
-                }
-                // 5. The balance follows the ledger.
+                dlock_paydb::sql::$paydb::insert_entries(tx, &entries).await?;
+                // 4. The balance follows the ledger.
                 let q = $sql(
                     "UPDATE accounts SET balance_minor = balance_minor - $2, updated_at = $3 WHERE account_id = $1 \
                      RETURNING balance_minor",
@@ -454,6 +544,40 @@ macro_rules! sql_payment_store {
                     )));
                 }
                 Ok(PostOutcome::Posted { account_id, entries, balance_minor })
+            }
+
+            /// Why the post statement refused (nothing was written by it): the post rule over
+            /// the payout's state and whether the named ACKED attempt exists, read now. Under
+            /// READ COMMITTED this read may see a later state than the statement did; a rule
+            /// that would now post means the payout moved in between, and the answer is the
+            /// retry-safe `Unavailable` (the transaction rolls back).
+            async fn post_refused(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                p: &Post,
+                payout_id: &str,
+                balance: i64,
+            ) -> Result<PostOutcome, StoreError> {
+                let q = $sql(POST_REFUSAL_FACTS);
+                let row = sqlx::query(&q)
+                    .bind(payout_id.to_owned())
+                    .bind(p.submission_id.to_string())
+                    .bind(p.rail_reference.clone())
+                    .fetch_one(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                let facts = PostFacts {
+                    state: parse_state(&get!(row, "state", String))?,
+                    acked: get!(row, "acked", bool),
+                    balance_minor: balance,
+                    amount_minor: get!(row, "amount_minor"),
+                };
+                match rules::decide_post(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))? {
+                    PostDecision::NotClaimable { state } => Ok(PostOutcome::NotClaimable { state }),
+                    PostDecision::RailMismatch => Ok(PostOutcome::RailMismatch),
+                    PostDecision::Posted { .. } => Err(StoreError::Unavailable(format!(
+                        "payout {payout_id} became postable while its post was refused; nothing was written"
+                    ))),
+                }
             }
 
             async fn create_account_in(
@@ -642,8 +766,24 @@ macro_rules! sql_payment_store {
                     Ok(tx) => tx,
                     Err(answer) => return Ok(answer),
                 };
-                let outcome = Self::claim_in(&mut tx, c).await?;
-                Self::finish(tx, i, outcome, r).await
+                if !$cte {
+                    let (outcome, _) = Self::claim_in(&mut tx, c, None).await?;
+                    return Self::finish(tx, i, outcome, r).await;
+                }
+                match Self::claim_in(&mut tx, c, Some((i, r))).await? {
+                    (outcome, Some(response)) => {
+                        tx.commit().await.map_err(commit_error)?;
+                        Ok(Idempotent::Executed { outcome, stored: Some(response) })
+                    }
+                    (outcome, None) => {
+                        // A refusal: nothing recorded; it rolls back, identity row included.
+                        if outcome.commits() {
+                            return Err(StoreError::Corrupt("a committing claim outcome without its response".into()));
+                        }
+                        tx.rollback().await.map_err(db_error)?;
+                        Ok(Idempotent::Executed { outcome, stored: None })
+                    }
+                }
             }
 
             async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
@@ -697,6 +837,10 @@ macro_rules! sql_payment_store {
 
             async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError> {
                 dlock_paydb::sql::$paydb::payout(&self.pool, payout_id).await
+            }
+
+            async fn payout_account(&self, payout_id: Uuid) -> Result<Option<String>, StoreError> {
+                dlock_paydb::sql::$paydb::payout_account(&self.pool, payout_id).await
             }
 
             async fn account(&self, account_id: &str) -> Result<Option<AccountView>, StoreError> {
@@ -758,12 +902,159 @@ macro_rules! sql_payment_store {
     };
 }
 
-sql_payment_store!(PgPaymentStore, sqlx::Postgres, pg_sql, pg);
-sql_payment_store!(SqlitePaymentStore, sqlx::Sqlite, sqlite_sql, sqlite);
+sql_payment_store!(PgPaymentStore, sqlx::Postgres, pg_sql, pg, true);
+sql_payment_store!(SqlitePaymentStore, sqlx::Sqlite, sqlite_sql, sqlite, false);
 
 #[cfg(test)]
 mod tests {
+    //! The folded statements, held to the rules they apply (SQLite; PostgreSQL runs the same
+    //! text, and the conformance suite runs both stores).
+
     use super::*;
+    use dlock_contract::rail::SubmissionOutcome;
+
+    /// What the attempt table holds for the payout in one case: nothing, or one attempt
+    /// (submission id, outcome, reference).
+    type AttemptCase = Option<(Uuid, SubmissionOutcome, Option<&'static str>)>;
+
+    #[tokio::test]
+    async fn post_statement_moves_exactly_when_the_post_rule_posts() {
+        let (url, _dir) = dlock_testkit::fresh_database(dlock_testkit::Db::Sqlite).await;
+        let store = SqlitePaymentStore::open(&url).await.expect("open paydb");
+        let named = Uuid::from_u128(1);
+        let other = Uuid::from_u128(2);
+        let attempts: [AttemptCase; 6] = [
+            None,
+            Some((named, SubmissionOutcome::Acked, Some("RR-1"))),
+            Some((named, SubmissionOutcome::Acked, Some("RR-other"))),
+            Some((other, SubmissionOutcome::Acked, Some("RR-1"))),
+            Some((named, SubmissionOutcome::Timeout, None)),
+            Some((named, SubmissionOutcome::Rejected, None)),
+        ];
+        let at = DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("instant");
+        let mut cases = 0;
+        for state in PayoutState::ALL {
+            for attempt in attempts {
+                cases += 1;
+                let payout_id = Uuid::from_u128(1_000 + cases);
+                let mut tx = store.pool.begin().await.expect("begin");
+                sqlx::query(
+                    "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
+                     VALUES ('acct', 'CUSTOMER', 'EUR', 500, 0, ?1, ?1)",
+                )
+                .bind(at)
+                .execute(&mut *tx)
+                .await
+                .expect("account");
+                sqlx::query(
+                    "INSERT INTO payouts (payout_id, account_id, amount_minor, currency, beneficiary_ref, state, \
+                     attempt_count, created_at, updated_at) VALUES (?1, 'acct', 200, 'EUR', 'ben', ?2, 1, ?3, ?3)",
+                )
+                .bind(payout_id.to_string())
+                .bind(state.as_str())
+                .bind(at)
+                .execute(&mut *tx)
+                .await
+                .expect("payout");
+                if let Some((submission_id, outcome, reference)) = attempt {
+                    sqlx::query(
+                        "INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, owner_id, \
+                         idempotency_key, amount_minor, currency, outcome, rail_reference, submitted_at, resolved_at) \
+                         VALUES (?1, ?2, 'acct', 1, 'o', 'k', 200, 'EUR', ?3, ?4, ?5, ?5)",
+                    )
+                    .bind(submission_id.to_string())
+                    .bind(payout_id.to_string())
+                    .bind(outcome.as_str())
+                    .bind(reference)
+                    .bind(at)
+                    .execute(&mut *tx)
+                    .await
+                    .expect("attempt");
+                }
+                let post = Post {
+                    payout_id,
+                    token: 2,
+                    owner_id: "o".into(),
+                    submission_id: named,
+                    rail_reference: "RR-1".into(),
+                    posting_id: Uuid::from_u128(3),
+                    entry_ids: [Uuid::from_u128(4), Uuid::from_u128(5)],
+                    at,
+                };
+                let acked = matches!(attempt, Some((id, SubmissionOutcome::Acked, Some("RR-1"))) if id == named);
+                let facts = PostFacts { state, acked, balance_minor: 500, amount_minor: 200 };
+                let rule = rules::decide_post(&facts).expect("covered");
+                let moved = sqlx::query(&sqlite_sql(&post_move_sql()))
+                    .bind(payout_id.to_string())
+                    .bind(at)
+                    .bind(named.to_string())
+                    .bind("RR-1")
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .expect("post statement")
+                    .is_some();
+                let case = format!("{state:?} with {attempt:?}");
+                assert_eq!(moved, matches!(rule, PostDecision::Posted { .. }), "{case}");
+                if !moved {
+                    // A refusal is classified by the same rule over what is read afterwards.
+                    let refused = SqlitePaymentStore::post_refused(&mut tx, &post, &payout_id.to_string(), 500)
+                        .await
+                        .expect("classify");
+                    let expected = match rule {
+                        PostDecision::NotClaimable { state } => PostOutcome::NotClaimable { state },
+                        PostDecision::RailMismatch => PostOutcome::RailMismatch,
+                        PostDecision::Posted { .. } => unreachable!("a posting rule moved the row above"),
+                    };
+                    assert_eq!(refused, expected, "{case}");
+                }
+                tx.rollback().await.expect("rollback");
+            }
+        }
+        assert_eq!(cases, 8 * 6);
+    }
+
+    #[tokio::test]
+    async fn a_posting_is_one_insert_of_both_entries() {
+        let (url, _dir) = dlock_testkit::fresh_database(dlock_testkit::Db::Sqlite).await;
+        let store = SqlitePaymentStore::open(&url).await.expect("open paydb");
+        let at = DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("instant");
+        let mut tx = store.pool.begin().await.expect("begin");
+        dlock_paydb::sql::sqlite::upsert_system_accounts(
+            &mut tx,
+            &[(funding_account("EUR"), AccountKind::Funding), (settlement_account("EUR"), AccountKind::Settlement)],
+            "EUR",
+            at,
+        )
+        .await
+        .expect("system accounts");
+        let a = NewAccount {
+            account_id: "acct".into(),
+            currency: "EUR".into(),
+            opening_balance_minor: 50,
+            posting_id: Uuid::from_u128(1),
+            entry_ids: [Uuid::from_u128(2), Uuid::from_u128(3)],
+            at,
+        };
+        sqlx::query(
+            "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
+             VALUES ('acct', 'CUSTOMER', 'EUR', 50, 0, ?1, ?1)",
+        )
+        .bind(at)
+        .execute(&mut *tx)
+        .await
+        .expect("account");
+        let entries = a.opening_entries(at);
+        dlock_paydb::sql::sqlite::insert_entries(&mut tx, &entries).await.expect("one insert");
+        let rows: Vec<(String, String, i64)> =
+            sqlx::query_as("SELECT entry_id, direction, amount_minor FROM ledger_entries ORDER BY entry_id")
+                .fetch_all(&mut *tx)
+                .await
+                .expect("read");
+        let expected: Vec<(String, String, i64)> =
+            entries.iter().map(|e| (e.entry_id.to_string(), e.direction.as_str().to_owned(), e.amount_minor)).collect();
+        assert_eq!(rows, expected);
+        tx.rollback().await.expect("rollback");
+    }
 
     #[test]
     fn cursor_secret_must_be_32_bytes_of_hex() {

@@ -31,6 +31,7 @@ pub enum PaymentStoreOp {
     ResolveAmbiguous,
     Resolutions,
     Payout,
+    PayoutAccount,
     Account,
     Accounts,
     List,
@@ -56,6 +57,7 @@ impl ClosedTag for PaymentStoreOp {
             ResolveAmbiguous,
             Resolutions,
             Payout,
+            PayoutAccount,
             Account,
             Accounts,
             List,
@@ -78,6 +80,7 @@ impl ClosedTag for PaymentStoreOp {
             PaymentStoreOp::ResolveAmbiguous => "resolve_ambiguous",
             PaymentStoreOp::Resolutions => "resolutions",
             PaymentStoreOp::Payout => "payout",
+            PaymentStoreOp::PayoutAccount => "payout_account",
             PaymentStoreOp::Account => "account",
             PaymentStoreOp::Accounts => "accounts",
             PaymentStoreOp::List => "list",
@@ -146,6 +149,10 @@ impl PaymentStore for TimedPaymentStore {
 
     async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError> {
         self.ops.time(&self.clock, PaymentStoreOp::Payout, self.inner.payout(payout_id)).await
+    }
+
+    async fn payout_account(&self, payout_id: Uuid) -> Result<Option<String>, StoreError> {
+        self.ops.time(&self.clock, PaymentStoreOp::PayoutAccount, self.inner.payout_account(payout_id)).await
     }
 
     async fn account(&self, account_id: &str) -> Result<Option<AccountView>, StoreError> {

@@ -243,7 +243,8 @@ async fn p2_claim_answers_every_c3_code() {
     assert_eq!(
         ok.json,
         json!({"payoutId": p, "state": "CLAIMED", "claimToken": 5, "accountFence": 5, "attemptCount": 0,
-            "idempotencyKey": format!("payout:{p}")})
+            "idempotencyKey": format!("payout:{p}"), "accountId": "acct-1", "amountMinor": 600, "currency": "EUR",
+            "beneficiaryRef": "bene-1"})
     );
     // 409 FENCED_OUT: an equal token (under another key, so the ledger does not replay) and a lower one.
     for (token, key) in [("5", "other-key"), ("4", "payout:x")] {
@@ -632,6 +633,23 @@ async fn payment_metrics_expose_only_pinned_tag_values() {
     }
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         assert!(!line.contains(&p.to_string()) && !line.contains("acct-1"), "an id leaked into a tag: {line}");
+    }
+}
+
+#[tokio::test]
+async fn the_grant_check_reads_only_the_payouts_account_once_per_fenced_write() {
+    let r = rig().await;
+    create_account(&r.app, "acct-1", 1_000).await;
+    let p = create_payout(&r.app, "acct-1", 100).await;
+    assert_eq!(claim(&r.app, p, 1, "PENDING").await.status, 200);
+    let submission = through_rail(&r.paydb, p, "acct-1", 1, Resolution::Acked { rail_reference: "RR-1".into() }).await;
+    assert_eq!(post(&r.app, p, 2, submission, "RR-1").await.status, 200);
+    let m = send(&r.app, "GET", "/metrics", &[], None).await;
+    let text = String::from_utf8(m.bytes).expect("utf8");
+    for series in
+        ["payout_store_op_seconds_count{op=\"payout_account\"} 2", "payout_store_op_seconds_count{op=\"payout\"} 0"]
+    {
+        assert!(text.contains(series), "{series} missing from\n{text}");
     }
 }
 

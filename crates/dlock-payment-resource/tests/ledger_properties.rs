@@ -287,7 +287,7 @@ impl World {
             Op::Claim { payout, token, reclaim } => {
                 let target = if reclaim { PayoutState::Claimed } else { PayoutState::Pending };
                 let Some(payout_id) = self.pick(payout, &[target]).await else { return };
-                let Before { state, amount, account, balance, reserved_other, fence, attempt_count, .. } =
+                let Before { state, amount, currency, account, balance, reserved_other, fence, attempt_count, .. } =
                     self.before(payout_id).await;
                 let Some(presented) = self.token(token, &account, fence) else { return };
                 let expected = if reclaim { PayoutState::Claimed } else { PayoutState::Pending };
@@ -308,6 +308,9 @@ impl World {
                         account_fence: presented,
                         attempt_count,
                         reclaimed: reclaim,
+                        amount_minor: amount,
+                        currency,
+                        beneficiary_ref: "ben".into(),
                     }
                 } else {
                     ClaimOutcome::InsufficientFunds {

@@ -117,6 +117,20 @@ pub fn post_of(payout_id: Uuid, token: i64, submission_id: Uuid, reference: &str
     }
 }
 
+/// The committed claim of a payout of `new_payout`'s terms on account `acct` (the answer
+/// carries the payout's terms, C3-extensions C-30).
+fn claimed_outcome(account_fence: i64, attempt_count: i32, reclaimed: bool, amount_minor: i64) -> ClaimOutcome {
+    ClaimOutcome::Claimed {
+        account_id: "acct".into(),
+        account_fence,
+        attempt_count,
+        reclaimed,
+        amount_minor,
+        currency: EUR.into(),
+        beneficiary_ref: "ben-1".into(),
+    }
+}
+
 fn committed<T: Debug>(r: Idempotent<T>) -> T {
     match r {
         Idempotent::Executed { outcome, stored: Some(stored) } => {
@@ -477,8 +491,7 @@ pub async fn claim_moves_pending_to_claimed_and_raises_the_fence_to_the_token(db
     let c = Claim { payout_id: p, token: 7, owner_id: "w-1".into(), expected: PayoutState::Pending, at: at(50) };
     let i = idem(Operation::Claim, &p.to_string(), "k-claim", 7, &fingerprint(), at(50));
     let r = db.pay.claim(&c, &i, &render).await.expect("claim");
-    let outcome =
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 7, attempt_count: 0, reclaimed: false };
+    let outcome = claimed_outcome(7, 0, false, 300);
     assert_eq!(r, Idempotent::Executed { stored: Some(render(&outcome)), outcome });
     let v = db.view(p).await;
     assert_eq!(v.state, PayoutState::Claimed);
@@ -515,10 +528,7 @@ pub async fn reclaim_by_a_newer_token_keeps_claimed_and_raises_the_fence(db: Pay
     let c = Claim { payout_id: p, token: 5, owner_id: "w-2".into(), expected: PayoutState::Claimed, at: at(20) };
     let i = idem(Operation::Claim, &p.to_string(), "k", 5, &fingerprint(), at(20));
     let outcome = committed(db.pay.claim(&c, &i, &render).await.expect("claim"));
-    assert_eq!(
-        outcome,
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 5, attempt_count: 0, reclaimed: true }
-    );
+    assert_eq!(outcome, claimed_outcome(5, 0, true, 400));
     let v = db.view(p).await;
     assert_eq!(
         (v.state, v.claim_token, v.claimed_by.as_deref(), v.claimed_at),
@@ -530,10 +540,7 @@ pub async fn reclaim_by_a_newer_token_keeps_claimed_and_raises_the_fence(db: Pay
     db.submit(p, 6, Some(Resolution::Unsent { detail: "refused".into() }), at(30)).await;
     assert_eq!(db.state(p).await, PayoutState::Claimed);
     let outcome = committed(db.claim(p, 7, PayoutState::Claimed, at(40)).await);
-    assert_eq!(
-        outcome,
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 7, attempt_count: 1, reclaimed: true }
-    );
+    assert_eq!(outcome, claimed_outcome(7, 1, true, 400));
     assert_eq!(db.acct("acct").await.fence, 7);
 }
 
@@ -602,10 +609,7 @@ pub async fn claim_that_would_overdraw_fails_the_payout_and_raises_the_fence(db:
     assert_eq!(db.pay.claim(&c, &i, &render).await, Ok(Idempotent::Replayed(stored)));
     // Exactly the available amount still fits.
     let outcome = committed(db.claim(p3, 3, PayoutState::Pending, at(30)).await);
-    assert_eq!(
-        outcome,
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 3, attempt_count: 0, reclaimed: false }
-    );
+    assert_eq!(outcome, claimed_outcome(3, 0, false, 100));
     assert_eq!(db.acct("acct").await.reserved_minor, 500);
 }
 
@@ -985,10 +989,7 @@ pub async fn proxy_transitions_and_claims_share_one_payout_state_machine(db: Pay
     assert_eq!(db.acct("acct").await.reserved_minor, 300);
     // UNSENT hands it back as CLAIMED; a newer holder re-claims and submits.
     db.rail.resolve(s1, &Resolution::Unsent { detail: "refused".into() }, at(6)).await.expect("resolve");
-    assert_eq!(
-        committed(db.claim(p, 3, PayoutState::Claimed, at(7)).await),
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 3, attempt_count: 1, reclaimed: true }
-    );
+    assert_eq!(committed(db.claim(p, 3, PayoutState::Claimed, at(7)).await), claimed_outcome(3, 1, true, 300));
     let s2 = db.submit(p, 3, Some(Resolution::Acked { rail_reference: "RR-3".into() }), at(8)).await;
     assert_eq!(
         db.rail.payout(p).await.expect("read").map(|r| (r.state, r.attempt_count)),
@@ -1210,10 +1211,7 @@ pub async fn concurrent_duplicates_execute_once_and_replay_the_same_bytes(db: Pa
     assert_eq!(executed.len(), 1, "exactly one execution");
     assert_eq!(replayed.len(), 15);
     let (outcome, stored) = &executed[0];
-    assert_eq!(
-        *outcome,
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 1, attempt_count: 0, reclaimed: false }
-    );
+    assert_eq!(*outcome, claimed_outcome(1, 0, false, 300));
     assert!(replayed.iter().all(|r| r == stored), "every replay is byte-identical");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(db.acct("acct").await.fence, 1);
@@ -1289,10 +1287,7 @@ pub async fn a_newer_token_under_the_same_key_is_a_new_request_judged_by_the_fen
     let first = render(&committed(db.pay.claim(&c1, &i1, &render).await.expect("claim")));
     // A newer holder, the same stable key: a new identity, executed.
     let (c2, i2) = claim(2, PayoutState::Claimed, 3);
-    assert_eq!(
-        committed(db.pay.claim(&c2, &i2, &render).await.expect("claim")),
-        ClaimOutcome::Claimed { account_id: "acct".into(), account_fence: 2, attempt_count: 0, reclaimed: true }
-    );
+    assert_eq!(committed(db.pay.claim(&c2, &i2, &render).await.expect("claim")), claimed_outcome(2, 0, true, 300));
     assert_eq!(db.records().await, 5);
     // The older identity still replays its own answer.
     assert_eq!(db.pay.claim(&c1, &i1, &render).await, Ok(Idempotent::Replayed(first)));
