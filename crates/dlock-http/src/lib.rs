@@ -67,7 +67,21 @@ pub async fn envelope(req: Request, next: Next) -> Response {
     let ctx = dlock_rt::trace::TraceContext::for_request(incoming);
     let span = ctx.server_span(req.method().as_str(), req.uri().path());
     let trace = TraceId(ctx.trace_id_hex());
-    ctx.scope(envelope_in(req, next, trace).instrument(span)).await
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    // The request runs in a task of its own, to its end, even when its client goes away:
+    // hyper drops a connection's service future when the peer closes, and a store
+    // transaction dropped between its BEGIN and its end can leave a pooled connection
+    // inside a transaction nothing will end (sqlx's `begin` is not cancel-safe: the lock
+    // server's one SQLite connection then refused every later BEGIN with "non-zero
+    // transaction depth"). A client that gave up already treats the answer as lost.
+    let work = ctx.scope(envelope_in(req, next, trace.clone()).instrument(span));
+    match dlock_rt::spawn(work).await {
+        Ok(resp) => resp,
+        Err(join) => {
+            tracing::error!(traceId = %trace.0, method = %method, path, error = %join, "request_task_failed");
+            render(ApiError::new(ErrorCode::Internal, default_message(ErrorCode::Internal)), &trace, &method, &path)
+        }
+    }
 }
 
 async fn envelope_in(mut req: Request, next: Next, trace: TraceId) -> Response {
@@ -233,6 +247,47 @@ mod tests {
             b = b.header(header::CONTENT_TYPE, ct);
         }
         b.body(Body::from(body.to_owned())).expect("request")
+    }
+
+    /// A handler whose client went away mid-request still runs to its end: the store work a
+    /// dropped connection would otherwise cancel between BEGIN and COMMIT is finished.
+    #[tokio::test]
+    async fn a_request_whose_client_goes_away_still_runs_to_its_end() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+        let go_rx = Arc::new(std::sync::Mutex::new(Some(go_rx)));
+        let finished = Arc::new(AtomicBool::new(false));
+        let (gate, done) = (go_rx.clone(), finished.clone());
+        let app = finish(
+            axum::Router::new().route(
+                "/v1/slow",
+                post(move || {
+                    let (gate, done) = (gate.clone(), done.clone());
+                    async move {
+                        let rx = gate.lock().expect("gate").take();
+                        if let Some(rx) = rx {
+                            let _ = rx.await;
+                        }
+                        done.store(true, Ordering::SeqCst);
+                        StatusCode::NO_CONTENT
+                    }
+                }),
+            ),
+            64,
+        );
+        // The caller gives up while the handler waits: its future is dropped.
+        let call = app.oneshot(req("POST", "/v1/slow", None, ""));
+        let gave_up = tokio::time::timeout(std::time::Duration::from_millis(50), call).await;
+        assert!(gave_up.is_err(), "the handler was still waiting when the caller gave up");
+        assert!(!finished.load(Ordering::SeqCst));
+        go_tx.send(()).expect("the handler is still alive after its caller went away");
+        let ran =
+            dlock_rt::wait_until(std::time::Duration::from_millis(5), std::time::Duration::from_secs(10), || async {
+                finished.load(Ordering::SeqCst).then_some(())
+            })
+            .await;
+        assert!(ran.is_some(), "the abandoned request ran to its end");
     }
 
     #[tokio::test]
