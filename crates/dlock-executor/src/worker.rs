@@ -200,7 +200,8 @@ impl Executor {
     /// `true` when none is left.
     pub async fn drain_releases(&self) -> bool {
         let all = u32::try_from(self.cfg.concurrency * RELEASES_IN_FLIGHT_PER_TASK_MAX).unwrap_or(u32::MAX);
-        let drained = dlock_rt::timeout(Duration::from_millis(RELEASE_DRAIN_MS_MAX), self.release_slots.acquire_many(all));
+        let drained =
+            dlock_rt::timeout(Duration::from_millis(RELEASE_DRAIN_MS_MAX), self.release_slots.acquire_many(all));
         match drained.await {
             Some(Ok(_permits)) => true,
             _ => {

@@ -764,8 +764,9 @@ impl HttpClient {
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let (sender, conn) =
-            hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| ClientError::Broken(e.to_string()))?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| ClientError::Broken(e.to_string()))?;
         let driver = tokio::spawn(async move {
             let _ = conn.await;
         });
