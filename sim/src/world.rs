@@ -747,6 +747,9 @@ pub fn executor_spec_config(spec: &WorldSpec, index: usize, concurrency: usize) 
     let name = format!("executor-{index}");
     l.set_flag("executor.owner-id", &name);
     l.set_flag("executor.concurrency", concurrency);
+    // Cut 6: each executor prefers its share of the accounts (index 0-based).
+    l.set_flag("executor.affinity-index", index.saturating_sub(1));
+    l.set_flag("executor.affinity-count", t.executors.len().max(1));
     l.set_flag("executor.listen", node_addr(&name).ok_or("executor index outside the table")?);
     l.set_flag("executor.lock-url", http_of(&format!("lock-{}", Topology::replica_for(index, t.lock_replicas))));
     l.set_flag(

@@ -18,6 +18,9 @@ pub const KEYS: &[&str] = &[
     "executor.batch-max",
     "executor.lock-ttl-ms",
     "executor.lock-wait-ms",
+    "executor.affinity-index",
+    "executor.affinity-count",
+    "executor.affinity-steal-after-ms",
     "executor.write.connect-timeout-ms",
     "executor.write.read-timeout-ms",
     "executor.write.retries-max",
@@ -65,6 +68,9 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<ExecutorSettings, St
     cfg.batch_max = layers.get("executor.batch-max", cfg.batch_max)?;
     cfg.lock_ttl_ms = layers.get("executor.lock-ttl-ms", cfg.lock_ttl_ms)?;
     cfg.lock_wait_ms = layers.get("executor.lock-wait-ms", cfg.lock_wait_ms)?;
+    cfg.affinity_index = layers.get("executor.affinity-index", cfg.affinity_index)?;
+    cfg.affinity_count = layers.get("executor.affinity-count", cfg.affinity_count)?;
+    cfg.affinity_steal_after_ms = layers.get("executor.affinity-steal-after-ms", cfg.affinity_steal_after_ms)?;
     cfg.write_connect_timeout_ms = layers.get("executor.write.connect-timeout-ms", cfg.write_connect_timeout_ms)?;
     cfg.write_read_timeout_ms = layers.get("executor.write.read-timeout-ms", cfg.write_read_timeout_ms)?;
     cfg.write_retries_max = layers.get("executor.write.retries-max", cfg.write_retries_max)?;
@@ -154,6 +160,19 @@ const _: () = assert!(LOCK_WAIT_MS_MAX < dlock_lock_client::config::ACQUIRE_READ
 /// still has 45 % of its lease to work in. A longer wait hands out grants that are dead on
 /// arrival, and a deep queue of such waiters makes no progress at all.
 pub const LOCK_WAIT_TTL_DIVISOR: u64 = 4;
+/// Default `executor.affinity-count`: 1, every account is this executor's own (no
+/// preference, the behaviour before issue 14 cut 6).
+pub const AFFINITY_COUNT_DEFAULT: u32 = 1;
+/// Largest `executor.affinity-count`.
+pub const AFFINITY_COUNT_MAX: u32 = 1_024;
+/// Default `executor.affinity-index`: 0.
+pub const AFFINITY_INDEX_DEFAULT: u32 = 0;
+/// Default `executor.affinity-steal-after-ms`: a payout of another executor's account that
+/// has waited this long (since its creation) is tried like an own one. Half the default
+/// lease: a dead executor's PENDING payouts are taken soon after its grants would expire.
+pub const AFFINITY_STEAL_AFTER_MS_DEFAULT: u64 = 5_000;
+/// Largest `executor.affinity-steal-after-ms`.
+pub const AFFINITY_STEAL_AFTER_MS_MAX: u64 = 600_000;
 /// Longest injected stall (`executor.chaos.pause-ms`).
 pub const PAUSE_MS_MAX: u64 = 120_000;
 /// Longest any single budget may be set to.
@@ -178,6 +197,15 @@ pub struct ExecutorConfig {
     /// At most [`LOCK_WAIT_MS_MAX`], below the lock client's acquire read budget, and at
     /// most `lock_ttl_ms / LOCK_WAIT_TTL_DIVISOR` (the wait uses up the local lease).
     pub lock_wait_ms: u64,
+    /// `executor.affinity-index` / `executor.affinity-count` (issue 14 cut 6): this executor
+    /// prefers the accounts whose stable hash mod `affinity_count` is `affinity_index`
+    /// ([`crate::worker::affinity_of`]); it tries another executor's account only when no
+    /// own candidate is left in its scan, or once the payout has waited
+    /// `affinity_steal_after_ms`. A preference only narrows what is tried: the lock server
+    /// stays the only authority. Count 1 (the default): every account is its own.
+    pub affinity_index: u32,
+    pub affinity_count: u32,
+    pub affinity_steal_after_ms: u64,
     pub write_connect_timeout_ms: u64,
     pub write_read_timeout_ms: u64,
     pub write_retries_max: u32,
@@ -256,6 +284,9 @@ impl ExecutorConfig {
             batch_max: BATCH_MAX_DEFAULT,
             lock_ttl_ms: LOCK_TTL_MS_DEFAULT,
             lock_wait_ms: LOCK_WAIT_MS_DEFAULT,
+            affinity_index: AFFINITY_INDEX_DEFAULT,
+            affinity_count: AFFINITY_COUNT_DEFAULT,
+            affinity_steal_after_ms: AFFINITY_STEAL_AFTER_MS_DEFAULT,
             write_connect_timeout_ms: WRITE_CONNECT_TIMEOUT_MS_DEFAULT,
             write_read_timeout_ms: WRITE_READ_TIMEOUT_MS_DEFAULT,
             write_retries_max: WRITE_RETRIES_MAX_DEFAULT,
@@ -297,6 +328,15 @@ impl ExecutorConfig {
                 "executor.lock-wait-ms must be 0..={LOCK_WAIT_MS_MAX} (below the lock client's acquire read budget) \
                  and at most executor.lock-ttl-ms / {LOCK_WAIT_TTL_DIVISOR} (a queued wait uses up the lease)"
             ));
+        }
+        if !(1..=AFFINITY_COUNT_MAX).contains(&self.affinity_count) || self.affinity_index >= self.affinity_count {
+            return Err(format!(
+                "executor.affinity-count must be 1..={AFFINITY_COUNT_MAX} and executor.affinity-index \
+                 0..executor.affinity-count (this executor's place among its peers)"
+            ));
+        }
+        if self.affinity_steal_after_ms > AFFINITY_STEAL_AFTER_MS_MAX {
+            return Err(format!("executor.affinity-steal-after-ms must be 0..={AFFINITY_STEAL_AFTER_MS_MAX}"));
         }
         if !(1..=CONCURRENCY_MAX).contains(&self.concurrency) {
             return Err(format!("executor.concurrency must be 1..={CONCURRENCY_MAX}"));
@@ -390,6 +430,36 @@ mod tests {
         let mut c = cfg();
         c.read_tries_max = 0;
         assert!(c.validate().is_err_and(|e| e.contains("executor.read.tries-max")));
+    }
+
+    /// Cut 6: affinity defaults to "every account is mine"; the index must lie below the
+    /// count, both keys resolve, and out-of-range values name their key.
+    #[test]
+    fn affinity_defaults_to_every_account_and_refuses_an_index_outside_the_count() {
+        let c = cfg();
+        assert_eq!((c.affinity_index, c.affinity_count, c.affinity_steal_after_ms), (0, 1, 5_000));
+        let s = resolve(
+            &authed(&[
+                ("executor.affinity-index", "2"),
+                ("executor.affinity-count", "3"),
+                ("executor.affinity-steal-after-ms", "700"),
+            ]),
+            Profile::Production,
+        )
+        .expect("in range");
+        assert_eq!((s.config.affinity_index, s.config.affinity_count, s.config.affinity_steal_after_ms), (2, 3, 700));
+        let err = resolve(
+            &authed(&[("executor.affinity-index", "3"), ("executor.affinity-count", "3")]),
+            Profile::Production,
+        )
+        .expect_err("index outside the count");
+        assert!(err.contains("executor.affinity-index"), "{err}");
+        let mut c = cfg();
+        c.affinity_count = 0;
+        assert!(c.validate().is_err_and(|e| e.contains("executor.affinity-count")));
+        let mut c = cfg();
+        c.affinity_steal_after_ms = AFFINITY_STEAL_AFTER_MS_MAX + 1;
+        assert!(c.validate().is_err_and(|e| e.contains("executor.affinity-steal-after-ms")));
     }
 
     #[test]

@@ -22,7 +22,21 @@
 //! 4. submit once to the rail-proxy with the same token. Never retried, whatever happens;
 //! 5. release, acquire a newer grant, and post (P3) with it: each grant passes each fence
 //!    once (C3-extensions C-10, C-12);
-//! 6. release.
+//! 6. release, from a spawned task (issue 14 cut 5): the task goes on to its next candidate
+//!    while the DELETE is in flight. No fenced write follows a release, so no check moves;
+//!    the account stays marked as worked by this executor until the release has answered
+//!    (a sibling does not ask for it meanwhile). At most [`RELEASES_IN_FLIGHT_PER_TASK_MAX`]
+//!    per task are in flight (past that the release is awaited in line), and shutdown
+//!    waits up to [`RELEASE_DRAIN_MS_MAX`] for them. The `release` hop is still timed.
+//!
+//! **Account affinity** (issue 14 cut 6): with `executor.affinity-count` n > 1, the executor
+//! with `executor.affinity-index` i prefers the accounts whose [`affinity_of`] is i: a pass
+//! tries only those (and any payout that has waited `executor.affinity-steal-after-ms`
+//! since its creation), and every candidate only when the scan holds none of its own. An
+//! acquire refused because another executor holds the account drops that account's
+//! candidates from the shared scan until the next scan. Both only narrow what is tried;
+//! the lock server stays the only authority, and a dead executor's accounts are taken by
+//! the others once their own runs are dry or its payouts have waited the bound (liveness).
 //!
 //! Before each fenced write the local lease deadline is checked; once it has passed, the
 //! executor does not write (FR-11). `FENCED_OUT` anywhere aborts the critical section: no
@@ -74,6 +88,23 @@ pub const SESSION_RETRY_MS_MAX: u64 = 5_000;
 /// The states a scan reads, in the order they are worked.
 pub const SCAN_STATES: [PayoutState; 3] = [PayoutState::RailAcked, PayoutState::Claimed, PayoutState::Pending];
 
+/// Final releases (after the post answered) one task may have in flight in the background;
+/// past that the next is awaited in line.
+pub const RELEASES_IN_FLIGHT_PER_TASK_MAX: usize = 2;
+/// Longest shutdown waits for the background releases still in flight (the lock client's
+/// release connect + read budget, 500 ms + 2 s, plus margin); past it the grants expire on
+/// the server.
+pub const RELEASE_DRAIN_MS_MAX: u64 = 3_000;
+
+/// The account's place among `count` executors (issue 14 cut 6): a stable 64-bit FNV-1a
+/// hash of its id, mod `count`. The same in every process and version (no seeded hasher).
+pub fn affinity_of(account_id: &str, count: u32) -> u32 {
+    const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
+    let hash = account_id.bytes().fold(FNV_OFFSET, |h, b| (h ^ u64::from(b)).wrapping_mul(FNV_PRIME));
+    (hash % u64::from(count.max(1))) as u32
+}
+
 /// The worker. Cheap to share; each task keeps its own lock session.
 #[derive(Debug)]
 pub struct Executor {
@@ -84,7 +115,11 @@ pub struct Executor {
     /// Accounts one of this executor's tasks is working on (acquiring or holding). A sibling
     /// skips them without asking the lock server: only ever "do less", the lock server stays
     /// the only authority (at most [`ExecutorConfig::concurrency`] entries).
-    working: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Counted: a background release keeps its account marked until it has answered.
+    working: Arc<std::sync::Mutex<std::collections::BTreeMap<String, usize>>>,
+    /// Slots for background final releases ([`RELEASES_IN_FLIGHT_PER_TASK_MAX`] per task);
+    /// shutdown takes them all back to drain.
+    release_slots: Arc<tokio::sync::Semaphore>,
     /// The last scan of the work queue and when it was taken: a task that finds it younger
     /// than `executor.poll-interval-ms` works from it instead of scanning again (an idle
     /// task would have slept that long anyway); a payout a task has worked leaves it.
@@ -108,16 +143,21 @@ enum Step {
 }
 
 /// An account marked in [`Executor::working`], unmarked when dropped (every way a critical
-/// section ends, cancellation included).
-struct Working<'a> {
-    set: &'a std::sync::Mutex<std::collections::BTreeSet<String>>,
+/// section ends, cancellation included). Marks are counted: a background release adds one.
+struct Working {
+    set: Arc<std::sync::Mutex<std::collections::BTreeMap<String, usize>>>,
     account: String,
 }
 
-impl Drop for Working<'_> {
+impl Drop for Working {
     fn drop(&mut self) {
         if let Ok(mut set) = self.set.lock() {
-            set.remove(&self.account);
+            if let Some(n) = set.get_mut(&self.account) {
+                *n -= 1;
+                if *n == 0 {
+                    set.remove(&self.account);
+                }
+            }
         }
     }
 }
@@ -137,13 +177,15 @@ impl Executor {
             dlock_rt::trace::hash_str(cfg.owner_id.as_str()),
             clock.wall().timestamp_millis() as u64,
         ]);
+        let release_slots = Arc::new(tokio::sync::Semaphore::new(cfg.concurrency * RELEASES_IN_FLIGHT_PER_TASK_MAX));
         Ok(Arc::new(Executor {
             traces,
             cfg,
             metrics: Arc::new(ExecutorMetrics::default()),
             hops,
             clock,
-            working: std::sync::Mutex::new(std::collections::BTreeSet::new()),
+            release_slots,
+            working: Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new())),
             last_scan: tokio::sync::Mutex::new(None),
         }))
     }
@@ -158,6 +200,27 @@ impl Executor {
         for t in tasks {
             let _ = t.await;
         }
+        self.drain_releases().await;
+    }
+
+    /// Waits, up to [`RELEASE_DRAIN_MS_MAX`], until no background release is in flight.
+    /// `true` when none is left.
+    pub async fn drain_releases(&self) -> bool {
+        let all = u32::try_from(self.cfg.concurrency * RELEASES_IN_FLIGHT_PER_TASK_MAX).unwrap_or(u32::MAX);
+        let drained =
+            dlock_rt::timeout(Duration::from_millis(RELEASE_DRAIN_MS_MAX), self.release_slots.acquire_many(all));
+        match drained.await {
+            Some(Ok(_permits)) => true,
+            _ => {
+                tracing::warn!(boundMs = RELEASE_DRAIN_MS_MAX, "executor_releases_not_drained");
+                false
+            }
+        }
+    }
+
+    /// Background final releases in flight now.
+    pub fn releases_in_flight(&self) -> usize {
+        self.cfg.concurrency * RELEASES_IN_FLIGHT_PER_TASK_MAX - self.release_slots.available_permits()
     }
 
     /// The lock client of task `index`: owner `{owner}/{index}` (FR-30), one acquire attempt
@@ -217,6 +280,7 @@ impl Executor {
             if let Some(s) = &session {
                 let mut candidates = self.shared_scan().await;
                 shuffle_within_states(&mut candidates, &mut rng);
+                let candidates = self.prefer_own(candidates);
                 // Accounts found busy in this pass: their other candidates wait for a later
                 // scan instead of asking the lock server again.
                 let mut busy = std::collections::BTreeSet::new();
@@ -282,6 +346,34 @@ impl Executor {
         let found = self.scan().await;
         *last = Some((taken, found.clone()));
         found
+    }
+
+    /// Cut 6: the candidates this executor tries in a pass. With `executor.affinity-count`
+    /// 1 all of them; else its own accounts' ([`affinity_of`] = its index) and every payout
+    /// that has waited `executor.affinity-steal-after-ms`, in scan order; and all of them
+    /// when the scan holds none of those (its own run is dry). Never adds a candidate.
+    pub fn prefer_own(&self, candidates: Vec<Candidate>) -> Vec<Candidate> {
+        let (count, index) = (self.cfg.affinity_count, self.cfg.affinity_index);
+        if count <= 1 {
+            return candidates;
+        }
+        let now = self.clock.wall();
+        let steal_after_ms = i64::try_from(self.cfg.affinity_steal_after_ms).unwrap_or(i64::MAX);
+        let overdue = |c: &Candidate| c.created_at.is_some_and(|t| (now - t).num_milliseconds() >= steal_after_ms);
+        let (own, others): (Vec<Candidate>, Vec<Candidate>) =
+            candidates.into_iter().partition(|c| affinity_of(&c.account_id, count) == index || overdue(c));
+        if own.is_empty() {
+            return others;
+        }
+        own
+    }
+
+    /// Cut 6: another executor was just seen holding `account` (a refused acquire): its
+    /// candidates leave the shared scan, so no sibling asks for it again before the next scan.
+    async fn forget_account(&self, account: &str) {
+        if let Some((_, found)) = self.last_scan.lock().await.as_mut() {
+            found.retain(|c| c.account_id != account);
+        }
     }
 
     /// Takes a payout this executor has worked out of the shared scan, so a sibling does
@@ -368,6 +460,9 @@ impl Executor {
                 return (None, Step::Reset);
             }
             Err(e) => {
+                if e.code() == Some(ErrorCode::LockContended) {
+                    self.forget_account(&c.account_id).await;
+                }
                 tracing::debug!(key, cause = %e, "executor_account_busy");
                 return (None, Step::Busy);
             }
@@ -387,9 +482,38 @@ impl Executor {
     }
 
     /// Marks `account` as worked by the calling task; `None` when a sibling already works it.
-    fn mark_working(&self, account: &str) -> Option<Working<'_>> {
+    fn mark_working(&self, account: &str) -> Option<Working> {
         let mut set = self.working.lock().ok()?;
-        set.insert(account.to_owned()).then(|| Working { set: &self.working, account: account.to_owned() })
+        if set.contains_key(account) {
+            return None;
+        }
+        set.insert(account.to_owned(), 1);
+        Some(Working { set: self.working.clone(), account: account.to_owned() })
+    }
+
+    /// One more mark on `account`, held by a background release (the account may be
+    /// marked already: marks are counted).
+    fn pin_working(&self, account: &str) -> Option<Working> {
+        let mut set = self.working.lock().ok()?;
+        *set.entry(account.to_owned()).or_insert(0) += 1;
+        Some(Working { set: self.working.clone(), account: account.to_owned() })
+    }
+
+    /// Cut 5: the final release, sent from a spawned task while the caller goes on; the
+    /// account stays marked until it answers, and the `release` hop is timed there. Awaited
+    /// in line when [`RELEASES_IN_FLIGHT_PER_TASK_MAX`] per task are already in flight.
+    async fn release_in_background(&self, guard: LockGuard) {
+        let Ok(slot) = self.release_slots.clone().try_acquire_owned() else {
+            return self.release(guard).await;
+        };
+        let account = guard.key().strip_prefix("payout:").unwrap_or(guard.key()).to_owned();
+        let pin = self.pin_working(&account);
+        let (metrics, clock) = (self.metrics.clone(), self.clock);
+        let _detached = dlock_rt::spawn(async move {
+            let _ = metrics.hops.time(&clock, Hop::Release, guard.release()).await;
+            drop(pin);
+            drop(slot);
+        });
     }
 
     async fn execute_held(&self, session: &Session, owner: &str, c: &Candidate, guard: LockGuard) -> Option<Outcome> {
@@ -698,7 +822,10 @@ impl Executor {
                 }
             },
         };
-        self.finish(guard, outcome).await
+        // Cut 5: the post has answered; nothing fenced follows, so the release leaves the
+        // critical path.
+        self.release_in_background(guard).await;
+        outcome
     }
 }
 
@@ -732,6 +859,59 @@ mod tests {
 
     fn candidate(state: PayoutState, n: u128) -> Candidate {
         Candidate { payout_id: Uuid::from_u128(n), account_id: format!("a-{n}"), state, created_at: None }
+    }
+
+    /// Cut 6: the affinity hash is stable (pinned values: a change would reshuffle every
+    /// deployment's executors) and every account has exactly one preferred executor.
+    #[test]
+    fn affinity_is_a_stable_hash_and_gives_each_account_one_executor() {
+        let pinned: Vec<u32> = (0..6).map(|a| affinity_of(&format!("acct-{a}"), 4)).collect();
+        assert_eq!(pinned, PINNED_AFFINITY.to_vec());
+        assert_eq!(affinity_of("anything", 1), 0);
+        assert_eq!(affinity_of("anything", 0), 0, "a count of 0 is read as 1");
+        for a in 0..200 {
+            let account = format!("acct-{a}");
+            let owners = (0..3).filter(|&i| affinity_of(&account, 3) == i).count();
+            assert_eq!(owners, 1, "{account}");
+        }
+        let spread: std::collections::BTreeSet<u32> = (0..64).map(|a| affinity_of(&format!("a{a}"), 4)).collect();
+        assert_eq!(spread.len(), 4, "64 accounts reach every one of 4 executors");
+    }
+
+    /// `affinity_of("acct-0".."acct-5", 4)`.
+    const PINNED_AFFINITY: [u32; 6] = [3, 0, 1, 2, 3, 0];
+
+    fn executor(index: u32, count: u32, steal_after_ms: u64) -> Arc<Executor> {
+        let url = |p: u16| dlock_rt::http::BaseUrl::parse(&format!("http://127.0.0.1:{p}")).expect("url");
+        let mut cfg = ExecutorConfig::new(url(1), url(2), url(3), OwnerId::parse("e").expect("owner"));
+        (cfg.affinity_index, cfg.affinity_count, cfg.affinity_steal_after_ms) = (index, count, steal_after_ms);
+        Executor::new(cfg, Clock::system()).expect("valid")
+    }
+
+    /// Cut 6: a pass tries its own accounts (and overdue payouts of others) in scan order;
+    /// another executor's accounts only when none of its own is in the scan; with one
+    /// executor, everything.
+    #[tokio::test]
+    async fn a_pass_prefers_own_accounts_and_takes_others_only_when_dry_or_overdue() {
+        let mine = (0..64).map(|a| format!("acct-{a}")).find(|a| affinity_of(a, 2) == 0).expect("one of mine");
+        let theirs = (0..64).map(|a| format!("acct-{a}")).find(|a| affinity_of(a, 2) == 1).expect("one of theirs");
+        let at = |account: &str, n: u128, age_ms: i64| Candidate {
+            payout_id: Uuid::from_u128(n),
+            account_id: account.to_owned(),
+            state: PayoutState::Pending,
+            created_at: Some(Clock::system().wall() - chrono::Duration::milliseconds(age_ms)),
+        };
+        let e = executor(0, 2, 5_000);
+        let scan = vec![at(&theirs, 1, 0), at(&mine, 2, 0), at(&theirs, 3, 60_000), at(&mine, 4, 0)];
+        let ids = |c: Vec<Candidate>| c.iter().map(|c| c.payout_id.as_u128()).collect::<Vec<_>>();
+        assert_eq!(ids(e.prefer_own(scan.clone())), vec![2, 3, 4], "own ones and the overdue one, in order");
+        let dry = vec![at(&theirs, 1, 0), at(&theirs, 5, 0)];
+        assert_eq!(ids(e.prefer_own(dry.clone())), vec![1, 5], "a dry run takes the others");
+        let other = executor(1, 2, 5_000);
+        assert_eq!(ids(other.prefer_own(scan.clone())), vec![1, 3]);
+        assert_eq!(ids(executor(0, 1, 5_000).prefer_own(scan.clone())), vec![1, 2, 3, 4], "one executor: all");
+        let never_steal = executor(0, 2, crate::config::AFFINITY_STEAL_AFTER_MS_MAX);
+        assert_eq!(ids(never_steal.prefer_own(scan)), vec![2, 4]);
     }
 
     #[test]

@@ -213,6 +213,63 @@ async fn executors_settle_every_payout_once_with_a_balanced_ledger() {
     assert_eq!(fenced, 0, "no executor was fenced out in a run without pauses");
 }
 
+/// Cut 6: with affinity, only executor 0 of 2 runs (executor 1 is dead from the start):
+/// its own accounts' payouts come first, and once its run is dry it takes executor 1's
+/// accounts too. Every payout is posted exactly once: preference never costs liveness.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_executor_with_affinity_also_settles_the_accounts_of_a_dead_peer() {
+    let c = cluster(&[]).await;
+    let ids = seed(&c, 4, 16, 100_000, 1_000).await;
+    let theirs = (0..4).filter(|a| dlock_executor::worker::affinity_of(&format!("acct-{a}"), 2) == 1).count();
+    assert!(theirs > 0, "the dead peer owns some of the accounts");
+    let mut cfg = config(&c.lock, &c.payment, &c.proxy, "executor-0");
+    (cfg.concurrency, cfg.affinity_index, cfg.affinity_count) = (2, 0, 2);
+    let ex = Executor::new(cfg, Clock::system()).expect("config");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(ex.clone().run(stop_rx));
+    let done = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(DRAIN_MS_MAX), || async {
+        states(&c.paydb, &ids).await.values().all(|s| *s == PayoutState::Posted).then_some(())
+    })
+    .await;
+    let _ = stop_tx.send(true);
+    run.await.expect("stops");
+    assert!(done.is_some(), "not every payout was posted: {:?}", states(&c.paydb, &ids).await);
+    let mut calls = rail_calls(&c.stub).await;
+    calls.sort();
+    let mut expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+    expected.sort();
+    assert_eq!(calls, expected, "each payout reaches the rail exactly once");
+    assert_eq!(ex.metrics.get(Outcome::Posted), ids.len() as u64);
+    assert_ledger_balances(&c.paydb).await;
+}
+
+/// Cut 5: the final release (after the post answered) is sent from a background task:
+/// the critical section has returned, the release still lands with the session open, it
+/// is timed as the `release` hop (the one between submit and post and the final one), and
+/// a drain waits for it within its bound.
+#[tokio::test]
+async fn the_final_release_is_sent_in_the_background_timed_and_drained() {
+    let r = rig(|_| {}).await;
+    r.payment.on(&r.claim_path(), vec![claimed_ok()]);
+    r.proxy.on(SUBMISSIONS, vec![acked()]);
+    r.payment.on(&r.post_path(), vec![posted_ok()]);
+    let client = r.executor.lock_client(0).expect("client");
+    let session = client.open_session().await.expect("session");
+    let c = dlock_executor::worker::Candidate {
+        payout_id: r.payout,
+        account_id: "acct-1".into(),
+        state: PayoutState::Pending,
+        created_at: None,
+    };
+    assert_eq!(r.executor.execute(&session, "executor-1/0", &c).await, Some(Outcome::Posted));
+    assert!(r.executor.drain_releases().await, "drained within RELEASE_DRAIN_MS_MAX");
+    assert_eq!(r.executor.releases_in_flight(), 0);
+    assert!(r.lock_is_free().await, "released while the session is still open");
+    let text = r.executor.metrics.render();
+    assert_eq!(sample(&text, "payout_hop_seconds_count{hop=\"release\"}"), 2.0, "{text}");
+    let _ = session.close().await;
+}
+
 /// Runs one executor until every payout in `ids` is terminal; returns the final states.
 async fn drain(c: &Cluster, ids: &[Uuid]) -> (Arc<Executor>, BTreeMap<Uuid, PayoutState>) {
     let ex = Executor::new(config(&c.lock, &c.payment, &c.proxy, "executor-1"), Clock::system()).expect("config");

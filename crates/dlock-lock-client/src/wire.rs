@@ -1,8 +1,13 @@
 //! The lock server's HTTP surface as the client sends it (C3 §3.3): request bodies, paths,
 //! headers, and the first reading of an answer (success, C3 envelope, or neither).
 //!
-//! One connection per request ([`HttpClient`]), so a request's fate is never blurred by a
-//! pool: `Connect` means nothing left this process; `Timeout` and `Broken` mean it may have.
+//! One connection per request ([`HttpClient`]) for acquire, renew and reads, so a
+//! request's fate is never blurred by a pool: `Connect` means nothing left this process;
+//! `Timeout` and `Broken` mean it may have (a lost acquire answer resets the session).
+//! Release and heartbeat keep their connections alive ([`HttpClient::with_keep_alive`],
+//! issue 14 cut 9): a lost answer of either is already safe (a release is never retried and
+//! the lease expires; a missed heartbeat is followed by the next one), and a failure on a
+//! reused connection is never "nothing sent", so no retry rule changes.
 
 use bytes::Bytes;
 use dlock_contract::{ErrorEnvelope, FencingToken, OwnerId, CONTENT_TYPE_JSON, HEADER_FENCING_TOKEN, HEADER_OWNER_ID};
@@ -106,9 +111,9 @@ impl Transport {
             base: cfg.base_url.clone(),
             owner: cfg.owner_id.clone(),
             acquire: budget(cfg.acquire_connect_timeout_ms, cfg.acquire_read_timeout_ms),
-            heartbeat: budget(cfg.heartbeat_connect_timeout_ms, cfg.heartbeat_read_timeout_ms),
+            heartbeat: budget(cfg.heartbeat_connect_timeout_ms, cfg.heartbeat_read_timeout_ms).with_keep_alive(),
             renew: budget(cfg.renew_connect_timeout_ms, cfg.renew_read_timeout_ms),
-            release: budget(cfg.release_connect_timeout_ms, cfg.release_read_timeout_ms),
+            release: budget(cfg.release_connect_timeout_ms, cfg.release_read_timeout_ms).with_keep_alive(),
             read: budget(cfg.read_connect_timeout_ms, cfg.read_read_timeout_ms),
         }
     }
@@ -141,6 +146,17 @@ impl Transport {
 mod tests {
     use super::*;
     use dlock_contract::ErrorCode;
+
+    /// Cut 9: only release and heartbeat keep connections alive; acquire (a lost answer
+    /// resets the session), renew and reads open one per request.
+    #[test]
+    fn only_release_and_heartbeat_keep_connections_alive() {
+        let url = dlock_rt::http::BaseUrl::parse("http://127.0.0.1:1").expect("url");
+        let cfg = LockClientConfig::new(url, OwnerId::parse("w").expect("owner"));
+        let t = Transport::new(&cfg);
+        assert!(t.release.keeps_alive() && t.heartbeat.keeps_alive());
+        assert!(!t.acquire.keeps_alive() && !t.renew.keeps_alive() && !t.read.keeps_alive());
+    }
 
     #[test]
     fn bodies_use_the_c3_field_names() {

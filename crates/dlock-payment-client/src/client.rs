@@ -75,7 +75,7 @@ fn query_escape(raw: &str) -> String {
     out
 }
 
-/// The client. Cheap to clone; holds no connection.
+/// The client. Cheap to clone; clones share its kept-alive connections.
 #[derive(Debug, Clone)]
 pub struct PaymentClient {
     cfg: PaymentClientConfig,
@@ -124,15 +124,24 @@ impl PaymentClient {
     /// A client with validated settings.
     pub fn new(cfg: PaymentClientConfig) -> Result<PaymentClient, String> {
         cfg.validate()?;
-        let write_budget =
-            HttpClient::new(cfg.write_connect_timeout_ms, cfg.write_read_timeout_ms).with_bearer(cfg.bearer.clone());
-        let read_budget =
-            HttpClient::new(cfg.read_connect_timeout_ms, cfg.read_read_timeout_ms).with_bearer(cfg.bearer.clone());
+        // Kept alive (cut 9): a lost answer of any call here is already safe to ask again.
+        let write_budget = HttpClient::new(cfg.write_connect_timeout_ms, cfg.write_read_timeout_ms)
+            .with_bearer(cfg.bearer.clone())
+            .with_keep_alive();
+        let read_budget = HttpClient::new(cfg.read_connect_timeout_ms, cfg.read_read_timeout_ms)
+            .with_bearer(cfg.bearer.clone())
+            .with_keep_alive();
         Ok(PaymentClient { cfg, write_budget, read_budget })
     }
 
     pub fn config(&self) -> &PaymentClientConfig {
         &self.cfg
+    }
+
+    /// Connections this client has opened (writes and reads together): with keep-alive,
+    /// far fewer than its requests.
+    pub fn connections_opened(&self) -> u64 {
+        self.write_budget.connections_opened() + self.read_budget.connections_opened()
     }
 
     /// P1: one page of payouts in a state (advisory).

@@ -9,9 +9,13 @@
 //!
 //! # Invariants
 //!
-//! 1. **One connection per request** (`dlock_rt::http::HttpClient`), so a request's fate is
-//!    never blurred by a pool: a failed connect is [`PaymentRefusal::NothingSent`]; a read
-//!    timeout or a broken connection after the connect is [`PaymentRefusal::NoAnswer`].
+//! 1. **Kept-alive connections, fates kept exact** (`dlock_rt::http::HttpClient::with_keep_alive`,
+//!    issue 14 cut 9): every call here is safe to ask again (reads are advisory, writes
+//!    carry their idempotency key), so answered connections are reused. Only a failed
+//!    connect of a *fresh* connection is [`PaymentRefusal::NothingSent`] (and may be
+//!    retried); a read timeout or a broken connection, a reused one included, is
+//!    [`PaymentRefusal::NoAnswer`], which a write never retries: the payout stays
+//!    undecided and a later scan retries it under a new grant.
 //! 2. **Writes** (claim, post, the creates) use the write budget (C3 §3.8: 500 ms / 3 s) and
 //!    are re-sent at most `write_retries_max` (1) times, and only when nothing was sent or
 //!    the answer is a 503 envelope whose code the catalogue calls retry-safe

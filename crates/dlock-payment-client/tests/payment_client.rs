@@ -278,6 +278,28 @@ async fn a_write_whose_answer_is_lost_is_ambiguous_and_never_re_sent() {
     assert_eq!(fake.count("POST", &post_path()), 1);
 }
 
+/// Cut 9: reads and writes keep their connections alive (one per budget here), and a
+/// write whose *reused* connection breaks before the answer is `NoAnswer`, never
+/// `NothingSent`, so it is not re-sent whatever `write_retries_max` allows.
+#[tokio::test]
+async fn a_write_on_a_reused_connection_that_breaks_is_no_answer_and_never_re_sent() {
+    let fake = FakeService::start().await;
+    fake.script("GET", &view_path(), [json(200, &payout_body()), json(200, &payout_body())]);
+    fake.script("POST", &claim_path(), [json(200, &claim_ack())]);
+    fake.script("POST", &post_path(), [Reply::Drop]);
+    let c = client(&fake.base, |c| c.write_retries_max = 3);
+
+    c.payout(PAYOUT).await.expect("read");
+    c.payout(PAYOUT).await.expect("read again");
+    claim(&c).await.expect("claimed");
+    assert_eq!(c.connections_opened(), 2, "one connection per budget, reused");
+    let dropped = c.post(PAYOUT, token(), &owner(), &key(), &post_request()).await.expect_err("dropped");
+    assert!(matches!(dropped, PaymentRefusal::NoAnswer { operation: Operation::Post, .. }), "{dropped:?}");
+    assert!(dropped.outcome_unknown() && !dropped.retry_safe());
+    assert_eq!(fake.count("POST", &post_path()), 1, "never re-sent");
+    assert_eq!(c.connections_opened(), 2, "the post went on the claim's connection");
+}
+
 #[tokio::test]
 async fn the_write_read_budget_bounds_a_slow_answer() {
     let fake = FakeService::start().await;

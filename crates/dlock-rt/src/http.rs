@@ -1,9 +1,24 @@
 //! HTTP serve and connect over tokio's or madsim's TCP.
 //!
 //! Servers are axum routers driven by hyper's HTTP/1 connection builder, one task per
-//! connection. Clients open one connection per request, so a request's fate (never sent,
-//! sent and answered, sent and lost) is never blurred by a pool: the rail-proxy depends on
-//! telling "could not connect" (nothing presented) from "sent, no answer" (ambiguous).
+//! connection (keep-alive: one connection may carry many requests). A client opens one
+//! connection per request by default, so a request's fate (never sent, sent and answered,
+//! sent and lost) is never blurred by a pool: the rail-proxy and the executor's submit
+//! depend on telling "could not connect" (nothing presented) from "sent, no answer"
+//! (ambiguous), and so does the lock client's acquire.
+//!
+//! A client made with [`HttpClient::with_keep_alive`] keeps answered connections open for
+//! the next request to the same authority: only for hops where a lost answer is already
+//! safe to ask again (advisory GETs, idempotency-keyed writes, lock release and heartbeat).
+//! Its invariants (asserted in release builds too):
+//! - A failure on a reused connection is never "nothing sent": once a request is handed to
+//!   a connection, every failure is [`ClientError::Broken`] or [`ClientError::Timeout`].
+//!   `Connect` comes only from opening a fresh connection. An idle connection found closed
+//!   (or not ready within the connect budget) *before* the request is handed to it is
+//!   dropped unused, so no byte of that request went anywhere.
+//! - Bounded: at most [`KEEP_ALIVE_IDLE_PER_HOST_MAX`] idle connections per authority, none
+//!   reused after [`KEEP_ALIVE_IDLE_MS_MAX`] idle, which is shorter than the server's idle
+//!   close ([`HEADER_READ_MS_MAX`]); a connection leaves the pool while it carries a request.
 //!
 //! Every request head a server receives is validated before hyper parses it (see
 //! [`guard`]): a malformed request line, a target that is not a URI, a malformed header or
@@ -42,6 +57,14 @@ use tower::ServiceExt;
 pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 5_000;
 /// Longest an idle server connection may take to send its request head.
 pub const HEADER_READ_MS_MAX: u64 = 30_000;
+/// Longest a kept-alive client connection ([`HttpClient::with_keep_alive`]) may sit idle
+/// and still be reused: shorter than the server's idle close ([`HEADER_READ_MS_MAX`]), so a
+/// server does not close a connection for idleness just as the client reuses it.
+pub const KEEP_ALIVE_IDLE_MS_MAX: u64 = 4_000;
+const _: () = assert!(KEEP_ALIVE_IDLE_MS_MAX < HEADER_READ_MS_MAX);
+/// Most idle connections one kept-alive client holds per authority (more in use at once
+/// are closed after their answer instead of being kept).
+pub const KEEP_ALIVE_IDLE_PER_HOST_MAX: usize = 16;
 /// Default bound on a request's header section (request line, headers, final CRLF), in
 /// bytes: `http.header-bytes-max`.
 pub const HEADER_BYTES_MAX_DEFAULT: usize = 16_384;
@@ -438,6 +461,79 @@ pub struct HttpClient {
     tls: Option<crate::tls::ClientTls>,
     /// Where the `Authorization` header comes from (none: no header).
     pub bearer: Option<Bearer>,
+    /// Kept-alive connections ([`HttpClient::with_keep_alive`]), shared by clones; `None`:
+    /// one connection per request.
+    pool: Option<std::sync::Arc<Pool>>,
+}
+
+/// One open client connection: hyper's sender and the task driving the socket (aborted,
+/// and so the socket closed, when this is dropped).
+struct Conn {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// The idle connections of one kept-alive client, by authority (a `BTreeMap`: nothing
+/// depends on its order, and none leaks).
+#[derive(Default)]
+struct Pool {
+    idle: std::sync::Mutex<std::collections::BTreeMap<String, Vec<(crate::Instant, Conn)>>>,
+    /// Connections this client has opened (reused ones are not counted again).
+    opened: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("opened", &self.opened.load(std::sync::atomic::Ordering::Relaxed)).finish()
+    }
+}
+
+impl Pool {
+    /// Pool timestamps are read on the reference clock: one client may be used from tasks
+    /// of several simulated nodes, whose own instants do not compare.
+    fn now() -> crate::Instant {
+        crate::Clock::reference().now()
+    }
+
+    fn fresh(since: crate::Instant, now: crate::Instant) -> bool {
+        now.saturating_duration_since(since) < Duration::from_millis(KEEP_ALIVE_IDLE_MS_MAX)
+    }
+
+    /// The most recently idle connection to `authority` that is still open and within
+    /// the idle window; older or closed ones are dropped.
+    fn take(&self, authority: &str) -> Option<Conn> {
+        let now = Pool::now();
+        let mut idle = self.idle.lock().ok()?;
+        let list = idle.get_mut(authority)?;
+        while let Some((since, conn)) = list.pop() {
+            if Pool::fresh(since, now) && !conn.sender.is_closed() {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Keeps `conn` for the next request to `authority`, unless it is closed or the
+    /// authority already has [`KEEP_ALIVE_IDLE_PER_HOST_MAX`] idle ones.
+    fn put(&self, authority: &str, conn: Conn) {
+        if conn.sender.is_closed() {
+            return;
+        }
+        let now = Pool::now();
+        let Ok(mut idle) = self.idle.lock() else { return };
+        let list = idle.entry(authority.to_owned()).or_default();
+        list.retain(|(since, c)| Pool::fresh(*since, now) && !c.sender.is_closed());
+        if list.len() < KEEP_ALIVE_IDLE_PER_HOST_MAX {
+            list.push((now, conn));
+        }
+        assert!(list.len() <= KEEP_ALIVE_IDLE_PER_HOST_MAX, "the idle pool is bounded");
+    }
 }
 
 /// A complete response.
@@ -452,7 +548,27 @@ impl HttpClient {
     /// A client with this process's TLS (none unless installed).
     pub fn new(connect_timeout_ms: u64, read_timeout_ms: u64) -> HttpClient {
         let tls = crate::tls::process_tls().map(|t| t.client.clone());
-        HttpClient { connect_timeout_ms, read_timeout_ms, tls, bearer: PROCESS_BEARER.get().cloned() }
+        HttpClient { connect_timeout_ms, read_timeout_ms, tls, bearer: PROCESS_BEARER.get().cloned(), pool: None }
+    }
+
+    /// This client, keeping answered connections open for its next requests (a new, empty
+    /// pool shared by this client's clones; see the module doc for its bounds and rules).
+    /// Only for requests whose lost answer is already safe to ask again: never for an
+    /// acquire, a submission or a rail call.
+    pub fn with_keep_alive(mut self) -> HttpClient {
+        self.pool = Some(std::sync::Arc::new(Pool::default()));
+        self
+    }
+
+    /// Whether this client keeps connections alive.
+    pub fn keeps_alive(&self) -> bool {
+        self.pool.is_some()
+    }
+
+    /// Connections a kept-alive client has opened so far (0 for a one-connection-per-request
+    /// client, which keeps no count).
+    pub fn connections_opened(&self) -> u64 {
+        self.pool.as_ref().map_or(0, |p| p.opened.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// This client with `tls` instead of the process's.
@@ -557,13 +673,6 @@ impl HttpClient {
     ) -> Result<ClientResponse, ClientError> {
         self.check_scheme(base)?;
         assert_eq!(base.tls, self.tls.is_some(), "E-15: a request's transport is its URL's scheme");
-        let connect = TcpStream::connect(base.authority.as_str());
-        let stream = match crate::timeout(Duration::from_millis(self.connect_timeout_ms), connect).await {
-            None => return Err(ClientError::Connect(format!("timed out after {} ms", self.connect_timeout_ms))),
-            Some(Err(e)) => return Err(ClientError::Connect(e.to_string())),
-            Some(Ok(s)) => s,
-        };
-        let _ = stream.set_nodelay(true);
         // The one place a credential is put on the wire (after the wire log, never logged).
         let authorization = match &self.bearer {
             Some(b) if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("authorization")) => {
@@ -583,8 +692,55 @@ impl HttpClient {
             builder = builder.header(crate::trace::TRACEPARENT_HEADER, hop.traceparent());
         }
         let req = builder.body(Full::new(body.unwrap_or_default())).map_err(|e| ClientError::BadUrl(e.to_string()))?;
+        let Some(pool) = &self.pool else {
+            let mut conn = self.open(base).await?;
+            return self.exchange(&mut conn, req).await;
+        };
+        let (mut conn, reused) = match self.reusable(pool, base).await {
+            Some(conn) => (conn, true),
+            None => (self.open(base).await?, false),
+        };
+        let result = self.exchange(&mut conn, req).await;
+        // From the hand-over on, a failure is ambiguous, on a reused connection above all.
+        assert!(
+            !(reused && result.as_ref().is_err_and(ClientError::nothing_sent)),
+            "a failure on a reused connection is never \"nothing sent\""
+        );
+        if result.is_ok() {
+            pool.put(&base.authority, conn);
+        }
+        result
+    }
+
+    /// An idle connection of `pool` to `base`, ready for a request within the connect
+    /// budget. One that is closed or not ready is dropped before any request is handed to
+    /// it (nothing of this request was sent on it), and the next is tried.
+    async fn reusable(&self, pool: &Pool, base: &BaseUrl) -> Option<Conn> {
+        let budget = Duration::from_millis(self.connect_timeout_ms);
+        while let Some(mut conn) = pool.take(&base.authority) {
+            if let Some(Ok(())) = crate::timeout(budget, conn.sender.ready()).await {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// Opens a connection to `base` (TCP, then TLS when the client has it) and starts
+    /// hyper's driver on it. Every failure here is "nothing sent": no byte of a request is
+    /// written before this returns.
+    async fn open(&self, base: &BaseUrl) -> Result<Conn, ClientError> {
+        let connect = TcpStream::connect(base.authority.as_str());
+        let stream = match crate::timeout(Duration::from_millis(self.connect_timeout_ms), connect).await {
+            None => return Err(ClientError::Connect(format!("timed out after {} ms", self.connect_timeout_ms))),
+            Some(Err(e)) => return Err(ClientError::Connect(e.to_string())),
+            Some(Ok(s)) => s,
+        };
+        let _ = stream.set_nodelay(true);
+        if let Some(pool) = &self.pool {
+            pool.opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         match &self.tls {
-            None => self.exchange(SkipEmptyFlush::new(stream), req).await,
+            None => Self::start(SkipEmptyFlush::new(stream)).await,
             Some(tls) => {
                 // The handshake is part of connecting: no byte of the request is written
                 // before it completes, so its failure is "nothing sent".
@@ -598,33 +754,33 @@ impl HttpClient {
                     Some(Err(e)) => return Err(ClientError::Connect(format!("TLS handshake failed: {e}"))),
                     Some(Ok(io)) => io,
                 };
-                self.exchange(io, req).await
+                Self::start(io).await
             }
         }
     }
 
-    /// Sends `req` on the connection `io` and reads the whole answer within the read budget.
-    /// From here on the request may reach the peer: every failure is ambiguous.
-    async fn exchange<T>(&self, io: T, req: Request<Full<Bytes>>) -> Result<ClientResponse, ClientError>
+    /// hyper's HTTP/1 client side on `io`, its driver spawned (it writes nothing by itself).
+    async fn start<T>(io: T) -> Result<Conn, ClientError>
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let exchange = async move {
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-                .await
-                .map_err(|e| ClientError::Broken(e.to_string()))?;
-            let driver = tokio::spawn(async move {
-                let _ = conn.await;
-            });
-            let result = async {
-                let resp = sender.send_request(req).await.map_err(|e| ClientError::Broken(e.to_string()))?;
-                let (parts, body) = resp.into_parts();
-                let body = body.collect().await.map_err(|e| ClientError::Broken(e.to_string()))?.to_bytes();
-                Ok(ClientResponse { status: parts.status.as_u16(), headers: parts.headers, body })
-            }
-            .await;
-            driver.abort();
-            result
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| ClientError::Broken(e.to_string()))?;
+        let driver = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(Conn { sender, driver })
+    }
+
+    /// Sends `req` on `conn` and reads the whole answer within the read budget.
+    /// From here on the request may reach the peer: every failure is ambiguous.
+    async fn exchange(&self, conn: &mut Conn, req: Request<Full<Bytes>>) -> Result<ClientResponse, ClientError> {
+        let exchange = async {
+            let resp = conn.sender.send_request(req).await.map_err(|e| ClientError::Broken(e.to_string()))?;
+            let (parts, body) = resp.into_parts();
+            let body = body.collect().await.map_err(|e| ClientError::Broken(e.to_string()))?.to_bytes();
+            Ok(ClientResponse { status: parts.status.as_u16(), headers: parts.headers, body })
         };
         match crate::timeout(Duration::from_millis(self.read_timeout_ms), exchange).await {
             None => Err(ClientError::Timeout(self.read_timeout_ms)),
@@ -971,6 +1127,116 @@ mod tests {
         let answers = responses(&exchange(addr, req).await);
         assert_eq!(answers.len(), 1);
         assert_eq!((answers[0].0, answers[0].2.as_slice()), (200, &b"hi"[..]));
+    }
+
+    /// Serves `/ok`, `/close` (answers with `connection: close`) and `/drop` (drops the
+    /// connection unanswered) with a hand-written accept loop that counts the connections
+    /// it accepts.
+    async fn counting_server() -> (BaseUrl, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+        use axum::routing::get;
+        let router = axum::Router::new()
+            .route("/ok", get(|| async { "hi" }))
+            .route(
+                "/close",
+                get(|| async {
+                    let mut r = axum::response::Response::new(Body::from("bye"));
+                    r.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+                    r
+                }),
+            )
+            .route(
+                "/drop",
+                get(|| async {
+                    let mut r = axum::response::Response::new(Body::empty());
+                    r.extensions_mut().insert(DropConnection);
+                    r
+                }),
+            );
+        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let base = BaseUrl::parse(&format!("http://{}", listener.local_addr().expect("addr"))).expect("url");
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let count = accepted.clone();
+        let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            let _keep = _stop_tx;
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(serve_connection(
+                    SkipEmptyFlush::new(stream),
+                    router.clone(),
+                    stop_rx.clone(),
+                    HEADER_BYTES_MAX_DEFAULT,
+                ));
+            }
+        });
+        (base, accepted)
+    }
+
+    fn accepted(n: &std::sync::atomic::AtomicU64) -> u64 {
+        n.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Cut 9: a kept-alive client sends sequential requests on one connection (in the
+    /// simulation too: this test runs on madsim's network under `cfg(madsim)`); a plain
+    /// client opens one per request.
+    #[tokio::test]
+    async fn a_kept_alive_client_reuses_one_connection_and_a_plain_one_does_not() {
+        let (base, count) = counting_server().await;
+        let pooled = HttpClient::new(1_000, 2_000).with_keep_alive();
+        assert!(pooled.keeps_alive() && !HttpClient::new(1, 1).keeps_alive());
+        for _ in 0..5 {
+            let r = pooled.send(&base, http::Method::GET, "/ok", &[], None).await.expect("answered");
+            assert_eq!((r.status, &r.body[..]), (200, &b"hi"[..]));
+        }
+        assert_eq!((accepted(&count), pooled.connections_opened()), (1, 1));
+        let clone = pooled.clone();
+        clone.send(&base, http::Method::GET, "/ok", &[], None).await.expect("answered");
+        assert_eq!(accepted(&count), 1, "clones share the pool");
+        let plain = HttpClient::new(1_000, 2_000);
+        for _ in 0..3 {
+            plain.send(&base, http::Method::GET, "/ok", &[], None).await.expect("answered");
+        }
+        assert_eq!(accepted(&count), 4);
+    }
+
+    /// Cut 9: a request whose reused connection breaks before its answer is `Broken` (may
+    /// have been sent), never "nothing sent"; the broken connection is not kept.
+    #[tokio::test]
+    async fn a_failure_on_a_reused_connection_is_broken_never_nothing_sent() {
+        let (base, count) = counting_server().await;
+        let pooled = HttpClient::new(1_000, 2_000).with_keep_alive();
+        pooled.send(&base, http::Method::GET, "/ok", &[], None).await.expect("answered");
+        let err = pooled.send(&base, http::Method::GET, "/drop", &[], None).await.expect_err("dropped");
+        assert!(matches!(err, ClientError::Broken(_)), "{err}");
+        assert!(!err.nothing_sent(), "{err}");
+        assert_eq!(accepted(&count), 1, "the failure happened on the reused connection");
+        pooled.send(&base, http::Method::GET, "/ok", &[], None).await.expect("answered");
+        assert_eq!(accepted(&count), 2, "a broken connection is never reused");
+    }
+
+    /// Cut 9: a connection the server closed after its answer (`connection: close`) is
+    /// dropped before the next request is handed to it: that request goes on a fresh
+    /// connection and is answered.
+    #[tokio::test]
+    async fn a_connection_the_server_closed_is_not_reused() {
+        let (base, count) = counting_server().await;
+        let pooled = HttpClient::new(1_000, 2_000).with_keep_alive();
+        let r = pooled.send(&base, http::Method::GET, "/close", &[], None).await.expect("answered");
+        assert_eq!(&r.body[..], b"bye");
+        let r = pooled.send(&base, http::Method::GET, "/ok", &[], None).await.expect("answered");
+        assert_eq!(&r.body[..], b"hi");
+        assert_eq!((accepted(&count), pooled.connections_opened()), (2, 2));
+    }
+
+    /// Cut 9: the pool's bounds are named, and the idle window is shorter than the
+    /// server's idle close.
+    #[tokio::test]
+    async fn keep_alive_bounds_are_named_and_the_idle_window_is_below_the_servers() {
+        const { assert!(KEEP_ALIVE_IDLE_MS_MAX < HEADER_READ_MS_MAX) };
+        const { assert!(KEEP_ALIVE_IDLE_PER_HOST_MAX > 0) };
+        let t0 = Pool::now();
+        assert!(Pool::fresh(t0, t0));
+        assert!(!Pool::fresh(t0, t0 + Duration::from_millis(KEEP_ALIVE_IDLE_MS_MAX)));
     }
 
     #[test]

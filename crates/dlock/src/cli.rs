@@ -204,6 +204,15 @@ struct ExecutorArgs {
     /// [executor.lock-wait-ms] Wait in the lock server's queue for a contended account, at most 1500 and lock-ttl-ms / 4 (0: skip it).
     #[arg(long, env = "DLOCK_EXECUTOR_LOCK_WAIT_MS", value_name = "MS")]
     lock_wait_ms: Option<u64>,
+    /// [executor.affinity-index] This executor's place among its peers, 0..affinity-count: it prefers the accounts whose stable hash mod affinity-count is this index.
+    #[arg(long, env = "DLOCK_EXECUTOR_AFFINITY_INDEX", value_name = "N")]
+    affinity_index: Option<u32>,
+    /// [executor.affinity-count] How many executors share the accounts (1: no preference).
+    #[arg(long, env = "DLOCK_EXECUTOR_AFFINITY_COUNT", value_name = "N")]
+    affinity_count: Option<u32>,
+    /// [executor.affinity-steal-after-ms] A payout of another executor's account that has waited this long is tried like an own one.
+    #[arg(long, env = "DLOCK_EXECUTOR_AFFINITY_STEAL_AFTER_MS", value_name = "MS")]
+    affinity_steal_after_ms: Option<u64>,
     /// [executor.write.connect-timeout-ms] Claim and post: connect budget.
     #[arg(long, env = "DLOCK_EXECUTOR_WRITE_CONNECT_TIMEOUT_MS", value_name = "MS")]
     write_connect_timeout_ms: Option<u64>,
@@ -460,6 +469,9 @@ impl ExecutorArgs {
         l.set_flag_opt("executor.batch-max", self.batch_max.as_ref());
         l.set_flag_opt("executor.lock-ttl-ms", self.lock_ttl_ms.as_ref());
         l.set_flag_opt("executor.lock-wait-ms", self.lock_wait_ms.as_ref());
+        l.set_flag_opt("executor.affinity-index", self.affinity_index.as_ref());
+        l.set_flag_opt("executor.affinity-count", self.affinity_count.as_ref());
+        l.set_flag_opt("executor.affinity-steal-after-ms", self.affinity_steal_after_ms.as_ref());
         l.set_flag_opt("executor.write.connect-timeout-ms", self.write_connect_timeout_ms.as_ref());
         l.set_flag_opt("executor.write.read-timeout-ms", self.write_read_timeout_ms.as_ref());
         l.set_flag_opt("executor.write.retries-max", self.write_retries_max.as_ref());

@@ -227,6 +227,9 @@ fn plan(cfg: &ClusterConfig, w: &Wiring<'_>, grant_seed: &[u8; 32]) -> Result<Pl
     for n in 0..cfg.executors {
         let mut el = l.clone();
         el.set_flag("executor.owner-id", format!("executor-{n}"));
+        // Cut 6: each executor prefers its share of the accounts (a layer may override).
+        el.set_default("executor.affinity-index", n);
+        el.set_default("executor.affinity-count", cfg.executors);
         executors.push(dlock_executor::config::resolve(&el, p)?.config);
     }
     dlock_reconciler::config::resolve(&l, false)?;
