@@ -80,6 +80,11 @@ pub struct SqliteRailStore {
 }
 
 impl SqliteRailStore {
+    /// This process's one pool on the file, as every other store opened on it holds it.
+    pub fn shared_pool(&self) -> &dlock_db::SharedSqlitePool {
+        &self._shared
+    }
+
     pub async fn open(url: &str) -> Result<SqliteRailStore, StoreError> {
         let shared = dlock_db::shared_sqlite_pool(url).await.map_err(db_error)?;
         SQLITE_MIGRATOR.run(shared.pool()).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
