@@ -65,11 +65,8 @@ mod bench {
         // PostgreSQL commits concurrent transactions together: the same number of
         // connections, each updating a row of its own, is the fair price of a fenced write
         // at this concurrency. SQLite has one writer, so its baseline is the one above.
-        let concurrent = if url.starts_with("sqlite") {
-            baseline
-        } else {
-            concurrent_update_rate(url, n, concurrency).await
-        };
+        let concurrent =
+            if url.starts_with("sqlite") { baseline } else { concurrent_update_rate(url, n, concurrency).await };
         let admissions = admission_rate(url, n, concurrency).await;
         println!(
             "{name:<10} {admissions:>16.0} {baseline:>22.0} {:>8.2} {concurrent:>22.0} {:>8.2}",
