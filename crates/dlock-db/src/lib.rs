@@ -4,6 +4,20 @@
 //! them into SQLite's numbered `?n`, which mean the same. Nothing here exists under
 //! `cfg(madsim)`: sqlx uses real sockets and threads, so the simulation uses in-memory stores
 //! held to the SQL ones by conformance suites.
+//!
+//! Pools (issue 14, docs/performance.md §8.3):
+//! - No pool pings a connection before handing it out (`test_before_acquire` off): that ping
+//!   was one extra round trip per checkout. A connection is instead bounded by age
+//!   ([`POOL_LIFETIME_MS_MAX`]) and idleness ([`POOL_IDLE_MS_MAX`]). A connection that broke
+//!   while idle fails its first statement; every store's first statement on a checkout is
+//!   `BEGIN` or an autocommitted statement the server never received, and the stores map
+//!   that failure to `Unavailable` (nothing decided, retry-safe). A failed `COMMIT` is still
+//!   classified by [`is_commit_answer_lost`] alone. sqlx pings a connection when it is
+//!   returned, so a broken one is closed then and never handed out twice.
+//! - Invariant: at most one pool per SQLite file per process is handed out by
+//!   [`shared_sqlite_pool`] while anyone holds it (a registry by canonical path; asserted
+//!   when a pool is handed out), so two services of one process on one file queue in one
+//!   pool instead of sleeping in SQLite's busy handler against each other.
 
 #![cfg(not(madsim))]
 
@@ -13,12 +27,19 @@ use std::time::Duration;
 
 /// Most connections one service opens to one PostgreSQL database.
 pub const PG_POOL_CONNECTIONS_MAX: u32 = 16;
-/// Most connections one service opens to one SQLite file. One: SQLite has one writer at a
-/// time anyway, and a second connection would only wait in SQLite's busy handler, whose
-/// sleeps (up to 100 ms each) cost far more under contention than queueing in the pool.
+/// Most connections one process opens to one SQLite file through [`shared_sqlite_pool`]
+/// (and one [`sqlite_pool`] opens). One: SQLite has one writer at a time anyway, and a
+/// second connection would only wait in SQLite's busy handler, whose sleeps (up to 100 ms
+/// each) cost far more under contention than queueing in the pool.
 pub const SQLITE_POOL_CONNECTIONS_MAX: u32 = 1;
 /// Longest a request waits for a pooled connection.
 pub const POOL_ACQUIRE_MS_MAX: u64 = 2_000;
+/// Longest a pooled connection sits idle before the pool closes it. It bounds how long a
+/// connection the server or a middlebox dropped can wait in the pool to fail one request
+/// (no connection is pinged before it is handed out).
+pub const POOL_IDLE_MS_MAX: u64 = 60_000;
+/// Longest a pooled connection lives before the pool replaces it.
+pub const POOL_LIFETIME_MS_MAX: u64 = 30 * 60_000;
 /// Longest SQLite waits for the write lock before answering busy.
 pub const SQLITE_BUSY_MS_MAX: u64 = 5_000;
 
@@ -129,13 +150,55 @@ pub fn is_commit_answer_lost(e: &sqlx::Error) -> bool {
     }
 }
 
+/// Whether a statement failed because its connection is gone: every failure
+/// [`is_commit_answer_lost`] names, plus PostgreSQL's own word that the session ended
+/// (class 08, connection exception; 57P01-57P03, the server shutting the session down or
+/// not taking it). A store may try a write again on another connection after such a failure
+/// only if the write is idempotent: it may have been applied.
+pub fn is_connection_lost(e: &sqlx::Error) -> bool {
+    is_commit_answer_lost(e)
+        || matches!(e, sqlx::Error::Database(db)
+            if db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>().is_some()
+                && db.code().is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")))
+}
+
+/// A pooled connection that answered a ping: what the pool no longer checks before a
+/// checkout, for a retry after [`is_connection_lost`]. A connection that does not answer is
+/// closed; at most the pool's connections plus one checkouts are tried, so every dead idle
+/// connection is passed over before a fresh one is opened.
+pub async fn live_connection<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+) -> Result<sqlx::pool::PoolConnection<DB>, sqlx::Error> {
+    use sqlx::Connection;
+    let tries_max = pool.options().get_max_connections().saturating_add(1);
+    let mut last = None;
+    for _ in 0..tries_max {
+        let mut conn = pool.acquire().await?;
+        match conn.ping().await {
+            Ok(()) => return Ok(conn),
+            Err(e) => {
+                conn.close_on_drop();
+                last = Some(e);
+            }
+        }
+    }
+    Err(last.unwrap_or(sqlx::Error::PoolTimedOut))
+}
+
+/// The bounds every pool shares: no ping before a checkout, connections bounded by
+/// [`POOL_IDLE_MS_MAX`] and [`POOL_LIFETIME_MS_MAX`].
+fn pool_options<DB: sqlx::Database>(connections_max: u32, acquire_ms_max: u64) -> sqlx::pool::PoolOptions<DB> {
+    sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(connections_max)
+        .acquire_timeout(Duration::from_millis(acquire_ms_max))
+        .test_before_acquire(false)
+        .idle_timeout(Duration::from_millis(POOL_IDLE_MS_MAX))
+        .max_lifetime(Duration::from_millis(POOL_LIFETIME_MS_MAX))
+}
+
 /// A PostgreSQL pool with the shared bounds.
 pub async fn pg_pool(url: &str) -> Result<sqlx::PgPool, sqlx::Error> {
-    sqlx::postgres::PgPoolOptions::new()
-        .max_connections(PG_POOL_CONNECTIONS_MAX)
-        .acquire_timeout(Duration::from_millis(POOL_ACQUIRE_MS_MAX))
-        .connect(url)
-        .await
+    pool_options::<sqlx::Postgres>(PG_POOL_CONNECTIONS_MAX, POOL_ACQUIRE_MS_MAX).connect(url).await
 }
 
 /// [`pg_pool`] whose sessions give up waiting for a row lock after `lock_timeout_ms`
@@ -144,15 +207,13 @@ pub async fn pg_pool(url: &str) -> Result<sqlx::PgPool, sqlx::Error> {
 pub async fn pg_pool_with_lock_timeout(url: &str, lock_timeout_ms: u64) -> Result<sqlx::PgPool, sqlx::Error> {
     let opts =
         sqlx::postgres::PgConnectOptions::from_str(url)?.options([("lock_timeout", format!("{lock_timeout_ms}ms"))]);
-    sqlx::postgres::PgPoolOptions::new()
-        .max_connections(PG_POOL_CONNECTIONS_MAX)
-        .acquire_timeout(Duration::from_millis(POOL_ACQUIRE_MS_MAX))
-        .connect_with(opts)
-        .await
+    pool_options::<sqlx::Postgres>(PG_POOL_CONNECTIONS_MAX, POOL_ACQUIRE_MS_MAX).connect_with(opts).await
 }
 
-/// A SQLite pool (WAL, synchronous=FULL, foreign keys on, bounded busy wait), creating
-/// the file and its directory when missing.
+/// A SQLite pool of its own (WAL, synchronous=FULL, foreign keys on, bounded busy wait),
+/// creating the file and its directory when missing. Services writing paydb open theirs
+/// through [`shared_sqlite_pool`]; a pool of its own is for readers (WAL readers never wait
+/// for the writer) and for tools.
 pub async fn sqlite_pool(url: &str) -> Result<sqlx::SqlitePool, sqlx::Error> {
     if let Some(parent) = sqlite_path(url).and_then(|p| std::path::Path::new(p).parent()) {
         if !parent.as_os_str().is_empty() {
@@ -165,11 +226,116 @@ pub async fn sqlite_pool(url: &str) -> Result<sqlx::SqlitePool, sqlx::Error> {
         .synchronous(sqlx::sqlite::SqliteSynchronous::Full)
         .foreign_keys(true)
         .busy_timeout(Duration::from_millis(SQLITE_BUSY_MS_MAX));
-    sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(SQLITE_POOL_CONNECTIONS_MAX)
-        .acquire_timeout(Duration::from_millis(POOL_ACQUIRE_MS_MAX + SQLITE_BUSY_MS_MAX))
+    pool_options::<sqlx::Sqlite>(SQLITE_POOL_CONNECTIONS_MAX, POOL_ACQUIRE_MS_MAX + SQLITE_BUSY_MS_MAX)
         .connect_with(opts)
         .await
+}
+
+/// A SQLite pool shared with every other holder in this process of a pool on the same file
+/// (the registry's key: the file's canonical path and the URL's query). Dereferences to the
+/// pool; the registry forgets the pool once the last holder drops it (a later open makes a
+/// fresh one), and never hands out a pool whose file was replaced since (another inode at
+/// the path). An in-memory database is never shared.
+#[derive(Debug, Clone)]
+pub struct SharedSqlitePool(std::sync::Arc<RegisteredPool>);
+
+#[derive(Debug)]
+struct RegisteredPool {
+    pool: sqlx::SqlitePool,
+    key: String,
+    file: Option<FileIdentity>,
+}
+
+impl std::ops::Deref for SharedSqlitePool {
+    type Target = sqlx::SqlitePool;
+    fn deref(&self) -> &sqlx::SqlitePool {
+        &self.0.pool
+    }
+}
+
+impl SharedSqlitePool {
+    /// The pool (a clone shares its connections).
+    pub fn pool(&self) -> &sqlx::SqlitePool {
+        &self.0.pool
+    }
+
+    /// Whether `self` and `other` are the same pool.
+    pub fn same_pool(&self, other: &SharedSqlitePool) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// The file a pool opened, to tell a replaced file from the one still open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileIdentity {
+    dev: u64,
+    ino: u64,
+}
+
+fn file_identity(path: &std::path::Path) -> Option<FileIdentity> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| FileIdentity { dev: m.dev(), ino: m.ino() })
+}
+
+type Registry = std::collections::BTreeMap<String, std::sync::Weak<RegisteredPool>>;
+
+/// The process's shared SQLite pools, by key; dead entries are pruned on every open.
+static SQLITE_POOLS: std::sync::Mutex<Registry> = std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// The registry key of `url` and the canonical file it names (`None`: in-memory, never
+/// shared). The directory is created first, so the path can be made canonical before the
+/// file exists.
+fn sqlite_key(url: &str) -> Result<Option<(String, std::path::PathBuf)>, sqlx::Error> {
+    let Some(path) = sqlite_path(url) else { return Ok(None) };
+    let path = std::path::Path::new(path);
+    let (dir, name) = match (path.parent(), path.file_name()) {
+        (Some(d), Some(n)) => (if d.as_os_str().is_empty() { std::path::Path::new(".") } else { d }, n),
+        _ => return Ok(None),
+    };
+    std::fs::create_dir_all(dir).map_err(sqlx::Error::Io)?;
+    let file = std::fs::canonicalize(dir).map_err(sqlx::Error::Io)?.join(name);
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    Ok(Some((format!("{}?{query}", file.display()), file)))
+}
+
+/// The live pool registered under `key` for the file still at `file`, if any.
+fn registered(reg: &Registry, key: &str, file: &std::path::Path) -> Option<SharedSqlitePool> {
+    let live = reg.get(key)?.upgrade()?;
+    (!live.pool.is_closed() && live.file.is_some() && live.file == file_identity(file))
+        .then_some(SharedSqlitePool(live))
+}
+
+/// The one pool of this process on the SQLite file of `url` ([`SharedSqlitePool`]), opened
+/// with [`sqlite_pool`]'s settings when no holder has it open.
+pub async fn shared_sqlite_pool(url: &str) -> Result<SharedSqlitePool, sqlx::Error> {
+    let Some((key, file)) = sqlite_key(url)? else {
+        let pool = sqlite_pool(url).await?;
+        return Ok(SharedSqlitePool(std::sync::Arc::new(RegisteredPool { pool, key: String::new(), file: None })));
+    };
+    {
+        let reg = SQLITE_POOLS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(shared) = registered(&reg, &key, &file) {
+            return Ok(shared);
+        }
+    }
+    // Opened without the registry's lock held (opening awaits); a concurrent open of the
+    // same file that registered first wins, and this pool is dropped unused.
+    let pool = sqlite_pool(url).await?;
+    let identity = file_identity(&file);
+    let mut reg = SQLITE_POOLS.lock().unwrap_or_else(|e| e.into_inner());
+    reg.retain(|_, w| w.strong_count() > 0);
+    if let Some(shared) = registered(&reg, &key, &file) {
+        return Ok(shared);
+    }
+    let shared = SharedSqlitePool(std::sync::Arc::new(RegisteredPool { pool, key: key.clone(), file: identity }));
+    reg.insert(key.clone(), std::sync::Arc::downgrade(&shared.0));
+    // The invariant: one live pool per key.
+    assert!(
+        reg.get(&key).and_then(std::sync::Weak::upgrade).is_some_and(|p| std::sync::Arc::ptr_eq(&p, &shared.0)),
+        "the shared pool of {} is not the registered one",
+        shared.0.key
+    );
+    Ok(shared)
 }
 
 #[cfg(test)]
@@ -225,5 +391,14 @@ mod tests {
         assert!(is_commit_answer_lost(&sqlx::Error::Protocol("unexpected message".into())));
         assert!(!is_commit_answer_lost(&sqlx::Error::PoolTimedOut), "no connection: nothing was sent");
         assert!(!is_commit_answer_lost(&sqlx::Error::RowNotFound));
+    }
+
+    #[test]
+    fn a_lost_connection_is_every_lost_commit_answer_and_nothing_a_database_decided() {
+        let broken = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "pipe");
+        assert!(is_connection_lost(&sqlx::Error::Io(broken)));
+        assert!(is_connection_lost(&sqlx::Error::WorkerCrashed));
+        assert!(!is_connection_lost(&sqlx::Error::PoolTimedOut), "no connection was lost: none was had");
+        assert!(!is_connection_lost(&sqlx::Error::RowNotFound));
     }
 }

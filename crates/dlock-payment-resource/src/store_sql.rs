@@ -188,13 +188,21 @@ impl PgPaymentStore {
 #[derive(Debug, Clone)]
 pub struct SqlitePaymentStore {
     pub pool: sqlx::SqlitePool,
+    /// This process's one pool on the file (`dlock_db::shared_sqlite_pool`): held so the
+    /// other services of the process that open the same file share it.
+    _shared: dlock_db::SharedSqlitePool,
 }
 
 impl SqlitePaymentStore {
+    /// This process's one pool on the file, as every other store opened on it holds it.
+    pub fn shared_pool(&self) -> &dlock_db::SharedSqlitePool {
+        &self._shared
+    }
+
     pub async fn open(url: &str) -> Result<SqlitePaymentStore, StoreError> {
-        let pool = dlock_db::sqlite_pool(url).await.map_err(db_error)?;
-        SQLITE_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
-        Ok(SqlitePaymentStore { pool })
+        let shared = dlock_db::shared_sqlite_pool(url).await.map_err(db_error)?;
+        SQLITE_MIGRATOR.run(shared.pool()).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
+        Ok(SqlitePaymentStore { pool: shared.pool().clone(), _shared: shared })
     }
 }
 

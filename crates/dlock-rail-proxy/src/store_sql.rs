@@ -74,18 +74,256 @@ impl PgRailStore {
 #[derive(Debug, Clone)]
 pub struct SqliteRailStore {
     pub pool: sqlx::SqlitePool,
+    /// This process's one pool on the file (`dlock_db::shared_sqlite_pool`): held so the
+    /// other services of the process that open the same file share it.
+    _shared: dlock_db::SharedSqlitePool,
 }
 
 impl SqliteRailStore {
+    /// This process's one pool on the file, as every other store opened on it holds it.
+    pub fn shared_pool(&self) -> &dlock_db::SharedSqlitePool {
+        &self._shared
+    }
+
     pub async fn open(url: &str) -> Result<SqliteRailStore, StoreError> {
-        let pool = dlock_db::sqlite_pool(url).await.map_err(db_error)?;
-        SQLITE_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
-        Ok(SqliteRailStore { pool })
+        let shared = dlock_db::shared_sqlite_pool(url).await.map_err(db_error)?;
+        SQLITE_MIGRATOR.run(shared.pool()).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
+        Ok(SqliteRailStore { pool: shared.pool().clone(), _shared: shared })
     }
 }
 
+/// Where a failed write failed: before its commit (nothing committed) or at it (an
+/// autocommitted statement counts as its own commit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Statement,
+    Commit,
+}
+
+impl Stage {
+    fn classify(self, e: sqlx::Error) -> StoreError {
+        match self {
+            Stage::Statement => db_error(e),
+            Stage::Commit => commit_error(e),
+        }
+    }
+}
+
+/// How far the writes of steps 1-3 got, in one transaction still open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AdmitStep {
+    /// Step 1 refused: the mark is at or above the token (nothing written yet).
+    MarkRefused,
+    /// Step 2 refused: a forwardable attempt holds the payout's slot (the mark advanced).
+    SlotTaken,
+    /// Step 3 refused: the payout was not in a state the proxy submits from.
+    NotMoved,
+    /// All three wrote: the intent is ready to commit.
+    Moved,
+}
+
+/// Steps 1-3 as one PostgreSQL statement. Each data-modifying part runs only when the one
+/// before it wrote (`EXISTS` on its `RETURNING`), so the parts chain exactly like the three
+/// statements they replace, each still deciding by its own conditional write:
+/// - `mark`: the conditional upsert (`ON CONFLICT ... DO UPDATE ... WHERE <`) compares with
+///   the newest committed mark, locked, whatever the statement's snapshot;
+/// - `intent`: the unique index decides a conflict (`ON CONFLICT DO NOTHING`), not a read;
+/// - `moved`: an `UPDATE` re-checks its `WHERE` on the newest row version it locks.
+///
+/// None of the three decides by a plain read of the statement's snapshot, so taking that
+/// snapshot before a wait (the hazard of docs/performance.md §5 cut 8) changes no decision.
+/// A refusal is classified after it, by statements of their own (refusals only).
+fn pg_admit_sql() -> String {
+    let from = payout::sql_states(&payout::sources(PayoutState::Submitted, Actor::RailProxy));
+    format!(
+        "WITH mark AS ( \
+           INSERT INTO rail_high_water (account_id, highest_token, updated_at) VALUES ($3, $4, $9) \
+           ON CONFLICT (account_id) DO UPDATE \
+           SET highest_token = EXCLUDED.highest_token, updated_at = EXCLUDED.updated_at \
+           WHERE rail_high_water.highest_token < EXCLUDED.highest_token \
+           RETURNING highest_token), \
+         intent AS ( \
+           INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, owner_id, \
+           idempotency_key, amount_minor, currency, outcome, submitted_at) \
+           SELECT $1, $2, $3, $4, $5, $6, $7, $8, NULL, $9 WHERE EXISTS (SELECT 1 FROM mark) \
+           ON CONFLICT (payout_id) WHERE {FORWARDABLE} DO NOTHING \
+           RETURNING submission_id), \
+         moved AS ( \
+           UPDATE payouts SET state = 'SUBMITTED', attempt_count = attempt_count + 1, updated_at = $9 \
+           WHERE payout_id = $2 AND state IN {from} AND EXISTS (SELECT 1 FROM intent) \
+           RETURNING payout_id) \
+         SELECT (SELECT highest_token FROM mark) AS marked, \
+                EXISTS (SELECT 1 FROM intent) AS claimed, \
+                EXISTS (SELECT 1 FROM moved) AS moved"
+    )
+}
+
+/// The resolution as one PostgreSQL statement, autocommitted: the outcome on the attempt
+/// still unresolved, and its payout out of SUBMITTED by the same conditional rules as the
+/// two statements it replaces.
+fn pg_resolve_sql(to: PayoutState) -> String {
+    let from = payout::sql_states(&payout::sources(to, Actor::RailProxy));
+    format!(
+        "WITH resolved AS ( \
+           UPDATE rail_submission SET outcome = $2, outcome_detail = $3, rail_reference = $4, resolved_at = $5 \
+           WHERE submission_id = $1 AND outcome IS NULL \
+           RETURNING payout_id) \
+         UPDATE payouts SET state = $6, updated_at = $5 \
+         WHERE payout_id IN (SELECT payout_id FROM resolved) AND state IN {from}"
+    )
+}
+
 macro_rules! sql_rail_store {
-    ($store:ty, $sql:path, $paydb:ident) => {
+    ($store:ty, $db:ty, $sql:path, $paydb:ident, $cte:literal) => {
+        impl $store {
+            /// One try of [`RailStore::resolve`] on `conn`: one autocommitted statement on
+            /// PostgreSQL ([`pg_resolve_sql`]), a transaction of two on SQLite.
+            async fn resolve_on(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                submission_id: Uuid,
+                r: &Resolution,
+                at: DateTime<Utc>,
+            ) -> Result<(), (sqlx::Error, Stage)> {
+                use sqlx::Connection;
+                let statement = |e| (e, Stage::Statement);
+                if $cte {
+                    sqlx::query(&pg_resolve_sql(r.payout_state()))
+                        .bind(submission_id.to_string())
+                        .bind(r.outcome().as_str())
+                        .bind(r.detail().map(str::to_owned))
+                        .bind(r.rail_reference().map(str::to_owned))
+                        .bind(at)
+                        .bind(r.payout_state().as_str())
+                        .execute(&mut *conn)
+                        .await
+                        // Autocommitted: a lost answer may have committed.
+                        .map_err(|e| (e, Stage::Commit))?;
+                    return Ok(());
+                }
+                let mut tx = conn.begin().await.map_err(statement)?;
+                let q = $sql(
+                    "UPDATE rail_submission SET outcome = $2, outcome_detail = $3, rail_reference = $4, resolved_at = $5 \
+                     WHERE submission_id = $1 AND outcome IS NULL \
+                     RETURNING payout_id",
+                );
+                let updated = sqlx::query(&q)
+                    .bind(submission_id.to_string())
+                    .bind(r.outcome().as_str())
+                    .bind(r.detail().map(str::to_owned))
+                    .bind(r.rail_reference().map(str::to_owned))
+                    .bind(at)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(statement)?;
+                let Some(updated) = updated else {
+                    // Already resolved (or never existed): nothing to do.
+                    tx.rollback().await.map_err(statement)?;
+                    return Ok(());
+                };
+                let payout_id: String = updated.try_get("payout_id").map_err(statement)?;
+                // The source states C2 allows this outcome from (SUBMITTED).
+                let from = payout::sql_states(&payout::sources(r.payout_state(), Actor::RailProxy));
+                let q = $sql(&format!(
+                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state IN {from}"
+                ))
+                .into_owned();
+                sqlx::query(&q)
+                    .bind(payout_id)
+                    .bind(r.payout_state().as_str())
+                    .bind(at)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(statement)?;
+                tx.commit().await.map_err(|e| (e, Stage::Commit))
+            }
+
+            /// The end of an admission whose writes of steps 1-3 got as far as `step`: a
+            /// refusal is classified (and its row written) in the same transaction.
+            async fn finish_admission(
+                &self,
+                mut tx: sqlx::Transaction<'static, $db>,
+                a: &Attempt,
+                step: AdmitStep,
+            ) -> Result<Admission, StoreError> {
+                let insert_row = $sql(
+                    "INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, owner_id, \
+                     idempotency_key, amount_minor, currency, outcome, submitted_at, resolved_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)",
+                );
+                let refused_row = |outcome: SubmissionOutcome| {
+                    sqlx::query(&insert_row)
+                        .bind(a.submission_id.to_string())
+                        .bind(a.payout_id.to_string())
+                        .bind(a.account_id.clone())
+                        .bind(a.presented_token)
+                        .bind(a.owner_id.clone())
+                        .bind(a.idempotency_key.clone())
+                        .bind(a.amount_minor)
+                        .bind(a.currency.clone())
+                        .bind(outcome.as_str())
+                        .bind(a.at)
+                };
+                match step {
+                    AdmitStep::MarkRefused => {
+                        let q = $sql("SELECT highest_token FROM rail_high_water WHERE account_id = $1");
+                        let highest: i64 = sqlx::query(&q)
+                            .bind(a.account_id.clone())
+                            .fetch_one(&mut *tx)
+                            .await
+                            .and_then(|r| r.try_get("highest_token"))
+                            .map_err(db_error)?;
+                        // The mark it left must refuse the token by the rule too.
+                        let MarkVerdict::Fenced { highest_token } =
+                            admission::mark_verdict(true, Some(highest), a.presented_token)
+                        else {
+                            return Err(StoreError::Corrupt(format!(
+                                "rail_high_water {highest} refused token {} the fence rule passes",
+                                a.presented_token
+                            )));
+                        };
+                        refused_row(SubmissionOutcome::Fenced).execute(&mut *tx).await.map_err(db_error)?;
+                        tx.commit().await.map_err(commit_error)?;
+                        Ok(Admission::Fenced { highest_token })
+                    }
+                    AdmitStep::SlotTaken => {
+                        let q = $sql(&format!(
+                            "SELECT submission_id, submitted_at FROM rail_submission \
+                             WHERE payout_id = $1 AND ({FORWARDABLE})"
+                        ))
+                        .into_owned();
+                        let first = sqlx::query(&q)
+                            .bind(a.payout_id.to_string())
+                            .fetch_one(&mut *tx)
+                            .await
+                            .map_err(db_error)?;
+                        let first_submission_id =
+                            parse_uuid(&first.try_get::<String, _>("submission_id").map_err(db_error)?)?;
+                        let first_submitted_at: DateTime<Utc> = first.try_get("submitted_at").map_err(db_error)?;
+                        refused_row(SubmissionOutcome::Duplicate).execute(&mut *tx).await.map_err(db_error)?;
+                        tx.commit().await.map_err(commit_error)?;
+                        Ok(Admission::Duplicate { first_submitted_at, first_submission_id })
+                    }
+                    AdmitStep::NotMoved => {
+                        let q = $sql("SELECT state FROM payouts WHERE payout_id = $1");
+                        let state: String = sqlx::query(&q)
+                            .bind(a.payout_id.to_string())
+                            .fetch_one(&mut *tx)
+                            .await
+                            .and_then(|r| r.try_get("state"))
+                            .map_err(db_error)?;
+                        tx.rollback().await.map_err(db_error)?;
+                        // The conditional write refused: the payout was not in a state the proxy
+                        // may submit from when it looked (the state read now is evidence only).
+                        Ok(Admission::NotClaimable { state: parse_state(&state)? })
+                    }
+                    AdmitStep::Moved => {
+                        tx.commit().await.map_err(commit_error)?;
+                        Ok(Admission::Admitted { submitted_at: a.at })
+                    }
+                }
+            }
+        }
+
         #[async_trait]
         impl RailStore for $store {
             fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
@@ -123,13 +361,10 @@ macro_rules! sql_rail_store {
 
             async fn admit(&self, a: &Attempt) -> Result<Admission, StoreError> {
                 let mut tx = self.pool.begin().await.map_err(db_error)?;
-                let insert_row = $sql(
-                    "INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, owner_id, \
-                     idempotency_key, amount_minor, currency, outcome, submitted_at, resolved_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)",
-                );
-                let refused_row = |outcome: SubmissionOutcome| {
-                    sqlx::query(&insert_row)
+                // Steps 1-3 on PostgreSQL: one statement (the data-modifying CTE of
+                // [`PG_ADMIT`]) whose parts run in the order their guards chain them.
+                if $cte && a.fencing_enabled {
+                    let row = sqlx::query(&pg_admit_sql())
                         .bind(a.submission_id.to_string())
                         .bind(a.payout_id.to_string())
                         .bind(a.account_id.clone())
@@ -138,9 +373,30 @@ macro_rules! sql_rail_store {
                         .bind(a.idempotency_key.clone())
                         .bind(a.amount_minor)
                         .bind(a.currency.clone())
-                        .bind(outcome.as_str())
                         .bind(a.at)
-                };
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db_error)?;
+                    let marked: Option<i64> = row.try_get("marked").map_err(db_error)?;
+                    let claimed: bool = row.try_get("claimed").map_err(db_error)?;
+                    let moved: bool = row.try_get("moved").map_err(db_error)?;
+                    let step = match (marked, claimed, moved) {
+                        (Some(to), _, _) if to != a.presented_token => {
+                            return Err(StoreError::Corrupt(format!("rail_high_water advanced to {to}")));
+                        }
+                        (None, false, false) => AdmitStep::MarkRefused,
+                        (Some(_), false, false) => AdmitStep::SlotTaken,
+                        (Some(_), true, false) => AdmitStep::NotMoved,
+                        (Some(_), true, true) => AdmitStep::Moved,
+                        // Each part runs only when the one before it wrote.
+                        (m, c, v) => {
+                            return Err(StoreError::Corrupt(format!(
+                                "admission parts out of order: marked {m:?}, claimed {c}, moved {v}"
+                            )));
+                        }
+                    };
+                    return self.finish_admission(tx, a, step).await;
+                }
 
                 // Step 1: advance the mark only to a strictly greater token.
                 if a.fencing_enabled {
@@ -166,27 +422,7 @@ macro_rules! sql_rail_store {
                                 return Err(StoreError::Corrupt(format!("rail_high_water advanced to {to}")));
                             }
                         }
-                        None => {
-                            let q = $sql("SELECT highest_token FROM rail_high_water WHERE account_id = $1");
-                            let highest: i64 = sqlx::query(&q)
-                                .bind(a.account_id.clone())
-                                .fetch_one(&mut *tx)
-                                .await
-                                .and_then(|r| r.try_get("highest_token"))
-                                .map_err(db_error)?;
-                            // The mark it left must refuse the token by the rule too.
-                            let MarkVerdict::Fenced { highest_token } =
-                                admission::mark_verdict(true, Some(highest), a.presented_token)
-                            else {
-                                return Err(StoreError::Corrupt(format!(
-                                    "rail_high_water {highest} refused token {} the fence rule passes",
-                                    a.presented_token
-                                )));
-                            };
-                            refused_row(SubmissionOutcome::Fenced).execute(&mut *tx).await.map_err(db_error)?;
-                            tx.commit().await.map_err(commit_error)?;
-                            return Ok(Admission::Fenced { highest_token });
-                        }
+                        None => return self.finish_admission(tx, a, AdmitStep::MarkRefused).await,
                     }
                 }
 
@@ -213,22 +449,7 @@ macro_rules! sql_rail_store {
                     .await
                     .map_err(db_error)?;
                 if claimed.is_none() {
-                    let q = $sql(&format!(
-                        "SELECT submission_id, submitted_at FROM rail_submission \
-                         WHERE payout_id = $1 AND ({FORWARDABLE})"
-                    ))
-                    .into_owned();
-                    let first = sqlx::query(&q)
-                        .bind(a.payout_id.to_string())
-                        .fetch_one(&mut *tx)
-                        .await
-                        .map_err(db_error)?;
-                    let first_submission_id =
-                        parse_uuid(&first.try_get::<String, _>("submission_id").map_err(db_error)?)?;
-                    let first_submitted_at: DateTime<Utc> = first.try_get("submitted_at").map_err(db_error)?;
-                    refused_row(SubmissionOutcome::Duplicate).execute(&mut *tx).await.map_err(db_error)?;
-                    tx.commit().await.map_err(commit_error)?;
-                    return Ok(Admission::Duplicate { first_submitted_at, first_submission_id });
+                    return self.finish_admission(tx, a, AdmitStep::SlotTaken).await;
                 }
 
                 // Step 3: CLAIMED -> SUBMITTED in the same transaction, or roll back everything.
@@ -246,59 +467,25 @@ macro_rules! sql_rail_store {
                     .await
                     .map_err(db_error)?
                     .rows_affected();
-                if moved != 1 {
-                    let q = $sql("SELECT state FROM payouts WHERE payout_id = $1");
-                    let state: String = sqlx::query(&q)
-                        .bind(a.payout_id.to_string())
-                        .fetch_one(&mut *tx)
-                        .await
-                        .and_then(|r| r.try_get("state"))
-                        .map_err(db_error)?;
-                    tx.rollback().await.map_err(db_error)?;
-                    // The conditional write refused: the payout was not in a state the proxy may
-                    // submit from when it looked (the state read now is evidence only).
-                    return Ok(Admission::NotClaimable { state: parse_state(&state)? });
-                }
-                tx.commit().await.map_err(commit_error)?;
-                Ok(Admission::Admitted { submitted_at: a.at })
+                let step = if moved == 1 { AdmitStep::Moved } else { AdmitStep::NotMoved };
+                self.finish_admission(tx, a, step).await
             }
 
             async fn resolve(&self, submission_id: Uuid, r: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
-                let mut tx = self.pool.begin().await.map_err(db_error)?;
-                let q = $sql(
-                    "UPDATE rail_submission SET outcome = $2, outcome_detail = $3, rail_reference = $4, resolved_at = $5 \
-                     WHERE submission_id = $1 AND outcome IS NULL \
-                     RETURNING payout_id",
-                );
-                let updated = sqlx::query(&q)
-                    .bind(submission_id.to_string())
-                    .bind(r.outcome().as_str())
-                    .bind(r.detail().map(str::to_owned))
-                    .bind(r.rail_reference().map(str::to_owned))
-                    .bind(at)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(db_error)?;
-                let Some(updated) = updated else {
-                    // Already resolved (or never existed): nothing to do.
-                    tx.rollback().await.map_err(db_error)?;
-                    return Ok(());
-                };
-                let payout_id: String = updated.try_get("payout_id").map_err(db_error)?;
-                // The source states C2 allows this outcome from (SUBMITTED).
-                let from = payout::sql_states(&payout::sources(r.payout_state(), Actor::RailProxy));
-                let q = $sql(&format!(
-                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state IN {from}"
-                ))
-                .into_owned();
-                sqlx::query(&q)
-                    .bind(payout_id)
-                    .bind(r.payout_state().as_str())
-                    .bind(at)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_error)?;
-                tx.commit().await.map_err(commit_error)
+                // Recording an outcome writes only an attempt still unresolved, so trying it
+                // again after a lost connection (this one was handed out unpinged) cannot
+                // record a second outcome: the retry runs on a connection that answered a ping.
+                let mut conn = self.pool.acquire().await.map_err(db_error)?;
+                let first = Self::resolve_on(&mut conn, submission_id, r, at).await;
+                drop(conn);
+                let Err((e, stage)) = first else { return Ok(()) };
+                if !dlock_db::is_connection_lost(&e) {
+                    return Err(stage.classify(e));
+                }
+                tracing::warn!(submissionId = %submission_id, cause = %dlock_db::describe(&e),
+                    "rail_resolve_connection_lost_retrying");
+                let mut conn = dlock_db::live_connection(&self.pool).await.map_err(db_error)?;
+                Self::resolve_on(&mut *conn, submission_id, r, at).await.map_err(|(e, stage)| stage.classify(e))
             }
 
             async fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, StoreError> {
@@ -358,5 +545,5 @@ macro_rules! sql_rail_store {
     };
 }
 
-sql_rail_store!(PgRailStore, pg_sql, pg);
-sql_rail_store!(SqliteRailStore, sqlite_sql, sqlite);
+sql_rail_store!(PgRailStore, sqlx::Postgres, pg_sql, pg, true);
+sql_rail_store!(SqliteRailStore, sqlx::Sqlite, sqlite_sql, sqlite, false);

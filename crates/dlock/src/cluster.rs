@@ -13,6 +13,10 @@
 //!
 //! Invariant: every setting is resolved (and a disabled safety switch refused outside
 //! `--profile unsafe-test`) before any service starts.
+//!
+//! The payment-resource and the rail-proxy both write paydb's one SQLite file; their stores
+//! open it through `dlock_db::shared_sqlite_pool`, so the two queue in one pool of one
+//! connection instead of sleeping in SQLite's busy handler against each other (C1 §1.1).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -414,6 +418,18 @@ mod tests {
         assert!(write_grant_seed(&dir, &[1; 32]).is_err());
         assert_eq!(grant_seed(&dir).expect("reread").0, seed);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The stores `start` opens on paydb: the payment-resource's and the rail-proxy's.
+    #[cfg(not(madsim))]
+    #[tokio::test]
+    async fn the_payment_resource_and_the_proxy_share_one_pool_on_paydb() {
+        let dir = dlock_testkit::TempDir::new("cluster-pool");
+        let url = dlock_testkit::sqlite_url(&dir);
+        let pay = dlock_payment_resource::store_sql::SqlitePaymentStore::open(&url).await.expect("payment store");
+        let rail = dlock_rail_proxy::store_sql::SqliteRailStore::open(&url).await.expect("rail store");
+        assert!(pay.shared_pool().same_pool(rail.shared_pool()), "two pools on one paydb file");
+        assert_eq!(pay.pool.options().get_max_connections(), dlock_db::SQLITE_POOL_CONNECTIONS_MAX);
     }
 }
 /// The name of the credentials file `dlock up` and `dlock demo` keep in the data directory.

@@ -1,0 +1,143 @@
+//! The pools' bounds (docs/performance.md §8.3): no ping before a checkout, so a connection
+//! broken while idle fails its first statement and the pool then recovers on its own; and
+//! one SQLite pool per file per process while anyone holds it.
+
+#![cfg(not(madsim))]
+
+use std::time::Duration;
+
+use dlock_db::{shared_sqlite_pool, POOL_IDLE_MS_MAX, POOL_LIFETIME_MS_MAX};
+use sqlx::Connection;
+
+/// How long a test polls for the pool to recover before failing.
+const RECOVERY_MS_MAX: u64 = 10_000;
+/// Pause between two polls.
+const POLL_MS: u64 = 20;
+
+#[tokio::test]
+async fn no_pool_pings_before_a_checkout_and_every_pool_bounds_idle_and_age() {
+    let dir = dlock_testkit::TempDir::new("pools");
+    let sqlite = dlock_db::sqlite_pool(&dlock_testkit::sqlite_url(&dir)).await.expect("sqlite");
+    let pg = dlock_db::pg_pool(&dlock_testkit::pg_database().await).await.expect("postgres");
+    for (name, before, idle, life) in [
+        (
+            "sqlite",
+            sqlite.options().get_test_before_acquire(),
+            sqlite.options().get_idle_timeout(),
+            sqlite.options().get_max_lifetime(),
+        ),
+        (
+            "postgres",
+            pg.options().get_test_before_acquire(),
+            pg.options().get_idle_timeout(),
+            pg.options().get_max_lifetime(),
+        ),
+    ] {
+        assert!(!before, "{name}: the pool pings before a checkout");
+        assert_eq!(idle, Some(Duration::from_millis(POOL_IDLE_MS_MAX)), "{name}");
+        assert_eq!(life, Some(Duration::from_millis(POOL_LIFETIME_MS_MAX)), "{name}");
+    }
+}
+
+/// Terminates every other backend connected to the database of `url`; returns how many.
+async fn terminate_backends(url: &str) -> i64 {
+    let mut admin = sqlx::PgConnection::connect(&dlock_testkit::pg_admin_url()).await.expect("admin");
+    let db = url.rsplit('/').next().and_then(|d| d.split('?').next()).expect("database name").to_owned();
+    let killed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = $1 AND pid <> pg_backend_pid()) t",
+    )
+    .bind(db)
+    .fetch_one(&mut admin)
+    .await
+    .expect("terminate");
+    let _ = admin.close().await;
+    killed
+}
+
+#[tokio::test]
+async fn a_connection_killed_while_idle_fails_its_first_statement_and_the_pool_recovers() {
+    let url = dlock_testkit::pg_database().await;
+    let pool = dlock_db::pg_pool(&url).await.expect("pool");
+    sqlx::query("SELECT 1").execute(&pool).await.expect("warm");
+    // The connection goes back to the pool in a task of its own (after sqlx's release ping).
+    let deadline = std::time::Instant::now() + Duration::from_millis(RECOVERY_MS_MAX);
+    while pool.num_idle() != 1 {
+        assert!(std::time::Instant::now() < deadline, "the connection never came back idle");
+        tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+    }
+    assert!(terminate_backends(&url).await >= 1, "the idle connection's backend was terminated");
+    // Without a ping the dead connection is handed out: its first statement (a BEGIN, as
+    // every store transaction starts) fails, and nothing reached the server.
+    let first = pool.begin().await;
+    let Err(e) = first else { panic!("the first statement on the killed connection succeeded: it was pinged") };
+    assert!(
+        !matches!(&e, sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("23"))),
+        "a broken connection is no refusal: {e}"
+    );
+    // sqlx pings a connection when it comes back and closes a broken one, so the pool
+    // recovers without anyone's help.
+    let deadline = std::time::Instant::now() + Duration::from_millis(RECOVERY_MS_MAX);
+    loop {
+        match sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(&pool).await {
+            Ok(1) => break,
+            other => {
+                assert!(std::time::Instant::now() < deadline, "the pool did not recover: {other:?}");
+                tokio::time::sleep(Duration::from_millis(POLL_MS)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_sqlite_file_gets_one_pool_per_process_however_its_url_is_spelled() {
+    let dir = dlock_testkit::TempDir::new("pools");
+    let file = dir.path().join("paydb.sqlite");
+    let a = shared_sqlite_pool(&format!("sqlite://{}", file.display())).await.expect("a");
+    let b = shared_sqlite_pool(&format!("sqlite:{}/./paydb.sqlite", dir.path().display())).await.expect("b");
+    assert!(a.same_pool(&b), "two opens of one file share one pool");
+    let other =
+        shared_sqlite_pool(&format!("sqlite://{}", dir.path().join("lockdb.sqlite").display())).await.expect("c");
+    assert!(!a.same_pool(&other), "another file has a pool of its own");
+    sqlx::query("CREATE TABLE t (v INTEGER)").execute(a.pool()).await.expect("create");
+    sqlx::query("INSERT INTO t VALUES (1)").execute(&*b).await.expect("write through the other holder");
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM t").fetch_one(a.pool()).await.expect("read");
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn a_shared_sqlite_pool_is_forgotten_with_its_last_holder_and_never_outlives_its_file() {
+    let dir = dlock_testkit::TempDir::new("pools");
+    let url = dlock_testkit::sqlite_url(&dir);
+    let first = shared_sqlite_pool(&url).await.expect("first");
+    let pool = first.pool().clone();
+    drop(first);
+    // The registry held no strong reference: a new open is a new pool.
+    let second = shared_sqlite_pool(&url).await.expect("second");
+    sqlx::query("SELECT 1").execute(&pool).await.expect("the first pool still works for its clone");
+    pool.close().await;
+    assert!(!second.is_closed(), "closing the forgotten pool does not close the new one");
+    // A closed pool is not handed out either.
+    second.close().await;
+    let reopened = shared_sqlite_pool(&url).await.expect("reopened");
+    assert!(!reopened.same_pool(&second) && !reopened.is_closed(), "a closed pool is not handed out");
+    drop((second, reopened));
+    // The file replaced under a held pool: a later open never reuses the pool of the old file.
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(format!("paydb.sqlite{suffix}")));
+    }
+    let held = shared_sqlite_pool(&url).await.expect("held");
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(dir.path().join(format!("paydb.sqlite{suffix}")));
+    }
+    let fresh = shared_sqlite_pool(&url).await.expect("fresh");
+    assert!(!held.same_pool(&fresh), "a pool of a replaced file is not handed out");
+    assert!(dir.path().join("paydb.sqlite").is_file());
+}
+
+#[tokio::test]
+async fn an_in_memory_database_is_never_shared() {
+    let a = shared_sqlite_pool("sqlite::memory:").await.expect("a");
+    let b = shared_sqlite_pool("sqlite::memory:").await.expect("b");
+    assert!(!a.same_pool(&b));
+}
