@@ -66,6 +66,9 @@ fn demo_under_unsafe_test_with_the_three_switches_off_pays_twice_and_its_reconci
     let dir = TempDir::new("demo-unsafe");
     let file = dir.0.join("unsafe.toml");
     let mut text: String = SAFETY_SWITCHES.iter().map(|(table, _)| format!("[{table}]\nenabled = false\n")).collect();
+    // Every executor tries every account at once (no affinity wait), so a stalled worker's
+    // payout is taken over by its peer while the stalled one still holds its old grant.
+    text.push_str("[executor]\naffinity-steal-after-ms = 0\n");
     text.push_str("[executor.chaos]\npause-hops = \"submit\"\n");
     std::fs::write(&file, text).expect("write config");
     let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
