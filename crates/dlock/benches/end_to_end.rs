@@ -224,7 +224,7 @@ mod bench {
             point.workers()
         );
         println!(
-            "{:<10} {:>9} {:>11} {:>9} {:>9} {:>12} {:>9} {:>9} {:>8} {:>14} {:>8}  {}",
+            "{:<10} {:>9} {:>11} {:>9} {:>9} {:>12} {:>9} {:>9} {:>8} {:>14} {:>8}  dlock up RSS start->peak->end",
             "database",
             "in window",
             "payouts/s",
@@ -235,8 +235,7 @@ mod bench {
             "p99 ms",
             "vs base",
             "floor payout/s",
-            "vs floor",
-            "dlock up RSS start->peak->end"
+            "vs floor"
         );
         let dir = dlock_testkit::TempDir::new("bench-e2e");
         let mut kinds = vec![Dbs::Sqlite];
@@ -290,8 +289,8 @@ mod bench {
             kind.name()
         );
         println!(
-            "{:<16} {:>6} {:>6} {:>9} {:>11} {:>12} {:>8}  {}",
-            "axis", "x", "n", "in window", "dlock/s", "baseline/s", "ratio", "dlock up RSS start->peak->end"
+            "{:<16} {:>6} {:>6} {:>9} {:>11} {:>12} {:>8}  dlock up RSS start->peak->end",
+            "axis", "x", "n", "in window", "dlock/s", "baseline/s", "ratio"
         );
         let mut csv = String::from("axis,x,database,executors,accounts,rail_latency_ms,n,dlock_per_s,dlock_p50_ms,dlock_p99_ms,baseline_per_s,baseline_p50_ms,baseline_p99_ms,rss_start_kib,rss_peak_kib,rss_end_kib\n");
         let mut curves: Vec<Curve> = Vec::new();
