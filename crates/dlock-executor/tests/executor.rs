@@ -245,8 +245,8 @@ async fn a_lone_executor_with_affinity_also_settles_the_accounts_of_a_dead_peer(
 
 /// Cut 5: the final release (after the post answered) is sent from a background task:
 /// the critical section has returned, the release still lands with the session open, it
-/// is timed as the `release` hop (the one between submit and post and the final one), and
-/// a drain waits for it within its bound.
+/// is timed as the `release` hop (the only release of the success path: the post's newer
+/// grant is a rotate, timed as an `acquire`), and a drain waits for it within its bound.
 #[tokio::test]
 async fn the_final_release_is_sent_in_the_background_timed_and_drained() {
     let r = rig(|_| {}).await;
@@ -266,7 +266,8 @@ async fn the_final_release_is_sent_in_the_background_timed_and_drained() {
     assert_eq!(r.executor.releases_in_flight(), 0);
     assert!(r.lock_is_free().await, "released while the session is still open");
     let text = r.executor.metrics.render();
-    assert_eq!(sample(&text, "payout_hop_seconds_count{hop=\"release\"}"), 2.0, "{text}");
+    assert_eq!(sample(&text, "payout_hop_seconds_count{hop=\"release\"}"), 1.0, "{text}");
+    assert_eq!(sample(&text, "payout_hop_seconds_count{hop=\"acquire\"}"), 2.0, "the acquire and the rotate: {text}");
     let _ = session.close().await;
 }
 
