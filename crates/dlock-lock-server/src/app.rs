@@ -148,6 +148,31 @@ fn grant_body(server: &LockServer, g: &GrantRow) -> LockGrant {
     }
 }
 
+/// The request of a call on a held grant (L5 renew, E-18 rotate): the key, the presented
+/// token, the owner, the body's session and the ttl to grant, checked in that order.
+struct HeldRequest {
+    key: String,
+    token: dlock_contract::FencingToken,
+    owner: OwnerId,
+    session: Uuid,
+    ttl: i64,
+}
+
+fn held_request(
+    server: &LockServer,
+    key: &str,
+    headers: &HeaderMap,
+    body: Result<JsonBody, ApiError>,
+) -> Result<HeldRequest, ApiError> {
+    let key = lock_key(key)?;
+    let token = dlock_http::fencing_token(headers)?;
+    let owner = dlock_http::owner_id(headers)?;
+    let JsonBody(body) = body?;
+    let session = body_session(&body)?;
+    let ttl = lock_ttl(server, opt_int(&body, "ttlMillis", 1, i64::MAX)?);
+    Ok(HeldRequest { key, token, owner, session, ttl })
+}
+
 fn lock_ttl(server: &LockServer, requested: Option<i64>) -> i64 {
     requested.unwrap_or(server.cfg.lock_ttl_ms_default).clamp(LOCK_TTL_MS_MIN, LOCK_TTL_MS_MAX)
 }
@@ -344,12 +369,7 @@ async fn renew(
     headers: HeaderMap,
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
-    let key = lock_key(&key)?;
-    let token = dlock_http::fencing_token(&headers)?;
-    let owner = dlock_http::owner_id(&headers)?;
-    let JsonBody(body) = body?;
-    let session = body_session(&body)?;
-    let ttl = lock_ttl(&server, opt_int(&body, "ttlMillis", 1, i64::MAX)?);
+    let HeldRequest { key, token, owner, session, ttl } = held_request(&server, &key, &headers, body)?;
     match server.store.renew(&key, session, token.get(), ttl).await.map_err(not_leader)? {
         Ok(g) => {
             dlock_rt::events::emit(crate::NODE, "renew", || {
@@ -389,12 +409,7 @@ async fn rotate(
     headers: HeaderMap,
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
-    let key = lock_key(&key)?;
-    let token = dlock_http::fencing_token(&headers)?;
-    let owner = dlock_http::owner_id(&headers)?;
-    let JsonBody(body) = body?;
-    let session = body_session(&body)?;
-    let ttl = lock_ttl(&server, opt_int(&body, "ttlMillis", 1, i64::MAX)?);
+    let HeldRequest { key, token, owner, session, ttl } = held_request(&server, &key, &headers, body)?;
     match server.rotate(&key, session, token.get(), ttl).await.map_err(not_leader)? {
         Ok(g) => {
             tracing::info!(key = %key, ownerId = %owner, sessionId = %session, releasedToken = token.get(), fencingToken = g.fencing_token, traceId = %trace.0, "lock_rotated");
