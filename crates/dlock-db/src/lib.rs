@@ -18,6 +18,12 @@
 //!   [`shared_sqlite_pool`] while anyone holds it (a registry by canonical path; asserted
 //!   when a pool is handed out), so two services of one process on one file queue in one
 //!   pool instead of sleeping in SQLite's busy handler against each other.
+//! - Reads of a shared SQLite file run on a reader pool beside it ([`SharedSqlitePool::readers`],
+//!   at most [`SQLITE_READERS_MAX`] connections, `query_only`): in WAL a reader never waits for
+//!   the writer, and a read begun after a commit returned sees that commit, so a read moved
+//!   off the one writer connection answers what it answered on it, without queueing behind
+//!   every write of the process. Only autocommitted reads go there; every read a decision
+//!   depends on stays inside its write transaction on the writer.
 
 #![cfg(not(madsim))]
 
@@ -32,6 +38,9 @@ pub const PG_POOL_CONNECTIONS_MAX: u32 = 16;
 /// second connection would only wait in SQLite's busy handler, whose sleeps (up to 100 ms
 /// each) cost far more under contention than queueing in the pool.
 pub const SQLITE_POOL_CONNECTIONS_MAX: u32 = 1;
+/// Most read-only connections beside the writer on one shared SQLite file (WAL readers run
+/// concurrently with the writer and with each other).
+pub const SQLITE_READERS_MAX: u32 = 2;
 /// Longest a request waits for a pooled connection.
 pub const POOL_ACQUIRE_MS_MAX: u64 = 2_000;
 /// Longest a pooled connection sits idle before the pool closes it. It bounds how long a
@@ -220,15 +229,29 @@ pub async fn sqlite_pool(url: &str) -> Result<sqlx::SqlitePool, sqlx::Error> {
             std::fs::create_dir_all(parent).map_err(sqlx::Error::Io)?;
         }
     }
-    let opts = sqlx::sqlite::SqliteConnectOptions::from_str(url)?
+    pool_options::<sqlx::Sqlite>(SQLITE_POOL_CONNECTIONS_MAX, POOL_ACQUIRE_MS_MAX + SQLITE_BUSY_MS_MAX)
+        .connect_with(sqlite_options(url)?)
+        .await
+}
+
+/// Every SQLite connection's settings: WAL, synchronous=FULL, foreign keys on, bounded busy
+/// wait, the file created when missing.
+fn sqlite_options(url: &str) -> Result<sqlx::sqlite::SqliteConnectOptions, sqlx::Error> {
+    Ok(sqlx::sqlite::SqliteConnectOptions::from_str(url)?
         .create_if_missing(true)
         .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
         .synchronous(sqlx::sqlite::SqliteSynchronous::Full)
         .foreign_keys(true)
-        .busy_timeout(Duration::from_millis(SQLITE_BUSY_MS_MAX));
-    pool_options::<sqlx::Sqlite>(SQLITE_POOL_CONNECTIONS_MAX, POOL_ACQUIRE_MS_MAX + SQLITE_BUSY_MS_MAX)
-        .connect_with(opts)
-        .await
+        .busy_timeout(Duration::from_millis(SQLITE_BUSY_MS_MAX)))
+}
+
+/// The reader pool beside a writer pool on the same file: [`SQLITE_READERS_MAX`] connections
+/// that refuse to write (`PRAGMA query_only`), opened on first use (the writer has created
+/// the file and set WAL by then).
+fn sqlite_reader_pool(url: &str) -> Result<sqlx::SqlitePool, sqlx::Error> {
+    let opts = sqlite_options(url)?.pragma("query_only", "ON");
+    Ok(pool_options::<sqlx::Sqlite>(SQLITE_READERS_MAX, POOL_ACQUIRE_MS_MAX + SQLITE_BUSY_MS_MAX)
+        .connect_lazy_with(opts))
 }
 
 /// A SQLite pool shared with every other holder in this process of a pool on the same file
@@ -242,6 +265,9 @@ pub struct SharedSqlitePool(std::sync::Arc<RegisteredPool>);
 #[derive(Debug)]
 struct RegisteredPool {
     pool: sqlx::SqlitePool,
+    /// Autocommitted reads (the writer itself for an in-memory database, which one
+    /// connection owns).
+    readers: sqlx::SqlitePool,
     key: String,
     file: Option<FileIdentity>,
 }
@@ -257,6 +283,13 @@ impl SharedSqlitePool {
     /// The pool (a clone shares its connections).
     pub fn pool(&self) -> &sqlx::SqlitePool {
         &self.0.pool
+    }
+
+    /// The pool for autocommitted reads beside the writer ([`SQLITE_READERS_MAX`]
+    /// connections that cannot write; the writer itself for an in-memory database). A read
+    /// that a write decides on belongs in the write's transaction, on [`Self::pool`].
+    pub fn readers(&self) -> &sqlx::SqlitePool {
+        &self.0.readers
     }
 
     /// Whether `self` and `other` are the same pool.
@@ -310,7 +343,13 @@ fn registered(reg: &Registry, key: &str, file: &std::path::Path) -> Option<Share
 pub async fn shared_sqlite_pool(url: &str) -> Result<SharedSqlitePool, sqlx::Error> {
     let Some((key, file)) = sqlite_key(url)? else {
         let pool = sqlite_pool(url).await?;
-        return Ok(SharedSqlitePool(std::sync::Arc::new(RegisteredPool { pool, key: String::new(), file: None })));
+        let readers = pool.clone();
+        return Ok(SharedSqlitePool(std::sync::Arc::new(RegisteredPool {
+            pool,
+            readers,
+            key: String::new(),
+            file: None,
+        })));
     };
     {
         let reg = SQLITE_POOLS.lock().unwrap_or_else(|e| e.into_inner());
@@ -327,7 +366,9 @@ pub async fn shared_sqlite_pool(url: &str) -> Result<SharedSqlitePool, sqlx::Err
     if let Some(shared) = registered(&reg, &key, &file) {
         return Ok(shared);
     }
-    let shared = SharedSqlitePool(std::sync::Arc::new(RegisteredPool { pool, key: key.clone(), file: identity }));
+    let readers = sqlite_reader_pool(url)?;
+    let shared =
+        SharedSqlitePool(std::sync::Arc::new(RegisteredPool { pool, readers, key: key.clone(), file: identity }));
     reg.insert(key.clone(), std::sync::Arc::downgrade(&shared.0));
     // The invariant: one live pool per key.
     assert!(

@@ -141,3 +141,25 @@ async fn an_in_memory_database_is_never_shared() {
     let b = shared_sqlite_pool("sqlite::memory:").await.expect("b");
     assert!(!a.same_pool(&b));
 }
+
+#[tokio::test]
+async fn a_read_on_the_reader_pool_does_not_wait_for_an_open_write_and_sees_every_commit() {
+    let dir = dlock_testkit::TempDir::new("pools");
+    let shared = shared_sqlite_pool(&dlock_testkit::sqlite_url(&dir)).await.expect("open");
+    sqlx::query("CREATE TABLE t (v INTEGER)").execute(shared.pool()).await.expect("create");
+    sqlx::query("INSERT INTO t VALUES (1)").execute(shared.pool()).await.expect("insert");
+    // The writer's only connection is inside a write transaction: a read queued on the
+    // writer would wait for it (and time out), one on the readers answers at once.
+    let mut tx = shared.pool().begin().await.expect("begin");
+    sqlx::query("INSERT INTO t VALUES (2)").execute(&mut *tx).await.expect("insert in tx");
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM t").fetch_one(shared.readers()).await.expect("read");
+    assert_eq!(seen, 1, "a reader sees only committed rows");
+    tx.commit().await.expect("commit");
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM t").fetch_one(shared.readers()).await.expect("read");
+    assert_eq!(seen, 2, "a read begun after a commit returned sees it");
+    // Readers cannot write.
+    let refused = sqlx::query("INSERT INTO t VALUES (3)").execute(shared.readers()).await;
+    assert!(refused.is_err(), "a reader connection refuses writes: {refused:?}");
+    let n: i64 = sqlx::query_scalar("SELECT count(*) FROM t").fetch_one(shared.pool()).await.expect("read");
+    assert_eq!(n, 2);
+}

@@ -167,6 +167,8 @@ pub async fn open(url: &str) -> Result<Arc<dyn PaymentStore>, StoreError> {
 #[derive(Debug, Clone)]
 pub struct PgPaymentStore {
     pub pool: sqlx::PgPool,
+    /// Autocommitted reads: the same pool on PostgreSQL.
+    pub read_pool: sqlx::PgPool,
 }
 
 impl PgPaymentStore {
@@ -180,7 +182,7 @@ impl PgPaymentStore {
         PG_MIGRATOR.run(&migrating).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
         migrating.close().await;
         let pool = dlock_db::pg_pool_with_lock_timeout(url, IDEMPOTENCY_WAIT_MS_MAX).await.map_err(db_error)?;
-        Ok(PgPaymentStore { pool })
+        Ok(PgPaymentStore { read_pool: pool.clone(), pool })
     }
 }
 
@@ -188,6 +190,9 @@ impl PgPaymentStore {
 #[derive(Debug, Clone)]
 pub struct SqlitePaymentStore {
     pub pool: sqlx::SqlitePool,
+    /// Autocommitted reads, off the one writer connection
+    /// (`dlock_db::SharedSqlitePool::readers`).
+    pub read_pool: sqlx::SqlitePool,
     /// This process's one pool on the file (`dlock_db::shared_sqlite_pool`): held so the
     /// other services of the process that open the same file share it.
     _shared: dlock_db::SharedSqlitePool,
@@ -202,7 +207,7 @@ impl SqlitePaymentStore {
     pub async fn open(url: &str) -> Result<SqlitePaymentStore, StoreError> {
         let shared = dlock_db::shared_sqlite_pool(url).await.map_err(db_error)?;
         SQLITE_MIGRATOR.run(shared.pool()).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
-        Ok(SqlitePaymentStore { pool: shared.pool().clone(), _shared: shared })
+        Ok(SqlitePaymentStore { pool: shared.pool().clone(), read_pool: shared.readers().clone(), _shared: shared })
     }
 }
 
@@ -840,37 +845,37 @@ macro_rules! sql_payment_store {
             }
 
             async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ResolutionRow>, StoreError> {
-                dlock_paydb::sql::$paydb::resolutions(&self.pool, payout_id).await
+                dlock_paydb::sql::$paydb::resolutions(&self.read_pool, payout_id).await
             }
 
             async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutView>, StoreError> {
-                dlock_paydb::sql::$paydb::payout(&self.pool, payout_id).await
+                dlock_paydb::sql::$paydb::payout(&self.read_pool, payout_id).await
             }
 
             async fn payout_account(&self, payout_id: Uuid) -> Result<Option<String>, StoreError> {
-                dlock_paydb::sql::$paydb::payout_account(&self.pool, payout_id).await
+                dlock_paydb::sql::$paydb::payout_account(&self.read_pool, payout_id).await
             }
 
             async fn account(&self, account_id: &str) -> Result<Option<AccountView>, StoreError> {
-                dlock_paydb::sql::$paydb::account(&self.pool, account_id).await
+                dlock_paydb::sql::$paydb::account(&self.read_pool, account_id).await
             }
 
             async fn accounts(&self) -> Result<Vec<AccountView>, StoreError> {
-                dlock_paydb::sql::$paydb::accounts(&self.pool).await
+                dlock_paydb::sql::$paydb::accounts(&self.read_pool).await
             }
 
             async fn list(&self, q: &ListQuery) -> Result<Vec<PayoutSummary>, StoreError> {
-                dlock_paydb::sql::$paydb::list(&self.pool, q).await
+                dlock_paydb::sql::$paydb::list(&self.read_pool, q).await
             }
 
             async fn ledger(&self, account_id: Option<&str>) -> Result<Vec<LedgerEntry>, StoreError> {
-                dlock_paydb::sql::$paydb::ledger(&self.pool, account_id).await
+                dlock_paydb::sql::$paydb::ledger(&self.read_pool, account_id).await
             }
 
             async fn oldest_pending_created_at(&self) -> Result<Option<DateTime<Utc>>, StoreError> {
                 let q = "SELECT created_at FROM payouts WHERE state = 'PENDING' ORDER BY created_at LIMIT 1";
                 sqlx::query(q)
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(&self.read_pool)
                     .await
                     .map_err(db_error)?
                     .map(|r| r.try_get("created_at").map_err(db_error))
@@ -900,7 +905,7 @@ macro_rules! sql_payment_store {
 
             async fn idempotency_record_count(&self) -> Result<u64, StoreError> {
                 let n: i64 = sqlx::query("SELECT COUNT(*) AS n FROM idempotency_records")
-                    .fetch_one(&self.pool)
+                    .fetch_one(&self.read_pool)
                     .await
                     .and_then(|r| r.try_get("n"))
                     .map_err(db_error)?;

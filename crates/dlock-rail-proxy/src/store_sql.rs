@@ -60,13 +60,15 @@ pub async fn migrate(url: &str) -> Result<Vec<i64>, StoreError> {
 #[derive(Debug, Clone)]
 pub struct PgRailStore {
     pub pool: sqlx::PgPool,
+    /// Autocommitted reads: the same pool on PostgreSQL.
+    pub read_pool: sqlx::PgPool,
 }
 
 impl PgRailStore {
     pub async fn open(url: &str) -> Result<PgRailStore, StoreError> {
         let pool = dlock_db::pg_pool(url).await.map_err(db_error)?;
         PG_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
-        Ok(PgRailStore { pool })
+        Ok(PgRailStore { read_pool: pool.clone(), pool })
     }
 }
 
@@ -74,6 +76,9 @@ impl PgRailStore {
 #[derive(Debug, Clone)]
 pub struct SqliteRailStore {
     pub pool: sqlx::SqlitePool,
+    /// Autocommitted reads, off the one writer connection
+    /// (`dlock_db::SharedSqlitePool::readers`).
+    pub read_pool: sqlx::SqlitePool,
     /// This process's one pool on the file (`dlock_db::shared_sqlite_pool`): held so the
     /// other services of the process that open the same file share it.
     _shared: dlock_db::SharedSqlitePool,
@@ -88,7 +93,7 @@ impl SqliteRailStore {
     pub async fn open(url: &str) -> Result<SqliteRailStore, StoreError> {
         let shared = dlock_db::shared_sqlite_pool(url).await.map_err(db_error)?;
         SQLITE_MIGRATOR.run(shared.pool()).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
-        Ok(SqliteRailStore { pool: shared.pool().clone(), _shared: shared })
+        Ok(SqliteRailStore { pool: shared.pool().clone(), read_pool: shared.readers().clone(), _shared: shared })
     }
 }
 
@@ -342,7 +347,7 @@ macro_rules! sql_rail_store {
                 );
                 let row = sqlx::query(&q)
                     .bind(payout_id.to_string())
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(&self.read_pool)
                     .await
                     .map_err(db_error)?;
                 row.map(|r| {
@@ -493,18 +498,18 @@ macro_rules! sql_rail_store {
                     "SELECT submission_id FROM rail_submission WHERE outcome IS NULL AND submitted_at < $1 \
                      ORDER BY submitted_at LIMIT $2",
                 );
-                let rows = sqlx::query(&q).bind(before).bind(limit).fetch_all(&self.pool).await.map_err(db_error)?;
+                let rows = sqlx::query(&q).bind(before).bind(limit).fetch_all(&self.read_pool).await.map_err(db_error)?;
                 rows.iter()
                     .map(|r| r.try_get::<String, _>("submission_id").map_err(db_error).and_then(|s| parse_uuid(&s)))
                     .collect()
             }
 
             async fn high_water(&self, account_id: &str) -> Result<Option<i64>, StoreError> {
-                dlock_paydb::sql::$paydb::high_water(&self.pool, account_id).await
+                dlock_paydb::sql::$paydb::high_water(&self.read_pool, account_id).await
             }
 
             async fn submissions(&self, payout_id: Option<Uuid>) -> Result<Vec<SubmissionRow>, StoreError> {
-                dlock_paydb::sql::$paydb::submissions(&self.pool, payout_id).await
+                dlock_paydb::sql::$paydb::submissions(&self.read_pool, payout_id).await
             }
 
             async fn insert_payout(&self, p: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {

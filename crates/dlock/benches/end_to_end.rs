@@ -9,6 +9,7 @@
 //!
 //! - `DLOCK_BENCH_N` payouts (default 300) over `DLOCK_BENCH_ACCOUNTS` accounts (default 8).
 //! - `DLOCK_BENCH_RAIL_LATENCY_MS` (default 0): the rail stub's fixed delay, for both sides.
+//! - `DLOCK_BENCH_DBS` (default `sqlite,postgres`): which database kinds to run.
 //! - PostgreSQL when `DLOCK_BENCH_PG_URL` or `DLOCK_TEST_PG_URL` names a server (paydb,
 //!   lockdb and the baseline's queue each get a fresh database).
 //! - `DLOCK_BENCH_SWEEP=1` adds the sweeps (executors 1, 2, 4, 8; accounts 1, 10, 100, 1000;
@@ -238,9 +239,16 @@ mod bench {
             "vs floor"
         );
         let dir = dlock_testkit::TempDir::new("bench-e2e");
-        let mut kinds = vec![Dbs::Sqlite];
+        // `DLOCK_BENCH_DBS` (default `sqlite,postgres`) narrows the run to some kinds.
+        let only = std::env::var("DLOCK_BENCH_DBS").unwrap_or_else(|_| "sqlite,postgres".into());
+        let wanted = |name: &str| only.split(',').any(|k| k.trim() == name);
+        let mut kinds = Vec::new();
+        if wanted("sqlite") {
+            kinds.push(Dbs::Sqlite);
+        }
         match dlock_testkit::bench::pg_admin_url() {
-            Some(admin) => kinds.push(Dbs::Postgres(admin)),
+            Some(admin) if wanted("postgres") => kinds.push(Dbs::Postgres(admin)),
+            Some(_) => {}
             None => println!("postgres   (skipped: set DLOCK_TEST_PG_URL to include it)"),
         }
         for kind in &kinds {
@@ -266,7 +274,7 @@ mod bench {
             );
         }
         if std::env::var("DLOCK_BENCH_SWEEP").is_ok_and(|v| v == "1") {
-            let kind = kinds.pop().expect("sqlite is always there");
+            let Some(kind) = kinds.pop() else { return };
             sweep(&dir, &kind, accounts).await;
         }
     }
