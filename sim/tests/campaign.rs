@@ -104,3 +104,18 @@ fn a_swarm_seed_gives_the_wire_checks_every_kind_of_write() {
     assert!(claims > 0 && posts > 0 && submits > 0 && acquires > 0, "{claims} {posts} {submits} {acquires}");
     assert!(writes.iter().any(|w| w.retry_safe_code().is_some()), "no retry-safe answer in seed 2");
 }
+
+/// On etcd a lock replica judges leases by its own wall clock (C1 §1.5.4): a replica whose
+/// clock ran ahead writes a session or grant that outlives its holder by that lead, and the
+/// key stalls as long, no longer. Seed 50715 (one hot account, `lock-2` stepped 119 215 ms
+/// ahead, its executors restarted at the heal) settles within the liveness bound grown by
+/// exactly that lead; it needs the growth (it ran past the plain bound's end), and without
+/// it the seed is a liveness failure.
+#[test]
+fn a_lock_replica_clock_ahead_on_etcd_stalls_its_key_by_the_lead_and_no_longer() {
+    let o = campaign::run_seed(50715, &RunOptions::default());
+    assert!(o.failures.is_empty(), "{:?}", o.failures);
+    let bound = format!("liveness: bound {} ms", campaign::LIVENESS_MS_MAX + 119_215);
+    assert!(o.trace.iter().any(|l| l.starts_with(&bound)), "{bound} missing: {:?}", o.trace);
+    assert!(o.sim_ms > 7_000 + campaign::LIVENESS_MS_MAX, "settled in {} ms: no stall to bound", o.sim_ms);
+}
