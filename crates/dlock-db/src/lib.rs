@@ -24,6 +24,17 @@
 //!   off the one writer connection answers what it answered on it, without queueing behind
 //!   every write of the process. Only autocommitted reads go there; every read a decision
 //!   depends on stays inside its write transaction on the writer.
+//!
+//! SQLite batches ([`sqlite_batch_sql`], [`sqlite_batch`]): sqlx-sqlite runs each statement
+//! as one command to the connection's worker thread and back, and on a busy 2-core machine
+//! those hops, not SQLite's work, bound the one writer (docs/performance.md, "Measured on the
+//! third run"). Statements with no decision between them go as one multi-statement query:
+//! one hop for all of them, the same statements in the same order in the same transaction.
+//! A store batches only statements that are all to run, or whose transaction rolls back
+//! whenever a later one should not have run. This relies on sqlx-sqlite running every
+//! statement of a query and binding `?NNN` across them, which sqlx 0.8 marks deprecated
+//! (launchbadge/sqlx#3108): `tests/pools.rs` holds the behaviour, so an upgrade that drops it
+//! fails there first.
 
 #![cfg(not(madsim))]
 
@@ -51,6 +62,90 @@ pub const POOL_IDLE_MS_MAX: u64 = 60_000;
 pub const POOL_LIFETIME_MS_MAX: u64 = 30 * 60_000;
 /// Longest SQLite waits for the write lock before answering busy.
 pub const SQLITE_BUSY_MS_MAX: u64 = 5_000;
+
+/// Most statements one [`sqlite_batch`] sends in one query.
+pub const SQLITE_BATCH_STATEMENTS_MAX: usize = 8;
+
+/// SQLite: `statements`, each `(sql, binds)`, as one multi-statement query. Each statement
+/// names its placeholders `$1, $2, …, $binds` once each, in that order (a value used twice
+/// is bound twice), so that the same text serves PostgreSQL statement by statement; here
+/// each becomes SQLite's anonymous `?`, and sqlx binds the values of statement 1, then of
+/// statement 2, … in order. (Numbered `?NNN` across statements do not bind through sqlx:
+/// a statement whose first placeholder is `?5` has four unnamed slots before it, which sqlx
+/// fills positionally.) Asserts the form, in release builds too.
+pub fn sqlite_batch_sql(statements: &[(&str, usize)]) -> String {
+    assert!(
+        !statements.is_empty() && statements.len() <= SQLITE_BATCH_STATEMENTS_MAX,
+        "a batch has 1..={SQLITE_BATCH_STATEMENTS_MAX} statements, not {}",
+        statements.len()
+    );
+    let mut out = String::new();
+    for (sql, binds) in statements {
+        let mut chars = sql.chars().peekable();
+        let mut next = 1usize;
+        while let Some(ch) = chars.next() {
+            if ch != '$' {
+                out.push(ch);
+                continue;
+            }
+            let mut n = 0usize;
+            let mut digits = 0;
+            while let Some(v) = chars.peek().and_then(|d| d.to_digit(10)) {
+                n = n * 10 + v as usize;
+                digits += 1;
+                chars.next();
+            }
+            assert!(digits > 0 && n == next && n <= *binds, "placeholder ${n} where ${next} of {binds} belongs: {sql}");
+            out.push('?');
+            next += 1;
+        }
+        assert!(next == binds + 1, "{} of {binds} placeholders in {sql}", next - 1);
+        out.push_str(";\n");
+    }
+    out
+}
+
+/// What one statement of a [`sqlite_batch`] returned: its rows, and the rows it changed
+/// (meaningful for INSERT, UPDATE and DELETE only: SQLite reports the last change count
+/// for any other statement).
+#[derive(Default)]
+pub struct BatchPart {
+    pub rows: Vec<sqlx::sqlite::SqliteRow>,
+    pub rows_affected: u64,
+}
+
+/// Runs `query` (a [`sqlite_batch_sql`] of `statements` statements, with their binds) on
+/// `conn` in one call to the connection's worker thread, and splits what it returned by
+/// statement. An error in any statement is the batch's error (the statements before it
+/// ran; the caller's transaction rolls back).
+pub async fn sqlite_batch<'q>(
+    conn: &mut sqlx::SqliteConnection,
+    query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+    statements: usize,
+) -> Result<Vec<BatchPart>, sqlx::Error> {
+    use futures::TryStreamExt as _;
+    let mut parts = Vec::with_capacity(statements);
+    let mut current = BatchPart::default();
+    // The per-statement results are only in `fetch_many`'s stream (see the module doc).
+    #[allow(deprecated)]
+    let mut stream = query.fetch_many(conn);
+    while let Some(step) = stream.try_next().await? {
+        match step {
+            sqlx::Either::Right(row) => current.rows.push(row),
+            sqlx::Either::Left(done) => {
+                current.rows_affected = done.rows_affected();
+                parts.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    if parts.len() != statements || !current.rows.is_empty() {
+        return Err(sqlx::Error::Protocol(format!(
+            "a batch of {statements} statements answered {} results",
+            parts.len()
+        )));
+    }
+    Ok(parts)
+}
 
 /// The database behind a `--database-url`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -387,6 +482,28 @@ mod tests {
     fn sqlite_placeholders_keep_their_numbers() {
         assert_eq!(Dialect::Sqlite.sql("a = $1 AND b = $10 OR c = $1"), "a = ?1 AND b = ?10 OR c = ?1");
         assert_eq!(Dialect::Postgres.sql("a = $1"), "a = $1");
+    }
+
+    #[test]
+    fn a_batch_turns_each_statements_placeholders_into_positional_ones() {
+        let sql = sqlite_batch_sql(&[
+            ("UPDATE a SET x = $1 WHERE id = $2", 2),
+            ("SELECT $1, $2, $3", 3),
+            ("DELETE FROM b", 0),
+        ]);
+        assert_eq!(sql, "UPDATE a SET x = ? WHERE id = ?;\nSELECT ?, ?, ?;\nDELETE FROM b;\n");
+    }
+
+    #[test]
+    #[should_panic(expected = "placeholder $2 where $1 of 2 belongs")]
+    fn a_batch_refuses_placeholders_out_of_order() {
+        sqlite_batch_sql(&[("SELECT $2, $1", 2)]);
+    }
+
+    #[test]
+    #[should_panic(expected = "1 of 2 placeholders")]
+    fn a_batch_refuses_a_statement_with_fewer_placeholders_than_binds() {
+        sqlite_batch_sql(&[("SELECT $1", 2)]);
     }
 
     #[test]

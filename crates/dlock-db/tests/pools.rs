@@ -163,3 +163,42 @@ async fn a_read_on_the_reader_pool_does_not_wait_for_an_open_write_and_sees_ever
     let n: i64 = sqlx::query_scalar("SELECT count(*) FROM t").fetch_one(shared.pool()).await.expect("read");
     assert_eq!(n, 2);
 }
+
+/// The batch behaviour the stores rely on (sqlx-sqlite, deprecated in sqlx 0.8): every
+/// statement of one query runs, in order, with positional binds across them, and each
+/// statement's rows and change count come back apart; an error in a later statement is the
+/// batch's error and leaves the earlier ones to the transaction's rollback.
+#[tokio::test]
+async fn a_sqlite_batch_runs_every_statement_in_order_and_answers_each_apart() {
+    use dlock_db::{sqlite_batch, sqlite_batch_sql};
+    let dir = dlock_testkit::TempDir::new("pools");
+    let shared = shared_sqlite_pool(&dlock_testkit::sqlite_url(&dir)).await.expect("open");
+    sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)").execute(shared.pool()).await.expect("t");
+    sqlx::query("INSERT INTO t VALUES (1, 10)").execute(shared.pool()).await.expect("row");
+    let sql = sqlite_batch_sql(&[
+        ("INSERT INTO t (id, v) VALUES ($1, $2) RETURNING id", 2),
+        ("UPDATE t SET v = v + $1 WHERE id = $2 RETURNING v", 2),
+        ("UPDATE t SET v = 0 WHERE id = $1", 1),
+        ("SELECT COUNT(*) AS n FROM t WHERE v > $1", 1),
+    ]);
+    let mut tx = shared.pool().begin().await.expect("begin");
+    let q = sqlx::query(&sql).bind(2_i64).bind(20_i64).bind(5_i64).bind(1_i64).bind(99_i64).bind(0_i64);
+    let parts = sqlite_batch(&mut tx, q, 4).await.expect("batch");
+    use sqlx::Row as _;
+    assert_eq!(parts.len(), 4);
+    assert_eq!((parts[0].rows.len(), parts[0].rows_affected), (1, 1));
+    assert_eq!(parts[0].rows[0].get::<i64, _>("id"), 2);
+    assert_eq!(parts[1].rows[0].get::<i64, _>("v"), 15, "the second statement saw its own binds");
+    assert_eq!((parts[2].rows.len(), parts[2].rows_affected), (0, 0), "no row 99: nothing changed");
+    assert_eq!(parts[3].rows[0].get::<i64, _>("n"), 2, "the last statement saw the first two");
+    tx.commit().await.expect("commit");
+    // An error in the second statement: the first ran, the rollback undoes it.
+    let sql =
+        sqlite_batch_sql(&[("INSERT INTO t (id, v) VALUES ($1, 1)", 1), ("INSERT INTO t (id, v) VALUES ($1, 1)", 1)]);
+    let mut tx = shared.pool().begin().await.expect("begin");
+    let q = sqlx::query(&sql).bind(3_i64).bind(1_i64);
+    assert!(sqlite_batch(&mut tx, q, 2).await.is_err(), "id 1 exists: the batch fails");
+    tx.rollback().await.expect("rollback");
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(shared.pool()).await.expect("count");
+    assert_eq!(n, 2, "row 3 of the failed batch rolled back with it");
+}

@@ -32,6 +32,53 @@ pub static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migr
 /// The SQL list of unsettled states (tests hold it to [`crate::pay::is_unsettled`]).
 pub const UNSETTLED_SQL: &str = crate::unsettled_sql!();
 
+/// The upsert of one system account (no balance, no fence): `$1` id, `$2` kind, `$3`
+/// currency, `$4`/`$5` the instant (each placeholder once, in order: a batch statement,
+/// `dlock_db::sqlite_batch_sql`).
+pub const SYSTEM_ACCOUNT_UPSERT_SQL: &str = "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, \
+     created_at, updated_at) VALUES ($1, $2, $3, 0, 0, $4, $5) ON CONFLICT (account_id) DO NOTHING";
+
+/// Binds per ledger entry in [`ledger_insert_sql`].
+pub const LEDGER_ENTRY_BINDS: usize = 9;
+
+/// One multi-row INSERT of `n` ledger entries, [`LEDGER_ENTRY_BINDS`] placeholders each, in
+/// order ([`bind_ledger_entries!`] binds them).
+pub fn ledger_insert_sql(n: usize) -> String {
+    let rows: Vec<String> = (0..n)
+        .map(|k| {
+            let b = k * LEDGER_ENTRY_BINDS;
+            let cols: Vec<String> = (1..=LEDGER_ENTRY_BINDS).map(|c| format!("${}", b + c)).collect();
+            format!("({})", cols.join(", "))
+        })
+        .collect();
+    format!(
+        "INSERT INTO ledger_entries (entry_id, posting_id, payout_id, account_id, direction, amount_minor, \
+         currency, fence, created_at) VALUES {}",
+        rows.join(", ")
+    )
+}
+
+/// Binds `entries` to a query of [`ledger_insert_sql`], in its order.
+#[macro_export]
+macro_rules! bind_ledger_entries {
+    ($query:expr, $entries:expr) => {{
+        let mut query = $query;
+        for e in $entries {
+            query = query
+                .bind(e.entry_id.to_string())
+                .bind(e.posting_id.to_string())
+                .bind(e.payout_id.map(|p| p.to_string()))
+                .bind(e.account_id.clone())
+                .bind(e.direction.as_str())
+                .bind(e.amount_minor)
+                .bind(e.currency.clone())
+                .bind(e.fence)
+                .bind(e.created_at);
+        }
+        query
+    }};
+}
+
 /// Σ CREDIT − Σ DEBIT of one account's entries (`a` is the `accounts` row).
 macro_rules! ledger_sum {
     () => {
@@ -215,34 +262,8 @@ macro_rules! paydb_sql {
                 if entries.is_empty() {
                     return Ok(());
                 }
-                let rows: Vec<String> = (0..entries.len())
-                    .map(|k| {
-                        let b = k * 9;
-                        format!(
-                            "(${}, ${}, ${}, ${}, ${}, ${}, ${}, ${}, ${})",
-                            b + 1, b + 2, b + 3, b + 4, b + 5, b + 6, b + 7, b + 8, b + 9
-                        )
-                    })
-                    .collect();
-                let q = format!(
-                    "INSERT INTO ledger_entries (entry_id, posting_id, payout_id, account_id, direction, amount_minor, \
-                     currency, fence, created_at) VALUES {}",
-                    rows.join(", ")
-                );
-                let q = sql(&q);
-                let mut query = sqlx::query(&q);
-                for e in entries {
-                    query = query
-                        .bind(e.entry_id.to_string())
-                        .bind(e.posting_id.to_string())
-                        .bind(e.payout_id.map(|p| p.to_string()))
-                        .bind(e.account_id.clone())
-                        .bind(e.direction.as_str())
-                        .bind(e.amount_minor)
-                        .bind(e.currency.clone())
-                        .bind(e.fence)
-                        .bind(e.created_at);
-                }
+                let q = sql(&ledger_insert_sql(entries.len())).into_owned();
+                let query = $crate::bind_ledger_entries!(sqlx::query(&q), entries);
                 let written = query.execute(&mut **tx).await.map_err(db_error)?.rows_affected();
                 if written != entries.len() as u64 {
                     return Err(StoreError::Corrupt(format!("ledger: {written} entries written, not {}", entries.len())));
@@ -257,15 +278,13 @@ macro_rules! paydb_sql {
                 currency: &str,
                 at: DateTime<Utc>,
             ) -> Result<(), StoreError> {
-                let q = sql(
-                    "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
-                     VALUES ($1, $2, $3, 0, 0, $4, $4) ON CONFLICT (account_id) DO NOTHING",
-                );
+                let q = sql(SYSTEM_ACCOUNT_UPSERT_SQL);
                 for (account_id, kind) in accounts {
                     sqlx::query(&q)
                         .bind(account_id.clone())
                         .bind(kind.as_str())
                         .bind(currency.to_owned())
+                        .bind(at)
                         .bind(at)
                         .execute(&mut **tx)
                         .await

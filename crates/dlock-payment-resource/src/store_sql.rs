@@ -1,7 +1,7 @@
 //! paydb on PostgreSQL and SQLite, through sqlx, as the payment-resource sees it.
 //!
 //! The SQL is written once, with `$n` placeholders, and the same statements run on both
-//! databases (SQLite gets `?n`, its numbered form). The two implementations differ only in
+//! databases (SQLite gets `?n`, its numbered form, or `?` inside a batch). The two implementations differ only in
 //! their pool and row types; [`sql_payment_store!`] stamps the one body out for each.
 //!
 //! Every mutating method is one transaction whose first statement is the idempotency
@@ -22,6 +22,14 @@
 //! and the reservation read stay two statements: under READ COMMITTED one statement reads
 //! one snapshot, taken before it waits for the account's row lock, so a reservation read
 //! folded into the fence could miss a claim that committed during the wait (overspend).
+//!
+//! SQLite (issue 14, `docs/performance.md` §8.6): statements with no decision between them
+//! go to the connection's worker as one batch (`dlock_db::sqlite_batch`): a claim's or
+//! post's fence and the statement after it, a claim's transition and recorded answer, a
+//! post's ledger writes, debit and recorded answer. A statement a batch ran after a fence
+//! that refused is undone by the rollback every refusal ends in (`commit_decided`).
+//! PostgreSQL runs the same statements one by one (the fence's follower only after a raised
+//! fence) and keeps the claim's CTE.
 //!
 //! Errors: connection failures, timeouts and busy answers are [`StoreError::Unavailable`]
 //! (nothing was decided); a commit whose answer was lost is [`StoreError::CommitUnknown`];
@@ -105,21 +113,107 @@ impl Commits for CreatePayoutOutcome {
 /// duplicate waits, then replays). SQLite's single writer waits `SQLITE_BUSY_MS_MAX`.
 pub const IDEMPOTENCY_WAIT_MS_MAX: u64 = 2_000;
 
-/// The named attempt is the payout's ACKED one with this reference (I7); `$1` payout,
-/// `$3` submission id, `$4` rail reference.
-const ACKED_ATTEMPT: &str = "EXISTS (SELECT 1 FROM rail_submission s WHERE s.payout_id = $1 AND s.submission_id = $3 \
-     AND s.outcome = 'ACKED' AND s.rail_reference = $4)";
+/// Statement 1 of a claim or post: the strict fence on the payout's account (C3 §3.4
+/// verbatim). `$1` the token, `$2` the instant, `$3` the payout, `$4` the token again (each
+/// placeholder once, in order: a batch statement, `dlock_db::sqlite_batch_sql`).
+const FENCE_SQL: &str = "UPDATE accounts SET fence = $1, updated_at = $2 \
+     WHERE account_id = (SELECT account_id FROM payouts WHERE payout_id = $3) AND fence < $4 \
+     RETURNING account_id, balance_minor";
+
+/// Statement 2 of a claim: the payout's state and terms, and the reservation (every other
+/// unsettled payout of its account). `$1` the payout. A separate statement from the fence,
+/// on purpose: on PostgreSQL its snapshot is taken after the fence's row lock was granted
+/// (module doc).
+const CLAIM_READ_SQL: &str = concat!(
+    "SELECT p.state, p.amount_minor, p.currency, p.beneficiary_ref, p.attempt_count, \
+     (SELECT CAST(COALESCE(SUM(q.amount_minor), 0) AS BIGINT) FROM payouts q \
+      WHERE q.account_id = p.account_id AND q.payout_id <> p.payout_id AND q.state IN ",
+    dlock_paydb::unsettled_sql!(),
+    ") AS reserved_minor FROM payouts p WHERE p.payout_id = $1"
+);
+
+/// The recorded answer in the identity row: `$1` status, `$2` body, then the identity
+/// (`$3` operation, `$4` target, `$5` key, `$6` token).
+const RECORD_SQL: &str = "UPDATE idempotency_records SET response_status = $1, response_body = $2 \
+     WHERE operation = $3 AND target_id = $4 AND idempotency_key = $5 AND fencing_token = $6";
+
+/// A post's debit, after its entries: `$1` amount, `$2` instant, `$3` account.
+const BALANCE_DEBIT_SQL: &str = "UPDATE accounts SET balance_minor = balance_minor - $1, updated_at = $2 \
+     WHERE account_id = $3 RETURNING balance_minor";
+
+/// SQLite: a claim's transition, conditional on the state and on the attempt count the
+/// reservation read saw (as [`CLAIM_MOVE_AND_RECORD`] on PostgreSQL). `$1` state, `$2`
+/// token, `$3` owner, `$4`/`$5` instant, `$6` payout, `$7` expected state, `$8` attempt count.
+const CLAIM_MOVE_SQL: &str = "UPDATE payouts SET state = $1, claim_token = $2, claimed_by = $3, claimed_at = $4, \
+     updated_at = $5 WHERE payout_id = $6 AND state = $7 AND attempt_count = $8";
 
 /// The post's transition (statement 2): RAIL_ACKED → POSTED only if the payout is in a state
-/// the post rule moves from and the named ACKED attempt exists, i.e. exactly when
-/// [`rules::decide_post`] answers `Posted` (a test holds the two together). `$2` is the
-/// instant.
+/// the post rule moves from and the named ACKED attempt (I7) exists, i.e. exactly when
+/// [`rules::decide_post`] answers `Posted` (a test holds the two together). `$1` instant,
+/// `$2` payout, `$3` payout again, `$4` submission id, `$5` rail reference.
 fn post_move_sql() -> String {
     let from = payout::sql_states(&payout::sources(PayoutState::Posted, Actor::PaymentResource));
     format!(
-        "UPDATE payouts SET state = 'POSTED', updated_at = $2 WHERE payout_id = $1 AND state IN {from} \
-         AND {ACKED_ATTEMPT} RETURNING account_id, amount_minor, currency"
+        "UPDATE payouts SET state = 'POSTED', updated_at = $1 WHERE payout_id = $2 AND state IN {from} \
+         AND EXISTS (SELECT 1 FROM rail_submission s WHERE s.payout_id = $3 AND s.submission_id = $4 \
+         AND s.outcome = 'ACKED' AND s.rail_reference = $5) RETURNING account_id, amount_minor, currency"
     )
+}
+
+/// The statement that follows a claim's or a post's fence in its transaction.
+enum AfterFence<'a> {
+    /// A claim's reservation read ([`CLAIM_READ_SQL`]).
+    ClaimRead { payout_id: &'a str },
+    /// A post's transition ([`post_move_sql`]).
+    PostMove { payout_id: &'a str, at: DateTime<Utc>, submission_id: String, rail_reference: &'a str },
+}
+
+impl AfterFence<'_> {
+    /// Its SQL (`$n` form) and binds.
+    fn sql(&self) -> (std::borrow::Cow<'static, str>, usize) {
+        match self {
+            AfterFence::ClaimRead { .. } => (CLAIM_READ_SQL.into(), 1),
+            AfterFence::PostMove { .. } => (post_move_sql().into(), 5),
+        }
+    }
+}
+
+/// Binds an [`AfterFence`]'s values, in its statement's order.
+macro_rules! bind_after_fence {
+    ($query:expr, $after:expr) => {
+        match $after {
+            AfterFence::ClaimRead { payout_id } => $query.bind(payout_id.to_owned()),
+            AfterFence::PostMove { payout_id, at, submission_id, rail_reference } => $query
+                .bind(*at)
+                .bind(payout_id.to_owned())
+                .bind(payout_id.to_owned())
+                .bind(submission_id.clone())
+                .bind(rail_reference.to_owned()),
+        }
+    };
+}
+
+/// A claim's transition: the payout, its next state, the claim, the instant, and the
+/// attempt count the reservation read saw.
+struct ClaimMove<'a> {
+    payout_id: &'a str,
+    next: PayoutState,
+    c: &'a Claim,
+    at: DateTime<Utc>,
+    read_attempts: i32,
+}
+
+/// What a post writes once its transition passed: the settlement account (upserted), both
+/// entries, the debit, and the recorded answer.
+struct PostWrites<'a> {
+    settlement: &'a str,
+    currency: &'a str,
+    at: DateTime<Utc>,
+    entries: &'a [LedgerEntry],
+    account_id: &'a str,
+    amount: i64,
+    identity: &'a IdemRequest,
+    response: &'a StoredResponse,
 }
 
 /// The facts of a refused post, read after the refusal: the state, the amount, and whether
@@ -222,7 +316,7 @@ macro_rules! get {
 }
 
 macro_rules! sql_payment_store {
-    ($store:ty, $db:ty, $sql:path, $paydb:ident, $cte:expr) => {
+    ($store:ty, $db:ty, $sql:path, $paydb:ident) => {
         impl $store {
             /// Statement 0: the upsert of the identity row, which replaces only an expired
             /// record. No row back means a live record: read it and judge the fingerprint.
@@ -282,6 +376,26 @@ macro_rules! sql_payment_store {
                 }
             }
 
+            /// Writes `response` into the identity row of `i`; how many rows it wrote.
+            async fn record(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                i: &IdemRequest,
+                response: &StoredResponse,
+            ) -> Result<u64, StoreError> {
+                let q = $sql(RECORD_SQL);
+                Ok(sqlx::query(&q)
+                    .bind(i32::from(response.status))
+                    .bind(response.body.clone())
+                    .bind(i.operation.as_str())
+                    .bind(i.target_id.clone())
+                    .bind(i.key.clone())
+                    .bind(i.token)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(db_error)?
+                    .rows_affected())
+            }
+
             /// Ends a deciding transaction: a refusal rolls back (identity row included); an
             /// outcome that commits is rendered, recorded in the identity row and committed.
             async fn finish<T: Commits + Send + Sync>(
@@ -295,21 +409,7 @@ macro_rules! sql_payment_store {
                     return Ok(Idempotent::Executed { outcome, stored: None });
                 }
                 let response = render(&outcome);
-                let q = $sql(
-                    "UPDATE idempotency_records SET response_status = $5, response_body = $6 \
-                     WHERE operation = $1 AND target_id = $2 AND idempotency_key = $3 AND fencing_token = $4",
-                );
-                let written = sqlx::query(&q)
-                    .bind(i.operation.as_str())
-                    .bind(i.target_id.clone())
-                    .bind(i.key.clone())
-                    .bind(i.token)
-                    .bind(i32::from(response.status))
-                    .bind(response.body.clone())
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_error)?
-                    .rows_affected();
+                let written = Self::record(&mut tx, i, &response).await?;
                 if written != 1 {
                     return Err(StoreError::Corrupt(format!("identity row written {written} times, not once")));
                 }
@@ -317,30 +417,13 @@ macro_rules! sql_payment_store {
                 Ok(Idempotent::Executed { outcome, stored: Some(response) })
             }
 
-            /// Statement 1 of a claim or post: the strict fence on the payout's account.
-            /// `Ok(Ok((account_id, balance)))` when it rose to `token`; `Ok(Err(outcome))`
-            /// otherwise (`None`: no such payout; `Some`: fenced by the stored fence).
-            async fn raise_fence(
+            /// Why the fence refused (its UPDATE wrote nothing): `None` when there is no such
+            /// payout, else its account and stored fence, read now.
+            async fn fence_refused(
                 tx: &mut sqlx::Transaction<'static, $db>,
                 payout_id: &str,
                 token: i64,
-                at: DateTime<Utc>,
-            ) -> Result<Result<(String, i64), Option<(String, i64)>>, StoreError> {
-                let q = $sql(
-                    "UPDATE accounts SET fence = $2, updated_at = $3 \
-                     WHERE account_id = (SELECT account_id FROM payouts WHERE payout_id = $1) AND fence < $2 \
-                     RETURNING account_id, balance_minor",
-                );
-                let raised = sqlx::query(&q)
-                    .bind(payout_id.to_owned())
-                    .bind(token)
-                    .bind(at)
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(db_error)?;
-                if let Some(r) = raised {
-                    return Ok(Ok((get!(r, "account_id"), get!(r, "balance_minor"))));
-                }
+            ) -> Result<Option<(String, i64)>, StoreError> {
                 let q = $sql(
                     "SELECT a.account_id, a.fence FROM payouts p JOIN accounts a ON a.account_id = p.account_id \
                      WHERE p.payout_id = $1",
@@ -350,11 +433,11 @@ macro_rules! sql_payment_store {
                     .fetch_optional(&mut **tx)
                     .await
                     .map_err(db_error)?;
-                let Some(r) = held else { return Ok(Err(None)) };
+                let Some(r) = held else { return Ok(None) };
                 let (account_id, fence): (String, i64) = (get!(r, "account_id"), get!(r, "fence"));
-                // The statement's `fence < $2` is the fence rule; the fence it left must refuse.
+                // The statement's `fence < $4` is the fence rule; the fence it left must refuse.
                 match rules::fence_check(fence, token) {
-                    FenceVerdict::Fenced { highest_token } => Ok(Err(Some((account_id, highest_token)))),
+                    FenceVerdict::Fenced { highest_token } => Ok(Some((account_id, highest_token))),
                     // Fences only rise, so this is a payout that appeared between the two
                     // statements: nothing was written, and the caller may retry.
                     FenceVerdict::Passes => Err(StoreError::Unavailable(format!(
@@ -363,42 +446,35 @@ macro_rules! sql_payment_store {
                 }
             }
 
-            /// The claim inside its transaction. With `record` (PostgreSQL), an outcome that
-            /// commits is rendered before its transition, and the transition and the identity
-            /// row's response are one data-modifying statement ([`CLAIM_MOVE_AND_RECORD`]); the
-            /// response is then returned for the caller to commit. Without it (SQLite, whose
-            /// CTEs cannot modify data), [`Self::finish`] records the response afterwards.
+            /// The claim inside its transaction. An outcome that commits is rendered before its
+            /// transition, and the transition and the identity row's response are written
+            /// together ([`Self::move_and_record`]: one data-modifying statement on PostgreSQL,
+            /// one batch on SQLite); the response is then returned for the caller to commit.
             async fn claim_in(
                 tx: &mut sqlx::Transaction<'static, $db>,
                 c: &Claim,
-                record: Option<(&IdemRequest, Render<'_, ClaimOutcome>)>,
+                i: &IdemRequest,
+                render: Render<'_, ClaimOutcome>,
             ) -> Result<(ClaimOutcome, Option<StoredResponse>), StoreError> {
                 let at = truncate_ms(c.at);
                 let payout_id = c.payout_id.to_string();
-                // 1. The fence (C3 §3.4 verbatim).
-                let (account_id, balance) = match Self::raise_fence(tx, &payout_id, c.token, at).await? {
-                    Ok(raised) => raised,
-                    Err(None) => return Ok((ClaimOutcome::NotFound, None)),
-                    Err(Some((account_id, highest_token))) => {
-                        return Ok((ClaimOutcome::Fenced { account_id, highest_token }, None))
+                // 1. The fence, and 2. the state, the payout's terms and the reservation.
+                let after = AfterFence::ClaimRead { payout_id: &payout_id };
+                let (account_id, balance, row) = match Self::fence_then(tx, &payout_id, c.token, at, after).await? {
+                    (Some((account_id, balance)), Some(row)) => (account_id, balance, row),
+                    (Some(_), None) => {
+                        return Err(StoreError::Corrupt(format!("payout {payout_id} passed its fence and vanished")))
+                    }
+                    (None, _) => {
+                        return Ok((
+                            match Self::fence_refused(tx, &payout_id, c.token).await? {
+                                None => ClaimOutcome::NotFound,
+                                Some((account_id, highest_token)) => ClaimOutcome::Fenced { account_id, highest_token },
+                            },
+                            None,
+                        ))
                     }
                 };
-                // 2. State, the payout's terms, and the reservation (every other unsettled payout
-                // of the account). A separate statement from the fence, on purpose: its snapshot
-                // is taken after the fence's row lock was granted (module doc).
-                let q = $sql(concat!(
-                    "SELECT state, amount_minor, currency, beneficiary_ref, attempt_count, \
-                     (SELECT CAST(COALESCE(SUM(q.amount_minor), 0) AS BIGINT) FROM payouts q \
-                      WHERE q.account_id = $2 AND q.payout_id <> $1 AND q.state IN ",
-                    dlock_paydb::unsettled_sql!(),
-                    ") AS reserved_minor FROM payouts WHERE payout_id = $1"
-                ));
-                let row = sqlx::query(&q)
-                    .bind(payout_id.clone())
-                    .bind(account_id.clone())
-                    .fetch_one(&mut **tx)
-                    .await
-                    .map_err(db_error)?;
                 let state = parse_state(&get!(row, "state", String))?;
                 let amount: i64 = get!(row, "amount_minor");
                 let read_attempts: i32 = get!(row, "attempt_count");
@@ -414,8 +490,9 @@ macro_rules! sql_payment_store {
                     return Ok((ClaimOutcome::NotClaimable { state }, None));
                 };
                 let (currency, beneficiary_ref): (String, String) = (get!(row, "currency"), get!(row, "beneficiary_ref"));
-                // The committed outcome, with the attempt count its answer carries.
-                let outcome_with = |attempt_count: i32| match &decision {
+                // The committed outcome, with the attempt count read in 2 (the transition
+                // requires it unchanged: the proxy moves it without the account's row lock).
+                let outcome = match &decision {
                     ClaimDecision::InsufficientFunds { available_minor } => ClaimOutcome::InsufficientFunds {
                         account_id: account_id.clone(),
                         amount_minor: amount,
@@ -424,99 +501,72 @@ macro_rules! sql_payment_store {
                     ClaimDecision::Claimed { reclaimed } => ClaimOutcome::Claimed {
                         account_id: account_id.clone(),
                         account_fence: c.token,
-                        attempt_count,
+                        attempt_count: read_attempts,
                         reclaimed: *reclaimed,
                         amount_minor: amount,
-                        currency: currency.clone(),
-                        beneficiary_ref: beneficiary_ref.clone(),
+                        currency,
+                        beneficiary_ref,
                     },
                     ClaimDecision::NotClaimable { state } => ClaimOutcome::NotClaimable { state: *state },
                 };
-                // 3. The conditional transition; another writer may have moved the payout.
-                if let Some((i, render)) = record {
-                    // The attempt count read in 2 is the answer's; the transition requires it
-                    // unchanged (the proxy moves it without the account's row lock).
-                    let outcome = outcome_with(read_attempts);
-                    let response = render(&outcome);
-                    let row = sqlx::query(CLAIM_MOVE_AND_RECORD)
-                        .bind(payout_id.clone())
-                        .bind(next.as_str())
-                        .bind(c.token)
-                        .bind(c.owner_id.clone())
-                        .bind(at)
-                        .bind(c.expected.as_str())
-                        .bind(read_attempts)
-                        .bind(i.operation.as_str())
-                        .bind(i.target_id.clone())
-                        .bind(i.key.clone())
-                        .bind(i.token)
-                        .bind(i32::from(response.status))
-                        .bind(response.body.clone())
-                        .fetch_one(&mut **tx)
-                        .await
-                        .map_err(db_error)?;
-                    let (moved, recorded): (i64, i64) = (get!(row, "moved"), get!(row, "recorded"));
-                    return match (moved, recorded) {
-                        (1, 1) => Ok((outcome, Some(response))),
-                        (0, 0) => {
-                            let now = dlock_paydb::sql::$paydb::state_of(tx, &payout_id).await?;
-                            if now == c.expected {
-                                // Still the expected state: the attempt count moved (a
-                                // submission was admitted and resolved in between).
-                                return Err(StoreError::Unavailable(format!(
-                                    "payout {payout_id} changed while it was claimed; nothing was written"
-                                )));
-                            }
-                            Ok((ClaimOutcome::NotClaimable { state: now }, None))
+                let response = render(&outcome);
+                // 3. The conditional transition and the recorded answer.
+                let moved = ClaimMove { payout_id: &payout_id, next, c, at, read_attempts };
+                match Self::move_and_record(tx, &moved, i, &response).await? {
+                    (1, 1) => Ok((outcome, Some(response))),
+                    // Not moved (the recorded answer, if a batch wrote it, rolls back with
+                    // the refusal).
+                    (0, _) => {
+                        let now = dlock_paydb::sql::$paydb::state_of(tx, &payout_id).await?;
+                        if now == c.expected {
+                            // Still the expected state: the attempt count moved (a
+                            // submission was admitted and resolved in between).
+                            return Err(StoreError::Unavailable(format!(
+                                "payout {payout_id} changed while it was claimed; nothing was written"
+                            )));
                         }
-                        (moved, recorded) => Err(StoreError::Corrupt(format!(
-                            "claim of {payout_id}: {moved} payouts moved, identity row written {recorded} times"
-                        ))),
-                    };
+                        Ok((ClaimOutcome::NotClaimable { state: now }, None))
+                    }
+                    (moved, recorded) => Err(StoreError::Corrupt(format!(
+                        "claim of {payout_id}: {moved} payouts moved, identity row written {recorded} times"
+                    ))),
                 }
-                let q = $sql(
-                    "UPDATE payouts SET state = $2, claim_token = $3, claimed_by = $4, claimed_at = $5, updated_at = $5 \
-                     WHERE payout_id = $1 AND state = $6 RETURNING attempt_count",
-                );
-                let moved = sqlx::query(&q)
-                    .bind(payout_id.clone())
-                    .bind(next.as_str())
-                    .bind(c.token)
-                    .bind(c.owner_id.clone())
-                    .bind(at)
-                    .bind(c.expected.as_str())
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(db_error)?;
-                let Some(moved) = moved else {
-                    return Ok((ClaimOutcome::NotClaimable { state: dlock_paydb::sql::$paydb::state_of(tx, &payout_id).await? }, None));
-                };
-                Ok((outcome_with(get!(moved, "attempt_count")), None))
             }
 
-            async fn post_in(tx: &mut sqlx::Transaction<'static, $db>, p: &Post) -> Result<PostOutcome, StoreError> {
+            /// The post inside its transaction; like [`Self::claim_in`], an outcome that
+            /// commits comes back with its recorded answer, for the caller to commit.
+            async fn post_in(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                p: &Post,
+                i: &IdemRequest,
+                render: Render<'_, PostOutcome>,
+            ) -> Result<(PostOutcome, Option<StoredResponse>), StoreError> {
                 let at = truncate_ms(p.at);
                 let payout_id = p.payout_id.to_string();
-                // 1. The same strict fence.
-                let balance = match Self::raise_fence(tx, &payout_id, p.token, at).await? {
-                    Ok((_, balance)) => balance,
-                    Err(None) => return Ok(PostOutcome::NotFound),
-                    Err(Some((account_id, highest_token))) => return Ok(PostOutcome::Fenced { account_id, highest_token }),
+                // 1. The same strict fence, and 2. RAIL_ACKED -> POSTED, conditionally, and only
+                // with the acknowledged attempt the caller names (I7), in one statement: the
+                // race authority. Only a refusal is classified, by the post rule over what is
+                // read then.
+                let after = AfterFence::PostMove {
+                    payout_id: &payout_id,
+                    at,
+                    submission_id: p.submission_id.to_string(),
+                    rail_reference: &p.rail_reference,
                 };
-                // 2. RAIL_ACKED -> POSTED, conditionally, and only with the acknowledged attempt
-                // the caller names (I7), in one statement: the race authority. Only a refusal
-                // is classified, by the post rule over what is read then.
-                let q = $sql(&post_move_sql()).into_owned();
-                let moved = sqlx::query(&q)
-                    .bind(payout_id.clone())
-                    .bind(at)
-                    .bind(p.submission_id.to_string())
-                    .bind(p.rail_reference.clone())
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(db_error)?;
+                let (balance, moved) = match Self::fence_then(tx, &payout_id, p.token, at, after).await? {
+                    (Some((_, balance)), moved) => (balance, moved),
+                    (None, _) => {
+                        return Ok((
+                            match Self::fence_refused(tx, &payout_id, p.token).await? {
+                                None => PostOutcome::NotFound,
+                                Some((account_id, highest_token)) => PostOutcome::Fenced { account_id, highest_token },
+                            },
+                            None,
+                        ))
+                    }
+                };
                 let Some(moved) = moved else {
-                    return Self::post_refused(tx, p, &payout_id, balance).await;
+                    return Ok((Self::post_refused(tx, p, &payout_id, balance).await?, None));
                 };
                 let account_id: String = get!(moved, "account_id");
                 let amount: i64 = get!(moved, "amount_minor");
@@ -532,31 +582,33 @@ macro_rules! sql_payment_store {
                     }
                 };
                 // 3. Two balanced entries in one INSERT: DEBIT the account, CREDIT the currency's
-                // settlement account (upserted: a payout seeded through the proxy has none yet).
+                // settlement account (upserted: a payout seeded through the proxy has none yet);
+                // 4. the balance follows the ledger; 5. the recorded answer.
                 let settlement = settlement_account(&currency);
-                dlock_paydb::sql::$paydb::upsert_system_accounts(tx, &[(settlement.clone(), AccountKind::Settlement)], &currency, at).await?;
                 let entries = p.entries(&account_id, amount, &currency, at);
-                dlock_paydb::sql::$paydb::insert_entries(tx, &entries).await?;
-                // 4. The balance follows the ledger.
-                let q = $sql(
-                    "UPDATE accounts SET balance_minor = balance_minor - $2, updated_at = $3 WHERE account_id = $1 \
-                     RETURNING balance_minor",
-                );
-                let balance_minor: i64 = sqlx::query(&q)
-                    .bind(account_id.clone())
-                    .bind(amount)
-                    .bind(at)
-                    .fetch_one(&mut **tx)
-                    .await
-                    .and_then(|r| r.try_get("balance_minor"))
-                    .map_err(db_error)?;
+                let outcome = PostOutcome::Posted { account_id: account_id.clone(), entries: entries.clone(), balance_minor: balance_after };
+                let response = render(&outcome);
+                let writes = PostWrites {
+                    settlement: &settlement,
+                    currency: &currency,
+                    at,
+                    entries: &entries,
+                    account_id: &account_id,
+                    amount,
+                    identity: i,
+                    response: &response,
+                };
+                let (balance_minor, recorded) = Self::post_writes(tx, &writes).await?;
                 if balance_minor != balance_after {
                     // The account row is locked by the fence write: nothing else moved it.
                     return Err(StoreError::Corrupt(format!(
                         "accounts: balance {balance_minor} after the post, the post rule says {balance_after}"
                     )));
                 }
-                Ok(PostOutcome::Posted { account_id, entries, balance_minor })
+                if recorded != 1 {
+                    return Err(StoreError::Corrupt(format!("identity row written {recorded} times, not once")));
+                }
+                Ok((outcome, Some(response)))
             }
 
             /// Why the post statement refused (nothing was written by it): the post rule over
@@ -692,6 +744,27 @@ macro_rules! sql_payment_store {
                 }))
             }
 
+            /// Ends a claim's or post's transaction: an outcome with its recorded answer
+            /// commits; a refusal (no answer recorded) rolls back, identity row included.
+            async fn commit_decided<T: Commits + Send + Sync>(
+                tx: sqlx::Transaction<'static, $db>,
+                (outcome, response): (T, Option<StoredResponse>),
+            ) -> Decided<T> {
+                match response {
+                    Some(response) => {
+                        tx.commit().await.map_err(commit_error)?;
+                        Ok(Idempotent::Executed { outcome, stored: Some(response) })
+                    }
+                    None => {
+                        if outcome.commits() {
+                            return Err(StoreError::Corrupt("a committing outcome without its recorded answer".into()));
+                        }
+                        tx.rollback().await.map_err(db_error)?;
+                        Ok(Idempotent::Executed { outcome, stored: None })
+                    }
+                }
+            }
+
             /// Begins a deciding transaction and runs statement 0: `Err(answer)` when the
             /// request must not run (a replay or a conflict; already rolled back).
             async fn begin<T>(
@@ -779,24 +852,8 @@ macro_rules! sql_payment_store {
                     Ok(tx) => tx,
                     Err(answer) => return Ok(answer),
                 };
-                if !$cte {
-                    let (outcome, _) = Self::claim_in(&mut tx, c, None).await?;
-                    return Self::finish(tx, i, outcome, r).await;
-                }
-                match Self::claim_in(&mut tx, c, Some((i, r))).await? {
-                    (outcome, Some(response)) => {
-                        tx.commit().await.map_err(commit_error)?;
-                        Ok(Idempotent::Executed { outcome, stored: Some(response) })
-                    }
-                    (outcome, None) => {
-                        // A refusal: nothing recorded; it rolls back, identity row included.
-                        if outcome.commits() {
-                            return Err(StoreError::Corrupt("a committing claim outcome without its response".into()));
-                        }
-                        tx.rollback().await.map_err(db_error)?;
-                        Ok(Idempotent::Executed { outcome, stored: None })
-                    }
-                }
+                let decided = Self::claim_in(&mut tx, c, i, r).await?;
+                Self::commit_decided(tx, decided).await
             }
 
             async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
@@ -804,8 +861,8 @@ macro_rules! sql_payment_store {
                     Ok(tx) => tx,
                     Err(answer) => return Ok(answer),
                 };
-                let outcome = Self::post_in(&mut tx, p).await?;
-                Self::finish(tx, i, outcome, r).await
+                let decided = Self::post_in(&mut tx, p, i, r).await?;
+                Self::commit_decided(tx, decided).await
             }
 
             async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {
@@ -915,8 +972,182 @@ macro_rules! sql_payment_store {
     };
 }
 
-sql_payment_store!(PgPaymentStore, sqlx::Postgres, pg_sql, pg, true);
-sql_payment_store!(SqlitePaymentStore, sqlx::Sqlite, sqlite_sql, sqlite, false);
+/// PostgreSQL: one statement per round trip, as written.
+impl PgPaymentStore {
+    /// The fence (statement 1) and, only when it rose, the statement after it, as its own
+    /// statement (its snapshot is taken after the fence's row lock: module doc). The raised
+    /// fence's (account, balance), and the second statement's row.
+    async fn fence_then(
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        payout_id: &str,
+        token: i64,
+        at: DateTime<Utc>,
+        after: AfterFence<'_>,
+    ) -> Result<(Option<(String, i64)>, Option<sqlx::postgres::PgRow>), StoreError> {
+        let raised = sqlx::query(FENCE_SQL)
+            .bind(token)
+            .bind(at)
+            .bind(payout_id.to_owned())
+            .bind(token)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db_error)?;
+        let Some(r) = raised else { return Ok((None, None)) };
+        let fence = (get!(r, "account_id"), get!(r, "balance_minor"));
+        let (q, _) = after.sql();
+        let row = bind_after_fence!(sqlx::query(&q), &after).fetch_optional(&mut **tx).await.map_err(db_error)?;
+        Ok((Some(fence), row))
+    }
+
+    /// The claim's transition and its recorded answer as one data-modifying statement
+    /// ([`CLAIM_MOVE_AND_RECORD`]): (payouts moved, identity rows written).
+    async fn move_and_record(
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        m: &ClaimMove<'_>,
+        i: &IdemRequest,
+        response: &StoredResponse,
+    ) -> Result<(i64, i64), StoreError> {
+        let row = sqlx::query(CLAIM_MOVE_AND_RECORD)
+            .bind(m.payout_id.to_owned())
+            .bind(m.next.as_str())
+            .bind(m.c.token)
+            .bind(m.c.owner_id.clone())
+            .bind(m.at)
+            .bind(m.c.expected.as_str())
+            .bind(m.read_attempts)
+            .bind(i.operation.as_str())
+            .bind(i.target_id.clone())
+            .bind(i.key.clone())
+            .bind(i.token)
+            .bind(i32::from(response.status))
+            .bind(response.body.clone())
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(db_error)?;
+        Ok((get!(row, "moved"), get!(row, "recorded")))
+    }
+
+    /// A post's writes, statement by statement: (the balance after, identity rows written).
+    async fn post_writes(
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        w: &PostWrites<'_>,
+    ) -> Result<(i64, u64), StoreError> {
+        let settlement = [(w.settlement.to_owned(), AccountKind::Settlement)];
+        dlock_paydb::sql::pg::upsert_system_accounts(tx, &settlement, w.currency, w.at).await?;
+        dlock_paydb::sql::pg::insert_entries(tx, w.entries).await?;
+        let balance: i64 = sqlx::query(BALANCE_DEBIT_SQL)
+            .bind(w.amount)
+            .bind(w.at)
+            .bind(w.account_id.to_owned())
+            .fetch_one(&mut **tx)
+            .await
+            .and_then(|r| r.try_get("balance_minor"))
+            .map_err(db_error)?;
+        Ok((balance, Self::record(tx, w.identity, w.response).await?))
+    }
+}
+
+/// SQLite: statements with no decision between them go as one batch, one call to the
+/// connection's worker thread (`dlock_db::sqlite_batch`).
+impl SqlitePaymentStore {
+    /// The fence (statement 1) and the statement after it in one batch. The second runs
+    /// whatever the fence said; every refused fence rolls its transaction back, so what it
+    /// did is undone (SQLite runs one writer at a time: nothing can move in between).
+    async fn fence_then(
+        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        payout_id: &str,
+        token: i64,
+        at: DateTime<Utc>,
+        after: AfterFence<'_>,
+    ) -> Result<(Option<(String, i64)>, Option<sqlx::sqlite::SqliteRow>), StoreError> {
+        let (then, binds) = after.sql();
+        let q = dlock_db::sqlite_batch_sql(&[(FENCE_SQL, 4), (&then, binds)]);
+        let query = sqlx::query(&q).bind(token).bind(at).bind(payout_id.to_owned()).bind(token);
+        let query = bind_after_fence!(query, &after);
+        let mut parts = dlock_db::sqlite_batch(tx, query, 2).await.map_err(db_error)?.into_iter();
+        let (fence, row) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+        let Some(r) = fence.rows.into_iter().next() else { return Ok((None, None)) };
+        let fence = (get!(r, "account_id"), get!(r, "balance_minor"));
+        Ok((Some(fence), row.rows.into_iter().next()))
+    }
+
+    /// The claim's transition ([`CLAIM_MOVE_SQL`]) and its recorded answer ([`RECORD_SQL`])
+    /// in one batch: (payouts moved, identity rows written). The answer is written even when
+    /// the payout did not move; the caller then rolls back.
+    async fn move_and_record(
+        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        m: &ClaimMove<'_>,
+        i: &IdemRequest,
+        response: &StoredResponse,
+    ) -> Result<(i64, i64), StoreError> {
+        let q = dlock_db::sqlite_batch_sql(&[(CLAIM_MOVE_SQL, 8), (RECORD_SQL, 6)]);
+        let query = sqlx::query(&q)
+            .bind(m.next.as_str())
+            .bind(m.c.token)
+            .bind(m.c.owner_id.clone())
+            .bind(m.at)
+            .bind(m.at)
+            .bind(m.payout_id.to_owned())
+            .bind(m.c.expected.as_str())
+            .bind(m.read_attempts)
+            .bind(i32::from(response.status))
+            .bind(response.body.clone())
+            .bind(i.operation.as_str())
+            .bind(i.target_id.clone())
+            .bind(i.key.clone())
+            .bind(i.token);
+        let parts = dlock_db::sqlite_batch(tx, query, 2).await.map_err(db_error)?;
+        let count = |k: usize| i64::try_from(parts[k].rows_affected).unwrap_or(i64::MAX);
+        Ok((count(0), count(1)))
+    }
+
+    /// A post's writes in one batch: the settlement account's upsert, both entries, the
+    /// debit and the recorded answer: (the balance after, identity rows written).
+    async fn post_writes(
+        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        w: &PostWrites<'_>,
+    ) -> Result<(i64, u64), StoreError> {
+        use dlock_paydb::sql::{ledger_insert_sql, LEDGER_ENTRY_BINDS, SYSTEM_ACCOUNT_UPSERT_SQL};
+        let entries_sql = ledger_insert_sql(w.entries.len());
+        let q = dlock_db::sqlite_batch_sql(&[
+            (SYSTEM_ACCOUNT_UPSERT_SQL, 5),
+            (&entries_sql, w.entries.len() * LEDGER_ENTRY_BINDS),
+            (BALANCE_DEBIT_SQL, 3),
+            (RECORD_SQL, 6),
+        ]);
+        let query = sqlx::query(&q)
+            .bind(w.settlement.to_owned())
+            .bind(AccountKind::Settlement.as_str())
+            .bind(w.currency.to_owned())
+            .bind(w.at)
+            .bind(w.at);
+        let query = dlock_paydb::bind_ledger_entries!(query, w.entries)
+            .bind(w.amount)
+            .bind(w.at)
+            .bind(w.account_id.to_owned())
+            .bind(i32::from(w.response.status))
+            .bind(w.response.body.clone())
+            .bind(w.identity.operation.as_str())
+            .bind(w.identity.target_id.clone())
+            .bind(w.identity.key.clone())
+            .bind(w.identity.token);
+        let parts = dlock_db::sqlite_batch(tx, query, 4).await.map_err(db_error)?;
+        if parts[1].rows_affected != w.entries.len() as u64 {
+            return Err(StoreError::Corrupt(format!(
+                "ledger: {} entries written, not {}",
+                parts[1].rows_affected,
+                w.entries.len()
+            )));
+        }
+        let Some(row) = parts[2].rows.first() else {
+            return Err(StoreError::Corrupt(format!("accounts: no account {} to debit", w.account_id)));
+        };
+        Ok((get!(row, "balance_minor"), parts[3].rows_affected))
+    }
+}
+
+sql_payment_store!(PgPaymentStore, sqlx::Postgres, pg_sql, pg);
+sql_payment_store!(SqlitePaymentStore, sqlx::Sqlite, sqlite_sql, sqlite);
 
 #[cfg(test)]
 mod tests {
@@ -998,8 +1229,9 @@ mod tests {
                 let facts = PostFacts { state, acked, balance_minor: 500, amount_minor: 200 };
                 let rule = rules::decide_post(&facts).expect("covered");
                 let moved = sqlx::query(&sqlite_sql(&post_move_sql()))
-                    .bind(payout_id.to_string())
                     .bind(at)
+                    .bind(payout_id.to_string())
+                    .bind(payout_id.to_string())
                     .bind(named.to_string())
                     .bind("RR-1")
                     .fetch_optional(&mut *tx)

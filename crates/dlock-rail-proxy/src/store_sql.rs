@@ -178,68 +178,192 @@ fn pg_resolve_sql(to: PayoutState) -> String {
     )
 }
 
+/// Steps 1-3 on SQLite, as one batch of three statements chained like [`pg_admit_sql`]'s
+/// parts: each runs its write only when the statement before it wrote (`changes() = 1`:
+/// SQLite's count of the rows the most recently completed statement changed), each still
+/// deciding by its own conditional write. SQLite has no data-modifying CTE; the batch is one
+/// call to the connection's worker (`dlock_db::sqlite_batch`). Each placeholder once, in
+/// order: mark (`$1` account, `$2` token, `$3` instant), intent (`$1`..`$9`: submission,
+/// payout, account, token, owner, key, amount, currency, instant), transition (`$1`
+/// instant, `$2` payout).
+fn sqlite_admit_statements() -> [(String, usize); 3] {
+    let from = payout::sql_states(&payout::sources(PayoutState::Submitted, Actor::RailProxy));
+    [
+        (
+            "INSERT INTO rail_high_water (account_id, highest_token, updated_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (account_id) DO UPDATE \
+             SET highest_token = EXCLUDED.highest_token, updated_at = EXCLUDED.updated_at \
+             WHERE rail_high_water.highest_token < EXCLUDED.highest_token \
+             RETURNING highest_token"
+                .to_owned(),
+            3,
+        ),
+        (
+            format!(
+                "INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, owner_id, \
+                 idempotency_key, amount_minor, currency, outcome, submitted_at) \
+                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, NULL, $9 WHERE changes() = 1 \
+                 ON CONFLICT (payout_id) WHERE {FORWARDABLE} DO NOTHING \
+                 RETURNING submission_id"
+            ),
+            9,
+        ),
+        (
+            format!(
+                "UPDATE payouts SET state = 'SUBMITTED', attempt_count = attempt_count + 1, updated_at = $1 \
+                 WHERE payout_id = $2 AND state IN {from} AND changes() = 1"
+            ),
+            2,
+        ),
+    ]
+}
+
+/// The resolution on SQLite, as one batch of two statements in one transaction: the outcome
+/// on the attempt still unresolved (`$1`..`$5`: outcome, detail, reference, instant,
+/// submission), then its payout out of SUBMITTED only if that wrote (`changes() = 1`; `$1`
+/// state, `$2` instant, `$3` submission).
+fn sqlite_resolve_statements(to: PayoutState) -> [(String, usize); 2] {
+    let from = payout::sql_states(&payout::sources(to, Actor::RailProxy));
+    [
+        (
+            "UPDATE rail_submission SET outcome = $1, outcome_detail = $2, rail_reference = $3, resolved_at = $4 \
+             WHERE submission_id = $5 AND outcome IS NULL"
+                .to_owned(),
+            5,
+        ),
+        (
+            format!(
+                "UPDATE payouts SET state = $1, updated_at = $2 \
+                 WHERE payout_id = (SELECT payout_id FROM rail_submission WHERE submission_id = $3) \
+                 AND state IN {from} AND changes() = 1"
+            ),
+            3,
+        ),
+    ]
+}
+
+/// What steps 1-3 wrote: the mark they advanced to, whether the intent was inserted,
+/// whether the payout moved.
+type AdmitParts = (Option<i64>, bool, bool);
+
+/// PostgreSQL: steps 1-3 and the resolution as single statements.
+impl PgRailStore {
+    async fn admit_parts(
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        a: &Attempt,
+    ) -> Result<AdmitParts, StoreError> {
+        let row = sqlx::query(&pg_admit_sql())
+            .bind(a.submission_id.to_string())
+            .bind(a.payout_id.to_string())
+            .bind(a.account_id.clone())
+            .bind(a.presented_token)
+            .bind(a.owner_id.clone())
+            .bind(a.idempotency_key.clone())
+            .bind(a.amount_minor)
+            .bind(a.currency.clone())
+            .bind(a.at)
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(db_error)?;
+        Ok((
+            row.try_get("marked").map_err(db_error)?,
+            row.try_get("claimed").map_err(db_error)?,
+            row.try_get("moved").map_err(db_error)?,
+        ))
+    }
+
+    /// One autocommitted statement ([`pg_resolve_sql`]).
+    async fn resolve_once(
+        conn: &mut sqlx::PgConnection,
+        submission_id: Uuid,
+        r: &Resolution,
+        at: DateTime<Utc>,
+    ) -> Result<(), (sqlx::Error, Stage)> {
+        sqlx::query(&pg_resolve_sql(r.payout_state()))
+            .bind(submission_id.to_string())
+            .bind(r.outcome().as_str())
+            .bind(r.detail().map(str::to_owned))
+            .bind(r.rail_reference().map(str::to_owned))
+            .bind(at)
+            .bind(r.payout_state().as_str())
+            .execute(&mut *conn)
+            .await
+            // Autocommitted: a lost answer may have committed.
+            .map_err(|e| (e, Stage::Commit))?;
+        Ok(())
+    }
+}
+
+/// SQLite: steps 1-3 and the resolution as batches ([`sqlite_admit_statements`],
+/// [`sqlite_resolve_statements`]).
+impl SqliteRailStore {
+    async fn admit_parts(
+        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        a: &Attempt,
+    ) -> Result<AdmitParts, StoreError> {
+        let [mark, intent, moved] = sqlite_admit_statements();
+        let q = dlock_db::sqlite_batch_sql(&[(&mark.0, mark.1), (&intent.0, intent.1), (&moved.0, moved.1)]);
+        let query = sqlx::query(&q)
+            .bind(a.account_id.clone())
+            .bind(a.presented_token)
+            .bind(a.at)
+            .bind(a.submission_id.to_string())
+            .bind(a.payout_id.to_string())
+            .bind(a.account_id.clone())
+            .bind(a.presented_token)
+            .bind(a.owner_id.clone())
+            .bind(a.idempotency_key.clone())
+            .bind(a.amount_minor)
+            .bind(a.currency.clone())
+            .bind(a.at)
+            .bind(a.at)
+            .bind(a.payout_id.to_string());
+        let parts = dlock_db::sqlite_batch(tx, query, 3).await.map_err(db_error)?;
+        let marked = match parts[0].rows.first() {
+            Some(r) => Some(r.try_get::<i64, _>("highest_token").map_err(db_error)?),
+            None => None,
+        };
+        Ok((marked, !parts[1].rows.is_empty(), parts[2].rows_affected == 1))
+    }
+
+    /// One transaction of one batch ([`sqlite_resolve_statements`]).
+    async fn resolve_once(
+        conn: &mut sqlx::SqliteConnection,
+        submission_id: Uuid,
+        r: &Resolution,
+        at: DateTime<Utc>,
+    ) -> Result<(), (sqlx::Error, Stage)> {
+        use sqlx::Connection;
+        let statement = |e| (e, Stage::Statement);
+        let mut tx = conn.begin().await.map_err(statement)?;
+        let [outcome, moved] = sqlite_resolve_statements(r.payout_state());
+        let q = dlock_db::sqlite_batch_sql(&[(&outcome.0, outcome.1), (&moved.0, moved.1)]);
+        let query = sqlx::query(&q)
+            .bind(r.outcome().as_str())
+            .bind(r.detail().map(str::to_owned))
+            .bind(r.rail_reference().map(str::to_owned))
+            .bind(at)
+            .bind(submission_id.to_string())
+            .bind(r.payout_state().as_str())
+            .bind(at)
+            .bind(submission_id.to_string());
+        dlock_db::sqlite_batch(&mut tx, query, 2).await.map_err(statement)?;
+        tx.commit().await.map_err(|e| (e, Stage::Commit))
+    }
+}
+
 macro_rules! sql_rail_store {
-    ($store:ty, $db:ty, $sql:path, $paydb:ident, $cte:literal) => {
+    ($store:ty, $db:ty, $sql:path, $paydb:ident) => {
         impl $store {
             /// One try of [`RailStore::resolve`] on `conn`: one autocommitted statement on
-            /// PostgreSQL ([`pg_resolve_sql`]), a transaction of two on SQLite.
+            /// PostgreSQL, one transaction of one batch on SQLite (`resolve_once`).
             async fn resolve_on(
                 conn: &mut <$db as sqlx::Database>::Connection,
                 submission_id: Uuid,
                 r: &Resolution,
                 at: DateTime<Utc>,
             ) -> Result<(), (sqlx::Error, Stage)> {
-                use sqlx::Connection;
-                let statement = |e| (e, Stage::Statement);
-                if $cte {
-                    sqlx::query(&pg_resolve_sql(r.payout_state()))
-                        .bind(submission_id.to_string())
-                        .bind(r.outcome().as_str())
-                        .bind(r.detail().map(str::to_owned))
-                        .bind(r.rail_reference().map(str::to_owned))
-                        .bind(at)
-                        .bind(r.payout_state().as_str())
-                        .execute(&mut *conn)
-                        .await
-                        // Autocommitted: a lost answer may have committed.
-                        .map_err(|e| (e, Stage::Commit))?;
-                    return Ok(());
-                }
-                let mut tx = conn.begin().await.map_err(statement)?;
-                let q = $sql(
-                    "UPDATE rail_submission SET outcome = $2, outcome_detail = $3, rail_reference = $4, resolved_at = $5 \
-                     WHERE submission_id = $1 AND outcome IS NULL \
-                     RETURNING payout_id",
-                );
-                let updated = sqlx::query(&q)
-                    .bind(submission_id.to_string())
-                    .bind(r.outcome().as_str())
-                    .bind(r.detail().map(str::to_owned))
-                    .bind(r.rail_reference().map(str::to_owned))
-                    .bind(at)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(statement)?;
-                let Some(updated) = updated else {
-                    // Already resolved (or never existed): nothing to do.
-                    tx.rollback().await.map_err(statement)?;
-                    return Ok(());
-                };
-                let payout_id: String = updated.try_get("payout_id").map_err(statement)?;
-                // The source states C2 allows this outcome from (SUBMITTED).
-                let from = payout::sql_states(&payout::sources(r.payout_state(), Actor::RailProxy));
-                let q = $sql(&format!(
-                    "UPDATE payouts SET state = $2, updated_at = $3 WHERE payout_id = $1 AND state IN {from}"
-                ))
-                .into_owned();
-                sqlx::query(&q)
-                    .bind(payout_id)
-                    .bind(r.payout_state().as_str())
-                    .bind(at)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(statement)?;
-                tx.commit().await.map_err(|e| (e, Stage::Commit))
+                Self::resolve_once(conn, submission_id, r, at).await
             }
 
             /// The end of an admission whose writes of steps 1-3 got as far as `step`: a
@@ -366,26 +490,11 @@ macro_rules! sql_rail_store {
 
             async fn admit(&self, a: &Attempt) -> Result<Admission, StoreError> {
                 let mut tx = self.pool.begin().await.map_err(db_error)?;
-                // Steps 1-3 on PostgreSQL: one statement (the data-modifying CTE of
-                // [`PG_ADMIT`]) whose parts run in the order their guards chain them.
-                if $cte && a.fencing_enabled {
-                    let row = sqlx::query(&pg_admit_sql())
-                        .bind(a.submission_id.to_string())
-                        .bind(a.payout_id.to_string())
-                        .bind(a.account_id.clone())
-                        .bind(a.presented_token)
-                        .bind(a.owner_id.clone())
-                        .bind(a.idempotency_key.clone())
-                        .bind(a.amount_minor)
-                        .bind(a.currency.clone())
-                        .bind(a.at)
-                        .fetch_one(&mut *tx)
-                        .await
-                        .map_err(db_error)?;
-                    let marked: Option<i64> = row.try_get("marked").map_err(db_error)?;
-                    let claimed: bool = row.try_get("claimed").map_err(db_error)?;
-                    let moved: bool = row.try_get("moved").map_err(db_error)?;
-                    let step = match (marked, claimed, moved) {
+                // Steps 1-3 in one database call: the data-modifying CTE of [`pg_admit_sql`]
+                // on PostgreSQL, the chained batch of [`sqlite_admit_statements`] on SQLite,
+                // whose parts run in the order their guards chain them.
+                if a.fencing_enabled {
+                    let step = match Self::admit_parts(&mut tx, a).await? {
                         (Some(to), _, _) if to != a.presented_token => {
                             return Err(StoreError::Corrupt(format!("rail_high_water advanced to {to}")));
                         }
@@ -403,34 +512,8 @@ macro_rules! sql_rail_store {
                     return self.finish_admission(tx, a, step).await;
                 }
 
-                // Step 1: advance the mark only to a strictly greater token.
-                if a.fencing_enabled {
-                    let q = $sql(
-                        "INSERT INTO rail_high_water (account_id, highest_token, updated_at) VALUES ($1, $2, $3) \
-                         ON CONFLICT (account_id) DO UPDATE \
-                         SET highest_token = EXCLUDED.highest_token, updated_at = EXCLUDED.updated_at \
-                         WHERE rail_high_water.highest_token < EXCLUDED.highest_token \
-                         RETURNING highest_token",
-                    );
-                    let advanced = sqlx::query(&q)
-                        .bind(a.account_id.clone())
-                        .bind(a.presented_token)
-                        .bind(a.at)
-                        .fetch_optional(&mut *tx)
-                        .await
-                        .map_err(db_error)?;
-                    match advanced {
-                        // The statement's WHERE is the fence rule: it wrote the token.
-                        Some(r) => {
-                            let to: i64 = r.try_get("highest_token").map_err(db_error)?;
-                            if to != a.presented_token {
-                                return Err(StoreError::Corrupt(format!("rail_high_water advanced to {to}")));
-                            }
-                        }
-                        None => return self.finish_admission(tx, a, AdmitStep::MarkRefused).await,
-                    }
-                }
-
+                // Fencing off (`--profile unsafe-test` only): steps 2-3, statement by
+                // statement.
                 // Step 2: the unique index decides; a conflict inserts nothing.
                 let q = $sql(&format!(
                     "INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, owner_id, \
@@ -550,5 +633,5 @@ macro_rules! sql_rail_store {
     };
 }
 
-sql_rail_store!(PgRailStore, sqlx::Postgres, pg_sql, pg, true);
-sql_rail_store!(SqliteRailStore, sqlx::Sqlite, sqlite_sql, sqlite, false);
+sql_rail_store!(PgRailStore, sqlx::Postgres, pg_sql, pg);
+sql_rail_store!(SqliteRailStore, sqlx::Sqlite, sqlite_sql, sqlite);
