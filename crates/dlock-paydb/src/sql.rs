@@ -236,24 +236,7 @@ macro_rules! paydb_sql {
             }
 
             pub async fn insert_entry(tx: &mut sqlx::Transaction<'static, $db>, e: &LedgerEntry) -> Result<(), StoreError> {
-                let q = sql(
-                    "INSERT INTO ledger_entries (entry_id, posting_id, payout_id, account_id, direction, amount_minor, \
-                     currency, fence, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                );
-                sqlx::query(&q)
-                    .bind(e.entry_id.to_string())
-                    .bind(e.posting_id.to_string())
-                    .bind(e.payout_id.map(|p| p.to_string()))
-                    .bind(e.account_id.clone())
-                    .bind(e.direction.as_str())
-                    .bind(e.amount_minor)
-                    .bind(e.currency.clone())
-                    .bind(e.fence)
-                    .bind(e.created_at)
-                    .execute(&mut **tx)
-                    .await
-                    .map(|_| ())
-                    .map_err(db_error)
+                insert_entries(tx, std::slice::from_ref(e)).await
             }
 
             /// Inserts `entries` (a posting's balanced pair) in one multi-row INSERT: one statement

@@ -242,6 +242,23 @@ fn sqlite_resolve_statements(to: PayoutState) -> [(String, usize); 2] {
     ]
 }
 
+/// Binds an attempt's intent row in its statements' order: submission, payout, account,
+/// token, owner, key, amount, currency, instant.
+macro_rules! bind_intent {
+    ($query:expr, $a:expr) => {
+        $query
+            .bind($a.submission_id.to_string())
+            .bind($a.payout_id.to_string())
+            .bind($a.account_id.clone())
+            .bind($a.presented_token)
+            .bind($a.owner_id.clone())
+            .bind($a.idempotency_key.clone())
+            .bind($a.amount_minor)
+            .bind($a.currency.clone())
+            .bind($a.at)
+    };
+}
+
 /// What steps 1-3 wrote: the mark they advanced to, whether the intent was inserted,
 /// whether the payout moved.
 type AdmitParts = (Option<i64>, bool, bool);
@@ -252,19 +269,7 @@ impl PgRailStore {
         tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
         a: &Attempt,
     ) -> Result<AdmitParts, StoreError> {
-        let row = sqlx::query(&pg_admit_sql())
-            .bind(a.submission_id.to_string())
-            .bind(a.payout_id.to_string())
-            .bind(a.account_id.clone())
-            .bind(a.presented_token)
-            .bind(a.owner_id.clone())
-            .bind(a.idempotency_key.clone())
-            .bind(a.amount_minor)
-            .bind(a.currency.clone())
-            .bind(a.at)
-            .fetch_one(&mut **tx)
-            .await
-            .map_err(db_error)?;
+        let row = bind_intent!(sqlx::query(&pg_admit_sql()), a).fetch_one(&mut **tx).await.map_err(db_error)?;
         Ok((
             row.try_get("marked").map_err(db_error)?,
             row.try_get("claimed").map_err(db_error)?,
@@ -303,21 +308,8 @@ impl SqliteRailStore {
     ) -> Result<AdmitParts, StoreError> {
         let [mark, intent, moved] = sqlite_admit_statements();
         let q = dlock_db::sqlite_batch_sql(&[(&mark.0, mark.1), (&intent.0, intent.1), (&moved.0, moved.1)]);
-        let query = sqlx::query(&q)
-            .bind(a.account_id.clone())
-            .bind(a.presented_token)
-            .bind(a.at)
-            .bind(a.submission_id.to_string())
-            .bind(a.payout_id.to_string())
-            .bind(a.account_id.clone())
-            .bind(a.presented_token)
-            .bind(a.owner_id.clone())
-            .bind(a.idempotency_key.clone())
-            .bind(a.amount_minor)
-            .bind(a.currency.clone())
-            .bind(a.at)
-            .bind(a.at)
-            .bind(a.payout_id.to_string());
+        let query = sqlx::query(&q).bind(a.account_id.clone()).bind(a.presented_token).bind(a.at);
+        let query = bind_intent!(query, a).bind(a.at).bind(a.payout_id.to_string());
         let parts = dlock_db::sqlite_batch(tx, query, 3).await.map_err(db_error)?;
         let marked = match parts[0].rows.first() {
             Some(r) => Some(r.try_get::<i64, _>("highest_token").map_err(db_error)?),
@@ -523,16 +515,7 @@ macro_rules! sql_rail_store {
                      RETURNING submission_id"
                 ))
                 .into_owned();
-                let claimed = sqlx::query(&q)
-                    .bind(a.submission_id.to_string())
-                    .bind(a.payout_id.to_string())
-                    .bind(a.account_id.clone())
-                    .bind(a.presented_token)
-                    .bind(a.owner_id.clone())
-                    .bind(a.idempotency_key.clone())
-                    .bind(a.amount_minor)
-                    .bind(a.currency.clone())
-                    .bind(a.at)
+                let claimed = bind_intent!(sqlx::query(&q), a)
                     .fetch_optional(&mut *tx)
                     .await
                     .map_err(db_error)?;
