@@ -23,6 +23,14 @@
 //!   window's start, with every poll, and at its end, and prints start -> peak -> end and the
 //!   growth per run (the CSV has the KiB). The database servers are not counted.
 //!
+//! - **Where the time went.** Under each database's row the bench prints, for the window
+//!   only (a `/metrics` scrape at its start subtracted from one at its end, with the
+//!   operator's token): the first executor's mean time per hop (`payout_hop_seconds`; its
+//!   `acquire` counts the post's rotate too), every store operation's mean time
+//!   (`lock_store_op_seconds`, `payout_store_op_seconds`, `rail_store_op_seconds`, each
+//!   including its wait for a pooled connection), the rail call, and the lock server's
+//!   acquire outcomes (refused acquires are wasted work).
+//!
 //! **The window.** `dlock up` starts its executors with the cluster, so payouts are created
 //! while they already run; the bench creates them [`CREATE_CONCURRENCY`] at a time so that
 //! nearly all are still queued when the window starts. The window starts when the last payout
@@ -120,7 +128,7 @@ mod bench {
     }
 
     /// Payouts/s and p50/p99 ms of one side of one point.
-    #[derive(Clone, Copy)]
+    #[derive(Clone)]
     struct Rate {
         per_s: f64,
         p50_ms: i64,
@@ -129,6 +137,8 @@ mod bench {
         counted: usize,
         /// dlock only: the `dlock up` process's resident memory over the window.
         rss: Option<Rss>,
+        /// dlock only: where the window's time went, from the services' `/metrics`.
+        breakdown: Option<String>,
     }
 
     /// Resident set size of one process (`VmRSS`, KiB) at the window's start, its peak over
@@ -272,6 +282,9 @@ mod bench {
                 d.per_s / floor,
                 d.rss.map(|r| r.show()).unwrap_or_default()
             );
+            if let Some(b) = &d.breakdown {
+                println!("{b}");
+            }
         }
         if std::env::var("DLOCK_BENCH_SWEEP").is_ok_and(|v| v == "1") {
             let Some(kind) = kinds.pop() else { return };
@@ -566,6 +579,7 @@ mod bench {
             .collect()
             .await;
         let t0 = chrono::Utc::now().timestamp_millis();
+        let metrics_at_t0 = Metrics::scrape(&client).await;
         // The window: poll one list endpoint at a modest rate until every payout is POSTED,
         // sampling `dlock up`'s resident memory with each poll.
         let pid = _up.0.id();
@@ -579,6 +593,7 @@ mod bench {
         })
         .await;
         assert!(done.is_some(), "every payout is posted within the bench's bound");
+        let breakdown = Some(Metrics::scrape(&client).await.since(&metrics_at_t0).show());
         // After the window: each payout's creation and posting instants.
         let mut latencies = Vec::with_capacity(p.n);
         let mut last_posted = t0;
@@ -601,7 +616,92 @@ mod bench {
         let counted = latencies.len();
         let (p50_ms, p99_ms) = percentiles(latencies);
         let seconds = ((last_posted - t0).max(1)) as f64 / 1000.0;
-        Rate { per_s: counted as f64 / seconds, p50_ms, p99_ms, counted, rss: rss.get() }
+        Rate { per_s: counted as f64 / seconds, p50_ms, p99_ms, counted, rss: rss.get(), breakdown }
+    }
+
+    /// The timing families the bench reads from `dlock up`'s services, by port: the first
+    /// executor's hops, every store's operations, the rail call, the lock server's acquire
+    /// outcomes.
+    const METRIC_SOURCES: [(u16, &[&str]); 4] = [
+        (8085, &["payout_hop_seconds"]),
+        (8081, &["lock_store_op_seconds", "lock_acquire_total"]),
+        (8082, &["payout_store_op_seconds"]),
+        (8083, &["rail_store_op_seconds", "rail_call_seconds"]),
+    ];
+
+    /// Histogram sums and counts, and counters, by `family{labels}`: one scrape.
+    #[derive(Default)]
+    struct Metrics(std::collections::BTreeMap<String, (f64, f64)>);
+
+    impl Metrics {
+        async fn scrape(client: &HttpClient) -> Metrics {
+            let mut m = Metrics::default();
+            for (port, families) in METRIC_SOURCES {
+                let Ok(base) = BaseUrl::parse(&format!("http://127.0.0.1:{port}")) else { continue };
+                let Ok(r) = client.send(&base, http::Method::GET, "/metrics", &[], None).await else { continue };
+                for line in String::from_utf8_lossy(&r.body).lines() {
+                    let Some((name, value)) = line.rsplit_once(' ') else { continue };
+                    let Ok(value) = value.parse::<f64>() else { continue };
+                    for family in families {
+                        let Some(rest) = name.strip_prefix(family) else { continue };
+                        let (slot, labels) = match rest.split_once('{') {
+                            Some(("_sum", l)) => (0, l),
+                            Some(("_count", l)) => (1, l),
+                            Some(("", l)) => (1, l),
+                            _ => continue,
+                        };
+                        let key = format!("{family}{{{labels}");
+                        let e = m.0.entry(key).or_default();
+                        if slot == 0 {
+                            e.0 = value;
+                        } else {
+                            e.1 = value;
+                        }
+                    }
+                }
+            }
+            m
+        }
+
+        /// What happened between `before` and this scrape.
+        fn since(&self, before: &Metrics) -> Metrics {
+            let mut d = Metrics::default();
+            for (k, &(sum, count)) in &self.0 {
+                let (s0, c0) = before.0.get(k).copied().unwrap_or_default();
+                if count - c0 > 0.0 {
+                    d.0.insert(k.clone(), (sum - s0, count - c0));
+                }
+            }
+            d
+        }
+
+        /// One line per family: `label mean-ms (n)`, or `label n` for a counter.
+        fn show(&self) -> String {
+            let mut out = String::from(
+                "  where the window's time went (mean ms per call, calls; executor-0's hops, every store):",
+            );
+            for (_, families) in METRIC_SOURCES {
+                for family in families {
+                    let items: Vec<String> = self
+                        .0
+                        .iter()
+                        .filter_map(|(k, &(sum, count))| {
+                            let labels = k.strip_prefix(family)?.strip_prefix('{')?;
+                            let label = labels.split('"').nth(1).unwrap_or(labels);
+                            Some(if family.ends_with("_total") {
+                                format!("{label} {count:.0}")
+                            } else {
+                                format!("{label} {:.2} ({count:.0})", 1000.0 * sum / count)
+                            })
+                        })
+                        .collect();
+                    if !items.is_empty() {
+                        let _ = write!(out, "\n    {family:<24} {}", items.join("  "));
+                    }
+                }
+            }
+            out
+        }
     }
 
     /// A free loopback port (bound, then released; the stub binds it right after).
@@ -656,7 +756,7 @@ mod bench {
         assert_eq!(latencies.len(), p.n, "the baseline paid every payout once");
         let last_ms = latencies.iter().copied().max().unwrap_or(1).max(1);
         let (p50_ms, p99_ms) = percentiles(latencies);
-        Rate { per_s: p.n as f64 / (last_ms as f64 / 1000.0), p50_ms, p99_ms, counted: p.n, rss: None }
+        Rate { per_s: p.n as f64 / (last_ms as f64 / 1000.0), p50_ms, p99_ms, counted: p.n, rss: None, breakdown: None }
     }
 
     /// The same body for both of the queue's pools: `$q` renders a statement written with
