@@ -20,7 +20,7 @@
 //!   tag (NFR-09).
 //! - Histograms are in seconds (`_seconds`), each with a named bucket set given to
 //!   [`Registry::new`]; registering a histogram without one panics (release builds too).
-//!   Durations are measured on the `dlock-rt` clock, never `Instant::now`: the simulation's
+//!   Durations are measured on the `dlock-rt` clock, never the standard library's: the simulation's
 //!   virtual time is what they see, and recording one reads no clock, draws no randomness
 //!   and schedules nothing.
 //! - The exposition is in a fixed order (families by name, series by labels), whatever the

@@ -345,15 +345,36 @@ async fn acquire(
                 }
                 AcquireRefusal::Session(_) => (json!({ "key": key }), 0),
             };
-            // A hint, not a promise (C3 §3.1): this replica's clock is close enough, and asking
-            // the backend would add a round trip to every contended answer.
-            let now = server.clock.wall().timestamp_millis();
-            let wait_ms = u64::try_from(retry_after.saturating_sub(now)).unwrap_or(0).clamp(1, WAIT_MS_MAX as u64);
             Err(ApiError::new(ErrorCode::LockContended, "the lock is held; nothing happened")
-                .with_retry_after_ms(wait_ms)
+                .with_retry_after_ms(retry_after_ms(&server, retry_after))
                 .with_details(details))
         }
     }
+}
+
+/// `retryAfterMillis` until `until_ms`, within 1..=[`WAIT_MS_MAX`]. A hint, not a promise
+/// (C3 §3.1): this replica's clock is close enough, and asking the backend would add a round
+/// trip to every contended answer.
+fn retry_after_ms(server: &LockServer, until_ms: i64) -> u64 {
+    let now = server.clock.wall().timestamp_millis();
+    u64::try_from(until_ms.saturating_sub(now)).unwrap_or(0).clamp(1, WAIT_MS_MAX as u64)
+}
+
+/// A held grant's request that found the grant gone (renew's or rotate's `Lost`).
+struct HeldLost<'a, O: std::fmt::Display> {
+    key: &'a str,
+    owner: &'a O,
+    token: i64,
+    stored_token: Option<i64>,
+    trace: &'a TraceId,
+}
+
+/// `LOCK_LOST` for a renew or rotate whose grant is gone, logged once.
+fn lock_lost<O: std::fmt::Display>(l: &HeldLost<'_, O>, message: &str) -> ApiError {
+    tracing::warn!(key = %l.key, ownerId = %l.owner, presentedToken = l.token,
+        storedToken = %display_token(l.stored_token), traceId = %l.trace.0, "lock_lost");
+    ApiError::new(ErrorCode::LockLost, message)
+        .with_details(json!({ "key": l.key, "presentedToken": l.token, "storedToken": l.stored_token }))
 }
 
 // L5
@@ -382,11 +403,10 @@ async fn renew(
             Ok(dlock_http::json(StatusCode::OK, &grant_body(&server, &g)))
         }
         Err(RenewRefusal::Session(r)) => Err(session_refusal(r, session)),
-        Err(RenewRefusal::Lost { stored_token }) => {
-            tracing::warn!(key = %key, ownerId = %owner, presentedToken = token.get(), storedToken = %display_token(stored_token), traceId = %trace.0, "lock_lost");
-            Err(ApiError::new(ErrorCode::LockLost, "this grant expired or was taken over; re-acquire, never retry")
-                .with_details(json!({ "key": key, "presentedToken": token.get(), "storedToken": stored_token })))
-        }
+        Err(RenewRefusal::Lost { stored_token }) => Err(lock_lost(
+            &HeldLost { key: &key, owner: &owner, token: token.get(), stored_token, trace: &trace },
+            "this grant expired or was taken over; re-acquire, never retry",
+        )),
     }
 }
 
@@ -416,16 +436,13 @@ async fn rotate(
             Ok(dlock_http::json(StatusCode::OK, &grant_body(&server, &g)))
         }
         Err(RotateRefusal::Session(r)) => Err(session_refusal(r, session)),
-        Err(RotateRefusal::Lost { stored_token }) => {
-            tracing::warn!(key = %key, ownerId = %owner, presentedToken = token.get(), storedToken = %display_token(stored_token), traceId = %trace.0, "lock_lost");
-            Err(ApiError::new(ErrorCode::LockLost, "this grant expired or was taken over; nothing was rotated")
-                .with_details(json!({ "key": key, "presentedToken": token.get(), "storedToken": stored_token })))
-        }
+        Err(RotateRefusal::Lost { stored_token }) => Err(lock_lost(
+            &HeldLost { key: &key, owner: &owner, token: token.get(), stored_token, trace: &trace },
+            "this grant expired or was taken over; nothing was rotated",
+        )),
         Err(RotateRefusal::Delayed { until_ms }) => {
-            let now = server.clock.wall().timestamp_millis();
-            let wait_ms = u64::try_from(until_ms.saturating_sub(now)).unwrap_or(0).clamp(1, WAIT_MS_MAX as u64);
             Err(ApiError::new(ErrorCode::LockContended, "a lock-delay runs on the key; nothing was rotated")
-                .with_retry_after_ms(wait_ms)
+                .with_retry_after_ms(retry_after_ms(&server, until_ms))
                 .with_details(json!({ "key": key, "lockDelayUntil": dlock_contract::time::rfc3339_ms(at(until_ms)) })))
         }
     }

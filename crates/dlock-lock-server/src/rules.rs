@@ -212,21 +212,13 @@ pub fn decide_release(grant: Option<GrantFacts<'_>>, token: i64, now_ms: i64) ->
     }
 }
 
-/// What a rotate read: the caller's session, the key's grant, the key's record, and the
-/// token presented (the grant to release).
+/// What a rotate read: what an acquire by the caller's session reads (its grant's holder
+/// end matters only when the holder is the caller: a grant of another session refuses
+/// whatever its liveness), and the token presented (the grant to release).
 #[derive(Debug, Clone, Copy)]
 pub struct RotateFacts<'a> {
-    pub now_ms: i64,
-    pub session_id: Uuid,
-    /// The caller's session end (`None`: unknown).
-    pub session_end_ms: Option<i64>,
-    /// The key's grant. Its holder's end matters only when the holder is the caller (a
-    /// grant of another session refuses whatever its liveness).
-    pub grant: Option<GrantFacts<'a>>,
-    /// The key's record: `None` never granted, `Some(delay_until)` seen.
-    pub key: Option<Option<i64>>,
+    pub acquire: AcquireFacts<'a>,
     pub token: i64,
-    pub delay_ms: i64,
 }
 
 /// Decides a rotate (C3-extensions E-18): [`decide_release`] of `(key, token)`, then
@@ -238,21 +230,15 @@ pub struct RotateFacts<'a> {
 /// a live grant never leaves running); then the release does not happen either. `Ok` is the
 /// grant to issue, replacing `token`.
 pub fn decide_rotate(f: &RotateFacts<'_>) -> Result<GrantPlan, RotateRefusal> {
-    session_check(f.session_end_ms, f.now_ms).map_err(RotateRefusal::Session)?;
-    let own = f.grant.filter(|g| g.grant.session_id == f.session_id);
-    let stored = f.grant.map(|g| g.grant.fencing_token);
+    let a = &f.acquire;
+    session_check(a.session_end_ms, a.now_ms).map_err(RotateRefusal::Session)?;
+    let own = a.grant.filter(|g| g.grant.session_id == a.session_id);
+    let stored = a.grant.map(|g| g.grant.fencing_token);
     if own.is_none() {
         return Err(RotateRefusal::Lost { stored_token: stored });
     }
-    decide_release(own, f.token, f.now_ms).map_err(|stored_token| RotateRefusal::Lost { stored_token })?;
-    let after_release = decide_acquire(&AcquireFacts {
-        now_ms: f.now_ms,
-        session_id: f.session_id,
-        session_end_ms: f.session_end_ms,
-        grant: None,
-        key: f.key,
-        delay_ms: f.delay_ms,
-    });
+    decide_release(own, f.token, a.now_ms).map_err(|stored_token| RotateRefusal::Lost { stored_token })?;
+    let after_release = decide_acquire(&AcquireFacts { grant: None, ..*a });
     assert!(after_release.remove.is_none(), "a released key has no grant to remove");
     match after_release.verdict {
         Ok(plan) => Ok(GrantPlan { replaces: Some(f.token), ..plan }),
@@ -605,13 +591,15 @@ mod tests {
                         let presented = row.as_ref().map_or(1, |(_, g)| g.fencing_token) + if right { 0 } else { 1_000 };
                         let holder = row.as_ref().map(|(rs, g)| GrantFacts { grant: g, holder_end_ms: open(&hist, *rs) });
                         let decision = decide_rotate(&RotateFacts {
-                            now_ms: now,
-                            session_id: id,
-                            session_end_ms: open(&hist, s),
-                            grant: holder,
-                            key: record,
-                            delay_ms: delay,
-                        token: presented,
+                            acquire: AcquireFacts {
+                                now_ms: now,
+                                session_id: id,
+                                session_end_ms: open(&hist, s),
+                                grant: holder,
+                                key: record,
+                                delay_ms: delay,
+                            },
+                            token: presented,
                         });
                         // The reference: a release by the holder then an acquire by it, with
                         // nothing in between; the release imposes no delay, so the acquire

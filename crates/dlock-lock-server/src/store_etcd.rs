@@ -693,13 +693,16 @@ impl EtcdLockStore {
         live(&g.val, Some(&h.val), now).then_some((g, h))
     }
 
-    /// The granting txn: grants `key` to session `s` unless `s`, the grant or the key record
-    /// `rec` changed from what the decision saw; then `Err` with `reads`' snapshot.
+    /// The granting txn: grants `key` to session `s` unless `s`, the key's grant (absent,
+    /// or `replacing` for a rotate, which re-grants to the same session) or the key record
+    /// `rec` changed from what the decision saw; then `Err` with `reads`' snapshot. The token
+    /// is the txn's revision (the first put's; a fresh grant's CreateRevision, a rotated
+    /// grant's ModRevision), read back in the same txn and asserted above the replaced one.
     async fn grant(
         &self,
         key: &str,
-        session_id: Uuid,
-        s: &Rec<SessionVal>,
+        (session_id, s): (Uuid, &Rec<SessionVal>),
+        replacing: Option<&Rec<GrantVal>>,
         (rec, plan): (Option<&Rec<KeyVal>>, GrantPlan),
         (ttl_ms, now): (i64, i64),
         reads: &[Read],
@@ -711,11 +714,15 @@ impl EtcdLockStore {
             acquired_at_ms: now,
             expires_at_ms: now + ttl_ms,
             nonce: dlock_rt::rand::uuid_v4(),
-            rotated: false,
+            rotated: replacing.is_some(),
             token: None,
         };
         let raw = encode(&val)?;
-        let conds = vec![Cond::of(s), Cond::Absent(gkey.clone()), Cond::of_opt(rec, kkey.clone())];
+        let held = match replacing {
+            Some(g) => Cond::of(g),
+            None => Cond::Absent(gkey.clone()),
+        };
+        let conds = vec![Cond::of(s), held, Cond::of_opt(rec, kkey.clone())];
         // First op: its revision is the token on real etcd and in the simulator alike.
         let mut ops = vec![TxnOp::put(gkey.clone(), raw.clone(), None)];
         // The key record is written only when it changes: absent (first grant), or carrying
@@ -731,60 +738,12 @@ impl EtcdLockStore {
         ops.push(TxnOp::get(gkey.clone(), None));
         match self.commit_or_read(conds, ops, reads).await? {
             Ok(resps) => {
-                let token = token_of(&resps)?;
-                rules::assert_token_replaces(token, plan.replaces);
-                let granted = Rec { key: gkey, raw, val, create_rev: token, mod_rev: token };
+                let (create_rev, mod_rev) = revisions_of(&resps)?;
+                let granted = Rec { key: gkey, raw, val, create_rev, mod_rev };
+                rules::assert_token_replaces(granted.token(), plan.replaces);
                 self.saw_grant(key, Some(&granted));
                 remember(&mut self.seen().keys, key.to_owned(), Some(rec_after));
                 Ok(Ok(grant_row(key, &granted)))
-            }
-            Err(read) => Ok(Err(read)),
-        }
-    }
-
-    /// The rotating txn: replaces the grant `g` of session `s` by a fresh grant to `s`, unless
-    /// `s`, `g` or the key record `rec` changed from what the decision saw; then `Err` with
-    /// `reads`' snapshot. The new token is the txn's revision (the first put's ModRevision,
-    /// read back in the same txn), asserted above the replaced one.
-    async fn rotate_txn(
-        &self,
-        key: &str,
-        (s, g): (&Rec<SessionVal>, &Rec<GrantVal>),
-        (rec, plan): (Option<&Rec<KeyVal>>, GrantPlan),
-        (ttl_ms, now): (i64, i64),
-        reads: &[Read],
-    ) -> Result<Result<GrantRow, Vec<Vec<Entry>>>, StoreError> {
-        let (gkey, kkey) = (self.grant_key(key), self.key_key(key));
-        let val = GrantVal {
-            session_id: g.val.session_id,
-            owner_id: s.val.owner_id.clone(),
-            acquired_at_ms: now,
-            expires_at_ms: now + ttl_ms,
-            nonce: dlock_rt::rand::uuid_v4(),
-            rotated: true,
-            token: None,
-        };
-        let raw = encode(&val)?;
-        let conds = vec![Cond::of(s), Cond::of(g), Cond::of_opt(rec, kkey.clone())];
-        // First op: its revision is the new token on real etcd and in the simulator alike.
-        let mut ops = vec![TxnOp::put(gkey.clone(), raw.clone(), None)];
-        let rec_after = match rec {
-            Some(r) if !plan.write_key_record => r.raw.clone(),
-            _ => {
-                let cleared = encode(&KeyVal::default())?;
-                ops.push(TxnOp::put(kkey.clone(), cleared.clone(), None));
-                cleared
-            }
-        };
-        ops.push(TxnOp::get(gkey.clone(), None));
-        match self.commit_or_read(conds, ops, reads).await? {
-            Ok(resps) => {
-                let (create_rev, mod_rev) = revisions_of(&resps)?;
-                let rotated = Rec { key: gkey, raw, val, create_rev, mod_rev };
-                rules::assert_token_replaces(rotated.token(), plan.replaces);
-                self.saw_grant(key, Some(&rotated));
-                remember(&mut self.seen().keys, key.to_owned(), Some(rec_after));
-                Ok(Ok(grant_row(key, &rotated)))
             }
             Err(read) => Ok(Err(read)),
         }
@@ -884,18 +843,7 @@ fn revisions_of(resps: &[TxnOpResponse]) -> Result<(i64, i64), StoreError> {
             }
         }
     }
-    Err(StoreError::Corrupt("etcd: the rotating txn did not read its record back".into()))
-}
-
-fn token_of(resps: &[TxnOpResponse]) -> Result<i64, StoreError> {
-    for r in resps.iter().rev() {
-        if let TxnOpResponse::Get(get) = r {
-            if let Some(kv) = get.kvs().first() {
-                return Ok(kv.create_revision());
-            }
-        }
-    }
-    Err(StoreError::Corrupt("etcd: the granting txn did not read its record back".into()))
+    Err(StoreError::Corrupt("etcd: a txn did not read its record back".into()))
 }
 
 #[async_trait]
@@ -992,7 +940,7 @@ impl LockStore for EtcdLockStore {
         let now = self.now();
         if let Some((s, rec, plan)) = self.free_as_seen(key, session_id, now, delay_ms) {
             let (_, r) = reads(None);
-            match self.grant(key, session_id, &s, (rec.as_ref(), plan), (ttl_ms, now), &r).await? {
+            match self.grant(key, (session_id, &s), None, (rec.as_ref(), plan), (ttl_ms, now), &r).await? {
                 Ok(row) => return Ok(Ok(row)),
                 Err(read) => snap = Some((None, read)),
             }
@@ -1055,7 +1003,7 @@ impl LockStore for EtcdLockStore {
                 return Err(StoreError::Corrupt("etcd: acquire granted without a live session".into()));
             };
             let (hint, r) = reads(self.holder_hint(key));
-            match self.grant(key, session_id, s, (rec.as_ref(), plan), (ttl_ms, now), &r).await? {
+            match self.grant(key, (session_id, s), None, (rec.as_ref(), plan), (ttl_ms, now), &r).await? {
                 Ok(row) => return Ok(Ok(row)),
                 Err(read) => snap = Some((hint, read)),
             }
@@ -1179,13 +1127,15 @@ impl LockStore for EtcdLockStore {
                 // A grant of another session refuses whatever its holder's liveness (rules).
                 let holder_end = session_end.filter(|_| grant.is_some_and(|g| g.val.session_id == session_id));
                 rules::decide_rotate(&RotateFacts {
-                    now_ms: now,
-                    session_id,
-                    session_end_ms: session_end,
-                    grant: row.as_ref().map(|r| GrantFacts { grant: r, holder_end_ms: holder_end }),
-                    key: rec.map(|r| r.val.delay_until_ms),
+                    acquire: AcquireFacts {
+                        now_ms: now,
+                        session_id,
+                        session_end_ms: session_end,
+                        grant: row.as_ref().map(|r| GrantFacts { grant: r, holder_end_ms: holder_end }),
+                        key: rec.map(|r| r.val.delay_until_ms),
+                        delay_ms,
+                    },
                     token,
-                    delay_ms,
                 })
             };
         let mut snap: Option<Vec<Vec<Entry>>> = None;
@@ -1196,7 +1146,10 @@ impl LockStore for EtcdLockStore {
         let seen = self.live_as_seen(key, token, now).filter(|(g, _)| g.val.session_id == session_id);
         if let (Some((g, s)), Some(rec)) = (seen, self.seen_key(key)) {
             if let Ok(plan) = decide(Some(&s), Some(&g), rec.as_ref(), now) {
-                match self.rotate_txn(key, (&s, &g), (rec.as_ref(), plan), (ttl_ms, now), &reads()).await? {
+                match self
+                    .grant(key, (g.val.session_id, &s), Some(&g), (rec.as_ref(), plan), (ttl_ms, now), &reads())
+                    .await?
+                {
                     Ok(row) => return Ok(Ok(row)),
                     Err(read) => snap = Some(read),
                 }
@@ -1222,7 +1175,8 @@ impl LockStore for EtcdLockStore {
             let (Ok(s), Some(g)) = (session_check(session.as_ref(), now), grant.as_ref()) else {
                 return Err(StoreError::Corrupt("etcd: rotate granted without a live session and grant".into()));
             };
-            match self.rotate_txn(key, (s, g), (rec.as_ref(), plan), (ttl_ms, now), &reads()).await? {
+            match self.grant(key, (g.val.session_id, s), Some(g), (rec.as_ref(), plan), (ttl_ms, now), &reads()).await?
+            {
                 Ok(row) => return Ok(Ok(row)),
                 Err(read) => snap = Some(read),
             }
@@ -1290,7 +1244,7 @@ impl LockStore for EtcdLockStore {
                 TxnOp::get(rkey.clone(), None),
             ];
             if let Some(resps) = self.commit(vec![Cond::of(&g), Cond::Absent(rkey.clone())], ops).await? {
-                let floor = token_of(&resps)?;
+                let (floor, _) = revisions_of(&resps)?;
                 self.saw_grant(key, None);
                 return Ok(Ok(Revocation { revoked_token: g.token(), new_token_floor: floor, revocation_id }));
             }

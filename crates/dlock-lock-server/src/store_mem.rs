@@ -303,13 +303,15 @@ impl LockStore for MemLockStore {
         let now = self.now();
         let mut t = self.lock()?;
         let plan = match rules::decide_rotate(&RotateFacts {
-            now_ms: now,
-            session_id,
-            session_end_ms: t.session_end(session_id),
-            grant: t.grant_facts(key),
-            key: t.keys.get(key).copied(),
+            acquire: AcquireFacts {
+                now_ms: now,
+                session_id,
+                session_end_ms: t.session_end(session_id),
+                grant: t.grant_facts(key),
+                key: t.keys.get(key).copied(),
+                delay_ms,
+            },
             token,
-            delay_ms,
         }) {
             Ok(plan) => plan,
             Err(refusal) => return Ok(Err(refusal)),

@@ -165,6 +165,36 @@ macro_rules! row_like {
 row_like!(sqlx::postgres::PgRow);
 row_like!(sqlx::sqlite::SqliteRow);
 
+/// What an acquire or a rotate decides on, as [`ACQUIRE_CONTEXT`] read it.
+struct GrantContext {
+    now: i64,
+    /// The caller's session: its owner and end (`None`: unknown).
+    owner_id: Option<String>,
+    session_end: Option<i64>,
+    /// The key's grant, with its holder session's end.
+    grant: Option<GrantRow>,
+    holder_end: Option<i64>,
+    /// The key's record: `None` never granted, `Some(delay_until)` seen.
+    key_record: Option<Option<i64>>,
+}
+
+impl GrantContext {
+    fn of(ctx: &impl RowLike) -> Result<GrantContext, StoreError> {
+        Ok(GrantContext {
+            now: ctx.int("now_ms")?,
+            owner_id: ctx.opt_text("s_owner_id")?,
+            session_end: ctx.opt_int("s_expires_at_ms")?,
+            grant: ctx.opt_text("lock_key")?.map(|_| grant_of(ctx)).transpose()?,
+            holder_end: ctx.opt_int("session_expires_at_ms")?,
+            key_record: ctx.opt_text("k_lock_key")?.map(|_| ctx.opt_int("delay_until_ms")).transpose()?,
+        })
+    }
+
+    fn grant_facts(&self) -> Option<GrantFacts<'_>> {
+        self.grant.as_ref().map(|g| GrantFacts { grant: g, holder_end_ms: self.holder_end })
+    }
+}
+
 /// The grant of a key with its session's expiry (NULL if the session is gone).
 const GRANT_WITH_SESSION: &str = "SELECT g.lock_key, g.session_id, g.owner_id, g.fencing_token, g.acquired_at_ms, \
      g.expires_at_ms, s.expires_at_ms AS session_expires_at_ms \
@@ -283,6 +313,48 @@ macro_rules! sql_lock_store {
                     .map_err(unavailable)?;
                 let Some(row) = row else { return Ok(None) };
                 Ok(Some((grant_of(&row)?, row.opt_int("session_expires_at_ms")?)))
+            }
+
+            /// [`ACQUIRE_CONTEXT`] for `key` and the caller's session, in one statement.
+            async fn tx_context(
+                tx: &mut sqlx::Transaction<'_, <$store as DbOf>::Db>,
+                key: &str,
+                session_id: Uuid,
+            ) -> Result<GrantContext, StoreError> {
+                let ctx = sqlx::query(&Self::q(&ACQUIRE_CONTEXT.replace("{NOW}", $now)))
+                    .bind(key.to_owned())
+                    .bind(session_id.to_string())
+                    .fetch_one(&mut **tx)
+                    .await
+                    .map_err(unavailable)?;
+                GrantContext::of(&ctx)
+            }
+
+            /// The end of a transaction that issued `token` for `key` (an acquire's or a
+            /// rotate's): the token rule's check, the key's record when the plan says so, the
+            /// commit, and the grant the answer carries.
+            async fn tx_finish_grant(
+                mut tx: sqlx::Transaction<'_, <$store as DbOf>::Db>,
+                grant: GrantRow,
+                plan: &rules::GrantPlan,
+            ) -> Result<GrantRow, StoreError> {
+                rules::assert_token_replaces(grant.fencing_token, plan.replaces);
+                if plan.write_key_record {
+                    // First grant of the key, or a lock-delay that has run out: record the key
+                    // as seen and clear the delay. (A key already seen without a delay needs
+                    // no write: the steady state costs nothing here.)
+                    sqlx::query(&Self::q(
+                        "INSERT INTO lock_keys (lock_key, first_granted_at_ms, delay_until_ms) VALUES ($1, $2, NULL) \
+                         ON CONFLICT (lock_key) DO UPDATE SET delay_until_ms = NULL",
+                    ))
+                    .bind(grant.key.clone())
+                    .bind(grant.acquired_at_ms)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                }
+                tx.commit().await.map_err(commit_error)?;
+                Ok(grant)
             }
 
             /// Removes a grant that died without release, recording the lock-delay its loss
@@ -436,29 +508,14 @@ macro_rules! sql_lock_store {
                 let mut tx = self.begin().await?;
                 Self::tx_lock_key(&mut tx, key).await?;
                 // The session is checked in the same transaction that grants (Jepsen etcd 3.4.3).
-                let ctx = sqlx::query(&Self::q(&ACQUIRE_CONTEXT.replace("{NOW}", $now)))
-                    .bind(key.to_owned())
-                    .bind(session_id.to_string())
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(unavailable)?;
-                let now = ctx.int("now_ms")?;
-                let session_end = ctx.opt_int("s_expires_at_ms")?;
-                let grant = match ctx.opt_text("lock_key")? {
-                    Some(_) => Some(grant_of(&ctx)?),
-                    None => None,
-                };
-                let holder_end = ctx.opt_int("session_expires_at_ms")?;
-                let key_record = match ctx.opt_text("k_lock_key")? {
-                    Some(_) => Some(ctx.opt_int("delay_until_ms")?),
-                    None => None,
-                };
+                let ctx = Self::tx_context(&mut tx, key, session_id).await?;
+                let now = ctx.now;
                 let decision = rules::decide_acquire(&AcquireFacts {
                     now_ms: now,
                     session_id,
-                    session_end_ms: session_end,
-                    grant: grant.as_ref().map(|g| GrantFacts { grant: g, holder_end_ms: holder_end }),
-                    key: key_record,
+                    session_end_ms: ctx.session_end,
+                    grant: ctx.grant_facts(),
+                    key: ctx.key_record,
                     delay_ms,
                 });
                 if let Some(removal) = decision.remove {
@@ -476,7 +533,7 @@ macro_rules! sql_lock_store {
                         return Ok(Err(refusal));
                     }
                 };
-                let owner_id = ctx.opt_text("s_owner_id")?.unwrap_or_default();
+                let owner_id = ctx.owner_id.unwrap_or_default();
                 let inline: Option<&str> = $inline_token;
                 let sql = Self::q(&INSERT_GRANT.replace("{TOKEN}", inline.unwrap_or("$6")));
                 let mut insert = sqlx::query(&sql)
@@ -505,30 +562,15 @@ macro_rules! sql_lock_store {
                         None => AcquireRefusal::Contended { holder_owner_id: String::new(), expires_at_ms: now },
                     }));
                 }
-                rules::assert_token_replaces(token, plan.replaces);
-                if plan.write_key_record {
-                    // First grant of the key, or a lock-delay that has run out: record the key
-                    // as seen and clear the delay. (A key already seen without a delay needs
-                    // no write: the steady state costs nothing here.)
-                    sqlx::query(&Self::q(
-                        "INSERT INTO lock_keys (lock_key, first_granted_at_ms, delay_until_ms) VALUES ($1, $2, NULL) \
-                         ON CONFLICT (lock_key) DO UPDATE SET delay_until_ms = NULL",
-                    ))
-                    .bind(key.to_owned())
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(unavailable)?;
-                }
-                tx.commit().await.map_err(commit_error)?;
-                Ok(Ok(GrantRow {
+                let grant = GrantRow {
                     key: key.to_owned(),
                     session_id,
                     owner_id,
                     fencing_token: token,
                     acquired_at_ms: now,
                     expires_at_ms: now + ttl_ms,
-                }))
+                };
+                Ok(Ok(Self::tx_finish_grant(tx, grant, &plan).await?))
             }
 
             async fn rotate(
@@ -543,30 +585,18 @@ macro_rules! sql_lock_store {
                 // A token-issuing transaction: serialised on the key like acquire (see `tx_lock_key`).
                 Self::tx_lock_key(&mut tx, key).await?;
                 // The session is checked in the same transaction that grants (Jepsen etcd 3.4.3).
-                let ctx = sqlx::query(&Self::q(&ACQUIRE_CONTEXT.replace("{NOW}", $now)))
-                    .bind(key.to_owned())
-                    .bind(session_id.to_string())
-                    .fetch_one(&mut *tx)
-                    .await
-                    .map_err(unavailable)?;
-                let now = ctx.int("now_ms")?;
-                let grant = match ctx.opt_text("lock_key")? {
-                    Some(_) => Some(grant_of(&ctx)?),
-                    None => None,
-                };
-                let key_record = match ctx.opt_text("k_lock_key")? {
-                    Some(_) => Some(ctx.opt_int("delay_until_ms")?),
-                    None => None,
-                };
-                let holder_end = ctx.opt_int("session_expires_at_ms")?;
+                let ctx = Self::tx_context(&mut tx, key, session_id).await?;
+                let now = ctx.now;
                 let decision = rules::decide_rotate(&RotateFacts {
-                    now_ms: now,
-                    session_id,
-                    session_end_ms: ctx.opt_int("s_expires_at_ms")?,
-                    grant: grant.as_ref().map(|g| GrantFacts { grant: g, holder_end_ms: holder_end }),
-                    key: key_record,
+                    acquire: AcquireFacts {
+                        now_ms: now,
+                        session_id,
+                        session_end_ms: ctx.session_end,
+                        grant: ctx.grant_facts(),
+                        key: ctx.key_record,
+                        delay_ms,
+                    },
                     token,
-                    delay_ms,
                 });
                 let plan = match decision {
                     Ok(plan) => plan,
@@ -575,7 +605,7 @@ macro_rules! sql_lock_store {
                         return Ok(Err(refusal));
                     }
                 };
-                let owner_id = ctx.opt_text("s_owner_id")?.unwrap_or_default();
+                let owner_id = ctx.owner_id.unwrap_or_default();
                 let inline: Option<&str> = $inline_token;
                 let sql = Self::q(&ROTATE_GRANT.replace("{TOKEN}", inline.unwrap_or("$7")));
                 let mut update = sqlx::query(&sql)
@@ -601,28 +631,15 @@ macro_rules! sql_lock_store {
                         .transpose()?;
                     return Ok(Err(RotateRefusal::Lost { stored_token: stored }));
                 };
-                let fresh = rotated.int("fencing_token")?;
-                rules::assert_token_replaces(fresh, plan.replaces);
-                if plan.write_key_record {
-                    sqlx::query(&Self::q(
-                        "INSERT INTO lock_keys (lock_key, first_granted_at_ms, delay_until_ms) VALUES ($1, $2, NULL) \
-                         ON CONFLICT (lock_key) DO UPDATE SET delay_until_ms = NULL",
-                    ))
-                    .bind(key.to_owned())
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(unavailable)?;
-                }
-                tx.commit().await.map_err(commit_error)?;
-                Ok(Ok(GrantRow {
+                let grant = GrantRow {
                     key: key.to_owned(),
                     session_id,
                     owner_id,
-                    fencing_token: fresh,
+                    fencing_token: rotated.int("fencing_token")?,
                     acquired_at_ms: now,
                     expires_at_ms: now + ttl_ms,
-                }))
+                };
+                Ok(Ok(Self::tx_finish_grant(tx, grant, &plan).await?))
             }
 
             async fn renew(
