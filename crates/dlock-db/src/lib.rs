@@ -24,6 +24,11 @@
 //!   off the one writer connection answers what it answered on it, without queueing behind
 //!   every write of the process. Only autocommitted reads go there; every read a decision
 //!   depends on stays inside its write transaction on the writer.
+//! - SQLite write transactions run on a thread of their own, one per process for every
+//!   file ([`sqlite_writer_thread`], [`SharedSqlitePool::writer_thread`], `dlock_rt::dedicated`,
+//!   docs/performance.md §8.7): the stores hand each whole transaction to it and await the
+//!   answer, so a writer connection's holder is never a task waiting behind HTTP work
+//!   between two statements.
 //!
 //! SQLite batches ([`sqlite_batch_sql`], [`sqlite_batch`]): sqlx-sqlite runs each statement
 //! as one command to the connection's worker thread and back, and on a busy 2-core machine
@@ -363,6 +368,8 @@ struct RegisteredPool {
     /// Autocommitted reads (the writer itself for an in-memory database, which one
     /// connection owns).
     readers: sqlx::SqlitePool,
+    /// The thread the writer's transactions run on ([`SharedSqlitePool::writer_thread`]).
+    writer: dlock_rt::dedicated::WriterThread,
     key: String,
     file: Option<FileIdentity>,
 }
@@ -385,6 +392,14 @@ impl SharedSqlitePool {
     /// that a write decides on belongs in the write's transaction, on [`Self::pool`].
     pub fn readers(&self) -> &sqlx::SqlitePool {
         &self.0.readers
+    }
+
+    /// The thread this file's write transactions run on (`dlock_rt::dedicated`, §8.7): the
+    /// process's one SQLite writer thread ([`sqlite_writer_thread`]), so every store writing
+    /// this file (the payment-resource's and the rail-proxy's in one process) hands its
+    /// transactions to the same thread, where they queue for the one writer connection.
+    pub fn writer_thread(&self) -> &dlock_rt::dedicated::WriterThread {
+        &self.0.writer
     }
 
     /// Whether `self` and `other` are the same pool.
@@ -433,6 +448,26 @@ fn registered(reg: &Registry, key: &str, file: &std::path::Path) -> Option<Share
         .then_some(SharedSqlitePool(live))
 }
 
+/// The thread every SQLite write transaction of this process runs on, whatever its file
+/// (`dlock_rt::dedicated`): started by the first store that asks, kept for the process's life.
+///
+/// One for all files, not one per file: its runtime interleaves the transactions of every
+/// file (each waits on its own connection's sqlx worker, not on the others), and measured
+/// on 2 cores a second such thread (lockdb's beside paydb's) made both files' writes slower
+/// than one thread did (docs/performance.md §8.7).
+pub fn sqlite_writer_thread() -> Result<dlock_rt::dedicated::WriterThread, sqlx::Error> {
+    static WRITER: std::sync::OnceLock<dlock_rt::dedicated::WriterThread> = std::sync::OnceLock::new();
+    if let Some(w) = WRITER.get() {
+        return Ok(w.clone());
+    }
+    let started = dlock_rt::dedicated::WriterThread::start(SQLITE_WRITER_THREAD_NAME)
+        .map_err(|e| sqlx::Error::Io(std::io::Error::other(e)))?;
+    Ok(WRITER.get_or_init(|| started).clone())
+}
+
+/// The name of every SQLite writer thread (`top -H` shows it).
+pub const SQLITE_WRITER_THREAD_NAME: &str = "dlock-sqlite-writer";
+
 /// The one pool of this process on the SQLite file of `url` ([`SharedSqlitePool`]), opened
 /// with [`sqlite_pool`]'s settings when no holder has it open.
 pub async fn shared_sqlite_pool(url: &str) -> Result<SharedSqlitePool, sqlx::Error> {
@@ -442,6 +477,7 @@ pub async fn shared_sqlite_pool(url: &str) -> Result<SharedSqlitePool, sqlx::Err
         return Ok(SharedSqlitePool(std::sync::Arc::new(RegisteredPool {
             pool,
             readers,
+            writer: sqlite_writer_thread()?,
             key: String::new(),
             file: None,
         })));
@@ -462,8 +498,14 @@ pub async fn shared_sqlite_pool(url: &str) -> Result<SharedSqlitePool, sqlx::Err
         return Ok(shared);
     }
     let readers = sqlite_reader_pool(url)?;
-    let shared =
-        SharedSqlitePool(std::sync::Arc::new(RegisteredPool { pool, readers, key: key.clone(), file: identity }));
+    let writer = sqlite_writer_thread()?;
+    let shared = SharedSqlitePool(std::sync::Arc::new(RegisteredPool {
+        pool,
+        readers,
+        writer,
+        key: key.clone(),
+        file: identity,
+    }));
     reg.insert(key.clone(), std::sync::Arc::downgrade(&shared.0));
     // The invariant: one live pool per key.
     assert!(

@@ -237,7 +237,10 @@ async fn open_session(
     let requested = opt_int(&body, "ttlMillis", 1, i64::MAX)?;
     let ttl = clamp_session_ttl_ms(requested.unwrap_or(server.cfg.session_ttl_ms_default));
     let id = dlock_rt::rand::uuid_v4();
-    let row = server.store.open_session(id, owner.as_str(), ttl).await.map_err(not_leader)?;
+    let owner_text = owner.as_str().to_owned();
+    let open =
+        move |store: Arc<dyn crate::store::LockStore>| async move { store.open_session(id, &owner_text, ttl).await };
+    let row = server.write(open).await.map_err(not_leader)?;
     tracing::info!(sessionId = %id, ownerId = %owner, ttlMillis = ttl, traceId = %trace.0, "session_opened");
     Ok(dlock_http::json(
         StatusCode::CREATED,
@@ -262,7 +265,8 @@ async fn heartbeat(
 ) -> Result<Response, ApiError> {
     let id = path_session(&session_id)?;
     let _owner = dlock_http::owner_id(&headers)?;
-    let (row, held) = server.store.heartbeat(id).await.map_err(not_leader)?.map_err(|r| session_refusal(r, id))?;
+    let heartbeat = server.write(move |store| async move { store.heartbeat(id).await }).await;
+    let (row, held) = heartbeat.map_err(not_leader)?.map_err(|r| session_refusal(r, id))?;
     // The store extended the session to its own `now + ttl`: that `now` is the server time.
     let now = row.expires_at_ms - row.ttl_ms;
     Ok(dlock_http::json(
@@ -289,7 +293,9 @@ async fn close_session(
 ) -> Result<Response, ApiError> {
     let id = path_session(&session_id)?;
     let owner = dlock_http::owner_id(&headers)?;
-    server.store.close_session(id, server.cfg.delay_ms).await.map_err(not_leader)?.map_err(|r| match r {
+    let delay_ms = server.cfg.delay_ms;
+    let closed = server.write(move |store| async move { store.close_session(id, delay_ms).await }).await;
+    closed.map_err(not_leader)?.map_err(|r| match r {
         // C3 L3 answers only SESSION_UNKNOWN: a lapsed session is closed all the same.
         SessionRefusal::Unknown | SessionRefusal::Expired => session_refusal(SessionRefusal::Unknown, id),
     })?;
@@ -391,7 +397,11 @@ async fn renew(
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
     let HeldRequest { key, token, owner, session, ttl } = held_request(&server, &key, &headers, body)?;
-    match server.store.renew(&key, session, token.get(), ttl).await.map_err(not_leader)? {
+    let (renewing, presented) = (key.clone(), token.get());
+    let renew = move |store: Arc<dyn crate::store::LockStore>| async move {
+        store.renew(&renewing, session, presented, ttl).await
+    };
+    match server.write(renew).await.map_err(not_leader)? {
         Ok(g) => {
             dlock_rt::events::emit(crate::NODE, "renew", || {
                 [
@@ -479,7 +489,10 @@ async fn release(
         Some(raw) => path_session(&raw)?,
         None => body_session(&optional_body(body, &headers)?)?,
     };
-    match server.store.release(&key, token.get()).await.map_err(not_leader)? {
+    let (releasing, presented) = (key.clone(), token.get());
+    let release =
+        move |store: Arc<dyn crate::store::LockStore>| async move { store.release(&releasing, presented).await };
+    match server.write(release).await.map_err(not_leader)? {
         Ok(()) => {
             server.metrics.releases.inc(0);
             server.wake(&key);
@@ -571,7 +584,11 @@ async fn revoke(
         }
     };
     let id = dlock_rt::rand::uuid_v4();
-    match server.store.revoke(&key, &operator, &reason, expected, id).await.map_err(not_leader)? {
+    let (revoking, by, why) = (key.clone(), operator.clone(), reason.clone());
+    let revoke = move |store: Arc<dyn crate::store::LockStore>| async move {
+        store.revoke(&revoking, &by, &why, expected, id).await
+    };
+    match server.write(revoke).await.map_err(not_leader)? {
         Ok(r) => {
             server.metrics.revokes.inc();
             server.wake(&key);

@@ -160,6 +160,9 @@ struct Queue {
     notify: Arc<Notify>,
 }
 
+/// A store write's answer: the rule's outcome, or its refusal, or the store's error.
+type StoreAnswer<T, R> = Result<Result<T, R>, StoreError>;
+
 /// What an acquire came to at the service level.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AcquireOutcome {
@@ -194,6 +197,23 @@ impl Drop for WaiterGuard<'_> {
 }
 
 impl LockServer {
+    /// Runs one of the store's write transactions (`work`, given the store) on the store's
+    /// writer thread when it has one (SQLite, docs/performance.md §8.7), else on this task.
+    /// Either way it runs to its end.
+    pub async fn write<T, W>(&self, work: impl FnOnce(Arc<dyn LockStore>) -> W) -> T
+    where
+        W: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        dlock_rt::dedicated::run_on(self.store.writer_thread(), work(self.store.clone())).await
+    }
+
+    /// The store's acquire of `key` for `session_id`, on its writer ([`Self::write`]).
+    async fn store_acquire(&self, key: &str, session: Uuid, ttl_ms: i64) -> StoreAnswer<GrantRow, AcquireRefusal> {
+        let (key, delay_ms) = (key.to_owned(), self.cfg.delay_ms);
+        self.write(move |store| async move { store.acquire(&key, session, ttl_ms, delay_ms).await }).await
+    }
+
     /// A replica over `store`; every call it makes to `store` is timed
     /// (`lock_store_op_seconds`, [`TimedLockStore`]).
     pub fn new(store: Arc<dyn LockStore>, cfg: LockServerConfig, clock: Clock) -> Arc<LockServer> {
@@ -321,11 +341,10 @@ impl LockServer {
         ttl_ms: i64,
         wait_ms: i64,
     ) -> Result<AcquireOutcome, StoreError> {
-        let delay = self.cfg.delay_ms;
         // The refusal to answer if the wait ends without a grant: the latest the store gave.
         let mut last = None;
         match on_arrival(self.queue_is_empty(key), wait_ms) {
-            Arrival::AskStore => match self.store.acquire(key, session_id, ttl_ms, delay).await? {
+            Arrival::AskStore => match self.store_acquire(key, session_id, ttl_ms).await? {
                 Ok(g) => return Ok(AcquireOutcome::Granted(g)),
                 Err(r) if wait_ms <= 0 || ends_the_wait(&r) => return Ok(AcquireOutcome::Refused(r)),
                 Err(r) => last = Some(r),
@@ -346,7 +365,7 @@ impl LockServer {
             tokio::pin!(notified);
             notified.as_mut().enable();
             if self.is_head(key, id) {
-                match self.store.acquire(key, session_id, ttl_ms, delay).await? {
+                match self.store_acquire(key, session_id, ttl_ms).await? {
                     Ok(g) => {
                         // Granted from the queue: this waiter waited.
                         dlock_rt::probe::hit(dlock_rt::probe::Probe::WaiterGrantedAfterWait);
@@ -382,7 +401,11 @@ impl LockServer {
         token: i64,
         ttl_ms: i64,
     ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
-        let outcome = self.store.rotate(key, session_id, token, ttl_ms, self.cfg.delay_ms).await?;
+        let (owned_key, delay_ms) = (key.to_owned(), self.cfg.delay_ms);
+        let rotate = move |store: Arc<dyn LockStore>| async move {
+            store.rotate(&owned_key, session_id, token, ttl_ms, delay_ms).await
+        };
+        let outcome = self.write(rotate).await?;
         if let Ok(g) = &outcome {
             assert!(g.fencing_token > token, "rotate issued token {} over {token}", g.fencing_token);
             dlock_rt::events::emit(crate::NODE, "release", || {
@@ -413,7 +436,9 @@ impl LockServer {
 
     /// One reaper pass; logs and counts what it did.
     pub async fn reap_once(&self) -> Result<crate::store::ReapReport, StoreError> {
-        let r = self.store.reap(self.cfg.reap_batch_max, self.cfg.delay_ms, self.cfg.session_retention_ms).await?;
+        let (limit, delay_ms, retention_ms) =
+            (self.cfg.reap_batch_max, self.cfg.delay_ms, self.cfg.session_retention_ms);
+        let r = self.write(move |store| async move { store.reap(limit, delay_ms, retention_ms).await }).await?;
         if r.expired_sessions > 0 || r.released_grants > 0 || r.forgotten_sessions > 0 {
             tracing::info!(
                 expiredSessions = r.expired_sessions,

@@ -108,19 +108,31 @@ impl PgLockStore {
         .map_err(unavailable)?;
         Ok(PgLockStore { pool })
     }
+
+    /// PostgreSQL's transactions run on the caller's task: its pool has many connections.
+    fn writer(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+        None
+    }
 }
 
 /// lockdb on SQLite (the embedded default).
 #[derive(Debug, Clone)]
 pub struct SqliteLockStore {
     pub pool: sqlx::SqlitePool,
+    /// The thread its write transactions run on (docs/performance.md §8.7).
+    writer: dlock_rt::dedicated::WriterThread,
 }
 
 impl SqliteLockStore {
     pub async fn open(url: &str) -> Result<SqliteLockStore, StoreError> {
         let pool = dlock_db::sqlite_pool(url).await.map_err(unavailable)?;
         SQLITE_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
-        Ok(SqliteLockStore { pool })
+        let writer = dlock_db::sqlite_writer_thread().map_err(unavailable)?;
+        Ok(SqliteLockStore { pool, writer })
+    }
+
+    fn writer(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+        Some(self.writer.clone())
     }
 }
 
@@ -391,6 +403,10 @@ macro_rules! sql_lock_store {
             fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
                 let idle = u32::try_from(self.pool.num_idle()).unwrap_or(u32::MAX);
                 Some(dlock_http::metrics::PoolStats { size: self.pool.size(), idle })
+            }
+
+            fn writer_thread(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+                self.writer()
             }
 
             async fn ping(&self) -> Result<(), StoreError> {

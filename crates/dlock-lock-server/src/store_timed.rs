@@ -150,4 +150,8 @@ impl LockStore for TimedLockStore {
     fn pool_stats(&self) -> Option<PoolStats> {
         self.inner.pool_stats()
     }
+
+    fn writer_thread(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+        self.inner.writer_thread()
+    }
 }

@@ -251,7 +251,7 @@ mod bench {
             let store = store.clone();
             tasks.push(tokio::spawn(async move {
                 for it in items {
-                    claim(&*store, w, &it).await;
+                    claim(&store, w, &it).await;
                 }
             }));
         }
@@ -283,7 +283,7 @@ mod bench {
             let store = store.clone();
             tasks.push(tokio::spawn(async move {
                 for it in items {
-                    post(&*store, w, &it).await;
+                    post(&store, w, &it).await;
                 }
             }));
         }
@@ -391,10 +391,19 @@ mod bench {
         assert_eq!(account, account_id(w), "the grant check reads the payout's account");
     }
 
+    /// A store write as the handlers run it (`PaymentResource::write`): on the store's writer
+    /// thread when it has one (SQLite, docs/performance.md §8.7).
+    async fn as_handlers<T: Send + 'static>(
+        store: &Arc<dyn PaymentStore>,
+        work: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> T {
+        dlock_rt::dedicated::run_on(store.writer_thread(), work).await
+    }
+
     /// P2 as the handler runs it: the grant check's read, identity, fingerprint, render
-    /// closure, one store call.
-    async fn claim(store: &dyn PaymentStore, w: usize, it: &Item) {
-        grant_read(store, it, w).await;
+    /// closure, one store call (on the writer thread, as the handler's).
+    async fn claim(store: &Arc<dyn PaymentStore>, w: usize, it: &Item) {
+        grant_read(&**store, it, w).await;
         let owner = owner(w);
         let key = payout_key(it.payout_id);
         let target = it.payout_id.to_string();
@@ -405,7 +414,8 @@ mod bench {
             Claim { payout_id: it.payout_id, token: it.claim_token, owner_id: owner, expected: req.expected_state, at };
         let (payout_id, token) = (it.payout_id, it.claim_token);
         let render = move |o: &ClaimOutcome| render_claim(o, payout_id, token, &key, "bench");
-        match store.claim(&c, &idem, &render).await.expect("claim") {
+        let s = store.clone();
+        match as_handlers(store, async move { s.claim(&c, &idem, &render).await }).await.expect("claim") {
             Idempotent::Executed { outcome: ClaimOutcome::Claimed { .. }, stored: Some(r) } if r.status == 200 => {}
             other => panic!("claim {payout_id} token {token}: {other:?}"),
         }
@@ -434,8 +444,8 @@ mod bench {
     }
 
     /// P3 as the handler runs it, with a token newer than every claim of the account.
-    async fn post(store: &dyn PaymentStore, w: usize, it: &Item) {
-        grant_read(store, it, w).await;
+    async fn post(store: &Arc<dyn PaymentStore>, w: usize, it: &Item) {
+        grant_read(&**store, it, w).await;
         let owner = owner(w);
         let key = payout_key(it.payout_id);
         let target = it.payout_id.to_string();
@@ -458,7 +468,8 @@ mod bench {
         };
         let payout_id = it.payout_id;
         let render = move |o: &PostOutcome| render_post(o, payout_id, "bench");
-        match store.post(&p, &idem, &render).await.expect("post") {
+        let s = store.clone();
+        match as_handlers(store, async move { s.post(&p, &idem, &render).await }).await.expect("post") {
             Idempotent::Executed { outcome: PostOutcome::Posted { .. }, stored: Some(r) } if r.status == 200 => {}
             other => panic!("post {payout_id} token {}: {other:?}", it.post_token),
         }

@@ -398,7 +398,7 @@ async fn create_account(
         CreateAccountOutcome::Created(view) => recorded(201, &account_body(view)),
         CreateAccountOutcome::Exists => recorded_error(ApiError::internal("not a committed outcome"), &trace_id),
     };
-    let decided = pr.store.create_account(&a, &idem, &render).await;
+    let decided = pr.write(move |store| async move { store.create_account(&a, &idem, &render).await }).await;
     Ok(answer(
         &pr,
         decided,
@@ -453,7 +453,7 @@ async fn create_payout(
         CreatePayoutOutcome::Created(view) => recorded(201, &payout_body(view)),
         _ => recorded_error(ApiError::internal("not a committed outcome"), &trace_id),
     };
-    let decided = pr.store.create_payout(&p, &idem, &render).await;
+    let decided = pr.write(move |store| async move { store.create_payout(&p, &idem, &render).await }).await;
     Ok(answer(
         &pr,
         decided,
@@ -584,7 +584,7 @@ async fn claim(
     let trace_id = trace.0.clone();
     let key_text = key.as_str().to_owned();
     let render = move |o: &ClaimOutcome| render_claim(o, payout_id, token, &key_text, &trace_id);
-    let decided = pr.store.claim(&c, &idem, &render).await;
+    let decided = pr.write(move |store| async move { store.claim(&c, &idem, &render).await }).await;
     let owner_text = owner.as_str();
     trace_fenced_write(
         "claim",
@@ -677,7 +677,7 @@ async fn post_payout(
     };
     let trace_id = trace.0.clone();
     let render = move |o: &PostOutcome| render_post(o, payout_id, &trace_id);
-    let decided = pr.store.post(&p, &idem, &render).await;
+    let decided = pr.write(move |store| async move { store.post(&p, &idem, &render).await }).await;
     let owner_text = owner.as_str();
     trace_fenced_write(
         "post",

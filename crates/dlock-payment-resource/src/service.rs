@@ -101,6 +101,17 @@ impl std::fmt::Debug for PaymentResource {
 }
 
 impl PaymentResource {
+    /// Runs one of the store's write transactions (`work`, given the store) on the store's
+    /// writer thread when it has one (SQLite, docs/performance.md §8.7), else on this task.
+    /// Either way it runs to its end.
+    pub async fn write<T, W>(&self, work: impl FnOnce(Arc<dyn PaymentStore>) -> W) -> T
+    where
+        W: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        dlock_rt::dedicated::run_on(self.store.writer_thread(), work(self.store.clone())).await
+    }
+
     /// Reads (or, on a fresh paydb, creates) the deployment's cursor key, then serves.
     pub async fn start(
         store: Arc<dyn PaymentStore>,

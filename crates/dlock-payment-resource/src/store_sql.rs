@@ -28,8 +28,13 @@
 //! post's fence and the statement after it, a claim's transition and recorded answer, a
 //! post's ledger writes, debit and recorded answer. A statement a batch ran after a fence
 //! that refused is undone by the rollback every refusal ends in (`commit_decided`).
-//! PostgreSQL runs the same statements one by one (the fence's follower only after a raised
-//! fence) and keeps the claim's CTE.
+//! A claim's and a post's statement 0 joins that first batch (§8.8): the fence is chained
+//! to it in SQL ([`FENCE_AFTER_GATE_SQL`], `AND changes() = 1`), so a request its identity
+//! gate refuses never raises a fence (asserted), and its transaction rolls back.
+//! PostgreSQL runs the same statements one by one (the fence only after a gate that let the
+//! request run, the fence's follower only after a raised fence) and keeps the claim's CTE.
+//! Every SQLite write transaction runs on the process's SQLite writer thread (§8.7,
+//! [`PaymentStore::writer_thread`]).
 //!
 //! Errors: connection failures, timeouts and busy answers are [`StoreError::Unavailable`]
 //! (nothing was decided); a commit whose answer was lost is [`StoreError::CommitUnknown`];
@@ -109,16 +114,63 @@ impl Commits for CreatePayoutOutcome {
     }
 }
 
+/// What the fence and the statement after it found: the fenced account (its id and balance)
+/// when the fence rose, and the after-statement's row.
+type FenceThen<R> = (Option<(String, i64)>, Option<R>);
+
 /// Longest a PostgreSQL statement waits for a row lock (C3-extensions C-9: a concurrent
 /// duplicate waits, then replays). SQLite's single writer waits `SQLITE_BUSY_MS_MAX`.
 pub const IDEMPOTENCY_WAIT_MS_MAX: u64 = 2_000;
 
+/// The fence statement, with `$extra` conditions after its own.
+macro_rules! fence_sql {
+    ($extra:literal) => {
+        concat!(
+            "UPDATE accounts SET fence = $1, updated_at = $2 \
+             WHERE account_id = (SELECT account_id FROM payouts WHERE payout_id = $3) AND fence < $4",
+            $extra,
+            " RETURNING account_id, balance_minor"
+        )
+    };
+}
+
 /// Statement 1 of a claim or post: the strict fence on the payout's account (C3 §3.4
 /// verbatim). `$1` the token, `$2` the instant, `$3` the payout, `$4` the token again (each
 /// placeholder once, in order: a batch statement, `dlock_db::sqlite_batch_sql`).
-const FENCE_SQL: &str = "UPDATE accounts SET fence = $1, updated_at = $2 \
-     WHERE account_id = (SELECT account_id FROM payouts WHERE payout_id = $3) AND fence < $4 \
-     RETURNING account_id, balance_minor";
+const FENCE_SQL: &str = fence_sql!("");
+
+/// [`FENCE_SQL`] run in one batch after the identity row's upsert ([`GATE_SQL`], SQLite):
+/// it raises the fence only when the upsert wrote (`changes() = 1`: a new identity, or an
+/// expired record replaced), as the statement-by-statement path runs it only then.
+const FENCE_AFTER_GATE_SQL: &str = fence_sql!(" AND changes() = 1");
+
+/// Statement 0 of every deciding transaction: the upsert of the identity row, which
+/// replaces only an expired record (a row back: run the request). Eight placeholders, once
+/// each, in order ([`bind_gate!`]).
+const GATE_SQL: &str = "INSERT INTO idempotency_records (operation, target_id, idempotency_key, fencing_token, \
+     request_sha256, owner_id, response_status, response_body, created_at, expires_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, NULL, NULL, $7, $8) \
+     ON CONFLICT (operation, target_id, idempotency_key, fencing_token) DO UPDATE \
+     SET request_sha256 = EXCLUDED.request_sha256, owner_id = EXCLUDED.owner_id, \
+     response_status = NULL, response_body = NULL, created_at = EXCLUDED.created_at, \
+     expires_at = EXCLUDED.expires_at \
+     WHERE idempotency_records.expires_at <= EXCLUDED.created_at \
+     RETURNING operation";
+
+/// Binds [`GATE_SQL`]'s values for the identity `$i`, in order.
+macro_rules! bind_gate {
+    ($query:expr, $i:expr) => {
+        $query
+            .bind($i.operation.as_str())
+            .bind($i.target_id.clone())
+            .bind($i.key.clone())
+            .bind($i.token)
+            .bind($i.fingerprint.clone())
+            .bind($i.owner_id.clone())
+            .bind(truncate_ms($i.at))
+            .bind(truncate_ms($i.expires_at))
+    };
+}
 
 /// Statement 2 of a claim: the payout's state and terms, and the reservation (every other
 /// unsettled payout of its account). `$1` the payout. A separate statement from the fence,
@@ -278,6 +330,11 @@ impl PgPaymentStore {
         let pool = dlock_db::pg_pool_with_lock_timeout(url, IDEMPOTENCY_WAIT_MS_MAX).await.map_err(db_error)?;
         Ok(PgPaymentStore { read_pool: pool.clone(), pool })
     }
+
+    /// PostgreSQL's transactions run on the caller's task: its pool has many connections.
+    fn writer(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+        None
+    }
 }
 
 /// paydb on SQLite (the embedded default).
@@ -296,6 +353,11 @@ impl SqlitePaymentStore {
     /// This process's one pool on the file, as every other store opened on it holds it.
     pub fn shared_pool(&self) -> &dlock_db::SharedSqlitePool {
         &self._shared
+    }
+
+    /// The file's writer thread (§8.7), shared with every store of the process on the file.
+    fn writer(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+        Some(self._shared.writer_thread().clone())
     }
 
     pub async fn open(url: &str) -> Result<SqlitePaymentStore, StoreError> {
@@ -321,32 +383,17 @@ macro_rules! sql_payment_store {
             /// Statement 0: the upsert of the identity row, which replaces only an expired
             /// record. No row back means a live record: read it and judge the fingerprint.
             async fn gate(tx: &mut sqlx::Transaction<'static, $db>, i: &IdemRequest) -> Result<Gate, StoreError> {
-                let q = $sql(
-                    "INSERT INTO idempotency_records (operation, target_id, idempotency_key, fencing_token, \
-                     request_sha256, owner_id, response_status, response_body, created_at, expires_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, NULL, NULL, $7, $8) \
-                     ON CONFLICT (operation, target_id, idempotency_key, fencing_token) DO UPDATE \
-                     SET request_sha256 = EXCLUDED.request_sha256, owner_id = EXCLUDED.owner_id, \
-                     response_status = NULL, response_body = NULL, created_at = EXCLUDED.created_at, \
-                     expires_at = EXCLUDED.expires_at \
-                     WHERE idempotency_records.expires_at <= EXCLUDED.created_at \
-                     RETURNING operation",
-                );
-                let fresh = sqlx::query(&q)
-                    .bind(i.operation.as_str())
-                    .bind(i.target_id.clone())
-                    .bind(i.key.clone())
-                    .bind(i.token)
-                    .bind(i.fingerprint.clone())
-                    .bind(i.owner_id.clone())
-                    .bind(truncate_ms(i.at))
-                    .bind(truncate_ms(i.expires_at))
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(db_error)?;
+                let q = $sql(GATE_SQL);
+                let fresh = bind_gate!(sqlx::query(&q), i).fetch_optional(&mut **tx).await.map_err(db_error)?;
                 if fresh.is_some() {
                     return Ok(Gate::Execute);
                 }
+                Self::gate_live(tx, i).await
+            }
+
+            /// After an upsert that wrote nothing: the live record, judged by its fingerprint
+            /// (a replay of its answer, or a conflict).
+            async fn gate_live(tx: &mut sqlx::Transaction<'static, $db>, i: &IdemRequest) -> Result<Gate, StoreError> {
                 let q = $sql(
                     "SELECT request_sha256, response_status, response_body FROM idempotency_records \
                      WHERE operation = $1 AND target_id = $2 AND idempotency_key = $3 AND fencing_token = $4",
@@ -455,12 +502,13 @@ macro_rules! sql_payment_store {
                 c: &Claim,
                 i: &IdemRequest,
                 render: Render<'_, ClaimOutcome>,
+                fenced: FenceThen<<$db as sqlx::Database>::Row>,
             ) -> Result<(ClaimOutcome, Option<StoredResponse>), StoreError> {
                 let at = truncate_ms(c.at);
                 let payout_id = c.payout_id.to_string();
-                // 1. The fence, and 2. the state, the payout's terms and the reservation.
-                let after = AfterFence::ClaimRead { payout_id: &payout_id };
-                let (account_id, balance, row) = match Self::fence_then(tx, &payout_id, c.token, at, after).await? {
+                // 1. The fence, and 2. the state, the payout's terms and the reservation
+                // (`fenced`: run by the caller with the identity gate, [`Self::claim`]).
+                let (account_id, balance, row) = match fenced {
                     (Some((account_id, balance)), Some(row)) => (account_id, balance, row),
                     (Some(_), None) => {
                         return Err(StoreError::Corrupt(format!("payout {payout_id} passed its fence and vanished")))
@@ -540,20 +588,16 @@ macro_rules! sql_payment_store {
                 p: &Post,
                 i: &IdemRequest,
                 render: Render<'_, PostOutcome>,
+                fenced: FenceThen<<$db as sqlx::Database>::Row>,
             ) -> Result<(PostOutcome, Option<StoredResponse>), StoreError> {
                 let at = truncate_ms(p.at);
                 let payout_id = p.payout_id.to_string();
                 // 1. The same strict fence, and 2. RAIL_ACKED -> POSTED, conditionally, and only
                 // with the acknowledged attempt the caller names (I7), in one statement: the
-                // race authority. Only a refusal is classified, by the post rule over what is
+                // race authority (`fenced`: run by the caller with the identity gate,
+                // [`Self::post`]). Only a refusal is classified, by the post rule over what is
                 // read then.
-                let after = AfterFence::PostMove {
-                    payout_id: &payout_id,
-                    at,
-                    submission_id: p.submission_id.to_string(),
-                    rail_reference: &p.rail_reference,
-                };
-                let (balance, moved) = match Self::fence_then(tx, &payout_id, p.token, at, after).await? {
+                let (balance, moved) = match fenced {
                     (Some((_, balance)), moved) => (balance, moved),
                     (None, _) => {
                         return Ok((
@@ -765,6 +809,13 @@ macro_rules! sql_payment_store {
                 }
             }
 
+            /// Ends a transaction whose identity gate refused the request (a replay or a
+            /// conflict): rolls back whatever ran with the gate, answers the gate's answer.
+            async fn refused_at_gate<T>(tx: sqlx::Transaction<'static, $db>, refused: Gate) -> Decided<T> {
+                tx.rollback().await.map_err(db_error)?;
+                refused.answer().ok_or_else(|| StoreError::Corrupt("the gate refused a request it runs".into()))
+            }
+
             /// Begins a deciding transaction and runs statement 0: `Err(answer)` when the
             /// request must not run (a replay or a conflict; already rolled back).
             async fn begin<T>(
@@ -788,6 +839,10 @@ macro_rules! sql_payment_store {
             fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
                 let idle = u32::try_from(self.pool.num_idle()).unwrap_or(u32::MAX);
                 Some(dlock_http::metrics::PoolStats { size: self.pool.size(), idle })
+            }
+
+            fn writer_thread(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+                self.writer()
             }
 
             async fn ping(&self) -> Result<(), StoreError> {
@@ -848,20 +903,32 @@ macro_rules! sql_payment_store {
             }
 
             async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome> {
-                let mut tx = match self.begin(i).await? {
-                    Ok(tx) => tx,
-                    Err(answer) => return Ok(answer),
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                let payout_id = c.payout_id.to_string();
+                let after = AfterFence::ClaimRead { payout_id: &payout_id };
+                let fenced = Self::gate_fence_then(&mut tx, i, &payout_id, c.token, truncate_ms(c.at), after).await?;
+                let fenced = match fenced {
+                    Ok(fenced) => fenced,
+                    Err(refused) => return Self::refused_at_gate(tx, refused).await,
                 };
-                let decided = Self::claim_in(&mut tx, c, i, r).await?;
+                let decided = Self::claim_in(&mut tx, c, i, r, fenced).await?;
                 Self::commit_decided(tx, decided).await
             }
 
             async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
-                let mut tx = match self.begin(i).await? {
-                    Ok(tx) => tx,
-                    Err(answer) => return Ok(answer),
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                let (payout_id, at) = (p.payout_id.to_string(), truncate_ms(p.at));
+                let after = AfterFence::PostMove {
+                    payout_id: &payout_id,
+                    at,
+                    submission_id: p.submission_id.to_string(),
+                    rail_reference: &p.rail_reference,
                 };
-                let decided = Self::post_in(&mut tx, p, i, r).await?;
+                let fenced = match Self::gate_fence_then(&mut tx, i, &payout_id, p.token, at, after).await? {
+                    Ok(fenced) => fenced,
+                    Err(refused) => return Self::refused_at_gate(tx, refused).await,
+                };
+                let decided = Self::post_in(&mut tx, p, i, r, fenced).await?;
                 Self::commit_decided(tx, decided).await
             }
 
@@ -974,6 +1041,22 @@ macro_rules! sql_payment_store {
 
 /// PostgreSQL: one statement per round trip, as written.
 impl PgPaymentStore {
+    /// Statement 0, the identity gate; then, when the request runs, the fence and the
+    /// statement after it ([`Self::fence_then`]). `Err(gate)`: the request does not run.
+    async fn gate_fence_then(
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        i: &IdemRequest,
+        payout_id: &str,
+        token: i64,
+        at: DateTime<Utc>,
+        after: AfterFence<'_>,
+    ) -> Result<Result<FenceThen<sqlx::postgres::PgRow>, Gate>, StoreError> {
+        match Self::gate(tx, i).await? {
+            Gate::Execute => Self::fence_then(tx, payout_id, token, at, after).await.map(Ok),
+            refused => Ok(Err(refused)),
+        }
+    }
+
     /// The fence (statement 1) and, only when it rose, the statement after it, as its own
     /// statement (its snapshot is taken after the fence's row lock: module doc). The raised
     /// fence's (account, balance), and the second statement's row.
@@ -1050,25 +1133,36 @@ impl PgPaymentStore {
 /// SQLite: statements with no decision between them go as one batch, one call to the
 /// connection's worker thread (`dlock_db::sqlite_batch`).
 impl SqlitePaymentStore {
-    /// The fence (statement 1) and the statement after it in one batch. The second runs
-    /// whatever the fence said; every refused fence rolls its transaction back, so what it
-    /// did is undone (SQLite runs one writer at a time: nothing can move in between).
-    async fn fence_then(
+    /// The identity gate (statement 0), the fence (statement 1) and the statement after it,
+    /// in one batch (§8.6, §8.7). The fence is chained to the gate in SQL
+    /// ([`FENCE_AFTER_GATE_SQL`]: it raises only when the upsert wrote), so a request the
+    /// gate refuses never raises it; the statement after the fence runs whatever either
+    /// said, and every refusal, the gate's included, rolls the transaction back, so what it
+    /// did is undone (SQLite runs one writer at a time: nothing can move in between). A
+    /// refused gate then reads the live record ([`Self::gate_live`]): `Err(gate)`.
+    async fn gate_fence_then(
         tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        i: &IdemRequest,
         payout_id: &str,
         token: i64,
         at: DateTime<Utc>,
         after: AfterFence<'_>,
-    ) -> Result<(Option<(String, i64)>, Option<sqlx::sqlite::SqliteRow>), StoreError> {
+    ) -> Result<Result<FenceThen<sqlx::sqlite::SqliteRow>, Gate>, StoreError> {
         let (then, binds) = after.sql();
-        let q = dlock_db::sqlite_batch_sql(&[(FENCE_SQL, 4), (&then, binds)]);
-        let query = sqlx::query(&q).bind(token).bind(at).bind(payout_id.to_owned()).bind(token);
+        let q = dlock_db::sqlite_batch_sql(&[(GATE_SQL, 8), (FENCE_AFTER_GATE_SQL, 4), (&then, binds)]);
+        let query = bind_gate!(sqlx::query(&q), i).bind(token).bind(at).bind(payout_id.to_owned()).bind(token);
         let query = bind_after_fence!(query, &after);
-        let mut parts = dlock_db::sqlite_batch(tx, query, 2).await.map_err(db_error)?.into_iter();
-        let (fence, row) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
-        let Some(r) = fence.rows.into_iter().next() else { return Ok((None, None)) };
+        let mut parts = dlock_db::sqlite_batch(tx, query, 3).await.map_err(db_error)?.into_iter();
+        let (gate, fence, row) =
+            (parts.next().unwrap_or_default(), parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+        if gate.rows.is_empty() {
+            // The upsert wrote nothing, so the fence did not rise.
+            assert!(fence.rows.is_empty(), "the fence rose for a request its identity gate refused");
+            return Self::gate_live(tx, i).await.map(Err);
+        }
+        let Some(r) = fence.rows.into_iter().next() else { return Ok(Ok((None, None))) };
         let fence = (get!(r, "account_id"), get!(r, "balance_minor"));
-        Ok((Some(fence), row.rows.into_iter().next()))
+        Ok(Ok((Some(fence), row.rows.into_iter().next())))
     }
 
     /// The claim's transition ([`CLAIM_MOVE_SQL`]) and its recorded answer ([`RECORD_SQL`])
@@ -1160,6 +1254,85 @@ mod tests {
     /// What the attempt table holds for the payout in one case: nothing, or one attempt
     /// (submission id, outcome, reference).
     type AttemptCase = Option<(Uuid, SubmissionOutcome, Option<&'static str>)>;
+
+    /// §8.7: on SQLite the service runs its writes on the process's SQLite writer thread
+    /// (through the timing wrapper `start` puts around the store); elsewhere in line.
+    #[tokio::test]
+    async fn the_service_runs_sqlite_writes_on_the_writer_thread() {
+        let (url, _dir) = dlock_testkit::fresh_database(dlock_testkit::Db::Sqlite).await;
+        let store: Arc<dyn PaymentStore> = Arc::new(SqlitePaymentStore::open(&url).await.expect("open paydb"));
+        let cfg = crate::service::PaymentConfig::default();
+        let pr = crate::service::PaymentResource::start(store, cfg, dlock_rt::Clock::system()).await.expect("start");
+        let thread = || async { std::thread::current().name().map(str::to_owned) };
+        let on = pr.write(|_| thread()).await;
+        assert_eq!(on.as_deref(), Some(dlock_db::SQLITE_WRITER_THREAD_NAME));
+        let mem: Arc<dyn PaymentStore> = Arc::new(crate::store_mem::MemPaydb::new());
+        let pr = crate::service::PaymentResource::start(
+            mem,
+            crate::service::PaymentConfig::default(),
+            dlock_rt::Clock::system(),
+        )
+        .await
+        .expect("start");
+        let here = std::thread::current().name().map(str::to_owned);
+        assert_eq!(pr.write(|_| thread()).await, here, "a store without a writer thread writes in line");
+    }
+
+    /// §8.7 on SQLite: the identity gate, the fence and the statement after it are one
+    /// batch, the fence chained to the gate. A request whose identity has a live record is
+    /// answered from it (a replay, or a conflict for another fingerprint) and raises no
+    /// fence and moves nothing, even with the account's fence below its token (a state the
+    /// API never builds: a committed record's request raised the fence to its token).
+    #[tokio::test]
+    async fn a_request_its_identity_gate_refuses_raises_no_fence_and_moves_nothing() {
+        let (url, _dir) = dlock_testkit::fresh_database(dlock_testkit::Db::Sqlite).await;
+        let store = SqlitePaymentStore::open(&url).await.expect("open paydb");
+        let at = DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("instant");
+        let payout_id = Uuid::from_u128(77);
+        for sql in [
+            "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
+             VALUES ('acct', 'CUSTOMER', 'EUR', 500, 0, ?2, ?2)",
+            "INSERT INTO payouts (payout_id, account_id, amount_minor, currency, beneficiary_ref, state, \
+             attempt_count, created_at, updated_at) VALUES (?1, 'acct', 200, 'EUR', 'ben', 'PENDING', 0, ?2, ?2)",
+            "INSERT INTO idempotency_records (operation, target_id, idempotency_key, fencing_token, request_sha256, \
+             owner_id, response_status, response_body, created_at, expires_at) \
+             VALUES ('CLAIM', ?1, 'payout:k', 5, 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', 'o', 200, X'7B7D', ?2, ?3)",
+        ] {
+            sqlx::query(sql)
+                .bind(payout_id.to_string())
+                .bind(at)
+                .bind(at + chrono::Duration::days(1))
+                .execute(&store.pool)
+                .await
+                .expect("seed");
+        }
+        let claim = Claim { payout_id, token: 5, owner_id: "o".into(), expected: PayoutState::Pending, at };
+        let identity = |fingerprint: &str| IdemRequest {
+            operation: crate::store::Operation::Claim,
+            target_id: payout_id.to_string(),
+            key: "payout:k".into(),
+            token: 5,
+            owner_id: "o".into(),
+            fingerprint: fingerprint.into(),
+            at,
+            expires_at: at + chrono::Duration::days(1),
+        };
+        let render = |_: &ClaimOutcome| StoredResponse { status: 200, body: b"new".to_vec() };
+        let replayed = store.claim(&claim, &identity(&"a".repeat(64)), &render).await.expect("claim");
+        assert_eq!(replayed, Idempotent::Replayed(StoredResponse { status: 200, body: b"{}".to_vec() }));
+        let conflict = store.claim(&claim, &identity(&"b".repeat(64)), &render).await.expect("claim");
+        assert_eq!(conflict, Idempotent::Conflict);
+        let fence: i64 = sqlx::query_scalar("SELECT fence FROM accounts WHERE account_id = 'acct'")
+            .fetch_one(&store.pool)
+            .await
+            .expect("fence");
+        let state: String = sqlx::query_scalar("SELECT state FROM payouts WHERE payout_id = ?1")
+            .bind(payout_id.to_string())
+            .fetch_one(&store.pool)
+            .await
+            .expect("state");
+        assert_eq!((fence, state.as_str()), (0, "PENDING"), "the refused requests wrote nothing");
+    }
 
     #[tokio::test]
     async fn post_statement_moves_exactly_when_the_post_rule_posts() {

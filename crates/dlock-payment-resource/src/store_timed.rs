@@ -186,4 +186,8 @@ impl PaymentStore for TimedPaymentStore {
     fn pool_stats(&self) -> Option<PoolStats> {
         self.inner.pool_stats()
     }
+
+    fn writer_thread(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+        self.inner.writer_thread()
+    }
 }

@@ -180,6 +180,17 @@ pub struct RailProxy {
 }
 
 impl RailProxy {
+    /// Runs one of the store's write transactions (`work`, given the store) on the store's
+    /// writer thread when it has one (SQLite, docs/performance.md §8.7), else on this task.
+    /// Either way it runs to its end.
+    pub async fn write<T, W>(&self, work: impl FnOnce(Arc<dyn RailStore>) -> W) -> T
+    where
+        W: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        dlock_rt::dedicated::run_on(self.store.writer_thread(), work(self.store.clone())).await
+    }
+
     pub fn new(store: Arc<dyn RailStore>, cfg: ProxyConfig, clock: Clock) -> Arc<RailProxy> {
         let client = HttpClient::new(cfg.connect_timeout_ms, cfg.read_timeout_ms).without_bearer();
         // Every store call of this proxy is timed (`rail_store_op_seconds`).
@@ -243,7 +254,8 @@ impl RailProxy {
         for id in &orphans {
             let detail = "orphaned intent: the forward's outcome was never recorded (the proxy that sent it stopped); \
                           the rail may have paid";
-            self.store.resolve(*id, &Resolution::Timeout { detail: detail.into() }, now).await?;
+            let (id, timeout) = (*id, Resolution::Timeout { detail: detail.into() });
+            self.write(move |store| async move { store.resolve(id, &timeout, now).await }).await?;
             dlock_rt::probe::hit(Probe::OrphanIntentSwept);
             self.metrics.outcome(SubmissionOutcome::Timeout);
             // The sweep knows the row by its id only: the rest of the line says nothing.
@@ -351,7 +363,8 @@ impl RailProxy {
             at: self.clock.wall(),
             fencing_enabled: self.cfg.fencing_enabled,
         };
-        let admission = match self.store.admit(&attempt).await {
+        let admitting = attempt.clone();
+        let admission = match self.write(move |store| async move { store.admit(&admitting).await }).await {
             Ok(a) => a,
             Err(e) => {
                 tracing::warn!(traceId = %s.trace_id, payoutId = %body.payout_id, cause = %e, "rail_intent_not_committed");
@@ -413,7 +426,10 @@ impl RailProxy {
         };
         let resolved_at = self.clock.wall();
         let outcome = resolution.outcome();
-        if let Err(e) = self.store.resolve(submission_id, &resolution, resolved_at).await {
+        let recorded = resolution.clone();
+        let resolve =
+            move |store: Arc<dyn RailStore>| async move { store.resolve(submission_id, &recorded, resolved_at).await };
+        if let Err(e) = self.write(resolve).await {
             // The rail may have acted and we cannot record it: quarantine by answer; the
             // unresolved intent row is the evidence the reconciler reports.
             tracing::error!(

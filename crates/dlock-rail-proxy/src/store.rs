@@ -56,4 +56,10 @@ pub trait RailStore: Send + Sync + 'static {
     fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
         None
     }
+
+    /// The thread this store's write transactions run on (`dlock_rt::dedicated`; SQLite's
+    /// one writer connection, docs/performance.md §8.7), `None`: on the caller's task.
+    fn writer_thread(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+        None
+    }
 }

@@ -63,4 +63,8 @@ impl RailStore for FaultyRailStore {
     fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
         self.inner.pool_stats()
     }
+
+    fn writer_thread(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+        self.inner.writer_thread()
+    }
 }

@@ -70,6 +70,11 @@ impl PgRailStore {
         PG_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
         Ok(PgRailStore { read_pool: pool.clone(), pool })
     }
+
+    /// PostgreSQL's transactions run on the caller's task: its pool has many connections.
+    fn writer(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+        None
+    }
 }
 
 /// paydb on SQLite (the embedded default).
@@ -88,6 +93,11 @@ impl SqliteRailStore {
     /// This process's one pool on the file, as every other store opened on it holds it.
     pub fn shared_pool(&self) -> &dlock_db::SharedSqlitePool {
         &self._shared
+    }
+
+    /// The file's writer thread (§8.7), shared with every store of the process on the file.
+    fn writer(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+        Some(self._shared.writer_thread().clone())
     }
 
     pub async fn open(url: &str) -> Result<SqliteRailStore, StoreError> {
@@ -450,6 +460,10 @@ macro_rules! sql_rail_store {
             fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
                 let idle = u32::try_from(self.pool.num_idle()).unwrap_or(u32::MAX);
                 Some(dlock_http::metrics::PoolStats { size: self.pool.size(), idle })
+            }
+
+            fn writer_thread(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+                self.writer()
             }
 
             async fn ping(&self) -> Result<(), StoreError> {

@@ -93,4 +93,8 @@ impl RailStore for TimedRailStore {
     fn pool_stats(&self) -> Option<PoolStats> {
         self.inner.pool_stats()
     }
+
+    fn writer_thread(&self) -> Option<dlock_rt::dedicated::WriterThread> {
+        self.inner.writer_thread()
+    }
 }

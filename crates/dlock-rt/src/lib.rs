@@ -20,6 +20,7 @@
 mod tally;
 pub mod buggify;
 pub mod clock;
+pub mod dedicated;
 pub mod events;
 pub mod http;
 #[cfg(not(madsim))]
