@@ -922,6 +922,17 @@ mod tests {
         (SqliteLockStore::open(&url).await.expect("open lockdb"), dir)
     }
 
+    /// §8.7: the lock server runs its SQLite store's writes on the process's SQLite writer
+    /// thread (through the wrappers `LockServer::new` puts around the store).
+    #[tokio::test]
+    async fn the_lock_server_runs_sqlite_writes_on_the_writer_thread() {
+        let (store, _dir) = store().await;
+        let cfg = crate::service::LockServerConfig::default();
+        let server = crate::service::LockServer::new(Arc::new(store), cfg, dlock_rt::Clock::system());
+        let on = server.write(|_| async { std::thread::current().name().map(str::to_owned) }).await;
+        assert_eq!(on.as_deref(), Some(dlock_db::SQLITE_WRITER_THREAD_NAME));
+    }
+
     #[tokio::test]
     async fn release_predicate_is_the_release_rule() {
         let (store, _dir) = store().await;
