@@ -25,8 +25,7 @@
 //!   every write of the process. Only autocommitted reads go there; every read a decision
 //!   depends on stays inside its write transaction on the writer.
 //! - SQLite write transactions run on a thread of their own, one per process for every
-//!   file ([`sqlite_writer_thread`], [`SharedSqlitePool::writer_thread`], `dlock_rt::dedicated`,
-//!   docs/performance.md §8.7): the stores hand each whole transaction to it and await the
+//!   file ([`sqlite_writer_thread`], `dlock_rt::dedicated`, docs/performance.md §8.7): the stores hand each whole transaction to it and await the
 //!   answer, so a writer connection's holder is never a task waiting behind HTTP work
 //!   between two statements.
 //!
@@ -368,8 +367,6 @@ struct RegisteredPool {
     /// Autocommitted reads (the writer itself for an in-memory database, which one
     /// connection owns).
     readers: sqlx::SqlitePool,
-    /// The thread the writer's transactions run on ([`SharedSqlitePool::writer_thread`]).
-    writer: dlock_rt::dedicated::WriterThread,
     key: String,
     file: Option<FileIdentity>,
 }
@@ -392,14 +389,6 @@ impl SharedSqlitePool {
     /// that a write decides on belongs in the write's transaction, on [`Self::pool`].
     pub fn readers(&self) -> &sqlx::SqlitePool {
         &self.0.readers
-    }
-
-    /// The thread this file's write transactions run on (`dlock_rt::dedicated`, §8.7): the
-    /// process's one SQLite writer thread ([`sqlite_writer_thread`]), so every store writing
-    /// this file (the payment-resource's and the rail-proxy's in one process) hands its
-    /// transactions to the same thread, where they queue for the one writer connection.
-    pub fn writer_thread(&self) -> &dlock_rt::dedicated::WriterThread {
-        &self.0.writer
     }
 
     /// Whether `self` and `other` are the same pool.
@@ -477,7 +466,6 @@ pub async fn shared_sqlite_pool(url: &str) -> Result<SharedSqlitePool, sqlx::Err
         return Ok(SharedSqlitePool(std::sync::Arc::new(RegisteredPool {
             pool,
             readers,
-            writer: sqlite_writer_thread()?,
             key: String::new(),
             file: None,
         })));
@@ -498,14 +486,8 @@ pub async fn shared_sqlite_pool(url: &str) -> Result<SharedSqlitePool, sqlx::Err
         return Ok(shared);
     }
     let readers = sqlite_reader_pool(url)?;
-    let writer = sqlite_writer_thread()?;
-    let shared = SharedSqlitePool(std::sync::Arc::new(RegisteredPool {
-        pool,
-        readers,
-        writer,
-        key: key.clone(),
-        file: identity,
-    }));
+    let shared =
+        SharedSqlitePool(std::sync::Arc::new(RegisteredPool { pool, readers, key: key.clone(), file: identity }));
     reg.insert(key.clone(), std::sync::Arc::downgrade(&shared.0));
     // The invariant: one live pool per key.
     assert!(

@@ -347,6 +347,8 @@ pub struct SqlitePaymentStore {
     /// This process's one pool on the file (`dlock_db::shared_sqlite_pool`): held so the
     /// other services of the process that open the same file share it.
     _shared: dlock_db::SharedSqlitePool,
+    /// The process's SQLite writer thread (`dlock_db::sqlite_writer_thread`, §8.7).
+    writer: dlock_rt::dedicated::WriterThread,
 }
 
 impl SqlitePaymentStore {
@@ -355,15 +357,20 @@ impl SqlitePaymentStore {
         &self._shared
     }
 
-    /// The file's writer thread (§8.7), shared with every store of the process on the file.
     fn writer(&self) -> Option<dlock_rt::dedicated::WriterThread> {
-        Some(self._shared.writer_thread().clone())
+        Some(self.writer.clone())
     }
 
     pub async fn open(url: &str) -> Result<SqlitePaymentStore, StoreError> {
         let shared = dlock_db::shared_sqlite_pool(url).await.map_err(db_error)?;
         SQLITE_MIGRATOR.run(shared.pool()).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
-        Ok(SqlitePaymentStore { pool: shared.pool().clone(), read_pool: shared.readers().clone(), _shared: shared })
+        let writer = dlock_db::sqlite_writer_thread().map_err(db_error)?;
+        Ok(SqlitePaymentStore {
+            pool: shared.pool().clone(),
+            read_pool: shared.readers().clone(),
+            _shared: shared,
+            writer,
+        })
     }
 }
 
