@@ -273,11 +273,20 @@ async fn the_final_release_is_sent_in_the_background_timed_and_drained() {
 
 /// Runs one executor until every payout in `ids` is terminal; returns the final states.
 async fn drain(c: &Cluster, ids: &[Uuid]) -> (Arc<Executor>, BTreeMap<Uuid, PayoutState>) {
+    drain_until(c, ids, |_| true).await
+}
+
+/// [`drain`], and also until `settled` holds of the executor (polled with the same deadline).
+async fn drain_until(
+    c: &Cluster,
+    ids: &[Uuid],
+    settled: impl Fn(&Executor) -> bool,
+) -> (Arc<Executor>, BTreeMap<Uuid, PayoutState>) {
     let ex = Executor::new(config(&c.lock, &c.payment, &c.proxy, "executor-1"), Clock::system()).expect("config");
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let run = tokio::spawn(ex.clone().run(stop_rx));
     let _ = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(DRAIN_MS_MAX), || async {
-        states(&c.paydb, ids).await.values().all(|s| s.is_terminal()).then_some(())
+        (states(&c.paydb, ids).await.values().all(|s| s.is_terminal()) && settled(&ex)).then_some(())
     })
     .await;
     let _ = stop_tx.send(true);
@@ -321,7 +330,8 @@ async fn every_hop_the_rail_call_the_store_calls_and_each_payout_end_to_end_are_
     let c = cluster(&[]).await;
     // 1 500 covers one of the two payouts of 1 000: one is posted, one fails at the claim.
     let ids = seed(&c, 1, 2, 1_500, 1_000).await;
-    let (ex, states) = drain(&c, &ids).await;
+    // The backlog gauge is set by each scan: wait for a scan after the last payout ended too.
+    let (ex, states) = drain_until(&c, &ids, |ex| ex.metrics.backlog_age_ms() == 0).await;
     assert!(states.values().all(|s| s.is_terminal()), "{states:?}");
     let text = ex.metrics.render();
     let hop = |h: &str| sample(&text, &format!("payout_hop_seconds_count{{hop=\"{h}\"}}"));
