@@ -357,6 +357,49 @@ impl std::fmt::Debug for Counter {
     }
 }
 
+/// `<service>_store_writes_off_writer_total`: store writes that ran off the store's SQLite
+/// writer thread (docs/performance.md §8.7). Each service runs its store's writes through one
+/// helper that hands them to that thread, and its timing wrapper notes every write here, so
+/// the count stays 0 unless a call site skips the helper (a lost performance cut, never a
+/// lost check: the write still runs, under the same transaction). The first one is logged
+/// with its operation.
+pub struct OffWriterWrites {
+    counter: Counter,
+}
+
+impl OffWriterWrites {
+    pub const HELP: &'static str =
+        "Store writes that ran off the SQLite writer thread: 0 unless a call site skips the service's write helper.";
+
+    pub fn new(registry: &Registry, name: &'static str) -> Self {
+        OffWriterWrites { counter: Counter::new(registry, name, Self::HELP) }
+    }
+
+    /// Notes the write `op` of a store whose writer thread is `writer`, counting it when it
+    /// runs off that thread ([`dlock_rt::dedicated::runs_off`]).
+    pub fn note(&self, writer: Option<dlock_rt::dedicated::WriterThread>, op: &'static str) {
+        if dlock_rt::dedicated::runs_off(writer.as_ref()) {
+            if self.counter.get() == 0 {
+                tracing::warn!(
+                    op,
+                    "a store write ran off the SQLite writer thread: its call site skips the write helper"
+                );
+            }
+            self.counter.inc();
+        }
+    }
+
+    pub fn get(&self) -> u64 {
+        self.counter.get()
+    }
+}
+
+impl std::fmt::Debug for OffWriterWrites {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OffWriterWrites").field("count", &self.get()).finish()
+    }
+}
+
 /// An integer gauge without labels.
 pub struct Gauge {
     handle: GaugeHandle,
@@ -562,6 +605,25 @@ mod tests {
         let out = r.render();
         assert!(out.contains("# TYPE w gauge\nw 2\n"), "{out}");
         assert!(out.contains("c_total 1\n"), "{out}");
+    }
+
+    /// §8.7: a write on the store's writer thread, or of a store without one, is not
+    /// counted; one off the thread is, and the count is exported from 0.
+    #[cfg(not(madsim))]
+    #[tokio::test]
+    async fn only_a_store_write_off_its_writer_thread_is_counted() {
+        let r = Registry::default();
+        let off = Arc::new(OffWriterWrites::new(&r, "x_store_writes_off_writer_total"));
+        assert!(r.render().contains("x_store_writes_off_writer_total 0\n"), "exported before any write");
+        let writer = dlock_rt::dedicated::WriterThread::start("dlock-test-writer").expect("start");
+        off.note(None, "claim");
+        let (w, o) = (writer.clone(), off.clone());
+        writer.run(async move { o.note(Some(w), "claim") }).await;
+        assert_eq!(off.get(), 0, "on the writer thread, or no writer thread at all");
+        off.note(Some(writer.clone()), "claim");
+        off.note(Some(writer), "post");
+        assert_eq!(off.get(), 2);
+        assert!(r.render().contains("x_store_writes_off_writer_total 2\n"), "{}", r.render());
     }
 
     #[test]

@@ -15,7 +15,9 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use dlock_http::metrics::{Counter, Gauge, LabeledCounter, PoolGauges, Registry, TaggedHistogram, HOP_BUCKETS_SECONDS};
+use dlock_http::metrics::{
+    Counter, Gauge, LabeledCounter, OffWriterWrites, PoolGauges, Registry, TaggedHistogram, HOP_BUCKETS_SECONDS,
+};
 use dlock_rt::{Clock, Duration};
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -99,6 +101,7 @@ pub struct LockMetrics {
     pub revokes: Counter,
     pub releases: LabeledCounter<2>,
     pub store_ops: Arc<TaggedHistogram<LockStoreOp>>,
+    pub store_writes_off_writer: Arc<OffWriterWrites>,
     pub pool: PoolGauges,
 }
 
@@ -135,6 +138,7 @@ impl Default for LockMetrics {
                 STORE_OP_SECONDS,
                 "Lock store calls of this replica by operation (the LockStore method), seconds.",
             )),
+            store_writes_off_writer: Arc::new(OffWriterWrites::new(r, "lock_store_writes_off_writer_total")),
             pool: PoolGauges::new(r),
             registry,
         }
@@ -218,8 +222,12 @@ impl LockServer {
     /// (`lock_store_op_seconds`, [`TimedLockStore`]).
     pub fn new(store: Arc<dyn LockStore>, cfg: LockServerConfig, clock: Clock) -> Arc<LockServer> {
         let metrics = LockMetrics::default();
-        let store: Arc<dyn LockStore> =
-            Arc::new(TimedLockStore { inner: store, ops: metrics.store_ops.clone(), clock });
+        let store: Arc<dyn LockStore> = Arc::new(TimedLockStore {
+            inner: store,
+            ops: metrics.store_ops.clone(),
+            off_writer: metrics.store_writes_off_writer.clone(),
+            clock,
+        });
         Arc::new(LockServer {
             store,
             cfg,

@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use dlock_http::metrics::{Counter, LabeledCounter, PoolGauges, Registry, TaggedHistogram, HOP_BUCKETS_SECONDS};
+use dlock_http::metrics::{
+    Counter, LabeledCounter, OffWriterWrites, PoolGauges, Registry, TaggedHistogram, HOP_BUCKETS_SECONDS,
+};
 
 use crate::store_timed::PaymentStoreOp;
 
@@ -34,6 +36,7 @@ pub struct PaymentMetrics {
     pub idempotency: LabeledCounter<3>,
     pub purged: Counter,
     pub store_ops: Arc<TaggedHistogram<PaymentStoreOp>>,
+    pub store_writes_off_writer: Arc<OffWriterWrites>,
     pub pool: PoolGauges,
     backlog_age: metrics::Gauge,
 }
@@ -65,6 +68,7 @@ impl Default for PaymentMetrics {
                 STORE_OP_SECONDS,
                 "paydb calls of this payment-resource by operation (the PaymentStore method), seconds.",
             )),
+            store_writes_off_writer: Arc::new(OffWriterWrites::new(r, "payout_store_writes_off_writer_total")),
             pool: PoolGauges::new(r),
             backlog_age: r.gauge("payout_backlog_age_seconds", "Age of the oldest PENDING payout (0 when none).", &[]),
             registry,

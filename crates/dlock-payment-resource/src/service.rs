@@ -124,9 +124,20 @@ impl PaymentResource {
         }
         // Every paydb call of this instance is timed (`payout_store_op_seconds`).
         let metrics = PaymentMetrics::default();
-        let store: Arc<dyn PaymentStore> =
-            Arc::new(TimedPaymentStore { inner: store, ops: metrics.store_ops.clone(), clock });
-        let secret = store.cursor_secret(candidate, dlock_contract::time::truncate_ms(clock.wall())).await?;
+        let store: Arc<dyn PaymentStore> = Arc::new(TimedPaymentStore {
+            inner: store,
+            ops: metrics.store_ops.clone(),
+            off_writer: metrics.store_writes_off_writer.clone(),
+            clock,
+        });
+        let at = dlock_contract::time::truncate_ms(clock.wall());
+        let writing = store.clone();
+        let secret =
+            dlock_rt::dedicated::run_on(
+                store.writer_thread(),
+                async move { writing.cursor_secret(candidate, at).await },
+            )
+            .await?;
         Ok(Arc::new(PaymentResource { store, cfg, clock, metrics, cursor: CursorKey::new(secret) }))
     }
 
@@ -168,7 +179,8 @@ impl PaymentResource {
     pub async fn purge_pass(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
         let mut deleted = 0u64;
         for _ in 0..IDEMPOTENCY_PURGE_BATCHES_PER_PASS_MAX {
-            let n = self.store.purge_idempotency(now, self.cfg.purge_batch_max).await?;
+            let batch_max = self.cfg.purge_batch_max;
+            let n = self.write(move |store| async move { store.purge_idempotency(now, batch_max).await }).await?;
             deleted += n;
             for _ in 0..n {
                 self.metrics.purged.inc();

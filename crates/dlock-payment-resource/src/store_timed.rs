@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use dlock_http::metrics::{ClosedTag, PoolStats, TaggedHistogram};
+use dlock_http::metrics::{ClosedTag, OffWriterWrites, PoolStats, TaggedHistogram};
 use dlock_rt::Clock;
 use uuid::Uuid;
 
@@ -96,7 +96,16 @@ impl ClosedTag for PaymentStoreOp {
 pub struct TimedPaymentStore {
     pub inner: Arc<dyn PaymentStore>,
     pub ops: Arc<TaggedHistogram<PaymentStoreOp>>,
+    /// Where each write is noted: it runs on the store's writer thread, or is counted.
+    pub off_writer: Arc<OffWriterWrites>,
     pub clock: Clock,
+}
+
+impl TimedPaymentStore {
+    /// Notes the write `op` (`*_store_writes_off_writer_total`).
+    fn wrote(&self, op: PaymentStoreOp) {
+        self.off_writer.note(self.inner.writer_thread(), op.tag());
+    }
 }
 
 #[async_trait]
@@ -106,6 +115,7 @@ impl PaymentStore for TimedPaymentStore {
     }
 
     async fn cursor_secret(&self, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], StoreError> {
+        self.wrote(PaymentStoreOp::CursorSecret);
         self.ops.time(&self.clock, PaymentStoreOp::CursorSecret, self.inner.cursor_secret(candidate, at)).await
     }
 
@@ -115,6 +125,7 @@ impl PaymentStore for TimedPaymentStore {
         i: &IdemRequest,
         r: Render<'_, CreateAccountOutcome>,
     ) -> Decided<CreateAccountOutcome> {
+        self.wrote(PaymentStoreOp::CreateAccount);
         self.ops.time(&self.clock, PaymentStoreOp::CreateAccount, self.inner.create_account(a, i, r)).await
     }
 
@@ -124,22 +135,27 @@ impl PaymentStore for TimedPaymentStore {
         i: &IdemRequest,
         r: Render<'_, CreatePayoutOutcome>,
     ) -> Decided<CreatePayoutOutcome> {
+        self.wrote(PaymentStoreOp::CreatePayout);
         self.ops.time(&self.clock, PaymentStoreOp::CreatePayout, self.inner.create_payout(p, i, r)).await
     }
 
     async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome> {
+        self.wrote(PaymentStoreOp::Claim);
         self.ops.time(&self.clock, PaymentStoreOp::Claim, self.inner.claim(c, i, r)).await
     }
 
     async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
+        self.wrote(PaymentStoreOp::Post);
         self.ops.time(&self.clock, PaymentStoreOp::Post, self.inner.post(p, i, r)).await
     }
 
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {
+        self.wrote(PaymentStoreOp::Abandon);
         self.ops.time(&self.clock, PaymentStoreOp::Abandon, self.inner.abandon(payout_id, at)).await
     }
 
     async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
+        self.wrote(PaymentStoreOp::ResolveAmbiguous);
         self.ops.time(&self.clock, PaymentStoreOp::ResolveAmbiguous, self.inner.resolve_ambiguous(r)).await
     }
 
@@ -176,6 +192,7 @@ impl PaymentStore for TimedPaymentStore {
     }
 
     async fn purge_idempotency(&self, now: DateTime<Utc>, batch_max: i64) -> Result<u64, StoreError> {
+        self.wrote(PaymentStoreOp::PurgeIdempotency);
         self.ops.time(&self.clock, PaymentStoreOp::PurgeIdempotency, self.inner.purge_idempotency(now, batch_max)).await
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use dlock_contract::rail::SubmissionOutcome;
 use dlock_http::metrics::{
-    ClosedTag, Counter, LabeledCounter, PoolGauges, Registry, TaggedHistogram, HOP_BUCKETS_SECONDS,
+    ClosedTag, Counter, LabeledCounter, OffWriterWrites, PoolGauges, Registry, TaggedHistogram, HOP_BUCKETS_SECONDS,
     RAIL_BUCKETS_SECONDS,
 };
 
@@ -78,6 +78,7 @@ pub struct ProxyMetrics {
     pub fenced_out: LabeledCounter<3>,
     pub rail_calls: TaggedHistogram<RailCall>,
     pub store_ops: Arc<TaggedHistogram<RailStoreOp>>,
+    pub store_writes_off_writer: Arc<OffWriterWrites>,
     pub pool: PoolGauges,
 }
 
@@ -116,6 +117,7 @@ impl Default for ProxyMetrics {
                 STORE_OP_SECONDS,
                 "Store calls of this rail-proxy by operation (the RailStore method), seconds.",
             )),
+            store_writes_off_writer: Arc::new(OffWriterWrites::new(r, "rail_store_writes_off_writer_total")),
             pool: PoolGauges::new(r),
             registry,
         }

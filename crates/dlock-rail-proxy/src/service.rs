@@ -195,8 +195,12 @@ impl RailProxy {
         let client = HttpClient::new(cfg.connect_timeout_ms, cfg.read_timeout_ms).without_bearer();
         // Every store call of this proxy is timed (`rail_store_op_seconds`).
         let metrics = ProxyMetrics::default();
-        let store: Arc<dyn RailStore> =
-            Arc::new(TimedRailStore { inner: store, ops: metrics.store_ops.clone(), clock });
+        let store: Arc<dyn RailStore> = Arc::new(TimedRailStore {
+            inner: store,
+            ops: metrics.store_ops.clone(),
+            off_writer: metrics.store_writes_off_writer.clone(),
+            clock,
+        });
         Arc::new(RailProxy {
             store,
             cfg,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use dlock_http::metrics::{ClosedTag, PoolStats, TaggedHistogram};
+use dlock_http::metrics::{ClosedTag, OffWriterWrites, PoolStats, TaggedHistogram};
 use dlock_rt::Clock;
 use uuid::Uuid;
 
@@ -53,7 +53,16 @@ impl ClosedTag for RailStoreOp {
 pub struct TimedRailStore {
     pub inner: Arc<dyn RailStore>,
     pub ops: Arc<TaggedHistogram<RailStoreOp>>,
+    /// Where each write is noted: it runs on the store's writer thread, or is counted.
+    pub off_writer: Arc<OffWriterWrites>,
     pub clock: Clock,
+}
+
+impl TimedRailStore {
+    /// Notes the write `op` (`*_store_writes_off_writer_total`).
+    fn wrote(&self, op: RailStoreOp) {
+        self.off_writer.note(self.inner.writer_thread(), op.tag());
+    }
 }
 
 #[async_trait]
@@ -67,10 +76,12 @@ impl RailStore for TimedRailStore {
     }
 
     async fn admit(&self, attempt: &Attempt) -> Result<Admission, StoreError> {
+        self.wrote(RailStoreOp::Admit);
         self.ops.time(&self.clock, RailStoreOp::Admit, self.inner.admit(attempt)).await
     }
 
     async fn resolve(&self, submission_id: Uuid, resolution: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
+        self.wrote(RailStoreOp::Resolve);
         self.ops.time(&self.clock, RailStoreOp::Resolve, self.inner.resolve(submission_id, resolution, at)).await
     }
 
@@ -87,6 +98,7 @@ impl RailStore for TimedRailStore {
     }
 
     async fn insert_payout(&self, payout: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
+        self.wrote(RailStoreOp::InsertPayout);
         self.ops.time(&self.clock, RailStoreOp::InsertPayout, self.inner.insert_payout(payout, at)).await
     }
 

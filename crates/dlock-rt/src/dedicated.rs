@@ -42,6 +42,9 @@ struct Inner {
     name: String,
     #[cfg(not(madsim))]
     handle: tokio::runtime::Handle,
+    /// The thread's id ([`WriterThread::is_current`]).
+    #[cfg(not(madsim))]
+    thread: std::thread::ThreadId,
     /// Dropped with the last clone: the thread's runtime then stops.
     #[cfg(not(madsim))]
     _stop: tokio::sync::oneshot::Sender<()>,
@@ -58,7 +61,7 @@ impl WriterThread {
                 .map_err(|e| format!("writer thread {name}: {e}"))?;
             let handle = runtime.handle().clone();
             let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-            std::thread::Builder::new()
+            let joined = std::thread::Builder::new()
                 .name(name.to_owned())
                 .spawn(move || {
                     // Returns when the last clone drops the sender; the runtime's drop then
@@ -66,7 +69,8 @@ impl WriterThread {
                     let _ = runtime.block_on(stopped);
                 })
                 .map_err(|e| format!("writer thread {name}: {e}"))?;
-            Ok(WriterThread { inner: Arc::new(Inner { name: name.to_owned(), handle, _stop: stop }) })
+            let thread = joined.thread().id();
+            Ok(WriterThread { inner: Arc::new(Inner { name: name.to_owned(), handle, thread, _stop: stop }) })
         }
         #[cfg(madsim)]
         {
@@ -78,6 +82,15 @@ impl WriterThread {
     /// Whether `self` and `other` are the same thread (clones of one [`WriterThread::start`]).
     pub fn is_same(&self, other: &WriterThread) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Whether the caller is running on this thread (inside [`WriterThread::run`]). Under
+    /// `cfg(madsim)`, where `run` is in line, always true.
+    pub fn is_current(&self) -> bool {
+        #[cfg(not(madsim))]
+        return std::thread::current().id() == self.inner.thread;
+        #[cfg(madsim)]
+        true
     }
 
     /// Runs `work` to its end on the thread and answers its output. `work` keeps running if
@@ -117,6 +130,13 @@ where
     }
 }
 
+/// Whether a store write is running off the store's writer thread: true only when the
+/// store names one (`writer`) and the caller is not on it. A service's write helper
+/// ([`run_on`]) never is; a call site that skips the helper is (docs/performance.md §8.7).
+pub fn runs_off(writer: Option<&WriterThread>) -> bool {
+    writer.is_some_and(|w| !w.is_current())
+}
+
 #[cfg(all(test, not(madsim)))]
 mod tests {
     use super::*;
@@ -133,6 +153,20 @@ mod tests {
         assert_eq!(writer.clone().run(async { 6 * 7 }).await, 42, "a clone runs on the same thread");
         assert!(writer.is_same(&writer.clone()));
         assert!(!writer.is_same(&WriterThread::start("dlock-test-writer").expect("start")), "another start");
+    }
+
+    /// Only work inside `run` is on the thread: the check a service's store-write counter makes.
+    #[tokio::test]
+    async fn only_work_inside_run_is_on_the_writer_thread() {
+        let writer = WriterThread::start("dlock-test-writer").expect("start");
+        assert!(!writer.is_current(), "the caller is not the writer thread");
+        assert!(runs_off(Some(&writer)));
+        let w = writer.clone();
+        assert!(writer.run(async move { w.is_current() && !runs_off(Some(&w)) }).await);
+        let other = WriterThread::start("dlock-test-writer").expect("start");
+        let w = writer.clone();
+        assert!(!other.run(async move { w.is_current() }).await, "another writer thread is not this one");
+        assert!(!runs_off(None), "a store without a writer thread writes anywhere");
     }
 
     /// A caller that stops waiting does not stop the work: it runs to its end.

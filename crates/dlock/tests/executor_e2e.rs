@@ -199,6 +199,22 @@ async fn a_stalled_executor_is_fenced_out_and_nothing_is_paid_twice(db: Db) {
     assert_eq!(code, Some(0), "{report}");
     assert_eq!(report["clean"], true, "{report}");
     assert_eq!(report["ledgerBalanced"], true, "{report}");
+    assert_every_store_write_ran_on_the_writer_thread(&c).await;
+}
+
+/// docs/performance.md §8.7: each service ran every store write of the run through its write
+/// helper (on SQLite, on the process's writer thread): `*_store_writes_off_writer_total` is
+/// exported and 0 on the lock server, the payment-resource and the rail-proxy.
+async fn assert_every_store_write_ran_on_the_writer_thread(c: &Cluster) {
+    for (svc, family) in [
+        (&c.lock, "lock_store_writes_off_writer_total"),
+        (&c.payment, "payout_store_writes_off_writer_total"),
+        (&c.proxy, "rail_store_writes_off_writer_total"),
+    ] {
+        let text = String::from_utf8(get(svc, "/metrics").await.body.to_vec()).unwrap_or_default();
+        let value = text.lines().find_map(|l| l.strip_prefix(family)?.strip_prefix(' ')?.trim().parse::<f64>().ok());
+        assert_eq!(value, Some(0.0), "{family}:\n{text}");
+    }
 }
 
 /// Waits until at least `n` payouts are POSTED.

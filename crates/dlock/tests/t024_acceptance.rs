@@ -195,6 +195,7 @@ async fn metrics_expose_only_pinned_tag_values(db: Db) {
         ("rail_store_op_seconds_sum", &[("op", store_ops)]),
         ("rail_store_op_seconds_count", &[("op", store_ops)]),
         ("dlock_db_pool_connections", &[("state", &["idle", "in_use"])]),
+        ("rail_store_writes_off_writer_total", &[]),
     ];
     let mut families = std::collections::BTreeSet::new();
     for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
@@ -221,6 +222,8 @@ async fn metrics_expose_only_pinned_tag_values(db: Db) {
     assert!(text.contains("rail_submission_total{outcome=\"acked\"} 1"));
     assert!(text.contains("rail_submission_total{outcome=\"fenced\"} 1"));
     assert!(text.contains("lock_fenced_out_total{resource=\"rail\"} 1"));
+    // docs/performance.md §8.7: every admission and resolution ran through the write helper.
+    assert!(text.contains("\nrail_store_writes_off_writer_total 0\n"), "{text}");
 }
 
 async fn concurrent_interleaved_tokens_forward_each_payout_at_most_once(db: Db) {
