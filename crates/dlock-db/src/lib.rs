@@ -85,28 +85,66 @@ pub fn sqlite_batch_sql(statements: &[(&str, usize)]) -> String {
     );
     let mut out = String::new();
     for (sql, binds) in statements {
-        let mut chars = sql.chars().peekable();
-        let mut next = 1usize;
-        while let Some(ch) = chars.next() {
-            if ch != '$' {
-                out.push(ch);
-                continue;
-            }
-            let mut n = 0usize;
-            let mut digits = 0;
-            while let Some(v) = chars.peek().and_then(|d| d.to_digit(10)) {
-                n = n * 10 + v as usize;
-                digits += 1;
-                chars.next();
-            }
-            assert!(digits > 0 && n == next && n <= *binds, "placeholder ${n} where ${next} of {binds} belongs: {sql}");
-            out.push('?');
-            next += 1;
-        }
-        assert!(next == binds + 1, "{} of {binds} placeholders in {sql}", next - 1);
+        each_placeholder(sql, *binds, &mut out, |out, _| out.push('?'));
         out.push_str(";\n");
     }
     out
+}
+
+/// PostgreSQL: `statements`, each `(name, sql, binds)` in [`sqlite_batch_sql`]'s form
+/// (placeholders `$1, …, $binds` once each, in order), as one statement of one round trip:
+/// each becomes the common table expression `name`, its placeholders numbered on after the
+/// ones before it (so the binds go in statement order, as in a batch), and `select`, which
+/// names no placeholder, reads what their `RETURNING` clauses return. Every data-modifying
+/// CTE runs to its end whether or not `select` reads it, and all of them run against the
+/// statement's one snapshot: none sees another's rows, so only statements with no decision
+/// between them and no row in common belong in one. Asserts the form, in release builds too.
+pub fn pg_cte_sql(statements: &[(&str, &str, usize)], select: &str) -> String {
+    assert!(
+        !statements.is_empty() && statements.len() <= SQLITE_BATCH_STATEMENTS_MAX,
+        "a CTE statement has 1..={SQLITE_BATCH_STATEMENTS_MAX} parts, not {}",
+        statements.len()
+    );
+    assert!(!select.contains('$'), "the final select names no placeholder: {select}");
+    let mut out = String::from("WITH ");
+    let mut before = 0usize;
+    for (k, (name, sql, binds)) in statements.iter().enumerate() {
+        if k > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(name);
+        out.push_str(" AS (");
+        each_placeholder(sql, *binds, &mut out, |out, n| out.push_str(&format!("${}", before + n)));
+        out.push(')');
+        before += binds;
+    }
+    out.push(' ');
+    out.push_str(select);
+    out
+}
+
+/// Copies `sql` into `out`, each of its placeholders `$1, …, $binds` (once each, in order)
+/// written by `emit` with its number. Asserts the form.
+fn each_placeholder(sql: &str, binds: usize, out: &mut String, mut emit: impl FnMut(&mut String, usize)) {
+    let mut chars = sql.chars().peekable();
+    let mut next = 1usize;
+    while let Some(ch) = chars.next() {
+        if ch != '$' {
+            out.push(ch);
+            continue;
+        }
+        let mut n = 0usize;
+        let mut digits = 0;
+        while let Some(v) = chars.peek().and_then(|d| d.to_digit(10)) {
+            n = n * 10 + v as usize;
+            digits += 1;
+            chars.next();
+        }
+        assert!(digits > 0 && n == next && n <= binds, "placeholder ${n} where ${next} of {binds} belongs: {sql}");
+        emit(out, n);
+        next += 1;
+    }
+    assert!(next == binds + 1, "{} of {binds} placeholders in {sql}", next - 1);
 }
 
 /// What one statement of a [`sqlite_batch`] returned: its rows, and the rows it changed
@@ -516,6 +554,30 @@ mod tests {
             ("DELETE FROM b", 0),
         ]);
         assert_eq!(sql, "UPDATE a SET x = ? WHERE id = ?;\nSELECT ?, ?, ?;\nDELETE FROM b;\n");
+    }
+
+    #[test]
+    fn a_cte_statement_numbers_each_parts_placeholders_after_the_ones_before_it() {
+        let sql = pg_cte_sql(
+            &[
+                ("a", "INSERT INTO a VALUES ($1, $2) RETURNING 1", 2),
+                ("b", "DELETE FROM b", 0),
+                ("c", "UPDATE c SET x = $1 WHERE id = $2 AND y = $3 RETURNING x", 3),
+            ],
+            "SELECT (SELECT COUNT(*) FROM a), (SELECT x FROM c)",
+        );
+        assert_eq!(
+            sql,
+            "WITH a AS (INSERT INTO a VALUES ($1, $2) RETURNING 1), b AS (DELETE FROM b), \
+             c AS (UPDATE c SET x = $3 WHERE id = $4 AND y = $5 RETURNING x) \
+             SELECT (SELECT COUNT(*) FROM a), (SELECT x FROM c)"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "placeholder $3 where $2 of 3 belongs")]
+    fn a_cte_statement_refuses_placeholders_out_of_order() {
+        pg_cte_sql(&[("a", "SELECT $1, $3, $2", 3)], "SELECT 1");
     }
 
     #[test]

@@ -1117,23 +1117,55 @@ impl PgPaymentStore {
         Ok((get!(row, "moved"), get!(row, "recorded")))
     }
 
-    /// A post's writes, statement by statement: (the balance after, identity rows written).
+    /// A post's writes, one statement of one round trip ([`dlock_db::pg_cte_sql`]; §8.9):
+    /// the settlement account's upsert, the ledger entries, the debit and the recorded
+    /// answer, each a CTE over rows none of the others touches. (the balance after, identity
+    /// rows written).
     async fn post_writes(
         tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
         w: &PostWrites<'_>,
     ) -> Result<(i64, u64), StoreError> {
-        let settlement = [(w.settlement.to_owned(), AccountKind::Settlement)];
-        dlock_paydb::sql::pg::upsert_system_accounts(tx, &settlement, w.currency, w.at).await?;
-        dlock_paydb::sql::pg::insert_entries(tx, w.entries).await?;
-        let balance: i64 = sqlx::query(BALANCE_DEBIT_SQL)
+        use dlock_paydb::sql::{ledger_insert_sql, LEDGER_ENTRY_BINDS, SYSTEM_ACCOUNT_UPSERT_SQL};
+        let entries_sql = format!("{} RETURNING 1", ledger_insert_sql(w.entries.len()));
+        let recorded_sql = format!("{RECORD_SQL} RETURNING 1");
+        let q = dlock_db::pg_cte_sql(
+            &[
+                ("settle", SYSTEM_ACCOUNT_UPSERT_SQL, 5),
+                ("entries", &entries_sql, w.entries.len() * LEDGER_ENTRY_BINDS),
+                ("debit", BALANCE_DEBIT_SQL, 3),
+                ("recorded", &recorded_sql, 6),
+            ],
+            "SELECT (SELECT COUNT(*) FROM entries) AS entries, (SELECT balance_minor FROM debit) AS balance_minor, \
+             (SELECT COUNT(*) FROM recorded) AS recorded",
+        );
+        let query = sqlx::query(&q)
+            .bind(w.settlement.to_owned())
+            .bind(AccountKind::Settlement.as_str())
+            .bind(w.currency.to_owned())
+            .bind(w.at)
+            .bind(w.at);
+        let row = dlock_paydb::bind_ledger_entries!(query, w.entries)
             .bind(w.amount)
             .bind(w.at)
             .bind(w.account_id.to_owned())
+            .bind(i32::from(w.response.status))
+            .bind(w.response.body.clone())
+            .bind(w.identity.operation.as_str())
+            .bind(w.identity.target_id.clone())
+            .bind(w.identity.key.clone())
+            .bind(w.identity.token)
             .fetch_one(&mut **tx)
             .await
-            .and_then(|r| r.try_get("balance_minor"))
             .map_err(db_error)?;
-        Ok((balance, Self::record(tx, w.identity, w.response).await?))
+        let written: i64 = get!(row, "entries");
+        if written != w.entries.len() as i64 {
+            return Err(StoreError::Corrupt(format!("ledger: {written} entries written, not {}", w.entries.len())));
+        }
+        let Some(balance) = get!(row, "balance_minor", Option<i64>) else {
+            return Err(StoreError::Corrupt(format!("accounts: no account {} to debit", w.account_id)));
+        };
+        let recorded: i64 = get!(row, "recorded");
+        Ok((balance, u64::try_from(recorded).unwrap_or(0)))
     }
 }
 
