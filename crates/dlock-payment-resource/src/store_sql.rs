@@ -384,6 +384,31 @@ macro_rules! get {
     };
 }
 
+/// Binds a post's writes ([`PostWrites`] `$w`) to `$query` in their statements' order: the
+/// settlement account's upsert, the ledger entries, the debit, the recorded answer (a SQLite
+/// batch of them, §8.6, or PostgreSQL's one statement of them, §8.9).
+macro_rules! bind_post_writes {
+    ($query:expr, $w:expr) => {{
+        let w = $w;
+        let query = $query
+            .bind(w.settlement.to_owned())
+            .bind(AccountKind::Settlement.as_str())
+            .bind(w.currency.to_owned())
+            .bind(w.at)
+            .bind(w.at);
+        dlock_paydb::bind_ledger_entries!(query, w.entries)
+            .bind(w.amount)
+            .bind(w.at)
+            .bind(w.account_id.to_owned())
+            .bind(i32::from(w.response.status))
+            .bind(w.response.body.clone())
+            .bind(w.identity.operation.as_str())
+            .bind(w.identity.target_id.clone())
+            .bind(w.identity.key.clone())
+            .bind(w.identity.token)
+    }};
+}
+
 macro_rules! sql_payment_store {
     ($store:ty, $db:ty, $sql:path, $paydb:ident) => {
         impl $store {
@@ -1138,25 +1163,7 @@ impl PgPaymentStore {
             "SELECT (SELECT COUNT(*) FROM entries) AS entries, (SELECT balance_minor FROM debit) AS balance_minor, \
              (SELECT COUNT(*) FROM recorded) AS recorded",
         );
-        let query = sqlx::query(&q)
-            .bind(w.settlement.to_owned())
-            .bind(AccountKind::Settlement.as_str())
-            .bind(w.currency.to_owned())
-            .bind(w.at)
-            .bind(w.at);
-        let row = dlock_paydb::bind_ledger_entries!(query, w.entries)
-            .bind(w.amount)
-            .bind(w.at)
-            .bind(w.account_id.to_owned())
-            .bind(i32::from(w.response.status))
-            .bind(w.response.body.clone())
-            .bind(w.identity.operation.as_str())
-            .bind(w.identity.target_id.clone())
-            .bind(w.identity.key.clone())
-            .bind(w.identity.token)
-            .fetch_one(&mut **tx)
-            .await
-            .map_err(db_error)?;
+        let row = bind_post_writes!(sqlx::query(&q), w).fetch_one(&mut **tx).await.map_err(db_error)?;
         let written: i64 = get!(row, "entries");
         if written != w.entries.len() as i64 {
             return Err(StoreError::Corrupt(format!("ledger: {written} entries written, not {}", w.entries.len())));
@@ -1248,22 +1255,7 @@ impl SqlitePaymentStore {
             (BALANCE_DEBIT_SQL, 3),
             (RECORD_SQL, 6),
         ]);
-        let query = sqlx::query(&q)
-            .bind(w.settlement.to_owned())
-            .bind(AccountKind::Settlement.as_str())
-            .bind(w.currency.to_owned())
-            .bind(w.at)
-            .bind(w.at);
-        let query = dlock_paydb::bind_ledger_entries!(query, w.entries)
-            .bind(w.amount)
-            .bind(w.at)
-            .bind(w.account_id.to_owned())
-            .bind(i32::from(w.response.status))
-            .bind(w.response.body.clone())
-            .bind(w.identity.operation.as_str())
-            .bind(w.identity.target_id.clone())
-            .bind(w.identity.key.clone())
-            .bind(w.identity.token);
+        let query = bind_post_writes!(sqlx::query(&q), w);
         let parts = dlock_db::sqlite_batch(tx, query, 4).await.map_err(db_error)?;
         if parts[1].rows_affected != w.entries.len() as u64 {
             return Err(StoreError::Corrupt(format!(
