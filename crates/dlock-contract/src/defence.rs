@@ -244,9 +244,10 @@ mod tests {
         let t = snapshot();
         assert_eq!((t.bypassed(Layer::RailMark), t.stopped(Layer::RailMark)), (1, 0));
         assert_eq!(t.stopped(Layer::ClaimFence), 1);
-        // A real OS thread on purpose, not the runtime seam: this is a plain `#[test]` that
-        // runs outside any madsim runtime (in both cfgs) and no simulated node reaches it;
-        // the switch is per thread, and only another thread can show it does not leak.
+        // A real OS thread on purpose, not the runtime seam (safe in simulation): this is a
+        // plain `#[test]`, not a `#[madsim::test]`, so it runs outside any madsim runtime and
+        // no simulated node reaches it; the switch is per thread, and only another thread
+        // can show it does not leak.
         let other = std::thread::spawn(|| (current(), snapshot())).join().expect("thread");
         assert_eq!(other, (None, Tally::default()));
         set_off(None);

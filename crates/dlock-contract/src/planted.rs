@@ -227,9 +227,10 @@ mod tests {
             let expected = matches!(l, Layer::ClaimFence | Layer::PostFence | Layer::RailMark);
             assert_eq!(crate::defence::off(l), expected, "{l}");
         }
-        // A real OS thread on purpose, not the runtime seam: this is a plain `#[test]` that
-        // runs outside any madsim runtime (in both cfgs) and no simulated node reaches it;
-        // the switch is per thread, and only another thread can show it does not leak.
+        // A real OS thread on purpose, not the runtime seam (safe in simulation): this is a
+        // plain `#[test]`, not a `#[madsim::test]`, so it runs outside any madsim runtime and
+        // no simulated node reaches it; the switch is per thread, and only another thread
+        // can show it does not leak.
         let other = std::thread::spawn(|| (current(), crate::defence::off(Layer::RailMark))).join().expect("thread");
         assert_eq!(other, (None, false));
         set(None);

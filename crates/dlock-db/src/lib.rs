@@ -91,6 +91,9 @@ pub fn sqlite_batch_sql(statements: &[(&str, usize)]) -> String {
     out
 }
 
+/// Most parts one [`pg_cte_sql`] statement holds.
+pub const PG_CTE_PARTS_MAX: usize = 8;
+
 /// PostgreSQL: `statements`, each `(name, sql, binds)` in [`sqlite_batch_sql`]'s form
 /// (placeholders `$1, …, $binds` once each, in order), as one statement of one round trip:
 /// each becomes the common table expression `name`, its placeholders numbered on after the
@@ -101,8 +104,8 @@ pub fn sqlite_batch_sql(statements: &[(&str, usize)]) -> String {
 /// between them and no row in common belong in one. Asserts the form, in release builds too.
 pub fn pg_cte_sql(statements: &[(&str, &str, usize)], select: &str) -> String {
     assert!(
-        !statements.is_empty() && statements.len() <= SQLITE_BATCH_STATEMENTS_MAX,
-        "a CTE statement has 1..={SQLITE_BATCH_STATEMENTS_MAX} parts, not {}",
+        !statements.is_empty() && statements.len() <= PG_CTE_PARTS_MAX,
+        "a CTE statement has 1..={PG_CTE_PARTS_MAX} parts, not {}",
         statements.len()
     );
     assert!(!select.contains('$'), "the final select names no placeholder: {select}");
@@ -114,7 +117,10 @@ pub fn pg_cte_sql(statements: &[(&str, &str, usize)], select: &str) -> String {
         }
         out.push_str(name);
         out.push_str(" AS (");
-        each_placeholder(sql, *binds, &mut out, |out, n| out.push_str(&format!("${}", before + n)));
+        each_placeholder(sql, *binds, &mut out, |out, n| {
+            out.push('$');
+            out.push_str(&(before + n).to_string());
+        });
         out.push(')');
         before += binds;
     }

@@ -70,9 +70,11 @@ pub struct TimedLockStore {
 }
 
 impl TimedLockStore {
-    /// Notes the write `op` (`*_store_writes_off_writer_total`).
-    fn wrote(&self, op: LockStoreOp) {
+    /// Times the write `call` under `op`, noting whether it runs on the store's writer
+    /// thread (`*_store_writes_off_writer_total`).
+    async fn write<T>(&self, op: LockStoreOp, call: impl std::future::Future<Output = T>) -> T {
         self.off_writer.note(self.inner.writer_thread(), op.tag());
+        self.ops.time(&self.clock, op, call).await
     }
 }
 
@@ -87,20 +89,15 @@ impl LockStore for TimedLockStore {
     }
 
     async fn open_session(&self, session_id: Uuid, owner_id: &str, ttl_ms: i64) -> Result<SessionRow, StoreError> {
-        self.wrote(LockStoreOp::OpenSession);
-        self.ops
-            .time(&self.clock, LockStoreOp::OpenSession, self.inner.open_session(session_id, owner_id, ttl_ms))
-            .await
+        self.write(LockStoreOp::OpenSession, self.inner.open_session(session_id, owner_id, ttl_ms)).await
     }
 
     async fn heartbeat(&self, session_id: Uuid) -> Result<Result<(SessionRow, i64), SessionRefusal>, StoreError> {
-        self.wrote(LockStoreOp::Heartbeat);
-        self.ops.time(&self.clock, LockStoreOp::Heartbeat, self.inner.heartbeat(session_id)).await
+        self.write(LockStoreOp::Heartbeat, self.inner.heartbeat(session_id)).await
     }
 
     async fn close_session(&self, session_id: Uuid, delay_ms: i64) -> Result<Result<(), SessionRefusal>, StoreError> {
-        self.wrote(LockStoreOp::CloseSession);
-        self.ops.time(&self.clock, LockStoreOp::CloseSession, self.inner.close_session(session_id, delay_ms)).await
+        self.write(LockStoreOp::CloseSession, self.inner.close_session(session_id, delay_ms)).await
     }
 
     async fn acquire(
@@ -110,8 +107,7 @@ impl LockStore for TimedLockStore {
         ttl_ms: i64,
         delay_ms: i64,
     ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
-        self.wrote(LockStoreOp::Acquire);
-        self.ops.time(&self.clock, LockStoreOp::Acquire, self.inner.acquire(key, session_id, ttl_ms, delay_ms)).await
+        self.write(LockStoreOp::Acquire, self.inner.acquire(key, session_id, ttl_ms, delay_ms)).await
     }
 
     async fn renew(
@@ -121,13 +117,11 @@ impl LockStore for TimedLockStore {
         token: i64,
         ttl_ms: i64,
     ) -> Result<Result<GrantRow, RenewRefusal>, StoreError> {
-        self.wrote(LockStoreOp::Renew);
-        self.ops.time(&self.clock, LockStoreOp::Renew, self.inner.renew(key, session_id, token, ttl_ms)).await
+        self.write(LockStoreOp::Renew, self.inner.renew(key, session_id, token, ttl_ms)).await
     }
 
     async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
-        self.wrote(LockStoreOp::Release);
-        self.ops.time(&self.clock, LockStoreOp::Release, self.inner.release(key, token)).await
+        self.write(LockStoreOp::Release, self.inner.release(key, token)).await
     }
 
     async fn rotate(
@@ -138,9 +132,8 @@ impl LockStore for TimedLockStore {
         ttl_ms: i64,
         delay_ms: i64,
     ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
-        self.wrote(LockStoreOp::Rotate);
         let call = self.inner.rotate(key, session_id, token, ttl_ms, delay_ms);
-        self.ops.time(&self.clock, LockStoreOp::Rotate, call).await
+        self.write(LockStoreOp::Rotate, call).await
     }
 
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
@@ -155,14 +148,12 @@ impl LockStore for TimedLockStore {
         expected_token: Option<i64>,
         revocation_id: Uuid,
     ) -> Result<Result<Revocation, RevokeRefusal>, StoreError> {
-        self.wrote(LockStoreOp::Revoke);
         let call = self.inner.revoke(key, operator, reason, expected_token, revocation_id);
-        self.ops.time(&self.clock, LockStoreOp::Revoke, call).await
+        self.write(LockStoreOp::Revoke, call).await
     }
 
     async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError> {
-        self.wrote(LockStoreOp::Reap);
-        self.ops.time(&self.clock, LockStoreOp::Reap, self.inner.reap(limit, delay_ms, retention_ms)).await
+        self.write(LockStoreOp::Reap, self.inner.reap(limit, delay_ms, retention_ms)).await
     }
 
     fn pool_stats(&self) -> Option<PoolStats> {

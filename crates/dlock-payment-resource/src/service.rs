@@ -100,6 +100,16 @@ impl std::fmt::Debug for PaymentResource {
     }
 }
 
+/// [`PaymentResource::write`] over `store` itself: also what start-up's one write (the cursor
+/// secret) uses, before there is a [`PaymentResource`].
+async fn write_to<T, W>(store: &Arc<dyn PaymentStore>, work: impl FnOnce(Arc<dyn PaymentStore>) -> W) -> T
+where
+    W: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    dlock_rt::dedicated::run_on(store.writer_thread(), work(store.clone())).await
+}
+
 impl PaymentResource {
     /// Runs one of the store's write transactions (`work`, given the store) on the store's
     /// writer thread when it has one (SQLite, docs/performance.md §8.7), else on this task.
@@ -109,7 +119,7 @@ impl PaymentResource {
         W: std::future::Future<Output = T> + Send + 'static,
         T: Send + 'static,
     {
-        dlock_rt::dedicated::run_on(self.store.writer_thread(), work(self.store.clone())).await
+        write_to(&self.store, work).await
     }
 
     /// Reads (or, on a fresh paydb, creates) the deployment's cursor key, then serves.
@@ -131,13 +141,7 @@ impl PaymentResource {
             clock,
         });
         let at = dlock_contract::time::truncate_ms(clock.wall());
-        let writing = store.clone();
-        let secret =
-            dlock_rt::dedicated::run_on(
-                store.writer_thread(),
-                async move { writing.cursor_secret(candidate, at).await },
-            )
-            .await?;
+        let secret = write_to(&store, move |store| async move { store.cursor_secret(candidate, at).await }).await?;
         Ok(Arc::new(PaymentResource { store, cfg, clock, metrics, cursor: CursorKey::new(secret) }))
     }
 
@@ -178,8 +182,8 @@ impl PaymentResource {
     /// Safe on every replica at once.
     pub async fn purge_pass(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
         let mut deleted = 0u64;
+        let batch_max = self.cfg.purge_batch_max;
         for _ in 0..IDEMPOTENCY_PURGE_BATCHES_PER_PASS_MAX {
-            let batch_max = self.cfg.purge_batch_max;
             let n = self.write(move |store| async move { store.purge_idempotency(now, batch_max).await }).await?;
             deleted += n;
             for _ in 0..n {

@@ -102,9 +102,11 @@ pub struct TimedPaymentStore {
 }
 
 impl TimedPaymentStore {
-    /// Notes the write `op` (`*_store_writes_off_writer_total`).
-    fn wrote(&self, op: PaymentStoreOp) {
+    /// Times the write `call` under `op`, noting whether it runs on the store's writer
+    /// thread (`*_store_writes_off_writer_total`).
+    async fn write<T>(&self, op: PaymentStoreOp, call: impl std::future::Future<Output = T>) -> T {
         self.off_writer.note(self.inner.writer_thread(), op.tag());
+        self.ops.time(&self.clock, op, call).await
     }
 }
 
@@ -115,8 +117,7 @@ impl PaymentStore for TimedPaymentStore {
     }
 
     async fn cursor_secret(&self, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], StoreError> {
-        self.wrote(PaymentStoreOp::CursorSecret);
-        self.ops.time(&self.clock, PaymentStoreOp::CursorSecret, self.inner.cursor_secret(candidate, at)).await
+        self.write(PaymentStoreOp::CursorSecret, self.inner.cursor_secret(candidate, at)).await
     }
 
     async fn create_account(
@@ -125,8 +126,7 @@ impl PaymentStore for TimedPaymentStore {
         i: &IdemRequest,
         r: Render<'_, CreateAccountOutcome>,
     ) -> Decided<CreateAccountOutcome> {
-        self.wrote(PaymentStoreOp::CreateAccount);
-        self.ops.time(&self.clock, PaymentStoreOp::CreateAccount, self.inner.create_account(a, i, r)).await
+        self.write(PaymentStoreOp::CreateAccount, self.inner.create_account(a, i, r)).await
     }
 
     async fn create_payout(
@@ -135,28 +135,23 @@ impl PaymentStore for TimedPaymentStore {
         i: &IdemRequest,
         r: Render<'_, CreatePayoutOutcome>,
     ) -> Decided<CreatePayoutOutcome> {
-        self.wrote(PaymentStoreOp::CreatePayout);
-        self.ops.time(&self.clock, PaymentStoreOp::CreatePayout, self.inner.create_payout(p, i, r)).await
+        self.write(PaymentStoreOp::CreatePayout, self.inner.create_payout(p, i, r)).await
     }
 
     async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome> {
-        self.wrote(PaymentStoreOp::Claim);
-        self.ops.time(&self.clock, PaymentStoreOp::Claim, self.inner.claim(c, i, r)).await
+        self.write(PaymentStoreOp::Claim, self.inner.claim(c, i, r)).await
     }
 
     async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
-        self.wrote(PaymentStoreOp::Post);
-        self.ops.time(&self.clock, PaymentStoreOp::Post, self.inner.post(p, i, r)).await
+        self.write(PaymentStoreOp::Post, self.inner.post(p, i, r)).await
     }
 
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {
-        self.wrote(PaymentStoreOp::Abandon);
-        self.ops.time(&self.clock, PaymentStoreOp::Abandon, self.inner.abandon(payout_id, at)).await
+        self.write(PaymentStoreOp::Abandon, self.inner.abandon(payout_id, at)).await
     }
 
     async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
-        self.wrote(PaymentStoreOp::ResolveAmbiguous);
-        self.ops.time(&self.clock, PaymentStoreOp::ResolveAmbiguous, self.inner.resolve_ambiguous(r)).await
+        self.write(PaymentStoreOp::ResolveAmbiguous, self.inner.resolve_ambiguous(r)).await
     }
 
     async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ResolutionRow>, StoreError> {
@@ -192,8 +187,7 @@ impl PaymentStore for TimedPaymentStore {
     }
 
     async fn purge_idempotency(&self, now: DateTime<Utc>, batch_max: i64) -> Result<u64, StoreError> {
-        self.wrote(PaymentStoreOp::PurgeIdempotency);
-        self.ops.time(&self.clock, PaymentStoreOp::PurgeIdempotency, self.inner.purge_idempotency(now, batch_max)).await
+        self.write(PaymentStoreOp::PurgeIdempotency, self.inner.purge_idempotency(now, batch_max)).await
     }
 
     async fn idempotency_record_count(&self) -> Result<u64, StoreError> {

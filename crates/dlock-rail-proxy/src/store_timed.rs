@@ -59,9 +59,11 @@ pub struct TimedRailStore {
 }
 
 impl TimedRailStore {
-    /// Notes the write `op` (`*_store_writes_off_writer_total`).
-    fn wrote(&self, op: RailStoreOp) {
+    /// Times the write `call` under `op`, noting whether it runs on the store's writer
+    /// thread (`*_store_writes_off_writer_total`).
+    async fn write<T>(&self, op: RailStoreOp, call: impl std::future::Future<Output = T>) -> T {
         self.off_writer.note(self.inner.writer_thread(), op.tag());
+        self.ops.time(&self.clock, op, call).await
     }
 }
 
@@ -76,13 +78,11 @@ impl RailStore for TimedRailStore {
     }
 
     async fn admit(&self, attempt: &Attempt) -> Result<Admission, StoreError> {
-        self.wrote(RailStoreOp::Admit);
-        self.ops.time(&self.clock, RailStoreOp::Admit, self.inner.admit(attempt)).await
+        self.write(RailStoreOp::Admit, self.inner.admit(attempt)).await
     }
 
     async fn resolve(&self, submission_id: Uuid, resolution: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
-        self.wrote(RailStoreOp::Resolve);
-        self.ops.time(&self.clock, RailStoreOp::Resolve, self.inner.resolve(submission_id, resolution, at)).await
+        self.write(RailStoreOp::Resolve, self.inner.resolve(submission_id, resolution, at)).await
     }
 
     async fn high_water(&self, account_id: &str) -> Result<Option<i64>, StoreError> {
@@ -98,8 +98,7 @@ impl RailStore for TimedRailStore {
     }
 
     async fn insert_payout(&self, payout: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
-        self.wrote(RailStoreOp::InsertPayout);
-        self.ops.time(&self.clock, RailStoreOp::InsertPayout, self.inner.insert_payout(payout, at)).await
+        self.write(RailStoreOp::InsertPayout, self.inner.insert_payout(payout, at)).await
     }
 
     fn pool_stats(&self) -> Option<PoolStats> {

@@ -122,11 +122,15 @@ fn settled(state: &str) -> bool {
     matches!(state, "POSTED" | "FAILED" | "ABANDONED" | "RAIL_AMBIGUOUS")
 }
 
+/// The value of the sample `series` (its name and labels) on a service's /metrics.
+async fn metric(svc: &Service, series: &str) -> Option<f64> {
+    let text = String::from_utf8(get(svc, "/metrics").await.body.to_vec()).unwrap_or_default();
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// The value of `payout_execute_total{outcome}` on an executor's /metrics.
 async fn executed(e: &Service, outcome: &str) -> u64 {
-    let text = String::from_utf8(get(e, "/metrics").await.body.to_vec()).unwrap_or_default();
-    let series = format!("payout_execute_total{{outcome=\"{outcome}\"}} ");
-    text.lines().find_map(|l| l.strip_prefix(&series)).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+    metric(e, &format!("payout_execute_total{{outcome=\"{outcome}\"}}")).await.map_or(0, |v| v as u64)
 }
 
 /// `dlock reconcile --json` over the run: its exit code and report.
@@ -211,9 +215,7 @@ async fn assert_every_store_write_ran_on_the_writer_thread(c: &Cluster) {
         (&c.payment, "payout_store_writes_off_writer_total"),
         (&c.proxy, "rail_store_writes_off_writer_total"),
     ] {
-        let text = String::from_utf8(get(svc, "/metrics").await.body.to_vec()).unwrap_or_default();
-        let value = text.lines().find_map(|l| l.strip_prefix(family)?.strip_prefix(' ')?.trim().parse::<f64>().ok());
-        assert_eq!(value, Some(0.0), "{family}:\n{text}");
+        assert_eq!(metric(svc, family).await, Some(0.0), "{family}");
     }
 }
 
