@@ -167,9 +167,11 @@ pub const AFFINITY_COUNT_DEFAULT: u32 = 1;
 pub const AFFINITY_COUNT_MAX: u32 = 1_024;
 /// Default `executor.affinity-index`: 0.
 pub const AFFINITY_INDEX_DEFAULT: u32 = 0;
-/// Default `executor.affinity-steal-after-ms`: a payout of another executor's account that
-/// has waited this long (since its creation) is tried like an own one. Half the default
-/// lease: a dead executor's PENDING payouts are taken soon after its grants would expire.
+/// Default `executor.affinity-steal-after-ms`: another executor's account whose oldest
+/// candidate has stayed the same payout this long in this executor's scans (no payout of it
+/// settled: its owner is dead or stuck) is tried like an own one
+/// ([`crate::worker::stalled_accounts`]). Half the default lease: a dead executor's
+/// accounts are taken soon after its grants would expire.
 pub const AFFINITY_STEAL_AFTER_MS_DEFAULT: u64 = 5_000;
 /// Largest `executor.affinity-steal-after-ms`.
 pub const AFFINITY_STEAL_AFTER_MS_MAX: u64 = 600_000;
@@ -200,8 +202,9 @@ pub struct ExecutorConfig {
     /// `executor.affinity-index` / `executor.affinity-count` (issue 14 cut 6): this executor
     /// prefers the accounts whose stable hash mod `affinity_count` is `affinity_index`
     /// ([`crate::worker::affinity_of`]); it tries another executor's account only when no
-    /// own candidate is left in its scan, or once the payout has waited
-    /// `affinity_steal_after_ms`. A preference only narrows what is tried: the lock server
+    /// own candidate is left in its scan, or once that account has shown no progress (its
+    /// oldest candidate the same payout) for `affinity_steal_after_ms` of this executor's
+    /// scans. A preference only narrows what is tried: the lock server
     /// stays the only authority. Count 1 (the default): every account is its own.
     pub affinity_index: u32,
     pub affinity_count: u32,

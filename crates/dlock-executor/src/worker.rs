@@ -31,12 +31,20 @@
 //!
 //! **Account affinity** (issue 14 cut 6): with `executor.affinity-count` n > 1, the executor
 //! with `executor.affinity-index` i prefers the accounts whose [`affinity_of`] is i: a pass
-//! tries only those (and any payout that has waited `executor.affinity-steal-after-ms`
-//! since its creation), and every candidate only when the scan holds none of its own. An
-//! acquire refused because another executor holds the account drops that account's
-//! candidates from the shared scan until the next scan. Both only narrow what is tried;
-//! the lock server stays the only authority, and a dead executor's accounts are taken by
-//! the others once their own runs are dry or its payouts have waited the bound (liveness).
+//! tries only those (and the accounts of others that have shown no progress for
+//! `executor.affinity-steal-after-ms`, [`stalled_accounts`]), and every candidate only when
+//! the scan holds none of its own. Progress is what this executor's own scans saw: another
+//! executor's account is stalled when the payout at its head (its oldest candidate) has
+//! stayed the same payout for the bound ([`next_heads`]). A backlog older than the bound
+//! whose owner is working it is therefore left to its owner (one account's payouts go one
+//! at a time under its one lock key, so a second executor could only be refused), while a
+//! dead or stuck owner's accounts are taken once the bound has passed with no payout of
+//! theirs settled. The heads are kept for the accounts of the last scan only (at most its
+//! [`SCAN_STATES`] x `executor.batch-max` candidates). An acquire refused because another
+//! executor holds the account drops that account's candidates from the shared scan until
+//! the next scan. All of it only narrows what is tried; the lock server stays the only
+//! authority, and a dead executor's accounts are taken by the others once their own runs
+//! are dry or its accounts have stalled for the bound (liveness).
 //!
 //! Before each fenced write the local lease deadline is checked; once it has passed, the
 //! executor does not write (FR-11). `FENCED_OUT` anywhere aborts the critical section: no
@@ -49,6 +57,7 @@
 //! FAILED here is observed in `payout_end_to_end_seconds{outcome}` ([`crate::metrics`]).
 //! Timing never changes what a hop does.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -105,6 +114,59 @@ pub fn affinity_of(account_id: &str, count: u32) -> u32 {
     (hash % u64::from(count.max(1))) as u32
 }
 
+/// Another executor's account as this executor's scans have seen it (cut 6): the payout at
+/// its head (its oldest candidate by creation, then id) and since when that same payout
+/// has been its head.
+#[derive(Debug, Clone, Copy)]
+pub struct Head {
+    pub payout_id: Uuid,
+    pub since: dlock_rt::Instant,
+}
+
+/// The heads after a scan taken at `now` (pure, cut 6): for each account of `scan` that
+/// `foreign` names (another executor's), its head, with `since` kept from `prev` when the
+/// head is the same payout as before and `now` when it changed (a payout of the account
+/// settled or left the scan: its owner made progress) or the account is new. Accounts
+/// absent from `scan` are dropped, so the map holds no more accounts than the scan.
+pub fn next_heads(
+    prev: &BTreeMap<String, Head>,
+    scan: &[Candidate],
+    foreign: impl Fn(&str) -> bool,
+    now: dlock_rt::Instant,
+) -> BTreeMap<String, Head> {
+    let mut oldest: BTreeMap<&str, &Candidate> = BTreeMap::new();
+    for c in scan.iter().filter(|c| foreign(&c.account_id)) {
+        let head = oldest.entry(&c.account_id).or_insert(c);
+        if (c.created_at, c.payout_id) < (head.created_at, head.payout_id) {
+            *head = c;
+        }
+    }
+    oldest
+        .into_iter()
+        .map(|(account, c)| {
+            let since = match prev.get(account) {
+                Some(h) if h.payout_id == c.payout_id => h.since,
+                _ => now,
+            };
+            (account.to_owned(), Head { payout_id: c.payout_id, since })
+        })
+        .collect()
+}
+
+/// The accounts of `heads` whose head has not moved for `steal_after` at `now` (pure,
+/// cut 6): no payout of theirs settled in that long, as far as this executor has seen.
+pub fn stalled_accounts(
+    heads: &BTreeMap<String, Head>,
+    now: dlock_rt::Instant,
+    steal_after: Duration,
+) -> BTreeSet<String> {
+    heads
+        .iter()
+        .filter(|(_, h)| now.saturating_duration_since(h.since) >= steal_after)
+        .map(|(account, _)| account.clone())
+        .collect()
+}
+
 /// The worker. Cheap to share; each task keeps its own lock session.
 #[derive(Debug)]
 pub struct Executor {
@@ -126,6 +188,9 @@ pub struct Executor {
     /// An async lock held across a scan, so tasks that wake together wait for one scan
     /// instead of each taking its own.
     last_scan: tokio::sync::Mutex<Option<(dlock_rt::Instant, Vec<Candidate>)>>,
+    /// Cut 6: the heads of other executors' accounts in the last fresh scan ([`next_heads`]),
+    /// from which a pass reads which of them have stalled.
+    heads: std::sync::Mutex<BTreeMap<String, Head>>,
     /// One trace per payout attempt (C3-extensions E-17), its id derived without a draw.
     traces: dlock_rt::trace::TraceSeed,
 }
@@ -187,6 +252,7 @@ impl Executor {
             release_slots,
             working: Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new())),
             last_scan: tokio::sync::Mutex::new(None),
+            heads: std::sync::Mutex::new(BTreeMap::new()),
         }))
     }
 
@@ -344,24 +410,43 @@ impl Executor {
         }
         let taken = self.clock.now();
         let found = self.scan().await;
+        self.note_heads(&found, taken);
         *last = Some((taken, found.clone()));
         found
     }
 
+    /// Cut 6: records the heads of other executors' accounts in a fresh scan taken at `at`
+    /// ([`next_heads`]). Nothing to record with `executor.affinity-count` 1.
+    pub fn note_heads(&self, scan: &[Candidate], at: dlock_rt::Instant) {
+        let (count, index) = (self.cfg.affinity_count, self.cfg.affinity_index);
+        if count <= 1 {
+            return;
+        }
+        if let Ok(mut heads) = self.heads.lock() {
+            let next = next_heads(&heads, scan, |account| affinity_of(account, count) != index, at);
+            *heads = next;
+        }
+    }
+
     /// Cut 6: the candidates this executor tries in a pass. With `executor.affinity-count`
-    /// 1 all of them; else its own accounts' ([`affinity_of`] = its index) and every payout
-    /// that has waited `executor.affinity-steal-after-ms`, in scan order; and all of them
-    /// when the scan holds none of those (its own run is dry). Never adds a candidate.
+    /// 1 all of them; else its own accounts' ([`affinity_of`] = its index) and those of the
+    /// other executors' accounts that have stalled for `executor.affinity-steal-after-ms`
+    /// ([`stalled_accounts`] of the heads [`Executor::note_heads`] recorded), in scan order;
+    /// and all of them when the scan holds none of those (its own run is dry). Never adds
+    /// a candidate.
     pub fn prefer_own(&self, candidates: Vec<Candidate>) -> Vec<Candidate> {
         let (count, index) = (self.cfg.affinity_count, self.cfg.affinity_index);
         if count <= 1 {
             return candidates;
         }
-        let now = self.clock.wall();
-        let steal_after_ms = i64::try_from(self.cfg.affinity_steal_after_ms).unwrap_or(i64::MAX);
-        let overdue = |c: &Candidate| c.created_at.is_some_and(|t| (now - t).num_milliseconds() >= steal_after_ms);
-        let (own, others): (Vec<Candidate>, Vec<Candidate>) =
-            candidates.into_iter().partition(|c| affinity_of(&c.account_id, count) == index || overdue(c));
+        let steal_after = Duration::from_millis(self.cfg.affinity_steal_after_ms);
+        let stalled = match self.heads.lock() {
+            Ok(heads) => stalled_accounts(&heads, self.clock.now(), steal_after),
+            Err(_) => BTreeSet::new(),
+        };
+        let (own, others): (Vec<Candidate>, Vec<Candidate>) = candidates
+            .into_iter()
+            .partition(|c| affinity_of(&c.account_id, count) == index || stalled.contains(&c.account_id));
         if own.is_empty() {
             return others;
         }
@@ -888,30 +973,89 @@ mod tests {
         Executor::new(cfg, Clock::system()).expect("valid")
     }
 
-    /// Cut 6: a pass tries its own accounts (and overdue payouts of others) in scan order;
-    /// another executor's accounts only when none of its own is in the scan; with one
-    /// executor, everything.
+    /// Cut 6: a pass tries its own accounts (and the stalled accounts of others) in scan
+    /// order; another executor's accounts only when none of its own is in the scan; with
+    /// one executor, everything.
     #[tokio::test]
-    async fn a_pass_prefers_own_accounts_and_takes_others_only_when_dry_or_overdue() {
+    async fn a_pass_prefers_own_accounts_and_takes_others_only_when_dry_or_stalled() {
         let mine = (0..64).map(|a| format!("acct-{a}")).find(|a| affinity_of(a, 2) == 0).expect("one of mine");
         let theirs = (0..64).map(|a| format!("acct-{a}")).find(|a| affinity_of(a, 2) == 1).expect("one of theirs");
-        let at = |account: &str, n: u128, age_ms: i64| Candidate {
+        let stuck = (0..64)
+            .map(|a| format!("acct-{a}"))
+            .find(|a| affinity_of(a, 2) == 1 && *a != theirs)
+            .expect("another of theirs");
+        let at = |account: &str, n: u128| Candidate {
             payout_id: Uuid::from_u128(n),
             account_id: account.to_owned(),
             state: PayoutState::Pending,
-            created_at: Some(Clock::system().wall() - chrono::Duration::milliseconds(age_ms)),
+            created_at: Some(Clock::system().wall()),
         };
-        let e = executor(0, 2, 5_000);
-        let scan = vec![at(&theirs, 1, 0), at(&mine, 2, 0), at(&theirs, 3, 60_000), at(&mine, 4, 0)];
         let ids = |c: Vec<Candidate>| c.iter().map(|c| c.payout_id.as_u128()).collect::<Vec<_>>();
-        assert_eq!(ids(e.prefer_own(scan.clone())), vec![2, 3, 4], "own ones and the overdue one, in order");
-        let dry = vec![at(&theirs, 1, 0), at(&theirs, 5, 0)];
-        assert_eq!(ids(e.prefer_own(dry.clone())), vec![1, 5], "a dry run takes the others");
+        let e = executor(0, 2, 5_000);
+        let now = e.clock.now();
+        let before = |ms: u64| now.checked_sub(Duration::from_millis(ms)).expect("the clock is past it");
+        let scan = vec![at(&theirs, 1), at(&mine, 2), at(&stuck, 3), at(&mine, 4)];
+        assert_eq!(ids(e.prefer_own(scan.clone())), vec![2, 4], "no head seen yet: nothing is stalled");
+        // Six seconds ago both accounts of theirs had the heads they have now; since then
+        // `theirs` settled a payout (its head moved), `stuck` did not.
+        e.note_heads(&[at(&theirs, 0), at(&theirs, 1), at(&stuck, 3)], before(6_000));
+        e.note_heads(&scan, before(3_000));
+        assert_eq!(ids(e.prefer_own(scan.clone())), vec![2, 3, 4], "own ones and the stalled one, in order");
+        let dry = vec![at(&theirs, 1), at(&theirs, 5)];
+        assert_eq!(ids(e.prefer_own(dry)), vec![1, 5], "a dry run takes the others");
         let other = executor(1, 2, 5_000);
-        assert_eq!(ids(other.prefer_own(scan.clone())), vec![1, 3]);
+        assert_eq!(ids(other.prefer_own(scan.clone())), vec![1, 3], "its own accounts, no head of mine seen");
         assert_eq!(ids(executor(0, 1, 5_000).prefer_own(scan.clone())), vec![1, 2, 3, 4], "one executor: all");
         let never_steal = executor(0, 2, crate::config::AFFINITY_STEAL_AFTER_MS_MAX);
-        assert_eq!(ids(never_steal.prefer_own(scan)), vec![2, 4]);
+        never_steal.note_heads(&scan, before(6_000));
+        assert_eq!(ids(never_steal.prefer_own(scan.clone())), vec![2, 4]);
+        let at_once = executor(0, 2, 0);
+        at_once.note_heads(&scan, now);
+        assert_eq!(ids(at_once.prefer_own(scan)), vec![1, 2, 3, 4], "a bound of 0 steals every head seen");
+    }
+
+    /// Cut 6: a head is another executor's account's oldest candidate; it keeps its `since`
+    /// while it is the same payout, restarts when the owner settles it, and leaves with the
+    /// account. A backlog far older than the bound whose owner settles a payout per scan
+    /// never stalls (creation time plays no part); an owner that stops stalls after the bound.
+    #[test]
+    fn an_account_stalls_only_when_its_oldest_payout_stays_put_for_the_bound() {
+        let t0 = Clock::system().now();
+        let later = |ms: u64| t0.checked_add(Duration::from_millis(ms)).expect("in range");
+        let long_ago = Clock::system().wall() - chrono::Duration::hours(1);
+        let payout = |account: &str, n: u128, age_s: i64| Candidate {
+            payout_id: Uuid::from_u128(n),
+            account_id: account.to_owned(),
+            state: PayoutState::Pending,
+            created_at: Some(long_ago + chrono::Duration::seconds(age_s)),
+        };
+        let foreign = |a: &str| a != "mine";
+        let bound = Duration::from_millis(5_000);
+        // The owner of `a` settles its oldest payout between every two scans, 1 s apart.
+        let mut heads = BTreeMap::new();
+        for (scan, n) in (0u64..20).zip(0u128..) {
+            let found = vec![payout("a", n + 1, n as i64 + 1), payout("a", n, n as i64), payout("mine", 99, 0)];
+            heads = next_heads(&heads, &found, foreign, later(scan * 1_000));
+            assert_eq!(heads.get("a").map(|h| h.payout_id.as_u128()), Some(n), "the oldest is the head");
+            assert!(!heads.contains_key("mine"), "own accounts are not tracked");
+            assert!(stalled_accounts(&heads, later(scan * 1_000), bound).is_empty(), "scan {scan}: it progresses");
+        }
+        // Then it stops: the same head from 19 s on.
+        for s in 20u64..=23 {
+            heads = next_heads(&heads, &[payout("a", 19, 19), payout("a", 20, 20)], foreign, later(s * 1_000));
+            assert!(stalled_accounts(&heads, later(s * 1_000), bound).is_empty(), "{s} s: within the bound");
+        }
+        heads = next_heads(&heads, &[payout("a", 19, 19)], foreign, later(24_000));
+        let stalled = stalled_accounts(&heads, later(24_000), bound);
+        assert_eq!(stalled.into_iter().collect::<Vec<_>>(), vec!["a".to_owned()], "5 s on one head: at the bound");
+        assert!(stalled_accounts(&heads, later(24_000), bound + Duration::from_millis(1)).is_empty());
+        heads = next_heads(&heads, &[payout("b", 7, 0)], foreign, later(25_000));
+        assert_eq!(
+            heads.keys().cloned().collect::<Vec<_>>(),
+            vec!["b".to_owned()],
+            "an account not scanned is dropped"
+        );
+        assert!(stalled_accounts(&heads, later(25_000), bound).is_empty(), "a new head starts its own clock");
     }
 
     #[test]

@@ -720,13 +720,17 @@ async fn metrics_time_every_store_call_and_show_the_waiter_queues_and_the_pool(b
         let app = app.clone();
         tokio::spawn(async move { acquire(&app, "k", &b, "worker-2", json!({ "waitMillis": 2_000 })).await })
     };
+    // Both gauges are read from the one scrape that shows the queue: a second scrape could
+    // come after the waiter's 2 s ran out on a slow machine.
     let queued = dlock_rt::wait_until(dlock_rt::Duration::from_millis(10), dlock_rt::Duration::from_secs(5), || {
         let app = app.clone();
-        async move { (sample(&metrics_text(&app).await, "lock_waiter_queues") == Some(1.0)).then_some(()) }
+        async move {
+            let text = metrics_text(&app).await;
+            (sample(&text, "lock_waiter_queues") == Some(1.0)).then_some(text)
+        }
     })
     .await;
-    assert!(queued.is_some(), "the waiter's queue never showed");
-    let text = metrics_text(&app).await;
+    let text = queued.expect("the waiter's queue never showed");
     assert_eq!(sample(&text, "lock_waiters"), Some(1.0), "{text}");
     let (s, _) = waiter.await.expect("waiter");
     assert_eq!(s, 409);

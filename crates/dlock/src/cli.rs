@@ -210,7 +210,7 @@ struct ExecutorArgs {
     /// [executor.affinity-count] How many executors share the accounts (1: no preference).
     #[arg(long, env = "DLOCK_EXECUTOR_AFFINITY_COUNT", value_name = "N")]
     affinity_count: Option<u32>,
-    /// [executor.affinity-steal-after-ms] A payout of another executor's account that has waited this long is tried like an own one.
+    /// [executor.affinity-steal-after-ms] Another executor's account whose oldest payout has not moved for this long (no progress seen) is tried like an own one.
     #[arg(long, env = "DLOCK_EXECUTOR_AFFINITY_STEAL_AFTER_MS", value_name = "MS")]
     affinity_steal_after_ms: Option<u64>,
     /// [executor.write.connect-timeout-ms] Claim and post: connect budget.
