@@ -435,13 +435,18 @@ impl Executor {
     /// and all of them when the scan holds none of those (its own run is dry). Never adds
     /// a candidate.
     pub fn prefer_own(&self, candidates: Vec<Candidate>) -> Vec<Candidate> {
+        self.prefer_own_at(candidates, self.clock.now())
+    }
+
+    /// [`Executor::prefer_own`] as of `now` on this executor's clock.
+    pub fn prefer_own_at(&self, candidates: Vec<Candidate>, now: dlock_rt::Instant) -> Vec<Candidate> {
         let (count, index) = (self.cfg.affinity_count, self.cfg.affinity_index);
         if count <= 1 {
             return candidates;
         }
         let steal_after = Duration::from_millis(self.cfg.affinity_steal_after_ms);
         let stalled = match self.heads.lock() {
-            Ok(heads) => stalled_accounts(&heads, self.clock.now(), steal_after),
+            Ok(heads) => stalled_accounts(&heads, now, steal_after),
             Err(_) => BTreeSet::new(),
         };
         let (own, others): (Vec<Candidate>, Vec<Candidate>) = candidates
@@ -992,26 +997,29 @@ mod tests {
         };
         let ids = |c: Vec<Candidate>| c.iter().map(|c| c.payout_id.as_u128()).collect::<Vec<_>>();
         let e = executor(0, 2, 5_000);
-        let now = e.clock.now();
-        let before = |ms: u64| now.checked_sub(Duration::from_millis(ms)).expect("the clock is past it");
+        // Instants after the clock's reading, not before it (a simulated clock starts at 0).
+        let t0 = e.clock.now();
+        let later = |ms: u64| t0.checked_add(Duration::from_millis(ms)).expect("in range");
         let scan = vec![at(&theirs, 1), at(&mine, 2), at(&stuck, 3), at(&mine, 4)];
-        assert_eq!(ids(e.prefer_own(scan.clone())), vec![2, 4], "no head seen yet: nothing is stalled");
-        // Six seconds ago both accounts of theirs had the heads they have now; since then
-        // `theirs` settled a payout (its head moved), `stuck` did not.
-        e.note_heads(&[at(&theirs, 0), at(&theirs, 1), at(&stuck, 3)], before(6_000));
-        e.note_heads(&scan, before(3_000));
-        assert_eq!(ids(e.prefer_own(scan.clone())), vec![2, 3, 4], "own ones and the stalled one, in order");
+        assert_eq!(ids(e.prefer_own_at(scan.clone(), later(6_000))), vec![2, 4], "no head seen yet: none stalled");
+        // At t0 both accounts of theirs had the heads `stuck` still has at +6 s; by +3 s
+        // `theirs` had settled a payout (its head moved), `stuck` had not.
+        e.note_heads(&[at(&theirs, 0), at(&theirs, 1), at(&stuck, 3)], t0);
+        e.note_heads(&scan, later(3_000));
+        let six = later(6_000);
+        assert_eq!(ids(e.prefer_own_at(scan.clone(), six)), vec![2, 3, 4], "own ones and the stalled one, in order");
+        assert_eq!(ids(e.prefer_own_at(scan.clone(), later(4_999))), vec![2, 4], "a ms before the bound");
         let dry = vec![at(&theirs, 1), at(&theirs, 5)];
-        assert_eq!(ids(e.prefer_own(dry)), vec![1, 5], "a dry run takes the others");
+        assert_eq!(ids(e.prefer_own_at(dry, six)), vec![1, 5], "a dry run takes the others");
         let other = executor(1, 2, 5_000);
-        assert_eq!(ids(other.prefer_own(scan.clone())), vec![1, 3], "its own accounts, no head of mine seen");
+        assert_eq!(ids(other.prefer_own_at(scan.clone(), six)), vec![1, 3], "its own accounts, no head of mine seen");
         assert_eq!(ids(executor(0, 1, 5_000).prefer_own(scan.clone())), vec![1, 2, 3, 4], "one executor: all");
         let never_steal = executor(0, 2, crate::config::AFFINITY_STEAL_AFTER_MS_MAX);
-        never_steal.note_heads(&scan, before(6_000));
-        assert_eq!(ids(never_steal.prefer_own(scan.clone())), vec![2, 4]);
+        never_steal.note_heads(&scan, t0);
+        assert_eq!(ids(never_steal.prefer_own_at(scan.clone(), six)), vec![2, 4]);
         let at_once = executor(0, 2, 0);
-        at_once.note_heads(&scan, now);
-        assert_eq!(ids(at_once.prefer_own(scan)), vec![1, 2, 3, 4], "a bound of 0 steals every head seen");
+        at_once.note_heads(&scan, t0);
+        assert_eq!(ids(at_once.prefer_own_at(scan, t0)), vec![1, 2, 3, 4], "a bound of 0 steals every head seen");
     }
 
     /// Cut 6: a head is another executor's account's oldest candidate; it keeps its `since`
