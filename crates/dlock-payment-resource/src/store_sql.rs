@@ -31,8 +31,11 @@
 //! A claim's and a post's statement 0 joins that first batch (§8.8): the fence is chained
 //! to it in SQL ([`FENCE_AFTER_GATE_SQL`], `AND changes() = 1`), so a request its identity
 //! gate refuses never raises a fence (asserted), and its transaction rolls back.
-//! PostgreSQL runs the same statements one by one (the fence only after a gate that let the
-//! request run, the fence's follower only after a raised fence) and keeps the claim's CTE.
+//! PostgreSQL runs the same statements one by one but for three folds: a claim's and a
+//! post's gate and fence are one statement, the fence chained to the gate in SQL
+//! (`PG_GATE_FENCE_PARTS`, §8.11); the claim's transition and recorded answer are one
+//! ([`CLAIM_MOVE_AND_RECORD`]); a post's writes after its transition are one (§8.9). The
+//! fence's follower runs only after a raised fence, as a statement of its own.
 //! Every SQLite write transaction runs on the process's SQLite writer thread (§8.7,
 //! [`PaymentStore::writer_thread`]).
 //!
@@ -134,15 +137,33 @@ macro_rules! fence_sql {
     };
 }
 
-/// Statement 1 of a claim or post: the strict fence on the payout's account (C3 §3.4
-/// verbatim). `$1` the token, `$2` the instant, `$3` the payout, `$4` the token again (each
-/// placeholder once, in order: a batch statement, `dlock_db::sqlite_batch_sql`).
-const FENCE_SQL: &str = fence_sql!("");
-
-/// [`FENCE_SQL`] run in one batch after the identity row's upsert ([`GATE_SQL`], SQLite):
+/// Statement 1 of a claim or post, in both dialects chained to statement 0 (below): the
+/// strict fence on the payout's account (C3 §3.4 verbatim). `$1` the token, `$2` the
+/// instant, `$3` the payout, `$4` the token again (each placeholder once, in order: a batch
+/// statement, `dlock_db::sqlite_batch_sql`, or a CTE part, `dlock_db::pg_cte_sql`).
+///
+/// The fence run in one batch after the identity row's upsert ([`GATE_SQL`], SQLite):
 /// it raises the fence only when the upsert wrote (`changes() = 1`: a new identity, or an
 /// expired record replaced), as the statement-by-statement path runs it only then.
 const FENCE_AFTER_GATE_SQL: &str = fence_sql!(" AND changes() = 1");
+
+/// PostgreSQL (§8.11): a claim's or post's statement 0 and statement 1 as the parts of one
+/// statement ([`dlock_db::pg_cte_sql`]), the fence chained to the gate in SQL as SQLite
+/// chains it with `changes()` ([`FENCE_AFTER_GATE_SQL`]): it rises only when the upsert
+/// wrote. Both run against the statement's one snapshot, which changes nothing here: the
+/// upsert's conflict check and the fence's `UPDATE` each judge the newest committed row
+/// (the fence re-checks `fence < $token` on it after waiting for its row lock), the
+/// payout's account never changes, and the gate's `RETURNING` is read as the CTE's output.
+/// The statement that reads behind the fence's row lock stays a statement of its own.
+const PG_GATE_FENCE_PARTS: [(&str, &str, usize); 2] = [("gate", GATE_SQL, 8), ("fence", PG_FENCE_AFTER_GATE_SQL, 4)];
+
+/// The fence as the CTE after the gate's: it rises only when the gate's upsert wrote.
+const PG_FENCE_AFTER_GATE_SQL: &str = fence_sql!(" AND EXISTS (SELECT 1 FROM gate)");
+
+/// What [`PG_GATE_FENCE_PARTS`] answers: one row, whether the gate wrote (`gated`, 0 or 1)
+/// and the raised fence's account and balance (NULL when it did not rise).
+const PG_GATE_FENCE_SELECT: &str = "SELECT (SELECT COUNT(*) FROM gate) AS gated, \
+     (SELECT account_id FROM fence) AS account_id, (SELECT balance_minor FROM fence) AS balance_minor";
 
 /// Statement 0 of every deciding transaction: the upsert of the identity row, which
 /// replaces only an expired record (a row back: run the request). Eight placeholders, once
@@ -1071,10 +1092,13 @@ macro_rules! sql_payment_store {
     };
 }
 
-/// PostgreSQL: one statement per round trip, as written.
+/// PostgreSQL: one statement per round trip, as written, but for the statements folded
+/// into one ([`dlock_db::pg_cte_sql`]).
 impl PgPaymentStore {
-    /// Statement 0, the identity gate; then, when the request runs, the fence and the
-    /// statement after it ([`Self::fence_then`]). `Err(gate)`: the request does not run.
+    /// Statement 0, the identity gate, and statement 1, the fence, as one statement of one
+    /// round trip (§8.11: [`PG_GATE_FENCE_PARTS`]); then, when the fence rose, the statement
+    /// after it, as its own statement (its snapshot is taken after the fence's row lock:
+    /// module doc). `Err(gate)`: the request does not run.
     async fn gate_fence_then(
         tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
         i: &IdemRequest,
@@ -1083,35 +1107,22 @@ impl PgPaymentStore {
         at: DateTime<Utc>,
         after: AfterFence<'_>,
     ) -> Result<Result<FenceThen<sqlx::postgres::PgRow>, Gate>, StoreError> {
-        match Self::gate(tx, i).await? {
-            Gate::Execute => Self::fence_then(tx, payout_id, token, at, after).await.map(Ok),
-            refused => Ok(Err(refused)),
+        let q = dlock_db::pg_cte_sql(&PG_GATE_FENCE_PARTS, PG_GATE_FENCE_SELECT);
+        let query = bind_gate!(sqlx::query(&q), i).bind(token).bind(at).bind(payout_id.to_owned()).bind(token);
+        let r = query.fetch_one(&mut **tx).await.map_err(db_error)?;
+        let (gated, account): (i64, Option<String>) = (get!(r, "gated"), get!(r, "account_id", Option<String>));
+        if gated == 0 {
+            // The upsert wrote nothing, so the fence did not rise (its `EXISTS` on the gate).
+            assert!(account.is_none(), "the fence rose for a request its identity gate refused");
+            return Self::gate_live(tx, i).await.map(Err);
         }
-    }
-
-    /// The fence (statement 1) and, only when it rose, the statement after it, as its own
-    /// statement (its snapshot is taken after the fence's row lock: module doc). The raised
-    /// fence's (account, balance), and the second statement's row.
-    async fn fence_then(
-        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
-        payout_id: &str,
-        token: i64,
-        at: DateTime<Utc>,
-        after: AfterFence<'_>,
-    ) -> Result<(Option<(String, i64)>, Option<sqlx::postgres::PgRow>), StoreError> {
-        let raised = sqlx::query(FENCE_SQL)
-            .bind(token)
-            .bind(at)
-            .bind(payout_id.to_owned())
-            .bind(token)
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(db_error)?;
-        let Some(r) = raised else { return Ok((None, None)) };
-        let fence = (get!(r, "account_id"), get!(r, "balance_minor"));
+        let Some(account) = account else { return Ok(Ok((None, None))) };
+        let Some(balance) = get!(r, "balance_minor", Option<i64>) else {
+            return Err(StoreError::Corrupt(format!("accounts: the fenced account {account} has no balance")));
+        };
         let (q, _) = after.sql();
         let row = bind_after_fence!(sqlx::query(&q), &after).fetch_optional(&mut **tx).await.map_err(db_error)?;
-        Ok((Some(fence), row))
+        Ok(Ok((Some((account, balance)), row)))
     }
 
     /// The claim's transition and its recorded answer as one data-modifying statement
@@ -1309,60 +1320,102 @@ mod tests {
         assert_eq!(pr.write(|_| thread()).await, here, "a store without a writer thread writes in line");
     }
 
-    /// §8.7 on SQLite: the identity gate, the fence and the statement after it are one
-    /// batch, the fence chained to the gate. A request whose identity has a live record is
-    /// answered from it (a replay, or a conflict for another fingerprint) and raises no
-    /// fence and moves nothing, even with the account's fence below its token (a state the
-    /// API never builds: a committed record's request raised the fence to its token).
-    #[tokio::test]
-    async fn a_request_its_identity_gate_refuses_raises_no_fence_and_moves_nothing() {
-        let (url, _dir) = dlock_testkit::fresh_database(dlock_testkit::Db::Sqlite).await;
-        let store = SqlitePaymentStore::open(&url).await.expect("open paydb");
-        let at = DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("instant");
-        let payout_id = Uuid::from_u128(77);
-        for sql in [
-            "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
-             VALUES ('acct', 'CUSTOMER', 'EUR', 500, 0, ?2, ?2)",
-            "INSERT INTO payouts (payout_id, account_id, amount_minor, currency, beneficiary_ref, state, \
-             attempt_count, created_at, updated_at) VALUES (?1, 'acct', 200, 'EUR', 'ben', 'PENDING', 0, ?2, ?2)",
-            "INSERT INTO idempotency_records (operation, target_id, idempotency_key, fencing_token, request_sha256, \
-             owner_id, response_status, response_body, created_at, expires_at) \
-             VALUES ('CLAIM', ?1, 'payout:k', 5, 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa', 'o', 200, X'7B7D', ?2, ?3)",
-        ] {
-            sqlx::query(sql)
+    /// The identity gate and the fence are chained in SQL: on SQLite one batch with the
+    /// statement after the fence (§8.8), on PostgreSQL one statement (§8.11). A request whose
+    /// identity has a live record is answered from it (a replay, or a conflict for another
+    /// fingerprint) and raises no fence and moves nothing, even with the account's fence
+    /// below its token (a state the API never builds: a committed record's request raised
+    /// the fence to its token).
+    macro_rules! a_refused_gate_raises_no_fence {
+        ($name:ident, $store:ty, $db:expr, $sql:path) => {
+            #[tokio::test]
+            async fn $name() {
+                let (url, _dir) = dlock_testkit::fresh_database($db).await;
+                let store = <$store>::open(&url).await.expect("open paydb");
+                let at = DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("instant");
+                let payout_id = Uuid::from_u128(77);
+                sqlx::query(&$sql(
+                    "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
+                     VALUES ('acct', 'CUSTOMER', 'EUR', 500, 0, $1, $1)",
+                ))
+                .bind(at)
+                .execute(&store.pool)
+                .await
+                .expect("account");
+                sqlx::query(&$sql(
+                    "INSERT INTO payouts (payout_id, account_id, amount_minor, currency, beneficiary_ref, state, \
+                     attempt_count, created_at, updated_at) VALUES ($1, 'acct', 200, 'EUR', 'ben', 'PENDING', 0, $2, $2)",
+                ))
                 .bind(payout_id.to_string())
+                .bind(at)
+                .execute(&store.pool)
+                .await
+                .expect("payout");
+                sqlx::query(&$sql(
+                    "INSERT INTO idempotency_records (operation, target_id, idempotency_key, fencing_token, \
+                     request_sha256, owner_id, response_status, response_body, created_at, expires_at) \
+                     VALUES ('CLAIM', $1, 'payout:k', 5, $2, 'o', 200, $3, $4, $5)",
+                ))
+                .bind(payout_id.to_string())
+                .bind("a".repeat(64))
+                .bind(b"{}".to_vec())
                 .bind(at)
                 .bind(at + chrono::Duration::days(1))
                 .execute(&store.pool)
                 .await
-                .expect("seed");
-        }
-        let claim = Claim { payout_id, token: 5, owner_id: "o".into(), expected: PayoutState::Pending, at };
-        let identity = |fingerprint: &str| IdemRequest {
-            operation: crate::store::Operation::Claim,
-            target_id: payout_id.to_string(),
-            key: "payout:k".into(),
-            token: 5,
-            owner_id: "o".into(),
-            fingerprint: fingerprint.into(),
-            at,
-            expires_at: at + chrono::Duration::days(1),
+                .expect("live record");
+                let claim = Claim { payout_id, token: 5, owner_id: "o".into(), expected: PayoutState::Pending, at };
+                let identity = |fingerprint: &str| IdemRequest {
+                    operation: crate::store::Operation::Claim,
+                    target_id: payout_id.to_string(),
+                    key: "payout:k".into(),
+                    token: 5,
+                    owner_id: "o".into(),
+                    fingerprint: fingerprint.into(),
+                    at,
+                    expires_at: at + chrono::Duration::days(1),
+                };
+                let render = |_: &ClaimOutcome| StoredResponse { status: 200, body: b"new".to_vec() };
+                let replayed = store.claim(&claim, &identity(&"a".repeat(64)), &render).await.expect("claim");
+                assert_eq!(replayed, Idempotent::Replayed(StoredResponse { status: 200, body: b"{}".to_vec() }));
+                let conflict = store.claim(&claim, &identity(&"b".repeat(64)), &render).await.expect("claim");
+                assert_eq!(conflict, Idempotent::Conflict);
+                let fence: i64 = sqlx::query_scalar("SELECT fence FROM accounts WHERE account_id = 'acct'")
+                    .fetch_one(&store.pool)
+                    .await
+                    .expect("fence");
+                let state: String = sqlx::query_scalar(&$sql("SELECT state FROM payouts WHERE payout_id = $1"))
+                    .bind(payout_id.to_string())
+                    .fetch_one(&store.pool)
+                    .await
+                    .expect("state");
+                assert_eq!((fence, state.as_str()), (0, "PENDING"), "the refused requests wrote nothing");
+            }
         };
-        let render = |_: &ClaimOutcome| StoredResponse { status: 200, body: b"new".to_vec() };
-        let replayed = store.claim(&claim, &identity(&"a".repeat(64)), &render).await.expect("claim");
-        assert_eq!(replayed, Idempotent::Replayed(StoredResponse { status: 200, body: b"{}".to_vec() }));
-        let conflict = store.claim(&claim, &identity(&"b".repeat(64)), &render).await.expect("claim");
-        assert_eq!(conflict, Idempotent::Conflict);
-        let fence: i64 = sqlx::query_scalar("SELECT fence FROM accounts WHERE account_id = 'acct'")
-            .fetch_one(&store.pool)
-            .await
-            .expect("fence");
-        let state: String = sqlx::query_scalar("SELECT state FROM payouts WHERE payout_id = ?1")
-            .bind(payout_id.to_string())
-            .fetch_one(&store.pool)
-            .await
-            .expect("state");
-        assert_eq!((fence, state.as_str()), (0, "PENDING"), "the refused requests wrote nothing");
+    }
+
+    a_refused_gate_raises_no_fence!(
+        a_request_its_identity_gate_refuses_raises_no_fence_and_moves_nothing,
+        SqlitePaymentStore,
+        dlock_testkit::Db::Sqlite,
+        sqlite_sql
+    );
+    a_refused_gate_raises_no_fence!(
+        on_postgresql_a_request_its_identity_gate_refuses_raises_no_fence_and_moves_nothing,
+        PgPaymentStore,
+        dlock_testkit::Db::Postgres,
+        pg_sql
+    );
+
+    /// §8.11: the PostgreSQL gate-and-fence statement is the gate's and the fence's texts,
+    /// the fence chained to the gate, placeholders numbered on (8 for the gate, then 4).
+    #[test]
+    fn the_postgresql_gate_and_fence_statement_chains_the_fence_to_the_gate() {
+        let q = dlock_db::pg_cte_sql(&PG_GATE_FENCE_PARTS, PG_GATE_FENCE_SELECT);
+        assert!(q.starts_with("WITH gate AS (INSERT INTO idempotency_records"), "{q}");
+        assert!(q.contains("fence AS (UPDATE accounts SET fence = $9, updated_at = $10"), "{q}");
+        assert!(q.contains("WHERE payout_id = $11) AND fence < $12 AND EXISTS (SELECT 1 FROM gate)"), "{q}");
+        assert!(!q.contains("$13"), "{q}");
     }
 
     #[tokio::test]
