@@ -416,7 +416,10 @@ impl Executor {
     }
 
     /// Cut 6: records the heads of other executors' accounts in a fresh scan taken at `at`
-    /// ([`next_heads`]). Nothing to record with `executor.affinity-count` 1.
+    /// ([`next_heads`]). Nothing to record with `executor.affinity-count` 1. A scan that
+    /// could not read one of its states (paydb unavailable) drops the heads seen only in that
+    /// state, so after an outage of the store a stalled account is stolen one bound after the
+    /// scans read it again: later, never sooner.
     pub fn note_heads(&self, scan: &[Candidate], at: dlock_rt::Instant) {
         let (count, index) = (self.cfg.affinity_count, self.cfg.affinity_index);
         if count <= 1 {
