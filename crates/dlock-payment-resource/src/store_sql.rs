@@ -165,6 +165,13 @@ const PG_FENCE_AFTER_GATE_SQL: &str = fence_sql!(" AND EXISTS (SELECT 1 FROM gat
 const PG_GATE_FENCE_SELECT: &str = "SELECT (SELECT COUNT(*) FROM gate) AS gated, \
      (SELECT account_id FROM fence) AS account_id, (SELECT balance_minor FROM fence) AS balance_minor";
 
+/// [`PG_GATE_FENCE_PARTS`] and [`PG_GATE_FENCE_SELECT`] as one statement's text, built once
+/// per process (every claim and post sends it).
+fn pg_gate_fence_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| dlock_db::pg_cte_sql(&PG_GATE_FENCE_PARTS, PG_GATE_FENCE_SELECT))
+}
+
 /// Statement 0 of every deciding transaction: the upsert of the identity row, which
 /// replaces only an expired record (a row back: run the request). Eight placeholders, once
 /// each, in order ([`bind_gate!`]).
@@ -1107,8 +1114,8 @@ impl PgPaymentStore {
         at: DateTime<Utc>,
         after: AfterFence<'_>,
     ) -> Result<Result<FenceThen<sqlx::postgres::PgRow>, Gate>, StoreError> {
-        let q = dlock_db::pg_cte_sql(&PG_GATE_FENCE_PARTS, PG_GATE_FENCE_SELECT);
-        let query = bind_gate!(sqlx::query(&q), i).bind(token).bind(at).bind(payout_id.to_owned()).bind(token);
+        let query =
+            bind_gate!(sqlx::query(pg_gate_fence_sql()), i).bind(token).bind(at).bind(payout_id.to_owned()).bind(token);
         let r = query.fetch_one(&mut **tx).await.map_err(db_error)?;
         let (gated, account): (i64, Option<String>) = (get!(r, "gated"), get!(r, "account_id", Option<String>));
         if gated == 0 {
@@ -1411,7 +1418,7 @@ mod tests {
     /// the fence chained to the gate, placeholders numbered on (8 for the gate, then 4).
     #[test]
     fn the_postgresql_gate_and_fence_statement_chains_the_fence_to_the_gate() {
-        let q = dlock_db::pg_cte_sql(&PG_GATE_FENCE_PARTS, PG_GATE_FENCE_SELECT);
+        let q = pg_gate_fence_sql();
         assert!(q.starts_with("WITH gate AS (INSERT INTO idempotency_records"), "{q}");
         assert!(q.contains("fence AS (UPDATE accounts SET fence = $9, updated_at = $10"), "{q}");
         assert!(q.contains("WHERE payout_id = $11) AND fence < $12 AND EXISTS (SELECT 1 FROM gate)"), "{q}");
