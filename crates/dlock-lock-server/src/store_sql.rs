@@ -20,6 +20,13 @@
 //! row's newest version): the rotate then rolls back and answers `Lost`, having changed
 //! nothing.
 //!
+//! ## The key's lock in the `BEGIN` (PostgreSQL)
+//! An acquire's and a rotate's transaction opens with `BEGIN` and the key's advisory lock
+//! sent as one simple query ([`pg_begin_key_sql`]: one round trip where there were two), so
+//! the lock is still taken before anything is read or drawn. A connection whose such `BEGIN`
+//! failed is closed, never pooled (`begin_key!`). Revoke, and a key outside C3's alphabet,
+//! take the same lock with a bound statement after `BEGIN`.
+//!
 //! Every method runs in one transaction and reads `now` from the database first, so every
 //! replica judges leases by the same clock.
 
@@ -251,9 +258,80 @@ const ROTATE_GRANT: &str =
      WHERE lock_key = $1 AND fencing_token = $2 AND session_id = $3 AND expires_at_ms > $4 \
      RETURNING fencing_token";
 
+/// PostgreSQL: `BEGIN` and the key's advisory lock (`tx_lock_key`'s, the same lock id:
+/// `hashtextextended` of the key as text) as one simple query, so a token-issuing
+/// transaction opens serialised on its key in one round trip, not two. The key is inlined
+/// as a string literal, so only a key of C3's alphabet (`[a-zA-Z0-9:._-]{1,128}`,
+/// [`dlock_contract::lock::is_lock_key`]: no quote, no backslash) is; any other key gets
+/// `None`, and its transaction takes the lock with its own bound statement, as before.
+pub fn pg_begin_key_sql(key: &str) -> Option<String> {
+    dlock_contract::lock::is_lock_key(key)
+        .then(|| format!("BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('{key}', 0))"))
+}
+
+/// Opens a token-issuing transaction on `key` as `$tx`, on a connection `$conn` of `$store`'s
+/// pool held by the caller: `BEGIN` and the key's lock in one round trip where the dialect
+/// has such a statement ([`pg_begin_key_sql`]), else the dialect's `BEGIN` and then
+/// `tx_lock_key`. When the one-round-trip `BEGIN` fails, the server may have begun the
+/// transaction and failed its lock (a `lock_timeout`, a cancel), leaving the connection in an
+/// aborted transaction that sqlx does not know to roll back (it counts the transaction only
+/// once its `BEGIN` succeeded): that connection is closed, not returned to the pool, so no
+/// later checkout inherits the aborted transaction.
+macro_rules! begin_key {
+    ($self:ident, $key:expr, $conn:ident, $tx:ident) => {
+        let key_begin = Self::begin_key_sql($key);
+        let mut $conn = ClosingConnection::of($self.pool.acquire().await.map_err(unavailable)?);
+        let began = match &key_begin {
+            Some(sql) => sqlx::Connection::begin_with(&mut *$conn.conn, sql.clone()).await,
+            None => sqlx::Connection::begin_with(&mut *$conn.conn, Self::BEGIN).await,
+        };
+        let mut $tx = match began {
+            Ok(tx) => tx,
+            Err(e) => {
+                $conn.close = key_begin.is_some();
+                return Err(unavailable(e));
+            }
+        };
+        if key_begin.is_none() {
+            Self::tx_lock_key(&mut $tx, $key).await?;
+        }
+    };
+}
+
+/// A pooled connection that is closed, not returned to the pool, when dropped with `close`
+/// set (`begin_key!`). The flag is a field of its own so it can be set while a transaction
+/// still borrows the connection.
+struct ClosingConnection<DB: sqlx::Database> {
+    conn: sqlx::pool::PoolConnection<DB>,
+    close: bool,
+}
+
+impl<DB: sqlx::Database> ClosingConnection<DB> {
+    fn of(conn: sqlx::pool::PoolConnection<DB>) -> ClosingConnection<DB> {
+        ClosingConnection { conn, close: false }
+    }
+}
+
+impl<DB: sqlx::Database> Drop for ClosingConnection<DB> {
+    fn drop(&mut self) {
+        if self.close {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
 macro_rules! sql_lock_store {
-    ($store:ty, $dialect:expr, $begin:expr, $now:expr, $next_token:expr, $inline_token:expr, $key_lock:expr) => {
+    ($store:ty, $dialect:expr, $begin:expr, $now:expr, $next_token:expr, $inline_token:expr, $key_lock:expr, $begin_key:expr) => {
         impl $store {
+            /// The dialect's `BEGIN`.
+            const BEGIN: &'static str = $begin;
+
+            /// `BEGIN` with the key's lock in one statement, where the dialect has one.
+            fn begin_key_sql(key: &str) -> Option<String> {
+                let of_key: fn(&str) -> Option<String> = $begin_key;
+                of_key(key)
+            }
+
             fn q(sql: &str) -> String {
                 $dialect.sql(sql).into_owned()
             }
@@ -521,8 +599,7 @@ macro_rules! sql_lock_store {
                 ttl_ms: i64,
                 delay_ms: i64,
             ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
-                let mut tx = self.begin().await?;
-                Self::tx_lock_key(&mut tx, key).await?;
+                begin_key!(self, key, conn, tx);
                 // The session is checked in the same transaction that grants (Jepsen etcd 3.4.3).
                 let ctx = Self::tx_context(&mut tx, key, session_id).await?;
                 let now = ctx.now;
@@ -597,9 +674,8 @@ macro_rules! sql_lock_store {
                 ttl_ms: i64,
                 delay_ms: i64,
             ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
-                let mut tx = self.begin().await?;
                 // A token-issuing transaction: serialised on the key like acquire (see `tx_lock_key`).
-                Self::tx_lock_key(&mut tx, key).await?;
+                begin_key!(self, key, conn, tx);
                 // The session is checked in the same transaction that grants (Jepsen etcd 3.4.3).
                 let ctx = Self::tx_context(&mut tx, key, session_id).await?;
                 let now = ctx.now;
@@ -897,7 +973,8 @@ sql_lock_store!(
     "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
     "SELECT nextval('fencing_token_seq') AS token",
     Some("nextval('fencing_token_seq')"),
-    Some("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+    Some("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"),
+    pg_begin_key_sql
 );
 sql_lock_store!(
     SqliteLockStore,
@@ -906,7 +983,8 @@ sql_lock_store!(
     "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
     "UPDATE token_floor SET last_issued = MAX(last_issued, floor) + 1 WHERE id = 1 RETURNING last_issued AS token",
     None,
-    None
+    None,
+    |_| None
 );
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ pub mod cursor;
 pub mod idempotency;
 pub mod metrics;
 pub mod openapi;
+pub mod payout_accounts;
 pub mod rules;
 pub mod service;
 pub mod store;

@@ -54,6 +54,7 @@ use dlock_db::Dialect;
 use sqlx::Row;
 use uuid::Uuid;
 
+use crate::payout_accounts::PayoutAccounts;
 use crate::rules::{self, ClaimDecision, ClaimFacts, FenceVerdict, PostDecision, PostFacts};
 use crate::store::{
     funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Claim,
@@ -343,6 +344,8 @@ pub struct PgPaymentStore {
     pub pool: sqlx::PgPool,
     /// Autocommitted reads: the same pool on PostgreSQL.
     pub read_pool: sqlx::PgPool,
+    /// The payouts' accounts the grant check has read ([`PayoutAccounts`], §8.12).
+    accounts: Arc<PayoutAccounts>,
 }
 
 impl PgPaymentStore {
@@ -356,7 +359,7 @@ impl PgPaymentStore {
         PG_MIGRATOR.run(&migrating).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
         migrating.close().await;
         let pool = dlock_db::pg_pool_with_lock_timeout(url, IDEMPOTENCY_WAIT_MS_MAX).await.map_err(db_error)?;
-        Ok(PgPaymentStore { read_pool: pool.clone(), pool })
+        Ok(PgPaymentStore { read_pool: pool.clone(), pool, accounts: Arc::new(PayoutAccounts::new()) })
     }
 
     /// PostgreSQL's transactions run on the caller's task: its pool has many connections.
@@ -377,6 +380,8 @@ pub struct SqlitePaymentStore {
     _shared: dlock_db::SharedSqlitePool,
     /// The process's SQLite writer thread (`dlock_db::sqlite_writer_thread`, §8.7).
     writer: dlock_rt::dedicated::WriterThread,
+    /// The payouts' accounts the grant check has read ([`PayoutAccounts`], §8.12).
+    accounts: Arc<PayoutAccounts>,
 }
 
 impl SqlitePaymentStore {
@@ -398,6 +403,7 @@ impl SqlitePaymentStore {
             read_pool: shared.readers().clone(),
             _shared: shared,
             writer,
+            accounts: Arc::new(PayoutAccounts::new()),
         })
     }
 }
@@ -959,7 +965,12 @@ macro_rules! sql_payment_store {
                     Err(answer) => return Ok(answer),
                 };
                 let outcome = Self::create_payout_in(&mut tx, p).await?;
-                Self::finish(tx, i, outcome, r).await
+                let decided = Self::finish(tx, i, outcome, r).await?;
+                if let Idempotent::Executed { outcome: CreatePayoutOutcome::Created(view), stored: Some(_) } = &decided {
+                    // Committed: the payout's first fenced write need not read its account.
+                    self.accounts.remember(view.payout_id, &view.account_id);
+                }
+                Ok(decided)
             }
 
             async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome> {
@@ -1036,8 +1047,17 @@ macro_rules! sql_payment_store {
                 dlock_paydb::sql::$paydb::payout(&self.read_pool, payout_id).await
             }
 
+            /// Read from paydb once per payout, then from [`PayoutAccounts`]: a payout's
+            /// account never changes (paydb refuses the update) and no payout is deleted.
             async fn payout_account(&self, payout_id: Uuid) -> Result<Option<String>, StoreError> {
-                dlock_paydb::sql::$paydb::payout_account(&self.read_pool, payout_id).await
+                if let Some(account) = self.accounts.get(payout_id) {
+                    return Ok(Some(account));
+                }
+                let found = dlock_paydb::sql::$paydb::payout_account(&self.read_pool, payout_id).await?;
+                if let Some(account) = &found {
+                    self.accounts.remember(payout_id, account);
+                }
+                Ok(found)
             }
 
             async fn account(&self, account_id: &str) -> Result<Option<AccountView>, StoreError> {
@@ -1409,6 +1429,96 @@ mod tests {
     );
     a_refused_gate_raises_no_fence!(
         on_postgresql_a_request_its_identity_gate_refuses_raises_no_fence_and_moves_nothing,
+        PgPaymentStore,
+        dlock_testkit::Db::Postgres,
+        pg_sql
+    );
+
+    /// §8.12: the grant check reads a payout's account from paydb once per store, then from
+    /// memory (shown by deleting the payout row by hand: the store still answers its
+    /// account, a freshly opened one does not); an unknown payout is read every time, so a
+    /// payout created after a miss is found.
+    macro_rules! a_payouts_account_is_read_once {
+        ($name:ident, $store:ty, $db:expr, $sql:path) => {
+            #[tokio::test]
+            async fn $name() {
+                let (url, _dir) = dlock_testkit::fresh_database($db).await;
+                let store = <$store>::open(&url).await.expect("open paydb");
+                let at = DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("instant");
+                let payout_id = Uuid::from_u128(78);
+                sqlx::query(&$sql(
+                    "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
+                     VALUES ('acct', 'CUSTOMER', 'EUR', 500, 0, $1, $1)",
+                ))
+                .bind(at)
+                .execute(&store.pool)
+                .await
+                .expect("account");
+                assert_eq!(store.payout_account(payout_id).await.expect("read"), None);
+                let insert = $sql(
+                    "INSERT INTO payouts (payout_id, account_id, amount_minor, currency, beneficiary_ref, state, \
+                     attempt_count, created_at, updated_at) VALUES ($1, 'acct', 200, 'EUR', 'ben', 'PENDING', 0, $2, $2)",
+                );
+                sqlx::query(&insert).bind(payout_id.to_string()).bind(at).execute(&store.pool).await.expect("payout");
+                assert_eq!(store.payout_account(payout_id).await.expect("read").as_deref(), Some("acct"));
+                sqlx::query(&$sql("DELETE FROM payouts WHERE payout_id = $1"))
+                    .bind(payout_id.to_string())
+                    .execute(&store.pool)
+                    .await
+                    .expect("delete by hand");
+                assert_eq!(
+                    store.payout_account(payout_id).await.expect("read").as_deref(),
+                    Some("acct"),
+                    "the second read came from paydb"
+                );
+                let fresh = <$store>::open(&url).await.expect("reopen paydb");
+                assert_eq!(fresh.payout_account(payout_id).await.expect("read"), None);
+
+                // A payout this store created is remembered from its commit: not read at all.
+                let created_id = Uuid::from_u128(79);
+                let new = NewPayout {
+                    payout_id: created_id,
+                    account_id: "acct".into(),
+                    amount_minor: 100,
+                    currency: "EUR".into(),
+                    beneficiary_ref: "ben".into(),
+                    at,
+                };
+                let identity = IdemRequest {
+                    operation: crate::store::Operation::CreatePayout,
+                    target_id: "acct".into(),
+                    key: "create:k".into(),
+                    token: 0,
+                    owner_id: String::new(),
+                    fingerprint: "c".repeat(64),
+                    at,
+                    expires_at: at + chrono::Duration::days(1),
+                };
+                let render = |_: &CreatePayoutOutcome| StoredResponse { status: 201, body: b"{}".to_vec() };
+                let created = fresh.create_payout(&new, &identity, &render).await.expect("create");
+                assert!(matches!(created, Idempotent::Executed { outcome: CreatePayoutOutcome::Created(_), .. }));
+                sqlx::query(&$sql("DELETE FROM payouts WHERE payout_id = $1"))
+                    .bind(created_id.to_string())
+                    .execute(&fresh.pool)
+                    .await
+                    .expect("delete by hand");
+                assert_eq!(
+                    fresh.payout_account(created_id).await.expect("read").as_deref(),
+                    Some("acct"),
+                    "the created payout's account was read from paydb"
+                );
+            }
+        };
+    }
+
+    a_payouts_account_is_read_once!(
+        a_payouts_account_is_read_from_paydb_once_and_an_unknown_payout_every_time,
+        SqlitePaymentStore,
+        dlock_testkit::Db::Sqlite,
+        sqlite_sql
+    );
+    a_payouts_account_is_read_once!(
+        on_postgresql_a_payouts_account_is_read_from_paydb_once_and_an_unknown_payout_every_time,
         PgPaymentStore,
         dlock_testkit::Db::Postgres,
         pg_sql
