@@ -1347,6 +1347,46 @@ mod tests {
         assert_eq!(pr.write(|_| thread()).await, here, "a store without a writer thread writes in line");
     }
 
+    /// What the store tests below start from: a fresh store of a kind with the instant they
+    /// write at (`fresh`), and rows written by hand: the CUSTOMER account `acct` (EUR,
+    /// balance 500, fence 0), or a PENDING payout of 200 on it; or a payout deleted by hand.
+    macro_rules! seed {
+        ($store:ty, $db:expr, fresh) => {{
+            let (url, dir) = dlock_testkit::fresh_database($db).await;
+            let store = <$store>::open(&url).await.expect("open paydb");
+            let at = DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("instant");
+            (store, at, url, dir)
+        }};
+        ($store:expr, $sql:path, $at:expr, account) => {
+            sqlx::query(&$sql(
+                "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
+                 VALUES ('acct', 'CUSTOMER', 'EUR', 500, 0, $1, $1)",
+            ))
+            .bind($at)
+            .execute(&$store.pool)
+            .await
+            .expect("account")
+        };
+        ($store:expr, $sql:path, deleted $id:expr) => {
+            sqlx::query(&$sql("DELETE FROM payouts WHERE payout_id = $1"))
+                .bind($id.to_string())
+                .execute(&$store.pool)
+                .await
+                .expect("delete by hand")
+        };
+        ($store:expr, $sql:path, $at:expr, payout $id:expr) => {
+            sqlx::query(&$sql(
+                "INSERT INTO payouts (payout_id, account_id, amount_minor, currency, beneficiary_ref, state, \
+                 attempt_count, created_at, updated_at) VALUES ($1, 'acct', 200, 'EUR', 'ben', 'PENDING', 0, $2, $2)",
+            ))
+            .bind($id.to_string())
+            .bind($at)
+            .execute(&$store.pool)
+            .await
+            .expect("payout")
+        };
+    }
+
     /// The identity gate and the fence are chained in SQL: on SQLite one batch with the
     /// statement after the fence (§8.8), on PostgreSQL one statement (§8.11). A request whose
     /// identity has a live record is answered from it (a replay, or a conflict for another
@@ -1357,27 +1397,10 @@ mod tests {
         ($name:ident, $store:ty, $db:expr, $sql:path) => {
             #[tokio::test]
             async fn $name() {
-                let (url, _dir) = dlock_testkit::fresh_database($db).await;
-                let store = <$store>::open(&url).await.expect("open paydb");
-                let at = DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("instant");
+                let (store, at, _url, _dir) = seed!($store, $db, fresh);
                 let payout_id = Uuid::from_u128(77);
-                sqlx::query(&$sql(
-                    "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
-                     VALUES ('acct', 'CUSTOMER', 'EUR', 500, 0, $1, $1)",
-                ))
-                .bind(at)
-                .execute(&store.pool)
-                .await
-                .expect("account");
-                sqlx::query(&$sql(
-                    "INSERT INTO payouts (payout_id, account_id, amount_minor, currency, beneficiary_ref, state, \
-                     attempt_count, created_at, updated_at) VALUES ($1, 'acct', 200, 'EUR', 'ben', 'PENDING', 0, $2, $2)",
-                ))
-                .bind(payout_id.to_string())
-                .bind(at)
-                .execute(&store.pool)
-                .await
-                .expect("payout");
+                seed!(store, $sql, at, account);
+                seed!(store, $sql, at, payout payout_id);
                 sqlx::query(&$sql(
                     "INSERT INTO idempotency_records (operation, target_id, idempotency_key, fencing_token, \
                      request_sha256, owner_id, response_status, response_body, created_at, expires_at) \
@@ -1442,35 +1465,15 @@ mod tests {
         ($name:ident, $store:ty, $db:expr, $sql:path) => {
             #[tokio::test]
             async fn $name() {
-                let (url, _dir) = dlock_testkit::fresh_database($db).await;
-                let store = <$store>::open(&url).await.expect("open paydb");
-                let at = DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("instant");
+                let (store, at, url, _dir) = seed!($store, $db, fresh);
                 let payout_id = Uuid::from_u128(78);
-                sqlx::query(&$sql(
-                    "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
-                     VALUES ('acct', 'CUSTOMER', 'EUR', 500, 0, $1, $1)",
-                ))
-                .bind(at)
-                .execute(&store.pool)
-                .await
-                .expect("account");
+                seed!(store, $sql, at, account);
                 assert_eq!(store.payout_account(payout_id).await.expect("read"), None);
-                let insert = $sql(
-                    "INSERT INTO payouts (payout_id, account_id, amount_minor, currency, beneficiary_ref, state, \
-                     attempt_count, created_at, updated_at) VALUES ($1, 'acct', 200, 'EUR', 'ben', 'PENDING', 0, $2, $2)",
-                );
-                sqlx::query(&insert).bind(payout_id.to_string()).bind(at).execute(&store.pool).await.expect("payout");
+                seed!(store, $sql, at, payout payout_id);
                 assert_eq!(store.payout_account(payout_id).await.expect("read").as_deref(), Some("acct"));
-                sqlx::query(&$sql("DELETE FROM payouts WHERE payout_id = $1"))
-                    .bind(payout_id.to_string())
-                    .execute(&store.pool)
-                    .await
-                    .expect("delete by hand");
-                assert_eq!(
-                    store.payout_account(payout_id).await.expect("read").as_deref(),
-                    Some("acct"),
-                    "the second read came from paydb"
-                );
+                seed!(store, $sql, deleted payout_id);
+                let remembered = store.payout_account(payout_id).await.expect("read");
+                assert_eq!(remembered.as_deref(), Some("acct"), "the second read came from paydb");
                 let fresh = <$store>::open(&url).await.expect("reopen paydb");
                 assert_eq!(fresh.payout_account(payout_id).await.expect("read"), None);
 
@@ -1497,16 +1500,9 @@ mod tests {
                 let render = |_: &CreatePayoutOutcome| StoredResponse { status: 201, body: b"{}".to_vec() };
                 let created = fresh.create_payout(&new, &identity, &render).await.expect("create");
                 assert!(matches!(created, Idempotent::Executed { outcome: CreatePayoutOutcome::Created(_), .. }));
-                sqlx::query(&$sql("DELETE FROM payouts WHERE payout_id = $1"))
-                    .bind(created_id.to_string())
-                    .execute(&fresh.pool)
-                    .await
-                    .expect("delete by hand");
-                assert_eq!(
-                    fresh.payout_account(created_id).await.expect("read").as_deref(),
-                    Some("acct"),
-                    "the created payout's account was read from paydb"
-                );
+                seed!(fresh, $sql, deleted created_id);
+                let remembered = fresh.payout_account(created_id).await.expect("read");
+                assert_eq!(remembered.as_deref(), Some("acct"), "the created payout's account was read from paydb");
             }
         };
     }
