@@ -217,24 +217,4 @@ mod tests {
         }
         assert_eq!(current(), None);
     }
-
-    #[cfg(madsim)]
-    #[test]
-    fn a_planted_bug_is_on_for_this_thread_only_and_its_layers_are_off() {
-        set(Some(Bug::FencingOffBoth));
-        assert!(on(Bug::FencingOffBoth) && !on(Bug::MarkGe));
-        for l in Layer::ALL {
-            let expected = matches!(l, Layer::ClaimFence | Layer::PostFence | Layer::RailMark);
-            assert_eq!(crate::defence::off(l), expected, "{l}");
-        }
-        // A real OS thread on purpose, not the runtime seam (safe in simulation): this is a
-        // plain `#[test]`, not a `#[madsim::test]`, so it runs outside any madsim runtime and
-        // no simulated node reaches it; the switch is per thread, and only another thread
-        // can show it does not leak.
-        let other = std::thread::spawn(|| (current(), crate::defence::off(Layer::RailMark))).join().expect("thread");
-        assert_eq!(other, (None, false));
-        set(None);
-        assert_eq!(current(), None);
-        assert!(!crate::defence::off(Layer::RailMark));
-    }
 }

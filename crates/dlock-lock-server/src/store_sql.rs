@@ -280,19 +280,17 @@ pub fn pg_begin_key_sql(key: &str) -> Option<String> {
 macro_rules! begin_key {
     ($self:ident, $key:expr, $conn:ident, $tx:ident) => {
         let key_begin = Self::begin_key_sql($key);
+        let locked_by_begin = key_begin.is_some();
+        let statement = key_begin.map_or(std::borrow::Cow::Borrowed(Self::BEGIN), std::borrow::Cow::Owned);
         let mut $conn = ClosingConnection::of($self.pool.acquire().await.map_err(unavailable)?);
-        let began = match &key_begin {
-            Some(sql) => sqlx::Connection::begin_with(&mut *$conn.conn, sql.clone()).await,
-            None => sqlx::Connection::begin_with(&mut *$conn.conn, Self::BEGIN).await,
-        };
-        let mut $tx = match began {
+        let mut $tx = match sqlx::Connection::begin_with(&mut *$conn.conn, statement).await {
             Ok(tx) => tx,
             Err(e) => {
-                $conn.close = key_begin.is_some();
+                $conn.close = locked_by_begin;
                 return Err(unavailable(e));
             }
         };
-        if key_begin.is_none() {
+        if !locked_by_begin {
             Self::tx_lock_key(&mut $tx, $key).await?;
         }
     };
@@ -351,7 +349,7 @@ macro_rules! sql_lock_store {
             }
 
             async fn begin(&self) -> Result<sqlx::Transaction<'_, <$store as DbOf>::Db>, StoreError> {
-                self.pool.begin_with($begin).await.map_err(unavailable)
+                self.pool.begin_with(Self::BEGIN).await.map_err(unavailable)
             }
 
             async fn tx_now(tx: &mut sqlx::Transaction<'_, <$store as DbOf>::Db>) -> Result<i64, StoreError> {

@@ -34,6 +34,12 @@ struct Generations {
     older: HashMap<Uuid, String>,
 }
 
+impl Generations {
+    fn held(&self) -> usize {
+        self.newer.len() + self.older.len()
+    }
+}
+
 impl PayoutAccounts {
     pub fn new() -> PayoutAccounts {
         PayoutAccounts::default()
@@ -45,7 +51,8 @@ impl PayoutAccounts {
         g.newer.get(&payout_id).or_else(|| g.older.get(&payout_id)).cloned()
     }
 
-    /// Remembers that `payout_id` belongs to `account_id` (an answer read from paydb).
+    /// Remembers that `payout_id` belongs to `account_id` (read from paydb, or committed by
+    /// this store's own create).
     pub fn remember(&self, payout_id: Uuid, account_id: &str) {
         let mut g = self.lock();
         if g.newer.contains_key(&payout_id) {
@@ -55,18 +62,14 @@ impl PayoutAccounts {
             g.older = std::mem::take(&mut g.newer);
         }
         g.newer.insert(payout_id, account_id.to_owned());
-        let held = g.newer.len() + g.older.len();
+        let held = g.held();
         assert!(held <= PAYOUT_ACCOUNTS_MAX, "payout-account map holds {held} > {PAYOUT_ACCOUNTS_MAX} entries");
     }
 
     /// How many entries are held (both generations).
-    pub fn len(&self) -> usize {
-        let g = self.lock();
-        g.newer.len() + g.older.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().held()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Generations> {
