@@ -74,6 +74,10 @@ pub struct SwarmConfig {
     /// safety margin (below 0.7×), for the whole fault phase: the stale writer the fences
     /// must catch (`drift_caught_by_fence`). `None` with [`ZERO_P`].
     pub drifted_executor: Option<(usize, f64)>,
+    /// `executor.chain-payouts-max`: payouts of one account a task works under one chain of
+    /// rotated grants; 1 (no chain: acquire, rotate, release per payout) with [`ZERO_P`],
+    /// else uniform in `2..=`[`CHAIN_PAYOUTS_DRAW_MAX`].
+    pub chain_payouts_max: u32,
 }
 
 /// Bounds of the draw (the world's default size; see docs/simulation.md "Speed").
@@ -95,6 +99,8 @@ pub const LOCK_WAIT_MS_MAX: u64 = dlock_executor::config::LOCK_WAIT_MS_MAX;
 /// session's TTL on the server's.
 pub const DRIFT_RATE_MIN: f64 = 0.5;
 pub const DRIFT_RATE_MAX: f64 = 0.69;
+/// Largest drawn `executor.chain-payouts-max` (the executor's default).
+pub const CHAIN_PAYOUTS_DRAW_MAX: u64 = dlock_executor::config::CHAIN_PAYOUTS_MAX_DEFAULT as u64;
 /// `executor.poll-interval-ms` of every executor (an idle task scans this often: the main
 /// cost of an idle simulated second).
 pub const POLL_INTERVAL_MS: u64 = 500;
@@ -218,6 +224,8 @@ impl SwarmConfig {
             let rate = DRIFT_RATE_MIN + d.unit() * (DRIFT_RATE_MAX - DRIFT_RATE_MIN);
             Some((i, (rate * 100.0).floor() / 100.0))
         };
+        // Drawn last, so adding it left every earlier draw unchanged.
+        let chain_payouts_max = if d.chance(ZERO_P) { 1 } else { d.range(2, CHAIN_PAYOUTS_DRAW_MAX) as u32 };
         SwarmConfig {
             seed,
             lock_replicas,
@@ -243,6 +251,7 @@ impl SwarmConfig {
             fault_ms,
             lock_wait_ms,
             drifted_executor,
+            chain_payouts_max,
         }
     }
 
@@ -270,6 +279,7 @@ impl SwarmConfig {
         vec![
             kv("executor.lock-ttl-ms", self.lock_ttl_ms.to_string()),
             kv("executor.lock-wait-ms", self.lock_wait_ms.to_string()),
+            kv("executor.chain-payouts-max", self.chain_payouts_max.to_string()),
             kv("executor.poll-interval-ms", POLL_INTERVAL_MS.to_string()),
             kv("executor.chaos.pause-rate", self.executor_pause_rate.to_string()),
             kv("executor.chaos.pause-ms", self.executor_pause_ms.to_string()),
@@ -297,7 +307,7 @@ impl fmt::Display for SwarmConfig {
              stub(lat={}ms fail={} dup={} decl={}) stall(rate={} ms={}) \
              work(payouts={} accounts={} hot={}@{} arrival={}ms) operator(revokes={} resolves={}) \
              faults/min(pause={} crash={} partition={} one-way={} clog={} lossy={} drift={} skew={} \
-             unavail={} lost-ack={} store-lat={} leader-loss={} revoke={}) fault_ms={} lock_wait={}ms drifted={}",
+             unavail={} lost-ack={} store-lat={} leader-loss={} revoke={}) fault_ms={} lock_wait={}ms drifted={} chain={}",
             self.seed,
             self.lock_replicas,
             self.payment_replicas,
@@ -339,7 +349,8 @@ impl fmt::Display for SwarmConfig {
             match self.drifted_executor_node() {
                 Some((node, rate)) => format!("{node}@{rate}"),
                 None => "none".to_owned(),
-            }
+            },
+            self.chain_payouts_max,
         )
     }
 }
@@ -369,6 +380,7 @@ mod tests {
             assert!(c.arrival_ms <= c.fault_ms);
             assert!(c.lock_wait_ms <= LOCK_WAIT_MS_MAX && c.lock_wait_ms.is_multiple_of(100));
             assert!(c.lock_wait_ms * dlock_executor::config::LOCK_WAIT_TTL_DIVISOR <= c.lock_ttl_ms, "{c}");
+            assert!((1..=CHAIN_PAYOUTS_DRAW_MAX as u32).contains(&c.chain_payouts_max), "{c}");
             if let Some((i, rate)) = c.drifted_executor {
                 assert!(i < c.executors.len());
                 assert!((DRIFT_RATE_MIN..=DRIFT_RATE_MAX).contains(&rate), "{rate}");
@@ -384,7 +396,8 @@ mod tests {
 
     #[test]
     fn knobs_added_later_leave_every_earlier_draw_of_a_seed_unchanged() {
-        // Seed 1's line before `lock_wait` and `drifted` were drawn (they are drawn last).
+        // Seed 1's line before `lock_wait`, `drifted` and `chain` were drawn (they are drawn
+        // last, in that order).
         let before = "seed=1 topo=lock2/pay2/proxy1 exec=[4,3,5,6,8] backend=mem ttl=2200ms \
             stub(lat=0ms fail=0.174 dup=0.124 decl=0.132) stall(rate=0 ms=6600) \
             work(payouts=30 accounts=3 hot=2@0.7 arrival=600ms) operator(revokes=0 resolves=true) \
@@ -392,7 +405,9 @@ mod tests {
             lost-ack=2.411 store-lat=2.501 leader-loss=0.59 revoke=1.279) fault_ms=9000 ";
         let line = SwarmConfig::draw(1).to_string();
         assert!(line.starts_with(before), "{line}");
-        assert!(line.ends_with("lock_wait=400ms drifted=executor-5@0.61"), "{line}");
+        let (head, chain) = line.rsplit_once(" chain=").expect("chain last");
+        assert!(head.ends_with("lock_wait=400ms drifted=executor-5@0.61"), "{line}");
+        assert_eq!(chain, SwarmConfig::draw(1).chain_payouts_max.to_string(), "{line}");
     }
 
     #[test]
@@ -409,6 +424,7 @@ mod tests {
             ("store", zero(&|c| c.faults.lost_ack_per_min == 0.0)),
             ("lock-wait", zero(&|c| c.lock_wait_ms == 0)),
             ("drift", zero(&|c| c.drifted_executor.is_none())),
+            ("chain", zero(&|c| c.chain_payouts_max == 1)),
         ] {
             assert!((400..=800).contains(&n), "{name} zero in {n} of 2000 draws");
         }

@@ -237,9 +237,9 @@ fn the_cli_refuses_a_clean_seed_with_exit_2_and_shrinks_a_failing_one_into_its_o
 }
 
 /// Fault events added to a seed's plan that the failure does not need: ddmin drops them
-/// and keeps the one it needs (`fencing-off-proxy`'s seed 36 needs its drifted
-/// executor-4; re-pinned from seed 2 in issue 14, when the shorter payout path moved the
-/// schedules).
+/// and keeps the one it needs (`fencing-off-proxy`'s seed 36 needs a drifted executor:
+/// executor-2 since grants are chained across an account's payouts, executor-4 before;
+/// re-pinned from seed 2 in issue 14, when the shorter payout path moved the schedules).
 #[test]
 fn ddmin_drops_the_fault_events_a_failure_does_not_need_and_keeps_the_one_it_does() {
     use dlock_sim::scenario::Step;
@@ -262,7 +262,7 @@ fn ddmin_drops_the_fault_events_a_failure_does_not_need_and_keeps_the_one_it_doe
     eprintln!("padded seed 36: {} -> {} in {} runs", s.before, s.after, s.runs);
     assert_eq!(s.after.fault_events, 1, "{}", s.text);
     assert!(
-        matches!(&s.plan.steps[0].step, Step::DriftClock { node, .. } if node == "executor-4"),
+        matches!(&s.plan.steps[0].step, Step::DriftClock { node, .. } if node == "executor-2"),
         "{:?}",
         s.plan.steps
     );

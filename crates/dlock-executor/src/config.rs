@@ -21,6 +21,7 @@ pub const KEYS: &[&str] = &[
     "executor.affinity-index",
     "executor.affinity-count",
     "executor.affinity-steal-after-ms",
+    "executor.chain-payouts-max",
     "executor.write.connect-timeout-ms",
     "executor.write.read-timeout-ms",
     "executor.write.retries-max",
@@ -71,6 +72,7 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<ExecutorSettings, St
     cfg.affinity_index = layers.get("executor.affinity-index", cfg.affinity_index)?;
     cfg.affinity_count = layers.get("executor.affinity-count", cfg.affinity_count)?;
     cfg.affinity_steal_after_ms = layers.get("executor.affinity-steal-after-ms", cfg.affinity_steal_after_ms)?;
+    cfg.chain_payouts_max = layers.get("executor.chain-payouts-max", cfg.chain_payouts_max)?;
     cfg.write_connect_timeout_ms = layers.get("executor.write.connect-timeout-ms", cfg.write_connect_timeout_ms)?;
     cfg.write_read_timeout_ms = layers.get("executor.write.read-timeout-ms", cfg.write_read_timeout_ms)?;
     cfg.write_retries_max = layers.get("executor.write.retries-max", cfg.write_retries_max)?;
@@ -175,6 +177,14 @@ pub const AFFINITY_INDEX_DEFAULT: u32 = 0;
 pub const AFFINITY_STEAL_AFTER_MS_DEFAULT: u64 = 5_000;
 /// Largest `executor.affinity-steal-after-ms`.
 pub const AFFINITY_STEAL_AFTER_MS_MAX: u64 = 600_000;
+/// Default `executor.chain-payouts-max` (issue 14): after a payout is posted, a task whose
+/// pass holds another payout of the same account rotates the post's grant into that
+/// payout's claim instead of releasing and acquiring again, for at most this many payouts
+/// under one chain of grants; then the account is released, so a lock-server waiter and
+/// the task's other accounts get their turn.
+pub const CHAIN_PAYOUTS_MAX_DEFAULT: u32 = 16;
+/// Largest `executor.chain-payouts-max`.
+pub const CHAIN_PAYOUTS_MAX_MAX: u32 = 1_024;
 /// Longest injected stall (`executor.chaos.pause-ms`).
 pub const PAUSE_MS_MAX: u64 = 120_000;
 /// Longest any single budget may be set to.
@@ -209,6 +219,10 @@ pub struct ExecutorConfig {
     pub affinity_index: u32,
     pub affinity_count: u32,
     pub affinity_steal_after_ms: u64,
+    /// `executor.chain-payouts-max`: payouts of one account a task works under one chain
+    /// of rotated grants ([`CHAIN_PAYOUTS_MAX_DEFAULT`]); 1 = every payout acquires and
+    /// releases its account on its own.
+    pub chain_payouts_max: u32,
     pub write_connect_timeout_ms: u64,
     pub write_read_timeout_ms: u64,
     pub write_retries_max: u32,
@@ -290,6 +304,7 @@ impl ExecutorConfig {
             affinity_index: AFFINITY_INDEX_DEFAULT,
             affinity_count: AFFINITY_COUNT_DEFAULT,
             affinity_steal_after_ms: AFFINITY_STEAL_AFTER_MS_DEFAULT,
+            chain_payouts_max: CHAIN_PAYOUTS_MAX_DEFAULT,
             write_connect_timeout_ms: WRITE_CONNECT_TIMEOUT_MS_DEFAULT,
             write_read_timeout_ms: WRITE_READ_TIMEOUT_MS_DEFAULT,
             write_retries_max: WRITE_RETRIES_MAX_DEFAULT,
@@ -340,6 +355,9 @@ impl ExecutorConfig {
         }
         if self.affinity_steal_after_ms > AFFINITY_STEAL_AFTER_MS_MAX {
             return Err(format!("executor.affinity-steal-after-ms must be 0..={AFFINITY_STEAL_AFTER_MS_MAX}"));
+        }
+        if !(1..=CHAIN_PAYOUTS_MAX_MAX).contains(&self.chain_payouts_max) {
+            return Err(format!("executor.chain-payouts-max must be 1..={CHAIN_PAYOUTS_MAX_MAX}"));
         }
         if !(1..=CONCURRENCY_MAX).contains(&self.concurrency) {
             return Err(format!("executor.concurrency must be 1..={CONCURRENCY_MAX}"));
@@ -463,6 +481,17 @@ mod tests {
         let mut c = cfg();
         c.affinity_steal_after_ms = AFFINITY_STEAL_AFTER_MS_MAX + 1;
         assert!(c.validate().is_err_and(|e| e.contains("executor.affinity-steal-after-ms")));
+    }
+
+    #[test]
+    fn payout_chains_default_to_sixteen_resolve_and_refuse_zero() {
+        assert_eq!(cfg().chain_payouts_max, CHAIN_PAYOUTS_MAX_DEFAULT);
+        let s = resolve(&authed(&[("executor.chain-payouts-max", "1")]), Profile::Production).expect("in range");
+        assert_eq!(s.config.chain_payouts_max, 1);
+        for bad in ["0", "1025"] {
+            let err = resolve(&authed(&[("executor.chain-payouts-max", bad)]), Profile::Production).expect_err(bad);
+            assert!(err.contains("executor.chain-payouts-max"), "{err}");
+        }
     }
 
     #[test]

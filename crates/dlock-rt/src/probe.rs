@@ -48,10 +48,13 @@ pub enum Probe {
     /// A resource refused a fenced write whose grant signature it could not verify
     /// (`INVALID_TOKEN`: unsigned, forged, for another lock key, from an untrusted key).
     ForgedTokenRefused,
+    /// An executor rotated a posted payout's grant into a grant for the next payout of its
+    /// account (a chain link, issue 14).
+    GrantChained,
 }
 
 impl Probe {
-    pub const ALL: [Probe; 15] = [
+    pub const ALL: [Probe; 16] = [
         Probe::FencedOutAccount,
         Probe::FencedOutLedger,
         Probe::FencedOutRail,
@@ -67,6 +70,7 @@ impl Probe {
         Probe::OrphanIntentSwept,
         Probe::PartitionHealedMidLease,
         Probe::ForgedTokenRefused,
+        Probe::GrantChained,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,6 +90,7 @@ impl Probe {
             Probe::OrphanIntentSwept => "orphan_intent_swept",
             Probe::PartitionHealedMidLease => "partition_healed_mid_lease",
             Probe::ForgedTokenRefused => "forged_token_refused",
+            Probe::GrantChained => "grant_chained",
         }
     }
 }

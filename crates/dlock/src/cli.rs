@@ -213,6 +213,9 @@ struct ExecutorArgs {
     /// [executor.affinity-steal-after-ms] Another executor's account whose oldest payout has not moved for this long (no progress seen) is tried like an own one.
     #[arg(long, env = "DLOCK_EXECUTOR_AFFINITY_STEAL_AFTER_MS", value_name = "MS")]
     affinity_steal_after_ms: Option<u64>,
+    /// [executor.chain-payouts-max] Payouts of one account a task works under one chain of rotated grants before it releases the account (1: acquire and release per payout).
+    #[arg(long, env = "DLOCK_EXECUTOR_CHAIN_PAYOUTS_MAX", value_name = "N")]
+    chain_payouts_max: Option<u32>,
     /// [executor.write.connect-timeout-ms] Claim and post: connect budget.
     #[arg(long, env = "DLOCK_EXECUTOR_WRITE_CONNECT_TIMEOUT_MS", value_name = "MS")]
     write_connect_timeout_ms: Option<u64>,
@@ -472,6 +475,7 @@ impl ExecutorArgs {
         l.set_flag_opt("executor.affinity-index", self.affinity_index.as_ref());
         l.set_flag_opt("executor.affinity-count", self.affinity_count.as_ref());
         l.set_flag_opt("executor.affinity-steal-after-ms", self.affinity_steal_after_ms.as_ref());
+        l.set_flag_opt("executor.chain-payouts-max", self.chain_payouts_max.as_ref());
         l.set_flag_opt("executor.write.connect-timeout-ms", self.write_connect_timeout_ms.as_ref());
         l.set_flag_opt("executor.write.read-timeout-ms", self.write_read_timeout_ms.as_ref());
         l.set_flag_opt("executor.write.retries-max", self.write_retries_max.as_ref());
