@@ -231,6 +231,18 @@ struct Chain {
     links: u32,
 }
 
+/// One critical section's inputs.
+struct Attempt<'a> {
+    session: &'a Session,
+    owner: &'a str,
+    c: &'a Candidate,
+    /// The grant a posted payout of the same account kept: the attempt's first act is then
+    /// a rotate of it, not an acquire.
+    chained: Option<Chain>,
+    /// Whether this payout's post may keep its grant for a next payout of the account.
+    keep: bool,
+}
+
 /// Whether an attempt's post may keep its grant (`wanted`), and the grant it kept.
 struct Keep {
     wanted: bool,
@@ -415,7 +427,8 @@ impl Executor {
                         continue;
                     }
                     let more = chain_has_next(&queue, &c.account_id);
-                    let (outcome, step, kept) = self.execute_step(s, &owner, &c, carried, more).await;
+                    let attempt = Attempt { session: s, owner: &owner, c: &c, chained: carried, keep: more };
+                    let (outcome, step, kept) = self.execute_step(attempt).await;
                     chain = kept;
                     match step {
                         Step::Reset => {
@@ -583,7 +596,7 @@ impl Executor {
     /// One critical section for `c`. `None` when the payout was skipped (its account is
     /// busy, or it no longer needs this executor).
     pub async fn execute(&self, session: &Session, owner: &str, c: &Candidate) -> Option<Outcome> {
-        self.execute_step(session, owner, c, None, false).await.0
+        self.execute_step(Attempt { session, owner, c, chained: None, keep: false }).await.0
     }
 
     /// [`Executor::execute`], and how the step ended: [`Step::Reset`] when the session must
@@ -591,36 +604,20 @@ impl Executor {
     /// in this session and the client refuses that key until a new session; the server then
     /// reclaims the grant), [`Step::Busy`] when the account is worked by a sibling task or
     /// held elsewhere.
-    ///
-    /// `chained`: the grant a posted payout of the same account kept (its first act is then
-    /// a rotate, not an acquire); `keep`: whether this payout's post may keep its grant for
-    /// a next payout of the account, returned as the third value.
-    async fn execute_step(
-        &self,
-        session: &Session,
-        owner: &str,
-        c: &Candidate,
-        chained: Option<Chain>,
-        keep: bool,
-    ) -> (Option<Outcome>, Step, Option<Chain>) {
+    /// The grant a post kept for the next payout ([`Attempt::keep`]) is the third value.
+    async fn execute_step(&self, a: Attempt<'_>) -> (Option<Outcome>, Step, Option<Chain>) {
         // E-17: the attempt is one trace; each hop below is a child span of its root.
         let root = self.traces.next_root();
-        let span = root.work_span("payout_attempt", &c.payout_id.to_string());
+        let span = root.work_span("payout_attempt", &a.c.payout_id.to_string());
         // Boxed: the attempt's state machine (every hop, timed and traced) is large, and a
         // debug build polled on a 2 MiB thread stack (a test thread, a runtime worker)
         // overflowed it. One allocation per attempt; the hops below are boxed for the same reason.
-        let attempt = Box::pin(self.execute_attempt(session, owner, c, chained, keep));
+        let attempt = Box::pin(self.execute_attempt(a));
         tracing::Instrument::instrument(root.scope(attempt), span).await
     }
 
-    async fn execute_attempt(
-        &self,
-        session: &Session,
-        owner: &str,
-        c: &Candidate,
-        chained: Option<Chain>,
-        keep: bool,
-    ) -> (Option<Outcome>, Step, Option<Chain>) {
+    async fn execute_attempt(&self, a: Attempt<'_>) -> (Option<Outcome>, Step, Option<Chain>) {
+        let Attempt { session, owner, c, chained, keep } = a;
         let key = format!("payout:{}", c.account_id);
         let started = self.clock.now();
         let (working, guard, links) = match chained {

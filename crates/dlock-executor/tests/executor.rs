@@ -166,6 +166,15 @@ async fn rail_calls(stub: &BaseUrl) -> Vec<String> {
     v["calls"].as_array().into_iter().flatten().filter_map(|c| c["clientRef"].as_str().map(str::to_owned)).collect()
 }
 
+/// Asserts the rail-stub was called exactly once for each of `ids` and for nothing else.
+async fn assert_one_rail_call_each(c: &Cluster, ids: &[Uuid], what: &str) {
+    let mut calls = rail_calls(&c.stub).await;
+    calls.sort();
+    let mut expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+    expected.sort();
+    assert_eq!(calls, expected, "{what}");
+}
+
 async fn assert_ledger_balances(paydb: &MemPaydb) {
     for a in PaymentStore::accounts(paydb).await.expect("accounts") {
         if !is_system_account(&a.account_id) {
@@ -201,11 +210,7 @@ async fn executors_settle_every_payout_once_with_a_balanced_ledger() {
         r.await.expect("executor stops");
     }
     assert!(done.is_some(), "not every payout was posted: {:?}", states(&c.paydb, &ids).await);
-    let mut calls = rail_calls(&c.stub).await;
-    calls.sort();
-    let mut expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    expected.sort();
-    assert_eq!(calls, expected, "each payout reaches the rail exactly once");
+    assert_one_rail_call_each(&c, &ids, "each payout reaches the rail exactly once").await;
     assert_ledger_balances(&c.paydb).await;
     let posted: u64 = executors.iter().map(|e| e.metrics.get(Outcome::Posted)).sum();
     assert_eq!(posted, ids.len() as u64);
@@ -234,11 +239,7 @@ async fn a_lone_executor_with_affinity_also_settles_the_accounts_of_a_dead_peer(
     let _ = stop_tx.send(true);
     run.await.expect("stops");
     assert!(done.is_some(), "not every payout was posted: {:?}", states(&c.paydb, &ids).await);
-    let mut calls = rail_calls(&c.stub).await;
-    calls.sort();
-    let mut expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    expected.sort();
-    assert_eq!(calls, expected, "each payout reaches the rail exactly once");
+    assert_one_rail_call_each(&c, &ids, "each payout reaches the rail exactly once").await;
     assert_eq!(ex.metrics.get(Outcome::Posted), ids.len() as u64);
     assert_ledger_balances(&c.paydb).await;
 }
@@ -396,11 +397,8 @@ async fn a_posted_payouts_grant_is_rotated_into_the_next_claim_of_its_account_up
         let (ex, states) = drain_tuned(&c, &ids, tune, |_| true).await;
         assert!(states.values().all(|s| *s == PayoutState::Posted), "bound {chain_max}: {states:?}");
         assert_eq!(ex.metrics.get(Outcome::Fenced), 0, "bound {chain_max}");
-        let mut calls = rail_calls(&c.stub).await;
-        calls.sort();
-        let mut expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-        expected.sort();
-        assert_eq!(calls, expected, "bound {chain_max}: each payout reaches the rail exactly once");
+        assert_one_rail_call_each(&c, &ids, &format!("bound {chain_max}: each payout reaches the rail exactly once"))
+            .await;
         assert_ledger_balances(&c.paydb).await;
         let lock = metrics_of(&c.lock).await;
         let op = |o: &str| sample(&lock, &format!("lock_store_op_seconds_count{{op=\"{o}\"}}"));
@@ -414,11 +412,7 @@ async fn a_payout_the_rail_declines_fails_after_exactly_one_call() {
     let ids = seed(&c, 2, 4, 10_000, 1_000).await;
     let (ex, states) = drain(&c, &ids).await;
     assert!(states.values().all(|s| *s == PayoutState::Failed), "{states:?}");
-    let mut calls = rail_calls(&c.stub).await;
-    calls.sort();
-    let mut expected: Vec<String> = ids.iter().map(Uuid::to_string).collect();
-    expected.sort();
-    assert_eq!(calls, expected, "one call per declined payout, never a second");
+    assert_one_rail_call_each(&c, &ids, "one call per declined payout, never a second").await;
     assert_eq!(ex.metrics.get(Outcome::Failed), 4);
     assert_ledger_balances(&c.paydb).await;
 }
