@@ -620,7 +620,7 @@ impl Executor {
         let Attempt { session, owner, c, chained, keep } = a;
         let key = format!("payout:{}", c.account_id);
         let started = self.clock.now();
-        let (working, guard, links) = match chained {
+        let (working, granted, links) = match chained {
             Some(chain) => {
                 // The account's mark and grant, carried from its previous payout: one rotate
                 // replaces that payout's release and this one's acquire (timed as the acquire).
@@ -630,40 +630,21 @@ impl Executor {
                     "a chained grant is only ever rotated into its own account's payout"
                 );
                 let rotated = self.metrics.hops.time(&self.clock, Hop::Acquire, chain.guard.rotate()).await;
-                match rotated {
-                    Ok(g) => {
-                        dlock_rt::probe::hit(dlock_rt::probe::Probe::GrantChained);
-                        (chain.mark, g, chain.links)
-                    }
-                    Err(e @ LockClientError::Ambiguous { .. }) => {
-                        tracing::warn!(key, cause = %e, "executor_session_reset");
-                        return (None, Step::Reset, None);
-                    }
-                    Err(e) => {
-                        tracing::debug!(key, cause = %e, "executor_chain_broken");
-                        return (None, Step::Busy, None);
-                    }
+                if rotated.is_ok() {
+                    dlock_rt::probe::hit(dlock_rt::probe::Probe::GrantChained);
                 }
+                (chain.mark, rotated, chain.links)
             }
             None => {
                 let Some(working) = self.mark_working(&c.account_id) else {
                     return (None, Step::Busy, None);
                 };
-                match self.acquire(session, &key).await {
-                    Ok(g) => (working, g, 0),
-                    Err(e @ LockClientError::Ambiguous { .. }) => {
-                        tracing::warn!(key, cause = %e, "executor_session_reset");
-                        return (None, Step::Reset, None);
-                    }
-                    Err(e) => {
-                        if e.code() == Some(ErrorCode::LockContended) {
-                            self.forget_account(&c.account_id).await;
-                        }
-                        tracing::debug!(key, cause = %e, "executor_account_busy");
-                        return (None, Step::Busy, None);
-                    }
-                }
+                (working, self.acquire(session, &key).await, 0)
             }
+        };
+        let guard = match granted {
+            Ok(g) => g,
+            Err(e) => return (None, self.not_granted(&c.account_id, &key, e).await, None),
         };
         // This payout is the chain's `links + 1`-th; its grant may be kept for one more
         // while that stays within `executor.chain-payouts-max`.
@@ -682,6 +663,22 @@ impl Executor {
         }
         let chain = held.kept.map(|guard| Chain { guard, mark: working, links });
         (outcome, Step::Done, chain)
+    }
+
+    /// How an attempt ends whose acquire (or chained rotate) of `key` was not granted:
+    /// [`Step::Reset`] after an unknown outcome (the session refuses the key from then on),
+    /// else [`Step::Busy`]; an account another executor holds (`LOCK_CONTENDED`) leaves the
+    /// shared scan.
+    async fn not_granted(&self, account: &str, key: &str, e: LockClientError) -> Step {
+        if matches!(e, LockClientError::Ambiguous { .. }) {
+            tracing::warn!(key, cause = %e, "executor_session_reset");
+            return Step::Reset;
+        }
+        if e.code() == Some(ErrorCode::LockContended) {
+            self.forget_account(account).await;
+        }
+        tracing::debug!(key, cause = %e, "executor_account_busy");
+        Step::Busy
     }
 
     /// Marks `account` as worked by the calling task; `None` when a sibling already works it.
