@@ -13,7 +13,9 @@ use dlock_rt::Clock;
 use uuid::Uuid;
 
 use crate::metrics::{ProxyMetrics, RailCall, RESOURCE_RAIL};
-use crate::store::{Admission, Attempt, ClassifiedStoreError, RailStore, Resolution, StoreError};
+use crate::store::{
+    Admission, Attempt, Checked, ClassifiedStoreError, PayoutRow, RailStore, Resolution, StoreError, Unstamped,
+};
 use crate::store_timed::TimedRailStore;
 
 /// Default `rail.proxy.connect-timeout-ms` (C3 §3.8: proxy → rail connect budget).
@@ -312,51 +314,25 @@ impl RailProxy {
         }
     }
 
-    async fn run(&self, s: Submission) -> Outcome {
-        let body = &s.body;
-        // Validation before step 1: a mismatch writes no row.
-        let payout = match self.store.payout(body.payout_id).await {
-            Ok(p) => p,
-            Err(e) => return store_outcome(e),
-        };
+    /// Validation before step 1: the answer for a submission whose payout is missing, or
+    /// whose body does not match it; `None` when it matches.
+    fn invalid(asked: &Unstamped, payout: Option<&PayoutRow>) -> Option<Outcome> {
         let Some(payout) = payout else {
-            return Outcome::Invalid {
+            return Some(Outcome::Invalid {
                 message: "no such payout".into(),
                 fields: vec![FieldError::new("payoutId", "does not name a known payout")],
-            };
+            });
         };
-        let mut mismatched = Vec::new();
-        if payout.account_id != body.account_id {
-            mismatched.push(FieldError::new("accountId", "does not match the payout"));
-        }
-        if payout.amount_minor != body.amount_minor {
-            mismatched.push(FieldError::new("amountMinor", "does not match the payout"));
-        }
-        if payout.currency != body.currency {
-            mismatched.push(FieldError::new("currency", "does not match the payout"));
-        }
-        // The rail pays whom the request names: a beneficiary that is not the payout's would
-        // send its money elsewhere, whatever the fences say.
-        if payout.beneficiary_ref != body.beneficiary_ref {
-            mismatched.push(FieldError::new("beneficiaryRef", "does not match the payout"));
-        }
-        if !mismatched.is_empty() {
-            return Outcome::Invalid { message: "the body does not match the payout".into(), fields: mismatched };
-        }
-        // The grant check (C3-extensions E-14), before step 1 compares the token to the
-        // mark: signed by a trusted key for `payout:{accountId}` of the payout as stored, this
-        // token and this owner. A refusal writes no row.
-        let lock_key = dlock_contract::grant::payout_lock_key(&payout.account_id);
-        if let Err(e) = self.cfg.grants.verify(s.signature.as_deref(), &lock_key, s.token.get(), Some(s.owner.as_str()))
-        {
-            tracing::warn!(payoutId = %body.payout_id, accountId = %payout.account_id, presentedToken = s.token.get(),
-                ownerId = %s.owner, cause = %e, traceId = %s.trace_id, "grant_signature_refused");
-            return Outcome::GrantRefused(e);
-        }
+        let mismatched = asked.mismatches(payout);
+        (!mismatched.is_empty()).then(|| Outcome::Invalid {
+            message: "the body does not match the payout".into(),
+            fields: mismatched.into_iter().map(|f| FieldError::new(f, "does not match the payout")).collect(),
+        })
+    }
 
-        let submission_id = dlock_rt::rand::uuid_v4();
-        let attempt = Attempt {
-            submission_id,
+    async fn run(&self, s: Submission) -> Outcome {
+        let body = &s.body;
+        let asked = Unstamped {
             payout_id: body.payout_id,
             account_id: body.account_id.clone(),
             presented_token: s.token.get(),
@@ -364,17 +340,51 @@ impl RailProxy {
             idempotency_key: s.key.as_str().to_owned(),
             amount_minor: body.amount_minor,
             currency: body.currency.clone(),
-            at: self.clock.wall(),
+            beneficiary_ref: body.beneficiary_ref.clone(),
             fencing_enabled: self.cfg.fencing_enabled,
         };
-        let admitting = attempt.clone();
-        let admission = match self.write(move |store| async move { store.admit(&admitting).await }).await {
-            Ok(a) => a,
+        // The grant check (C3-extensions E-14), before step 1 compares the token to the
+        // mark: signed by a trusted key for `payout:{accountId}` of the payout as stored, this
+        // token and this owner. Checked against the body's account, which the admission then
+        // requires to be the payout's; a refusal writes no row, and is answered only once
+        // validation has passed (a body that does not match its payout is answered as that).
+        let lock_key = dlock_contract::grant::payout_lock_key(&body.account_id);
+        if let Err(e) = self.cfg.grants.verify(s.signature.as_deref(), &lock_key, s.token.get(), Some(s.owner.as_str()))
+        {
+            let payout = match self.store.payout(body.payout_id).await {
+                Ok(p) => p,
+                Err(e) => return store_outcome(e),
+            };
+            if let Some(invalid) = Self::invalid(&asked, payout.as_ref()) {
+                return invalid;
+            }
+            tracing::warn!(payoutId = %body.payout_id, accountId = %body.account_id, presentedToken = s.token.get(),
+                ownerId = %s.owner, cause = %e, traceId = %s.trace_id, "grant_signature_refused");
+            return Outcome::GrantRefused(e);
+        }
+
+        // Validation and steps 1-3; the attempt is stamped (its id, its instant) between them.
+        let clock = self.clock;
+        let admitting = asked.clone();
+        let checked = self
+            .write(move |store| async move {
+                let stamp = move || (dlock_rt::rand::uuid_v4(), clock.wall());
+                store.admit_checked(&admitting, &stamp).await
+            })
+            .await;
+        let (attempt, admission) = match checked {
+            Ok(Checked::Decided { attempt, admission }) => (attempt, admission),
+            Ok(Checked::Unmatched(payout)) => {
+                return Self::invalid(&asked, payout.as_ref()).unwrap_or_else(|| Outcome::StoreUnknown {
+                    cause: format!("payout {} matches the submission the store refused as unmatched", body.payout_id),
+                })
+            }
             Err(e) => {
                 tracing::warn!(traceId = %s.trace_id, payoutId = %body.payout_id, cause = %e, "rail_intent_not_committed");
                 return store_outcome(e);
             }
         };
+        let submission_id = attempt.submission_id;
         self.emit_admission(&attempt, &admission);
         let submitted_at = match admission {
             Admission::Fenced { highest_token } => {

@@ -5,6 +5,9 @@
 //! forwardable slot, move the payout to SUBMITTED), and [`RailStore::resolve`] is the
 //! second transaction that records the outcome of the one forward in between. Nothing
 //! between the two holds a database connection, so a slow rail never pins one.
+//! [`RailStore::admit_checked`] is the submission's validation (the body against its payout)
+//! and steps 1–3: in the SQL stores one transaction whose first statement checks the payout
+//! (docs/performance.md §8.14), elsewhere the read and then `admit`, which answers the same.
 //!
 //! Invariants every implementation keeps (the conformance suite proves them on SQLite,
 //! PostgreSQL and the simulation store alike):
@@ -23,6 +26,75 @@ use uuid::Uuid;
 pub use dlock_paydb::rail::{is_forwardable, Admission, Attempt, NewPayout, PayoutRow, Resolution, SubmissionRow};
 pub use dlock_paydb::{ClassifiedStoreError, StoreError, StoreFault};
 
+/// A submission's attempt before it is stamped: what it asks, and the beneficiary its payout
+/// must pay (validation before step 1 compares it with the payout's terms).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unstamped {
+    pub payout_id: Uuid,
+    pub account_id: String,
+    pub presented_token: i64,
+    pub owner_id: String,
+    pub idempotency_key: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub beneficiary_ref: String,
+    /// `rail.proxy.fencing.enabled`, as [`Attempt::fencing_enabled`].
+    pub fencing_enabled: bool,
+}
+
+impl Unstamped {
+    /// The attempt, with its id and its instant.
+    pub fn stamped(&self, submission_id: Uuid, at: DateTime<Utc>) -> Attempt {
+        Attempt {
+            submission_id,
+            payout_id: self.payout_id,
+            account_id: self.account_id.clone(),
+            presented_token: self.presented_token,
+            owner_id: self.owner_id.clone(),
+            idempotency_key: self.idempotency_key.clone(),
+            amount_minor: self.amount_minor,
+            currency: self.currency.clone(),
+            at,
+            fencing_enabled: self.fencing_enabled,
+        }
+    }
+
+    /// The body fields (their wire names, in C3's order) whose values differ from the
+    /// payout's: validation before step 1 admits only when there are none.
+    pub fn mismatches(&self, payout: &PayoutRow) -> Vec<&'static str> {
+        let mut fields = Vec::new();
+        if payout.account_id != self.account_id {
+            fields.push("accountId");
+        }
+        if payout.amount_minor != self.amount_minor {
+            fields.push("amountMinor");
+        }
+        if payout.currency != self.currency {
+            fields.push("currency");
+        }
+        // The rail pays whom the request names: a beneficiary that is not the payout's would
+        // send its money elsewhere, whatever the fences say.
+        if payout.beneficiary_ref != self.beneficiary_ref {
+            fields.push("beneficiaryRef");
+        }
+        fields
+    }
+}
+
+/// Draws an attempt's id and instant, once, before steps 1–3 (the SQL stores draw it before
+/// the statement that validates, the default after its read).
+pub type Stamp<'a> = &'a (dyn Fn() -> (Uuid, DateTime<Utc>) + Send + Sync);
+
+/// What [`RailStore::admit_checked`] came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checked {
+    /// No such payout (`None`), or the body does not match it (the payout as read: some
+    /// [`Unstamped::mismatches`]). Nothing was written.
+    Unmatched(Option<PayoutRow>),
+    /// The body matches its payout; the attempt as stamped and what steps 1–3 decided.
+    Decided { attempt: Attempt, admission: Admission },
+}
+
 /// The rail-proxy's view of paydb.
 #[async_trait]
 pub trait RailStore: Send + Sync + 'static {
@@ -34,6 +106,25 @@ pub trait RailStore: Send + Sync + 'static {
 
     /// Steps 1–3 in one transaction. See [`Admission`].
     async fn admit(&self, attempt: &Attempt) -> Result<Admission, StoreError>;
+
+    /// Validation before step 1 and steps 1–3: the payout must exist and match `asked`
+    /// ([`Unstamped::mismatches`]), else nothing is written; the attempt, stamped by `stamp`
+    /// (called at most once, and once whenever it is decided), is admitted as
+    /// [`RailStore::admit`] admits it. This
+    /// default reads the payout and then calls `admit`, in that order, so a store without
+    /// its own (the simulation's) makes the calls, and the draws, it always made; the SQL
+    /// stores check the payout inside the admission's transaction instead, one round trip
+    /// fewer, with the same answers (the conformance suite).
+    async fn admit_checked(&self, asked: &Unstamped, stamp: Stamp<'_>) -> Result<Checked, StoreError> {
+        let payout = self.payout(asked.payout_id).await?;
+        if !payout.as_ref().is_some_and(|p| asked.mismatches(p).is_empty()) {
+            return Ok(Checked::Unmatched(payout));
+        }
+        let (submission_id, at) = stamp();
+        let attempt = asked.stamped(submission_id, at);
+        let admission = self.admit(&attempt).await?;
+        Ok(Checked::Decided { attempt, admission })
+    }
 
     /// Records the outcome of the forward of `submission_id` and moves its payout out of
     /// SUBMITTED, in one transaction. Resolving an already-resolved row is a no-op.

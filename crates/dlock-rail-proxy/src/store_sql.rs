@@ -19,7 +19,10 @@ use dlock_db::Dialect;
 use dlock_paydb::sql::{commit_error, db_error, parse_state, parse_uuid, PG_MIGRATOR, SQLITE_MIGRATOR};
 
 use crate::admission::{self, MarkVerdict};
-use crate::store::{Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow};
+use crate::store::{
+    Admission, Attempt, Checked, NewPayout, PayoutRow, RailStore, Resolution, Stamp, StoreError, SubmissionRow,
+    Unstamped,
+};
 
 /// The forwardable-attempt predicate of `rail_submission_attempt_uidx`, verbatim.
 const FORWARDABLE: &str = "outcome IS NULL OR outcome IN ('ACKED', 'REJECTED', 'TIMEOUT')";
@@ -155,11 +158,26 @@ enum AdmitStep {
 /// None of the three decides by a plain read of the statement's snapshot, so taking that
 /// snapshot before a wait (the hazard of docs/performance.md §5 cut 8) changes no decision.
 /// A refusal is classified after it, by statements of their own (refusals only).
-fn pg_admit_sql() -> String {
+///
+/// `gated` ([`RailStore::admit_checked`]): a first part, `gate`, reads the payout's terms and
+/// the mark writes only when they are the body's (`$10` the beneficiary), so validation and
+/// steps 1-3 are one statement. The terms never change once written (paydb's trigger) and a
+/// payout is never deleted, so the snapshot's answer is the newest; a payout the snapshot
+/// predates is found by the refusal's own read, and the parts then run again ungated.
+fn pg_admit_sql(gated: bool) -> String {
     let from = payout::sql_states(&payout::sources(PayoutState::Submitted, Actor::RailProxy));
+    let (gate, values) = if gated {
+        (
+            "gate AS (SELECT 1 FROM payouts WHERE payout_id = $2 AND account_id = $3 AND amount_minor = $7 \
+             AND currency = $8 AND beneficiary_ref = $10), ",
+            "SELECT $3, $4, $9 WHERE EXISTS (SELECT 1 FROM gate)",
+        )
+    } else {
+        ("", "VALUES ($3, $4, $9)")
+    };
     format!(
-        "WITH mark AS ( \
-           INSERT INTO rail_high_water (account_id, highest_token, updated_at) VALUES ($3, $4, $9) \
+        "WITH {gate}mark AS ( \
+           INSERT INTO rail_high_water (account_id, highest_token, updated_at) {values} \
            ON CONFLICT (account_id) DO UPDATE \
            SET highest_token = EXCLUDED.highest_token, updated_at = EXCLUDED.updated_at \
            WHERE rail_high_water.highest_token < EXCLUDED.highest_token \
@@ -203,17 +221,30 @@ fn pg_resolve_sql(to: PayoutState) -> String {
 /// order: mark (`$1` account, `$2` token, `$3` instant), intent (`$1`..`$9`: submission,
 /// payout, account, token, owner, key, amount, currency, instant), transition (`$1`
 /// instant, `$2` payout).
-fn sqlite_admit_statements() -> [(String, usize); 3] {
+/// `gated`: the mark writes only when the payout's terms are the body's (`$4`..`$8`: payout,
+/// account, amount, currency, beneficiary), as [`pg_admit_sql`]'s `gate`; the writer's lock
+/// is held from the batch's first statement, so the terms it reads are the newest.
+fn sqlite_admit_statements(gated: bool) -> [(String, usize); 3] {
     let from = payout::sql_states(&payout::sources(PayoutState::Submitted, Actor::RailProxy));
+    let (values, mark_binds) = if gated {
+        (
+            "SELECT $1, $2, $3 WHERE EXISTS (SELECT 1 FROM payouts WHERE payout_id = $4 AND account_id = $5 \
+             AND amount_minor = $6 AND currency = $7 AND beneficiary_ref = $8)",
+            8,
+        )
+    } else {
+        ("VALUES ($1, $2, $3)", 3)
+    };
     [
         (
-            "INSERT INTO rail_high_water (account_id, highest_token, updated_at) VALUES ($1, $2, $3) \
-             ON CONFLICT (account_id) DO UPDATE \
-             SET highest_token = EXCLUDED.highest_token, updated_at = EXCLUDED.updated_at \
-             WHERE rail_high_water.highest_token < EXCLUDED.highest_token \
-             RETURNING highest_token"
-                .to_owned(),
-            3,
+            format!(
+                "INSERT INTO rail_high_water (account_id, highest_token, updated_at) {values} \
+                 ON CONFLICT (account_id) DO UPDATE \
+                 SET highest_token = EXCLUDED.highest_token, updated_at = EXCLUDED.updated_at \
+                 WHERE rail_high_water.highest_token < EXCLUDED.highest_token \
+                 RETURNING highest_token"
+            ),
+            mark_binds,
         ),
         (
             format!(
@@ -259,6 +290,29 @@ fn sqlite_resolve_statements(to: PayoutState) -> [(String, usize); 2] {
     ]
 }
 
+/// The payout as the proxy reads it ([`PayoutRow`]).
+const PAYOUT_SQL: &str = "SELECT payout_id, account_id, amount_minor, currency, beneficiary_ref, state, attempt_count \
+     FROM payouts WHERE payout_id = $1";
+
+/// A row of [`PAYOUT_SQL`].
+fn payout_row<R: Row>(r: &R) -> Result<PayoutRow, StoreError>
+where
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'v> String: sqlx::Decode<'v, R::Database> + sqlx::Type<R::Database>,
+    for<'v> i64: sqlx::Decode<'v, R::Database> + sqlx::Type<R::Database>,
+    for<'v> i32: sqlx::Decode<'v, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(PayoutRow {
+        payout_id: parse_uuid(&r.try_get::<String, _>("payout_id").map_err(db_error)?)?,
+        account_id: r.try_get("account_id").map_err(db_error)?,
+        amount_minor: r.try_get("amount_minor").map_err(db_error)?,
+        currency: r.try_get("currency").map_err(db_error)?,
+        beneficiary_ref: r.try_get("beneficiary_ref").map_err(db_error)?,
+        state: parse_state(&r.try_get::<String, _>("state").map_err(db_error)?)?,
+        attempt_count: r.try_get("attempt_count").map_err(db_error)?,
+    })
+}
+
 /// Binds an attempt's intent row in its statements' order: submission, payout, account,
 /// token, owner, key, amount, currency, instant.
 macro_rules! bind_intent {
@@ -285,8 +339,15 @@ impl PgRailStore {
     async fn admit_parts(
         tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
         a: &Attempt,
+        gate: Option<&str>,
     ) -> Result<AdmitParts, StoreError> {
-        let row = bind_intent!(sqlx::query(&pg_admit_sql()), a).fetch_one(&mut **tx).await.map_err(db_error)?;
+        let sql = pg_admit_sql(gate.is_some());
+        let query = bind_intent!(sqlx::query(&sql), a);
+        let query = match gate {
+            Some(beneficiary_ref) => query.bind(beneficiary_ref.to_owned()),
+            None => query,
+        };
+        let row = query.fetch_one(&mut **tx).await.map_err(db_error)?;
         Ok((
             row.try_get("marked").map_err(db_error)?,
             row.try_get("claimed").map_err(db_error)?,
@@ -322,10 +383,20 @@ impl SqliteRailStore {
     async fn admit_parts(
         tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
         a: &Attempt,
+        gate: Option<&str>,
     ) -> Result<AdmitParts, StoreError> {
-        let [mark, intent, moved] = sqlite_admit_statements();
+        let [mark, intent, moved] = sqlite_admit_statements(gate.is_some());
         let q = dlock_db::sqlite_batch_sql(&[(&mark.0, mark.1), (&intent.0, intent.1), (&moved.0, moved.1)]);
         let query = sqlx::query(&q).bind(a.account_id.clone()).bind(a.presented_token).bind(a.at);
+        let query = match gate {
+            Some(beneficiary_ref) => query
+                .bind(a.payout_id.to_string())
+                .bind(a.account_id.clone())
+                .bind(a.amount_minor)
+                .bind(a.currency.clone())
+                .bind(beneficiary_ref.to_owned()),
+            None => query,
+        };
         let query = bind_intent!(query, a).bind(a.at).bind(a.payout_id.to_string());
         let parts = dlock_db::sqlite_batch(tx, query, 3).await.map_err(db_error)?;
         let marked = match parts[0].rows.first() {
@@ -373,6 +444,33 @@ macro_rules! sql_rail_store {
                 at: DateTime<Utc>,
             ) -> Result<(), (sqlx::Error, Stage)> {
                 Self::resolve_once(conn, submission_id, r, at).await
+            }
+
+            /// How far the writes of steps 1-3 got, from what their parts wrote.
+            fn admit_step(a: &Attempt, parts: AdmitParts) -> Result<AdmitStep, StoreError> {
+                match parts {
+                    (Some(to), _, _) if to != a.presented_token => {
+                        Err(StoreError::Corrupt(format!("rail_high_water advanced to {to}")))
+                    }
+                    (None, false, false) => Ok(AdmitStep::MarkRefused),
+                    (Some(_), false, false) => Ok(AdmitStep::SlotTaken),
+                    (Some(_), true, false) => Ok(AdmitStep::NotMoved),
+                    (Some(_), true, true) => Ok(AdmitStep::Moved),
+                    // Each part runs only when the one before it wrote.
+                    (m, c, v) => Err(StoreError::Corrupt(format!(
+                        "admission parts out of order: marked {m:?}, claimed {c}, moved {v}"
+                    ))),
+                }
+            }
+
+            /// The payout, read inside a transaction.
+            async fn payout_in(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                payout_id: Uuid,
+            ) -> Result<Option<PayoutRow>, StoreError> {
+                let q = $sql(PAYOUT_SQL);
+                let row = sqlx::query(&q).bind(payout_id.to_string()).fetch_optional(&mut **tx).await.map_err(db_error)?;
+                row.map(|r| payout_row(&r)).transpose()
             }
 
             /// The end of an admission whose writes of steps 1-3 got as far as `step`: a
@@ -478,27 +576,48 @@ macro_rules! sql_rail_store {
             }
 
             async fn payout(&self, payout_id: Uuid) -> Result<Option<PayoutRow>, StoreError> {
-                let q = $sql(
-                    "SELECT payout_id, account_id, amount_minor, currency, beneficiary_ref, state, attempt_count \
-                     FROM payouts WHERE payout_id = $1",
-                );
+                let q = $sql(PAYOUT_SQL);
                 let row = sqlx::query(&q)
                     .bind(payout_id.to_string())
                     .fetch_optional(&self.read_pool)
                     .await
                     .map_err(db_error)?;
-                row.map(|r| {
-                    Ok(PayoutRow {
-                        payout_id: parse_uuid(&r.try_get::<String, _>("payout_id").map_err(db_error)?)?,
-                        account_id: r.try_get("account_id").map_err(db_error)?,
-                        amount_minor: r.try_get("amount_minor").map_err(db_error)?,
-                        currency: r.try_get("currency").map_err(db_error)?,
-                        beneficiary_ref: r.try_get("beneficiary_ref").map_err(db_error)?,
-                        state: parse_state(&r.try_get::<String, _>("state").map_err(db_error)?)?,
-                        attempt_count: r.try_get("attempt_count").map_err(db_error)?,
-                    })
-                })
-                .transpose()
+                row.map(|r| payout_row(&r)).transpose()
+            }
+
+            async fn admit_checked(&self, asked: &Unstamped, stamp: Stamp<'_>) -> Result<Checked, StoreError> {
+                if !asked.fencing_enabled {
+                    // `--profile unsafe-test` only: the read, then the statements one by one.
+                    let payout = self.payout(asked.payout_id).await?;
+                    if !payout.as_ref().is_some_and(|p| asked.mismatches(p).is_empty()) {
+                        return Ok(Checked::Unmatched(payout));
+                    }
+                    let (submission_id, at) = stamp();
+                    let attempt = asked.stamped(submission_id, at);
+                    let admission = self.admit(&attempt).await?;
+                    return Ok(Checked::Decided { attempt, admission });
+                }
+                let (submission_id, at) = stamp();
+                let a = asked.stamped(submission_id, at);
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                // Validation and steps 1-3 in one database call: the mark writes only when the
+                // payout's terms are the body's (`gated`), and nothing after it runs unless it
+                // wrote. No mark: the payout is read in the transaction to tell the two apart.
+                let mut parts = Self::admit_parts(&mut tx, &a, Some(&asked.beneficiary_ref)).await?;
+                if parts.0.is_none() {
+                    let payout = Self::payout_in(&mut tx, a.payout_id).await?;
+                    if !payout.as_ref().is_some_and(|p| asked.mismatches(p).is_empty()) {
+                        tx.rollback().await.map_err(db_error)?;
+                        return Ok(Checked::Unmatched(payout));
+                    }
+                    // The terms match, so the mark refused (or, on PostgreSQL, the statement's
+                    // snapshot predates the payout): nothing was written; the parts run again
+                    // ungated and decide.
+                    parts = Self::admit_parts(&mut tx, &a, None).await?;
+                }
+                let step = Self::admit_step(&a, parts)?;
+                let admission = self.finish_admission(tx, &a, step).await?;
+                Ok(Checked::Decided { attempt: a, admission })
             }
 
             async fn admit(&self, a: &Attempt) -> Result<Admission, StoreError> {
@@ -507,21 +626,7 @@ macro_rules! sql_rail_store {
                 // on PostgreSQL, the chained batch of [`sqlite_admit_statements`] on SQLite,
                 // whose parts run in the order their guards chain them.
                 if a.fencing_enabled {
-                    let step = match Self::admit_parts(&mut tx, a).await? {
-                        (Some(to), _, _) if to != a.presented_token => {
-                            return Err(StoreError::Corrupt(format!("rail_high_water advanced to {to}")));
-                        }
-                        (None, false, false) => AdmitStep::MarkRefused,
-                        (Some(_), false, false) => AdmitStep::SlotTaken,
-                        (Some(_), true, false) => AdmitStep::NotMoved,
-                        (Some(_), true, true) => AdmitStep::Moved,
-                        // Each part runs only when the one before it wrote.
-                        (m, c, v) => {
-                            return Err(StoreError::Corrupt(format!(
-                                "admission parts out of order: marked {m:?}, claimed {c}, moved {v}"
-                            )));
-                        }
-                    };
+                    let step = Self::admit_step(a, Self::admit_parts(&mut tx, a, None).await?)?;
                     return self.finish_admission(tx, a, step).await;
                 }
 

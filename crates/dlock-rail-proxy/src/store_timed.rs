@@ -12,7 +12,10 @@ use dlock_http::metrics::{ClosedTag, OffWriterWrites, PoolStats, TaggedHistogram
 use dlock_rt::Clock;
 use uuid::Uuid;
 
-use crate::store::{Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow};
+use crate::store::{
+    Admission, Attempt, Checked, NewPayout, PayoutRow, RailStore, Resolution, Stamp, StoreError, SubmissionRow,
+    Unstamped,
+};
 
 /// The `op` tag of `rail_store_op_seconds`: one value per [`RailStore`] method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +82,11 @@ impl RailStore for TimedRailStore {
 
     async fn admit(&self, attempt: &Attempt) -> Result<Admission, StoreError> {
         self.write(RailStoreOp::Admit, self.inner.admit(attempt)).await
+    }
+
+    /// Timed as one admission (its validation read is part of it).
+    async fn admit_checked(&self, asked: &Unstamped, stamp: Stamp<'_>) -> Result<Checked, StoreError> {
+        self.write(RailStoreOp::Admit, self.inner.admit_checked(asked, stamp)).await
     }
 
     async fn resolve(&self, submission_id: Uuid, resolution: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Duration, Utc};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::SubmissionOutcome;
-use dlock_rail_proxy::store::{Admission, Attempt, NewPayout, RailStore, Resolution};
+use dlock_rail_proxy::store::{Admission, Attempt, Checked, NewPayout, RailStore, Resolution, Unstamped};
 use uuid::Uuid;
 
 pub fn t0() -> DateTime<Utc> {
@@ -279,6 +279,112 @@ pub async fn unresolved_intents_are_listed_oldest_first_before_the_bound(store: 
     assert_eq!(store.unresolved_before(t0(), 10).await, Ok(vec![]));
 }
 
+/// What a submission for `payout_id` asks, with the terms [`payout`] writes.
+pub fn asked(payout_id: Uuid, account: &str, token: i64) -> Unstamped {
+    Unstamped {
+        payout_id,
+        account_id: account.to_owned(),
+        presented_token: token,
+        owner_id: "worker-1".into(),
+        idempotency_key: format!("payout:{payout_id}"),
+        amount_minor: 1_000,
+        currency: "EUR".into(),
+        beneficiary_ref: "ben".into(),
+        fencing_enabled: true,
+    }
+}
+
+/// `admit_checked` with a stamp that counts its calls: the answer, and the stamps drawn.
+async fn checked(store: &Arc<dyn RailStore>, asked: &Unstamped, at_ms: i64) -> (Checked, usize) {
+    let stamps = std::sync::atomic::AtomicUsize::new(0);
+    let stamp = || {
+        stamps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        (Uuid::new_v4(), t0() + Duration::milliseconds(at_ms))
+    };
+    let answer = store.admit_checked(asked, &stamp).await.expect("admit_checked");
+    (answer, stamps.into_inner())
+}
+
+/// Validation before step 1: a payout that does not exist, or whose terms the body does not
+/// name (each term in turn), advances no mark and writes no row (a stamp may have been
+/// drawn, at most one).
+pub async fn a_checked_admission_of_a_missing_or_mismatched_payout_writes_nothing(store: Arc<dyn RailStore>) {
+    let ghost = Uuid::new_v4();
+    let (answer, stamps) = checked(&store, &asked(ghost, "acct", 5), 0).await;
+    assert_eq!((answer, stamps <= 1), (Checked::Unmatched(None), true));
+    let p = payout(&store, "acct", PayoutState::Claimed).await;
+    let row = store.payout(p).await.expect("read").expect("exists");
+    let mut wrong: Vec<Unstamped> = vec![asked(p, "acct-other", 5)];
+    let mut a = asked(p, "acct", 5);
+    a.amount_minor = 999;
+    wrong.push(a);
+    let mut a = asked(p, "acct", 5);
+    a.currency = "USD".into();
+    wrong.push(a);
+    let mut a = asked(p, "acct", 5);
+    a.beneficiary_ref = "someone-else".into();
+    wrong.push(a);
+    for (i, a) in wrong.iter().enumerate() {
+        assert_eq!(a.mismatches(&row).len(), 1, "case {i} differs in one term");
+        let (answer, stamps) = checked(&store, a, 0).await;
+        assert_eq!((answer, stamps <= 1), (Checked::Unmatched(Some(row.clone())), true), "case {i}");
+    }
+    assert_eq!(store.high_water("acct").await, Ok(None));
+    assert_eq!(store.high_water("acct-other").await, Ok(None));
+    assert_eq!(store.submissions(None).await.expect("rows"), vec![]);
+    assert_eq!(state_of(&store, p).await, PayoutState::Claimed);
+}
+
+/// A body that matches its payout is stamped once and decided exactly as `admit` decides:
+/// admitted, fenced (its FENCED row written), a duplicate, not claimable; with fencing off
+/// too.
+pub async fn a_checked_admission_of_a_matching_payout_is_stamped_once_and_decided_as_admit_decides(
+    store: Arc<dyn RailStore>,
+) {
+    let (p1, p2) =
+        (payout(&store, "acct", PayoutState::Claimed).await, payout(&store, "acct", PayoutState::Claimed).await);
+    let (answer, stamps) = checked(&store, &asked(p1, "acct", 10), 7).await;
+    let Checked::Decided { attempt, admission } = answer else { panic!("not decided: {answer:?}") };
+    assert_eq!((admission, stamps), (Admission::Admitted { submitted_at: t0() + Duration::milliseconds(7) }, 1));
+    assert_eq!((attempt.payout_id, attempt.presented_token, attempt.at), (p1, 10, t0() + Duration::milliseconds(7)));
+    let rows = store.submissions(Some(p1)).await.expect("rows");
+    assert_eq!((rows.len(), rows[0].submission_id, rows[0].outcome), (1, attempt.submission_id, None));
+    assert_eq!(state_of(&store, p1).await, PayoutState::Submitted);
+    // Fenced: the mark refuses, the FENCED row is written, the payout stays.
+    let (answer, stamps) = checked(&store, &asked(p2, "acct", 9), 8).await;
+    assert!(
+        matches!(answer, Checked::Decided { admission: Admission::Fenced { highest_token: 10 }, .. }),
+        "{answer:?}"
+    );
+    assert_eq!(stamps, 1);
+    let rows = store.submissions(Some(p2)).await.expect("rows");
+    assert_eq!(rows.iter().map(|r| r.outcome).collect::<Vec<_>>(), vec![Some(SubmissionOutcome::Fenced)]);
+    assert_eq!(state_of(&store, p2).await, PayoutState::Claimed);
+    // A second attempt on the admitted payout: a duplicate, whatever its token.
+    let (answer, _) = checked(&store, &asked(p1, "acct", 11), 9).await;
+    assert!(matches!(answer, Checked::Decided { admission: Admission::Duplicate { .. }, .. }), "{answer:?}");
+    // Not claimable: nothing written, the mark kept.
+    let pending = payout(&store, "acct", PayoutState::Pending).await;
+    let (answer, _) = checked(&store, &asked(pending, "acct", 20), 10).await;
+    assert!(
+        matches!(answer, Checked::Decided { admission: Admission::NotClaimable { state: PayoutState::Pending }, .. }),
+        "{answer:?}"
+    );
+    assert_eq!(store.submissions(Some(pending)).await.expect("rows"), vec![]);
+    assert_eq!(store.high_water("acct").await, Ok(Some(11)));
+    // Fencing off (`--profile unsafe-test`): checked the same way, admitted below the mark.
+    let p3 = payout(&store, "acct", PayoutState::Claimed).await;
+    let mut unfenced = asked(p3, "acct", 1);
+    unfenced.fencing_enabled = false;
+    let (answer, stamps) = checked(&store, &unfenced, 11).await;
+    assert!(matches!(answer, Checked::Decided { admission: Admission::Admitted { .. }, .. }), "{answer:?}");
+    assert_eq!(stamps, 1);
+    unfenced.beneficiary_ref = "someone-else".into();
+    let p4 = payout(&store, "acct", PayoutState::Claimed).await;
+    unfenced.payout_id = p4;
+    assert!(matches!(checked(&store, &unfenced, 12).await, (Checked::Unmatched(Some(_)), 0 | 1)));
+}
+
 /// Declares one `#[tokio::test]` per case for a backend. `$make` is an async block that
 /// yields `(Arc<dyn RailStore>, guard)`; the guard lives as long as the test.
 #[macro_export]
@@ -299,7 +405,9 @@ macro_rules! rail_store_conformance {
                 resolution_moves_the_payout_and_records_the_outcome_once,
                 disabled_fencing_skips_step_one_only,
                 concurrent_admissions_admit_one_per_payout_and_leave_the_highest_mark,
-                unresolved_intents_are_listed_oldest_first_before_the_bound
+                unresolved_intents_are_listed_oldest_first_before_the_bound,
+                a_checked_admission_of_a_missing_or_mismatched_payout_writes_nothing,
+                a_checked_admission_of_a_matching_payout_is_stamped_once_and_decided_as_admit_decides
             );
         }
     };
