@@ -8,14 +8,14 @@
 //! - `DLOCK_BENCH_N` submissions per run (default 1000), `DLOCK_BENCH_CONCURRENCY`
 //!   in flight (default 8). The stub's latency is 0.
 //!
-//! An admission is the whole proxy path: validation read, steps 1–3 in one transaction,
-//! the forward to the stub over loopback, and the resolving transaction. It costs two
-//! commits, so against one conditional UPDATE per commit at the same concurrency its ceiling
-//! is 0.5. Two baselines are printed: one connection updating one row (the first, kept for
-//! comparison with older runs; the proxy's 8 concurrent submissions share commits on
-//! PostgreSQL, so this ratio can exceed 1), and on PostgreSQL `DLOCK_BENCH_CONCURRENCY`
-//! connections each updating a row of its own (the fair one; SQLite has one writer, so
-//! there the two are the same).
+//! An admission is the whole proxy path: validation and steps 1–3 in one transaction
+//! (`RailStore::admit_checked`), the forward to the stub over loopback, and the resolving
+//! transaction. It costs two commits, so against one conditional UPDATE per commit at the
+//! same concurrency its ceiling is 0.5. Two baselines are printed: one connection updating
+//! one row (the first, kept for comparison with older runs; the proxy's 8 concurrent
+//! submissions share commits on PostgreSQL, so this ratio can exceed 1), and on PostgreSQL
+//! `DLOCK_BENCH_CONCURRENCY` connections each updating a row of its own (the fair one;
+//! SQLite has one writer, so there the two are the same).
 
 #[cfg(madsim)]
 fn main() {}
