@@ -116,14 +116,7 @@ pub trait RailStore: Send + Sync + 'static {
     /// stores check the payout inside the admission's transaction instead, one round trip
     /// fewer, with the same answers (the conformance suite).
     async fn admit_checked(&self, asked: &Unstamped, stamp: Stamp<'_>) -> Result<Checked, StoreError> {
-        let payout = self.payout(asked.payout_id).await?;
-        if !payout.as_ref().is_some_and(|p| asked.mismatches(p).is_empty()) {
-            return Ok(Checked::Unmatched(payout));
-        }
-        let (submission_id, at) = stamp();
-        let attempt = asked.stamped(submission_id, at);
-        let admission = self.admit(&attempt).await?;
-        Ok(Checked::Decided { attempt, admission })
+        read_then_admit(self, asked, stamp).await
     }
 
     /// Records the outcome of the forward of `submission_id` and moves its payout out of
@@ -153,4 +146,22 @@ pub trait RailStore: Send + Sync + 'static {
     fn writer_thread(&self) -> Option<dlock_rt::dedicated::WriterThread> {
         None
     }
+}
+
+/// [`RailStore::admit_checked`] as two calls: the payout's read, then (the body matching
+/// it) the stamp and [`RailStore::admit`]. The trait's default, and the SQL stores' path
+/// with fencing off.
+pub async fn read_then_admit<S: RailStore + ?Sized>(
+    store: &S,
+    asked: &Unstamped,
+    stamp: Stamp<'_>,
+) -> Result<Checked, StoreError> {
+    let payout = store.payout(asked.payout_id).await?;
+    if !payout.as_ref().is_some_and(|p| asked.mismatches(p).is_empty()) {
+        return Ok(Checked::Unmatched(payout));
+    }
+    let (submission_id, at) = stamp();
+    let attempt = asked.stamped(submission_id, at);
+    let admission = store.admit(&attempt).await?;
+    Ok(Checked::Decided { attempt, admission })
 }

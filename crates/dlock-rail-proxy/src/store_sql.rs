@@ -588,14 +588,7 @@ macro_rules! sql_rail_store {
             async fn admit_checked(&self, asked: &Unstamped, stamp: Stamp<'_>) -> Result<Checked, StoreError> {
                 if !asked.fencing_enabled {
                     // `--profile unsafe-test` only: the read, then the statements one by one.
-                    let payout = self.payout(asked.payout_id).await?;
-                    if !payout.as_ref().is_some_and(|p| asked.mismatches(p).is_empty()) {
-                        return Ok(Checked::Unmatched(payout));
-                    }
-                    let (submission_id, at) = stamp();
-                    let attempt = asked.stamped(submission_id, at);
-                    let admission = self.admit(&attempt).await?;
-                    return Ok(Checked::Decided { attempt, admission });
+                    return crate::store::read_then_admit(self, asked, stamp).await;
                 }
                 let (submission_id, at) = stamp();
                 let a = asked.stamped(submission_id, at);

@@ -34,18 +34,7 @@ pub async fn payout(store: &Arc<dyn RailStore>, account: &str, state: PayoutStat
 }
 
 pub fn attempt(payout_id: Uuid, account: &str, token: i64, at_ms: i64) -> Attempt {
-    Attempt {
-        submission_id: Uuid::new_v4(),
-        payout_id,
-        account_id: account.to_owned(),
-        presented_token: token,
-        owner_id: "worker-1".into(),
-        idempotency_key: format!("payout:{payout_id}"),
-        amount_minor: 1_000,
-        currency: "EUR".into(),
-        at: t0() + Duration::milliseconds(at_ms),
-        fencing_enabled: true,
-    }
+    asked(payout_id, account, token).stamped(Uuid::new_v4(), t0() + Duration::milliseconds(at_ms))
 }
 
 async fn state_of(store: &Arc<dyn RailStore>, id: Uuid) -> PayoutState {
