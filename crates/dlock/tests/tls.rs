@@ -19,6 +19,16 @@ use dlock_testkit::{fresh_database, Db};
 use serde_json::json;
 
 /// A TLS client trusting the files' CA, with the identity `cert`/`key` (file names) if given.
+/// Connect budget of this file's clients, the TLS handshake included: a fresh service
+/// process's first handshakes on a loaded 2-core machine have taken over a second (the
+/// harness's 1 000 ms failed a CI-like run). A refused handshake still fails at once.
+const CONNECT_MS_MAX: u64 = 10_000;
+
+/// A client with the harness's credentials and [`CONNECT_MS_MAX`].
+fn tls_test_client() -> HttpClient {
+    dlock_testkit::auth::client(CONNECT_MS_MAX, 20_000)
+}
+
 fn tls_client(files: &TlsFiles, identity: Option<(&str, &str)>) -> HttpClient {
     let (ca, cert, key) = (files.read("ca.pem"), identity.map(|i| files.read(i.0)), identity.map(|i| files.read(i.1)));
     let id = match (&cert, &key) {
@@ -26,7 +36,7 @@ fn tls_client(files: &TlsFiles, identity: Option<(&str, &str)>) -> HttpClient {
         _ => None,
     };
     let tls = ClientTls::from_pem(Pem::new("tls.ca-file", "ca", &ca), id).expect("client tls");
-    client().with_tls(Some(tls))
+    tls_test_client().with_tls(Some(tls))
 }
 
 fn https(svc: &Service) -> BaseUrl {
@@ -62,7 +72,7 @@ async fn services_under_mutual_tls_serve_a_client_with_a_ca_certificate_and_refu
     let proxy = Service::start(&["--config", &cfg, "rail-proxy", "--database-url", &db_url, "--rail-url", &rail]);
 
     let good = tls_client(&files, Some(("client.pem", "client.key")));
-    let plain = client().with_tls(None);
+    let plain = tls_test_client().with_tls(None);
     let anonymous = tls_client(&files, None);
     let rogue = tls_client(&files, Some(("rogue.pem", "rogue.key")));
     for (name, svc) in [("rail-stub", &stub), ("payment-resource", &payment), ("rail-proxy", &proxy)] {
