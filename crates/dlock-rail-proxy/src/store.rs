@@ -59,6 +59,12 @@ impl Unstamped {
         }
     }
 
+    /// Whether `payout` exists and the body names its terms (no [`Unstamped::mismatches`]):
+    /// validation before step 1 passes.
+    pub fn matches(&self, payout: Option<&PayoutRow>) -> bool {
+        payout.is_some_and(|p| self.mismatches(p).is_empty())
+    }
+
     /// The body fields (their wire names, in C3's order) whose values differ from the
     /// payout's: validation before step 1 admits only when there are none.
     pub fn mismatches(&self, payout: &PayoutRow) -> Vec<&'static str> {
@@ -157,7 +163,7 @@ pub async fn read_then_admit<S: RailStore + ?Sized>(
     stamp: Stamp<'_>,
 ) -> Result<Checked, StoreError> {
     let payout = store.payout(asked.payout_id).await?;
-    if !payout.as_ref().is_some_and(|p| asked.mismatches(p).is_empty()) {
+    if !asked.matches(payout.as_ref()) {
         return Ok(Checked::Unmatched(payout));
     }
     let (submission_id, at) = stamp();

@@ -164,7 +164,14 @@ enum AdmitStep {
 /// steps 1-3 are one statement. The terms never change once written (paydb's trigger) and a
 /// payout is never deleted, so the snapshot's answer is the newest; a payout the snapshot
 /// predates is found by the refusal's own read, and the parts then run again ungated.
-fn pg_admit_sql(gated: bool) -> String {
+/// Built once per process and form (every admission sends one).
+fn pg_admit_sql(gated: bool) -> &'static str {
+    static SQL: [std::sync::OnceLock<String>; 2] = [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    SQL[usize::from(gated)].get_or_init(|| pg_admit_sql_text(gated))
+}
+
+/// The text of [`pg_admit_sql`].
+fn pg_admit_sql_text(gated: bool) -> String {
     let from = payout::sql_states(&payout::sources(PayoutState::Submitted, Actor::RailProxy));
     let (gate, values) = if gated {
         (
@@ -266,6 +273,16 @@ fn sqlite_admit_statements(gated: bool) -> [(String, usize); 3] {
     ]
 }
 
+/// [`sqlite_admit_statements`] as one batch's text (`dlock_db::sqlite_batch_sql`), built
+/// once per process and form (every admission sends one).
+fn sqlite_admit_batch_sql(gated: bool) -> &'static str {
+    static SQL: [std::sync::OnceLock<String>; 2] = [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    SQL[usize::from(gated)].get_or_init(|| {
+        let [mark, intent, moved] = sqlite_admit_statements(gated);
+        dlock_db::sqlite_batch_sql(&[(&mark.0, mark.1), (&intent.0, intent.1), (&moved.0, moved.1)])
+    })
+}
+
 /// The resolution on SQLite, as one batch of two statements in one transaction: the outcome
 /// on the attempt still unresolved (`$1`..`$5`: outcome, detail, reference, instant,
 /// submission), then its payout out of SUBMITTED only if that wrote (`changes() = 1`; `$1`
@@ -341,8 +358,7 @@ impl PgRailStore {
         a: &Attempt,
         gate: Option<&str>,
     ) -> Result<AdmitParts, StoreError> {
-        let sql = pg_admit_sql(gate.is_some());
-        let query = bind_intent!(sqlx::query(&sql), a);
+        let query = bind_intent!(sqlx::query(pg_admit_sql(gate.is_some())), a);
         let query = match gate {
             Some(beneficiary_ref) => query.bind(beneficiary_ref.to_owned()),
             None => query,
@@ -385,9 +401,10 @@ impl SqliteRailStore {
         a: &Attempt,
         gate: Option<&str>,
     ) -> Result<AdmitParts, StoreError> {
-        let [mark, intent, moved] = sqlite_admit_statements(gate.is_some());
-        let q = dlock_db::sqlite_batch_sql(&[(&mark.0, mark.1), (&intent.0, intent.1), (&moved.0, moved.1)]);
-        let query = sqlx::query(&q).bind(a.account_id.clone()).bind(a.presented_token).bind(a.at);
+        let query = sqlx::query(sqlite_admit_batch_sql(gate.is_some()))
+            .bind(a.account_id.clone())
+            .bind(a.presented_token)
+            .bind(a.at);
         let query = match gate {
             Some(beneficiary_ref) => query
                 .bind(a.payout_id.to_string())
@@ -599,7 +616,7 @@ macro_rules! sql_rail_store {
                 let mut parts = Self::admit_parts(&mut tx, &a, Some(&asked.beneficiary_ref)).await?;
                 if parts.0.is_none() {
                     let payout = Self::payout_in(&mut tx, a.payout_id).await?;
-                    if !payout.as_ref().is_some_and(|p| asked.mismatches(p).is_empty()) {
+                    if !asked.matches(payout.as_ref()) {
                         tx.rollback().await.map_err(db_error)?;
                         return Ok(Checked::Unmatched(payout));
                     }
