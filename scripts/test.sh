@@ -18,6 +18,10 @@
 #        DLOCK_TEST_ETCD_ENDPOINTS=http://127.0.0.1:PORT
 #      Both are stopped, and their temp dirs removed, on exit (whatever the exit).
 #      If either variable is already set, that service is reused, not started.
+#   2b. Points TMPDIR at a fresh dir on /dev/shm (tmpfs) when it is writable and has
+#      TEST_TMP_SHM_KB_MIN free: the tests' scratch (their SQLite files, the services'
+#      data dirs, the etcds some tests start) then syncs for free, so one test's fsyncs
+#      cannot stall another's window on a shared disk. Removed on exit.
 #   3. Runs, failing fast, with a banner per stage:
 #        cargo fmt --all -- --check
 #        cargo clippy --workspace --all-targets --locked -- -D warnings
@@ -65,6 +69,7 @@
 #   DLOCK_TEST_PG_URL            reuse this PostgreSQL admin URL instead of starting one
 #                                (the tests create one fresh database per test from it)
 #   DLOCK_TEST_ETCD_ENDPOINTS    reuse these etcd endpoints instead of starting one
+#   DLOCK_TEST_TMP_ON_DISK=1     keep the tests' scratch under the inherited TMPDIR (a disk)
 #   DLOCK_TEST_SERVICE_TIMEOUT   seconds to wait for each service to be ready (default 60)
 #   MADSIM_TEST_NUM              seeds per madsim test (default 32; each seed is a full
 #                                simulated run: raise it to thousands for a soak)
@@ -92,6 +97,7 @@ PG_TMP=""
 PG_PID=""
 ETCD_TMP=""
 ETCD_PID=""
+TEST_TMP=""
 
 as_pg() {
     # initdb/postgres refuse to run as root: run them as the postgres OS user then.
@@ -128,6 +134,7 @@ cleanup() {
     stop_pg
     [ -n "$ETCD_TMP" ] && rm -rf "$ETCD_TMP"
     [ -n "$PG_TMP" ] && rm -rf "$PG_TMP"
+    [ -n "$TEST_TMP" ] && rm -rf "$TEST_TMP"
     local secs=$((SECONDS - T_START))
     if [ "$rc" -eq 0 ]; then
         printf '\ntest.sh: all stages passed; total wall time %dm%02ds\n' $((secs / 60)) $((secs % 60))
@@ -345,7 +352,8 @@ start_etcd() {
     # The throwaway etcd keeps its data in memory (/dev/shm, tmpfs) when it can: its fsyncs
     # are then free, so a disk busy with the suite's own databases cannot stall a request
     # past the store's RPC bound (RPC_MS_MAX, 2 s). Its durability is not under test here
-    # (etcd_restart.rs and etcd_member_down.rs start etcds of their own, on disk).
+    # (etcd_restart.rs and etcd_member_down.rs start etcds of their own, in the tests'
+    # scratch: tmpfs too when step 2b could place it there).
     local etcd_parent="${TMPDIR:-/tmp}"
     if [ -d /dev/shm ] && [ -w /dev/shm ]; then etcd_parent=/dev/shm; fi
     ETCD_TMP="$(mktemp -d "$etcd_parent/dlock-etcd.XXXXXX")"
@@ -435,6 +443,23 @@ if [ "${DLOCK_TEST_ONLY_SERVICES:-0}" = "1" ]; then
 fi
 
 TEST_LOG="$(mktemp -t dlock-test-log.XXXXXX)"
+
+# The tests' scratch on tmpfs (step 2b above). SQLite runs with synchronous=FULL: on a disk
+# shared by two test processes, the databases and the build, one commit's fsync was seen to
+# take seconds (a trivial SQLite test took 6.6 s, a 300 ms lease lapsed between renews 50 ms
+# apart, a PostgreSQL connect outlived its 2 s bound), all in the same minute of one CI run.
+# Nothing under test needs the disk: a killed process's writes survive in tmpfs as on disk.
+TEST_TMP_SHM_KB_MIN=$((8 * 1024 * 1024))
+if [ "${DLOCK_TEST_TMP_ON_DISK:-0}" != "1" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then
+    shm_free_kb="$(df -Pk /dev/shm | awk 'NR == 2 { print $4 }')"
+    if [ "${shm_free_kb:-0}" -ge "$TEST_TMP_SHM_KB_MIN" ]; then
+        TEST_TMP="$(mktemp -d /dev/shm/dlock-tests.XXXXXX)"
+        export TMPDIR="$TEST_TMP"
+        note "TMPDIR=$TMPDIR (tmpfs: the tests' scratch)"
+    else
+        note "/dev/shm has ${shm_free_kb:-0} KiB free (< $TEST_TMP_SHM_KB_MIN): the tests' scratch stays in ${TMPDIR:-/tmp}"
+    fi
+fi
 
 run_stage() {
     local name=$1 t0=$SECONDS

@@ -93,6 +93,13 @@ pub async fn now(store: &Store) -> i64 {
     store.now_ms().await.expect("now_ms")
 }
 
+/// Whether the store's clock has reached `end_ms` (within [`EPS_MS`]): a lease or session
+/// ending at `end_ms` is dead from that instant on (`rules::grant_live`: live while
+/// `now < end`), so a refusal then is the machine's stall, not the store's fault.
+pub async fn reached(store: &Store, end_ms: i64) -> bool {
+    now(store).await + EPS_MS >= end_ms
+}
+
 pub async fn open(store: &Store, owner: &str, ttl_ms: i64) -> SessionRow {
     store.open_session(id(), owner, ttl_ms).await.expect("open_session")
 }
@@ -115,7 +122,7 @@ pub async fn acquire(
 pub async fn grant(store: &Store, key: &str, session: &SessionRow, ttl_ms: i64, delay_ms: i64) -> GrantRow {
     match acquire(store, key, session, ttl_ms, delay_ms).await {
         Ok(g) => g,
-        Err(AcquireRefusal::Session(SessionRefusal::Expired)) if now(store).await > session.expires_at_ms => {
+        Err(AcquireRefusal::Session(SessionRefusal::Expired)) if reached(store, session.expires_at_ms).await => {
             stalled(format!(
                 "the session of {} lapsed at {} before it could take {key}",
                 session.owner_id, session.expires_at_ms
@@ -264,7 +271,7 @@ pub async fn heartbeat_extends_a_live_session_past_its_first_expiry(store: Store
         async move {
             let row = match heartbeat(store, session_id).await {
                 Ok((row, _)) => row,
-                Err(SessionRefusal::Expired) if now(store).await > live_until.load(Ordering::SeqCst) => stalled(
+                Err(SessionRefusal::Expired) if reached(store, live_until.load(Ordering::SeqCst)).await => stalled(
                     format!("the session lapsed at {} between two heartbeats", live_until.load(Ordering::SeqCst)),
                 ),
                 Err(r) => panic!("heartbeat keeps the session live: {r:?}"),
@@ -594,7 +601,7 @@ pub async fn renew_extends_the_lease_and_keeps_the_token(store: Store) {
         async move {
             let r = match renew(store, "k", a, g.fencing_token, SHORT_MS).await {
                 Ok(r) => r,
-                Err(RenewRefusal::Lost { .. }) if now(store).await > live_until.load(Ordering::SeqCst) => {
+                Err(RenewRefusal::Lost { .. }) if reached(store, live_until.load(Ordering::SeqCst)).await => {
                     stalled(format!("the lease lapsed at {} between two renews", live_until.load(Ordering::SeqCst)))
                 }
                 Err(r) => panic!("renew keeps the grant live: {r:?}"),
