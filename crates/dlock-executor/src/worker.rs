@@ -21,7 +21,11 @@
 //! 3. claim (P2) with the grant's token (PENDING, or CLAIMED for recovery);
 //! 4. submit once to the rail-proxy with the same token. Never retried, whatever happens;
 //! 5. release, acquire a newer grant, and post (P3) with it: each grant passes each fence
-//!    once (C3-extensions C-10, C-12);
+//!    once (C3-extensions C-10, C-12). The release and acquire are one rotate (E-18), sent
+//!    beside step 4's submission rather than after its answer (issue 14): the submission
+//!    already carries the claim's signed token, the rotate keeps the key in this session,
+//!    and each fence judges only the token it is shown. A submission slow enough to leave
+//!    the rotated grant less than the post's hop (or half a lease) gets one more rotate;
 //! 6. release, from a spawned task (issue 14 cut 5): the task goes on to its next candidate
 //!    while the DELETE is in flight. No fenced write follows a release, so no check moves;
 //!    the account stays marked as worked by this executor until the release has answered
@@ -31,16 +35,19 @@
 //!
 //! **Chains** (issue 14): when the pass still holds another candidate of the account just
 //! posted, the task keeps the post's grant instead of releasing it, and works that
-//! candidate next ([`next_candidate`]) with one rotate (C3-extensions E-18) of the kept
+//! candidate next ([`next_candidate`]) with one rotate (C3-extensions E-18) of the post's
 //! grant in place of step 6's release and the next step 1's acquire: one call and one
-//! lock-server commit fewer per payout, and the account never free in between. Every
+//! lock-server commit fewer per payout, and the account never free in between. The rotate
+//! goes out beside the post (it needs nothing from the post's answer), and its grant is
+//! kept only when the post posted (else released); a kept grant with less than a write
+//! hop's lease left (or half a lease) is rotated once more before the claim. Every
 //! payout still claims under a grant of its own and posts under a newer one (C-10, C-12:
 //! each grant passes each fence once), each token greater than the last. Only a posted
 //! payout keeps its grant; a chain carries at most `executor.chain-payouts-max` payouts,
 //! then its account is released so a lock-server waiter (a rotate skips the queue) and
 //! the task's other accounts get their turn. A chained rotate that fails ends the chain
-//! like a refused acquire (its account is busy for the pass; an unknown outcome resets the
-//! session), and a chain whose account has no candidate left, or whose task stops, is
+//! (the next payout of the account acquires; after an unknown outcome the session refuses
+//! the key and that acquire resets the session), and a chain whose account has no candidate left, or whose task stops, is
 //! released in the background as in step 6. Invariant (asserted): a kept grant is only
 //! ever rotated into a payout of its own account.
 //!
@@ -623,17 +630,24 @@ impl Executor {
         let (working, granted, links) = match chained {
             Some(chain) => {
                 // The account's mark and grant, carried from its previous payout: one rotate
-                // replaces that payout's release and this one's acquire (timed as the acquire).
+                // replaced that payout's release and this one's acquire (timed as the acquire).
                 assert_eq!(
                     chain.guard.key(),
                     key,
                     "a chained grant is only ever rotated into its own account's payout"
                 );
-                let rotated = self.metrics.hops.time(&self.clock, Hop::Acquire, chain.guard.rotate()).await;
-                if rotated.is_ok() {
+                // The kept grant was rotated beside the previous payout's post, so no fenced
+                // write has carried its token; one with too little lease left for a claim's
+                // hop is rotated once more.
+                let granted = if chain.guard.remaining() >= self.write_lease_min() {
+                    Ok(chain.guard)
+                } else {
+                    self.metrics.hops.time(&self.clock, Hop::Acquire, chain.guard.rotate()).await
+                };
+                if granted.is_ok() {
                     dlock_rt::probe::hit(dlock_rt::probe::Probe::GrantChained);
                 }
-                (chain.mark, rotated, chain.links)
+                (chain.mark, granted, chain.links)
             }
             None => {
                 let Some(working) = self.mark_working(&c.account_id) else {
@@ -914,40 +928,70 @@ impl Executor {
             beneficiary_ref: terms.beneficiary_ref,
         };
         self.maybe_stall("submit", owner.as_str()).await;
-        let submit = self.hops.rail.submit(guard.signed_token(), owner, &key, &body);
-        let mut answer = self.metrics.hops.time(&self.clock, Hop::Submit, submit).await;
-        if dlock_rt::planted::on(dlock_rt::planted::Bug::ExecutorRetriesSubmit) {
-            // Planted bug `executor-retries-submit` (simulation only): after a rail timeout or
-            // a lost answer the executor submits again, under a fresh idempotency key.
-            let unknown = matches!(&answer, Err(r) if r.code() == Some(ErrorCode::RailAmbiguous)
-                || matches!(r, RailRefusal::NoAnswer { .. }));
-            if let (true, Ok(retry_key)) = (unknown, IdempotencyKey::parse(&format!("payout:{payout_id}:retry"))) {
-                answer = self.hops.rail.submit(guard.signed_token(), owner, &retry_key, &body).await;
+        // The post needs a newer grant than the claim (C3-extensions C-10): one rotate (E-18)
+        // releases the claim's grant and grants a greater token to this session in one call,
+        // timed as the acquire it replaces. It goes out beside the submission (issue 14),
+        // not after it: neither needs the other's answer. The submission carries the claim's
+        // signed token, taken before the rotate ends the belief in that grant; the rotate
+        // keeps the key in this session (nobody can be granted it in between); the proxy's
+        // mark judges the submission's token, paydb's fence the post's. An unknown outcome
+        // of the rotate leaves the key refused by this session, as after an ambiguous
+        // acquire. (The guard carries its session.)
+        let signed = guard.signed_token();
+        let submission = async {
+            let submit = self.hops.rail.submit(signed.clone(), owner, &key, &body);
+            let mut answer = self.metrics.hops.time(&self.clock, Hop::Submit, submit).await;
+            if dlock_rt::planted::on(dlock_rt::planted::Bug::ExecutorRetriesSubmit) {
+                // Planted bug `executor-retries-submit` (simulation only): after a rail
+                // timeout or a lost answer the executor submits again, under a fresh
+                // idempotency key.
+                let unknown = matches!(&answer, Err(r) if r.code() == Some(ErrorCode::RailAmbiguous)
+                    || matches!(r, RailRefusal::NoAnswer { .. }));
+                if let (true, Ok(retry_key)) = (unknown, IdempotencyKey::parse(&format!("payout:{payout_id}:retry"))) {
+                    answer = self.hops.rail.submit(signed.clone(), owner, &retry_key, &body).await;
+                }
             }
-        }
+            answer
+        };
+        let rotated = self.metrics.hops.time(&self.clock, Hop::Acquire, guard.rotate());
+        let (answer, rotated) = tokio::join!(submission, rotated);
         let ack = match answer {
             Ok(ack) => ack,
             Err(refusal) => {
                 let outcome = self.refused_submission(payout_id, owner, token.get(), &refusal);
-                return self.finish(guard, outcome).await;
+                return match rotated {
+                    Ok(newer) => self.finish(newer, outcome).await,
+                    Err(_) => outcome,
+                };
             }
         };
-
-        // The post needs a newer grant than the claim (C3-extensions C-10): one rotate
-        // (E-18) releases the claim's grant and grants a greater token to this session, in
-        // one call; timed as the acquire it replaces. An unknown outcome leaves the key
-        // refused by this session, as after an ambiguous acquire. (The guard carries its
-        // session.)
-        let rotated = guard.rotate();
-        let newer = match self.metrics.hops.time(&self.clock, Hop::Acquire, rotated).await {
-            Ok(g) => g,
-            Err(e) => {
-                // Paid and RAIL_ACKED: a later scan posts it.
-                tracing::info!(payoutId = %payout_id, cause = %e, "executor_post_deferred");
-                return Outcome::Unavailable;
-            }
+        let newer = match rotated {
+            Ok(g) if g.remaining() >= self.write_lease_min() => g,
+            // A slow submission used up the overlapped grant's lease: one more rotate gives
+            // the post a whole lease, as a rotate after the submission did.
+            Ok(g) => match self.metrics.hops.time(&self.clock, Hop::Acquire, g.rotate()).await {
+                Ok(g) => g,
+                Err(e) => return self.post_deferred(payout_id, &e),
+            },
+            Err(e) => return self.post_deferred(payout_id, &e),
         };
         Box::pin(self.post(keep, newer, owner, payout_id, ack.submission_id, ack.rail_reference)).await
+    }
+
+    /// The least local lease a grant rotated beside a hop (the submission, or the previous
+    /// payout's post) must have left to carry the next fenced write: one try of a claim's or
+    /// post's hop (its connect and read budgets), or half a lease when that is less (a fresh
+    /// grant could not offer much more).
+    fn write_lease_min(&self) -> Duration {
+        let hop_ms = self.cfg.write_connect_timeout_ms.saturating_add(self.cfg.write_read_timeout_ms);
+        Duration::from_millis(hop_ms.min(self.cfg.lock_ttl_ms / 2))
+    }
+
+    /// A submitted payout whose post got no newer grant: paid and RAIL_ACKED, a later scan
+    /// posts it.
+    fn post_deferred(&self, payout_id: Uuid, cause: &dlock_lock_client::LockClientError) -> Outcome {
+        tracing::info!(payoutId = %payout_id, cause = %cause, "executor_post_deferred");
+        Outcome::Unavailable
     }
 
     /// What a refused submission comes to. Nothing here submits again: not after a lost
@@ -1008,11 +1052,44 @@ impl Executor {
             PostRequest { rail_reference, submission_id, rail_outcome: SubmissionOutcome::Acked.as_str().to_owned() };
         self.maybe_stall("post", owner.as_str()).await;
         let post = self.hops.payment.post(payout_id, guard.signed_token(), owner, &key, &body);
-        let outcome = match self.metrics.hops.time(&self.clock, Hop::Post, post).await {
+        let post = self.metrics.hops.time(&self.clock, Hop::Post, post);
+        if keep.wanted {
+            // Chained (issue 14): the pass holds another payout of this account, so the grant
+            // that payout's claim needs is rotated beside this post, not after its answer
+            // (the post already carries this grant's signed token; the rotate keeps the key
+            // in this session). Kept only when the post posted; otherwise released. A failed
+            // rotate ends the chain: the next payout of the account acquires (an unknown
+            // outcome leaves the key refused by this session, and that acquire resets it).
+            let rotate = self.metrics.hops.time(&self.clock, Hop::Acquire, guard.rotate());
+            let (answer, next) = tokio::join!(post, rotate);
+            let outcome = self.posted(owner, payout_id, token.get(), answer);
+            match next {
+                Ok(next) if outcome == Outcome::Posted => keep.kept = Some(next),
+                Ok(next) => self.release_in_background(next).await,
+                Err(e) => tracing::debug!(payoutId = %payout_id, cause = %e, "executor_chain_rotate_failed"),
+            }
+            return outcome;
+        }
+        let outcome = self.posted(owner, payout_id, token.get(), post.await);
+        // Cut 5: the post has answered; nothing fenced follows, so the release leaves the
+        // critical path.
+        self.release_in_background(guard).await;
+        outcome
+    }
+
+    /// What a post's answer comes to.
+    fn posted(
+        &self,
+        owner: &OwnerId,
+        payout_id: Uuid,
+        token: i64,
+        answer: Result<dlock_contract::payment::PostAck, dlock_payment_client::PaymentRefusal>,
+    ) -> Outcome {
+        match answer {
             Ok(_) => Outcome::Posted,
             Err(refusal) => match refusal.code() {
                 Some(ErrorCode::FencedOut) => {
-                    self.fenced("post", owner, token.get(), refusal.details());
+                    self.fenced("post", owner, token, refusal.details());
                     Outcome::Fenced
                 }
                 Some(ErrorCode::PayoutNotClaimable) => Outcome::NotClaimable,
@@ -1021,17 +1098,7 @@ impl Executor {
                     Outcome::Unavailable
                 }
             },
-        };
-        // Chained (issue 14): a posted payout's grant is kept when the pass holds another
-        // payout of its account; the next attempt rotates it into that payout's claim.
-        if outcome == Outcome::Posted && keep.wanted {
-            keep.kept = Some(guard);
-            return outcome;
         }
-        // Cut 5: the post has answered; nothing fenced follows, so the release leaves the
-        // critical path.
-        self.release_in_background(guard).await;
-        outcome
     }
 }
 

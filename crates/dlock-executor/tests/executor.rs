@@ -429,7 +429,14 @@ struct Fake {
     calls: Arc<Mutex<Vec<String>>>,
     /// The JSON body of each call, by path (`Null` when it had none).
     bodies: Arc<Mutex<Vec<(String, Value)>>>,
+    /// The `X-Fencing-Token` of each call, by path.
+    tokens: Arc<Mutex<Vec<(String, Token)>>>,
+    /// The calls answered so far, by path (a delayed reply counts once sent).
+    answered: Arc<Mutex<Vec<String>>>,
 }
+
+/// A call's `X-Fencing-Token`, when it carried one that parses.
+type Token = Option<i64>;
 
 #[derive(Clone)]
 enum Reply {
@@ -453,27 +460,43 @@ impl Fake {
     fn bodies(&self, path: &str) -> Vec<Value> {
         self.bodies.lock().expect("lock").iter().filter(|(p, _)| p == path).map(|(_, b)| b.clone()).collect()
     }
+
+    /// The fencing tokens presented to `path`, in order.
+    fn tokens(&self, path: &str) -> Vec<Option<i64>> {
+        self.tokens.lock().expect("lock").iter().filter(|(p, _)| p == path).map(|(_, t)| *t).collect()
+    }
+
+    fn answered(&self, path: &str) -> usize {
+        self.answered.lock().expect("lock").iter().filter(|p| p.as_str() == path).count()
+    }
 }
 
-async fn fake_answer(State(f): State<Fake>, uri: Uri, body: axum::body::Bytes) -> Response {
+async fn fake_answer(State(f): State<Fake>, uri: Uri, headers: http::HeaderMap, body: axum::body::Bytes) -> Response {
     let path = uri.path().to_owned();
     f.calls.lock().expect("lock").push(path.clone());
+    let token = headers.get("x-fencing-token").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok());
+    f.tokens.lock().expect("lock").push((path.clone(), token));
     let sent = serde_json::from_slice(&body).unwrap_or(Value::Null);
     f.bodies.lock().expect("lock").push((path.clone(), sent));
     let reply = {
         let mut script = f.script.lock().expect("lock");
-        match script.get_mut(&path) {
+        // A script for the path with its query (a list's state) wins over the path's.
+        let with_query = uri.path_and_query().map(|p| p.as_str().to_owned()).filter(|p| script.contains_key(p));
+        match script.get_mut(&with_query.unwrap_or_else(|| path.clone())) {
             Some(r) if r.len() > 1 => Some(r.remove(0)),
             Some(r) => r.first().cloned(),
             None => None,
         }
     };
+    let answered = |f: &Fake| f.answered.lock().expect("lock").push(path.clone());
     match reply {
         Some(Reply::Json(status, body)) => {
+            answered(&f);
             (StatusCode::from_u16(status).unwrap_or(StatusCode::OK), axum::Json(body)).into_response()
         }
         Some(Reply::Delayed(ms, status, body)) => {
             tokio::time::sleep(Duration::from_millis(ms)).await;
+            answered(&f);
             (StatusCode::from_u16(status).unwrap_or(StatusCode::OK), axum::Json(body)).into_response()
         }
         Some(Reply::Hang) => {
@@ -565,6 +588,11 @@ impl Rig {
         format!("/v1/payouts/{}", self.payout)
     }
 
+    /// The fencing token of the account's live grant, if any (L7).
+    async fn held_token(&self) -> Option<i64> {
+        held_token(&self.lock).await
+    }
+
     /// Whether the account's lock is free again (the critical section released it).
     async fn lock_is_free(&self) -> bool {
         let r = dlock_testkit::auth::client(1_000, 2_000)
@@ -577,6 +605,9 @@ impl Rig {
 }
 
 const SUBMISSIONS: &str = "/v1/rail/submissions";
+/// How long the proxy fake holds a submission's answer where a test looks at what happens
+/// meanwhile.
+const SUBMISSION_HELD_MS: u64 = 1_500;
 
 /// Acquire requests the lock server at `lock` has answered (its `lock_acquire_total`).
 async fn acquires(lock: &BaseUrl) -> u64 {
@@ -587,6 +618,30 @@ async fn acquires(lock: &BaseUrl) -> u64 {
     String::from_utf8_lossy(&r.body)
         .lines()
         .filter(|l| l.starts_with("lock_acquire_total{"))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()))
+        .sum()
+}
+
+/// The fencing token of `acct-1`'s live grant on the lock server at `lock`, if any (L7).
+async fn held_token(lock: &BaseUrl) -> Option<i64> {
+    let r = dlock_testkit::auth::client(1_000, 2_000)
+        .send(lock, http::Method::GET, "/v1/locks/payout:acct-1", &[], None)
+        .await
+        .expect("L7");
+    let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+    v["fencingToken"].as_i64().filter(|_| v["held"] == true)
+}
+
+/// Store operations `op` the lock server at `lock` has run (its `lock_store_op_seconds`).
+async fn store_ops(lock: &BaseUrl, op: &str) -> u64 {
+    let r = dlock_testkit::auth::client(1_000, 2_000)
+        .send(lock, http::Method::GET, "/metrics", &[], None)
+        .await
+        .expect("metrics");
+    let label = format!("op=\"{op}\"");
+    String::from_utf8_lossy(&r.body)
+        .lines()
+        .filter(|l| l.starts_with("lock_store_op_seconds_count{") && l.contains(&label))
         .filter_map(|l| l.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()))
         .sum()
 }
@@ -816,6 +871,122 @@ async fn the_post_runs_under_a_newer_grant_than_the_claim() {
     // `executors_settle_every_payout_once_with_a_balanced_ledger` (an equal token is fenced).
     assert_eq!(r.payment.calls(&r.post_path()), 1);
     assert!(r.lock_is_free().await);
+}
+
+#[tokio::test]
+async fn the_posts_newer_grant_is_rotated_while_the_submission_is_in_flight() {
+    let r = rig(|_| {}).await;
+    r.payment.on(&r.claim_path(), vec![claimed_ok()]);
+    let Reply::Json(_, ack) = acked() else { unreachable!() };
+    // The proxy holds its answer long enough for the test to look at the lock server.
+    r.proxy.on(SUBMISSIONS, vec![Reply::Delayed(SUBMISSION_HELD_MS, 200, ack)]);
+    r.payment.on(&r.post_path(), vec![posted_ok()]);
+    let watch = async {
+        let deadline = std::time::Instant::now() + Duration::from_millis(SUBMISSION_HELD_MS);
+        loop {
+            let claimed = r.payment.tokens(&r.claim_path()).first().copied().flatten();
+            let held = r.held_token().await;
+            if let (Some(claimed), Some(held)) = (claimed, held) {
+                if held > claimed {
+                    // Seen with the submission sent and not yet answered.
+                    return (r.proxy.calls(SUBMISSIONS), r.proxy.answered(SUBMISSIONS), claimed, held);
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "no newer grant while the submission was in flight");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let (outcome, (sent, answered, claimed, rotated)) = tokio::join!(r.execute_once(), watch);
+    assert_eq!(outcome, Some(Outcome::Posted));
+    assert_eq!((sent, answered), (1, 0), "the rotate went out before the submission's answer");
+    assert_eq!(r.proxy.tokens(SUBMISSIONS), vec![Some(claimed)], "the submission carries the claim's token");
+    assert_eq!(r.payment.tokens(&r.post_path()), vec![Some(rotated)], "the post carries the rotated one");
+}
+
+#[tokio::test]
+async fn a_submission_that_outlasts_half_the_rotated_lease_gets_the_post_a_fresh_grant() {
+    // A 4 s lease keeps a 2.8 s local deadline (30 % margin); the proxy answers after 1.2 s,
+    // leaving the grant rotated beside it less than half a lease (2 s): the post gets one
+    // more rotate, while the first one still has time to spare.
+    let r = rig(|cfg| cfg.lock_ttl_ms = 4_000).await;
+    r.payment.on(&r.claim_path(), vec![claimed_ok()]);
+    let Reply::Json(_, ack) = acked() else { unreachable!() };
+    r.proxy.on(SUBMISSIONS, vec![Reply::Delayed(1_200, 200, ack)]);
+    r.payment.on(&r.post_path(), vec![posted_ok()]);
+    assert_eq!(r.execute_once().await, Some(Outcome::Posted));
+    assert_eq!(store_ops(&r.lock, "rotate").await, 2, "the rotate beside the submission, and one after it");
+    let claimed = r.payment.tokens(&r.claim_path())[0].expect("claim token");
+    let posted = r.payment.tokens(&r.post_path())[0].expect("post token");
+    assert!(posted > claimed, "the post's token {posted} is newer than the claim's {claimed}");
+
+    // A fast answer leaves the first rotate's grant to the post: one rotate.
+    let r = rig(|cfg| cfg.lock_ttl_ms = 4_000).await;
+    r.payment.on(&r.claim_path(), vec![claimed_ok()]);
+    r.proxy.on(SUBMISSIONS, vec![acked()]);
+    r.payment.on(&r.post_path(), vec![posted_ok()]);
+    assert_eq!(r.execute_once().await, Some(Outcome::Posted));
+    assert_eq!(store_ops(&r.lock, "rotate").await, 1);
+}
+
+#[tokio::test]
+async fn a_chained_payouts_grant_is_rotated_while_the_previous_post_is_in_flight() {
+    // Two PENDING payouts of one account in the scan: the first one's post keeps a grant for
+    // the second, rotated beside the post (which the fake holds) rather than after it.
+    let (lock, s1) = lock_server(Arc::new(MemLockStore::new(Clock::system()))).await;
+    let (payment, payment_url, s2) = fake().await;
+    let (proxy, proxy_url, s3) = fake().await;
+    let _stops = [s1, s2, s3];
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut cfg = config(&lock, &payment_url, &proxy_url, "executor-1");
+    cfg.concurrency = 1;
+    let pending = format!("/v1/payouts?state=PENDING&limit={}", cfg.batch_max);
+    let item = |id: Uuid| {
+        json!({"payoutId": id, "accountId": "acct-1", "amountMinor": 100, "currency": "EUR", "state": "PENDING",
+            "attemptCount": 0, "createdAt": "2025-11-30T11:05:30.123Z"})
+    };
+    payment.on(&pending, vec![Reply::Json(200, json!({"items": [item(a), item(b)]}))]);
+    let Reply::Json(_, posted) = posted_ok() else { unreachable!() };
+    for id in [a, b] {
+        payment.on(&format!("/v1/payouts/{id}/claim"), vec![claimed_ok()]);
+        payment.on(&format!("/v1/payouts/{id}"), vec![Reply::Json(200, view(id))]);
+        payment.on(&format!("/v1/payouts/{id}/post"), vec![Reply::Delayed(SUBMISSION_HELD_MS, 200, posted.clone())]);
+    }
+    proxy.on(SUBMISSIONS, vec![acked()]);
+    let ex = Executor::new(cfg, Clock::system()).expect("config");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(ex.clone().run(stop_rx));
+    let posts = [format!("/v1/payouts/{a}/post"), format!("/v1/payouts/{b}/post")];
+    let deadline = std::time::Instant::now() + Duration::from_millis(DRAIN_MS_MAX);
+    let (first_post, held) = loop {
+        let first = posts.iter().find(|p| payment.calls(p) > 0);
+        let answered: usize = posts.iter().map(|p| payment.answered(p)).sum();
+        assert_eq!(answered, 0, "no newer grant while the first post was in flight");
+        if let Some(first) = first {
+            let token = payment.tokens(first)[0].expect("post token");
+            if let Some(held) = held_token(&lock).await.filter(|t| *t > token) {
+                break (token, held);
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first post never went out: {:?}",
+            payment.calls.lock().expect("lock")
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // The second payout's claim goes out under that grant once the first post answers.
+    let second_claim = dlock_rt::wait_until(Duration::from_millis(10), Duration::from_millis(DRAIN_MS_MAX), || async {
+        [a, b]
+            .iter()
+            .filter_map(|id| payment.tokens(&format!("/v1/payouts/{id}/claim")).first().copied().flatten())
+            .max()
+            .filter(|t| *t > first_post)
+    })
+    .await
+    .expect("the second payout was claimed");
+    let _ = stop_tx.send(true);
+    run.await.expect("stops");
+    assert_eq!(second_claim, held, "the second claim carries the grant rotated beside the first post");
 }
 
 #[tokio::test]
