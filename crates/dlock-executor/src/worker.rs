@@ -25,7 +25,8 @@
 //!    beside step 4's submission rather than after its answer (issue 14): the submission
 //!    already carries the claim's signed token, the rotate keeps the key in this session,
 //!    and each fence judges only the token it is shown. A submission slow enough to leave
-//!    the rotated grant less than the post's hop (or half a lease) gets one more rotate;
+//!    the rotated grant less lease than one post hop (or half a lease) gets one more
+//!    rotate (`Executor::write_lease_min`);
 //! 6. release, from a spawned task (issue 14 cut 5): the task goes on to its next candidate
 //!    while the DELETE is in flight. No fenced write follows a release, so no check moves;
 //!    the account stays marked as worked by this executor until the release has answered
@@ -47,8 +48,8 @@
 //! then its account is released so a lock-server waiter (a rotate skips the queue) and
 //! the task's other accounts get their turn. A chained rotate that fails ends the chain
 //! (the next payout of the account acquires; after an unknown outcome the session refuses
-//! the key and that acquire resets the session), and a chain whose account has no candidate left, or whose task stops, is
-//! released in the background as in step 6. Invariant (asserted): a kept grant is only
+//! the key and that acquire resets the session), and a chain whose account has no
+//! candidate left, or whose task stops, is released in the background as in step 6. Invariant (asserted): a kept grant is only
 //! ever rotated into a payout of its own account.
 //!
 //! **Account affinity** (issue 14 cut 6): with `executor.affinity-count` n > 1, the executor
