@@ -26,7 +26,7 @@
 //!    already carries the claim's signed token, the rotate keeps the key in this session,
 //!    and each fence judges only the token it is shown. A submission slow enough to leave
 //!    the rotated grant less lease than one post hop (or half a lease) gets one more
-//!    rotate (`Executor::write_lease_min`);
+//!    rotate (`Executor::with_lease_for_a_write`);
 //! 6. release, from a spawned task (issue 14 cut 5): the task goes on to its next candidate
 //!    while the DELETE is in flight. No fenced write follows a release, so no check moves;
 //!    the account stays marked as worked by this executor until the release has answered
@@ -638,13 +638,8 @@ impl Executor {
                     "a chained grant is only ever rotated into its own account's payout"
                 );
                 // The kept grant was rotated beside the previous payout's post, so no fenced
-                // write has carried its token; one with too little lease left for a claim's
-                // hop is rotated once more.
-                let granted = if chain.guard.remaining() >= self.write_lease_min() {
-                    Ok(chain.guard)
-                } else {
-                    self.metrics.hops.time(&self.clock, Hop::Acquire, chain.guard.rotate()).await
-                };
+                // write has carried its token.
+                let granted = self.with_lease_for_a_write(chain.guard).await;
                 if granted.is_ok() {
                     dlock_rt::probe::hit(dlock_rt::probe::Probe::GrantChained);
                 }
@@ -967,32 +962,30 @@ impl Executor {
             }
         };
         let newer = match rotated {
-            Ok(g) if g.remaining() >= self.write_lease_min() => g,
-            // A slow submission used up the overlapped grant's lease: one more rotate gives
-            // the post a whole lease, as a rotate after the submission did.
-            Ok(g) => match self.metrics.hops.time(&self.clock, Hop::Acquire, g.rotate()).await {
-                Ok(g) => g,
-                Err(e) => return self.post_deferred(payout_id, &e),
-            },
-            Err(e) => return self.post_deferred(payout_id, &e),
+            Ok(g) => self.with_lease_for_a_write(g).await,
+            Err(e) => Err(e),
+        };
+        let newer = match newer {
+            Ok(g) => g,
+            Err(e) => {
+                // Paid and RAIL_ACKED: a later scan posts it.
+                tracing::info!(payoutId = %payout_id, cause = %e, "executor_post_deferred");
+                return Outcome::Unavailable;
+            }
         };
         Box::pin(self.post(keep, newer, owner, payout_id, ack.submission_id, ack.rail_reference)).await
     }
 
-    /// The least local lease a grant rotated beside a hop (the submission, or the previous
-    /// payout's post) must have left to carry the next fenced write: one try of a claim's or
-    /// post's hop (its connect and read budgets), or half a lease when that is less (a fresh
-    /// grant could not offer much more).
-    fn write_lease_min(&self) -> Duration {
+    /// `guard`, when its local lease still covers one try of a claim's or post's hop (its
+    /// connect and read budgets) or half a lease, whichever is less (a fresh grant could
+    /// not offer much more); else one more rotate of it. For a grant rotated beside a hop
+    /// (the submission, or the previous payout's post) that a slow hop may have used up.
+    async fn with_lease_for_a_write(&self, guard: LockGuard) -> Result<LockGuard, LockClientError> {
         let hop_ms = self.cfg.write_connect_timeout_ms.saturating_add(self.cfg.write_read_timeout_ms);
-        Duration::from_millis(hop_ms.min(self.cfg.lock_ttl_ms / 2))
-    }
-
-    /// A submitted payout whose post got no newer grant: paid and RAIL_ACKED, a later scan
-    /// posts it.
-    fn post_deferred(&self, payout_id: Uuid, cause: &dlock_lock_client::LockClientError) -> Outcome {
-        tracing::info!(payoutId = %payout_id, cause = %cause, "executor_post_deferred");
-        Outcome::Unavailable
+        if guard.remaining() >= Duration::from_millis(hop_ms.min(self.cfg.lock_ttl_ms / 2)) {
+            return Ok(guard);
+        }
+        self.metrics.hops.time(&self.clock, Hop::Acquire, guard.rotate()).await
     }
 
     /// What a refused submission comes to. Nothing here submits again: not after a lost

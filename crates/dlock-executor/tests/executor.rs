@@ -595,12 +595,7 @@ impl Rig {
 
     /// Whether the account's lock is free again (the critical section released it).
     async fn lock_is_free(&self) -> bool {
-        let r = dlock_testkit::auth::client(1_000, 2_000)
-            .send(&self.lock, http::Method::GET, "/v1/locks/payout:acct-1", &[], None)
-            .await
-            .expect("L7");
-        let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-        v["held"] == false
+        lock_view(&self.lock).await["held"] == false
     }
 }
 
@@ -622,28 +617,19 @@ async fn acquires(lock: &BaseUrl) -> u64 {
         .sum()
 }
 
-/// The fencing token of `acct-1`'s live grant on the lock server at `lock`, if any (L7).
-async fn held_token(lock: &BaseUrl) -> Option<i64> {
+/// `acct-1`'s lock as the lock server at `lock` answers L7 (`Null` if unreadable).
+async fn lock_view(lock: &BaseUrl) -> Value {
     let r = dlock_testkit::auth::client(1_000, 2_000)
         .send(lock, http::Method::GET, "/v1/locks/payout:acct-1", &[], None)
         .await
         .expect("L7");
-    let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
-    v["fencingToken"].as_i64().filter(|_| v["held"] == true)
+    serde_json::from_slice(&r.body).unwrap_or(Value::Null)
 }
 
-/// Store operations `op` the lock server at `lock` has run (its `lock_store_op_seconds`).
-async fn store_ops(lock: &BaseUrl, op: &str) -> u64 {
-    let r = dlock_testkit::auth::client(1_000, 2_000)
-        .send(lock, http::Method::GET, "/metrics", &[], None)
-        .await
-        .expect("metrics");
-    let label = format!("op=\"{op}\"");
-    String::from_utf8_lossy(&r.body)
-        .lines()
-        .filter(|l| l.starts_with("lock_store_op_seconds_count{") && l.contains(&label))
-        .filter_map(|l| l.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()))
-        .sum()
+/// The fencing token of `acct-1`'s live grant on the lock server at `lock`, if any.
+async fn held_token(lock: &BaseUrl) -> Option<i64> {
+    let v = lock_view(lock).await;
+    v["fencingToken"].as_i64().filter(|_| v["held"] == true)
 }
 
 #[tokio::test]
@@ -914,7 +900,8 @@ async fn a_submission_that_outlasts_half_the_rotated_lease_gets_the_post_a_fresh
     r.proxy.on(SUBMISSIONS, vec![Reply::Delayed(1_200, 200, ack)]);
     r.payment.on(&r.post_path(), vec![posted_ok()]);
     assert_eq!(r.execute_once().await, Some(Outcome::Posted));
-    assert_eq!(store_ops(&r.lock, "rotate").await, 2, "the rotate beside the submission, and one after it");
+    let rotates = |text: String| sample(&text, "lock_store_op_seconds_count{op=\"rotate\"}");
+    assert_eq!(rotates(metrics_of(&r.lock).await), 2.0, "the rotate beside the submission, and one after it");
     let claimed = r.payment.tokens(&r.claim_path())[0].expect("claim token");
     let posted = r.payment.tokens(&r.post_path())[0].expect("post token");
     assert!(posted > claimed, "the post's token {posted} is newer than the claim's {claimed}");
@@ -925,7 +912,7 @@ async fn a_submission_that_outlasts_half_the_rotated_lease_gets_the_post_a_fresh
     r.proxy.on(SUBMISSIONS, vec![acked()]);
     r.payment.on(&r.post_path(), vec![posted_ok()]);
     assert_eq!(r.execute_once().await, Some(Outcome::Posted));
-    assert_eq!(store_ops(&r.lock, "rotate").await, 1);
+    assert_eq!(rotates(metrics_of(&r.lock).await), 1.0);
 }
 
 #[tokio::test]
