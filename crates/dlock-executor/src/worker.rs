@@ -25,8 +25,9 @@
 //!    beside step 4's submission rather than after its answer (issue 14): the submission
 //!    already carries the claim's signed token, the rotate keeps the key in this session,
 //!    and each fence judges only the token it is shown. A submission slow enough to leave
-//!    the rotated grant less lease than one post hop (or half a lease) gets one more
-//!    rotate (`Executor::with_lease_for_a_write`);
+//!    the rotated grant less lease of its own than one post hop (or half a lease) gets one
+//!    more rotate (`Executor::with_lease_for_a_write`; its session's deadline, which a
+//!    rotate does not move, is left to the heartbeats and the write's own check);
 //! 6. release, from a spawned task (issue 14 cut 5): the task goes on to its next candidate
 //!    while the DELETE is in flight. No fenced write follows a release, so no check moves;
 //!    the account stays marked as worked by this executor until the release has answered
@@ -976,13 +977,18 @@ impl Executor {
         Box::pin(self.post(keep, newer, owner, payout_id, ack.submission_id, ack.rail_reference)).await
     }
 
-    /// `guard`, when its local lease still covers one try of a claim's or post's hop (its
-    /// connect and read budgets) or half a lease, whichever is less (a fresh grant could
-    /// not offer much more); else one more rotate of it. For a grant rotated beside a hop
-    /// (the submission, or the previous payout's post) that a slow hop may have used up.
+    /// `guard`, when its own local lease still covers one try of a claim's or post's hop
+    /// (its connect and read budgets) or half a lease, whichever is less (a fresh grant
+    /// could not offer much more); else one more rotate of it. For a grant rotated beside a
+    /// hop (the submission, or the previous payout's post) that a slow hop may have used up.
+    /// The grant's own deadline, not its session's ([`LockGuard::grant_remaining`]): a
+    /// rotate renews only the grant, and a session's local lease falls to 37 % of a lease
+    /// before each heartbeat (70 % kept, a beat every third), under the half this asks for:
+    /// the session's deadline made ~0.8 rotates per payout for nothing (docs/performance.md
+    /// §8.16). The write still checks both deadlines (`Executor::may_write`).
     async fn with_lease_for_a_write(&self, guard: LockGuard) -> Result<LockGuard, LockClientError> {
         let hop_ms = self.cfg.write_connect_timeout_ms.saturating_add(self.cfg.write_read_timeout_ms);
-        if guard.remaining() >= Duration::from_millis(hop_ms.min(self.cfg.lock_ttl_ms / 2)) {
+        if guard.grant_remaining() >= Duration::from_millis(hop_ms.min(self.cfg.lock_ttl_ms / 2)) {
             return Ok(guard);
         }
         self.metrics.hops.time(&self.clock, Hop::Acquire, guard.rotate()).await

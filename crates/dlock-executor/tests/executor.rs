@@ -17,6 +17,7 @@ use dlock_contract::payment::{NewAccountRequest, NewPayoutRequest};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::{IdempotencyKey, OwnerId};
 use dlock_executor::{Executor, ExecutorConfig, Outcome};
+use dlock_lock_client::Session;
 use dlock_lock_server::store_mem::MemLockStore;
 use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_payment_resource::store::{is_system_account, Direction, PaymentStore};
@@ -565,15 +566,20 @@ impl Rig {
     async fn execute_candidate(&self, index: usize, state: PayoutState) -> Option<Outcome> {
         let client = self.executor.lock_client(index).expect("client");
         let session = client.open_session().await.expect("session");
+        let outcome = self.execute_in(&session, index, state).await;
+        let _ = session.close().await;
+        outcome
+    }
+
+    /// [`Rig::execute_candidate`] in a session the caller opened with task `index`'s client.
+    async fn execute_in(&self, session: &Session, index: usize, state: PayoutState) -> Option<Outcome> {
         let c = dlock_executor::worker::Candidate {
             payout_id: self.payout,
             account_id: "acct-1".into(),
             state,
             created_at: None,
         };
-        let outcome = self.executor.execute(&session, &format!("executor-1/{index}"), &c).await;
-        let _ = session.close().await;
-        outcome
+        self.executor.execute(session, &format!("executor-1/{index}"), &c).await
     }
 
     fn claim_path(&self) -> String {
@@ -913,6 +919,33 @@ async fn a_submission_that_outlasts_half_the_rotated_lease_gets_the_post_a_fresh
     r.payment.on(&r.post_path(), vec![posted_ok()]);
     assert_eq!(r.execute_once().await, Some(Outcome::Posted));
     assert_eq!(rotates(metrics_of(&r.lock).await), 1.0);
+}
+
+#[tokio::test]
+async fn a_rotated_grant_with_lease_to_spare_is_not_rotated_again_for_its_sessions_nearer_deadline() {
+    // A 4 s lease keeps 2.8 s of local lease, and the session beats every 1.33 s: until its
+    // first beat, the session's local deadline is 2.8 s from its opening. Taken once less
+    // than 1.9 s of it is left (under half a lease, 2 s), the payout's grants are fresh
+    // (2.8 s each): the post keeps the grant rotated beside the submission, as its own
+    // lease covers the write; a rotate would not have moved the session's deadline.
+    let r = rig(|cfg| cfg.lock_ttl_ms = 4_000).await;
+    r.payment.on(&r.claim_path(), vec![claimed_ok()]);
+    r.proxy.on(SUBMISSIONS, vec![acked()]);
+    r.payment.on(&r.post_path(), vec![posted_ok()]);
+    let client = r.executor.lock_client(0).expect("client");
+    let session = client.open_session().await.expect("session");
+    let aged = dlock_rt::wait_until(Duration::from_millis(10), Duration::from_millis(3_000), || async {
+        (session.remaining() < Duration::from_millis(1_900)).then_some(())
+    })
+    .await;
+    assert!(aged.is_some(), "the session's local lease fell under 1.9 s: {:?}", session.remaining());
+    assert_eq!(r.execute_in(&session, 0, PayoutState::Pending).await, Some(Outcome::Posted));
+    let _ = session.close().await;
+    let rotates = sample(&metrics_of(&r.lock).await, "lock_store_op_seconds_count{op=\"rotate\"}");
+    assert_eq!(rotates, 1.0, "only the rotate beside the submission");
+    let claimed = r.payment.tokens(&r.claim_path())[0].expect("claim token");
+    let posted = r.payment.tokens(&r.post_path())[0].expect("post token");
+    assert!(posted > claimed, "the post's token {posted} is newer than the claim's {claimed}");
 }
 
 #[tokio::test]

@@ -241,6 +241,18 @@ impl LockGuard {
         self.grant.check(t).map_or(Duration::ZERO, |d| d.saturating_duration_since(t))
     }
 
+    /// Time left before the grant's own local deadline, leaving its session's out (zero
+    /// once lost, the session's loss included). What a renew or a rotate of this grant can
+    /// extend: the session's deadline moves only with its heartbeats. [`LockGuard::remaining`]
+    /// (the lesser of the two) is what a write may rely on.
+    pub fn grant_remaining(&self) -> Duration {
+        let t = now();
+        match self.grant.check(t) {
+            Ok(_) => lock_state(&self.grant.state).deadline.saturating_duration_since(t),
+            Err(_) => Duration::ZERO,
+        }
+    }
+
     /// The effective local deadline (the grant's, or its session's if earlier), while held.
     pub fn deadline(&self) -> Option<Instant> {
         self.grant.check(now()).ok()

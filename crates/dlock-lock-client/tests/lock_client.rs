@@ -163,6 +163,28 @@ async fn lease_is_lost_locally_when_its_deadline_passes_though_the_server_never_
 }
 
 #[tokio::test]
+async fn grant_remaining_leaves_the_sessions_deadline_out_and_remaining_takes_the_earlier() {
+    // A 10 s lease (7 s local) in a 2 s session (1.4 s local): the session's deadline
+    // comes first, which `remaining` says and `grant_remaining` does not.
+    let server = FakeLockServer::start().await;
+    let (_client, session) = open(&server, |c| {
+        c.lock_ttl_ms = 10_000;
+        c.session_ttl_ms = 2_000;
+    })
+    .await;
+    let guard = session.acquire("payout:acct-1").await.expect("granted");
+    assert!(guard.remaining() <= Duration::from_millis(1_400), "{:?}", guard.remaining());
+    assert!(guard.grant_remaining() > Duration::from_millis(6_000), "{:?}", guard.grant_remaining());
+    assert!(guard.grant_remaining() <= Duration::from_millis(7_000), "{:?}", guard.grant_remaining());
+
+    guard.release().await.expect("released");
+    let (_client, session) = open(&server, |c| c.lock_ttl_ms = 10_000).await;
+    let guard = session.acquire("payout:acct-1").await.expect("granted");
+    session.close().await.expect("closed");
+    assert_eq!(guard.grant_remaining(), Duration::ZERO, "a grant whose session is lost has none left");
+}
+
+#[tokio::test]
 async fn local_deadline_counts_from_the_acquire_send_instant_not_the_answer() {
     let server = FakeLockServer::start().await;
     server.script(Op::Acquire, [slow(400, Reply::Ok)]);
