@@ -949,6 +949,61 @@ async fn a_rotated_grant_with_lease_to_spare_is_not_rotated_again_for_its_sessio
 }
 
 #[tokio::test]
+async fn a_payout_a_sibling_task_settled_during_the_pass_is_not_tried_again() {
+    // Two tasks, one scan: a CLAIMED payout (slow: its claim answers after 600 ms) and a
+    // PENDING one of another account, in that order in every task's copy (a scan's states
+    // keep their order). The task that takes the slow one finds the other already settled
+    // by its sibling when it gets to it, and leaves it alone.
+    let (lock, s1) = lock_server(Arc::new(MemLockStore::new(Clock::system()))).await;
+    let (payment, payment_url, s2) = fake().await;
+    let (proxy, proxy_url, s3) = fake().await;
+    let _stops = [s1, s2, s3];
+    let (slow, fast) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut cfg = config(&lock, &payment_url, &proxy_url, "executor-1");
+    cfg.concurrency = 2;
+    let batch_max = cfg.batch_max;
+    let list = |state: &str| format!("/v1/payouts?state={state}&limit={batch_max}");
+    let item = |id: Uuid, account: &str, state: &str| {
+        json!({"payoutId": id, "accountId": account, "amountMinor": 100, "currency": "EUR", "state": state,
+            "attemptCount": 0, "createdAt": "2025-11-30T11:05:30.123Z"})
+    };
+    let once = |items: Value| vec![Reply::Json(200, json!({ "items": items })), Reply::Json(200, json!({"items": []}))];
+    payment.on(&list("CLAIMED"), once(json!([item(slow, "acct-1", "CLAIMED")])));
+    payment.on(&list("PENDING"), once(json!([item(fast, "acct-2", "PENDING")])));
+    payment.on(&list("RAIL_ACKED"), vec![Reply::Json(200, json!({"items": []}))]);
+    let Reply::Json(_, claimed) = claimed_ok() else { unreachable!() };
+    payment.on(&format!("/v1/payouts/{slow}/claim"), vec![Reply::Delayed(600, 200, claimed)]);
+    let fast_claim = format!("/v1/payouts/{fast}/claim");
+    let not_claimable = Reply::Json(409, envelope("PAYOUT_NOT_CLAIMABLE", json!({"payoutId": fast, "state": "POSTED"})));
+    payment.on(&fast_claim, vec![claimed_ok(), not_claimable]);
+    for id in [slow, fast] {
+        payment.on(&format!("/v1/payouts/{id}"), vec![Reply::Json(200, view(id))]);
+        payment.on(&format!("/v1/payouts/{id}/post"), vec![posted_ok()]);
+    }
+    proxy.on(SUBMISSIONS, vec![acked()]);
+    let ex = Executor::new(cfg, Clock::system()).expect("config");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(ex.clone().run(stop_rx));
+    let posts = [format!("/v1/payouts/{slow}/post"), format!("/v1/payouts/{fast}/post")];
+    let both = dlock_rt::wait_until(Duration::from_millis(10), Duration::from_millis(DRAIN_MS_MAX), || async {
+        posts.iter().all(|p| payment.answered(p) > 0).then_some(())
+    })
+    .await;
+    assert!(both.is_some(), "both payouts posted: {:?}", payment.calls.lock().expect("lock"));
+    // Passes have gone on since (idle tasks scan again every poll interval), so the slow
+    // task has long been past the other payout; its release has answered.
+    let scans = payment.calls("/v1/payouts");
+    let settled = dlock_rt::wait_until(Duration::from_millis(10), Duration::from_millis(DRAIN_MS_MAX), || async {
+        (ex.releases_in_flight() == 0 && payment.calls("/v1/payouts") >= scans + 12).then_some(())
+    })
+    .await;
+    assert!(settled.is_some(), "the tasks went on scanning");
+    let _ = stop_tx.send(true);
+    run.await.expect("stops");
+    assert_eq!(payment.calls(&fast_claim), 1, "the settled payout was claimed once");
+}
+
+#[tokio::test]
 async fn a_chained_payouts_grant_is_rotated_while_the_previous_post_is_in_flight() {
     // Two PENDING payouts of one account in the scan: the first one's post keeps a grant for
     // the second, rotated beside the post (which the fake holds) rather than after it.

@@ -28,8 +28,10 @@
 //!   operator's token): the first executor's mean time per hop (`payout_hop_seconds`; its
 //!   `acquire` counts the post's rotate too), every store operation's mean time
 //!   (`lock_store_op_seconds`, `payout_store_op_seconds`, `rail_store_op_seconds`, each
-//!   including its wait for a pooled connection), the rail call, and the lock server's
-//!   acquire outcomes (refused acquires are wasted work).
+//!   including its wait for a pooled connection), the rail call, the lock server's
+//!   acquire outcomes (refused acquires are wasted work), and how the first executor's
+//!   attempts ended (`payout_execute_total`: a `not_claimable` one found its payout moved
+//!   on by the time it held the account, a wasted grant and claim).
 //!
 //! **The window.** `dlock up` starts its executors with the cluster, so payouts are created
 //! while they already run; the bench creates them [`CREATE_CONCURRENCY`] at a time so that
@@ -620,10 +622,10 @@ mod bench {
     }
 
     /// The timing families the bench reads from `dlock up`'s services, by port: the first
-    /// executor's hops, every store's operations, the rail call, the lock server's acquire
-    /// outcomes.
+    /// executor's hops and attempt outcomes, every store's operations, the rail call, the
+    /// lock server's acquire outcomes.
     const METRIC_SOURCES: [(u16, &[&str]); 4] = [
-        (8085, &["payout_hop_seconds"]),
+        (8085, &["payout_hop_seconds", "payout_execute_total"]),
         (8081, &["lock_store_op_seconds", "lock_acquire_total"]),
         (8082, &["payout_store_op_seconds"]),
         (8083, &["rail_store_op_seconds", "rail_call_seconds"]),
