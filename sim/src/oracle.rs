@@ -226,8 +226,9 @@ struct ModelGrant {
 /// unit tests feed it by hand.
 #[derive(Debug, Default)]
 pub struct Checker {
-    /// The last token each fence accepted, per (account, fence), with what accepted it.
-    accepted: BTreeMap<(String, Fence), (i64, FencedOp)>,
+    /// The last token each fence accepted, per (account, fence), with what accepted it and
+    /// the batch pass it was accepted in (C3-extensions E-19), if any.
+    accepted: BTreeMap<(String, Fence), (i64, FencedOp, Option<u64>)>,
     fences: BTreeMap<String, i64>,
     marks: BTreeMap<String, i64>,
     /// The bytes first recorded per idempotency identity.
@@ -352,8 +353,11 @@ impl Checker {
                     });
                 }
                 let slot = (w.account_id.clone(), fence);
-                if let Some((before, by)) = self.accepted.get(&slot).copied() {
-                    if w.token <= before && (w.fenced || !self.layers_off.contains(&fence)) {
+                if let Some((before, by, pass)) = self.accepted.get(&slot).copied() {
+                    // A batch passes its fence once for all its payouts (C3-extensions E-19):
+                    // the payouts after its first carry the same token in the same pass.
+                    let same_pass = w.token == before && w.batch_pass.is_some() && w.batch_pass == pass;
+                    if w.token <= before && !same_pass && (w.fenced || !self.layers_off.contains(&fence)) {
                         let detail = format!(
                             "account {} accepted token {} at its {}{} after token {} at its {}",
                             w.account_id,
@@ -366,8 +370,8 @@ impl Checker {
                         self.fail(at_ms, Failure::correctness(ids::FENCE_ACCEPTS_RISING_TOKENS, detail));
                     }
                 }
-                if self.accepted.get(&slot).is_none_or(|(before, _)| w.token > *before) {
-                    self.accepted.insert(slot, (w.token, w.op));
+                if self.accepted.get(&slot).is_none_or(|(before, _, _)| w.token > *before) {
+                    self.accepted.insert(slot, (w.token, w.op, w.batch_pass));
                 }
             }
             FenceVerdictSeen::FencedOut { .. } => {

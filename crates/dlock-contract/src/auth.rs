@@ -133,10 +133,13 @@ pub const PAYMENT_ROUTES: &[RouteRule] = &[
     rule("GET", "/v1/payouts/{payoutId}", R),
     rule("POST", "/v1/payouts/{payoutId}/claim", W),
     rule("POST", "/v1/payouts/{payoutId}/post", W),
+    rule("POST", "/v1/accounts/{accountId}/claims", W),
+    rule("POST", "/v1/accounts/{accountId}/posts", W),
 ];
 
 /// The rail-proxy's role table (C3 §3.5).
-pub const RAIL_PROXY_ROUTES: &[RouteRule] = &[rule("POST", "/v1/rail/submissions", W)];
+pub const RAIL_PROXY_ROUTES: &[RouteRule] =
+    &[rule("POST", "/v1/rail/submissions", W), rule("POST", "/v1/rail/submission-batches", W)];
 
 /// The executor serves only health and metrics.
 pub const EXECUTOR_ROUTES: &[RouteRule] = &[];
@@ -465,6 +468,10 @@ mod tests {
         assert_eq!(need_for(pay(), "POST", "/v1/payouts"), Need::Role(Role::Operator));
         assert_eq!(need_for(pay(), "POST", "/v1/payouts/p/claim"), Need::Role(Role::Worker));
         assert_eq!(need_for(pay(), "GET", "/v1/payouts/p"), Need::Read);
+        assert_eq!(need_for(pay(), "POST", "/v1/accounts/a/claims"), Need::Role(Role::Worker));
+        assert_eq!(need_for(pay(), "POST", "/v1/accounts/a/posts"), Need::Role(Role::Worker));
+        let proxy = || RAIL_PROXY_ROUTES.iter();
+        assert_eq!(need_for(proxy(), "POST", "/v1/rail/submission-batches"), Need::Role(Role::Worker));
         assert!(Role::Operator.may(Need::Read) && Role::Worker.may(Need::Read) && Role::Reader.may(Need::Read));
         assert!(!Role::Operator.may(Need::Role(Role::Worker)) && !Role::Worker.may(Need::Role(Role::Operator)));
         assert!(!Role::Reader.may(Need::Role(Role::Worker)));

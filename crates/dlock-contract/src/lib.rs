@@ -9,6 +9,7 @@
 //! - Every non-2xx body on the wire is an [`ErrorEnvelope`].
 
 pub mod auth;
+pub mod batch;
 pub mod currency;
 pub mod defence;
 pub mod error;

@@ -307,6 +307,113 @@ impl PostRequest {
     }
 }
 
+/// One payout of a P2b batch claim (C3-extensions E-19): its id and P2's body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimBatchItem {
+    pub payout_id: Uuid,
+    /// `PENDING` for a first claim, `CLAIMED` for a recovery re-claim. Nothing else.
+    #[schema(example = "PENDING")]
+    pub expected_state: PayoutState,
+}
+
+/// P2b `POST /v1/accounts/{accountId}/claims` body, validated: 1 to
+/// [`crate::batch::BATCH_PAYOUTS_MAX`] payouts, each once, each a valid P2 body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimBatchRequest {
+    pub payouts: Vec<ClaimBatchItem>,
+}
+
+impl ClaimBatchRequest {
+    /// Validates a parsed JSON body; see the module documentation.
+    pub fn from_json(body: &Value) -> Result<ClaimBatchRequest, Vec<FieldError>> {
+        let payouts = crate::batch::validate_elements(
+            body,
+            "payouts",
+            |v| {
+                let mut f = Fields::of(v)?;
+                let payout_id = f.uuid("payoutId");
+                let claim = ClaimRequest::from_json(v);
+                let value = match (payout_id, claim) {
+                    (Some(payout_id), Ok(c)) => Some(ClaimBatchItem { payout_id, expected_state: c.expected_state }),
+                    (_, Err(problems)) => {
+                        f.problems.extend(problems);
+                        None
+                    }
+                    _ => None,
+                };
+                f.finish(value)
+            },
+            |i| i.payout_id,
+        )?;
+        Ok(ClaimBatchRequest { payouts })
+    }
+}
+
+/// One payout of a P3b batch post (C3-extensions E-19): its id and P3's body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostBatchItem {
+    pub payout_id: Uuid,
+    #[schema(min_length = 1, max_length = 256, example = "rail-ref-1")]
+    pub rail_reference: String,
+    pub submission_id: Uuid,
+    /// Always `ACKED`: only an acknowledged transfer is posted.
+    #[schema(pattern = "^ACKED$", example = "ACKED")]
+    pub rail_outcome: String,
+}
+
+impl PostBatchItem {
+    /// The single post's body of this payout.
+    pub fn request(&self) -> PostRequest {
+        PostRequest {
+            rail_reference: self.rail_reference.clone(),
+            submission_id: self.submission_id,
+            rail_outcome: self.rail_outcome.clone(),
+        }
+    }
+}
+
+/// P3b `POST /v1/accounts/{accountId}/posts` body, validated: 1 to
+/// [`crate::batch::BATCH_PAYOUTS_MAX`] payouts, each once, each a valid P3 body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostBatchRequest {
+    pub payouts: Vec<PostBatchItem>,
+}
+
+impl PostBatchRequest {
+    /// Validates a parsed JSON body; see the module documentation.
+    pub fn from_json(body: &Value) -> Result<PostBatchRequest, Vec<FieldError>> {
+        let payouts = crate::batch::validate_elements(
+            body,
+            "payouts",
+            |v| {
+                let mut f = Fields::of(v)?;
+                let payout_id = f.uuid("payoutId");
+                let post = PostRequest::from_json(v);
+                let value = match (payout_id, post) {
+                    (Some(payout_id), Ok(p)) => Some(PostBatchItem {
+                        payout_id,
+                        rail_reference: p.rail_reference,
+                        submission_id: p.submission_id,
+                        rail_outcome: p.rail_outcome,
+                    }),
+                    (_, Err(problems)) => {
+                        f.problems.extend(problems);
+                        None
+                    }
+                    _ => None,
+                };
+                f.finish(value)
+            },
+            |i| i.payout_id,
+        )?;
+        Ok(PostBatchRequest { payouts })
+    }
+}
+
 /// `200` body of P2.
 ///
 /// Since issue 14 (C3-extensions C-30) the answer also carries the payout's immutable terms

@@ -181,6 +181,103 @@ impl SubmissionRequest {
     }
 }
 
+/// One submission of an R1b batch (C3-extensions E-19): the single submission's body less
+/// its account (the batch's), and the payout's stable idempotency key (the single
+/// submission's `X-Idempotency-Key`, recorded on its row).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SubmissionBatchItem {
+    pub payout_id: Uuid,
+    #[schema(minimum = 1, example = 1250)]
+    pub amount_minor: i64,
+    #[schema(pattern = "^[A-Z]{3}$", example = "EUR")]
+    pub currency: String,
+    #[schema(min_length = 1, max_length = 256, example = "ben-1")]
+    pub beneficiary_ref: String,
+    #[schema(min_length = 1, max_length = 255, example = "payout:4b6f1b5e-8d0a-4a39-9f5e-2f1d1a0c9e11")]
+    pub idempotency_key: String,
+}
+
+/// R1b `POST /v1/rail/submission-batches` body, validated: one account, 1 to
+/// [`crate::batch::BATCH_PAYOUTS_MAX`] submissions, each payout once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SubmissionBatchRequest {
+    #[schema(pattern = "^[a-zA-Z0-9:._-]{1,64}$", example = "acct-1")]
+    pub account_id: String,
+    pub submissions: Vec<SubmissionBatchItem>,
+}
+
+impl SubmissionBatchItem {
+    /// The single submission's body of this payout, in `account_id`.
+    pub fn request(&self, account_id: &str) -> SubmissionRequest {
+        SubmissionRequest {
+            payout_id: self.payout_id,
+            account_id: account_id.to_owned(),
+            amount_minor: self.amount_minor,
+            currency: self.currency.clone(),
+            beneficiary_ref: self.beneficiary_ref.clone(),
+        }
+    }
+}
+
+impl SubmissionBatchRequest {
+    /// Validates a parsed JSON body: each submission as the single submission's body (with
+    /// the batch's `accountId`) plus a valid `idempotencyKey`. Values are never echoed.
+    pub fn from_json(body: &Value) -> Result<SubmissionBatchRequest, Vec<FieldError>> {
+        let account_id = match body.as_object().map(|o| o.get("accountId")) {
+            None => return Err(vec![FieldError::new("$", "the body must be a JSON object")]),
+            Some(Some(Value::String(s))) if is_account_id(s) => Ok(s.clone()),
+            Some(None | Some(Value::Null)) => Err(FieldError::new("accountId", "is required")),
+            Some(_) => Err(FieldError::new("accountId", "must be 1 to 64 characters of [a-zA-Z0-9:._-]")),
+        };
+        // Each element is validated as a single submission in a valid account, so a bad
+        // `accountId` is reported once, for the batch.
+        let shared = account_id.as_ref().map(String::as_str).unwrap_or("acct");
+        let submissions = crate::batch::validate_elements(
+            body,
+            "submissions",
+            |v| {
+                let mut one = v.clone();
+                if let Some(o) = one.as_object_mut() {
+                    o.insert("accountId".into(), Value::String(shared.to_owned()));
+                }
+                let single = SubmissionRequest::from_json(&one);
+                let key = match v.get("idempotencyKey") {
+                    Some(Value::String(k)) => crate::IdempotencyKey::parse(k)
+                        .map(|_| k.clone())
+                        .map_err(|_| FieldError::new("idempotencyKey", "must be 1 to 255 visible ASCII characters")),
+                    None | Some(Value::Null) => Err(FieldError::new("idempotencyKey", "is required")),
+                    Some(_) => Err(FieldError::new("idempotencyKey", "must be a string")),
+                };
+                match (single, key) {
+                    (Ok(s), Ok(idempotency_key)) => Ok(SubmissionBatchItem {
+                        payout_id: s.payout_id,
+                        amount_minor: s.amount_minor,
+                        currency: s.currency,
+                        beneficiary_ref: s.beneficiary_ref,
+                        idempotency_key,
+                    }),
+                    (single, key) => {
+                        let mut problems = single.err().unwrap_or_default();
+                        problems.extend(key.err());
+                        Err(problems)
+                    }
+                }
+            },
+            |i| i.payout_id,
+        );
+        match (account_id, submissions) {
+            (Ok(account_id), Ok(submissions)) => Ok(SubmissionBatchRequest { account_id, submissions }),
+            (account_id, submissions) => {
+                let mut problems: Vec<FieldError> = account_id.err().into_iter().collect();
+                problems.extend(submissions.err().unwrap_or_default());
+                Err(problems)
+            }
+        }
+    }
+}
+
 /// `200` body of `POST /v1/rail/submissions` (C3 §3.5).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]

@@ -234,6 +234,18 @@ pub struct PaydbTables {
     pub cursor_secret: Option<[u8; 32]>,
     /// `payout_resolutions`, append-only, in insertion order.
     pub resolutions: Vec<ResolutionRow>,
+    /// The last batch fence pass drawn ([`PaydbTables::next_batch_pass`]; not a table:
+    /// what tells the observer which fenced writes one batch's single pass covered).
+    pub batch_passes: u64,
+}
+
+impl PaydbTables {
+    /// A fresh id for one batch's fence pass (C3-extensions E-19): every payout of the
+    /// batch is reported with it ([`FencedWrite::batch_pass`]).
+    pub fn next_batch_pass(&mut self) -> u64 {
+        self.batch_passes += 1;
+        self.batch_passes
+    }
 }
 
 /// Which fenced write paydb decided.
@@ -283,6 +295,10 @@ pub struct FencedWrite {
     pub replayed: Option<StoredResponse>,
     /// The proxy's admission, rendered (`admitted`, `fenced`, `duplicate`, `not_claimable`).
     pub admission: Option<&'static str>,
+    /// The batch (C3-extensions E-19) whose one fence pass this payout's write shared, its
+    /// id from [`PaydbTables::next_batch_pass`]; `None` for a single write. Every payout of
+    /// a batch carries the batch's one token: the fence compared it once, for all of them.
+    pub batch_pass: Option<u64>,
 }
 
 /// Sees every fenced write inside its transaction (see the module doc). It is called under
@@ -365,6 +381,7 @@ impl MemPaydb {
             recorded: None,
             replayed: None,
             admission: Some(admission),
+            batch_pass: None,
         };
         observer.fenced_write(&t, &write);
         admitted

@@ -473,6 +473,7 @@ impl PaymentStore for MemPaydb {
             recorded,
             replayed,
             admission: None,
+            batch_pass: None,
         };
         observer.fenced_write(&t, &write);
         decided
@@ -506,6 +507,7 @@ impl PaymentStore for MemPaydb {
             recorded,
             replayed,
             admission: None,
+            batch_pass: None,
         };
         observer.fenced_write(&t, &write);
         decided

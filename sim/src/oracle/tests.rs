@@ -37,6 +37,7 @@ fn write(op: FencedOp, account: &str, token: i64, verdict: FenceVerdictSeen) -> 
         recorded: None,
         replayed: None,
         admission: None,
+        batch_pass: None,
     }
 }
 
@@ -149,6 +150,38 @@ fn a_token_accepted_after_a_larger_one_fails_at_that_acceptance() {
     c.on_fenced_write(&accepted(FencedOp::Post, "a", 8), &facts(8, 0), 3);
     assert!(c.failures().is_empty(), "{:?}", c.failures());
     assert_eq!((c.acceptances, c.fenced_outs), (2, 1));
+}
+
+#[test]
+fn a_batchs_payouts_share_its_one_pass_and_only_that_pass_may_repeat_its_token() {
+    let in_pass = |payout: u128, token: i64, pass: Option<u64>| {
+        let mut w = accepted(FencedOp::Claim, "a", token);
+        w.payout_id = uuid(payout);
+        w.batch_pass = pass;
+        w
+    };
+    // One batch (pass 1): three payouts under token 7, then a post batch (pass 2) under 9.
+    let mut c = Checker::new();
+    for p in 1..=3 {
+        c.on_fenced_write(&in_pass(p, 7, Some(1)), &facts(7, 0), 1);
+    }
+    let mut post = in_pass(1, 9, Some(2));
+    post.op = FencedOp::Post;
+    c.on_fenced_write(&post, &facts(9, 0), 2);
+    assert!(c.failures().is_empty(), "{:?}", c.failures());
+    assert_eq!(c.acceptances, 4);
+    // Token 7 again in another pass, or in none, is a second acceptance of an equal token.
+    for stray in [Some(3), None] {
+        let mut c = Checker::new();
+        c.on_fenced_write(&in_pass(1, 7, Some(1)), &facts(7, 0), 1);
+        c.on_fenced_write(&in_pass(2, 7, stray), &facts(7, 0), 2);
+        assert_eq!(online(&c), [ids::FENCE_ACCEPTS_RISING_TOKENS], "pass {stray:?}");
+    }
+    // A lower token is never excused by a pass.
+    let mut c = Checker::new();
+    c.on_fenced_write(&in_pass(1, 7, Some(1)), &facts(7, 0), 1);
+    c.on_fenced_write(&in_pass(2, 6, Some(1)), &facts(7, 0), 2);
+    assert_eq!(online(&c), [ids::FENCE_ACCEPTS_RISING_TOKENS]);
 }
 
 #[test]
