@@ -43,7 +43,10 @@ use uuid::Uuid;
 use crate::outcome::Failure;
 
 pub mod wire;
-pub use wire::{parse_wire, retry_safe_failures, wire_replay_failures, Effects, Records, WireTarget, WireWrite};
+pub use wire::{
+    parse_wire, parse_wire_all, retry_safe_failures, wire_batch_replay_failures, wire_replay_failures, BatchRecords,
+    Effects, Records, WireTarget, WireWrite,
+};
 
 /// The invariant ids (stable: campaign summaries and `--json` print them).
 pub mod ids {
@@ -714,6 +717,15 @@ pub fn reconciler_failures(known: &Known, report: &Known) -> Vec<Failure> {
     }
 }
 
+/// The fenced write an idempotency record's operation is (claims and posts only).
+fn fenced_op(op: dlock_payment_resource::store::Operation) -> Option<FencedOp> {
+    match op {
+        dlock_payment_resource::store::Operation::Claim => Some(FencedOp::Claim),
+        dlock_payment_resource::store::Operation::Post => Some(FencedOp::Post),
+        _ => None,
+    }
+}
+
 /// paydb's rows the end checks read, in one transaction.
 #[derive(Debug, Clone, Default)]
 pub struct PaydbRows {
@@ -725,6 +737,8 @@ pub struct PaydbRows {
     pub marks: BTreeMap<String, i64>,
     /// Every claim's and post's idempotency record.
     pub records: Records,
+    /// Every batch's (P2b, P3b) idempotency record (C3-extensions E-19).
+    pub batch_records: BatchRecords,
 }
 
 impl PaydbRows {
@@ -760,13 +774,18 @@ impl PaydbRows {
                         .idempotency
                         .iter()
                         .filter_map(|((op, target, key, token), r)| {
-                            let op = match op {
-                                dlock_payment_resource::store::Operation::Claim => FencedOp::Claim,
-                                dlock_payment_resource::store::Operation::Post => FencedOp::Post,
-                                _ => return None,
-                            };
+                            let op = fenced_op(*op)?;
                             let payout = Uuid::parse_str(target).ok()?;
                             Some(((op, payout, *token, key.clone()), (r.response.status, r.response.body.clone())))
+                        })
+                        .collect(),
+                    batch_records: t
+                        .idempotency
+                        .iter()
+                        .filter_map(|((op, target, key, token), r)| {
+                            let op = fenced_op(*op)?;
+                            let account = target.strip_prefix("account:")?.to_owned();
+                            Some(((op, account, *token, key.clone()), (r.response.status, r.response.body.clone())))
                         })
                         .collect(),
                 }
@@ -823,8 +842,9 @@ mod online {
     use dlock_rt::Clock;
 
     use super::{
-        ids, ledger_failures, parse_wire, rail_failures, reconciler_failures, retry_safe_failures, settle_failures,
-        wire_replay_failures, Checker, Effects, FencedOp, Known, PaydbFacts, PaydbRows, TimedFailure, WireWrite,
+        ids, ledger_failures, parse_wire_all, rail_failures, reconciler_failures, retry_safe_failures, settle_failures,
+        wire_batch_replay_failures, wire_replay_failures, Checker, Effects, FencedOp, Known, PaydbFacts, PaydbRows,
+        TimedFailure, WireWrite,
     };
     use crate::outcome::Failure;
     use crate::world::{self, World};
@@ -950,7 +970,7 @@ mod online {
         found.extend(rail_failures(&calls, &rows.submissions));
         found.extend(ledger_failures(&rows.accounts, &rows.ledger));
         // What callers received on the wire, against the stores.
-        let wire: Vec<WireWrite> = dlock_rt::wire_log::snapshot().iter().filter_map(parse_wire).collect();
+        let wire: Vec<WireWrite> = dlock_rt::wire_log::snapshot().iter().flat_map(parse_wire_all).collect();
         let mut effects = Effects { writes: rows.effects(), grants: Vec::new() };
         let _ = monitor.with(|c| {
             effects.writes.extend(c.accepted_writes().iter().filter(|(op, ..)| *op != FencedOp::Admit).copied());
@@ -958,6 +978,7 @@ mod online {
         });
         found.extend(retry_safe_failures(&wire, &effects));
         found.extend(wire_replay_failures(&wire, &rows.records));
+        found.extend(wire_batch_replay_failures(&wire, &rows.batch_records));
         if dlock_rt::wire_log::overflowed() {
             found.push(Failure::crash(
                 ids::WIRE_LOG_COMPLETE,

@@ -69,6 +69,8 @@ pub const PAYDB_OPS: &[&str] = &[
     "create_payout",
     "claim",
     "post",
+    "claim_batch",
+    "post_batch",
     "abandon",
     "resolve_ambiguous",
     "resolutions",
@@ -82,6 +84,8 @@ pub const PAYDB_OPS: &[&str] = &[
     "idempotency_record_count",
     "admit",
     "resolve",
+    "admit_batch",
+    "resolve_batch",
     "high_water",
     "submissions",
     "unresolved_before",
@@ -111,11 +115,15 @@ pub const WRITE_OPS: &[&str] = &[
     "create_payout",
     "claim",
     "post",
+    "claim_batch",
+    "post_batch",
     "abandon",
     "resolve_ambiguous",
     "purge_idempotency",
     "admit",
     "resolve",
+    "admit_batch",
+    "resolve_batch",
     "insert_payout",
     "open_session",
     "heartbeat",
@@ -140,9 +148,9 @@ pub enum Injected {
 /// The probe a lost ack of `op` fires, if any.
 pub fn lost_ack_probe(store: StoreName, op: &str) -> Option<Probe> {
     match (store, op) {
-        (StoreName::Paydb, "admit") => Some(Probe::LostAckIntent),
-        (StoreName::Paydb, "claim") => Some(Probe::LostAckClaim),
-        (StoreName::Paydb, "post") => Some(Probe::LostAckPost),
+        (StoreName::Paydb, "admit" | "admit_batch") => Some(Probe::LostAckIntent),
+        (StoreName::Paydb, "claim" | "claim_batch") => Some(Probe::LostAckClaim),
+        (StoreName::Paydb, "post" | "post_batch") => Some(Probe::LostAckPost),
         _ => None,
     }
 }
@@ -561,6 +569,22 @@ mod plan {
         ) -> ps::Decided<ps::PostOutcome> {
             self.plan.run(P, "post", self.inner.post(p, i, r)).await
         }
+        async fn claim_batch(
+            &self,
+            b: &ps::ClaimBatch,
+            i: &ps::IdemRequest,
+            r: ps::Render<'_, ps::ClaimBatchOutcome>,
+        ) -> ps::Decided<ps::ClaimBatchOutcome> {
+            self.plan.run(P, "claim_batch", self.inner.claim_batch(b, i, r)).await
+        }
+        async fn post_batch(
+            &self,
+            b: &ps::PostBatch,
+            i: &ps::IdemRequest,
+            r: ps::Render<'_, ps::PostBatchOutcome>,
+        ) -> ps::Decided<ps::PostBatchOutcome> {
+            self.plan.run(P, "post_batch", self.inner.post_batch(b, i, r)).await
+        }
         async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<ps::AbandonOutcome, ps::StoreError> {
             self.plan.run(P, "abandon", self.inner.abandon(payout_id, at)).await
         }
@@ -614,6 +638,20 @@ mod plan {
             at: DateTime<Utc>,
         ) -> Result<(), rs::StoreError> {
             self.plan.run(P, "resolve", self.inner.resolve(submission_id, resolution, at)).await
+        }
+        async fn admit_batch(
+            &self,
+            asked: &[rs::Unstamped],
+            stamp: rs::Stamp<'_>,
+        ) -> Result<Vec<rs::Checked>, rs::StoreError> {
+            self.plan.run(P, "admit_batch", self.inner.admit_batch(asked, stamp)).await
+        }
+        async fn resolve_batch(
+            &self,
+            outcomes: &[(Uuid, rs::Resolution)],
+            at: DateTime<Utc>,
+        ) -> Result<(), rs::StoreError> {
+            self.plan.run(P, "resolve_batch", self.inner.resolve_batch(outcomes, at)).await
         }
         async fn high_water(&self, account_id: &str) -> Result<Option<i64>, rs::StoreError> {
             self.plan.run(P, "high_water", self.inner.high_water(account_id)).await

@@ -78,6 +78,10 @@ pub struct SwarmConfig {
     /// rotated grants; 1 (no chain: acquire, rotate, release per payout) with [`ZERO_P`],
     /// else uniform in `2..=`[`CHAIN_PAYOUTS_DRAW_MAX`].
     pub chain_payouts_max: u32,
+    /// `executor.payouts-per-grant-max` (C3-extensions E-19): claimable payouts of one
+    /// account a task claims, submits and posts together under one grant; 1 (the single
+    /// writes) with [`ZERO_P`], else uniform in `2..=`[`PAYOUTS_PER_GRANT_DRAW_MAX`].
+    pub payouts_per_grant_max: u32,
 }
 
 /// Bounds of the draw (the world's default size; see docs/simulation.md "Speed").
@@ -101,6 +105,8 @@ pub const DRIFT_RATE_MIN: f64 = 0.5;
 pub const DRIFT_RATE_MAX: f64 = 0.69;
 /// Largest drawn `executor.chain-payouts-max` (the executor's default).
 pub const CHAIN_PAYOUTS_DRAW_MAX: u64 = dlock_executor::config::CHAIN_PAYOUTS_MAX_DEFAULT as u64;
+/// Largest drawn `executor.payouts-per-grant-max` (the executor's default).
+pub const PAYOUTS_PER_GRANT_DRAW_MAX: u64 = dlock_executor::config::PAYOUTS_PER_GRANT_MAX_DEFAULT as u64;
 /// `executor.poll-interval-ms` of every executor (an idle task scans this often: the main
 /// cost of an idle simulated second).
 pub const POLL_INTERVAL_MS: u64 = 500;
@@ -226,6 +232,8 @@ impl SwarmConfig {
         };
         // Drawn last, so adding it left every earlier draw unchanged.
         let chain_payouts_max = if d.chance(ZERO_P) { 1 } else { d.range(2, CHAIN_PAYOUTS_DRAW_MAX) as u32 };
+        // Drawn after `chain`, for the same reason.
+        let payouts_per_grant_max = if d.chance(ZERO_P) { 1 } else { d.range(2, PAYOUTS_PER_GRANT_DRAW_MAX) as u32 };
         SwarmConfig {
             seed,
             lock_replicas,
@@ -252,6 +260,7 @@ impl SwarmConfig {
             lock_wait_ms,
             drifted_executor,
             chain_payouts_max,
+            payouts_per_grant_max,
         }
     }
 
@@ -280,6 +289,7 @@ impl SwarmConfig {
             kv("executor.lock-ttl-ms", self.lock_ttl_ms.to_string()),
             kv("executor.lock-wait-ms", self.lock_wait_ms.to_string()),
             kv("executor.chain-payouts-max", self.chain_payouts_max.to_string()),
+            kv("executor.payouts-per-grant-max", self.payouts_per_grant_max.to_string()),
             kv("executor.poll-interval-ms", POLL_INTERVAL_MS.to_string()),
             kv("executor.chaos.pause-rate", self.executor_pause_rate.to_string()),
             kv("executor.chaos.pause-ms", self.executor_pause_ms.to_string()),
@@ -307,7 +317,7 @@ impl fmt::Display for SwarmConfig {
              stub(lat={}ms fail={} dup={} decl={}) stall(rate={} ms={}) \
              work(payouts={} accounts={} hot={}@{} arrival={}ms) operator(revokes={} resolves={}) \
              faults/min(pause={} crash={} partition={} one-way={} clog={} lossy={} drift={} skew={} \
-             unavail={} lost-ack={} store-lat={} leader-loss={} revoke={}) fault_ms={} lock_wait={}ms drifted={} chain={}",
+             unavail={} lost-ack={} store-lat={} leader-loss={} revoke={}) fault_ms={} lock_wait={}ms drifted={} chain={} per_grant={}",
             self.seed,
             self.lock_replicas,
             self.payment_replicas,
@@ -351,6 +361,7 @@ impl fmt::Display for SwarmConfig {
                 None => "none".to_owned(),
             },
             self.chain_payouts_max,
+            self.payouts_per_grant_max,
         )
     }
 }
@@ -405,9 +416,11 @@ mod tests {
             lost-ack=2.411 store-lat=2.501 leader-loss=0.59 revoke=1.279) fault_ms=9000 ";
         let line = SwarmConfig::draw(1).to_string();
         assert!(line.starts_with(before), "{line}");
-        let (head, chain) = line.rsplit_once(" chain=").expect("chain last");
+        let (head, per_grant) = line.rsplit_once(" per_grant=").expect("per_grant last");
+        let (head, chain) = head.rsplit_once(" chain=").expect("chain before it");
         assert!(head.ends_with("lock_wait=400ms drifted=executor-5@0.61"), "{line}");
         assert_eq!(chain, SwarmConfig::draw(1).chain_payouts_max.to_string(), "{line}");
+        assert_eq!(per_grant, SwarmConfig::draw(1).payouts_per_grant_max.to_string(), "{line}");
     }
 
     #[test]
@@ -425,6 +438,7 @@ mod tests {
             ("lock-wait", zero(&|c| c.lock_wait_ms == 0)),
             ("drift", zero(&|c| c.drifted_executor.is_none())),
             ("chain", zero(&|c| c.chain_payouts_max == 1)),
+            ("per-grant", zero(&|c| c.payouts_per_grant_max == 1)),
         ] {
             assert!((400..=800).contains(&n), "{name} zero in {n} of 2000 draws");
         }

@@ -88,7 +88,7 @@ pub fn batch_elements<'a>(body: &'a Value, name: &str) -> Result<&'a [Value], Ve
         Some(_) => return Err(vec![FieldError::new(name, "must be an array")]),
     };
     if items.is_empty() || items.len() > BATCH_PAYOUTS_MAX {
-        return Err(vec![FieldError::new(name, &format!("must hold 1 to {BATCH_PAYOUTS_MAX} payouts"))]);
+        return Err(vec![FieldError::new(name, format!("must hold 1 to {BATCH_PAYOUTS_MAX} payouts"))]);
     }
     let problems: Vec<FieldError> = items
         .iter()
@@ -117,7 +117,9 @@ pub fn validate_elements<T>(
     for (i, element) in elements.iter().enumerate() {
         match one(element) {
             Ok(v) => out.push(v),
-            Err(ps) => problems.extend(ps.into_iter().map(|p| FieldError::new(format!("{name}[{i}].{}", p.field), p.problem))),
+            Err(ps) => {
+                problems.extend(ps.into_iter().map(|p| FieldError::new(format!("{name}[{i}].{}", p.field), p.problem)))
+            }
         }
     }
     if !problems.is_empty() {
@@ -220,9 +222,7 @@ mod tests {
     #[test]
     fn a_post_batch_is_valid_p3_bodies_with_their_payout_ids() {
         use crate::payment::PostBatchRequest;
-        let item = |id: &str, outcome: &str| {
-            json!({"payoutId": id, "submissionId": B, "railReference": "rr-1", "railOutcome": outcome})
-        };
+        let item = |id: &str, outcome: &str| json!({"payoutId": id, "submissionId": B, "railReference": "rr-1", "railOutcome": outcome});
         let ok = PostBatchRequest::from_json(&json!({"payouts": [item(A, "ACKED")]})).expect("valid");
         assert_eq!(ok.payouts[0].request().rail_reference, "rr-1");
         let bad = PostBatchRequest::from_json(&json!({"payouts": [item(A, "TIMEOUT")]})).expect_err("refused");
@@ -232,9 +232,7 @@ mod tests {
     #[test]
     fn a_submission_batch_is_valid_submissions_of_its_one_account_with_their_keys() {
         use crate::rail::SubmissionBatchRequest;
-        let item = |id: &str, key: Value| {
-            json!({"payoutId": id, "amountMinor": 100, "currency": "EUR", "beneficiaryRef": "ben-1", "idempotencyKey": key})
-        };
+        let item = |id: &str, key: Value| json!({"payoutId": id, "amountMinor": 100, "currency": "EUR", "beneficiaryRef": "ben-1", "idempotencyKey": key});
         let ok = SubmissionBatchRequest::from_json(&json!({"accountId": "acct-1",
             "submissions": [item(A, json!("payout:a")), item(B, json!("payout:b"))]}))
         .expect("valid");

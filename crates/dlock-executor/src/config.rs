@@ -22,6 +22,7 @@ pub const KEYS: &[&str] = &[
     "executor.affinity-count",
     "executor.affinity-steal-after-ms",
     "executor.chain-payouts-max",
+    "executor.payouts-per-grant-max",
     "executor.write.connect-timeout-ms",
     "executor.write.read-timeout-ms",
     "executor.write.retries-max",
@@ -73,6 +74,7 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<ExecutorSettings, St
     cfg.affinity_count = layers.get("executor.affinity-count", cfg.affinity_count)?;
     cfg.affinity_steal_after_ms = layers.get("executor.affinity-steal-after-ms", cfg.affinity_steal_after_ms)?;
     cfg.chain_payouts_max = layers.get("executor.chain-payouts-max", cfg.chain_payouts_max)?;
+    cfg.payouts_per_grant_max = layers.get("executor.payouts-per-grant-max", cfg.payouts_per_grant_max)?;
     cfg.write_connect_timeout_ms = layers.get("executor.write.connect-timeout-ms", cfg.write_connect_timeout_ms)?;
     cfg.write_read_timeout_ms = layers.get("executor.write.read-timeout-ms", cfg.write_read_timeout_ms)?;
     cfg.write_retries_max = layers.get("executor.write.retries-max", cfg.write_retries_max)?;
@@ -185,6 +187,13 @@ pub const AFFINITY_STEAL_AFTER_MS_MAX: u64 = 600_000;
 pub const CHAIN_PAYOUTS_MAX_DEFAULT: u32 = 16;
 /// Largest `executor.chain-payouts-max`.
 pub const CHAIN_PAYOUTS_MAX_MAX: u32 = 1_024;
+/// Default `executor.payouts-per-grant-max` (issue 14, C3-extensions E-19): a task claims,
+/// submits and posts up to this many PENDING or CLAIMED payouts of one account together,
+/// under one grant for the claims and submissions and one newer grant for the posts, each
+/// fence passed once for all of them.
+pub const PAYOUTS_PER_GRANT_MAX_DEFAULT: u32 = 16;
+/// Largest `executor.payouts-per-grant-max` (the contract's batch bound).
+pub const PAYOUTS_PER_GRANT_MAX_MAX: u32 = dlock_contract::batch::BATCH_PAYOUTS_MAX as u32;
 /// Longest injected stall (`executor.chaos.pause-ms`).
 pub const PAUSE_MS_MAX: u64 = 120_000;
 /// Longest any single budget may be set to.
@@ -223,6 +232,10 @@ pub struct ExecutorConfig {
     /// of rotated grants ([`CHAIN_PAYOUTS_MAX_DEFAULT`]); 1 = every payout acquires and
     /// releases its account on its own.
     pub chain_payouts_max: u32,
+    /// `executor.payouts-per-grant-max`: PENDING or CLAIMED payouts of one account a task
+    /// works together under one grant ([`PAYOUTS_PER_GRANT_MAX_DEFAULT`], C3-extensions
+    /// E-19); 1 = each payout through the single writes (P2, the submission, P3).
+    pub payouts_per_grant_max: u32,
     pub write_connect_timeout_ms: u64,
     pub write_read_timeout_ms: u64,
     pub write_retries_max: u32,
@@ -305,6 +318,7 @@ impl ExecutorConfig {
             affinity_count: AFFINITY_COUNT_DEFAULT,
             affinity_steal_after_ms: AFFINITY_STEAL_AFTER_MS_DEFAULT,
             chain_payouts_max: CHAIN_PAYOUTS_MAX_DEFAULT,
+            payouts_per_grant_max: PAYOUTS_PER_GRANT_MAX_DEFAULT,
             write_connect_timeout_ms: WRITE_CONNECT_TIMEOUT_MS_DEFAULT,
             write_read_timeout_ms: WRITE_READ_TIMEOUT_MS_DEFAULT,
             write_retries_max: WRITE_RETRIES_MAX_DEFAULT,
@@ -358,6 +372,9 @@ impl ExecutorConfig {
         }
         if !(1..=CHAIN_PAYOUTS_MAX_MAX).contains(&self.chain_payouts_max) {
             return Err(format!("executor.chain-payouts-max must be 1..={CHAIN_PAYOUTS_MAX_MAX}"));
+        }
+        if !(1..=PAYOUTS_PER_GRANT_MAX_MAX).contains(&self.payouts_per_grant_max) {
+            return Err(format!("executor.payouts-per-grant-max must be 1..={PAYOUTS_PER_GRANT_MAX_MAX}"));
         }
         if !(1..=CONCURRENCY_MAX).contains(&self.concurrency) {
             return Err(format!("executor.concurrency must be 1..={CONCURRENCY_MAX}"));
@@ -481,6 +498,17 @@ mod tests {
         let mut c = cfg();
         c.affinity_steal_after_ms = AFFINITY_STEAL_AFTER_MS_MAX + 1;
         assert!(c.validate().is_err_and(|e| e.contains("executor.affinity-steal-after-ms")));
+    }
+
+    #[test]
+    fn payouts_per_grant_default_to_sixteen_resolve_and_stay_within_the_batch_bound() {
+        assert_eq!(cfg().payouts_per_grant_max, PAYOUTS_PER_GRANT_MAX_DEFAULT);
+        let s = resolve(&authed(&[("executor.payouts-per-grant-max", "64")]), Profile::Production).expect("in range");
+        assert_eq!(s.config.payouts_per_grant_max, 64);
+        for bad in ["0", "65"] {
+            let err = resolve(&authed(&[("executor.payouts-per-grant-max", bad)]), Profile::Production).expect_err(bad);
+            assert!(err.contains("executor.payouts-per-grant-max"), "{err}");
+        }
     }
 
     #[test]

@@ -54,6 +54,12 @@
 //! candidate left, or whose task stops, is released in the background as in step 6. Invariant (asserted): a kept grant is only
 //! ever rotated into a payout of its own account.
 //!
+//! **Batches** (issue 14, C3-extensions E-19): a pass holding more than one PENDING or
+//! CLAIMED candidate of an account works up to `executor.payouts-per-grant-max` of them
+//! together under one grant ([`batch`]): one claim (P2b) and one submission (R1b) under
+//! it, one post (P3b) under the rotated grant, each fence passed once for all of them, each
+//! payout's answer handled as its single write's. Batches chain like single payouts.
+//!
 //! **Account affinity** (issue 14 cut 6): with `executor.affinity-count` n > 1, the executor
 //! with `executor.affinity-index` i prefers the accounts whose [`affinity_of`] is i: a pass
 //! tries only those (and the accounts of others that have shown no progress for
@@ -101,6 +107,9 @@ use uuid::Uuid;
 use crate::config::ExecutorConfig;
 use crate::hops::Hops;
 use crate::metrics::{ExecutorMetrics, Hop, Outcome, Terminal};
+
+mod batch;
+pub use batch::{batchable, take_batch};
 
 /// BUGGIFY fault point between a hop's lease check and its write (`dlock_rt::buggify`,
 /// never firing outside the simulation): how often, and for at most how long.
@@ -441,6 +450,46 @@ impl Executor {
                     }
                     if carried.is_none() && busy.contains(&c.account_id) {
                         continue;
+                    }
+                    // E-19: the account's other claimable candidates of this pass go with it,
+                    // under one grant, up to `executor.payouts-per-grant-max`.
+                    let per_grant = usize::try_from(self.cfg.payouts_per_grant_max).unwrap_or(1);
+                    if per_grant > 1 && batchable(&c) {
+                        let mut members = vec![c.clone()];
+                        members.extend(
+                            take_batch(&mut queue, &c, per_grant - 1).into_iter().filter(|m| self.still_listed(m)),
+                        );
+                        if members.len() > 1 {
+                            let more = chain_has_next(&queue, &c.account_id);
+                            let attempt = batch::BatchAttempt {
+                                session: s,
+                                owner: &owner,
+                                account: &c.account_id,
+                                members,
+                                chained: carried,
+                                keep: more,
+                            };
+                            let (ended, step, kept) = self.execute_batch_step(attempt).await;
+                            chain = kept;
+                            for (m, outcome) in ended {
+                                worked = true;
+                                self.forget_scanned(m.payout_id).await;
+                                self.metrics.count(outcome);
+                                tracing::info!(payoutId = %m.payout_id, accountId = %m.account_id, outcome = outcome.tag(),
+                                    ownerId = %owner, batched = true, "payout_executed");
+                            }
+                            match step {
+                                Step::Reset => {
+                                    reset = true;
+                                    break;
+                                }
+                                Step::Busy => {
+                                    busy.insert(c.account_id.clone());
+                                }
+                                Step::Done => {}
+                            }
+                            continue;
+                        }
                     }
                     let more = chain_has_next(&queue, &c.account_id);
                     let attempt = Attempt { session: s, owner: &owner, c: &c, chained: carried, keep: more };

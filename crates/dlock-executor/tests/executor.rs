@@ -345,7 +345,9 @@ async fn every_hop_the_rail_call_the_store_calls_and_each_payout_end_to_end_are_
     // 1 500 covers one of the two payouts of 1 000: one is posted, one fails at the claim.
     let ids = seed(&c, 1, 2, 1_500, 1_000).await;
     // The backlog gauge is set by each scan: wait for a scan after the last payout ended too.
-    let (ex, states) = drain_until(&c, &ids, |ex| ex.metrics.backlog_age_ms() == 0).await;
+    // One payout per grant: the single writes' hops (a batch's are timed once per batch).
+    let tune = |cfg: &mut ExecutorConfig| cfg.payouts_per_grant_max = 1;
+    let (ex, states) = drain_tuned(&c, &ids, tune, |ex| ex.metrics.backlog_age_ms() == 0).await;
     assert!(states.values().all(|s| s.is_terminal()), "{states:?}");
     let text = ex.metrics.render();
     let hop = |h: &str| sample(&text, &format!("payout_hop_seconds_count{{hop=\"{h}\"}}"));
@@ -394,7 +396,10 @@ async fn a_posted_payouts_grant_is_rotated_into_the_next_claim_of_its_account_up
     for (chain_max, acquires, rotates, releases) in [(16, 1.0, 5.0, 1.0), (2, 2.0, 4.0, 2.0), (1, 3.0, 3.0, 3.0)] {
         let c = cluster(&[]).await;
         let ids = seed(&c, 1, 3, 100_000, 1_000).await;
-        let tune = |cfg: &mut ExecutorConfig| (cfg.concurrency, cfg.chain_payouts_max) = (1, chain_max);
+        // One payout per grant: the chain of single payouts (E-18), not a batch (E-19).
+        let tune = |cfg: &mut ExecutorConfig| {
+            (cfg.concurrency, cfg.chain_payouts_max, cfg.payouts_per_grant_max) = (1, chain_max, 1)
+        };
         let (ex, states) = drain_tuned(&c, &ids, tune, |_| true).await;
         assert!(states.values().all(|s| *s == PayoutState::Posted), "bound {chain_max}: {states:?}");
         assert_eq!(ex.metrics.get(Outcome::Fenced), 0, "bound {chain_max}");
@@ -446,6 +451,8 @@ enum Reply {
     Hang,
     /// Answer after this many milliseconds.
     Delayed(u64, u16, Value),
+    /// A batch answer (C3-extensions E-19) whose `presentedToken` is the request's token.
+    Batch(Value),
 }
 
 impl Fake {
@@ -499,6 +506,11 @@ async fn fake_answer(State(f): State<Fake>, uri: Uri, headers: http::HeaderMap, 
             tokio::time::sleep(Duration::from_millis(ms)).await;
             answered(&f);
             (StatusCode::from_u16(status).unwrap_or(StatusCode::OK), axum::Json(body)).into_response()
+        }
+        Some(Reply::Batch(mut body)) => {
+            answered(&f);
+            body["presentedToken"] = json!(token);
+            (StatusCode::OK, axum::Json(body)).into_response()
         }
         Some(Reply::Hang) => {
             tokio::time::sleep(Duration::from_secs(30)).await;
@@ -974,7 +986,8 @@ async fn a_payout_a_sibling_task_settled_during_the_pass_is_not_tried_again() {
     let Reply::Json(_, claimed) = claimed_ok() else { unreachable!() };
     payment.on(&format!("/v1/payouts/{slow}/claim"), vec![Reply::Delayed(600, 200, claimed)]);
     let fast_claim = format!("/v1/payouts/{fast}/claim");
-    let not_claimable = Reply::Json(409, envelope("PAYOUT_NOT_CLAIMABLE", json!({"payoutId": fast, "state": "POSTED"})));
+    let not_claimable =
+        Reply::Json(409, envelope("PAYOUT_NOT_CLAIMABLE", json!({"payoutId": fast, "state": "POSTED"})));
     payment.on(&fast_claim, vec![claimed_ok(), not_claimable]);
     for id in [slow, fast] {
         payment.on(&format!("/v1/payouts/{id}"), vec![Reply::Json(200, view(id))]);
@@ -1013,7 +1026,8 @@ async fn a_chained_payouts_grant_is_rotated_while_the_previous_post_is_in_flight
     let _stops = [s1, s2, s3];
     let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
     let mut cfg = config(&lock, &payment_url, &proxy_url, "executor-1");
-    cfg.concurrency = 1;
+    // One payout per grant: a chain of single payouts (E-18), not a batch (E-19).
+    (cfg.concurrency, cfg.payouts_per_grant_max) = (1, 1);
     let pending = format!("/v1/payouts?state=PENDING&limit={}", cfg.batch_max);
     let item = |id: Uuid| {
         json!({"payoutId": id, "accountId": "acct-1", "amountMinor": 100, "currency": "EUR", "state": "PENDING",
@@ -1092,4 +1106,126 @@ async fn an_advisory_read_is_tried_twice_and_a_failed_one_writes_nothing() {
     assert_eq!(r.payment.calls(&view_path), 2, "two tries, then give up");
     assert_eq!(r.payment.calls(&r.claim_path()), 0, "a failed advisory read never leads to a write");
     assert!(r.lock_is_free().await);
+}
+
+/// Every payout of `ids` POSTED in `paydb`, within the drain bound.
+async fn all_posted(paydb: &MemPaydb, ids: &[Uuid]) -> bool {
+    dlock_rt::wait_until(Duration::from_millis(20), Duration::from_millis(DRAIN_MS_MAX), || async {
+        states(paydb, ids).await.values().all(|s| *s == PayoutState::Posted).then_some(())
+    })
+    .await
+    .is_some()
+}
+
+/// Runs one executor of one task with `per_grant` payouts per grant until `ids` are all
+/// POSTED; the claim token of each payout and the fence of each payout's ledger debit.
+async fn work_one_account(per_grant: u32, n: usize) -> (Vec<i64>, Vec<i64>) {
+    let c = cluster(&[]).await;
+    let ids = seed(&c, 1, n, 100_000, 1_000).await;
+    let mut cfg = config(&c.lock, &c.payment, &c.proxy, "executor-1");
+    (cfg.concurrency, cfg.payouts_per_grant_max) = (1, per_grant);
+    let ex = Executor::new(cfg, Clock::system()).expect("config");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(ex.clone().run(stop_rx));
+    assert!(all_posted(&c.paydb, &ids).await, "every payout posted: {:?}", states(&c.paydb, &ids).await);
+    let _ = stop_tx.send(true);
+    run.await.expect("stops");
+    assert_one_rail_call_each(&c, &ids, "each payout reached the rail once").await;
+    assert_ledger_balances(&c.paydb).await;
+    let mut claims = Vec::new();
+    for id in &ids {
+        let p = PaymentStore::payout(&*c.paydb, *id).await.expect("read").expect("exists");
+        claims.push(p.claim_token.expect("claimed"));
+    }
+    let ledger = PaymentStore::ledger(&*c.paydb, Some("acct-0")).await.expect("ledger");
+    let posts =
+        ledger.iter().filter(|e| e.payout_id.is_some() && e.direction == Direction::Debit).map(|e| e.fence).collect();
+    (claims, posts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_claims_an_accounts_payouts_under_one_grant_and_posts_them_under_one_newer_grant() {
+    // One task, six PENDING payouts of one account in its scan: one batch (E-19).
+    let (claims, posts) = work_one_account(16, 6).await;
+    assert!(claims.iter().all(|t| *t == claims[0]), "one grant claimed them all: {claims:?}");
+    assert_eq!(posts.len(), 6, "{posts:?}");
+    assert!(posts.iter().all(|t| *t == posts[0]), "one newer grant posted them all: {posts:?}");
+    assert!(posts[0] > claims[0], "the posts' grant is newer than the claims': {posts:?} {claims:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_one_payout_per_grant_each_payout_is_claimed_and_posted_under_grants_of_its_own() {
+    let (claims, posts) = work_one_account(1, 4).await;
+    let distinct: std::collections::BTreeSet<i64> = claims.iter().chain(posts.iter()).copied().collect();
+    assert_eq!(distinct.len(), 8, "every claim and post under a grant of its own: {claims:?} {posts:?}");
+}
+
+#[tokio::test]
+async fn a_batch_posts_only_what_the_rail_acknowledged_and_never_submits_again() {
+    // Fakes: three PENDING payouts of acct-1; the proxy acknowledges the first, answers the
+    // second RAIL_AMBIGUOUS and the third declined.
+    let (lock, s1) = lock_server(Arc::new(MemLockStore::new(Clock::system()))).await;
+    let (payment, payment_url, s2) = fake().await;
+    let (proxy, proxy_url, s3) = fake().await;
+    let _stops = [s1, s2, s3];
+    let ids: Vec<Uuid> = (0..3).map(|_| Uuid::new_v4()).collect();
+    let mut cfg = config(&lock, &payment_url, &proxy_url, "executor-1");
+    cfg.concurrency = 1;
+    let list = |state: &str| format!("/v1/payouts?state={state}&limit={}", cfg.batch_max);
+    let items: Vec<Value> = ids
+        .iter()
+        .map(|id| {
+            json!({"payoutId": id, "accountId": "acct-1", "amountMinor": 100, "currency": "EUR",
+            "state": "PENDING", "attemptCount": 0, "createdAt": "2025-11-30T11:05:30.123Z"})
+        })
+        .collect();
+    payment.on(
+        &list("PENDING"),
+        vec![Reply::Json(200, json!({ "items": items })), Reply::Json(200, json!({"items": []}))],
+    );
+    payment.on(&list("CLAIMED"), vec![Reply::Json(200, json!({"items": []}))]);
+    payment.on(&list("RAIL_ACKED"), vec![Reply::Json(200, json!({"items": []}))]);
+    let claimed: Vec<Value> = ids
+        .iter()
+        .map(|id| {
+            json!({"payoutId": id, "status": 200, "body": {"payoutId": id, "state": "CLAIMED", "claimToken": 1,
+                "accountFence": 1, "attemptCount": 0, "idempotencyKey": "claims:1", "accountId": "acct-1",
+                "amountMinor": 100, "currency": "EUR", "beneficiaryRef": "b"}})
+        })
+        .collect();
+    payment.on("/v1/accounts/acct-1/claims", vec![Reply::Batch(json!({"accountId": "acct-1", "items": claimed}))]);
+    let submitted = json!({"accountId": "acct-1", "items": [
+        {"payoutId": ids[0], "status": 200, "body": {"submissionId": Uuid::new_v4(), "payoutId": ids[0],
+            "presentedToken": 1, "outcome": "ACKED", "railReference": "RR-1",
+            "submittedAt": "2025-11-30T11:05:30.123Z", "resolvedAt": "2025-11-30T11:05:31.000Z"}},
+        {"payoutId": ids[1], "status": 409, "body": envelope("RAIL_AMBIGUOUS", json!({"submissionId": Uuid::new_v4()}))},
+        {"payoutId": ids[2], "status": 422, "body": envelope("VALIDATION_FAILED", json!({"outcome": "REJECTED"}))},
+    ]});
+    proxy.on("/v1/rail/submission-batches", vec![Reply::Batch(submitted)]);
+    let posted = json!({"accountId": "acct-1", "items": [
+        {"payoutId": ids[0], "status": 200, "body": {"payoutId": ids[0], "state": "POSTED", "entries": [], "balanceMinor": 0}}]});
+    payment.on("/v1/accounts/acct-1/posts", vec![Reply::Batch(posted)]);
+    let ex = Executor::new(cfg, Clock::system()).expect("config");
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let run = tokio::spawn(ex.clone().run(stop_rx));
+    let done = dlock_rt::wait_until(Duration::from_millis(10), Duration::from_millis(DRAIN_MS_MAX), || async {
+        (payment.answered("/v1/accounts/acct-1/posts") > 0 && ex.releases_in_flight() == 0).then_some(())
+    })
+    .await;
+    assert!(done.is_some(), "the batch was posted: {:?}", payment.calls.lock().expect("lock"));
+    let _ = stop_tx.send(true);
+    run.await.expect("stops");
+    assert_eq!(proxy.calls("/v1/rail/submission-batches"), 1, "submitted once, never again");
+    let sent = proxy.bodies("/v1/rail/submission-batches");
+    assert_eq!(sent[0]["submissions"].as_array().map(Vec::len), Some(3), "{sent:?}");
+    let posts = payment.bodies("/v1/accounts/acct-1/posts");
+    let named: Vec<&str> =
+        posts[0]["payouts"].as_array().expect("payouts").iter().filter_map(|p| p["payoutId"].as_str()).collect();
+    assert_eq!(named, [ids[0].to_string()], "only the acknowledged payout is posted");
+    // The claims carried one token, the post a newer one.
+    let claim_token = payment.tokens("/v1/accounts/acct-1/claims")[0];
+    assert_eq!(proxy.tokens("/v1/rail/submission-batches")[0], claim_token, "the submission carries the claims' grant");
+    assert!(payment.tokens("/v1/accounts/acct-1/posts")[0] > claim_token, "the post carries a newer grant");
+    let counted = [Outcome::Posted, Outcome::Ambiguous, Outcome::Failed].map(|o| ex.metrics.get(o));
+    assert_eq!(counted, [1, 1, 1], "each payout's answer handled as its single write's");
 }

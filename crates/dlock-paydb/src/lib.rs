@@ -6,8 +6,9 @@
 //!
 //! - [`StoreError`]: the one error every paydb store answers.
 //! - [`admission`]: the proxy's admission decision (C3 §3.5: fence, duplicate, intent) as
-//!   pure functions, which [`mem::RailTables::admit`] applies and the proxy's SQL store
-//!   consults; the proxy's `admission` module re-exports them.
+//!   pure functions, a batch's too (C3-extensions E-19: one fence verdict, then each
+//!   payout), which [`mem::RailTables::admit`] and [`mem::RailTables::admit_batch`] apply
+//!   and the proxy's SQL store consults; the proxy's `admission` module re-exports them.
 //! - [`ledger`]: the ledger rules (the balanced payout posting, the debit that never
 //!   overdraws) as pure functions, applied here and by the payment-resource, whose `rules`
 //!   module re-exports them.

@@ -19,7 +19,10 @@
 //! transaction, under the one mutex, with the tables as that write left them. The
 //! simulation's oracle uses it to check fence monotonicity at each acceptance, in
 //! acceptance order. Unset (the default) it costs one uncontended `Option` read per fenced
-//! write; it never changes what a write does.
+//! write; it never changes what a write does. A batch's admission
+//! ([`MemPaydb::admit_batch_txn`], C3-extensions E-19) is one transaction reported as one
+//! fenced write per payout, each with its own state before and all with the batch's one
+//! pass id ([`FencedWrite::batch_pass`]): its fence compared the token once for all of them.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
@@ -30,7 +33,7 @@ use dlock_contract::planted::{self, Bug};
 use dlock_contract::rail::SubmissionOutcome;
 use uuid::Uuid;
 
-use crate::admission::{self, AdmissionDecision, AdmissionFacts, FirstAttempt};
+use crate::admission::{self, AdmissionDecision, AdmissionFacts, BatchFacts, FirstAttempt, PayoutFacts};
 use crate::pay::{
     funding_account, is_system_account, is_unsettled, settlement_account, AccountKind, AccountView,
     AmbiguousResolution, Direction, LedgerEntry, ListQuery, Operation, PayoutSummary, PayoutView, ResolutionRow,
@@ -81,53 +84,159 @@ fn row(a: &Attempt, outcome: Option<SubmissionOutcome>) -> SubmissionRow {
     }
 }
 
+/// What one fence pass covers of each payout of a batch: its account, the token, the owner,
+/// the fencing switch, and the payout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PassKey<'a> {
+    pub account_id: &'a str,
+    pub presented_token: i64,
+    pub owner_id: &'a str,
+    pub fencing_enabled: bool,
+    pub payout_id: Uuid,
+}
+
+impl<'a> From<&'a Attempt> for PassKey<'a> {
+    fn from(a: &'a Attempt) -> PassKey<'a> {
+        PassKey {
+            account_id: &a.account_id,
+            presented_token: a.presented_token,
+            owner_id: &a.owner_id,
+            fencing_enabled: a.fencing_enabled,
+            payout_id: a.payout_id,
+        }
+    }
+}
+
+/// A batch shares one account, token, owner and fencing switch, and names each payout once
+/// (C3-extensions E-19): what one fence pass covers. Else [`StoreError::Corrupt`]: the
+/// caller broke the batch's shape (a store checks it before its first write).
+pub fn one_pass<'a>(keys: impl IntoIterator<Item = PassKey<'a>>) -> Result<(), StoreError> {
+    let mut first: Option<PassKey<'a>> = None;
+    let mut seen = std::collections::BTreeSet::new();
+    for k in keys {
+        let f = *first.get_or_insert(k);
+        let same = (k.account_id, k.presented_token, k.owner_id, k.fencing_enabled)
+            == (f.account_id, f.presented_token, f.owner_id, f.fencing_enabled);
+        if !same || !seen.insert(k.payout_id) {
+            return Err(StoreError::Corrupt(format!(
+                "a batch is one account, one token, one owner and each payout once; payout {} is not",
+                k.payout_id
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl RailTables {
     pub fn payout(&self, payout_id: Uuid) -> Option<PayoutRow> {
         self.payouts.get(&payout_id).map(|p| p.row.clone())
     }
 
-    /// Steps 1–3, as [`RailStore::admit`].
-    pub fn admit(&mut self, a: &Attempt) -> Result<Admission, StoreError> {
-        let t = self;
-        // One snapshot of every fact steps 1–3 decide on; the admission rule decides.
-        let first_forwardable = t
+    /// What the transaction reads of `a`'s payout: its forwardable attempt and its state.
+    fn payout_facts(&self, a: &Attempt) -> PayoutFacts {
+        let first_forwardable = self
             .submissions
             .iter()
             .find(|s| s.payout_id == a.payout_id && is_forwardable(s.outcome))
             .map(|s| FirstAttempt { submission_id: s.submission_id, submitted_at: s.submitted_at });
-        let decision = admission::decide_admission(&AdmissionFacts {
-            fencing_enabled: a.fencing_enabled,
-            mark: t.high_water.get(&a.account_id).copied(),
-            presented_token: a.presented_token,
-            first_forwardable,
-            state: t.payouts.get(&a.payout_id).map(|p| p.row.state),
-        });
+        PayoutFacts { first_forwardable, state: self.payouts.get(&a.payout_id).map(|p| p.row.state) }
+    }
+
+    /// Applies one payout's decision (its row, its move), not the mark: the caller writes the
+    /// mark once ([`RailTables::write_mark`]). `Vanished` is ruled out before the first write.
+    fn apply(&mut self, a: &Attempt, decision: &AdmissionDecision) {
         match decision {
-            AdmissionDecision::Fenced { .. } => t.submissions.push(row(a, Some(SubmissionOutcome::Fenced))),
-            AdmissionDecision::Duplicate { mark, .. } => {
-                if let Some(m) = mark {
-                    t.high_water.insert(a.account_id.clone(), m);
+            AdmissionDecision::Fenced { .. } => self.submissions.push(row(a, Some(SubmissionOutcome::Fenced))),
+            AdmissionDecision::Duplicate { .. } => self.submissions.push(row(a, Some(SubmissionOutcome::Duplicate))),
+            AdmissionDecision::NotClaimable { .. } | AdmissionDecision::Vanished => {}
+            AdmissionDecision::Admit { .. } => {
+                if let Some(payout) = self.payouts.get_mut(&a.payout_id) {
+                    payout.row.state = PayoutState::Submitted;
+                    payout.row.attempt_count += 1;
+                    payout.updated_at = a.at;
                 }
-                t.submissions.push(row(a, Some(SubmissionOutcome::Duplicate)));
-            }
-            AdmissionDecision::NotClaimable { .. } => {}
-            AdmissionDecision::Vanished => return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id))),
-            AdmissionDecision::Admit { mark } => {
-                let Some(payout) = t.payouts.get_mut(&a.payout_id) else {
-                    return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id)));
-                };
-                payout.row.state = PayoutState::Submitted;
-                payout.row.attempt_count += 1;
-                payout.updated_at = a.at;
-                // Planted bug `mark-after-call` (simulation only): the mark is not written with
-                // the intent, but in `resolve`, after the forward returned.
-                if let Some(m) = mark.filter(|_| !planted::on(Bug::MarkAfterCall)) {
-                    t.high_water.insert(a.account_id.clone(), m);
-                }
-                t.submissions.push(row(a, None));
+                self.submissions.push(row(a, None));
             }
         }
-        decision.admission(a.at).ok_or_else(|| StoreError::Corrupt(format!("payout {} vanished", a.payout_id)))
+    }
+
+    /// Writes the account's mark for `decisions`, once: `mark` when one of them passed step
+    /// 1 (as the rule decided it). Planted bug `mark-after-call` (simulation only): the mark
+    /// is not written with the intents, but in `resolve`, after the forward returned (a
+    /// duplicate still writes it).
+    fn write_mark(&mut self, account_id: &str, mark: Option<i64>, decisions: &[AdmissionDecision]) {
+        let duplicate = decisions.iter().any(|d| matches!(d, AdmissionDecision::Duplicate { .. }));
+        if let Some(m) = mark.filter(|_| duplicate || !planted::on(Bug::MarkAfterCall)) {
+            self.high_water.insert(account_id.to_owned(), m);
+        }
+    }
+
+    /// Steps 1–3, as [`RailStore::admit`].
+    pub fn admit(&mut self, a: &Attempt) -> Result<Admission, StoreError> {
+        // One snapshot of every fact steps 1–3 decide on; the admission rule decides.
+        let p = self.payout_facts(a);
+        let decision = admission::decide_admission(&AdmissionFacts {
+            fencing_enabled: a.fencing_enabled,
+            mark: self.high_water.get(&a.account_id).copied(),
+            presented_token: a.presented_token,
+            first_forwardable: p.first_forwardable,
+            state: p.state,
+        });
+        let Some(answer) = decision.admission(a.at) else {
+            return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id)));
+        };
+        self.apply(a, &decision);
+        let mark = match decision {
+            AdmissionDecision::Duplicate { mark, .. } | AdmissionDecision::Admit { mark } => mark,
+            _ => None,
+        };
+        self.write_mark(&a.account_id, mark, std::slice::from_ref(&decision));
+        Ok(answer)
+    }
+
+    /// Steps 1–3 of a batch (C3-extensions E-19), as the proxy's `RailStore::admit_batch`
+    /// after its validation: `attempts` are validated and stamped, of one account, under one
+    /// token, owner and fencing switch, each payout once (else [`StoreError::Corrupt`],
+    /// nothing written). One snapshot, one [`admission::decide_batch_admission`], every
+    /// decision applied and the mark written once; the answers in `attempts`' order.
+    pub fn admit_batch(&mut self, attempts: &[Attempt]) -> Result<Vec<Admission>, StoreError> {
+        let Some(first) = attempts.first() else { return Ok(Vec::new()) };
+        one_pass(attempts.iter().map(PassKey::from))?;
+        let facts = BatchFacts {
+            fencing_enabled: first.fencing_enabled,
+            mark: self.high_water.get(&first.account_id).copied(),
+            presented_token: first.presented_token,
+            payouts: attempts.iter().map(|a| self.payout_facts(a)).collect(),
+        };
+        let batch = admission::decide_batch_admission(&facts);
+        // Every answer before the first write: a vanished payout refuses the whole batch.
+        let answers = attempts
+            .iter()
+            .zip(&batch.decisions)
+            .map(|(a, d)| {
+                d.admission(a.at).ok_or_else(|| StoreError::Corrupt(format!("payout {} vanished", a.payout_id)))
+            })
+            .collect::<Result<Vec<Admission>, StoreError>>()?;
+        for (a, d) in attempts.iter().zip(&batch.decisions) {
+            self.apply(a, d);
+        }
+        self.write_mark(&first.account_id, batch.mark, &batch.decisions);
+        Ok(answers)
+    }
+
+    /// Every outcome of a batch's forwards, as the proxy's `RailStore::resolve_batch`: each
+    /// exactly as [`RailTables::resolve`] records it (a no-op when already resolved), all or
+    /// none (an unknown submission refuses them all before the first write).
+    pub fn resolve_batch(&mut self, outcomes: &[(Uuid, Resolution)], at: DateTime<Utc>) -> Result<(), StoreError> {
+        if let Some((missing, _)) =
+            outcomes.iter().find(|(id, _)| !self.submissions.iter().any(|s| s.submission_id == *id))
+        {
+            return Err(StoreError::Corrupt(format!("no submission {missing}")));
+        }
+        for (id, r) in outcomes {
+            self.resolve(*id, r, at)?;
+        }
+        Ok(())
     }
 
     /// As [`RailStore::resolve`].
@@ -317,6 +426,41 @@ impl std::fmt::Debug for ObserverSlot {
     }
 }
 
+/// The observer's record of one admission: `answer` is what it came to (`None`: the
+/// store failed), `batch_pass` the batch whose one fence pass it shared.
+fn admit_write(
+    a: &Attempt,
+    state_before: Option<PayoutState>,
+    answer: Option<&Admission>,
+    batch_pass: Option<u64>,
+) -> FencedWrite {
+    let (verdict, admission) = match answer {
+        Some(Admission::Admitted { .. }) => (FenceVerdictSeen::Accepted, "admitted"),
+        // Step 1 passed and the mark rose; step 2 refused the repeat.
+        Some(Admission::Duplicate { .. }) => (FenceVerdictSeen::Accepted, "duplicate"),
+        Some(Admission::Fenced { highest_token }) => {
+            (FenceVerdictSeen::FencedOut { highest_token: *highest_token }, "fenced")
+        }
+        Some(Admission::NotClaimable { .. }) => (FenceVerdictSeen::Other, "not_claimable"),
+        None => (FenceVerdictSeen::Other, "error"),
+    };
+    FencedWrite {
+        op: FencedOp::Admit,
+        payout_id: a.payout_id,
+        account_id: a.account_id.clone(),
+        token: a.presented_token,
+        owner_id: a.owner_id.clone(),
+        fenced: a.fencing_enabled && !dlock_contract::defence::off(dlock_contract::defence::Layer::RailMark),
+        state_before,
+        verdict,
+        identity: None,
+        recorded: None,
+        replayed: None,
+        admission: Some(admission),
+        batch_pass,
+    }
+}
+
 /// In-memory paydb, shared by the payment-resource and the rail-proxy.
 #[derive(Debug, Default)]
 pub struct MemPaydb {
@@ -358,33 +502,42 @@ impl MemPaydb {
         };
         let state_before = t.rail.payouts.get(&attempt.payout_id).map(|p| p.row.state);
         let admitted = t.rail.admit(attempt);
-        let (verdict, admission) = match &admitted {
-            Ok(Admission::Admitted { .. }) => (FenceVerdictSeen::Accepted, "admitted"),
-            // Step 1 passed and the mark rose; step 2 refused the repeat.
-            Ok(Admission::Duplicate { .. }) => (FenceVerdictSeen::Accepted, "duplicate"),
-            Ok(Admission::Fenced { highest_token }) => {
-                (FenceVerdictSeen::FencedOut { highest_token: *highest_token }, "fenced")
-            }
-            Ok(Admission::NotClaimable { .. }) => (FenceVerdictSeen::Other, "not_claimable"),
-            Err(_) => (FenceVerdictSeen::Other, "error"),
-        };
-        let write = FencedWrite {
-            op: FencedOp::Admit,
-            payout_id: attempt.payout_id,
-            account_id: attempt.account_id.clone(),
-            token: attempt.presented_token,
-            owner_id: attempt.owner_id.clone(),
-            fenced: attempt.fencing_enabled && !dlock_contract::defence::off(dlock_contract::defence::Layer::RailMark),
-            state_before,
-            verdict,
-            identity: None,
-            recorded: None,
-            replayed: None,
-            admission: Some(admission),
-            batch_pass: None,
-        };
-        observer.fenced_write(&t, &write);
+        observer.fenced_write(&t, &admit_write(attempt, state_before, admitted.as_ref().ok(), None));
         admitted
+    }
+
+    /// A batch's validation and steps 1–3 as one transaction (C3-extensions E-19):
+    /// `prepare` validates and stamps the batch on the tables as this transaction reads them
+    /// (the attempts to admit, and whatever else its caller needs back), then
+    /// [`RailTables::admit_batch`] decides them with one fence pass. Each payout's fenced
+    /// write is reported to the observer, if one is registered, with its own state before
+    /// and the batch's one pass id ([`PaydbTables::next_batch_pass`]).
+    pub fn admit_batch_txn<T>(
+        &self,
+        prepare: impl FnOnce(&RailTables) -> (Vec<Attempt>, T),
+    ) -> Result<(Vec<Admission>, T), StoreError> {
+        let mut t = self.lock()?;
+        let (attempts, prepared) = prepare(&t.rail);
+        if attempts.is_empty() {
+            return Ok((Vec::new(), prepared));
+        }
+        let Some(observer) = self.observer() else {
+            return t.rail.admit_batch(&attempts).map(|a| (a, prepared));
+        };
+        let states_before: Vec<Option<PayoutState>> =
+            attempts.iter().map(|a| t.rail.payouts.get(&a.payout_id).map(|p| p.row.state)).collect();
+        let admitted = t.rail.admit_batch(&attempts);
+        let pass = t.next_batch_pass();
+        for (i, (a, state_before)) in attempts.iter().zip(states_before).enumerate() {
+            let answer = admitted.as_ref().ok().and_then(|answers| answers.get(i));
+            observer.fenced_write(&t, &admit_write(a, state_before, answer, Some(pass)));
+        }
+        admitted.map(|a| (a, prepared))
+    }
+
+    /// Every outcome of a batch's forwards as one transaction ([`RailTables::resolve_batch`]).
+    pub fn resolve_batch_txn(&self, outcomes: &[(Uuid, Resolution)], at: DateTime<Utc>) -> Result<(), StoreError> {
+        self.lock()?.rail.resolve_batch(outcomes, at)
     }
 
     /// Runs `f` over the tables as one transaction: the simulation's invariant checkers read
@@ -647,6 +800,89 @@ impl PaydbTables {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Records every fenced write it sees.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<FencedWrite>>);
+
+    impl PaydbObserver for Recorder {
+        fn fenced_write(&self, _tables: &PaydbTables, write: &FencedWrite) {
+            if let Ok(mut w) = self.0.lock() {
+                w.push(write.clone());
+            }
+        }
+    }
+
+    fn seeded(db: &MemPaydb, state: PayoutState) -> Uuid {
+        let id = Uuid::new_v4();
+        let p = NewPayout {
+            payout_id: id,
+            account_id: "acct-1".into(),
+            amount_minor: 100,
+            currency: "EUR".into(),
+            beneficiary_ref: "b".into(),
+            state,
+        };
+        db.with_tables(|t| t.insert_payout(&p, DateTime::<Utc>::UNIX_EPOCH)).expect("lock").expect("insert");
+        id
+    }
+
+    fn attempt_of(payout_id: Uuid, token: i64) -> Attempt {
+        Attempt {
+            submission_id: Uuid::new_v4(),
+            payout_id,
+            account_id: "acct-1".into(),
+            presented_token: token,
+            owner_id: "w-1".into(),
+            idempotency_key: format!("payout:{payout_id}"),
+            amount_minor: 100,
+            currency: "EUR".into(),
+            at: DateTime::<Utc>::UNIX_EPOCH,
+            fencing_enabled: true,
+        }
+    }
+
+    /// The observer sees each payout of a batch as its own fenced write, with its own state
+    /// before, all under the batch's one pass id; a single admission carries none.
+    #[test]
+    fn a_batch_reports_each_payouts_fenced_write_under_one_pass() {
+        let db = MemPaydb::new();
+        let recorder = std::sync::Arc::new(Recorder::default());
+        db.set_observer(recorder.clone());
+        let (claimed, pending) = (seeded(&db, PayoutState::Claimed), seeded(&db, PayoutState::Pending));
+        let attempts = vec![attempt_of(claimed, 5), attempt_of(pending, 5)];
+        let (answers, extra) = db.admit_batch_txn(|_| (attempts.clone(), "prepared")).expect("batch");
+        assert_eq!(extra, "prepared");
+        assert!(matches!(answers[..], [Admission::Admitted { .. }, Admission::NotClaimable { .. }]), "{answers:?}");
+        let later = seeded(&db, PayoutState::Claimed);
+        db.admit_txn(&attempt_of(later, 6)).expect("single");
+        let seen = recorder.0.lock().expect("writes").clone();
+        let summary: Vec<_> =
+            seen.iter().map(|w| (w.payout_id, w.state_before, w.admission, w.batch_pass, w.token)).collect();
+        assert_eq!(
+            summary,
+            vec![
+                (claimed, Some(PayoutState::Claimed), Some("admitted"), Some(1), 5),
+                (pending, Some(PayoutState::Pending), Some("not_claimable"), Some(1), 5),
+                (later, Some(PayoutState::Claimed), Some("admitted"), None, 6),
+            ]
+        );
+        assert_eq!(db.with_tables(|t| t.high_water("acct-1")).expect("lock"), Some(6));
+    }
+
+    /// A batch that is not one pass (two tokens, or a payout twice) is refused before any
+    /// write.
+    #[test]
+    fn a_batch_that_is_not_one_pass_writes_nothing() {
+        let db = MemPaydb::new();
+        let (a, b) = (seeded(&db, PayoutState::Claimed), seeded(&db, PayoutState::Claimed));
+        for attempts in [vec![attempt_of(a, 5), attempt_of(b, 6)], vec![attempt_of(a, 5), attempt_of(a, 5)]] {
+            let refused = db.admit_batch_txn(|_| (attempts.clone(), ()));
+            assert!(matches!(refused, Err(StoreError::Corrupt(_))), "{refused:?}");
+        }
+        let (marks, rows) = db.with_tables(|t| (t.high_water("acct-1"), t.rail.submissions.len())).expect("lock");
+        assert_eq!((marks, rows), (None, 0));
+    }
 
     #[test]
     fn guard_transition_allows_exactly_c2_and_same_state_writes() {

@@ -4,10 +4,11 @@
 //! `read_tries_max` tries).
 
 use bytes::Bytes;
+use dlock_contract::batch::BatchAnswer;
 use dlock_contract::grant::SignedToken;
 use dlock_contract::payment::{
-    AccountBody, ClaimAck, ClaimRequest, NewAccountRequest, NewPayoutRequest, PayoutBody, PayoutPage, PostAck,
-    PostRequest,
+    AccountBody, ClaimAck, ClaimBatchRequest, ClaimRequest, NewAccountRequest, NewPayoutRequest, PayoutBody,
+    PayoutPage, PostAck, PostBatchRequest, PostRequest,
 };
 use dlock_contract::payout::PayoutState;
 use dlock_contract::{
@@ -60,6 +61,18 @@ impl ListQuery {
         }
         path
     }
+}
+
+/// `/v1/accounts/{account_id}` and, when `tail` is not empty, `/{tail}`; an account id that
+/// is not path-safe is refused before anything is sent.
+fn account_path(operation: Operation, account_id: &str, tail: &str) -> Result<String, PaymentRefusal> {
+    if !dlock_contract::rail::is_account_id(account_id) {
+        return Err(PaymentRefusal::NothingSent {
+            operation,
+            cause: "accountId must be 1 to 64 characters of [a-zA-Z0-9:._-]".into(),
+        });
+    }
+    Ok(if tail.is_empty() { format!("/v1/accounts/{account_id}") } else { format!("/v1/accounts/{account_id}/{tail}") })
 }
 
 /// Percent-encodes everything but RFC 3986's unreserved characters.
@@ -156,13 +169,8 @@ impl PaymentClient {
 
     /// P5: one account, its balance and fence (advisory).
     pub async fn account(&self, account_id: &str) -> Result<AccountBody, PaymentRefusal> {
-        if !dlock_contract::rail::is_account_id(account_id) {
-            return Err(PaymentRefusal::NothingSent {
-                operation: Operation::Account,
-                cause: "accountId must be 1 to 64 characters of [a-zA-Z0-9:._-]".into(),
-            });
-        }
-        self.read(Operation::Account, &format!("/v1/accounts/{account_id}")).await
+        let path = account_path(Operation::Account, account_id, "")?;
+        self.read(Operation::Account, &path).await
     }
 
     /// P2: claims `payout_id` under `token` (the grant's fencing token).
@@ -189,6 +197,39 @@ impl PaymentClient {
     ) -> Result<PostAck, PaymentRefusal> {
         let headers = WriteHeaders::fenced(token.into(), owner, key);
         self.write(Operation::Post, &format!("/v1/payouts/{payout_id}/post"), &headers, body).await
+    }
+
+    /// P2b: claims several payouts of `account_id` under one `token` (C3-extensions E-19):
+    /// the grant is `payout:{account_id}`'s and `key` the batch's own. The answer carries each
+    /// payout's P2 answer as an item; a refusal of the whole batch (`FENCED_OUT`, an unknown
+    /// account, a conflict, a store failure) is a [`PaymentRefusal`], re-sent under the same
+    /// rule as a claim's.
+    pub async fn claim_batch(
+        &self,
+        account_id: &str,
+        token: impl Into<SignedToken>,
+        owner: &OwnerId,
+        key: &IdempotencyKey,
+        body: &ClaimBatchRequest,
+    ) -> Result<BatchAnswer, PaymentRefusal> {
+        let path = account_path(Operation::ClaimBatch, account_id, "claims")?;
+        let headers = WriteHeaders::fenced(token.into(), owner, key);
+        self.write(Operation::ClaimBatch, &path, &headers, body).await
+    }
+
+    /// P3b: posts several acknowledged payouts of `account_id` under one `token`
+    /// (C3-extensions E-19), as [`PaymentClient::claim_batch`].
+    pub async fn post_batch(
+        &self,
+        account_id: &str,
+        token: impl Into<SignedToken>,
+        owner: &OwnerId,
+        key: &IdempotencyKey,
+        body: &PostBatchRequest,
+    ) -> Result<BatchAnswer, PaymentRefusal> {
+        let path = account_path(Operation::PostBatch, account_id, "posts")?;
+        let headers = WriteHeaders::fenced(token.into(), owner, key);
+        self.write(Operation::PostBatch, &path, &headers, body).await
     }
 
     /// `POST /v1/accounts`: opens an account with its opening balance.

@@ -1,5 +1,6 @@
 //! A typed client of the payment-resource (C3 §3.4): P1 list, P4 payout, P5 account, P2
-//! claim, P3 post, and the two creates, with the executor's C3 §3.8 hop budgets inside.
+//! claim, P3 post, the batches P2b and P3b (C3-extensions E-19), and the two creates, with
+//! the executor's C3 §3.8 hop budgets inside.
 //!
 //! Every call takes the contract's request type (`dlock_contract::payment`) and returns the
 //! contract's answer type or a [`PaymentRefusal`], which keeps apart what a caller must
@@ -16,7 +17,7 @@
 //!    retried); a read timeout or a broken connection, a reused one included, is
 //!    [`PaymentRefusal::NoAnswer`], which a write never retries: the payout stays
 //!    undecided and a later scan retries it under a new grant.
-//! 2. **Writes** (claim, post, the creates) use the write budget (C3 §3.8: 500 ms / 3 s) and
+//! 2. **Writes** (claim, post, the batches, the creates) use the write budget (C3 §3.8: 500 ms / 3 s) and
 //!    are re-sent at most `write_retries_max` (1) times, and only when nothing was sent or
 //!    the answer is a 503 envelope whose code the catalogue calls retry-safe
 //!    ([`WRITE_RETRY_CODES`]) and whose `retrySafe` agrees. Never on a 409, never on

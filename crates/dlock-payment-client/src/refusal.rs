@@ -24,6 +24,10 @@ pub enum Operation {
     Claim,
     /// P3 `POST /v1/payouts/{payoutId}/post`.
     Post,
+    /// P2b `POST /v1/accounts/{accountId}/claims` (C3-extensions E-19).
+    ClaimBatch,
+    /// P3b `POST /v1/accounts/{accountId}/posts` (C3-extensions E-19).
+    PostBatch,
     /// `POST /v1/accounts`.
     CreateAccount,
     /// `POST /v1/payouts`.
@@ -38,6 +42,8 @@ impl Operation {
             Operation::Account => "account",
             Operation::Claim => "claim",
             Operation::Post => "post",
+            Operation::ClaimBatch => "claim_batch",
+            Operation::PostBatch => "post_batch",
             Operation::CreateAccount => "create_account",
             Operation::CreatePayout => "create_payout",
         }

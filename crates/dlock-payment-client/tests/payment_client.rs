@@ -392,3 +392,131 @@ async fn an_account_id_that_is_not_path_safe_is_refused_before_sending() {
     let r = c.account("a/../b").await.expect_err("invalid");
     assert!(matches!(r, PaymentRefusal::NothingSent { operation: Operation::Account, .. }), "{r:?}");
 }
+
+// ------------------------------------------------------------------ P2b, P3b (E-19)
+
+fn batch_answer() -> dlock_contract::batch::BatchAnswer {
+    use dlock_contract::batch::{BatchAnswer, BatchItem};
+    BatchAnswer {
+        account_id: "acct-1".into(),
+        presented_token: 7,
+        items: vec![
+            BatchItem { payout_id: PAYOUT, status: 200, body: serde_json::to_value(claim_ack()).expect("json") },
+            BatchItem {
+                payout_id: Uuid::from_u128(9),
+                status: 404,
+                body: serde_json::json!({"code": "NOT_FOUND", "message": "no such payout", "retrySafe": false,
+                    "traceId": "t"}),
+            },
+        ],
+    }
+}
+
+fn claim_batch_request() -> dlock_contract::payment::ClaimBatchRequest {
+    use dlock_contract::payment::{ClaimBatchItem, ClaimBatchRequest};
+    ClaimBatchRequest {
+        payouts: vec![
+            ClaimBatchItem { payout_id: PAYOUT, expected_state: PayoutState::Pending },
+            ClaimBatchItem { payout_id: Uuid::from_u128(9), expected_state: PayoutState::Claimed },
+        ],
+    }
+}
+
+fn post_batch_request() -> dlock_contract::payment::PostBatchRequest {
+    use dlock_contract::payment::{PostBatchItem, PostBatchRequest};
+    PostBatchRequest {
+        payouts: vec![PostBatchItem {
+            payout_id: PAYOUT,
+            rail_reference: "RR-1".into(),
+            submission_id: Uuid::from_u128(2),
+            rail_outcome: "ACKED".into(),
+        }],
+    }
+}
+
+const CLAIMS_PATH: &str = "/v1/accounts/acct-1/claims";
+const POSTS_PATH: &str = "/v1/accounts/acct-1/posts";
+
+fn batch_key() -> IdempotencyKey {
+    IdempotencyKey::parse("batch:acct-1:7").expect("key")
+}
+
+#[tokio::test]
+async fn a_batch_claim_goes_to_its_accounts_path_with_token_owner_and_key_and_returns_every_item() {
+    let fake = FakeService::start().await;
+    fake.script("POST", CLAIMS_PATH, [json(200, &batch_answer())]);
+    let c = client(&fake.base, |_| {});
+
+    let answer = c.claim_batch("acct-1", token(), &owner(), &batch_key(), &claim_batch_request()).await;
+
+    assert_eq!(answer, Ok(batch_answer()));
+    let answer = answer.expect("answer");
+    assert_eq!(answer.item(PAYOUT).and_then(|i| i.ok::<ClaimAck>()), Some(claim_ack()));
+    assert_eq!(answer.items[1].envelope().map(|e| e.code), Some(ErrorCode::NotFound));
+    let seen = fake.seen("POST", CLAIMS_PATH);
+    assert_eq!(seen.len(), 1);
+    let h = &seen[0].headers;
+    assert_eq!(h.get("x-fencing-token").map(String::as_str), Some("7"));
+    assert_eq!(h.get("x-owner-id").map(String::as_str), Some("executor-1/0"));
+    assert_eq!(h.get("x-idempotency-key").map(String::as_str), Some("batch:acct-1:7"));
+    assert_eq!(
+        seen[0].body,
+        serde_json::json!({"payouts": [{"payoutId": PAYOUT, "expectedState": "PENDING"},
+            {"payoutId": Uuid::from_u128(9), "expectedState": "CLAIMED"}]})
+    );
+}
+
+#[tokio::test]
+async fn a_batch_post_is_re_sent_once_after_a_503_with_the_identical_request() {
+    let fake = FakeService::start().await;
+    fake.script("POST", POSTS_PATH, [refuse(ErrorCode::NotReady), json(200, &batch_answer())]);
+    let c = client(&fake.base, |_| {});
+
+    assert_eq!(
+        c.post_batch("acct-1", token(), &owner(), &batch_key(), &post_batch_request()).await,
+        Ok(batch_answer())
+    );
+
+    let seen = fake.seen("POST", POSTS_PATH);
+    assert_eq!(seen.len(), 2, "C3 §3.8: one retry on a retry-safe 503");
+    assert_eq!(seen[0].body, seen[1].body);
+    assert_eq!(seen[0].headers.get("x-idempotency-key"), seen[1].headers.get("x-idempotency-key"));
+    assert_eq!(
+        seen[0].body,
+        serde_json::json!({"payouts": [{"payoutId": PAYOUT, "railReference": "RR-1",
+            "submissionId": Uuid::from_u128(2), "railOutcome": "ACKED"}]})
+    );
+}
+
+#[tokio::test]
+async fn a_fenced_or_unanswered_batch_is_a_refusal_of_the_whole_batch_and_never_re_sent() {
+    let fake = FakeService::start().await;
+    fake.script("POST", CLAIMS_PATH, [refuse(ErrorCode::FencedOut)]);
+    fake.script("POST", POSTS_PATH, [Reply::Drop]);
+    let c = client(&fake.base, |c| c.write_retries_max = 3);
+
+    let fenced = c.claim_batch("acct-1", token(), &owner(), &batch_key(), &claim_batch_request()).await;
+    let fenced = fenced.expect_err("fenced");
+    assert!(
+        matches!(fenced, PaymentRefusal::Refused { operation: Operation::ClaimBatch, status: 409, .. }),
+        "{fenced:?}"
+    );
+    assert_eq!(fenced.code(), Some(ErrorCode::FencedOut));
+    let lost = c.post_batch("acct-1", token(), &owner(), &batch_key(), &post_batch_request()).await;
+    let lost = lost.expect_err("dropped");
+    assert!(matches!(lost, PaymentRefusal::NoAnswer { operation: Operation::PostBatch, .. }), "{lost:?}");
+    assert!(lost.outcome_unknown() && !lost.retry_safe());
+
+    assert_eq!(fake.count("POST", CLAIMS_PATH), 1);
+    assert_eq!(fake.count("POST", POSTS_PATH), 1);
+}
+
+#[tokio::test]
+async fn a_batch_for_an_account_id_that_is_not_path_safe_is_refused_before_sending() {
+    let fake = FakeService::start().await;
+    let c = client(&fake.base, |_| {});
+    let r = c.claim_batch("a/../b", token(), &owner(), &batch_key(), &claim_batch_request()).await;
+    assert!(matches!(r, Err(PaymentRefusal::NothingSent { operation: Operation::ClaimBatch, .. })), "{r:?}");
+    let r = c.post_batch("a b", token(), &owner(), &batch_key(), &post_batch_request()).await;
+    assert!(matches!(r, Err(PaymentRefusal::NothingSent { operation: Operation::PostBatch, .. })), "{r:?}");
+}

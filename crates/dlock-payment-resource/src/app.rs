@@ -1,4 +1,5 @@
-//! HTTP surface of the payment-resource (C3 §3.4, P1–P5, and the two creates).
+//! HTTP surface of the payment-resource (C3 §3.4, P1–P5, the two creates, and the batches
+//! P2b and P3b of C3-extensions E-19).
 //!
 //! Check order on a fenced write (the first failure answers): token and the syntax of its
 //! signature (400 `INVALID_TOKEN`) → owner → key → path → media type, size, JSON → fields
@@ -6,6 +7,16 @@
 //! C3-extensions E-14; it writes nothing) → idempotency identity → the store's one
 //! transaction (404, fence, state, funds). Refusals are judged afresh on every request;
 //! committed outcomes are answered from the bytes the store recorded with them.
+//!
+//! A batch (P2b, P3b) checks in the same order, its path's `accountId` in place of the
+//! payout id; its grant is checked once, against `payout:{accountId}` of the path (no read:
+//! the store's transaction then finds each payout of that account, or answers it
+//! `NOT_FOUND`). Its `200` carries one item per payout whose status and body are exactly
+//! what the single write would answer for that payout under the batch's token (the same
+//! renderers, the batch's trace id in every envelope; each body's bytes are the single
+//! answer's). What concerns the whole batch (the fence, an unknown account, the identity,
+//! a store failure) is answered for it, once. Per payout, the `fenced_write` event, the
+//! claim or post counter and the log line are the single write's.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,9 +27,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Extension;
+use dlock_contract::batch::{batch_target, BatchAnswer};
 use dlock_contract::payment::{
-    AccountBody, ClaimAck, ClaimRequest, EntryBody, NewAccountRequest, NewPayoutRequest, PayoutBody, PayoutItem,
-    PayoutPage, PostAck, PostRequest, SubmissionBody, CURSOR_CHARS_MAX, P1_LIMIT_DEFAULT, P1_LIMIT_MAX,
+    AccountBody, ClaimAck, ClaimBatchRequest, ClaimRequest, EntryBody, NewAccountRequest, NewPayoutRequest, PayoutBody,
+    PayoutItem, PayoutPage, PostAck, PostBatchRequest, PostRequest, SubmissionBody, CURSOR_CHARS_MAX, P1_LIMIT_DEFAULT,
+    P1_LIMIT_MAX,
 };
 use dlock_contract::payout::PayoutState;
 use dlock_contract::{ErrorCode, FieldError};
@@ -30,8 +43,9 @@ use crate::cursor::CursorPayload;
 use crate::metrics::{RESOURCE_ACCOUNT, RESOURCE_LEDGER};
 use crate::service::{PaymentResource, NOT_READY_RETRY_AFTER_MS};
 use crate::store::{
-    AccountView, Claim, ClaimOutcome, ClassifiedStoreError, CreateAccountOutcome, CreatePayoutOutcome, Decided,
-    Idempotent, ListQuery, NewAccount, NewPayout, Operation, PayoutView, Post, PostOutcome, StoreError, StoredResponse,
+    AccountView, Claim, ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, ClassifiedStoreError,
+    CreateAccountOutcome, CreatePayoutOutcome, Decided, Idempotent, ListQuery, NewAccount, NewPayout, Operation,
+    PayoutView, Post, PostBatch, PostBatchOutcome, PostBatchPayout, PostOutcome, StoreError, StoredResponse,
 };
 
 /// Target of the account-creation identity.
@@ -54,6 +68,8 @@ pub fn router_with_auth(pr: Arc<PaymentResource>, auth: Option<Arc<dlock_http::a
         .route("/v1/payouts/{payout_id}", get(get_payout))
         .route("/v1/payouts/{payout_id}/claim", post(claim))
         .route("/v1/payouts/{payout_id}/post", post(post_payout))
+        .route("/v1/accounts/{account_id}/claims", post(claim_batch))
+        .route("/v1/accounts/{account_id}/posts", post(post_batch))
         .route("/health/live", get(dlock_http::health::live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
@@ -113,6 +129,41 @@ async fn verify_grant(
     }
 }
 
+/// The grant check of a batch (C3-extensions E-19), once for the whole request: the
+/// signature must be a trusted key's over (`payout:{accountId}` of the path, the token, the
+/// request's owner). No read: a payout the batch names that is not this account's is its
+/// item's `NOT_FOUND`, decided in the store's transaction. A refusal is 400 `INVALID_TOKEN`
+/// and writes nothing.
+fn verify_account_grant(
+    pr: &PaymentResource,
+    account_id: &str,
+    signature: Option<&str>,
+    token: i64,
+    owner: &str,
+) -> Result<(), ApiError> {
+    let lock_key = dlock_contract::grant::payout_lock_key(account_id);
+    match pr.cfg.grants.verify(signature, &lock_key, token, Some(owner)) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            tracing::warn!(accountId = %account_id, presentedToken = token, ownerId = owner, cause = %e,
+                "grant_signature_refused");
+            Err(dlock_http::grant_refused(e))
+        }
+    }
+}
+
+/// The path's `accountId`, or 400 `VALIDATION_FAILED`.
+fn path_account_id(raw: &str) -> Result<(), ApiError> {
+    if dlock_contract::rail::is_account_id(raw) {
+        Ok(())
+    } else {
+        Err(ApiError::validation(
+            "accountId in the path is malformed",
+            vec![FieldError::new("accountId", "must be 1 to 64 characters of [a-zA-Z0-9:._-]")],
+        ))
+    }
+}
+
 fn path_uuid(raw: &str, field: &str) -> Result<Uuid, ApiError> {
     match Uuid::parse_str(raw) {
         Ok(id) if raw.len() == 36 => Ok(id),
@@ -144,12 +195,12 @@ fn recorded_error(err: ApiError, trace_id: &str) -> StoredResponse {
 /// Turns what the store decided into the answer: a replay or a committed outcome is the
 /// recorded bytes; a refusal is rendered now by `refusal`. `committed` logs and counts a
 /// committed outcome (after commit, never before).
-fn answer<T>(
+fn answer<T, R: IntoResponse>(
     pr: &PaymentResource,
     decided: Decided<T>,
     (operation, target_id, owner_id): (Operation, &str, &str),
     committed: impl FnOnce(&T),
-    refusal: impl FnOnce(T) -> ApiError,
+    refusal: impl FnOnce(T) -> R,
 ) -> Response {
     match decided {
         Err(e) => store_error(e).into_response(),
@@ -273,7 +324,9 @@ fn fence_seen<T>(
     }
 }
 
-/// The 409 `FENCED_OUT` of a claim (`account`) or a post (`ledger`), logged and counted.
+/// The 409 `FENCED_OUT` of a claim (`account`) or a post (`ledger`), logged and counted
+/// once. `payout_id` is the single write's payout; a batch (`None`) is refused for its
+/// account, and its details name no payout.
 #[allow(clippy::too_many_arguments)]
 fn fenced_out(
     pr: &PaymentResource,
@@ -282,33 +335,125 @@ fn fenced_out(
     presented: i64,
     highest: i64,
     owner_id: &str,
-    payout_id: Uuid,
+    payout_id: Option<Uuid>,
     trace: &TraceId,
 ) -> ApiError {
     let resource_type = crate::metrics::FENCED_RESOURCES[resource];
     pr.metrics.fenced_out.inc(resource);
-    tracing::warn!(
-        resource = resource_type,
-        resourceId = resource_id,
-        presentedToken = presented,
-        highestToken = highest,
-        ownerId = owner_id,
-        payoutId = %payout_id,
-        traceId = %trace.0,
-        "fenced_out"
-    );
-    ApiError::new(
-        ErrorCode::FencedOut,
-        "the presented token does not exceed the stored fence; a newer holder exists. Abort the critical section",
-    )
-    .with_details(json!({
+    let mut details = json!({
         "presentedToken": presented,
         "highestToken": highest,
         "resourceType": resource_type,
         "resourceId": resource_id,
         "ownerId": owner_id,
-        "payoutId": payout_id,
-    }))
+    });
+    match payout_id {
+        Some(payout_id) => {
+            tracing::warn!(
+                resource = resource_type,
+                resourceId = resource_id,
+                presentedToken = presented,
+                highestToken = highest,
+                ownerId = owner_id,
+                payoutId = %payout_id,
+                traceId = %trace.0,
+                "fenced_out"
+            );
+            details["payoutId"] = json!(payout_id);
+        }
+        None => tracing::warn!(
+            resource = resource_type,
+            resourceId = resource_id,
+            presentedToken = presented,
+            highestToken = highest,
+            ownerId = owner_id,
+            traceId = %trace.0,
+            "fenced_out"
+        ),
+    }
+    ApiError::new(
+        ErrorCode::FencedOut,
+        "the presented token does not exceed the stored fence; a newer holder exists. Abort the critical section",
+    )
+    .with_details(details)
+}
+
+/// P2's message for a payout not in the expected state.
+const CLAIM_NOT_CLAIMABLE: &str = "the payout is not in the expected state; a claim changes nothing";
+/// P3's message for a payout that is not RAIL_ACKED.
+const POST_NOT_CLAIMABLE: &str = "only a RAIL_ACKED payout is posted; the post changes nothing";
+
+/// P3's 400 for a body that names no acknowledged attempt of the payout.
+fn rail_mismatch() -> ApiError {
+    ApiError::validation(
+        "no acknowledged rail submission of this payout has this submissionId and railReference",
+        vec![
+            FieldError::new("submissionId", "names no acknowledged submission of this payout"),
+            FieldError::new("railReference", "does not match the acknowledged submission"),
+        ],
+    )
+}
+
+/// The envelope of a claim its payout refused (P2's, and a batch item's body): not
+/// claimable, or not found. Any other outcome is no refusal of its payout.
+fn claim_refusal(payout_id: Uuid, o: &ClaimOutcome) -> ApiError {
+    match o {
+        ClaimOutcome::NotClaimable { state } => not_claimable(payout_id, *state, CLAIM_NOT_CLAIMABLE),
+        ClaimOutcome::NotFound => not_found("payout"),
+        ClaimOutcome::Fenced { .. } | ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. } => {
+            ApiError::internal("committed outcome without a recorded response")
+        }
+    }
+}
+
+/// The envelope of a post its payout refused (P3's, and a batch item's body).
+fn post_refusal(payout_id: Uuid, o: &PostOutcome) -> ApiError {
+    match o {
+        PostOutcome::NotClaimable { state } => not_claimable(payout_id, *state, POST_NOT_CLAIMABLE),
+        PostOutcome::RailMismatch => rail_mismatch(),
+        PostOutcome::NotFound => not_found("payout"),
+        PostOutcome::Fenced { .. } | PostOutcome::Posted { .. } => {
+            ApiError::internal("committed outcome without a recorded response")
+        }
+    }
+}
+
+/// The counter and log line of one claim outcome, as P2 emits them (a committed outcome's
+/// after its commit); a batch emits them per payout. `Fenced` counts here; its log line
+/// and `lock_fenced_out_total` are the fence refusal's ([`fenced_out`]).
+fn note_claim(pr: &PaymentResource, trace: &TraceId, payout_id: Uuid, token: i64, owner: &str, o: &ClaimOutcome) {
+    match o {
+        ClaimOutcome::Claimed { account_id, reclaimed, .. } => {
+            pr.metrics.claim(if *reclaimed { "reclaimed" } else { "claimed" });
+            tracing::info!(payoutId = %payout_id, accountId = %account_id, presentedToken = token,
+                ownerId = owner, reclaimed = *reclaimed, traceId = %trace.0, "payout_claimed");
+        }
+        ClaimOutcome::InsufficientFunds { account_id, amount_minor, available_minor } => {
+            pr.metrics.claim("insufficient_funds");
+            tracing::warn!(payoutId = %payout_id, accountId = %account_id, amountMinor = *amount_minor,
+                availableMinor = *available_minor, ownerId = owner, traceId = %trace.0,
+                "payout_failed_insufficient_funds");
+        }
+        ClaimOutcome::Fenced { .. } => pr.metrics.claim("fenced"),
+        ClaimOutcome::NotClaimable { .. } => pr.metrics.claim("not_claimable"),
+        ClaimOutcome::NotFound => {}
+    }
+}
+
+/// The counter and log line of one post outcome, as P3 emits them; a batch emits them per
+/// payout.
+fn note_post(pr: &PaymentResource, trace: &TraceId, payout_id: Uuid, token: i64, owner: &str, o: &PostOutcome) {
+    match o {
+        PostOutcome::Posted { account_id, balance_minor, .. } => {
+            pr.metrics.post("posted");
+            tracing::info!(payoutId = %payout_id, accountId = %account_id, presentedToken = token,
+                ownerId = owner, balanceMinor = *balance_minor, traceId = %trace.0, "payout_posted");
+        }
+        PostOutcome::Fenced { .. } => pr.metrics.post("fenced"),
+        PostOutcome::NotClaimable { .. } => pr.metrics.post("not_claimable"),
+        PostOutcome::RailMismatch => pr.metrics.post("rail_mismatch"),
+        PostOutcome::NotFound => {}
+    }
 }
 
 fn not_claimable(payout_id: Uuid, state: PayoutState, message: &str) -> ApiError {
@@ -608,33 +753,19 @@ async fn claim(
         &pr,
         decided,
         (Operation::Claim, &target, owner_text),
+        |o| note_claim(&pr, &trace, payout_id, token, owner_text, o),
         |o| match o {
-            ClaimOutcome::Claimed { account_id, reclaimed, .. } => {
-                pr.metrics.claim(if *reclaimed { "reclaimed" } else { "claimed" });
-                tracing::info!(payoutId = %payout_id, accountId = %account_id, presentedToken = token,
-                    ownerId = owner_text, reclaimed = *reclaimed, traceId = %trace.0, "payout_claimed");
-            }
-            ClaimOutcome::InsufficientFunds { account_id, amount_minor, available_minor } => {
-                pr.metrics.claim("insufficient_funds");
-                tracing::warn!(payoutId = %payout_id, accountId = %account_id, amountMinor = *amount_minor,
-                    availableMinor = *available_minor, ownerId = owner_text, traceId = %trace.0,
-                    "payout_failed_insufficient_funds");
-            }
-            _ => {}
-        },
-        |o| match o {
-            ClaimOutcome::Fenced { account_id, highest_token } => {
+            ClaimOutcome::Fenced { ref account_id, highest_token } => {
                 dlock_rt::probe::hit(dlock_rt::probe::Probe::FencedOutAccount);
-                pr.metrics.claim("fenced");
-                fenced_out(&pr, RESOURCE_ACCOUNT, &account_id, token, highest_token, owner_text, payout_id, &trace)
+                note_claim(&pr, &trace, payout_id, token, owner_text, &o);
+                fenced_out(&pr, RESOURCE_ACCOUNT, account_id, token, highest_token, owner_text, Some(payout_id), &trace)
             }
-            ClaimOutcome::NotClaimable { state } => {
-                pr.metrics.claim("not_claimable");
-                not_claimable(payout_id, state, "the payout is not in the expected state; a claim changes nothing")
-            }
-            ClaimOutcome::NotFound => not_found("payout"),
             ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. } => {
                 ApiError::internal("committed outcome without a recorded response")
+            }
+            refused => {
+                note_claim(&pr, &trace, payout_id, token, owner_text, &refused);
+                claim_refusal(payout_id, &refused)
             }
         },
     ))
@@ -699,37 +830,331 @@ async fn post_payout(
         &pr,
         decided,
         (Operation::Post, &target, owner_text),
-        |o| {
-            if let PostOutcome::Posted { account_id, balance_minor, .. } = o {
-                pr.metrics.post("posted");
-                tracing::info!(payoutId = %payout_id, accountId = %account_id, presentedToken = token,
-                    ownerId = owner_text, balanceMinor = *balance_minor, traceId = %trace.0, "payout_posted");
-            }
-        },
+        |o| note_post(&pr, &trace, payout_id, token, owner_text, o),
         |o| match o {
             PostOutcome::Fenced { highest_token, .. } => {
                 dlock_rt::probe::hit(dlock_rt::probe::Probe::FencedOutLedger);
-                pr.metrics.post("fenced");
-                fenced_out(&pr, RESOURCE_LEDGER, &target, token, highest_token, owner_text, payout_id, &trace)
+                note_post(&pr, &trace, payout_id, token, owner_text, &o);
+                fenced_out(&pr, RESOURCE_LEDGER, &target, token, highest_token, owner_text, Some(payout_id), &trace)
             }
-            PostOutcome::NotClaimable { state } => {
-                pr.metrics.post("not_claimable");
-                not_claimable(payout_id, state, "only a RAIL_ACKED payout is posted; the post changes nothing")
-            }
-            PostOutcome::RailMismatch => {
-                pr.metrics.post("rail_mismatch");
-                ApiError::validation(
-                    "no acknowledged rail submission of this payout has this submissionId and railReference",
-                    vec![
-                        FieldError::new("submissionId", "names no acknowledged submission of this payout"),
-                        FieldError::new("railReference", "does not match the acknowledged submission"),
-                    ],
-                )
-            }
-            PostOutcome::NotFound => not_found("payout"),
             PostOutcome::Posted { .. } => ApiError::internal("committed outcome without a recorded response"),
+            refused => {
+                note_post(&pr, &trace, payout_id, token, owner_text, &refused);
+                post_refusal(payout_id, &refused)
+            }
         },
     ))
+}
+
+// ---------------------------------------------------------------------------------------
+// P2b, P3b: batches (C3-extensions E-19)
+// ---------------------------------------------------------------------------------------
+
+/// One item of a batch's `200` as it goes on the wire: its body is the single write's
+/// answer, byte for byte ([`BatchAnswer`]'s shape: `payoutId`, `status`, `body`).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BatchItemBytes {
+    payout_id: Uuid,
+    status: u16,
+    body: Box<serde_json::value::RawValue>,
+}
+
+/// A batch's `200` as it goes on the wire ([`BatchAnswer`]'s shape).
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BatchAnswerBytes<'a> {
+    account_id: &'a str,
+    presented_token: i64,
+    items: Vec<BatchItemBytes>,
+}
+
+/// The `200` of a batch: one item per payout, each the single write's answer (`answers`,
+/// in the request's order), its bytes kept as they are.
+fn batch_answer(
+    account_id: &str,
+    token: i64,
+    answers: impl Iterator<Item = (Uuid, StoredResponse)>,
+    trace_id: &str,
+) -> StoredResponse {
+    let mut items = Vec::new();
+    for (payout_id, r) in answers {
+        let body = String::from_utf8(r.body)
+            .map_err(|e| e.to_string())
+            .and_then(|text| serde_json::value::RawValue::from_string(text).map_err(|e| e.to_string()));
+        match body {
+            Ok(body) => items.push(BatchItemBytes { payout_id, status: r.status, body }),
+            Err(e) => return recorded_error(ApiError::internal(format!("a batch item is not JSON: {e}")), trace_id),
+        }
+    }
+    recorded(200, &BatchAnswerBytes { account_id, presented_token: token, items })
+}
+
+/// The answer of a decided batch claim (recorded when it committed): per payout, P2's
+/// answer under this token ([`render_claim`], or its refusal's envelope under the batch's
+/// trace id). The `ClaimAck`'s `idempotencyKey` is the batch's key: the claim is recorded
+/// under the batch's identity.
+pub fn render_claim_batch(
+    o: &ClaimBatchOutcome,
+    account_id: &str,
+    token: i64,
+    key: &str,
+    trace_id: &str,
+) -> StoredResponse {
+    let ClaimBatchOutcome::Decided { items } = o else {
+        return recorded_error(ApiError::internal("not a decided batch"), trace_id);
+    };
+    let answers = items.iter().map(|(payout_id, item)| {
+        let r = match item {
+            ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. } => {
+                render_claim(item, *payout_id, token, key, trace_id)
+            }
+            refused => recorded_error(claim_refusal(*payout_id, refused), trace_id),
+        };
+        (*payout_id, r)
+    });
+    batch_answer(account_id, token, answers, trace_id)
+}
+
+/// The answer of a decided batch post: per payout, P3's answer under this token
+/// ([`render_post`], or its refusal's envelope under the batch's trace id).
+pub fn render_post_batch(o: &PostBatchOutcome, account_id: &str, token: i64, trace_id: &str) -> StoredResponse {
+    let PostBatchOutcome::Decided { items } = o else {
+        return recorded_error(ApiError::internal("not a decided batch"), trace_id);
+    };
+    let answers = items.iter().map(|(payout_id, item)| {
+        let r = match item {
+            PostOutcome::Posted { .. } => render_post(item, *payout_id, trace_id),
+            refused => recorded_error(post_refusal(*payout_id, refused), trace_id),
+        };
+        (*payout_id, r)
+    });
+    batch_answer(account_id, token, answers, trace_id)
+}
+
+/// The `fenced_write` event of each payout of a batch (`op`, guarded by `layer`), when a
+/// sink listens, as its single write would emit it: `accepted` for a payout the batch
+/// moved, `fenced_out` for each payout of a fenced batch, `no_decision` for the rest.
+#[allow(clippy::too_many_arguments)]
+fn trace_batch_writes<T>(
+    op: &'static str,
+    layer: dlock_rt::defence::Layer,
+    account_id: &str,
+    payout_ids: &[Uuid],
+    token: i64,
+    owner: &str,
+    decided: &Decided<T>,
+    moved: impl Fn(&T, Uuid) -> bool,
+    fenced: impl Fn(&T) -> Option<i64>,
+) {
+    if !dlock_rt::events::enabled() {
+        return;
+    }
+    for payout_id in payout_ids {
+        let (answer, stored_token, account, replay) = match decided {
+            Ok(Idempotent::Executed { outcome, .. }) if moved(outcome, *payout_id) => {
+                ("accepted", Some(token), Some(account_id), false)
+            }
+            Ok(Idempotent::Executed { outcome, .. }) => match fenced(outcome) {
+                Some(highest) => ("fenced_out", Some(highest), Some(account_id), false),
+                None => ("no_decision", None, None, false),
+            },
+            Ok(Idempotent::Replayed(_)) => ("no_decision", None, None, true),
+            _ => ("no_decision", None, None, false),
+        };
+        emit_fenced_write(FenceSeen {
+            op,
+            payout_id: *payout_id,
+            token,
+            owner,
+            account,
+            answer,
+            stored_token,
+            replay,
+            fenced: !dlock_rt::defence::off(layer),
+        });
+    }
+}
+
+/// Claim several payouts of one account (P2b, worker, C3-extensions E-19): one fenced write
+/// that passes the account's fence once, under one grant.
+#[utoipa::path(post, path = "/v1/accounts/{accountId}/claims", tag = "payouts",
+    params(crate::openapi::AccountPath, dlock_http::openapi::FencingTokenHeader, dlock_http::openapi::FencingSignatureHeader, dlock_http::openapi::OwnerHeader, dlock_http::openapi::IdempotencyKeyHeader),
+    request_body(content = dlock_contract::payment::ClaimBatchRequest, content_type = "application/json"),
+    responses((status = 200, description = "Each payout's P2 answer under this token, in the request's order (or the recorded answer to this idempotency key).", body = BatchAnswer)))]
+async fn claim_batch(
+    State(pr): State<Arc<PaymentResource>>,
+    Extension(trace): Extension<TraceId>,
+    headers: HeaderMap,
+    Path(account_id): Path<String>,
+    body: Result<JsonBody, ApiError>,
+) -> Result<Response, ApiError> {
+    let token = dlock_http::fencing_token(&headers)?.get();
+    let signature = dlock_http::fencing_signature(&headers)?;
+    let owner = dlock_http::owner_id(&headers)?;
+    let key = dlock_http::idempotency_key(&headers)?;
+    path_account_id(&account_id)?;
+    let JsonBody(raw) = body?;
+    let req = ClaimBatchRequest::from_json(&raw)
+        .map_err(|fields| ApiError::validation("the claim batch body is invalid", fields))?;
+    verify_account_grant(&pr, &account_id, signature.as_deref(), token, owner.as_str())?;
+    let at = pr.now();
+    let target = batch_target(&account_id);
+    let idem = pr
+        .identity(Operation::Claim, &target, key.as_str(), token, owner.as_str(), &req, at)
+        .map_err(identity_error)?;
+    let payouts: Vec<ClaimBatchPayout> =
+        req.payouts.iter().map(|p| ClaimBatchPayout { payout_id: p.payout_id, expected: p.expected_state }).collect();
+    let payout_ids: Vec<Uuid> = payouts.iter().map(|p| p.payout_id).collect();
+    let b = ClaimBatch { account_id: account_id.clone(), token, owner_id: owner.as_str().to_owned(), payouts, at };
+    let (trace_id, key_text, account) = (trace.0.clone(), key.as_str().to_owned(), account_id.clone());
+    let render = move |o: &ClaimBatchOutcome| render_claim_batch(o, &account, token, &key_text, &trace_id);
+    let decided = pr.write(move |store| async move { store.claim_batch(&b, &idem, &render).await }).await;
+    let owner_text = owner.as_str();
+    trace_batch_writes(
+        "claim",
+        dlock_rt::defence::Layer::ClaimFence,
+        &account_id,
+        &payout_ids,
+        token,
+        owner_text,
+        &decided,
+        |o, payout_id| match o {
+            ClaimBatchOutcome::Decided { items } => items.iter().any(|(p, o)| {
+                *p == payout_id && matches!(o, ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. })
+            }),
+            _ => false,
+        },
+        |o| match o {
+            ClaimBatchOutcome::Fenced { highest_token } => Some(*highest_token),
+            _ => None,
+        },
+    );
+    let note_items = |o: &ClaimBatchOutcome| {
+        if let ClaimBatchOutcome::Decided { items } = o {
+            for (payout_id, item) in items {
+                note_claim(&pr, &trace, *payout_id, token, owner_text, item);
+            }
+        }
+    };
+    Ok(answer(&pr, decided, (Operation::Claim, &target, owner_text), note_items, |o| match o {
+        ClaimBatchOutcome::Decided { .. } => {
+            // Nothing moved: the answer is not recorded, and is judged afresh next time.
+            note_items(&o);
+            let r = render_claim_batch(&o, &account_id, token, key.as_str(), &trace.0);
+            dlock_http::prerendered(r.status, r.body)
+        }
+        ClaimBatchOutcome::Fenced { highest_token } => {
+            dlock_rt::probe::hit(dlock_rt::probe::Probe::FencedOutAccount);
+            for payout_id in &payout_ids {
+                note_claim(
+                    &pr,
+                    &trace,
+                    *payout_id,
+                    token,
+                    owner_text,
+                    &ClaimOutcome::Fenced { account_id: account_id.clone(), highest_token },
+                );
+            }
+            fenced_out(&pr, RESOURCE_ACCOUNT, &account_id, token, highest_token, owner_text, None, &trace)
+                .into_response()
+        }
+        ClaimBatchOutcome::AccountNotFound => not_found("account").into_response(),
+    }))
+}
+
+/// Post several acknowledged payouts of one account to the ledger (P3b, worker,
+/// C3-extensions E-19): one fenced write that passes the account's fence once.
+#[utoipa::path(post, path = "/v1/accounts/{accountId}/posts", tag = "payouts",
+    params(crate::openapi::AccountPath, dlock_http::openapi::FencingTokenHeader, dlock_http::openapi::FencingSignatureHeader, dlock_http::openapi::OwnerHeader, dlock_http::openapi::IdempotencyKeyHeader),
+    request_body(content = dlock_contract::payment::PostBatchRequest, content_type = "application/json"),
+    responses((status = 200, description = "Each payout's P3 answer under this token, in the request's order (or the recorded answer to this idempotency key).", body = BatchAnswer)))]
+async fn post_batch(
+    State(pr): State<Arc<PaymentResource>>,
+    Extension(trace): Extension<TraceId>,
+    headers: HeaderMap,
+    Path(account_id): Path<String>,
+    body: Result<JsonBody, ApiError>,
+) -> Result<Response, ApiError> {
+    let token = dlock_http::fencing_token(&headers)?.get();
+    let signature = dlock_http::fencing_signature(&headers)?;
+    let owner = dlock_http::owner_id(&headers)?;
+    let key = dlock_http::idempotency_key(&headers)?;
+    path_account_id(&account_id)?;
+    let JsonBody(raw) = body?;
+    let req = PostBatchRequest::from_json(&raw)
+        .map_err(|fields| ApiError::validation("the post batch body is invalid", fields))?;
+    verify_account_grant(&pr, &account_id, signature.as_deref(), token, owner.as_str())?;
+    let at = pr.now();
+    let target = batch_target(&account_id);
+    let idem =
+        pr.identity(Operation::Post, &target, key.as_str(), token, owner.as_str(), &req, at).map_err(identity_error)?;
+    let payouts: Vec<PostBatchPayout> = req
+        .payouts
+        .iter()
+        .map(|p| PostBatchPayout {
+            payout_id: p.payout_id,
+            submission_id: p.submission_id,
+            rail_reference: p.rail_reference.clone(),
+            posting_id: dlock_rt::rand::uuid_v4(),
+            entry_ids: [dlock_rt::rand::uuid_v4(), dlock_rt::rand::uuid_v4()],
+        })
+        .collect();
+    let payout_ids: Vec<Uuid> = payouts.iter().map(|p| p.payout_id).collect();
+    let b = PostBatch { account_id: account_id.clone(), token, owner_id: owner.as_str().to_owned(), payouts, at };
+    let (trace_id, account) = (trace.0.clone(), account_id.clone());
+    let render = move |o: &PostBatchOutcome| render_post_batch(o, &account, token, &trace_id);
+    let decided = pr.write(move |store| async move { store.post_batch(&b, &idem, &render).await }).await;
+    let owner_text = owner.as_str();
+    trace_batch_writes(
+        "post",
+        dlock_rt::defence::Layer::PostFence,
+        &account_id,
+        &payout_ids,
+        token,
+        owner_text,
+        &decided,
+        |o, payout_id| match o {
+            PostBatchOutcome::Decided { items } => {
+                items.iter().any(|(p, o)| *p == payout_id && matches!(o, PostOutcome::Posted { .. }))
+            }
+            _ => false,
+        },
+        |o| match o {
+            PostBatchOutcome::Fenced { highest_token } => Some(*highest_token),
+            _ => None,
+        },
+    );
+    let note_items = |o: &PostBatchOutcome| {
+        if let PostBatchOutcome::Decided { items } = o {
+            for (payout_id, item) in items {
+                note_post(&pr, &trace, *payout_id, token, owner_text, item);
+            }
+        }
+    };
+    Ok(answer(&pr, decided, (Operation::Post, &target, owner_text), note_items, |o| match o {
+        PostBatchOutcome::Decided { .. } => {
+            note_items(&o);
+            let r = render_post_batch(&o, &account_id, token, &trace.0);
+            dlock_http::prerendered(r.status, r.body)
+        }
+        PostBatchOutcome::Fenced { highest_token } => {
+            dlock_rt::probe::hit(dlock_rt::probe::Probe::FencedOutLedger);
+            for payout_id in &payout_ids {
+                note_post(
+                    &pr,
+                    &trace,
+                    *payout_id,
+                    token,
+                    owner_text,
+                    &PostOutcome::Fenced { account_id: account_id.clone(), highest_token },
+                );
+            }
+            fenced_out(&pr, RESOURCE_LEDGER, &account_id, token, highest_token, owner_text, None, &trace)
+                .into_response()
+        }
+        PostBatchOutcome::AccountNotFound => not_found("account").into_response(),
+    }))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -754,12 +1179,7 @@ async fn get_account(
     State(pr): State<Arc<PaymentResource>>,
     Path(account_id): Path<String>,
 ) -> Result<Response, ApiError> {
-    if !dlock_contract::rail::is_account_id(&account_id) {
-        return Err(ApiError::validation(
-            "accountId in the path is malformed",
-            vec![FieldError::new("accountId", "must be 1 to 64 characters of [a-zA-Z0-9:._-]")],
-        ));
-    }
+    path_account_id(&account_id)?;
     match pr.store.account(&account_id).await.map_err(store_error)? {
         Some(a) => Ok(dlock_http::json(StatusCode::OK, &account_body(&a))),
         None => Err(not_found("account")),

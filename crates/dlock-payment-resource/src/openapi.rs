@@ -16,7 +16,9 @@ use utoipa::OpenApi;
 
 /// Every error code each operation's handler can answer (beyond the transport and auth
 /// codes [`dlock_http::openapi::complete`] adds to every route). A replayed idempotent
-/// answer is one of these too: it repeats the first answer byte for byte.
+/// answer is one of these too: it repeats the first answer byte for byte. A batch's rows
+/// (P2b, P3b) list what it answers for the whole request; each payout's own answer is an
+/// item of its `200` (C3-extensions E-19).
 pub const ERRORS: &[RouteErrors] = &[
     errors("POST", "/v1/accounts", &[BODY_CODES, &[IdempotencyConflict, NotReady]]),
     errors("GET", "/v1/accounts/{accountId}", &[&[ValidationFailed, NotFound, NotReady]]),
@@ -35,6 +37,16 @@ pub const ERRORS: &[RouteErrors] = &[
         "POST",
         "/v1/payouts/{payoutId}/post",
         &[BODY_CODES, &[InvalidToken, NotFound, FencedOut, PayoutNotClaimable, IdempotencyConflict, NotReady]],
+    ),
+    errors(
+        "POST",
+        "/v1/accounts/{accountId}/claims",
+        &[BODY_CODES, &[InvalidToken, NotFound, FencedOut, IdempotencyConflict, NotReady]],
+    ),
+    errors(
+        "POST",
+        "/v1/accounts/{accountId}/posts",
+        &[BODY_CODES, &[InvalidToken, NotFound, FencedOut, IdempotencyConflict, NotReady]],
     ),
     errors("GET", "/health/live", &[]),
     errors("GET", "/health/ready", &[&[NotReady]]),
@@ -89,6 +101,8 @@ pub struct ListQuery {
         crate::app::get_payout,
         crate::app::claim,
         crate::app::post_payout,
+        crate::app::claim_batch,
+        crate::app::post_batch,
         dlock_http::health::live,
         crate::app::ready,
         crate::app::metrics,

@@ -19,6 +19,12 @@
 //! - **Balanced pairs**: a posting is exactly one DEBIT and one CREDIT of one positive
 //!   amount, one currency, one posting id, two different accounts ([`assert_balanced`]).
 //!
+//! - **A batch decides as singles would** (C3-extensions E-19): each payout of a batch
+//!   claim or post is decided by [`decide_claim`] or [`decide_post`] in the request's order,
+//!   on what the payouts before it left: the reservation ([`BatchReservation`],
+//!   [`decide_claim_batch`]) or the balance ([`decide_post_batch`]). Tests hold each fold to
+//!   deciding one payout after another from scratch.
+//!
 //! Defence in depth: the claim's state compare-and-set is where the state-checks layer
 //! decides for a claim (with [`payout::may_transition`], where it decides for every
 //! transition); only a simulation campaign can switch it off (`dlock_rt::defence`).
@@ -30,6 +36,7 @@
 //! rules are read from.
 
 use dlock_contract::payout::{self, Actor, PayoutState};
+use dlock_paydb::pay::is_unsettled;
 use dlock_rt::defence::{self, Layer};
 
 pub use dlock_paydb::ledger::{assert_balanced, balance_after_debit, payout_posting, RuleError};
@@ -151,6 +158,118 @@ pub fn decide_post(f: &PostFacts) -> Result<PostDecision, RuleError> {
     }
     let balance_after_minor = balance_after_debit(f.balance_minor, f.amount_minor)?;
     Ok(PostDecision::Posted { balance_after_minor })
+}
+
+/// One payout of a batch claim (P2b, C3-extensions E-19) as the batch's transaction read it,
+/// before the batch moved any payout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimBatchFacts {
+    pub state: PayoutState,
+    /// What the caller expects: PENDING, or CLAIMED for a recovery re-claim.
+    pub expected: PayoutState,
+    pub amount_minor: i64,
+}
+
+/// The running reservation of a batch claim: Σ amount of the account's unsettled payouts as
+/// the payouts decided so far left it. A batch reads the account's unsettled total once;
+/// each payout is then decided by [`decide_claim`] on what the payouts before it left
+/// ([`BatchReservation::facts`]), and each move is folded in ([`BatchReservation::moved`]):
+/// a PENDING payout claimed joins the total, a CLAIMED one failed for funds leaves it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchReservation {
+    unsettled_minor: i64,
+}
+
+impl BatchReservation {
+    /// The reservation the batch's read saw: Σ amount of every unsettled payout of the
+    /// account (the batch's own included).
+    pub fn new(unsettled_minor: i64) -> BatchReservation {
+        BatchReservation { unsettled_minor }
+    }
+
+    /// Σ amount of the account's unsettled payouts now.
+    pub fn unsettled_minor(&self) -> i64 {
+        self.unsettled_minor
+    }
+
+    /// The claim facts of the next payout: its reservation is every *other* unsettled
+    /// payout, so its own amount leaves the total when it is unsettled itself.
+    pub fn facts(&self, p: &ClaimBatchFacts, balance_minor: i64) -> Result<ClaimFacts, RuleError> {
+        let own = if is_unsettled(p.state) { p.amount_minor } else { 0 };
+        let reserved_minor =
+            self.unsettled_minor.checked_sub(own).filter(|r| *r >= 0).ok_or_else(|| {
+                RuleError(format!("reservation {} − {own} is not a reservation", self.unsettled_minor))
+            })?;
+        Ok(ClaimFacts {
+            state: p.state,
+            expected: p.expected,
+            amount_minor: p.amount_minor,
+            balance_minor,
+            reserved_minor,
+        })
+    }
+
+    /// A payout of `amount_minor` moved from `from` to `to`.
+    pub fn moved(&mut self, amount_minor: i64, from: PayoutState, to: PayoutState) -> Result<(), RuleError> {
+        let held = |s: PayoutState| if is_unsettled(s) { amount_minor } else { 0 };
+        self.unsettled_minor = self
+            .unsettled_minor
+            .checked_add(held(to))
+            .and_then(|u| u.checked_sub(held(from)))
+            .filter(|u| *u >= 0)
+            .ok_or_else(|| RuleError(format!("reservation {} overflows with {amount_minor}", self.unsettled_minor)))?;
+        Ok(())
+    }
+}
+
+/// Decides each payout of a batch claim, in the request's order, exactly as one claim after
+/// another would: [`decide_claim`] with the reservation the payouts before it left
+/// ([`BatchReservation`]), on an account of `balance_minor` whose unsettled payouts sum to
+/// `unsettled_minor` before the batch (a claim never moves the balance).
+pub fn decide_claim_batch(
+    balance_minor: i64,
+    unsettled_minor: i64,
+    payouts: &[ClaimBatchFacts],
+) -> Result<Vec<ClaimDecision>, RuleError> {
+    let mut reservation = BatchReservation::new(unsettled_minor);
+    let mut decisions = Vec::with_capacity(payouts.len());
+    for p in payouts {
+        let decision = decide_claim(&reservation.facts(p, balance_minor)?)?;
+        if let Some(next) = decision.next_state() {
+            reservation.moved(p.amount_minor, p.state, next)?;
+        }
+        decisions.push(decision);
+    }
+    Ok(decisions)
+}
+
+/// One payout of a batch post (P3b, C3-extensions E-19) as the batch's transaction read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PostBatchFacts {
+    pub state: PayoutState,
+    /// The named attempt is this payout's ACKED one (I7).
+    pub acked: bool,
+    pub amount_minor: i64,
+}
+
+/// Decides each payout of a batch post, in the request's order, exactly as one post after
+/// another would: [`decide_post`] on the balance the posts before it left.
+pub fn decide_post_batch(balance_minor: i64, payouts: &[PostBatchFacts]) -> Result<Vec<PostDecision>, RuleError> {
+    let mut balance = balance_minor;
+    let mut decisions = Vec::with_capacity(payouts.len());
+    for p in payouts {
+        let decision = decide_post(&PostFacts {
+            state: p.state,
+            acked: p.acked,
+            balance_minor: balance,
+            amount_minor: p.amount_minor,
+        })?;
+        if let PostDecision::Posted { balance_after_minor } = decision {
+            balance = balance_after_minor;
+        }
+        decisions.push(decision);
+    }
+    Ok(decisions)
 }
 
 #[cfg(test)]
@@ -309,5 +428,130 @@ mod tests {
                 prop_assert_eq!(balance, opening - sums.get(&("acct", Direction::Debit)).copied().unwrap_or(0));
             }
         }
+    }
+
+    fn any_state() -> impl Strategy<Value = PayoutState> {
+        proptest::sample::select(PayoutState::ALL.to_vec())
+    }
+
+    proptest! {
+        /// A batch claim decides each payout as claims one after another would: the fold
+        /// over the account's unsettled total read once gives every payout the reservation
+        /// recomputed from scratch over the states the payouts before it left (a claimed
+        /// PENDING payout reserves, a CLAIMED one failed for funds releases).
+        #[test]
+        fn a_batch_claim_decides_each_payout_as_one_claim_after_another(
+            balance in 0i64..1_000,
+            account in proptest::collection::vec((any_state(), 1i64..400), 1..10),
+            order in proptest::sample::subsequence((0usize..10).collect::<Vec<_>>(), 0..10),
+            shuffle in any::<u64>(),
+            expectations in proptest::collection::vec(
+                proptest::sample::select(vec![PayoutState::Pending, PayoutState::Claimed, PayoutState::Posted]), 10),
+        ) {
+            // The batch: distinct payouts of the account, in a drawn order.
+            let mut batch: Vec<usize> = order.into_iter().filter(|i| *i < account.len()).collect();
+            let k = batch.len().max(1);
+            batch.rotate_left((shuffle as usize) % k);
+            if shuffle % 2 == 1 {
+                batch.reverse();
+            }
+            let mut states: Vec<PayoutState> = account.iter().map(|(s, _)| *s).collect();
+            let unsettled: i64 = account.iter().filter(|(s, _)| is_unsettled(*s)).map(|(_, a)| a).sum();
+            let facts: Vec<ClaimBatchFacts> = batch
+                .iter()
+                .map(|i| ClaimBatchFacts { state: states[*i], expected: expectations[*i], amount_minor: account[*i].1 })
+                .collect();
+            let folded = decide_claim_batch(balance, unsettled, &facts).expect("no overflow at these sizes");
+            prop_assert_eq!(folded.len(), batch.len());
+            for (k, i) in batch.iter().enumerate() {
+                let reserved: i64 = (0..account.len())
+                    .filter(|j| j != i && is_unsettled(states[*j]))
+                    .map(|j| account[j].1)
+                    .sum();
+                let one = decide_claim(&ClaimFacts {
+                    state: states[*i],
+                    expected: expectations[*i],
+                    amount_minor: account[*i].1,
+                    balance_minor: balance,
+                    reserved_minor: reserved,
+                })
+                .expect("no overflow at these sizes");
+                prop_assert_eq!(folded[k], one, "payout {} (#{} of the batch)", i, k);
+                if let Some(next) = one.next_state() {
+                    states[*i] = next;
+                }
+            }
+        }
+
+        /// A batch post decides each payout as posts one after another would: each on the
+        /// balance the posts before it left, and a breach of the balance is the same error.
+        #[test]
+        fn a_batch_post_decides_each_payout_as_one_post_after_another(
+            balance in 0i64..1_000,
+            payouts in proptest::collection::vec((any_state(), any::<bool>(), 1i64..400), 0..10),
+        ) {
+            let facts: Vec<PostBatchFacts> =
+                payouts.iter().map(|(state, acked, amount_minor)| PostBatchFacts { state: *state, acked: *acked, amount_minor: *amount_minor }).collect();
+            let folded = decide_post_batch(balance, &facts);
+            let mut running = balance;
+            let mut one_by_one = Ok(Vec::new());
+            for p in &facts {
+                match decide_post(&PostFacts { state: p.state, acked: p.acked, balance_minor: running, amount_minor: p.amount_minor }) {
+                    Ok(d) => {
+                        if let PostDecision::Posted { balance_after_minor } = d {
+                            running = balance_after_minor;
+                        }
+                        if let Ok(v) = one_by_one.as_mut() {
+                            v.push(d);
+                        }
+                    }
+                    Err(e) => {
+                        one_by_one = Err(e);
+                        break;
+                    }
+                }
+            }
+            prop_assert_eq!(folded, one_by_one);
+        }
+    }
+
+    #[test]
+    fn a_batch_reservation_follows_what_each_move_holds() {
+        let mut r = BatchReservation::new(300);
+        let pending =
+            ClaimBatchFacts { state: PayoutState::Pending, expected: PayoutState::Pending, amount_minor: 100 };
+        assert_eq!(r.facts(&pending, 1_000).map(|f| f.reserved_minor), Ok(300));
+        r.moved(100, PayoutState::Pending, PayoutState::Claimed).expect("moved");
+        assert_eq!(r.unsettled_minor(), 400);
+        let claimed = ClaimBatchFacts { state: PayoutState::Claimed, expected: PayoutState::Claimed, amount_minor: 50 };
+        assert_eq!(
+            r.facts(&claimed, 1_000).map(|f| f.reserved_minor),
+            Ok(350),
+            "its own amount is not reserved against it"
+        );
+        r.moved(50, PayoutState::Claimed, PayoutState::Claimed).expect("re-claimed");
+        assert_eq!(r.unsettled_minor(), 400, "a re-claim reserves once");
+        r.moved(50, PayoutState::Claimed, PayoutState::Failed).expect("failed");
+        assert_eq!(r.unsettled_minor(), 350);
+        // An unsettled payout worth more than the total read is a store that lied.
+        let lying =
+            ClaimBatchFacts { state: PayoutState::Claimed, expected: PayoutState::Claimed, amount_minor: 1_000 };
+        assert!(r.facts(&lying, 1_000).is_err());
+    }
+
+    /// Three payouts of 400 on a balance of 1 000: the third is failed for funds, whatever
+    /// the first two were decided from.
+    #[test]
+    fn a_batch_claim_fails_the_payout_the_earlier_ones_left_no_funds_for() {
+        let p = ClaimBatchFacts { state: PayoutState::Pending, expected: PayoutState::Pending, amount_minor: 400 };
+        let decided = decide_claim_batch(1_000, 0, &[p, p, p]).expect("decided");
+        assert_eq!(
+            decided,
+            vec![
+                ClaimDecision::Claimed { reclaimed: false },
+                ClaimDecision::Claimed { reclaimed: false },
+                ClaimDecision::InsufficientFunds { available_minor: 200 },
+            ]
+        );
     }
 }

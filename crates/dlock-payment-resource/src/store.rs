@@ -21,6 +21,11 @@
 //! 5. **Idempotency.** A live identity with the same fingerprint replays the stored status
 //!    and bytes; with another fingerprint it is a conflict. Neither changes anything.
 //!    Refusals (404, 409, 400) roll back, identity row included, so they are judged afresh.
+//! 6. **A batch is one request** (C3-extensions E-19, [`PaymentStore::claim_batch`],
+//!    [`PaymentStore::post_batch`]): one identity row, the account's fence compared and
+//!    raised once, then each payout by its single write's rule on what the payouts before it
+//!    left. It commits iff a payout moved; a refused payout changes nothing, and a batch
+//!    that moved none leaves nothing (no fence, no identity row).
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -168,6 +173,64 @@ impl Post {
     }
 }
 
+/// One payout of a batch claim: the payout and its P2 body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimBatchPayout {
+    pub payout_id: Uuid,
+    /// PENDING, or CLAIMED for a recovery re-claim.
+    pub expected: PayoutState,
+}
+
+/// P2b (C3-extensions E-19), validated: several payouts of one account under one token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimBatch {
+    /// The account whose fence the batch passes once (the path's `accountId`).
+    pub account_id: String,
+    pub token: i64,
+    pub owner_id: String,
+    /// 1 to `BATCH_PAYOUTS_MAX` payouts, each once, in the request's order.
+    pub payouts: Vec<ClaimBatchPayout>,
+    pub at: DateTime<Utc>,
+}
+
+/// One payout of a batch post: the payout, its P3 body and the ids the store writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostBatchPayout {
+    pub payout_id: Uuid,
+    pub submission_id: Uuid,
+    pub rail_reference: String,
+    /// Ids of the posting and its entries: `[DEBIT the account, CREDIT settlement]`.
+    pub posting_id: Uuid,
+    pub entry_ids: [Uuid; 2],
+}
+
+/// P3b (C3-extensions E-19), validated, with the ids the store writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostBatch {
+    pub account_id: String,
+    pub token: i64,
+    pub owner_id: String,
+    /// 1 to `BATCH_PAYOUTS_MAX` payouts, each once, in the request's order.
+    pub payouts: Vec<PostBatchPayout>,
+    pub at: DateTime<Utc>,
+}
+
+impl PostBatch {
+    /// The single post of one of its payouts: what P3 would have carried for it.
+    pub fn post(&self, p: &PostBatchPayout) -> Post {
+        Post {
+            payout_id: p.payout_id,
+            token: self.token,
+            owner_id: self.owner_id.clone(),
+            submission_id: p.submission_id,
+            rail_reference: p.rail_reference.clone(),
+            posting_id: p.posting_id,
+            entry_ids: p.entry_ids,
+            at: self.at,
+        }
+    }
+}
+
 /// What a claim decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimOutcome {
@@ -225,6 +288,60 @@ pub enum PostOutcome {
     /// Rolled back: no ACKED attempt of this payout has this submission id and reference.
     RailMismatch,
     NotFound,
+}
+
+/// What a batch claim decided (P2b).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimBatchOutcome {
+    /// The fence passed: one outcome per payout, in the request's order, each what the
+    /// single claim would have decided (`Claimed`, `InsufficientFunds`, `NotClaimable` or
+    /// `NotFound`: no such payout, or one of another account; never `Fenced`). Committed
+    /// and recorded iff at least one payout moved ([`ClaimBatchOutcome::moved`]); else
+    /// everything rolled back, the fence and the identity row included.
+    Decided { items: Vec<(Uuid, ClaimOutcome)> },
+    /// Rolled back: the token did not exceed the account's fence. Nothing was written.
+    Fenced { highest_token: i64 },
+    /// Rolled back: no such CUSTOMER account. Nothing was written.
+    AccountNotFound,
+}
+
+impl ClaimBatchOutcome {
+    /// How many payouts the batch moved (claimed, or failed for funds).
+    pub fn moved(&self) -> usize {
+        match self {
+            ClaimBatchOutcome::Decided { items } => items
+                .iter()
+                .filter(|(_, o)| matches!(o, ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. }))
+                .count(),
+            _ => 0,
+        }
+    }
+}
+
+/// What a batch post decided (P3b).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PostBatchOutcome {
+    /// The fence passed: one outcome per payout, in the request's order, each what the
+    /// single post would have decided (`Posted`, `NotClaimable`, `RailMismatch` or
+    /// `NotFound`; never `Fenced`). Committed and recorded iff at least one payout was
+    /// posted; else everything rolled back, the fence and the identity row included.
+    Decided { items: Vec<(Uuid, PostOutcome)> },
+    /// Rolled back: the token did not exceed the account's fence. Nothing was written.
+    Fenced { highest_token: i64 },
+    /// Rolled back: no such CUSTOMER account. Nothing was written.
+    AccountNotFound,
+}
+
+impl PostBatchOutcome {
+    /// How many payouts the batch posted.
+    pub fn moved(&self) -> usize {
+        match self {
+            PostBatchOutcome::Decided { items } => {
+                items.iter().filter(|(_, o)| matches!(o, PostOutcome::Posted { .. })).count()
+            }
+            _ => 0,
+        }
+    }
 }
 
 /// What an account creation decided.
@@ -292,6 +409,41 @@ pub trait PaymentStore: Send + Sync + 'static {
 
     /// P3: the fenced post.
     async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome>;
+
+    /// P2b: the fenced batch claim (C3-extensions E-19), one transaction. Statement 0 is the
+    /// batch's identity row (`i`: operation `Claim`, target
+    /// `dlock_contract::batch::batch_target(account)`, the request's key and token): a live
+    /// record replays or conflicts exactly as P2's. Then the account's strict fence, once:
+    /// `fence < token` on the CUSTOMER account `b.account_id`, raised to the token; refused,
+    /// the whole batch rolls back ([`ClaimBatchOutcome::Fenced`], or
+    /// [`ClaimBatchOutcome::AccountNotFound`]). Then each payout in the request's order:
+    /// not found or of another account, `NotFound`; else P2's rule
+    /// ([`crate::rules::decide_claim`]) with the reservation the payouts before it left
+    /// ([`crate::rules::decide_claim_batch`]) and P2's conditional transition (the state and
+    /// attempt count read). A refused payout changes nothing. The transaction commits iff at
+    /// least one payout moved, with `r`'s rendering of the whole outcome recorded in the
+    /// identity row; else it rolls back and nothing is recorded. A payout that moved between
+    /// the batch's read and its transition (the proxy or an operator, who do not take the
+    /// account's row lock) makes the batch `StoreError::Unavailable`: nothing was written.
+    async fn claim_batch(
+        &self,
+        b: &ClaimBatch,
+        i: &IdemRequest,
+        r: Render<'_, ClaimBatchOutcome>,
+    ) -> Decided<ClaimBatchOutcome>;
+
+    /// P3b: the fenced batch post (C3-extensions E-19), one transaction, as
+    /// [`PaymentStore::claim_batch`] (operation `Post`): the identity row, the account's
+    /// strict fence once, then each payout in the request's order by P3's rule
+    /// ([`crate::rules::decide_post_batch`]: on the balance the posts before it left):
+    /// RAIL_ACKED → POSTED with the named ACKED attempt (I7), two balanced entries carrying
+    /// the token, and the debit. Commits iff at least one payout was posted.
+    async fn post_batch(
+        &self,
+        b: &PostBatch,
+        i: &IdemRequest,
+        r: Render<'_, PostBatchOutcome>,
+    ) -> Decided<PostBatchOutcome>;
 
     /// An operator moves a PENDING or CLAIMED payout to ABANDONED.
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError>;

@@ -3,7 +3,9 @@
 //! [`FaultyPaymentStore`] wraps any store (`MemPaydb` in the simulation) and fails the calls
 //! queued in its [`StoreFaults`], per operation (the trait method's name), in the one
 //! classification every store answers: `Unavailable` and `Corrupt` fail the call before it
-//! changes anything, `CommitUnknown` lets it commit and loses the answer.
+//! changes anything, `CommitUnknown` lets it commit and loses the answer. The batch writes
+//! (`claim_batch`, `post_batch`, C3-extensions E-19) are faulted exactly as `claim` and
+//! `post` are, under their own names.
 
 use std::sync::Arc;
 
@@ -13,9 +15,10 @@ use dlock_contract::store::StoreFaults;
 use uuid::Uuid;
 
 use crate::store::{
-    AbandonOutcome, AccountView, AmbiguousResolution, Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
-    Decided, IdemRequest, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView, Post,
-    PostOutcome, Render, ResolutionRow, ResolveOutcome, StoreError,
+    AbandonOutcome, AccountView, AmbiguousResolution, Claim, ClaimBatch, ClaimBatchOutcome, ClaimOutcome,
+    CreateAccountOutcome, CreatePayoutOutcome, Decided, IdemRequest, LedgerEntry, ListQuery, NewAccount, NewPayout,
+    PaymentStore, PayoutSummary, PayoutView, Post, PostBatch, PostBatchOutcome, PostOutcome, Render, ResolutionRow,
+    ResolveOutcome, StoreError,
 };
 
 /// `inner`, failing the calls `faults` holds.
@@ -64,6 +67,24 @@ impl PaymentStore for FaultyPaymentStore {
 
     async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
         self.faults.run("post", self.inner.post(p, i, r)).await
+    }
+
+    async fn claim_batch(
+        &self,
+        b: &ClaimBatch,
+        i: &IdemRequest,
+        r: Render<'_, ClaimBatchOutcome>,
+    ) -> Decided<ClaimBatchOutcome> {
+        self.faults.run("claim_batch", self.inner.claim_batch(b, i, r)).await
+    }
+
+    async fn post_batch(
+        &self,
+        b: &PostBatch,
+        i: &IdemRequest,
+        r: Render<'_, PostBatchOutcome>,
+    ) -> Decided<PostBatchOutcome> {
+        self.faults.run("post_batch", self.inner.post_batch(b, i, r)).await
     }
 
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {

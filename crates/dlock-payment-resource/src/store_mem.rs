@@ -12,14 +12,17 @@
 //! they refuse is [`StoreError::Corrupt`], as a trigger error is). The conformance suite
 //! holds it to the SQL stores.
 //!
-//! Defence in depth: the account fence at claim and at post decide in one place,
-//! `fence_check` here, through `dlock_rt::defence::stops` ([`Layer::ClaimFence`],
-//! [`Layer::PostFence`]). Only a simulation campaign can switch either off; a bypassed fence
+//! Defence in depth: the account fence at claim and at post decide in one place per kind of
+//! write, `fence_check` here (a batch's: `account_fence_check`), through
+//! `dlock_rt::defence::stops` ([`Layer::ClaimFence`], [`Layer::PostFence`]). Only a simulation campaign can switch either off; a bypassed fence
 //! lets the write through without moving (a lower token never lowers `accounts.fence`).
 //! The SQL stores have no switch: they never run in the simulation.
 //!
 //! Claims and posts report to paydb's observer, when one is registered
-//! ([`MemPaydb::set_observer`]), inside their transaction (the simulation's oracle).
+//! ([`MemPaydb::set_observer`]), inside their transaction (the simulation's oracle). A batch
+//! (C3-extensions E-19) reports one fenced write per payout, all with the batch's one fence
+//! pass (`FencedWrite::batch_pass`) and its identity; its fence decides at the same switch as
+//! the single write's ([`Layer::ClaimFence`] or [`Layer::PostFence`]), once for the batch.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -34,12 +37,14 @@ use dlock_paydb::rail::PayoutRow;
 use dlock_rt::defence::{self, Layer};
 use uuid::Uuid;
 
-use crate::rules::{self, ClaimDecision, ClaimFacts, FenceVerdict, PostDecision, PostFacts};
+use crate::rules::{
+    self, ClaimBatchFacts, ClaimDecision, ClaimFacts, FenceVerdict, PostBatchFacts, PostDecision, PostFacts,
+};
 use crate::store::{
     is_system_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Claim,
-    ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery,
-    NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView, Post, PostOutcome, Render, ResolutionRow,
-    ResolveOutcome, StoreError, StoredResponse,
+    ClaimBatch, ClaimBatchOutcome, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, IdemRequest,
+    Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView, Post,
+    PostBatch, PostBatchOutcome, PostOutcome, Render, ResolutionRow, ResolveOutcome, StoreError, StoredResponse,
 };
 
 /// The payment-resource's transactions over the tables (each under the one mutex).
@@ -146,6 +151,38 @@ fn raise_fence(t: &mut PaydbTables, account_id: &str, token: i64, at: DateTime<U
     a.fence = rules::raise_fence(a.fence, token);
     a.updated_at = at;
     Ok(())
+}
+
+/// A batch's fence (C3-extensions E-19): the account's own, compared once.
+enum AccountFence {
+    Passes,
+    Fenced {
+        highest_token: i64,
+    },
+    /// Refused, but the layer is switched off (simulation only): the batch goes on and the
+    /// fence stays where it is, as [`Fence::Bypassed`].
+    Bypassed,
+    /// No such CUSTOMER account.
+    NotFound,
+}
+
+/// The CUSTOMER account `account_id`'s fence at the layer `layer` (claim or post): the one
+/// place either layer decides for a batch, as [`fence_check`] for a single write.
+fn account_fence_check(t: &PaydbTables, account_id: &str, token: i64, layer: Layer) -> AccountFence {
+    let Some(a) = t.accounts.get(account_id).filter(|a| a.kind == AccountKind::Customer) else {
+        return AccountFence::NotFound;
+    };
+    match rules::fence_check(a.fence, token) {
+        FenceVerdict::Passes => AccountFence::Passes,
+        FenceVerdict::Fenced { highest_token } if defence::stops(layer, true) => AccountFence::Fenced { highest_token },
+        FenceVerdict::Fenced { .. } => AccountFence::Bypassed,
+    }
+}
+
+/// A payout of a batch's account as the batch read it: `None` for no such payout, or one
+/// of another account (its item is `NotFound`).
+fn batch_payout<'a>(t: &'a PaydbTables, account_id: &str, payout_id: Uuid) -> Option<&'a StoredPayout> {
+    t.rail.payouts.get(&payout_id).filter(|p| p.row.account_id == account_id)
 }
 
 impl PaydbTx {
@@ -391,6 +428,205 @@ impl PaydbTx {
         }
         Ok(Idempotent::Executed { outcome, stored: Some(response) })
     }
+
+    fn do_claim_batch(
+        t: &mut PaydbTables,
+        b: &ClaimBatch,
+        i: &IdemRequest,
+        r: Render<'_, ClaimBatchOutcome>,
+    ) -> Decided<ClaimBatchOutcome> {
+        check_identity(i)?;
+        if let Some(replay) = live_record(t, i) {
+            return Ok(replay);
+        }
+        let refused = |outcome| Ok(Idempotent::Executed { outcome, stored: None });
+        // 1. The account's fence, once for the batch.
+        let raise = match account_fence_check(t, &b.account_id, b.token, Layer::ClaimFence) {
+            AccountFence::NotFound => return refused(ClaimBatchOutcome::AccountNotFound),
+            AccountFence::Fenced { highest_token } => return refused(ClaimBatchOutcome::Fenced { highest_token }),
+            AccountFence::Passes => true,
+            AccountFence::Bypassed => false,
+        };
+        // 2. Every payout of the batch and the account's reservation, read once.
+        let balance = t.accounts.get(&b.account_id).map_or(0, |a| a.balance_minor);
+        let unsettled = bigint(reserved_minor(t, &b.account_id, None))?;
+        let read: Vec<Option<&StoredPayout>> =
+            b.payouts.iter().map(|p| batch_payout(t, &b.account_id, p.payout_id)).collect();
+        let facts: Vec<ClaimBatchFacts> = b
+            .payouts
+            .iter()
+            .zip(&read)
+            .filter_map(|(p, row)| {
+                row.map(|row| ClaimBatchFacts {
+                    state: row.row.state,
+                    expected: p.expected,
+                    amount_minor: row.row.amount_minor,
+                })
+            })
+            .collect();
+        // 3. Each payout in order, by the claim rule on what the ones before it left.
+        let mut decisions = rules::decide_claim_batch(balance, unsettled, &facts)
+            .map_err(|e| StoreError::Corrupt(e.to_string()))?
+            .into_iter();
+        let mut items = Vec::with_capacity(b.payouts.len());
+        let mut moves = Vec::new();
+        for (p, row) in b.payouts.iter().zip(&read) {
+            let Some(row) = row else {
+                items.push((p.payout_id, ClaimOutcome::NotFound));
+                continue;
+            };
+            let Some(decision) = decisions.next() else {
+                return Err(StoreError::Corrupt("the batch claim rule decided fewer payouts than it read".into()));
+            };
+            let outcome = match decision {
+                ClaimDecision::NotClaimable { state } => ClaimOutcome::NotClaimable { state },
+                ClaimDecision::Claimed { reclaimed } => ClaimOutcome::Claimed {
+                    account_id: b.account_id.clone(),
+                    account_fence: b.token,
+                    attempt_count: row.row.attempt_count,
+                    reclaimed,
+                    amount_minor: row.row.amount_minor,
+                    currency: row.row.currency.clone(),
+                    beneficiary_ref: row.row.beneficiary_ref.clone(),
+                },
+                ClaimDecision::InsufficientFunds { available_minor } => ClaimOutcome::InsufficientFunds {
+                    account_id: b.account_id.clone(),
+                    amount_minor: row.row.amount_minor,
+                    available_minor,
+                },
+            };
+            if let Some(next) = decision.next_state() {
+                guard_transition(row.row.state, next)?;
+                moves.push((p.payout_id, next));
+            }
+            items.push((p.payout_id, outcome));
+        }
+        let outcome = ClaimBatchOutcome::Decided { items };
+        if moves.is_empty() {
+            // Nothing moved: the fence and the identity roll back (they were never written).
+            return refused(outcome);
+        }
+        let response = r(&outcome);
+        // Writes: fence, identity, each payout (nothing below can fail).
+        if raise {
+            raise_fence(t, &b.account_id, b.token, b.at)?;
+        }
+        record(t, i, &response);
+        for (payout_id, next) in moves {
+            if let Some(p) = t.rail.payouts.get_mut(&payout_id) {
+                p.row.state = next;
+                p.claim_token = Some(b.token);
+                p.claimed_by = Some(b.owner_id.clone());
+                p.claimed_at = Some(b.at);
+                p.updated_at = b.at;
+            }
+        }
+        Ok(Idempotent::Executed { outcome, stored: Some(response) })
+    }
+
+    fn do_post_batch(
+        t: &mut PaydbTables,
+        b: &PostBatch,
+        i: &IdemRequest,
+        r: Render<'_, PostBatchOutcome>,
+    ) -> Decided<PostBatchOutcome> {
+        check_identity(i)?;
+        if let Some(replay) = live_record(t, i) {
+            return Ok(replay);
+        }
+        let refused = |outcome| Ok(Idempotent::Executed { outcome, stored: None });
+        // 1. The account's fence (a ledger write), once for the batch.
+        let raise = match account_fence_check(t, &b.account_id, b.token, Layer::PostFence) {
+            AccountFence::NotFound => return refused(PostBatchOutcome::AccountNotFound),
+            AccountFence::Fenced { highest_token } => return refused(PostBatchOutcome::Fenced { highest_token }),
+            AccountFence::Passes => true,
+            AccountFence::Bypassed => false,
+        };
+        // 2. Every payout of the batch and whether its named attempt is its ACKED one (I7).
+        let balance = t.accounts.get(&b.account_id).map_or(0, |a| a.balance_minor);
+        let read: Vec<Option<(&StoredPayout, bool)>> = b
+            .payouts
+            .iter()
+            .map(|p| {
+                batch_payout(t, &b.account_id, p.payout_id).map(|row| {
+                    let acked = t.rail.submissions.iter().any(|s| {
+                        s.payout_id == p.payout_id
+                            && s.submission_id == p.submission_id
+                            && s.outcome == Some(SubmissionOutcome::Acked)
+                            && s.rail_reference.as_deref() == Some(p.rail_reference.as_str())
+                    });
+                    (row, acked)
+                })
+            })
+            .collect();
+        let facts: Vec<PostBatchFacts> = read
+            .iter()
+            .flatten()
+            .map(|(row, acked)| PostBatchFacts {
+                state: row.row.state,
+                acked: *acked,
+                amount_minor: row.row.amount_minor,
+            })
+            .collect();
+        // 3. Each payout in order, by the post rule on the balance the ones before it left.
+        let mut decisions =
+            rules::decide_post_batch(balance, &facts).map_err(|e| StoreError::Corrupt(e.to_string()))?.into_iter();
+        let mut items = Vec::with_capacity(b.payouts.len());
+        let mut postings = Vec::new();
+        let mut balance_after = balance;
+        for (p, row) in b.payouts.iter().zip(&read) {
+            let Some((row, _)) = row else {
+                items.push((p.payout_id, PostOutcome::NotFound));
+                continue;
+            };
+            let Some(decision) = decisions.next() else {
+                return Err(StoreError::Corrupt("the batch post rule decided fewer payouts than it read".into()));
+            };
+            let outcome = match decision {
+                PostDecision::NotClaimable { state } => PostOutcome::NotClaimable { state },
+                PostDecision::RailMismatch => PostOutcome::RailMismatch,
+                PostDecision::Posted { balance_after_minor } => {
+                    guard_transition(row.row.state, PayoutState::Posted)?;
+                    let currency = row.row.currency.clone();
+                    let entries = b.post(p).entries(&b.account_id, row.row.amount_minor, &currency, b.at);
+                    balance_after = balance_after_minor;
+                    postings.push((p.payout_id, currency, entries.clone()));
+                    PostOutcome::Posted {
+                        account_id: b.account_id.clone(),
+                        entries,
+                        balance_minor: balance_after_minor,
+                    }
+                }
+            };
+            items.push((p.payout_id, outcome));
+        }
+        let outcome = PostBatchOutcome::Decided { items };
+        if postings.is_empty() {
+            return refused(outcome);
+        }
+        let response = r(&outcome);
+        // Writes: fence, identity, then per posted payout its state, settlement account and
+        // entries, and the balance after them all.
+        if raise {
+            raise_fence(t, &b.account_id, b.token, b.at)?;
+        }
+        record(t, i, &response);
+        for (payout_id, currency, entries) in postings {
+            if let Some(payout) = t.rail.payouts.get_mut(&payout_id) {
+                payout.row.state = PayoutState::Posted;
+                payout.updated_at = b.at;
+            }
+            t.accounts
+                .entry(settlement_account(&currency))
+                .or_insert_with(|| system_account(AccountKind::Settlement, &currency, b.at));
+            t.ledger.extend(entries);
+        }
+        if let Some(a) = t.accounts.get_mut(&b.account_id) {
+            a.balance_minor = balance_after;
+            a.updated_at = b.at;
+        }
+        Ok(Idempotent::Executed { outcome, stored: Some(response) })
+    }
 }
 
 /// What a claim or post decided, as the observer is told it: the fence's verdict, the
@@ -413,6 +649,55 @@ fn verdict_of<T>(
         }
         Ok(Idempotent::Replayed(r)) => (FenceVerdictSeen::Other, None, Some(r.clone())),
         _ => (FenceVerdictSeen::Other, None, None),
+    }
+}
+
+/// Each payout's state and account before a batch (`None`: no such payout).
+fn states_before(
+    t: &PaydbTables,
+    payout_ids: impl Iterator<Item = Uuid>,
+) -> Vec<(Uuid, Option<(PayoutState, String)>)> {
+    payout_ids.map(|id| (id, t.rail.payouts.get(&id).map(|p| (p.row.state, p.row.account_id.clone())))).collect()
+}
+
+/// Reports each payout of a batch to the observer: one [`FencedWrite`] per payout, in the
+/// request's order, all carrying the batch's one fence pass
+/// ([`PaydbTables::next_batch_pass`]) and the batch's identity: `Accepted` for a payout it
+/// moved, `FencedOut` for every payout of a fenced batch, `Other` for the rest (a refused
+/// payout, a replay, a conflict, an unknown account, a store error). The response a
+/// committed batch recorded is reported on each of its payouts; a replay's likewise.
+#[allow(clippy::too_many_arguments)]
+fn report_batch<T>(
+    t: &mut PaydbTables,
+    observer: &dyn PaydbObserver,
+    op: FencedOp,
+    layer: Layer,
+    (token, owner_id): (i64, &str),
+    before: &[(Uuid, Option<(PayoutState, String)>)],
+    i: &IdemRequest,
+    decided: &Decided<T>,
+    moved: impl Fn(&T, Uuid) -> bool,
+    fenced: impl Fn(&T) -> Option<i64>,
+) {
+    let pass = t.next_batch_pass();
+    for (payout_id, seen) in before {
+        let (verdict, recorded, replayed) = verdict_of(decided, |o| moved(o, *payout_id), &fenced);
+        let write = FencedWrite {
+            op,
+            payout_id: *payout_id,
+            account_id: seen.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
+            token,
+            owner_id: owner_id.to_owned(),
+            fenced: !defence::off(layer),
+            state_before: seen.as_ref().map(|b| b.0),
+            verdict,
+            identity: Some(identity(i)),
+            recorded,
+            replayed,
+            admission: None,
+            batch_pass: Some(pass),
+        };
+        observer.fenced_write(t, &write);
     }
 }
 
@@ -513,6 +798,77 @@ impl PaymentStore for MemPaydb {
         decided
     }
 
+    async fn claim_batch(
+        &self,
+        b: &ClaimBatch,
+        i: &IdemRequest,
+        r: Render<'_, ClaimBatchOutcome>,
+    ) -> Decided<ClaimBatchOutcome> {
+        let mut t = self.lock()?;
+        let Some(observer) = self.observer() else {
+            return PaydbTx::do_claim_batch(&mut t, b, i, r);
+        };
+        let before = states_before(&t, b.payouts.iter().map(|p| p.payout_id));
+        let decided = PaydbTx::do_claim_batch(&mut t, b, i, r);
+        report_batch(
+            &mut t,
+            &*observer,
+            FencedOp::Claim,
+            Layer::ClaimFence,
+            (b.token, &b.owner_id),
+            &before,
+            i,
+            &decided,
+            |o, payout_id| match o {
+                ClaimBatchOutcome::Decided { items } => items.iter().any(|(p, o)| {
+                    *p == payout_id
+                        && matches!(o, ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. })
+                }),
+                _ => false,
+            },
+            |o| match o {
+                ClaimBatchOutcome::Fenced { highest_token } => Some(*highest_token),
+                _ => None,
+            },
+        );
+        decided
+    }
+
+    async fn post_batch(
+        &self,
+        b: &PostBatch,
+        i: &IdemRequest,
+        r: Render<'_, PostBatchOutcome>,
+    ) -> Decided<PostBatchOutcome> {
+        let mut t = self.lock()?;
+        let Some(observer) = self.observer() else {
+            return PaydbTx::do_post_batch(&mut t, b, i, r);
+        };
+        let before = states_before(&t, b.payouts.iter().map(|p| p.payout_id));
+        let decided = PaydbTx::do_post_batch(&mut t, b, i, r);
+        report_batch(
+            &mut t,
+            &*observer,
+            FencedOp::Post,
+            Layer::PostFence,
+            (b.token, &b.owner_id),
+            &before,
+            i,
+            &decided,
+            |o, payout_id| match o {
+                PostBatchOutcome::Decided { items } => {
+                    items.iter().any(|(p, o)| *p == payout_id && matches!(o, PostOutcome::Posted { .. }))
+                }
+                _ => false,
+            },
+            |o| match o {
+                PostBatchOutcome::Fenced { highest_token } => Some(*highest_token),
+                _ => None,
+            },
+        );
+        decided
+    }
+
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {
         let mut t = self.lock()?;
         let Some(p) = t.rail.payouts.get_mut(&payout_id) else {
@@ -582,5 +938,155 @@ impl PaymentStore for MemPaydb {
     async fn idempotency_record_count(&self) -> Result<u64, StoreError> {
         let t = self.lock()?;
         Ok(u64::try_from(t.idempotency.len()).unwrap_or(u64::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The batch's report to paydb's observer (what the simulation's oracle judges), and its
+    //! fence's defence-in-depth switch.
+
+    use std::sync::{Arc, Mutex};
+
+    use dlock_contract::batch::batch_target;
+
+    use super::*;
+    use crate::store::{ClaimBatchPayout, Operation};
+
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<FencedWrite>>);
+
+    impl PaydbObserver for Seen {
+        fn fenced_write(&self, _: &PaydbTables, w: &FencedWrite) {
+            if let Ok(mut v) = self.0.lock() {
+                v.push(w.clone());
+            }
+        }
+    }
+
+    fn at(ms: i64) -> DateTime<Utc> {
+        DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000 + ms).expect("instant")
+    }
+
+    fn idem(operation: Operation, target: &str, key: &str, token: i64, fingerprint: char) -> IdemRequest {
+        IdemRequest {
+            operation,
+            target_id: target.to_owned(),
+            key: key.to_owned(),
+            token,
+            owner_id: "w-1".into(),
+            fingerprint: fingerprint.to_string().repeat(64),
+            at: at(0),
+            expires_at: at(86_400_000),
+        }
+    }
+
+    fn render<T: std::fmt::Debug>(o: &T) -> StoredResponse {
+        StoredResponse { status: 200, body: format!("{o:?}").into_bytes() }
+    }
+
+    /// The account `acct` (1 000 EUR) and two PENDING payouts of 100 on it.
+    fn seeded() -> (MemPaydb, Uuid, Uuid) {
+        let db = MemPaydb::new();
+        let (p1, p2) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        futures::executor::block_on(async {
+            let a = NewAccount {
+                account_id: "acct".into(),
+                currency: "EUR".into(),
+                opening_balance_minor: 1_000,
+                posting_id: Uuid::from_u128(10),
+                entry_ids: [Uuid::from_u128(11), Uuid::from_u128(12)],
+                at: at(0),
+            };
+            db.create_account(&a, &idem(Operation::CreateAccount, "accounts", "a", 0, 'a'), &render)
+                .await
+                .expect("account");
+            for (n, p) in [p1, p2].into_iter().enumerate() {
+                let np = NewPayout {
+                    payout_id: p,
+                    account_id: "acct".into(),
+                    amount_minor: 100,
+                    currency: "EUR".into(),
+                    beneficiary_ref: "b".into(),
+                    at: at(0),
+                };
+                db.create_payout(&np, &idem(Operation::CreatePayout, "payouts", &format!("p{n}"), 0, 'b'), &render)
+                    .await
+                    .expect("payout");
+            }
+        });
+        (db, p1, p2)
+    }
+
+    fn batch(token: i64, payouts: &[(Uuid, PayoutState)]) -> ClaimBatch {
+        ClaimBatch {
+            account_id: "acct".into(),
+            token,
+            owner_id: "w-1".into(),
+            payouts: payouts
+                .iter()
+                .map(|(payout_id, expected)| ClaimBatchPayout { payout_id: *payout_id, expected: *expected })
+                .collect(),
+            at: at(1),
+        }
+    }
+
+    #[test]
+    fn a_batch_reports_each_payout_under_one_fence_pass_with_the_batchs_identity() {
+        let (db, p1, p2) = seeded();
+        let seen = Arc::new(Seen::default());
+        db.set_observer(seen.clone());
+        let missing = Uuid::from_u128(3);
+        let b = batch(5, &[(p1, PayoutState::Pending), (p2, PayoutState::Claimed), (missing, PayoutState::Pending)]);
+        let i = idem(Operation::Claim, &batch_target("acct"), "k", 5, 'c');
+        let decided = futures::executor::block_on(db.claim_batch(&b, &i, &render)).expect("batch");
+        let Idempotent::Executed { stored: Some(stored), .. } = decided else { panic!("{decided:?}") };
+        // A second batch under the same token is fenced; the first one replays.
+        let fenced = batch(5, &[(p2, PayoutState::Pending)]);
+        let other = idem(Operation::Claim, &batch_target("acct"), "k2", 5, 'd');
+        futures::executor::block_on(db.claim_batch(&fenced, &other, &render)).expect("fenced");
+        futures::executor::block_on(db.claim_batch(&b, &i, &render)).expect("replay");
+
+        let w = seen.0.lock().expect("lock").clone();
+        assert_eq!(w.len(), 3 + 1 + 3, "one write per payout of each batch");
+        let identity: Identity = (Operation::Claim, "account:acct".into(), "k".into(), 5);
+        let first = &w[..3];
+        assert!(first.iter().all(|x| x.batch_pass.is_some() && x.batch_pass == first[0].batch_pass));
+        assert!(first.iter().all(|x| x.identity.as_ref() == Some(&identity) && x.recorded.as_ref() == Some(&stored)));
+        assert!(first.iter().all(|x| x.op == FencedOp::Claim && x.token == 5 && x.fenced && x.replayed.is_none()));
+        let verdicts: Vec<&FenceVerdictSeen> = first.iter().map(|x| &x.verdict).collect();
+        assert_eq!(verdicts, [&FenceVerdictSeen::Accepted, &FenceVerdictSeen::Other, &FenceVerdictSeen::Other]);
+        let before: Vec<Option<PayoutState>> = first.iter().map(|x| x.state_before).collect();
+        assert_eq!(before, [Some(PayoutState::Pending), Some(PayoutState::Pending), None]);
+        let accounts: Vec<&str> = first.iter().map(|x| x.account_id.as_str()).collect();
+        assert_eq!(accounts, ["acct", "acct", ""]);
+        assert_eq!(w[3].verdict, FenceVerdictSeen::FencedOut { highest_token: 5 });
+        assert!(w[3].batch_pass.is_some() && w[3].batch_pass != first[0].batch_pass, "each batch its own pass");
+        let replays = &w[4..];
+        assert!(replays.iter().all(|x| x.verdict == FenceVerdictSeen::Other && x.replayed.as_ref() == Some(&stored)));
+    }
+
+    /// With the claim's fence switched off (a simulation campaign), a batch under a stale
+    /// token goes on without moving the fence, and its report says the fence was bypassed.
+    #[cfg(madsim)]
+    #[test]
+    fn with_the_claim_fence_off_a_stale_batch_goes_on_and_leaves_the_fence_where_it_was() {
+        let (db, p1, p2) = seeded();
+        futures::executor::block_on(async {
+            let i = idem(Operation::Claim, &batch_target("acct"), "k", 5, 'c');
+            db.claim_batch(&batch(5, &[(p1, PayoutState::Pending)]), &i, &render).await.expect("batch");
+        });
+        let seen = Arc::new(Seen::default());
+        db.set_observer(seen.clone());
+        defence::set_off(Some(Layer::ClaimFence));
+        let i = idem(Operation::Claim, &batch_target("acct"), "k", 4, 'e');
+        let decided =
+            futures::executor::block_on(db.claim_batch(&batch(4, &[(p2, PayoutState::Pending)]), &i, &render));
+        defence::set_off(None);
+        assert!(matches!(decided, Ok(Idempotent::Executed { stored: Some(_), .. })), "{decided:?}");
+        let fence = db.with_tables(|t| t.accounts.get("acct").map(|a| a.fence)).expect("tables");
+        assert_eq!(fence, Some(5), "a lower token never lowers the fence");
+        let w = seen.0.lock().expect("lock").clone();
+        assert_eq!((w[0].verdict.clone(), w[0].fenced), (FenceVerdictSeen::Accepted, false));
     }
 }

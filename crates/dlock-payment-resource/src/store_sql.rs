@@ -39,6 +39,20 @@
 //! Every SQLite write transaction runs on the process's SQLite writer thread (§8.7,
 //! [`PaymentStore::writer_thread`]).
 //!
+//! Batches (C3-extensions E-19, P2b and P3b): one transaction per batch, the account's fence
+//! passed once. PostgreSQL: statement 0 and the account's fence as one statement (as a
+//! claim's), then the read of every payout the batch names (`= ANY`, or `unnest` of the
+//! posts' attempts) and, for a claim, the account's reservation, as its own statement
+//! behind the fence's row lock; then every write and the recorded answer as one statement
+//! (a claim: the conditional transitions; a post: the transitions, the settlement accounts,
+//! every entry, the one debit). Three statements (and `BEGIN`, `COMMIT`) whatever the batch's
+//! size; a refused fence reads why instead, and rolls back. SQLite: the gate, the fence and
+//! the read in one batch, then the writes in another: two calls to the writer. No text
+//! varies with the batch's size (the payouts are one array bind on PostgreSQL, one JSON text
+//! read with `json_each` on SQLite). Each transition is conditional on what the read saw; a
+//! payout that moved in between (the proxy or an operator: no account row lock) fails the
+//! batch as `Unavailable`, nothing written.
+//!
 //! Errors: connection failures, timeouts and busy answers are [`StoreError::Unavailable`]
 //! (nothing was decided); a commit whose answer was lost is [`StoreError::CommitUnknown`];
 //! a constraint or trigger refusing a statement the store issued, or content the store
@@ -55,12 +69,15 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use crate::payout_accounts::PayoutAccounts;
-use crate::rules::{self, ClaimDecision, ClaimFacts, FenceVerdict, PostDecision, PostFacts};
+use crate::rules::{
+    self, ClaimBatchFacts, ClaimDecision, ClaimFacts, FenceVerdict, PostBatchFacts, PostDecision, PostFacts,
+};
 use crate::store::{
     funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Claim,
-    ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery,
-    NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView, Post, PostOutcome, Render, ResolutionRow,
-    ResolveOutcome, StoreError, StoredResponse,
+    ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided,
+    IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView,
+    Post, PostBatch, PostBatchOutcome, PostBatchPayout, PostOutcome, Render, ResolutionRow, ResolveOutcome, StoreError,
+    StoredResponse,
 };
 
 use dlock_paydb::sql::{commit_error, db_error, parse_kind, parse_state, PG_MIGRATOR, SQLITE_MIGRATOR};
@@ -103,6 +120,18 @@ impl Commits for ClaimOutcome {
 impl Commits for PostOutcome {
     fn commits(&self) -> bool {
         matches!(self, PostOutcome::Posted { .. })
+    }
+}
+
+impl Commits for ClaimBatchOutcome {
+    fn commits(&self) -> bool {
+        self.moved() > 0
+    }
+}
+
+impl Commits for PostBatchOutcome {
+    fn commits(&self) -> bool {
+        self.moved() > 0
     }
 }
 
@@ -315,6 +344,228 @@ const CLAIM_MOVE_AND_RECORD: &str = "WITH moved AS (UPDATE payouts SET state = $
      WHERE operation = $8 AND target_id = $9 AND idempotency_key = $10 AND fencing_token = $11 \
      AND EXISTS (SELECT 1 FROM moved) RETURNING operation) \
      SELECT (SELECT COUNT(*) FROM moved) AS moved, (SELECT COUNT(*) FROM recorded) AS recorded";
+
+// ---------------------------------------------------------------------------------------
+// Batches (C3-extensions E-19): the statements of P2b and P3b. None of their texts varies
+// with the batch's size: the payouts travel as one array bind on PostgreSQL (`= ANY`,
+// `unnest`) and as one JSON text on SQLite (`json_each`, `->>`).
+// ---------------------------------------------------------------------------------------
+
+/// A batch's fence: the strict fence on the CUSTOMER account itself (C3 §3.4 verbatim),
+/// with `$extra` conditions after its own. `$1` the token, `$2` the instant, `$3` the
+/// account, `$4` the token again.
+macro_rules! account_fence_sql {
+    ($extra:literal) => {
+        concat!(
+            "UPDATE accounts SET fence = $1, updated_at = $2 \
+             WHERE account_id = $3 AND kind = 'CUSTOMER' AND fence < $4",
+            $extra,
+            " RETURNING account_id, balance_minor"
+        )
+    };
+}
+
+/// SQLite: a batch's fence in one batch after its identity row's upsert, raised only when
+/// the upsert wrote (as [`FENCE_AFTER_GATE_SQL`]).
+const ACCOUNT_FENCE_AFTER_GATE_SQL: &str = account_fence_sql!(" AND changes() = 1");
+
+/// PostgreSQL: a batch's fence as the CTE after its gate's (as [`PG_FENCE_AFTER_GATE_SQL`]).
+const PG_ACCOUNT_FENCE_AFTER_GATE_SQL: &str = account_fence_sql!(" AND EXISTS (SELECT 1 FROM gate)");
+
+/// PostgreSQL: a batch's statement 0 and its fence as one statement (as
+/// [`pg_gate_fence_sql`]), answered as [`PG_GATE_FENCE_SELECT`].
+fn pg_batch_gate_fence_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        dlock_db::pg_cte_sql(
+            &[("gate", GATE_SQL, 8), ("fence", PG_ACCOUNT_FENCE_AFTER_GATE_SQL, 4)],
+            PG_GATE_FENCE_SELECT,
+        )
+    })
+}
+
+/// Why a batch's fence refused: the CUSTOMER account's fence (no row: no such account).
+const ACCOUNT_FENCE_REFUSED_SQL: &str = "SELECT fence FROM accounts WHERE account_id = $1 AND kind = 'CUSTOMER'";
+
+/// The columns a batch claim reads of each payout it names, and the account's reservation
+/// (Σ amount of its unsettled payouts, the batch's own included; `$1` the account). Read
+/// after the fence's row lock, as a claim's reservation read ([`CLAIM_READ_SQL`]).
+macro_rules! claim_batch_read_sql {
+    ($payouts:literal) => {
+        concat!(
+            "SELECT p.payout_id, p.account_id, p.state, p.amount_minor, p.currency, p.beneficiary_ref, \
+             p.attempt_count, (SELECT CAST(COALESCE(SUM(q.amount_minor), 0) AS BIGINT) FROM payouts q \
+             WHERE q.account_id = $1 AND q.state IN ",
+            dlock_paydb::unsettled_sql!(),
+            ") AS unsettled_minor FROM payouts p WHERE p.payout_id ",
+            $payouts
+        )
+    };
+}
+
+/// PostgreSQL: the batch claim's read; `$2` the payout ids (`TEXT[]`).
+const PG_CLAIM_BATCH_READ_SQL: &str = claim_batch_read_sql!("= ANY($2)");
+/// SQLite: the batch claim's read; `$2` the payout ids (a JSON array of strings).
+const SQLITE_CLAIM_BATCH_READ_SQL: &str = claim_batch_read_sql!("IN (SELECT value FROM json_each($2))");
+
+/// PostgreSQL: the batch post's read of each payout it names and whether the attempt it
+/// names is the payout's ACKED one (I7). `$1`, `$2`, `$3`: the payout ids, submission ids
+/// and rail references (`TEXT[]` each, in the request's order).
+const PG_POST_BATCH_READ_SQL: &str = "SELECT p.payout_id, p.account_id, p.state, p.amount_minor, p.currency, \
+     EXISTS (SELECT 1 FROM rail_submission s WHERE s.payout_id = p.payout_id AND s.submission_id = m.submission_id \
+     AND s.outcome = 'ACKED' AND s.rail_reference = m.rail_reference) AS acked \
+     FROM unnest($1::text[], $2::text[], $3::text[]) AS m(payout_id, submission_id, rail_reference) \
+     JOIN payouts p ON p.payout_id = m.payout_id";
+
+/// SQLite: as [`PG_POST_BATCH_READ_SQL`]; `$1` a JSON array of `[payout id, submission id,
+/// rail reference]`.
+const SQLITE_POST_BATCH_READ_SQL: &str = "SELECT p.payout_id, p.account_id, p.state, p.amount_minor, p.currency, \
+     EXISTS (SELECT 1 FROM rail_submission s WHERE s.payout_id = p.payout_id AND s.submission_id = (m.value ->> 1) \
+     AND s.outcome = 'ACKED' AND s.rail_reference = (m.value ->> 2)) AS acked \
+     FROM json_each($1) AS m JOIN payouts p ON p.payout_id = (m.value ->> 0)";
+
+/// PostgreSQL: a batch claim's transitions, each conditional on the state and attempt count
+/// the batch's read saw (as [`CLAIM_MOVE_AND_RECORD`]'s). `$1` token, `$2` owner, `$3`/`$4`
+/// instant, then per payout (`$5` ids, `$6` next states, `$7` states read, `$8` attempt
+/// counts read).
+const PG_CLAIM_BATCH_MOVE_SQL: &str = "UPDATE payouts p SET state = m.next, claim_token = $1, claimed_by = $2, \
+     claimed_at = $3, updated_at = $4 FROM unnest($5::text[], $6::text[], $7::text[], $8::int4[]) \
+     AS m(payout_id, next, was, attempts) \
+     WHERE p.payout_id = m.payout_id AND p.state = m.was AND p.attempt_count = m.attempts RETURNING p.payout_id";
+
+/// SQLite: as [`PG_CLAIM_BATCH_MOVE_SQL`]; `$5` a JSON array of `[payout id, next state,
+/// state read, attempt count read]`.
+const SQLITE_CLAIM_BATCH_MOVE_SQL: &str = "UPDATE payouts SET state = m.next, claim_token = $1, claimed_by = $2, \
+     claimed_at = $3, updated_at = $4 FROM (SELECT (value ->> 0) AS payout_id, (value ->> 1) AS next, \
+     (value ->> 2) AS was, (value ->> 3) AS attempts FROM json_each($5)) AS m \
+     WHERE payouts.payout_id = m.payout_id AND payouts.state = m.was AND payouts.attempt_count = m.attempts";
+
+/// PostgreSQL: a batch claim's transitions and its recorded answer, one statement
+/// ([`dlock_db::pg_cte_sql`]): (payouts moved, identity rows written).
+fn pg_claim_batch_move_and_record_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let recorded = format!("{RECORD_SQL} RETURNING operation");
+        dlock_db::pg_cte_sql(
+            &[("moved", PG_CLAIM_BATCH_MOVE_SQL, 8), ("recorded", &recorded, 6)],
+            "SELECT (SELECT COUNT(*) FROM moved) AS moved, (SELECT COUNT(*) FROM recorded) AS recorded",
+        )
+    })
+}
+
+/// SQLite: a batch claim's transitions and its recorded answer, one batch.
+fn sqlite_claim_batch_move_and_record_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| dlock_db::sqlite_batch_sql(&[(SQLITE_CLAIM_BATCH_MOVE_SQL, 5), (RECORD_SQL, 6)]))
+}
+
+/// The states a post moves a payout from (C2: RAIL_ACKED).
+fn post_sources_sql() -> String {
+    payout::sql_states(&payout::sources(PayoutState::Posted, Actor::PaymentResource))
+}
+
+/// PostgreSQL: a batch post's writes, one statement: the transitions to POSTED (`$2` the
+/// posted payouts' ids), the settlement accounts (upserted), every entry, the one debit of
+/// their sum, and the recorded answer (each a CTE over rows no other touches).
+fn pg_post_batch_writes_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let moved = format!(
+            "UPDATE payouts SET state = 'POSTED', updated_at = $1 WHERE payout_id = ANY($2) AND state IN {} \
+             RETURNING payout_id",
+            post_sources_sql()
+        );
+        let settle = "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
+             SELECT s.account_id, $1, s.currency, 0, 0, $2, $3 FROM unnest($4::text[], $5::text[]) \
+             AS s(account_id, currency) ON CONFLICT (account_id) DO NOTHING";
+        let entries =
+            "INSERT INTO ledger_entries (entry_id, posting_id, payout_id, account_id, direction, amount_minor, \
+             currency, fence, created_at) SELECT e.entry_id, e.posting_id, e.payout_id, e.account_id, e.direction, \
+             e.amount_minor, e.currency, $1, $2 FROM unnest($3::text[], $4::text[], $5::text[], $6::text[], \
+             $7::text[], $8::int8[], $9::text[]) AS e(entry_id, posting_id, payout_id, account_id, direction, \
+             amount_minor, currency) RETURNING 1";
+        let recorded = format!("{RECORD_SQL} RETURNING 1");
+        dlock_db::pg_cte_sql(
+            &[
+                ("moved", &moved, 2),
+                ("settle", settle, 5),
+                ("entries", entries, 9),
+                ("debit", BALANCE_DEBIT_SQL, 3),
+                ("recorded", &recorded, 6),
+            ],
+            "SELECT (SELECT COUNT(*) FROM moved) AS moved, (SELECT COUNT(*) FROM entries) AS entries, \
+             (SELECT balance_minor FROM debit) AS balance_minor, (SELECT COUNT(*) FROM recorded) AS recorded",
+        )
+    })
+}
+
+/// SQLite: as [`pg_post_batch_writes_sql`], one batch; the arrays are JSON texts.
+fn sqlite_post_batch_writes_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let moved = format!(
+            "UPDATE payouts SET state = 'POSTED', updated_at = $1 \
+             WHERE payout_id IN (SELECT value FROM json_each($2)) AND state IN {}",
+            post_sources_sql()
+        );
+        let settle = "INSERT INTO accounts (account_id, kind, currency, balance_minor, fence, created_at, updated_at) \
+             SELECT (value ->> 0), $1, (value ->> 1), 0, 0, $2, $3 FROM json_each($4) WHERE true \
+             ON CONFLICT (account_id) DO NOTHING";
+        let entries =
+            "INSERT INTO ledger_entries (entry_id, posting_id, payout_id, account_id, direction, amount_minor, \
+             currency, fence, created_at) SELECT (value ->> 0), (value ->> 1), (value ->> 2), (value ->> 3), \
+             (value ->> 4), (value ->> 5), (value ->> 6), $1, $2 FROM json_each($3)";
+        dlock_db::sqlite_batch_sql(&[(&moved, 2), (settle, 4), (entries, 3), (BALANCE_DEBIT_SQL, 3), (RECORD_SQL, 6)])
+    })
+}
+
+/// What a batch's first statements found: the account's balance when its fence rose, and
+/// the rows of the batch's read (none when the fence refused).
+type BatchFenceThen<R> = (Option<i64>, Vec<R>);
+
+/// What a batch reads after its fence, per dialect's binds.
+enum BatchRead<'a> {
+    /// The payouts a claim names, and the account's reservation.
+    Claim { account_id: &'a str, payouts: &'a [ClaimBatchPayout] },
+    /// The payouts a post names, with the attempt each names.
+    Post { payouts: &'a [PostBatchPayout] },
+}
+
+/// A batch claim's transitions: per payout (id, next state, state read, attempt count read).
+type ClaimBatchMoves = Vec<(String, PayoutState, PayoutState, i32)>;
+
+/// A batch claim's writes once decided: its transitions and the recorded answer.
+struct ClaimBatchWrites<'a> {
+    b: &'a ClaimBatch,
+    at: DateTime<Utc>,
+    moves: ClaimBatchMoves,
+    identity: &'a IdemRequest,
+    response: &'a StoredResponse,
+}
+
+/// A batch post's writes once decided: the posted payouts, their settlement accounts
+/// (distinct), every entry, the debit of their sum, and the recorded answer.
+struct PostBatchWrites<'a> {
+    at: DateTime<Utc>,
+    token: i64,
+    account_id: &'a str,
+    posted: Vec<String>,
+    settlements: Vec<(String, String)>,
+    entries: Vec<LedgerEntry>,
+    total_minor: i64,
+    identity: &'a IdemRequest,
+    response: &'a StoredResponse,
+}
+
+/// `value` as one JSON text (a batch's bind on SQLite).
+fn json_text<T: serde::Serialize>(value: &T) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|e| StoreError::Corrupt(format!("a batch's bind is not JSON: {e}")))
+}
+
+/// A batch row's payout id.
+fn row_payout_id(raw: &str) -> Result<Uuid, StoreError> {
+    Uuid::parse_str(raw).map_err(|e| StoreError::Corrupt(format!("payouts: payout_id {raw:?} is not a UUID: {e}")))
+}
 
 fn pg_sql(sql: &str) -> std::borrow::Cow<'_, str> {
     Dialect::Postgres.sql(sql)
@@ -755,6 +1006,256 @@ macro_rules! sql_payment_store {
                 }
             }
 
+            /// Why a batch's fence refused (its UPDATE wrote nothing): `None` when there is no
+            /// such CUSTOMER account, else its stored fence, read now.
+            async fn account_fence_refused(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                account_id: &str,
+                token: i64,
+            ) -> Result<Option<i64>, StoreError> {
+                let q = $sql(ACCOUNT_FENCE_REFUSED_SQL);
+                let held = sqlx::query(&q)
+                    .bind(account_id.to_owned())
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .map_err(db_error)?;
+                let Some(r) = held else { return Ok(None) };
+                match rules::fence_check(get!(r, "fence"), token) {
+                    FenceVerdict::Fenced { highest_token } => Ok(Some(highest_token)),
+                    // Fences only rise: the account appeared between the two statements.
+                    FenceVerdict::Passes => Err(StoreError::Unavailable(format!(
+                        "account {account_id} appeared while its fence was checked; nothing was written"
+                    ))),
+                }
+            }
+
+            /// The batch claim inside its transaction, after its gate and fence (`fenced`:
+            /// the account's balance when the fence rose, and the batch's read). Each payout
+            /// of the account is decided by the claim rule in order on what the ones before
+            /// it left ([`rules::decide_claim_batch`]); every transition and the recorded
+            /// answer are then one statement (PostgreSQL) or one batch (SQLite). An outcome
+            /// that commits comes back with its recorded answer, for the caller to commit.
+            async fn claim_batch_in(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                b: &ClaimBatch,
+                i: &IdemRequest,
+                render: Render<'_, ClaimBatchOutcome>,
+                fenced: BatchFenceThen<<$db as sqlx::Database>::Row>,
+            ) -> Result<(ClaimBatchOutcome, Option<StoredResponse>), StoreError> {
+                let (balance, rows) = match fenced {
+                    (Some(balance), rows) => (balance, rows),
+                    (None, _) => {
+                        let outcome = match Self::account_fence_refused(tx, &b.account_id, b.token).await? {
+                            None => ClaimBatchOutcome::AccountNotFound,
+                            Some(highest_token) => ClaimBatchOutcome::Fenced { highest_token },
+                        };
+                        return Ok((outcome, None));
+                    }
+                };
+                // What the read found of each payout of the account (another account's is
+                // not found), and the account's reservation (every row carries it).
+                let mut unsettled = 0i64;
+                let mut read = std::collections::BTreeMap::new();
+                for row in rows {
+                    unsettled = get!(row, "unsettled_minor");
+                    if get!(row, "account_id", String) != b.account_id {
+                        continue;
+                    }
+                    let payout_id = row_payout_id(&get!(row, "payout_id", String))?;
+                    let state = parse_state(&get!(row, "state", String))?;
+                    let terms: (i64, String, String, i32) = (
+                        get!(row, "amount_minor"),
+                        get!(row, "currency"),
+                        get!(row, "beneficiary_ref"),
+                        get!(row, "attempt_count"),
+                    );
+                    read.insert(payout_id, (state, terms));
+                }
+                let facts: Vec<ClaimBatchFacts> = b
+                    .payouts
+                    .iter()
+                    .filter_map(|p| {
+                        read.get(&p.payout_id).map(|(state, terms)| ClaimBatchFacts {
+                            state: *state,
+                            expected: p.expected,
+                            amount_minor: terms.0,
+                        })
+                    })
+                    .collect();
+                let mut decisions = rules::decide_claim_batch(balance, unsettled, &facts)
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?
+                    .into_iter();
+                let mut items = Vec::with_capacity(b.payouts.len());
+                let mut moves: ClaimBatchMoves = Vec::new();
+                for p in &b.payouts {
+                    let Some((state, (amount, currency, beneficiary_ref, attempts))) = read.get(&p.payout_id) else {
+                        items.push((p.payout_id, ClaimOutcome::NotFound));
+                        continue;
+                    };
+                    let Some(decision) = decisions.next() else {
+                        return Err(StoreError::Corrupt("the batch claim rule decided fewer payouts than it read".into()));
+                    };
+                    let outcome = match decision {
+                        ClaimDecision::NotClaimable { state } => ClaimOutcome::NotClaimable { state },
+                        ClaimDecision::Claimed { reclaimed } => ClaimOutcome::Claimed {
+                            account_id: b.account_id.clone(),
+                            account_fence: b.token,
+                            attempt_count: *attempts,
+                            reclaimed,
+                            amount_minor: *amount,
+                            currency: currency.clone(),
+                            beneficiary_ref: beneficiary_ref.clone(),
+                        },
+                        ClaimDecision::InsufficientFunds { available_minor } => ClaimOutcome::InsufficientFunds {
+                            account_id: b.account_id.clone(),
+                            amount_minor: *amount,
+                            available_minor,
+                        },
+                    };
+                    if let Some(next) = decision.next_state() {
+                        moves.push((p.payout_id.to_string(), next, *state, *attempts));
+                    }
+                    items.push((p.payout_id, outcome));
+                }
+                let outcome = ClaimBatchOutcome::Decided { items };
+                if moves.is_empty() {
+                    return Ok((outcome, None));
+                }
+                let response = render(&outcome);
+                let expected = moves.len();
+                let w = ClaimBatchWrites { b, at: truncate_ms(b.at), moves, identity: i, response: &response };
+                match Self::claim_batch_move_and_record(tx, &w).await? {
+                    (moved, 1) if moved == expected => Ok((outcome, Some(response))),
+                    // A payout moved since the read (the proxy or an operator: neither takes
+                    // the account's row lock). The caller rolls back; a retry judges afresh.
+                    (moved, 1) if moved < expected => Err(StoreError::Unavailable(format!(
+                        "{} of the batch's payouts changed while they were claimed; nothing was written",
+                        expected - moved
+                    ))),
+                    (moved, recorded) => Err(StoreError::Corrupt(format!(
+                        "batch claim: {moved} of {expected} payouts moved, identity row written {recorded} times"
+                    ))),
+                }
+            }
+
+            /// The batch post inside its transaction, after its gate and fence: each payout
+            /// of the account decided by the post rule in order on the balance the ones
+            /// before it left ([`rules::decide_post_batch`]); every write and the recorded
+            /// answer then as one statement (PostgreSQL) or one batch (SQLite).
+            async fn post_batch_in(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                b: &PostBatch,
+                i: &IdemRequest,
+                render: Render<'_, PostBatchOutcome>,
+                fenced: BatchFenceThen<<$db as sqlx::Database>::Row>,
+            ) -> Result<(PostBatchOutcome, Option<StoredResponse>), StoreError> {
+                let (balance, rows) = match fenced {
+                    (Some(balance), rows) => (balance, rows),
+                    (None, _) => {
+                        let outcome = match Self::account_fence_refused(tx, &b.account_id, b.token).await? {
+                            None => PostBatchOutcome::AccountNotFound,
+                            Some(highest_token) => PostBatchOutcome::Fenced { highest_token },
+                        };
+                        return Ok((outcome, None));
+                    }
+                };
+                let at = truncate_ms(b.at);
+                let mut read = std::collections::BTreeMap::new();
+                for row in rows {
+                    if get!(row, "account_id", String) != b.account_id {
+                        continue;
+                    }
+                    let payout_id = row_payout_id(&get!(row, "payout_id", String))?;
+                    let state = parse_state(&get!(row, "state", String))?;
+                    let terms: (i64, String, bool) = (get!(row, "amount_minor"), get!(row, "currency"), get!(row, "acked"));
+                    read.insert(payout_id, (state, terms));
+                }
+                let facts: Vec<PostBatchFacts> = b
+                    .payouts
+                    .iter()
+                    .filter_map(|p| {
+                        read.get(&p.payout_id).map(|(state, (amount, _, acked))| PostBatchFacts {
+                            state: *state,
+                            acked: *acked,
+                            amount_minor: *amount,
+                        })
+                    })
+                    .collect();
+                let mut decisions =
+                    rules::decide_post_batch(balance, &facts).map_err(|e| StoreError::Corrupt(e.to_string()))?.into_iter();
+                let mut items = Vec::with_capacity(b.payouts.len());
+                let mut posted = Vec::new();
+                let mut settlements: Vec<(String, String)> = Vec::new();
+                let mut entries = Vec::new();
+                let (mut balance_after, mut total_minor) = (balance, 0i64);
+                for p in &b.payouts {
+                    let Some((_, (amount, currency, _))) = read.get(&p.payout_id) else {
+                        items.push((p.payout_id, PostOutcome::NotFound));
+                        continue;
+                    };
+                    let Some(decision) = decisions.next() else {
+                        return Err(StoreError::Corrupt("the batch post rule decided fewer payouts than it read".into()));
+                    };
+                    let outcome = match decision {
+                        PostDecision::NotClaimable { state } => PostOutcome::NotClaimable { state },
+                        PostDecision::RailMismatch => PostOutcome::RailMismatch,
+                        PostDecision::Posted { balance_after_minor } => {
+                            let pair = b.post(p).entries(&b.account_id, *amount, currency, at);
+                            let settlement = (settlement_account(currency), currency.clone());
+                            if !settlements.contains(&settlement) {
+                                settlements.push(settlement);
+                            }
+                            posted.push(p.payout_id.to_string());
+                            entries.extend(pair.iter().cloned());
+                            balance_after = balance_after_minor;
+                            total_minor = total_minor
+                                .checked_add(*amount)
+                                .ok_or_else(|| StoreError::Corrupt("a batch's posted total overflows".into()))?;
+                            PostOutcome::Posted {
+                                account_id: b.account_id.clone(),
+                                entries: pair,
+                                balance_minor: balance_after_minor,
+                            }
+                        }
+                    };
+                    items.push((p.payout_id, outcome));
+                }
+                let outcome = PostBatchOutcome::Decided { items };
+                if posted.is_empty() {
+                    return Ok((outcome, None));
+                }
+                let response = render(&outcome);
+                let expected = posted.len();
+                let w = PostBatchWrites {
+                    at,
+                    token: b.token,
+                    account_id: &b.account_id,
+                    posted,
+                    settlements,
+                    entries,
+                    total_minor,
+                    identity: i,
+                    response: &response,
+                };
+                let (moved, written, balance_minor, recorded) = Self::post_batch_writes(tx, &w).await?;
+                if moved != expected {
+                    // RAIL_ACKED moves only by a post, under the account's row lock: a payout
+                    // that did not move is one that changed since the read.
+                    return Err(StoreError::Unavailable(format!(
+                        "{} of the batch's payouts changed while they were posted; nothing was written",
+                        expected.saturating_sub(moved)
+                    )));
+                }
+                if written != w.entries.len() || balance_minor != balance_after || recorded != 1 {
+                    return Err(StoreError::Corrupt(format!(
+                        "batch post: {written} of {} entries written, balance {balance_minor} where the post rule says \
+                         {balance_after}, identity row written {recorded} times",
+                        w.entries.len()
+                    )));
+                }
+                Ok((outcome, Some(response)))
+            }
+
             async fn create_account_in(
                 tx: &mut sqlx::Transaction<'static, $db>,
                 a: &NewAccount,
@@ -1003,6 +1504,42 @@ macro_rules! sql_payment_store {
                 Self::commit_decided(tx, decided).await
             }
 
+            async fn claim_batch(
+                &self,
+                b: &ClaimBatch,
+                i: &IdemRequest,
+                r: Render<'_, ClaimBatchOutcome>,
+            ) -> Decided<ClaimBatchOutcome> {
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                let read = BatchRead::Claim { account_id: &b.account_id, payouts: &b.payouts };
+                let fenced =
+                    Self::batch_gate_fence_then(&mut tx, i, &b.account_id, b.token, truncate_ms(b.at), read).await?;
+                let fenced = match fenced {
+                    Ok(fenced) => fenced,
+                    Err(refused) => return Self::refused_at_gate(tx, refused).await,
+                };
+                let decided = Self::claim_batch_in(&mut tx, b, i, r, fenced).await?;
+                Self::commit_decided(tx, decided).await
+            }
+
+            async fn post_batch(
+                &self,
+                b: &PostBatch,
+                i: &IdemRequest,
+                r: Render<'_, PostBatchOutcome>,
+            ) -> Decided<PostBatchOutcome> {
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                let read = BatchRead::Post { payouts: &b.payouts };
+                let fenced =
+                    Self::batch_gate_fence_then(&mut tx, i, &b.account_id, b.token, truncate_ms(b.at), read).await?;
+                let fenced = match fenced {
+                    Ok(fenced) => fenced,
+                    Err(refused) => return Self::refused_at_gate(tx, refused).await,
+                };
+                let decided = Self::post_batch_in(&mut tx, b, i, r, fenced).await?;
+                Self::commit_decided(tx, decided).await
+            }
+
             async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {
                 let mut tx = self.pool.begin().await.map_err(db_error)?;
                 // The source states C2 allows an operator's abandon from.
@@ -1152,6 +1689,131 @@ impl PgPaymentStore {
         Ok(Ok((Some((account, balance)), row)))
     }
 
+    /// A batch's statement 0 and its fence (the account's own) as one statement, then, when
+    /// the fence rose, the batch's read as its own statement (its snapshot taken after the
+    /// fence's row lock, as a claim's reservation read). `Err(gate)`: the batch does not run.
+    async fn batch_gate_fence_then(
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        i: &IdemRequest,
+        account_id: &str,
+        token: i64,
+        at: DateTime<Utc>,
+        read: BatchRead<'_>,
+    ) -> Result<Result<BatchFenceThen<sqlx::postgres::PgRow>, Gate>, StoreError> {
+        let query = bind_gate!(sqlx::query(pg_batch_gate_fence_sql()), i)
+            .bind(token)
+            .bind(at)
+            .bind(account_id.to_owned())
+            .bind(token);
+        let r = query.fetch_one(&mut **tx).await.map_err(db_error)?;
+        let (gated, account): (i64, Option<String>) = (get!(r, "gated"), get!(r, "account_id", Option<String>));
+        if gated == 0 {
+            assert!(account.is_none(), "a batch's fence rose for a request its identity gate refused");
+            return Self::gate_live(tx, i).await.map(Err);
+        }
+        if account.is_none() {
+            return Ok(Ok((None, Vec::new())));
+        }
+        let Some(balance) = get!(r, "balance_minor", Option<i64>) else {
+            return Err(StoreError::Corrupt(format!("accounts: the fenced account {account_id} has no balance")));
+        };
+        let rows = match read {
+            BatchRead::Claim { account_id, payouts } => {
+                let ids: Vec<String> = payouts.iter().map(|p| p.payout_id.to_string()).collect();
+                sqlx::query(PG_CLAIM_BATCH_READ_SQL).bind(account_id.to_owned()).bind(ids).fetch_all(&mut **tx).await
+            }
+            BatchRead::Post { payouts } => {
+                let ids: Vec<String> = payouts.iter().map(|p| p.payout_id.to_string()).collect();
+                let submissions: Vec<String> = payouts.iter().map(|p| p.submission_id.to_string()).collect();
+                let references: Vec<String> = payouts.iter().map(|p| p.rail_reference.clone()).collect();
+                sqlx::query(PG_POST_BATCH_READ_SQL)
+                    .bind(ids)
+                    .bind(submissions)
+                    .bind(references)
+                    .fetch_all(&mut **tx)
+                    .await
+            }
+        }
+        .map_err(db_error)?;
+        Ok(Ok((Some(balance), rows)))
+    }
+
+    /// A batch claim's transitions and its recorded answer, one statement
+    /// ([`pg_claim_batch_move_and_record_sql`]): (payouts moved, identity rows written).
+    async fn claim_batch_move_and_record(
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        w: &ClaimBatchWrites<'_>,
+    ) -> Result<(usize, i64), StoreError> {
+        let ids: Vec<String> = w.moves.iter().map(|m| m.0.clone()).collect();
+        let next: Vec<&str> = w.moves.iter().map(|m| m.1.as_str()).collect();
+        let was: Vec<&str> = w.moves.iter().map(|m| m.2.as_str()).collect();
+        let attempts: Vec<i32> = w.moves.iter().map(|m| m.3).collect();
+        let row = sqlx::query(pg_claim_batch_move_and_record_sql())
+            .bind(w.b.token)
+            .bind(w.b.owner_id.clone())
+            .bind(w.at)
+            .bind(w.at)
+            .bind(ids)
+            .bind(next)
+            .bind(was)
+            .bind(attempts)
+            .bind(i32::from(w.response.status))
+            .bind(w.response.body.clone())
+            .bind(w.identity.operation.as_str())
+            .bind(w.identity.target_id.clone())
+            .bind(w.identity.key.clone())
+            .bind(w.identity.token)
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(db_error)?;
+        let moved: i64 = get!(row, "moved");
+        Ok((usize::try_from(moved).unwrap_or(0), get!(row, "recorded")))
+    }
+
+    /// A batch post's writes, one statement ([`pg_post_batch_writes_sql`]): (payouts moved,
+    /// entries written, the balance after, identity rows written).
+    async fn post_batch_writes(
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        w: &PostBatchWrites<'_>,
+    ) -> Result<(usize, usize, i64, i64), StoreError> {
+        let column = |f: fn(&LedgerEntry) -> String| w.entries.iter().map(f).collect::<Vec<String>>();
+        let row = sqlx::query(pg_post_batch_writes_sql())
+            .bind(w.at)
+            .bind(w.posted.clone())
+            .bind(AccountKind::Settlement.as_str())
+            .bind(w.at)
+            .bind(w.at)
+            .bind(w.settlements.iter().map(|s| s.0.clone()).collect::<Vec<String>>())
+            .bind(w.settlements.iter().map(|s| s.1.clone()).collect::<Vec<String>>())
+            .bind(w.token)
+            .bind(w.at)
+            .bind(column(|e| e.entry_id.to_string()))
+            .bind(column(|e| e.posting_id.to_string()))
+            .bind(column(|e| e.payout_id.map(|p| p.to_string()).unwrap_or_default()))
+            .bind(column(|e| e.account_id.clone()))
+            .bind(column(|e| e.direction.as_str().to_owned()))
+            .bind(w.entries.iter().map(|e| e.amount_minor).collect::<Vec<i64>>())
+            .bind(column(|e| e.currency.clone()))
+            .bind(w.total_minor)
+            .bind(w.at)
+            .bind(w.account_id.to_owned())
+            .bind(i32::from(w.response.status))
+            .bind(w.response.body.clone())
+            .bind(w.identity.operation.as_str())
+            .bind(w.identity.target_id.clone())
+            .bind(w.identity.key.clone())
+            .bind(w.identity.token)
+            .fetch_one(&mut **tx)
+            .await
+            .map_err(db_error)?;
+        let (moved, written): (i64, i64) = (get!(row, "moved"), get!(row, "entries"));
+        let Some(balance) = get!(row, "balance_minor", Option<i64>) else {
+            return Err(StoreError::Corrupt(format!("accounts: no account {} to debit", w.account_id)));
+        };
+        let count = |n: i64| usize::try_from(n).unwrap_or(0);
+        Ok((count(moved), count(written), balance, get!(row, "recorded")))
+    }
+
     /// The claim's transition and its recorded answer as one data-modifying statement
     /// ([`CLAIM_MOVE_AND_RECORD`]): (payouts moved, identity rows written).
     async fn move_and_record(
@@ -1247,6 +1909,125 @@ impl SqlitePaymentStore {
         let Some(r) = fence.rows.into_iter().next() else { return Ok(Ok((None, None))) };
         let fence = (get!(r, "account_id"), get!(r, "balance_minor"));
         Ok(Ok((Some(fence), row.rows.into_iter().next())))
+    }
+
+    /// A batch's statement 0, its fence (the account's own, chained to the gate with
+    /// `changes()`) and its read, in one batch (as [`Self::gate_fence_then`]). `Err(gate)`:
+    /// the batch does not run.
+    async fn batch_gate_fence_then(
+        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        i: &IdemRequest,
+        account_id: &str,
+        token: i64,
+        at: DateTime<Utc>,
+        read: BatchRead<'_>,
+    ) -> Result<Result<BatchFenceThen<sqlx::sqlite::SqliteRow>, Gate>, StoreError> {
+        static CLAIM: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        static POST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let batch = |read_sql: &str, binds: usize| {
+            dlock_db::sqlite_batch_sql(&[(GATE_SQL, 8), (ACCOUNT_FENCE_AFTER_GATE_SQL, 4), (read_sql, binds)])
+        };
+        let q = match read {
+            BatchRead::Claim { .. } => CLAIM.get_or_init(|| batch(SQLITE_CLAIM_BATCH_READ_SQL, 2)),
+            BatchRead::Post { .. } => POST.get_or_init(|| batch(SQLITE_POST_BATCH_READ_SQL, 1)),
+        };
+        let query = bind_gate!(sqlx::query(q), i).bind(token).bind(at).bind(account_id.to_owned()).bind(token);
+        let query = match read {
+            BatchRead::Claim { account_id, payouts } => {
+                let ids: Vec<String> = payouts.iter().map(|p| p.payout_id.to_string()).collect();
+                query.bind(account_id.to_owned()).bind(json_text(&ids)?)
+            }
+            BatchRead::Post { payouts } => {
+                let named: Vec<(String, String, &str)> = payouts
+                    .iter()
+                    .map(|p| (p.payout_id.to_string(), p.submission_id.to_string(), p.rail_reference.as_str()))
+                    .collect();
+                query.bind(json_text(&named)?)
+            }
+        };
+        let mut parts = dlock_db::sqlite_batch(tx, query, 3).await.map_err(db_error)?.into_iter();
+        let (gate, fence, rows) =
+            (parts.next().unwrap_or_default(), parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
+        if gate.rows.is_empty() {
+            assert!(fence.rows.is_empty(), "a batch's fence rose for a request its identity gate refused");
+            return Self::gate_live(tx, i).await.map(Err);
+        }
+        let Some(r) = fence.rows.into_iter().next() else { return Ok(Ok((None, Vec::new()))) };
+        Ok(Ok((Some(get!(r, "balance_minor")), rows.rows)))
+    }
+
+    /// A batch claim's transitions and its recorded answer, one batch
+    /// ([`sqlite_claim_batch_move_and_record_sql`]): (payouts moved, identity rows written).
+    async fn claim_batch_move_and_record(
+        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        w: &ClaimBatchWrites<'_>,
+    ) -> Result<(usize, i64), StoreError> {
+        let moves: Vec<(&str, &str, &str, i32)> =
+            w.moves.iter().map(|m| (m.0.as_str(), m.1.as_str(), m.2.as_str(), m.3)).collect();
+        let query = sqlx::query(sqlite_claim_batch_move_and_record_sql())
+            .bind(w.b.token)
+            .bind(w.b.owner_id.clone())
+            .bind(w.at)
+            .bind(w.at)
+            .bind(json_text(&moves)?)
+            .bind(i32::from(w.response.status))
+            .bind(w.response.body.clone())
+            .bind(w.identity.operation.as_str())
+            .bind(w.identity.target_id.clone())
+            .bind(w.identity.key.clone())
+            .bind(w.identity.token);
+        let parts = dlock_db::sqlite_batch(tx, query, 2).await.map_err(db_error)?;
+        let moved = usize::try_from(parts[0].rows_affected).unwrap_or(usize::MAX);
+        Ok((moved, i64::try_from(parts[1].rows_affected).unwrap_or(i64::MAX)))
+    }
+
+    /// A batch post's writes, one batch ([`sqlite_post_batch_writes_sql`]): (payouts moved,
+    /// entries written, the balance after, identity rows written).
+    async fn post_batch_writes(
+        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        w: &PostBatchWrites<'_>,
+    ) -> Result<(usize, usize, i64, i64), StoreError> {
+        type EntryRow = (String, String, Option<String>, String, &'static str, i64, String);
+        let entries: Vec<EntryRow> = w
+            .entries
+            .iter()
+            .map(|e| {
+                (
+                    e.entry_id.to_string(),
+                    e.posting_id.to_string(),
+                    e.payout_id.map(|p| p.to_string()),
+                    e.account_id.clone(),
+                    e.direction.as_str(),
+                    e.amount_minor,
+                    e.currency.clone(),
+                )
+            })
+            .collect();
+        let query = sqlx::query(sqlite_post_batch_writes_sql())
+            .bind(w.at)
+            .bind(json_text(&w.posted)?)
+            .bind(AccountKind::Settlement.as_str())
+            .bind(w.at)
+            .bind(w.at)
+            .bind(json_text(&w.settlements)?)
+            .bind(w.token)
+            .bind(w.at)
+            .bind(json_text(&entries)?)
+            .bind(w.total_minor)
+            .bind(w.at)
+            .bind(w.account_id.to_owned())
+            .bind(i32::from(w.response.status))
+            .bind(w.response.body.clone())
+            .bind(w.identity.operation.as_str())
+            .bind(w.identity.target_id.clone())
+            .bind(w.identity.key.clone())
+            .bind(w.identity.token);
+        let parts = dlock_db::sqlite_batch(tx, query, 5).await.map_err(db_error)?;
+        let Some(row) = parts[3].rows.first() else {
+            return Err(StoreError::Corrupt(format!("accounts: no account {} to debit", w.account_id)));
+        };
+        let count = |k: usize| usize::try_from(parts[k].rows_affected).unwrap_or(usize::MAX);
+        Ok((count(0), count(2), get!(row, "balance_minor"), i64::try_from(parts[4].rows_affected).unwrap_or(i64::MAX)))
     }
 
     /// The claim's transition ([`CLAIM_MOVE_SQL`]) and its recorded answer ([`RECORD_SQL`])
@@ -1530,6 +2311,88 @@ mod tests {
         assert!(q.contains("WHERE payout_id = $11) AND fence < $12 AND EXISTS (SELECT 1 FROM gate)"), "{q}");
         assert!(!q.contains("$13"), "{q}");
     }
+
+    /// E-19: a batch's statements are built once, whatever its size (the payouts travel as
+    /// one array or JSON bind), with their placeholders in order (the builders assert it).
+    #[test]
+    fn the_batch_statements_have_one_text_whatever_the_batch_size() {
+        let pg = [
+            pg_batch_gate_fence_sql(),
+            PG_CLAIM_BATCH_READ_SQL,
+            PG_POST_BATCH_READ_SQL,
+            pg_claim_batch_move_and_record_sql(),
+            pg_post_batch_writes_sql(),
+        ];
+        for (q, last) in pg.iter().zip([12, 2, 3, 14, 25]) {
+            assert!(q.contains(&format!("${last}")) && !q.contains(&format!("${}", last + 1)), "{q}");
+        }
+        assert!(pg_batch_gate_fence_sql().contains("WHERE account_id = $11 AND kind = 'CUSTOMER' AND fence < $12"));
+        assert!(PG_CLAIM_BATCH_READ_SQL.ends_with("= ANY($2)"));
+        for q in [sqlite_claim_batch_move_and_record_sql(), sqlite_post_batch_writes_sql()] {
+            assert!(!q.contains('$'), "SQLite binds anonymously: {q}");
+        }
+        assert!(SQLITE_CLAIM_BATCH_READ_SQL.ends_with("IN (SELECT value FROM json_each($2))"));
+    }
+
+    /// E-19: a batch claim's transitions are conditional, each on the state and attempt count
+    /// the batch's read saw (as a single claim's): a payout that moved since is not written
+    /// (the caller then answers `Unavailable` and rolls back).
+    macro_rules! a_batch_claim_moves_only_what_it_read {
+        ($name:ident, $store:ty, $db:expr, $sql:path) => {
+            #[tokio::test]
+            async fn $name() {
+                let (store, at, _url, _dir) = seed!($store, $db, fresh);
+                let (p1, p2, p3) = (Uuid::from_u128(81), Uuid::from_u128(82), Uuid::from_u128(83));
+                seed!(store, $sql, at, account);
+                for p in [p1, p2, p3] {
+                    seed!(store, $sql, at, payout p);
+                }
+                let b = ClaimBatch { account_id: "acct".into(), token: 5, owner_id: "o".into(), payouts: Vec::new(), at };
+                let identity = IdemRequest {
+                    operation: crate::store::Operation::Claim,
+                    target_id: "account:acct".into(),
+                    key: "k".into(),
+                    token: 5,
+                    owner_id: "o".into(),
+                    fingerprint: "a".repeat(64),
+                    at,
+                    expires_at: at + chrono::Duration::days(1),
+                };
+                let response = StoredResponse { status: 200, body: b"{}".to_vec() };
+                let (pending, claimed) = (PayoutState::Pending, PayoutState::Claimed);
+                let moves = vec![
+                    (p1.to_string(), claimed, pending, 0),
+                    // Read as CLAIMED (it is PENDING now), read with another attempt count.
+                    (p2.to_string(), claimed, claimed, 0),
+                    (p3.to_string(), claimed, pending, 1),
+                ];
+                let w = ClaimBatchWrites { b: &b, at, moves, identity: &identity, response: &response };
+                let mut tx = store.pool.begin().await.expect("begin");
+                let (moved, recorded) = <$store>::claim_batch_move_and_record(&mut tx, &w).await.expect("moves");
+                assert_eq!((moved, recorded), (1, 0), "only p1 moved; no identity row to record in");
+                let state: String = sqlx::query_scalar(&$sql("SELECT state FROM payouts WHERE payout_id = $1"))
+                    .bind(p1.to_string())
+                    .fetch_one(&mut *tx)
+                    .await
+                    .expect("state");
+                assert_eq!(state, "CLAIMED");
+                tx.rollback().await.expect("rollback");
+            }
+        };
+    }
+
+    a_batch_claim_moves_only_what_it_read!(
+        a_batch_claims_transitions_move_only_payouts_still_as_its_read_saw_them,
+        SqlitePaymentStore,
+        dlock_testkit::Db::Sqlite,
+        sqlite_sql
+    );
+    a_batch_claim_moves_only_what_it_read!(
+        on_postgresql_a_batch_claims_transitions_move_only_payouts_still_as_its_read_saw_them,
+        PgPaymentStore,
+        dlock_testkit::Db::Postgres,
+        pg_sql
+    );
 
     #[tokio::test]
     async fn post_statement_moves_exactly_when_the_post_rule_posts() {

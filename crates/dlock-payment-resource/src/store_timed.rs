@@ -13,9 +13,10 @@ use dlock_rt::Clock;
 use uuid::Uuid;
 
 use crate::store::{
-    AbandonOutcome, AccountView, AmbiguousResolution, Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
-    Decided, IdemRequest, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView, Post,
-    PostOutcome, Render, ResolutionRow, ResolveOutcome, StoreError,
+    AbandonOutcome, AccountView, AmbiguousResolution, Claim, ClaimBatch, ClaimBatchOutcome, ClaimOutcome,
+    CreateAccountOutcome, CreatePayoutOutcome, Decided, IdemRequest, LedgerEntry, ListQuery, NewAccount, NewPayout,
+    PaymentStore, PayoutSummary, PayoutView, Post, PostBatch, PostBatchOutcome, PostOutcome, Render, ResolutionRow,
+    ResolveOutcome, StoreError,
 };
 
 /// The `op` tag of `payout_store_op_seconds`: one value per [`PaymentStore`] method.
@@ -27,6 +28,8 @@ pub enum PaymentStoreOp {
     CreatePayout,
     Claim,
     Post,
+    ClaimBatch,
+    PostBatch,
     Abandon,
     ResolveAmbiguous,
     Resolutions,
@@ -53,6 +56,8 @@ impl ClosedTag for PaymentStoreOp {
             CreatePayout,
             Claim,
             Post,
+            ClaimBatch,
+            PostBatch,
             Abandon,
             ResolveAmbiguous,
             Resolutions,
@@ -76,6 +81,8 @@ impl ClosedTag for PaymentStoreOp {
             PaymentStoreOp::CreatePayout => "create_payout",
             PaymentStoreOp::Claim => "claim",
             PaymentStoreOp::Post => "post",
+            PaymentStoreOp::ClaimBatch => "claim_batch",
+            PaymentStoreOp::PostBatch => "post_batch",
             PaymentStoreOp::Abandon => "abandon",
             PaymentStoreOp::ResolveAmbiguous => "resolve_ambiguous",
             PaymentStoreOp::Resolutions => "resolutions",
@@ -144,6 +151,24 @@ impl PaymentStore for TimedPaymentStore {
 
     async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
         self.write(PaymentStoreOp::Post, self.inner.post(p, i, r)).await
+    }
+
+    async fn claim_batch(
+        &self,
+        b: &ClaimBatch,
+        i: &IdemRequest,
+        r: Render<'_, ClaimBatchOutcome>,
+    ) -> Decided<ClaimBatchOutcome> {
+        self.write(PaymentStoreOp::ClaimBatch, self.inner.claim_batch(b, i, r)).await
+    }
+
+    async fn post_batch(
+        &self,
+        b: &PostBatch,
+        i: &IdemRequest,
+        r: Render<'_, PostBatchOutcome>,
+    ) -> Decided<PostBatchOutcome> {
+        self.write(PaymentStoreOp::PostBatch, self.inner.post_batch(b, i, r)).await
     }
 
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {

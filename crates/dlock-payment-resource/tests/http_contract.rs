@@ -682,3 +682,454 @@ async fn each_injected_store_fault_of_a_claim_maps_to_its_code_and_retry_safety(
         assert_eq!(again.status, 200, "{fault:?}: {}", again.json);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// P2b, P3b: batches (C3-extensions E-19)
+// ---------------------------------------------------------------------------------------
+
+/// The trace every batch test sends (so that envelopes can be compared byte for byte).
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
+/// A fenced write's headers under the test trace, signed for a grant of `payout:{account}`.
+fn account_headers<'a>(account: &str, token: &'a str, owner: &'a str, key: &'a str) -> Vec<(&'a str, &'a str)> {
+    let mut h = write_headers(owner, key);
+    h.push(("x-fencing-token", token));
+    h.push(("traceparent", TRACEPARENT));
+    if let Ok(t) = token.parse::<i64>() {
+        let sig: &'static str =
+            Box::leak(dlock_contract::grant::testing::sign_payout(account, t, owner).into_boxed_str());
+        h.push(("x-fencing-signature", sig));
+    }
+    h
+}
+
+async fn claim_batch(app: &axum::Router, account: &str, token: i64, key: &str, payouts: &[(Uuid, &str)]) -> Answer {
+    let items: Vec<Value> = payouts.iter().map(|(p, e)| json!({"payoutId": p, "expectedState": e})).collect();
+    let body = json!({ "payouts": items }).to_string();
+    let t = token.to_string();
+    let uri = format!("/v1/accounts/{account}/claims");
+    send(app, "POST", &uri, &account_headers(account, &t, "w-1", key), Some(&body)).await
+}
+
+async fn post_batch(
+    app: &axum::Router,
+    account: &str,
+    token: i64,
+    key: &str,
+    payouts: &[(Uuid, Uuid, &str)],
+) -> Answer {
+    let items: Vec<Value> = payouts
+        .iter()
+        .map(|(p, s, r)| json!({"payoutId": p, "submissionId": s, "railReference": r, "railOutcome": "ACKED"}))
+        .collect();
+    let body = json!({ "payouts": items }).to_string();
+    let t = token.to_string();
+    let uri = format!("/v1/accounts/{account}/posts");
+    send(app, "POST", &uri, &account_headers(account, &t, "w-1", key), Some(&body)).await
+}
+
+/// P2 and P3 of one payout under the test trace, with the given key.
+async fn single(app: &axum::Router, path: &str, token: i64, key: &str, body: Value) -> Answer {
+    let t = token.to_string();
+    send(app, "POST", path, &account_headers("acct-1", &t, "w-1", key), Some(&body.to_string())).await
+}
+
+async fn create_payout_as(app: &axum::Router, id: Uuid, account: &str, amount: i64) {
+    let body = json!({"payoutId": id, "accountId": account, "amountMinor": amount, "currency": "EUR",
+        "beneficiaryRef": "bene-1"})
+    .to_string();
+    let a = send(app, "POST", "/v1/payouts", &write_headers("ops", &format!("create:{id}")), Some(&body)).await;
+    assert_eq!(a.status, 201, "{}", a.json);
+}
+
+/// Each item of a batch's answer: its status and its body's bytes as they are on the wire.
+fn raw_items(a: &Answer) -> Vec<(u16, String)> {
+    #[derive(serde::Deserialize)]
+    struct Item {
+        status: u16,
+        body: Box<serde_json::value::RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Batch {
+        items: Vec<Item>,
+    }
+    let b: Batch = serde_json::from_slice(&a.bytes).expect("a batch answer");
+    b.items.into_iter().map(|i| (i.status, i.body.get().to_owned())).collect()
+}
+
+/// A body with every `entryId` blanked (fresh per request).
+fn without_entry_ids(mut v: Value) -> Value {
+    if let Some(entries) = v.get_mut("entries").and_then(Value::as_array_mut) {
+        for e in entries {
+            e["entryId"] = Value::Null;
+        }
+    }
+    v
+}
+
+#[tokio::test]
+async fn p2b_answers_each_payout_exactly_as_p2_would_in_the_same_situation() {
+    let (p1, p2, p3, missing) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    // 1 000 on the account: p1 (600) fits, p2 (500) then does not, p3 is already CLAIMED.
+    let setup = || async {
+        let r = rig().await;
+        create_account(&r.app, "acct-1", 1_000).await;
+        create_payout_as(&r.app, p1, "acct-1", 600).await;
+        create_payout_as(&r.app, p2, "acct-1", 500).await;
+        create_payout_as(&r.app, p3, "acct-1", 100).await;
+        assert_eq!(claim(&r.app, p3, 2, "PENDING").await.status, 200);
+        r
+    };
+    let items = [(p1, "PENDING"), (p2, "PENDING"), (p3, "PENDING"), (missing, "PENDING")];
+    let r = setup().await;
+    let batch = claim_batch(&r.app, "acct-1", 5, "k-batch", &items).await;
+    assert_eq!(batch.status, 200, "{}", batch.json);
+    assert_eq!(batch.content_type, CONTENT_TYPE_JSON);
+    let answer: dlock_contract::batch::BatchAnswer = serde_json::from_slice(&batch.bytes).expect("BatchAnswer");
+    assert_eq!((answer.account_id.as_str(), answer.presented_token), ("acct-1", 5));
+    assert_eq!(answer.items.iter().map(|i| i.payout_id).collect::<Vec<_>>(), vec![p1, p2, p3, missing]);
+    assert_eq!(answer.items.iter().map(|i| i.status).collect::<Vec<_>>(), vec![200, 422, 409, 404]);
+    for item in &answer.items[1..] {
+        assert_eq!(item.envelope().map(|e| e.trace_id), Some(TRACE_ID.to_owned()), "the batch's trace id");
+    }
+    let raw = raw_items(&batch);
+    // Each item against P2 of that payout, under the same token and key, on an account as
+    // the payouts before it in the batch left it (a twin paydb, brought there by a batch
+    // under an older token).
+    for (k, (payout, expected)) in items.iter().enumerate() {
+        let twin = setup().await;
+        if k > 0 {
+            assert_eq!(claim_batch(&twin.app, "acct-1", 4, "k-earlier", &items[..k]).await.status, 200);
+        }
+        let path = format!("/v1/payouts/{payout}/claim");
+        let one = single(&twin.app, &path, 5, "k-batch", json!({"expectedState": expected})).await;
+        assert_eq!(raw[k].0, one.status, "payout #{k}: {}", one.json);
+        assert_eq!(raw[k].1.as_bytes(), &one.bytes[..], "payout #{k}: the item is P2's answer, byte for byte");
+    }
+    // The batch's effects are the singles': p1 CLAIMED, p2 FAILED, p3 untouched.
+    let states: Vec<Value> = futures::future::join_all([p1, p2, p3].map(|p| {
+        let app = r.app.clone();
+        async move { send(&app, "GET", &format!("/v1/payouts/{p}"), &[], None).await.json["state"].clone() }
+    }))
+    .await;
+    assert_eq!(states, vec![json!("CLAIMED"), json!("FAILED"), json!("CLAIMED")]);
+    let acct = send(&r.app, "GET", "/v1/accounts/acct-1", &[], None).await;
+    assert_eq!((acct.json["fence"].clone(), acct.json["availableMinor"].clone()), (json!(5), json!(300)));
+}
+
+#[tokio::test]
+async fn p3b_answers_each_payout_exactly_as_p3_would_in_the_same_situation() {
+    let (p1, p2, p3, missing) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    // p1 and p2 acknowledged by the rail, p3 still CLAIMED.
+    let setup = || async {
+        let r = rig().await;
+        create_account(&r.app, "acct-1", 1_000).await;
+        create_payout_as(&r.app, p1, "acct-1", 600).await;
+        create_payout_as(&r.app, p2, "acct-1", 300).await;
+        create_payout_as(&r.app, p3, "acct-1", 100).await;
+        let all = [(p1, "PENDING"), (p2, "PENDING"), (p3, "PENDING")];
+        assert_eq!(claim_batch(&r.app, "acct-1", 1, "k-claims", &all).await.status, 200);
+        let s1 = through_rail(&r.paydb, p1, "acct-1", 1, Resolution::Acked { rail_reference: "ref-1".into() }).await;
+        let s2 = through_rail(&r.paydb, p2, "acct-1", 2, Resolution::Acked { rail_reference: "ref-2".into() }).await;
+        (r, s1, s2)
+    };
+    let (other_s, other_p) = (Uuid::new_v4(), Uuid::new_v4());
+    let items_of = |s1: Uuid, s2: Uuid| {
+        vec![(p1, s1, "ref-1"), (p2, s2, "ref-wrong"), (p3, other_s, "ref-3"), (missing, other_p, "ref-4")]
+    };
+    let (r, s1, s2) = setup().await;
+    let batch = post_batch(&r.app, "acct-1", 6, "k-posts", &items_of(s1, s2)).await;
+    assert_eq!(batch.status, 200, "{}", batch.json);
+    let answer: dlock_contract::batch::BatchAnswer = serde_json::from_slice(&batch.bytes).expect("BatchAnswer");
+    assert_eq!(answer.items.iter().map(|i| i.status).collect::<Vec<_>>(), vec![200, 400, 409, 404]);
+    let raw = raw_items(&batch);
+    for k in 0..4 {
+        let (twin, t1, t2) = setup().await;
+        let items = items_of(t1, t2);
+        if k > 0 {
+            assert_eq!(post_batch(&twin.app, "acct-1", 5, "k-earlier", &items[..k]).await.status, 200);
+        }
+        let (payout, submission, reference) = items[k];
+        let body = json!({"railReference": reference, "submissionId": submission, "railOutcome": "ACKED"});
+        let one = single(&twin.app, &format!("/v1/payouts/{payout}/post"), 6, "k-posts", body).await;
+        assert_eq!(raw[k].0, one.status, "payout #{k}: {}", one.json);
+        if one.status == 200 {
+            // Entry ids are fresh per posting; everything else is P3's.
+            let item: Value = serde_json::from_str(&raw[k].1).expect("json");
+            assert_eq!(without_entry_ids(item), without_entry_ids(one.json.clone()), "payout #{k}");
+        } else {
+            assert_eq!(raw[k].1.as_bytes(), &one.bytes[..], "payout #{k}: the item is P3's answer, byte for byte");
+        }
+    }
+    let ok = &answer.items[0].body;
+    assert_eq!((ok["state"].clone(), ok["balanceMinor"].clone()), (json!("POSTED"), json!(400)));
+    let entries = ok["entries"].as_array().expect("entries");
+    assert_eq!(entries.len(), 2);
+    assert!(entries.iter().all(|e| e["fence"] == 6 && e["amountMinor"] == 600));
+    let acct = send(&r.app, "GET", "/v1/accounts/acct-1", &[], None).await;
+    assert_eq!((acct.json["balanceMinor"].clone(), acct.json["ledgerSumMinor"].clone()), (json!(400), json!(400)));
+}
+
+#[tokio::test]
+async fn a_batch_answers_what_concerns_the_whole_request_with_one_envelope_and_writes_nothing() {
+    let r = rig().await;
+    create_account(&r.app, "acct-1", 1_000).await;
+    create_account(&r.app, "acct-2", 1_000).await;
+    let p = create_payout(&r.app, "acct-1", 100).await;
+    let records = PaymentStore::idempotency_record_count(&*r.paydb).await.expect("count");
+    // Valid for both P2b and P3b (each reads its own fields).
+    let element = json!({"payoutId": p, "expectedState": "PENDING", "submissionId": p, "railReference": "r",
+        "railOutcome": "ACKED"});
+    let body = json!({ "payouts": [element.clone()] }).to_string();
+    for tail in ["claims", "posts"] {
+        let uri = format!("/v1/accounts/acct-1/{tail}");
+        // 400 INVALID_TOKEN: absent, zero.
+        let a = send(&r.app, "POST", &uri, &write_headers("w-1", "k"), Some(&body)).await;
+        assert_envelope(&a, 400, "INVALID_TOKEN");
+        let a = send(&r.app, "POST", &uri, &account_headers("acct-1", "0", "w-1", "k"), Some(&body)).await;
+        assert_envelope(&a, 400, "INVALID_TOKEN");
+        // 400 VALIDATION_FAILED: no owner, no key, a path that is no account id.
+        let mut no_owner = account_headers("acct-1", "5", "w-1", "k");
+        no_owner.retain(|(h, _)| *h != "x-owner-id");
+        assert_envelope(&send(&r.app, "POST", &uri, &no_owner, Some(&body)).await, 400, "VALIDATION_FAILED");
+        let mut no_key = account_headers("acct-1", "5", "w-1", "k");
+        no_key.retain(|(h, _)| *h != "x-idempotency-key");
+        assert_envelope(&send(&r.app, "POST", &uri, &no_key, Some(&body)).await, 400, "VALIDATION_FAILED");
+        let bad_path = format!("/v1/accounts/a%20b/{tail}");
+        let a = send(&r.app, "POST", &bad_path, &account_headers("a b", "5", "w-1", "k"), Some(&body)).await;
+        assert_envelope(&a, 400, "VALIDATION_FAILED");
+        assert_eq!(a.json["details"]["fields"][0]["field"], "accountId");
+        // 400 VALIDATION_FAILED with the field list: no payouts, one named twice.
+        for (bad, field) in [
+            (json!({"payouts": []}), "payouts"),
+            (json!({ "payouts": [element.clone(), element.clone()] }), "payouts[1].payoutId"),
+        ] {
+            let a =
+                send(&r.app, "POST", &uri, &account_headers("acct-1", "5", "w-1", "k"), Some(&bad.to_string())).await;
+            assert_envelope(&a, 400, "VALIDATION_FAILED");
+            assert_eq!(a.json["details"]["fields"][0]["field"], field, "{}", a.json);
+        }
+        // 400 INVALID_TOKEN: the signature is checked against the path's account.
+        let a = send(&r.app, "POST", &uri, &account_headers("acct-2", "5", "w-1", "k"), Some(&body)).await;
+        assert_envelope(&a, 400, "INVALID_TOKEN");
+        // 404: no such account.
+        let unknown = format!("/v1/accounts/nobody/{tail}");
+        let a = send(&r.app, "POST", &unknown, &account_headers("nobody", "5", "w-1", "k"), Some(&body)).await;
+        assert_envelope(&a, 404, "NOT_FOUND");
+    }
+    let typed = claim_batch(&r.app, "acct-1", 5, "k", &[(p, "POSTED")]).await;
+    assert_envelope(&typed, 400, "VALIDATION_FAILED");
+    assert_eq!(typed.json["details"]["fields"][0]["field"], "payouts[0].expectedState");
+    // Nothing was written by any of them.
+    assert_eq!(PaymentStore::idempotency_record_count(&*r.paydb).await.expect("count"), records);
+    let acct = send(&r.app, "GET", "/v1/accounts/acct-1", &[], None).await;
+    assert_eq!(acct.json["fence"], 0);
+    // 422: the same key and token with another body.
+    assert_eq!(claim_batch(&r.app, "acct-1", 5, "k", &[(p, "PENDING")]).await.status, 200);
+    let q = create_payout(&r.app, "acct-1", 100).await;
+    let a = claim_batch(&r.app, "acct-1", 5, "k", &[(q, "PENDING")]).await;
+    assert_envelope(&a, 422, "IDEMPOTENCY_CONFLICT");
+    assert_eq!(a.json["details"], json!({"operation": "CLAIM", "targetId": "account:acct-1"}));
+    // A payout of another account is that item's 404, and its account is untouched.
+    let foreign = create_payout(&r.app, "acct-2", 100).await;
+    let a = claim_batch(&r.app, "acct-1", 6, "k-6", &[(foreign, "PENDING"), (q, "PENDING")]).await;
+    assert_eq!(a.status, 200, "{}", a.json);
+    assert_eq!((a.json["items"][0]["status"].clone(), a.json["items"][1]["status"].clone()), (json!(404), json!(200)));
+    let other = send(&r.app, "GET", "/v1/accounts/acct-2", &[], None).await;
+    assert_eq!(other.json["fence"], 0);
+}
+
+#[tokio::test]
+async fn a_fenced_batch_is_one_fenced_out_with_the_accounts_details_logged_and_counted_once() {
+    let captured = Captured::default();
+    let sink = captured.clone();
+    let subscriber = tracing_subscriber::fmt().json().with_writer(move || sink.clone()).finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let r = rig().await;
+    create_account(&r.app, "acct-1", 1_000).await;
+    let p1 = create_payout(&r.app, "acct-1", 100).await;
+    let p2 = create_payout(&r.app, "acct-1", 100).await;
+    assert_eq!(claim(&r.app, p1, 8, "PENDING").await.status, 200);
+    let stale = claim_batch(&r.app, "acct-1", 7, "k-stale", &[(p2, "PENDING"), (p1, "CLAIMED")]).await;
+    assert_envelope(&stale, 409, "FENCED_OUT");
+    assert_eq!(stale.json["retrySafe"], false);
+    assert_eq!(
+        stale.json["details"],
+        json!({"presentedToken": 7, "highestToken": 8, "resourceType": "account", "resourceId": "acct-1",
+            "ownerId": "w-1"})
+    );
+    assert_eq!(stale.json["traceId"], TRACE_ID);
+    // The claim's own token at the ledger: a post batch needs a newer grant.
+    let post = post_batch(&r.app, "acct-1", 8, "k-post", &[(p1, Uuid::new_v4(), "ref")]).await;
+    assert_envelope(&post, 409, "FENCED_OUT");
+    assert_eq!(
+        post.json["details"],
+        json!({"presentedToken": 8, "highestToken": 8, "resourceType": "ledger", "resourceId": "acct-1",
+            "ownerId": "w-1"})
+    );
+
+    let text = String::from_utf8(captured.0.lock().expect("lock").clone()).expect("utf8");
+    let lines: Vec<Value> = text
+        .lines()
+        .filter(|l| l.contains("\"fenced_out\""))
+        .map(|l| serde_json::from_str(l).expect("json log line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "one log line per refused batch: {text}");
+    assert_eq!(lines[0]["fields"]["resource"], "account");
+    assert_eq!(lines[0]["fields"]["resourceId"], "acct-1");
+    assert_eq!(lines[0]["fields"]["presentedToken"], 7);
+    assert_eq!(lines[1]["fields"]["resource"], "ledger");
+
+    let m = send(&r.app, "GET", "/metrics", &[], None).await;
+    let text = String::from_utf8(m.bytes).expect("utf8");
+    for series in [
+        "lock_fenced_out_total{resource=\"account\"} 1",
+        "lock_fenced_out_total{resource=\"ledger\"} 1",
+        // Per payout, as the single writes would count them.
+        "payout_claim_total{outcome=\"fenced\"} 2",
+        "payout_post_total{outcome=\"fenced\"} 1",
+    ] {
+        assert!(text.contains(series), "{series} missing from\n{text}");
+    }
+    let v1 = send(&r.app, "GET", &format!("/v1/payouts/{p2}"), &[], None).await;
+    assert_eq!(v1.json["state"], "PENDING");
+}
+
+#[tokio::test]
+async fn a_batch_replays_its_bytes_and_counts_each_payout_as_its_single_write() {
+    let r = rig().await;
+    create_account(&r.app, "acct-1", 1_000).await;
+    let p1 = create_payout(&r.app, "acct-1", 600).await;
+    let p2 = create_payout(&r.app, "acct-1", 500).await;
+    let p3 = create_payout(&r.app, "acct-1", 100).await;
+    let items = [(p1, "PENDING"), (p2, "PENDING"), (p3, "CLAIMED")];
+    let first = claim_batch(&r.app, "acct-1", 5, "k", &items).await;
+    assert_eq!(first.status, 200, "{}", first.json);
+    let records = PaymentStore::idempotency_record_count(&*r.paydb).await.expect("count");
+    let replay = claim_batch(&r.app, "acct-1", 5, "k", &items).await;
+    assert_eq!((replay.status, &replay.bytes), (200, &first.bytes), "a replay is the recorded bytes");
+    // A batch that moves nothing is answered, not recorded, and judged afresh.
+    let idle = [(p3, "CLAIMED")];
+    let a = claim_batch(&r.app, "acct-1", 6, "k-idle", &idle).await;
+    assert_eq!((a.status, a.json["items"][0]["status"].clone()), (200, json!(409)));
+    assert_eq!(PaymentStore::idempotency_record_count(&*r.paydb).await.expect("count"), records);
+    assert_eq!(send(&r.app, "GET", "/v1/accounts/acct-1", &[], None).await.json["fence"], 5);
+    assert_eq!(claim(&r.app, p3, 6, "PENDING").await.status, 200);
+    let a = claim_batch(&r.app, "acct-1", 7, "k-idle", &[(p3, "CLAIMED")]).await;
+    assert_eq!(a.json["items"][0]["status"], 200, "{}", a.json);
+
+    let m = send(&r.app, "GET", "/metrics", &[], None).await;
+    let text = String::from_utf8(m.bytes).expect("utf8");
+    for series in [
+        "payout_claim_total{outcome=\"claimed\"} 2",
+        "payout_claim_total{outcome=\"reclaimed\"} 1",
+        "payout_claim_total{outcome=\"insufficient_funds\"} 1",
+        "payout_claim_total{outcome=\"not_claimable\"} 2",
+        "idempotency_request_total{outcome=\"replayed\"} 1",
+        "payout_store_op_seconds_count{op=\"claim_batch\"} 4",
+        // The grant of a batch is its path's account's: nothing is read for it.
+        "payout_store_op_seconds_count{op=\"payout_account\"} 1",
+    ] {
+        assert!(text.contains(series), "{series} missing from\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn each_injected_store_fault_of_a_batch_maps_to_its_code_and_retry_safety() {
+    use dlock_payment_resource::store::StoreFault;
+    use dlock_payment_resource::store_fault::FaultyPaymentStore;
+    // (operation, class, status, code, retrySafe, the batch committed)
+    let cases = [
+        ("claim_batch", StoreFault::Unavailable, 503, "NOT_READY", true, false),
+        ("claim_batch", StoreFault::CommitUnknown, 500, "INTERNAL", false, true),
+        ("claim_batch", StoreFault::Corrupt, 500, "INTERNAL", false, false),
+        ("post_batch", StoreFault::Unavailable, 503, "NOT_READY", true, false),
+        ("post_batch", StoreFault::CommitUnknown, 500, "INTERNAL", false, true),
+    ];
+    for (op, fault, status, code, retry_safe, committed) in cases {
+        let paydb = Arc::new(MemPaydb::new());
+        let faulty = Arc::new(FaultyPaymentStore::new(paydb.clone()));
+        let app = router(PaymentResource::start(faulty.clone(), payment_cfg(), Clock::system()).await.expect("start"));
+        assert_eq!(create_account(&app, "acct-1", 10_000).await.status, 201);
+        let p = create_payout(&app, "acct-1", 500).await;
+        let a = if op == "claim_batch" {
+            faulty.faults.inject(op, fault);
+            claim_batch(&app, "acct-1", 7, "k", &[(p, "PENDING")]).await
+        } else {
+            assert_eq!(claim(&app, p, 6, "PENDING").await.status, 200);
+            let s = through_rail(&paydb, p, "acct-1", 6, Resolution::Acked { rail_reference: "ref".into() }).await;
+            faulty.faults.inject(op, fault);
+            post_batch(&app, "acct-1", 7, "k", &[(p, s, "ref")]).await
+        };
+        assert_envelope(&a, status, code);
+        assert_eq!(a.json["retrySafe"], retry_safe, "{op} {fault:?}: {}", a.json);
+        let state = PaymentStore::payout(&*paydb, p).await.expect("read").expect("exists").state;
+        let moved = if op == "claim_batch" { "CLAIMED" } else { "POSTED" };
+        let stayed = if op == "claim_batch" { "PENDING" } else { "RAIL_ACKED" };
+        assert_eq!(state.as_str(), if committed { moved } else { stayed }, "{op} {fault:?}");
+    }
+}
+
+/// Records the payment-resource's `fenced_write` events.
+#[derive(Default)]
+struct Events(Mutex<Vec<dlock_rt::events::Fields>>);
+
+impl dlock_rt::events::Sink for Events {
+    fn record(&self, _node: &str, kind: &'static str, fields: dlock_rt::events::Fields) {
+        if kind == "fenced_write" {
+            if let Ok(mut v) = self.0.lock() {
+                v.push(fields);
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn each_payout_of_a_batch_emits_its_single_writes_fenced_write_event() {
+    let events = Arc::new(Events::default());
+    let _installed = dlock_rt::events::install(events.clone());
+    let r = rig().await;
+    create_account(&r.app, "acct-1", 1_000).await;
+    let p1 = create_payout(&r.app, "acct-1", 100).await;
+    let p2 = create_payout(&r.app, "acct-1", 100).await;
+    let missing = Uuid::new_v4();
+    let ok = claim_batch(&r.app, "acct-1", 5, "k", &[(p1, "PENDING"), (missing, "PENDING"), (p2, "PENDING")]).await;
+    assert_eq!(ok.status, 200);
+    let stale = claim_batch(&r.app, "acct-1", 4, "k", &[(p1, "CLAIMED"), (p2, "CLAIMED")]).await;
+    assert_envelope(&stale, 409, "FENCED_OUT");
+    let replay = claim_batch(&r.app, "acct-1", 5, "k", &[(p1, "PENDING"), (missing, "PENDING"), (p2, "PENDING")]).await;
+    assert_eq!(replay.bytes, ok.bytes);
+    let mine: Vec<String> = [p1, missing, p2].iter().map(Uuid::to_string).collect();
+    let seen: Vec<(String, String, Value, Value, bool)> = events
+        .0
+        .lock()
+        .expect("lock")
+        .iter()
+        .filter(|f| f.get("payout").and_then(Value::as_str).is_some_and(|p| mine.iter().any(|m| m == p)))
+        .map(|f| {
+            (
+                f["payout"].as_str().unwrap_or_default().to_owned(),
+                f["answer"].as_str().unwrap_or_default().to_owned(),
+                f["stored_token"].clone(),
+                f["account"].clone(),
+                f["replay"].as_bool().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let (s1, sm, s2) = (p1.to_string(), missing.to_string(), p2.to_string());
+    assert_eq!(
+        seen,
+        vec![
+            (s1.clone(), "accepted".into(), json!(5), json!("acct-1"), false),
+            (sm.clone(), "no_decision".into(), Value::Null, json!(""), false),
+            (s2.clone(), "accepted".into(), json!(5), json!("acct-1"), false),
+            (s1.clone(), "fenced_out".into(), json!(5), json!("acct-1"), false),
+            (s2.clone(), "fenced_out".into(), json!(5), json!("acct-1"), false),
+            (s1, "no_decision".into(), Value::Null, json!(""), true),
+            (sm, "no_decision".into(), Value::Null, json!(""), true),
+            (s2, "no_decision".into(), Value::Null, json!(""), true),
+        ]
+    );
+}

@@ -1,7 +1,8 @@
 //! The submission and its budget.
 
 use bytes::Bytes;
-use dlock_contract::rail::{SubmissionAck, SubmissionRequest};
+use dlock_contract::batch::BatchAnswer;
+use dlock_contract::rail::{SubmissionAck, SubmissionBatchRequest, SubmissionRequest};
 use dlock_contract::{
     IdempotencyKey, OwnerId, CONTENT_TYPE_JSON, HEADER_FENCING_TOKEN, HEADER_IDEMPOTENCY_KEY, HEADER_OWNER_ID,
 };
@@ -11,6 +12,8 @@ use crate::refusal::{decode, RailRefusal};
 
 /// The proxy's one write.
 pub const SUBMISSIONS_PATH: &str = "/v1/rail/submissions";
+/// The proxy's batch of that write (R1b, C3-extensions E-19).
+pub const SUBMISSION_BATCHES_PATH: &str = "/v1/rail/submission-batches";
 /// Submit connect budget (C3 §3.8: 1 s / rail read timeout + 2 s).
 pub const CONNECT_TIMEOUT_MS_DEFAULT: u64 = 1_000;
 /// The proxy's default read timeout towards the rail (`rail.proxy.read-timeout-ms`).
@@ -101,6 +104,42 @@ impl RailClient {
         }
         let sent =
             self.budget.send(&self.cfg.base_url, http::Method::POST, SUBMISSIONS_PATH, &headers, Some(bytes)).await;
+        decode(sent)
+    }
+
+    /// `POST /v1/rail/submission-batches` (R1b, C3-extensions E-19): several claimed payouts
+    /// of `body`'s one account, sent once under `token`, never retried, whatever the
+    /// refusal (the crate's invariant 1, for every payout of the batch at once). The answer
+    /// has one item per submission, each the single submission's answer for its payout; a
+    /// refusal ([`RailRefusal`]) concerns the whole batch, and an unknown outcome
+    /// ([`RailRefusal::outcome_unknown`]) is unknown for every payout in it. No
+    /// `X-Idempotency-Key`: each submission carries its payout's key in the body. The
+    /// budget is [`RailClient::submit`]'s: the proxy forwards a batch's payouts at once.
+    pub async fn submit_batch(
+        &self,
+        token: impl Into<dlock_contract::grant::SignedToken>,
+        owner: &OwnerId,
+        body: &SubmissionBatchRequest,
+    ) -> Result<BatchAnswer, RailRefusal> {
+        let bytes = match serde_json::to_vec(body) {
+            Ok(b) => Bytes::from(b),
+            Err(e) => return Err(RailRefusal::NothingSent { cause: e.to_string() }),
+        };
+        let signed = token.into();
+        let token = signed.token.to_string();
+        let mut headers = vec![
+            ("content-type", CONTENT_TYPE_JSON),
+            ("accept", CONTENT_TYPE_JSON),
+            (HEADER_FENCING_TOKEN, token.as_str()),
+            (HEADER_OWNER_ID, owner.as_str()),
+        ];
+        if let Some(sig) = &signed.signature {
+            headers.push((dlock_contract::HEADER_FENCING_SIGNATURE, sig.as_str()));
+        }
+        let sent = self
+            .budget
+            .send(&self.cfg.base_url, http::Method::POST, SUBMISSION_BATCHES_PATH, &headers, Some(bytes))
+            .await;
         decode(sent)
     }
 }

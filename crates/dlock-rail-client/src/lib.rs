@@ -1,4 +1,5 @@
-//! A typed client of the rail-proxy (C3 §3.5): the one submission of a claimed payout.
+//! A typed client of the rail-proxy (C3 §3.5): the one submission of a claimed payout, and
+//! its batch (C3-extensions E-19).
 //!
 //! [`RailClient::submit`] takes the contract's [`SubmissionRequest`] with the grant's token
 //! and returns the proxy's [`SubmissionAck`] or a [`RailRefusal`], which keeps apart a C3
@@ -13,6 +14,8 @@
 //!    Not after a connect failure, not after a 503, not after a lost answer. A retry would
 //!    re-enter the proxy's duplicate guard (answered `DUPLICATE_SUBMISSION`) at best; after
 //!    an unknown outcome it is the double payment this project exists to prevent.
+//!    [`RailClient::submit_batch`] is the same hard zero for several payouts at once: one
+//!    request, never re-sent, its refusal the whole batch's.
 //! 2. **A lost answer is an ambiguity**: [`RailRefusal::NoAnswer`] is never retry-safe, and
 //!    [`RailRefusal::outcome_unknown`] says so, as it does for `RAIL_AMBIGUOUS`, `INTERNAL`
 //!    and an unreadable answer.
@@ -30,6 +33,6 @@ pub mod refusal;
 
 pub use client::{
     RailClient, RailClientConfig, CONNECT_TIMEOUT_MS_DEFAULT, RAIL_READ_TIMEOUT_MS_DEFAULT, READ_MARGIN_MS,
-    SUBMISSIONS_PATH, TIMEOUT_MS_CEILING_MAX,
+    SUBMISSIONS_PATH, SUBMISSION_BATCHES_PATH, TIMEOUT_MS_CEILING_MAX,
 };
 pub use refusal::RailRefusal;

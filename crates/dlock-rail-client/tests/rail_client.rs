@@ -157,3 +157,68 @@ async fn an_answer_that_is_not_c3_is_unreadable_and_an_unknown_outcome() {
     assert!(gateway.outcome_unknown() && short.outcome_unknown());
     assert_eq!(count(&fake), 2);
 }
+
+fn batch_request() -> dlock_contract::rail::SubmissionBatchRequest {
+    dlock_contract::rail::SubmissionBatchRequest {
+        account_id: "acct-1".into(),
+        submissions: vec![dlock_contract::rail::SubmissionBatchItem {
+            payout_id: PAYOUT,
+            amount_minor: 100,
+            currency: "EUR".into(),
+            beneficiary_ref: "ben-1".into(),
+            idempotency_key: format!("payout:{PAYOUT}"),
+        }],
+    }
+}
+
+async fn submit_batch(c: &RailClient) -> Result<dlock_contract::batch::BatchAnswer, RailRefusal> {
+    let owner = OwnerId::parse("executor-1/0").expect("owner");
+    c.submit_batch(FencingToken::new(7).expect("token"), &owner, &batch_request()).await
+}
+
+#[tokio::test]
+async fn a_batch_is_sent_once_with_token_and_owner_and_no_idempotency_key_and_returns_its_items() {
+    use dlock_rail_client::SUBMISSION_BATCHES_PATH;
+    let answer = dlock_contract::batch::BatchAnswer {
+        account_id: "acct-1".into(),
+        presented_token: 7,
+        items: vec![dlock_contract::batch::BatchItem {
+            payout_id: PAYOUT,
+            status: 200,
+            body: serde_json::to_value(ack()).expect("json"),
+        }],
+    };
+    let fake = FakeService::start().await;
+    fake.script("POST", SUBMISSION_BATCHES_PATH, [Reply::Json(200, serde_json::to_value(&answer).expect("json"))]);
+    let c = client(&fake.base, |_| {});
+
+    let got = submit_batch(&c).await.expect("answered");
+    assert_eq!(got, answer);
+    assert_eq!(got.items[0].ok::<SubmissionAck>(), Some(ack()));
+
+    let seen = fake.seen("POST", SUBMISSION_BATCHES_PATH);
+    assert_eq!(seen.len(), 1);
+    let h = &seen[0].headers;
+    assert_eq!(h.get("x-fencing-token").map(String::as_str), Some("7"));
+    assert_eq!(h.get("x-owner-id").map(String::as_str), Some("executor-1/0"));
+    assert_eq!(h.get("x-idempotency-key"), None, "each submission carries its key in the body");
+    assert_eq!(seen[0].body, serde_json::to_value(batch_request()).expect("json"));
+    assert_eq!(count(&fake), 0, "nothing went to the single submission's path");
+}
+
+#[tokio::test]
+async fn a_batch_is_sent_once_whatever_the_refusal_and_a_lost_answer_is_an_unknown_outcome() {
+    use dlock_rail_client::SUBMISSION_BATCHES_PATH;
+    let fake = FakeService::start().await;
+    let c = client(&fake.base, |c| c.read_timeout_ms = 200);
+    for (n, code) in [ErrorCode::RailUnavailable, ErrorCode::FencedOut, ErrorCode::Internal].into_iter().enumerate() {
+        fake.script("POST", SUBMISSION_BATCHES_PATH, [Reply::Refuse(code, Some(10))]);
+        let r = submit_batch(&c).await.expect_err("refused");
+        assert_eq!(r.code(), Some(code));
+        assert_eq!(fake.count("POST", SUBMISSION_BATCHES_PATH), n + 1, "{code} was re-sent");
+    }
+    fake.script("POST", SUBMISSION_BATCHES_PATH, [slow(5_000, refuse(ErrorCode::NotReady))]);
+    let lost = submit_batch(&c).await.expect_err("timed out");
+    assert!(matches!(lost, RailRefusal::NoAnswer { .. }) && lost.outcome_unknown() && !lost.retry_safe(), "{lost:?}");
+    assert_eq!(fake.count("POST", SUBMISSION_BATCHES_PATH), 4);
+}

@@ -1,5 +1,6 @@
 //! The admission decision of C3 §3.5, once: fence, duplicate, intent, as pure functions
-//! from the facts a store read to the decision it applies.
+//! from the facts a store read to the decision it applies; and a batch's (C3-extensions
+//! E-19): one fence verdict for all its payouts, then each payout as a single one.
 //!
 //! The functions live in [`dlock_paydb::admission`] (with their invariants, asserted in
 //! release builds too, and their property test against a history model), because the
@@ -10,6 +11,6 @@
 //! content, never a guess.
 
 pub use dlock_paydb::admission::{
-    advanced_mark, decide_admission, mark_verdict, may_submit, AdmissionDecision, AdmissionFacts, FirstAttempt,
-    MarkVerdict,
+    advanced_mark, decide_admission, decide_batch_admission, mark_verdict, may_submit, AdmissionDecision,
+    AdmissionFacts, BatchDecision, BatchFacts, FirstAttempt, MarkVerdict, PayoutFacts,
 };

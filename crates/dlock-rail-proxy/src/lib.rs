@@ -20,6 +20,14 @@
 //! Steps 1–3 are decided by one pure function, [`admission::decide_admission`], which every
 //! store applies under its own conditional writes.
 //!
+//! **Batches** (`POST /v1/rail/submission-batches`, C3-extensions E-19): one grant, several
+//! payouts of one account. The grant is checked once; step 1 runs once for all of them and
+//! steps 2–3 per payout, all in one transaction ([`admission::decide_batch_admission`],
+//! [`RailStore::admit_batch`]), so every intent commits before any socket opens; each
+//! admitted payout is forwarded exactly once, all at once, never retried; the outcomes are
+//! recorded in one transaction ([`RailStore::resolve_batch`]). Per payout, everything (its
+//! rows, its answer, its events, metrics and log lines) is the single submission's.
+//!
 //! The mark lives only in paydb. This crate holds no token in memory between requests: a
 //! restart, a second replica, or a cache cannot re-admit a stale writer.
 

@@ -25,6 +25,14 @@ pub const ERRORS: &[RouteErrors] = &[
         // A rail decline (C3-extensions C-1).
         overrides: &[(422, ValidationFailed)],
     },
+    // R1b (C3-extensions E-19): what concerns the whole batch. Each payout's own answer is an
+    // item of the 200 (`INTERNAL`, a lost or unreadable answer, is a transport code).
+    RouteErrors {
+        method: "POST",
+        path: "/v1/rail/submission-batches",
+        codes: &[dlock_http::openapi::BODY_CODES, &[InvalidToken, FencedOut, RailUnavailable]],
+        overrides: &[],
+    },
     errors("GET", "/health/ready", &[&[NotReady]]),
     errors("GET", "/health/live", &[]),
     errors("GET", "/metrics", &[]),
@@ -35,10 +43,23 @@ pub const ERRORS: &[RouteErrors] = &[
 #[openapi(
     info(
         title = "dlock rail-proxy",
-        description = "The only path to the rail: fenced, at most one forwardable submission per payout (C3 §3.5)."
+        description = "The only path to the rail: fenced, at most one forwardable submission per payout (C3 §3.5); several payouts of one account under one grant (C3-extensions E-19)."
     ),
-    paths(crate::app::submit, crate::app::ready, crate::app::metrics, dlock_http::health::live, openapi_json,),
-    components(schemas(dlock_contract::ErrorEnvelope, dlock_contract::ErrorCode, dlock_contract::FieldError))
+    paths(
+        crate::app::submit,
+        crate::app::submit_batch,
+        crate::app::ready,
+        crate::app::metrics,
+        dlock_http::health::live,
+        openapi_json,
+    ),
+    components(schemas(
+        dlock_contract::ErrorEnvelope,
+        dlock_contract::ErrorCode,
+        dlock_contract::FieldError,
+        dlock_contract::batch::BatchItem,
+        dlock_contract::rail::SubmissionBatchItem
+    ))
 )]
 struct Doc;
 

@@ -1,11 +1,24 @@
 //! The admission pipeline, independent of HTTP: validate, admit (steps 1–3), forward once,
 //! resolve. Handlers translate its [`Outcome`] into the wire; tests drive it directly.
+//!
+//! A batch ([`RailProxy::submit_batch`], C3-extensions E-19) runs the same pipeline for
+//! several payouts of one account: the grant checked once, validation and steps 1–3 in one
+//! transaction, the admitted payouts forwarded concurrently (at most
+//! [`BATCH_PAYOUTS_MAX`]), the outcomes recorded in one transaction. The per-payout steps
+//! are one code path for both: `RailProxy::past_the_mark` (what an admission past the
+//! mark leads to), `RailProxy::forward_once` (the forward, with its BUGGIFY points) and
+//! `RailProxy::resolved` (the answer for a recorded, or unrecordable, outcome).
+//!
+//! Invariants: no forward starts before its intent committed; each intent is forwarded at
+//! most once, and nothing here loops around a forward; an outcome that could not be recorded
+//! is answered `RAIL_AMBIGUOUS`, never as retry-safe; a batch is fenced whole or not at all.
 
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
+use dlock_contract::batch::BATCH_PAYOUTS_MAX;
 use dlock_contract::payout::PayoutState;
-use dlock_contract::rail::{RailAck, RailSubmit, SubmissionOutcome, SubmissionRequest};
+use dlock_contract::rail::{RailAck, RailSubmit, SubmissionBatchRequest, SubmissionOutcome, SubmissionRequest};
 use dlock_contract::{FencingToken, FieldError, IdempotencyKey, OwnerId};
 use dlock_rt::http::{BaseUrl, ClientError, HttpClient};
 use dlock_rt::probe::Probe;
@@ -167,6 +180,48 @@ pub struct Submission {
     pub key: IdempotencyKey,
     pub body: SubmissionRequest,
     pub trace_id: String,
+}
+
+/// Everything a batch (R1b `POST /v1/rail/submission-batches`, C3-extensions E-19)
+/// carries once its headers have been validated. It has no `X-Idempotency-Key`: each
+/// submission carries its payout's key in the body.
+#[derive(Debug, Clone)]
+pub struct BatchSubmission {
+    pub token: FencingToken,
+    /// `X-Fencing-Signature`, if sent (syntax already checked).
+    pub signature: Option<String>,
+    pub owner: OwnerId,
+    pub body: SubmissionBatchRequest,
+    pub trace_id: String,
+}
+
+/// What one batch came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOutcome {
+    /// What concerns the whole request, answered as the single submission answers it (a
+    /// refused grant, a store failure before any forward, a failed task); no item exists.
+    Whole(Outcome),
+    /// The mark fenced the batch's token: one FENCED row per validated payout, nothing
+    /// forwarded; no item exists.
+    Fenced { highest_token: i64 },
+    /// One outcome per submission, in the request's order: each exactly the single
+    /// submission's for that payout under the batch's token.
+    Items(Vec<Outcome>),
+}
+
+/// Who a submission or a batch is sent by: its token, its owner, its trace.
+struct Caller<'a> {
+    token: i64,
+    owner: &'a str,
+    trace_id: &'a str,
+}
+
+/// One admitted payout's forward: its intent row, the body to present, and when the
+/// intent was stamped.
+struct Forward {
+    submission_id: Uuid,
+    body: SubmissionRequest,
+    submitted_at: DateTime<Utc>,
 }
 
 /// The proxy: a store, a rail client, a clock, metrics. No token state of its own.
@@ -332,25 +387,14 @@ impl RailProxy {
 
     async fn run(&self, s: Submission) -> Outcome {
         let body = &s.body;
-        let asked = Unstamped {
-            payout_id: body.payout_id,
-            account_id: body.account_id.clone(),
-            presented_token: s.token.get(),
-            owner_id: s.owner.as_str().to_owned(),
-            idempotency_key: s.key.as_str().to_owned(),
-            amount_minor: body.amount_minor,
-            currency: body.currency.clone(),
-            beneficiary_ref: body.beneficiary_ref.clone(),
-            fencing_enabled: self.cfg.fencing_enabled,
-        };
+        let caller = Caller { token: s.token.get(), owner: s.owner.as_str(), trace_id: &s.trace_id };
+        let asked = self.unstamped(&caller, body, s.key.as_str());
         // The grant check (C3-extensions E-14), before step 1 compares the token to the
         // mark: signed by a trusted key for `payout:{accountId}` of the payout as stored, this
         // token and this owner. Checked against the body's account, which the admission then
         // requires to be the payout's; a refusal writes no row, and is answered only once
         // validation has passed (a body that does not match its payout is answered as that).
-        let lock_key = dlock_contract::grant::payout_lock_key(&body.account_id);
-        if let Err(e) = self.cfg.grants.verify(s.signature.as_deref(), &lock_key, s.token.get(), Some(s.owner.as_str()))
-        {
+        if let Err(e) = self.verify_grant(&caller, &body.account_id, s.signature.as_deref()) {
             let payout = match self.store.payout(body.payout_id).await {
                 Ok(p) => p,
                 Err(e) => return store_outcome(e),
@@ -358,100 +402,337 @@ impl RailProxy {
             if let Some(invalid) = Self::invalid(&asked, payout.as_ref()) {
                 return invalid;
             }
-            tracing::warn!(payoutId = %body.payout_id, accountId = %body.account_id, presentedToken = s.token.get(),
-                ownerId = %s.owner, cause = %e, traceId = %s.trace_id, "grant_signature_refused");
+            tracing::warn!(payoutId = %body.payout_id, accountId = %body.account_id, presentedToken = caller.token,
+                ownerId = %caller.owner, cause = %e, traceId = %caller.trace_id, "grant_signature_refused");
             return Outcome::GrantRefused(e);
         }
 
         // Validation and steps 1-3; the attempt is stamped (its id, its instant) between them.
-        let clock = self.clock;
+        let stamp = self.stamper();
         let admitting = asked.clone();
-        let checked = self
-            .write(move |store| async move {
-                let stamp = move || (dlock_rt::rand::uuid_v4(), clock.wall());
-                store.admit_checked(&admitting, &stamp).await
-            })
-            .await;
+        let checked = self.write(move |store| async move { store.admit_checked(&admitting, &*stamp).await }).await;
         let (attempt, admission) = match checked {
             Ok(Checked::Decided { attempt, admission }) => (attempt, admission),
-            Ok(Checked::Unmatched(payout)) => {
-                return Self::invalid(&asked, payout.as_ref()).unwrap_or_else(|| Outcome::StoreUnknown {
-                    cause: format!("payout {} matches the submission the store refused as unmatched", body.payout_id),
-                })
-            }
+            Ok(Checked::Unmatched(payout)) => return Self::unmatched(&asked, payout.as_ref()),
             Err(e) => {
-                tracing::warn!(traceId = %s.trace_id, payoutId = %body.payout_id, cause = %e, "rail_intent_not_committed");
+                tracing::warn!(traceId = %caller.trace_id, payoutId = %body.payout_id, cause = %e, "rail_intent_not_committed");
                 return store_outcome(e);
             }
         };
-        let submission_id = attempt.submission_id;
         self.emit_admission(&attempt, &admission);
-        let submitted_at = match admission {
-            Admission::Fenced { highest_token } => {
-                dlock_rt::probe::hit(Probe::FencedOutRail);
-                self.metrics.outcome(SubmissionOutcome::Fenced);
-                self.metrics.fenced_out.inc(RESOURCE_RAIL);
-                tracing::warn!(
-                    resource = "rail",
-                    resourceId = %body.account_id,
-                    payoutId = %body.payout_id,
-                    presentedToken = s.token.get(),
-                    highestToken = highest_token,
-                    ownerId = %s.owner,
-                    traceId = %s.trace_id,
-                    "fenced_out"
-                );
-                return Outcome::Fenced { submission_id, highest_token };
+        if let Admission::Fenced { highest_token } = admission {
+            self.fenced_out(&caller, &body.account_id, &[body.payout_id], highest_token);
+            return Outcome::Fenced { submission_id: attempt.submission_id, highest_token };
+        }
+        let forward = match self.past_the_mark(&caller, body, &attempt, admission) {
+            Ok(forward) => forward,
+            Err(answer) => return answer,
+        };
+
+        // Step 4: forward exactly once. No retry, no fallback, no second socket.
+        let resolution = self.forward_once(body).await;
+        let resolved_at = self.clock.wall();
+        let (submission_id, recorded) = (forward.submission_id, resolution.clone());
+        let resolve =
+            move |store: Arc<dyn RailStore>| async move { store.resolve(submission_id, &recorded, resolved_at).await };
+        let recorded = self.write(resolve).await;
+        self.resolved(&caller, &forward, resolution, resolved_at, recorded.as_ref().err())
+    }
+
+    /// Runs one batch (R1b, C3-extensions E-19) to its end, in its own task as
+    /// [`RailProxy::submit`] runs a submission: a caller that disconnects mid-forward cannot
+    /// cancel the recording of the outcomes.
+    pub async fn submit_batch(self: &Arc<Self>, b: BatchSubmission) -> BatchOutcome {
+        let this = self.clone();
+        match dlock_rt::spawn(dlock_rt::trace::carry(async move { this.run_batch(b).await })).await {
+            Ok(o) => o,
+            // The task died between validation and recording: whether any payout reached the
+            // rail is unknown, so no answer may claim that nothing was presented.
+            Err(e) => BatchOutcome::Whole(Outcome::Unknown { cause: format!("batch task failed: {e}") }),
+        }
+    }
+
+    /// A batch: the grant checked once for `payout:{accountId}`, before anything is read;
+    /// validation and steps 1-3 of every payout in one transaction
+    /// ([`RailStore::admit_batch`]: one fence pass); a fenced batch answered whole; every
+    /// admitted payout forwarded exactly once, all at once, never retried
+    /// ([`RailProxy::forward_once`], the single path's); every outcome recorded in one
+    /// transaction ([`RailStore::resolve_batch`]). Per payout, every event, metric and log
+    /// line is the single submission's, written by the same code.
+    async fn run_batch(self: Arc<Self>, b: BatchSubmission) -> BatchOutcome {
+        let caller = Caller { token: b.token.get(), owner: b.owner.as_str(), trace_id: &b.trace_id };
+        let account_id = &b.body.account_id;
+        if let Err(e) = self.verify_grant(&caller, account_id, b.signature.as_deref()) {
+            tracing::warn!(accountId = %account_id, presentedToken = caller.token, ownerId = %caller.owner,
+                payouts = b.body.submissions.len(), cause = %e, traceId = %caller.trace_id, "grant_signature_refused");
+            return BatchOutcome::Whole(Outcome::GrantRefused(e));
+        }
+        let bodies: Vec<SubmissionRequest> = b.body.submissions.iter().map(|s| s.request(account_id)).collect();
+        let asked: Vec<Unstamped> = bodies
+            .iter()
+            .zip(&b.body.submissions)
+            .map(|(body, s)| self.unstamped(&caller, body, &s.idempotency_key))
+            .collect();
+        let stamp = self.stamper();
+        let admitting = asked.clone();
+        let checked = self.write(move |store| async move { store.admit_batch(&admitting, &*stamp).await }).await;
+        let checked = match checked {
+            Ok(c) if c.len() == asked.len() => c,
+            Ok(c) => {
+                return BatchOutcome::Whole(Outcome::StoreUnknown {
+                    cause: format!("{} answers for a batch of {}", c.len(), asked.len()),
+                })
             }
+            Err(e) => {
+                tracing::warn!(traceId = %caller.trace_id, accountId = %account_id, payouts = asked.len(), cause = %e,
+                    "rail_intent_not_committed");
+                return BatchOutcome::Whole(store_outcome(e));
+            }
+        };
+        for c in &checked {
+            if let Checked::Decided { attempt, admission } = c {
+                self.emit_admission(attempt, admission);
+            }
+        }
+        let fenced: Vec<(Uuid, i64)> = checked
+            .iter()
+            .filter_map(|c| match c {
+                Checked::Decided { attempt, admission: Admission::Fenced { highest_token } } => {
+                    Some((attempt.payout_id, *highest_token))
+                }
+                _ => None,
+            })
+            .collect();
+        if let Some((_, highest_token)) = fenced.first().copied() {
+            let decided = checked.iter().filter(|c| matches!(c, Checked::Decided { .. })).count();
+            if fenced.len() != decided {
+                return BatchOutcome::Whole(Outcome::StoreUnknown {
+                    cause: format!("the mark fenced {} of {decided} payouts of one pass", fenced.len()),
+                });
+            }
+            let payouts: Vec<Uuid> = fenced.iter().map(|(p, _)| *p).collect();
+            self.fenced_out(&caller, account_id, &payouts, highest_token);
+            return BatchOutcome::Fenced { highest_token };
+        }
+
+        // Every answer that needs no forward; the forwards, each with its item's place.
+        let mut items: Vec<Option<Outcome>> = Vec::with_capacity(checked.len());
+        let mut forwards: Vec<(usize, Forward)> = Vec::new();
+        for (i, (c, (body, asked))) in checked.into_iter().zip(bodies.iter().zip(&asked)).enumerate() {
+            items.push(match c {
+                Checked::Unmatched(payout) => Some(Self::unmatched(asked, payout.as_ref())),
+                Checked::Decided { attempt, admission } => match self.past_the_mark(&caller, body, &attempt, admission)
+                {
+                    Ok(forward) => {
+                        forwards.push((i, forward));
+                        None
+                    }
+                    Err(answer) => Some(answer),
+                },
+            });
+        }
+        // Step 4 of every admitted payout: each forwarded exactly once, all of them at once
+        // (at most the batch's size, `BATCH_PAYOUTS_MAX`), never retried.
+        assert!(forwards.len() <= BATCH_PAYOUTS_MAX, "a batch forwards at most {BATCH_PAYOUTS_MAX} payouts");
+        let calls: Vec<_> = forwards
+            .iter()
+            .map(|(_, f)| {
+                let (this, body) = (self.clone(), f.body.clone());
+                dlock_rt::spawn(dlock_rt::trace::carry(async move { this.forward_once(&body).await }))
+            })
+            .collect();
+        let mut resolutions = Vec::with_capacity(calls.len());
+        for call in calls {
+            resolutions.push(call.await.map_err(|e| format!("forward task failed: {e}")));
+        }
+        let resolved_at = self.clock.wall();
+        // Every outcome known, in one transaction. A forward whose task failed has no
+        // outcome: its intent stays unresolved until the orphan sweep quarantines it.
+        let outcomes: Vec<(Uuid, Resolution)> = forwards
+            .iter()
+            .zip(&resolutions)
+            .filter_map(|((_, f), r)| r.as_ref().ok().map(|r| (f.submission_id, r.clone())))
+            .collect();
+        let recorded = if outcomes.is_empty() {
+            Ok(())
+        } else {
+            self.write(move |store| async move { store.resolve_batch(&outcomes, resolved_at).await }).await
+        };
+        for ((i, forward), resolution) in forwards.iter().zip(resolutions) {
+            let outcome = match resolution {
+                Ok(resolution) => self.resolved(&caller, forward, resolution, resolved_at, recorded.as_ref().err()),
+                // As a single submission whose task failed: whether the rail was reached is
+                // unknown, and the unresolved intent is the orphan sweep's to quarantine.
+                Err(cause) => {
+                    tracing::error!(payoutId = %forward.body.payout_id, submissionId = %forward.submission_id,
+                        presentedToken = caller.token, cause = %cause, traceId = %caller.trace_id,
+                        "rail_forward_task_failed");
+                    Outcome::Unknown { cause }
+                }
+            };
+            if let Some(item) = items.get_mut(*i) {
+                *item = Some(outcome);
+            }
+        }
+        let items: Option<Vec<Outcome>> = items.into_iter().collect();
+        match items {
+            Some(items) => BatchOutcome::Items(items),
+            None => BatchOutcome::Whole(Outcome::Unknown { cause: "a batch item was never answered".into() }),
+        }
+    }
+
+    /// A submission's ask of the store, under `caller`'s token and owner.
+    fn unstamped(&self, caller: &Caller<'_>, body: &SubmissionRequest, key: &str) -> Unstamped {
+        Unstamped {
+            payout_id: body.payout_id,
+            account_id: body.account_id.clone(),
+            presented_token: caller.token,
+            owner_id: caller.owner.to_owned(),
+            idempotency_key: key.to_owned(),
+            amount_minor: body.amount_minor,
+            currency: body.currency.clone(),
+            beneficiary_ref: body.beneficiary_ref.clone(),
+            fencing_enabled: self.cfg.fencing_enabled,
+        }
+    }
+
+    /// The grant check (C3-extensions E-14): `caller`'s token and owner signed for
+    /// `payout:{account_id}` by a trusted key.
+    fn verify_grant(
+        &self,
+        caller: &Caller<'_>,
+        account_id: &str,
+        signature: Option<&str>,
+    ) -> Result<(), dlock_contract::grant::GrantError> {
+        let lock_key = dlock_contract::grant::payout_lock_key(account_id);
+        self.cfg.grants.verify(signature, &lock_key, caller.token, Some(caller.owner)).map(|_| ())
+    }
+
+    /// Each attempt's id and instant, drawn from the runtime's seam when the store stamps it.
+    fn stamper(&self) -> Arc<dyn Fn() -> (Uuid, DateTime<Utc>) + Send + Sync> {
+        let clock = self.clock;
+        Arc::new(move || (dlock_rt::rand::uuid_v4(), clock.wall()))
+    }
+
+    /// The answer for a submission the store found unmatched (no such payout, or a body
+    /// that does not match it).
+    fn unmatched(asked: &Unstamped, payout: Option<&PayoutRow>) -> Outcome {
+        Self::invalid(asked, payout).unwrap_or_else(|| Outcome::StoreUnknown {
+            cause: format!("payout {} matches the submission the store refused as unmatched", asked.payout_id),
+        })
+    }
+
+    /// Step 1 refused `caller`'s token for `payouts` of `account_id` (their FENCED rows
+    /// committed): the probe and the log line once, the fenced-out count once, one
+    /// `rail_submission_total{outcome=fenced}` per row. A single submission names its one
+    /// payout (`payoutId`); a batch names them all (`payoutIds`).
+    fn fenced_out(&self, caller: &Caller<'_>, account_id: &str, payouts: &[Uuid], highest_token: i64) {
+        dlock_rt::probe::hit(Probe::FencedOutRail);
+        for _ in payouts {
+            self.metrics.outcome(SubmissionOutcome::Fenced);
+        }
+        self.metrics.fenced_out.inc(RESOURCE_RAIL);
+        match payouts {
+            [payout_id] => tracing::warn!(
+                resource = "rail",
+                resourceId = %account_id,
+                payoutId = %payout_id,
+                presentedToken = caller.token,
+                highestToken = highest_token,
+                ownerId = %caller.owner,
+                traceId = %caller.trace_id,
+                "fenced_out"
+            ),
+            _ => tracing::warn!(
+                resource = "rail",
+                resourceId = %account_id,
+                payoutIds = %payouts.iter().map(Uuid::to_string).collect::<Vec<_>>().join(","),
+                presentedToken = caller.token,
+                highestToken = highest_token,
+                ownerId = %caller.owner,
+                traceId = %caller.trace_id,
+                "fenced_out"
+            ),
+        }
+    }
+
+    /// An admission past the mark: a duplicate (counted, logged, refused; forwarded anyway
+    /// only with the duplicate guard off, `--profile unsafe-test`), not claimable, or
+    /// admitted: the forward to make (`Ok`), or the answer (`Err`). The mark's refusal is
+    /// [`RailProxy::fenced_out`]'s, answered by the caller.
+    fn past_the_mark(
+        &self,
+        caller: &Caller<'_>,
+        body: &SubmissionRequest,
+        attempt: &Attempt,
+        admission: Admission,
+    ) -> Result<Forward, Outcome> {
+        let submission_id = attempt.submission_id;
+        let submitted_at = match admission {
+            Admission::Fenced { highest_token } => return Err(Outcome::Fenced { submission_id, highest_token }),
             Admission::Duplicate { first_submitted_at, first_submission_id } => {
                 self.metrics.outcome(SubmissionOutcome::Duplicate);
                 self.metrics.duplicates.inc();
                 tracing::error!(
                     payoutId = %body.payout_id,
-                    presentedToken = s.token.get(),
-                    ownerId = %s.owner,
+                    presentedToken = caller.token,
+                    ownerId = %caller.owner,
                     firstSubmittedAt = %dlock_contract::time::rfc3339_ms(first_submitted_at),
                     firstSubmissionId = %first_submission_id,
-                    traceId = %s.trace_id,
+                    traceId = %caller.trace_id,
                     "duplicate_rail_submission_attempted"
                 );
                 if self.cfg.duplicate_guard_enabled {
                     dlock_rt::probe::hit(Probe::DuplicateRefused);
-                    return Outcome::Duplicate { submission_id, first_submission_id, first_submitted_at };
+                    return Err(Outcome::Duplicate { submission_id, first_submission_id, first_submitted_at });
                 }
                 // unsafe-test only: forward what step 2 refused. Its row already says DUPLICATE,
                 // so the outcome of this forward is not recorded; the rail's record shows it.
-                tracing::error!(payoutId = %body.payout_id, submissionId = %submission_id, traceId = %s.trace_id,
+                tracing::error!(payoutId = %body.payout_id, submissionId = %submission_id, traceId = %caller.trace_id,
                     "rail_duplicate_guard_bypassed");
                 self.clock.wall()
             }
-            Admission::NotClaimable { state } => return Outcome::NotClaimable { state },
+            Admission::NotClaimable { state } => return Err(Outcome::NotClaimable { state }),
             Admission::Admitted { submitted_at } => submitted_at,
         };
+        Ok(Forward { submission_id, body: body.clone(), submitted_at })
+    }
 
-        // Step 4: forward exactly once. No retry, no fallback, no second socket.
-        // BUGGIFY (simulation only): a stall between the intent row and the socket, or a
-        // connect that fails before any byte is sent.
+    /// Step 4's one forward of `body`, with its BUGGIFY points (simulation only): a stall
+    /// between the intent row and the socket, or a connect that fails before any byte is
+    /// sent. No retry, no fallback, no second socket.
+    async fn forward_once(&self, body: &SubmissionRequest) -> Resolution {
         dlock_rt::buggify::delay(BUGGIFY_FORWARD_DELAY_P, BUGGIFY_FORWARD_DELAY_MS_MAX).await;
-        let resolution = if dlock_rt::buggify::fires(BUGGIFY_UNSENT_P) {
+        if dlock_rt::buggify::fires(BUGGIFY_UNSENT_P) {
             Resolution::Unsent { detail: "buggify: the connect failed before any byte was sent".into() }
         } else {
             self.forward(body).await
-        };
-        let resolved_at = self.clock.wall();
+        }
+    }
+
+    /// The answer for a forward's `resolution`, whose recording failed with `unrecorded`
+    /// (`None`: recorded): an unrecorded outcome is quarantined by answer (the unresolved
+    /// intent row is the evidence the reconciler reports); a recorded one is counted, traced
+    /// (`intent_outcome`), logged and answered by what the rail did.
+    fn resolved(
+        &self,
+        caller: &Caller<'_>,
+        forward: &Forward,
+        resolution: Resolution,
+        resolved_at: DateTime<Utc>,
+        unrecorded: Option<&StoreError>,
+    ) -> Outcome {
+        let (body, submission_id, submitted_at) = (&forward.body, forward.submission_id, forward.submitted_at);
         let outcome = resolution.outcome();
-        let recorded = resolution.clone();
-        let resolve =
-            move |store: Arc<dyn RailStore>| async move { store.resolve(submission_id, &recorded, resolved_at).await };
-        if let Err(e) = self.write(resolve).await {
+        if let Some(e) = unrecorded {
             // The rail may have acted and we cannot record it: quarantine by answer; the
             // unresolved intent row is the evidence the reconciler reports.
             tracing::error!(
                 payoutId = %body.payout_id,
                 submissionId = %submission_id,
-                presentedToken = s.token.get(),
+                presentedToken = caller.token,
                 cause = %format!("outcome {} not recorded: {e}", outcome.as_str()),
-                traceId = %s.trace_id,
+                traceId = %caller.trace_id,
                 "rail_ambiguous"
             );
             self.metrics.outcome(SubmissionOutcome::Timeout);
@@ -464,8 +745,8 @@ impl RailProxy {
                 ("submission", submission_id.to_string().into()),
                 ("payout", body.payout_id.to_string().into()),
                 ("account", body.account_id.clone().into()),
-                ("owner", s.owner.as_str().into()),
-                ("presented_token", s.token.get().into()),
+                ("owner", caller.owner.into()),
+                ("presented_token", caller.token.into()),
                 ("outcome", format!("{outcome:?}").into()),
                 ("detail", dlock_rt::events::opt(resolution.detail().map(str::to_owned))),
                 ("submitted_wall_ms", submitted_at.timestamp_millis().into()),
@@ -475,9 +756,9 @@ impl RailProxy {
         tracing::info!(
             payoutId = %body.payout_id,
             submissionId = %submission_id,
-            presentedToken = s.token.get(),
+            presentedToken = caller.token,
             outcome = outcome.as_str(),
-            traceId = %s.trace_id,
+            traceId = %caller.trace_id,
             "rail_submission_resolved"
         );
         match resolution {
@@ -490,9 +771,9 @@ impl RailProxy {
                 tracing::error!(
                     payoutId = %body.payout_id,
                     submissionId = %submission_id,
-                    presentedToken = s.token.get(),
+                    presentedToken = caller.token,
                     cause = %detail,
-                    traceId = %s.trace_id,
+                    traceId = %caller.trace_id,
                     "rail_ambiguous"
                 );
                 Outcome::Ambiguous { submission_id, cause: detail }

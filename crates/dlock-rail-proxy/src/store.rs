@@ -9,6 +9,11 @@
 //! and steps 1–3: in the SQL stores one transaction whose first statement checks the payout
 //! (docs/performance.md §8.14), elsewhere the read and then `admit`, which answers the same.
 //!
+//! **Batches** (C3-extensions E-19): [`RailStore::admit_batch`] is the validation and steps
+//! 1–3 of several payouts of one account under one token in **one** transaction (one fence
+//! pass for all of them, then each payout as `admit` decides it), and
+//! [`RailStore::resolve_batch`] records every forward's outcome in one transaction.
+//!
 //! Invariants every implementation keeps (the conformance suite proves them on SQLite,
 //! PostgreSQL and the simulation store alike):
 //! 1. The mark for an account only rises, and only to a token strictly greater than it.
@@ -17,6 +22,9 @@
 //! 3. Every attempt that passes validation leaves exactly one row carrying its token.
 //! 4. A refused admission (fenced, duplicate) never changes the payout; a not-claimable
 //!    one changes nothing at all.
+//! 5. A batch passes the mark once: its payouts are all fenced or none is, the mark is
+//!    written at most once (to the batch's token), and a payout that fails validation has
+//!    nothing written for it.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -129,6 +137,36 @@ pub trait RailStore: Send + Sync + 'static {
     /// SUBMITTED, in one transaction. Resolving an already-resolved row is a no-op.
     async fn resolve(&self, submission_id: Uuid, resolution: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError>;
 
+    /// A batch (C3-extensions E-19), in ONE transaction: `asked` (one account, one token,
+    /// one owner, one fencing switch, each payout once: else [`StoreError::Corrupt`], nothing
+    /// written) is validated payout by payout as [`RailStore::admit_checked`] validates (a
+    /// missing or mismatched payout is [`Checked::Unmatched`] and nothing is written for
+    /// it); `stamp` is called once per payout that passes validation, and for no other; the
+    /// mark is compared with the token once, by C-11's upsert, for all of them; then each
+    /// validated payout is decided and written as `admit` decides and writes it
+    /// ([`crate::admission::decide_batch_admission`]): a FENCED row each when the mark
+    /// fences, else a DUPLICATE row, nothing (not claimable), or its intent row with the
+    /// payout SUBMITTED. The answers are in `asked`'s order. Everything commits before it
+    /// returns, so every intent exists before any socket opens.
+    ///
+    /// This default refuses, writing nothing ([`StoreError::Unavailable`]): a store that
+    /// cannot pass the fence once for several payouts must not pretend to by looping
+    /// `admit` (the second payout would be fenced by the first's mark, C-12).
+    async fn admit_batch(&self, asked: &[Unstamped], stamp: Stamp<'_>) -> Result<Vec<Checked>, StoreError> {
+        let _ = (asked, stamp);
+        Err(StoreError::Unavailable("this store does not admit batches".into()))
+    }
+
+    /// Records every outcome of a batch's forwards, each exactly as [`RailStore::resolve`]
+    /// records it (a no-op when already resolved). The stores record them all in one
+    /// transaction; this default, for a store without its own, resolves them one by one.
+    async fn resolve_batch(&self, outcomes: &[(Uuid, Resolution)], at: DateTime<Utc>) -> Result<(), StoreError> {
+        for (submission_id, resolution) in outcomes {
+            self.resolve(*submission_id, resolution, at).await?;
+        }
+        Ok(())
+    }
+
     /// The mark for an account, if it was ever set.
     async fn high_water(&self, account_id: &str) -> Result<Option<i64>, StoreError>;
 
@@ -170,4 +208,67 @@ pub async fn read_then_admit<S: RailStore + ?Sized>(
     let attempt = asked.stamped(submission_id, at);
     let admission = store.admit(&attempt).await?;
     Ok(Checked::Decided { attempt, admission })
+}
+
+/// A batch's asks share one account, token, owner and fencing switch, and name each payout
+/// once (what one fence pass covers, [`dlock_paydb::mem::one_pass`]); else
+/// [`StoreError::Corrupt`]: the caller broke the batch's shape, and nothing is written.
+pub fn check_batch(asked: &[Unstamped]) -> Result<(), StoreError> {
+    dlock_paydb::mem::one_pass(asked.iter().map(|a| dlock_paydb::mem::PassKey {
+        account_id: &a.account_id,
+        presented_token: a.presented_token,
+        owner_id: &a.owner_id,
+        fencing_enabled: a.fencing_enabled,
+        payout_id: a.payout_id,
+    }))
+}
+
+/// One ask of a batch after validation: stamped, or unmatched (its payout as read).
+pub type Validated = Result<Attempt, Option<PayoutRow>>;
+
+/// A batch's validation, in `asked`'s order: each payout as `payout_of` reads it must
+/// match its ask ([`Unstamped::matches`]); each that does is stamped, once, in order.
+pub fn validate_batch(
+    asked: &[Unstamped],
+    payout_of: impl Fn(Uuid) -> Option<PayoutRow>,
+    stamp: Stamp<'_>,
+) -> Vec<Validated> {
+    asked
+        .iter()
+        .map(|a| {
+            let payout = payout_of(a.payout_id);
+            if a.matches(payout.as_ref()) {
+                let (submission_id, at) = stamp();
+                Ok(a.stamped(submission_id, at))
+            } else {
+                Err(payout)
+            }
+        })
+        .collect()
+}
+
+/// The validated attempts of a batch, in order (what the fence pass decides).
+pub fn validated_attempts(validated: &[Validated]) -> Vec<Attempt> {
+    validated.iter().filter_map(|v| v.as_ref().ok().cloned()).collect()
+}
+
+/// A batch's answers in request order: each validated attempt with its admission
+/// (`admissions` in the order of [`validated_attempts`]), each unmatched ask as read.
+/// A count that does not match is [`StoreError::Corrupt`].
+pub fn batch_answers(validated: Vec<Validated>, admissions: Vec<Admission>) -> Result<Vec<Checked>, StoreError> {
+    let expected = validated.iter().filter(|v| v.is_ok()).count();
+    if admissions.len() != expected {
+        return Err(StoreError::Corrupt(format!("{} admissions for {expected} validated payouts", admissions.len())));
+    }
+    let mut admissions = admissions.into_iter();
+    validated
+        .into_iter()
+        .map(|v| match v {
+            Err(payout) => Ok(Checked::Unmatched(payout)),
+            Ok(attempt) => admissions
+                .next()
+                .map(|admission| Checked::Decided { attempt, admission })
+                .ok_or_else(|| StoreError::Corrupt("an admission is missing".into())),
+        })
+        .collect()
 }

@@ -12,7 +12,10 @@ use chrono::{DateTime, Utc};
 use dlock_contract::store::StoreFaults;
 use uuid::Uuid;
 
-use crate::store::{Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow};
+use crate::store::{
+    Admission, Attempt, Checked, NewPayout, PayoutRow, RailStore, Resolution, Stamp, StoreError, SubmissionRow,
+    Unstamped,
+};
 
 /// `inner`, failing the calls `faults` holds.
 pub struct FaultyRailStore {
@@ -42,6 +45,18 @@ impl RailStore for FaultyRailStore {
 
     async fn resolve(&self, submission_id: Uuid, resolution: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
         self.faults.run("resolve", self.inner.resolve(submission_id, resolution, at)).await
+    }
+
+    /// Faulted as one operation, `admit_batch`, exactly as `admit` is: `Unavailable` and
+    /// `Corrupt` before anything is validated or written, `CommitUnknown` after the whole
+    /// batch committed.
+    async fn admit_batch(&self, asked: &[Unstamped], stamp: Stamp<'_>) -> Result<Vec<Checked>, StoreError> {
+        self.faults.run("admit_batch", self.inner.admit_batch(asked, stamp)).await
+    }
+
+    /// Faulted as one operation, `resolve_batch`, exactly as `resolve` is.
+    async fn resolve_batch(&self, outcomes: &[(Uuid, Resolution)], at: DateTime<Utc>) -> Result<(), StoreError> {
+        self.faults.run("resolve_batch", self.inner.resolve_batch(outcomes, at)).await
     }
 
     async fn high_water(&self, account_id: &str) -> Result<Option<i64>, StoreError> {

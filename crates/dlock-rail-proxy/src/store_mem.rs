@@ -7,7 +7,9 @@
 //! Each method takes the one mutex for its whole body, which is what a serialisable
 //! transaction looks like from outside. The conformance suite holds it to the SQL stores.
 //! The tables and their admission code are `dlock-paydb`'s ([`RailTables`]); the same code
-//! runs on [`MemPaydb`], all of paydb in memory, which the payment-resource shares.
+//! runs on [`MemPaydb`], all of paydb in memory, which the payment-resource shares. A batch
+//! (`admit_batch`, `resolve_batch`) is one mutex hold too: validation, the one fence pass
+//! and every payout's writes, or every outcome.
 
 use std::sync::Mutex;
 
@@ -16,7 +18,10 @@ use chrono::{DateTime, Utc};
 pub use dlock_paydb::mem::{MemPaydb, RailTables, StoredPayout};
 use uuid::Uuid;
 
-use crate::store::{Admission, Attempt, NewPayout, PayoutRow, RailStore, Resolution, StoreError, SubmissionRow};
+use crate::store::{
+    batch_answers, check_batch, validate_batch, validated_attempts, Admission, Attempt, Checked, NewPayout, PayoutRow,
+    RailStore, Resolution, Stamp, StoreError, SubmissionRow, Unstamped,
+};
 
 /// In-memory paydb (payouts and rail tables).
 #[derive(Debug, Default)]
@@ -50,6 +55,19 @@ impl RailStore for MemRailStore {
 
     async fn resolve(&self, submission_id: Uuid, r: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
         self.lock()?.resolve(submission_id, r, at)
+    }
+
+    /// Validation and the batch's one fence pass under the one mutex: one transaction.
+    async fn admit_batch(&self, asked: &[Unstamped], stamp: Stamp<'_>) -> Result<Vec<Checked>, StoreError> {
+        check_batch(asked)?;
+        let mut t = self.lock()?;
+        let validated = validate_batch(asked, |id| t.payout(id), stamp);
+        let admissions = t.admit_batch(&validated_attempts(&validated))?;
+        batch_answers(validated, admissions)
+    }
+
+    async fn resolve_batch(&self, outcomes: &[(Uuid, Resolution)], at: DateTime<Utc>) -> Result<(), StoreError> {
+        self.lock()?.resolve_batch(outcomes, at)
     }
 
     async fn high_water(&self, account_id: &str) -> Result<Option<i64>, StoreError> {
@@ -88,6 +106,21 @@ impl RailStore for MemPaydb {
 
     async fn resolve(&self, submission_id: Uuid, resolution: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
         self.lock()?.rail.resolve(submission_id, resolution, at)
+    }
+
+    /// One transaction, each payout's fenced write reported to paydb's observer with the
+    /// batch's one pass id ([`MemPaydb::admit_batch_txn`]).
+    async fn admit_batch(&self, asked: &[Unstamped], stamp: Stamp<'_>) -> Result<Vec<Checked>, StoreError> {
+        check_batch(asked)?;
+        let (admissions, validated) = self.admit_batch_txn(|rail| {
+            let validated = validate_batch(asked, |id| rail.payout(id), stamp);
+            (validated_attempts(&validated), validated)
+        })?;
+        batch_answers(validated, admissions)
+    }
+
+    async fn resolve_batch(&self, outcomes: &[(Uuid, Resolution)], at: DateTime<Utc>) -> Result<(), StoreError> {
+        self.resolve_batch_txn(outcomes, at)
     }
 
     async fn high_water(&self, account_id: &str) -> Result<Option<i64>, StoreError> {

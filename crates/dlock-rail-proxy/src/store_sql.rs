@@ -18,10 +18,10 @@ use uuid::Uuid;
 use dlock_db::Dialect;
 use dlock_paydb::sql::{commit_error, db_error, parse_state, parse_uuid, PG_MIGRATOR, SQLITE_MIGRATOR};
 
-use crate::admission::{self, MarkVerdict};
+use crate::admission::{self, FirstAttempt, MarkVerdict};
 use crate::store::{
-    Admission, Attempt, Checked, NewPayout, PayoutRow, RailStore, Resolution, Stamp, StoreError, SubmissionRow,
-    Unstamped,
+    batch_answers, check_batch, validate_batch, validated_attempts, Admission, Attempt, Checked, NewPayout, PayoutRow,
+    RailStore, Resolution, Stamp, StoreError, SubmissionRow, Unstamped,
 };
 
 /// The forwardable-attempt predicate of `rail_submission_attempt_uidx`, verbatim.
@@ -205,21 +205,6 @@ fn pg_admit_sql_text(gated: bool) -> String {
     )
 }
 
-/// The resolution as one PostgreSQL statement, autocommitted: the outcome on the attempt
-/// still unresolved, and its payout out of SUBMITTED by the same conditional rules as the
-/// two statements it replaces.
-fn pg_resolve_sql(to: PayoutState) -> String {
-    let from = payout::sql_states(&payout::sources(to, Actor::RailProxy));
-    format!(
-        "WITH resolved AS ( \
-           UPDATE rail_submission SET outcome = $2, outcome_detail = $3, rail_reference = $4, resolved_at = $5 \
-           WHERE submission_id = $1 AND outcome IS NULL \
-           RETURNING payout_id) \
-         UPDATE payouts SET state = $6, updated_at = $5 \
-         WHERE payout_id IN (SELECT payout_id FROM resolved) AND state IN {from}"
-    )
-}
-
 /// Steps 1-3 on SQLite, as one batch of three statements chained like [`pg_admit_sql`]'s
 /// parts: each runs its write only when the statement before it wrote (`changes() = 1`:
 /// SQLite's count of the rows the most recently completed statement changed), each still
@@ -283,28 +268,246 @@ fn sqlite_admit_batch_sql(gated: bool) -> &'static str {
     })
 }
 
-/// The resolution on SQLite, as one batch of two statements in one transaction: the outcome
-/// on the attempt still unresolved (`$1`..`$5`: outcome, detail, reference, instant,
-/// submission), then its payout out of SUBMITTED only if that wrote (`changes() = 1`; `$1`
-/// state, `$2` instant, `$3` submission).
-fn sqlite_resolve_statements(to: PayoutState) -> [(String, usize); 2] {
-    let from = payout::sql_states(&payout::sources(to, Actor::RailProxy));
-    [
-        (
-            "UPDATE rail_submission SET outcome = $1, outcome_detail = $2, rail_reference = $3, resolved_at = $4 \
-             WHERE submission_id = $5 AND outcome IS NULL"
-                .to_owned(),
-            5,
-        ),
-        (
-            format!(
-                "UPDATE payouts SET state = $1, updated_at = $2 \
-                 WHERE payout_id = (SELECT payout_id FROM rail_submission WHERE submission_id = $3) \
-                 AND state IN {from} AND changes() = 1"
-            ),
-            3,
-        ),
-    ]
+/// The payout states a resolution moves a SUBMITTED payout to ([`Resolution::payout_state`]
+/// of each outcome; a test holds the list to it).
+const RESOLUTION_TARGETS: [PayoutState; 4] =
+    [PayoutState::RailAcked, PayoutState::Failed, PayoutState::RailAmbiguous, PayoutState::Claimed];
+
+/// One SQL condition: the payout in `state` may move to the row's `target` by C2's rule for
+/// the proxy (`target` is one of [`RESOLUTION_TARGETS`]), so that one statement moves every
+/// payout of a batch by its own outcome's rule, as `state IN {sources}` moves one.
+fn resolution_moves_sql(target: &str, state: &str) -> String {
+    let arms: Vec<String> = RESOLUTION_TARGETS
+        .iter()
+        .map(|to| {
+            let from = payout::sql_states(&payout::sources(*to, Actor::RailProxy));
+            format!("({target} = '{}' AND {state} IN {from})", to.as_str())
+        })
+        .collect();
+    format!("({})", arms.join(" OR "))
+}
+
+/// Every resolution of a batch as one PostgreSQL statement, autocommitted: each outcome on
+/// its attempt still unresolved (`resolved`: the conditional write decides, on the newest
+/// row version), and each payout whose attempt it wrote out of SUBMITTED by its outcome's
+/// rule. Arrays `$1`..`$5` (submission, target state, outcome, detail, reference), `$6`
+/// the instant. The single resolution is a batch of one. Built once per process.
+fn pg_resolve_batch_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let moves = resolution_moves_sql("resolved.target", "payouts.state");
+        format!(
+            "WITH i AS (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
+               AS i(submission_id, target, outcome, detail, reference)), \
+             resolved AS ( \
+               UPDATE rail_submission SET outcome = i.outcome, outcome_detail = i.detail, \
+               rail_reference = i.reference, resolved_at = $6::timestamptz \
+               FROM i WHERE rail_submission.submission_id = i.submission_id AND rail_submission.outcome IS NULL \
+               RETURNING rail_submission.payout_id, i.target) \
+             UPDATE payouts SET state = resolved.target, updated_at = $6::timestamptz FROM resolved \
+             WHERE payouts.payout_id = resolved.payout_id AND {moves}"
+        )
+    })
+}
+
+/// Every resolution of a batch on SQLite, as one batch of two statements in one
+/// transaction (the writer's lock held from the first): each payout whose attempt is still
+/// unresolved out of SUBMITTED by its outcome's rule, then each outcome on its attempt still
+/// unresolved; so a payout moves exactly when its outcome is recorded. `$1` the instant,
+/// `$2` the rows as JSON (`[submission, target state, outcome, detail, reference]`), in
+/// each statement. The single resolution is a batch of one. Built once per process.
+fn sqlite_resolve_batch_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let moves = resolution_moves_sql("(i.value ->> 1)", "payouts.state");
+        let moved = format!(
+            "UPDATE payouts SET state = i.value ->> 1, updated_at = $1 \
+             FROM json_each($2) AS i JOIN rail_submission AS s ON s.submission_id = i.value ->> 0 \
+             WHERE payouts.payout_id = s.payout_id AND s.outcome IS NULL AND {moves}"
+        );
+        let recorded = "UPDATE rail_submission SET outcome = i.value ->> 2, outcome_detail = i.value ->> 3, \
+                        rail_reference = i.value ->> 4, resolved_at = $1 FROM json_each($2) AS i \
+                        WHERE rail_submission.submission_id = i.value ->> 0 AND rail_submission.outcome IS NULL";
+        dlock_db::sqlite_batch_sql(&[(&moved, 2), (recorded, 2)])
+    })
+}
+
+/// C-11's conditional upsert of the mark, as a batch's one fence pass writes it.
+const MARK_UPSERT: &str = "ON CONFLICT (account_id) DO UPDATE \
+     SET highest_token = EXCLUDED.highest_token, updated_at = EXCLUDED.updated_at \
+     WHERE rail_high_water.highest_token < EXCLUDED.highest_token RETURNING highest_token";
+
+/// A batch's steps 1-3 as one PostgreSQL statement (C3-extensions E-19), chained like
+/// [`pg_admit_sql`]'s parts and deciding by the same conditional writes: `mark` once for
+/// the batch (C-11's upsert); `intent`, every validated payout's intent row, only when the
+/// mark wrote, each admitted or not by the unique index (`ON CONFLICT DO NOTHING`, per
+/// row); `moved`, CLAIMED -> SUBMITTED of each payout whose intent was inserted, by an
+/// `UPDATE` that re-checks its `WHERE` on the newest row version. It answers the mark it
+/// wrote and the payouts each part wrote. `$1` account, `$2` token, `$3` owner, arrays `$4`..
+/// `$9` (submission, payout, key, amount, currency, instant), `$10` the mark's instant.
+/// `fenced = false` (`--profile unsafe-test`): no `mark` part, no `$10`. The text does not
+/// vary with the batch's size; built once per process and form.
+fn pg_batch_parts_sql(fenced: bool) -> &'static str {
+    static SQL: [std::sync::OnceLock<String>; 2] = [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    SQL[usize::from(fenced)].get_or_init(|| {
+        let from = payout::sql_states(&payout::sources(PayoutState::Submitted, Actor::RailProxy));
+        let (mark, gate, marked) = if fenced {
+            (
+                format!(
+                    "mark AS (INSERT INTO rail_high_water (account_id, highest_token, updated_at) \
+                     VALUES ($1::text, $2::bigint, $10::timestamptz) {MARK_UPSERT}), "
+                ),
+                " WHERE EXISTS (SELECT 1 FROM mark)",
+                "(SELECT highest_token FROM mark)",
+            )
+        } else {
+            (String::new(), "", "NULL::bigint")
+        };
+        format!(
+            "WITH i AS (SELECT * FROM unnest($4::text[], $5::text[], $6::text[], $7::int8[], $8::text[], \
+               $9::timestamptz[]) AS i(submission_id, payout_id, idempotency_key, amount_minor, currency, submitted_at)), \
+             {mark}\
+             intent AS ( \
+               INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, owner_id, \
+               idempotency_key, amount_minor, currency, outcome, submitted_at) \
+               SELECT i.submission_id, i.payout_id, $1::text, $2::bigint, $3::text, i.idempotency_key, \
+               i.amount_minor, i.currency, NULL, i.submitted_at FROM i{gate} \
+               ON CONFLICT (payout_id) WHERE {FORWARDABLE} DO NOTHING \
+               RETURNING payout_id, submitted_at), \
+             moved AS ( \
+               UPDATE payouts SET state = 'SUBMITTED', attempt_count = payouts.attempt_count + 1, \
+               updated_at = intent.submitted_at FROM intent \
+               WHERE payouts.payout_id = intent.payout_id AND payouts.state IN {from} \
+               RETURNING payouts.payout_id) \
+             SELECT {marked} AS marked, ARRAY(SELECT payout_id FROM intent) AS claimed, \
+                    ARRAY(SELECT payout_id FROM moved) AS moved"
+        )
+    })
+}
+
+/// A batch's steps 1-3 on SQLite, as one batch of statements chained like
+/// [`sqlite_admit_statements`]: the mark once (`$1` account, `$2` token, `$3` instant);
+/// every intent row only when it wrote (`changes() = 1`), each admitted or not by the unique
+/// index (`$1` account, `$2` token, `$3` owner, `$4` the rows as JSON: `[submission, payout,
+/// key, amount, currency, instant]`); CLAIMED -> SUBMITTED of each payout whose intent this
+/// batch inserted (`$1` the same JSON). `fenced = false`: no mark statement. The text does
+/// not vary with the batch's size; built once per process and form.
+fn sqlite_batch_parts_sql(fenced: bool) -> &'static str {
+    static SQL: [std::sync::OnceLock<String>; 2] = [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    SQL[usize::from(fenced)].get_or_init(|| {
+        let from = payout::sql_states(&payout::sources(PayoutState::Submitted, Actor::RailProxy));
+        let mark = format!(
+            "INSERT INTO rail_high_water (account_id, highest_token, updated_at) VALUES ($1, $2, $3) {MARK_UPSERT}"
+        );
+        let gate = if fenced { "changes() = 1" } else { "true" };
+        let intent = format!(
+            "INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, owner_id, \
+             idempotency_key, amount_minor, currency, outcome, submitted_at) \
+             SELECT i.value ->> 0, i.value ->> 1, $1, $2, $3, i.value ->> 2, i.value ->> 3, i.value ->> 4, NULL, \
+             i.value ->> 5 FROM json_each($4) AS i WHERE {gate} \
+             ON CONFLICT (payout_id) WHERE {FORWARDABLE} DO NOTHING RETURNING payout_id"
+        );
+        let moved = format!(
+            "UPDATE payouts SET state = 'SUBMITTED', attempt_count = payouts.attempt_count + 1, \
+             updated_at = s.submitted_at FROM rail_submission AS s \
+             WHERE s.payout_id = payouts.payout_id \
+             AND s.submission_id IN (SELECT i.value ->> 0 FROM json_each($1) AS i) \
+             AND payouts.state IN {from} RETURNING payouts.payout_id"
+        );
+        if fenced {
+            dlock_db::sqlite_batch_sql(&[(&mark, 3), (&intent, 4), (&moved, 1)])
+        } else {
+            dlock_db::sqlite_batch_sql(&[(&intent, 4), (&moved, 1)])
+        }
+    })
+}
+
+/// The refused rows of a batch (FENCED or DUPLICATE), resolved as they are written, as one
+/// PostgreSQL statement: `$1` account, `$2` token, `$3` owner, arrays `$4`..`$10`
+/// (submission, payout, key, amount, currency, instant, outcome).
+const PG_REFUSED_ROWS_SQL: &str =
+    "INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, owner_id, \
+     idempotency_key, amount_minor, currency, outcome, submitted_at, resolved_at) \
+     SELECT i.submission_id, i.payout_id, $1::text, $2::bigint, $3::text, i.idempotency_key, i.amount_minor, \
+     i.currency, i.outcome, i.submitted_at, i.submitted_at \
+     FROM unnest($4::text[], $5::text[], $6::text[], $7::int8[], $8::text[], $9::timestamptz[], $10::text[]) \
+     AS i(submission_id, payout_id, idempotency_key, amount_minor, currency, submitted_at, outcome)";
+
+/// [`PG_REFUSED_ROWS_SQL`] on SQLite: `$4` the rows as JSON (`[submission, payout, key,
+/// amount, currency, instant, outcome]`).
+const SQLITE_REFUSED_ROWS_SQL: &str =
+    "INSERT INTO rail_submission (submission_id, payout_id, account_id, presented_token, owner_id, \
+     idempotency_key, amount_minor, currency, outcome, submitted_at, resolved_at) \
+     SELECT i.value ->> 0, i.value ->> 1, $1, $2, $3, i.value ->> 2, i.value ->> 3, i.value ->> 4, \
+     i.value ->> 6, i.value ->> 5, i.value ->> 5 FROM json_each($4) AS i";
+
+/// An instant as sqlx writes a bound `DateTime<Utc>` into SQLite (`sqlx-sqlite`'s encoding:
+/// RFC 3339, `AutoSi` fractions, `+00:00`), for the instants a batch carries inside its JSON:
+/// paydb compares instants as text, so they must be the very text a bound instant writes (a
+/// test holds the two together).
+fn sqlite_instant(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, false)
+}
+
+/// Ids as a JSON array of strings (SQLite's `json_each` set).
+fn json_ids(ids: &[Uuid]) -> String {
+    serde_json::Value::Array(ids.iter().map(|i| serde_json::Value::String(i.to_string())).collect()).to_string()
+}
+
+/// A batch's attempt rows as JSON arrays (SQLite): `[submission, payout, key, amount,
+/// currency, instant]`, and the outcome last when one is given.
+fn json_rows(attempts: &[&Attempt], outcomes: Option<&[SubmissionOutcome]>) -> String {
+    let rows: Vec<serde_json::Value> = attempts
+        .iter()
+        .enumerate()
+        .map(|(k, a)| {
+            let mut row = vec![
+                a.submission_id.to_string().into(),
+                a.payout_id.to_string().into(),
+                a.idempotency_key.clone().into(),
+                a.amount_minor.into(),
+                a.currency.clone().into(),
+                sqlite_instant(a.at).into(),
+            ];
+            if let Some(o) = outcomes.and_then(|o| o.get(k)) {
+                row.push(o.as_str().into());
+            }
+            serde_json::Value::Array(row)
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
+
+/// A batch's resolutions as JSON arrays (SQLite): `[submission, target state, outcome,
+/// detail, reference]`.
+fn json_resolutions(outcomes: &[(Uuid, Resolution)]) -> String {
+    let rows: Vec<serde_json::Value> = outcomes
+        .iter()
+        .map(|(id, r)| {
+            serde_json::json!([
+                id.to_string(),
+                r.payout_state().as_str(),
+                r.outcome().as_str(),
+                r.detail(),
+                r.rail_reference()
+            ])
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
+
+/// What a batch's steps 1-3 wrote: the mark they advanced to, the payouts whose intent was
+/// inserted, the payouts that moved to SUBMITTED.
+#[derive(Debug, Default)]
+struct BatchParts {
+    marked: Option<i64>,
+    claimed: std::collections::BTreeSet<Uuid>,
+    moved: std::collections::BTreeSet<Uuid>,
+}
+
+/// Payout ids read back as text.
+fn uuid_set(raw: impl IntoIterator<Item = String>) -> Result<std::collections::BTreeSet<Uuid>, StoreError> {
+    raw.into_iter().map(|r| parse_uuid(&r)).collect()
 }
 
 /// The payout as the proxy reads it ([`PayoutRow`]).
@@ -371,25 +574,87 @@ impl PgRailStore {
         ))
     }
 
-    /// One autocommitted statement ([`pg_resolve_sql`]).
-    async fn resolve_once(
+    /// Every resolution of a batch, one autocommitted statement ([`pg_resolve_batch_sql`]).
+    async fn resolve_batch_once(
         conn: &mut sqlx::PgConnection,
-        submission_id: Uuid,
-        r: &Resolution,
+        outcomes: &[(Uuid, Resolution)],
         at: DateTime<Utc>,
     ) -> Result<(), (sqlx::Error, Stage)> {
-        sqlx::query(&pg_resolve_sql(r.payout_state()))
-            .bind(submission_id.to_string())
-            .bind(r.outcome().as_str())
-            .bind(r.detail().map(str::to_owned))
-            .bind(r.rail_reference().map(str::to_owned))
+        let column = |f: &dyn Fn(&(Uuid, Resolution)) -> Option<String>| -> Vec<Option<String>> {
+            outcomes.iter().map(f).collect()
+        };
+        sqlx::query(pg_resolve_batch_sql())
+            .bind(column(&|(id, _)| Some(id.to_string())))
+            .bind(column(&|(_, r)| Some(r.payout_state().as_str().to_owned())))
+            .bind(column(&|(_, r)| Some(r.outcome().as_str().to_owned())))
+            .bind(column(&|(_, r)| r.detail().map(str::to_owned)))
+            .bind(column(&|(_, r)| r.rail_reference().map(str::to_owned)))
             .bind(at)
-            .bind(r.payout_state().as_str())
             .execute(&mut *conn)
             .await
             // Autocommitted: a lost answer may have committed.
             .map_err(|e| (e, Stage::Commit))?;
         Ok(())
+    }
+
+    /// The SQL of "`column` is one of the ids bound at `$1`".
+    fn id_in(column: &str) -> String {
+        format!("{column} = ANY($1)")
+    }
+
+    fn bind_ids<'q>(
+        query: sqlx::query::Query<'q, sqlx::Postgres, <sqlx::Postgres as sqlx::Database>::Arguments<'q>>,
+        ids: &[Uuid],
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, <sqlx::Postgres as sqlx::Database>::Arguments<'q>> {
+        query.bind(ids.iter().map(Uuid::to_string).collect::<Vec<String>>())
+    }
+
+    /// Binds a batch's attempt rows as arrays: `$4`..`$9` of [`pg_batch_parts_sql`] and
+    /// [`PG_REFUSED_ROWS_SQL`] (after the account, the token and the owner).
+    fn bind_rows<'q>(
+        query: sqlx::query::Query<'q, sqlx::Postgres, <sqlx::Postgres as sqlx::Database>::Arguments<'q>>,
+        attempts: &[&Attempt],
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, <sqlx::Postgres as sqlx::Database>::Arguments<'q>> {
+        let Some(first) = attempts.first() else { return query };
+        query
+            .bind(first.account_id.clone())
+            .bind(first.presented_token)
+            .bind(first.owner_id.clone())
+            .bind(attempts.iter().map(|a| a.submission_id.to_string()).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|a| a.payout_id.to_string()).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|a| a.idempotency_key.clone()).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|a| a.amount_minor).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|a| a.currency.clone()).collect::<Vec<_>>())
+            .bind(attempts.iter().map(|a| a.at).collect::<Vec<_>>())
+    }
+
+    /// A batch's steps 1-3, one statement ([`pg_batch_parts_sql`]); the mark's instant is
+    /// the first attempt's.
+    async fn batch_parts(
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        attempts: &[&Attempt],
+        fenced: bool,
+    ) -> Result<BatchParts, StoreError> {
+        let Some(first) = attempts.first() else { return Ok(BatchParts::default()) };
+        let query = Self::bind_rows(sqlx::query(pg_batch_parts_sql(fenced)), attempts);
+        let query = if fenced { query.bind(first.at) } else { query };
+        let row = query.fetch_one(&mut **tx).await.map_err(db_error)?;
+        Ok(BatchParts {
+            marked: row.try_get("marked").map_err(db_error)?,
+            claimed: uuid_set(row.try_get::<Vec<String>, _>("claimed").map_err(db_error)?)?,
+            moved: uuid_set(row.try_get::<Vec<String>, _>("moved").map_err(db_error)?)?,
+        })
+    }
+
+    /// Writes a batch's refused rows, one statement ([`PG_REFUSED_ROWS_SQL`]).
+    async fn insert_refused(
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        attempts: &[&Attempt],
+        outcomes: &[SubmissionOutcome],
+    ) -> Result<u64, StoreError> {
+        let query = Self::bind_rows(sqlx::query(PG_REFUSED_ROWS_SQL), attempts)
+            .bind(outcomes.iter().map(|o| o.as_str().to_owned()).collect::<Vec<_>>());
+        Ok(query.execute(&mut **tx).await.map_err(db_error)?.rows_affected())
     }
 }
 
@@ -423,44 +688,265 @@ impl SqliteRailStore {
         Ok((marked, !parts[1].rows.is_empty(), parts[2].rows_affected == 1))
     }
 
-    /// One transaction of one batch ([`sqlite_resolve_statements`]).
-    async fn resolve_once(
+    /// Every resolution of a batch, one transaction of one batch of statements
+    /// ([`sqlite_resolve_batch_sql`]).
+    async fn resolve_batch_once(
         conn: &mut sqlx::SqliteConnection,
-        submission_id: Uuid,
-        r: &Resolution,
+        outcomes: &[(Uuid, Resolution)],
         at: DateTime<Utc>,
     ) -> Result<(), (sqlx::Error, Stage)> {
         use sqlx::Connection;
         let statement = |e| (e, Stage::Statement);
         let mut tx = conn.begin().await.map_err(statement)?;
-        let [outcome, moved] = sqlite_resolve_statements(r.payout_state());
-        let q = dlock_db::sqlite_batch_sql(&[(&outcome.0, outcome.1), (&moved.0, moved.1)]);
-        let query = sqlx::query(&q)
-            .bind(r.outcome().as_str())
-            .bind(r.detail().map(str::to_owned))
-            .bind(r.rail_reference().map(str::to_owned))
-            .bind(at)
-            .bind(submission_id.to_string())
-            .bind(r.payout_state().as_str())
-            .bind(at)
-            .bind(submission_id.to_string());
+        let rows = json_resolutions(outcomes);
+        let query = sqlx::query(sqlite_resolve_batch_sql()).bind(at).bind(rows.clone()).bind(at).bind(rows);
         dlock_db::sqlite_batch(&mut tx, query, 2).await.map_err(statement)?;
         tx.commit().await.map_err(|e| (e, Stage::Commit))
+    }
+
+    /// The SQL of "`column` is one of the ids bound at `$1`" (a JSON array).
+    fn id_in(column: &str) -> String {
+        format!("{column} IN (SELECT value FROM json_each($1))")
+    }
+
+    fn bind_ids<'q>(
+        query: sqlx::query::Query<'q, sqlx::Sqlite, <sqlx::Sqlite as sqlx::Database>::Arguments<'q>>,
+        ids: &[Uuid],
+    ) -> sqlx::query::Query<'q, sqlx::Sqlite, <sqlx::Sqlite as sqlx::Database>::Arguments<'q>> {
+        query.bind(json_ids(ids))
+    }
+
+    /// A batch's steps 1-3, one batch of statements ([`sqlite_batch_parts_sql`]); the mark's
+    /// instant is the first attempt's.
+    async fn batch_parts(
+        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        attempts: &[&Attempt],
+        fenced: bool,
+    ) -> Result<BatchParts, StoreError> {
+        let Some(first) = attempts.first() else { return Ok(BatchParts::default()) };
+        let rows = json_rows(attempts, None);
+        let mut query = sqlx::query(sqlite_batch_parts_sql(fenced));
+        if fenced {
+            query = query.bind(first.account_id.clone()).bind(first.presented_token).bind(first.at);
+        }
+        let query = query
+            .bind(first.account_id.clone())
+            .bind(first.presented_token)
+            .bind(first.owner_id.clone())
+            .bind(rows.clone())
+            .bind(rows);
+        let statements = if fenced { 3 } else { 2 };
+        let mut parts = dlock_db::sqlite_batch(tx, query, statements).await.map_err(db_error)?;
+        let marked = if fenced {
+            match parts.remove(0).rows.first() {
+                Some(r) => Some(r.try_get::<i64, _>("highest_token").map_err(db_error)?),
+                None => None,
+            }
+        } else {
+            None
+        };
+        let returned = |part: &dlock_db::BatchPart| -> Result<Vec<String>, StoreError> {
+            part.rows.iter().map(|r| r.try_get::<String, _>("payout_id").map_err(db_error)).collect()
+        };
+        Ok(BatchParts { marked, claimed: uuid_set(returned(&parts[0])?)?, moved: uuid_set(returned(&parts[1])?)? })
+    }
+
+    /// Writes a batch's refused rows, one statement ([`SQLITE_REFUSED_ROWS_SQL`]).
+    async fn insert_refused(
+        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        attempts: &[&Attempt],
+        outcomes: &[SubmissionOutcome],
+    ) -> Result<u64, StoreError> {
+        let Some(first) = attempts.first() else { return Ok(0) };
+        let q = sqlite_sql(SQLITE_REFUSED_ROWS_SQL);
+        let query = sqlx::query(&q)
+            .bind(first.account_id.clone())
+            .bind(first.presented_token)
+            .bind(first.owner_id.clone())
+            .bind(json_rows(attempts, Some(outcomes)));
+        Ok(query.execute(&mut **tx).await.map_err(db_error)?.rows_affected())
     }
 }
 
 macro_rules! sql_rail_store {
     ($store:ty, $db:ty, $sql:path, $paydb:ident) => {
         impl $store {
-            /// One try of [`RailStore::resolve`] on `conn`: one autocommitted statement on
-            /// PostgreSQL, one transaction of one batch on SQLite (`resolve_once`).
-            async fn resolve_on(
+            /// The payouts named by `ids` as the proxy reads them, by id: one statement,
+            /// whose text does not vary with the number of ids. Built once per process.
+            async fn payouts_by_id(
                 conn: &mut <$db as sqlx::Database>::Connection,
-                submission_id: Uuid,
-                r: &Resolution,
+                ids: &[Uuid],
+            ) -> Result<std::collections::BTreeMap<Uuid, PayoutRow>, StoreError> {
+                static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+                let q = SQL.get_or_init(|| {
+                    $sql(&format!(
+                        "SELECT payout_id, account_id, amount_minor, currency, beneficiary_ref, state, attempt_count \
+                         FROM payouts WHERE {}",
+                        Self::id_in("payout_id")
+                    ))
+                    .into_owned()
+                });
+                let rows = Self::bind_ids(sqlx::query(q), ids).fetch_all(&mut *conn).await.map_err(db_error)?;
+                rows.iter().map(|r| payout_row(r).map(|p| (p.payout_id, p))).collect()
+            }
+
+            /// The forwardable attempt of each payout of `ids` that has one (what made a
+            /// batch's intent a duplicate), in its transaction.
+            async fn firsts_in(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                ids: &[Uuid],
+            ) -> Result<std::collections::BTreeMap<Uuid, FirstAttempt>, StoreError> {
+                let q = $sql(&format!(
+                    "SELECT payout_id, submission_id, submitted_at FROM rail_submission WHERE {} AND ({FORWARDABLE})",
+                    Self::id_in("payout_id")
+                ))
+                .into_owned();
+                let rows = Self::bind_ids(sqlx::query(&q), ids).fetch_all(&mut **tx).await.map_err(db_error)?;
+                rows.iter()
+                    .map(|r| {
+                        let payout_id = parse_uuid(&r.try_get::<String, _>("payout_id").map_err(db_error)?)?;
+                        let submission_id = parse_uuid(&r.try_get::<String, _>("submission_id").map_err(db_error)?)?;
+                        let submitted_at: DateTime<Utc> = r.try_get("submitted_at").map_err(db_error)?;
+                        Ok((payout_id, FirstAttempt { submission_id, submitted_at }))
+                    })
+                    .collect()
+            }
+
+            /// The account's mark, read inside a transaction (a refusal's evidence).
+            async fn highest_in(tx: &mut sqlx::Transaction<'static, $db>, account_id: &str) -> Result<i64, StoreError> {
+                let q = $sql("SELECT highest_token FROM rail_high_water WHERE account_id = $1");
+                sqlx::query(&q)
+                    .bind(account_id.to_owned())
+                    .fetch_one(&mut **tx)
+                    .await
+                    .and_then(|r| r.try_get("highest_token"))
+                    .map_err(db_error)
+            }
+
+            /// The mark `highest` refused `token`; it must refuse it by the rule too.
+            fn fenced_by(highest: i64, token: i64) -> Result<i64, StoreError> {
+                match admission::mark_verdict(true, Some(highest), token) {
+                    MarkVerdict::Fenced { highest_token } => Ok(highest_token),
+                    _ => Err(StoreError::Corrupt(format!(
+                        "rail_high_water {highest} refused token {token} the fence rule passes"
+                    ))),
+                }
+            }
+
+            /// The end of a batch's admission whose steps 1-3 wrote `parts`, in the same
+            /// transaction: a fenced batch writes a FENCED row per attempt; otherwise each
+            /// attempt is admitted (its intent in and its payout moved), a duplicate (the
+            /// unique index refused its intent: a DUPLICATE row), or not claimable (its intent
+            /// went in but its payout did not move: the intent is removed, nothing of it
+            /// stays). It commits when some attempt passed step 1, else rolls back (the mark
+            /// with it). The answers are in `attempts`' order.
+            async fn finish_batch(
+                mut tx: sqlx::Transaction<'static, $db>,
+                attempts: &[&Attempt],
+                parts: BatchParts,
+            ) -> Result<Vec<Admission>, StoreError> {
+                let Some(first) = attempts.first() else { return Ok(Vec::new()) };
+                let token = first.presented_token;
+                match parts.marked {
+                    Some(to) if to != token => {
+                        return Err(StoreError::Corrupt(format!("rail_high_water advanced to {to}")));
+                    }
+                    None if first.fencing_enabled => {
+                        // Step 1 refused, so no other part wrote: every attempt is fenced.
+                        if !parts.claimed.is_empty() || !parts.moved.is_empty() {
+                            return Err(StoreError::Corrupt("a batch's parts wrote past a refused mark".into()));
+                        }
+                        let highest_token = Self::fenced_by(Self::highest_in(&mut tx, &first.account_id).await?, token)?;
+                        let fenced = vec![SubmissionOutcome::Fenced; attempts.len()];
+                        Self::insert_refused(&mut tx, attempts, &fenced).await?;
+                        tx.commit().await.map_err(commit_error)?;
+                        return Ok(vec![Admission::Fenced { highest_token }; attempts.len()]);
+                    }
+                    _ => {}
+                }
+                let mut steps = Vec::with_capacity(attempts.len());
+                for a in attempts {
+                    steps.push(match (parts.claimed.contains(&a.payout_id), parts.moved.contains(&a.payout_id)) {
+                        (true, true) => AdmitStep::Moved,
+                        (true, false) => AdmitStep::NotMoved,
+                        (false, false) => AdmitStep::SlotTaken,
+                        (false, true) => {
+                            return Err(StoreError::Corrupt(format!("payout {} moved without its intent", a.payout_id)))
+                        }
+                    });
+                }
+                let of = |step: AdmitStep| -> Vec<&Attempt> {
+                    attempts.iter().zip(&steps).filter(|(_, s)| **s == step).map(|(a, _)| *a).collect()
+                };
+                let (taken, not_moved) = (of(AdmitStep::SlotTaken), of(AdmitStep::NotMoved));
+                let passed = attempts.len() > not_moved.len();
+                let firsts = if taken.is_empty() {
+                    Default::default()
+                } else {
+                    let ids: Vec<Uuid> = taken.iter().map(|a| a.payout_id).collect();
+                    let firsts = Self::firsts_in(&mut tx, &ids).await?;
+                    Self::insert_refused(&mut tx, &taken, &vec![SubmissionOutcome::Duplicate; taken.len()]).await?;
+                    firsts
+                };
+                let states = if not_moved.is_empty() {
+                    Default::default()
+                } else {
+                    // The conditional write refused: the payout was not in a state the proxy may
+                    // submit from when it looked (the state read now is evidence only).
+                    let ids: Vec<Uuid> = not_moved.iter().map(|a| a.payout_id).collect();
+                    let states = Self::payouts_by_id(&mut tx, &ids).await?;
+                    if passed {
+                        let sids: Vec<Uuid> = not_moved.iter().map(|a| a.submission_id).collect();
+                        let q = $sql(&format!(
+                            "DELETE FROM rail_submission WHERE {} AND outcome IS NULL",
+                            Self::id_in("submission_id")
+                        ))
+                        .into_owned();
+                        let gone = Self::bind_ids(sqlx::query(&q), &sids)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db_error)?
+                            .rows_affected();
+                        if gone != sids.len() as u64 {
+                            return Err(StoreError::Corrupt(format!("{gone} of {} refused intents removed", sids.len())));
+                        }
+                    }
+                    states
+                };
+                let admissions = attempts
+                    .iter()
+                    .zip(&steps)
+                    .map(|(a, step)| match step {
+                        AdmitStep::Moved => Ok(Admission::Admitted { submitted_at: a.at }),
+                        AdmitStep::SlotTaken => firsts
+                            .get(&a.payout_id)
+                            .map(|f| Admission::Duplicate {
+                                first_submitted_at: f.submitted_at,
+                                first_submission_id: f.submission_id,
+                            })
+                            .ok_or_else(|| StoreError::Corrupt(format!("payout {}: no forwardable attempt", a.payout_id))),
+                        _ => states
+                            .get(&a.payout_id)
+                            .map(|p| Admission::NotClaimable { state: p.state })
+                            .ok_or_else(|| StoreError::Corrupt(format!("payout {} vanished", a.payout_id))),
+                    })
+                    .collect::<Result<Vec<Admission>, StoreError>>()?;
+                if passed {
+                    tx.commit().await.map_err(commit_error)?;
+                } else {
+                    // No attempt passed step 1: nothing stays, the mark included (C-6).
+                    tx.rollback().await.map_err(db_error)?;
+                }
+                Ok(admissions)
+            }
+
+            /// One try of [`RailStore::resolve_batch`] on `conn` (`resolve_batch_once`).
+            async fn resolve_batch_on(
+                conn: &mut <$db as sqlx::Database>::Connection,
+                outcomes: &[(Uuid, Resolution)],
                 at: DateTime<Utc>,
             ) -> Result<(), (sqlx::Error, Stage)> {
-                Self::resolve_once(conn, submission_id, r, at).await
+                Self::resolve_batch_once(conn, outcomes, at).await
             }
 
             /// How far the writes of steps 1-3 got, from what their parts wrote.
@@ -518,22 +1004,9 @@ macro_rules! sql_rail_store {
                 };
                 match step {
                     AdmitStep::MarkRefused => {
-                        let q = $sql("SELECT highest_token FROM rail_high_water WHERE account_id = $1");
-                        let highest: i64 = sqlx::query(&q)
-                            .bind(a.account_id.clone())
-                            .fetch_one(&mut *tx)
-                            .await
-                            .and_then(|r| r.try_get("highest_token"))
-                            .map_err(db_error)?;
                         // The mark it left must refuse the token by the rule too.
-                        let MarkVerdict::Fenced { highest_token } =
-                            admission::mark_verdict(true, Some(highest), a.presented_token)
-                        else {
-                            return Err(StoreError::Corrupt(format!(
-                                "rail_high_water {highest} refused token {} the fence rule passes",
-                                a.presented_token
-                            )));
-                        };
+                        let highest = Self::highest_in(&mut tx, &a.account_id).await?;
+                        let highest_token = Self::fenced_by(highest, a.presented_token)?;
                         refused_row(SubmissionOutcome::Fenced).execute(&mut *tx).await.map_err(db_error)?;
                         tx.commit().await.map_err(commit_error)?;
                         Ok(Admission::Fenced { highest_token })
@@ -678,21 +1151,54 @@ macro_rules! sql_rail_store {
                 self.finish_admission(tx, a, step).await
             }
 
+            /// A batch of one ([`RailStore::resolve_batch`]): the same statements.
             async fn resolve(&self, submission_id: Uuid, r: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
+                self.resolve_batch(&[(submission_id, r.clone())], at).await
+            }
+
+            /// Validation (one read of every payout's immutable terms, before the
+            /// transaction: they never change once written, and a payout is never deleted),
+            /// then the stamps of the validated payouts, then one transaction: steps 1-3 of
+            /// all of them in one database call (`pg_batch_parts_sql`,
+            /// `sqlite_batch_parts_sql`) and the refusals' rows (`finish_batch`).
+            async fn admit_batch(&self, asked: &[Unstamped], stamp: Stamp<'_>) -> Result<Vec<Checked>, StoreError> {
+                check_batch(asked)?;
+                let Some(first) = asked.first() else { return Ok(Vec::new()) };
+                let ids: Vec<Uuid> = asked.iter().map(|a| a.payout_id).collect();
+                let rows = {
+                    let mut conn = self.read_pool.acquire().await.map_err(db_error)?;
+                    Self::payouts_by_id(&mut conn, &ids).await?
+                };
+                let validated = validate_batch(asked, |id| rows.get(&id).cloned(), stamp);
+                let attempts = validated_attempts(&validated);
+                if attempts.is_empty() {
+                    return batch_answers(validated, Vec::new());
+                }
+                let attempts: Vec<&Attempt> = attempts.iter().collect();
+                let mut tx = self.pool.begin().await.map_err(db_error)?;
+                let parts = Self::batch_parts(&mut tx, &attempts, first.fencing_enabled).await?;
+                let admissions = Self::finish_batch(tx, &attempts, parts).await?;
+                batch_answers(validated, admissions)
+            }
+
+            async fn resolve_batch(&self, outcomes: &[(Uuid, Resolution)], at: DateTime<Utc>) -> Result<(), StoreError> {
+                if outcomes.is_empty() {
+                    return Ok(());
+                }
                 // Recording an outcome writes only an attempt still unresolved, so trying it
                 // again after a lost connection (this one was handed out unpinged) cannot
                 // record a second outcome: the retry runs on a connection that answered a ping.
                 let mut conn = self.pool.acquire().await.map_err(db_error)?;
-                let first = Self::resolve_on(&mut conn, submission_id, r, at).await;
+                let first = Self::resolve_batch_on(&mut conn, outcomes, at).await;
                 drop(conn);
                 let Err((e, stage)) = first else { return Ok(()) };
                 if !dlock_db::is_connection_lost(&e) {
                     return Err(stage.classify(e));
                 }
-                tracing::warn!(submissionId = %submission_id, cause = %dlock_db::describe(&e),
+                tracing::warn!(submissions = outcomes.len(), cause = %dlock_db::describe(&e),
                     "rail_resolve_connection_lost_retrying");
                 let mut conn = dlock_db::live_connection(&self.pool).await.map_err(db_error)?;
-                Self::resolve_on(&mut *conn, submission_id, r, at).await.map_err(|(e, stage)| stage.classify(e))
+                Self::resolve_batch_on(&mut *conn, outcomes, at).await.map_err(|(e, stage)| stage.classify(e))
             }
 
             async fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, StoreError> {
@@ -754,3 +1260,41 @@ macro_rules! sql_rail_store {
 
 sql_rail_store!(PgRailStore, sqlx::Postgres, pg_sql, pg);
 sql_rail_store!(SqliteRailStore, sqlx::Sqlite, sqlite_sql, sqlite);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolution_targets_are_every_outcomes_payout_state() {
+        let outcomes = [
+            Resolution::Acked { rail_reference: "r".into() },
+            Resolution::Rejected { detail: "d".into() },
+            Resolution::Timeout { detail: "d".into() },
+            Resolution::Unsent { detail: "d".into() },
+        ];
+        let targets: Vec<PayoutState> = outcomes.iter().map(Resolution::payout_state).collect();
+        assert_eq!(targets, RESOLUTION_TARGETS.to_vec());
+    }
+
+    /// The instants a batch carries in its JSON are the text sqlx writes for a bound instant,
+    /// whole milliseconds or not, so paydb's text comparisons order them as any other.
+    #[tokio::test]
+    async fn a_batch_instant_is_the_text_a_bound_instant_writes_in_sqlite() {
+        use sqlx::Connection;
+        let mut conn = sqlx::SqliteConnection::connect("sqlite::memory:").await.expect("sqlite");
+        let base = DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("instant");
+        for nanos in [0i64, 7_000_000, 120_000_000, 123_456_000, 123_456_789] {
+            let at = base + chrono::Duration::nanoseconds(nanos);
+            let bound: String =
+                sqlx::query_scalar("SELECT CAST(? AS TEXT)").bind(at).fetch_one(&mut conn).await.expect("read");
+            assert_eq!(sqlite_instant(at), bound, "{nanos} ns");
+            let via_json: String = sqlx::query_scalar("SELECT value ->> 0 FROM json_each(?)")
+                .bind(serde_json::json!([[sqlite_instant(at)]]).to_string())
+                .fetch_one(&mut conn)
+                .await
+                .expect("read");
+            assert_eq!(via_json, bound, "{nanos} ns through json_each");
+        }
+    }
+}

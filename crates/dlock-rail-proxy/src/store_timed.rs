@@ -24,6 +24,8 @@ pub enum RailStoreOp {
     Payout,
     Admit,
     Resolve,
+    AdmitBatch,
+    ResolveBatch,
     HighWater,
     Submissions,
     UnresolvedBefore,
@@ -35,7 +37,18 @@ impl ClosedTag for RailStoreOp {
 
     fn all() -> &'static [Self] {
         use RailStoreOp::*;
-        &[Ping, Payout, Admit, Resolve, HighWater, Submissions, UnresolvedBefore, InsertPayout]
+        &[
+            Ping,
+            Payout,
+            Admit,
+            Resolve,
+            AdmitBatch,
+            ResolveBatch,
+            HighWater,
+            Submissions,
+            UnresolvedBefore,
+            InsertPayout,
+        ]
     }
 
     fn tag(self) -> &'static str {
@@ -44,6 +57,8 @@ impl ClosedTag for RailStoreOp {
             RailStoreOp::Payout => "payout",
             RailStoreOp::Admit => "admit",
             RailStoreOp::Resolve => "resolve",
+            RailStoreOp::AdmitBatch => "admit_batch",
+            RailStoreOp::ResolveBatch => "resolve_batch",
             RailStoreOp::HighWater => "high_water",
             RailStoreOp::Submissions => "submissions",
             RailStoreOp::UnresolvedBefore => "unresolved_before",
@@ -91,6 +106,14 @@ impl RailStore for TimedRailStore {
 
     async fn resolve(&self, submission_id: Uuid, resolution: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
         self.write(RailStoreOp::Resolve, self.inner.resolve(submission_id, resolution, at)).await
+    }
+
+    async fn admit_batch(&self, asked: &[Unstamped], stamp: Stamp<'_>) -> Result<Vec<Checked>, StoreError> {
+        self.write(RailStoreOp::AdmitBatch, self.inner.admit_batch(asked, stamp)).await
+    }
+
+    async fn resolve_batch(&self, outcomes: &[(Uuid, Resolution)], at: DateTime<Utc>) -> Result<(), StoreError> {
+        self.write(RailStoreOp::ResolveBatch, self.inner.resolve_batch(outcomes, at)).await
     }
 
     async fn high_water(&self, account_id: &str) -> Result<Option<i64>, StoreError> {

@@ -1,5 +1,6 @@
 //! Runs the rail store conformance suite against SQLite, PostgreSQL and the simulation
-//! store (the last also under `--cfg madsim`, where sqlx cannot run). Requirement ids: see
+//! stores, the proxy's own tables and all of paydb in memory (the last two also under
+//! `--cfg madsim`, where sqlx cannot run). Requirement ids: see
 //! docs/contracts/requirements.md.
 
 mod conformance;
@@ -27,8 +28,14 @@ async fn sim() -> (Arc<dyn RailStore>, ()) {
     (Arc::new(MemRailStore::new()), ())
 }
 
+/// All of paydb in memory, the simulation's database (the payment-resource shares it).
+async fn sim_paydb() -> (Arc<dyn RailStore>, ()) {
+    (Arc::new(dlock_rail_proxy::store_mem::MemPaydb::new()), ())
+}
+
 #[cfg(not(madsim))]
 rail_store_conformance!(sqlite_store, sqlite());
 #[cfg(not(madsim))]
 rail_store_conformance!(postgres_store, postgres());
 rail_store_conformance!(sim_store, sim());
+rail_store_conformance!(sim_paydb_store, sim_paydb());

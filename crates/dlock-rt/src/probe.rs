@@ -51,10 +51,13 @@ pub enum Probe {
     /// An executor rotated a posted payout's grant into a grant for the next payout of its
     /// account (a chain link, issue 14).
     GrantChained,
+    /// Two or more payouts of one account were posted by one batch (C3-extensions E-19):
+    /// claimed, submitted and posted together, each fence passed once for all of them.
+    BatchPosted,
 }
 
 impl Probe {
-    pub const ALL: [Probe; 16] = [
+    pub const ALL: [Probe; 17] = [
         Probe::FencedOutAccount,
         Probe::FencedOutLedger,
         Probe::FencedOutRail,
@@ -71,6 +74,7 @@ impl Probe {
         Probe::PartitionHealedMidLease,
         Probe::ForgedTokenRefused,
         Probe::GrantChained,
+        Probe::BatchPosted,
     ];
 
     pub fn name(self) -> &'static str {
@@ -91,6 +95,7 @@ impl Probe {
             Probe::PartitionHealedMidLease => "partition_healed_mid_lease",
             Probe::ForgedTokenRefused => "forged_token_refused",
             Probe::GrantChained => "grant_chained",
+            Probe::BatchPosted => "batch_posted",
         }
     }
 }

@@ -216,6 +216,9 @@ struct ExecutorArgs {
     /// [executor.chain-payouts-max] Payouts of one account a task works under one chain of rotated grants before it releases the account (1: acquire and release per payout).
     #[arg(long, env = "DLOCK_EXECUTOR_CHAIN_PAYOUTS_MAX", value_name = "N")]
     chain_payouts_max: Option<u32>,
+    /// [executor.payouts-per-grant-max] PENDING or CLAIMED payouts of one account a task claims, submits and posts together under one grant (1: one payout at a time, through the single writes).
+    #[arg(long, env = "DLOCK_EXECUTOR_PAYOUTS_PER_GRANT_MAX", value_name = "N")]
+    payouts_per_grant_max: Option<u32>,
     /// [executor.write.connect-timeout-ms] Claim and post: connect budget.
     #[arg(long, env = "DLOCK_EXECUTOR_WRITE_CONNECT_TIMEOUT_MS", value_name = "MS")]
     write_connect_timeout_ms: Option<u64>,
@@ -476,6 +479,7 @@ impl ExecutorArgs {
         l.set_flag_opt("executor.affinity-count", self.affinity_count.as_ref());
         l.set_flag_opt("executor.affinity-steal-after-ms", self.affinity_steal_after_ms.as_ref());
         l.set_flag_opt("executor.chain-payouts-max", self.chain_payouts_max.as_ref());
+        l.set_flag_opt("executor.payouts-per-grant-max", self.payouts_per_grant_max.as_ref());
         l.set_flag_opt("executor.write.connect-timeout-ms", self.write_connect_timeout_ms.as_ref());
         l.set_flag_opt("executor.write.read-timeout-ms", self.write_read_timeout_ms.as_ref());
         l.set_flag_opt("executor.write.retries-max", self.write_retries_max.as_ref());

@@ -545,3 +545,67 @@ fn an_answer_on_the_wire_that_differs_from_its_record_is_not_a_byte_identical_re
     let other = WireWrite { target: claim_target(8), ..answered(409, b"x") };
     assert!(wire_replay_failures(&[other], &records).is_empty());
 }
+
+#[test]
+fn a_batch_on_the_wire_is_each_payout_with_its_items_answer_and_the_batch_itself() {
+    let (a, b) = (uuid(1), uuid(2));
+    let ex = |path: &str, body: String, fate: Option<dlock_rt::wire_log::Fate>| dlock_rt::wire_log::Exchange {
+        seq_sent: 1,
+        seq_done: Some(2),
+        authority: "a:1".into(),
+        method: "POST".into(),
+        path: path.into(),
+        headers: [("x-fencing-token", "7"), ("x-idempotency-key", "claims:7")]
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        request: body.into_bytes(),
+        fate,
+    };
+    let body = format!(r#"{{"payouts":[{{"payoutId":"{a}"}},{{"payoutId":"{b}"}}]}}"#);
+    // Answered 200: each payout's fate is its item; the second item is a retry-safe refusal.
+    let answer = serde_json::json!({"accountId": "acct", "presentedToken": 7, "items": [
+        {"payoutId": a, "status": 200, "body": {"payoutId": a}},
+        {"payoutId": b, "status": 503, "body": {"code": "NOT_READY", "message": "m", "retrySafe": true, "traceId": "t"}},
+    ]});
+    let fate = dlock_rt::wire_log::Fate::Answered { status: 200, body: serde_json::to_vec(&answer).expect("json") };
+    let writes = parse_wire_all(&ex("/v1/accounts/acct/claims", body.clone(), Some(fate)));
+    assert_eq!(writes.len(), 3, "{writes:?}");
+    assert_eq!(
+        writes[0].target,
+        WireTarget::Fenced { op: FencedOp::Claim, payout: a, token: 7, key: "claims:7".into() }
+    );
+    assert_eq!(writes[0].retry_safe_code(), None);
+    assert_eq!(writes[1].retry_safe_code().as_deref(), Some("NOT_READY"));
+    assert!(
+        matches!(&writes[2].target, WireTarget::Batch { op: FencedOp::Claim, account, token: 7, .. } if account == "acct")
+    );
+    // A retry-safe item whose claim paydb holds is a trace, judged like a single claim.
+    let held = Effects { writes: [(FencedOp::Claim, b, 7)].into(), grants: vec![] };
+    assert_eq!(invariants(&retry_safe_failures(&writes, &held)), [ids::RETRY_SAFE_LEFT_NO_TRACE]);
+    // A whole-batch refusal is every payout's.
+    let refused = Some(envelope("NOT_READY", true));
+    let writes = parse_wire_all(&ex("/v1/accounts/acct/posts", body, refused));
+    assert!(writes[..2].iter().all(|w| w.retry_safe_code().as_deref() == Some("NOT_READY")), "{writes:?}");
+    // R1b: each submission with its own key, no batch identity.
+    let subs = format!(r#"{{"accountId":"acct","submissions":[{{"payoutId":"{a}","idempotencyKey":"payout:a"}}]}}"#);
+    let writes = parse_wire_all(&ex(dlock_rail_client::SUBMISSION_BATCHES_PATH, subs, None));
+    assert_eq!(writes.len(), 1);
+    assert_eq!(
+        writes[0].target,
+        WireTarget::Fenced { op: FencedOp::Admit, payout: a, token: 7, key: "payout:a".into() }
+    );
+}
+
+#[test]
+fn a_batch_answered_other_than_its_record_is_not_a_byte_identical_replay() {
+    let target = WireTarget::Batch { op: FencedOp::Post, account: "acct".into(), token: 9, key: "posts:9".into() };
+    let answered = |status: u16, body: &[u8]| {
+        wire(target.clone(), 1, Some(2), Some(dlock_rt::wire_log::Fate::Answered { status, body: body.to_vec() }))
+    };
+    let records: BatchRecords =
+        [((FencedOp::Post, "acct".to_owned(), 9, "posts:9".to_owned()), (200, b"first".to_vec()))].into();
+    assert!(wire_batch_replay_failures(&[answered(200, b"first"), answered(503, b"x")], &records).is_empty());
+    let broken = wire_batch_replay_failures(&[answered(200, b"second")], &records);
+    assert_eq!(invariants(&broken), [ids::WIRE_REPLAY_BYTE_IDENTICAL], "{broken:?}");
+}

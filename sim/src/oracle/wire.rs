@@ -34,6 +34,10 @@ pub enum WireTarget {
     Fenced { op: FencedOp, payout: Uuid, token: i64, key: String },
     /// An acquire (L4) of `key` in `session`.
     Acquire { session: Uuid, key: String },
+    /// A batch (C3-extensions E-19: P2b `FencedOp::Claim`, P3b `FencedOp::Post`) of
+    /// `account` under `token`, as one request: its whole answer, for the replay check.
+    /// Each payout it names is also a [`WireTarget::Fenced`] of its own ([`parse_wire_all`]).
+    Batch { op: FencedOp, account: String, token: i64, key: String },
 }
 
 /// One write a client sent, as the oracle reads it from the wire log.
@@ -84,6 +88,74 @@ pub fn parse_wire(e: &Exchange) -> Option<WireWrite> {
     Some(WireWrite { target, seq_sent: e.seq_sent, seq_done: e.seq_done, fate: e.fate.clone() })
 }
 
+/// Every write an exchange carried: [`parse_wire`]'s one, or for a batch (C3-extensions
+/// E-19) one [`WireTarget::Fenced`] per payout it names, whose fate is that payout's item
+/// when the batch answered `200` (else the batch's own fate: a whole-request refusal, or no
+/// answer, is every payout's), and for P2b and P3b the batch itself ([`WireTarget::Batch`]).
+pub fn parse_wire_all(e: &Exchange) -> Vec<WireWrite> {
+    let Some((op, account, items_field)) = batch_of(e) else {
+        return parse_wire(e).into_iter().collect();
+    };
+    let Some(token) = e.header(HEADER_FENCING_TOKEN).and_then(|t| t.parse::<i64>().ok()) else {
+        return Vec::new();
+    };
+    let Ok(body) = serde_json::from_slice::<serde_json::Value>(&e.request) else { return Vec::new() };
+    let account = account.or_else(|| body.get("accountId").and_then(|a| a.as_str()).map(str::to_owned));
+    let answer = match &e.fate {
+        Some(Fate::Answered { status: 200, body }) => {
+            serde_json::from_slice::<dlock_contract::batch::BatchAnswer>(body).ok()
+        }
+        _ => None,
+    };
+    let header_key = e.header(HEADER_IDEMPOTENCY_KEY).unwrap_or_default().to_owned();
+    let mut out = Vec::new();
+    let items = body.get(items_field).and_then(|v| v.as_array()).cloned().unwrap_or_default();
+    for item in &items {
+        let Some(payout) = item.get("payoutId").and_then(|v| v.as_str()).and_then(|s| Uuid::parse_str(s).ok()) else {
+            continue;
+        };
+        let key = match op {
+            FencedOp::Admit => item.get("idempotencyKey").and_then(|k| k.as_str()).unwrap_or_default().to_owned(),
+            _ => header_key.clone(),
+        };
+        let fate = match answer.as_ref().and_then(|a| a.item(payout)) {
+            Some(i) => Some(Fate::Answered { status: i.status, body: serde_json::to_vec(&i.body).unwrap_or_default() }),
+            None => e.fate.clone(),
+        };
+        out.push(WireWrite {
+            target: WireTarget::Fenced { op, payout, token, key },
+            seq_sent: e.seq_sent,
+            seq_done: e.seq_done,
+            fate,
+        });
+    }
+    if let (FencedOp::Claim | FencedOp::Post, Some(account)) = (op, account) {
+        out.push(WireWrite {
+            target: WireTarget::Batch { op, account, token, key: header_key },
+            seq_sent: e.seq_sent,
+            seq_done: e.seq_done,
+            fate: e.fate.clone(),
+        });
+    }
+    out
+}
+
+/// A batch exchange's kind: its op, its account (from the path, for P2b and P3b), and the
+/// body's array of payouts.
+fn batch_of(e: &Exchange) -> Option<(FencedOp, Option<String>, &'static str)> {
+    if e.path == dlock_rail_client::SUBMISSION_BATCHES_PATH {
+        return Some((FencedOp::Admit, None, "submissions"));
+    }
+    let rest = e.path.strip_prefix("/v1/accounts/")?;
+    let (account, action) = rest.split_once('/')?;
+    let op = match action {
+        "claims" => FencedOp::Claim,
+        "posts" => FencedOp::Post,
+        _ => return None,
+    };
+    Some((op, Some(account.to_owned()), "payouts"))
+}
+
 /// What the stores hold, as the retry-safe check needs it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Effects {
@@ -114,6 +186,8 @@ pub fn retry_safe_failures(writes: &[WireWrite], effects: &Effects) -> Vec<Failu
         match &w.target {
             WireTarget::Fenced { op, payout, token, .. } => fenced.entry((*op, *payout, *token)).or_default().push(w),
             WireTarget::Acquire { session, key } => acquires.entry((*session, key.as_str())).or_default().push(w),
+            // Judged through the payouts it names.
+            WireTarget::Batch { .. } => {}
         }
     }
     for ((op, payout, token), sends) in &fenced {
@@ -158,6 +232,37 @@ pub fn retry_safe_failures(writes: &[WireWrite], effects: &Effects) -> Vec<Failu
 /// The recorded answer of each idempotency identity: (op, payout, token, key) → (status,
 /// bytes), claims and posts only.
 pub type Records = BTreeMap<(FencedOp, Uuid, i64, String), (u16, Vec<u8>)>;
+
+/// The recorded answer of each batch's idempotency identity (C3-extensions E-19): (op,
+/// account, token, key) → (status, bytes).
+pub type BatchRecords = BTreeMap<(FencedOp, String, i64, String), (u16, Vec<u8>)>;
+
+/// Every answer below 500 to a batch (P2b, P3b) whose identity paydb recorded is the
+/// recorded status and bytes, exactly: a batch is one request with one identity.
+pub fn wire_batch_replay_failures(writes: &[WireWrite], records: &BatchRecords) -> Vec<Failure> {
+    let mut found = Vec::new();
+    for w in writes {
+        let WireTarget::Batch { op, account, token, key } = &w.target else { continue };
+        let Some(Fate::Answered { status, body }) = &w.fate else { continue };
+        if *status >= 500 {
+            continue;
+        }
+        let Some((r_status, r_body)) = records.get(&(*op, account.clone(), *token, key.clone())) else { continue };
+        if r_status != status || r_body != body {
+            found.push(Failure::correctness(
+                ids::WIRE_REPLAY_BYTE_IDENTICAL,
+                format!(
+                    "the {} batch of account {account} under token {token} was answered {status} ({} bytes) on the \
+                     wire where {r_status} ({} bytes) is recorded",
+                    op_word(*op),
+                    body.len(),
+                    r_body.len()
+                ),
+            ));
+        }
+    }
+    found
+}
 
 /// Every answer below 500 to a claim or post whose identity paydb recorded is the recorded
 /// status and bytes, exactly.

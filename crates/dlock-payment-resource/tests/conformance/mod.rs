@@ -10,13 +10,15 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
+use dlock_contract::batch::batch_target;
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::SubmissionOutcome;
 use dlock_payment_resource::store::{
     funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Claim,
-    ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Direction, IdemRequest, Idempotent, LedgerEntry,
-    ListQuery, NewAccount, NewPayout, Operation, PaymentStore, PayoutSummary, PayoutView, Post, PostOutcome,
-    ResolutionRow, ResolveOutcome, StoreError, StoredResponse, SubmissionSummary,
+    ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
+    Direction, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, Operation, PaymentStore,
+    PayoutSummary, PayoutView, Post, PostBatch, PostBatchOutcome, PostBatchPayout, PostOutcome, ResolutionRow,
+    ResolveOutcome, StoreError, StoredResponse, SubmissionSummary,
 };
 use dlock_rail_proxy::store::{self as rail, Admission, Attempt, RailStore, Resolution};
 use uuid::Uuid;
@@ -117,6 +119,41 @@ pub fn post_of(payout_id: Uuid, token: i64, submission_id: Uuid, reference: &str
     }
 }
 
+/// A batch claim (P2b) of `payouts` (each with its expected state) on `account`.
+pub fn claim_batch_of(account: &str, token: i64, payouts: &[(Uuid, PayoutState)], now: DateTime<Utc>) -> ClaimBatch {
+    ClaimBatch {
+        account_id: account.to_owned(),
+        token,
+        owner_id: "worker-1".into(),
+        payouts: payouts
+            .iter()
+            .map(|(payout_id, expected)| ClaimBatchPayout { payout_id: *payout_id, expected: *expected })
+            .collect(),
+        at: now,
+    }
+}
+
+/// A batch post (P3b) of `payouts` (each with the attempt it names) on `account`, with
+/// fresh posting and entry ids.
+pub fn post_batch_of(account: &str, token: i64, payouts: &[(Uuid, Uuid, &str)], now: DateTime<Utc>) -> PostBatch {
+    PostBatch {
+        account_id: account.to_owned(),
+        token,
+        owner_id: "worker-2".into(),
+        payouts: payouts
+            .iter()
+            .map(|(payout_id, submission_id, reference)| PostBatchPayout {
+                payout_id: *payout_id,
+                submission_id: *submission_id,
+                rail_reference: (*reference).to_owned(),
+                posting_id: Uuid::new_v4(),
+                entry_ids: [Uuid::new_v4(), Uuid::new_v4()],
+            })
+            .collect(),
+        at: now,
+    }
+}
+
 /// The committed claim of a payout of `new_payout`'s terms on account `acct` (the answer
 /// carries the payout's terms, C3-extensions C-30).
 fn claimed_outcome(account_fence: i64, attempt_count: i32, reclaimed: bool, amount_minor: i64) -> ClaimOutcome {
@@ -208,6 +245,32 @@ impl Paydb {
         let p = post_of(payout_id, token, submission_id, reference, now);
         let i = idem(Operation::Post, &payout_id.to_string(), &fresh_key(), token, &fingerprint(), now);
         self.pay.post(&p, &i, &render).await.expect("post")
+    }
+
+    /// A batch claim under a fresh key.
+    pub async fn claim_batch(
+        &self,
+        account: &str,
+        token: i64,
+        payouts: &[(Uuid, PayoutState)],
+        now: DateTime<Utc>,
+    ) -> Idempotent<ClaimBatchOutcome> {
+        let b = claim_batch_of(account, token, payouts, now);
+        let i = idem(Operation::Claim, &batch_target(account), &fresh_key(), token, &fingerprint(), now);
+        self.pay.claim_batch(&b, &i, &render).await.expect("claim batch")
+    }
+
+    /// A batch post under a fresh key.
+    pub async fn post_batch(
+        &self,
+        account: &str,
+        token: i64,
+        payouts: &[(Uuid, Uuid, &str)],
+        now: DateTime<Utc>,
+    ) -> Idempotent<PostBatchOutcome> {
+        let b = post_batch_of(account, token, payouts, now);
+        let i = idem(Operation::Post, &batch_target(account), &fresh_key(), token, &fingerprint(), now);
+        self.pay.post_batch(&b, &i, &render).await.expect("post batch")
     }
 
     /// The proxy's attempt for `payout_id` under `token`.
@@ -790,6 +853,355 @@ pub async fn post_of_a_posted_payout_is_not_claimable_and_writes_nothing(db: Pay
     assert_eq!((db.view(p).await, db.acct("acct").await, db.ledger(None).await, db.records().await), before);
     assert_eq!(before.1.balance_minor, 700);
     assert_eq!(before.2.len(), 4);
+}
+
+// ---------------------------------------------------------------- P2b, P3b (C3-extensions E-19)
+
+pub async fn a_batch_claim_passes_the_fence_once_and_raises_it_to_the_token(db: Paydb) {
+    db.account("acct", EUR, 1_000, at(0)).await;
+    let p1 = db.payout("acct", 100, at(1)).await;
+    let p2 = db.payout("acct", 200, at(2)).await;
+    let p3 = db.payout("acct", 300, at(3)).await;
+    let records = db.records().await;
+    let pending = PayoutState::Pending;
+    let outcome = committed(db.claim_batch("acct", 7, &[(p1, pending), (p2, pending), (p3, pending)], at(50)).await);
+    assert_eq!(
+        outcome,
+        ClaimBatchOutcome::Decided {
+            items: vec![
+                (p1, claimed_outcome(7, 0, false, 100)),
+                (p2, claimed_outcome(7, 0, false, 200)),
+                (p3, claimed_outcome(7, 0, false, 300)),
+            ]
+        }
+    );
+    for p in [p1, p2, p3] {
+        let v = db.view(p).await;
+        assert_eq!(
+            (v.state, v.claim_token, v.claimed_by.as_deref(), v.claimed_at, v.updated_at),
+            (PayoutState::Claimed, Some(7), Some("worker-1"), Some(at(50)), at(50))
+        );
+    }
+    let a = db.acct("acct").await;
+    assert_eq!((a.fence, a.updated_at, a.balance_minor, a.reserved_minor), (7, at(50), 1_000, 600));
+    assert_eq!(db.records().await, records + 1, "one identity row for the whole batch");
+    // The fence was passed once: the same token passes it no more, in a batch or alone.
+    let again = db.claim_batch("acct", 7, &[(p1, PayoutState::Claimed)], at(60)).await;
+    assert_eq!(refused(again), ClaimBatchOutcome::Fenced { highest_token: 7 });
+    let single = db.claim(p2, 7, PayoutState::Claimed, at(60)).await;
+    assert_eq!(refused(single), ClaimOutcome::Fenced { account_id: "acct".into(), highest_token: 7 });
+    // A newer token re-claims.
+    let re = committed(db.claim_batch("acct", 8, &[(p2, PayoutState::Claimed)], at(70)).await);
+    assert_eq!(re, ClaimBatchOutcome::Decided { items: vec![(p2, claimed_outcome(8, 0, true, 200))] });
+    assert_eq!(db.acct("acct").await.fence, 8);
+}
+
+pub async fn a_batch_claim_with_an_equal_or_lower_token_is_fenced_and_writes_nothing(db: Paydb) {
+    db.account("acct", EUR, 1_000, at(0)).await;
+    let p1 = db.payout("acct", 100, at(1)).await;
+    let p2 = db.payout("acct", 100, at(2)).await;
+    db.claimed(p1, 10, PayoutState::Pending, at(10)).await;
+    let snapshot = || async { (db.view(p1).await, db.view(p2).await, db.acct("acct").await, db.records().await) };
+    let before = snapshot().await;
+    for token in [10, 9, 1] {
+        let r = db.claim_batch("acct", token, &[(p2, PayoutState::Pending), (p1, PayoutState::Claimed)], at(20)).await;
+        assert_eq!(refused(r), ClaimBatchOutcome::Fenced { highest_token: 10 }, "token {token}");
+        let r = db.post_batch("acct", token, &[(p1, Uuid::new_v4(), "RR")], at(20)).await;
+        assert_eq!(refused(r), PostBatchOutcome::Fenced { highest_token: 10 }, "token {token}");
+    }
+    let after = snapshot().await;
+    assert_eq!(after, before);
+    assert_eq!(after.2.updated_at, at(10));
+    // No such CUSTOMER account: refused, and nothing written either.
+    for account in ["nobody", &funding_account(EUR)] {
+        let r = db.claim_batch(account, 11, &[(p2, PayoutState::Pending)], at(30)).await;
+        assert_eq!(refused(r), ClaimBatchOutcome::AccountNotFound, "{account}");
+        let r = db.post_batch(account, 11, &[(p2, Uuid::new_v4(), "RR")], at(30)).await;
+        assert_eq!(refused(r), PostBatchOutcome::AccountNotFound, "{account}");
+    }
+    assert_eq!(snapshot().await, before);
+}
+
+pub async fn a_batch_claim_decides_each_payout_on_the_reservation_the_earlier_ones_left(db: Paydb) {
+    // Balance for two of three payouts: the third is FAILED for funds.
+    db.account("b", EUR, 800, at(0)).await;
+    let q: Vec<Uuid> =
+        [db.payout("b", 400, at(1)).await, db.payout("b", 400, at(2)).await, db.payout("b", 400, at(3)).await].into();
+    let pending = PayoutState::Pending;
+    let outcome = committed(db.claim_batch("b", 1, &[(q[0], pending), (q[1], pending), (q[2], pending)], at(10)).await);
+    let claimed_b = |fence, amount_minor| ClaimOutcome::Claimed {
+        account_id: "b".into(),
+        account_fence: fence,
+        attempt_count: 0,
+        reclaimed: false,
+        amount_minor,
+        currency: EUR.into(),
+        beneficiary_ref: "ben-1".into(),
+    };
+    assert_eq!(
+        outcome,
+        ClaimBatchOutcome::Decided {
+            items: vec![
+                (q[0], claimed_b(1, 400)),
+                (q[1], claimed_b(1, 400)),
+                (
+                    q[2],
+                    ClaimOutcome::InsufficientFunds { account_id: "b".into(), amount_minor: 400, available_minor: 0 }
+                ),
+            ]
+        }
+    );
+    assert_eq!(db.state(q[2]).await, PayoutState::Failed);
+    assert_eq!(db.view(q[2]).await.claim_token, Some(1));
+    assert_eq!(db.acct("b").await.reserved_minor, 800);
+
+    // A re-claim is not reserved against itself; a payout failed for funds releases nothing
+    // it did not hold, and the next one sees what is left.
+    db.account("acct", EUR, 1_000, at(0)).await;
+    let p0 = db.payout("acct", 400, at(1)).await;
+    db.claimed(p0, 1, PayoutState::Pending, at(2)).await;
+    let p1 = db.payout("acct", 500, at(3)).await;
+    let p2 = db.payout("acct", 300, at(4)).await;
+    let p3 = db.payout("acct", 100, at(5)).await;
+    let batch = [(p0, PayoutState::Claimed), (p1, pending), (p2, pending), (p3, pending)];
+    let outcome = committed(db.claim_batch("acct", 2, &batch, at(20)).await);
+    assert_eq!(
+        outcome,
+        ClaimBatchOutcome::Decided {
+            items: vec![
+                (p0, claimed_outcome(2, 0, true, 400)),
+                (p1, claimed_outcome(2, 0, false, 500)),
+                (
+                    p2,
+                    ClaimOutcome::InsufficientFunds {
+                        account_id: "acct".into(),
+                        amount_minor: 300,
+                        available_minor: 100
+                    }
+                ),
+                (p3, claimed_outcome(2, 0, false, 100)),
+            ]
+        }
+    );
+    let states = [db.state(p0).await, db.state(p1).await, db.state(p2).await, db.state(p3).await];
+    assert_eq!(states, [PayoutState::Claimed, PayoutState::Claimed, PayoutState::Failed, PayoutState::Claimed]);
+    let a = db.acct("acct").await;
+    assert_eq!((a.balance_minor, a.reserved_minor, a.fence), (1_000, 1_000, 2));
+}
+
+pub async fn a_batch_claim_refuses_unclaimable_foreign_and_missing_payouts_and_changes_nothing_for_them(db: Paydb) {
+    db.account("acct", EUR, 1_000, at(0)).await;
+    db.account("other", EUR, 1_000, at(0)).await;
+    let ok = db.payout("acct", 100, at(1)).await;
+    let claimed = db.payout("acct", 100, at(1)).await;
+    db.claimed(claimed, 1, PayoutState::Pending, at(2)).await;
+    let foreign = db.payout("other", 100, at(1)).await;
+    let missing = Uuid::new_v4();
+    let before = (db.view(claimed).await, db.view(foreign).await, db.acct("other").await);
+    let batch = [
+        (claimed, PayoutState::Pending),
+        (foreign, PayoutState::Pending),
+        (missing, PayoutState::Pending),
+        (ok, PayoutState::Pending),
+    ];
+    let outcome = committed(db.claim_batch("acct", 5, &batch, at(10)).await);
+    assert_eq!(
+        outcome,
+        ClaimBatchOutcome::Decided {
+            items: vec![
+                (claimed, ClaimOutcome::NotClaimable { state: PayoutState::Claimed }),
+                (foreign, ClaimOutcome::NotFound),
+                (missing, ClaimOutcome::NotFound),
+                (ok, claimed_outcome(5, 0, false, 100)),
+            ]
+        }
+    );
+    assert_eq!((db.view(claimed).await, db.view(foreign).await, db.acct("other").await), before);
+    assert_eq!(db.pay.payout(missing).await, Ok(None));
+    let a = db.acct("acct").await;
+    assert_eq!((a.fence, a.reserved_minor), (5, 200));
+}
+
+pub async fn a_batch_where_no_payout_moves_leaves_no_fence_no_identity_and_nothing_else(db: Paydb) {
+    db.account("acct", EUR, 1_000, at(0)).await;
+    let p = db.payout("acct", 100, at(1)).await;
+    db.claimed(p, 3, PayoutState::Pending, at(2)).await;
+    let q = db.payout("acct", 100, at(1)).await;
+    let missing = Uuid::new_v4();
+    let snapshot = || async {
+        (db.view(p).await, db.view(q).await, db.acct("acct").await, db.records().await, db.ledger(None).await)
+    };
+    let before = snapshot().await;
+    let b = claim_batch_of(
+        "acct",
+        9,
+        &[(p, PayoutState::Pending), (q, PayoutState::Claimed), (missing, PayoutState::Pending)],
+        at(10),
+    );
+    let i = idem(Operation::Claim, &batch_target("acct"), "k-batch", 9, &fingerprint(), at(10));
+    let nothing = ClaimBatchOutcome::Decided {
+        items: vec![
+            (p, ClaimOutcome::NotClaimable { state: PayoutState::Claimed }),
+            (q, ClaimOutcome::NotClaimable { state: PayoutState::Pending }),
+            (missing, ClaimOutcome::NotFound),
+        ],
+    };
+    for _ in 0..2 {
+        // Not recorded, so never replayed: judged afresh each time.
+        assert_eq!(refused(db.pay.claim_batch(&b, &i, &render).await.expect("claim batch")), nothing);
+        assert_eq!(snapshot().await, before, "no fence, no identity row, no payout moved");
+    }
+    let post = db.post_batch("acct", 9, &[(p, Uuid::new_v4(), "RR")], at(10)).await;
+    assert_eq!(
+        refused(post),
+        PostBatchOutcome::Decided { items: vec![(p, PostOutcome::NotClaimable { state: PayoutState::Claimed })] }
+    );
+    assert_eq!(snapshot().await, before);
+    // Once q is CLAIMED (a newer holder), the same request re-claims it, and commits.
+    db.claimed(q, 4, PayoutState::Pending, at(11)).await;
+    let outcome = committed(db.pay.claim_batch(&b, &i, &render).await.expect("claim batch"));
+    assert_eq!(
+        outcome,
+        ClaimBatchOutcome::Decided {
+            items: vec![
+                (p, ClaimOutcome::NotClaimable { state: PayoutState::Claimed }),
+                (q, claimed_outcome(9, 0, true, 100)),
+                (missing, ClaimOutcome::NotFound),
+            ]
+        }
+    );
+    assert_eq!(db.acct("acct").await.fence, 9);
+    assert_eq!(db.records().await, before.3 + 2, "the claim of q, then the batch");
+}
+
+pub async fn a_batch_replays_its_recorded_bytes_and_another_body_under_its_key_and_token_conflicts(db: Paydb) {
+    db.account("acct", EUR, 1_000, at(0)).await;
+    let p1 = db.payout("acct", 100, at(1)).await;
+    let p2 = db.payout("acct", 200, at(1)).await;
+    let fp = fingerprint();
+    let b = claim_batch_of("acct", 5, &[(p1, PayoutState::Pending), (p2, PayoutState::Pending)], at(2));
+    let i = idem(Operation::Claim, &batch_target("acct"), "k-batch", 5, &fp, at(2));
+    let stored = render(&committed(db.pay.claim_batch(&b, &i, &render).await.expect("claim batch")));
+    // The state moves on; the batch still replays its first answer.
+    db.claimed(p1, 6, PayoutState::Claimed, at(3)).await;
+    assert_eq!(replayed(db.pay.claim_batch(&b, &i, &render).await.expect("claim batch")), stored);
+    // Another body under the same key and token: a conflict, and nothing changes.
+    let before = (db.view(p1).await, db.view(p2).await, db.acct("acct").await, db.records().await);
+    let other = IdemRequest { fingerprint: fingerprint(), ..i.clone() };
+    let b2 = claim_batch_of("acct", 5, &[(p2, PayoutState::Claimed)], at(4));
+    assert_eq!(db.pay.claim_batch(&b2, &other, &render).await, Ok(Idempotent::Conflict));
+    assert_eq!((db.view(p1).await, db.view(p2).await, db.acct("acct").await, db.records().await), before);
+    // The batch's identity is its account's: P2 under the same key and token is another
+    // request, which the fence judges.
+    let single = idem(Operation::Claim, &p2.to_string(), "k-batch", 5, &fp, at(5));
+    let r = db.pay.claim(&claim_of(p2, 5, PayoutState::Claimed, at(5)), &single, &render).await.expect("claim");
+    assert_eq!(refused(r), ClaimOutcome::Fenced { account_id: "acct".into(), highest_token: 6 });
+    // A post batch replays too, after the state moved on.
+    let s2 = db.submit(p2, 7, Some(Resolution::Acked { rail_reference: "RR-2".into() }), at(6)).await;
+    let pb = post_batch_of("acct", 8, &[(p2, s2, "RR-2")], at(7));
+    let pi = idem(Operation::Post, &batch_target("acct"), "k-batch", 8, &fingerprint(), at(7));
+    let posted = render(&committed(db.pay.post_batch(&pb, &pi, &render).await.expect("post batch")));
+    assert_eq!(replayed(db.pay.post_batch(&pb, &pi, &render).await.expect("post batch")), posted);
+    let other = IdemRequest { fingerprint: fingerprint(), ..pi.clone() };
+    assert_eq!(db.pay.post_batch(&pb, &other, &render).await, Ok(Idempotent::Conflict));
+}
+
+pub async fn a_batch_post_writes_two_balanced_entries_per_payout_and_the_balance_follows(db: Paydb) {
+    db.account("acct", EUR, 1_000, at(0)).await;
+    let p =
+        [db.payout("acct", 100, at(1)).await, db.payout("acct", 200, at(2)).await, db.payout("acct", 300, at(3)).await];
+    let pending = PayoutState::Pending;
+    committed(db.claim_batch("acct", 1, &[(p[0], pending), (p[1], pending), (p[2], pending)], at(10)).await);
+    let mut named = Vec::new();
+    for (k, payout) in p.iter().enumerate() {
+        let reference = format!("RR-{k}");
+        let token = 2 + k as i64;
+        let s = db.submit(*payout, token, Some(Resolution::Acked { rail_reference: reference.clone() }), at(20)).await;
+        named.push((*payout, s, reference));
+    }
+    let refs: Vec<(Uuid, Uuid, &str)> = named.iter().map(|(p, s, r)| (*p, *s, r.as_str())).collect();
+    let b = post_batch_of("acct", 5, &refs, at(30));
+    let i = idem(Operation::Post, &batch_target("acct"), "k-post", 5, &fingerprint(), at(30));
+    let r = db.pay.post_batch(&b, &i, &render).await.expect("post batch");
+    let items: Vec<(Uuid, PostOutcome)> = b
+        .payouts
+        .iter()
+        .zip([(100, 900), (200, 700), (300, 400)])
+        .map(|(bp, (amount, balance_minor))| {
+            let entries = b.post(bp).entries("acct", amount, EUR, at(30));
+            (bp.payout_id, PostOutcome::Posted { account_id: "acct".into(), entries, balance_minor })
+        })
+        .collect();
+    let outcome = PostBatchOutcome::Decided { items: items.clone() };
+    assert_eq!(r, Idempotent::Executed { stored: Some(render(&outcome)), outcome });
+    for payout in p {
+        let v = db.view(payout).await;
+        assert_eq!((v.state, v.updated_at), (PayoutState::Posted, at(30)));
+    }
+    let a = db.acct("acct").await;
+    assert_eq!(
+        (a.balance_minor, a.ledger_sum_minor, a.fence, a.reserved_minor, a.updated_at),
+        (400, 400, 5, 0, at(30))
+    );
+    assert_eq!(db.acct(&settlement_account(EUR)).await.ledger_sum_minor, 600);
+    let all = db.ledger(None).await;
+    let mut written: Vec<LedgerEntry> = all.iter().filter(|e| e.payout_id.is_some()).cloned().collect();
+    let mut expected: Vec<LedgerEntry> = items
+        .iter()
+        .flat_map(|(_, o)| match o {
+            PostOutcome::Posted { entries, .. } => entries.to_vec(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    written.sort_by_key(|e| e.entry_id);
+    expected.sort_by_key(|e| e.entry_id);
+    assert_eq!(written, expected, "two entries per payout, each carrying the token");
+    assert!(written.iter().all(|e| e.fence == 5));
+    assert_eq!(ledger_totals(&all), (1_600, 1_600));
+    // Posted is final: a newer token's batch finds nothing to post, and writes nothing.
+    let again = db.post_batch("acct", 6, &[refs[0]], at(40)).await;
+    assert_eq!(
+        refused(again),
+        PostBatchOutcome::Decided { items: vec![(p[0], PostOutcome::NotClaimable { state: PayoutState::Posted })] }
+    );
+    assert_eq!(db.acct("acct").await.fence, 5);
+}
+
+pub async fn a_batch_post_refuses_only_the_payout_whose_attempt_does_not_match(db: Paydb) {
+    db.account("acct", EUR, 1_000, at(0)).await;
+    db.account("other", EUR, 1_000, at(0)).await;
+    let p1 = db.payout("acct", 100, at(1)).await;
+    let p2 = db.payout("acct", 200, at(1)).await;
+    let p3 = db.payout("acct", 300, at(1)).await;
+    let pending = PayoutState::Pending;
+    committed(db.claim_batch("acct", 1, &[(p1, pending), (p2, pending), (p3, pending)], at(2)).await);
+    let s1 = db.submit(p1, 2, Some(Resolution::Acked { rail_reference: "RR-1".into() }), at(3)).await;
+    let s2 = db.submit(p2, 3, Some(Resolution::Acked { rail_reference: "RR-2".into() }), at(3)).await;
+    let f = db.payout("other", 50, at(1)).await;
+    let fs = db.acked(f, 1, "RR-F", at(2)).await;
+    let before = (db.view(p2).await, db.view(p3).await, db.view(f).await, db.acct("other").await);
+    let batch = [(p2, s2, "RR-x"), (p1, s1, "RR-1"), (p3, Uuid::new_v4(), "RR-3"), (f, fs, "RR-F")];
+    let outcome = committed(db.post_batch("acct", 5, &batch, at(10)).await);
+    let PostBatchOutcome::Decided { items } = &outcome else { panic!("{outcome:?}") };
+    assert_eq!(items.iter().map(|(p, _)| *p).collect::<Vec<_>>(), vec![p2, p1, p3, f]);
+    assert_eq!(items[0].1, PostOutcome::RailMismatch);
+    assert!(matches!(&items[1].1, PostOutcome::Posted { balance_minor: 900, .. }), "{:?}", items[1]);
+    assert_eq!(items[2].1, PostOutcome::NotClaimable { state: PayoutState::Claimed });
+    assert_eq!(items[3].1, PostOutcome::NotFound);
+    assert_eq!((db.view(p2).await, db.view(p3).await, db.view(f).await, db.acct("other").await), before);
+    assert!(db.ledger(None).await.iter().all(|e| e.payout_id != Some(p2) && e.payout_id != Some(f)));
+    let a = db.acct("acct").await;
+    assert_eq!((a.balance_minor, a.fence, a.reserved_minor), (900, 5, 500));
+    // The post's fence is a ledger write's: an equal or lower token is fenced, a newer posts.
+    for token in [5, 4] {
+        let r = db.post_batch("acct", token, &[(p2, s2, "RR-2")], at(11)).await;
+        assert_eq!(refused(r), PostBatchOutcome::Fenced { highest_token: 5 });
+    }
+    let outcome = committed(db.post_batch("acct", 6, &[(p2, s2, "RR-2")], at(12)).await);
+    assert!(
+        matches!(&outcome, PostBatchOutcome::Decided { items } if matches!(items[0].1, PostOutcome::Posted { balance_minor: 700, .. })),
+        "{outcome:?}"
+    );
 }
 
 // ---------------------------------------------------------------- P4, P5, P1
@@ -1726,7 +2138,15 @@ macro_rules! payment_store_conformance {
                 resolve_as_posted_writes_balanced_entries_and_an_audit_row,
                 resolve_as_failed_releases_the_reservation,
                 resolve_is_refused_unless_rail_ambiguous,
-                cursor_secret_is_stored_once_and_then_returned
+                cursor_secret_is_stored_once_and_then_returned,
+                a_batch_claim_passes_the_fence_once_and_raises_it_to_the_token,
+                a_batch_claim_with_an_equal_or_lower_token_is_fenced_and_writes_nothing,
+                a_batch_claim_decides_each_payout_on_the_reservation_the_earlier_ones_left,
+                a_batch_claim_refuses_unclaimable_foreign_and_missing_payouts_and_changes_nothing_for_them,
+                a_batch_where_no_payout_moves_leaves_no_fence_no_identity_and_nothing_else,
+                a_batch_replays_its_recorded_bytes_and_another_body_under_its_key_and_token_conflicts,
+                a_batch_post_writes_two_balanced_entries_per_payout_and_the_balance_follows,
+                a_batch_post_refuses_only_the_payout_whose_attempt_does_not_match
             );
         }
     };

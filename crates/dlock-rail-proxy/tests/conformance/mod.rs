@@ -374,6 +374,308 @@ pub async fn a_checked_admission_of_a_matching_payout_is_stamped_once_and_decide
     assert!(matches!(checked(&store, &unfenced, 12).await, (Checked::Unmatched(Some(_)), 0 | 1)));
 }
 
+/// `admit_batch` with a stamp that counts its calls and stamps the `n`-th validated payout
+/// `at_ms + n` ms: the answers, and the stamps drawn.
+async fn batch(store: &Arc<dyn RailStore>, asked: &[Unstamped], at_ms: i64) -> (Vec<Checked>, usize) {
+    let stamps = std::sync::atomic::AtomicUsize::new(0);
+    let stamp = || {
+        let n = stamps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        (Uuid::new_v4(), t0() + Duration::milliseconds(at_ms + n as i64))
+    };
+    let answers = store.admit_batch(asked, &stamp).await.expect("admit_batch");
+    (answers, stamps.into_inner())
+}
+
+/// The admissions of decided answers, in order (`None` for an unmatched payout).
+fn admissions(answers: &[Checked]) -> Vec<Option<Admission>> {
+    answers
+        .iter()
+        .map(|c| match c {
+            Checked::Decided { admission, .. } => Some(admission.clone()),
+            Checked::Unmatched(_) => None,
+        })
+        .collect()
+}
+
+/// The attempt of a decided answer.
+fn decided(c: &Checked) -> &Attempt {
+    match c {
+        Checked::Decided { attempt, .. } => attempt,
+        Checked::Unmatched(p) => panic!("unmatched: {p:?}"),
+    }
+}
+
+async fn claimed_payouts(store: &Arc<dyn RailStore>, account: &str, n: usize) -> Vec<Uuid> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(payout(store, account, PayoutState::Claimed).await);
+    }
+    v
+}
+
+/// C3-extensions E-19: one batch passes the mark once, raising it to its token, and admits
+/// every payout under that one token (each stamped once, in order); the same token is then
+/// fenced, for a single submission as for another batch.
+pub async fn a_batch_passes_the_mark_once_and_raises_it_to_its_token(store: Arc<dyn RailStore>) {
+    let ps = claimed_payouts(&store, "acct-b", 3).await;
+    let asked_all: Vec<Unstamped> = ps.iter().map(|p| asked(*p, "acct-b", 10)).collect();
+    let (answers, stamps) = batch(&store, &asked_all, 0).await;
+    assert_eq!(stamps, 3);
+    for (k, (c, p)) in answers.iter().zip(&ps).enumerate() {
+        let at = t0() + Duration::milliseconds(k as i64);
+        let Checked::Decided { attempt, admission } = c else { panic!("{c:?}") };
+        assert_eq!((attempt.payout_id, attempt.presented_token, attempt.at), (*p, 10, at));
+        assert_eq!(*admission, Admission::Admitted { submitted_at: at });
+        let row = store.payout(*p).await.expect("read").expect("exists");
+        assert_eq!((row.state, row.attempt_count), (PayoutState::Submitted, 1));
+    }
+    assert_eq!(store.high_water("acct-b").await, Ok(Some(10)));
+    let more = claimed_payouts(&store, "acct-b", 2).await;
+    assert_eq!(store.admit(&attempt(more[0], "acct-b", 10, 5)).await, Ok(Admission::Fenced { highest_token: 10 }));
+    let (again, _) = batch(&store, &[asked(more[1], "acct-b", 10)], 6).await;
+    assert_eq!(admissions(&again), vec![Some(Admission::Fenced { highest_token: 10 })]);
+    let (next, _) = batch(&store, &[asked(more[1], "acct-b", 11)], 7).await;
+    assert!(matches!(admissions(&next)[..], [Some(Admission::Admitted { .. })]), "{next:?}");
+    assert_eq!(store.high_water("acct-b").await, Ok(Some(11)));
+}
+
+/// A fenced batch writes one FENCED row per payout that passed validation (its token, its
+/// stamp, resolved as written), none for a payout that did not, and moves nothing.
+pub async fn a_fenced_batch_writes_one_fenced_row_per_validated_payout_and_moves_nothing(store: Arc<dyn RailStore>) {
+    let ps = claimed_payouts(&store, "acct-f", 3).await;
+    store.admit(&attempt(ps[0], "acct-f", 10, 0)).await.expect("admit");
+    let ghost = Uuid::new_v4();
+    let mut mismatched = asked(ps[2], "acct-f", 10);
+    mismatched.amount_minor = 999;
+    let asked_all =
+        vec![asked(ps[1], "acct-f", 10), asked(ghost, "acct-f", 10), mismatched, asked(ps[0], "acct-f", 10)];
+    let (answers, stamps) = batch(&store, &asked_all, 100).await;
+    assert_eq!(stamps, 2, "one stamp per validated payout");
+    let row2 = store.payout(ps[2]).await.expect("read");
+    assert_eq!(answers[1], Checked::Unmatched(None));
+    assert_eq!(answers[2], Checked::Unmatched(row2));
+    let fenced = Some(Admission::Fenced { highest_token: 10 });
+    assert_eq!(admissions(&answers), vec![fenced.clone(), None, None, fenced]);
+    for (c, p) in [(&answers[0], ps[1]), (&answers[3], ps[0])] {
+        let a = decided(c);
+        let rows: Vec<_> = store.submissions(Some(p)).await.expect("rows");
+        let fenced_row = rows.iter().find(|r| r.submission_id == a.submission_id).expect("its FENCED row");
+        assert_eq!(fenced_row.outcome, Some(SubmissionOutcome::Fenced));
+        assert_eq!((fenced_row.presented_token, fenced_row.resolved_at), (10, Some(a.at)));
+        assert_eq!(fenced_row.submitted_at, a.at);
+    }
+    assert_eq!(store.submissions(Some(ps[1])).await.expect("rows").len(), 1);
+    assert_eq!(store.submissions(Some(ps[2])).await.expect("rows"), vec![]);
+    assert_eq!(store.submissions(Some(ghost)).await.expect("rows"), vec![]);
+    for (p, count) in [(ps[1], 0), (ps[2], 0)] {
+        let row = store.payout(p).await.expect("read").expect("exists");
+        assert_eq!((row.state, row.attempt_count), (PayoutState::Claimed, count));
+    }
+    assert_eq!(store.high_water("acct-f").await, Ok(Some(10)));
+}
+
+/// Past the mark, each payout of a batch is decided as `admit` decides it: a duplicate (its
+/// DUPLICATE row, the payout untouched), not claimable (nothing written for it), admitted.
+/// A batch none of whose payouts passes step 1 writes nothing, the mark included.
+pub async fn a_batch_decides_duplicates_and_not_claimable_payouts_per_payout(store: Arc<dyn RailStore>) {
+    let dup = payout(&store, "acct-d", PayoutState::Claimed).await;
+    let pending = payout(&store, "acct-d", PayoutState::Pending).await;
+    let fresh = payout(&store, "acct-d", PayoutState::Claimed).await;
+    let first = attempt(dup, "acct-d", 1, 0);
+    store.admit(&first).await.expect("admit");
+    let (answers, stamps) =
+        batch(&store, &[asked(dup, "acct-d", 2), asked(pending, "acct-d", 2), asked(fresh, "acct-d", 2)], 10).await;
+    assert_eq!(stamps, 3);
+    let dup_at = t0() + Duration::milliseconds(10);
+    assert_eq!(
+        admissions(&answers),
+        vec![
+            Some(Admission::Duplicate { first_submitted_at: first.at, first_submission_id: first.submission_id }),
+            Some(Admission::NotClaimable { state: PayoutState::Pending }),
+            Some(Admission::Admitted { submitted_at: t0() + Duration::milliseconds(12) }),
+        ]
+    );
+    let dup_rows = store.submissions(Some(dup)).await.expect("rows");
+    assert_eq!(dup_rows.iter().map(|r| r.outcome).collect::<Vec<_>>(), vec![None, Some(SubmissionOutcome::Duplicate)]);
+    assert_eq!((dup_rows[1].presented_token, dup_rows[1].resolved_at), (2, Some(dup_at)));
+    assert_eq!(dup_rows[1].submission_id, decided(&answers[0]).submission_id);
+    assert_eq!(store.payout(dup).await.expect("read").expect("exists").attempt_count, 1);
+    assert_eq!(store.submissions(Some(pending)).await.expect("rows"), vec![], "not claimable: nothing written");
+    assert_eq!(state_of(&store, pending).await, PayoutState::Pending);
+    assert_eq!(store.payout(pending).await.expect("read").expect("exists").attempt_count, 0);
+    assert_eq!(state_of(&store, fresh).await, PayoutState::Submitted);
+    assert_eq!(store.high_water("acct-d").await, Ok(Some(2)));
+    // Only not-claimable payouts: nothing passes step 1, nothing is written, the mark stays.
+    let pending2 = payout(&store, "acct-d", PayoutState::Pending).await;
+    let (answers, _) = batch(&store, &[asked(pending, "acct-d", 3), asked(pending2, "acct-d", 3)], 20).await;
+    assert_eq!(admissions(&answers), vec![Some(Admission::NotClaimable { state: PayoutState::Pending }); 2]);
+    assert_eq!(store.high_water("acct-d").await, Ok(Some(2)));
+    assert_eq!(store.submissions(Some(pending)).await.expect("rows"), vec![]);
+    assert_eq!(store.submissions(Some(pending2)).await.expect("rows"), vec![]);
+}
+
+/// A batch whose every payout fails validation (missing, or a body that does not match)
+/// writes nothing and draws no stamp; a batch that is not one pass (two tokens) is refused
+/// whole before anything is written.
+pub async fn unmatched_payouts_of_a_batch_write_nothing(store: Arc<dyn RailStore>) {
+    let p = payout(&store, "acct-u", PayoutState::Claimed).await;
+    let mut wrong = asked(p, "acct-u", 5);
+    wrong.beneficiary_ref = "someone-else".into();
+    let (answers, stamps) = batch(&store, &[asked(Uuid::new_v4(), "acct-u", 5), wrong], 0).await;
+    assert_eq!(stamps, 0);
+    assert!(matches!(answers[..], [Checked::Unmatched(None), Checked::Unmatched(Some(_))]), "{answers:?}");
+    assert_eq!(store.high_water("acct-u").await, Ok(None));
+    assert_eq!(store.submissions(None).await.expect("rows"), vec![]);
+    let p2 = payout(&store, "acct-u", PayoutState::Claimed).await;
+    let never = || -> (Uuid, DateTime<Utc>) { panic!("no stamp for a refused batch") };
+    let mixed = store.admit_batch(&[asked(p, "acct-u", 5), asked(p2, "acct-u", 6)], &never).await;
+    assert!(matches!(mixed, Err(dlock_rail_proxy::store::StoreError::Corrupt(_))), "{mixed:?}");
+    let twice = store.admit_batch(&[asked(p, "acct-u", 5), asked(p, "acct-u", 5)], &never).await;
+    assert!(matches!(twice, Err(dlock_rail_proxy::store::StoreError::Corrupt(_))), "{twice:?}");
+    assert_eq!(store.admit_batch(&[], &never).await, Ok(vec![]));
+    assert_eq!(store.high_water("acct-u").await, Ok(None));
+    assert_eq!(store.submissions(None).await.expect("rows"), vec![]);
+    assert_eq!(state_of(&store, p).await, PayoutState::Claimed);
+}
+
+/// A batch of the most payouts one batch names commits every intent before it returns:
+/// each row unresolved, carrying its token, owner, key and stamp (its instant ordered as a
+/// single intent's is), each payout SUBMITTED once.
+pub async fn a_batch_admitting_k_intents_commits_them_all_before_returning(store: Arc<dyn RailStore>) {
+    let k = dlock_contract::batch::BATCH_PAYOUTS_MAX;
+    let ps = claimed_payouts(&store, "acct-k", k).await;
+    let asked_all: Vec<Unstamped> = ps.iter().map(|p| asked(*p, "acct-k", 3)).collect();
+    let (answers, stamps) = batch(&store, &asked_all, 1).await;
+    assert_eq!(stamps, k);
+    assert!(admissions(&answers).iter().all(|a| matches!(a, Some(Admission::Admitted { .. }))), "{answers:?}");
+    let rows = store.submissions(None).await.expect("rows");
+    assert_eq!(rows.len(), k);
+    for (c, p) in answers.iter().zip(&ps) {
+        let a = decided(c);
+        let row = rows.iter().find(|r| r.payout_id == *p).expect("its intent");
+        assert_eq!((row.submission_id, row.outcome, row.resolved_at), (a.submission_id, None, None));
+        assert_eq!((row.presented_token, row.owner_id.as_str()), (3, "worker-1"));
+        assert_eq!((row.idempotency_key.clone(), row.submitted_at), (format!("payout:{p}"), a.at));
+        let payout = store.payout(*p).await.expect("read").expect("exists");
+        assert_eq!((payout.state, payout.attempt_count), (PayoutState::Submitted, 1));
+    }
+    // Stamped 1, 2, ... ms after t0: the sweep's bound compares them as it compares any intent.
+    let bound = t0() + Duration::milliseconds(11);
+    assert_eq!(store.unresolved_before(bound, 1_000).await.expect("unresolved").len(), 10);
+    assert_eq!(store.high_water("acct-k").await, Ok(Some(3)));
+}
+
+/// `resolve_batch` records each outcome once and moves each payout exactly as `resolve`
+/// does; an outcome already recorded is kept, and its payout stays where it is.
+pub async fn resolve_batch_records_each_outcome_once_and_moves_each_payout_as_resolve_does(store: Arc<dyn RailStore>) {
+    let cases = [
+        (Resolution::Acked { rail_reference: "RR-9".into() }, PayoutState::RailAcked),
+        (Resolution::Rejected { detail: "declined".into() }, PayoutState::Failed),
+        (Resolution::Timeout { detail: "no answer".into() }, PayoutState::RailAmbiguous),
+        (Resolution::Unsent { detail: "refused".into() }, PayoutState::Claimed),
+    ];
+    let ps = claimed_payouts(&store, "acct-r", cases.len()).await;
+    let asked_all: Vec<Unstamped> = ps.iter().map(|p| asked(*p, "acct-r", 1)).collect();
+    let (answers, _) = batch(&store, &asked_all, 0).await;
+    let ids: Vec<Uuid> = answers.iter().map(|c| decided(c).submission_id).collect();
+    // The first one is recorded alone, first (an orphan sweep's TIMEOUT, say).
+    store.resolve(ids[0], &Resolution::Timeout { detail: "swept".into() }, t0()).await.expect("resolve");
+    let at = t0() + Duration::milliseconds(500);
+    let outcomes: Vec<(Uuid, Resolution)> = ids.iter().copied().zip(cases.iter().map(|(r, _)| r.clone())).collect();
+    store.resolve_batch(&outcomes, at).await.expect("resolve_batch");
+    // Again, with other outcomes: nothing changes.
+    let others: Vec<(Uuid, Resolution)> =
+        ids.iter().map(|id| (*id, Resolution::Acked { rail_reference: "RR-other".into() })).collect();
+    store.resolve_batch(&others, at + Duration::milliseconds(1)).await.expect("resolve_batch again");
+    assert_eq!(state_of(&store, ps[0]).await, PayoutState::RailAmbiguous, "the first outcome recorded stays");
+    let first = store.submissions(Some(ps[0])).await.expect("rows");
+    assert_eq!((first[0].outcome_detail.as_deref(), first[0].resolved_at), (Some("swept"), Some(t0())));
+    for ((resolution, expected), p) in cases.iter().zip(&ps).skip(1) {
+        assert_eq!(state_of(&store, *p).await, *expected);
+        let rows = store.submissions(Some(*p)).await.expect("rows");
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].outcome, Some(resolution.outcome()));
+        assert_eq!(rows[0].rail_reference.as_deref(), resolution.rail_reference());
+        assert_eq!(rows[0].outcome_detail.as_deref(), resolution.detail());
+        assert_eq!(rows[0].resolved_at, Some(at));
+    }
+    assert_eq!(store.resolve_batch(&[], at).await, Ok(()));
+}
+
+/// With fencing off (`--profile unsafe-test`) a batch skips step 1 only: admitted below the
+/// mark, the mark untouched, a second attempt still a duplicate.
+pub async fn a_batch_with_fencing_off_skips_step_one_only(store: Arc<dyn RailStore>) {
+    let ps = claimed_payouts(&store, "acct-o", 3).await;
+    store.admit(&attempt(ps[0], "acct-o", 10, 0)).await.expect("admit");
+    let unfenced = |p: Uuid, token: i64| Unstamped { fencing_enabled: false, ..asked(p, "acct-o", token) };
+    let (answers, _) = batch(&store, &[unfenced(ps[1], 3), unfenced(ps[2], 3)], 1).await;
+    assert!(admissions(&answers).iter().all(|a| matches!(a, Some(Admission::Admitted { .. }))), "{answers:?}");
+    assert_eq!(store.high_water("acct-o").await, Ok(Some(10)));
+    let (answers, _) = batch(&store, &[unfenced(ps[1], 2)], 5).await;
+    assert!(matches!(admissions(&answers)[..], [Some(Admission::Duplicate { .. })]), "{answers:?}");
+}
+
+/// Batches and single submissions racing on one account: every payout keeps at most one
+/// forwardable attempt, each batch is fenced whole or not at all, every validated attempt
+/// leaves one row, and the mark ends at the highest token that passed step 1, every such
+/// token having exceeded every earlier one in write order.
+pub async fn concurrent_batches_and_single_admissions_keep_one_forwardable_attempt_per_payout_and_the_highest_mark(
+    store: Arc<dyn RailStore>,
+) {
+    let ps = claimed_payouts(&store, "hot-b", 6).await;
+    let mut tasks = Vec::new();
+    for i in 0..30i64 {
+        let token = (i * 17) % 30 + 1;
+        // Even tasks: a batch of three payouts (a window over the six); odd: a single one.
+        let chosen: Vec<Uuid> = if i % 2 == 0 {
+            (0..3).map(|k| ps[((i / 2 + k) % 6) as usize]).collect()
+        } else {
+            vec![ps[(i % 6) as usize]]
+        };
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let asked_all: Vec<Unstamped> = chosen.iter().map(|p| asked(*p, "hot-b", token)).collect();
+            let answers = if asked_all.len() == 1 {
+                vec![checked(&store, &asked_all[0], i).await.0]
+            } else {
+                batch(&store, &asked_all, i).await.0
+            };
+            (token, answers)
+        }));
+    }
+    let mut attempts = 0;
+    for t in tasks {
+        let (token, answers) = t.await.expect("task");
+        let decided: Vec<Admission> = admissions(&answers).into_iter().map(|a| a.expect("validated")).collect();
+        attempts += decided.len();
+        let fenced = decided.iter().filter(|a| matches!(a, Admission::Fenced { .. })).count();
+        assert!(fenced == 0 || fenced == decided.len(), "token {token}: fenced {fenced} of {}", decided.len());
+        for a in &decided {
+            assert!(!matches!(a, Admission::NotClaimable { .. }), "token {token}: {a:?}");
+        }
+    }
+    let rows = store.submissions(None).await.expect("rows");
+    assert_eq!(rows.len(), attempts, "every validated attempt leaves exactly one row");
+    for p in &ps {
+        let forwardable = rows.iter().filter(|r| r.payout_id == *p && r.outcome.is_none()).count();
+        assert!(forwardable <= 1, "payout {p}: {forwardable} forwardable attempts");
+        let expected = if forwardable == 1 { PayoutState::Submitted } else { PayoutState::Claimed };
+        assert_eq!(state_of(&store, *p).await, expected, "payout {p}");
+    }
+    let passed = |r: &&dlock_rail_proxy::store::SubmissionRow| r.outcome != Some(SubmissionOutcome::Fenced);
+    assert_eq!(
+        store.high_water("hot-b").await.expect("mark"),
+        rows.iter().filter(passed).map(|r| r.presented_token).max()
+    );
+    // In write order, each token that passed step 1 is at least every earlier one (equal only
+    // within its own batch: every task presents its own token).
+    let mut highest = 0;
+    for r in rows.iter().filter(passed) {
+        assert!(r.presented_token >= highest, "token {} passed after {highest}", r.presented_token);
+        highest = r.presented_token;
+    }
+}
+
 /// Declares one `#[tokio::test]` per case for a backend. `$make` is an async block that
 /// yields `(Arc<dyn RailStore>, guard)`; the guard lives as long as the test.
 #[macro_export]
@@ -396,7 +698,15 @@ macro_rules! rail_store_conformance {
                 concurrent_admissions_admit_one_per_payout_and_leave_the_highest_mark,
                 unresolved_intents_are_listed_oldest_first_before_the_bound,
                 a_checked_admission_of_a_missing_or_mismatched_payout_writes_nothing,
-                a_checked_admission_of_a_matching_payout_is_stamped_once_and_decided_as_admit_decides
+                a_checked_admission_of_a_matching_payout_is_stamped_once_and_decided_as_admit_decides,
+                a_batch_passes_the_mark_once_and_raises_it_to_its_token,
+                a_fenced_batch_writes_one_fenced_row_per_validated_payout_and_moves_nothing,
+                a_batch_decides_duplicates_and_not_claimable_payouts_per_payout,
+                unmatched_payouts_of_a_batch_write_nothing,
+                a_batch_admitting_k_intents_commits_them_all_before_returning,
+                resolve_batch_records_each_outcome_once_and_moves_each_payout_as_resolve_does,
+                a_batch_with_fencing_off_skips_step_one_only,
+                concurrent_batches_and_single_admissions_keep_one_forwardable_attempt_per_payout_and_the_highest_mark
             );
         }
     };
