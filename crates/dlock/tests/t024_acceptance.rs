@@ -179,8 +179,18 @@ async fn metrics_expose_only_pinned_tag_values(db: Db) {
         .chain(["+Inf".to_owned()])
         .collect();
     let le: Vec<&str> = buckets.iter().map(String::as_str).collect();
-    let store_ops: &[&str] =
-        &["ping", "payout", "admit", "resolve", "high_water", "submissions", "unresolved_before", "insert_payout"];
+    let store_ops: &[&str] = &[
+        "ping",
+        "payout",
+        "admit",
+        "resolve",
+        "admit_batch",
+        "resolve_batch",
+        "high_water",
+        "submissions",
+        "unresolved_before",
+        "insert_payout",
+    ];
     let rail_calls: &[&str] = &["acked", "rejected", "ambiguous", "unsent"];
     // (family, [(label, its values)]).
     type Labels<'a> = &'a [(&'a str, &'a [&'a str])];
