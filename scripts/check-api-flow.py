@@ -224,6 +224,42 @@ def main():
            "insufficient funds")
     expect(call("payment-resource", PAY, "GET", f"/v1/payouts/{uuid.uuid4()}", READER), 404, "unknown payout")
 
+    # A batch (C3-extensions E-19): two payouts claimed and submitted under one grant, posted
+    # under a newer one; an equal token at the mark and an older one at the ledger are fenced.
+    expect(call("lock-server", LOCK, "DELETE", f"/v1/locks/{lock_key}", WORKER, fence3, {"sessionId": sid}), 204,
+           "release before the batch")
+    batch = []
+    for n in range(2):
+        made = expect(call("payment-resource", PAY, "POST", "/v1/payouts", OPERATOR, {**op_owner, **key(f"batch{n}")},
+                           {"accountId": account, "amountMinor": 100, "currency": "EUR", "beneficiaryRef": f"ben-b{n}"}),
+                      201, "create a payout for the batch")
+        batch.append(made.get("payoutId", str(uuid.uuid4())))
+    fence4 = grant(lock_key, sid, owner, "acquire for the batch")
+    claims = {"payouts": [{"payoutId": b, "expectedState": "PENDING"} for b in batch]}
+    bk = key("claims")
+    expect(call("payment-resource", PAY, "POST", f"/v1/accounts/{account}/claims", WORKER, {**fence4, **bk}, claims), 200,
+           "batch claim")
+    expect(call("payment-resource", PAY, "POST", f"/v1/accounts/{account}/claims", WORKER, {**fence4, **bk}, claims), 200,
+           "replayed batch claim")
+    subs = {"accountId": account, "submissions": [
+        {"payoutId": b, "amountMinor": 100, "currency": "EUR", "beneficiaryRef": f"ben-b{n}", "idempotencyKey": f"payout:{b}"}
+        for n, b in enumerate(batch)]}
+    acks = expect(call("rail-proxy", PROXY, "POST", "/v1/rail/submission-batches", WORKER, fence4, subs), 200,
+                  "batch submission")
+    expect(call("rail-proxy", PROXY, "POST", "/v1/rail/submission-batches", WORKER, fence4, subs), 409,
+           "batch submission under an equal token")
+    expect(call("lock-server", LOCK, "DELETE", f"/v1/locks/{lock_key}", WORKER, fence4, {"sessionId": sid}), 204,
+           "release after the batch submission")
+    fence5 = grant(lock_key, sid, owner, "acquire for the batch post")
+    items = {i.get("payoutId"): i.get("body", {}) for i in acks.get("items", [])}
+    posts = {"payouts": [{"payoutId": b, "railReference": items.get(b, {}).get("railReference", "x"),
+                          "submissionId": items.get(b, {}).get("submissionId", str(uuid.uuid4())), "railOutcome": "ACKED"}
+                         for b in batch]}
+    expect(call("payment-resource", PAY, "POST", f"/v1/accounts/{account}/posts", WORKER, {**fence4, **key("oldposts")},
+                posts), 409, "batch post under the claims' grant")
+    expect(call("payment-resource", PAY, "POST", f"/v1/accounts/{account}/posts", WORKER, {**fence5, **key("posts")}, posts),
+           200, "batch post")
+
     # The operator revokes; the worker may not; a stale expectedToken is fenced out.
     rv = {"operator": "api-flow", "reason": "api conformance walk", "expectedToken": 1}
     expect(call("lock-server", LOCK, "POST", f"/v1/locks/{lock_key}/revoke", OPERATOR, op_owner, rv), 409, "stale revoke")

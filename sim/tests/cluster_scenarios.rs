@@ -404,6 +404,51 @@ fn a_revoke_mid_flight_pays_nothing_twice() {
     }
 }
 
+/// A holder stalled past its lease before its batch's post (C3-extensions E-19): it claimed
+/// several payouts under one grant; when it wakes, its batch post carries the stale grant's
+/// one token, and the account's fence, raised meanwhile by the newer holder, refuses it for
+/// every payout it names. Each payout is posted once, by a newer holder, and paid once.
+#[test]
+fn a_stale_batch_post_is_refused_whole_at_the_ledger() {
+    for seed in world_seeds() {
+        let (o, f) = play_in_the_world("stale-batch-post", seed);
+        let claims_by_token = f.seen.iter().fold(std::collections::BTreeMap::<i64, usize>::new(), |mut m, s| {
+            if let Seen::Fenced { op: FencedOp::Claim, accepted: true, owner_id, token, .. } = s {
+                if owner_id.starts_with("executor-1/") {
+                    *m.entry(*token).or_default() += 1;
+                }
+            }
+            m
+        });
+        assert!(
+            claims_by_token.values().any(|n| *n >= 2),
+            "seed {seed}: executor 1 claimed no batch: {claims_by_token:?}\n{}",
+            o.trace.join("\n")
+        );
+        let fenced: Vec<(i64, Uuid)> = f
+            .seen
+            .iter()
+            .filter_map(|s| match s {
+                Seen::Fenced { op: FencedOp::Post, accepted: false, owner_id, token, payout_id, .. }
+                    if owner_id.starts_with("executor-1/") =>
+                {
+                    Some((*token, *payout_id))
+                }
+                _ => None,
+            })
+            .collect();
+        let first = fenced.first().map(|(t, _)| *t);
+        let whole: Vec<&(i64, Uuid)> = fenced.iter().filter(|(t, _)| Some(*t) == first).collect();
+        assert!(whole.len() >= 2, "seed {seed}: no batch post of executor 1 was fenced whole: {fenced:?}\n{}", o.trace.join("\n"));
+        for (_, p) in whole {
+            assert_eq!(f.final_states.get(p), Some(&Some(PayoutState::Posted)), "seed {seed}: payout {p}");
+            assert_eq!(rail_calls_of(&f, *p), 1, "seed {seed}: payout {p} at the rail");
+        }
+        assert!(probe(&o, Probe::FencedOutLedger) >= 1, "seed {seed}: {:?}", o.probes);
+        assert!(all_posted(&f) && all_settled_once(&f), "seed {seed}: {:?}", f.final_states);
+    }
+}
+
 /// A rail that pays every repeat and fails 30 % of calls, a lossy proxy-to-rail link and a
 /// proxy crash mid-call: unknown outcomes become RAIL_AMBIGUOUS and are never submitted
 /// again (the oracle counts refused attempts too), orphaned intents are swept, and each

@@ -251,7 +251,9 @@ async fn a_hostile_but_correct_run_gives_no_failure_online_at_the_end_or_in_live
     );
     let (acceptances, fenced_outs, grants) =
         monitor.with(|c| (c.acceptances, c.fenced_outs, c.grants_seen)).expect("checker");
-    assert!(acceptances >= 12 && grants >= 12, "the monitor saw the run: {acceptances} acceptances, {grants} grants");
+    // Acceptances count per payout; grants need not (a batch passes each fence once for
+    // several payouts under one grant, C3-extensions E-19).
+    assert!(acceptances >= 12 && grants >= 2, "the monitor saw the run: {acceptances} acceptances, {grants} grants");
     eprintln!(
         "seed {seed}: {acceptances} acceptances, {fenced_outs} fenced out, {grants} grants; probes {:?}",
         dlock_rt::probe::snapshot()
