@@ -439,7 +439,11 @@ fn a_stale_batch_post_is_refused_whole_at_the_ledger() {
             .collect();
         let first = fenced.first().map(|(t, _)| *t);
         let whole: Vec<&(i64, Uuid)> = fenced.iter().filter(|(t, _)| Some(*t) == first).collect();
-        assert!(whole.len() >= 2, "seed {seed}: no batch post of executor 1 was fenced whole: {fenced:?}\n{}", o.trace.join("\n"));
+        assert!(
+            whole.len() >= 2,
+            "seed {seed}: no batch post of executor 1 was fenced whole: {fenced:?}\n{}",
+            o.trace.join("\n")
+        );
         for (_, p) in whole {
             assert_eq!(f.final_states.get(p), Some(&Some(PayoutState::Posted)), "seed {seed}: payout {p}");
             assert_eq!(rail_calls_of(&f, *p), 1, "seed {seed}: payout {p} at the rail");
