@@ -31,6 +31,7 @@ const PLAYED_IN_THE_WORLD: &[&str] = &[
     "partition-holder-lock-server",
     "pause-during-rail-call",
     "revoke-mid-flight",
+    "stale-batch-post",
     "stale-writer-second-proxy",
     "waiter-session-expires",
 ];
