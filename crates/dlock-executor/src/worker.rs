@@ -454,47 +454,37 @@ impl Executor {
                     // E-19: the account's other claimable candidates of this pass go with it,
                     // under one grant, up to `executor.payouts-per-grant-max`.
                     let per_grant = usize::try_from(self.cfg.payouts_per_grant_max).unwrap_or(1);
+                    let mut members = vec![c.clone()];
                     if per_grant > 1 && batchable(&c) {
-                        let mut members = vec![c.clone()];
                         members.extend(
                             take_batch(&mut queue, &c, per_grant - 1).into_iter().filter(|m| self.still_listed(m)),
                         );
-                        if members.len() > 1 {
-                            let more = chain_has_next(&queue, &c.account_id);
-                            let attempt = batch::BatchAttempt {
-                                session: s,
-                                owner: &owner,
-                                account: &c.account_id,
-                                members,
-                                chained: carried,
-                                keep: more,
-                            };
-                            let (ended, step, kept) = self.execute_batch_step(attempt).await;
-                            chain = kept;
-                            for (m, outcome) in ended {
-                                worked = true;
-                                self.forget_scanned(m.payout_id).await;
-                                self.metrics.count(outcome);
-                                tracing::info!(payoutId = %m.payout_id, accountId = %m.account_id, outcome = outcome.tag(),
-                                    ownerId = %owner, batched = true, "payout_executed");
-                            }
-                            match step {
-                                Step::Reset => {
-                                    reset = true;
-                                    break;
-                                }
-                                Step::Busy => {
-                                    busy.insert(c.account_id.clone());
-                                }
-                                Step::Done => {}
-                            }
-                            continue;
-                        }
                     }
                     let more = chain_has_next(&queue, &c.account_id);
-                    let attempt = Attempt { session: s, owner: &owner, c: &c, chained: carried, keep: more };
-                    let (outcome, step, kept) = self.execute_step(attempt).await;
+                    let (ended, step, kept) = if members.len() > 1 {
+                        let account = &c.account_id;
+                        let attempt = batch::BatchAttempt {
+                            session: s,
+                            owner: &owner,
+                            account,
+                            members,
+                            chained: carried,
+                            keep: more,
+                        };
+                        self.execute_batch_step(attempt).await
+                    } else {
+                        let attempt = Attempt { session: s, owner: &owner, c: &c, chained: carried, keep: more };
+                        let (outcome, step, kept) = self.execute_step(attempt).await;
+                        (outcome.map(|o| (c.clone(), o)).into_iter().collect(), step, kept)
+                    };
                     chain = kept;
+                    for (m, outcome) in ended {
+                        worked = true;
+                        self.forget_scanned(m.payout_id).await;
+                        self.metrics.count(outcome);
+                        tracing::info!(payoutId = %m.payout_id, accountId = %m.account_id, outcome = outcome.tag(),
+                            ownerId = %owner, "payout_executed");
+                    }
                     match step {
                         Step::Reset => {
                             reset = true;
@@ -504,13 +494,6 @@ impl Executor {
                             busy.insert(c.account_id.clone());
                         }
                         Step::Done => {}
-                    }
-                    if let Some(outcome) = outcome {
-                        worked = true;
-                        self.forget_scanned(c.payout_id).await;
-                        self.metrics.count(outcome);
-                        tracing::info!(payoutId = %c.payout_id, accountId = %c.account_id, outcome = outcome.tag(),
-                            ownerId = %owner, "payout_executed");
                     }
                 }
                 if let Some(ch) = chain.take() {
@@ -702,16 +685,40 @@ impl Executor {
 
     async fn execute_attempt(&self, a: Attempt<'_>) -> (Option<Outcome>, Step, Option<Chain>) {
         let Attempt { session, owner, c, chained, keep } = a;
-        let key = format!("payout:{}", c.account_id);
         let started = self.clock.now();
+        let (working, guard, links) = match self.grant_of(session, &c.account_id, chained).await {
+            Ok(granted) => granted,
+            Err(step) => return (None, step, None),
+        };
+        // This payout is the chain's `links + 1`-th; its grant may be kept for one more
+        // while that stays within `executor.chain-payouts-max`.
+        let links = links + 1;
+        let mut held = Keep { wanted: keep && links < self.cfg.chain_payouts_max, kept: None };
+        let outcome = self.execute_held(&mut held, owner, c, guard).await;
+        if let Some(outcome) = outcome {
+            self.observe_end(c, outcome, started);
+        }
+        let chain = held.kept.map(|guard| Chain { guard, mark: working, links });
+        (outcome, Step::Done, chain)
+    }
+
+    /// The grant an attempt at `account` works under, with the account's mark and the
+    /// chain's links so far: the chain's kept grant rotated (C3-extensions E-18; one rotate
+    /// in place of the previous payout's release and this one's acquire, timed as the
+    /// acquire), or a fresh acquire. `Err` is how the step ends when none was granted.
+    async fn grant_of(
+        &self,
+        session: &Session,
+        account: &str,
+        chained: Option<Chain>,
+    ) -> Result<(Working, LockGuard, u32), Step> {
+        let key = format!("payout:{account}");
         let (working, granted, links) = match chained {
             Some(chain) => {
-                // The account's mark and grant, carried from its previous payout: one rotate
-                // replaced that payout's release and this one's acquire (timed as the acquire).
                 assert_eq!(
                     chain.guard.key(),
                     key,
-                    "a chained grant is only ever rotated into its own account's payout"
+                    "a chained grant is only ever rotated into its own account's payouts"
                 );
                 // The kept grant was rotated beside the previous payout's post, so no fenced
                 // write has carried its token.
@@ -722,33 +729,30 @@ impl Executor {
                 (chain.mark, granted, chain.links)
             }
             None => {
-                let Some(working) = self.mark_working(&c.account_id) else {
-                    return (None, Step::Busy, None);
+                let Some(working) = self.mark_working(account) else {
+                    return Err(Step::Busy);
                 };
                 (working, self.acquire(session, &key).await, 0)
             }
         };
-        let guard = match granted {
-            Ok(g) => g,
-            Err(e) => return (None, self.not_granted(&c.account_id, &key, e).await, None),
-        };
-        // This payout is the chain's `links + 1`-th; its grant may be kept for one more
-        // while that stays within `executor.chain-payouts-max`.
-        let links = links + 1;
-        let mut held = Keep { wanted: keep && links < self.cfg.chain_payouts_max, kept: None };
-        let outcome = self.execute_held(&mut held, owner, c, guard).await;
-        if let Some(terminal) = outcome.and_then(Terminal::of) {
-            let took = match c.created_at {
-                Some(created) => {
-                    let ms = (self.clock.wall() - created).num_milliseconds().max(0);
-                    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-                }
-                None => self.clock.now() - started,
-            };
-            self.metrics.end_to_end.observe(terminal, took);
+        match granted {
+            Ok(guard) => Ok((working, guard, links)),
+            Err(e) => Err(self.not_granted(account, &key, e).await),
         }
-        let chain = held.kept.map(|guard| Chain { guard, mark: working, links });
-        (outcome, Step::Done, chain)
+    }
+
+    /// Observes `c`'s time from creation to `outcome` when it is terminal
+    /// (`payout_end_to_end_seconds`; from `started` when the scan gave no creation instant).
+    fn observe_end(&self, c: &Candidate, outcome: Outcome, started: dlock_rt::Instant) {
+        let Some(terminal) = Terminal::of(outcome) else { return };
+        let took = match c.created_at {
+            Some(created) => {
+                let ms = (self.clock.wall() - created).num_milliseconds().max(0);
+                Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+            }
+            None => self.clock.now() - started,
+        };
+        self.metrics.end_to_end.observe(terminal, took);
     }
 
     /// How an attempt ends whose acquire (or chained rotate) of `key` was not granted:

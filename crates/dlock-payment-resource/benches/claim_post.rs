@@ -28,6 +28,13 @@
 //! transaction of several statements (the idempotency row, the fence, the transition and,
 //! for a post, two ledger entries) with one commit, so the ratio measures what the extra
 //! statements cost next to the single fenced write. Nothing here asserts on timings.
+//!
+//! **Batches** (C3-extensions E-19): a second row per database runs the same payouts through
+//! P2b and P3b, `DLOCK_BENCH_BATCH` payouts of an account per batch (default 16, the
+//! executor's `executor.payouts-per-grant-max`): one token per batch for its claims, one
+//! newer for its posts, each fence passed once per batch; the rail-proxy moves each batch's
+//! payouts to RAIL_ACKED with one `admit_batch` and one `resolve_batch` (untimed). Its rates
+//! are payouts per second, against the same baseline of single conditional UPDATEs.
 
 #[cfg(madsim)]
 fn main() {}
@@ -49,14 +56,15 @@ mod bench {
     use dlock_contract::payment::{ClaimRequest, NewAccountRequest, PostRequest};
     use dlock_contract::payout::PayoutState;
     use dlock_db::Dialect;
-    use dlock_payment_resource::app::{render_claim, render_post};
+    use dlock_payment_resource::app::{render_claim, render_claim_batch, render_post, render_post_batch};
     use dlock_payment_resource::idempotency::fingerprint;
     use dlock_payment_resource::store::{
-        Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, IdemRequest, Idempotent, NewAccount, NewPayout,
-        Operation, PaymentStore, Post, PostOutcome, StoredResponse,
+        Claim, ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, CreateAccountOutcome,
+        CreatePayoutOutcome, IdemRequest, Idempotent, NewAccount, NewPayout, Operation, PaymentStore, Post, PostBatch,
+        PostBatchOutcome, PostBatchPayout, PostOutcome, StoredResponse,
     };
     use dlock_payment_resource::store_sql::{PgPaymentStore, SqlitePaymentStore};
-    use dlock_rail_proxy::store::{Admission, Attempt, RailStore, Resolution};
+    use dlock_rail_proxy::store::{Admission, Attempt, Checked, RailStore, Resolution, Unstamped};
     use dlock_rt::Clock;
     use uuid::Uuid;
 
@@ -68,35 +76,53 @@ mod bench {
     pub async fn run() {
         let n = dlock_testkit::bench::env_usize("DLOCK_BENCH_N", 400).max(1);
         let accounts = dlock_testkit::bench::env_usize("DLOCK_BENCH_CONCURRENCY", 4).clamp(1, n);
-        println!("payment-resource claim+post bench: n={n} payouts, {accounts} accounts (one task each)");
+        let batch =
+            dlock_testkit::bench::env_usize("DLOCK_BENCH_BATCH", 16).clamp(2, dlock_contract::batch::BATCH_PAYOUTS_MAX);
+        println!(
+            "payment-resource claim+post bench: n={n} payouts, {accounts} accounts (one task each); batches of {batch}"
+        );
         println!(
             "{:<10} {:>10} {:>10} {:>12} {:>14} {:>7}",
             "database", "claims/s", "posts/s", "combined/s", "cond UPDATE/s", "ratio"
         );
         let dir = dlock_testkit::TempDir::new("bench");
-        let sqlite = dlock_testkit::sqlite_url(&dir);
-        report("sqlite", &sqlite, n, accounts).await;
+        let batched = dlock_testkit::TempDir::new("bench-batch");
+        let baseline = report("sqlite", &dlock_testkit::sqlite_url(&dir), n, accounts, 1, None).await;
+        let sqlite_b = dlock_testkit::sqlite_url(&batched);
+        report(&format!("sqlite b{batch}"), &sqlite_b, n, accounts, batch, Some(baseline)).await;
         match dlock_testkit::bench::pg_admin_url() {
             Some(admin) => {
                 let url = dlock_testkit::pg_database_on(&admin).await;
-                report("postgres", &url, n, accounts).await;
+                let baseline = report("postgres", &url, n, accounts, 1, None).await;
+                let url = dlock_testkit::pg_database_on(&admin).await;
+                report(&format!("postgres b{batch}"), &url, n, accounts, batch, Some(baseline)).await;
             }
             None => println!("postgres   (skipped: set DLOCK_BENCH_PG_URL or DLOCK_TEST_PG_URL to include it)"),
         }
-        println!("combined = 2N / (claim time + post time); ratio = combined / cond UPDATE");
+        println!(
+            "combined = 2N / (claim time + post time), N payouts; ratio = combined / cond UPDATE; \
+             bK: K payouts per batch (P2b, P3b), against the same database kind's baseline"
+        );
     }
 
-    async fn report(name: &str, url: &str, n: usize, accounts: usize) {
+    /// One row: `batch` 1 runs P2 and P3, more runs P2b and P3b with that many payouts per
+    /// batch. The baseline is measured on this database unless `baseline` gives the one
+    /// measured before on the same kind. Returns the baseline.
+    async fn report(name: &str, url: &str, n: usize, accounts: usize, batch: usize, baseline: Option<f64>) -> f64 {
         let (store, pool) = open(url).await;
-        let baseline = conditional_update_rate(&pool, 2 * n, accounts).await;
-        let r = claim_post_rates(store, url, n, accounts).await;
+        let baseline = match baseline {
+            Some(b) => b,
+            None => conditional_update_rate(&pool, 2 * n, accounts).await,
+        };
+        let r = claim_post_rates(store, url, n, accounts, batch).await;
         println!(
-            "{name:<10} {:>10.0} {:>10.0} {:>12.0} {baseline:>14.0} {:>7.2}",
+            "{name:<12} {:>10.0} {:>10.0} {:>12.0} {baseline:>14.0} {:>7.2}",
             r.claims,
             r.posts,
             r.combined,
             r.combined / baseline
         );
+        baseline
     }
 
     /// The store and its pool: the baseline runs on the very connections the store uses.
@@ -241,8 +267,17 @@ mod bench {
         StoredResponse { status: 500, body: br#"{"code":"INTERNAL"}"#.to_vec() }
     }
 
-    async fn claim_post_rates(store: Arc<dyn PaymentStore>, url: &str, n: usize, accounts: usize) -> Rates {
-        let work = seed(&store, n, accounts).await;
+    async fn claim_post_rates(
+        store: Arc<dyn PaymentStore>,
+        url: &str,
+        n: usize,
+        accounts: usize,
+        batch: usize,
+    ) -> Rates {
+        let work = seed(&store, n, accounts, batch).await;
+        if batch > 1 {
+            return batch_rates(store, url, work, n, accounts, batch).await;
+        }
 
         // Phase 1: claims (timed).
         let start = Instant::now();
@@ -300,8 +335,165 @@ mod bench {
         Rates { claims: n as f64 / t1, posts: n as f64 / t3, combined: (2 * n) as f64 / (t1 + t3) }
     }
 
-    /// Untimed: one account per task funded for exactly its payouts, and its PENDING payouts.
-    async fn seed(store: &Arc<dyn PaymentStore>, n: usize, accounts: usize) -> Vec<Vec<Item>> {
+    /// The batch rows' three phases, as [`claim_post_rates`]'s, one store call per batch.
+    async fn batch_rates(
+        store: Arc<dyn PaymentStore>,
+        url: &str,
+        work: Vec<Vec<Item>>,
+        n: usize,
+        accounts: usize,
+        batch: usize,
+    ) -> Rates {
+        let chunks = |items: &[Item]| items.chunks(batch).map(<[Item]>::to_vec).collect::<Vec<_>>();
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for (w, items) in work.iter().enumerate() {
+            let (store, chunks) = (store.clone(), chunks(items));
+            tasks.push(tokio::spawn(async move {
+                for c in chunks {
+                    claim_batch(&store, w, &c).await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("claim task");
+        }
+        let t1 = start.elapsed().as_secs_f64();
+        let rail = dlock_rail_proxy::store_sql::open(url).await.expect("open rail store");
+        let mut tasks = Vec::new();
+        for (w, items) in work.iter().enumerate() {
+            let (rail, chunks) = (rail.clone(), chunks(items));
+            tasks.push(tokio::spawn(async move {
+                for c in chunks {
+                    acknowledge_batch(&*rail, w, &c).await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("rail task");
+        }
+        drop(rail);
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for (w, items) in work.iter().enumerate() {
+            let (store, chunks) = (store.clone(), chunks(items));
+            tasks.push(tokio::spawn(async move {
+                for c in chunks {
+                    post_batch(&store, w, &c).await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("post task");
+        }
+        let t3 = start.elapsed().as_secs_f64();
+        for w in 0..accounts {
+            let view = store.account(&account_id(w)).await.expect("account").expect("account exists");
+            assert_eq!((view.balance_minor, view.ledger_sum_minor, view.reserved_minor), (0, 0, 0), "{view:?}");
+        }
+        Rates { claims: n as f64 / t1, posts: n as f64 / t3, combined: (2 * n) as f64 / (t1 + t3) }
+    }
+
+    /// P2b as the handler runs it (no grant read: the account is the path's): identity,
+    /// fingerprint, render closure, one store call on the writer thread. Every payout claimed.
+    async fn claim_batch(store: &Arc<dyn PaymentStore>, w: usize, items: &[Item]) {
+        let (owner, account, token) = (owner(w), account_id(w), items[0].claim_token);
+        let key = format!("claims:{token}");
+        let req = dlock_contract::payment::ClaimBatchRequest {
+            payouts: items
+                .iter()
+                .map(|it| dlock_contract::payment::ClaimBatchItem {
+                    payout_id: it.payout_id,
+                    expected_state: PayoutState::Pending,
+                })
+                .collect(),
+        };
+        let at = now();
+        let target = dlock_contract::batch::batch_target(&account);
+        let idem = identity(Operation::Claim, &target, &key, token, &owner, &req, at);
+        let payouts =
+            items.iter().map(|it| ClaimBatchPayout { payout_id: it.payout_id, expected: PayoutState::Pending });
+        let b = ClaimBatch { account_id: account.clone(), token, owner_id: owner, payouts: payouts.collect(), at };
+        let render = move |o: &ClaimBatchOutcome| render_claim_batch(o, &account, token, &key, "bench");
+        let s = store.clone();
+        let decided = as_handlers(store, async move { s.claim_batch(&b, &idem, &render).await }).await;
+        match decided.expect("claim batch") {
+            Idempotent::Executed { outcome: ClaimBatchOutcome::Decided { items: claimed }, stored: Some(_) }
+                if claimed.iter().all(|(_, o)| matches!(o, ClaimOutcome::Claimed { .. })) => {}
+            other => panic!("claim batch token {token}: {other:?}"),
+        }
+    }
+
+    /// The rail-proxy's two transactions around a batch the rail acknowledged.
+    async fn acknowledge_batch(rail: &dyn RailStore, w: usize, items: &[Item]) {
+        let asked: Vec<Unstamped> = items
+            .iter()
+            .map(|it| Unstamped {
+                payout_id: it.payout_id,
+                account_id: account_id(w),
+                presented_token: it.claim_token,
+                owner_id: owner(w),
+                idempotency_key: payout_key(it.payout_id),
+                amount_minor: AMOUNT_MINOR,
+                currency: CURRENCY.into(),
+                beneficiary_ref: "bench".into(),
+                fencing_enabled: true,
+            })
+            .collect();
+        let ids: Vec<Uuid> = items.iter().map(|it| it.submission_id).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let stamp = || (ids[next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)], now());
+        let checked = rail.admit_batch(&asked, &stamp).await.expect("admit batch");
+        assert!(
+            checked.iter().all(|c| matches!(c, Checked::Decided { admission: Admission::Admitted { .. }, .. })),
+            "{checked:?}"
+        );
+        let acked: Vec<(Uuid, Resolution)> = items
+            .iter()
+            .map(|it| (it.submission_id, Resolution::Acked { rail_reference: it.rail_reference.clone() }))
+            .collect();
+        rail.resolve_batch(&acked, now()).await.expect("resolve batch");
+    }
+
+    /// P3b as the handler runs it, with a token newer than every claim of the account.
+    async fn post_batch(store: &Arc<dyn PaymentStore>, w: usize, items: &[Item]) {
+        let (owner, account, token) = (owner(w), account_id(w), items[0].post_token);
+        let key = format!("posts:{token}");
+        let req = dlock_contract::payment::PostBatchRequest {
+            payouts: items
+                .iter()
+                .map(|it| dlock_contract::payment::PostBatchItem {
+                    payout_id: it.payout_id,
+                    rail_reference: it.rail_reference.clone(),
+                    submission_id: it.submission_id,
+                    rail_outcome: "ACKED".into(),
+                })
+                .collect(),
+        };
+        let at = now();
+        let target = dlock_contract::batch::batch_target(&account);
+        let idem = identity(Operation::Post, &target, &key, token, &owner, &req, at);
+        let payouts = items.iter().map(|it| PostBatchPayout {
+            payout_id: it.payout_id,
+            submission_id: it.submission_id,
+            rail_reference: it.rail_reference.clone(),
+            posting_id: Uuid::new_v4(),
+            entry_ids: [Uuid::new_v4(), Uuid::new_v4()],
+        });
+        let b = PostBatch { account_id: account.clone(), token, owner_id: owner, payouts: payouts.collect(), at };
+        let render = move |o: &PostBatchOutcome| render_post_batch(o, &account, token, "bench");
+        let s = store.clone();
+        let decided = as_handlers(store, async move { s.post_batch(&b, &idem, &render).await }).await;
+        match decided.expect("post batch") {
+            Idempotent::Executed { outcome: PostBatchOutcome::Decided { items: posted }, stored: Some(_) }
+                if posted.iter().all(|(_, o)| matches!(o, PostOutcome::Posted { .. })) => {}
+            other => panic!("post batch token {token}: {other:?}"),
+        }
+    }
+
+    /// Untimed: one account per task funded for exactly its payouts, and its PENDING payouts;
+    /// with `batch` > 1, the payouts of one batch share their claim and their post tokens.
+    async fn seed(store: &Arc<dyn PaymentStore>, n: usize, accounts: usize, batch: usize) -> Vec<Vec<Item>> {
         let counts = per_account(n, accounts);
         let mut tasks = Vec::new();
         for (w, count) in counts.into_iter().enumerate() {
@@ -357,10 +549,11 @@ mod bench {
                         Idempotent::Executed { outcome: CreatePayoutOutcome::Created(_), stored: Some(_) } => {}
                         other => panic!("create payout {payout_id}: {other:?}"),
                     }
+                    let (slot, slots) = (k / batch as i64, count.div_ceil(batch) as i64);
                     items.push(Item {
                         payout_id,
-                        claim_token: k + 1,
-                        post_token: count as i64 + k + 1,
+                        claim_token: slot + 1,
+                        post_token: slots + slot + 1,
                         submission_id: Uuid::new_v4(),
                         rail_reference: format!("bench-ref-{payout_id}"),
                     });

@@ -976,6 +976,20 @@ fn trace_batch_writes<T>(
     }
 }
 
+/// A batch's (P2b, P3b) fenced-write headers and its path's account, checked in P2's order
+/// (token, signature, owner, key, then the path): (token, signature, owner, key).
+fn batch_headers(
+    headers: &HeaderMap,
+    account_id: &str,
+) -> Result<(i64, Option<String>, dlock_contract::OwnerId, dlock_contract::IdempotencyKey), ApiError> {
+    let token = dlock_http::fencing_token(headers)?.get();
+    let signature = dlock_http::fencing_signature(headers)?;
+    let owner = dlock_http::owner_id(headers)?;
+    let key = dlock_http::idempotency_key(headers)?;
+    path_account_id(account_id)?;
+    Ok((token, signature, owner, key))
+}
+
 /// Claim several payouts of one account (P2b, worker, C3-extensions E-19): one fenced write
 /// that passes the account's fence once, under one grant.
 #[utoipa::path(post, path = "/v1/accounts/{accountId}/claims", tag = "payouts",
@@ -989,11 +1003,7 @@ async fn claim_batch(
     Path(account_id): Path<String>,
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
-    let token = dlock_http::fencing_token(&headers)?.get();
-    let signature = dlock_http::fencing_signature(&headers)?;
-    let owner = dlock_http::owner_id(&headers)?;
-    let key = dlock_http::idempotency_key(&headers)?;
-    path_account_id(&account_id)?;
+    let (token, signature, owner, key) = batch_headers(&headers, &account_id)?;
     let JsonBody(raw) = body?;
     let req = ClaimBatchRequest::from_json(&raw)
         .map_err(|fields| ApiError::validation("the claim batch body is invalid", fields))?;
@@ -1076,11 +1086,7 @@ async fn post_batch(
     Path(account_id): Path<String>,
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
-    let token = dlock_http::fencing_token(&headers)?.get();
-    let signature = dlock_http::fencing_signature(&headers)?;
-    let owner = dlock_http::owner_id(&headers)?;
-    let key = dlock_http::idempotency_key(&headers)?;
-    path_account_id(&account_id)?;
+    let (token, signature, owner, key) = batch_headers(&headers, &account_id)?;
     let JsonBody(raw) = body?;
     let req = PostBatchRequest::from_json(&raw)
         .map_err(|fields| ApiError::validation("the post batch body is invalid", fields))?;

@@ -16,6 +16,12 @@
 //! submissions share commits on PostgreSQL, so this ratio can exceed 1), and on PostgreSQL
 //! `DLOCK_BENCH_CONCURRENCY` connections each updating a row of its own (the fair one;
 //! SQLite has one writer, so there the two are the same).
+//!
+//! **Batches** (C3-extensions E-19): a second row per database sends the same submissions
+//! through `POST /v1/rail/submission-batches`, `DLOCK_BENCH_BATCH` payouts of an account per
+//! batch (default 16, the executor's `executor.payouts-per-grant-max`) under one token: one
+//! mark pass and one intent transaction per batch, every payout forwarded once, the
+//! outcomes in one transaction. Its rate is payouts per second, against the same baselines.
 
 #[cfg(madsim)]
 fn main() {}
@@ -43,36 +49,63 @@ mod bench {
     pub async fn run() {
         let n = dlock_testkit::bench::env_usize("DLOCK_BENCH_N", 1_000);
         let concurrency = dlock_testkit::bench::env_usize("DLOCK_BENCH_CONCURRENCY", 8).max(1);
-        println!("rail-proxy admission bench: n={n} concurrency={concurrency} stub latency=0");
+        let batch =
+            dlock_testkit::bench::env_usize("DLOCK_BENCH_BATCH", 16).clamp(2, dlock_contract::batch::BATCH_PAYOUTS_MAX);
+        println!("rail-proxy admission bench: n={n} concurrency={concurrency} stub latency=0; batches of {batch}");
         println!(
             "{:<10} {:>16} {:>22} {:>8} {:>22} {:>8}",
             "database", "admissions/s", "cond. UPDATE/s 1 conn", "ratio", "UPDATE/s same conc.", "ratio"
         );
         let dir = dlock_testkit::TempDir::new("bench");
-        let sqlite = dlock_testkit::sqlite_url(&dir);
-        report("sqlite", &sqlite, n, concurrency).await;
+        let batched = dlock_testkit::TempDir::new("bench-batch");
+        let base = report("sqlite", &dlock_testkit::sqlite_url(&dir), n, concurrency, 1, None).await;
+        report(&format!("sqlite b{batch}"), &dlock_testkit::sqlite_url(&batched), n, concurrency, batch, Some(base))
+            .await;
         match dlock_testkit::bench::pg_admin_url() {
             Some(admin) => {
                 let url = dlock_testkit::pg_database_on(&admin).await;
-                report("postgres", &url, n, concurrency).await;
+                let base = report("postgres", &url, n, concurrency, 1, None).await;
+                let url = dlock_testkit::pg_database_on(&admin).await;
+                report(&format!("postgres b{batch}"), &url, n, concurrency, batch, Some(base)).await;
             }
             None => println!("postgres   (skipped: set DLOCK_TEST_PG_URL to include it)"),
         }
     }
 
-    async fn report(name: &str, url: &str, n: usize, concurrency: usize) {
-        let baseline = conditional_update_rate(url, n).await;
-        // PostgreSQL commits concurrent transactions together: the same number of
-        // connections, each updating a row of its own, is the fair price of a fenced write
-        // at this concurrency. SQLite has one writer, so its baseline is the one above.
-        let concurrent =
-            if url.starts_with("sqlite") { baseline } else { concurrent_update_rate(url, n, concurrency).await };
-        let admissions = admission_rate(url, n, concurrency).await;
+    /// One row: `batch` 1 sends single submissions, more sends batches of that many. The
+    /// baselines are measured on this database unless `baselines` gives the ones measured
+    /// before on the same kind. Returns the baselines (1 connection, same concurrency).
+    async fn report(
+        name: &str,
+        url: &str,
+        n: usize,
+        concurrency: usize,
+        batch: usize,
+        baselines: Option<(f64, f64)>,
+    ) -> (f64, f64) {
+        let (baseline, concurrent) = match baselines {
+            Some(b) => b,
+            None => {
+                let baseline = conditional_update_rate(url, n).await;
+                // PostgreSQL commits concurrent transactions together: the same number of
+                // connections, each updating a row of its own, is the fair price of a fenced
+                // write at this concurrency. SQLite has one writer, so its baseline is the one
+                // above.
+                let concurrent = if url.starts_with("sqlite") {
+                    baseline
+                } else {
+                    concurrent_update_rate(url, n, concurrency).await
+                };
+                (baseline, concurrent)
+            }
+        };
+        let admissions = admission_rate(url, n, concurrency, batch).await;
         println!(
-            "{name:<10} {admissions:>16.0} {baseline:>22.0} {:>8.2} {concurrent:>22.0} {:>8.2}",
+            "{name:<12} {admissions:>14.0} {baseline:>22.0} {:>8.2} {concurrent:>22.0} {:>8.2}",
             admissions / baseline,
             admissions / concurrent
         );
+        (baseline, concurrent)
     }
 
     /// [`conditional_update_rate`] on `concurrency` connections at once, each on its own row,
@@ -149,7 +182,7 @@ mod bench {
         }
     }
 
-    async fn admission_rate(url: &str, n: usize, concurrency: usize) -> f64 {
+    async fn admission_rate(url: &str, n: usize, concurrency: usize, batch: usize) -> f64 {
         let store = dlock_rail_proxy::store_sql::open(url).await.expect("open");
         // Both services through their entry points, settings from their own resolvers.
         let production = dlock_config::Profile::Production;
@@ -189,13 +222,18 @@ mod bench {
                 state: PayoutState::Claimed,
             };
             store.insert_payout(&p, Clock::system().wall()).await.expect("seed payout");
-            work[w].push((id, account, (i + 1) as i64));
+            // A batch's payouts share one token; single submissions each have their own.
+            work[w].push((id, account, (i / (concurrency * batch) + 1) as i64));
         }
         let store: Arc<dyn RailStore> = store;
         let start = Instant::now();
         let mut tasks = Vec::new();
         for items in work {
             let url = proxy_url.clone();
+            if batch > 1 {
+                tasks.push(tokio::spawn(submit_batches(url, items, batch)));
+                continue;
+            }
             tasks.push(tokio::spawn(async move {
                 let client = dlock_testkit::auth::client(1_000, 10_000);
                 for (id, account, token) in items {
@@ -233,5 +271,37 @@ mod bench {
         let acked = store.submissions(None).await.expect("rows").len();
         assert_eq!(acked, n);
         rate
+    }
+
+    /// One worker's payouts (one account) as batches of `batch` submissions, each batch under
+    /// its own token: every item acknowledged.
+    async fn submit_batches(url: BaseUrl, items: Vec<(uuid::Uuid, String, i64)>, batch: usize) {
+        let client = dlock_testkit::auth::client(1_000, 10_000);
+        for chunk in items.chunks(batch) {
+            let (account, token) = (chunk[0].1.clone(), chunk[0].2);
+            let submissions: Vec<serde_json::Value> = chunk
+                .iter()
+                .map(|(id, _, _)| {
+                    serde_json::json!({"payoutId": id, "amountMinor": 100, "currency": "EUR",
+                        "beneficiaryRef": "b", "idempotencyKey": format!("payout:{id}")})
+                })
+                .collect();
+            let body = serde_json::json!({"accountId": account, "submissions": submissions});
+            let signature = dlock_contract::grant::testing::sign_payout(&account, token, "bench");
+            let token = token.to_string();
+            let headers = [
+                ("content-type", "application/json"),
+                ("x-fencing-token", token.as_str()),
+                ("x-owner-id", "bench"),
+                ("x-fencing-signature", signature.as_str()),
+            ];
+            let r = client
+                .send(&url, http::Method::POST, "/v1/rail/submission-batches", &headers, Some(body.to_string().into()))
+                .await
+                .expect("batch");
+            assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+            let answer: dlock_contract::batch::BatchAnswer = serde_json::from_slice(&r.body).expect("batch answer");
+            assert!(answer.items.iter().all(|i| i.status == 200), "{answer:?}");
+        }
     }
 }

@@ -33,9 +33,13 @@
 //!   attempts ended (`payout_execute_total`: a `not_claimable` one found its payout moved
 //!   on by the time it held the account, a wasted grant and claim).
 //!
-//! **The window.** `dlock up` starts its executors with the cluster, so payouts are created
-//! while they already run; the bench creates them [`CREATE_CONCURRENCY`] at a time so that
-//! nearly all are still queued when the window starts. The window starts when the last payout
+//! **The window.** `dlock up` starts its executors with the cluster, so the bench holds every
+//! account's lock (a session of its own, the lock server's public API) while it creates the
+//! payouts [`CREATE_CONCURRENCY`] at a time: the executors' acquires are refused meanwhile,
+//! and the whole backlog is queued when the bench releases the locks at `t0`, as the
+//! baseline's is when its workers start (with batches, C3-extensions E-19, the executors
+//! would otherwise drain it faster than it is created, and the window would see only its
+//! tail). The window starts when the last payout
 //! has been created (bench wall clock, `t0`) and ends at the last payout's POSTED instant
 //! (paydb's `updatedAt`); payouts/s counts only the payouts posted after `t0` (the column
 //! "in window"). While the window runs the bench polls
@@ -493,6 +497,59 @@ mod bench {
         serde_json::from_slice(&r.body).expect("json")
     }
 
+    /// Every account's lock, held by the bench in a session of its own while it creates the
+    /// backlog (the lock server's L1, L4, L6, L3).
+    struct Hold {
+        session: String,
+        /// (key, token) of each held lock.
+        grants: Vec<(String, i64)>,
+    }
+
+    /// `dlock up`'s lock server.
+    const LOCK_URL: &str = "http://127.0.0.1:8081";
+    /// The hold's session and lease: longer than any backlog's creation takes.
+    const HOLD_TTL_MS: u64 = 60_000;
+
+    impl Hold {
+        async fn take(client: &HttpClient, accounts: usize) -> Hold {
+            let s = hold_post(client, "/v1/sessions", json!({"ownerId": "bench-hold", "ttlMillis": HOLD_TTL_MS})).await;
+            let session = s["sessionId"].as_str().expect("session id").to_owned();
+            let mut grants = Vec::with_capacity(accounts);
+            for a in 0..accounts {
+                let key = format!("payout:acct-{a}");
+                // Waits out an executor's grant of the account, if one got it first.
+                let body = json!({"sessionId": session, "ttlMillis": HOLD_TTL_MS, "waitMillis": 10_000});
+                let g = hold_post(client, &format!("/v1/locks/{key}/acquire"), body).await;
+                grants.push((key, g["fencingToken"].as_i64().expect("token")));
+            }
+            Hold { session, grants }
+        }
+
+        async fn release(self, client: &HttpClient) {
+            let lock = BaseUrl::parse(LOCK_URL).expect("url");
+            for (key, token) in &self.grants {
+                let token = token.to_string();
+                let headers =
+                    [("content-type", "application/json"), ("x-owner-id", "bench-hold"), ("x-fencing-token", &token)];
+                let (path, body) = (format!("/v1/locks/{key}"), json!({"sessionId": self.session}).to_string());
+                let r = client.send(&lock, http::Method::DELETE, &path, &headers, Some(body.into())).await;
+                assert_eq!(r.map(|r| r.status).ok(), Some(204), "release {key}");
+            }
+            let path = format!("/v1/sessions/{}", self.session);
+            let _ = client.send(&lock, http::Method::DELETE, &path, &[("x-owner-id", "bench-hold")], None).await;
+        }
+    }
+
+    /// One POST of the hold to the lock server; its 200 or 201 body.
+    async fn hold_post(client: &HttpClient, path: &str, body: Value) -> Value {
+        let lock = BaseUrl::parse(LOCK_URL).expect("url");
+        let headers = [("content-type", "application/json"), ("x-owner-id", "bench-hold")];
+        let r = client.send(&lock, http::Method::POST, path, &headers, Some(body.to_string().into())).await;
+        let r = r.expect("lock server answers");
+        assert!(r.status == 200 || r.status == 201, "{path}: {}", String::from_utf8_lossy(&r.body));
+        serde_json::from_slice(&r.body).expect("json")
+    }
+
     async fn get_json(client: &HttpClient, base: &BaseUrl, path: &str) -> Option<Value> {
         let r = client.send(base, http::Method::GET, path, &[], None).await.ok()?;
         (r.status == 200).then(|| serde_json::from_slice(&r.body).ok()).flatten()
@@ -523,15 +580,12 @@ mod bench {
         // `dlock up` reuses a credentials file in its data dir: the bench writes one so it
         // knows the operator's token.
         let operator = format!("bench-operator-{}", uuid::Uuid::new_v4().simple());
+        let worker = format!("bench-worker-{}", uuid::Uuid::new_v4().simple());
         std::fs::create_dir_all(&data).expect("data dir");
         let creds = data.join("credentials");
         std::fs::write(
             &creds,
-            format!(
-                "worker bench-worker-{}\noperator {operator}\nreader bench-reader-{}\n",
-                uuid::Uuid::new_v4().simple(),
-                uuid::Uuid::new_v4().simple()
-            ),
+            format!("worker {worker}\noperator {operator}\nreader bench-reader-{}\n", uuid::Uuid::new_v4().simple()),
         )
         .expect("credentials file");
         {
@@ -565,8 +619,14 @@ mod bench {
                 json!({"accountId": format!("acct-{a}"), "currency": "EUR", "openingBalanceMinor": 1_000_000_000});
             send(&client, &payment, "/v1/accounts", &format!("open-{a}"), body).await;
         }
-        // Created [`CREATE_CONCURRENCY`] at a time, so the executors see most of the backlog
-        // queued when the window starts.
+        // The executors run from the start: the bench holds every account's lock while it
+        // creates the backlog (their acquires are refused meanwhile) and releases them all
+        // when the window starts, so dlock, like the baseline, starts with the whole backlog
+        // queued (with batches it drains faster than payouts are created).
+        let lock_client = HttpClient::new(CONNECT_TIMEOUT_MS, READ_TIMEOUT_MS)
+            .with_bearer(Some(dlock_rt::http::Bearer::fixed(dlock_contract::auth::Secret::new(worker))));
+        let held = Hold::take(&lock_client, p.accounts).await;
+        // Created [`CREATE_CONCURRENCY`] at a time.
         let ids: Vec<String> = futures::stream::iter(0..p.n)
             .map(|i| {
                 let (client, payment) = (&client, &payment);
@@ -582,6 +642,7 @@ mod bench {
             .await;
         let t0 = chrono::Utc::now().timestamp_millis();
         let metrics_at_t0 = Metrics::scrape(&client).await;
+        held.release(&lock_client).await;
         // The window: poll one list endpoint at a modest rate until every payout is POSTED,
         // sampling `dlock up`'s resident memory with each poll.
         let pid = _up.0.id();

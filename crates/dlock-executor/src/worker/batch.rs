@@ -136,31 +136,10 @@ impl Executor {
         for m in &members {
             assert!(m.account_id == account && batchable(m), "a batch holds its account's claimable payouts only");
         }
-        let key = format!("payout:{account}");
         let started = self.clock.now();
-        let (working, granted, links) = match chained {
-            Some(chain) => {
-                assert_eq!(
-                    chain.guard.key(),
-                    key,
-                    "a chained grant is only ever rotated into its own account's payouts"
-                );
-                let granted = self.with_lease_for_a_write(chain.guard).await;
-                if granted.is_ok() {
-                    dlock_rt::probe::hit(dlock_rt::probe::Probe::GrantChained);
-                }
-                (chain.mark, granted, chain.links)
-            }
-            None => {
-                let Some(working) = self.mark_working(account) else {
-                    return (Vec::new(), Step::Busy, None);
-                };
-                (working, self.acquire(session, &key).await, 0)
-            }
-        };
-        let guard = match granted {
-            Ok(g) => g,
-            Err(e) => return (Vec::new(), self.not_granted(account, &key, e).await, None),
+        let (working, guard, links) = match self.grant_of(session, account, chained).await {
+            Ok(granted) => granted,
+            Err(step) => return (Vec::new(), step, None),
         };
         let links = links + u32::try_from(members.len()).unwrap_or(u32::MAX);
         let keep = keep && links < self.cfg.chain_payouts_max;
@@ -175,16 +154,7 @@ impl Executor {
         };
         let done = ends.done();
         for (m, o) in &done {
-            if let Some(terminal) = crate::metrics::Terminal::of(*o) {
-                let took = match m.created_at {
-                    Some(created) => {
-                        let ms = (self.clock.wall() - created).num_milliseconds().max(0);
-                        std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-                    }
-                    None => self.clock.now() - started,
-                };
-                self.metrics.end_to_end.observe(terminal, took);
-            }
+            self.observe_end(m, *o, started);
         }
         let chain = kept.map(|guard| Chain { guard, mark: working, links });
         (done, Step::Done, chain)
