@@ -43,9 +43,10 @@ use crate::cursor::CursorPayload;
 use crate::metrics::{RESOURCE_ACCOUNT, RESOURCE_LEDGER};
 use crate::service::{PaymentResource, NOT_READY_RETRY_AFTER_MS};
 use crate::store::{
-    AccountView, Claim, ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, ClassifiedStoreError,
-    CreateAccountOutcome, CreatePayoutOutcome, Decided, Idempotent, ListQuery, NewAccount, NewPayout, Operation,
-    PayoutView, Post, PostBatch, PostBatchOutcome, PostBatchPayout, PostOutcome, StoreError, StoredResponse,
+    AccountView, BatchItemOutcome, BatchOutcome, Claim, ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome,
+    ClassifiedStoreError, CreateAccountOutcome, CreatePayoutOutcome, Decided, Idempotent, ListQuery, NewAccount,
+    NewPayout, Operation, PayoutView, Post, PostBatch, PostBatchOutcome, PostBatchPayout, PostOutcome, StoreError,
+    StoredResponse,
 };
 
 /// Target of the account-creation identity.
@@ -936,26 +937,24 @@ pub fn render_post_batch(o: &PostBatchOutcome, account_id: &str, token: i64, tra
 /// sink listens, as its single write would emit it: `accepted` for a payout the batch
 /// moved, `fenced_out` for each payout of a fenced batch, `no_decision` for the rest.
 #[allow(clippy::too_many_arguments)]
-fn trace_batch_writes<T>(
+fn trace_batch_writes<T: BatchItemOutcome>(
     op: &'static str,
     layer: dlock_rt::defence::Layer,
     account_id: &str,
     payout_ids: &[Uuid],
     token: i64,
     owner: &str,
-    decided: &Decided<T>,
-    moved: impl Fn(&T, Uuid) -> bool,
-    fenced: impl Fn(&T) -> Option<i64>,
+    decided: &Decided<BatchOutcome<T>>,
 ) {
     if !dlock_rt::events::enabled() {
         return;
     }
     for payout_id in payout_ids {
         let (answer, stored_token, account, replay) = match decided {
-            Ok(Idempotent::Executed { outcome, .. }) if moved(outcome, *payout_id) => {
+            Ok(Idempotent::Executed { outcome, .. }) if outcome.moved_payout(*payout_id) => {
                 ("accepted", Some(token), Some(account_id), false)
             }
-            Ok(Idempotent::Executed { outcome, .. }) => match fenced(outcome) {
+            Ok(Idempotent::Executed { outcome, .. }) => match outcome.fenced_by() {
                 Some(highest) => ("fenced_out", Some(highest), Some(account_id), false),
                 None => ("no_decision", None, None, false),
             },
@@ -1029,16 +1028,6 @@ async fn claim_batch(
         token,
         owner_text,
         &decided,
-        |o, payout_id| match o {
-            ClaimBatchOutcome::Decided { items } => items.iter().any(|(p, o)| {
-                *p == payout_id && matches!(o, ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. })
-            }),
-            _ => false,
-        },
-        |o| match o {
-            ClaimBatchOutcome::Fenced { highest_token } => Some(*highest_token),
-            _ => None,
-        },
     );
     let note_items = |o: &ClaimBatchOutcome| {
         if let ClaimBatchOutcome::Decided { items } = o {
@@ -1120,16 +1109,6 @@ async fn post_batch(
         token,
         owner_text,
         &decided,
-        |o, payout_id| match o {
-            PostBatchOutcome::Decided { items } => {
-                items.iter().any(|(p, o)| *p == payout_id && matches!(o, PostOutcome::Posted { .. }))
-            }
-            _ => false,
-        },
-        |o| match o {
-            PostBatchOutcome::Fenced { highest_token } => Some(*highest_token),
-            _ => None,
-        },
     );
     let note_items = |o: &PostBatchOutcome| {
         if let PostBatchOutcome::Decided { items } = o {

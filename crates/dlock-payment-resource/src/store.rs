@@ -290,56 +290,76 @@ pub enum PostOutcome {
     NotFound,
 }
 
-/// What a batch claim decided (P2b).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClaimBatchOutcome {
-    /// The fence passed: one outcome per payout, in the request's order, each what the
-    /// single claim would have decided (`Claimed`, `InsufficientFunds`, `NotClaimable` or
-    /// `NotFound`: no such payout, or one of another account; never `Fenced`). Committed
-    /// and recorded iff at least one payout moved ([`ClaimBatchOutcome::moved`]); else
-    /// everything rolled back, the fence and the identity row included.
-    Decided { items: Vec<(Uuid, ClaimOutcome)> },
-    /// Rolled back: the token did not exceed the account's fence. Nothing was written.
-    Fenced { highest_token: i64 },
-    /// Rolled back: no such CUSTOMER account. Nothing was written.
-    AccountNotFound,
+/// One payout's outcome within a batch: whether it moved the payout (the batch commits
+/// iff one did).
+pub trait BatchItemOutcome {
+    fn moved(&self) -> bool;
 }
 
-impl ClaimBatchOutcome {
-    /// How many payouts the batch moved (claimed, or failed for funds).
-    pub fn moved(&self) -> usize {
-        match self {
-            ClaimBatchOutcome::Decided { items } => items
-                .iter()
-                .filter(|(_, o)| matches!(o, ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. }))
-                .count(),
-            _ => 0,
-        }
+impl BatchItemOutcome for ClaimOutcome {
+    /// Claimed, or failed for funds (both commit).
+    fn moved(&self) -> bool {
+        matches!(self, ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. })
     }
 }
 
-/// What a batch post decided (P3b).
+impl BatchItemOutcome for PostOutcome {
+    fn moved(&self) -> bool {
+        matches!(self, PostOutcome::Posted { .. })
+    }
+}
+
+/// What a batch decided (P2b: [`ClaimBatchOutcome`], P3b: [`PostBatchOutcome`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PostBatchOutcome {
+pub enum BatchOutcome<T> {
     /// The fence passed: one outcome per payout, in the request's order, each what the
-    /// single post would have decided (`Posted`, `NotClaimable`, `RailMismatch` or
-    /// `NotFound`; never `Fenced`). Committed and recorded iff at least one payout was
-    /// posted; else everything rolled back, the fence and the identity row included.
-    Decided { items: Vec<(Uuid, PostOutcome)> },
+    /// single write would have decided (a claim's `Claimed`, `InsufficientFunds`,
+    /// `NotClaimable` or `NotFound`; a post's `Posted`, `NotClaimable`, `RailMismatch` or
+    /// `NotFound`: no such payout, or one of another account; never `Fenced`). Committed and
+    /// recorded iff at least one payout moved ([`BatchOutcome::moved`]); else everything
+    /// rolled back, the fence and the identity row included.
+    Decided { items: Vec<(Uuid, T)> },
     /// Rolled back: the token did not exceed the account's fence. Nothing was written.
     Fenced { highest_token: i64 },
     /// Rolled back: no such CUSTOMER account. Nothing was written.
     AccountNotFound,
 }
 
-impl PostBatchOutcome {
-    /// How many payouts the batch posted.
+/// What a batch claim decided (P2b).
+pub type ClaimBatchOutcome = BatchOutcome<ClaimOutcome>;
+/// What a batch post decided (P3b).
+pub type PostBatchOutcome = BatchOutcome<PostOutcome>;
+
+impl<T: BatchItemOutcome> BatchOutcome<T> {
+    /// How many payouts the batch moved.
     pub fn moved(&self) -> usize {
         match self {
-            PostBatchOutcome::Decided { items } => {
-                items.iter().filter(|(_, o)| matches!(o, PostOutcome::Posted { .. })).count()
-            }
+            BatchOutcome::Decided { items } => items.iter().filter(|(_, o)| o.moved()).count(),
             _ => 0,
+        }
+    }
+
+    /// Whether the batch moved `payout_id`.
+    pub fn moved_payout(&self, payout_id: Uuid) -> bool {
+        match self {
+            BatchOutcome::Decided { items } => items.iter().any(|(p, o)| *p == payout_id && o.moved()),
+            _ => false,
+        }
+    }
+
+    /// The stored fence that refused the batch, if the fence did.
+    pub fn fenced_by(&self) -> Option<i64> {
+        match self {
+            BatchOutcome::Fenced { highest_token } => Some(*highest_token),
+            _ => None,
+        }
+    }
+
+    /// Each payout's outcome, when the fence passed (empty otherwise).
+    pub fn items(&self) -> &[(Uuid, T)] {
+        match self {
+            BatchOutcome::Decided { items } => items,
+            _ => &[],
         }
     }
 }

@@ -41,10 +41,11 @@ use crate::rules::{
     self, ClaimBatchFacts, ClaimDecision, ClaimFacts, FenceVerdict, PostBatchFacts, PostDecision, PostFacts,
 };
 use crate::store::{
-    is_system_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Claim,
-    ClaimBatch, ClaimBatchOutcome, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided, IdemRequest,
-    Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView, Post,
-    PostBatch, PostBatchOutcome, PostOutcome, Render, ResolutionRow, ResolveOutcome, StoreError, StoredResponse,
+    is_system_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution,
+    BatchItemOutcome, BatchOutcome, Claim, ClaimBatch, ClaimBatchOutcome, ClaimOutcome, CreateAccountOutcome,
+    CreatePayoutOutcome, Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore,
+    PayoutSummary, PayoutView, Post, PostBatch, PostBatchOutcome, PostOutcome, Render, ResolutionRow, ResolveOutcome,
+    StoreError, StoredResponse,
 };
 
 /// The payment-resource's transactions over the tables (each under the one mutex).
@@ -667,21 +668,19 @@ fn states_before(
 /// payout, a replay, a conflict, an unknown account, a store error). The response a
 /// committed batch recorded is reported on each of its payouts; a replay's likewise.
 #[allow(clippy::too_many_arguments)]
-fn report_batch<T>(
+fn report_batch<T: BatchItemOutcome>(
     t: &mut PaydbTables,
     observer: &dyn PaydbObserver,
-    op: FencedOp,
-    layer: Layer,
+    (op, layer): (FencedOp, Layer),
     (token, owner_id): (i64, &str),
     before: &[(Uuid, Option<(PayoutState, String)>)],
     i: &IdemRequest,
-    decided: &Decided<T>,
-    moved: impl Fn(&T, Uuid) -> bool,
-    fenced: impl Fn(&T) -> Option<i64>,
+    decided: &Decided<BatchOutcome<T>>,
 ) {
     let pass = t.next_batch_pass();
     for (payout_id, seen) in before {
-        let (verdict, recorded, replayed) = verdict_of(decided, |o| moved(o, *payout_id), &fenced);
+        let (verdict, recorded, replayed) =
+            verdict_of(decided, |o| o.moved_payout(*payout_id), BatchOutcome::fenced_by);
         let write = FencedWrite {
             op,
             payout_id: *payout_id,
@@ -813,23 +812,11 @@ impl PaymentStore for MemPaydb {
         report_batch(
             &mut t,
             &*observer,
-            FencedOp::Claim,
-            Layer::ClaimFence,
+            (FencedOp::Claim, Layer::ClaimFence),
             (b.token, &b.owner_id),
             &before,
             i,
             &decided,
-            |o, payout_id| match o {
-                ClaimBatchOutcome::Decided { items } => items.iter().any(|(p, o)| {
-                    *p == payout_id
-                        && matches!(o, ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. })
-                }),
-                _ => false,
-            },
-            |o| match o {
-                ClaimBatchOutcome::Fenced { highest_token } => Some(*highest_token),
-                _ => None,
-            },
         );
         decided
     }
@@ -849,22 +836,11 @@ impl PaymentStore for MemPaydb {
         report_batch(
             &mut t,
             &*observer,
-            FencedOp::Post,
-            Layer::PostFence,
+            (FencedOp::Post, Layer::PostFence),
             (b.token, &b.owner_id),
             &before,
             i,
             &decided,
-            |o, payout_id| match o {
-                PostBatchOutcome::Decided { items } => {
-                    items.iter().any(|(p, o)| *p == payout_id && matches!(o, PostOutcome::Posted { .. }))
-                }
-                _ => false,
-            },
-            |o| match o {
-                PostBatchOutcome::Fenced { highest_token } => Some(*highest_token),
-                _ => None,
-            },
         );
         decided
     }

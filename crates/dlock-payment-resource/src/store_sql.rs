@@ -73,11 +73,11 @@ use crate::rules::{
     self, ClaimBatchFacts, ClaimDecision, ClaimFacts, FenceVerdict, PostBatchFacts, PostDecision, PostFacts,
 };
 use crate::store::{
-    funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Claim,
-    ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, Decided,
-    IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore, PayoutSummary, PayoutView,
-    Post, PostBatch, PostBatchOutcome, PostBatchPayout, PostOutcome, Render, ResolutionRow, ResolveOutcome, StoreError,
-    StoredResponse,
+    funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, BatchOutcome,
+    Claim, ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
+    Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore, PayoutSummary,
+    PayoutView, Post, PostBatch, PostBatchOutcome, PostBatchPayout, PostOutcome, Render, ResolutionRow, ResolveOutcome,
+    StoreError, StoredResponse,
 };
 
 use dlock_paydb::sql::{commit_error, db_error, parse_kind, parse_state, PG_MIGRATOR, SQLITE_MIGRATOR};
@@ -1029,6 +1029,20 @@ macro_rules! sql_payment_store {
                 }
             }
 
+            /// A batch whose fence did not rise: fenced (the stored fence that refused it) or
+            /// no such CUSTOMER account; nothing to record, the caller rolls back.
+            async fn batch_refused<T>(
+                tx: &mut sqlx::Transaction<'static, $db>,
+                account_id: &str,
+                token: i64,
+            ) -> Result<(BatchOutcome<T>, Option<StoredResponse>), StoreError> {
+                let outcome = match Self::account_fence_refused(tx, account_id, token).await? {
+                    None => BatchOutcome::AccountNotFound,
+                    Some(highest_token) => BatchOutcome::Fenced { highest_token },
+                };
+                Ok((outcome, None))
+            }
+
             /// The batch claim inside its transaction, after its gate and fence (`fenced`:
             /// the account's balance when the fence rose, and the batch's read). Each payout
             /// of the account is decided by the claim rule in order on what the ones before
@@ -1044,13 +1058,7 @@ macro_rules! sql_payment_store {
             ) -> Result<(ClaimBatchOutcome, Option<StoredResponse>), StoreError> {
                 let (balance, rows) = match fenced {
                     (Some(balance), rows) => (balance, rows),
-                    (None, _) => {
-                        let outcome = match Self::account_fence_refused(tx, &b.account_id, b.token).await? {
-                            None => ClaimBatchOutcome::AccountNotFound,
-                            Some(highest_token) => ClaimBatchOutcome::Fenced { highest_token },
-                        };
-                        return Ok((outcome, None));
-                    }
+                    (None, _) => return Self::batch_refused(tx, &b.account_id, b.token).await,
                 };
                 // What the read found of each payout of the account (another account's is
                 // not found), and the account's reservation (every row carries it).
@@ -1151,13 +1159,7 @@ macro_rules! sql_payment_store {
             ) -> Result<(PostBatchOutcome, Option<StoredResponse>), StoreError> {
                 let (balance, rows) = match fenced {
                     (Some(balance), rows) => (balance, rows),
-                    (None, _) => {
-                        let outcome = match Self::account_fence_refused(tx, &b.account_id, b.token).await? {
-                            None => PostBatchOutcome::AccountNotFound,
-                            Some(highest_token) => PostBatchOutcome::Fenced { highest_token },
-                        };
-                        return Ok((outcome, None));
-                    }
+                    (None, _) => return Self::batch_refused(tx, &b.account_id, b.token).await,
                 };
                 let at = truncate_ms(b.at);
                 let mut read = std::collections::BTreeMap::new();
