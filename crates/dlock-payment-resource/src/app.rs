@@ -989,6 +989,85 @@ fn batch_headers(
     Ok((token, signature, owner, key))
 }
 
+/// What differs between P2b and P3b once the store has decided: the single write's name,
+/// fence layer, operation, per-payout logging and counting, the item a fenced batch gives
+/// each payout, and the fenced-out resource and probe.
+struct BatchKind<T> {
+    op: &'static str,
+    layer: dlock_rt::defence::Layer,
+    operation: Operation,
+    note: fn(&PaymentResource, &TraceId, Uuid, i64, &str, &T),
+    fenced_item: fn(String, i64) -> T,
+    resource: usize,
+    probe: dlock_rt::probe::Probe,
+}
+
+const CLAIMS: BatchKind<ClaimOutcome> = BatchKind {
+    op: "claim",
+    layer: dlock_rt::defence::Layer::ClaimFence,
+    operation: Operation::Claim,
+    note: note_claim,
+    fenced_item: |account_id, highest_token| ClaimOutcome::Fenced { account_id, highest_token },
+    resource: RESOURCE_ACCOUNT,
+    probe: dlock_rt::probe::Probe::FencedOutAccount,
+};
+
+const POSTS: BatchKind<PostOutcome> = BatchKind {
+    op: "post",
+    layer: dlock_rt::defence::Layer::PostFence,
+    operation: Operation::Post,
+    note: note_post,
+    fenced_item: |account_id, highest_token| PostOutcome::Fenced { account_id, highest_token },
+    resource: RESOURCE_LEDGER,
+    probe: dlock_rt::probe::Probe::FencedOutLedger,
+};
+
+/// One batch request, as its answer needs it.
+struct BatchDone<'a> {
+    account_id: &'a str,
+    payout_ids: &'a [Uuid],
+    token: i64,
+    owner: &'a str,
+    target: &'a str,
+}
+
+/// The answer of a decided batch (P2b, P3b): each payout's `fenced_write` event, log line
+/// and count as its single write's; a committed or replayed batch's recorded bytes; a batch
+/// where nothing moved rendered now (`render`, not recorded); a fenced batch one
+/// `FENCED_OUT` for the account; an unknown account 404.
+fn answer_batch<T: BatchItemOutcome>(
+    pr: &PaymentResource,
+    trace: &TraceId,
+    kind: &BatchKind<T>,
+    d: BatchDone<'_>,
+    decided: Decided<BatchOutcome<T>>,
+    render: impl FnOnce(&BatchOutcome<T>) -> StoredResponse,
+) -> Response {
+    trace_batch_writes(kind.op, kind.layer, d.account_id, d.payout_ids, d.token, d.owner, &decided);
+    let note_items = |o: &BatchOutcome<T>| {
+        for (payout_id, item) in o.items() {
+            (kind.note)(pr, trace, *payout_id, d.token, d.owner, item);
+        }
+    };
+    answer(pr, decided, (kind.operation, d.target, d.owner), note_items, |o| match o {
+        BatchOutcome::Decided { .. } => {
+            // Nothing moved: the answer is not recorded, and is judged afresh next time.
+            note_items(&o);
+            let r = render(&o);
+            dlock_http::prerendered(r.status, r.body)
+        }
+        BatchOutcome::Fenced { highest_token } => {
+            dlock_rt::probe::hit(kind.probe);
+            for payout_id in d.payout_ids {
+                let item = (kind.fenced_item)(d.account_id.to_owned(), highest_token);
+                (kind.note)(pr, trace, *payout_id, d.token, d.owner, &item);
+            }
+            fenced_out(pr, kind.resource, d.account_id, d.token, highest_token, d.owner, None, trace).into_response()
+        }
+        BatchOutcome::AccountNotFound => not_found("account").into_response(),
+    })
+}
+
 /// Claim several payouts of one account (P2b, worker, C3-extensions E-19): one fenced write
 /// that passes the account's fence once, under one grant.
 #[utoipa::path(post, path = "/v1/accounts/{accountId}/claims", tag = "payouts",
@@ -1019,46 +1098,10 @@ async fn claim_batch(
     let (trace_id, key_text, account) = (trace.0.clone(), key.as_str().to_owned(), account_id.clone());
     let render = move |o: &ClaimBatchOutcome| render_claim_batch(o, &account, token, &key_text, &trace_id);
     let decided = pr.write(move |store| async move { store.claim_batch(&b, &idem, &render).await }).await;
-    let owner_text = owner.as_str();
-    trace_batch_writes(
-        "claim",
-        dlock_rt::defence::Layer::ClaimFence,
-        &account_id,
-        &payout_ids,
-        token,
-        owner_text,
-        &decided,
-    );
-    let note_items = |o: &ClaimBatchOutcome| {
-        if let ClaimBatchOutcome::Decided { items } = o {
-            for (payout_id, item) in items {
-                note_claim(&pr, &trace, *payout_id, token, owner_text, item);
-            }
-        }
-    };
-    Ok(answer(&pr, decided, (Operation::Claim, &target, owner_text), note_items, |o| match o {
-        ClaimBatchOutcome::Decided { .. } => {
-            // Nothing moved: the answer is not recorded, and is judged afresh next time.
-            note_items(&o);
-            let r = render_claim_batch(&o, &account_id, token, key.as_str(), &trace.0);
-            dlock_http::prerendered(r.status, r.body)
-        }
-        ClaimBatchOutcome::Fenced { highest_token } => {
-            dlock_rt::probe::hit(dlock_rt::probe::Probe::FencedOutAccount);
-            for payout_id in &payout_ids {
-                note_claim(
-                    &pr,
-                    &trace,
-                    *payout_id,
-                    token,
-                    owner_text,
-                    &ClaimOutcome::Fenced { account_id: account_id.clone(), highest_token },
-                );
-            }
-            fenced_out(&pr, RESOURCE_ACCOUNT, &account_id, token, highest_token, owner_text, None, &trace)
-                .into_response()
-        }
-        ClaimBatchOutcome::AccountNotFound => not_found("account").into_response(),
+    let done =
+        BatchDone { account_id: &account_id, payout_ids: &payout_ids, token, owner: owner.as_str(), target: &target };
+    Ok(answer_batch(&pr, &trace, &CLAIMS, done, decided, |o| {
+        render_claim_batch(o, &account_id, token, key.as_str(), &trace.0)
     }))
 }
 
@@ -1100,46 +1143,9 @@ async fn post_batch(
     let (trace_id, account) = (trace.0.clone(), account_id.clone());
     let render = move |o: &PostBatchOutcome| render_post_batch(o, &account, token, &trace_id);
     let decided = pr.write(move |store| async move { store.post_batch(&b, &idem, &render).await }).await;
-    let owner_text = owner.as_str();
-    trace_batch_writes(
-        "post",
-        dlock_rt::defence::Layer::PostFence,
-        &account_id,
-        &payout_ids,
-        token,
-        owner_text,
-        &decided,
-    );
-    let note_items = |o: &PostBatchOutcome| {
-        if let PostBatchOutcome::Decided { items } = o {
-            for (payout_id, item) in items {
-                note_post(&pr, &trace, *payout_id, token, owner_text, item);
-            }
-        }
-    };
-    Ok(answer(&pr, decided, (Operation::Post, &target, owner_text), note_items, |o| match o {
-        PostBatchOutcome::Decided { .. } => {
-            note_items(&o);
-            let r = render_post_batch(&o, &account_id, token, &trace.0);
-            dlock_http::prerendered(r.status, r.body)
-        }
-        PostBatchOutcome::Fenced { highest_token } => {
-            dlock_rt::probe::hit(dlock_rt::probe::Probe::FencedOutLedger);
-            for payout_id in &payout_ids {
-                note_post(
-                    &pr,
-                    &trace,
-                    *payout_id,
-                    token,
-                    owner_text,
-                    &PostOutcome::Fenced { account_id: account_id.clone(), highest_token },
-                );
-            }
-            fenced_out(&pr, RESOURCE_LEDGER, &account_id, token, highest_token, owner_text, None, &trace)
-                .into_response()
-        }
-        PostBatchOutcome::AccountNotFound => not_found("account").into_response(),
-    }))
+    let done =
+        BatchDone { account_id: &account_id, payout_ids: &payout_ids, token, owner: owner.as_str(), target: &target };
+    Ok(answer_batch(&pr, &trace, &POSTS, done, decided, |o| render_post_batch(o, &account_id, token, &trace.0)))
 }
 
 // ---------------------------------------------------------------------------------------

@@ -265,6 +265,41 @@ pub enum ClaimOutcome {
     NotFound,
 }
 
+/// What a claim's read saw of its payout: the terms its answer carries and the attempt
+/// count its transition requires unchanged.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimSeen<'a> {
+    pub amount_minor: i64,
+    pub currency: &'a str,
+    pub beneficiary_ref: &'a str,
+    pub attempt_count: i32,
+}
+
+impl ClaimOutcome {
+    /// The outcome of the claim rule's `decision` (P2, or one payout of P2b) for a payout of
+    /// `account_id` claimed under `token`, as its read saw it: every store builds it here.
+    pub fn decided(decision: &crate::rules::ClaimDecision, account_id: &str, token: i64, read: ClaimSeen<'_>) -> Self {
+        use crate::rules::ClaimDecision;
+        match *decision {
+            ClaimDecision::NotClaimable { state } => ClaimOutcome::NotClaimable { state },
+            ClaimDecision::Claimed { reclaimed } => ClaimOutcome::Claimed {
+                account_id: account_id.to_owned(),
+                account_fence: token,
+                attempt_count: read.attempt_count,
+                reclaimed,
+                amount_minor: read.amount_minor,
+                currency: read.currency.to_owned(),
+                beneficiary_ref: read.beneficiary_ref.to_owned(),
+            },
+            ClaimDecision::InsufficientFunds { available_minor } => ClaimOutcome::InsufficientFunds {
+                account_id: account_id.to_owned(),
+                amount_minor: read.amount_minor,
+                available_minor,
+            },
+        }
+    }
+}
+
 /// What a post decided. (One value per request, moved once: the size of `Posted` is not
 /// worth a heap allocation.)
 #[allow(clippy::large_enum_variant)]

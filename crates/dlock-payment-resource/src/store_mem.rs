@@ -42,10 +42,10 @@ use crate::rules::{
 };
 use crate::store::{
     is_system_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution,
-    BatchItemOutcome, BatchOutcome, Claim, ClaimBatch, ClaimBatchOutcome, ClaimOutcome, CreateAccountOutcome,
-    CreatePayoutOutcome, Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore,
-    PayoutSummary, PayoutView, Post, PostBatch, PostBatchOutcome, PostOutcome, Render, ResolutionRow, ResolveOutcome,
-    StoreError, StoredResponse,
+    BatchItemOutcome, BatchOutcome, Claim, ClaimBatch, ClaimBatchOutcome, ClaimOutcome, ClaimSeen,
+    CreateAccountOutcome, CreatePayoutOutcome, Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount,
+    NewPayout, PaymentStore, PayoutSummary, PayoutView, Post, PostBatch, PostBatchOutcome, PostOutcome, Render,
+    ResolutionRow, ResolveOutcome, StoreError, StoredResponse,
 };
 
 /// The payment-resource's transactions over the tables (each under the one mutex).
@@ -479,23 +479,13 @@ impl PaydbTx {
             let Some(decision) = decisions.next() else {
                 return Err(StoreError::Corrupt("the batch claim rule decided fewer payouts than it read".into()));
             };
-            let outcome = match decision {
-                ClaimDecision::NotClaimable { state } => ClaimOutcome::NotClaimable { state },
-                ClaimDecision::Claimed { reclaimed } => ClaimOutcome::Claimed {
-                    account_id: b.account_id.clone(),
-                    account_fence: b.token,
-                    attempt_count: row.row.attempt_count,
-                    reclaimed,
-                    amount_minor: row.row.amount_minor,
-                    currency: row.row.currency.clone(),
-                    beneficiary_ref: row.row.beneficiary_ref.clone(),
-                },
-                ClaimDecision::InsufficientFunds { available_minor } => ClaimOutcome::InsufficientFunds {
-                    account_id: b.account_id.clone(),
-                    amount_minor: row.row.amount_minor,
-                    available_minor,
-                },
+            let read = ClaimSeen {
+                amount_minor: row.row.amount_minor,
+                currency: &row.row.currency,
+                beneficiary_ref: &row.row.beneficiary_ref,
+                attempt_count: row.row.attempt_count,
             };
+            let outcome = ClaimOutcome::decided(&decision, &b.account_id, b.token, read);
             if let Some(next) = decision.next_state() {
                 guard_transition(row.row.state, next)?;
                 moves.push((p.payout_id, next));

@@ -69,15 +69,13 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use crate::payout_accounts::PayoutAccounts;
-use crate::rules::{
-    self, ClaimBatchFacts, ClaimDecision, ClaimFacts, FenceVerdict, PostBatchFacts, PostDecision, PostFacts,
-};
+use crate::rules::{self, ClaimBatchFacts, ClaimFacts, FenceVerdict, PostBatchFacts, PostDecision, PostFacts};
 use crate::store::{
     funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, BatchOutcome,
-    Claim, ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
-    Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore, PayoutSummary,
-    PayoutView, Post, PostBatch, PostBatchOutcome, PostBatchPayout, PostOutcome, Render, ResolutionRow, ResolveOutcome,
-    StoreError, StoredResponse,
+    Claim, ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, ClaimSeen, CreateAccountOutcome,
+    CreatePayoutOutcome, Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore,
+    PayoutSummary, PayoutView, Post, PostBatch, PostBatchOutcome, PostBatchPayout, PostOutcome, Render, ResolutionRow,
+    ResolveOutcome, StoreError, StoredResponse,
 };
 
 use dlock_paydb::sql::{commit_error, db_error, parse_kind, parse_state, PG_MIGRATOR, SQLITE_MIGRATOR};
@@ -857,23 +855,13 @@ macro_rules! sql_payment_store {
                 let (currency, beneficiary_ref): (String, String) = (get!(row, "currency"), get!(row, "beneficiary_ref"));
                 // The committed outcome, with the attempt count read in 2 (the transition
                 // requires it unchanged: the proxy moves it without the account's row lock).
-                let outcome = match &decision {
-                    ClaimDecision::InsufficientFunds { available_minor } => ClaimOutcome::InsufficientFunds {
-                        account_id: account_id.clone(),
-                        amount_minor: amount,
-                        available_minor: *available_minor,
-                    },
-                    ClaimDecision::Claimed { reclaimed } => ClaimOutcome::Claimed {
-                        account_id: account_id.clone(),
-                        account_fence: c.token,
-                        attempt_count: read_attempts,
-                        reclaimed: *reclaimed,
-                        amount_minor: amount,
-                        currency,
-                        beneficiary_ref,
-                    },
-                    ClaimDecision::NotClaimable { state } => ClaimOutcome::NotClaimable { state: *state },
+                let read = ClaimSeen {
+                    amount_minor: amount,
+                    currency: &currency,
+                    beneficiary_ref: &beneficiary_ref,
+                    attempt_count: read_attempts,
                 };
+                let outcome = ClaimOutcome::decided(&decision, &account_id, c.token, read);
                 let response = render(&outcome);
                 // 3. The conditional transition and the recorded answer.
                 let moved = ClaimMove { payout_id: &payout_id, next, c, at, read_attempts };
@@ -1103,23 +1091,13 @@ macro_rules! sql_payment_store {
                     let Some(decision) = decisions.next() else {
                         return Err(StoreError::Corrupt("the batch claim rule decided fewer payouts than it read".into()));
                     };
-                    let outcome = match decision {
-                        ClaimDecision::NotClaimable { state } => ClaimOutcome::NotClaimable { state },
-                        ClaimDecision::Claimed { reclaimed } => ClaimOutcome::Claimed {
-                            account_id: b.account_id.clone(),
-                            account_fence: b.token,
-                            attempt_count: *attempts,
-                            reclaimed,
-                            amount_minor: *amount,
-                            currency: currency.clone(),
-                            beneficiary_ref: beneficiary_ref.clone(),
-                        },
-                        ClaimDecision::InsufficientFunds { available_minor } => ClaimOutcome::InsufficientFunds {
-                            account_id: b.account_id.clone(),
-                            amount_minor: *amount,
-                            available_minor,
-                        },
+                    let read = ClaimSeen {
+                        amount_minor: *amount,
+                        currency,
+                        beneficiary_ref,
+                        attempt_count: *attempts,
                     };
+                    let outcome = ClaimOutcome::decided(&decision, &b.account_id, b.token, read);
                     if let Some(next) = decision.next_state() {
                         moves.push((p.payout_id.to_string(), next, *state, *attempts));
                     }
