@@ -307,6 +307,35 @@ impl PostRequest {
     }
 }
 
+/// The `payouts` of a P2b or P3b body (C3-extensions E-19): each element a `payoutId` and a
+/// valid body of the single write (`single`), made into its item by `item`; 1 to
+/// [`crate::batch::BATCH_PAYOUTS_MAX`] of them, each payout once.
+fn payouts_of<S, I>(
+    body: &Value,
+    single: fn(&Value) -> Result<S, Vec<FieldError>>,
+    item: fn(Uuid, S) -> I,
+    payout_id: fn(&I) -> Uuid,
+) -> Result<Vec<I>, Vec<FieldError>> {
+    crate::batch::validate_elements(
+        body,
+        "payouts",
+        |v| {
+            let mut f = Fields::of(v)?;
+            let payout_id = f.uuid("payoutId");
+            let value = match (payout_id, single(v)) {
+                (Some(id), Ok(s)) => Some(item(id, s)),
+                (_, Err(problems)) => {
+                    f.problems.extend(problems);
+                    None
+                }
+                _ => None,
+            };
+            f.finish(value)
+        },
+        payout_id,
+    )
+}
+
 /// One payout of a P2b batch claim (C3-extensions E-19): its id and P2's body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -328,25 +357,8 @@ pub struct ClaimBatchRequest {
 impl ClaimBatchRequest {
     /// Validates a parsed JSON body; see the module documentation.
     pub fn from_json(body: &Value) -> Result<ClaimBatchRequest, Vec<FieldError>> {
-        let payouts = crate::batch::validate_elements(
-            body,
-            "payouts",
-            |v| {
-                let mut f = Fields::of(v)?;
-                let payout_id = f.uuid("payoutId");
-                let claim = ClaimRequest::from_json(v);
-                let value = match (payout_id, claim) {
-                    (Some(payout_id), Ok(c)) => Some(ClaimBatchItem { payout_id, expected_state: c.expected_state }),
-                    (_, Err(problems)) => {
-                        f.problems.extend(problems);
-                        None
-                    }
-                    _ => None,
-                };
-                f.finish(value)
-            },
-            |i| i.payout_id,
-        )?;
+        let item = |payout_id, c: ClaimRequest| ClaimBatchItem { payout_id, expected_state: c.expected_state };
+        let payouts = payouts_of(body, ClaimRequest::from_json, item, |i| i.payout_id)?;
         Ok(ClaimBatchRequest { payouts })
     }
 }
@@ -386,30 +398,13 @@ pub struct PostBatchRequest {
 impl PostBatchRequest {
     /// Validates a parsed JSON body; see the module documentation.
     pub fn from_json(body: &Value) -> Result<PostBatchRequest, Vec<FieldError>> {
-        let payouts = crate::batch::validate_elements(
-            body,
-            "payouts",
-            |v| {
-                let mut f = Fields::of(v)?;
-                let payout_id = f.uuid("payoutId");
-                let post = PostRequest::from_json(v);
-                let value = match (payout_id, post) {
-                    (Some(payout_id), Ok(p)) => Some(PostBatchItem {
-                        payout_id,
-                        rail_reference: p.rail_reference,
-                        submission_id: p.submission_id,
-                        rail_outcome: p.rail_outcome,
-                    }),
-                    (_, Err(problems)) => {
-                        f.problems.extend(problems);
-                        None
-                    }
-                    _ => None,
-                };
-                f.finish(value)
-            },
-            |i| i.payout_id,
-        )?;
+        let item = |payout_id, p: PostRequest| PostBatchItem {
+            payout_id,
+            rail_reference: p.rail_reference,
+            submission_id: p.submission_id,
+            rail_outcome: p.rail_outcome,
+        };
+        let payouts = payouts_of(body, PostRequest::from_json, item, |i| i.payout_id)?;
         Ok(PostBatchRequest { payouts })
     }
 }

@@ -275,57 +275,47 @@ mod bench {
         batch: usize,
     ) -> Rates {
         let work = seed(&store, n, accounts, batch).await;
-        if batch > 1 {
-            return batch_rates(store, url, work, n, accounts, batch).await;
-        }
+        // Each account's work in units: one payout (P2, P3), or one batch (P2b, P3b).
+        let units: Vec<Vec<Vec<Item>>> =
+            work.iter().map(|items| items.chunks(batch).map(<[Item]>::to_vec).collect()).collect();
 
         // Phase 1: claims (timed).
-        let start = Instant::now();
-        let mut tasks = Vec::new();
-        for (w, items) in work.iter().cloned().enumerate() {
+        let t1 = phase(&units, |w, unit| {
             let store = store.clone();
-            tasks.push(tokio::spawn(async move {
-                for it in items {
-                    claim(&store, w, &it).await;
+            async move {
+                match unit.as_slice() {
+                    [it] if batch == 1 => claim(&store, w, it).await,
+                    _ => claim_batch(&store, w, &unit).await,
                 }
-            }));
-        }
-        for t in tasks {
-            t.await.expect("claim task");
-        }
-        let t1 = start.elapsed().as_secs_f64();
+            }
+        })
+        .await;
 
         // Phase 2: the rail-proxy moves every payout to RAIL_ACKED (untimed).
         let rail = dlock_rail_proxy::store_sql::open(url).await.expect("open rail store");
-        let mut tasks = Vec::new();
-        for (w, items) in work.iter().cloned().enumerate() {
+        phase(&units, |w, unit| {
             let rail = rail.clone();
-            tasks.push(tokio::spawn(async move {
-                for it in items {
-                    acknowledge(&*rail, w, &it).await;
+            async move {
+                match unit.as_slice() {
+                    [it] if batch == 1 => acknowledge(&*rail, w, it).await,
+                    _ => acknowledge_batch(&*rail, w, &unit).await,
                 }
-            }));
-        }
-        for t in tasks {
-            t.await.expect("rail task");
-        }
+            }
+        })
+        .await;
         drop(rail);
 
         // Phase 3: posts with newer tokens (timed).
-        let start = Instant::now();
-        let mut tasks = Vec::new();
-        for (w, items) in work.into_iter().enumerate() {
+        let t3 = phase(&units, |w, unit| {
             let store = store.clone();
-            tasks.push(tokio::spawn(async move {
-                for it in items {
-                    post(&store, w, &it).await;
+            async move {
+                match unit.as_slice() {
+                    [it] if batch == 1 => post(&store, w, it).await,
+                    _ => post_batch(&store, w, &unit).await,
                 }
-            }));
-        }
-        for t in tasks {
-            t.await.expect("post task");
-        }
-        let t3 = start.elapsed().as_secs_f64();
+            }
+        })
+        .await;
 
         // Every reservation became a posting: each account is back at zero.
         for w in 0..accounts {
@@ -335,63 +325,30 @@ mod bench {
         Rates { claims: n as f64 / t1, posts: n as f64 / t3, combined: (2 * n) as f64 / (t1 + t3) }
     }
 
-    /// The batch rows' three phases, as [`claim_post_rates`]'s, one store call per batch.
-    async fn batch_rates(
-        store: Arc<dyn PaymentStore>,
-        url: &str,
-        work: Vec<Vec<Item>>,
-        n: usize,
-        accounts: usize,
-        batch: usize,
-    ) -> Rates {
-        let chunks = |items: &[Item]| items.chunks(batch).map(<[Item]>::to_vec).collect::<Vec<_>>();
+    /// Runs `each` over every account's work units in order, one task per account, all
+    /// accounts at once; the seconds it took.
+    async fn phase<F, Fut>(units: &[Vec<Vec<Item>>], each: F) -> f64
+    where
+        F: Fn(usize, Vec<Item>) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let start = Instant::now();
-        let mut tasks = Vec::new();
-        for (w, items) in work.iter().enumerate() {
-            let (store, chunks) = (store.clone(), chunks(items));
-            tasks.push(tokio::spawn(async move {
-                for c in chunks {
-                    claim_batch(&store, w, &c).await;
-                }
-            }));
-        }
+        let tasks: Vec<_> = units
+            .iter()
+            .enumerate()
+            .map(|(w, account)| {
+                let work: Vec<Fut> = account.iter().cloned().map(|unit| each(w, unit)).collect();
+                tokio::spawn(async move {
+                    for unit in work {
+                        unit.await;
+                    }
+                })
+            })
+            .collect();
         for t in tasks {
-            t.await.expect("claim task");
+            t.await.expect("bench task");
         }
-        let t1 = start.elapsed().as_secs_f64();
-        let rail = dlock_rail_proxy::store_sql::open(url).await.expect("open rail store");
-        let mut tasks = Vec::new();
-        for (w, items) in work.iter().enumerate() {
-            let (rail, chunks) = (rail.clone(), chunks(items));
-            tasks.push(tokio::spawn(async move {
-                for c in chunks {
-                    acknowledge_batch(&*rail, w, &c).await;
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.expect("rail task");
-        }
-        drop(rail);
-        let start = Instant::now();
-        let mut tasks = Vec::new();
-        for (w, items) in work.iter().enumerate() {
-            let (store, chunks) = (store.clone(), chunks(items));
-            tasks.push(tokio::spawn(async move {
-                for c in chunks {
-                    post_batch(&store, w, &c).await;
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.expect("post task");
-        }
-        let t3 = start.elapsed().as_secs_f64();
-        for w in 0..accounts {
-            let view = store.account(&account_id(w)).await.expect("account").expect("account exists");
-            assert_eq!((view.balance_minor, view.ledger_sum_minor, view.reserved_minor), (0, 0, 0), "{view:?}");
-        }
-        Rates { claims: n as f64 / t1, posts: n as f64 / t3, combined: (2 * n) as f64 / (t1 + t3) }
+        start.elapsed().as_secs_f64()
     }
 
     /// P2b as the handler runs it (no grant read: the account is the path's): identity,

@@ -119,15 +119,23 @@ async fn verify_grant(
     owner: &str,
 ) -> Result<(), ApiError> {
     let Some(account_id) = pr.store.payout_account(payout_id).await.map_err(store_error)? else { return Ok(()) };
-    let lock_key = dlock_contract::grant::payout_lock_key(&account_id);
-    match pr.cfg.grants.verify(signature, &lock_key, token, Some(owner)) {
-        Ok(_) => Ok(()),
-        Err(e) => {
-            tracing::warn!(payoutId = %payout_id, accountId = %account_id, presentedToken = token,
-                ownerId = owner, cause = %e, "grant_signature_refused");
-            Err(dlock_http::grant_refused(e))
-        }
-    }
+    account_grant(pr, &account_id, signature, token, owner).map_err(|e| {
+        tracing::warn!(payoutId = %payout_id, accountId = %account_id, presentedToken = token,
+            ownerId = owner, cause = %e, "grant_signature_refused");
+        dlock_http::grant_refused(e)
+    })
+}
+
+/// Whether `signature` is a trusted key's over (`payout:{account_id}`, `token`, `owner`).
+fn account_grant(
+    pr: &PaymentResource,
+    account_id: &str,
+    signature: Option<&str>,
+    token: i64,
+    owner: &str,
+) -> Result<(), dlock_contract::grant::GrantError> {
+    let lock_key = dlock_contract::grant::payout_lock_key(account_id);
+    pr.cfg.grants.verify(signature, &lock_key, token, Some(owner)).map(|_| ())
 }
 
 /// The grant check of a batch (C3-extensions E-19), once for the whole request: the
@@ -142,15 +150,11 @@ fn verify_account_grant(
     token: i64,
     owner: &str,
 ) -> Result<(), ApiError> {
-    let lock_key = dlock_contract::grant::payout_lock_key(account_id);
-    match pr.cfg.grants.verify(signature, &lock_key, token, Some(owner)) {
-        Ok(_) => Ok(()),
-        Err(e) => {
-            tracing::warn!(accountId = %account_id, presentedToken = token, ownerId = owner, cause = %e,
-                "grant_signature_refused");
-            Err(dlock_http::grant_refused(e))
-        }
-    }
+    account_grant(pr, account_id, signature, token, owner).map_err(|e| {
+        tracing::warn!(accountId = %account_id, presentedToken = token, ownerId = owner, cause = %e,
+            "grant_signature_refused");
+        dlock_http::grant_refused(e)
+    })
 }
 
 /// The path's `accountId`, or 400 `VALIDATION_FAILED`.

@@ -37,9 +37,7 @@ use dlock_paydb::rail::PayoutRow;
 use dlock_rt::defence::{self, Layer};
 use uuid::Uuid;
 
-use crate::rules::{
-    self, ClaimBatchFacts, ClaimDecision, ClaimFacts, FenceVerdict, PostBatchFacts, PostDecision, PostFacts,
-};
+use crate::rules::{self, ClaimBatchFacts, ClaimFacts, FenceVerdict, PostBatchFacts, PostDecision, PostFacts};
 use crate::store::{
     is_system_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution,
     BatchItemOutcome, BatchOutcome, Claim, ClaimBatch, ClaimBatchOutcome, ClaimOutcome, ClaimSeen,
@@ -320,29 +318,10 @@ impl PaydbTx {
             reserved_minor: bigint(reserved_minor(t, &account_id, Some(c.payout_id)))?,
         };
         let decision = rules::decide_claim(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let (next, outcome) = match decision {
-            ClaimDecision::NotClaimable { state } => return refused(ClaimOutcome::NotClaimable { state }),
-            ClaimDecision::Claimed { reclaimed } => (
-                PayoutState::Claimed,
-                ClaimOutcome::Claimed {
-                    account_id: account_id.clone(),
-                    account_fence: c.token,
-                    attempt_count,
-                    reclaimed,
-                    amount_minor: amount,
-                    currency,
-                    beneficiary_ref,
-                },
-            ),
-            ClaimDecision::InsufficientFunds { available_minor } => (
-                PayoutState::Failed,
-                ClaimOutcome::InsufficientFunds {
-                    account_id: account_id.clone(),
-                    amount_minor: amount,
-                    available_minor,
-                },
-            ),
-        };
+        let read =
+            ClaimSeen { amount_minor: amount, currency: &currency, beneficiary_ref: &beneficiary_ref, attempt_count };
+        let outcome = ClaimOutcome::decided(&decision, &account_id, c.token, read);
+        let Some(next) = decision.next_state() else { return refused(outcome) };
         guard_transition(state, next)?;
         let response = r(&outcome);
         // Writes: fence (first: its guard is the only write that could refuse, and the

@@ -260,7 +260,7 @@ const CLAIM_MOVE_SQL: &str = "UPDATE payouts SET state = $1, claim_token = $2, c
 /// [`rules::decide_post`] answers `Posted` (a test holds the two together). `$1` instant,
 /// `$2` payout, `$3` payout again, `$4` submission id, `$5` rail reference.
 fn post_move_sql() -> String {
-    let from = payout::sql_states(&payout::sources(PayoutState::Posted, Actor::PaymentResource));
+    let from = post_sources_sql();
     format!(
         "UPDATE payouts SET state = 'POSTED', updated_at = $1 WHERE payout_id = $2 AND state IN {from} \
          AND EXISTS (SELECT 1 FROM rail_submission s WHERE s.payout_id = $3 AND s.submission_id = $4 \

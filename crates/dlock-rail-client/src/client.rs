@@ -85,26 +85,7 @@ impl RailClient {
         key: &IdempotencyKey,
         body: &SubmissionRequest,
     ) -> Result<SubmissionAck, RailRefusal> {
-        let bytes = match serde_json::to_vec(body) {
-            Ok(b) => Bytes::from(b),
-            Err(e) => return Err(RailRefusal::NothingSent { cause: e.to_string() }),
-        };
-        let signed = token.into();
-        let token = signed.token.to_string();
-        let mut headers = vec![
-            ("content-type", CONTENT_TYPE_JSON),
-            ("accept", CONTENT_TYPE_JSON),
-            (HEADER_FENCING_TOKEN, token.as_str()),
-            (HEADER_OWNER_ID, owner.as_str()),
-            (HEADER_IDEMPOTENCY_KEY, key.as_str()),
-        ];
-        // The grant's signature travels next to its token (C3-extensions E-14).
-        if let Some(sig) = &signed.signature {
-            headers.push((dlock_contract::HEADER_FENCING_SIGNATURE, sig.as_str()));
-        }
-        let sent =
-            self.budget.send(&self.cfg.base_url, http::Method::POST, SUBMISSIONS_PATH, &headers, Some(bytes)).await;
-        decode(sent)
+        self.send_once(SUBMISSIONS_PATH, token.into(), owner, Some(key), body).await
     }
 
     /// `POST /v1/rail/submission-batches` (R1b, C3-extensions E-19): several claimed payouts
@@ -121,11 +102,23 @@ impl RailClient {
         owner: &OwnerId,
         body: &SubmissionBatchRequest,
     ) -> Result<BatchAnswer, RailRefusal> {
+        self.send_once(SUBMISSION_BATCHES_PATH, token.into(), owner, None, body).await
+    }
+
+    /// One fenced POST of `body` to `path` under `signed` (its signature beside its token,
+    /// C3-extensions E-14), with `key` as `X-Idempotency-Key` when given; sent once.
+    async fn send_once<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        signed: dlock_contract::grant::SignedToken,
+        owner: &OwnerId,
+        key: Option<&IdempotencyKey>,
+        body: &B,
+    ) -> Result<T, RailRefusal> {
         let bytes = match serde_json::to_vec(body) {
             Ok(b) => Bytes::from(b),
             Err(e) => return Err(RailRefusal::NothingSent { cause: e.to_string() }),
         };
-        let signed = token.into();
         let token = signed.token.to_string();
         let mut headers = vec![
             ("content-type", CONTENT_TYPE_JSON),
@@ -133,14 +126,13 @@ impl RailClient {
             (HEADER_FENCING_TOKEN, token.as_str()),
             (HEADER_OWNER_ID, owner.as_str()),
         ];
+        if let Some(key) = key {
+            headers.push((HEADER_IDEMPOTENCY_KEY, key.as_str()));
+        }
         if let Some(sig) = &signed.signature {
             headers.push((dlock_contract::HEADER_FENCING_SIGNATURE, sig.as_str()));
         }
-        let sent = self
-            .budget
-            .send(&self.cfg.base_url, http::Method::POST, SUBMISSION_BATCHES_PATH, &headers, Some(bytes))
-            .await;
-        decode(sent)
+        decode(self.budget.send(&self.cfg.base_url, http::Method::POST, path, &headers, Some(bytes)).await)
     }
 }
 

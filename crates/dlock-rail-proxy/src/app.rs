@@ -105,18 +105,10 @@ async fn submit_batch(
         BatchOutcome::Whole(outcome) => request_error(outcome)
             .unwrap_or_else(|| ApiError::internal("a batch's whole answer was a payout's"))
             .into_response(),
-        BatchOutcome::Fenced { highest_token } => ApiError::new(
-            ErrorCode::FencedOut,
-            "the presented token does not exceed the account's high-water mark; a newer holder exists",
-        )
-        .with_details(json!({
-            "presentedToken": presented_token,
-            "highestToken": highest_token,
-            "resourceType": "rail",
-            "resourceId": account_id,
-            "ownerId": owner_id,
-        }))
-        .into_response(),
+        BatchOutcome::Fenced { highest_token } => {
+            let whole = Answering { payout_id: uuid::Uuid::nil(), account_id, presented_token, owner_id };
+            fenced_out(&whole, highest_token, json!({})).into_response()
+        }
         BatchOutcome::Items(outcomes) => {
             let items = payouts
                 .into_iter()
@@ -144,6 +136,27 @@ struct Answering {
     owner_id: String,
 }
 
+/// 409 `FENCED_OUT` at the rail's high-water mark for `a`'s token and account (C3 §3.4's
+/// details, `resourceType` `rail`), with `more` details: a single submission names its payout
+/// and attempt, a fenced batch (C3-extensions E-19) nothing more.
+fn fenced_out(a: &Answering, highest_token: i64, more: serde_json::Value) -> ApiError {
+    let mut details = json!({
+        "presentedToken": a.presented_token,
+        "highestToken": highest_token,
+        "resourceType": "rail",
+        "resourceId": a.account_id,
+        "ownerId": a.owner_id,
+    });
+    if let (Some(d), serde_json::Value::Object(more)) = (details.as_object_mut(), more) {
+        d.extend(more);
+    }
+    ApiError::new(
+        ErrorCode::FencedOut,
+        "the presented token does not exceed the account's high-water mark; a newer holder exists",
+    )
+    .with_details(details)
+}
+
 /// The answer a submission's `outcome` comes to on the wire (C3 §3.5, C3-extensions E-4):
 /// its `SubmissionAck`, or the error its envelope carries. The single submission answers
 /// with it, and each item of a batch is it.
@@ -161,20 +174,11 @@ fn answer(outcome: Outcome, a: &Answering) -> Result<SubmissionAck, ApiError> {
                 resolved_at,
             })
         }
-        Outcome::Fenced { submission_id, highest_token } => ApiError::new(
-            ErrorCode::FencedOut,
-            "the presented token does not exceed the account's high-water mark; a newer holder exists",
-        )
-        .with_details(json!({
-            "presentedToken": a.presented_token,
-            "highestToken": highest_token,
-            "resourceType": "rail",
-            "resourceId": a.account_id,
-            "ownerId": a.owner_id,
-            "payoutId": payout_id,
-            "submissionId": submission_id,
-            "outcome": SubmissionOutcome::Fenced,
-        })),
+        Outcome::Fenced { submission_id, highest_token } => fenced_out(
+            a,
+            highest_token,
+            json!({"payoutId": payout_id, "submissionId": submission_id, "outcome": SubmissionOutcome::Fenced}),
+        ),
         Outcome::Duplicate { submission_id, first_submission_id, first_submitted_at } => ApiError::new(
             ErrorCode::DuplicateSubmission,
             "this payout already has a submission record; resolve from it, never resubmit",
