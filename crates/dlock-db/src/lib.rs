@@ -195,6 +195,101 @@ pub async fn sqlite_batch<'q>(
     Ok(parts)
 }
 
+/// The statement that opens a [`SqliteBatchTx`]: the write lock up front, as every SQLite
+/// write transaction of the stores takes it.
+pub const SQLITE_BATCH_TX_BEGIN: &str = "BEGIN IMMEDIATE";
+
+/// SQLite: a write transaction whose `BEGIN IMMEDIATE` goes to the connection's worker in
+/// one batch with its first statements ([`SqliteBatchTx::begin`]), then batches
+/// ([`SqliteBatchTx::run`]), then `COMMIT` or `ROLLBACK`: a read-decide-write transaction in
+/// three calls to the worker where sqlx's `begin` takes one call of its own (the lock
+/// server's acquire: five calls before, docs/performance.md §8.19).
+///
+/// sqlx does not count this transaction (it never saw its `BEGIN`), so it must never reach
+/// the pool open. Invariant (asserted in release builds too): a connection goes back to the
+/// pool only after a `COMMIT` or `ROLLBACK` that succeeded; a [`SqliteBatchTx`] dropped in
+/// any other state (a failed batch, a failed end, an error or panic of its caller between
+/// batches) closes its connection, and SQLite rolls back what a closed connection left
+/// open. A failed `COMMIT` is classified by the caller as any other ([`is_commit_answer_lost`]).
+pub struct SqliteBatchTx {
+    /// `None` once the transaction ended and the connection went back to the pool.
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Sqlite>>,
+}
+
+impl SqliteBatchTx {
+    /// The SQL of [`SqliteBatchTx::begin`]: [`SQLITE_BATCH_TX_BEGIN`], then `statements` in
+    /// [`sqlite_batch_sql`]'s form.
+    pub fn begin_sql(statements: &[(&str, usize)]) -> String {
+        let mut all = Vec::with_capacity(statements.len() + 1);
+        all.push((SQLITE_BATCH_TX_BEGIN, 0));
+        all.extend_from_slice(statements);
+        sqlite_batch_sql(&all)
+    }
+
+    /// Takes a connection of `pool` and runs `query` on it: [`SqliteBatchTx::begin_sql`] of
+    /// `statements` statements, with their binds. Answers the open transaction and what each
+    /// of the `statements` returned. On an error the connection is closed (the transaction,
+    /// if it began, rolls back).
+    pub async fn begin<'q>(
+        pool: &sqlx::SqlitePool,
+        query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+        statements: usize,
+    ) -> Result<(SqliteBatchTx, Vec<BatchPart>), sqlx::Error> {
+        assert!(
+            sqlx::Execute::sql(&query).starts_with(SQLITE_BATCH_TX_BEGIN),
+            "a batch transaction opens with {SQLITE_BATCH_TX_BEGIN}"
+        );
+        let mut tx = SqliteBatchTx { conn: Some(pool.acquire().await?) };
+        let mut parts = sqlite_batch(tx.conn()?, query, statements + 1).await?;
+        parts.remove(0);
+        Ok((tx, parts))
+    }
+
+    /// Runs `query` (a [`sqlite_batch_sql`] of `statements` statements, with their binds)
+    /// inside the transaction, in one call. An error leaves the transaction to be dropped.
+    pub async fn run<'q>(
+        &mut self,
+        query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+        statements: usize,
+    ) -> Result<Vec<BatchPart>, sqlx::Error> {
+        sqlite_batch(self.conn()?, query, statements).await
+    }
+
+    /// Commits, and returns the connection to the pool.
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.end("COMMIT").await
+    }
+
+    /// Rolls back, and returns the connection to the pool.
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.end("ROLLBACK").await
+    }
+
+    async fn end(mut self, statement: &'static str) -> Result<(), sqlx::Error> {
+        sqlx::query(statement).execute(&mut *self.conn()?).await?;
+        // Ended: the connection may go back to the pool.
+        drop(self.conn.take());
+        Ok(())
+    }
+
+    fn conn(&mut self) -> Result<&mut sqlx::SqliteConnection, sqlx::Error> {
+        match self.conn.as_mut() {
+            Some(conn) => Ok(&mut **conn),
+            None => Err(sqlx::Error::Protocol("the batch transaction has ended".into())),
+        }
+    }
+}
+
+impl Drop for SqliteBatchTx {
+    fn drop(&mut self) {
+        if let Some(mut conn) = self.conn.take() {
+            // Not ended: the connection may hold the open transaction; closing it rolls
+            // that back, and it never reaches the pool.
+            conn.close_on_drop();
+        }
+    }
+}
+
 /// The database behind a `--database-url`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {

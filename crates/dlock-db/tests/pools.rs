@@ -202,3 +202,60 @@ async fn a_sqlite_batch_runs_every_statement_in_order_and_answers_each_apart() {
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(shared.pool()).await.expect("count");
     assert_eq!(n, 2, "row 3 of the failed batch rolled back with it");
 }
+
+/// A [`dlock_db::SqliteBatchTx`] opens with its first statements in one call, commits what
+/// its batches wrote, and hands back a connection sqlx can begin a transaction on (none left
+/// open); a rolled-back one leaves nothing.
+#[tokio::test]
+async fn a_sqlite_batch_transaction_commits_or_rolls_back_and_leaves_its_connection_clean() {
+    use dlock_db::{sqlite_batch_sql, SqliteBatchTx};
+    use sqlx::Row as _;
+    let dir = dlock_testkit::TempDir::new("pools");
+    let shared = shared_sqlite_pool(&dlock_testkit::sqlite_url(&dir)).await.expect("open");
+    sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)").execute(shared.pool()).await.expect("t");
+    sqlx::query("INSERT INTO t VALUES (1, 10)").execute(shared.pool()).await.expect("row");
+    let open = SqliteBatchTx::begin_sql(&[("SELECT v FROM t WHERE id = $1", 1)]);
+    let (mut tx, parts) = SqliteBatchTx::begin(shared.pool(), sqlx::query(&open).bind(1_i64), 1).await.expect("begin");
+    assert_eq!(parts.len(), 1, "the BEGIN's own result is not among the parts");
+    assert_eq!(parts[0].rows[0].get::<i64, _>("v"), 10);
+    let write =
+        sqlite_batch_sql(&[("INSERT INTO t (id, v) VALUES ($1, $2)", 2), ("UPDATE t SET v = v + 1 WHERE id = $1", 1)]);
+    tx.run(sqlx::query(&write).bind(2_i64).bind(20_i64).bind(1_i64), 2).await.expect("write");
+    tx.commit().await.expect("commit");
+    // The pool's one connection is back, outside any transaction: sqlx's own BEGIN works.
+    let mut plain = shared.pool().begin().await.expect("sqlx can begin on the returned connection");
+    let sum: i64 = sqlx::query_scalar("SELECT SUM(v) FROM t").fetch_one(&mut *plain).await.expect("sum");
+    assert_eq!(sum, 31, "both batches' writes committed");
+    plain.rollback().await.expect("rollback");
+
+    let (mut tx, _) = SqliteBatchTx::begin(shared.pool(), sqlx::query(&open).bind(1_i64), 1).await.expect("begin");
+    tx.run(sqlx::query(&write).bind(3_i64).bind(30_i64).bind(1_i64), 2).await.expect("write");
+    tx.rollback().await.expect("rollback");
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(shared.pool()).await.expect("count");
+    assert_eq!(n, 2, "the rolled-back insert is gone");
+}
+
+/// A [`dlock_db::SqliteBatchTx`] dropped open (here: its batch failed half-way, the earlier
+/// statement applied) never reaches the pool: its connection is closed, SQLite rolls the
+/// transaction back, and the next checkout writes (it would wait out the busy timeout and
+/// fail if the open transaction still held the write lock).
+#[tokio::test]
+async fn a_sqlite_batch_transaction_dropped_open_rolls_back_and_frees_the_writer() {
+    use dlock_db::{sqlite_batch_sql, SqliteBatchTx};
+    let dir = dlock_testkit::TempDir::new("pools");
+    let shared = shared_sqlite_pool(&dlock_testkit::sqlite_url(&dir)).await.expect("open");
+    sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)").execute(shared.pool()).await.expect("t");
+    sqlx::query("INSERT INTO t VALUES (1, 10)").execute(shared.pool()).await.expect("row");
+    let open = SqliteBatchTx::begin_sql(&[("UPDATE t SET v = 11 WHERE id = $1", 1)]);
+    let (mut tx, _) = SqliteBatchTx::begin(shared.pool(), sqlx::query(&open).bind(1_i64), 1).await.expect("begin");
+    let failing =
+        sqlite_batch_sql(&[("INSERT INTO t (id, v) VALUES ($1, 1)", 1), ("INSERT INTO t (id, v) VALUES ($1, 1)", 1)]);
+    assert!(tx.run(sqlx::query(&failing).bind(2_i64).bind(1_i64), 2).await.is_err(), "id 1 exists");
+    drop(tx);
+    let mut plain = shared.pool().begin().await.expect("a fresh connection begins");
+    sqlx::query("INSERT INTO t VALUES (5, 50)").execute(&mut *plain).await.expect("the write lock is free");
+    plain.commit().await.expect("commit");
+    let rows: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT id, v FROM t ORDER BY id").fetch_all(shared.pool()).await.expect("rows");
+    assert_eq!(rows, vec![(1, 10), (5, 50)], "the dropped transaction's update and insert rolled back");
+}

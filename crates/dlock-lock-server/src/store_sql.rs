@@ -212,7 +212,81 @@ impl GrantContext {
     fn grant_facts(&self) -> Option<GrantFacts<'_>> {
         self.grant.as_ref().map(|g| GrantFacts { grant: g, holder_end_ms: self.holder_end })
     }
+
+    /// The facts an acquire (or a rotate's acquire part) by `session_id` decides on.
+    fn acquire_facts(&self, session_id: Uuid, delay_ms: i64) -> AcquireFacts<'_> {
+        AcquireFacts {
+            now_ms: self.now,
+            session_id,
+            session_end_ms: self.session_end,
+            grant: self.grant_facts(),
+            key: self.key_record,
+            delay_ms,
+        }
+    }
 }
+
+/// Whether an acquire refused with `refusal` still commits its decision's removal of a dead
+/// grant (it is part of what the call decided): only a lock-delay refusal does, since the
+/// removal is what imposed the delay. Any other refusal rolls the removal back with it.
+fn keeps_removal(refusal: &AcquireRefusal, removes: bool) -> bool {
+    matches!(refusal, AcquireRefusal::Delayed { .. }) && removes
+}
+
+/// How a store's token-issuing transactions (acquire, rotate) run when they do not run
+/// statement by statement: SQLite's in three calls to its connection's worker
+/// ([`sqlite_grant`]). PostgreSQL answers `None` and runs those of [`sql_lock_store!`].
+#[async_trait]
+trait GrantInBatches {
+    async fn acquire_in_batches(
+        &self,
+        _key: &str,
+        _session_id: Uuid,
+        _ttl_ms: i64,
+        _delay_ms: i64,
+    ) -> Option<Result<Result<GrantRow, AcquireRefusal>, StoreError>> {
+        None
+    }
+
+    async fn rotate_in_batches(
+        &self,
+        _key: &str,
+        _session_id: Uuid,
+        _token: i64,
+        _ttl_ms: i64,
+        _delay_ms: i64,
+    ) -> Option<Result<Result<GrantRow, RotateRefusal>, StoreError>> {
+        None
+    }
+}
+
+impl GrantInBatches for PgLockStore {}
+
+#[async_trait]
+impl GrantInBatches for SqliteLockStore {
+    async fn acquire_in_batches(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        ttl_ms: i64,
+        delay_ms: i64,
+    ) -> Option<Result<Result<GrantRow, AcquireRefusal>, StoreError>> {
+        Some(sqlite_grant::acquire(self, key, session_id, ttl_ms, delay_ms).await)
+    }
+
+    async fn rotate_in_batches(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        token: i64,
+        ttl_ms: i64,
+        delay_ms: i64,
+    ) -> Option<Result<Result<GrantRow, RotateRefusal>, StoreError>> {
+        Some(sqlite_grant::rotate(self, key, session_id, token, ttl_ms, delay_ms).await)
+    }
+}
+
+mod sqlite_grant;
 
 /// The grant of a key with its session's expiry (NULL if the session is gone).
 const GRANT_WITH_SESSION: &str = "SELECT g.lock_key, g.session_id, g.owner_id, g.fencing_token, g.acquired_at_ms, \
@@ -220,9 +294,10 @@ const GRANT_WITH_SESSION: &str = "SELECT g.lock_key, g.session_id, g.owner_id, g
      FROM lock_grants g LEFT JOIN lock_sessions s ON s.session_id = g.session_id WHERE g.lock_key = $1";
 
 /// Everything an acquire decides on, in one round trip: the database's `now`, the caller's
-/// session (`$2`), the key's (`$1`) grant with its session's expiry, and the key's row.
-/// `{NOW}` is replaced by the dialect's clock expression.
-const ACQUIRE_CONTEXT: &str = "SELECT {NOW} AS now_ms,      s.owner_id AS s_owner_id, s.expires_at_ms AS s_expires_at_ms,      g.lock_key, g.session_id, g.owner_id, g.fencing_token, g.acquired_at_ms, g.expires_at_ms,      gs.expires_at_ms AS session_expires_at_ms,      k.lock_key AS k_lock_key, k.delay_until_ms      FROM (SELECT 1 AS one) o      LEFT JOIN lock_sessions s ON s.session_id = $2      LEFT JOIN lock_grants g ON g.lock_key = $1      LEFT JOIN lock_sessions gs ON gs.session_id = g.session_id      LEFT JOIN lock_keys k ON k.lock_key = $1";
+/// session (`$1`), the key's grant with its session's expiry, and the key's row (the key is
+/// bound twice, `$2` and `$3`: each placeholder once, in order, as a SQLite batch needs,
+/// `dlock_db::sqlite_batch_sql`). `{NOW}` is replaced by the dialect's clock expression.
+const ACQUIRE_CONTEXT: &str = "SELECT {NOW} AS now_ms,      s.owner_id AS s_owner_id, s.expires_at_ms AS s_expires_at_ms,      g.lock_key, g.session_id, g.owner_id, g.fencing_token, g.acquired_at_ms, g.expires_at_ms,      gs.expires_at_ms AS session_expires_at_ms,      k.lock_key AS k_lock_key, k.delay_until_ms      FROM (SELECT 1 AS one) o      LEFT JOIN lock_sessions s ON s.session_id = $1      LEFT JOIN lock_grants g ON g.lock_key = $2      LEFT JOIN lock_sessions gs ON gs.session_id = g.session_id      LEFT JOIN lock_keys k ON k.lock_key = $3";
 
 /// Compare-and-delete of a live grant, as one statement: [`rules::decide_release`] in one
 /// predicate (held to it by a test below), so a concurrent renew or reaper cannot slip in.
@@ -235,11 +310,19 @@ const SESSION_LAPSED: &str = "NOT expired_marked AND expires_at_ms <= $1";
 const LEASE_LAPSED: &str = "g.expires_at_ms <= $1";
 const SESSION_FORGETTABLE: &str = "expired_marked AND expires_at_ms + $2 <= $1";
 
-/// Raises a key's lock-delay to `$2` (never lowers it): [`rules::merge_delay`] in one
-/// statement (held to it by a test below).
+/// Raises a key's (`$3`) lock-delay to the value bound as both `$1` and `$2` (never lowers
+/// it): [`rules::merge_delay`] in one statement (held to it by a test below), each
+/// placeholder once, in order (a SQLite batch's form).
 const RECORD_DELAY: &str = "UPDATE lock_keys SET delay_until_ms = \
-     CASE WHEN delay_until_ms IS NOT NULL AND delay_until_ms > $2 THEN delay_until_ms ELSE $2 END \
-     WHERE lock_key = $1";
+     CASE WHEN delay_until_ms IS NOT NULL AND delay_until_ms > $1 THEN delay_until_ms ELSE $2 END \
+     WHERE lock_key = $3";
+
+/// Removes the grant `(key $1, token $2)` that died without release (an acquire's removal).
+const DROP_GRANT: &str = "DELETE FROM lock_grants WHERE lock_key = $1 AND fencing_token = $2";
+
+/// Records the key `$1` as granted at `$2` (first grant), or clears its run-out lock-delay.
+const RECORD_KEY: &str = "INSERT INTO lock_keys (lock_key, first_granted_at_ms, delay_until_ms) VALUES ($1, $2, NULL) \
+     ON CONFLICT (lock_key) DO UPDATE SET delay_until_ms = NULL";
 
 /// The grant row of an acquire. `{TOKEN}` is the token: `$6` (bound last), or the dialect's inline token
 /// expression (PostgreSQL's `nextval`, evaluated after the per-key advisory lock was taken
@@ -249,13 +332,14 @@ const INSERT_GRANT: &str =
     "INSERT INTO lock_grants (lock_key, session_id, owner_id, fencing_token, acquired_at_ms, expires_at_ms) \
      VALUES ($1, $2, $3, {TOKEN}, $4, $5) ON CONFLICT (lock_key) DO NOTHING RETURNING fencing_token";
 
-/// The rotate's write: the release predicate of the grant `(key $1, token $2)` held by the
-/// caller's session `$3` with its lease ahead of `now` (`$4`), re-stated so a row changed
-/// since the context read is not touched, and the fresh grant (`{TOKEN}`: `$7` or the
-/// inline token expression) written over it.
+/// The rotate's write: the fresh grant (acquired at `now` `$1`, expiring at `$2`, owner `$3`,
+/// token `{TOKEN}`: the inline token expression, or `$8` bound last) written over the grant
+/// `(key $4, token $5)` held by the caller's session `$6` with its lease ahead of `now`
+/// (bound again as `$7`): the release predicate, re-stated so a row changed since the context
+/// read is not touched. Each placeholder once, in order (a SQLite batch's form).
 const ROTATE_GRANT: &str =
-    "UPDATE lock_grants SET fencing_token = {TOKEN}, acquired_at_ms = $4, expires_at_ms = $5, owner_id = $6 \
-     WHERE lock_key = $1 AND fencing_token = $2 AND session_id = $3 AND expires_at_ms > $4 \
+    "UPDATE lock_grants SET fencing_token = {TOKEN}, acquired_at_ms = $1, expires_at_ms = $2, owner_id = $3 \
+     WHERE lock_key = $4 AND fencing_token = $5 AND session_id = $6 AND expires_at_ms > $7 \
      RETURNING fencing_token";
 
 /// PostgreSQL: `BEGIN` and the key's advisory lock (`tx_lock_key`'s, the same lock id:
@@ -410,8 +494,9 @@ macro_rules! sql_lock_store {
                 session_id: Uuid,
             ) -> Result<GrantContext, StoreError> {
                 let ctx = sqlx::query(&Self::q(&ACQUIRE_CONTEXT.replace("{NOW}", $now)))
-                    .bind(key.to_owned())
                     .bind(session_id.to_string())
+                    .bind(key.to_owned())
+                    .bind(key.to_owned())
                     .fetch_one(&mut **tx)
                     .await
                     .map_err(unavailable)?;
@@ -431,10 +516,7 @@ macro_rules! sql_lock_store {
                     // First grant of the key, or a lock-delay that has run out: record the key
                     // as seen and clear the delay. (A key already seen without a delay needs
                     // no write: the steady state costs nothing here.)
-                    sqlx::query(&Self::q(
-                        "INSERT INTO lock_keys (lock_key, first_granted_at_ms, delay_until_ms) VALUES ($1, $2, NULL) \
-                         ON CONFLICT (lock_key) DO UPDATE SET delay_until_ms = NULL",
-                    ))
+                    sqlx::query(&Self::q(RECORD_KEY))
                     .bind(grant.key.clone())
                     .bind(grant.acquired_at_ms)
                     .execute(&mut *tx)
@@ -456,14 +538,15 @@ macro_rules! sql_lock_store {
             ) -> Result<bool, StoreError> {
                 if let Some(until) = delay_until {
                     sqlx::query(&Self::q(RECORD_DELAY))
-                        .bind(key.to_owned())
                         .bind(until)
+                        .bind(until)
+                        .bind(key.to_owned())
                         .execute(&mut **tx)
                         .await
                         .map_err(unavailable)?;
                 }
                 let removed =
-                    sqlx::query(&Self::q("DELETE FROM lock_grants WHERE lock_key = $1 AND fencing_token = $2"))
+                    sqlx::query(&Self::q(DROP_GRANT))
                         .bind(key.to_owned())
                         .bind(token)
                         .execute(&mut **tx)
@@ -597,25 +680,20 @@ macro_rules! sql_lock_store {
                 ttl_ms: i64,
                 delay_ms: i64,
             ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
+                if let Some(answer) = GrantInBatches::acquire_in_batches(self, key, session_id, ttl_ms, delay_ms).await {
+                    return answer;
+                }
                 begin_key!(self, key, conn, tx);
                 // The session is checked in the same transaction that grants (Jepsen etcd 3.4.3).
                 let ctx = Self::tx_context(&mut tx, key, session_id).await?;
                 let now = ctx.now;
-                let decision = rules::decide_acquire(&AcquireFacts {
-                    now_ms: now,
-                    session_id,
-                    session_end_ms: ctx.session_end,
-                    grant: ctx.grant_facts(),
-                    key: ctx.key_record,
-                    delay_ms,
-                });
+                let decision = rules::decide_acquire(&ctx.acquire_facts(session_id, delay_ms));
                 if let Some(removal) = decision.remove {
                     Self::tx_drop_lost(&mut tx, key, removal.token, removal.delay_until_ms).await?;
                 }
                 let plan = match decision.verdict {
                     Ok(plan) => plan,
-                    Err(refusal @ AcquireRefusal::Delayed { .. }) if decision.remove.is_some() => {
-                        // Keep the removal of the dead grant: it is part of what this call decided.
+                    Err(refusal) if keeps_removal(&refusal, decision.remove.is_some()) => {
                         tx.commit().await.map_err(commit_error)?;
                         return Ok(Err(refusal));
                     }
@@ -672,22 +750,16 @@ macro_rules! sql_lock_store {
                 ttl_ms: i64,
                 delay_ms: i64,
             ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
+                if let Some(answer) = GrantInBatches::rotate_in_batches(self, key, session_id, token, ttl_ms, delay_ms).await {
+                    return answer;
+                }
                 // A token-issuing transaction: serialised on the key like acquire (see `tx_lock_key`).
                 begin_key!(self, key, conn, tx);
                 // The session is checked in the same transaction that grants (Jepsen etcd 3.4.3).
                 let ctx = Self::tx_context(&mut tx, key, session_id).await?;
                 let now = ctx.now;
-                let decision = rules::decide_rotate(&RotateFacts {
-                    acquire: AcquireFacts {
-                        now_ms: now,
-                        session_id,
-                        session_end_ms: ctx.session_end,
-                        grant: ctx.grant_facts(),
-                        key: ctx.key_record,
-                        delay_ms,
-                    },
-                    token,
-                });
+                let decision =
+                    rules::decide_rotate(&RotateFacts { acquire: ctx.acquire_facts(session_id, delay_ms), token });
                 let plan = match decision {
                     Ok(plan) => plan,
                     Err(refusal) => {
@@ -697,14 +769,15 @@ macro_rules! sql_lock_store {
                 };
                 let owner_id = ctx.owner_id.unwrap_or_default();
                 let inline: Option<&str> = $inline_token;
-                let sql = Self::q(&ROTATE_GRANT.replace("{TOKEN}", inline.unwrap_or("$7")));
+                let sql = Self::q(&ROTATE_GRANT.replace("{TOKEN}", inline.unwrap_or("$8")));
                 let mut update = sqlx::query(&sql)
+                    .bind(now)
+                    .bind(now + ttl_ms)
+                    .bind(owner_id.clone())
                     .bind(key.to_owned())
                     .bind(token)
                     .bind(session_id.to_string())
-                    .bind(now)
-                    .bind(now + ttl_ms)
-                    .bind(owner_id.clone());
+                    .bind(now);
                 if inline.is_none() {
                     update = update.bind(Self::tx_next_token(&mut tx).await?);
                 }
@@ -843,7 +916,7 @@ macro_rules! sql_lock_store {
                         return Ok(Err(refusal));
                     }
                 };
-                sqlx::query(&Self::q("DELETE FROM lock_grants WHERE lock_key = $1 AND fencing_token = $2"))
+                sqlx::query(&Self::q(DROP_GRANT))
                     .bind(key.to_owned())
                     .bind(revoked)
                     .execute(&mut *tx)
@@ -974,16 +1047,15 @@ sql_lock_store!(
     Some("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"),
     pg_begin_key_sql
 );
-sql_lock_store!(
-    SqliteLockStore,
-    Dialect::Sqlite,
-    "BEGIN IMMEDIATE",
-    "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
-    "UPDATE token_floor SET last_issued = MAX(last_issued, floor) + 1 WHERE id = 1 RETURNING last_issued AS token",
-    None,
-    None,
-    |_| None
-);
+/// SQLite's clock, in milliseconds.
+const SQLITE_NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+/// SQLite's next token: `token_floor.last_issued` advanced past the revocation floor.
+const SQLITE_NEXT_TOKEN: &str =
+    "UPDATE token_floor SET last_issued = MAX(last_issued, floor) + 1 WHERE id = 1 RETURNING last_issued AS token";
+
+sql_lock_store!(SqliteLockStore, Dialect::Sqlite, "BEGIN IMMEDIATE", SQLITE_NOW, SQLITE_NEXT_TOKEN, None, None, |_| {
+    None
+});
 
 #[cfg(test)]
 mod tests {
@@ -1081,8 +1153,9 @@ mod tests {
                     .await
                     .expect("key");
                 sqlx::query(&Dialect::Sqlite.sql(RECORD_DELAY))
-                    .bind("k")
                     .bind(until)
+                    .bind(until)
+                    .bind("k")
                     .execute(&mut *tx)
                     .await
                     .expect("record");
