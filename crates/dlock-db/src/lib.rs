@@ -201,9 +201,11 @@ pub const SQLITE_BATCH_TX_BEGIN: &str = "BEGIN IMMEDIATE";
 
 /// SQLite: a write transaction whose `BEGIN IMMEDIATE` goes to the connection's worker in
 /// one batch with its first statements ([`SqliteBatchTx::begin`]), then batches
-/// ([`SqliteBatchTx::run`]), then `COMMIT` or `ROLLBACK`: a read-decide-write transaction in
-/// three calls to the worker where sqlx's `begin` takes one call of its own (the lock
-/// server's acquire: five calls before, docs/performance.md §8.19).
+/// ([`SqliteBatchTx::run`]), and whose `COMMIT` goes with its last statements
+/// ([`SqliteBatchTx::commit_with`]; or a `COMMIT` or `ROLLBACK` of its own): a
+/// read-decide-write transaction in two calls to the worker where sqlx's `begin` and
+/// `commit` take one call each (the lock server's acquire: five calls before,
+/// docs/performance.md §8.19).
 ///
 /// sqlx does not count this transaction (it never saw its `BEGIN`), so it must never reach
 /// the pool open. Invariant (asserted in release builds too): a connection goes back to the
@@ -253,6 +255,32 @@ impl SqliteBatchTx {
         statements: usize,
     ) -> Result<Vec<BatchPart>, sqlx::Error> {
         sqlite_batch(self.conn()?, query, statements).await
+    }
+
+    /// The SQL of [`SqliteBatchTx::commit_with`]: `statements` in [`sqlite_batch_sql`]'s
+    /// form, then `COMMIT`.
+    pub fn commit_sql(statements: &[(&str, usize)]) -> String {
+        let mut all = statements.to_vec();
+        all.push(("COMMIT", 0));
+        sqlite_batch_sql(&all)
+    }
+
+    /// Runs `query` ([`SqliteBatchTx::commit_sql`] of `statements` statements, with their
+    /// binds) in one call: the statements, then `COMMIT`; returns the connection to the pool
+    /// and what each of the `statements` returned. An error (in a statement, which stops the
+    /// batch before its `COMMIT`, or in the `COMMIT`) closes the connection: whatever did
+    /// not commit rolls back.
+    pub async fn commit_with<'q>(
+        mut self,
+        query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+        statements: usize,
+    ) -> Result<Vec<BatchPart>, sqlx::Error> {
+        assert!(sqlx::Execute::sql(&query).ends_with("COMMIT;\n"), "a committing batch ends with COMMIT");
+        let mut parts = sqlite_batch(self.conn()?, query, statements + 1).await?;
+        parts.truncate(statements);
+        // Ended: the connection may go back to the pool.
+        drop(self.conn.take());
+        Ok(parts)
     }
 
     /// Commits, and returns the connection to the pool.

@@ -221,11 +221,14 @@ async fn a_sqlite_batch_transaction_commits_or_rolls_back_and_leaves_its_connect
     let write =
         sqlite_batch_sql(&[("INSERT INTO t (id, v) VALUES ($1, $2)", 2), ("UPDATE t SET v = v + 1 WHERE id = $1", 1)]);
     tx.run(sqlx::query(&write).bind(2_i64).bind(20_i64).bind(1_i64), 2).await.expect("write");
-    tx.commit().await.expect("commit");
+    let last = SqliteBatchTx::commit_sql(&[("UPDATE t SET v = v + $1 WHERE id = $2 RETURNING v", 2)]);
+    let parts = tx.commit_with(sqlx::query(&last).bind(5_i64).bind(2_i64), 1).await.expect("commit");
+    assert_eq!(parts.len(), 1, "the COMMIT's own result is not among the parts");
+    assert_eq!(parts[0].rows[0].get::<i64, _>("v"), 25);
     // The pool's one connection is back, outside any transaction: sqlx's own BEGIN works.
     let mut plain = shared.pool().begin().await.expect("sqlx can begin on the returned connection");
     let sum: i64 = sqlx::query_scalar("SELECT SUM(v) FROM t").fetch_one(&mut *plain).await.expect("sum");
-    assert_eq!(sum, 31, "both batches' writes committed");
+    assert_eq!(sum, 36, "every batch's writes committed");
     plain.rollback().await.expect("rollback");
 
     let (mut tx, _) = SqliteBatchTx::begin(shared.pool(), sqlx::query(&open).bind(1_i64), 1).await.expect("begin");
@@ -236,7 +239,7 @@ async fn a_sqlite_batch_transaction_commits_or_rolls_back_and_leaves_its_connect
 }
 
 /// A [`dlock_db::SqliteBatchTx`] dropped open (here: its batch failed half-way, the earlier
-/// statement applied) never reaches the pool: its connection is closed, SQLite rolls the
+/// statement applied; then a committing batch that failed before its `COMMIT`) never reaches the pool: its connection is closed, SQLite rolls the
 /// transaction back, and the next checkout writes (it would wait out the busy timeout and
 /// fail if the open transaction still held the write lock).
 #[tokio::test]
@@ -258,4 +261,14 @@ async fn a_sqlite_batch_transaction_dropped_open_rolls_back_and_frees_the_writer
     let rows: Vec<(i64, i64)> =
         sqlx::query_as("SELECT id, v FROM t ORDER BY id").fetch_all(shared.pool()).await.expect("rows");
     assert_eq!(rows, vec![(1, 10), (5, 50)], "the dropped transaction's update and insert rolled back");
+
+    // A committing batch whose statement fails stops before its COMMIT: nothing commits.
+    let (tx, _) = SqliteBatchTx::begin(shared.pool(), sqlx::query(&open).bind(1_i64), 1).await.expect("begin");
+    let failing = SqliteBatchTx::commit_sql(&[("INSERT INTO t (id, v) VALUES ($1, 1)", 1)]);
+    assert!(tx.commit_with(sqlx::query(&failing).bind(5_i64), 1).await.is_err(), "id 5 exists");
+    let mut plain = shared.pool().begin().await.expect("a fresh connection begins");
+    sqlx::query("INSERT INTO t VALUES (6, 60)").execute(&mut *plain).await.expect("the write lock is free");
+    plain.commit().await.expect("commit");
+    let v: i64 = sqlx::query_scalar("SELECT v FROM t WHERE id = 1").fetch_one(shared.pool()).await.expect("v");
+    assert_eq!(v, 10, "the failed committing batch's transaction rolled back");
 }

@@ -1049,9 +1049,22 @@ sql_lock_store!(
 );
 /// SQLite's clock, in milliseconds.
 const SQLITE_NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+/// SQLite's next token, as an expression over `token_floor`: past the last issued and past
+/// the revocation floor.
+macro_rules! sqlite_token_after {
+    () => {
+        "MAX(last_issued, floor) + 1"
+    };
+}
 /// SQLite's next token: `token_floor.last_issued` advanced past the revocation floor.
-const SQLITE_NEXT_TOKEN: &str =
-    "UPDATE token_floor SET last_issued = MAX(last_issued, floor) + 1 WHERE id = 1 RETURNING last_issued AS token";
+const SQLITE_NEXT_TOKEN: &str = concat!(
+    "UPDATE token_floor SET last_issued = ",
+    sqlite_token_after!(),
+    " WHERE id = 1 RETURNING last_issued AS token"
+);
+/// The token [`SQLITE_NEXT_TOKEN`] would issue now, without issuing it (read under the write
+/// lock, it is the token the transaction's own draw then issues).
+const SQLITE_TOKEN_AFTER: &str = concat!("(SELECT ", sqlite_token_after!(), " FROM token_floor WHERE id = 1)");
 
 sql_lock_store!(SqliteLockStore, Dialect::Sqlite, "BEGIN IMMEDIATE", SQLITE_NOW, SQLITE_NEXT_TOKEN, None, None, |_| {
     None

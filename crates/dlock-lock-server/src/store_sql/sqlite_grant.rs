@@ -1,28 +1,33 @@
-//! SQLite's token-issuing transactions (acquire, rotate) in three calls to the connection's
+//! SQLite's token-issuing transactions (acquire, rotate) in two calls to the connection's
 //! worker (docs/performance.md §8.19).
 //!
 //! sqlx-sqlite runs each statement, `BEGIN` and `COMMIT` as one hand-off to the connection's
 //! worker thread and back; statement by statement an acquire made five (`BEGIN IMMEDIATE`,
 //! the context read, the token, the grant, `COMMIT`), more with a dead grant to remove or a
-//! key to record. Here each makes three, through a [`SqliteBatchTx`]: (1) `BEGIN IMMEDIATE`
-//! and [`ACQUIRE_CONTEXT`] in one batch; (2) after the rule ([`rules::decide_acquire`],
-//! [`rules::decide_rotate`]), every write the decision names in one batch: the dead grant's
-//! removal and its lock-delay (acquire), the next token ([`SQLITE_NEXT_TOKEN`]), the grant
-//! carrying that token ([`INSERT_GRANT`], [`ROTATE_GRANT`]), the key's record; (3) `COMMIT`,
-//! or `ROLLBACK` for a refusal.
+//! key to record. Here each makes two, through a [`SqliteBatchTx`]: (1) `BEGIN IMMEDIATE`
+//! and [`ACQUIRE_CONTEXT`] in one batch, with the token the transaction's draw will issue
+//! ([`SQLITE_TOKEN_AFTER`]); (2) after the rule ([`rules::decide_acquire`],
+//! [`rules::decide_rotate`]) and the token check on that token, every write the decision
+//! names and `COMMIT` in one batch: the dead grant's removal and its lock-delay (acquire),
+//! the next token ([`SQLITE_NEXT_TOKEN`]), the grant carrying that token ([`INSERT_GRANT`],
+//! [`ROTATE_GRANT`]), the key's record. A refusal ends with `ROLLBACK` (or commits the
+//! removal a lock-delay refusal keeps, in one batch too).
 //!
 //! What does not change: the same transaction (the write lock taken before anything is read,
-//! so nothing changes between the read and the writes), the same statements in the same
-//! order, the same rules, and the token check before the `COMMIT`. Invariants (asserted in
-//! release builds too): the grant carries exactly the token its transaction drew, and that
-//! token exceeds the one of the grant it replaces ([`rules::assert_token_replaces`]).
+//! so nothing changes between the read and the writes: the token read in (1) is the token
+//! drawn in (2)), the same statements in the same order, the same rules, and the token check
+//! before anything is written. Invariants (asserted in release builds too): the token checked
+//! is the token drawn and the token the grant carries, and it exceeds the one of the grant it
+//! replaces ([`rules::assert_token_replaces`]). A grant statement that writes no row (which
+//! the write lock rules out) answers `Unavailable`: the grant was not written; what committed
+//! with it (a token skipped, a dead grant removed) is what a retry does anyway.
 
-use dlock_db::{sqlite_batch_sql, SqliteBatchTx};
+use dlock_db::SqliteBatchTx;
 use uuid::Uuid;
 
 use super::{
     commit_error, keeps_removal, unavailable, GrantContext, RowLike, SqliteLockStore, ACQUIRE_CONTEXT, DROP_GRANT,
-    INSERT_GRANT, RECORD_DELAY, RECORD_KEY, ROTATE_GRANT, SQLITE_NEXT_TOKEN, SQLITE_NOW,
+    INSERT_GRANT, RECORD_DELAY, RECORD_KEY, ROTATE_GRANT, SQLITE_NEXT_TOKEN, SQLITE_NOW, SQLITE_TOKEN_AFTER,
 };
 use crate::rules::{self, GrantPlan, Removal, RotateFacts};
 use crate::store::{AcquireRefusal, GrantRow, RotateRefusal, StoreError};
@@ -39,7 +44,7 @@ pub(super) async fn acquire(
     ttl_ms: i64,
     delay_ms: i64,
 ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
-    let (mut tx, ctx) = open(store, key, session_id).await?;
+    let (tx, ctx, next) = open(store, key, session_id).await?;
     let decision = rules::decide_acquire(&ctx.acquire_facts(session_id, delay_ms));
     let plan = match decision.verdict {
         Ok(plan) => plan,
@@ -49,8 +54,7 @@ pub(super) async fn acquire(
                 Some(removal) if keeps_removal(&refusal, true) => {
                     let mut writes = Writes::default();
                     writes.removal(key, &removal);
-                    writes.run(&mut tx).await?;
-                    tx.commit().await.map_err(commit_error)?;
+                    writes.commit(tx).await?;
                 }
                 _ => tx.rollback().await.map_err(unavailable)?,
             }
@@ -70,10 +74,10 @@ pub(super) async fn acquire(
         Bind::Int(grant.acquired_at_ms),
         Bind::Int(grant.expires_at_ms),
     ];
-    match write_grant(&mut tx, writes, &insert, binds, &grant, &plan).await? {
-        Some(token) => Ok(Ok(commit(tx, grant, token).await?)),
+    match write_grant(tx, writes, &insert, binds, grant, &plan, next).await? {
+        Some(grant) => Ok(Ok(grant)),
         // Under the write lock taken before the read, the key cannot have been granted since.
-        None => Err(nothing_written(tx, "the key was granted under the acquire's write lock").await),
+        None => Err(unwritten("the key was granted under the acquire's write lock")),
     }
 }
 
@@ -86,7 +90,7 @@ pub(super) async fn rotate(
     ttl_ms: i64,
     delay_ms: i64,
 ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
-    let (mut tx, ctx) = open(store, key, session_id).await?;
+    let (tx, ctx, next) = open(store, key, session_id).await?;
     let plan = match rules::decide_rotate(&RotateFacts { acquire: ctx.acquire_facts(session_id, delay_ms), token }) {
         Ok(plan) => plan,
         Err(refusal) => {
@@ -105,21 +109,26 @@ pub(super) async fn rotate(
         Bind::Text(session_id.to_string()),
         Bind::Int(grant.acquired_at_ms),
     ];
-    match write_grant(&mut tx, Writes::default(), &update, binds, &grant, &plan).await? {
-        Some(token) => Ok(Ok(commit(tx, grant, token).await?)),
+    match write_grant(tx, Writes::default(), &update, binds, grant, &plan, next).await? {
+        Some(grant) => Ok(Ok(grant)),
         // The rule saw the caller's live grant under the write lock: it is still there.
-        None => Err(nothing_written(tx, "the grant changed under the rotate's write lock").await),
+        None => Err(unwritten("the grant changed under the rotate's write lock")),
     }
 }
 
-/// Call (1): `BEGIN IMMEDIATE` and the context the rules decide on. The session is checked
-/// in the same transaction that grants (Jepsen etcd 3.4.3).
+/// Call (1): `BEGIN IMMEDIATE`, the context the rules decide on, and the token this
+/// transaction's draw will issue. The session is checked in the same transaction that grants
+/// (Jepsen etcd 3.4.3).
 async fn open(
     store: &SqliteLockStore,
     key: &str,
     session_id: Uuid,
-) -> Result<(SqliteBatchTx, GrantContext), StoreError> {
-    let context = ACQUIRE_CONTEXT.replace("{NOW}", SQLITE_NOW);
+) -> Result<(SqliteBatchTx, GrantContext, i64), StoreError> {
+    let head = "SELECT {NOW} AS now_ms,";
+    assert!(ACQUIRE_CONTEXT.starts_with(head), "the context read opens with now");
+    let context = ACQUIRE_CONTEXT
+        .replacen(head, &format!("{head} {SQLITE_TOKEN_AFTER} AS next_token,"), 1)
+        .replace("{NOW}", SQLITE_NOW);
     let sql = SqliteBatchTx::begin_sql(&[(&context, 3)]);
     let query = sqlx::query(&sql).bind(session_id.to_string()).bind(key.to_owned()).bind(key.to_owned());
     let (tx, parts) = SqliteBatchTx::begin(&store.pool, query, 1).await.map_err(unavailable)?;
@@ -127,7 +136,7 @@ async fn open(
         .first()
         .and_then(|p| p.rows.first())
         .ok_or_else(|| StoreError::Unavailable("the grant context read answered no row".into()))?;
-    Ok((tx, GrantContext::of(row)?))
+    Ok((tx, GrantContext::of(row)?, row.int("next_token")?))
 }
 
 /// The grant a token-issuing transaction writes, but for its token.
@@ -151,47 +160,39 @@ impl Grant {
     }
 }
 
-/// Call (2): `writes` (what comes before the token), the next token, the grant statement
-/// `sql` with its `binds` (the token inline, [`DRAWN_TOKEN`]), and the key's record when the
-/// plan says so. Answers the grant's token, `None` when the grant statement wrote no row.
-/// Checks the token rule before anything commits.
+/// Call (2), after the token rule's check on `next` (the token call (1) read): `writes`
+/// (what comes before the token), the next token, the grant statement `sql` with its `binds`
+/// (the token inline, [`DRAWN_TOKEN`]), the key's record when the plan says so, and `COMMIT`.
+/// Answers the grant, `None` when the grant statement wrote no row.
 async fn write_grant<const N: usize>(
-    tx: &mut SqliteBatchTx,
+    tx: SqliteBatchTx,
     mut writes: Writes<'_>,
     sql: &str,
     binds: [Bind; N],
-    grant: &Grant,
+    grant: Grant,
     plan: &GrantPlan,
-) -> Result<Option<i64>, StoreError> {
+    next: i64,
+) -> Result<Option<GrantRow>, StoreError> {
+    rules::assert_token_replaces(next, plan.replaces);
     let drawn_at = writes.push(SQLITE_NEXT_TOKEN, 0, []);
     let grant_at = writes.push(sql, N, binds);
     if plan.write_key_record {
         // First grant of the key, or a lock-delay that has run out (see `tx_finish_grant`).
         writes.push(RECORD_KEY, 2, [Bind::Text(grant.key.clone()), Bind::Int(grant.acquired_at_ms)]);
     }
-    let parts = writes.run(tx).await?;
+    let parts = writes.commit(tx).await?;
     let token_at = |at: usize, col: &str| parts.get(at).and_then(|p| p.rows.first()).map(|r| r.int(col)).transpose();
-    let drawn = token_at(drawn_at, "token")?;
+    assert_eq!(token_at(drawn_at, "token")?, Some(next), "the token drawn is the token checked");
     let Some(token) = token_at(grant_at, "fencing_token")? else { return Ok(None) };
-    assert_eq!(Some(token), drawn, "the grant carries the token its transaction drew");
-    rules::assert_token_replaces(token, plan.replaces);
-    Ok(Some(token))
-}
-
-/// Call (3) of a grant: `COMMIT`, and the grant the answer carries.
-async fn commit(tx: SqliteBatchTx, grant: Grant, token: i64) -> Result<GrantRow, StoreError> {
-    tx.commit().await.map_err(commit_error)?;
+    assert_eq!(token, next, "the grant carries the token its transaction drew");
     let Grant { key, session_id, owner_id, acquired_at_ms, expires_at_ms } = grant;
-    Ok(GrantRow { key, session_id, owner_id, fencing_token: token, acquired_at_ms, expires_at_ms })
+    Ok(Some(GrantRow { key, session_id, owner_id, fencing_token: token, acquired_at_ms, expires_at_ms }))
 }
 
-/// A grant statement that wrote no row where the write lock says it must: rolled back,
-/// nothing written, and the caller may ask again.
-async fn nothing_written(tx: SqliteBatchTx, why: &str) -> StoreError {
-    match tx.rollback().await {
-        Ok(()) => StoreError::Unavailable(why.to_owned()),
-        Err(e) => unavailable(e),
-    }
+/// A grant statement that wrote no row where the write lock says it must: the grant was not
+/// written, and the caller may ask again.
+fn unwritten(why: &str) -> StoreError {
+    StoreError::Unavailable(why.to_owned())
 }
 
 /// A value bound to one of a batch's placeholders.
@@ -224,10 +225,11 @@ impl<'s> Writes<'s> {
         self.push(DROP_GRANT, 2, [Bind::Text(key.to_owned()), Bind::Int(removal.token)]);
     }
 
-    /// Runs the batch inside `tx`, in one call; an error leaves `tx` to be dropped (its
-    /// connection closed, the transaction rolled back).
-    async fn run(self, tx: &mut SqliteBatchTx) -> Result<Vec<dlock_db::BatchPart>, StoreError> {
-        let sql = sqlite_batch_sql(&self.statements);
+    /// Runs the batch and `COMMIT` in `tx`, in one call. A failure is classified as a failed
+    /// `COMMIT` ([`commit_error`]): one whose answer may have been lost (an I/O error) is
+    /// `CommitUnknown`, never retry-safe; any other committed nothing.
+    async fn commit(self, tx: SqliteBatchTx) -> Result<Vec<dlock_db::BatchPart>, StoreError> {
+        let sql = SqliteBatchTx::commit_sql(&self.statements);
         let mut query = sqlx::query(&sql);
         for bind in self.binds {
             query = match bind {
@@ -235,6 +237,6 @@ impl<'s> Writes<'s> {
                 Bind::Int(v) => query.bind(v),
             };
         }
-        tx.run(query, self.statements.len()).await.map_err(unavailable)
+        tx.commit_with(query, self.statements.len()).await.map_err(commit_error)
     }
 }
