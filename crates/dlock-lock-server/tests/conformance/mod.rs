@@ -520,6 +520,8 @@ pub async fn lapsed_lease_imposes_lock_delay_until_death_plus_delay(store: Store
     wait_past(&store, g.expires_at_ms).await;
     let until = assert_delayed_from(&acquire(&store, "k", &b, LONG_MS, DELAY_MS).await, g.expires_at_ms, "until");
     assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: None }), "delayed, but not held");
+    // The refused acquire kept its removal of the dead grant: no row, not merely a dead one.
+    assert_eq!(release(&store, "k", g.fencing_token).await, Err(None), "the dead grant was removed");
     let (next, refusals) = wait_granted(&store, "k", &b, LONG_MS, DELAY_MS).await;
     assert!(refusals.iter().all(|r| *r == AcquireRefusal::Delayed { until_ms: until }), "{refusals:?}");
     assert!(next.acquired_at_ms >= until, "granted at {} before the delay ended at {until}", next.acquired_at_ms);
