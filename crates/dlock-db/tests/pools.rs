@@ -171,10 +171,7 @@ async fn a_read_on_the_reader_pool_does_not_wait_for_an_open_write_and_sees_ever
 #[tokio::test]
 async fn a_sqlite_batch_runs_every_statement_in_order_and_answers_each_apart() {
     use dlock_db::{sqlite_batch, sqlite_batch_sql};
-    let dir = dlock_testkit::TempDir::new("pools");
-    let shared = shared_sqlite_pool(&dlock_testkit::sqlite_url(&dir)).await.expect("open");
-    sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)").execute(shared.pool()).await.expect("t");
-    sqlx::query("INSERT INTO t VALUES (1, 10)").execute(shared.pool()).await.expect("row");
+    let (shared, _dir) = table_t().await;
     let sql = sqlite_batch_sql(&[
         ("INSERT INTO t (id, v) VALUES ($1, $2) RETURNING id", 2),
         ("UPDATE t SET v = v + $1 WHERE id = $2 RETURNING v", 2),
@@ -210,10 +207,7 @@ async fn a_sqlite_batch_runs_every_statement_in_order_and_answers_each_apart() {
 async fn a_sqlite_batch_transaction_commits_or_rolls_back_and_leaves_its_connection_clean() {
     use dlock_db::{sqlite_batch_sql, SqliteBatchTx};
     use sqlx::Row as _;
-    let dir = dlock_testkit::TempDir::new("pools");
-    let shared = shared_sqlite_pool(&dlock_testkit::sqlite_url(&dir)).await.expect("open");
-    sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)").execute(shared.pool()).await.expect("t");
-    sqlx::query("INSERT INTO t VALUES (1, 10)").execute(shared.pool()).await.expect("row");
+    let (shared, _dir) = table_t().await;
     let open = SqliteBatchTx::begin_sql(&[("SELECT v FROM t WHERE id = $1", 1)]);
     let (mut tx, parts) = SqliteBatchTx::begin(shared.pool(), sqlx::query(&open).bind(1_i64), 1).await.expect("begin");
     assert_eq!(parts.len(), 1, "the BEGIN's own result is not among the parts");
@@ -245,10 +239,7 @@ async fn a_sqlite_batch_transaction_commits_or_rolls_back_and_leaves_its_connect
 #[tokio::test]
 async fn a_sqlite_batch_transaction_dropped_open_rolls_back_and_frees_the_writer() {
     use dlock_db::{sqlite_batch_sql, SqliteBatchTx};
-    let dir = dlock_testkit::TempDir::new("pools");
-    let shared = shared_sqlite_pool(&dlock_testkit::sqlite_url(&dir)).await.expect("open");
-    sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)").execute(shared.pool()).await.expect("t");
-    sqlx::query("INSERT INTO t VALUES (1, 10)").execute(shared.pool()).await.expect("row");
+    let (shared, _dir) = table_t().await;
     let open = SqliteBatchTx::begin_sql(&[("UPDATE t SET v = 11 WHERE id = $1", 1)]);
     let (mut tx, _) = SqliteBatchTx::begin(shared.pool(), sqlx::query(&open).bind(1_i64), 1).await.expect("begin");
     let failing =
@@ -271,4 +262,13 @@ async fn a_sqlite_batch_transaction_dropped_open_rolls_back_and_frees_the_writer
     plain.commit().await.expect("commit");
     let v: i64 = sqlx::query_scalar("SELECT v FROM t WHERE id = 1").fetch_one(shared.pool()).await.expect("v");
     assert_eq!(v, 10, "the failed committing batch's transaction rolled back");
+}
+
+/// A shared SQLite pool on a fresh file with table `t (id, v)` holding the row `(1, 10)`.
+async fn table_t() -> (dlock_db::SharedSqlitePool, dlock_testkit::TempDir) {
+    let dir = dlock_testkit::TempDir::new("pools");
+    let shared = shared_sqlite_pool(&dlock_testkit::sqlite_url(&dir)).await.expect("open");
+    sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)").execute(shared.pool()).await.expect("t");
+    sqlx::query("INSERT INTO t VALUES (1, 10)").execute(shared.pool()).await.expect("row");
+    (shared, dir)
 }
