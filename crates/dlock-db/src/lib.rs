@@ -200,12 +200,11 @@ pub async fn sqlite_batch<'q>(
 pub const SQLITE_BATCH_TX_BEGIN: &str = "BEGIN IMMEDIATE";
 
 /// SQLite: a write transaction whose `BEGIN IMMEDIATE` goes to the connection's worker in
-/// one batch with its first statements ([`SqliteBatchTx::begin`]), then batches
-/// ([`SqliteBatchTx::run`]), and whose `COMMIT` goes with its last statements
-/// ([`SqliteBatchTx::commit_with`]; or a `COMMIT` or `ROLLBACK` of its own): a
-/// read-decide-write transaction in two calls to the worker where sqlx's `begin` and
-/// `commit` take one call each (the lock server's acquire: five calls before,
-/// docs/performance.md §8.19).
+/// one batch with its first statements ([`SqliteBatchTx::begin`]), and whose `COMMIT` goes
+/// with its last statements ([`SqliteBatchTx::commit_with`]), or which ends with a
+/// `ROLLBACK` ([`SqliteBatchTx::rollback`]): a read-decide-write transaction in two calls
+/// to the worker where sqlx's `begin` and `commit` take one call each (the lock server's
+/// acquire: five calls before, docs/performance.md §8.19).
 ///
 /// sqlx does not count this transaction (it never saw its `BEGIN`), so it must never reach
 /// the pool open. Invariant (asserted in release builds too): a connection goes back to the
@@ -242,19 +241,9 @@ impl SqliteBatchTx {
             "a batch transaction opens with {SQLITE_BATCH_TX_BEGIN}"
         );
         let mut tx = SqliteBatchTx { conn: Some(pool.acquire().await?) };
-        let mut parts = sqlite_batch(tx.conn()?, query, statements + 1).await?;
+        let mut parts = sqlite_batch(tx.conn(), query, statements + 1).await?;
         parts.remove(0);
         Ok((tx, parts))
-    }
-
-    /// Runs `query` (a [`sqlite_batch_sql`] of `statements` statements, with their binds)
-    /// inside the transaction, in one call. An error leaves the transaction to be dropped.
-    pub async fn run<'q>(
-        &mut self,
-        query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
-        statements: usize,
-    ) -> Result<Vec<BatchPart>, sqlx::Error> {
-        sqlite_batch(self.conn()?, query, statements).await
     }
 
     /// The SQL of [`SqliteBatchTx::commit_with`]: `statements` in [`sqlite_batch_sql`]'s
@@ -276,35 +265,25 @@ impl SqliteBatchTx {
         statements: usize,
     ) -> Result<Vec<BatchPart>, sqlx::Error> {
         assert!(sqlx::Execute::sql(&query).ends_with("COMMIT;\n"), "a committing batch ends with COMMIT");
-        let mut parts = sqlite_batch(self.conn()?, query, statements + 1).await?;
+        let mut parts = sqlite_batch(self.conn(), query, statements + 1).await?;
         parts.truncate(statements);
         // Ended: the connection may go back to the pool.
         drop(self.conn.take());
         Ok(parts)
     }
 
-    /// Commits, and returns the connection to the pool.
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.end("COMMIT").await
-    }
-
     /// Rolls back, and returns the connection to the pool.
-    pub async fn rollback(self) -> Result<(), sqlx::Error> {
-        self.end("ROLLBACK").await
-    }
-
-    async fn end(mut self, statement: &'static str) -> Result<(), sqlx::Error> {
-        sqlx::query(statement).execute(&mut *self.conn()?).await?;
+    pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        sqlx::query("ROLLBACK").execute(self.conn()).await?;
         // Ended: the connection may go back to the pool.
         drop(self.conn.take());
         Ok(())
     }
 
-    fn conn(&mut self) -> Result<&mut sqlx::SqliteConnection, sqlx::Error> {
-        match self.conn.as_mut() {
-            Some(conn) => Ok(&mut **conn),
-            None => Err(sqlx::Error::Protocol("the batch transaction has ended".into())),
-        }
+    /// The open transaction's connection. It is `Some` from `begin` until an end succeeded,
+    /// and every end consumes `self`, so no caller sees it gone.
+    fn conn(&mut self) -> &mut sqlx::SqliteConnection {
+        self.conn.as_deref_mut().expect("a batch transaction is open until an end consumes it")
     }
 }
 

@@ -201,51 +201,56 @@ async fn a_sqlite_batch_runs_every_statement_in_order_and_answers_each_apart() {
 }
 
 /// A [`dlock_db::SqliteBatchTx`] opens with its first statements in one call, commits what
-/// its batches wrote, and hands back a connection sqlx can begin a transaction on (none left
-/// open); a rolled-back one leaves nothing.
+/// its committing batch wrote, and hands back a connection sqlx can begin a transaction on
+/// (none left open); a rolled-back one leaves nothing.
 #[tokio::test]
 async fn a_sqlite_batch_transaction_commits_or_rolls_back_and_leaves_its_connection_clean() {
-    use dlock_db::{sqlite_batch_sql, SqliteBatchTx};
+    use dlock_db::SqliteBatchTx;
     use sqlx::Row as _;
     let (shared, _dir) = table_t().await;
     let open = SqliteBatchTx::begin_sql(&[("SELECT v FROM t WHERE id = $1", 1)]);
-    let (mut tx, parts) = SqliteBatchTx::begin(shared.pool(), sqlx::query(&open).bind(1_i64), 1).await.expect("begin");
+    let (tx, parts) = SqliteBatchTx::begin(shared.pool(), sqlx::query(&open).bind(1_i64), 1).await.expect("begin");
     assert_eq!(parts.len(), 1, "the BEGIN's own result is not among the parts");
     assert_eq!(parts[0].rows[0].get::<i64, _>("v"), 10);
-    let write =
-        sqlite_batch_sql(&[("INSERT INTO t (id, v) VALUES ($1, $2)", 2), ("UPDATE t SET v = v + 1 WHERE id = $1", 1)]);
-    tx.run(sqlx::query(&write).bind(2_i64).bind(20_i64).bind(1_i64), 2).await.expect("write");
-    let last = SqliteBatchTx::commit_sql(&[("UPDATE t SET v = v + $1 WHERE id = $2 RETURNING v", 2)]);
-    let parts = tx.commit_with(sqlx::query(&last).bind(5_i64).bind(2_i64), 1).await.expect("commit");
-    assert_eq!(parts.len(), 1, "the COMMIT's own result is not among the parts");
-    assert_eq!(parts[0].rows[0].get::<i64, _>("v"), 25);
+    let last = SqliteBatchTx::commit_sql(&[
+        ("INSERT INTO t (id, v) VALUES ($1, $2)", 2),
+        ("UPDATE t SET v = v + 1 WHERE id = $1", 1),
+        ("UPDATE t SET v = v + $1 WHERE id = $2 RETURNING v", 2),
+    ]);
+    let q = sqlx::query(&last).bind(2_i64).bind(20_i64).bind(1_i64).bind(5_i64).bind(2_i64);
+    let parts = tx.commit_with(q, 3).await.expect("commit");
+    assert_eq!(parts.len(), 3, "the COMMIT's own result is not among the parts");
+    assert_eq!(parts[2].rows[0].get::<i64, _>("v"), 25);
     // The pool's one connection is back, outside any transaction: sqlx's own BEGIN works.
     let mut plain = shared.pool().begin().await.expect("sqlx can begin on the returned connection");
     let sum: i64 = sqlx::query_scalar("SELECT SUM(v) FROM t").fetch_one(&mut *plain).await.expect("sum");
     assert_eq!(sum, 36, "every batch's writes committed");
     plain.rollback().await.expect("rollback");
 
-    let (mut tx, _) = SqliteBatchTx::begin(shared.pool(), sqlx::query(&open).bind(1_i64), 1).await.expect("begin");
-    tx.run(sqlx::query(&write).bind(3_i64).bind(30_i64).bind(1_i64), 2).await.expect("write");
+    let write = SqliteBatchTx::begin_sql(&[("INSERT INTO t (id, v) VALUES ($1, $2)", 2)]);
+    let (tx, _) =
+        SqliteBatchTx::begin(shared.pool(), sqlx::query(&write).bind(3_i64).bind(30_i64), 1).await.expect("begin");
     tx.rollback().await.expect("rollback");
     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(shared.pool()).await.expect("count");
     assert_eq!(n, 2, "the rolled-back insert is gone");
 }
 
-/// A [`dlock_db::SqliteBatchTx`] dropped open (here: its batch failed half-way, the earlier
-/// statement applied; then a committing batch that failed before its `COMMIT`) never reaches the pool: its connection is closed, SQLite rolls the
-/// transaction back, and the next checkout writes (it would wait out the busy timeout and
-/// fail if the open transaction still held the write lock).
+/// A [`dlock_db::SqliteBatchTx`] whose batch fails half-way (the earlier statement applied:
+/// here its opening batch, then a committing batch that failed before its `COMMIT`) never
+/// reaches the pool: its connection is closed, SQLite rolls the transaction back, and the
+/// next checkout writes (it would wait out the busy timeout and fail if the open transaction
+/// still held the write lock).
 #[tokio::test]
 async fn a_sqlite_batch_transaction_dropped_open_rolls_back_and_frees_the_writer() {
-    use dlock_db::{sqlite_batch_sql, SqliteBatchTx};
+    use dlock_db::SqliteBatchTx;
     let (shared, _dir) = table_t().await;
-    let open = SqliteBatchTx::begin_sql(&[("UPDATE t SET v = 11 WHERE id = $1", 1)]);
-    let (mut tx, _) = SqliteBatchTx::begin(shared.pool(), sqlx::query(&open).bind(1_i64), 1).await.expect("begin");
-    let failing =
-        sqlite_batch_sql(&[("INSERT INTO t (id, v) VALUES ($1, 1)", 1), ("INSERT INTO t (id, v) VALUES ($1, 1)", 1)]);
-    assert!(tx.run(sqlx::query(&failing).bind(2_i64).bind(1_i64), 2).await.is_err(), "id 1 exists");
-    drop(tx);
+    let failing = SqliteBatchTx::begin_sql(&[
+        ("UPDATE t SET v = 11 WHERE id = $1", 1),
+        ("INSERT INTO t (id, v) VALUES ($1, 1)", 1),
+        ("INSERT INTO t (id, v) VALUES ($1, 1)", 1),
+    ]);
+    let q = sqlx::query(&failing).bind(1_i64).bind(2_i64).bind(1_i64);
+    assert!(SqliteBatchTx::begin(shared.pool(), q, 3).await.is_err(), "id 1 exists");
     let mut plain = shared.pool().begin().await.expect("a fresh connection begins");
     sqlx::query("INSERT INTO t VALUES (5, 50)").execute(&mut *plain).await.expect("the write lock is free");
     plain.commit().await.expect("commit");
@@ -254,6 +259,7 @@ async fn a_sqlite_batch_transaction_dropped_open_rolls_back_and_frees_the_writer
     assert_eq!(rows, vec![(1, 10), (5, 50)], "the dropped transaction's update and insert rolled back");
 
     // A committing batch whose statement fails stops before its COMMIT: nothing commits.
+    let open = SqliteBatchTx::begin_sql(&[("UPDATE t SET v = 11 WHERE id = $1", 1)]);
     let (tx, _) = SqliteBatchTx::begin(shared.pool(), sqlx::query(&open).bind(1_i64), 1).await.expect("begin");
     let failing = SqliteBatchTx::commit_sql(&[("INSERT INTO t (id, v) VALUES ($1, 1)", 1)]);
     assert!(tx.commit_with(sqlx::query(&failing).bind(5_i64), 1).await.is_err(), "id 5 exists");

@@ -9,6 +9,11 @@
 //! drawing the token costs no round trip of its own; SQLite: `token_floor.last_issued`,
 //! advanced by its own statement in the granting transaction).
 //!
+//! The token-issuing transactions (acquire, rotate) are each dialect's own: `pg_grant` runs
+//! them statement by statement, `sqlite_grant` in two calls to the connection's worker
+//! (docs/performance.md §8.19); both decide by the same rules on the same context read
+//! (`ACQUIRE_CONTEXT`) and write the same statements.
+//!
 //! ## Rotate (C3-extensions E-18)
 //! One transaction, like acquire: the per-key advisory lock (PostgreSQL), the acquire context
 //! (now, the caller's session, the grant with its holder's session, the key record) in one
@@ -24,7 +29,7 @@
 //! An acquire's and a rotate's transaction opens with `BEGIN` and the key's advisory lock
 //! sent as one simple query ([`pg_begin_key_sql`]: one round trip where there were two), so
 //! the lock is still taken before anything is read or drawn. A connection whose such `BEGIN`
-//! failed is closed, never pooled (`begin_key!`). Revoke, and a key outside C3's alphabet,
+//! failed is closed, never pooled (`begin_key!`, in `pg_grant`). Revoke, and a key outside C3's alphabet,
 //! take the same lock with a bound statement after `BEGIN`.
 //!
 //! Every method runs in one transaction and reads `now` from the database first, so every
@@ -37,7 +42,7 @@ use dlock_db::Dialect;
 use sqlx::Row;
 use uuid::Uuid;
 
-use crate::rules::{self, AcquireFacts, GrantFacts, RotateFacts};
+use crate::rules::{self, AcquireFacts, GrantFacts};
 use crate::store::{
     AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, RotateRefusal,
     SessionRefusal, SessionRow, StoreError,
@@ -227,65 +232,14 @@ impl GrantContext {
 }
 
 /// Whether an acquire refused with `refusal` still commits its decision's removal of a dead
-/// grant (it is part of what the call decided): only a lock-delay refusal does, since the
-/// removal is what imposed the delay. Any other refusal rolls the removal back with it.
-fn keeps_removal(refusal: &AcquireRefusal, removes: bool) -> bool {
-    matches!(refusal, AcquireRefusal::Delayed { .. }) && removes
+/// grant, if it has one (it is part of what the call decided): only a lock-delay refusal
+/// does, since the removal is what imposed the delay. Any other refusal rolls the removal
+/// back with it.
+fn keeps_removal(refusal: &AcquireRefusal) -> bool {
+    matches!(refusal, AcquireRefusal::Delayed { .. })
 }
 
-/// How a store's token-issuing transactions (acquire, rotate) run when they do not run
-/// statement by statement: SQLite's in three calls to its connection's worker
-/// ([`sqlite_grant`]). PostgreSQL answers `None` and runs those of [`sql_lock_store!`].
-#[async_trait]
-trait GrantInBatches {
-    async fn acquire_in_batches(
-        &self,
-        _key: &str,
-        _session_id: Uuid,
-        _ttl_ms: i64,
-        _delay_ms: i64,
-    ) -> Option<Result<Result<GrantRow, AcquireRefusal>, StoreError>> {
-        None
-    }
-
-    async fn rotate_in_batches(
-        &self,
-        _key: &str,
-        _session_id: Uuid,
-        _token: i64,
-        _ttl_ms: i64,
-        _delay_ms: i64,
-    ) -> Option<Result<Result<GrantRow, RotateRefusal>, StoreError>> {
-        None
-    }
-}
-
-impl GrantInBatches for PgLockStore {}
-
-#[async_trait]
-impl GrantInBatches for SqliteLockStore {
-    async fn acquire_in_batches(
-        &self,
-        key: &str,
-        session_id: Uuid,
-        ttl_ms: i64,
-        delay_ms: i64,
-    ) -> Option<Result<Result<GrantRow, AcquireRefusal>, StoreError>> {
-        Some(sqlite_grant::acquire(self, key, session_id, ttl_ms, delay_ms).await)
-    }
-
-    async fn rotate_in_batches(
-        &self,
-        key: &str,
-        session_id: Uuid,
-        token: i64,
-        ttl_ms: i64,
-        delay_ms: i64,
-    ) -> Option<Result<Result<GrantRow, RotateRefusal>, StoreError>> {
-        Some(sqlite_grant::rotate(self, key, session_id, token, ttl_ms, delay_ms).await)
-    }
-}
-
+mod pg_grant;
 mod sqlite_grant;
 
 /// The grant of a key with its session's expiry (NULL if the session is gone).
@@ -324,16 +278,16 @@ const DROP_GRANT: &str = "DELETE FROM lock_grants WHERE lock_key = $1 AND fencin
 const RECORD_KEY: &str = "INSERT INTO lock_keys (lock_key, first_granted_at_ms, delay_until_ms) VALUES ($1, $2, NULL) \
      ON CONFLICT (lock_key) DO UPDATE SET delay_until_ms = NULL";
 
-/// The grant row of an acquire. `{TOKEN}` is the token: `$6` (bound last), or the dialect's inline token
-/// expression (PostgreSQL's `nextval`, evaluated after the per-key advisory lock was taken
-/// by an earlier statement of the same transaction, so the ordering argument at
-/// `tx_lock_key` is unchanged).
+/// The grant row of an acquire. `{TOKEN}` is the dialect's token expression, evaluated in
+/// this statement: PostgreSQL's `nextval`, after the per-key advisory lock was taken by an
+/// earlier statement of the same transaction, so the ordering argument at `tx_lock_key` is
+/// unchanged (`pg_grant`); SQLite's value its batch just drew (`sqlite_grant`).
 const INSERT_GRANT: &str =
     "INSERT INTO lock_grants (lock_key, session_id, owner_id, fencing_token, acquired_at_ms, expires_at_ms) \
      VALUES ($1, $2, $3, {TOKEN}, $4, $5) ON CONFLICT (lock_key) DO NOTHING RETURNING fencing_token";
 
 /// The rotate's write: the fresh grant (acquired at `now` `$1`, expiring at `$2`, owner `$3`,
-/// token `{TOKEN}`: the inline token expression, or `$8` bound last) written over the grant
+/// token `{TOKEN}`: the dialect's token expression, as in [`INSERT_GRANT`]) written over the grant
 /// `(key $4, token $5)` held by the caller's session `$6` with its lease ahead of `now`
 /// (bound again as `$7`): the release predicate, re-stated so a row changed since the context
 /// read is not touched. Each placeholder once, in order (a SQLite batch's form).
@@ -353,66 +307,11 @@ pub fn pg_begin_key_sql(key: &str) -> Option<String> {
         .then(|| format!("BEGIN; SELECT pg_advisory_xact_lock(hashtextextended('{key}', 0))"))
 }
 
-/// Opens a token-issuing transaction on `key` as `$tx`, on a connection `$conn` of `$store`'s
-/// pool held by the caller: `BEGIN` and the key's lock in one round trip where the dialect
-/// has such a statement ([`pg_begin_key_sql`]), else the dialect's `BEGIN` and then
-/// `tx_lock_key`. When the one-round-trip `BEGIN` fails, the server may have begun the
-/// transaction and failed its lock (a `lock_timeout`, a cancel), leaving the connection in an
-/// aborted transaction that sqlx does not know to roll back (it counts the transaction only
-/// once its `BEGIN` succeeded): that connection is closed, not returned to the pool, so no
-/// later checkout inherits the aborted transaction.
-macro_rules! begin_key {
-    ($self:ident, $key:expr, $conn:ident, $tx:ident) => {
-        let key_begin = Self::begin_key_sql($key);
-        let locked_by_begin = key_begin.is_some();
-        let statement = key_begin.map_or(std::borrow::Cow::Borrowed(Self::BEGIN), std::borrow::Cow::Owned);
-        let mut $conn = ClosingConnection::of($self.pool.acquire().await.map_err(unavailable)?);
-        let mut $tx = match sqlx::Connection::begin_with(&mut *$conn.conn, statement).await {
-            Ok(tx) => tx,
-            Err(e) => {
-                $conn.close = locked_by_begin;
-                return Err(unavailable(e));
-            }
-        };
-        if !locked_by_begin {
-            Self::tx_lock_key(&mut $tx, $key).await?;
-        }
-    };
-}
-
-/// A pooled connection that is closed, not returned to the pool, when dropped with `close`
-/// set (`begin_key!`). The flag is a field of its own so it can be set while a transaction
-/// still borrows the connection.
-struct ClosingConnection<DB: sqlx::Database> {
-    conn: sqlx::pool::PoolConnection<DB>,
-    close: bool,
-}
-
-impl<DB: sqlx::Database> ClosingConnection<DB> {
-    fn of(conn: sqlx::pool::PoolConnection<DB>) -> ClosingConnection<DB> {
-        ClosingConnection { conn, close: false }
-    }
-}
-
-impl<DB: sqlx::Database> Drop for ClosingConnection<DB> {
-    fn drop(&mut self) {
-        if self.close {
-            self.conn.close_on_drop();
-        }
-    }
-}
-
 macro_rules! sql_lock_store {
-    ($store:ty, $dialect:expr, $begin:expr, $now:expr, $next_token:expr, $inline_token:expr, $key_lock:expr, $begin_key:expr) => {
+    ($store:ty, $dialect:expr, $begin:expr, $now:expr, $next_token:expr, $key_lock:expr) => {
         impl $store {
             /// The dialect's `BEGIN`.
             const BEGIN: &'static str = $begin;
-
-            /// `BEGIN` with the key's lock in one statement, where the dialect has one.
-            fn begin_key_sql(key: &str) -> Option<String> {
-                let of_key: fn(&str) -> Option<String> = $begin_key;
-                of_key(key)
-            }
 
             fn q(sql: &str) -> String {
                 $dialect.sql(sql).into_owned()
@@ -485,46 +384,6 @@ macro_rules! sql_lock_store {
                     .map_err(unavailable)?;
                 let Some(row) = row else { return Ok(None) };
                 Ok(Some((grant_of(&row)?, row.opt_int("session_expires_at_ms")?)))
-            }
-
-            /// [`ACQUIRE_CONTEXT`] for `key` and the caller's session, in one statement.
-            async fn tx_context(
-                tx: &mut sqlx::Transaction<'_, <$store as DbOf>::Db>,
-                key: &str,
-                session_id: Uuid,
-            ) -> Result<GrantContext, StoreError> {
-                let ctx = sqlx::query(&Self::q(&ACQUIRE_CONTEXT.replace("{NOW}", $now)))
-                    .bind(session_id.to_string())
-                    .bind(key.to_owned())
-                    .bind(key.to_owned())
-                    .fetch_one(&mut **tx)
-                    .await
-                    .map_err(unavailable)?;
-                GrantContext::of(&ctx)
-            }
-
-            /// The end of a transaction that issued `token` for `key` (an acquire's or a
-            /// rotate's): the token rule's check, the key's record when the plan says so, the
-            /// commit, and the grant the answer carries.
-            async fn tx_finish_grant(
-                mut tx: sqlx::Transaction<'_, <$store as DbOf>::Db>,
-                grant: GrantRow,
-                plan: &rules::GrantPlan,
-            ) -> Result<GrantRow, StoreError> {
-                rules::assert_token_replaces(grant.fencing_token, plan.replaces);
-                if plan.write_key_record {
-                    // First grant of the key, or a lock-delay that has run out: record the key
-                    // as seen and clear the delay. (A key already seen without a delay needs
-                    // no write: the steady state costs nothing here.)
-                    sqlx::query(&Self::q(RECORD_KEY))
-                    .bind(grant.key.clone())
-                    .bind(grant.acquired_at_ms)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(unavailable)?;
-                }
-                tx.commit().await.map_err(commit_error)?;
-                Ok(grant)
             }
 
             /// Removes a grant that died without release, recording the lock-delay its loss
@@ -680,66 +539,8 @@ macro_rules! sql_lock_store {
                 ttl_ms: i64,
                 delay_ms: i64,
             ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
-                if let Some(answer) = GrantInBatches::acquire_in_batches(self, key, session_id, ttl_ms, delay_ms).await {
-                    return answer;
-                }
-                begin_key!(self, key, conn, tx);
-                // The session is checked in the same transaction that grants (Jepsen etcd 3.4.3).
-                let ctx = Self::tx_context(&mut tx, key, session_id).await?;
-                let now = ctx.now;
-                let decision = rules::decide_acquire(&ctx.acquire_facts(session_id, delay_ms));
-                if let Some(removal) = decision.remove {
-                    Self::tx_drop_lost(&mut tx, key, removal.token, removal.delay_until_ms).await?;
-                }
-                let plan = match decision.verdict {
-                    Ok(plan) => plan,
-                    Err(refusal) if keeps_removal(&refusal, decision.remove.is_some()) => {
-                        tx.commit().await.map_err(commit_error)?;
-                        return Ok(Err(refusal));
-                    }
-                    Err(refusal) => {
-                        tx.rollback().await.map_err(unavailable)?;
-                        return Ok(Err(refusal));
-                    }
-                };
-                let owner_id = ctx.owner_id.unwrap_or_default();
-                let inline: Option<&str> = $inline_token;
-                let sql = Self::q(&INSERT_GRANT.replace("{TOKEN}", inline.unwrap_or("$6")));
-                let mut insert = sqlx::query(&sql)
-                    .bind(key.to_owned())
-                    .bind(session_id.to_string())
-                    .bind(owner_id.clone())
-                    .bind(now)
-                    .bind(now + ttl_ms);
-                if inline.is_none() {
-                    insert = insert.bind(Self::tx_next_token(&mut tx).await?);
-                }
-                let inserted = insert.fetch_optional(&mut *tx).await.map_err(unavailable)?;
-                let token = match inserted.as_ref() {
-                    Some(row) => row.int("fencing_token")?,
-                    None => 0,
-                };
-                if inserted.is_none() {
-                    // A concurrent transaction granted the key first (PostgreSQL, READ COMMITTED).
-                    tx.rollback().await.map_err(unavailable)?;
-                    let mut tx = self.begin().await?;
-                    let now = Self::tx_now(&mut tx).await?;
-                    let winner = Self::tx_grant(&mut tx, key).await?;
-                    tx.rollback().await.map_err(unavailable)?;
-                    return Ok(Err(match winner {
-                        Some((g, _)) => rules::holder_refusal(&g, session_id),
-                        None => AcquireRefusal::Contended { holder_owner_id: String::new(), expires_at_ms: now },
-                    }));
-                }
-                let grant = GrantRow {
-                    key: key.to_owned(),
-                    session_id,
-                    owner_id,
-                    fencing_token: token,
-                    acquired_at_ms: now,
-                    expires_at_ms: now + ttl_ms,
-                };
-                Ok(Ok(Self::tx_finish_grant(tx, grant, &plan).await?))
+                // The dialect's token-issuing transaction (`pg_grant`, `sqlite_grant`).
+                self.acquire_grant(key, session_id, ttl_ms, delay_ms).await
             }
 
             async fn rotate(
@@ -750,59 +551,7 @@ macro_rules! sql_lock_store {
                 ttl_ms: i64,
                 delay_ms: i64,
             ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
-                if let Some(answer) = GrantInBatches::rotate_in_batches(self, key, session_id, token, ttl_ms, delay_ms).await {
-                    return answer;
-                }
-                // A token-issuing transaction: serialised on the key like acquire (see `tx_lock_key`).
-                begin_key!(self, key, conn, tx);
-                // The session is checked in the same transaction that grants (Jepsen etcd 3.4.3).
-                let ctx = Self::tx_context(&mut tx, key, session_id).await?;
-                let now = ctx.now;
-                let decision =
-                    rules::decide_rotate(&RotateFacts { acquire: ctx.acquire_facts(session_id, delay_ms), token });
-                let plan = match decision {
-                    Ok(plan) => plan,
-                    Err(refusal) => {
-                        tx.rollback().await.map_err(unavailable)?;
-                        return Ok(Err(refusal));
-                    }
-                };
-                let owner_id = ctx.owner_id.unwrap_or_default();
-                let inline: Option<&str> = $inline_token;
-                let sql = Self::q(&ROTATE_GRANT.replace("{TOKEN}", inline.unwrap_or("$8")));
-                let mut update = sqlx::query(&sql)
-                    .bind(now)
-                    .bind(now + ttl_ms)
-                    .bind(owner_id.clone())
-                    .bind(key.to_owned())
-                    .bind(token)
-                    .bind(session_id.to_string())
-                    .bind(now);
-                if inline.is_none() {
-                    update = update.bind(Self::tx_next_token(&mut tx).await?);
-                }
-                let rotated = update.fetch_optional(&mut *tx).await.map_err(unavailable)?;
-                let Some(rotated) = rotated else {
-                    // Released, reaped or closed since the read: nothing to rotate, nothing changed.
-                    tx.rollback().await.map_err(unavailable)?;
-                    let stored = sqlx::query(&Self::q("SELECT fencing_token FROM lock_grants WHERE lock_key = $1"))
-                        .bind(key.to_owned())
-                        .fetch_optional(&self.pool)
-                        .await
-                        .map_err(unavailable)?
-                        .map(|r| r.int("fencing_token"))
-                        .transpose()?;
-                    return Ok(Err(RotateRefusal::Lost { stored_token: stored }));
-                };
-                let grant = GrantRow {
-                    key: key.to_owned(),
-                    session_id,
-                    owner_id,
-                    fencing_token: rotated.int("fencing_token")?,
-                    acquired_at_ms: now,
-                    expires_at_ms: now + ttl_ms,
-                };
-                Ok(Ok(Self::tx_finish_grant(tx, grant, &plan).await?))
+                self.rotate_grant(key, session_id, token, ttl_ms, delay_ms).await
             }
 
             async fn renew(
@@ -1037,15 +786,16 @@ impl DbOf for SqliteLockStore {
     type Db = sqlx::Sqlite;
 }
 
+/// PostgreSQL's clock, in milliseconds.
+const PG_NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+
 sql_lock_store!(
     PgLockStore,
     Dialect::Postgres,
     "BEGIN",
-    "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+    PG_NOW,
     "SELECT nextval('fencing_token_seq') AS token",
-    Some("nextval('fencing_token_seq')"),
-    Some("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"),
-    pg_begin_key_sql
+    Some("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
 );
 /// SQLite's clock, in milliseconds.
 const SQLITE_NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -1066,9 +816,7 @@ const SQLITE_NEXT_TOKEN: &str = concat!(
 /// lock, it is the token the transaction's own draw then issues).
 const SQLITE_TOKEN_AFTER: &str = concat!("(SELECT ", sqlite_token_after!(), " FROM token_floor WHERE id = 1)");
 
-sql_lock_store!(SqliteLockStore, Dialect::Sqlite, "BEGIN IMMEDIATE", SQLITE_NOW, SQLITE_NEXT_TOKEN, None, None, |_| {
-    None
-});
+sql_lock_store!(SqliteLockStore, Dialect::Sqlite, "BEGIN IMMEDIATE", SQLITE_NOW, SQLITE_NEXT_TOKEN, None);
 
 #[cfg(test)]
 mod tests {

@@ -22,6 +22,8 @@
 //! the write lock rules out) answers `Unavailable`: the grant was not written; what committed
 //! with it (a token skipped, a dead grant removed) is what a retry does anyway.
 
+use std::sync::LazyLock;
+
 use dlock_db::SqliteBatchTx;
 use uuid::Uuid;
 
@@ -36,107 +38,113 @@ use crate::store::{AcquireRefusal, GrantRow, RotateRefusal, StoreError};
 /// [`SQLITE_NEXT_TOKEN`] just advanced, under the same write lock.
 const DRAWN_TOKEN: &str = "(SELECT last_issued FROM token_floor WHERE id = 1)";
 
-/// [`LockStore::acquire`](crate::store::LockStore::acquire) on SQLite.
-pub(super) async fn acquire(
-    store: &SqliteLockStore,
-    key: &str,
-    session_id: Uuid,
-    ttl_ms: i64,
-    delay_ms: i64,
-) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
-    let (tx, ctx, next) = open(store, key, session_id).await?;
-    let decision = rules::decide_acquire(&ctx.acquire_facts(session_id, delay_ms));
-    let plan = match decision.verdict {
-        Ok(plan) => plan,
-        Err(refusal) => {
-            match decision.remove {
-                // The dead grant's removal is part of what a lock-delay refusal decided.
-                Some(removal) if keeps_removal(&refusal, true) => {
-                    let mut writes = Writes::default();
-                    writes.removal(key, &removal);
-                    writes.commit(tx).await?;
-                }
-                _ => tx.rollback().await.map_err(unavailable)?,
-            }
-            return Ok(Err(refusal));
-        }
-    };
-    let grant = Grant::new(key, session_id, &ctx, ttl_ms);
-    let mut writes = Writes::default();
-    if let Some(removal) = &decision.remove {
-        writes.removal(key, removal);
-    }
-    let insert = INSERT_GRANT.replace("{TOKEN}", DRAWN_TOKEN);
-    let binds = [
-        Bind::Text(key.to_owned()),
-        Bind::Text(session_id.to_string()),
-        Bind::Text(grant.owner_id.clone()),
-        Bind::Int(grant.acquired_at_ms),
-        Bind::Int(grant.expires_at_ms),
-    ];
-    match write_grant(tx, writes, &insert, binds, grant, &plan, next).await? {
-        Some(grant) => Ok(Ok(grant)),
-        // Under the write lock taken before the read, the key cannot have been granted since.
-        None => Err(unwritten("the key was granted under the acquire's write lock")),
-    }
-}
-
-/// [`LockStore::rotate`](crate::store::LockStore::rotate) on SQLite.
-pub(super) async fn rotate(
-    store: &SqliteLockStore,
-    key: &str,
-    session_id: Uuid,
-    token: i64,
-    ttl_ms: i64,
-    delay_ms: i64,
-) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
-    let (tx, ctx, next) = open(store, key, session_id).await?;
-    let plan = match rules::decide_rotate(&RotateFacts { acquire: ctx.acquire_facts(session_id, delay_ms), token }) {
-        Ok(plan) => plan,
-        Err(refusal) => {
-            tx.rollback().await.map_err(unavailable)?;
-            return Ok(Err(refusal));
-        }
-    };
-    let grant = Grant::new(key, session_id, &ctx, ttl_ms);
-    let update = ROTATE_GRANT.replace("{TOKEN}", DRAWN_TOKEN);
-    let binds = [
-        Bind::Int(grant.acquired_at_ms),
-        Bind::Int(grant.expires_at_ms),
-        Bind::Text(grant.owner_id.clone()),
-        Bind::Text(key.to_owned()),
-        Bind::Int(token),
-        Bind::Text(session_id.to_string()),
-        Bind::Int(grant.acquired_at_ms),
-    ];
-    match write_grant(tx, Writes::default(), &update, binds, grant, &plan, next).await? {
-        Some(grant) => Ok(Ok(grant)),
-        // The rule saw the caller's live grant under the write lock: it is still there.
-        None => Err(unwritten("the grant changed under the rotate's write lock")),
-    }
-}
-
-/// Call (1): `BEGIN IMMEDIATE`, the context the rules decide on, and the token this
-/// transaction's draw will issue. The session is checked in the same transaction that grants
-/// (Jepsen etcd 3.4.3).
-async fn open(
-    store: &SqliteLockStore,
-    key: &str,
-    session_id: Uuid,
-) -> Result<(SqliteBatchTx, GrantContext, i64), StoreError> {
+/// Call (1)'s SQL: `BEGIN IMMEDIATE`, then [`ACQUIRE_CONTEXT`] with the token the draw will
+/// issue (`next_token`). Built once: the statement cache keys on it.
+static OPEN: LazyLock<String> = LazyLock::new(|| {
     let head = "SELECT {NOW} AS now_ms,";
     assert!(ACQUIRE_CONTEXT.starts_with(head), "the context read opens with now");
     let context = ACQUIRE_CONTEXT
         .replacen(head, &format!("{head} {SQLITE_TOKEN_AFTER} AS next_token,"), 1)
         .replace("{NOW}", SQLITE_NOW);
-    let sql = SqliteBatchTx::begin_sql(&[(&context, 3)]);
-    let query = sqlx::query(&sql).bind(session_id.to_string()).bind(key.to_owned()).bind(key.to_owned());
-    let (tx, parts) = SqliteBatchTx::begin(&store.pool, query, 1).await.map_err(unavailable)?;
-    let row = parts
-        .first()
-        .and_then(|p| p.rows.first())
-        .ok_or_else(|| StoreError::Unavailable("the grant context read answered no row".into()))?;
-    Ok((tx, GrantContext::of(row)?, row.int("next_token")?))
+    SqliteBatchTx::begin_sql(&[(&context, 3)])
+});
+/// [`INSERT_GRANT`] carrying the drawn token.
+static INSERT_DRAWN: LazyLock<String> = LazyLock::new(|| INSERT_GRANT.replace("{TOKEN}", DRAWN_TOKEN));
+/// [`ROTATE_GRANT`] carrying the drawn token.
+static ROTATE_DRAWN: LazyLock<String> = LazyLock::new(|| ROTATE_GRANT.replace("{TOKEN}", DRAWN_TOKEN));
+
+impl SqliteLockStore {
+    /// [`LockStore::acquire`](crate::store::LockStore::acquire) on SQLite.
+    pub(super) async fn acquire_grant(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        ttl_ms: i64,
+        delay_ms: i64,
+    ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
+        let (tx, ctx, next) = self.open_grant(key, session_id).await?;
+        let decision = rules::decide_acquire(&ctx.acquire_facts(session_id, delay_ms));
+        let plan = match decision.verdict {
+            Ok(plan) => plan,
+            Err(refusal) => {
+                match decision.remove {
+                    // The dead grant's removal is part of what a lock-delay refusal decided.
+                    Some(removal) if keeps_removal(&refusal) => {
+                        let mut writes = Writes::default();
+                        writes.removal(key, &removal);
+                        writes.commit(tx).await?;
+                    }
+                    _ => tx.rollback().await.map_err(unavailable)?,
+                }
+                return Ok(Err(refusal));
+            }
+        };
+        let grant = Grant::new(key, session_id, &ctx, ttl_ms);
+        let mut writes = Writes::default();
+        if let Some(removal) = &decision.remove {
+            writes.removal(key, removal);
+        }
+        let binds = [
+            Bind::Text(key.to_owned()),
+            Bind::Text(session_id.to_string()),
+            Bind::Text(grant.owner_id.clone()),
+            Bind::Int(grant.acquired_at_ms),
+            Bind::Int(grant.expires_at_ms),
+        ];
+        match write_grant(tx, writes, &INSERT_DRAWN, binds, grant, &plan, next).await? {
+            Some(grant) => Ok(Ok(grant)),
+            // Under the write lock taken before the read, the key cannot have been granted since.
+            None => Err(unwritten("the key was granted under the acquire's write lock")),
+        }
+    }
+
+    /// [`LockStore::rotate`](crate::store::LockStore::rotate) on SQLite.
+    pub(super) async fn rotate_grant(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        token: i64,
+        ttl_ms: i64,
+        delay_ms: i64,
+    ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
+        let (tx, ctx, next) = self.open_grant(key, session_id).await?;
+        let plan = match rules::decide_rotate(&RotateFacts { acquire: ctx.acquire_facts(session_id, delay_ms), token })
+        {
+            Ok(plan) => plan,
+            Err(refusal) => {
+                tx.rollback().await.map_err(unavailable)?;
+                return Ok(Err(refusal));
+            }
+        };
+        let grant = Grant::new(key, session_id, &ctx, ttl_ms);
+        let binds = [
+            Bind::Int(grant.acquired_at_ms),
+            Bind::Int(grant.expires_at_ms),
+            Bind::Text(grant.owner_id.clone()),
+            Bind::Text(key.to_owned()),
+            Bind::Int(token),
+            Bind::Text(session_id.to_string()),
+            Bind::Int(grant.acquired_at_ms),
+        ];
+        match write_grant(tx, Writes::default(), &ROTATE_DRAWN, binds, grant, &plan, next).await? {
+            Some(grant) => Ok(Ok(grant)),
+            // The rule saw the caller's live grant under the write lock: it is still there.
+            None => Err(unwritten("the grant changed under the rotate's write lock")),
+        }
+    }
+
+    /// Call (1): `BEGIN IMMEDIATE`, the context the rules decide on, and the token this
+    /// transaction's draw will issue. The session is checked in the same transaction that grants
+    /// (Jepsen etcd 3.4.3).
+    async fn open_grant(&self, key: &str, session_id: Uuid) -> Result<(SqliteBatchTx, GrantContext, i64), StoreError> {
+        let query = sqlx::query(OPEN.as_str()).bind(session_id.to_string()).bind(key.to_owned()).bind(key.to_owned());
+        let (tx, parts) = SqliteBatchTx::begin(&self.pool, query, 1).await.map_err(unavailable)?;
+        let row = parts
+            .first()
+            .and_then(|p| p.rows.first())
+            .ok_or_else(|| StoreError::Unavailable("the grant context read answered no row".into()))?;
+        Ok((tx, GrantContext::of(row)?, row.int("next_token")?))
+    }
 }
 
 /// The grant a token-issuing transaction writes, but for its token.
