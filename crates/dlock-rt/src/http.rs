@@ -20,6 +20,9 @@
 //!   reused after [`KEEP_ALIVE_IDLE_MS_MAX`] idle, which is shorter than the server's idle
 //!   close ([`HEADER_READ_MS_MAX`]); a connection leaves the pool while it carries a request.
 //!
+//! A fresh connection to a host name uses that name's addresses from a lookup at most
+//! [`RESOLVE_KEEP_MS_MAX`] old ([`resolve`]); an IP address is connected to as it is.
+//!
 //! Every request head a server receives is validated before hyper parses it (see
 //! [`guard`]): a malformed request line, a target that is not a URI, a malformed header or
 //! body framing, or a header section over [`ServeLimits::header_bytes_max`] is answered with
@@ -36,8 +39,10 @@
 
 mod bearer;
 mod guard;
+mod resolve;
 
 pub use bearer::{Bearer, BearerSource, TOKEN_FILE_BYTES_MAX};
+pub use resolve::{RESOLVE_HOSTS_MAX, RESOLVE_KEEP_MS_MAX};
 
 pub use guard::HEADERS_COUNT_MAX;
 
@@ -607,11 +612,23 @@ impl HttpClient {
 
     /// Opens a connection to `base` and closes it: the rail's reachability, for readiness.
     pub async fn probe(&self, base: &BaseUrl) -> Result<(), ClientError> {
-        let connect = TcpStream::connect(base.authority.as_str());
+        self.connect(base).await.map(drop)
+    }
+
+    /// A TCP connection to `base` within the connect budget, through the process's
+    /// resolver ([`resolve`]: a host name's addresses are kept for a short while). A
+    /// connection not open within the budget forgets its authority's addresses, as one
+    /// that failed does.
+    async fn connect(&self, base: &BaseUrl) -> Result<TcpStream, ClientError> {
+        let resolver = resolve::process();
+        let connect = resolver.connect(base.authority.as_str());
         match crate::timeout(Duration::from_millis(self.connect_timeout_ms), connect).await {
-            None => Err(ClientError::Connect(format!("timed out after {} ms", self.connect_timeout_ms))),
+            None => {
+                resolver.forget(&base.authority);
+                Err(ClientError::Connect(format!("timed out after {} ms", self.connect_timeout_ms)))
+            }
             Some(Err(e)) => Err(ClientError::Connect(e.to_string())),
-            Some(Ok(_stream)) => Ok(()),
+            Some(Ok(stream)) => Ok(stream),
         }
     }
 
@@ -729,12 +746,7 @@ impl HttpClient {
     /// hyper's driver on it. Every failure here is "nothing sent": no byte of a request is
     /// written before this returns.
     async fn open(&self, base: &BaseUrl) -> Result<Conn, ClientError> {
-        let connect = TcpStream::connect(base.authority.as_str());
-        let stream = match crate::timeout(Duration::from_millis(self.connect_timeout_ms), connect).await {
-            None => return Err(ClientError::Connect(format!("timed out after {} ms", self.connect_timeout_ms))),
-            Some(Err(e)) => return Err(ClientError::Connect(e.to_string())),
-            Some(Ok(s)) => s,
-        };
+        let stream = self.connect(base).await?;
         let _ = stream.set_nodelay(true);
         if let Some(pool) = &self.pool {
             pool.opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -1174,6 +1186,37 @@ mod tests {
 
     fn accepted(n: &std::sync::atomic::AtomicU64) -> u64 {
         n.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Fresh connections to a host name use one lookup (issue 14, [`resolve`]); a
+    /// connection refused at a name is "nothing sent" and forgets the name.
+    #[cfg(not(madsim))]
+    #[tokio::test]
+    async fn fresh_connections_to_a_host_name_share_one_lookup_and_a_refused_one_forgets_it() {
+        let (base, count) = counting_server().await;
+        let port = base.authority.rsplit(':').next().expect("port");
+        let named = BaseUrl::parse(&format!("http://localhost:{port}")).expect("url");
+        let client = HttpClient::new(1_000, 2_000);
+        let resolver = resolve::process();
+        let before = resolver.lookups();
+        for _ in 0..10 {
+            let r = client.send(&named, http::Method::GET, "/ok", &[], None).await.expect("answered");
+            assert_eq!(r.status, 200);
+        }
+        assert_eq!(accepted(&count), 10, "still one fresh connection per request");
+        assert!(resolver.keeps(&named.authority));
+        // One lookup, or two if the machine stalled past the window between requests.
+        let looked_up = resolver.lookups() - before;
+        assert!(looked_up <= 2, "10 connections made {looked_up} lookups");
+
+        let closed = {
+            let l = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+            l.local_addr().expect("addr").port()
+        };
+        let gone = BaseUrl::parse(&format!("http://localhost:{closed}")).expect("url");
+        let refused = client.send(&gone, http::Method::GET, "/ok", &[], None).await.expect_err("nothing listens");
+        assert!(refused.nothing_sent(), "a refused connection is nothing sent: {refused:?}");
+        assert!(!resolver.keeps(&gone.authority), "and forgets the name's addresses");
     }
 
     /// Cut 9: a kept-alive client sends sequential requests on one connection (in the
