@@ -259,13 +259,17 @@ const CLAIM_MOVE_SQL: &str = "UPDATE payouts SET state = $1, claim_token = $2, c
 /// the post rule moves from and the named ACKED attempt (I7) exists, i.e. exactly when
 /// [`rules::decide_post`] answers `Posted` (a test holds the two together). `$1` instant,
 /// `$2` payout, `$3` payout again, `$4` submission id, `$5` rail reference.
-fn post_move_sql() -> String {
-    let from = post_sources_sql();
-    format!(
-        "UPDATE payouts SET state = 'POSTED', updated_at = $1 WHERE payout_id = $2 AND state IN {from} \
-         AND EXISTS (SELECT 1 FROM rail_submission s WHERE s.payout_id = $3 AND s.submission_id = $4 \
-         AND s.outcome = 'ACKED' AND s.rail_reference = $5) RETURNING account_id, amount_minor, currency"
-    )
+/// Built once (it names the post rule's source states).
+fn post_move_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let from = post_sources_sql();
+        format!(
+            "UPDATE payouts SET state = 'POSTED', updated_at = $1 WHERE payout_id = $2 AND state IN {from} \
+             AND EXISTS (SELECT 1 FROM rail_submission s WHERE s.payout_id = $3 AND s.submission_id = $4 \
+             AND s.outcome = 'ACKED' AND s.rail_reference = $5) RETURNING account_id, amount_minor, currency"
+        )
+    })
 }
 
 /// The statement that follows a claim's or a post's fence in its transaction.
@@ -2441,7 +2445,7 @@ mod tests {
                 let acked = matches!(attempt, Some((id, SubmissionOutcome::Acked, Some("RR-1"))) if id == named);
                 let facts = PostFacts { state, acked, balance_minor: 500, amount_minor: 200 };
                 let rule = rules::decide_post(&facts).expect("covered");
-                let moved = sqlx::query(&sqlite_sql(&post_move_sql()))
+                let moved = sqlx::query(&sqlite_sql(post_move_sql()))
                     .bind(at)
                     .bind(payout_id.to_string())
                     .bind(payout_id.to_string())
