@@ -27,7 +27,7 @@ mod bench {
     use dlock_rt::http::{BaseUrl, HttpClient};
 
     pub async fn run() {
-        let n = std::env::var("DLOCK_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(2_000usize);
+        let n = dlock_testkit::bench::env_usize("DLOCK_BENCH_N", 2_000);
         let router = axum::Router::new().route("/ok", axum::routing::get(|| async { "ok" }));
         let listener = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
         let port = listener.local_addr().expect("addr").port();
