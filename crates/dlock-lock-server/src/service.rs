@@ -3,9 +3,14 @@
 //! - **Waiters** (`waitMillis`): a fair FIFO queue per key, capped at
 //!   `lock.waiters-max`; beyond the cap the answer is `CONTENTION_EXCEEDED`. Only the head of
 //!   a queue asks the store, and a request with `waitMillis = 0` does not barge past a
-//!   non-empty queue. The head is woken when this replica releases the key, and polls the
-//!   store every `lock.wait.poll-ms` for what other replicas and lease expiry do. Fairness is
-//!   per replica; across replicas, heads race at the store, which stays the only judge.
+//!   non-empty queue. The head is woken when this replica releases (or revokes) the key, and
+//!   when the head before it left without the key; it polls the store every
+//!   `lock.wait.poll-ms` for what other replicas and lease expiry do. Only the head is woken
+//!   (each waiter has its own wake-up), and a head that leaves *with* the key wakes nobody:
+//!   the key is held again, so the next head could only be refused (issue 14: every
+//!   hand-off used to cost one refused store acquire and a wake-up of every waiter).
+//!   Fairness is per replica; across replicas, heads race at the store, which stays the
+//!   only judge.
 //! - **Reaper**: one pass every `lock.reaper.interval-ms`, bounded by
 //!   `lock.reaper.batch-max`; safe to run on every replica at once.
 //! - **Metrics and logs** for acquire outcomes, contention, waiter depth and queues, session
@@ -158,10 +163,23 @@ impl LockMetrics {
     }
 }
 
+/// One key's waiters on this replica, in arrival order, each with its own wake-up.
 #[derive(Debug, Default)]
 struct Queue {
-    ids: VecDeque<u64>,
-    notify: Arc<Notify>,
+    waiters: VecDeque<(u64, Arc<Notify>)>,
+}
+
+impl Queue {
+    fn head(&self) -> Option<u64> {
+        self.waiters.front().map(|(id, _)| *id)
+    }
+
+    /// Wakes the head (a wake-up sent while it is not waiting is kept for its next wait).
+    fn wake_head(&self) {
+        if let Some((_, notify)) = self.waiters.front() {
+            notify.notify_one();
+        }
+    }
 }
 
 /// A store write's answer: the rule's outcome, or its refusal, or the store's error.
@@ -187,16 +205,17 @@ pub struct LockServer {
 }
 
 /// Removes a waiter from its queue however the wait ends (grant, timeout, or the caller
-/// going away mid-wait), and wakes the next one.
+/// going away mid-wait), and wakes the next one unless this one leaves with the key.
 struct WaiterGuard<'a> {
     server: &'a LockServer,
     key: String,
     id: u64,
+    granted: bool,
 }
 
 impl Drop for WaiterGuard<'_> {
     fn drop(&mut self) {
-        self.server.leave_queue(&self.key, self.id);
+        self.server.leave_queue(&self.key, self.id, self.granted);
     }
 }
 
@@ -246,7 +265,7 @@ impl LockServer {
     /// The `/metrics` text of the families in `only` (every family when empty): the gauges
     /// read at scrape time (waiter queues, the store's pool) are set first.
     pub fn render_metrics(&self, only: &[String]) -> String {
-        let queues = self.queues.lock().map(|q| q.values().filter(|q| !q.ids.is_empty()).count()).unwrap_or(0);
+        let queues = self.queues.lock().map(|q| q.values().filter(|q| !q.waiters.is_empty()).count()).unwrap_or(0);
         self.metrics.waiter_queues.set(i64::try_from(queues).unwrap_or(i64::MAX));
         self.metrics.pool.set(self.store.pool_stats());
         self.metrics.render(only)
@@ -254,14 +273,14 @@ impl LockServer {
 
     /// Waiters queued for `key` on this replica (advisory, for L7).
     pub fn waiter_count(&self, key: &str) -> i64 {
-        self.queues.lock().map(|q| q.get(key).map_or(0, |q| q.ids.len() as i64)).unwrap_or(0)
+        self.queues.lock().map(|q| q.get(key).map_or(0, |q| q.waiters.len() as i64)).unwrap_or(0)
     }
 
-    /// Wakes the waiters of `key` (after this replica released or revoked it).
+    /// Wakes the head waiter of `key` (after this replica released or revoked it).
     pub fn wake(&self, key: &str) {
         if let Ok(q) = self.queues.lock() {
             if let Some(q) = q.get(key) {
-                q.notify.notify_waiters();
+                q.wake_head();
             }
         }
     }
@@ -269,25 +288,31 @@ impl LockServer {
     fn join_queue(&self, key: &str) -> Option<(u64, Arc<Notify>)> {
         let mut queues = self.queues.lock().ok()?;
         let q = queues.entry(key.to_owned()).or_default();
-        if !queue_has_room(q.ids.len(), self.cfg.waiters_per_key_max) {
+        if !queue_has_room(q.waiters.len(), self.cfg.waiters_per_key_max) {
             return None;
         }
         let id = self.next_waiter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        q.ids.push_back(id);
+        let notify = Arc::new(Notify::new());
+        q.waiters.push_back((id, notify.clone()));
         self.metrics.waiters.add(1);
-        Some((id, q.notify.clone()))
+        Some((id, notify))
     }
 
-    fn leave_queue(&self, key: &str, id: u64) {
+    /// Takes waiter `id` out of `key`'s queue. Unless it leaves with the key (`granted`),
+    /// the new head is woken: the key may be free (the leaver timed out, failed, or went
+    /// away). A head that leaves with the key wakes nobody: the next release does.
+    fn leave_queue(&self, key: &str, id: u64, granted: bool) {
         let Ok(mut queues) = self.queues.lock() else { return };
         let mut empty = false;
         if let Some(q) = queues.get_mut(key) {
-            if let Some(pos) = q.ids.iter().position(|x| *x == id) {
-                q.ids.remove(pos);
+            if let Some(pos) = q.waiters.iter().position(|(x, _)| *x == id) {
+                q.waiters.remove(pos);
                 self.metrics.waiters.add(-1);
             }
-            q.notify.notify_waiters();
-            empty = q.ids.is_empty();
+            if !granted {
+                q.wake_head();
+            }
+            empty = q.waiters.is_empty();
         }
         if empty {
             queues.remove(key);
@@ -295,11 +320,11 @@ impl LockServer {
     }
 
     fn is_head(&self, key: &str, id: u64) -> bool {
-        self.queues.lock().map(|q| q.get(key).and_then(|q| q.ids.front().copied()) == Some(id)).unwrap_or(false)
+        self.queues.lock().map(|q| q.get(key).and_then(Queue::head) == Some(id)).unwrap_or(false)
     }
 
     fn queue_is_empty(&self, key: &str) -> bool {
-        self.queues.lock().map(|q| q.get(key).is_none_or(|q| q.ids.is_empty())).unwrap_or(true)
+        self.queues.lock().map(|q| q.get(key).is_none_or(|q| q.waiters.is_empty())).unwrap_or(true)
     }
 
     /// L4: acquire `key` for `session_id`, waiting up to `wait_ms` in the FIFO queue.
@@ -363,7 +388,7 @@ impl LockServer {
         }
 
         let Some((id, notify)) = self.join_queue(key) else { return Ok(AcquireOutcome::QueueFull) };
-        let _guard = WaiterGuard { server: self, key: key.to_owned(), id };
+        let mut guard = WaiterGuard { server: self, key: key.to_owned(), id, granted: false };
         let deadline = self.clock.now() + Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0));
         let poll = Duration::from_millis(self.cfg.wait_poll_ms.max(1));
         loop {
@@ -375,8 +400,9 @@ impl LockServer {
             if self.is_head(key, id) {
                 match self.store_acquire(key, session_id, ttl_ms).await? {
                     Ok(g) => {
-                        // Granted from the queue: this waiter waited.
+                        // Granted from the queue: this waiter waited, and leaves with the key.
                         dlock_rt::probe::hit(dlock_rt::probe::Probe::WaiterGrantedAfterWait);
+                        guard.granted = true;
                         return Ok(AcquireOutcome::Granted(g));
                     }
                     // The session is re-checked at grant time: a waiter whose session lapsed
@@ -473,5 +499,53 @@ impl LockServer {
             }
             dlock_rt::sleep(interval).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+
+    fn server() -> Arc<LockServer> {
+        let store = Arc::new(crate::store_mem::MemLockStore::new(Clock::system()));
+        LockServer::new(store, LockServerConfig::default(), Clock::system())
+    }
+
+    /// Whether `notify` holds a wake-up (taking it).
+    fn woken(notify: &Notify) -> bool {
+        notify.notified().now_or_never().is_some()
+    }
+
+    /// A release wakes the head waiter only: the others could only find they are not the head.
+    #[test]
+    fn a_release_wakes_only_the_head_waiter() {
+        let s = server();
+        let (head, head_wake) = s.join_queue("k").expect("room");
+        let (_, second_wake) = s.join_queue("k").expect("room");
+        s.wake("k");
+        assert!(woken(&head_wake), "the head is woken");
+        assert!(!woken(&second_wake), "the waiter behind it is not");
+        assert!(s.is_head("k", head));
+    }
+
+    /// A head that leaves with the key wakes nobody (the key is held again: the next head
+    /// would only be refused); one that leaves without it wakes the next head.
+    #[test]
+    fn only_a_waiter_leaving_without_the_key_wakes_the_next() {
+        let s = server();
+        let (first, _) = s.join_queue("k").expect("room");
+        let (second, second_wake) = s.join_queue("k").expect("room");
+        let (third, third_wake) = s.join_queue("k").expect("room");
+        s.leave_queue("k", first, true);
+        assert!(s.is_head("k", second));
+        assert!(!woken(&second_wake), "a granted head's leaving woke the next waiter");
+        s.leave_queue("k", second, false);
+        assert!(s.is_head("k", third));
+        assert!(woken(&third_wake), "a head that left without the key wakes the next");
+        assert_eq!(s.waiter_count("k"), 1);
+        s.leave_queue("k", third, false);
+        assert!(s.queue_is_empty("k"));
     }
 }
