@@ -372,6 +372,18 @@ macro_rules! sql_lock_store {
                 Ok(Ok((row.text("owner_id")?, row.int("ttl_ms")?, expires)))
             }
 
+            /// The token of the key's stored grant (`None`: no grant), read outside any
+            /// transaction: what a refused release, renew or rotate reports.
+            async fn stored_token(&self, key: &str) -> Result<Option<i64>, StoreError> {
+                sqlx::query(&Self::q("SELECT fencing_token FROM lock_grants WHERE lock_key = $1"))
+                    .bind(key.to_owned())
+                    .fetch_optional(&self.pool)
+                    .await
+                    .map_err(unavailable)?
+                    .map(|r| r.int("fencing_token"))
+                    .transpose()
+            }
+
             /// The key's grant row with its holder session's end (`None`: session gone).
             async fn tx_grant(
                 tx: &mut sqlx::Transaction<'_, <$store as DbOf>::Db>,
@@ -590,14 +602,7 @@ macro_rules! sql_lock_store {
                 .rows_affected();
                 if extended != 1 {
                     tx.rollback().await.map_err(unavailable)?;
-                    let stored = sqlx::query(&Self::q("SELECT fencing_token FROM lock_grants WHERE lock_key = $1"))
-                        .bind(key.to_owned())
-                        .fetch_optional(&self.pool)
-                        .await
-                        .map_err(unavailable)?
-                        .map(|r| r.int("fencing_token"))
-                        .transpose()?;
-                    return Ok(Err(RenewRefusal::Lost { stored_token: stored }));
+                    return Ok(Err(RenewRefusal::Lost { stored_token: self.stored_token(key).await? }));
                 }
                 tx.commit().await.map_err(commit_error)?;
                 Ok(Ok(GrantRow { expires_at_ms: now + ttl_ms, ..g }))
@@ -605,7 +610,10 @@ macro_rules! sql_lock_store {
 
             async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
                 // One statement, no explicit transaction: the predicate is the whole decision.
-                let released = sqlx::query(&Self::q(&RELEASE_LIVE.replace("{NOW}", $now)))
+                // Built once per dialect: a release is on every payout's path.
+                static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+                let sql = SQL.get_or_init(|| Self::q(&RELEASE_LIVE.replace("{NOW}", $now)));
+                let released = sqlx::query(sql)
                     .bind(key.to_owned())
                     .bind(token)
                     .fetch_optional(&self.pool)
@@ -614,15 +622,7 @@ macro_rules! sql_lock_store {
                 if released.is_some() {
                     return Ok(Ok(()));
                 }
-                let stored: Option<i64> =
-                    sqlx::query(&Self::q("SELECT fencing_token FROM lock_grants WHERE lock_key = $1"))
-                        .bind(key.to_owned())
-                        .fetch_optional(&self.pool)
-                        .await
-                        .map_err(unavailable)?
-                        .map(|r| r.int("fencing_token"))
-                        .transpose()?;
-                Ok(Err(stored))
+                Ok(Err(self.stored_token(key).await?))
             }
 
             async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {

@@ -211,14 +211,7 @@ impl PgLockStore {
         let Some(rotated) = rotated else {
             // Released, reaped or closed since the read: nothing to rotate, nothing changed.
             tx.rollback().await.map_err(unavailable)?;
-            let stored = sqlx::query(&Self::q("SELECT fencing_token FROM lock_grants WHERE lock_key = $1"))
-                .bind(key.to_owned())
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(unavailable)?
-                .map(|r| r.int("fencing_token"))
-                .transpose()?;
-            return Ok(Err(RotateRefusal::Lost { stored_token: stored }));
+            return Ok(Err(RotateRefusal::Lost { stored_token: self.stored_token(key).await? }));
         };
         let grant = GrantRow {
             key: key.to_owned(),

@@ -46,7 +46,7 @@ pub const RESOLVE_HOSTS_MAX: usize = 256;
 #[derive(Debug, Clone)]
 struct Kept {
     at: crate::Instant,
-    addrs: Vec<SocketAddr>,
+    addrs: std::sync::Arc<[SocketAddr]>,
 }
 
 /// Looked-up authorities (a `BTreeMap`: nothing depends on its order, and none leaks).
@@ -96,12 +96,12 @@ impl Resolver {
 
     /// `authority`'s addresses at `now`: the kept ones while fresh, else a new lookup
     /// (kept when it found any).
-    async fn addrs(&self, authority: &str, now: crate::Instant) -> std::io::Result<Vec<SocketAddr>> {
+    async fn addrs(&self, authority: &str, now: crate::Instant) -> std::io::Result<std::sync::Arc<[SocketAddr]>> {
         if let Some(kept) = self.kept_at(authority, now) {
             return Ok(kept);
         }
         self.lookups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let addrs: Vec<SocketAddr> = tokio::net::lookup_host(authority).await?.collect();
+        let addrs: std::sync::Arc<[SocketAddr]> = tokio::net::lookup_host(authority).await?.collect();
         if addrs.is_empty() {
             return Err(std::io::Error::new(std::io::ErrorKind::NotFound, format!("{authority} has no address")));
         }
@@ -110,14 +110,14 @@ impl Resolver {
     }
 
     /// The kept addresses of `authority`, if looked up within the window before `now`.
-    fn kept_at(&self, authority: &str, now: crate::Instant) -> Option<Vec<SocketAddr>> {
+    fn kept_at(&self, authority: &str, now: crate::Instant) -> Option<std::sync::Arc<[SocketAddr]>> {
         let kept = self.kept.lock().ok()?;
         kept.get(authority).filter(|k| fresh(k.at, now)).map(|k| k.addrs.clone())
     }
 
     /// Keeps `addrs` for `authority`, looked up at `at`. Stale entries go first; past
     /// [`RESOLVE_HOSTS_MAX`] the entry looked up longest ago makes room.
-    fn keep(&self, authority: &str, at: crate::Instant, addrs: Vec<SocketAddr>) {
+    fn keep(&self, authority: &str, at: crate::Instant, addrs: std::sync::Arc<[SocketAddr]>) {
         assert!(!addrs.is_empty(), "an empty lookup is never kept");
         let Ok(mut kept) = self.kept.lock() else { return };
         kept.retain(|_, k| fresh(k.at, at));
@@ -217,16 +217,16 @@ mod tests {
         let t0 = crate::Clock::reference().now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         for i in 0..RESOLVE_HOSTS_MAX {
-            r.keep(&format!("h{i}:1"), at(1 + i as u64), vec![addr]);
+            r.keep(&format!("h{i}:1"), at(1 + i as u64), [addr].into());
         }
-        r.keep("h1:1", at(300), vec![addr]);
+        r.keep("h1:1", at(300), [addr].into());
         assert_eq!(r.kept.lock().expect("lock").len(), RESOLVE_HOSTS_MAX, "a kept authority is replaced in place");
-        r.keep("new:1", at(400), vec![addr]);
+        r.keep("new:1", at(400), [addr].into());
         assert_eq!(r.kept.lock().expect("lock").len(), RESOLVE_HOSTS_MAX);
         assert!(!r.keeps("h0:1"), "the entry looked up longest ago made room");
         assert!(r.keeps("new:1") && r.keeps("h1:1") && r.keeps("h2:1"));
         let late = at(400 + RESOLVE_KEEP_MS_MAX - 1);
-        r.keep("late:1", late, vec![addr]);
+        r.keep("late:1", late, [addr].into());
         assert_eq!(r.kept.lock().expect("lock").len(), 2, "stale entries are dropped before a new one is kept");
         assert!(r.kept_at("new:1", late).is_some());
         assert_eq!(r.kept_at("new:1", at(400 + RESOLVE_KEEP_MS_MAX)), None, "a stale entry is never used");
