@@ -39,6 +39,13 @@
 //! statement of a query and binding `?NNN` across them, which sqlx 0.8 marks deprecated
 //! (launchbadge/sqlx#3108): `tests/pools.rs` holds the behaviour, so an upgrade that drops it
 //! fails there first.
+//!
+//! Unflushed SQLite writes ([`sqlite_unflushed`], docs/performance.md §8.22): a write whose
+//! loss is already safe (the lock server's release) may commit at `synchronous = NORMAL`, to
+//! the WAL without a flush of its own; the next flushed commit on the file makes it durable
+//! with itself. Invariant: a connection returns to its pool only at `FULL` (the batch ran to
+//! its last statement, which restores it); a batch that failed or was dropped half-way
+//! closes its connection, so every other write stays flushed.
 
 #![cfg(not(madsim))]
 
@@ -193,6 +200,76 @@ pub async fn sqlite_batch<'q>(
         )));
     }
     Ok(parts)
+}
+
+/// The statement an unflushed batch ([`sqlite_unflushed`]) opens with: SQLite's
+/// `synchronous = NORMAL`, under which a commit in WAL mode is written to the WAL but not
+/// flushed to the disk.
+pub const SQLITE_UNFLUSHED_PRAGMA: &str = "PRAGMA synchronous = NORMAL";
+/// The statement an unflushed batch ends with: back to `synchronous = FULL`, every SQLite
+/// connection's setting ([`sqlite_pool`]), under which each commit flushes the WAL.
+pub const SQLITE_FLUSHED_PRAGMA: &str = "PRAGMA synchronous = FULL";
+
+/// SQLite: `statements` in [`sqlite_batch_sql`]'s form between [`SQLITE_UNFLUSHED_PRAGMA`]
+/// and [`SQLITE_FLUSHED_PRAGMA`]: autocommitted statements whose commits are not flushed
+/// by themselves ([`sqlite_unflushed`]).
+pub fn sqlite_unflushed_sql(statements: &[(&str, usize)]) -> String {
+    let mut all = Vec::with_capacity(statements.len() + 2);
+    all.push((SQLITE_UNFLUSHED_PRAGMA, 0));
+    all.extend_from_slice(statements);
+    all.push((SQLITE_FLUSHED_PRAGMA, 0));
+    sqlite_batch_sql(&all)
+}
+
+/// Runs `query` ([`sqlite_unflushed_sql`] of `statements` autocommitted statements, with
+/// their binds) on a connection of `pool` in one call to its worker, and answers what each
+/// statement returned. Their commits go to the WAL without a flush of their own
+/// (docs/performance.md §8.22): the next commit made at `FULL` on the file, by any
+/// connection, flushes them with itself (one flush of the WAL file makes every frame
+/// written before it durable), and a checkpoint flushes the WAL before it copies a page.
+/// So `kill -9` loses nothing (the writes are in the operating system's cache), and a power
+/// loss or an OS crash can undo only commits made this way since the last flushed one,
+/// never a flushed commit or anything before it. Only a write whose loss is already safe
+/// belongs here (the lock server's release: its grant comes back and lapses with its lease,
+/// as when the release's answer is lost).
+///
+/// Invariant: a connection goes back to the pool only at `FULL`, that is, only after the
+/// whole batch ran, its last statement included; a batch that failed, or was dropped
+/// before its end, closes its connection (a fresh one opens at `FULL`), so no other write
+/// ever runs unflushed.
+pub async fn sqlite_unflushed<'q>(
+    pool: &sqlx::SqlitePool,
+    query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+    statements: usize,
+) -> Result<Vec<BatchPart>, sqlx::Error> {
+    let sql = sqlx::Execute::sql(&query);
+    assert!(
+        sql.starts_with(SQLITE_UNFLUSHED_PRAGMA) && sql.ends_with(&format!("{SQLITE_FLUSHED_PRAGMA};\n")),
+        "an unflushed batch is framed by the two pragmas"
+    );
+    let mut held = CloseUnlessReturned { conn: pool.acquire().await?, returned: false };
+    let mut parts = sqlite_batch(&mut held.conn, query, statements + 2).await?;
+    // The whole batch ran, `FULL` included: the connection may go back to the pool.
+    held.returned = true;
+    drop(held);
+    parts.remove(0);
+    parts.truncate(statements);
+    Ok(parts)
+}
+
+/// A pooled connection that is closed when dropped, not returned to its pool, unless
+/// `returned` was set first.
+struct CloseUnlessReturned {
+    conn: sqlx::pool::PoolConnection<sqlx::Sqlite>,
+    returned: bool,
+}
+
+impl Drop for CloseUnlessReturned {
+    fn drop(&mut self) {
+        if !self.returned {
+            self.conn.close_on_drop();
+        }
+    }
 }
 
 /// The statement that opens a [`SqliteBatchTx`]: the write lock up front, as every SQLite

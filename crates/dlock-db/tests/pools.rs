@@ -270,6 +270,58 @@ async fn a_sqlite_batch_transaction_dropped_open_rolls_back_and_frees_the_writer
     assert_eq!(v, 10, "the failed committing batch's transaction rolled back");
 }
 
+/// The writer connection's `synchronous` level: 1 NORMAL, 2 FULL.
+async fn synchronous(shared: &dlock_db::SharedSqlitePool) -> i64 {
+    sqlx::query_scalar("PRAGMA synchronous").fetch_one(shared.pool()).await.expect("pragma")
+}
+
+/// An unflushed batch (docs/performance.md §8.22) runs its statements at NORMAL, commits
+/// them, and hands its connection back at FULL, so the next write flushes as every write does.
+#[tokio::test]
+async fn an_unflushed_sqlite_batch_runs_at_normal_and_hands_its_connection_back_at_full() {
+    let (shared, _dir) = table_t().await;
+    assert_eq!(synchronous(&shared).await, 2, "every connection opens at FULL");
+    let sql = dlock_db::sqlite_unflushed_sql(&[("PRAGMA synchronous", 0), ("UPDATE t SET v = 11 WHERE id = $1", 1)]);
+    let parts = dlock_db::sqlite_unflushed(shared.pool(), sqlx::query(&sql).bind(1_i64), 2).await.expect("batch");
+    assert_eq!(parts.len(), 2, "one part per statement, the pragmas' left out");
+    let level: i64 = sqlx::Row::get(&parts[0].rows[0], 0);
+    assert_eq!(level, 1, "the statements ran at NORMAL");
+    assert_eq!(parts[1].rows_affected, 1);
+    assert_eq!(synchronous(&shared).await, 2, "the connection went back to the pool at FULL");
+    let v: i64 = sqlx::query_scalar("SELECT v FROM t WHERE id = 1").fetch_one(shared.pool()).await.expect("v");
+    assert_eq!(v, 11, "the update committed");
+}
+
+/// A batch that fails after its NORMAL and before its FULL closes its connection: the pool's
+/// next write runs on a fresh connection, at FULL, never on one left unflushed.
+#[tokio::test]
+async fn a_failed_unflushed_sqlite_batch_closes_its_connection_so_no_other_write_runs_unflushed() {
+    let (shared, _dir) = table_t().await;
+    let sql = dlock_db::sqlite_unflushed_sql(&[("INSERT INTO t (id, v) VALUES ($1, 1)", 1)]);
+    assert!(dlock_db::sqlite_unflushed(shared.pool(), sqlx::query(&sql).bind(1_i64), 1).await.is_err(), "id 1 exists");
+    assert_eq!(synchronous(&shared).await, 2, "the writer after a failed unflushed batch flushes");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM t").fetch_one(shared.pool()).await.expect("count");
+    assert_eq!(rows, 1, "the failed insert wrote nothing");
+}
+
+/// A batch dropped half-way (here while its update waits for the write lock) closes its
+/// connection too, and the statements after the drop never run.
+#[tokio::test]
+async fn an_unflushed_sqlite_batch_dropped_half_way_closes_its_connection() {
+    let dir = dlock_testkit::TempDir::new("pools");
+    let url = dlock_testkit::sqlite_url(&dir);
+    let shared = shared_sqlite_pool(&url).await.expect("open");
+    sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)").execute(shared.pool()).await.expect("t");
+    sqlx::query("INSERT INTO t VALUES (1, 10)").execute(shared.pool()).await.expect("row");
+    let mut other = sqlx::SqliteConnection::connect(&url).await.expect("second connection");
+    sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await.expect("the other connection holds the write lock");
+    let sql = dlock_db::sqlite_unflushed_sql(&[("UPDATE t SET v = 11 WHERE id = $1", 1)]);
+    let batch = dlock_db::sqlite_unflushed(shared.pool(), sqlx::query(&sql).bind(1_i64), 1);
+    assert!(tokio::time::timeout(Duration::from_millis(300), batch).await.is_err(), "the update waits for the lock");
+    sqlx::query("ROLLBACK").execute(&mut other).await.expect("the lock is freed");
+    assert_eq!(synchronous(&shared).await, 2, "the writer after a dropped unflushed batch flushes");
+}
+
 /// A shared SQLite pool on a fresh file with table `t (id, v)` holding the row `(1, 10)`.
 async fn table_t() -> (dlock_db::SharedSqlitePool, dlock_testkit::TempDir) {
     let dir = dlock_testkit::TempDir::new("pools");

@@ -35,7 +35,7 @@
 //! Every method runs in one transaction and reads `now` from the database first, so every
 //! replica judges leases by the same clock.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use dlock_db::Dialect;
@@ -133,6 +133,35 @@ pub struct SqliteLockStore {
     pub pool: sqlx::SqlitePool,
     /// The thread its write transactions run on (docs/performance.md §8.7).
     writer: dlock_rt::dedicated::WriterThread,
+}
+
+impl PgLockStore {
+    /// The release's one statement ([`RELEASE_LIVE`]), autocommitted: whether it deleted
+    /// the grant. Built once: a release is on every payout's path.
+    async fn delete_live_grant(&self, key: &str, token: i64) -> Result<bool, StoreError> {
+        static SQL: LazyLock<String> = LazyLock::new(|| RELEASE_LIVE.replace("{NOW}", PG_NOW));
+        let released =
+            sqlx::query(&SQL).bind(key.to_owned()).bind(token).fetch_optional(&self.pool).await.map_err(unavailable)?;
+        Ok(released.is_some())
+    }
+}
+
+/// SQLite's release: [`RELEASE_LIVE`] in an unflushed batch. Built once.
+static SQLITE_RELEASE_SQL: LazyLock<String> =
+    LazyLock::new(|| dlock_db::sqlite_unflushed_sql(&[(&RELEASE_LIVE.replace("{NOW}", SQLITE_NOW), 2)]));
+
+impl SqliteLockStore {
+    /// The release's one statement ([`RELEASE_LIVE`]), autocommitted and not flushed by
+    /// itself ([`dlock_db::sqlite_unflushed`], docs/performance.md §8.22): whether it
+    /// deleted the grant. The next flushed commit on the file (every grant, rotate,
+    /// revoke and session write is one) makes it durable; only a power loss or an OS crash
+    /// before that can undo it, and an undone release is a grant that lapses with its
+    /// lease, as when the release's answer is lost.
+    async fn delete_live_grant(&self, key: &str, token: i64) -> Result<bool, StoreError> {
+        let release = sqlx::query(&SQLITE_RELEASE_SQL).bind(key.to_owned()).bind(token);
+        let parts = dlock_db::sqlite_unflushed(&self.pool, release, 1).await.map_err(unavailable)?;
+        Ok(parts.first().is_some_and(|deleted| !deleted.rows.is_empty()))
+    }
 }
 
 impl SqliteLockStore {
@@ -610,16 +639,7 @@ macro_rules! sql_lock_store {
 
             async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
                 // One statement, no explicit transaction: the predicate is the whole decision.
-                // Built once per dialect: a release is on every payout's path.
-                static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-                let sql = SQL.get_or_init(|| Self::q(&RELEASE_LIVE.replace("{NOW}", $now)));
-                let released = sqlx::query(sql)
-                    .bind(key.to_owned())
-                    .bind(token)
-                    .fetch_optional(&self.pool)
-                    .await
-                    .map_err(unavailable)?;
-                if released.is_some() {
+                if self.delete_live_grant(key, token).await? {
                     return Ok(Ok(()));
                 }
                 Ok(Err(self.stored_token(key).await?))
@@ -840,6 +860,30 @@ mod tests {
         let server = crate::service::LockServer::new(Arc::new(store), cfg, dlock_rt::Clock::system());
         let on = server.write(|_| async { std::thread::current().name().map(str::to_owned) }).await;
         assert_eq!(on.as_deref(), Some(dlock_db::SQLITE_WRITER_THREAD_NAME));
+    }
+
+    /// §8.22: a release runs unflushed, and the writer it hands back flushes again, after a
+    /// release that deleted the grant and after one refused for a stale token alike.
+    #[tokio::test]
+    async fn a_sqlite_release_runs_unflushed_and_leaves_the_writer_flushing() {
+        use crate::store::LockStore as _;
+        let (store, _dir) = store().await;
+        let level = |store: &SqliteLockStore| {
+            let pool = store.pool.clone();
+            async move { sqlx::query_scalar::<_, i64>("PRAGMA synchronous").fetch_one(&pool).await.expect("pragma") }
+        };
+        let session = Uuid::from_u128(1);
+        store.open_session(session, "o", 60_000).await.expect("session");
+        let granted = store.acquire("k", session, 60_000, 0).await.expect("acquire").expect("granted");
+        assert_eq!(level(&store).await, 2, "a grant runs at FULL");
+        let refused = store.release("k", granted.fencing_token - 1).await.expect("release");
+        assert_eq!(refused, Err(Some(granted.fencing_token)), "a stale token releases nothing");
+        assert_eq!(level(&store).await, 2, "the writer after a refused release flushes");
+        store.release("k", granted.fencing_token).await.expect("release").expect("released");
+        assert_eq!(level(&store).await, 2, "the writer after a release flushes");
+        let again = store.acquire("k", session, 60_000, 0).await.expect("acquire").expect("the released key is free");
+        assert!(again.fencing_token > granted.fencing_token);
+        assert!(SQLITE_RELEASE_SQL.starts_with(dlock_db::SQLITE_UNFLUSHED_PRAGMA), "the release runs unflushed");
     }
 
     #[tokio::test]
