@@ -308,12 +308,8 @@ async fn a_failed_unflushed_sqlite_batch_closes_its_connection_so_no_other_write
 /// connection too, and the statements after the drop never run.
 #[tokio::test]
 async fn an_unflushed_sqlite_batch_dropped_half_way_closes_its_connection() {
-    let dir = dlock_testkit::TempDir::new("pools");
-    let url = dlock_testkit::sqlite_url(&dir);
-    let shared = shared_sqlite_pool(&url).await.expect("open");
-    sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)").execute(shared.pool()).await.expect("t");
-    sqlx::query("INSERT INTO t VALUES (1, 10)").execute(shared.pool()).await.expect("row");
-    let mut other = sqlx::SqliteConnection::connect(&url).await.expect("second connection");
+    let (shared, dir) = table_t().await;
+    let mut other = sqlx::SqliteConnection::connect(&dlock_testkit::sqlite_url(&dir)).await.expect("second connection");
     sqlx::query("BEGIN IMMEDIATE").execute(&mut other).await.expect("the other connection holds the write lock");
     let sql = dlock_db::sqlite_unflushed_sql(&[("UPDATE t SET v = 11 WHERE id = $1", 1)]);
     let batch = dlock_db::sqlite_unflushed(shared.pool(), sqlx::query(&sql).bind(1_i64), 1);
