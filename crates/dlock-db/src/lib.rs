@@ -244,30 +244,40 @@ pub async fn sqlite_unflushed<'q>(
 ) -> Result<Vec<BatchPart>, sqlx::Error> {
     let sql = sqlx::Execute::sql(&query);
     assert!(
-        sql.starts_with(SQLITE_UNFLUSHED_PRAGMA) && sql.ends_with(&format!("{SQLITE_FLUSHED_PRAGMA};\n")),
+        sql.starts_with(SQLITE_UNFLUSHED_PRAGMA)
+            && sql.strip_suffix(";\n").is_some_and(|s| s.ends_with(SQLITE_FLUSHED_PRAGMA)),
         "an unflushed batch is framed by the two pragmas"
     );
-    let mut held = CloseUnlessReturned { conn: pool.acquire().await?, returned: false };
-    let mut parts = sqlite_batch(&mut held.conn, query, statements + 2).await?;
+    let mut held = HeldConnection(Some(pool.acquire().await?));
+    let mut parts = sqlite_batch(held.conn(), query, statements + 2).await?;
     // The whole batch ran, `FULL` included: the connection may go back to the pool.
-    held.returned = true;
-    drop(held);
+    held.give_back();
     parts.remove(0);
     parts.truncate(statements);
     Ok(parts)
 }
 
-/// A pooled connection that is closed when dropped, not returned to its pool, unless
-/// `returned` was set first.
-struct CloseUnlessReturned {
-    conn: sqlx::pool::PoolConnection<sqlx::Sqlite>,
-    returned: bool,
+/// A pooled SQLite connection whose state its pool must not inherit until its holder says
+/// otherwise: it goes back to the pool only through [`HeldConnection::give_back`]; dropped
+/// any other way (an error, a panic, a future dropped half-way), it is closed.
+struct HeldConnection(Option<sqlx::pool::PoolConnection<sqlx::Sqlite>>);
+
+impl HeldConnection {
+    /// The connection. It is `Some` until `give_back` consumes `self`, so no caller sees it gone.
+    fn conn(&mut self) -> &mut sqlx::SqliteConnection {
+        self.0.as_deref_mut().expect("a held connection is there until given back")
+    }
+
+    /// Returns the connection to its pool: its holder left it clean.
+    fn give_back(mut self) {
+        drop(self.0.take());
+    }
 }
 
-impl Drop for CloseUnlessReturned {
+impl Drop for HeldConnection {
     fn drop(&mut self) {
-        if !self.returned {
-            self.conn.close_on_drop();
+        if let Some(mut conn) = self.0.take() {
+            conn.close_on_drop();
         }
     }
 }
@@ -290,8 +300,9 @@ pub const SQLITE_BATCH_TX_BEGIN: &str = "BEGIN IMMEDIATE";
 /// batches) closes its connection, and SQLite rolls back what a closed connection left
 /// open. A failed `COMMIT` is classified by the caller as any other ([`is_commit_answer_lost`]).
 pub struct SqliteBatchTx {
-    /// `None` once the transaction ended and the connection went back to the pool.
-    conn: Option<sqlx::pool::PoolConnection<sqlx::Sqlite>>,
+    /// Given back only by an end that succeeded; closed otherwise (it may hold the open
+    /// transaction, which closing it rolls back).
+    conn: HeldConnection,
 }
 
 impl SqliteBatchTx {
@@ -317,8 +328,8 @@ impl SqliteBatchTx {
             sqlx::Execute::sql(&query).starts_with(SQLITE_BATCH_TX_BEGIN),
             "a batch transaction opens with {SQLITE_BATCH_TX_BEGIN}"
         );
-        let mut tx = SqliteBatchTx { conn: Some(pool.acquire().await?) };
-        let mut parts = sqlite_batch(tx.conn(), query, statements + 1).await?;
+        let mut tx = SqliteBatchTx { conn: HeldConnection(Some(pool.acquire().await?)) };
+        let mut parts = sqlite_batch(tx.conn.conn(), query, statements + 1).await?;
         parts.remove(0);
         Ok((tx, parts))
     }
@@ -342,35 +353,19 @@ impl SqliteBatchTx {
         statements: usize,
     ) -> Result<Vec<BatchPart>, sqlx::Error> {
         assert!(sqlx::Execute::sql(&query).ends_with("COMMIT;\n"), "a committing batch ends with COMMIT");
-        let mut parts = sqlite_batch(self.conn(), query, statements + 1).await?;
+        let mut parts = sqlite_batch(self.conn.conn(), query, statements + 1).await?;
         parts.truncate(statements);
         // Ended: the connection may go back to the pool.
-        drop(self.conn.take());
+        self.conn.give_back();
         Ok(parts)
     }
 
     /// Rolls back, and returns the connection to the pool.
     pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
-        sqlx::query("ROLLBACK").execute(self.conn()).await?;
+        sqlx::query("ROLLBACK").execute(self.conn.conn()).await?;
         // Ended: the connection may go back to the pool.
-        drop(self.conn.take());
+        self.conn.give_back();
         Ok(())
-    }
-
-    /// The open transaction's connection. It is `Some` from `begin` until an end succeeded,
-    /// and every end consumes `self`, so no caller sees it gone.
-    fn conn(&mut self) -> &mut sqlx::SqliteConnection {
-        self.conn.as_deref_mut().expect("a batch transaction is open until an end consumes it")
-    }
-}
-
-impl Drop for SqliteBatchTx {
-    fn drop(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
-            // Not ended: the connection may hold the open transaction; closing it rolls
-            // that back, and it never reaches the pool.
-            conn.close_on_drop();
-        }
     }
 }
 
