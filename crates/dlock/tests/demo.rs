@@ -243,6 +243,10 @@ fn demo_with_trace_writes_the_runs_protocol_events_in_the_simulation_trace_schem
     let html = dir.0.join("run.html");
     let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
         .args(["demo", "--payouts", "40", "--accounts", "2", "--rail-failure-rate", "0.3", "--pause-rate", "0.2"])
+        // Stalls twice the lease past it: time for another worker to take the key over and
+        // raise the fence before the stalled write lands (with the demo's 500 ms past a
+        // 1 500 ms lease, a run could end with no takeover in time and no fenced-out write).
+        .env("DLOCK_EXECUTOR_CHAOS_PAUSE_MS", "4500")
         .arg("--data-dir")
         .arg(dir.0.join("data"))
         .arg("--trace")
