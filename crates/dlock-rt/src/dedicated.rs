@@ -18,6 +18,10 @@
 //! that went away. A panic in it reaches the caller as the same panic. The caller's trace
 //! context and tracing span go with it (`trace::carry`).
 //!
+//! The thread's runtime has timers and no I/O driver (a future that needs a socket cannot
+//! run on it): it parks on a futex, which is the cheapest wake for the results the
+//! connection's worker hands back.
+//!
 //! Bounds: one thread per [`WriterThread::start`] (the SQLite stores share one per process,
 //! `dlock_db::sqlite_writer_thread`);
 //! its queue is the callers awaiting it, at most one per request in flight, which
@@ -55,8 +59,13 @@ impl WriterThread {
     pub fn start(name: &str) -> Result<WriterThread, String> {
         #[cfg(not(madsim))]
         {
+            // Timers only, no I/O driver: nothing on this thread waits on a socket (SQLite's
+            // calls go to its connection's worker thread), and a runtime without one parks on
+            // a futex, not in `epoll_wait`, so each answer of that worker wakes it with one
+            // futex wake instead of an eventfd write and an epoll return (docs/performance.md
+            // §8.23).
             let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
+                .enable_time()
                 .build()
                 .map_err(|e| format!("writer thread {name}: {e}"))?;
             let handle = runtime.handle().clone();
