@@ -660,8 +660,10 @@ async fn a_sibling_task_skips_an_account_its_executor_works_without_asking_the_l
         vec![Reply::Delayed(1_500, 409, envelope("PAYOUT_NOT_CLAIMABLE", json!({"state": "POSTED"})))],
     );
     let sibling = async {
+        // Task 0's grant, and its acquire counted: the server counts an acquire after its
+        // grant commits, so a read of the lock can see the grant before the count has it.
         let held = dlock_rt::wait_until(Duration::from_millis(10), Duration::from_millis(5_000), || async {
-            (!rig.lock_is_free().await).then_some(())
+            (!rig.lock_is_free().await && acquires(&rig.lock).await >= 1).then_some(())
         })
         .await;
         assert!(held.is_some(), "task 0 never took the account's lock");
