@@ -471,30 +471,16 @@ pub struct HttpClient {
     pool: Option<std::sync::Arc<Pool>>,
 }
 
-/// One open client connection: hyper's sender and what drives the socket. Dropping it
-/// closes the socket.
+/// One open client connection: hyper's sender and the task driving the socket (aborted,
+/// and so the socket closed, when this is dropped).
 struct Conn {
     sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-    driver: Driver,
-}
-
-/// What drives a connection's socket (hyper's connection future).
-enum Driver {
-    /// A task of its own (aborted when the [`Conn`] is dropped): a kept-alive connection
-    /// must notice, while idle, that its peer closed it.
-    Spawned(tokio::task::JoinHandle<()>),
-    /// Polled by the exchange itself, in the caller's task, until its answer is read (a
-    /// connection for one request, closed after it): each read and write then wakes the
-    /// one task waiting for them instead of a driver task and, through it, the caller
-    /// (docs/performance.md §8.23). `done` once the future has ended.
-    Inline { future: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>, done: bool },
+    driver: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        if let Driver::Spawned(task) = &self.driver {
-            task.abort();
-        }
+        self.driver.abort();
     }
 }
 
@@ -724,12 +710,12 @@ impl HttpClient {
         }
         let req = builder.body(Full::new(body.unwrap_or_default())).map_err(|e| ClientError::BadUrl(e.to_string()))?;
         let Some(pool) = &self.pool else {
-            let mut conn = self.open(base, false).await?;
+            let mut conn = self.open(base).await?;
             return self.exchange(&mut conn, req).await;
         };
         let (mut conn, reused) = match self.reusable(pool, base).await {
             Some(conn) => (conn, true),
-            None => (self.open(base, true).await?, false),
+            None => (self.open(base).await?, false),
         };
         let result = self.exchange(&mut conn, req).await;
         // From the hand-over on, a failure is ambiguous, on a reused connection above all.
@@ -756,18 +742,17 @@ impl HttpClient {
         None
     }
 
-    /// Opens a connection to `base` (TCP, then TLS when the client has it) with hyper's
-    /// driver on it, in a task of its own when the connection is to be `kept` alive, else
-    /// polled by the exchange ([`Driver`]). Every failure here is "nothing sent": no byte of
-    /// a request is written before this returns.
-    async fn open(&self, base: &BaseUrl, kept: bool) -> Result<Conn, ClientError> {
+    /// Opens a connection to `base` (TCP, then TLS when the client has it) and starts
+    /// hyper's driver on it. Every failure here is "nothing sent": no byte of a request is
+    /// written before this returns.
+    async fn open(&self, base: &BaseUrl) -> Result<Conn, ClientError> {
         let stream = self.connect(base).await?;
         let _ = stream.set_nodelay(true);
         if let Some(pool) = &self.pool {
             pool.opened.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         match &self.tls {
-            None => Self::start(SkipEmptyFlush::new(stream), kept).await,
+            None => Self::start(SkipEmptyFlush::new(stream)).await,
             Some(tls) => {
                 // The handshake is part of connecting: no byte of the request is written
                 // before it completes, so its failure is "nothing sent".
@@ -781,53 +766,33 @@ impl HttpClient {
                     Some(Err(e)) => return Err(ClientError::Connect(format!("TLS handshake failed: {e}"))),
                     Some(Ok(io)) => io,
                 };
-                Self::start(io, kept).await
+                Self::start(io).await
             }
         }
     }
 
-    /// hyper's HTTP/1 client side on `io`, its driver spawned when `kept` (it writes nothing
-    /// by itself), else left to the exchange to poll.
-    async fn start<T>(io: T, kept: bool) -> Result<Conn, ClientError>
+    /// hyper's HTTP/1 client side on `io`, its driver spawned (it writes nothing by itself).
+    async fn start<T>(io: T) -> Result<Conn, ClientError>
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
             .await
             .map_err(|e| ClientError::Broken(e.to_string()))?;
-        let drive = async move {
+        let driver = tokio::spawn(async move {
             let _ = conn.await;
-        };
-        let driver = if kept {
-            Driver::Spawned(tokio::spawn(drive))
-        } else {
-            Driver::Inline { future: Box::pin(drive), done: false }
-        };
+        });
         Ok(Conn { sender, driver })
     }
 
     /// Sends `req` on `conn` and reads the whole answer within the read budget.
     /// From here on the request may reach the peer: every failure is ambiguous.
     async fn exchange(&self, conn: &mut Conn, req: Request<Full<Bytes>>) -> Result<ClientResponse, ClientError> {
-        let Conn { sender, driver } = conn;
-        let answer = async {
-            let resp = sender.send_request(req).await.map_err(|e| ClientError::Broken(e.to_string()))?;
+        let exchange = async {
+            let resp = conn.sender.send_request(req).await.map_err(|e| ClientError::Broken(e.to_string()))?;
             let (parts, body) = resp.into_parts();
             let body = body.collect().await.map_err(|e| ClientError::Broken(e.to_string()))?.to_bytes();
             Ok(ClientResponse { status: parts.status.as_u16(), headers: parts.headers, body })
-        };
-        let exchange = async {
-            let Driver::Inline { future, done } = driver else { return answer.await };
-            tokio::pin!(answer);
-            loop {
-                tokio::select! {
-                    biased;
-                    r = &mut answer => return r,
-                    // A driver that ends first (the peer closed, an I/O error) fails the
-                    // answer, which the next turn returns.
-                    () = future.as_mut(), if !*done => *done = true,
-                }
-            }
         };
         match crate::timeout(Duration::from_millis(self.read_timeout_ms), exchange).await {
             None => Err(ClientError::Timeout(self.read_timeout_ms)),
