@@ -133,6 +133,31 @@ mod bench {
         println!("{name:<10} {:<6} {:<8} {store:>10.0} {baseline:>12.0} {:>7.2}", "store", 1, store / baseline);
     }
 
+    /// The SQLite counter's next token.
+    const SQLITE_TOKEN: &str =
+        "UPDATE token_floor SET last_issued = last_issued + 1 WHERE id = 1 RETURNING last_issued";
+    /// The key's row, holding the token, in SQLite's placeholders.
+    const SQLITE_UPSERT: &str =
+        "INSERT INTO bench_locks (k, t) VALUES ('hot', ?1) ON CONFLICT (k) DO UPDATE SET t = excluded.t";
+    /// PostgreSQL's next token.
+    const PG_TOKEN: &str = "SELECT nextval('fencing_token_seq')";
+    /// The key's row, holding the token, in PostgreSQL's placeholders.
+    const PG_UPSERT: &str =
+        "INSERT INTO bench_locks (k, t) VALUES ('hot', $1) ON CONFLICT (k) DO UPDATE SET t = EXCLUDED.t";
+
+    /// One raw SQL pair on connection `$c`: BEGIN; the next token (`$token`); the key's row
+    /// holding it (`$upsert`); COMMIT; then DELETE the row (autocommit). A macro, not a
+    /// function: the two connection types share no executor bound worth spelling out.
+    macro_rules! sql_pair {
+        ($c:expr, $token:expr, $upsert:expr) => {{
+            let mut tx = $c.begin().await.expect("begin");
+            let t: i64 = sqlx::query_scalar($token).fetch_one(&mut *tx).await.expect("token");
+            sqlx::query($upsert).bind(t).execute(&mut *tx).await.expect("upsert");
+            tx.commit().await.expect("commit");
+            sqlx::query("DELETE FROM bench_locks WHERE k = 'hot'").execute(&mut *$c).await.expect("delete");
+        }};
+    }
+
     /// The raw baseline, on one connection kept for the whole run.
     enum RawPair {
         /// BEGIN; the SQLite counter; upsert the key's row; COMMIT; then DELETE the row
@@ -178,42 +203,8 @@ mod bench {
             let start = Instant::now();
             for _ in 0..m {
                 match self {
-                    RawPair::Sqlite(c) => {
-                        let mut tx = c.begin().await.expect("begin");
-                        let t: i64 = sqlx::query_scalar(
-                            "UPDATE token_floor SET last_issued = last_issued + 1 WHERE id = 1 RETURNING last_issued",
-                        )
-                        .fetch_one(&mut *tx)
-                        .await
-                        .expect("token");
-                        sqlx::query(
-                            "INSERT INTO bench_locks (k, t) VALUES ('hot', ?1) \
-                             ON CONFLICT (k) DO UPDATE SET t = excluded.t",
-                        )
-                        .bind(t)
-                        .execute(&mut *tx)
-                        .await
-                        .expect("upsert");
-                        tx.commit().await.expect("commit");
-                        sqlx::query("DELETE FROM bench_locks WHERE k = 'hot'").execute(&mut *c).await.expect("delete");
-                    }
-                    RawPair::Postgres(c) => {
-                        let mut tx = c.begin().await.expect("begin");
-                        let t: i64 = sqlx::query_scalar("SELECT nextval('fencing_token_seq')")
-                            .fetch_one(&mut *tx)
-                            .await
-                            .expect("nextval");
-                        sqlx::query(
-                            "INSERT INTO bench_locks (k, t) VALUES ('hot', $1) \
-                             ON CONFLICT (k) DO UPDATE SET t = EXCLUDED.t",
-                        )
-                        .bind(t)
-                        .execute(&mut *tx)
-                        .await
-                        .expect("upsert");
-                        tx.commit().await.expect("commit");
-                        sqlx::query("DELETE FROM bench_locks WHERE k = 'hot'").execute(&mut *c).await.expect("delete");
-                    }
+                    RawPair::Sqlite(c) => sql_pair!(c, SQLITE_TOKEN, SQLITE_UPSERT),
+                    RawPair::Postgres(c) => sql_pair!(c, PG_TOKEN, PG_UPSERT),
                     RawPair::Etcd { client, lease, name } => {
                         let options = etcd_client::LockOptions::new().with_lease(*lease);
                         let locked = client.lock(name.clone(), Some(options)).await.expect("etcd lock");

@@ -19,8 +19,9 @@
 //! context and tracing span go with it (`trace::carry`).
 //!
 //! The thread's runtime has timers and no I/O driver (a future that needs a socket cannot
-//! run on it): it parks on a futex, which is the cheapest wake for the results the
-//! connection's worker hands back.
+//! run on it; SQLite's calls go to its connection's worker thread): it parks on a futex,
+//! so each answer of that worker wakes it with one futex wake instead of an eventfd write
+//! and an epoll return.
 //!
 //! Bounds: one thread per [`WriterThread::start`] (the SQLite stores share one per process,
 //! `dlock_db::sqlite_writer_thread`);
@@ -59,11 +60,7 @@ impl WriterThread {
     pub fn start(name: &str) -> Result<WriterThread, String> {
         #[cfg(not(madsim))]
         {
-            // Timers only, no I/O driver: nothing on this thread waits on a socket (SQLite's
-            // calls go to its connection's worker thread), and a runtime without one parks on
-            // a futex, not in `epoll_wait`, so each answer of that worker wakes it with one
-            // futex wake instead of an eventfd write and an epoll return (docs/performance.md
-            // §8.23).
+            // Timers only: see the module doc (docs/performance.md §8.23).
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .build()
