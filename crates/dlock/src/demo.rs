@@ -34,7 +34,7 @@ pub struct ChaosArgs {
     pub rail_decline_rate: Option<f64>,
     /// Chance, at each fenced write, that an executor stalls longer than its lease (a GC
     /// pause between its lease check and the write). The fences must stop every such write.
-    /// Default: 0.02 for `demo`, 0 for `up`.
+    /// Default: 0.1 for `demo`, 0 for `up`.
     #[arg(long, value_name = "0..1")]
     pub pause_rate: Option<f64>,
     /// Executors in the cluster, each with its own lock sessions.
@@ -47,8 +47,18 @@ pub struct ChaosArgs {
 
 /// Lease of every executor grant in the one-process cluster; an injected stall outlasts it.
 pub const LEASE_MS: u64 = 1_500;
-/// How long an injected stall lasts (longer than [`LEASE_MS`]).
-pub const PAUSE_MS: u64 = 2_000;
+/// How long an injected stall lasts: twice [`LEASE_MS`], so that another executor has at
+/// least a lease's time to take the key over and raise the fence before the stalled write
+/// lands. (With 500 ms past the lease, most stalls ended before any takeover, and the stalled
+/// write went through under a token still the highest: safe, but nothing to show.)
+pub const PAUSE_MS: u64 = 3_000;
+const _: () = assert!(PAUSE_MS >= 2 * LEASE_MS, "a stall leaves another executor a lease's time to take over");
+/// `dlock demo`'s default chance of a stall at each fenced write. A write covers up to 16
+/// payouts of one account (batches, C3-extensions E-19), so 10 % of writes is about one stall
+/// per hundred payouts.
+pub const DEMO_PAUSE_RATE: f64 = 0.1;
+/// `dlock demo`'s default share of rail calls that fail (each one an ambiguous payout).
+pub const DEMO_RAIL_FAILURE_RATE: f64 = 0.02;
 /// The proxy's read timeout towards the rail here (a held-then-dropped call ends RAIL_AMBIGUOUS
 /// after it), and how long the rail holds a dropped call.
 pub const RAIL_READ_TIMEOUT_MS: u64 = 2_000;
@@ -291,7 +301,13 @@ pub async fn demo(a: DemoArgs, layers: Layers, profile: Profile) -> Result<ExitC
     if a.data_dir.exists() {
         clear_keeping_credentials(&a.data_dir)?;
     }
-    let cfg = a.chaos.cluster(a.data_dir.clone(), Ports::EPHEMERAL, (0.02, 0.02), layers, profile)?;
+    let cfg = a.chaos.cluster(
+        a.data_dir.clone(),
+        Ports::EPHEMERAL,
+        (DEMO_RAIL_FAILURE_RATE, DEMO_PAUSE_RATE),
+        layers,
+        profile,
+    )?;
     let (cfg, creds) = cfg.with_local_credentials()?;
     // `--timeline` draws from the trace: record one even without `--trace`.
     let trace_path = a.trace.clone().or_else(|| a.timeline.as_ref().map(|_| a.data_dir.join("trace.jsonl")));
