@@ -321,9 +321,11 @@ fn run_prepared(
     defence::set_off(opts.layer_off);
     planted::set(opts.planted);
     let limit_ms = cfg.fault_ms + opts.liveness_ms_max + LOCK_CLOCK_STALL_MS_MAX + TIME_LIMIT_SLACK_MS;
-    // The services' event seam feeds the trace (its lease beliefs and reconciler findings),
-    // on this thread, where the seed's runtime runs; removed when this seed ends.
-    let _seam = trace.map(|t| dlock_rt::events::install(t.seam_sink()));
+    // The services' event seam feeds the trace (its lease beliefs and reconciler findings;
+    // on etcd, which has no lockdb observer, the lock server's sessions and grants too), on
+    // this thread, where the seed's runtime runs; removed when this seed ends.
+    let lock_from_seam = cfg.backend == Backend::Etcd;
+    let _seam = trace.map(|t| dlock_rt::events::install(t.seam_sink(lock_from_seam)));
     let played = std::panic::catch_unwind(AssertUnwindSafe(|| {
         let mut rt = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
         rt.set_time_limit(std::time::Duration::from_millis(limit_ms));

@@ -15,7 +15,9 @@
 //!   lock holder's belief about its lease (`lease_belief`: its local deadline on its own
 //!   monotonic clock, renewals as it saw them, the early loss notice of its watch) and the
 //!   reconciler's findings (`reconciler_finding`); [`SEAM_KINDS`] only, so nothing the
-//!   observers record is recorded twice;
+//!   observers record is recorded twice. On etcd, whose lockdb has no observer, also the
+//!   lock server's own sessions, grants, renewals, releases and revokes
+//!   ([`LOCK_SEAM_KINDS`]), each emitted after the store committed it;
 //! - the campaign's phase markers, the liveness phase's heals, and at the end of the run the
 //!   rail-stub's call log, every intent row's outcome, and every failure of the seed.
 //!
@@ -72,22 +74,32 @@ pub const KINDS: [&str; 22] = [
 ];
 
 /// The kinds the trace takes from the services' event seam ([`dlock_rt::events`]). Every
-/// other kind a service emits there (grant, renew, release, revoke, fenced_write, intent,
-/// rail_call, intent_outcome) the trace already has from its own ground-truth sources (the
-/// store observers, the rail-stub's log, the intent rows), so the sink drops it: nothing is
-/// recorded twice.
+/// other kind a service emits there (fenced_write, intent, rail_call, intent_outcome, and
+/// the lock server's [`LOCK_SEAM_KINDS`] when lockdb is the simulation's) the trace already
+/// has from its own ground-truth sources (the store observers, the rail-stub's log, the
+/// intent rows), so the sink drops it: nothing is recorded twice.
 pub const SEAM_KINDS: [&str; 2] = ["lease_belief", "reconciler_finding"];
 
-/// The trace's sink on the event seam: keeps [`SEAM_KINDS`], on the node whose task
-/// emitted (the service's own name for itself when the trace does not know that node).
-struct SeamSink(Trace);
+/// The lock server's kinds on the event seam: each emitted after its store committed (a
+/// session opened or heartbeat, closed; a grant, renew, release, revoke). The trace takes them
+/// from the seam only when lockdb is etcd, which has no store observer; on the simulation
+/// lockdb its observer records them (and the reaper's drops, which the seam does not carry).
+pub const LOCK_SEAM_KINDS: [&str; 6] = ["session", "session_closed", "grant", "renew", "release", "revoke"];
+
+/// The trace's sink on the event seam: keeps [`SEAM_KINDS`] (and [`LOCK_SEAM_KINDS`] when
+/// `lock` is set), on the node whose task emitted (the service's own name for itself when
+/// the trace does not know that node).
+struct SeamSink {
+    trace: Trace,
+    lock: bool,
+}
 
 impl dlock_rt::events::Sink for SeamSink {
     fn record(&self, node: &str, kind: &'static str, fields: dlock_rt::events::Fields) {
-        if SEAM_KINDS.contains(&kind) {
+        if SEAM_KINDS.contains(&kind) || (self.lock && LOCK_SEAM_KINDS.contains(&kind)) {
             let id = madsim::plugin::node();
-            let name = self.0.with(|s| s.names.get(&id).cloned()).unwrap_or_else(|| node.to_owned());
-            self.0.on_node_named(id, name, kind, fields);
+            let name = self.trace.with(|s| s.names.get(&id).cloned()).unwrap_or_else(|| node.to_owned());
+            self.trace.on_node_named(id, name, kind, fields);
         }
     }
 }
@@ -184,9 +196,10 @@ impl Trace {
     }
 
     /// The sink to install on the event seam for this seed (see [`SEAM_KINDS`]); install
-    /// it on the thread the seed's runtime runs on.
-    pub fn seam_sink(&self) -> Arc<dyn dlock_rt::events::Sink> {
-        Arc::new(SeamSink(self.clone()))
+    /// it on the thread the seed's runtime runs on. `lock_from_seam`: lockdb has no store
+    /// observer (etcd), so the lock server's [`LOCK_SEAM_KINDS`] come from the seam.
+    pub fn seam_sink(&self, lock_from_seam: bool) -> Arc<dyn dlock_rt::events::Sink> {
+        Arc::new(SeamSink { trace: self.clone(), lock: lock_from_seam })
     }
 
     /// An event on `node`'s clocks, now.

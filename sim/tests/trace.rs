@@ -333,6 +333,39 @@ fn a_seed_with_an_ambiguous_payout_shows_the_reconcilers_finding_for_it() {
     assert_eq!(keys.len(), grants, "a grant recorded twice");
 }
 
+/// The scenario on etcd, whose lockdb has no store observer.
+const ETCD_SCENARIO: &str = "lock-leader-loss-etcd";
+
+/// On etcd the lock server's own events are the trace's sessions and grants: every lease a
+/// holder believed it was granted has the lock server's grant line (same key and token) after
+/// its session's line, each grant is recorded once, and the releases are there too.
+/// (Before, an etcd seed's trace had lease beliefs and fenced writes and no grant at all.)
+#[test]
+fn an_etcd_seeds_trace_has_the_lock_servers_sessions_and_grants_once_each() {
+    let opts = RunOptions { scenario: Some(ETCD_SCENARIO.into()), ..RunOptions::default() };
+    let lines: Vec<_> = campaign::run_seed_traced(1, &opts).1.iter().map(|l| parse(l)).collect();
+    let of = |kind: &'static str| lines.iter().filter(move |m| m["kind"] == kind);
+    let beliefs: Vec<_> = of("lease_belief").filter(|m| m["source"] == "granted").collect();
+    assert!(!beliefs.is_empty(), "{ETCD_SCENARIO}: no lease was believed granted");
+    for b in &beliefs {
+        let grant = of("grant")
+            .find(|g| g["key"] == b["key"] && g["token"] == b["token"])
+            .unwrap_or_else(|| panic!("{ETCD_SCENARIO}: no grant line for the belief {b:?}"));
+        assert!(grant["node"].as_str().is_some_and(|n| n.starts_with("lock-")), "{grant:?}");
+        assert!(grant["t_ms"].as_i64() <= b["t_ms"].as_i64(), "the grant precedes the belief: {grant:?} {b:?}");
+        assert!(
+            of("session").any(|s| s["session"] == grant["session"] && s["t_ms"].as_i64() <= grant["t_ms"].as_i64()),
+            "no session line before the grant {grant:?}"
+        );
+    }
+    let mut grants: Vec<_> = of("grant").map(|g| (g["key"].to_string(), g["token"].to_string())).collect();
+    let count = grants.len();
+    grants.sort();
+    grants.dedup();
+    assert_eq!(grants.len(), count, "a grant recorded twice");
+    assert!(of("release").next().is_some(), "{ETCD_SCENARIO}: no release line");
+}
+
 /// Tracing observes: a seed run with its trace (and so with the event seam's sink
 /// installed) covers the same simulated time, fires the same probes and records the same
 /// events as the same seed run without.

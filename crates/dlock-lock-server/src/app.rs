@@ -241,6 +241,7 @@ async fn open_session(
     let open =
         move |store: Arc<dyn crate::store::LockStore>| async move { store.open_session(id, &owner_text, ttl).await };
     let row = server.write(open).await.map_err(not_leader)?;
+    emit_session(id, row.expires_at_ms);
     tracing::info!(sessionId = %id, ownerId = %owner, ttlMillis = ttl, traceId = %trace.0, "session_opened");
     Ok(dlock_http::json(
         StatusCode::CREATED,
@@ -251,6 +252,14 @@ async fn open_session(
             expires_at: at(row.expires_at_ms),
         },
     ))
+}
+
+/// The event seam's `session` (docs/simulation.md "Incident trace"): session `id` now ends
+/// at `expires_at_ms` (store time), after it was opened or heartbeat.
+fn emit_session(id: Uuid, expires_at_ms: i64) {
+    dlock_rt::events::emit(crate::NODE, "session", || {
+        [("session", id.to_string().into()), ("expires_at_ms", expires_at_ms.into())]
+    });
 }
 
 // L2
@@ -267,6 +276,7 @@ async fn heartbeat(
     let _owner = dlock_http::owner_id(&headers)?;
     let heartbeat = server.write(move |store| async move { store.heartbeat(id).await }).await;
     let (row, held) = heartbeat.map_err(not_leader)?.map_err(|r| session_refusal(r, id))?;
+    emit_session(id, row.expires_at_ms);
     // The store extended the session to its own `now + ttl`: that `now` is the server time.
     let now = row.expires_at_ms - row.ttl_ms;
     Ok(dlock_http::json(
@@ -299,6 +309,9 @@ async fn close_session(
         // C3 L3 answers only SESSION_UNKNOWN: a lapsed session is closed all the same.
         SessionRefusal::Unknown | SessionRefusal::Expired => session_refusal(SessionRefusal::Unknown, id),
     })?;
+    dlock_rt::events::emit(crate::NODE, "session_closed", || {
+        [("session", id.to_string().into()), ("store_ms", server.clock.wall().timestamp_millis().into())]
+    });
     tracing::info!(sessionId = %id, ownerId = %owner, traceId = %trace.0, "session_closed");
     Ok(StatusCode::NO_CONTENT.into_response())
 }

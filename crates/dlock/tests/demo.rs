@@ -290,11 +290,20 @@ fn demo_with_trace_writes_the_runs_protocol_events_in_the_simulation_trace_schem
     assert_eq!(first["schema"], "dlock-incident-trace/1");
     assert_eq!(parsed[parsed.len() - 1]["kind"], "trace_end");
     let of = |kind: &str| parsed.iter().filter(|m| m["kind"] == kind).collect::<Vec<_>>();
-    for kind in ["grant", "fenced_write", "intent", "rail_call", "intent_outcome", "lease_belief", "reconciler_finding"]
-    {
+    for kind in [
+        "session",
+        "grant",
+        "fenced_write",
+        "intent",
+        "rail_call",
+        "intent_outcome",
+        "lease_belief",
+        "reconciler_finding",
+    ] {
         assert!(!of(kind).is_empty(), "no {kind} line in the demo's trace");
     }
     for (kind, node) in [
+        ("session", "lock-server"),
         ("grant", "lock-server"),
         ("intent", "rail-proxy"),
         ("rail_call", "rail-stub"),
@@ -316,6 +325,10 @@ fn demo_with_trace_writes_the_runs_protocol_events_in_the_simulation_trace_schem
             of("grant").iter().any(|g| g["key"] == b["key"] && g["token"] == b["token"]),
             "a belief without its grant: {b:?}"
         );
+    }
+    // Every grant is of a session the lock server opened (DL-242).
+    for g in of("grant") {
+        assert!(of("session").iter().any(|s| s["session"] == g["session"]), "a grant without its session: {g:?}");
     }
     // `--timeline`: the same trace drawn, the same page the renderer makes of the file, with
     // a lane per executor and the fenced-out writes drawn.
