@@ -256,8 +256,14 @@ pub async fn run_forger(world: &World) -> ForgerLog {
 async fn settled_payout(paydb: &dyn PaymentStore) -> Option<uuid::Uuid> {
     let mut found = Vec::new();
     for state in [PayoutState::Posted, PayoutState::Failed] {
-        let q =
-            ListQuery { state, account_id: None, snapshot: Clock::system().wall(), after: None, limit: TARGETS_MAX };
+        let q = ListQuery {
+            state,
+            account_id: None,
+            snapshot: Clock::system().wall(),
+            created_after: None,
+            after: None,
+            limit: TARGETS_MAX,
+        };
         if let Ok(page) = paydb.list(&q).await {
             found.extend(page.into_iter().map(|p| p.payout_id));
         }

@@ -221,6 +221,7 @@ pub async fn resolve_ambiguous(paydb: &dyn PaymentStore) -> Vec<String> {
         state: PayoutState::RailAmbiguous,
         account_id: None,
         snapshot: Clock::system().wall(),
+        created_after: None,
         after: None,
         limit: RESOLVE_BATCH_MAX,
     };

@@ -105,6 +105,18 @@ fn a_swarm_seed_gives_the_wire_checks_every_kind_of_write() {
     assert!(writes.iter().any(|w| w.retry_safe_code().is_some()), "no retry-safe answer in seed 2");
 }
 
+/// DL-243: a payment-resource whose clock ran ahead stamps payouts ahead of the others', and
+/// the work queue still lists them at once. Seed 971584 (`payment-1` stepped 116 330 ms ahead
+/// while payouts were created, and back at the heal) settles every payout long before the
+/// liveness bound; when P1's first page hid them, the cluster sat idle until 118 s and the
+/// last payout could not settle within the bound.
+#[test]
+fn payouts_stamped_by_a_payment_clock_ahead_are_worked_without_waiting_for_it() {
+    let o = campaign::run_seed(971_584, &RunOptions::default());
+    assert!(o.failures.is_empty(), "{:?}", o.failures);
+    assert!(o.sim_ms < 60_000, "settled only at {} ms: the payouts stamped ahead waited", o.sim_ms);
+}
+
 /// On etcd a lock replica judges leases by its own wall clock (C1 §1.5.4): a replica whose
 /// clock ran ahead writes a session or grant that outlives its holder by that lead, and the
 /// key stalls as long, no longer. Seed 50715 (one hot account, `lock-2` stepped 119 215 ms

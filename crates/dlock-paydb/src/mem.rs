@@ -680,6 +680,7 @@ impl PaydbTables {
                 p.row.state == q.state
                     && q.account_id.as_ref().is_none_or(|a| *a == p.row.account_id)
                     && p.created_at <= q.snapshot
+                    && q.created_after.is_none_or(|t| p.created_at > t)
                     && q.after.is_none_or(|after| (p.created_at, p.row.payout_id) > after)
             })
             .collect();

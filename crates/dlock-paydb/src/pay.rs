@@ -328,6 +328,11 @@ pub struct ListQuery {
     pub account_id: Option<String>,
     /// Rows created after this instant are not listed (the walk's fixed snapshot).
     pub snapshot: DateTime<Utc>,
+    /// Only rows created after this instant (`None`: no lower bound). A walk's first page
+    /// reads the rows stamped after its own millisecond this way (a clock ahead of the
+    /// listing replica's stamped them), one index range (docs/contracts/C3-extensions.md,
+    /// "P1 cursor").
+    pub created_after: Option<DateTime<Utc>>,
     /// Keyset: only rows strictly after (`created_at`, `payout_id`).
     pub after: Option<(DateTime<Utc>, Uuid)>,
     /// Rows to return at most (the service asks for one more than it shows).

@@ -529,18 +529,30 @@ macro_rules! paydb_sql {
                                       created_at FROM payouts \
                                       WHERE state = $1 AND ($2 IS NULL OR account_id = $2) AND created_at <= $3";
                 let limit = q.limit.max(0);
+                // The lower bound is its own plain range (`$4`), present only when asked, so it
+                // stays an index condition; the keyset and the limit follow it.
+                let (select, next) = match q.created_after {
+                    Some(_) => (format!("{SELECT} AND created_at > $4"), 5),
+                    None => (SELECT.to_owned(), 4),
+                };
                 let query = match q.after {
-                    None => format!("{SELECT} ORDER BY created_at, payout_id LIMIT $4"),
+                    None => format!("{select} ORDER BY created_at, payout_id LIMIT ${next}"),
                     Some(_) => format!(
-                        "{SELECT} AND (created_at > $4 OR (created_at = $4 AND payout_id > $5)) \
-                         ORDER BY created_at, payout_id LIMIT $6"
+                        "{select} AND (created_at > ${k} OR (created_at = ${k} AND payout_id > ${id})) \
+                         ORDER BY created_at, payout_id LIMIT ${lim}",
+                        k = next,
+                        id = next + 1,
+                        lim = next + 2
                     ),
                 };
                 let sql = sql(&query);
-                let base = sqlx::query(&sql)
+                let mut base = sqlx::query(&sql)
                     .bind(q.state.as_str())
                     .bind(q.account_id.clone())
                     .bind(truncate_ms(q.snapshot));
+                if let Some(after) = q.created_after {
+                    base = base.bind(truncate_ms(after));
+                }
                 let query = match q.after {
                     None => base.bind(limit),
                     Some((created_at, payout_id)) => {

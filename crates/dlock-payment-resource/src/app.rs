@@ -1264,6 +1264,32 @@ fn page_query(pr: &PaymentResource, pairs: Vec<(String, String)>) -> Result<Page
     Ok(PageQuery { state, account_id, limit, cursor })
 }
 
+/// Most rows stamped ahead of the listing clock that a walk's first page reads
+/// ([`rows_ahead`]); a walk lists rows ahead beyond this many only once a first page
+/// reaches them.
+pub const P1_AHEAD_ROWS_MAX: i64 = 500;
+
+/// The first page's rows of `q`'s filter stamped after `now`, its millisecond (a clock ahead
+/// of this one stamped them), oldest first, at most [`P1_AHEAD_ROWS_MAX`]: one index range,
+/// empty while the replicas' clocks agree.
+async fn rows_ahead(
+    pr: &PaymentResource,
+    q: &PageQuery,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<crate::store::PayoutSummary>, ApiError> {
+    pr.store
+        .list(&ListQuery {
+            state: q.state,
+            account_id: q.account_id.clone(),
+            snapshot: crate::store::snapshot_after_everything(),
+            created_after: Some(now),
+            after: None,
+            limit: P1_AHEAD_ROWS_MAX,
+        })
+        .await
+        .map_err(store_error)
+}
+
 /// List payouts in one state (P1), oldest first, in pages over one snapshot.
 #[utoipa::path(get, path = "/v1/payouts", tag = "payouts", params(crate::openapi::ListQuery),
     responses((status = 200, description = "One page.", body = PayoutPage)))]
@@ -1280,9 +1306,10 @@ async fn list_payouts(
     let q = page_query(&pr, pairs)?;
     // The walk's snapshot: rows created before the first page's millisecond. (Not that
     // millisecond itself: a row created later within it would otherwise join mid-walk.)
-    let snapshot_ms = match &q.cursor {
+    let now = pr.now();
+    let mut snapshot_ms = match &q.cursor {
         Some(c) => c.snapshot_ms,
-        None => pr.now().timestamp_millis() - 1,
+        None => now.timestamp_millis() - 1,
     };
     let snapshot = chrono::DateTime::from_timestamp_millis(snapshot_ms)
         .ok_or_else(|| ApiError::internal("cursor snapshot out of range"))?;
@@ -1294,17 +1321,33 @@ async fn list_payouts(
         )),
         None => None,
     };
-    let rows = pr
+    let want = usize::try_from(q.limit).unwrap_or(usize::MAX).saturating_add(1);
+    let mut rows = pr
         .store
         .list(&ListQuery {
             state: q.state,
             account_id: q.account_id.clone(),
             snapshot,
+            created_after: None,
             after,
             limit: i64::from(q.limit) + 1,
         })
         .await
         .map_err(store_error)?;
+    if q.cursor.is_none() {
+        // The first page also lists the rows created after its millisecond: a clock ahead of
+        // this replica's stamped them (or this one's, before it stepped back). They exist
+        // now, and a snapshot on this clock alone would hide them from every walk, a work
+        // queue's scans included, until this clock caught up. They sort after every row the
+        // snapshot holds, and the walk's snapshot reaches the newest of them, so its later
+        // pages list them too (C3-extensions "P1 cursor").
+        let ahead = rows_ahead(&pr, &q, now).await?;
+        if let Some(newest) = ahead.last() {
+            snapshot_ms = snapshot_ms.max(newest.created_at.timestamp_millis());
+        }
+        let room = want.saturating_sub(rows.len());
+        rows.extend(ahead.into_iter().take(room));
+    }
     let more = rows.len() > q.limit as usize;
     let items: Vec<PayoutItem> = rows
         .into_iter()

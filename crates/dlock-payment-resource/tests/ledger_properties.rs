@@ -424,8 +424,14 @@ impl World {
     async fn all_payouts(&self) -> Vec<PayoutSummary> {
         let mut all = Vec::new();
         for state in PayoutState::ALL {
-            let q =
-                ListQuery { state, account_id: None, snapshot: t0() + Duration::days(365), after: None, limit: 10_000 };
+            let q = ListQuery {
+                state,
+                account_id: None,
+                snapshot: t0() + Duration::days(365),
+                created_after: None,
+                after: None,
+                limit: 10_000,
+            };
             all.extend(self.pay.list(&q).await.expect("list"));
         }
         all

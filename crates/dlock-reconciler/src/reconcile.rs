@@ -151,6 +151,7 @@ impl Reader<'_> {
                     state,
                     account_id: None,
                     snapshot: snapshot_after_everything(),
+                    created_after: None,
                     after,
                     limit: LIST_PAGE_ROWS,
                 };

@@ -311,6 +311,7 @@ impl World {
                 state: s,
                 account_id: None,
                 snapshot: at(1_000_000_000),
+                created_after: None,
                 after: None,
                 limit: 10_000,
             };

@@ -254,6 +254,7 @@ async fn count(cluster: &Cluster, states: &[PayoutState]) -> Result<Vec<usize>, 
             state: *state,
             account_id: None,
             snapshot: dlock_payment_resource::store::snapshot_after_everything(),
+            created_after: None,
             after: None,
             limit: i64::MAX,
         };

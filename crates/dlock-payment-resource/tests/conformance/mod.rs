@@ -14,11 +14,11 @@ use dlock_contract::batch::batch_target;
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::SubmissionOutcome;
 use dlock_payment_resource::store::{
-    funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Claim,
-    ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
-    Direction, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, Operation, PaymentStore,
-    PayoutSummary, PayoutView, Post, PostBatch, PostBatchOutcome, PostBatchPayout, PostOutcome, ResolutionRow,
-    ResolveOutcome, StoreError, StoredResponse, SubmissionSummary,
+    funding_account, settlement_account, snapshot_after_everything, AbandonOutcome, AccountKind, AccountView,
+    AmbiguousResolution, Claim, ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, CreateAccountOutcome,
+    CreatePayoutOutcome, Direction, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, Operation,
+    PaymentStore, PayoutSummary, PayoutView, Post, PostBatch, PostBatchOutcome, PostBatchPayout, PostOutcome,
+    ResolutionRow, ResolveOutcome, StoreError, StoredResponse, SubmissionSummary,
 };
 use dlock_rail_proxy::store::{self as rail, Admission, Attempt, RailStore, Resolution};
 use uuid::Uuid;
@@ -348,7 +348,8 @@ impl Paydb {
         after: Option<(DateTime<Utc>, Uuid)>,
         limit: i64,
     ) -> Vec<PayoutSummary> {
-        let q = ListQuery { state, account_id: account.map(str::to_owned), snapshot, after, limit };
+        let q =
+            ListQuery { state, account_id: account.map(str::to_owned), snapshot, created_after: None, after, limit };
         self.pay.list(&q).await.expect("list")
     }
 
@@ -1316,6 +1317,33 @@ pub async fn listing_pages_in_created_order_without_repeats_or_gaps(db: Paydb) {
     assert_eq!(db.list(PayoutState::Pending, None, snapshot, None, 0).await, vec![]);
 }
 
+/// The rows created after an instant (`created_after`, the lower bound a P1 first page reads
+/// the rows stamped ahead of its clock with): only those, oldest first, under the snapshot and
+/// the keyset like any page; the instant itself is not after it.
+pub async fn listing_bounds_rows_below_by_created_after(db: Paydb) {
+    db.account("a", EUR, 1_000, at(0)).await;
+    let _past = db.payout("a", 10, at(100)).await;
+    let _at_the_bound = db.payout("a", 10, at(200)).await;
+    let ahead = db.payout("a", 10, at(200 + 116_330)).await;
+    let further = db.payout("a", 10, at(200 + 116_331)).await;
+    let page = |snapshot, after| ListQuery {
+        state: PayoutState::Pending,
+        account_id: None,
+        snapshot,
+        created_after: Some(at(200)),
+        after,
+        limit: 10,
+    };
+    let ids = |rows: Vec<PayoutSummary>| rows.iter().map(|p| p.payout_id).collect::<Vec<_>>();
+    let all = ids(db.pay.list(&page(snapshot_after_everything(), None)).await.expect("list"));
+    assert_eq!(all, vec![ahead, further]);
+    let bounded = ids(db.pay.list(&page(at(200 + 116_330), None)).await.expect("list"));
+    assert_eq!(bounded, vec![ahead], "the snapshot still bounds it");
+    let keyset =
+        ids(db.pay.list(&page(snapshot_after_everything(), Some((at(200 + 116_330), ahead)))).await.expect("list"));
+    assert_eq!(keyset, vec![further], "and the keyset");
+}
+
 pub async fn pages_are_stable_under_concurrent_inserts(db: Paydb) {
     db.account("a", EUR, 1_000, at(0)).await;
     let mut originals = Vec::new();
@@ -2122,6 +2150,7 @@ macro_rules! payment_store_conformance {
                 payout_view_lists_its_submissions_in_order,
                 listing_pages_in_created_order_without_repeats_or_gaps,
                 pages_are_stable_under_concurrent_inserts,
+                listing_bounds_rows_below_by_created_after,
                 listing_filters_by_state_and_account,
                 proxy_transitions_and_claims_share_one_payout_state_machine,
                 a_payout_failed_for_funds_is_never_admitted_by_the_proxy,
