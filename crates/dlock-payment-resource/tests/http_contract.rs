@@ -95,6 +95,18 @@ async fn create_account(app: &axum::Router, id: &str, opening: i64) -> Answer {
     send(app, "POST", "/v1/accounts", &write_headers("ops", &key), Some(&body)).await
 }
 
+/// Waits (polling, at most a second) until the wall clock has left the current millisecond:
+/// a P1 walk lists rows created before its first page's millisecond.
+async fn let_the_millisecond_pass() {
+    let created_by = Utc::now().timestamp_millis();
+    let passed =
+        dlock_rt::wait_until(dlock_rt::Duration::from_millis(1), dlock_rt::Duration::from_millis(1_000), || async {
+            (Utc::now().timestamp_millis() > created_by).then_some(())
+        })
+        .await;
+    assert!(passed.is_some(), "the clock did not pass {created_by} ms");
+}
+
 async fn create_payout(app: &axum::Router, account: &str, amount: i64) -> Uuid {
     let id = Uuid::new_v4();
     let body = json!({"payoutId": id, "accountId": account, "amountMinor": amount, "currency": "EUR",
@@ -428,13 +440,7 @@ async fn p1_lists_a_payout_stamped_by_a_clock_ahead_of_its_own() {
     }
     let future = create_payout(&ahead, "acct-1", 10).await;
     // Let this clock pass the last on-time creation (bounded; at most a millisecond).
-    let created_by = Utc::now().timestamp_millis();
-    let passed =
-        dlock_rt::wait_until(dlock_rt::Duration::from_millis(1), dlock_rt::Duration::from_millis(1_000), || async {
-            (Utc::now().timestamp_millis() > created_by).then_some(())
-        })
-        .await;
-    assert!(passed.is_some());
+    let_the_millisecond_pass().await;
     let page = send(&r.app, "GET", "/v1/payouts?state=PENDING&limit=10", &[], None).await;
     assert_eq!(page.status, 200, "{}", page.json);
     let ids = |page: &Answer| -> Vec<Uuid> {
@@ -478,13 +484,7 @@ async fn p1_lists_pages_and_refuses_bad_queries_and_cursors() {
     }
     // A walk lists rows created before its first page's millisecond: let the clock pass
     // the last creation (bounded; at most a millisecond).
-    let created_by = Utc::now().timestamp_millis();
-    let passed =
-        dlock_rt::wait_until(dlock_rt::Duration::from_millis(1), dlock_rt::Duration::from_millis(1_000), || async {
-            (Utc::now().timestamp_millis() > created_by).then_some(())
-        })
-        .await;
-    assert!(passed.is_some());
+    let_the_millisecond_pass().await;
     // Walk PENDING two at a time: every payout once, in creation order.
     let mut seen = Vec::new();
     let mut uri = "/v1/payouts?state=PENDING&limit=2".to_owned();
