@@ -321,6 +321,13 @@ pub fn snapshot_after_everything() -> DateTime<Utc> {
     DateTime::<Utc>::from_timestamp(253_402_300_799, 0).unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
+/// A lower bound earlier than any payout (0001-01-01T00:00:00Z): what a store binds for "no
+/// lower bound" ([`ListQuery::created_after`] `None`), so the bound stays one plain range.
+/// (Not `DateTime::MIN_UTC`: PostgreSQL's timestamps do not reach it.)
+pub fn before_every_payout() -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp(-62_135_596_800, 0).unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
 /// A P1 page request. Rows come in (`created_at`, `payout_id`) ascending order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListQuery {

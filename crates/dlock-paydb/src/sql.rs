@@ -527,32 +527,23 @@ macro_rules! paydb_sql {
             pub async fn list(pool: &sqlx::Pool<$db>, q: &ListQuery) -> Result<Vec<PayoutSummary>, StoreError> {
                 const SELECT: &str = "SELECT payout_id, account_id, amount_minor, currency, state, attempt_count, \
                                       created_at FROM payouts \
-                                      WHERE state = $1 AND ($2 IS NULL OR account_id = $2) AND created_at <= $3";
+                                      WHERE state = $1 AND ($2 IS NULL OR account_id = $2) \
+                                      AND created_at <= $3 AND created_at > $4";
                 let limit = q.limit.max(0);
-                // The lower bound is its own plain range (`$4`), present only when asked, so it
-                // stays an index condition; the keyset and the limit follow it.
-                let (select, next) = match q.created_after {
-                    Some(_) => (format!("{SELECT} AND created_at > $4"), 5),
-                    None => (SELECT.to_owned(), 4),
-                };
                 let query = match q.after {
-                    None => format!("{select} ORDER BY created_at, payout_id LIMIT ${next}"),
+                    None => format!("{SELECT} ORDER BY created_at, payout_id LIMIT $5"),
                     Some(_) => format!(
-                        "{select} AND (created_at > ${k} OR (created_at = ${k} AND payout_id > ${id})) \
-                         ORDER BY created_at, payout_id LIMIT ${lim}",
-                        k = next,
-                        id = next + 1,
-                        lim = next + 2
+                        "{SELECT} AND (created_at > $5 OR (created_at = $5 AND payout_id > $6)) \
+                         ORDER BY created_at, payout_id LIMIT $7"
                     ),
                 };
                 let sql = sql(&query);
-                let mut base = sqlx::query(&sql)
+                // Both bounds are plain ranges on the (state, created_at) index.
+                let base = sqlx::query(&sql)
                     .bind(q.state.as_str())
                     .bind(q.account_id.clone())
-                    .bind(truncate_ms(q.snapshot));
-                if let Some(after) = q.created_after {
-                    base = base.bind(truncate_ms(after));
-                }
+                    .bind(truncate_ms(q.snapshot))
+                    .bind(truncate_ms(q.created_after.unwrap_or_else(crate::pay::before_every_payout)));
                 let query = match q.after {
                     None => base.bind(limit),
                     Some((created_at, payout_id)) => {

@@ -1321,7 +1321,6 @@ async fn list_payouts(
         )),
         None => None,
     };
-    let want = usize::try_from(q.limit).unwrap_or(usize::MAX).saturating_add(1);
     let mut rows = pr
         .store
         .list(&ListQuery {
@@ -1345,7 +1344,8 @@ async fn list_payouts(
         if let Some(newest) = ahead.last() {
             snapshot_ms = snapshot_ms.max(newest.created_at.timestamp_millis());
         }
-        let room = want.saturating_sub(rows.len());
+        // The page's rows and the one that says whether another page follows.
+        let room = (q.limit as usize + 1).saturating_sub(rows.len());
         rows.extend(ahead.into_iter().take(room));
     }
     let more = rows.len() > q.limit as usize;
