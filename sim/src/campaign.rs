@@ -611,7 +611,7 @@ async fn play(
     if opts.full_trace {
         trace.extend(operator.lines());
         if let Some(f) = &forger {
-            trace.extend(f.writes().iter().map(|w| w.line()));
+            trace.extend(f.lines());
         }
         trace.extend(final_states.iter().map(|(id, s)| format!("payout {id} {s:?}")));
         trace.extend(log.calls.iter().map(|c| format!("rail: {} {:?} paid={}", c.client_ref, c.outcome, c.paid)));

@@ -28,17 +28,39 @@
 //! found by this invariant alone. Its refusals fire the probe `forged_token_refused` at the
 //! resources. The forger draws its targets, kinds and its untrusted key from the runtime,
 //! so a seed replays bit for bit.
+//!
+//! ## Owner attacks (C3-extensions E-9, "Owner binding")
+//! After its forged writes, on the same node, the forger attacks another owner's session and
+//! grant on a drawn lock replica. A victim, under the world's credential bound to
+//! `owners=forger-victim/*` ([`crate::world::VICTIM_WORKER_TOKEN`], `X-Owner-Id:
+//! forger-victim/0`), opens a session and acquires a key no executor uses
+//! (`forger-victim:<n>`). Then the forger, under its own credential bound to `owners=forger/*`
+//! ([`crate::world::FORGER_WORKER_TOKEN`], `X-Owner-Id: forger/0`, an id it may use), sends
+//! each [`OwnerAttack`] once, in this order: `heartbeat` (L2 of the victim's session),
+//! `acquire` (L4 of another key through the victim's session), `renew` (L5 of the victim's
+//! grant, `ttlMillis` 1000), `rotate` (of the victim's grant), `release` (L6 of the victim's
+//! grant with a made-up session id and the victim's token), `close` (L3 of the victim's
+//! session). A victim setup that gets no grant (no answer, a fault) skips the attacks.
+//!
+//! ## Invariant (checked by [`ForgerLog::failures`])
+//! **No owner attack passes the owner check**: every answer is `403 FORBIDDEN`, or no
+//! decision at all (no answer, 5xx, `503 NOT_LEADER`: nothing changed). Any other answer means
+//! the lock server judged the write on its merits: the seed fails `owner_attack_refused`
+//! (correctness). A planted `skip-owner-check` is found by this invariant alone: the victim's
+//! key is no executor's, so an attack that got through changes nothing the rest of the
+//! oracle judges.
 
 use std::sync::{Arc, Mutex};
 
+use dlock_contract::auth::Secret;
 use dlock_contract::grant::{GrantSignature, GrantSigner, SIGNATURE_HEADER_CHARS_MAX};
 use dlock_contract::payout::PayoutState;
 use dlock_payment_resource::store::{ListQuery, PaymentStore};
-use dlock_rt::http::HttpClient;
+use dlock_rt::http::{BaseUrl, Bearer, HttpClient};
 use dlock_rt::Clock;
 
 use crate::outcome::Failure;
-use crate::world::{grant_signer, node_url, World};
+use crate::world::{grant_signer, node_url, Topology, World, FORGER_WORKER_TOKEN, VICTIM_WORKER_TOKEN};
 
 /// Forged writes per swarm seed.
 pub const FORGED_WRITES_PER_SEED: usize = 6;
@@ -50,6 +72,16 @@ pub const TARGETS_MAX: i64 = 50;
 pub const FORGER_CONNECT_MS: u64 = 1_000;
 /// The forger's read budget.
 pub const FORGER_READ_MS: u64 = 5_000;
+/// The forger's owner id in its owner attacks (its credential is bound to `forger/*`).
+pub const ATTACKER_OWNER: &str = "forger/0";
+/// The victim's owner id (its credential is bound to `forger-victim/*`).
+pub const VICTIM_OWNER: &str = "forger-victim/0";
+/// The victim's session TTL and lock TTL: far longer than the attacks take.
+pub const VICTIM_TTL_MS: i64 = 60_000;
+/// The lease the forger's `renew` attack asks for (it would cut the victim's lease short).
+pub const ATTACK_RENEW_TTL_MS: i64 = 1_000;
+/// The session id of the forger's `release` attack: one nobody opened.
+pub const MADE_UP_SESSION: &str = "00000000-0000-4000-8000-00000000f0e1";
 
 /// One kind of forged grant (module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,15 +173,89 @@ impl Forged {
     }
 }
 
+/// One owner attack (module doc, "Owner attacks"): a lock-server write that addresses the
+/// victim's session or grant, sent under the forger's credential.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnerAttack {
+    Heartbeat,
+    Acquire,
+    Renew,
+    Rotate,
+    Release,
+    Close,
+}
+
+impl OwnerAttack {
+    /// Every attack, in the order the forger sends them.
+    pub const ALL: [OwnerAttack; 6] = [
+        OwnerAttack::Heartbeat,
+        OwnerAttack::Acquire,
+        OwnerAttack::Renew,
+        OwnerAttack::Rotate,
+        OwnerAttack::Release,
+        OwnerAttack::Close,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OwnerAttack::Heartbeat => "heartbeat",
+            OwnerAttack::Acquire => "acquire",
+            OwnerAttack::Renew => "renew",
+            OwnerAttack::Rotate => "rotate",
+            OwnerAttack::Release => "release",
+            OwnerAttack::Close => "close",
+        }
+    }
+}
+
+/// One owner attack and its answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attacked {
+    pub attack: OwnerAttack,
+    /// The lock replica it was sent to (`lock-N`).
+    pub replica: String,
+    /// The victim's lock key.
+    pub key: String,
+    /// 0: no answer.
+    pub status: u16,
+    pub code: String,
+}
+
+impl Attacked {
+    /// Whether the lock server judged this write on its merits (it passed the owner check).
+    pub fn got_through(&self) -> bool {
+        let undecided = self.status == 0 || self.status >= 500;
+        let refused = self.status == 403 && self.code == "FORBIDDEN";
+        !(undecided || refused)
+    }
+
+    pub fn line(&self) -> String {
+        format!(
+            "forger: owner attack {} on {} at {} -> {} {}",
+            self.attack.name(),
+            self.key,
+            self.replica,
+            self.status,
+            self.code
+        )
+    }
+}
+
 /// What the forger sent.
 #[derive(Clone, Default)]
 pub struct ForgerLog {
     inner: Arc<Mutex<Vec<Forged>>>,
+    attacks: Arc<Mutex<Vec<Attacked>>>,
 }
 
 impl ForgerLog {
     pub fn writes(&self) -> Vec<Forged> {
         self.inner.lock().map(|g| g.clone()).unwrap_or_default()
+    }
+
+    /// The owner attacks sent, in order (none when the victim's setup failed).
+    pub fn attacks(&self) -> Vec<Attacked> {
+        self.attacks.lock().map(|g| g.clone()).unwrap_or_default()
     }
 
     fn push(&self, f: Forged) {
@@ -158,13 +264,35 @@ impl ForgerLog {
         }
     }
 
-    /// `forged_write_refused`, once per forged write that got past the grant check.
+    fn push_attack(&self, a: Attacked) {
+        if let Ok(mut g) = self.attacks.lock() {
+            g.push(a);
+        }
+    }
+
+    /// One line per forged write, then one per owner attack.
+    pub fn lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self.writes().iter().map(Forged::line).collect();
+        lines.extend(self.attacks().iter().map(Attacked::line));
+        lines
+    }
+
+    /// `forged_write_refused`, once per forged write that got past the grant check, then
+    /// `owner_attack_refused`, once per owner attack that got past the owner check.
     pub fn failures(&self) -> Vec<Failure> {
-        self.writes()
+        let mut found: Vec<Failure> = self
+            .writes()
             .iter()
             .filter(|f| f.got_through())
             .map(|f| Failure::correctness("forged_write_refused", f.line()))
-            .collect()
+            .collect();
+        found.extend(
+            self.attacks()
+                .iter()
+                .filter(|a| a.got_through())
+                .map(|a| Failure::correctness("owner_attack_refused", a.line())),
+        );
+        found
     }
 }
 
@@ -183,73 +311,169 @@ pub async fn run_forger(world: &World) -> ForgerLog {
     let topology = world.spec().topology.clone();
     let out = log.clone();
     let task = node.spawn(async move {
-        let signer = grant_signer();
-        let rogue = GrantSigner::from_seed(&dlock_rt::rand::secret_bytes::<32>());
-        for _ in 0..FORGED_WRITES_PER_SEED {
-            let Some(target) = settled_payout(&*paydb).await else { return };
-            let Ok(Some(view)) = paydb.payout(target).await else { continue };
-            let draw = dlock_rt::rand::random_u64();
-            let forgery = Forgery::ALL[(draw % Forgery::ALL.len() as u64) as usize];
-            let hop = ["claim", "post", "submit"][((draw >> 8) % 3) as usize];
-            // Claims and posts present the int64 maximum (today's account killer); a
-            // submission presents 1, so that one the check let through is fenced at the mark
-            // (or finds the payout settled) instead of raising it.
-            let token = if hop == "submit" { 1 } else { i64::MAX };
-            let signature = forgery.signature(&signer, &rogue, &view.account_id, token, draw);
-            let replica = |n: usize| ((draw >> 16) as usize % n.max(1)) + 1;
-            let (base, path, body) = match hop {
-                "claim" => (
-                    node_url(&format!("payment-{}", replica(topology.payment_replicas))),
-                    format!("/v1/payouts/{target}/claim"),
-                    serde_json::json!({ "expectedState": "PENDING" }),
-                ),
-                "post" => (
-                    node_url(&format!("payment-{}", replica(topology.payment_replicas))),
-                    format!("/v1/payouts/{target}/post"),
-                    serde_json::json!({
-                        "submissionId": dlock_rt::rand::uuid_v4(),
-                        "railReference": "forged",
-                        "railOutcome": "ACKED",
-                    }),
-                ),
-                _ => (
-                    node_url(&format!("proxy-{}", replica(topology.proxy_replicas))),
-                    "/v1/rail/submissions".to_owned(),
-                    serde_json::json!({
-                        "payoutId": target,
-                        "accountId": view.account_id,
-                        "amountMinor": view.amount_minor,
-                        "currency": view.currency,
-                        "beneficiaryRef": view.beneficiary_ref,
-                    }),
-                ),
-            };
-            let token_text = token.to_string();
-            let key = format!("forged:{target}:{draw}");
-            let mut headers = vec![
-                ("content-type", "application/json"),
-                (dlock_contract::HEADER_FENCING_TOKEN, token_text.as_str()),
-                (dlock_contract::HEADER_OWNER_ID, FORGER_OWNER),
-                (dlock_contract::HEADER_IDEMPOTENCY_KEY, key.as_str()),
-            ];
-            if let Some(sig) = &signature {
-                headers.push((dlock_contract::HEADER_FENCING_SIGNATURE, sig.as_str()));
-            }
-            let answer = HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS)
-                .send(&base, http::Method::POST, &path, &headers, Some(body.to_string().into()))
-                .await;
-            let (status, code) = match answer {
-                Ok(r) => {
-                    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
-                    (r.status, v["code"].as_str().unwrap_or_default().to_owned())
-                }
-                Err(_) => (0, String::new()),
-            };
-            out.push(Forged { forgery, hop, payout: target.to_string(), status, code });
-        }
+        forge_writes(&*paydb, &topology, &out).await;
+        run_owner_attacks(&topology, &out).await;
     });
     let _ = task.await;
     log
+}
+
+/// The forged writes ([`FORGED_WRITES_PER_SEED`]; fewer when paydb has no settled payout).
+async fn forge_writes(paydb: &dyn PaymentStore, topology: &Topology, out: &ForgerLog) {
+    let signer = grant_signer();
+    let rogue = GrantSigner::from_seed(&dlock_rt::rand::secret_bytes::<32>());
+    for _ in 0..FORGED_WRITES_PER_SEED {
+        let Some(target) = settled_payout(paydb).await else { return };
+        let Ok(Some(view)) = paydb.payout(target).await else { continue };
+        let draw = dlock_rt::rand::random_u64();
+        let forgery = Forgery::ALL[(draw % Forgery::ALL.len() as u64) as usize];
+        let hop = ["claim", "post", "submit"][((draw >> 8) % 3) as usize];
+        // Claims and posts present the int64 maximum (today's account killer); a
+        // submission presents 1, so that one the check let through is fenced at the mark
+        // (or finds the payout settled) instead of raising it.
+        let token = if hop == "submit" { 1 } else { i64::MAX };
+        let signature = forgery.signature(&signer, &rogue, &view.account_id, token, draw);
+        let replica = |n: usize| ((draw >> 16) as usize % n.max(1)) + 1;
+        let (base, path, body) = match hop {
+            "claim" => (
+                node_url(&format!("payment-{}", replica(topology.payment_replicas))),
+                format!("/v1/payouts/{target}/claim"),
+                serde_json::json!({ "expectedState": "PENDING" }),
+            ),
+            "post" => (
+                node_url(&format!("payment-{}", replica(topology.payment_replicas))),
+                format!("/v1/payouts/{target}/post"),
+                serde_json::json!({
+                    "submissionId": dlock_rt::rand::uuid_v4(),
+                    "railReference": "forged",
+                    "railOutcome": "ACKED",
+                }),
+            ),
+            _ => (
+                node_url(&format!("proxy-{}", replica(topology.proxy_replicas))),
+                "/v1/rail/submissions".to_owned(),
+                serde_json::json!({
+                    "payoutId": target,
+                    "accountId": view.account_id,
+                    "amountMinor": view.amount_minor,
+                    "currency": view.currency,
+                    "beneficiaryRef": view.beneficiary_ref,
+                }),
+            ),
+        };
+        let token_text = token.to_string();
+        let key = format!("forged:{target}:{draw}");
+        let mut headers = vec![
+            ("content-type", "application/json"),
+            (dlock_contract::HEADER_FENCING_TOKEN, token_text.as_str()),
+            (dlock_contract::HEADER_OWNER_ID, FORGER_OWNER),
+            (dlock_contract::HEADER_IDEMPOTENCY_KEY, key.as_str()),
+        ];
+        if let Some(sig) = &signature {
+            headers.push((dlock_contract::HEADER_FENCING_SIGNATURE, sig.as_str()));
+        }
+        let answer = HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS)
+            .send(&base, http::Method::POST, &path, &headers, Some(body.to_string().into()))
+            .await;
+        let (status, code) = match answer {
+            Ok(r) => {
+                let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+                (r.status, v["code"].as_str().unwrap_or_default().to_owned())
+            }
+            Err(_) => (0, String::new()),
+        };
+        out.push(Forged { forgery, hop, payout: target.to_string(), status, code });
+    }
+}
+
+/// One lock-server request under the credential `token`, as `owner`: the answer's status
+/// and body (`(0, null)`: no answer within the forger's budgets).
+async fn lock_call(
+    base: &BaseUrl,
+    token: &str,
+    owner: &str,
+    method: http::Method,
+    path: &str,
+    fencing_token: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    // An explicit bearer: it wins over the process default ([`crate::world::layers`]).
+    let client =
+        HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS).with_bearer(Some(Bearer::fixed(Secret::new(token))));
+    let mut headers = vec![(dlock_contract::HEADER_OWNER_ID, owner)];
+    if let Some(t) = fencing_token {
+        headers.push((dlock_contract::HEADER_FENCING_TOKEN, t));
+    }
+    if body.is_some() {
+        headers.push(("content-type", "application/json"));
+    }
+    match client.send(base, method, path, &headers, body.map(|b| b.to_string().into())).await {
+        Ok(r) => (r.status, serde_json::from_slice(&r.body).unwrap_or_default()),
+        Err(_) => (0, serde_json::Value::Null),
+    }
+}
+
+/// The owner attacks (module doc, "Owner attacks"): the victim's setup on a drawn lock
+/// replica, then each [`OwnerAttack`] once under the forger's own credential. Nothing is
+/// sent when the setup gets no session or no grant.
+async fn run_owner_attacks(topology: &Topology, out: &ForgerLog) {
+    let draw = dlock_rt::rand::random_u64();
+    let replica = format!("lock-{}", draw % topology.lock_replicas.max(1) as u64 + 1);
+    let base = node_url(&replica);
+    let key = format!("forger-victim:{}", draw >> 32);
+    let victim = |method: http::Method, path: String, fencing: Option<String>, body: Option<serde_json::Value>| {
+        let base = base.clone();
+        async move { lock_call(&base, VICTIM_WORKER_TOKEN, VICTIM_OWNER, method, &path, fencing.as_deref(), body).await }
+    };
+    let forger = |method: http::Method, path: String, fencing: Option<String>, body: Option<serde_json::Value>| {
+        let base = base.clone();
+        async move { lock_call(&base, FORGER_WORKER_TOKEN, ATTACKER_OWNER, method, &path, fencing.as_deref(), body).await }
+    };
+    // The victim's session and grant.
+    let opened = serde_json::json!({ "ttlMillis": VICTIM_TTL_MS });
+    let (status, answer) = victim(http::Method::POST, "/v1/sessions".to_owned(), None, Some(opened)).await;
+    let Some(session) = answer["sessionId"].as_str().filter(|_| status == 201).map(str::to_owned) else { return };
+    let acquire = serde_json::json!({ "sessionId": session, "ttlMillis": VICTIM_TTL_MS });
+    let path = format!("/v1/locks/{key}/acquire");
+    let (status, grant) = victim(http::Method::POST, path, None, Some(acquire)).await;
+    let Some(mut token) = grant["fencingToken"].as_i64().filter(|_| status == 200) else { return };
+    // The forger, bound to `forger/*`, at the victim's session and grant.
+    for attack in OwnerAttack::ALL {
+        let held = Some(token.to_string());
+        let (method, path, fencing, body) = match attack {
+            OwnerAttack::Heartbeat => (http::Method::POST, format!("/v1/sessions/{session}/heartbeat"), None, None),
+            OwnerAttack::Acquire => (
+                http::Method::POST,
+                format!("/v1/locks/{key}:forger/acquire"),
+                None,
+                Some(serde_json::json!({ "sessionId": session, "ttlMillis": VICTIM_TTL_MS })),
+            ),
+            OwnerAttack::Renew => (
+                http::Method::POST,
+                format!("/v1/locks/{key}/renew"),
+                held,
+                Some(serde_json::json!({ "sessionId": session, "ttlMillis": ATTACK_RENEW_TTL_MS })),
+            ),
+            OwnerAttack::Rotate => (
+                http::Method::POST,
+                format!("/v1/locks/{key}/rotate"),
+                held,
+                Some(serde_json::json!({ "sessionId": session })),
+            ),
+            OwnerAttack::Release => {
+                (http::Method::DELETE, format!("/v1/locks/{key}?sessionId={MADE_UP_SESSION}"), held, None)
+            }
+            OwnerAttack::Close => (http::Method::DELETE, format!("/v1/sessions/{session}"), None, None),
+        };
+        let (status, answer) = forger(method, path, fencing, body).await;
+        // A rotate that got through replaced the victim's token: the release that follows
+        // presents the new one, so it too is judged on its merits.
+        if let (OwnerAttack::Rotate, 200, Some(rotated)) = (attack, status, answer["fencingToken"].as_i64()) {
+            token = rotated;
+        }
+        let code = answer["code"].as_str().unwrap_or_default().to_owned();
+        out.push_attack(Attacked { attack, replica: replica.clone(), key: key.clone(), status, code });
+    }
 }
 
 /// A settled payout (POSTED or FAILED) drawn from paydb, if any.
@@ -272,4 +496,31 @@ async fn settled_payout(paydb: &dyn PaymentStore) -> Option<uuid::Uuid> {
         return None;
     }
     Some(found[dlock_rt::rand::random_u64() as usize % found.len()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(status: u16, code: &str) -> Attacked {
+        let (replica, key) = ("lock-1".to_owned(), "forger-victim:1".to_owned());
+        Attacked { attack: OwnerAttack::Renew, replica, key, status, code: code.to_owned() }
+    }
+
+    #[test]
+    fn an_owner_attack_passes_only_as_forbidden_or_undecided() {
+        for (status, code) in [(403, "FORBIDDEN"), (0, ""), (500, "INTERNAL"), (503, "NOT_LEADER")] {
+            assert!(!answered(status, code).got_through(), "{status} {code}");
+        }
+        for (status, code) in [(200, ""), (204, ""), (409, "LOCK_LOST"), (404, "SESSION_UNKNOWN"), (403, "OTHER")] {
+            assert!(answered(status, code).got_through(), "{status} {code}");
+        }
+        let log = ForgerLog::default();
+        log.push_attack(answered(403, "FORBIDDEN"));
+        log.push_attack(answered(200, ""));
+        let failures = log.failures();
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert_eq!(failures[0].invariant, "owner_attack_refused");
+        assert_eq!(log.lines()[1], "forger: owner attack renew on forger-victim:1 at lock-1 -> 200 ");
+    }
 }

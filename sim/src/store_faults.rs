@@ -106,6 +106,7 @@ pub const LOCKDB_OPS: &[&str] = &[
     "info",
     "revoke",
     "reap",
+    "owner_of",
 ];
 
 /// Operations that write (a lost ack only means something for these).
@@ -513,6 +514,9 @@ mod plan {
         }
         async fn info(&self, key: &str) -> Result<Option<ls::KeyInfo>, ls::StoreError> {
             self.plan.run(L, "info", self.inner.info(key)).await
+        }
+        async fn owner_of(&self, target: ls::Addressed<'_>) -> Result<Option<String>, ls::StoreError> {
+            self.plan.run(L, "owner_of", self.inner.owner_of(target)).await
         }
         async fn revoke(
             &self,

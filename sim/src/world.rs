@@ -105,15 +105,33 @@ pub fn layers(settings: &[(&str, &str)]) -> Layers {
     l.set_default("payment.grants.verify-keys", &public);
     l.set_default("rail.proxy.grants.verify-keys", &public);
     // Every node is given the world's credentials (E-13): the services the harness's
-    // three tokens, the executors the worker's, and every client in the simulation (one
-    // process) a token of the role each endpoint needs.
-    l.set_default("auth.credentials", dlock_testkit::auth::credentials());
+    // three tokens and the forger's two bound ones ([`credentials`]), the executors the
+    // worker's, and every client in the simulation (one process) a token of the role each
+    // endpoint needs.
+    l.set_default("auth.credentials", credentials());
     l.set_default("executor.auth.token", dlock_testkit::auth::WORKER_TOKEN);
     dlock_rt::http::set_process_default_bearer(dlock_testkit::auth::bearer());
     for (key, value) in wiring() {
         l.set_flag(key, value);
     }
     l
+}
+
+/// The forger's worker credential ([`crate::forger`], its owner attacks): bound to
+/// `owners=forger/*`. Simulation only.
+pub const FORGER_WORKER_TOKEN: &str = "sim-forger-worker-token-00000000000001";
+/// The worker credential of the victim the forger sets up itself: bound to
+/// `owners=forger-victim/*`. Simulation only.
+pub const VICTIM_WORKER_TOKEN: &str = "sim-forger-victim-token-00000000000001";
+
+/// The world's credentials text: the harness's three tokens
+/// ([`dlock_testkit::auth::credentials`]), then the forger's and its victim's worker
+/// tokens, each bound to its own owner ids (C3-extensions E-9, "Owner binding").
+pub fn credentials() -> String {
+    format!(
+        "{}worker {FORGER_WORKER_TOKEN} owners=forger/*\nworker {VICTIM_WORKER_TOKEN} owners=forger-victim/*\n",
+        dlock_testkit::auth::credentials()
+    )
 }
 
 /// Salt of the world's grant key stream ([`grant_signer`]).

@@ -37,7 +37,7 @@ struct Control {
     scenario: Option<&'static str>,
 }
 
-const CONTROLS: [Control; 9] = [
+const CONTROLS: [Control; 10] = [
     Control { bug: Bug::FencingOffPayment, invariant: "fence_accepts_only_rising_tokens", scenario: None },
     Control { bug: Bug::FencingOffProxy, invariant: "fence_accepts_only_rising_tokens", scenario: None },
     Control { bug: Bug::FencingOffBoth, invariant: "fence_accepts_only_rising_tokens", scenario: None },
@@ -47,6 +47,7 @@ const CONTROLS: [Control; 9] = [
     Control { bug: Bug::RevokeKeepsFloor, invariant: "revoke_raises_the_token_floor", scenario: None },
     Control { bug: Bug::GrantUnexpired, invariant: "no_two_live_grants_per_key", scenario: None },
     Control { bug: Bug::SkipGrantSignatureCheck, invariant: "forged_write_refused", scenario: None },
+    Control { bug: Bug::SkipOwnerCheck, invariant: "owner_attack_refused", scenario: None },
 ];
 
 fn jobs() -> usize {
@@ -165,6 +166,11 @@ fn granting_a_key_whose_lease_has_not_expired_is_found_as_two_live_grants() {
 #[test]
 fn resources_that_skip_the_grant_signature_check_are_found_by_the_forger() {
     the_campaign_finds(Bug::SkipGrantSignatureCheck);
+}
+
+#[test]
+fn a_lock_server_that_skips_the_owner_check_is_found_by_the_forgers_owner_attacks() {
+    the_campaign_finds(Bug::SkipOwnerCheck);
 }
 
 /// Every bug has exactly one control, in the order.

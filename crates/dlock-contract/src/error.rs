@@ -259,7 +259,7 @@ pub const CATALOGUE: &[ErrorSpec] = &[
         false,
         false,
         Origin::Extension,
-        "The credential's role may not call this endpoint, or it is not bound to the owner id (E-13).",
+        "The credential's role may not call this endpoint, or it is not bound to the owner id it names, or to the owner of the session or grant the write addresses (E-13, E-9).",
     ),
 ];
 

@@ -19,6 +19,7 @@
 //! | `revoke-keeps-floor` | the lock server's revoke: the grant is deleted, the token floor is not raised |
 //! | `grant-unexpired` | the lock server's acquire rule: a key whose grant still lives is granted again |
 //! | `skip-grant-signature-check` | [`crate::grant::GrantVerifier::verify`]: every grant is admitted, signed or not (the forger's writes reach the fences) |
+//! | `skip-owner-check` | the lock server's owner check (`LockServer::may_address`, C3-extensions E-9): a credential bound to owner ids may address any owner's session or grant (the forger's owner attacks are judged on their merits) |
 //!
 //! The fencing bugs (1–3) are the defence layers of [`crate::defence`] switched off
 //! together, with one difference from a defence-in-depth run: the oracle is not told, so a
@@ -61,11 +62,14 @@ pub enum Bug {
     GrantUnexpired,
     /// The resources admit every grant without checking its signature.
     SkipGrantSignatureCheck,
+    /// The lock server lets a credential bound to owner ids address any owner's session or
+    /// grant.
+    SkipOwnerCheck,
 }
 
 impl Bug {
     /// Every bug, in the order.
-    pub const ALL: [Bug; 9] = [
+    pub const ALL: [Bug; 10] = [
         Bug::FencingOffPayment,
         Bug::FencingOffProxy,
         Bug::FencingOffBoth,
@@ -75,6 +79,7 @@ impl Bug {
         Bug::RevokeKeepsFloor,
         Bug::GrantUnexpired,
         Bug::SkipGrantSignatureCheck,
+        Bug::SkipOwnerCheck,
     ];
 
     /// The stable name (`--plant NAME`).
@@ -89,6 +94,7 @@ impl Bug {
             Bug::RevokeKeepsFloor => "revoke-keeps-floor",
             Bug::GrantUnexpired => "grant-unexpired",
             Bug::SkipGrantSignatureCheck => "skip-grant-signature-check",
+            Bug::SkipOwnerCheck => "skip-owner-check",
         }
     }
 
@@ -187,7 +193,8 @@ mod tests {
                 "mark-after-call",
                 "revoke-keeps-floor",
                 "grant-unexpired",
-                "skip-grant-signature-check"
+                "skip-grant-signature-check",
+                "skip-owner-check"
             ]
         );
         for b in Bug::ALL {

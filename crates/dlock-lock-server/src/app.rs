@@ -21,8 +21,8 @@ use uuid::Uuid;
 
 use crate::service::{AcquireOutcome, LockServer, CONTENTION_RETRY_AFTER_MS, NOT_LEADER_RETRY_AFTER_MS};
 use crate::store::{
-    AcquireRefusal, ClassifiedStoreError, GrantRow, RenewRefusal, RevokeRefusal, RotateRefusal, SessionRefusal,
-    StoreError,
+    AcquireRefusal, Addressed, ClassifiedStoreError, GrantRow, RenewRefusal, RevokeRefusal, RotateRefusal,
+    SessionRefusal, StoreError,
 };
 
 /// Largest request body the lock server reads.
@@ -83,6 +83,31 @@ fn session_refusal(r: SessionRefusal, id: Uuid) -> ApiError {
                 .with_details(json!({ "sessionId": id }))
         }
     }
+}
+
+/// The principal's owner binding (`None`: unbound, or authentication off).
+type Caller = Option<Extension<dlock_http::auth::Principal>>;
+
+fn bound(caller: &Caller) -> Option<&std::collections::BTreeSet<String>> {
+    caller.as_ref().and_then(|p| p.0.owners.as_ref())
+}
+
+/// The owner check (C3-extensions E-9, "Owner binding"): `403 FORBIDDEN` unless the caller
+/// may act as the stored owner of every session and grant the write addresses, decided
+/// before anything changes. A missing session or grant passes here; the store's answer
+/// (`SESSION_UNKNOWN`, `LOCK_LOST`) follows.
+async fn authorize(
+    server: &LockServer,
+    caller: &Caller,
+    targets: &[Addressed<'_>],
+    owner: &OwnerId,
+    trace: &TraceId,
+) -> Result<(), ApiError> {
+    if server.may_address(bound(caller), targets).await.map_err(not_leader)? {
+        return Ok(());
+    }
+    tracing::warn!(ownerId = %owner, traceId = %trace.0, "lock_owner_forbidden");
+    Err(ApiError::new(ErrorCode::Forbidden, "this credential may not act for the owner of this session or grant"))
 }
 
 /// A stored token for a log line: the number, or `none`.
@@ -241,6 +266,7 @@ async fn open_session(
     let open =
         move |store: Arc<dyn crate::store::LockStore>| async move { store.open_session(id, &owner_text, ttl).await };
     let row = server.write(open).await.map_err(not_leader)?;
+    server.remember_owner(bound(&principal), Addressed::Session(id), &row.owner_id);
     emit_session(id, row.expires_at_ms);
     tracing::info!(sessionId = %id, ownerId = %owner, ttlMillis = ttl, traceId = %trace.0, "session_opened");
     Ok(dlock_http::json(
@@ -269,11 +295,14 @@ fn emit_session(id: Uuid, expires_at_ms: i64) {
     responses((status = 200, description = "The session is extended.", body = HeartbeatAck)))]
 async fn heartbeat(
     State(server): State<Arc<LockServer>>,
+    Extension(trace): Extension<TraceId>,
+    caller: Caller,
     Path(session_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let id = path_session(&session_id)?;
-    let _owner = dlock_http::owner_id(&headers)?;
+    let owner = dlock_http::owner_id(&headers)?;
+    authorize(&server, &caller, &[Addressed::Session(id)], &owner, &trace).await?;
     let heartbeat = server.write(move |store| async move { store.heartbeat(id).await }).await;
     let (row, held) = heartbeat.map_err(not_leader)?.map_err(|r| session_refusal(r, id))?;
     emit_session(id, row.expires_at_ms);
@@ -298,11 +327,13 @@ async fn heartbeat(
 async fn close_session(
     State(server): State<Arc<LockServer>>,
     Extension(trace): Extension<TraceId>,
+    caller: Caller,
     Path(session_id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let id = path_session(&session_id)?;
     let owner = dlock_http::owner_id(&headers)?;
+    authorize(&server, &caller, &[Addressed::Session(id)], &owner, &trace).await?;
     let delay_ms = server.cfg.delay_ms;
     let closed = server.write(move |store| async move { store.close_session(id, delay_ms).await }).await;
     closed.map_err(not_leader)?.map_err(|r| match r {
@@ -325,6 +356,7 @@ async fn close_session(
 async fn acquire(
     State(server): State<Arc<LockServer>>,
     Extension(trace): Extension<TraceId>,
+    caller: Caller,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Result<JsonBody, ApiError>,
@@ -335,9 +367,11 @@ async fn acquire(
     let session = body_session(&body)?;
     let ttl = lock_ttl(&server, opt_int(&body, "ttlMillis", 1, i64::MAX)?);
     let wait = opt_int(&body, "waitMillis", 0, WAIT_MS_MAX)?.unwrap_or(0);
+    authorize(&server, &caller, &[Addressed::Session(session)], &owner, &trace).await?;
     let outcome = server.acquire(&key, session, ttl, wait).await.map_err(not_leader)?;
     match outcome {
         AcquireOutcome::Granted(g) => {
+            server.remember_owner(bound(&caller), Addressed::Grant { key: &key, token: g.fencing_token }, &g.owner_id);
             tracing::info!(key = %key, ownerId = %owner, sessionId = %session, fencingToken = g.fencing_token, traceId = %trace.0, "lock_granted");
             Ok(dlock_http::json(StatusCode::OK, &grant_body(&server, &g)))
         }
@@ -405,11 +439,14 @@ fn lock_lost<O: std::fmt::Display>(l: &HeldLost<'_, O>, message: &str) -> ApiErr
 async fn renew(
     State(server): State<Arc<LockServer>>,
     Extension(trace): Extension<TraceId>,
+    caller: Caller,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
     let HeldRequest { key, token, owner, session, ttl } = held_request(&server, &key, &headers, body)?;
+    let addressed = [Addressed::Session(session), Addressed::Grant { key: &key, token: token.get() }];
+    authorize(&server, &caller, &addressed, &owner, &trace).await?;
     let (renewing, presented) = (key.clone(), token.get());
     let renew = move |store: Arc<dyn crate::store::LockStore>| async move {
         store.renew(&renewing, session, presented, ttl).await
@@ -448,13 +485,18 @@ async fn renew(
 async fn rotate(
     State(server): State<Arc<LockServer>>,
     Extension(trace): Extension<TraceId>,
+    caller: Caller,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
     let HeldRequest { key, token, owner, session, ttl } = held_request(&server, &key, &headers, body)?;
+    let addressed = [Addressed::Session(session), Addressed::Grant { key: &key, token: token.get() }];
+    authorize(&server, &caller, &addressed, &owner, &trace).await?;
     match server.rotate(&key, session, token.get(), ttl).await.map_err(not_leader)? {
         Ok(g) => {
+            server.forget_grant_owner(&key, token.get());
+            server.remember_owner(bound(&caller), Addressed::Grant { key: &key, token: g.fencing_token }, &g.owner_id);
             tracing::info!(key = %key, ownerId = %owner, sessionId = %session, releasedToken = token.get(), fencingToken = g.fencing_token, traceId = %trace.0, "lock_rotated");
             Ok(dlock_http::json(StatusCode::OK, &grant_body(&server, &g)))
         }
@@ -489,6 +531,7 @@ struct SessionQuery {
 async fn release(
     State(server): State<Arc<LockServer>>,
     Extension(trace): Extension<TraceId>,
+    caller: Caller,
     Path(key): Path<String>,
     Query(query): Query<SessionQuery>,
     headers: HeaderMap,
@@ -502,11 +545,14 @@ async fn release(
         Some(raw) => path_session(&raw)?,
         None => body_session(&optional_body(body, &headers)?)?,
     };
+    let addressed = [Addressed::Grant { key: &key, token: token.get() }, Addressed::Session(session)];
+    authorize(&server, &caller, &addressed, &owner, &trace).await?;
     let (releasing, presented) = (key.clone(), token.get());
     let release =
         move |store: Arc<dyn crate::store::LockStore>| async move { store.release(&releasing, presented).await };
     match server.write(release).await.map_err(not_leader)? {
         Ok(()) => {
+            server.forget_grant_owner(&key, token.get());
             server.metrics.releases.inc(0);
             server.wake(&key);
             dlock_rt::events::emit(crate::NODE, "release", || {

@@ -17,6 +17,8 @@
 //!   the grant it replaces ([`next_token`], [`assert_token_replaces`]).
 //! - An acquire grants only when the caller's session is live, no live grant holds the key,
 //!   and no lock-delay runs at `now`.
+//! - A caller bound to owner ids addresses only sessions and grants stored for one of them
+//!   ([`may_address`]); an unbound caller addresses any.
 //! - A rotate ([`decide_rotate`]) is a release followed by an acquire, decided on one
 //!   snapshot: it grants only when the caller's session is live and holds the live grant
 //!   `(key, token)`; the new token must exceed `token` ([`assert_token_replaces`]).
@@ -264,6 +266,15 @@ pub fn decide_revoke(
         return Err(RevokeRefusal::Stale { current_token: current });
     }
     Ok(current)
+}
+
+/// The owner check (C3-extensions E-9, "Owner binding"): whether a caller whose credential
+/// is bound to `owners` (`None`: unbound, or authentication off) may address a session or a
+/// grant stored for `stored_owner` (`None`: nothing is stored; the store's own answer, such
+/// as `SESSION_UNKNOWN` or `LOCK_LOST`, then follows). A bound caller may address only what
+/// is stored for an owner it may act as ([`dlock_contract::auth::may_act_as`]).
+pub fn may_address(owners: Option<&std::collections::BTreeSet<String>>, stored_owner: Option<&str>) -> bool {
+    stored_owner.is_none_or(|o| dlock_contract::auth::may_act_as(owners, o))
 }
 
 /// What closing a session (L3) does to one of its grants: `Some(died_at)` when the grant had

@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::rules::{ends_the_wait, on_arrival, queue_has_room, Arrival};
-use crate::store::{AcquireRefusal, GrantRow, LockStore, RotateRefusal, StoreError};
+use crate::store::{AcquireRefusal, Addressed, GrantRow, LockStore, RotateRefusal, StoreError};
 use crate::store_timed::{LockStoreOp, TimedLockStore};
 
 /// Default `lock.session.ttl-ms` (C3 L1 "default lock.session.ttl").
@@ -46,6 +46,10 @@ pub const REAP_INTERVAL_MS_DEFAULT: u64 = 500;
 pub const REAP_BATCH_MAX_DEFAULT: i64 = 1_000;
 /// Default `lock.wait.poll-ms`: how often a waiting head re-asks the store.
 pub const WAIT_POLL_MS_DEFAULT: u64 = 100;
+/// Owners of sessions, and of grants, this replica remembers for the owner check (each kind;
+/// past it that kind is forgotten and read again from the store as needed). Owners never
+/// change (`store::Addressed`), so what is remembered is never stale.
+pub const OWNERS_REMEMBERED_MAX: usize = 65_536;
 /// `retryAfterMillis` on NOT_LEADER.
 pub const NOT_LEADER_RETRY_AFTER_MS: u64 = 1_000;
 /// `retryAfterMillis` on CONTENTION_EXCEEDED.
@@ -202,6 +206,40 @@ pub struct LockServer {
     pub metrics: LockMetrics,
     queues: Mutex<BTreeMap<String, Queue>>,
     next_waiter: std::sync::atomic::AtomicU64,
+    /// Stored owners this replica read or made, for [`LockServer::may_address`].
+    owners: Mutex<Owners>,
+}
+
+/// Stored owners of sessions and grants `(key, token)`, each map bounded by
+/// [`OWNERS_REMEMBERED_MAX`]. Filled only for callers bound to owner ids: an unbound caller
+/// is never checked, so it costs nothing.
+#[derive(Debug, Default)]
+struct Owners {
+    sessions: BTreeMap<Uuid, String>,
+    grants: BTreeMap<(String, i64), String>,
+}
+
+impl Owners {
+    fn get(&self, target: &Addressed<'_>) -> Option<String> {
+        match *target {
+            Addressed::Session(id) => self.sessions.get(&id).cloned(),
+            Addressed::Grant { key, token } => self.grants.get(&(key.to_owned(), token)).cloned(),
+        }
+    }
+
+    fn put(&mut self, target: &Addressed<'_>, owner: &str) {
+        fn bounded<K: Ord>(map: &mut BTreeMap<K, String>, k: K, owner: &str) {
+            if map.len() >= OWNERS_REMEMBERED_MAX {
+                map.clear();
+            }
+            map.insert(k, owner.to_owned());
+        }
+        match *target {
+            Addressed::Session(id) => bounded(&mut self.sessions, id, owner),
+            Addressed::Grant { key, token } => bounded(&mut self.grants, (key.to_owned(), token), owner),
+        }
+        assert!(self.sessions.len() <= OWNERS_REMEMBERED_MAX && self.grants.len() <= OWNERS_REMEMBERED_MAX);
+    }
 }
 
 /// Removes a waiter from its queue however the wait ends (grant, timeout, or the caller
@@ -254,6 +292,7 @@ impl LockServer {
             metrics,
             queues: Mutex::new(BTreeMap::new()),
             next_waiter: std::sync::atomic::AtomicU64::new(1),
+            owners: Mutex::default(),
         })
     }
 
@@ -269,6 +308,62 @@ impl LockServer {
         self.metrics.waiter_queues.set(i64::try_from(queues).unwrap_or(i64::MAX));
         self.metrics.pool.set(self.store.pool_stats());
         self.metrics.render(only)
+    }
+
+    /// The owner check (C3-extensions E-9, "Owner binding"), decided before anything
+    /// changes: whether a caller bound to `owners` (`None`: unbound, never checked and never
+    /// read for) may address every one of `targets` ([`crate::rules::may_address`] of each
+    /// stored owner). A stored owner is read from the store once and then remembered.
+    pub async fn may_address(
+        &self,
+        owners: Option<&std::collections::BTreeSet<String>>,
+        targets: &[Addressed<'_>],
+    ) -> Result<bool, StoreError> {
+        // Planted bug `skip-owner-check` (simulation only): every caller may address anything.
+        if owners.is_none() || dlock_contract::planted::on(dlock_contract::planted::Bug::SkipOwnerCheck) {
+            return Ok(true);
+        }
+        for target in targets {
+            let remembered = self.owners.lock().ok().and_then(|o| o.get(target));
+            let stored = match remembered {
+                Some(o) => Some(o),
+                None => {
+                    let read = self.store.owner_of(*target).await?;
+                    if let Some(o) = &read {
+                        self.remember_owner(owners, *target, o);
+                    }
+                    read
+                }
+            };
+            if !crate::rules::may_address(owners, stored.as_deref()) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Remembers that `target` is stored for `owner`, for a caller bound to `owners`
+    /// (an unbound caller is never checked: nothing to remember).
+    pub fn remember_owner(
+        &self,
+        owners: Option<&std::collections::BTreeSet<String>>,
+        target: Addressed<'_>,
+        owner: &str,
+    ) {
+        if owners.is_some() {
+            if let Ok(mut o) = self.owners.lock() {
+                o.put(&target, owner);
+            }
+        }
+    }
+
+    /// Forgets the owner of grant `(key, token)`: it was released or replaced.
+    pub fn forget_grant_owner(&self, key: &str, token: i64) {
+        if let Ok(mut o) = self.owners.lock() {
+            if !o.grants.is_empty() {
+                o.grants.remove(&(key.to_owned(), token));
+            }
+        }
     }
 
     /// Waiters queued for `key` on this replica (advisory, for L7).

@@ -149,6 +149,15 @@ pub enum RevokeRefusal {
     Stale { current_token: i64 },
 }
 
+/// What a write addresses, for the owner check (C3-extensions E-9, "Owner binding"): a
+/// session by its id, or a grant by `(key, token)`. Both owners are immutable: a session
+/// keeps the owner it was opened for, a grant its session's, and neither id is ever reused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Addressed<'a> {
+    Session(Uuid),
+    Grant { key: &'a str, token: i64 },
+}
+
 /// What one reaper pass did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReapReport {
@@ -221,6 +230,11 @@ pub trait LockStore: Send + Sync + 'static {
         ttl_ms: i64,
         delay_ms: i64,
     ) -> Result<Result<GrantRow, RotateRefusal>, StoreError>;
+
+    /// The stored owner of what `target` addresses: the session's owner (live, expired or
+    /// remembered), or the owner of the key's grant row holding `token` (live or dead).
+    /// `None` when nothing is stored. A read: it changes nothing.
+    async fn owner_of(&self, target: Addressed<'_>) -> Result<Option<String>, StoreError>;
 
     /// The key's state; `None` if the key was never granted.
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError>;

@@ -152,8 +152,8 @@ use uuid::Uuid;
 
 use crate::rules::{self, AcquireFacts, GrantFacts, GrantPlan, RotateFacts};
 use crate::store::{
-    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, RotateRefusal,
-    SessionRefusal, SessionRow, StoreError,
+    AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
+    RotateRefusal, SessionRefusal, SessionRow, StoreError,
 };
 
 /// Bound on one etcd round trip (connect, read, or txn).
@@ -1182,6 +1182,17 @@ impl LockStore for EtcdLockStore {
             }
         }
         Err(contended("rotate"))
+    }
+
+    async fn owner_of(&self, target: Addressed<'_>) -> Result<Option<String>, StoreError> {
+        Ok(match target {
+            Addressed::Session(id) => self.read_one::<SessionVal>(self.session_key(id)).await?.map(|s| s.val.owner_id),
+            Addressed::Grant { key, token } => self
+                .read_one::<GrantVal>(self.grant_key(key))
+                .await?
+                .filter(|g| g.token() == token)
+                .map(|g| g.val.owner_id),
+        })
     }
 
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {

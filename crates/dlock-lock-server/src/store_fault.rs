@@ -13,8 +13,8 @@ use dlock_contract::store::StoreFaults;
 use uuid::Uuid;
 
 use crate::store::{
-    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, RotateRefusal,
-    SessionRefusal, SessionRow, StoreError,
+    AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
+    RotateRefusal, SessionRefusal, SessionRow, StoreError,
 };
 
 /// `inner`, failing the calls `faults` holds.
@@ -84,6 +84,10 @@ impl LockStore for FaultyLockStore {
         delay_ms: i64,
     ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
         self.faults.run("rotate", self.inner.rotate(key, session_id, token, ttl_ms, delay_ms)).await
+    }
+
+    async fn owner_of(&self, target: Addressed<'_>) -> Result<Option<String>, StoreError> {
+        self.faults.run("owner_of", self.inner.owner_of(target)).await
     }
 
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {

@@ -21,8 +21,8 @@ use uuid::Uuid;
 
 use crate::rules::{self, AcquireFacts, GrantFacts, RotateFacts};
 use crate::store::{
-    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, RotateRefusal,
-    SessionRefusal, SessionRow, StoreError,
+    AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
+    RotateRefusal, SessionRefusal, SessionRow, StoreError,
 };
 
 #[derive(Debug, Clone)]
@@ -335,6 +335,16 @@ impl LockStore for MemLockStore {
         self.observer.tell(|| LockEvent::Released { key: key.to_owned(), token, now_ms: now });
         self.observer.tell(|| LockEvent::Granted { grant: grant.clone(), now_ms: now });
         Ok(Ok(grant))
+    }
+
+    async fn owner_of(&self, target: Addressed<'_>) -> Result<Option<String>, StoreError> {
+        let t = self.lock()?;
+        Ok(match target {
+            Addressed::Session(id) => t.sessions.get(&id).map(|s| s.row.owner_id.clone()),
+            Addressed::Grant { key, token } => {
+                t.grants.get(key).filter(|g| g.fencing_token == token).map(|g| g.owner_id.clone())
+            }
+        })
     }
 
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {

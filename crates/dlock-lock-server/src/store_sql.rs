@@ -44,8 +44,8 @@ use uuid::Uuid;
 
 use crate::rules::{self, AcquireFacts, GrantFacts};
 use crate::store::{
-    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, RotateRefusal,
-    SessionRefusal, SessionRow, StoreError,
+    AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
+    RotateRefusal, SessionRefusal, SessionRow, StoreError,
 };
 
 static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/lockdb/postgres");
@@ -643,6 +643,25 @@ macro_rules! sql_lock_store {
                     return Ok(Ok(()));
                 }
                 Ok(Err(self.stored_token(key).await?))
+            }
+
+            async fn owner_of(&self, target: Addressed<'_>) -> Result<Option<String>, StoreError> {
+                let row = match target {
+                    Addressed::Session(id) => {
+                        sqlx::query(&Self::q("SELECT owner_id FROM lock_sessions WHERE session_id = $1"))
+                            .bind(id.to_string())
+                            .fetch_optional(&self.pool)
+                            .await
+                    }
+                    Addressed::Grant { key, token } => sqlx::query(&Self::q(
+                        "SELECT owner_id FROM lock_grants WHERE lock_key = $1 AND fencing_token = $2",
+                    ))
+                    .bind(key.to_owned())
+                    .bind(token)
+                    .fetch_optional(&self.pool)
+                    .await,
+                };
+                row.map_err(unavailable)?.map(|r| r.text("owner_id")).transpose()
             }
 
             async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {

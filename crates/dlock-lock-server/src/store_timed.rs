@@ -13,8 +13,8 @@ use dlock_rt::Clock;
 use uuid::Uuid;
 
 use crate::store::{
-    AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, RotateRefusal,
-    SessionRefusal, SessionRow, StoreError,
+    AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
+    RotateRefusal, SessionRefusal, SessionRow, StoreError,
 };
 
 /// The `op` tag of `lock_store_op_seconds`: one value per [`LockStore`] method.
@@ -30,6 +30,7 @@ pub enum LockStoreOp {
     Release,
     Rotate,
     Info,
+    OwnerOf,
     Revoke,
     Reap,
 }
@@ -39,7 +40,21 @@ impl ClosedTag for LockStoreOp {
 
     fn all() -> &'static [Self] {
         use LockStoreOp::*;
-        &[Ping, NowMs, OpenSession, Heartbeat, CloseSession, Acquire, Renew, Release, Rotate, Info, Revoke, Reap]
+        &[
+            Ping,
+            NowMs,
+            OpenSession,
+            Heartbeat,
+            CloseSession,
+            Acquire,
+            Renew,
+            Release,
+            Rotate,
+            Info,
+            OwnerOf,
+            Revoke,
+            Reap,
+        ]
     }
 
     fn tag(self) -> &'static str {
@@ -54,6 +69,7 @@ impl ClosedTag for LockStoreOp {
             LockStoreOp::Release => "release",
             LockStoreOp::Rotate => "rotate",
             LockStoreOp::Info => "info",
+            LockStoreOp::OwnerOf => "owner_of",
             LockStoreOp::Revoke => "revoke",
             LockStoreOp::Reap => "reap",
         }
@@ -138,6 +154,10 @@ impl LockStore for TimedLockStore {
 
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
         self.ops.time(&self.clock, LockStoreOp::Info, self.inner.info(key)).await
+    }
+
+    async fn owner_of(&self, target: Addressed<'_>) -> Result<Option<String>, StoreError> {
+        self.ops.time(&self.clock, LockStoreOp::OwnerOf, self.inner.owner_of(target)).await
     }
 
     async fn revoke(

@@ -471,6 +471,9 @@ impl dlock_lock_server::store::LockStore for Unreachable {
     async fn release(&self, _: &str, _: i64) -> Result<Result<(), Option<i64>>, StoreError> {
         Err(gone())
     }
+    async fn owner_of(&self, _: dlock_lock_server::store::Addressed<'_>) -> Result<Option<String>, StoreError> {
+        Err(gone())
+    }
     async fn rotate(
         &self,
         _: &str,
