@@ -72,9 +72,6 @@ use crate::world::{self, LockBackend, StoreWrap, Topology, World, WorldSpec};
 
 /// Default bound of the liveness phase (simulated).
 pub const LIVENESS_MS_MAX: u64 = 120_000;
-/// The most the liveness bound grows for lock replicas' clocks that ran ahead on etcd
-/// ([`crate::world::World::lock_clock_ahead_bound_ms`]); the runtime's time limit allows it.
-pub const LOCK_CLOCK_STALL_MS_MAX: u64 = 240_000;
 /// How often the liveness phase looks at paydb.
 pub const SETTLE_POLL_MS: u64 = 250;
 /// Simulated time past the fault phase and the liveness bound after which the runtime
@@ -320,7 +317,7 @@ fn run_prepared(
     defence::reset();
     defence::set_off(opts.layer_off);
     planted::set(opts.planted);
-    let limit_ms = cfg.fault_ms + opts.liveness_ms_max + LOCK_CLOCK_STALL_MS_MAX + TIME_LIMIT_SLACK_MS;
+    let limit_ms = cfg.fault_ms + opts.liveness_ms_max + TIME_LIMIT_SLACK_MS;
     // The services' event seam feeds the trace (its lease beliefs and reconciler findings;
     // on etcd, which has no lockdb observer, the lock server's sessions and grants too), on
     // this thread, where the seed's runtime runs; removed when this seed ends.
@@ -501,16 +498,6 @@ async fn play(
     // Liveness phase: nothing injects chaos any more: every fault healed, clocks reset,
     // killed nodes started again, the executors restarted without their stalls; the
     // workload finishes its creations and every payout must settle within the bound.
-    // C1 §1.5.4: on etcd a lock replica judges leases by its own wall clock, so what a
-    // replica wrote while its clock ran ahead outlives its holder by as much, and the key
-    // stalls that long (a bounded, documented stall; fences are not involved). The bound
-    // grows by the most any lock replica's clock can have run ahead (read before the heal
-    // resets the clocks), capped by [`LOCK_CLOCK_STALL_MS_MAX`].
-    let stall_ms = if w.locks_on_etcd() {
-        w.lock_clock_ahead_bound_ms(crate::faults::now_ms()).min(LOCK_CLOCK_STALL_MS_MAX)
-    } else {
-        0
-    };
     let healed = w.heal_all();
     w.heal_executors();
     trace.push(format!("schedule: {} at the fault phase's end; heal_all", if cut { "cut" } else { "done" }));
@@ -521,23 +508,7 @@ async fn play(
         }
     }
     trace.extend(healed);
-    let liveness_ms = opts.liveness_ms_max + stall_ms;
-    if stall_ms > 0 {
-        trace.push(format!(
-            "liveness: bound {liveness_ms} ms ({} + {stall_ms} ms a lock replica's clock ran ahead on etcd)",
-            opts.liveness_ms_max
-        ));
-        if let Some(t) = &tr {
-            t.supervisor(
-                "liveness_bound",
-                crate::trace::fields([
-                    ("bound_ms", liveness_ms.into()),
-                    ("clock_ahead_ms", stall_ms.into()),
-                    ("why", "etcd: leases are judged by each lock replica's wall clock (C1 §1.5.4)".into()),
-                ]),
-            );
-        }
-    }
+    let liveness_ms = opts.liveness_ms_max;
     let deadline = Duration::from_millis(liveness_ms);
     let paydb = w.paydb.clone();
     let settled_in = dlock_rt::wait_until(Duration::from_millis(SETTLE_POLL_MS), deadline, || {

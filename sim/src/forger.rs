@@ -160,12 +160,17 @@ pub struct Forged {
     pub code: String,
 }
 
+/// Whether an answer `(status, code)` shows the request judged on its merits: neither the
+/// refusal the check under attack gives (`refused`) nor no decision (no answer, a 5xx).
+fn judged_on_merits(status: u16, code: &str, refused: (u16, &str)) -> bool {
+    let undecided = status == 0 || status >= 500;
+    !(undecided || (status, code) == refused)
+}
+
 impl Forged {
     /// Whether the resource judged this write on its merits (it passed the grant check).
     pub fn got_through(&self) -> bool {
-        let undecided = self.status == 0 || self.status >= 500;
-        let refused = self.status == 400 && self.code == "INVALID_TOKEN";
-        !(undecided || refused)
+        judged_on_merits(self.status, &self.code, (400, "INVALID_TOKEN"))
     }
 
     pub fn line(&self) -> String {
@@ -224,9 +229,7 @@ pub struct Attacked {
 impl Attacked {
     /// Whether the lock server judged this write on its merits (it passed the owner check).
     pub fn got_through(&self) -> bool {
-        let undecided = self.status == 0 || self.status >= 500;
-        let refused = self.status == 403 && self.code == "FORBIDDEN";
-        !(undecided || refused)
+        judged_on_merits(self.status, &self.code, (403, "FORBIDDEN"))
     }
 
     pub fn line(&self) -> String {

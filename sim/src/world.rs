@@ -1170,48 +1170,6 @@ impl World {
         lines
     }
 
-    /// Whether the lock servers run on (simulated) etcd.
-    pub fn locks_on_etcd(&self) -> bool {
-        matches!(self.spec.backend, LockBackend::Etcd)
-    }
-
-    /// An upper bound, in ms, on how far any lock replica's wall clock can have run ahead of
-    /// true time during the first `elapsed_ms` of the run: its positive start skew, plus
-    /// every forward wall step it took (the sum, capped by the runtime's offset bound), plus
-    /// `(rate − 1) × elapsed_ms` for the fastest rate it was set to. On etcd a replica judges
-    /// leases by its own wall clock (C1 §1.5.4), so a session or grant a replica wrote while
-    /// its clock ran `d` ahead outlives its holder by `d` in true time, and its key stalls
-    /// that long once the holder is gone. Fences are not involved: the stall is liveness.
-    pub fn lock_clock_ahead_bound_ms(&self, elapsed_ms: u64) -> u64 {
-        use crate::faults::FaultKind;
-        let mut ahead: BTreeMap<madsim::task::NodeId, (i64, f64)> = BTreeMap::new();
-        for (name, node) in &self.nodes {
-            if name.starts_with("lock-") {
-                let start = self.spec.skew_ms.get(name).copied().unwrap_or(0).max(0);
-                ahead.insert(node.id(), (start, 1.0));
-            }
-        }
-        for r in self.faults.record() {
-            for id in &r.a {
-                let Some((steps, rate)) = ahead.get_mut(id) else { continue };
-                match r.kind {
-                    FaultKind::WallStep { delta_ms } => *steps = steps.saturating_add(delta_ms.max(0)),
-                    FaultKind::ClockRate { rate: r } => *rate = rate.max(r),
-                    _ => {}
-                }
-            }
-        }
-        let elapsed = i64::try_from(elapsed_ms).unwrap_or(i64::MAX);
-        ahead
-            .values()
-            .map(|&(steps, rate)| {
-                let drift = ((rate - 1.0).max(0.0) * elapsed as f64).ceil() as i64;
-                steps.min(dlock_rt::sim_clock::WALL_OFFSET_MS_MAX).saturating_add(drift)
-            })
-            .max()
-            .map_or(0, |d| u64::try_from(d).unwrap_or(0))
-    }
-
     /// A key some executor holds now on the simulation lockdb (`payout:acct-N`), if any.
     async fn held_key(&self) -> Option<String> {
         for a in 0..crate::swarm::ACCOUNTS_MAX {

@@ -117,17 +117,14 @@ fn payouts_stamped_by_a_payment_clock_ahead_are_worked_without_waiting_for_it() 
     assert!(o.sim_ms < 60_000, "settled only at {} ms: the payouts stamped ahead waited", o.sim_ms);
 }
 
-/// On etcd a lock replica judges leases by its own wall clock (C1 §1.5.4): a replica whose
-/// clock ran ahead writes a session or grant that outlives its holder by that lead, and the
-/// key stalls as long, no longer. Seed 50715 (one hot account, `lock-2` stepped 119 215 ms
-/// ahead, its executors restarted at the heal) settles within the liveness bound grown by
-/// exactly that lead; it needs the growth (it ran past the plain bound's end), and without
-/// it the seed is a liveness failure.
+/// On etcd no lock replica's wall clock judges a lease (C1 §1.5.4): each replica counts a
+/// lease on its monotonic clock from when it first saw it. Seed 50715 (one hot account,
+/// `lock-2`'s wall clock stepped 119 215 ms ahead at 1.3 s, its executors restarted at the
+/// heal) stalled its key for 119 s when replicas compared their wall clocks with the
+/// deadline `lock-2` wrote; now every payout settles soon after the heal.
 #[test]
-fn a_lock_replica_clock_ahead_on_etcd_stalls_its_key_by_the_lead_and_no_longer() {
+fn a_lock_replica_wall_clock_stepped_ahead_on_etcd_stalls_no_key() {
     let o = campaign::run_seed(50715, &RunOptions::default());
     assert!(o.failures.is_empty(), "{:?}", o.failures);
-    let bound = format!("liveness: bound {} ms", campaign::LIVENESS_MS_MAX + 119_215);
-    assert!(o.trace.iter().any(|l| l.starts_with(&bound)), "{bound} missing: {:?}", o.trace);
-    assert!(o.sim_ms > 7_000 + campaign::LIVENESS_MS_MAX, "settled in {} ms: no stall to bound", o.sim_ms);
+    assert!(o.sim_ms < 60_000, "settled only at {} ms: a key waited for a wall clock", o.sim_ms);
 }

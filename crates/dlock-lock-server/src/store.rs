@@ -1,11 +1,14 @@
 //! The lock server's store: the trait every backend implements, and its semantics.
 //!
-//! Every method is one atomic step against the backend (one transaction in SQL), and the
-//! **backend's clock** decides every lease: `now` below is read by the store itself
-//! (PostgreSQL `clock_timestamp()`, SQLite's `unixepoch('subsec')`, the simulation store's
-//! own clock), never passed in by a replica. Two replicas with skewed clocks therefore still
-//! agree on which grant is live. All instants are Unix epoch milliseconds.
-//!
+//! Every method is one atomic step against the backend (one transaction in SQL), and no
+//! replica's wall clock decides a lease. On SQLite and PostgreSQL the **backend's clock**
+//! decides: `now` below is read by the store itself (PostgreSQL `clock_timestamp()`,
+//! SQLite's `unixepoch('subsec')`, the simulation store's own clock), never passed in by a
+//! replica, so two replicas with skewed clocks still agree on which grant is live. On etcd,
+//! which has no clock, each replica judges by durations on its own monotonic clock since
+//! it first saw each version of a record (`store_etcd`, "Time"): `now` there is that
+//! replica's frame. All instants are Unix epoch milliseconds.
+
 //! ## Definitions
 //! Each definition below is one pure function of [`crate::rules`] (`session_check`,
 //! `grant_dies_at`, `lock_delay_until` / `merge_delay`, `next_token`, `decide_acquire`, …);
@@ -175,7 +178,9 @@ pub trait LockStore: Send + Sync + 'static {
     /// Cheap round trip, for readiness.
     async fn ping(&self) -> Result<(), StoreError>;
 
-    /// The backend's clock, epoch ms.
+    /// The clock the store's answers are on, epoch ms: the backend's (SQL), or the judging
+    /// replica's frame shown on its wall clock (etcd). For relating answers' instants, and
+    /// for humans.
     async fn now_ms(&self) -> Result<i64, StoreError>;
 
     /// Opens a session for `owner_id` with `ttl_ms` (already clamped by the caller):
