@@ -6,7 +6,9 @@
 #   1. Installs missing system packages with apt (needs root):
 #        postgresql (server), etcd-server (`etcd`), protobuf-compiler (`protoc`,
 #        for etcd-client's build script), pkg-config, curl (etcd health checks),
-#        chromium and fonts-dejavu-core (the timeline's headless browser test,
+#        libfaketime (two lock servers with their wall clocks 40 s apart,
+#        crates/dlock/tests/faketime_replicas.rs), chromium and fonts-dejavu-core (the
+#        timeline's headless browser test,
 #        crates/dlock-timeline/tests/browser.rs), prometheus (`promtool`, for the alert
 #        rules of deploy/observability/), python3-venv (the manifest checker's venv);
 #        for the local fault run also iproute2 (`ip`: its network namespace), openssl
@@ -190,6 +192,8 @@ ensure_packages() {
         command -v etcd >/dev/null 2>&1 || want etcd-server
         { [ -n "$(pg_bin_dir)" ] && command -v psql >/dev/null 2>&1; } || want postgresql
     fi
+    # libfaketime (crates/dlock/tests/faketime_replicas.rs preloads libfaketimeMT into dlock).
+    [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || missing+=(libfaketime)
     # python3-venv (the pinned manifest checker's venv, "deploy manifests" stage).
     python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
     # openssl and curl (the throwaway grant key and the document fetch, "API conformance").
@@ -223,6 +227,7 @@ ensure_packages() {
         command -v etcd >/dev/null 2>&1 || die "etcd still missing after installing etcd-server"
     fi
     command -v promtool >/dev/null 2>&1 || die "promtool still missing after installing prometheus"
+    [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || die "libfaketimeMT still missing after installing libfaketime"
     if [ "${DLOCK_SKIP_FAULT_RUN:-0}" != "1" ]; then
         command -v ip >/dev/null 2>&1 || die "ip still missing after installing iproute2"
         command -v openssl >/dev/null 2>&1 || die "openssl still missing after install"
