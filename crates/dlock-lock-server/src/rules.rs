@@ -340,6 +340,17 @@ mod tests {
 
     use super::*;
 
+    /// The owner check: an unbound caller addresses anything, a bound one only what is
+    /// stored for an owner it may act as (`*` entries by prefix); nothing stored passes.
+    #[test]
+    fn a_bound_caller_addresses_only_its_owners_sessions_and_grants() {
+        let bound = std::collections::BTreeSet::from(["exec-1/*".to_owned(), "w-9".to_owned()]);
+        assert!(may_address(None, Some("exec-2/0")), "unbound");
+        assert!(may_address(Some(&bound), Some("exec-1/3")) && may_address(Some(&bound), Some("w-9")));
+        assert!(!may_address(Some(&bound), Some("exec-2/0")) && !may_address(Some(&bound), Some("w-9/0")));
+        assert!(may_address(Some(&bound), None), "nothing stored: the store answers");
+    }
+
     fn grant(key: &str, session: Uuid, token: i64, at: i64, end: i64) -> GrantRow {
         GrantRow {
             key: key.into(),

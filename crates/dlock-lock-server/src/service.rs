@@ -613,6 +613,30 @@ mod tests {
         notify.notified().now_or_never().is_some()
     }
 
+    /// The stored owners a replica remembers for the owner check stay within their bound
+    /// (past it, that kind is forgotten and read again), and an unbound caller makes it
+    /// remember nothing.
+    #[test]
+    fn remembered_owners_are_bounded_and_an_unbound_caller_adds_none() {
+        let s = server();
+        s.remember_owner(None, Addressed::Session(Uuid::from_u128(1)), "w");
+        assert!(s.owners.lock().expect("owners").sessions.is_empty(), "an unbound caller is never checked");
+        let bound = std::collections::BTreeSet::from(["w".to_owned()]);
+        for i in 0..=OWNERS_REMEMBERED_MAX as u128 {
+            s.remember_owner(Some(&bound), Addressed::Session(Uuid::from_u128(i)), "w");
+            s.remember_owner(Some(&bound), Addressed::Grant { key: "k", token: i as i64 }, "w");
+        }
+        let o = s.owners.lock().expect("owners");
+        assert!(o.sessions.len() <= OWNERS_REMEMBERED_MAX && o.grants.len() <= OWNERS_REMEMBERED_MAX);
+        assert_eq!(o.get(&Addressed::Grant { key: "k", token: OWNERS_REMEMBERED_MAX as i64 }), Some("w".to_owned()));
+        drop(o);
+        s.forget_grant_owner("k", OWNERS_REMEMBERED_MAX as i64);
+        assert_eq!(
+            s.owners.lock().expect("owners").get(&Addressed::Grant { key: "k", token: OWNERS_REMEMBERED_MAX as i64 }),
+            None
+        );
+    }
+
     /// A release wakes the head waiter only: the others could only find they are not the head.
     #[test]
     fn a_release_wakes_only_the_head_waiter() {
