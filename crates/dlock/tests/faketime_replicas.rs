@@ -47,22 +47,9 @@ fn replica(prefix: &str, offset: &str, delay_ms: u64) -> Service {
         std::path::Path::new(LIBFAKETIME_MT).exists(),
         "{LIBFAKETIME_MT} is missing: install Debian's libfaketime (scripts/test.sh does)"
     );
-    let endpoints = std::env::var("DLOCK_TEST_ETCD_ENDPOINTS")
-        .expect("DLOCK_TEST_ETCD_ENDPOINTS is not set: run ./scripts/test.sh, which starts etcd");
     let delay = delay_ms.to_string();
-    let args = [
-        "lock-server",
-        "--backend",
-        "etcd",
-        "--etcd-endpoints",
-        &endpoints,
-        "--etcd-prefix",
-        prefix,
-        "--delay-ms",
-        &delay,
-        "--reaper-interval-ms",
-        "200",
-    ];
+    let args = etcd_lock_server_args(prefix, &["--delay-ms", &delay, "--reaper-interval-ms", "200"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let env = [
         ("LD_PRELOAD", LIBFAKETIME_MT),
         ("FAKETIME", offset),
@@ -102,6 +89,21 @@ async fn acquire(base: &BaseUrl, key: &str, sid: &str, ttl_ms: u64) -> (u16, Val
     call(base, http::Method::POST, &format!("/v1/locks/{key}/acquire"), &[], Some(body)).await
 }
 
+/// How long after `sent` session `sid` is granted `k` through `base`, asking every [`POLL`]
+/// while it is refused `409`; fails with `what` once `bound` has passed.
+async fn granted_after(base: &BaseUrl, sid: &str, sent: Instant, bound: Duration, what: &str) -> Duration {
+    loop {
+        let (s, v) = acquire(base, "k", sid, 60_000).await;
+        match s {
+            200 => return sent.elapsed(),
+            409 => {}
+            other => panic!("the contender was answered {other}: {v}"),
+        }
+        assert!(sent.elapsed() < bound, "{what}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
 /// The replicas really run on clocks 40 s apart: each one's `serverTime`.
 async fn assert_skewed(ahead: &BaseUrl, behind: &BaseUrl) {
     let mut time = Vec::new();
@@ -131,16 +133,8 @@ async fn a_replica_40_s_ahead_of_the_granting_one_takes_over_only_after_the_leas
     let sent = Instant::now();
     let (s, g) = acquire(&behind.base, "k", &holder, LEASE_MS).await;
     assert_eq!(s, 200, "{g}");
-    let taken = loop {
-        let (s, v) = acquire(&ahead.base, "k", &contender, 60_000).await;
-        match s {
-            200 => break sent.elapsed(),
-            409 => {}
-            other => panic!("the contender was answered {other}: {v}"),
-        }
-        assert!(sent.elapsed() < Duration::from_millis(LEASE_MS) + TAKEOVER_SLACK, "no takeover within the slack");
-        tokio::time::sleep(POLL).await;
-    };
+    let bound = Duration::from_millis(LEASE_MS) + TAKEOVER_SLACK;
+    let taken = granted_after(&ahead.base, &contender, sent, bound, "no takeover within the slack").await;
     assert!(taken >= Duration::from_millis(LEASE_MS), "granted again after {taken:?}: two live grants");
 }
 
@@ -186,17 +180,9 @@ async fn a_lock_delay_recorded_by_one_replica_holds_on_the_other_for_its_time() 
         assert!(sent.elapsed() < Duration::from_millis(LEASE_MS) + TAKEOVER_SLACK, "the lease never lapsed");
         tokio::time::sleep(POLL).await;
     }
-    let granted = loop {
-        let (s, v) = acquire(&ahead.base, "k", &contender, 60_000).await;
-        match s {
-            200 => break sent.elapsed(),
-            409 => {}
-            other => panic!("the contender was answered {other}: {v}"),
-        }
-        let bound = Duration::from_millis(LEASE_MS + DELAY_MS) + 2 * TAKEOVER_SLACK;
-        assert!(sent.elapsed() < bound, "the lock-delay never ended on the replica ahead");
-        tokio::time::sleep(POLL).await;
-    };
+    let bound = Duration::from_millis(LEASE_MS + DELAY_MS) + 2 * TAKEOVER_SLACK;
+    let granted =
+        granted_after(&ahead.base, &contender, sent, bound, "the lock-delay never ended on the replica ahead").await;
     assert!(
         granted >= Duration::from_millis(LEASE_MS + DELAY_MS),
         "granted {granted:?} after the grant: the {DELAY_MS} ms delay after a {LEASE_MS} ms lease was cut short"

@@ -116,20 +116,9 @@ async fn two_replicas_over_postgres_never_grant_one_key_twice() {
 /// `scripts/test.sh` sets; the test fails without it, it never skips).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_over_etcd_never_grant_one_key_twice() {
-    let endpoints = std::env::var("DLOCK_TEST_ETCD_ENDPOINTS")
-        .expect("DLOCK_TEST_ETCD_ENDPOINTS is not set: run ./scripts/test.sh, which starts etcd");
     let prefix = format!("/dlock-test-{}", uuid::Uuid::new_v4().simple());
-    let args = [
-        "lock-server",
-        "--backend",
-        "etcd",
-        "--etcd-endpoints",
-        &endpoints,
-        "--etcd-prefix",
-        &prefix,
-        "--wait-poll-ms",
-        "10",
-    ];
+    let args = etcd_lock_server_args(&prefix, &["--wait-poll-ms", "10"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     hammer([Service::start(&args), Service::start(&args)]).await;
 }
 

@@ -230,6 +230,21 @@ pub fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
 }
 
+/// `dlock lock-server` on the test etcd (`DLOCK_TEST_ETCD_ENDPOINTS`, which
+/// `scripts/test.sh` sets; a test fails without it, it never skips) under `prefix`, then
+/// `extra`.
+pub fn etcd_lock_server_args(prefix: &str, extra: &[&str]) -> Vec<String> {
+    let endpoints = std::env::var("DLOCK_TEST_ETCD_ENDPOINTS")
+        .expect("DLOCK_TEST_ETCD_ENDPOINTS is not set: run ./scripts/test.sh, which starts etcd");
+    let mut args: Vec<String> =
+        ["lock-server", "--backend", "etcd", "--etcd-endpoints", &endpoints, "--etcd-prefix", prefix]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
 pub fn client() -> HttpClient {
     dlock_testkit::auth::client(1_000, 20_000)
 }
