@@ -332,6 +332,48 @@ pub fn ends_the_wait(r: &AcquireRefusal) -> bool {
     matches!(r, AcquireRefusal::Session(_) | AcquireRefusal::AlreadyHeld { .. })
 }
 
+/// lockdb's clock row as one replica read it (C1 §1.4.2): its value, its judge (`""`:
+/// none) and the judge's term.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClockRow {
+    pub now_ms: i64,
+    pub judge: String,
+    pub term: i64,
+}
+
+/// What a replica that is not lockdb's judge does about the clock row it just read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockMove {
+    /// Take the judge's role, guarded on the row as read.
+    TakeOver,
+    /// Keep watching: the judge is advancing the clock, or has been silent for less than
+    /// the grace.
+    Watch,
+}
+
+/// Whether a replica takes over lockdb's clock: when nobody judges it, or when the row it
+/// read (value, judge and term) has stayed unchanged for `watched_ms >= grace_ms` on the
+/// replica's own monotonic clock (a judge advances the value every tick). Taking over is
+/// always safe (the old judge's ticks are then refused by their guard, and the clock
+/// resumes from the value it stood at); the grace only keeps a live judge from being
+/// displaced. `watched_ms` is `None` when the replica has not seen this row before.
+pub fn decide_clock(row: &ClockRow, watched_ms: Option<i64>, grace_ms: i64) -> ClockMove {
+    if row.judge.is_empty() || watched_ms.is_some_and(|w| w >= grace_ms) {
+        ClockMove::TakeOver
+    } else {
+        ClockMove::Watch
+    }
+}
+
+/// How far a judge's tick advances lockdb's clock: the whole milliseconds its monotonic
+/// clock ran since the last tick it counted (`elapsed_us`, microseconds). The remainder is
+/// carried to the next tick, so the clock neither gains nor loses by rounding.
+/// Returns `(advance_ms, counted_us)`.
+pub fn clock_advance(elapsed_us: u64) -> (i64, u64) {
+    let ms = elapsed_us / 1_000;
+    (i64::try_from(ms).unwrap_or(i64::MAX), ms.saturating_mul(1_000))
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -339,6 +381,33 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// A replica takes over lockdb's clock when nobody judges it, or when the row stood
+    /// still for the whole grace on its clock; never from a row it has just seen change.
+    #[test]
+    fn a_replica_takes_over_the_clock_only_when_unjudged_or_silent_for_the_grace() {
+        let row = |judge: &str| ClockRow { now_ms: 10, judge: judge.to_owned(), term: 3 };
+        assert_eq!(decide_clock(&row(""), None, 1_000), ClockMove::TakeOver, "nobody judges");
+        assert_eq!(decide_clock(&row("j"), None, 1_000), ClockMove::Watch, "a row just seen");
+        assert_eq!(decide_clock(&row("j"), Some(999), 1_000), ClockMove::Watch, "silent, within the grace");
+        assert_eq!(decide_clock(&row("j"), Some(1_000), 1_000), ClockMove::TakeOver, "silent for the grace");
+    }
+
+    /// A tick advances by whole milliseconds and carries the rest: over any split of one
+    /// duration into ticks, the clock advances by the duration's whole ms, never more.
+    #[test]
+    fn ticks_advance_the_clock_by_whole_ms_and_carry_the_rest() {
+        assert_eq!(clock_advance(0), (0, 0));
+        assert_eq!(clock_advance(999), (0, 0));
+        assert_eq!(clock_advance(50_700), (50, 50_000));
+        let (mut carried, mut advanced) = (0u64, 0i64);
+        for step in [333u64, 49_999, 50_001, 1, 12_345] {
+            let (ms, counted) = clock_advance(carried + step);
+            advanced += ms;
+            carried = carried + step - counted;
+        }
+        assert_eq!(advanced, (333 + 49_999 + 50_001 + 1 + 12_345) / 1_000);
+    }
 
     /// The owner check: an unbound caller addresses anything, a bound one only what is
     /// stored for an owner it may act as (`*` entries by prefix); nothing stored passes.

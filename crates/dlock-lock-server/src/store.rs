@@ -1,13 +1,16 @@
 //! The lock server's store: the trait every backend implements, and its semantics.
 //!
-//! Every method is one atomic step against the backend (one transaction in SQL), and no
-//! replica's wall clock decides a lease. On SQLite and PostgreSQL the **backend's clock**
-//! decides: `now` below is read by the store itself (PostgreSQL `clock_timestamp()`,
-//! SQLite's `unixepoch('subsec')`, the simulation store's own clock), never passed in by a
-//! replica, so two replicas with skewed clocks still agree on which grant is live. On etcd,
-//! which has no clock, each replica judges by durations on its own monotonic clock since
-//! it first saw each version of a record (`store_etcd`, "Time"): `now` there is that
-//! replica's frame. All instants are Unix epoch milliseconds.
+//! Every method is one atomic step against the backend (one transaction in SQL), and **no
+//! wall clock decides a lease** (C1 §1.4.2, §1.5.4). On SQLite and PostgreSQL `now` below is
+//! *lockdb's clock*: one value in the database, advanced only by durations the judging
+//! replica measured on its monotonic clock (`store_sql::clock`), read by the store in the
+//! statement that decides, so every replica judges by the same clock and no wall clock (a
+//! replica's or the database host's) moves it. On etcd, which has no clock, each replica
+//! judges by durations on its own monotonic clock since it first saw each version of a
+//! record (`store_etcd`, "Time"): `now` there is that replica's frame. The simulation store
+//! models a database whose clock is the simulation's true time. All instants are epoch
+//! milliseconds on the store's clock; answers show them on the answering replica's wall
+//! clock ([`WallShift`]), for humans only.
 
 //! ## Definitions
 //! Each definition below is one pure function of [`crate::rules`] (`session_check`,
@@ -43,9 +46,96 @@
 //!    replaced by a grant with a fresh token `t₂ > t₁`, or nothing changes. The key is never
 //!    free in between, and the release imposes no lock-delay.
 
+use std::sync::atomic::{AtomicI64, Ordering};
+
 use async_trait::async_trait;
 pub use dlock_contract::store::{ClassifiedStoreError, StoreFault};
+use dlock_rt::Clock;
 use uuid::Uuid;
+
+/// How far the wall clock may part from the store's clock before a replica's answers
+/// follow it ([`WallShift`]): within it, they keep one offset, so the instants of one grant
+/// read the same in every answer and do not jitter by a millisecond.
+pub const WALL_OFFSET_SLACK_MS: u64 = 1_000;
+
+/// Shows a store's instants on the answering replica's wall clock, for humans: `expiresAt`,
+/// `acquiredAt`, `serverTime`, `lockDelayUntil`. The offset (wall now minus store now) moves
+/// only when the two part by more than [`WALL_OFFSET_SLACK_MS`]: after a wall-clock step, or
+/// slow drift. Nothing reads a shown instant back to decide.
+#[derive(Debug)]
+pub struct WallShift {
+    clock: Clock,
+    /// The offset answers use now; [`WallShift::UNSET`] before the first.
+    shown_ms: AtomicI64,
+}
+
+impl WallShift {
+    const UNSET: i64 = i64::MIN;
+
+    /// A shift onto `clock`'s wall clock, starting at `initial_ms` (`None`: from the first
+    /// store reading).
+    pub fn new(clock: Clock, initial_ms: Option<i64>) -> WallShift {
+        WallShift { clock, shown_ms: AtomicI64::new(initial_ms.unwrap_or(Self::UNSET)) }
+    }
+
+    /// The offset from the store's clock, reading `store_now_ms` now, to this replica's wall
+    /// clock.
+    pub fn offset(&self, store_now_ms: i64) -> i64 {
+        let now = self.clock.wall().timestamp_millis().saturating_sub(store_now_ms);
+        let shown = self.shown_ms.load(Ordering::Relaxed);
+        if shown != Self::UNSET && now.abs_diff(shown) <= WALL_OFFSET_SLACK_MS {
+            return shown;
+        }
+        self.shown_ms.store(now, Ordering::Relaxed);
+        now
+    }
+
+    /// The offset answers use now, as the last [`WallShift::offset`] left it (0 before any).
+    pub fn current(&self) -> i64 {
+        match self.shown_ms.load(Ordering::Relaxed) {
+            Self::UNSET => 0,
+            shown => shown,
+        }
+    }
+
+    /// A grant row's instants shifted by `offset`.
+    pub fn grant(g: GrantRow, offset: i64) -> GrantRow {
+        GrantRow {
+            acquired_at_ms: g.acquired_at_ms.saturating_add(offset),
+            expires_at_ms: g.expires_at_ms.saturating_add(offset),
+            ..g
+        }
+    }
+
+    /// A session row's end shifted by `offset`.
+    pub fn session(s: SessionRow, offset: i64) -> SessionRow {
+        SessionRow { expires_at_ms: s.expires_at_ms.saturating_add(offset), ..s }
+    }
+
+    /// An acquire refusal's instants shifted by `offset`.
+    pub fn acquire_refusal(r: AcquireRefusal, offset: i64) -> AcquireRefusal {
+        match r {
+            AcquireRefusal::Contended { holder_owner_id, expires_at_ms } => {
+                AcquireRefusal::Contended { holder_owner_id, expires_at_ms: expires_at_ms.saturating_add(offset) }
+            }
+            AcquireRefusal::AlreadyHeld { fencing_token, expires_at_ms } => {
+                AcquireRefusal::AlreadyHeld { fencing_token, expires_at_ms: expires_at_ms.saturating_add(offset) }
+            }
+            AcquireRefusal::Delayed { until_ms } => {
+                AcquireRefusal::Delayed { until_ms: until_ms.saturating_add(offset) }
+            }
+            AcquireRefusal::Session(r) => AcquireRefusal::Session(r),
+        }
+    }
+
+    /// A rotate refusal's instants shifted by `offset`.
+    pub fn rotate_refusal(r: RotateRefusal, offset: i64) -> RotateRefusal {
+        match r {
+            RotateRefusal::Delayed { until_ms } => RotateRefusal::Delayed { until_ms: until_ms.saturating_add(offset) },
+            other => other,
+        }
+    }
+}
 
 /// The backend could not decide: the one store error every store shares
 /// ([`StoreFault`], C3-extensions C-29). Only `Unavailable` is answered `503 NOT_LEADER`

@@ -180,7 +180,7 @@ use uuid::Uuid;
 use crate::rules::{self, AcquireFacts, GrantFacts, GrantPlan, RotateFacts};
 use crate::store::{
     AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
-    RotateRefusal, SessionRefusal, SessionRow, StoreError,
+    RotateRefusal, SessionRefusal, SessionRow, StoreError, WallShift,
 };
 
 /// Bound on one etcd round trip (connect, read, or txn).
@@ -209,8 +209,8 @@ pub const WATCHED_MAX: usize = 65_536;
 /// holds only the writer's wall-clock instant, which no replica may compare with its own.
 pub const LEGACY_DELAY_LEFT_MS: i64 = 10_000;
 /// How far the wall clock may part from a replica's frame before its answers' wall times
-/// follow it ("Time"): within it, they keep one offset, so they do not jitter by a ms.
-pub const WALL_OFFSET_SLACK_MS: u64 = 1_000;
+/// follow it ("Time"): the one bound every backend's answers share.
+pub use crate::store::WALL_OFFSET_SLACK_MS;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct SessionVal {
@@ -328,10 +328,8 @@ struct Judge {
     /// ms that advance with the monotonic clock only.
     origin: dlock_rt::Instant,
     origin_ms: i64,
-    /// How far the wall clock is from the frame, as answers show it: moved only when the
-    /// two part by more than [`WALL_OFFSET_SLACK_MS`] (a step of the wall clock, or slow
-    /// drift), so the instants of one grant read the same in every answer.
-    wall_offset_ms: std::sync::atomic::AtomicI64,
+    /// How far the wall clock is from the frame, as answers show it ([`WallShift`]).
+    shift: WallShift,
     /// (etcd key, digest of bytes seen there) -> when first seen or written (frame ms). At
     /// most [`WATCHED_MAX`] entries; the reaper keeps, for the keys it scans, only the
     /// version each holds now.
@@ -344,7 +342,7 @@ impl Judge {
             clock,
             origin: clock.now(),
             origin_ms: clock.wall().timestamp_millis(),
-            wall_offset_ms: std::sync::atomic::AtomicI64::new(0),
+            shift: WallShift::new(clock, Some(0)),
             watched: Mutex::new(BTreeMap::new()),
         }
     }
@@ -358,14 +356,7 @@ impl Judge {
     /// How far this replica's wall clock is from its frame now (`frame + offset` is a wall
     /// time, for answers: humans only).
     fn wall_offset(&self) -> i64 {
-        use std::sync::atomic::Ordering;
-        let now = self.clock.wall().timestamp_millis().saturating_sub(self.frame());
-        let shown = self.wall_offset_ms.load(Ordering::Relaxed);
-        if now.abs_diff(shown) <= WALL_OFFSET_SLACK_MS {
-            return shown;
-        }
-        self.wall_offset_ms.store(now, Ordering::Relaxed);
-        now
+        self.shift.offset(self.frame())
     }
 
     fn watched(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, u64), i64>> {
@@ -685,28 +676,13 @@ impl EtcdLockStore {
     }
 
     /// A grant row judged in this replica's frame, on its wall clock (for answers).
-    fn wall_row(&self, mut g: GrantRow) -> GrantRow {
-        let offset = self.judge.wall_offset();
-        g.acquired_at_ms = g.acquired_at_ms.saturating_add(offset);
-        g.expires_at_ms = g.expires_at_ms.saturating_add(offset);
-        g
+    fn wall_row(&self, g: GrantRow) -> GrantRow {
+        WallShift::grant(g, self.judge.wall_offset())
     }
 
     /// An acquire's refusal with its instants on this replica's wall clock (for answers).
     fn wall_refusal(&self, r: AcquireRefusal) -> AcquireRefusal {
-        let offset = self.judge.wall_offset();
-        match r {
-            AcquireRefusal::Contended { holder_owner_id, expires_at_ms } => {
-                AcquireRefusal::Contended { holder_owner_id, expires_at_ms: expires_at_ms.saturating_add(offset) }
-            }
-            AcquireRefusal::AlreadyHeld { fencing_token, expires_at_ms } => {
-                AcquireRefusal::AlreadyHeld { fencing_token, expires_at_ms: expires_at_ms.saturating_add(offset) }
-            }
-            AcquireRefusal::Delayed { until_ms } => {
-                AcquireRefusal::Delayed { until_ms: until_ms.saturating_add(offset) }
-            }
-            AcquireRefusal::Session(r) => AcquireRefusal::Session(r),
-        }
+        WallShift::acquire_refusal(r, self.judge.wall_offset())
     }
 
     fn session_key(&self, id: Uuid) -> String {
@@ -1493,10 +1469,7 @@ impl LockStore for EtcdLockStore {
         .await;
         // Decided in this replica's frame; answered on its wall clock ("Time").
         let offset = self.judge.wall_offset();
-        Ok(framed?.map(|g| self.wall_row(g)).map_err(|r| match r {
-            RotateRefusal::Delayed { until_ms } => RotateRefusal::Delayed { until_ms: until_ms.saturating_add(offset) },
-            other => other,
-        }))
+        Ok(framed?.map(|g| self.wall_row(g)).map_err(|r| WallShift::rotate_refusal(r, offset)))
     }
 
     async fn owner_of(&self, target: Addressed<'_>) -> Result<Option<String>, StoreError> {

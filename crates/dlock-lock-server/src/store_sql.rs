@@ -32,8 +32,12 @@
 //! failed is closed, never pooled (`begin_key!`, in `pg_grant`). Revoke, and a key outside C3's alphabet,
 //! take the same lock with a bound statement after `BEGIN`.
 //!
-//! Every method runs in one transaction and reads `now` from the database first, so every
-//! replica judges leases by the same clock.
+//! ## Time: lockdb's clock
+//! Every method runs in one transaction and reads `now` first, from lockdb's clock
+//! ([`clock`], C1 §1.4.2): a value in the database that only the judging replica's monotonic
+//! clock advances. So every replica judges leases by the same clock, and no wall clock (a
+//! replica's, or the database host's) decides one. Answers show instants on the answering
+//! replica's wall clock ([`WallShift`]), for humans.
 
 use std::sync::{Arc, LazyLock};
 
@@ -45,8 +49,11 @@ use uuid::Uuid;
 use crate::rules::{self, AcquireFacts, GrantFacts};
 use crate::store::{
     AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
-    RotateRefusal, SessionRefusal, SessionRow, StoreError,
+    RotateRefusal, SessionRefusal, SessionRow, StoreError, WallShift,
 };
+
+pub mod clock;
+pub use clock::{ClockJudge, CLOCK_TICK_MS, JUDGE_GRACE_MS};
 
 static PG_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/lockdb/postgres");
 static SQLITE_MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/lockdb/sqlite");
@@ -100,6 +107,10 @@ pub async fn migrate(url: &str) -> Result<Vec<i64>, StoreError> {
 #[derive(Debug, Clone)]
 pub struct PgLockStore {
     pub pool: sqlx::PgPool,
+    /// This replica's part in lockdb's clock ([`clock`]).
+    pub judge: Arc<ClockJudge>,
+    /// Answers' instants on this replica's wall clock.
+    shift: Arc<WallShift>,
 }
 
 impl PgLockStore {
@@ -118,7 +129,17 @@ impl PgLockStore {
         .execute(&pool)
         .await
         .map_err(unavailable)?;
-        Ok(PgLockStore { pool })
+        PgLockStore::over(pool).await
+    }
+
+    /// A store over `pool`, whose database is migrated already; starts this replica's part
+    /// in lockdb's clock ([`clock`]).
+    pub async fn over(pool: sqlx::PgPool) -> Result<PgLockStore, StoreError> {
+        let shift = Arc::new(WallShift::new(dlock_rt::Clock::system(), None));
+        let now = sqlx::query(&format!("SELECT {PG_NOW} AS now_ms")).fetch_one(&pool).await.map_err(unavailable)?;
+        shift.offset(now.int("now_ms")?);
+        let judge = clock::start(pool.clone(), dlock_rt::Clock::system());
+        Ok(PgLockStore { pool, judge, shift })
     }
 
     /// PostgreSQL's transactions run on the caller's task: its pool has many connections.
@@ -131,6 +152,10 @@ impl PgLockStore {
 #[derive(Debug, Clone)]
 pub struct SqliteLockStore {
     pub pool: sqlx::SqlitePool,
+    /// This replica's part in lockdb's clock ([`clock`]).
+    pub judge: Arc<ClockJudge>,
+    /// Answers' instants on this replica's wall clock.
+    shift: Arc<WallShift>,
     /// The thread its write transactions run on (docs/performance.md §8.7).
     writer: dlock_rt::dedicated::WriterThread,
 }
@@ -169,7 +194,11 @@ impl SqliteLockStore {
         let pool = dlock_db::sqlite_pool(url).await.map_err(unavailable)?;
         SQLITE_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
         let writer = dlock_db::sqlite_writer_thread().map_err(unavailable)?;
-        Ok(SqliteLockStore { pool, writer })
+        let shift = Arc::new(WallShift::new(dlock_rt::Clock::system(), None));
+        let now = sqlx::query(&format!("SELECT {SQLITE_NOW} AS now_ms")).fetch_one(&pool).await.map_err(unavailable)?;
+        shift.offset(now.int("now_ms")?);
+        let judge = clock::start(pool.clone(), dlock_rt::Clock::system());
+        Ok(SqliteLockStore { pool, writer, judge, shift })
     }
 
     fn writer(&self) -> Option<dlock_rt::dedicated::WriterThread> {
@@ -473,11 +502,12 @@ macro_rules! sql_lock_store {
             }
 
             async fn now_ms(&self) -> Result<i64, StoreError> {
-                sqlx::query(&format!("SELECT {} AS now_ms", $now))
+                let now = sqlx::query(&format!("SELECT {} AS now_ms", $now))
                     .fetch_one(&self.pool)
                     .await
                     .and_then(|r| r.try_get::<i64, _>("now_ms"))
-                    .map_err(unavailable)
+                    .map_err(unavailable)?;
+                Ok(now.saturating_add(self.shift.offset(now)))
             }
 
             async fn open_session(
@@ -501,7 +531,8 @@ macro_rules! sql_lock_store {
                 .await
                 .map_err(unavailable)?;
                 tx.commit().await.map_err(commit_error)?;
-                Ok(SessionRow { session_id, owner_id: owner_id.to_owned(), ttl_ms, expires_at_ms: now + ttl_ms })
+                let row = SessionRow { session_id, owner_id: owner_id.to_owned(), ttl_ms, expires_at_ms: now + ttl_ms };
+                Ok(WallShift::session(row, self.shift.offset(now)))
             }
 
             async fn heartbeat(
@@ -531,7 +562,8 @@ macro_rules! sql_lock_store {
                 .and_then(|r| r.try_get("held"))
                 .map_err(unavailable)?;
                 tx.commit().await.map_err(commit_error)?;
-                Ok(Ok((SessionRow { session_id, owner_id, ttl_ms, expires_at_ms: now + ttl_ms }, held)))
+                let row = SessionRow { session_id, owner_id, ttl_ms, expires_at_ms: now + ttl_ms };
+                Ok(Ok((WallShift::session(row, self.shift.offset(now)), held)))
             }
 
             async fn close_session(
@@ -580,8 +612,12 @@ macro_rules! sql_lock_store {
                 ttl_ms: i64,
                 delay_ms: i64,
             ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
-                // The dialect's token-issuing transaction (`pg_grant`, `sqlite_grant`).
-                self.acquire_grant(key, session_id, ttl_ms, delay_ms).await
+                // The dialect's token-issuing transaction (`pg_grant`, `sqlite_grant`). A grant
+                // was acquired at lockdb's now.
+                Ok(match self.acquire_grant(key, session_id, ttl_ms, delay_ms).await? {
+                    Ok(g) => Ok(WallShift::grant(g.clone(), self.shift.offset(g.acquired_at_ms))),
+                    Err(r) => Err(WallShift::acquire_refusal(r, self.shift.current())),
+                })
             }
 
             async fn rotate(
@@ -592,7 +628,10 @@ macro_rules! sql_lock_store {
                 ttl_ms: i64,
                 delay_ms: i64,
             ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
-                self.rotate_grant(key, session_id, token, ttl_ms, delay_ms).await
+                Ok(match self.rotate_grant(key, session_id, token, ttl_ms, delay_ms).await? {
+                    Ok(g) => Ok(WallShift::grant(g.clone(), self.shift.offset(g.acquired_at_ms))),
+                    Err(r) => Err(WallShift::rotate_refusal(r, self.shift.current())),
+                })
             }
 
             async fn renew(
@@ -634,7 +673,7 @@ macro_rules! sql_lock_store {
                     return Ok(Err(RenewRefusal::Lost { stored_token: self.stored_token(key).await? }));
                 }
                 tx.commit().await.map_err(commit_error)?;
-                Ok(Ok(GrantRow { expires_at_ms: now + ttl_ms, ..g }))
+                Ok(Ok(WallShift::grant(GrantRow { expires_at_ms: now + ttl_ms, ..g }, self.shift.offset(now))))
             }
 
             async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
@@ -679,7 +718,7 @@ macro_rules! sql_lock_store {
                 let grant = Self::tx_grant(&mut tx, key)
                     .await?
                     .filter(|(g, h)| rules::grant_live(g.expires_at_ms, *h, now))
-                    .map(|(g, _)| g);
+                    .map(|(g, _)| WallShift::grant(g, self.shift.offset(now)));
                 tx.rollback().await.map_err(unavailable)?;
                 Ok(Some(KeyInfo { grant }))
             }
@@ -729,7 +768,8 @@ macro_rules! sql_lock_store {
                 .bind(reason.to_owned())
                 .bind(revoked)
                 .bind(floor)
-                .bind(now)
+                // An audit instant, for humans: this replica's wall clock.
+                .bind(now.saturating_add(self.shift.offset(now)))
                 .execute(&mut *tx)
                 .await
                 .map_err(unavailable)?;
@@ -825,8 +865,8 @@ impl DbOf for SqliteLockStore {
     type Db = sqlx::Sqlite;
 }
 
-/// PostgreSQL's clock, in milliseconds.
-const PG_NOW: &str = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT";
+/// lockdb's clock on PostgreSQL ([`clock::CLOCK_NOW`]).
+const PG_NOW: &str = clock::CLOCK_NOW;
 
 sql_lock_store!(
     PgLockStore,
@@ -836,8 +876,8 @@ sql_lock_store!(
     "SELECT nextval('fencing_token_seq') AS token",
     Some("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
 );
-/// SQLite's clock, in milliseconds.
-const SQLITE_NOW: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+/// lockdb's clock on SQLite ([`clock::CLOCK_NOW`]).
+const SQLITE_NOW: &str = clock::CLOCK_NOW;
 /// SQLite's next token, as an expression over `token_floor`: past the last issued and past
 /// the revocation floor.
 macro_rules! sqlite_token_after {

@@ -115,7 +115,7 @@ async fn on_postgresql_a_connection_whose_key_begin_failed_is_not_pooled() {
         .connect_with(opts)
         .await
         .expect("pool");
-    let store = PgLockStore { pool };
+    let store = PgLockStore::over(pool).await.expect("store");
     let session = store.open_session(Uuid::new_v4(), "w", 30_000).await.expect("session").session_id;
 
     let holder = hold_key_lock(&url, "k").await;
