@@ -69,7 +69,11 @@ export DLOCK_LOG=warn
 start() {
     local name=$1 t0=$SECONDS
     shift
-    "$DLOCK" "$@" --listen 127.0.0.1:0 >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    # Created here, not by the child's redirection: the loop below may read before the
+    # backgrounded child has opened them (a loaded machine), and a missing file is an error.
+    : >"$WORK/$name.out"
+    : >"$WORK/$name.err"
+    "$DLOCK" "$@" --listen 127.0.0.1:0 >>"$WORK/$name.out" 2>>"$WORK/$name.err" &
     PIDS+=($!)
     ADDR=""
     while [ -z "$ADDR" ]; do
