@@ -216,10 +216,24 @@ impl Stage for Played<'_> {
                 *k.entry(kind).or_insert(0) += 1;
             }
         }
-        if let Event::DriftClock { node, rate } = event {
-            if node.starts_with("executor-") && drift_beyond_margin(*rate) && !line.starts_with("SKIPPED") {
-                self.monitor.note_drifted_owner(node);
+        if line.starts_with("SKIPPED") {
+            return;
+        }
+        match event {
+            Event::DriftClock { node, rate } => {
+                if node.starts_with("executor-") && drift_beyond_margin(*rate) {
+                    self.monitor.note_drifted_owner(node);
+                }
+                if let Some(id) = self.world.node_id(node) {
+                    self.monitor.note_rate(id, *rate);
+                }
             }
+            Event::Crash { node } => {
+                if let Some(id) = self.world.node_id(node) {
+                    self.monitor.node_crashed(id);
+                }
+            }
+            _ => {}
         }
     }
 }

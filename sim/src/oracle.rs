@@ -42,6 +42,7 @@ use uuid::Uuid;
 
 use crate::outcome::Failure;
 
+pub mod belief;
 pub mod wire;
 pub use wire::{
     parse_wire, parse_wire_all, retry_safe_failures, wire_batch_replay_failures, wire_replay_failures, BatchRecords,
@@ -69,6 +70,9 @@ pub mod ids {
     pub const MARK_NEVER_DECREASES: &str = "high_water_mark_never_decreases";
     /// At no instant of the lock store's truth do two grants of one key live.
     pub const NO_TWO_LIVE_GRANTS: &str = "no_two_live_grants_per_key";
+    /// At no instant do two holders (of two sessions) believe they hold one key, while
+    /// clock rates stay within the lock client's margin ([`super::belief`]).
+    pub const NO_TWO_BELIEVING_HOLDERS: &str = super::belief::NO_TWO_BELIEVING_HOLDERS;
     /// Tokens strictly increase in grant order.
     pub const TOKENS_INCREASE: &str = "lock_tokens_increase_in_grant_order";
     /// A revoke raises the token floor above the revoked token (L8): every later grant is
@@ -254,6 +258,8 @@ pub struct Checker {
     /// Every committed grant: (wire-log sequence at its commit, session, key).
     grant_seqs: Vec<(u64, Uuid, String)>,
     failures: Vec<TimedFailure>,
+    /// The holders' beliefs ([`belief`]): no two believing holders of one key.
+    beliefs: belief::Beliefs,
     /// What was seen, in commit order (at most [`SEEN_LOG_MAX`]).
     seen: Vec<Seen>,
     /// Counts of what was observed (for the trace and the tests).
@@ -269,6 +275,43 @@ impl Checker {
 
     fn fail(&mut self, at_ms: u64, f: Failure) {
         self.failures.push(TimedFailure { at_ms, failure: f });
+    }
+
+    /// Judges holders' beliefs with the lock client's safety margin `margin`, against the
+    /// reference clock and `judges` (etcd's lock replicas) ([`belief`]).
+    pub fn judge_beliefs(&mut self, margin: f64, judges: Vec<belief::Node>) {
+        self.beliefs = belief::Beliefs::new(margin, judges);
+    }
+
+    /// A holder's belief (`lease_belief`, `session_belief`) emitted on `node` at `at_ms`;
+    /// `reading` reads a node's monotonic clock now.
+    pub fn on_belief(
+        &mut self,
+        node: belief::Node,
+        kind: &str,
+        fields: &dlock_rt::events::Fields,
+        at_ms: u64,
+        reading: impl Fn(belief::Node) -> u64,
+    ) {
+        if let Some(f) = self.beliefs.on_event(node, kind, fields, at_ms, reading) {
+            self.fail(at_ms, f);
+        }
+    }
+
+    /// `node`'s clock rate was set to `rate` at `at_ms` (an overlap of beliefs it explains
+    /// is excused).
+    pub fn note_rate(&mut self, node: belief::Node, at_ms: u64, rate: f64) {
+        self.beliefs.note_rate(node, at_ms, rate);
+    }
+
+    /// `node` crashed: its holders believe nothing any more.
+    pub fn node_crashed(&mut self, node: belief::Node) {
+        self.beliefs.node_crashed(node);
+    }
+
+    /// Overlapping beliefs excused by clock rates so far.
+    pub fn beliefs_excused(&self) -> u64 {
+        self.beliefs.excused()
     }
 
     /// (op, payout, token) of every fenced write accepted so far.
@@ -535,6 +578,7 @@ impl Checker {
                     self.fail(at_ms, Failure::correctness(ids::REVOKE_RAISES_FLOOR, detail));
                 }
                 self.revoked_tokens.insert(*token);
+                self.beliefs.revoked(key, *token);
                 self.last_token = self.last_token.max(*new_token_floor);
                 if self.grants.get(key).is_some_and(|g| g.token == *token) {
                     self.grants.remove(key);
@@ -893,14 +937,41 @@ mod online {
         }
     }
 
+    /// The oracle's sink on the services' event seam: the holders' beliefs go to the
+    /// checker (as they are emitted, on the node whose task emitted them); every event goes
+    /// on to the sink installed before (the incident trace's, when one is kept).
+    struct Seam {
+        checker: Arc<Mutex<Checker>>,
+        start: madsim::time::Instant,
+        then: Option<Arc<dyn dlock_rt::events::Sink>>,
+    }
+
+    impl dlock_rt::events::Sink for Seam {
+        fn record(&self, node: &str, kind: &'static str, fields: dlock_rt::events::Fields) {
+            if matches!(kind, "lease_belief" | "session_belief" | "revoke") {
+                let at = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+                let reading = |n| dlock_rt::sim_clock::now_on(n).reading_ms();
+                if let Ok(mut c) = self.checker.lock() {
+                    c.on_belief(madsim::plugin::node(), kind, &fields, at, reading);
+                }
+            }
+            if let Some(then) = &self.then {
+                then.record(node, kind, fields);
+            }
+        }
+    }
+
     /// The online half of the oracle. [`Monitor::start`] registers observers on the world's
     /// paydb and simulation lockdb (call it right after `world::start`, before any
-    /// workload); from then on every fenced write and every grant is judged as it commits.
-    /// Clones share the one checker (a fault layer's heal hook holds one).
+    /// workload); from then on every fenced write and every grant is judged as it commits,
+    /// and every holder's belief as it is emitted ([`super::belief`]). Clones share the one
+    /// checker (a fault layer's heal hook holds one); the seam sink stays installed until
+    /// the last clone drops.
     #[derive(Clone)]
     pub struct Monitor {
         checker: Arc<Mutex<Checker>>,
         start: madsim::time::Instant,
+        _seam: Arc<dlock_rt::events::Installed>,
     }
 
     impl Monitor {
@@ -914,10 +985,27 @@ mod online {
             // What callers receive on the wire, from now on (this seed's thread).
             dlock_rt::wire_log::enable();
             let checker = Arc::new(Mutex::new(Checker::new()));
+            let judges = world.lock_judges();
+            if let Ok(mut c) = checker.lock() {
+                c.judge_beliefs(dlock_lock_client::config::SAFETY_MARGIN_DEFAULT, judges);
+            }
             let start = madsim::time::Instant::now();
             world.paydb.set_observer(Arc::new(Hook { checker: checker.clone(), start, trace: trace.clone() }));
             world.locks.set_observer(Arc::new(Hook { checker: checker.clone(), start, trace }));
-            Monitor { checker, start }
+            let then = dlock_rt::events::installed();
+            let seam = dlock_rt::events::install(Arc::new(Seam { checker: checker.clone(), start, then }));
+            Monitor { checker, start, _seam: Arc::new(seam) }
+        }
+
+        /// `node`'s clock rate was set to `rate` now.
+        pub fn note_rate(&self, node: madsim::task::NodeId, rate: f64) {
+            let at = self.elapsed_ms();
+            let _ = self.with(|c| c.note_rate(node, at, rate));
+        }
+
+        /// `node` crashed now.
+        pub fn node_crashed(&self, node: madsim::task::NodeId) {
+            let _ = self.with(|c| c.node_crashed(node));
         }
 
         /// Simulated ms since the monitor started.

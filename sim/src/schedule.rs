@@ -292,7 +292,7 @@ impl FaultRates {
             fault_ms_max: 10_000,
             drift_rate_min: 0.5,
             drift_rate_max: 1.5,
-            skew_ms_max: 120_000,
+            skew_ms_max: 3_600_000,
             store_latency_ms_max: 2_000,
         }
     }

@@ -3,8 +3,8 @@
 //! file that still breaks the same invariant.
 //!
 //! 1. **The failure**: the seed runs once (a swarm seed, or `--scenario NAME`, with the
-//!    `--plant`/`--layer-off` given); its first correctness or liveness failure names the
-//!    invariant to keep breaking. A seed without one is refused ([`ShrinkError::Clean`]).
+//!    `--plant`/`--layer-off` given); its first correctness failure (else its first
+//!    liveness failure) names the invariant to keep breaking. A seed without one is refused ([`ShrinkError::Clean`]).
 //! 2. **The plan** ([`Plan`]): the seed as an explicit, editable scenario: the drawn
 //!    configuration (topology with each executor's concurrency, workload, rail knobs, the
 //!    executors' settings, the operator) and the concrete list of the fault events the
@@ -402,12 +402,11 @@ pub struct Shrunk {
     pub text: String,
 }
 
-/// The first correctness or liveness failure's invariant.
+/// The first correctness failure's invariant, else the first liveness failure's: the worse
+/// class is the one kept.
 fn target_of(o: &SeedOutcome) -> Option<&'static str> {
-    o.failures
-        .iter()
-        .find(|f| matches!(f.class, FailureClass::Correctness | FailureClass::Liveness))
-        .map(|f| f.invariant)
+    let first = |class: FailureClass| o.failures.iter().find(|f| f.class == class).map(|f| f.invariant);
+    first(FailureClass::Correctness).or_else(|| first(FailureClass::Liveness))
 }
 
 fn breaks(o: &SeedOutcome, invariant: &str) -> bool {

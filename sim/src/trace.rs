@@ -13,8 +13,8 @@
 //!   plan's record, merged in by their simulated time;
 //! - the services' event seam ([`dlock_rt::events`]), for what only a service knows: each
 //!   lock holder's belief about its lease (`lease_belief`: its local deadline on its own
-//!   monotonic clock, renewals as it saw them, the early loss notice of its watch) and the
-//!   reconciler's findings (`reconciler_finding`); [`SEAM_KINDS`] only, so nothing the
+//!   monotonic clock, renewals as it saw them, the early loss notice of its watch) and its
+//!   session (`session_belief`), and the reconciler's findings (`reconciler_finding`); [`SEAM_KINDS`] only, so nothing the
 //!   observers record is recorded twice. On etcd, whose lockdb has no observer, also the
 //!   lock server's own sessions, grants, renewals, releases and revokes
 //!   ([`LOCK_SEAM_KINDS`]), each emitted after the store committed it;
@@ -48,7 +48,7 @@ pub const SCHEMA: &str = dlock_rt::events::SCHEMA;
 pub const TRACE_EVENTS_MAX: usize = 200_000;
 
 /// Every `kind` a line may have (docs/simulation.md "Incident trace" describes each).
-pub const KINDS: [&str; 22] = [
+pub const KINDS: [&str; 23] = [
     "trace_start",
     "phase",
     "session",
@@ -71,6 +71,7 @@ pub const KINDS: [&str; 22] = [
     "note",
     "lease_belief",
     "reconciler_finding",
+    "session_belief",
 ];
 
 /// The kinds the trace takes from the services' event seam ([`dlock_rt::events`]). Every
@@ -78,7 +79,7 @@ pub const KINDS: [&str; 22] = [
 /// the lock server's [`LOCK_SEAM_KINDS`] when lockdb is the simulation's) the trace already
 /// has from its own ground-truth sources (the store observers, the rail-stub's log, the
 /// intent rows), so the sink drops it: nothing is recorded twice.
-pub const SEAM_KINDS: [&str; 2] = ["lease_belief", "reconciler_finding"];
+pub const SEAM_KINDS: [&str; 3] = ["lease_belief", "reconciler_finding", "session_belief"];
 
 /// The lock server's kinds on the event seam: each emitted after its store committed (a
 /// session opened or heartbeat, closed; a grant, renew, release, revoke). The trace takes them

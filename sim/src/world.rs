@@ -923,6 +923,16 @@ impl World {
         self.nodes.get(name).map(|n| n.id())
     }
 
+    /// The nodes whose clocks judge leases besides the reference clock: on etcd every lock
+    /// replica (each judges by its own monotonic clock, C1 §1.5.4); none on the simulation
+    /// lockdb, whose clock is the reference clock.
+    pub fn lock_judges(&self) -> Vec<madsim::task::NodeId> {
+        if self.spec.backend != LockBackend::Etcd {
+            return Vec::new();
+        }
+        self.nodes.iter().filter(|(name, _)| name.starts_with("lock-")).map(|(_, n)| n.id()).collect()
+    }
+
     /// The node `name`'s handle.
     pub fn node(&self, name: &str) -> Option<&madsim::runtime::NodeHandle> {
         self.nodes.get(name)

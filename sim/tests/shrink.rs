@@ -32,7 +32,7 @@ const FENCING_OFF_PAYMENT_SEED: u64 = 89;
 
 /// Each bug's failing seed (sim/tests/planted.rs), the invariant it breaks, and the
 /// scenario it plays when the swarm does not reach it.
-const SEEDS: [(Bug, u64, &str, Option<&str>); 8] = [
+const SEEDS: [(Bug, u64, &str, Option<&str>); 9] = [
     (Bug::FencingOffPayment, FENCING_OFF_PAYMENT_SEED, "fence_accepts_only_rising_tokens", None),
     (Bug::FencingOffProxy, 5, "fence_accepts_only_rising_tokens", None),
     (Bug::FencingOffBoth, 5, "fence_accepts_only_rising_tokens", None),
@@ -41,6 +41,7 @@ const SEEDS: [(Bug, u64, &str, Option<&str>); 8] = [
     (Bug::MarkAfterCall, 65, "fence_accepts_only_rising_tokens", None),
     (Bug::RevokeKeepsFloor, 5, "revoke_raises_the_token_floor", None),
     (Bug::GrantUnexpired, 1, "no_two_live_grants_per_key", None),
+    (Bug::EtcdWallClockJudge, 59, "no_two_believing_holders", None),
 ];
 
 fn tmp(name: &str) -> PathBuf {
@@ -195,6 +196,15 @@ fn every_shipped_scenario_renders_to_a_file_that_parses_back_to_it() {
         let back = Scenario::parse(&text).unwrap_or_else(|e| panic!("{path}: {e}\n{text}"));
         assert_eq!(back, s, "{path}:\n{text}");
     }
+}
+
+/// The old rule on etcd shrinks to one step of one lock replica's wall clock: that alone
+/// hands a key to a second holder while the first still believes it holds it.
+#[test]
+fn etcd_wall_clock_judge_shrinks_to_one_clock_step() {
+    let s = shrinks(Bug::EtcdWallClockJudge);
+    assert_eq!(s.after.fault_events, 1, "{}", s.text);
+    assert!(s.text.contains("action = \"skew-clock\"") && s.text.contains("node = \"lock-"), "{}", s.text);
 }
 
 #[test]

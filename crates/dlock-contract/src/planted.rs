@@ -19,6 +19,7 @@
 //! | `revoke-keeps-floor` | the lock server's revoke: the grant is deleted, the token floor is not raised |
 //! | `grant-unexpired` | the lock server's acquire rule: a key whose grant still lives is granted again |
 //! | `skip-grant-signature-check` | [`crate::grant::GrantVerifier::verify`]: every grant is admitted, signed or not (the forger's writes reach the fences) |
+//! | `etcd-wall-clock-judge` | the lock server on etcd judges leases by the old rule: its own wall clock against the deadline another replica wrote with its wall clock (`store_etcd`, "Time"), instead of durations on its monotonic clock since it first saw the record |
 //! | `skip-owner-check` | the lock server's owner check (`LockServer::may_address`, C3-extensions E-9): a credential bound to owner ids may address any owner's session or grant (the forger's owner attacks are judged on their merits) |
 //!
 //! The fencing bugs (1–3) are the defence layers of [`crate::defence`] switched off
@@ -65,11 +66,14 @@ pub enum Bug {
     /// The lock server lets a credential bound to owner ids address any owner's session or
     /// grant.
     SkipOwnerCheck,
+    /// On etcd, each replica judges leases by its wall clock against deadlines other
+    /// replicas wrote with theirs (the rule before C1 §1.5.4).
+    EtcdWallClockJudge,
 }
 
 impl Bug {
     /// Every bug, in the order.
-    pub const ALL: [Bug; 10] = [
+    pub const ALL: [Bug; 11] = [
         Bug::FencingOffPayment,
         Bug::FencingOffProxy,
         Bug::FencingOffBoth,
@@ -80,6 +84,7 @@ impl Bug {
         Bug::GrantUnexpired,
         Bug::SkipGrantSignatureCheck,
         Bug::SkipOwnerCheck,
+        Bug::EtcdWallClockJudge,
     ];
 
     /// The stable name (`--plant NAME`).
@@ -95,6 +100,7 @@ impl Bug {
             Bug::GrantUnexpired => "grant-unexpired",
             Bug::SkipGrantSignatureCheck => "skip-grant-signature-check",
             Bug::SkipOwnerCheck => "skip-owner-check",
+            Bug::EtcdWallClockJudge => "etcd-wall-clock-judge",
         }
     }
 
@@ -194,7 +200,8 @@ mod tests {
                 "revoke-keeps-floor",
                 "grant-unexpired",
                 "skip-grant-signature-check",
-                "skip-owner-check"
+                "skip-owner-check",
+                "etcd-wall-clock-judge",
             ]
         );
         for b in Bug::ALL {

@@ -13,6 +13,12 @@
 //! - A heartbeat is idempotent (it only extends this owner's own session), so a try whose
 //!   answer was lost may be followed by another; `SESSION_EXPIRED` / `SESSION_UNKNOWN` end
 //!   the session at once.
+//! - Every change of the holder's belief in its session is emitted once as a
+//!   `session_belief` event ([`dlock_rt::events`]): `opened`, `extended` (a heartbeat moved
+//!   the local deadline) and `lost` (with the reason), each with the local deadline on this
+//!   node's monotonic clock. A grant is believed only while its session is too, so a
+//!   `lease_belief` and its session's `session_belief`s together say until when a holder
+//!   believes (the simulation's oracle checks that no two holders believe at once).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -54,6 +60,8 @@ struct SessionState {
 #[derive(Debug)]
 pub(crate) struct SessionShared {
     pub(crate) id: Uuid,
+    /// Its node name in emitted events: the owner id up to its first `/` (as a grant's).
+    node: String,
     /// The TTL granted (the smaller of asked and answered).
     pub(crate) ttl_ms: u64,
     local_lease: Duration,
@@ -75,7 +83,9 @@ impl SessionShared {
             return Ok(st.deadline);
         }
         st.lost = Some(SessionLoss::HeartbeatLapsed);
+        let deadline = st.deadline;
         drop(st);
+        self.belief("lost", deadline, Some(SessionLoss::HeartbeatLapsed));
         self.announce(SessionLoss::HeartbeatLapsed);
         Err(SessionLoss::HeartbeatLapsed)
     }
@@ -87,8 +97,22 @@ impl SessionShared {
             return;
         }
         st.lost = Some(loss);
+        let deadline = st.deadline;
         drop(st);
+        self.belief("lost", deadline, Some(loss));
         self.announce(loss);
+    }
+
+    /// The holder's belief in this session, as a `session_belief` event (module doc).
+    fn belief(&self, source: &'static str, deadline: Instant, reason: Option<SessionLoss>) {
+        dlock_rt::events::emit(&self.node, "session_belief", || {
+            [
+                ("session", self.id.to_string().into()),
+                ("local_deadline_mono_ms", dlock_rt::events::mono_ms(deadline).into()),
+                ("source", source.into()),
+                ("reason", dlock_rt::events::opt(reason.map(|r| r.to_string()))),
+            ]
+        });
     }
 
     fn announce(&self, loss: SessionLoss) {
@@ -110,7 +134,11 @@ impl SessionShared {
             return Err(loss);
         }
         let candidate = sent_at.checked_add(self.local_lease).unwrap_or(sent_at);
-        st.deadline = st.deadline.max(candidate);
+        if candidate > st.deadline {
+            st.deadline = candidate;
+            drop(st);
+            self.belief("extended", candidate, None);
+        }
         Ok(())
     }
 
@@ -155,14 +183,17 @@ impl Session {
         let local_lease = lease::local_lease(ttl_ms, inner.config.safety_margin);
         let deadline = sent_at.checked_add(local_lease).unwrap_or(sent_at);
         let (tx, _rx) = watch::channel(SessionStatus::Alive);
+        let node = inner.config.owner_id.as_str().split('/').next().unwrap_or_default().to_owned();
         let shared = Arc::new(SessionShared {
             id,
+            node,
             ttl_ms,
             local_lease,
             state: Mutex::new(SessionState { deadline, lost: None }),
             tx,
             ambiguous_keys: Mutex::new(BTreeSet::new()),
         });
+        shared.belief("opened", deadline, None);
         let heartbeat = dlock_rt::spawn(heartbeat_loop(inner.clone(), shared.clone(), sent_at));
         tracing::info!(sessionId = %id, ttlMillis = ttl_ms, "lock_session_opened");
         Session { shared, inner, heartbeat }

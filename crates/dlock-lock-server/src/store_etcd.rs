@@ -334,6 +334,8 @@ struct Judge {
     /// most [`WATCHED_MAX`] entries; the reaper keeps, for the keys it scans, only the
     /// version each holds now.
     watched: Mutex<BTreeMap<(String, u64), i64>>,
+    /// Whether the reaper's first full scan since the store opened has run.
+    scanned: std::sync::atomic::AtomicBool,
 }
 
 impl Judge {
@@ -344,11 +346,15 @@ impl Judge {
             origin_ms: clock.wall().timestamp_millis(),
             shift: WallShift::new(clock, Some(0)),
             watched: Mutex::new(BTreeMap::new()),
+            scanned: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     /// Now, in this replica's frame: never backwards, whatever the wall clock does.
     fn frame(&self) -> i64 {
+        if old_rule() {
+            return self.clock.wall().timestamp_millis();
+        }
         let elapsed = self.clock.now().saturating_duration_since(self.origin).as_millis();
         self.origin_ms.saturating_add(i64::try_from(elapsed).unwrap_or(i64::MAX))
     }
@@ -381,6 +387,11 @@ impl Judge {
         now
     }
 
+    /// Whether this replica has a first sight of `raw` at `key`.
+    fn is_watched(&self, key: &str, raw: &[u8]) -> bool {
+        self.watched().contains_key(&(key.to_owned(), digest(raw)))
+    }
+
     /// Notes that this replica wrote `raw` at `key` at `now` (its decision's instant).
     fn wrote(&self, key: &str, raw: &[u8], now: i64) {
         Self::note(&mut self.watched(), (key.to_owned(), digest(raw)), now);
@@ -403,6 +414,12 @@ impl Judge {
             !prefixes.iter().any(|p| k.starts_with(p)) || present.get(k).is_some_and(|now| now == d)
         });
     }
+}
+
+/// The planted bug `etcd-wall-clock-judge` (simulation only): the rule before "Time", this
+/// replica's wall clock against the instants other replicas wrote with theirs.
+fn old_rule() -> bool {
+    dlock_contract::planted::on(dlock_contract::planted::Bug::EtcdWallClockJudge)
 }
 
 /// A stable digest of a stored value's bytes: a version's identity on one key.
@@ -1073,7 +1090,9 @@ impl EtcdLockStore {
     fn judged<T: Judged>(&self, e: Entry) -> Result<Rec<T>, StoreError> {
         let seen = self.judge.seen(&e.key, &e.value);
         let mut rec = e.decode::<T>()?;
-        rec.val.judge(seen);
+        if !old_rule() {
+            rec.val.judge(seen);
+        }
         Ok(rec)
     }
 
@@ -1560,7 +1579,13 @@ impl LockStore for EtcdLockStore {
         let limit = usize::try_from(limit.max(0)).unwrap_or(0);
         let mut report = ReapReport::default();
         let mut r = self.read(vec![Read::Prefix(self.sessions_prefix()), Read::Prefix(self.grants_prefix())]).await?;
-        let mut grants = self.grants_of(r.pop().unwrap_or_default())?;
+        let grant_entries = r.pop().unwrap_or_default();
+        let first_scan = !self.judge.scanned.swap(true, std::sync::atomic::Ordering::Relaxed);
+        if first_scan && grant_entries.iter().any(|e| !self.judge.is_watched(&e.key, &e.value)) {
+            // A grant this replica never watched: judged from now, a full TTL more ("Time").
+            dlock_rt::probe::hit(dlock_rt::probe::Probe::JudgeExtendedAfterStart);
+        }
+        let mut grants = self.grants_of(grant_entries)?;
         let mut sessions = BTreeMap::new();
         for e in r.pop().unwrap_or_default() {
             let rec = self.judged::<SessionVal>(e)?;

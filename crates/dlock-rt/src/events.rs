@@ -46,13 +46,14 @@ static ENABLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::n
 #[cfg(not(madsim))]
 static SINK: std::sync::RwLock<Option<Arc<dyn Sink>>> = std::sync::RwLock::new(None);
 
-/// Removes the sink it installed when dropped.
+/// Puts back, when dropped, the sink that was installed before its own (none, usually):
+/// installs nest.
 #[must_use = "the sink is removed when the guard is dropped"]
-pub struct Installed(());
+pub struct Installed(Option<Arc<dyn Sink>>);
 
 impl Drop for Installed {
     fn drop(&mut self) {
-        set(None);
+        set(self.0.take());
     }
 }
 
@@ -70,10 +71,18 @@ fn set(sink: Option<Arc<dyn Sink>>) {
     }
 }
 
-/// Installs `sink` (replacing any other) until the returned guard drops.
+/// Installs `sink` in place of the one installed now (if any) until the returned guard
+/// drops, which puts that one back. A sink that wants to see what it replaced as well
+/// forwards to [`installed`], read before.
 pub fn install(sink: Arc<dyn Sink>) -> Installed {
+    let previous = current();
     set(Some(sink));
-    Installed(())
+    Installed(previous)
+}
+
+/// The sink installed now, if any.
+pub fn installed() -> Option<Arc<dyn Sink>> {
+    current()
 }
 
 /// Whether a sink is installed.

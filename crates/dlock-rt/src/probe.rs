@@ -54,10 +54,14 @@ pub enum Probe {
     /// Two or more payouts of one account were posted by one batch (C3-extensions E-19):
     /// claimed, submitted and posted together, each fence passed once for all of them.
     BatchPosted,
+    /// A lock replica on etcd that had just started found, at its first scan, a grant it had
+    /// never watched, and judged it from then: a full TTL more (it extends, never shortens;
+    /// C1 §1.5.4).
+    JudgeExtendedAfterStart,
 }
 
 impl Probe {
-    pub const ALL: [Probe; 17] = [
+    pub const ALL: [Probe; 18] = [
         Probe::FencedOutAccount,
         Probe::FencedOutLedger,
         Probe::FencedOutRail,
@@ -75,6 +79,7 @@ impl Probe {
         Probe::ForgedTokenRefused,
         Probe::GrantChained,
         Probe::BatchPosted,
+        Probe::JudgeExtendedAfterStart,
     ];
 
     pub fn name(self) -> &'static str {
@@ -96,6 +101,7 @@ impl Probe {
             Probe::ForgedTokenRefused => "forged_token_refused",
             Probe::GrantChained => "grant_chained",
             Probe::BatchPosted => "batch_posted",
+            Probe::JudgeExtendedAfterStart => "judge_extended_after_start",
         }
     }
 }

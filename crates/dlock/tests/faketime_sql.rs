@@ -6,7 +6,8 @@
 //! host's. Two stepped clocks:
 //! - **SQLite**: the lock server's own, which is also SQLite's (it is embedded);
 //! - **PostgreSQL**: the database server's, a private cluster started for the test under
-//!   libfaketime, with the lock server on the host's clock.
+//!   libfaketime, under two lock servers whose own wall clocks run 20 s ahead of the host's
+//!   and 20 s behind (a grant through each is taken over through the other).
 //!
 //! Through each step, measured on this test process's monotonic clock (host time):
 //! - no two live grants: a grant is not given to another session before its lease is over;
@@ -209,6 +210,21 @@ impl Drop for SteppedPostgres {
     }
 }
 
+/// The lock servers' constant wall-clock offsets from the host's, in the PostgreSQL case.
+const AHEAD: &str = "+20s";
+const BEHIND: &str = "-20s";
+
+/// A process's environment for a constant wall-clock `offset` (libfaketime's syntax).
+fn offset_env(offset: &str) -> Vec<(&'static str, String)> {
+    assert!(Path::new(LIBFAKETIME_MT).exists(), "{LIBFAKETIME_MT} is missing: install Debian's libfaketime");
+    vec![
+        ("LD_PRELOAD", LIBFAKETIME_MT.to_owned()),
+        ("FAKETIME", offset.to_owned()),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
+        ("FAKETIME_NO_CACHE", "1".to_owned()),
+    ]
+}
+
 /// `dlock lock-server` on `url`, with `env` on top of the harness's.
 fn lock_server(url: &str, env: &[(&'static str, String)]) -> Service {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -289,15 +305,17 @@ impl Stepped {
     }
 }
 
-/// The whole case on a lock server at `base` whose leases the clock `step` steers under the
-/// old rule: a grant, a step forward an hour during its lease, a takeover, a step back two
-/// hours during the next lease, another takeover; a session heartbeated across both.
-async fn leases_keep_their_length_through_steps(base: &BaseUrl, step: &StepFile, stepped: Stepped) {
+/// The whole case on lock servers `a` and `b` (one server: the same) whose leases the clock
+/// `step` steers under the old rule: a grant through `a`, a step forward an hour during its
+/// lease, a takeover through `b`, a step back two hours during that lease, a takeover
+/// through `a`; a session heartbeated through `a` across both.
+async fn leases_keep_their_length_through_steps(a: &BaseUrl, b: &BaseUrl, step: &StepFile, stepped: Stepped) {
     let clock_of = stepped.name();
-    let holder = session(base, 60_000).await;
-    let contender = session(base, 60_000).await;
-    let third = session(base, 60_000).await;
-    let beating = session(base, SESSION_TTL_MS).await;
+    let base = a;
+    let holder = session(a, 60_000).await;
+    let contender = session(b, 60_000).await;
+    let third = session(a, 60_000).await;
+    let beating = session(a, SESSION_TTL_MS).await;
     let before = stepped.wall(heartbeat(base, &beating, "before the step").await).await;
 
     let sent = Instant::now();
@@ -308,14 +326,14 @@ async fn leases_keep_their_length_through_steps(base: &BaseUrl, step: &StepFile,
     let after = stepped.wall(beat).await;
     assert!(after - before >= STEP_MS - 60_000, "{clock_of} moved {} ms: the step is not in effect", after - before);
     let bound = Duration::from_millis(LEASE_MS) + TAKEOVER_SLACK;
-    let taken = granted_after(base, &contender, sent, bound, "no takeover within the lease and the slack").await;
+    let taken = granted_after(b, &contender, sent, bound, "no takeover within the lease and the slack").await;
     assert!(taken >= Duration::from_millis(LEASE_MS), "granted again {taken:?} after a {LEASE_MS} ms grant");
     heartbeat(base, &beating, "after the forward step").await;
 
     let sent = Instant::now();
     step.set("-1h");
     heartbeat(base, &beating, &format!("just after {clock_of} stepped two hours back")).await;
-    let taken = granted_after(base, &third, sent, bound, "after a backward step, no takeover within the lease").await;
+    let taken = granted_after(a, &third, sent, bound, "after a backward step, no takeover within the lease").await;
     assert!(taken < bound, "taken over {taken:?} after the lease");
     heartbeat(base, &beating, "after the backward step").await;
 }
@@ -327,16 +345,19 @@ async fn on_sqlite_a_step_of_the_lock_servers_wall_clock_neither_shortens_nor_st
     let step = StepFile::new();
     let (url, _dir) = dlock_testkit::fresh_database(dlock_testkit::Db::Sqlite).await;
     let server = lock_server(&url, &step.env());
-    leases_keep_their_length_through_steps(&server.base, &step, Stepped::LockServer).await;
+    leases_keep_their_length_through_steps(&server.base, &server.base, &step, Stepped::LockServer).await;
 }
 
 /// PostgreSQL: the database server's wall clock steps an hour forward and then two hours
-/// back; the lock server's clock is the host's. Every lease keeps its length by host time.
+/// back, under two lock servers whose own wall clocks run 20 s ahead of the host's and 20 s
+/// behind; a grant through each is taken over through the other. Every lease keeps its
+/// length by host time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgresql_a_step_of_the_database_servers_wall_clock_neither_shortens_nor_stretches_a_lease() {
     let step = StepFile::new();
     let pg = SteppedPostgres::start(&step);
     pg.ready().await;
-    let server = lock_server(&pg.url(), &[]);
-    leases_keep_their_length_through_steps(&server.base, &step, Stepped::Postgres(pg.url())).await;
+    let ahead = lock_server(&pg.url(), &offset_env(AHEAD));
+    let behind = lock_server(&pg.url(), &offset_env(BEHIND));
+    leases_keep_their_length_through_steps(&ahead.base, &behind.base, &step, Stepped::Postgres(pg.url())).await;
 }
