@@ -89,19 +89,10 @@ async fn acquire(base: &BaseUrl, key: &str, sid: &str, ttl_ms: u64) -> (u16, Val
     call(base, http::Method::POST, &format!("/v1/locks/{key}/acquire"), &[], Some(body)).await
 }
 
-/// How long after `sent` session `sid` is granted `k` through `base`, asking every [`POLL`]
-/// while it is refused `409`; fails with `what` once `bound` has passed.
+/// How long after `sent` session `sid` is granted the key through `base`, asking every
+/// [`POLL`]; fails with `what` once `bound` has passed (`common::granted_after`).
 async fn granted_after(base: &BaseUrl, sid: &str, sent: Instant, bound: Duration, what: &str) -> Duration {
-    loop {
-        let (s, v) = acquire(base, "k", sid, 60_000).await;
-        match s {
-            200 => return sent.elapsed(),
-            409 => {}
-            other => panic!("the contender was answered {other}: {v}"),
-        }
-        assert!(sent.elapsed() < bound, "{what}");
-        tokio::time::sleep(POLL).await;
-    }
+    common::granted_after(|| acquire(base, "k", sid, 60_000), sent, bound, POLL, what).await
 }
 
 /// The replicas really run on clocks 40 s apart: each one's `serverTime`.

@@ -258,19 +258,10 @@ async fn heartbeat(base: &BaseUrl, sid: &str, what: &str) -> i64 {
     chrono::DateTime::parse_from_rfc3339(at).expect("rfc3339").timestamp_millis()
 }
 
-/// How long after `sent` session `sid` is granted the key for [`LEASE_MS`], asking every
-/// [`POLL`] while refused `409`; fails with `what` once `bound` has passed.
+/// How long after `sent` session `sid` is granted the key through `base`, asking every
+/// [`POLL`]; fails with `what` once `bound` has passed (`common::granted_after`).
 async fn granted_after(base: &BaseUrl, sid: &str, sent: Instant, bound: Duration, what: &str) -> Duration {
-    loop {
-        let (s, v) = acquire(base, sid, LEASE_MS).await;
-        match s {
-            200 => return sent.elapsed(),
-            409 => {}
-            other => panic!("the contender was answered {other}: {v}"),
-        }
-        assert!(sent.elapsed() < bound, "{what}");
-        tokio::time::sleep(POLL).await;
-    }
+    common::granted_after(|| acquire(base, sid, LEASE_MS), sent, bound, POLL, what).await
 }
 
 /// Whose wall clock the step moves.

@@ -75,43 +75,52 @@ pub(super) trait ClockDb: Send + Sync + 'static {
     async fn resign(&self, judge: &str, term: i64) -> Result<(), sqlx::Error>;
 }
 
-#[async_trait]
-impl ClockDb for sqlx::PgPool {
-    async fn read(&self) -> Result<Option<ClockRow>, sqlx::Error> {
-        let row = sqlx::query(READ).fetch_optional(self).await?;
-        row.map(|r| Ok(ClockRow { now_ms: r.try_get("now_ms")?, judge: r.try_get("judge")?, term: r.try_get("term")? }))
-            .transpose()
-    }
+/// The statements both dialects run alike (`$n` spelled for `$dialect`); `tick` is each
+/// one's own (SQLite's is unflushed).
+macro_rules! clock_db {
+    ($pool:ty, $dialect:expr, $tick:item) => {
+        #[async_trait]
+        impl ClockDb for $pool {
+            async fn read(&self) -> Result<Option<ClockRow>, sqlx::Error> {
+                let row = sqlx::query(&$dialect.sql(READ)).fetch_optional(self).await?;
+                row.map(|r| {
+                    Ok(ClockRow { now_ms: r.try_get("now_ms")?, judge: r.try_get("judge")?, term: r.try_get("term")? })
+                })
+                .transpose()
+            }
 
+            $tick
+
+            async fn take(&self, judge: &str, seen: &ClockRow) -> Result<Option<i64>, sqlx::Error> {
+                let row = sqlx::query(&$dialect.sql(TAKE))
+                    .bind(judge.to_owned())
+                    .bind(seen.judge.clone())
+                    .bind(seen.term)
+                    .bind(seen.now_ms)
+                    .fetch_optional(self)
+                    .await?;
+                row.map(|r| r.try_get("term")).transpose()
+            }
+
+            async fn resign(&self, judge: &str, term: i64) -> Result<(), sqlx::Error> {
+                sqlx::query(&$dialect.sql(RESIGN)).bind(judge.to_owned()).bind(term).execute(self).await.map(|_| ())
+            }
+        }
+    };
+}
+
+clock_db!(
+    sqlx::PgPool,
+    Dialect::Postgres,
     async fn tick(&self, advance_ms: i64, judge: &str, term: i64) -> Result<bool, sqlx::Error> {
         let row = sqlx::query(TICK).bind(advance_ms).bind(judge.to_owned()).bind(term).fetch_optional(self).await?;
         Ok(row.is_some())
     }
+);
 
-    async fn take(&self, judge: &str, seen: &ClockRow) -> Result<Option<i64>, sqlx::Error> {
-        let row = sqlx::query(TAKE)
-            .bind(judge.to_owned())
-            .bind(seen.judge.clone())
-            .bind(seen.term)
-            .bind(seen.now_ms)
-            .fetch_optional(self)
-            .await?;
-        row.map(|r| r.try_get("term")).transpose()
-    }
-
-    async fn resign(&self, judge: &str, term: i64) -> Result<(), sqlx::Error> {
-        sqlx::query(RESIGN).bind(judge.to_owned()).bind(term).execute(self).await.map(|_| ())
-    }
-}
-
-#[async_trait]
-impl ClockDb for sqlx::SqlitePool {
-    async fn read(&self) -> Result<Option<ClockRow>, sqlx::Error> {
-        let row = sqlx::query(READ).fetch_optional(self).await?;
-        row.map(|r| Ok(ClockRow { now_ms: r.try_get("now_ms")?, judge: r.try_get("judge")?, term: r.try_get("term")? }))
-            .transpose()
-    }
-
+clock_db!(
+    sqlx::SqlitePool,
+    Dialect::Sqlite,
     async fn tick(&self, advance_ms: i64, judge: &str, term: i64) -> Result<bool, sqlx::Error> {
         static SQL: std::sync::LazyLock<String> =
             std::sync::LazyLock::new(|| dlock_db::sqlite_unflushed_sql(&[(TICK, 3)]));
@@ -119,22 +128,7 @@ impl ClockDb for sqlx::SqlitePool {
         let parts = dlock_db::sqlite_unflushed(self, tick, 1).await?;
         Ok(parts.first().is_some_and(|p| !p.rows.is_empty()))
     }
-
-    async fn take(&self, judge: &str, seen: &ClockRow) -> Result<Option<i64>, sqlx::Error> {
-        let row = sqlx::query(&Dialect::Sqlite.sql(TAKE))
-            .bind(judge.to_owned())
-            .bind(seen.judge.clone())
-            .bind(seen.term)
-            .bind(seen.now_ms)
-            .fetch_optional(self)
-            .await?;
-        row.map(|r| r.try_get("term")).transpose()
-    }
-
-    async fn resign(&self, judge: &str, term: i64) -> Result<(), sqlx::Error> {
-        sqlx::query(&Dialect::Sqlite.sql(RESIGN)).bind(judge.to_owned()).bind(term).execute(self).await.map(|_| ())
-    }
-}
+);
 
 /// This replica's part in lockdb's clock: its name, and whether it judges now. The store
 /// holds it; when the last holder drops it, the ticking task hands the role back and stops.

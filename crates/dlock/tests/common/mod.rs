@@ -245,6 +245,32 @@ pub fn etcd_lock_server_args(prefix: &str, extra: &[&str]) -> Vec<String> {
     args
 }
 
+/// How long after `sent` an acquire (`try_acquire`: its status and body) is first answered
+/// `200`, asked again every `every` while it is refused `409`; fails with `what` once `bound`
+/// has passed, and on any other answer.
+pub async fn granted_after<F, Fut>(
+    mut try_acquire: F,
+    sent: std::time::Instant,
+    bound: Duration,
+    every: Duration,
+    what: &str,
+) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = (u16, Value)>,
+{
+    loop {
+        let (s, v) = try_acquire().await;
+        match s {
+            200 => return sent.elapsed(),
+            409 => {}
+            other => panic!("the contender was answered {other}: {v}"),
+        }
+        assert!(sent.elapsed() < bound, "{what}");
+        tokio::time::sleep(every).await;
+    }
+}
+
 pub fn client() -> HttpClient {
     dlock_testkit::auth::client(1_000, 20_000)
 }
