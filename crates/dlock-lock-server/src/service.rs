@@ -112,6 +112,8 @@ pub struct LockMetrics {
     pub store_ops: Arc<TaggedHistogram<LockStoreOp>>,
     pub store_writes_off_writer: Arc<OffWriterWrites>,
     pub pool: PoolGauges,
+    /// 1 while this replica advances lockdb's clock (set at each scrape).
+    pub clock_judge: Gauge,
 }
 
 impl Default for LockMetrics {
@@ -149,6 +151,11 @@ impl Default for LockMetrics {
             )),
             store_writes_off_writer: Arc::new(OffWriterWrites::new(r, "lock_store_writes_off_writer_total")),
             pool: PoolGauges::new(r),
+            clock_judge: Gauge::new(
+                r,
+                "lock_clock_judge",
+                "1 while this replica advances lockdb's clock (PostgreSQL, SQLite), else 0.",
+            ),
             registry,
         }
     }
@@ -307,6 +314,7 @@ impl LockServer {
         let queues = self.queues.lock().map(|q| q.values().filter(|q| !q.waiters.is_empty()).count()).unwrap_or(0);
         self.metrics.waiter_queues.set(i64::try_from(queues).unwrap_or(i64::MAX));
         self.metrics.pool.set(self.store.pool_stats());
+        self.metrics.clock_judge.set(i64::from(self.store.judges_clock()));
         self.metrics.render(only)
     }
 

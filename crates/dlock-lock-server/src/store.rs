@@ -352,6 +352,13 @@ pub trait LockStore: Send + Sync + 'static {
     /// run concurrently from several replicas.
     async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError>;
 
+    /// Whether this replica advances lockdb's clock now (C1 §1.4.2: PostgreSQL and SQLite),
+    /// for `lock_clock_judge`. Always false on etcd and the simulation store, which have no
+    /// judge.
+    fn judges_clock(&self) -> bool {
+        false
+    }
+
     /// The SQL pool's connections now, for `dlock_db_pool_connections` (`None`: no pool).
     fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
         None

@@ -109,6 +109,10 @@ impl LockStore for FaultyLockStore {
         self.faults.run("reap", self.inner.reap(limit, delay_ms, retention_ms)).await
     }
 
+    fn judges_clock(&self) -> bool {
+        self.inner.judges_clock()
+    }
+
     fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
         self.inner.pool_stats()
     }

@@ -488,6 +488,10 @@ macro_rules! sql_lock_store {
 
         #[async_trait]
         impl LockStore for $store {
+            fn judges_clock(&self) -> bool {
+                self.judge.is_judging()
+            }
+
             fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
                 let idle = u32::try_from(self.pool.num_idle()).unwrap_or(u32::MAX);
                 Some(dlock_http::metrics::PoolStats { size: self.pool.size(), idle })
@@ -919,6 +923,28 @@ mod tests {
         let server = crate::service::LockServer::new(Arc::new(store), cfg, dlock_rt::Clock::system());
         let on = server.write(|_| async { std::thread::current().name().map(str::to_owned) }).await;
         assert_eq!(on.as_deref(), Some(dlock_db::SQLITE_WRITER_THREAD_NAME));
+    }
+
+    /// `lock_clock_judge` shows whether this replica advances lockdb's clock: 1 once its
+    /// store took the role, 0 on a store without a judge.
+    #[tokio::test]
+    async fn the_replica_that_judges_lockdbs_clock_says_so_on_metrics() {
+        let judged = |server: Arc<crate::service::LockServer>| async move {
+            let text = server.render_metrics(&["lock_clock_judge".to_owned()]);
+            text.lines().find_map(|l| l.strip_prefix("lock_clock_judge ")).map(str::to_owned)
+        };
+        let (store, _dir) = store().await;
+        let cfg = crate::service::LockServerConfig::default();
+        let server = crate::service::LockServer::new(Arc::new(store), cfg.clone(), dlock_rt::Clock::system());
+        let one = dlock_rt::wait_until(dlock_rt::Duration::from_millis(10), dlock_rt::Duration::from_secs(10), || {
+            let server = server.clone();
+            async move { judged(server).await.filter(|v| v == "1") }
+        })
+        .await;
+        assert_eq!(one.as_deref(), Some("1"), "the only replica never became the judge");
+        let mem = Arc::new(crate::store_mem::MemLockStore::new(dlock_rt::Clock::system()));
+        let without = crate::service::LockServer::new(mem, cfg, dlock_rt::Clock::system());
+        assert_eq!(judged(without).await.as_deref(), Some("0"));
     }
 
     /// §8.22: a release runs unflushed, and the writer it hands back flushes again, after a

@@ -176,6 +176,10 @@ impl LockStore for TimedLockStore {
         self.write(LockStoreOp::Reap, self.inner.reap(limit, delay_ms, retention_ms)).await
     }
 
+    fn judges_clock(&self) -> bool {
+        self.inner.judges_clock()
+    }
+
     fn pool_stats(&self) -> Option<PoolStats> {
         self.inner.pool_stats()
     }
