@@ -1,6 +1,6 @@
 //! The lock rules, once: pure functions from the facts a store read to the decision it must
-//! apply. No I/O, no clock reads (`now_ms` is the backend's clock, read by the store and
-//! handed in), no randomness.
+//! apply. No I/O, no clock reads (`now_ms` is the store's clock, read by the store and
+//! handed in: lockdb's clock on SQL, the judging replica's frame on etcd), no randomness.
 //!
 //! Every backend (the simulation store, SQLite, PostgreSQL, etcd) reads the facts in its own
 //! atomic step, calls these functions, and applies the answer under its own conditional

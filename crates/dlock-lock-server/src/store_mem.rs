@@ -1,8 +1,9 @@
 //! The simulation lock store: lockdb in memory, with the same semantics as SQL.
 //!
 //! Like the rail-proxy's simulation store, it stands in for the *backend*: in the
-//! simulation it outlives every lock-server node. Its clock is the backend's clock (one
-//! clock for all replicas, as PostgreSQL's is). Each method takes the one mutex for its
+//! simulation it outlives every lock-server node. Its clock is one clock for all replicas,
+//! as lockdb's clock is on SQL (C1 §1.4.2): in the simulation the reference clock, a judge
+//! that never dies and never drifts. Each method takes the one mutex for its
 //! whole body: a serialisable transaction, seen from outside.
 //!
 //! **Observer** (simulation only in practice): [`MemLockStore::set_observer`] registers one
