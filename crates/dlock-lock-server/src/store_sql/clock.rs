@@ -312,7 +312,7 @@ mod tests {
     #[tokio::test]
     async fn the_clock_stands_while_no_judge_ticks_and_a_watcher_takes_over_after_the_grace() {
         let (pool, _dir) = database().await;
-        let (init, started) = (row(&pool).await, Instant::now());
+        let (init, started) = (row(&pool).await, Clock::system().now());
         let judge = start(pool.clone(), Clock::system());
         let r0 = row_until(&pool, "the replica judges", |r| r.judge == judge.id()).await;
         let r1 = row_until(&pool, "the clock advances", |r| r.now_ms >= r0.now_ms + 300).await;
@@ -322,7 +322,7 @@ mod tests {
         // Another replica took the role and died at once: nobody ticks.
         sqlx::query("UPDATE lock_clock SET judge = 'dead', term = term + 1").execute(&pool).await.expect("displace");
         let stood = row(&pool).await;
-        let silent = Instant::now();
+        let silent = Clock::system().now();
         let taken = row_until(&pool, "the watcher takes over", |r| r.judge == judge.id()).await;
         let waited = silent.elapsed();
         assert!(waited >= Duration::from_millis(JUDGE_GRACE_MS), "took over after {waited:?}, within the grace");
