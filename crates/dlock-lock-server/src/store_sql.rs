@@ -135,10 +135,7 @@ impl PgLockStore {
     /// A store over `pool`, whose database is migrated already; starts this replica's part
     /// in lockdb's clock ([`clock`]).
     pub async fn over(pool: sqlx::PgPool) -> Result<PgLockStore, StoreError> {
-        let shift = Arc::new(WallShift::new(dlock_rt::Clock::system(), None));
-        let now = sqlx::query(&format!("SELECT {PG_NOW} AS now_ms")).fetch_one(&pool).await.map_err(unavailable)?;
-        shift.offset(now.int("now_ms")?);
-        let judge = clock::start(pool.clone(), dlock_rt::Clock::system());
+        let (judge, shift) = clock_parts(pool.clone()).await?;
         Ok(PgLockStore { pool, judge, shift })
     }
 
@@ -194,16 +191,23 @@ impl SqliteLockStore {
         let pool = dlock_db::sqlite_pool(url).await.map_err(unavailable)?;
         SQLITE_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
         let writer = dlock_db::sqlite_writer_thread().map_err(unavailable)?;
-        let shift = Arc::new(WallShift::new(dlock_rt::Clock::system(), None));
-        let now = sqlx::query(&format!("SELECT {SQLITE_NOW} AS now_ms")).fetch_one(&pool).await.map_err(unavailable)?;
-        shift.offset(now.int("now_ms")?);
-        let judge = clock::start(pool.clone(), dlock_rt::Clock::system());
+        let (judge, shift) = clock_parts(pool.clone()).await?;
         Ok(SqliteLockStore { pool, writer, judge, shift })
     }
 
     fn writer(&self) -> Option<dlock_rt::dedicated::WriterThread> {
         Some(self.writer.clone())
     }
+}
+
+/// This replica's part in lockdb's clock, started on `db`, and the shift its answers use,
+/// set from the clock's value now.
+async fn clock_parts(db: impl clock::ClockDb) -> Result<(Arc<ClockJudge>, Arc<WallShift>), StoreError> {
+    let shift = Arc::new(WallShift::new(dlock_rt::Clock::system(), None));
+    let row = db.read().await.map_err(unavailable)?;
+    let row = row.ok_or_else(|| StoreError::Corrupt("lock_clock has no row".into()))?;
+    shift.offset(row.now_ms);
+    Ok((clock::start(db, dlock_rt::Clock::system()), shift))
 }
 
 fn grant_of(r: &impl RowLike) -> Result<GrantRow, StoreError> {
@@ -619,7 +623,10 @@ macro_rules! sql_lock_store {
                 // The dialect's token-issuing transaction (`pg_grant`, `sqlite_grant`). A grant
                 // was acquired at lockdb's now.
                 Ok(match self.acquire_grant(key, session_id, ttl_ms, delay_ms).await? {
-                    Ok(g) => Ok(WallShift::grant(g.clone(), self.shift.offset(g.acquired_at_ms))),
+                    Ok(g) => {
+                        let offset = self.shift.offset(g.acquired_at_ms);
+                        Ok(WallShift::grant(g, offset))
+                    }
                     Err(r) => Err(WallShift::acquire_refusal(r, self.shift.current())),
                 })
             }
@@ -633,7 +640,10 @@ macro_rules! sql_lock_store {
                 delay_ms: i64,
             ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
                 Ok(match self.rotate_grant(key, session_id, token, ttl_ms, delay_ms).await? {
-                    Ok(g) => Ok(WallShift::grant(g.clone(), self.shift.offset(g.acquired_at_ms))),
+                    Ok(g) => {
+                        let offset = self.shift.offset(g.acquired_at_ms);
+                        Ok(WallShift::grant(g, offset))
+                    }
                     Err(r) => Err(WallShift::rotate_refusal(r, self.shift.current())),
                 })
             }
