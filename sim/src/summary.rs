@@ -443,7 +443,7 @@ mod tests {
         let line = s.coverage_failure().expect("two probes never fired");
         assert_eq!(
             line,
-            "coverage: 2 of 18 probes never fired across seeds 5..=9 (2 seeds): waiter_granted_after_wait, \
+            "coverage: 2 of 19 probes never fired across seeds 5..=9 (2 seeds): waiter_granted_after_wait, \
              drift_caught_by_fence"
         );
         assert_eq!(s.exit_code(), 0);

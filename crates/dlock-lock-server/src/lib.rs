@@ -15,6 +15,7 @@
 
 pub mod app;
 pub mod config;
+pub mod lockdb_clock;
 pub mod openapi;
 pub mod rules;
 pub mod service;

@@ -366,12 +366,19 @@ pub fn decide_clock(row: &ClockRow, watched_ms: Option<i64>, grace_ms: i64) -> C
 }
 
 /// How far a judge's tick advances lockdb's clock: the whole milliseconds its monotonic
-/// clock ran since the last tick it counted (`elapsed_us`, microseconds). The remainder is
-/// carried to the next tick, so the clock neither gains nor loses by rounding.
-/// Returns `(advance_ms, counted_us)`.
-pub fn clock_advance(elapsed_us: u64) -> (i64, u64) {
+/// clock ran since the last tick it counted (`elapsed_us`, microseconds), at most `max_ms`.
+/// The remainder below a millisecond is carried to the next tick, so steady ticks neither
+/// gain nor lose by rounding; time beyond `max_ms` (the judge stalled between two ticks) is
+/// dropped, so the clock lags by the stall instead of jumping over it. A decision reads the
+/// clock as the last tick left it, so a lease decided just before a tick ends at most the
+/// advance of that tick (`max_ms`) early in true time, however long the judge stalled; the
+/// time dropped only extends leases. Returns `(advance_ms, counted_us)`.
+pub fn clock_advance(elapsed_us: u64, max_ms: i64) -> (i64, u64) {
     let ms = elapsed_us / 1_000;
-    (i64::try_from(ms).unwrap_or(i64::MAX), ms.saturating_mul(1_000))
+    match i64::try_from(ms) {
+        Ok(ms) if ms <= max_ms => (ms, (ms as u64).saturating_mul(1_000)),
+        _ => (max_ms.max(0), elapsed_us),
+    }
 }
 
 #[cfg(test)]
@@ -397,16 +404,26 @@ mod tests {
     /// duration into ticks, the clock advances by the duration's whole ms, never more.
     #[test]
     fn ticks_advance_the_clock_by_whole_ms_and_carry_the_rest() {
-        assert_eq!(clock_advance(0), (0, 0));
-        assert_eq!(clock_advance(999), (0, 0));
-        assert_eq!(clock_advance(50_700), (50, 50_000));
+        assert_eq!(clock_advance(0, 100), (0, 0));
+        assert_eq!(clock_advance(999, 100), (0, 0));
+        assert_eq!(clock_advance(50_700, 100), (50, 50_000));
         let (mut carried, mut advanced) = (0u64, 0i64);
         for step in [333u64, 49_999, 50_001, 1, 12_345] {
-            let (ms, counted) = clock_advance(carried + step);
+            let (ms, counted) = clock_advance(carried + step, 100);
             advanced += ms;
             carried = carried + step - counted;
         }
         assert_eq!(advanced, (333 + 49_999 + 50_001 + 1 + 12_345) / 1_000);
+    }
+
+    /// A judge that stalled between two ticks advances the clock by at most the bound and
+    /// drops the rest: the clock lags by the stall (every lease extended) and never jumps.
+    #[test]
+    fn a_stalled_judge_advances_the_clock_by_at_most_the_bound_and_drops_the_rest() {
+        assert_eq!(clock_advance(100_999, 100), (100, 100_000), "at the bound: counted as usual");
+        assert_eq!(clock_advance(101_000, 100), (100, 101_000), "beyond it: all counted, 100 added");
+        assert_eq!(clock_advance(5_000_000, 100), (100, 5_000_000));
+        assert_eq!(clock_advance(u64::MAX, 100), (100, u64::MAX));
     }
 
     /// The owner check: an unbound caller addresses anything, a bound one only what is

@@ -3,12 +3,12 @@
 //! Every method is one atomic step against the backend (one transaction in SQL), and **no
 //! wall clock decides a lease** (C1 §1.4.2, §1.5.4). On SQLite and PostgreSQL `now` below is
 //! *lockdb's clock*: one value in the database, advanced only by durations the judging
-//! replica measured on its monotonic clock (`store_sql::clock`), read by the store in the
+//! replica measured on its monotonic clock ([`crate::lockdb_clock`]), read by the store in the
 //! statement that decides, so every replica judges by the same clock and no wall clock (a
 //! replica's or the database host's) moves it. On etcd, which has no clock, each replica
 //! judges by durations on its own monotonic clock since it first saw each version of a
 //! record (`store_etcd`, "Time"): `now` there is that replica's frame. The simulation store
-//! models a database whose clock is the simulation's true time. All instants are epoch
+//! keeps lockdb's clock as SQL does (`store_mem`). All instants are epoch
 //! milliseconds on the store's clock; answers show them on the answering replica's wall
 //! clock ([`WallShift`]), for humans only.
 

@@ -1,10 +1,16 @@
 //! The simulation lock store: lockdb in memory, with the same semantics as SQL.
 //!
 //! Like the rail-proxy's simulation store, it stands in for the *backend*: in the
-//! simulation it outlives every lock-server node. Its clock is one clock for all replicas,
-//! as lockdb's clock is on SQL (C1 §1.4.2): in the simulation the reference clock, a judge
-//! that never dies and never drifts. Each method takes the one mutex for its
+//! simulation it outlives every lock-server node. Each method takes the one mutex for its
 //! whole body: a serialisable transaction, seen from outside.
+//!
+//! **Its clock.** One clock for all replicas, as on SQL. [`MemLockStore::judged`] keeps
+//! lockdb's clock exactly as SQL does (C1 §1.4.2, [`crate::lockdb_clock`]): the row in
+//! memory, read under the mutex by every decision, and advanced only by the replica that
+//! judges it; each replica's view ([`MemLockStore::replica`], [`MemReplica`]) runs the
+//! production judge loop on its own node's monotonic clock and shows instants on its own
+//! wall clock. The simulation world uses it. [`MemLockStore::new`] judges by a given
+//! [`Clock`] instead (the reference clock in the conformance suite and the older tests).
 //!
 //! **Observer** (simulation only in practice): [`MemLockStore::set_observer`] registers one
 //! [`LockObserver`], told of every change to a grant or a session's end *inside* the
@@ -14,16 +20,18 @@
 //! what a write does.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use dlock_rt::Clock;
 use uuid::Uuid;
 
-use crate::rules::{self, AcquireFacts, GrantFacts, RotateFacts};
+use crate::lockdb_clock::{self, ClockDb, ClockFault, ClockJudge};
+use crate::rules::{self, AcquireFacts, ClockRow, GrantFacts, RotateFacts};
 use crate::store::{
     AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
-    RotateRefusal, SessionRefusal, SessionRow, StoreError,
+    RotateRefusal, SessionRefusal, SessionRow, StoreError, WallShift,
 };
 
 #[derive(Debug, Clone)]
@@ -42,6 +50,9 @@ struct Tables {
     last_issued: i64,
     floor: i64,
     revocations: Vec<(Uuid, String, String, String, i64, i64, i64)>,
+    /// lockdb's clock ([`crate::lockdb_clock`]) when the store keeps one
+    /// ([`MemLockStore::judged`]); `None`: the store's clock is its [`Clock`].
+    clock: Option<ClockRow>,
 }
 
 impl Tables {
@@ -139,12 +150,55 @@ pub struct MemLockStore {
     clock: Clock,
     tables: Mutex<Tables>,
     observer: ObserverSlot,
+    /// Replicas started over this store ([`MemLockStore::replica`]): each one's judge name
+    /// is unique, as a process's is.
+    replicas: AtomicU64,
 }
 
 impl MemLockStore {
     /// A store whose leases run on `clock` (the simulated backend's clock).
     pub fn new(clock: Clock) -> MemLockStore {
-        MemLockStore { clock, tables: Mutex::new(Tables::default()), observer: ObserverSlot::default() }
+        MemLockStore {
+            clock,
+            tables: Mutex::new(Tables::default()),
+            observer: ObserverSlot::default(),
+            replicas: AtomicU64::new(0),
+        }
+    }
+
+    /// A store that keeps lockdb's clock as SQL does (C1 §1.4.2): it starts at `clock`'s
+    /// wall time and stands until a replica ([`MemLockStore::replica`]) judges it; only the
+    /// judge's monotonic clock advances it from then.
+    pub fn judged(clock: Clock) -> MemLockStore {
+        let store = MemLockStore::new(clock);
+        let row = ClockRow { now_ms: store.clock.wall().timestamp_millis(), judge: String::new(), term: 0 };
+        if let Ok(mut t) = store.tables.lock() {
+            t.clock = Some(row);
+        }
+        store
+    }
+
+    /// lockdb's now, as the last tick left it (the store's clock when it keeps none).
+    pub fn clock_now_ms(&self) -> i64 {
+        self.tables.lock().map(|t| self.now_in(&t)).unwrap_or_else(|_| self.clock.wall().timestamp_millis())
+    }
+
+    /// A lock-server replica's view of this store, started now on the caller's node: on a
+    /// [`MemLockStore::judged`] store it takes part in lockdb's clock (judging it on
+    /// `clock`'s monotonic clock, under the name `{name}#{n}`, one per start), and its answers
+    /// show lockdb's instants on `clock`'s wall clock, as a SQL replica's do.
+    pub fn replica(self: &Arc<Self>, name: &str, clock: Clock) -> MemReplica {
+        let judged = self.tables.lock().map(|t| t.clock.is_some()).unwrap_or(false);
+        let judge = judged.then(|| {
+            let n = self.replicas.fetch_add(1, Ordering::Relaxed);
+            lockdb_clock::start(MemClock(self.clone()), clock, format!("{name}#{n}"))
+        });
+        let shift = judged.then(|| {
+            let shift = WallShift::new(clock, None);
+            shift.offset(self.clock_now_ms());
+            shift
+        });
+        MemReplica { store: self.clone(), judge, shift }
     }
 
     /// Registers the one observer of committed changes (replacing any earlier one).
@@ -158,8 +212,9 @@ impl MemLockStore {
         self.tables.lock().map_err(|_| StoreError::Corrupt("simulation store poisoned".into()))
     }
 
-    fn now(&self) -> i64 {
-        self.clock.wall().timestamp_millis()
+    /// The store's now, read under its lock: lockdb's clock when it keeps one.
+    fn now_in(&self, t: &Tables) -> i64 {
+        t.clock.as_ref().map_or_else(|| self.clock.wall().timestamp_millis(), |c| c.now_ms)
     }
 }
 
@@ -170,12 +225,13 @@ impl LockStore for MemLockStore {
     }
 
     async fn now_ms(&self) -> Result<i64, StoreError> {
-        Ok(self.now())
+        let t = self.lock()?;
+        Ok(self.now_in(&t))
     }
 
     async fn open_session(&self, session_id: Uuid, owner_id: &str, ttl_ms: i64) -> Result<SessionRow, StoreError> {
-        let now = self.now();
         let mut t = self.lock()?;
+        let now = self.now_in(&t);
         let row = SessionRow { session_id, owner_id: owner_id.to_owned(), ttl_ms, expires_at_ms: now + ttl_ms };
         t.sessions.insert(session_id, Session { row: row.clone(), expired_marked: false });
         self.observer.tell(|| LockEvent::SessionEnds { session_id, expires_at_ms: row.expires_at_ms });
@@ -183,8 +239,8 @@ impl LockStore for MemLockStore {
     }
 
     async fn heartbeat(&self, session_id: Uuid) -> Result<Result<(SessionRow, i64), SessionRefusal>, StoreError> {
-        let now = self.now();
         let mut t = self.lock()?;
+        let now = self.now_in(&t);
         if let Err(r) = t.session_check(session_id, now) {
             return Ok(Err(r));
         }
@@ -197,8 +253,8 @@ impl LockStore for MemLockStore {
     }
 
     async fn close_session(&self, session_id: Uuid, delay_ms: i64) -> Result<Result<(), SessionRefusal>, StoreError> {
-        let now = self.now();
         let mut t = self.lock()?;
+        let now = self.now_in(&t);
         let Some(s) = t.sessions.get(&session_id).cloned() else { return Ok(Err(SessionRefusal::Unknown)) };
         let mine: Vec<(String, i64)> = t
             .grants
@@ -223,8 +279,8 @@ impl LockStore for MemLockStore {
         ttl_ms: i64,
         delay_ms: i64,
     ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
-        let now = self.now();
         let mut t = self.lock()?;
+        let now = self.now_in(&t);
         let decision = rules::decide_acquire(&AcquireFacts {
             now_ms: now,
             session_id,
@@ -269,8 +325,8 @@ impl LockStore for MemLockStore {
         token: i64,
         ttl_ms: i64,
     ) -> Result<Result<GrantRow, RenewRefusal>, StoreError> {
-        let now = self.now();
         let mut t = self.lock()?;
+        let now = self.now_in(&t);
         if let Err(refusal) = rules::decide_renew(t.session_end(session_id), t.grant_facts(key), session_id, token, now)
         {
             return Ok(Err(refusal));
@@ -283,8 +339,8 @@ impl LockStore for MemLockStore {
     }
 
     async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
-        let now = self.now();
         let mut t = self.lock()?;
+        let now = self.now_in(&t);
         if let Err(stored) = rules::decide_release(t.grant_facts(key), token, now) {
             return Ok(Err(stored));
         }
@@ -301,8 +357,8 @@ impl LockStore for MemLockStore {
         ttl_ms: i64,
         delay_ms: i64,
     ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
-        let now = self.now();
         let mut t = self.lock()?;
+        let now = self.now_in(&t);
         let plan = match rules::decide_rotate(&RotateFacts {
             acquire: AcquireFacts {
                 now_ms: now,
@@ -349,8 +405,8 @@ impl LockStore for MemLockStore {
     }
 
     async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
-        let now = self.now();
         let t = self.lock()?;
+        let now = self.now_in(&t);
         if !t.keys.contains_key(key) {
             return Ok(None);
         }
@@ -366,8 +422,8 @@ impl LockStore for MemLockStore {
         expected_token: Option<i64>,
         revocation_id: Uuid,
     ) -> Result<Result<Revocation, RevokeRefusal>, StoreError> {
-        let now = self.now();
         let mut t = self.lock()?;
+        let now = self.now_in(&t);
         let revoked = match rules::decide_revoke(t.grant_facts(key), expected_token, now) {
             Ok(token) => token,
             Err(refusal) => return Ok(Err(refusal)),
@@ -401,9 +457,9 @@ impl LockStore for MemLockStore {
     }
 
     async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError> {
-        let now = self.now();
         let limit = usize::try_from(limit.max(0)).unwrap_or(0);
         let mut t = self.lock()?;
+        let now = self.now_in(&t);
         let mut report = ReapReport::default();
         let lapsed: Vec<Uuid> = t
             .sessions
@@ -454,5 +510,196 @@ impl LockStore for MemLockStore {
             report.forgotten_sessions += 1;
         }
         Ok(report)
+    }
+}
+
+/// lockdb's clock row of a [`MemLockStore::judged`] store, as [`lockdb_clock`]'s loop reads
+/// and writes it (the SQL statements' semantics, under the store's one mutex).
+struct MemClock(Arc<MemLockStore>);
+
+impl MemClock {
+    fn row<T>(&self, f: impl FnOnce(&mut ClockRow) -> T) -> Result<T, ClockFault> {
+        let mut t = self.0.tables.lock().map_err(|_| ClockFault::Closed)?;
+        t.clock.as_mut().map(f).ok_or(ClockFault::Closed)
+    }
+}
+
+#[async_trait]
+impl ClockDb for MemClock {
+    async fn read(&self) -> Result<Option<ClockRow>, ClockFault> {
+        self.row(|r| Some(r.clone()))
+    }
+
+    async fn tick(&self, advance_ms: i64, judge: &str, term: i64) -> Result<bool, ClockFault> {
+        self.row(|r| {
+            let mine = r.judge == judge && r.term == term;
+            if mine {
+                r.now_ms = r.now_ms.saturating_add(advance_ms);
+            }
+            mine
+        })
+    }
+
+    async fn take(&self, judge: &str, seen: &ClockRow) -> Result<Option<i64>, ClockFault> {
+        self.row(|r| {
+            (r == seen).then(|| {
+                r.judge = judge.to_owned();
+                r.term += 1;
+                r.term
+            })
+        })
+    }
+
+    async fn resign(&self, judge: &str, term: i64) -> Result<(), ClockFault> {
+        self.row(|r| {
+            if r.judge == judge && r.term == term {
+                r.judge.clear();
+            }
+        })
+    }
+}
+
+/// One lock-server replica's view of a shared [`MemLockStore`] ([`MemLockStore::replica`]):
+/// the store's answers, its part in lockdb's clock, and its answers' instants on its own
+/// wall clock. Dropping it hands the judge's role back; a replica that dies with its node
+/// does not, and another takes over after the grace.
+pub struct MemReplica {
+    store: Arc<MemLockStore>,
+    judge: Option<Arc<ClockJudge>>,
+    shift: Option<WallShift>,
+}
+
+impl MemReplica {
+    /// The offset onto this replica's wall clock now (0 on a store without lockdb's clock).
+    fn offset(&self) -> i64 {
+        self.shift.as_ref().map_or(0, |s| s.offset(self.store.clock_now_ms()))
+    }
+}
+
+#[async_trait]
+impl LockStore for MemReplica {
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.store.ping().await
+    }
+    async fn now_ms(&self) -> Result<i64, StoreError> {
+        let now = self.store.now_ms().await?;
+        Ok(now.saturating_add(self.offset()))
+    }
+    async fn open_session(&self, session_id: Uuid, owner_id: &str, ttl_ms: i64) -> Result<SessionRow, StoreError> {
+        let row = self.store.open_session(session_id, owner_id, ttl_ms).await?;
+        Ok(WallShift::session(row, self.offset()))
+    }
+    async fn heartbeat(&self, session_id: Uuid) -> Result<Result<(SessionRow, i64), SessionRefusal>, StoreError> {
+        let r = self.store.heartbeat(session_id).await?;
+        Ok(r.map(|(row, held)| (WallShift::session(row, self.offset()), held)))
+    }
+    async fn close_session(&self, session_id: Uuid, delay_ms: i64) -> Result<Result<(), SessionRefusal>, StoreError> {
+        self.store.close_session(session_id, delay_ms).await
+    }
+    async fn acquire(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        ttl_ms: i64,
+        delay_ms: i64,
+    ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
+        let r = self.store.acquire(key, session_id, ttl_ms, delay_ms).await?;
+        let offset = self.offset();
+        Ok(r.map(|g| WallShift::grant(g, offset)).map_err(|e| WallShift::acquire_refusal(e, offset)))
+    }
+    async fn renew(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        token: i64,
+        ttl_ms: i64,
+    ) -> Result<Result<GrantRow, RenewRefusal>, StoreError> {
+        let r = self.store.renew(key, session_id, token, ttl_ms).await?;
+        Ok(r.map(|g| WallShift::grant(g, self.offset())))
+    }
+    async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
+        self.store.release(key, token).await
+    }
+    async fn rotate(
+        &self,
+        key: &str,
+        session_id: Uuid,
+        token: i64,
+        ttl_ms: i64,
+        delay_ms: i64,
+    ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
+        let r = self.store.rotate(key, session_id, token, ttl_ms, delay_ms).await?;
+        let offset = self.offset();
+        Ok(r.map(|g| WallShift::grant(g, offset)).map_err(|e| WallShift::rotate_refusal(e, offset)))
+    }
+    async fn owner_of(&self, target: Addressed<'_>) -> Result<Option<String>, StoreError> {
+        self.store.owner_of(target).await
+    }
+    async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
+        let info = self.store.info(key).await?;
+        let offset = self.offset();
+        Ok(info.map(|i| KeyInfo { grant: i.grant.map(|g| WallShift::grant(g, offset)) }))
+    }
+    async fn revoke(
+        &self,
+        key: &str,
+        operator: &str,
+        reason: &str,
+        expected_token: Option<i64>,
+        revocation_id: Uuid,
+    ) -> Result<Result<Revocation, RevokeRefusal>, StoreError> {
+        self.store.revoke(key, operator, reason, expected_token, revocation_id).await
+    }
+    async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError> {
+        self.store.reap(limit, delay_ms, retention_ms).await
+    }
+    fn judges_clock(&self) -> bool {
+        self.judge.as_ref().is_some_and(|j| j.is_judging())
+    }
+}
+
+#[cfg(all(test, not(madsim)))]
+mod tests {
+    //! The simulation store's lockdb clock, through its replicas' views.
+
+    use dlock_rt::{Clock, Duration};
+
+    use super::*;
+
+    async fn until(what: &str, cond: impl Fn() -> bool) {
+        let met = dlock_rt::wait_until(Duration::from_millis(10), Duration::from_secs(10), || {
+            let ok = cond();
+            async move { ok.then_some(()) }
+        })
+        .await;
+        assert!(met.is_some(), "{what}: not within the deadline");
+    }
+
+    /// A judged store's clock stands until a replica judges it, then advances no faster than
+    /// the judge's monotonic clock; a replica that goes away hands the role to the next,
+    /// and leases are decided on that clock.
+    #[tokio::test]
+    async fn the_simulation_store_keeps_lockdbs_clock_through_its_replicas() {
+        let store = Arc::new(MemLockStore::judged(Clock::system()));
+        let stood = store.clock_now_ms();
+        let started = Clock::system().now();
+        let first = store.replica("lock-1", Clock::system());
+        until("lock-1 judges", || first.judges_clock()).await;
+        until("the clock advances", || store.clock_now_ms() >= stood + 200).await;
+        let ran = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+        assert!(store.clock_now_ms() - stood <= ran, "the clock ran ahead of its judge");
+        let second = store.replica("lock-2", Clock::system());
+        assert!(!second.judges_clock(), "one judge at a time");
+        let session = Uuid::from_u128(7);
+        second.open_session(session, "exec-1", 60_000).await.expect("open");
+        let grant = second.acquire("k", session, 1_000, 0).await.expect("store").expect("granted");
+        assert_eq!(grant.expires_at_ms - grant.acquired_at_ms, 1_000);
+        drop(first);
+        until("lock-2 takes the role handed back", || second.judges_clock()).await;
+        let at = store.clock_now_ms();
+        until("the clock resumes", || store.clock_now_ms() > at).await;
+        // A store judged by a given clock has no judge.
+        let plain = Arc::new(MemLockStore::new(Clock::system())).replica("lock-1", Clock::system());
+        assert!(!plain.judges_clock());
     }
 }

@@ -202,9 +202,9 @@ impl SqliteLockStore {
 
 /// This replica's part in lockdb's clock, started on `db`, and the shift its answers use,
 /// set from the clock's value now.
-async fn clock_parts(db: impl clock::ClockDb) -> Result<(Arc<ClockJudge>, Arc<WallShift>), StoreError> {
+async fn clock_parts(db: impl crate::lockdb_clock::ClockDb) -> Result<(Arc<ClockJudge>, Arc<WallShift>), StoreError> {
     let shift = Arc::new(WallShift::new(dlock_rt::Clock::system(), None));
-    let row = db.read().await.map_err(unavailable)?;
+    let row = db.read().await.map_err(|e| StoreError::Unavailable(format!("lock_clock: {e}")))?;
     let row = row.ok_or_else(|| StoreError::Corrupt("lock_clock has no row".into()))?;
     shift.offset(row.now_ms);
     Ok((clock::start(db, dlock_rt::Clock::system()), shift))

@@ -58,10 +58,14 @@ pub enum Probe {
     /// never watched, and judged it from then: a full TTL more (it extends, never shortens;
     /// C1 §1.5.4).
     JudgeExtendedAfterStart,
+    /// A lock replica took the judge's role of lockdb's clock from a judge that fell silent
+    /// without handing it back (it died or stalled), after watching the clock stand still
+    /// for the whole grace (C1 §1.4.2; the simulation store plays the same judge).
+    JudgeTookOverAfterGrace,
 }
 
 impl Probe {
-    pub const ALL: [Probe; 18] = [
+    pub const ALL: [Probe; 19] = [
         Probe::FencedOutAccount,
         Probe::FencedOutLedger,
         Probe::FencedOutRail,
@@ -80,6 +84,7 @@ impl Probe {
         Probe::GrantChained,
         Probe::BatchPosted,
         Probe::JudgeExtendedAfterStart,
+        Probe::JudgeTookOverAfterGrace,
     ];
 
     pub fn name(self) -> &'static str {
@@ -102,6 +107,7 @@ impl Probe {
             Probe::GrantChained => "grant_chained",
             Probe::BatchPosted => "batch_posted",
             Probe::JudgeExtendedAfterStart => "judge_extended_after_start",
+            Probe::JudgeTookOverAfterGrace => "judge_took_over_after_grace",
         }
     }
 }
