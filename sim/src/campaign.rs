@@ -147,13 +147,21 @@ pub fn spec_of(cfg: &SwarmConfig) -> WorldSpec {
 /// stands for the bank, whose record of calls (the oracle's ground truth) outlives any
 /// outage; it may still be paused, partitioned or clogged. The drawn drifted executor
 /// (`cfg.drifted_executor`) opens the schedule: its clock is slowed at 0 ms (it draws
-/// nothing from `rng`, so the rest of the schedule is unchanged by it).
+/// nothing from `rng`, so the rest of the schedule is unchanged by it). A sweep's
+/// `cfg.clock_events` join it in time order.
 pub fn draw_schedule(cfg: &SwarmConfig, targets: &[String], rng: &mut impl dlock_rt::rand::Rng) -> Schedule {
     let mut s = Schedule::draw(&cfg.faults, targets, cfg.fault_ms, rng);
     s.events.retain(|t| !matches!(&t.event, Event::Crash { node } | Event::Start { node } if node == "rail-stub"));
     if let Some((node, rate)) = cfg.drifted_executor_node().filter(|(n, _)| targets.contains(n)) {
         let drift = crate::schedule::Timed { at_ms: 0, when: None, event: Event::DriftClock { node, rate } };
         s.events.insert(0, drift);
+    }
+    if !cfg.clock_events.is_empty() {
+        // A sweep's clocks (`crate::envelope`), in time order among the drawn events.
+        s.events.extend(
+            cfg.clock_events.iter().filter(|t| t.event.nodes().iter().all(|n| targets.iter().any(|x| x == n))).cloned(),
+        );
+        s.events.sort_by_key(|t| t.at_ms);
     }
     debug_assert!(s.closes_what_it_opens());
     s
@@ -250,6 +258,9 @@ pub fn run_seed_with(seed: u64, opts: &RunOptions) -> (SeedOutcome, Option<Scena
 }
 
 thread_local! {
+    /// What the oracle saw of the clocks in the last seed on this thread
+    /// ([`SeedOutcome::clock`]).
+    static LAST_TALLY: std::cell::Cell<crate::oracle::calls::ClockTally> = std::cell::Cell::default();
     /// The fault schedule the last swarm seed on this thread drew ([`run_seed_drawn`]).
     static LAST_DRAWN: std::cell::RefCell<Option<Schedule>> = const { std::cell::RefCell::new(None) };
 }
@@ -326,6 +337,7 @@ fn run_prepared(
         eprintln!("{config}");
     }
     dlock_rt::probe::reset();
+    LAST_TALLY.with(|t| t.set(Default::default()));
     // The layer switched off for this seed, on this thread only (the seed's runtime runs
     // here); switched back on below whatever the seed did.
     defence::reset();
@@ -363,7 +375,8 @@ fn run_prepared(
     }
     match played {
         Ok((failures, sim_ms, trace, faults, facts)) => {
-            (SeedOutcome { seed, config, failures, probes, sim_ms, trace, faults, defence }, facts)
+            let clock = LAST_TALLY.with(|t| t.get());
+            (SeedOutcome { seed, config, failures, probes, sim_ms, trace, faults, defence, clock }, facts)
         }
         Err(panic) => {
             let msg = panic
@@ -384,6 +397,7 @@ fn run_prepared(
                 trace: vec![msg],
                 faults: BTreeMap::new(),
                 defence,
+                clock: Default::default(),
             };
             (outcome, None)
         }
@@ -481,13 +495,12 @@ async fn play(
     trace.extend(schedule.events.iter().map(|t| format!("schedule: @{}ms {:?}", t.at_ms, t.event)));
     {
         // Every heal tells the oracle, which fires `partition_healed_mid_lease` when a grant
-        // from before the partition still lives (span times are runtime ms; the monitor
-        // wants the lock store's wall clock).
-        let m = monitor.clone();
+        // committed before the partition began (true time) still lives (on the simulation
+        // lockdb's clock).
+        let (m, locks) = (monitor.clone(), w.locks.clone());
         w.faults().on_heal(move |span| {
             let ago = crate::faults::now_ms().saturating_sub(span.started_ms);
-            let started = dlock_rt::Clock::system().wall().timestamp_millis() - i64::try_from(ago).unwrap_or(0);
-            m.partition_healed(started);
+            m.partition_healed(ago, locks.clock_now_ms());
         });
     }
     // Fault phase: the schedule plays on this task (the supervisor, on no service node)
@@ -566,6 +579,7 @@ async fn play(
     let calls: Vec<String> = log.calls.iter().map(|c| c.client_ref.clone()).collect();
     // Safety, from ground truth: the monitor's online findings and the end-of-run checks.
     failures.extend(crate::oracle::check(&w, &monitor).await);
+    LAST_TALLY.with(|t| t.set(monitor.with(|c| c.clock_tally()).unwrap_or_default()));
     if let Some(f) = &forger {
         failures.extend(f.failures());
     }

@@ -32,6 +32,8 @@ pub mod campaign;
 #[cfg(madsim)]
 pub mod cluster;
 #[cfg(madsim)]
+pub mod envelope;
+#[cfg(madsim)]
 pub mod faults;
 #[cfg(madsim)]
 pub mod forger;

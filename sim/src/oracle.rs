@@ -43,6 +43,7 @@ use uuid::Uuid;
 use crate::outcome::Failure;
 
 pub mod belief;
+pub mod calls;
 pub mod wire;
 pub use wire::{
     parse_wire, parse_wire_all, retry_safe_failures, wire_batch_replay_failures, wire_replay_failures, BatchRecords,
@@ -224,7 +225,9 @@ impl std::fmt::Display for Seen {
 struct ModelGrant {
     token: i64,
     session_id: Uuid,
-    acquired_at_ms: i64,
+    /// When the monitor saw it committed (monitor ms, true time); for a grant rotated from
+    /// another of its session, when the first of that chain was.
+    seen_at_ms: u64,
     lease_end_ms: i64,
 }
 
@@ -243,6 +246,8 @@ pub struct Checker {
     /// The lock store as the model sees it: each key's grant, each session's end.
     grants: BTreeMap<String, ModelGrant>,
     sessions: BTreeMap<Uuid, i64>,
+    /// The grant the last event released: (key, session, store now, when it was first seen).
+    released: Option<(String, Uuid, i64, u64)>,
     last_token: i64,
     revoked_tokens: BTreeSet<i64>,
     /// Owner-id prefixes of writers on nodes whose clock drifted beyond the margin.
@@ -260,6 +265,8 @@ pub struct Checker {
     failures: Vec<TimedFailure>,
     /// The holders' beliefs ([`belief`]): no two believing holders of one key.
     beliefs: belief::Beliefs,
+    /// The lock store judged from its callers' acknowledged calls, in true time ([`calls`]).
+    calls: calls::Calls,
     /// What was seen, in commit order (at most [`SEEN_LOG_MAX`]).
     seen: Vec<Seen>,
     /// Counts of what was observed (for the trace and the tests).
@@ -307,6 +314,38 @@ impl Checker {
     /// `node` crashed: its holders believe nothing any more.
     pub fn node_crashed(&mut self, node: belief::Node) {
         self.beliefs.node_crashed(node);
+    }
+
+    /// Judges lockdb's calls for a store that may end a lease up to `slack_ms` early in
+    /// true time ([`calls::Calls::new`]).
+    pub fn judge_calls(&mut self, slack_ms: u64) {
+        self.calls = calls::Calls::new(slack_ms);
+    }
+
+    /// A lock-store call `id` began at `at_ms` ([`calls`]).
+    pub fn on_call_begin(&mut self, id: u64, asked: calls::Asked, at_ms: u64) {
+        self.calls.begin(id, asked, at_ms);
+    }
+
+    /// Lock-store call `id` ended at `at_ms` ([`calls`]): judged against the grants and
+    /// sessions acknowledged before, clock rates of the judges excusing.
+    pub fn on_call_end(&mut self, id: u64, answered: calls::Answered, at_ms: u64) {
+        let beliefs = &self.beliefs;
+        let found = self.calls.end(id, answered, at_ms, |from, to| beliefs.fastest_judge(from, to));
+        for f in found {
+            self.fail(at_ms, f);
+        }
+    }
+
+    /// Grants judged against a predecessor by the call checker so far, and whether a full
+    /// table switched it off ([`calls::Calls::partial`]).
+    pub fn calls_judged(&self) -> (u64, bool) {
+        (self.calls.pairs_judged, self.calls.partial())
+    }
+
+    /// What the lock store's calls and the holders' beliefs showed of the clocks so far.
+    pub fn clock_tally(&self) -> calls::ClockTally {
+        calls::ClockTally { beliefs_excused_by_rate: self.beliefs.excused(), ..self.calls.tally() }
     }
 
     /// Overlapping beliefs excused by clock rates so far.
@@ -526,6 +565,13 @@ impl Checker {
             }
             LockEvent::Granted { grant, now_ms } => {
                 self.grants_seen += 1;
+                // A rotate (C3-extensions E-18) is a release and a grant of one key to one
+                // session in one step: the holder's hold goes on, since its first grant.
+                let chained_from = self
+                    .released
+                    .take()
+                    .filter(|(k, s, at, _)| *k == grant.key && *s == grant.session_id && at == now_ms)
+                    .map(|(.., seen)| seen);
                 self.note(Seen::Granted {
                     at_ms,
                     key: grant.key.clone(),
@@ -557,7 +603,7 @@ impl Checker {
                     ModelGrant {
                         token: grant.fencing_token,
                         session_id: grant.session_id,
-                        acquired_at_ms: grant.acquired_at_ms,
+                        seen_at_ms: chained_from.unwrap_or(at_ms),
                         lease_end_ms: grant.expires_at_ms,
                     },
                 );
@@ -567,9 +613,11 @@ impl Checker {
                     g.lease_end_ms = *expires_at_ms;
                 }
             }
-            LockEvent::Released { key, token, .. } => {
+            LockEvent::Released { key, token, now_ms } => {
                 if self.grants.get(key).is_some_and(|g| g.token == *token) {
-                    self.grants.remove(key);
+                    if let Some(g) = self.grants.remove(key) {
+                        self.released = Some((key.clone(), g.session_id, *now_ms, g.seen_at_ms));
+                    }
                 }
             }
             LockEvent::Revoked { key, token, new_token_floor, .. } => {
@@ -595,10 +643,12 @@ impl Checker {
         }
     }
 
-    /// A partition healed at `now_ms` (lock-store time) that began at `started_ms`: fires
-    /// [`Probe::PartitionHealedMidLease`] when a grant taken before it still lives.
-    pub fn partition_healed(&mut self, started_ms: i64, now_ms: i64) -> bool {
-        let mid_lease = self.grants.values().any(|g| g.acquired_at_ms < started_ms && self.live(g, now_ms));
+    /// A partition that began at `started_at_ms` (monitor ms, true time) healed at `now_ms`
+    /// (lock-store time): fires [`Probe::PartitionHealedMidLease`] when a grant committed
+    /// before it began (or rotated since from one that was, the same holder's hold) still
+    /// lives.
+    pub fn partition_healed(&mut self, started_at_ms: u64, now_ms: i64) -> bool {
+        let mid_lease = self.grants.values().any(|g| g.seen_at_ms < started_at_ms && self.live(g, now_ms));
         if mid_lease {
             probe::hit(Probe::PartitionHealedMidLease);
         }
@@ -937,6 +987,22 @@ mod online {
         }
     }
 
+    impl super::calls::CallObserver for Hook {
+        fn begin(&self, id: u64, asked: super::calls::Asked) {
+            let at = self.at_ms();
+            if let Ok(mut c) = self.checker.lock() {
+                c.on_call_begin(id, asked, at);
+            }
+        }
+
+        fn end(&self, id: u64, answered: super::calls::Answered) {
+            let at = self.at_ms();
+            if let Ok(mut c) = self.checker.lock() {
+                c.on_call_end(id, answered, at);
+            }
+        }
+    }
+
     /// The oracle's sink on the services' event seam: the holders' beliefs go to the
     /// checker (as they are emitted, on the node whose task emitted them); every event goes
     /// on to the sink installed before (the incident trace's, when one is kept).
@@ -988,10 +1054,12 @@ mod online {
             let judges = world.lock_judges();
             if let Ok(mut c) = checker.lock() {
                 c.judge_beliefs(dlock_lock_client::config::SAFETY_MARGIN_DEFAULT, judges);
+                c.judge_calls(world.lock_clock_slack_ms());
             }
             let start = madsim::time::Instant::now();
             world.paydb.set_observer(Arc::new(Hook { checker: checker.clone(), start, trace: trace.clone() }));
             world.locks.set_observer(Arc::new(Hook { checker: checker.clone(), start, trace }));
+            world.lock_calls.set_observer(Arc::new(Hook { checker: checker.clone(), start, trace: None }));
             let then = dlock_rt::events::installed();
             let seam = dlock_rt::events::install(Arc::new(Seam { checker: checker.clone(), start, then }));
             Monitor { checker, start, _seam: Arc::new(seam) }
@@ -1034,12 +1102,12 @@ mod online {
             let _ = self.with(|c| c.note_drifted_owner(owner_prefix));
         }
 
-        /// A partition that began at `started_ms` healed now (both on the lock store's
-        /// clock, `Clock::system().wall()` in ms in a world); fires
-        /// `partition_healed_mid_lease` if a grant from before it still lives.
-        pub fn partition_healed(&self, started_ms: i64) -> bool {
-            let now = Clock::system().wall().timestamp_millis();
-            self.with(|c| c.partition_healed(started_ms, now)).unwrap_or(false)
+        /// A partition that began `ago_ms` before now healed now (`now_ms` on the simulation
+        /// lockdb's clock, `MemLockStore::clock_now_ms`); fires `partition_healed_mid_lease`
+        /// if a grant committed before it began still lives.
+        pub fn partition_healed(&self, ago_ms: u64, now_ms: i64) -> bool {
+            let started = self.elapsed_ms().saturating_sub(ago_ms);
+            self.with(|c| c.partition_healed(started, now_ms)).unwrap_or(false)
         }
     }
 

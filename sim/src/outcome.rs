@@ -83,6 +83,8 @@ pub struct SeedOutcome {
     /// What each defence layer stopped, and what a switched-off layer let through
     /// (`dlock_rt::defence`, per thread like the probes).
     pub defence: dlock_rt::defence::Tally,
+    /// What the oracle saw of the clocks beyond pass or fail (the clock envelope).
+    pub clock: crate::oracle::calls::ClockTally,
 }
 
 impl SeedOutcome {

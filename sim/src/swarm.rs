@@ -82,6 +82,9 @@ pub struct SwarmConfig {
     /// account a task claims, submits and posts together under one grant; 1 (the single
     /// writes) with [`ZERO_P`], else uniform in `2..=`[`PAYOUTS_PER_GRANT_DRAW_MAX`].
     pub payouts_per_grant_max: u32,
+    /// Clock events a sweep imposes on the seed (`crate::envelope`), played beside the
+    /// drawn schedule; never drawn (empty in a campaign).
+    pub clock_events: Vec<crate::schedule::Timed>,
 }
 
 /// Bounds of the draw (the world's default size; see docs/simulation.md "Speed").
@@ -261,6 +264,7 @@ impl SwarmConfig {
             drifted_executor,
             chain_payouts_max,
             payouts_per_grant_max,
+            clock_events: Vec::new(),
         }
     }
 
@@ -362,7 +366,11 @@ impl fmt::Display for SwarmConfig {
             },
             self.chain_payouts_max,
             self.payouts_per_grant_max,
-        )
+        )?;
+        if !self.clock_events.is_empty() {
+            write!(f, " clocks={}", self.clock_events.len())?;
+        }
+        Ok(())
     }
 }
 

@@ -50,6 +50,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 
 use crate::faults::Faults;
+use crate::oracle::calls::{CallSlot, ObservedLockStore};
 use crate::store_faults::StoreFaultPlan;
 
 pub const LOCK_IP: [u8; 4] = [10, 0, 1, 1];
@@ -195,6 +196,9 @@ pub struct World {
     pub paydb: Arc<MemPaydb>,
     /// The simulation lockdb, unwrapped (the lock servers' store on [`LockBackend::Mem`]).
     pub locks: Arc<MemLockStore>,
+    /// Where every lock-server replica's lockdb calls are told (either backend): the
+    /// oracle's view of etcd, which has no store observer ([`crate::oracle::calls`]).
+    pub lock_calls: Arc<CallSlot>,
     /// `lock-1`, `payment-1`, `proxy-1` and `rail-stub` (the nodes older tests name).
     pub lock_node: madsim::runtime::NodeHandle,
     pub payment_node: madsim::runtime::NodeHandle,
@@ -736,10 +740,12 @@ fn http_of(name: &str) -> String {
     format!("http://{}", node_url(name).authority)
 }
 
-/// The lockdb a lock-server replica opens at each (re)start.
-async fn open_lock_store(backend: LockBackend, mem: Arc<MemLockStore>) -> Arc<dyn LockStore> {
+/// The lockdb a lock-server replica (`name`, its wall clock `skew_ms` ahead) opens at each
+/// (re)start, on its node: on the simulation lockdb its replica view, which takes part in
+/// lockdb's clock on the node's own monotonic clock (`MemLockStore::replica`).
+async fn open_lock_store(backend: LockBackend, mem: Arc<MemLockStore>, name: &str, skew_ms: i64) -> Arc<dyn LockStore> {
     match backend {
-        LockBackend::Mem => mem,
+        LockBackend::Mem => Arc::new(mem.replica(name, Clock::with_skew_ms(skew_ms))),
         LockBackend::Etcd => {
             let endpoints = vec![format!("http://{ETCD_ADDR}")];
             let store = dlock_rt::wait_until(Duration::from_millis(50), Duration::from_millis(ETCD_START_MS_MAX), || {
@@ -804,7 +810,8 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
             .build();
         nodes.insert("etcd".to_owned(), etcd);
     }
-    let locks = Arc::new(MemLockStore::new(Clock::reference()));
+    let locks = Arc::new(MemLockStore::judged(Clock::reference()));
+    let lock_calls = Arc::new(CallSlot::default());
     let paydb = Arc::new(MemPaydb::new());
     let mut l = spec.layers();
     if l.get_opt::<u64>("rail.stub.seed").ok().flatten().is_none() {
@@ -814,10 +821,14 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
     for i in 1..=t.lock_replicas {
         let name = format!("lock-{i}");
         let (mem, wrap, backend, n) = (locks.clone(), spec.wrap.lock.clone(), spec.backend, name.clone());
-        let node = lock_node(&name, &layers_for(&l, "lock.server.listen", &name), spec.skew(&name), move || {
-            let (mem, wrap, n) = (mem.clone(), wrap.clone(), n.clone());
+        let (slot, skew) = (lock_calls.clone(), spec.skew(&name));
+        let node = lock_node(&name, &layers_for(&l, "lock.server.listen", &name), skew, move || {
+            let (mem, wrap, n, slot) = (mem.clone(), wrap.clone(), n.clone(), slot.clone());
             async move {
-                let store = open_lock_store(backend, mem).await;
+                // Innermost, so the oracle sees what the store itself answered (a lost ack
+                // the fault layer injects outside it is still a commit).
+                let inner = open_lock_store(backend, mem, &n, skew).await;
+                let store: Arc<dyn LockStore> = Arc::new(ObservedLockStore { inner, slot });
                 match &wrap {
                     Some(w) => w(&n, store),
                     None => store,
@@ -897,6 +908,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
     Ok(World {
         paydb,
         locks,
+        lock_calls,
         lock_node: node("lock-1")?,
         payment_node: node("payment-1")?,
         proxy_node: node("proxy-1")?,
@@ -923,14 +935,21 @@ impl World {
         self.nodes.get(name).map(|n| n.id())
     }
 
-    /// The nodes whose clocks judge leases besides the reference clock: on etcd every lock
-    /// replica (each judges by its own monotonic clock, C1 §1.5.4); none on the simulation
-    /// lockdb, whose clock is the reference clock.
+    /// The nodes whose clocks judge leases: every lock replica, on either backend. On etcd
+    /// each judges by its own monotonic clock (C1 §1.5.4); on the simulation lockdb one at a
+    /// time advances lockdb's clock by its own (C1 §1.4.2).
     pub fn lock_judges(&self) -> Vec<madsim::task::NodeId> {
-        if self.spec.backend != LockBackend::Etcd {
-            return Vec::new();
-        }
         self.nodes.iter().filter(|(name, _)| name.starts_with("lock-")).map(|(_, n)| n.id()).collect()
+    }
+
+    /// How early in true time lockdb may end a lease: one tick's advance of lockdb's clock
+    /// on the simulation lockdb (C1 §1.4.2), none on etcd (each replica judges on its own
+    /// monotonic clock, C1 §1.5.4).
+    pub fn lock_clock_slack_ms(&self) -> u64 {
+        match self.spec.backend {
+            LockBackend::Mem => dlock_lock_server::lockdb_clock::CLOCK_ADVANCE_MS_MAX,
+            LockBackend::Etcd => 0,
+        }
     }
 
     /// The node `name`'s handle.

@@ -69,9 +69,16 @@ const CONTROLS: [Control; 11] = [
     Control { bug: Bug::SkipOwnerCheck, invariant: "owner_attack_refused", also: &[], scenario: None },
     Control {
         bug: Bug::EtcdWallClockJudge,
-        invariant: "no_two_believing_holders",
-        // A replica's wall clock an hour behind judges every lease an hour longer: keys stall.
-        also: &["every_payout_settles"],
+        invariant: "no_two_live_grants_per_key",
+        // The replica whose wall clock ran ahead also judges sessions dead that another
+        // replica just heartbeated, and its holders overlap; one an hour behind judges
+        // every lease an hour longer: keys stall.
+        also: &[
+            "no_two_believing_holders",
+            "heartbeat_keeps_its_session_live",
+            "lock_delay_honoured",
+            "every_payout_settles",
+        ],
         scenario: None,
     },
 ];
@@ -205,10 +212,10 @@ fn a_lock_server_that_skips_the_owner_check_is_found_by_the_forgers_owner_attack
 }
 
 /// The old rule on etcd (each replica's wall clock against deadlines others wrote) is found
-/// by the holders' beliefs alone: a lock replica's wall clock stepped ahead hands a key to a
-/// second holder while the first still believes it holds it.
+/// by the oracle's view of etcd's acknowledged calls: a lock replica's wall clock stepped
+/// ahead grants a key again while its grant still lives in true time.
 #[test]
-fn etcd_judging_leases_by_wall_clocks_is_found_as_two_believing_holders() {
+fn etcd_judging_leases_by_wall_clocks_is_found_as_two_live_grants() {
     the_campaign_finds(Bug::EtcdWallClockJudge);
 }
 

@@ -4,7 +4,8 @@
 //! `dlock_rt::defence::Layer`; BUG: one planted bug, `dlock_rt::planted::Bug`) and
 //! `cargo xtask sim bench [--seeds N]` (the speed bench, sim/src/bench.rs) and `cargo xtask
 //! sim shrink --seed S [--scenario NAME] [--plant BUG] [--layer-off LAYER] [--out FILE.toml]`
-//! (a failing seed shrunk into a scenario file, sim/src/shrink.rs): builds the
+//! (a failing seed shrunk into a scenario file, sim/src/shrink.rs) and `cargo xtask sim
+//! envelope [--seeds N]` (the clock envelope, sim/src/envelope.rs): builds the
 //! simulation runner (`dlock-sim`, in the `dlock-sim` crate) with `RUSTFLAGS="--cfg madsim"`
 //! into `target/sim` under the `sim` profile, runs it with the arguments, and exits with its
 //! exit code (0 clean, 127 crash, 128 liveness, 129 correctness, 3 coverage: with
@@ -13,7 +14,7 @@
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       cargo xtask sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]\n       cargo xtask sim bench [--seeds N] [--start S] [--jobs J]\n       cargo xtask sim shrink --seed S [--scenario NAME] [--plant BUG] [--layer-off LAYER] [--out FILE.toml]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired | skip-grant-signature-check | skip-owner-check | etcd-wall-clock-judge\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage; shrink: 0 written, 1 its plan does not reproduce, 2 a clean seed or usage";
+const USAGE: &str = "usage: cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       cargo xtask sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]\n       cargo xtask sim bench [--seeds N] [--start S] [--jobs J]\n       cargo xtask sim envelope [--seeds N] [--start S] [--jobs J]\n       cargo xtask sim shrink --seed S [--scenario NAME] [--plant BUG] [--layer-off LAYER] [--out FILE.toml]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired | skip-grant-signature-check | skip-owner-check | etcd-wall-clock-judge\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage; shrink: 0 written, 1 its plan does not reproduce, 2 a clean seed or usage; envelope: 0 every promise held, 129 one broken";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

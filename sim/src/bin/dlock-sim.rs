@@ -53,7 +53,7 @@ mod runner {
     use dlock_sim::campaign::{self, RunOptions};
     use dlock_sim::summary::{self, replay_command_with};
 
-    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n       dlock-sim shrink --seed S [--scenario NAME] [--plant BUG] [--layer-off LAYER] [--out FILE.toml]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired | skip-grant-signature-check | skip-owner-check | etcd-wall-clock-judge\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage; shrink: 0 written, 1 its plan does not reproduce, 2 a clean seed or usage";
+    pub const USAGE: &str = "usage: dlock-sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       dlock-sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]\n       dlock-sim bench [--seeds N] [--start S] [--jobs J]\n       dlock-sim envelope [--seeds N] [--start S] [--jobs J]\n       dlock-sim shrink --seed S [--scenario NAME] [--plant BUG] [--layer-off LAYER] [--out FILE.toml]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired | skip-grant-signature-check | skip-owner-check | etcd-wall-clock-judge\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage; shrink: 0 written, 1 its plan does not reproduce, 2 a clean seed or usage; envelope: 0 every promise held, 129 one broken";
 
     /// Seeds when `--seeds` is absent.
     const SEEDS_DEFAULT: u64 = 100;
@@ -140,7 +140,11 @@ mod runner {
                 bench(parsed(&args[1..])?, given)
             }
             Some("shrink") => shrink(parsed(&args[1..])?),
-            _ => Err("expected `run`, `replay`, `bench` or `shrink`".into()),
+            Some("envelope") => {
+                let given = args.iter().any(|a| a == "--seeds");
+                envelope(parsed(&args[1..])?, given)
+            }
+            _ => Err("expected `run`, `replay`, `bench`, `shrink` or `envelope`".into()),
         }
     }
 
@@ -239,6 +243,32 @@ mod runner {
         let report = dlock_sim::bench::run_bench(&seeds, a.jobs);
         print!("{}", report.render());
         Ok(report.worst.map(|c| c.exit_code()).unwrap_or(0))
+    }
+
+    /// The clock envelope (`dlock_sim::envelope`): every row over the seeds, the table on
+    /// stdout; exit 129 when a row broke a promise.
+    fn envelope(a: Args, seeds_given: bool) -> Result<u8, String> {
+        use dlock_sim::envelope::{self, Row};
+        let n = if seeds_given { a.seeds } else { envelope::ENVELOPE_SEEDS_DEFAULT };
+        let seeds = summary::seeds(a.start, n, a.shard);
+        let rows = Row::all();
+        eprintln!(
+            "dlock-sim envelope: {} rows over seeds {}..={} ({} seeds, each twice: fences on and off) on {} jobs",
+            rows.len(),
+            a.start,
+            a.start + n.saturating_sub(1),
+            n,
+            a.jobs
+        );
+        let table = envelope::sweep(&rows, &seeds, a.jobs, &|row, cell| {
+            eprintln!("dlock-sim envelope: {}: {cell:?}", row.label());
+        });
+        print!("{}", envelope::render(&table, &seeds));
+        let broken: Vec<String> = table.iter().flat_map(|(row, cell)| row.broken_promises(cell)).collect();
+        for line in &broken {
+            println!("broken: {line}");
+        }
+        Ok(if broken.is_empty() { 0 } else { 129 })
     }
 
     /// Shrinks a failing seed into a scenario file (`dlock_sim::shrink`).

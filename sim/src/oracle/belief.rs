@@ -116,6 +116,12 @@ impl<N: Ord + Copy + std::fmt::Debug> Beliefs<N> {
         Beliefs { margin, judges, ..Beliefs::default() }
     }
 
+    /// The fastest rate any judging clock ran at during `[from_ms, to_ms]`: the reference
+    /// clock's 1, or a judge's (every rate it had then).
+    pub fn fastest_judge(&self, from_ms: u64, to_ms: u64) -> f64 {
+        self.judges.iter().flat_map(|j| rates_within(&self.rates, *j, from_ms, to_ms)).fold(1.0_f64, f64::max)
+    }
+
     /// Overlaps excused by clock rates so far.
     pub fn excused(&self) -> u64 {
         self.excused

@@ -426,10 +426,18 @@ fn a_revoked_or_drifted_holder_fenced_out_fires_its_correlation_probe() {
     c.on_fenced_write(&slow, &facts(6, 6), 3);
     assert_eq!(probe::snapshot().get(&Probe::DriftCaughtByFence), Some(&1));
     c.on_lock_event(&session(1, 10_000), 0);
-    c.on_lock_event(&grant("k", 1, 7, 100, 5_000), 0);
+    c.on_lock_event(&grant("k", 1, 7, 100, 5_000), 100);
     assert!(!c.partition_healed(50, 1_000), "the grant came after the partition began");
     assert!(c.partition_healed(500, 1_000));
     assert_eq!(probe::snapshot().get(&Probe::PartitionHealedMidLease), Some(&1));
+    // A rotate after the partition began carries the holder's hold on (E-18); a grant to
+    // another session does not.
+    c.on_lock_event(&LockEvent::Released { key: "k".into(), token: 7, now_ms: 600 }, 600);
+    c.on_lock_event(&grant("k", 1, 8, 600, 5_000), 600);
+    assert!(c.partition_healed(500, 1_000), "rotated from a grant taken before the partition");
+    c.on_lock_event(&LockEvent::Released { key: "k".into(), token: 8, now_ms: 700 }, 700);
+    c.on_lock_event(&grant("k", 1, 9, 800, 5_000), 800);
+    assert!(!c.partition_healed(500, 1_000), "granted anew after it began");
 }
 
 // ---- the wire checks ---------------------------------------------------------------
