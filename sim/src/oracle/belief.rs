@@ -8,8 +8,10 @@
 //! - `session_belief` (its session): a grant is believed only while its session is too, so
 //!   the session's local deadline bounds every grant of it (`opened`, `extended`, `lost`).
 //!
-//! When a holder starts to believe in a grant (`granted`), every other session's grant of
-//! the same key is asked whether its holder still believes *now*: its node's monotonic
+//! When a holder starts to believe in a grant (`granted`, its local deadline and its
+//! session's still ahead of its node's clock: an answer that came back too late is no
+//! belief), every other session's grant of the same key is asked whether its holder still
+//! believes *now*: its node's monotonic
 //! reading is before both its grant's and its session's local deadline, and neither was
 //! given up. A crashed node believes nothing (the process is gone). A revoked grant
 //! (`revoke`, L8) is not judged: a revoke promises no exclusion, the fences do.
@@ -185,7 +187,12 @@ impl<N: Ord + Copy + std::fmt::Debug> Beliefs<N> {
                         }
                         let session = text(f, "session")?;
                         let deadline_ms = u64::try_from(int(f, "local_deadline_mono_ms")?).unwrap_or(0);
-                        let failure = if source == "granted" {
+                        // A belief is judged only if its holder believes now: an answer that
+                        // arrived after its local deadline (the holder's clock counted from
+                        // before it sent the request) is no belief at all.
+                        let now = reading(node);
+                        let session_ok = self.sessions.get(&session).is_none_or(|s| !s.lost && now < s.deadline_ms);
+                        let failure = if source == "granted" && now < deadline_ms && session_ok {
                             self.overlap(&key, token, &session, at_ms, &reading)
                         } else {
                             None
@@ -376,6 +383,20 @@ mod tests {
             w.at(1, 1_500);
             end(&mut w);
             assert!(w.emit(2, "lease_belief", lease("k", 2, "b", 9_000, "granted"), 1_500).is_none(), "case {i}");
+        }
+    }
+
+    /// A grant whose answer reached its holder after the holder's local deadline (a delayed
+    /// answer: the deadline counts from before the request) is never believed: no overlap
+    /// (seed 10260 of the campaign), while the same grant arriving in time is one.
+    #[test]
+    fn a_belief_that_arrived_past_its_own_deadline_overlaps_nothing() {
+        for (deadline, fails) in [(1_400, false), (1_600, true)] {
+            let mut w = World::new(Vec::new());
+            w.emit(1, "lease_belief", lease("k", 2, "b", 9_000, "granted"), 0);
+            w.at(2, 1_500);
+            let found = w.emit(2, "lease_belief", lease("k", 1, "a", deadline, "granted"), 1_500);
+            assert_eq!(found.is_some(), fails, "deadline {deadline}");
         }
     }
 
