@@ -190,9 +190,8 @@ impl<N: Ord + Copy + std::fmt::Debug> Beliefs<N> {
                         // A belief is judged only if its holder believes now: an answer that
                         // arrived after its local deadline (the holder's clock counted from
                         // before it sent the request) is no belief at all.
-                        let now = reading(node);
-                        let session_ok = self.sessions.get(&session).is_none_or(|s| !s.lost && now < s.deadline_ms);
-                        let failure = if source == "granted" && now < deadline_ms && session_ok {
+                        let believes = self.believes_at(&session, deadline_ms, reading(node));
+                        let failure = if source == "granted" && believes {
                             self.overlap(&key, token, &session, at_ms, &reading)
                         } else {
                             None
@@ -227,8 +226,15 @@ impl<N: Ord + Copy + std::fmt::Debug> Beliefs<N> {
 
     /// Whether `h`'s holder believes now, its node's clock reading `now`.
     fn believes(&self, h: &Held<N>, now: u64) -> bool {
-        let session = self.sessions.get(&h.session);
-        now < h.deadline_ms && session.is_none_or(|s| !s.lost && now < s.deadline_ms)
+        self.believes_at(&h.session, h.deadline_ms, now)
+    }
+
+    /// Whether a holder of `session` whose grant's local deadline is `deadline_ms` believes
+    /// when its node's clock reads `now`: before both that deadline and its session's, and
+    /// the session not given up.
+    fn believes_at(&self, session: &str, deadline_ms: u64, now: u64) -> bool {
+        let session = self.sessions.get(session);
+        now < deadline_ms && session.is_none_or(|s| !s.lost && now < s.deadline_ms)
     }
 
     /// The failure, if a holder of another session still believes in a grant of `key` as

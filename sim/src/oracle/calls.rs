@@ -450,14 +450,13 @@ impl Calls {
             return None;
         }
         let lives = self.lives_until(earlier, by, fastest)?;
+        let rate = fastest(earlier.version_ms, by);
+        let delayed_until = until(lives, later.delay_ms, rate);
         let true_clock = |_: u64, _: u64| 1.0;
         let nominal = self.lives_until(earlier, by, &true_clock).unwrap_or(lives);
-        let nominal_delay = nominal.saturating_add(u64::try_from(later.delay_ms).unwrap_or(0));
-        let delay_at_rate = until(lives, later.delay_ms, fastest(earlier.version_ms, by));
-        if by >= delay_at_rate && by < nominal_delay {
+        if by >= delayed_until && by < nominal.saturating_add(u64::try_from(later.delay_ms).unwrap_or(0)) {
             self.tally.excused_by_rate += 1;
         }
-        let rate = fastest(earlier.version_ms, by);
         if by < lives {
             return Some(Failure::correctness(
                 super::ids::NO_TWO_LIVE_GRANTS,
@@ -468,8 +467,6 @@ impl Calls {
                 ),
             ));
         }
-        let delay = i64::try_from(until(lives, later.delay_ms, rate) - lives).unwrap_or(i64::MAX);
-        let delayed_until = lives.saturating_add(u64::try_from(delay).unwrap_or(0));
         (by < delayed_until).then(|| {
             Failure::correctness(
                 LOCK_DELAY_HONOURED,
