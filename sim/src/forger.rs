@@ -42,6 +42,20 @@
 //! grant with a made-up session id and the victim's token), `close` (L3 of the victim's
 //! session). A victim setup that gets no grant (no answer, a fault) skips the attacks.
 //!
+//! ## Lapsed sessions (issue 41)
+//! Last, on a drawn lock replica, under its own credential, the forger opens a session of
+//! the shortest TTL ([`LAPSE_SESSION_TTL_MS`]), acquires a key no executor uses
+//! (`forger-lapse:<n>`) with a lease far longer ([`LAPSE_LEASE_TTL_MS`]), and stops
+//! heartbeating. Once that replica says the key is no longer held (polled, bounded by
+//! [`LAPSE_WAIT_MS_MAX`]), it renews the grant, then rotates it: a holder that woke after
+//! its session lapsed.
+//!
+//! ## Invariant (checked by [`ForgerLog::failures`])
+//! **A grant whose session lapsed never comes back**: neither call is answered 200, or the
+//! seed fails `dead_grant_never_revived` (correctness), on every backend. The oracle judges
+//! the same calls from the store's side as well (`oracle::calls` and the simulation
+//! lockdb's model).
+//!
 //! ## Invariant (checked by [`ForgerLog::failures`])
 //! **No owner attack passes the owner check**: every answer is `403 FORBIDDEN`, or no
 //! decision at all (no answer, 5xx, `503 NOT_LEADER`: nothing changed). Any other answer means
@@ -51,6 +65,7 @@
 //! oracle judges.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use dlock_contract::auth::Secret;
 use dlock_contract::grant::{GrantSignature, GrantSigner, SIGNATURE_HEADER_CHARS_MAX};
@@ -82,6 +97,14 @@ pub const VICTIM_TTL_MS: i64 = 60_000;
 pub const ATTACK_RENEW_TTL_MS: i64 = 1_000;
 /// The session id of the forger's `release` attack: one nobody opened.
 pub const MADE_UP_SESSION: &str = "00000000-0000-4000-8000-00000000f0e1";
+
+/// The session TTL of the forger's lapsed-session attacks: the shortest a session may ask.
+pub const LAPSE_SESSION_TTL_MS: i64 = dlock_contract::lock::SESSION_TTL_MS_MIN;
+/// The lease of its grant there: far longer than the session, so only the session ends it.
+pub const LAPSE_LEASE_TTL_MS: i64 = 60_000;
+/// How often, and how long at most, it asks the replica whether the grant still lives.
+pub const LAPSE_POLL_MS: u64 = 200;
+pub const LAPSE_WAIT_MS_MAX: u64 = 15_000;
 
 /// One kind of forged grant (module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -244,11 +267,41 @@ impl Attacked {
     }
 }
 
+/// One renew or rotate of the forger's own grant after its session lapsed (module doc,
+/// "Lapsed sessions"), and its answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lapsed {
+    /// `renew` or `rotate`.
+    pub call: &'static str,
+    /// The lock replica it was sent to (`lock-N`), the one that said the grant had died.
+    pub replica: String,
+    pub key: String,
+    pub token: i64,
+    /// 0: no answer.
+    pub status: u16,
+    pub code: String,
+}
+
+impl Lapsed {
+    /// Whether the dead grant came back: the call was answered 200.
+    pub fn revived(&self) -> bool {
+        self.status == 200
+    }
+
+    pub fn line(&self) -> String {
+        format!(
+            "forger: {} of {} token {} after its session lapsed, at {} -> {} {}",
+            self.call, self.key, self.token, self.replica, self.status, self.code
+        )
+    }
+}
+
 /// What the forger sent.
 #[derive(Clone, Default)]
 pub struct ForgerLog {
     inner: Arc<Mutex<Vec<Forged>>>,
     attacks: Arc<Mutex<Vec<Attacked>>>,
+    lapsed: Arc<Mutex<Vec<Lapsed>>>,
 }
 
 impl ForgerLog {
@@ -273,10 +326,22 @@ impl ForgerLog {
         }
     }
 
-    /// One line per forged write, then one per owner attack.
+    /// The renews and rotates of lapsed grants sent, in order.
+    pub fn lapsed(&self) -> Vec<Lapsed> {
+        self.lapsed.lock().map(|g| g.clone()).unwrap_or_default()
+    }
+
+    fn push_lapsed(&self, l: Lapsed) {
+        if let Ok(mut g) = self.lapsed.lock() {
+            g.push(l);
+        }
+    }
+
+    /// One line per forged write, then one per owner attack, then one per lapsed call.
     pub fn lines(&self) -> Vec<String> {
         let mut lines: Vec<String> = self.writes().iter().map(Forged::line).collect();
         lines.extend(self.attacks().iter().map(Attacked::line));
+        lines.extend(self.lapsed().iter().map(Lapsed::line));
         lines
     }
 
@@ -294,6 +359,12 @@ impl ForgerLog {
                 .iter()
                 .filter(|a| a.got_through())
                 .map(|a| Failure::correctness("owner_attack_refused", a.line())),
+        );
+        found.extend(
+            self.lapsed()
+                .iter()
+                .filter(|l| l.revived())
+                .map(|l| Failure::correctness(crate::oracle::ids::DEAD_GRANT_NEVER_REVIVED, l.line())),
         );
         found
     }
@@ -316,6 +387,7 @@ pub async fn run_forger(world: &World) -> ForgerLog {
     let task = node.spawn(async move {
         forge_writes(&*paydb, &topology, &out).await;
         run_owner_attacks(&topology, &out).await;
+        run_lapsed_session(&topology, &out).await;
     });
     let _ = task.await;
     log
@@ -476,6 +548,52 @@ async fn run_owner_attacks(topology: &Topology, out: &ForgerLog) {
         }
         let code = answer["code"].as_str().unwrap_or_default().to_owned();
         out.push_attack(Attacked { attack, replica: replica.clone(), key: key.clone(), status, code });
+    }
+}
+
+/// The lapsed-session calls (module doc, "Lapsed sessions"): on a drawn lock replica, the
+/// forger opens a session of [`LAPSE_SESSION_TTL_MS`], acquires a key no executor uses for
+/// [`LAPSE_LEASE_TTL_MS`], never heartbeats, and asks that replica (`GET /v1/locks/{key}`,
+/// every [`LAPSE_POLL_MS`], at most [`LAPSE_WAIT_MS_MAX`]) until it says the key is not held.
+/// Then it renews the grant, and rotates it. Nothing is sent when the setup gets no grant or
+/// the replica never says the grant died.
+async fn run_lapsed_session(topology: &Topology, out: &ForgerLog) {
+    let draw = dlock_rt::rand::random_u64();
+    let replica = format!("lock-{}", draw % topology.lock_replicas.max(1) as u64 + 1);
+    let base = node_url(&replica);
+    let key = format!("forger-lapse:{}", draw >> 32);
+    let me = |method: http::Method, path: String, fencing: Option<String>, body: Option<serde_json::Value>| {
+        let base = base.clone();
+        async move { lock_call(&base, FORGER_WORKER_TOKEN, ATTACKER_OWNER, method, &path, fencing.as_deref(), body).await }
+    };
+    let opened = serde_json::json!({ "ttlMillis": LAPSE_SESSION_TTL_MS });
+    let (status, answer) = me(http::Method::POST, "/v1/sessions".to_owned(), None, Some(opened)).await;
+    let Some(session) = answer["sessionId"].as_str().filter(|_| status == 201).map(str::to_owned) else { return };
+    let acquire = serde_json::json!({ "sessionId": session, "ttlMillis": LAPSE_LEASE_TTL_MS });
+    let (status, grant) = me(http::Method::POST, format!("/v1/locks/{key}/acquire"), None, Some(acquire)).await;
+    let Some(token) = grant["fencingToken"].as_i64().filter(|_| status == 200) else { return };
+    // Poll the replica's own view until the grant died with its session (no heartbeat).
+    let mut waited_ms = 0;
+    loop {
+        dlock_rt::sleep(Duration::from_millis(LAPSE_POLL_MS)).await;
+        waited_ms += LAPSE_POLL_MS;
+        let (status, info) = me(http::Method::GET, format!("/v1/locks/{key}"), None, None).await;
+        if status == 200 && info["held"] == serde_json::Value::Bool(false) {
+            break;
+        }
+        if waited_ms >= LAPSE_WAIT_MS_MAX {
+            return;
+        }
+    }
+    let held = Some(token.to_string());
+    for (call, body) in [
+        ("renew", serde_json::json!({ "sessionId": session, "ttlMillis": LAPSE_LEASE_TTL_MS })),
+        ("rotate", serde_json::json!({ "sessionId": session })),
+    ] {
+        let path = format!("/v1/locks/{key}/{call}");
+        let (status, answer) = me(http::Method::POST, path, held.clone(), Some(body)).await;
+        let code = answer["code"].as_str().unwrap_or_default().to_owned();
+        out.push_lapsed(Lapsed { call, replica: replica.clone(), key: key.clone(), token, status, code });
     }
 }
 

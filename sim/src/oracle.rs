@@ -33,10 +33,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use dlock_contract::payout::PayoutState;
-use dlock_lock_server::store_mem::LockEvent;
+use dlock_lock_server::store_mem::{LockEvent, Refusal};
 use dlock_payment_resource::store::{is_system_account, is_unsettled, AccountKind, Direction, LedgerEntry};
 use dlock_payment_resource::store_mem::{FenceVerdictSeen, FencedOp, FencedWrite, Identity};
 use dlock_rail_proxy::store::{is_forwardable, SubmissionRow};
+use dlock_reconciler::report::AmbiguousClass;
 use dlock_rt::probe::{self, Probe};
 use uuid::Uuid;
 
@@ -65,6 +66,11 @@ pub mod ids {
     /// Each fenced write a resource accepts carries a token strictly above the one it
     /// accepted before for that account (online, in acceptance order).
     pub const FENCE_ACCEPTS_RISING_TOKENS: &str = "fence_accepts_only_rising_tokens";
+    /// A write refused `FENCED_OUT` was refused for a newer holder: the fence or mark holds a
+    /// greater token, or the same token after this very write (the same op, payout and
+    /// token) passed it before, a replay. A fence below the token, or an executor fenced by
+    /// its own token at another write, is a defect (issue 41 item 5).
+    pub const FENCED_OUT_HAS_NEWER_HOLDER: &str = "fenced_out_means_a_newer_holder";
     /// `accounts.fence` never decreases.
     pub const FENCE_NEVER_DECREASES: &str = "fence_never_decreases";
     /// `rail_high_water` never decreases.
@@ -74,6 +80,17 @@ pub mod ids {
     /// At no instant do two holders (of two sessions) believe they hold one key, while
     /// clock rates stay within the lock client's margin ([`super::belief`]).
     pub const NO_TWO_BELIEVING_HOLDERS: &str = super::belief::NO_TWO_BELIEVING_HOLDERS;
+    /// A grant that died is never renewed or rotated (issue 41 item 2). Judged exactly on
+    /// the simulation lockdb (its lease or session ended by lockdb's clock at the decision),
+    /// and on every backend from acknowledged calls (released, revoked, its session closed,
+    /// or replaced by a greater token, before the renew or rotate began: [`super::calls`]).
+    pub const DEAD_GRANT_NEVER_REVIVED: &str = "dead_grant_never_revived";
+    /// Every grant, refusal and renewal the simulation lockdb decides is justified by its
+    /// own records at its own clock, in both directions (issue 41 item 4): a grant only to a
+    /// live session over no live grant, `SESSION_EXPIRED`/`SESSION_UNKNOWN` only for a
+    /// session that is not live, `LOCK_CONTENDED` (held) only while a grant of the key lives,
+    /// `LOCK_LOST` only when the named grant does not live.
+    pub const LOCK_DECISION_JUSTIFIED: &str = "lock_decision_justified";
     /// Tokens strictly increase in grant order.
     pub const TOKENS_INCREASE: &str = "lock_tokens_increase_in_grant_order";
     /// A revoke raises the token floor above the revoked token (L8): every later grant is
@@ -98,6 +115,11 @@ pub mod ids {
     pub const NO_UNRESOLVED_INTENT: &str = "no_unresolved_intent";
     /// Liveness: the reconciler's report equals what the oracle computed.
     pub const RECONCILER_AGREES: &str = "reconciler_agrees_with_oracle";
+    /// The reconciler's findings equal the rail's own record payout by payout: every
+    /// RAIL_AMBIGUOUS payout classified PAID (with the paying call's reference), NOT_PAID or
+    /// UNKNOWN exactly as the record says, every double payment and repeated call found, and
+    /// none the record does not support ([`super::reconciler_truth_failures`]).
+    pub const RECONCILER_MATCHES_RAIL: &str = "reconciler_findings_match_the_rails_record";
 }
 
 /// Which stored fence a fenced write is compared against: the payment-resource's
@@ -246,8 +268,9 @@ pub struct Checker {
     /// The lock store as the model sees it: each key's grant, each session's end.
     grants: BTreeMap<String, ModelGrant>,
     sessions: BTreeMap<Uuid, i64>,
-    /// The grant the last event released: (key, session, store now, when it was first seen).
-    released: Option<(String, Uuid, i64, u64)>,
+    /// The grant the last event released: (key, session, store now, when it was first seen,
+    /// whether it lived at that now).
+    released: Option<(String, Uuid, i64, u64, bool)>,
     last_token: i64,
     revoked_tokens: BTreeSet<i64>,
     /// Owner-id prefixes of writers on nodes whose clock drifted beyond the margin.
@@ -459,8 +482,29 @@ impl Checker {
                     self.accepted.insert(slot, (w.token, w.op, w.batch_pass));
                 }
             }
-            FenceVerdictSeen::FencedOut { .. } => {
+            FenceVerdictSeen::FencedOut { highest_token } => {
                 self.fenced_outs += 1;
+                let replay = self.accepted_writes.contains(&(w.op, w.payout_id, w.token));
+                if *highest_token < w.token || (*highest_token == w.token && !replay) {
+                    let why = if *highest_token < w.token {
+                        "below it: no newer holder".to_owned()
+                    } else {
+                        format!(
+                            "equal to it, and this {} never passed under it: fenced by its own token",
+                            op_name(w.op)
+                        )
+                    };
+                    let detail = format!(
+                        "account {}: token {} by {} refused FENCED_OUT at its {} (payout {}), the fence at {} {why}",
+                        w.account_id,
+                        w.token,
+                        w.owner_id,
+                        op_name(w.op),
+                        w.payout_id,
+                        highest_token
+                    );
+                    self.fail(at_ms, Failure::correctness(ids::FENCED_OUT_HAS_NEWER_HOLDER, detail));
+                }
                 if self.revoked_tokens.contains(&w.token) {
                     probe::hit(Probe::RevokeFencedHolder);
                 }
@@ -553,6 +597,48 @@ impl Checker {
         now_ms < g.lease_end_ms && self.sessions.get(&g.session_id).is_some_and(|end| now_ms < *end)
     }
 
+    /// A refusal of the simulation lockdb, held to the model of its records at its clock
+    /// ([`ids::LOCK_DECISION_JUSTIFIED`]). A lock-delay's refusal is not judged: the model
+    /// does not keep the keys' delays.
+    fn refused(&mut self, refusal: &Refusal, now_ms: i64, at_ms: u64) {
+        let unjustified = match refusal {
+            Refusal::Session { session_id, refusal } => self
+                .sessions
+                .get(session_id)
+                .filter(|end| now_ms < **end)
+                .map(|end| format!("session {session_id}: refused {refusal:?} at {now_ms}, live until {end}")),
+            Refusal::Held { key, session_id } => match self.grants.get(key) {
+                Some(g) if self.live(g, now_ms) => None,
+                Some(g) => Some(format!(
+                    "key {key}: an acquire by session {session_id} refused as held at {now_ms}, its grant (token {}) \
+                     dead by then (lease to {}, session to {:?})",
+                    g.token,
+                    g.lease_end_ms,
+                    self.sessions.get(&g.session_id)
+                )),
+                None => Some(format!(
+                    "key {key}: an acquire by session {session_id} refused as held at {now_ms}, with no grant of it"
+                )),
+            },
+            Refusal::Lost { key, token, session_id } => self
+                .grants
+                .get(key)
+                .filter(|g| g.token == *token && g.session_id == *session_id && self.live(g, now_ms))
+                .map(|g| {
+                    format!(
+                        "key {key}: token {token} of session {session_id} refused as lost at {now_ms}, live until \
+                         {} (session to {:?})",
+                        g.lease_end_ms,
+                        self.sessions.get(session_id)
+                    )
+                }),
+            Refusal::Delayed { .. } => None,
+        };
+        if let Some(detail) = unjustified {
+            self.fail(at_ms, Failure::correctness(ids::LOCK_DECISION_JUSTIFIED, detail));
+        }
+    }
+
     /// One committed lock-store change.
     pub fn on_lock_event(&mut self, e: &LockEvent, at_ms: u64) {
         match e {
@@ -560,18 +646,42 @@ impl Checker {
                 self.sessions.insert(*session_id, *expires_at_ms);
             }
             LockEvent::SessionClosed { session_id, .. } => {
-                self.sessions.remove(session_id);
+                // Closed is dead for good: nothing may act in its name again.
+                self.sessions.insert(*session_id, i64::MIN);
                 self.grants.retain(|_, g| g.session_id != *session_id);
             }
             LockEvent::Granted { grant, now_ms } => {
                 self.grants_seen += 1;
                 // A rotate (C3-extensions E-18) is a release and a grant of one key to one
                 // session in one step: the holder's hold goes on, since its first grant.
-                let chained_from = self
+                let chained = self
                     .released
                     .take()
-                    .filter(|(k, s, at, _)| *k == grant.key && *s == grant.session_id && at == now_ms)
-                    .map(|(.., seen)| seen);
+                    .filter(|(k, s, at, ..)| *k == grant.key && *s == grant.session_id && at == now_ms);
+                let chained_from = chained.as_ref().map(|(_, _, _, seen, _)| *seen);
+                match chained {
+                    Some((.., false)) => {
+                        let detail = format!(
+                            "key {}: rotated at {now_ms} into token {} from a grant of session {} that was dead \
+                             by then",
+                            grant.key, grant.fencing_token, grant.session_id
+                        );
+                        self.fail(at_ms, Failure::correctness(ids::DEAD_GRANT_NEVER_REVIVED, detail));
+                    }
+                    Some(_) => {}
+                    None => {
+                        if let Some(end) = self.sessions.get(&grant.session_id).filter(|end| **end <= *now_ms) {
+                            let detail = format!(
+                                "key {}: token {} granted at {now_ms} to session {}, which ended at {}",
+                                grant.key,
+                                grant.fencing_token,
+                                grant.session_id,
+                                if *end == i64::MIN { "its close".to_owned() } else { end.to_string() }
+                            );
+                            self.fail(at_ms, Failure::correctness(ids::LOCK_DECISION_JUSTIFIED, detail));
+                        }
+                    }
+                }
                 self.note(Seen::Granted {
                     at_ms,
                     key: grant.key.clone(),
@@ -608,18 +718,32 @@ impl Checker {
                     },
                 );
             }
-            LockEvent::Renewed { key, token, expires_at_ms } => {
+            LockEvent::Renewed { key, token, expires_at_ms, now_ms } => {
+                let held = self.grants.get(key).filter(|g| g.token == *token);
+                if !held.is_some_and(|g| self.live(g, *now_ms)) {
+                    let detail = match held {
+                        Some(g) => format!(
+                            "key {key}: token {token} renewed at {now_ms}, dead by then (lease to {}, session to {:?})",
+                            g.lease_end_ms,
+                            self.sessions.get(&g.session_id)
+                        ),
+                        None => format!("key {key}: token {token} renewed at {now_ms}, no longer the key's grant"),
+                    };
+                    self.fail(at_ms, Failure::correctness(ids::DEAD_GRANT_NEVER_REVIVED, detail));
+                }
                 if let Some(g) = self.grants.get_mut(key).filter(|g| g.token == *token) {
                     g.lease_end_ms = *expires_at_ms;
                 }
             }
             LockEvent::Released { key, token, now_ms } => {
                 if self.grants.get(key).is_some_and(|g| g.token == *token) {
+                    let was_live = self.grants.get(key).is_some_and(|g| self.live(g, *now_ms));
                     if let Some(g) = self.grants.remove(key) {
-                        self.released = Some((key.clone(), g.session_id, *now_ms, g.seen_at_ms));
+                        self.released = Some((key.clone(), g.session_id, *now_ms, g.seen_at_ms, was_live));
                     }
                 }
             }
+            LockEvent::Refused { refusal, now_ms } => self.refused(refusal, *now_ms, at_ms),
             LockEvent::Revoked { key, token, new_token_floor, .. } => {
                 if *new_token_floor <= *token {
                     let detail = format!("key {key}: token {token} revoked, the token floor left at {new_token_floor}");
@@ -811,6 +935,127 @@ pub fn reconciler_failures(known: &Known, report: &Known) -> Vec<Failure> {
     }
 }
 
+/// What the rail's own record (`GET /calls`) says of one `clientRef`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RefTruth {
+    pub calls: u64,
+    /// Calls that moved money (`paid`), whatever the rail answered.
+    pub paid: u64,
+    /// The references of the calls that moved money, in arrival order.
+    pub paid_references: Vec<Option<String>>,
+}
+
+/// The rail's record, per `clientRef` (a payout id): the ground truth a reconciler's
+/// findings are held to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RailTruth {
+    pub per_ref: BTreeMap<String, RefTruth>,
+}
+
+impl RailTruth {
+    pub fn of(log: &dlock_contract::rail::RailCallLog) -> RailTruth {
+        let mut per_ref: BTreeMap<String, RefTruth> = BTreeMap::new();
+        for c in &log.calls {
+            let t = per_ref.entry(c.client_ref.clone()).or_default();
+            t.calls += 1;
+            if c.paid {
+                t.paid += 1;
+                t.paid_references.push(c.rail_reference.clone());
+            }
+        }
+        RailTruth { per_ref }
+    }
+
+    fn of_payout(&self, payout: Uuid) -> RefTruth {
+        self.per_ref.get(&payout.to_string()).cloned().unwrap_or_default()
+    }
+}
+
+/// What a reconciler's report states payout by payout.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stated {
+    /// The report read the rail's record.
+    pub rail_read: bool,
+    /// Each RAIL_AMBIGUOUS payout's classification and the reference it names.
+    pub ambiguous: BTreeMap<Uuid, (AmbiguousClass, Option<String>)>,
+    /// Payouts of a `DOUBLE_PAYMENT` finding.
+    pub double_payments: BTreeSet<Uuid>,
+    /// Payouts of a `REPEATED_RAIL_CALL` finding.
+    pub repeated_calls: BTreeSet<Uuid>,
+}
+
+impl Stated {
+    pub fn of(r: &dlock_reconciler::Report) -> Stated {
+        use dlock_reconciler::report::FindingKind;
+        let of_kind = |kind: FindingKind| -> BTreeSet<Uuid> {
+            r.findings.iter().filter(|f| f.kind == kind).filter_map(|f| f.payout_id).collect()
+        };
+        Stated {
+            rail_read: r.sources.rail.read,
+            ambiguous: r
+                .ambiguous
+                .iter()
+                .map(|a| (a.payout_id, (a.classification, a.rail_reference.clone())))
+                .collect(),
+            double_payments: of_kind(FindingKind::DoublePayment),
+            repeated_calls: of_kind(FindingKind::RepeatedRailCall),
+        }
+    }
+}
+
+/// Differences listed per failure line, at most.
+const DIFFS_SHOWN_MAX: usize = 8;
+
+/// The reconciler's findings against the rail's own record, payout by payout
+/// ([`ids::RECONCILER_MATCHES_RAIL`]): what an operator is told to do with each quarantined
+/// payout must be what the rail did. One correctness failure naming every difference.
+pub fn reconciler_truth_failures(truth: &RailTruth, stated: &Stated) -> Vec<Failure> {
+    let mut diffs = Vec::new();
+    for (payout, (class, reference)) in &stated.ambiguous {
+        let t = truth.of_payout(*payout);
+        let expected = match t.paid {
+            _ if !stated.rail_read => AmbiguousClass::Unknown,
+            0 => AmbiguousClass::NotPaid,
+            1 => AmbiguousClass::Paid,
+            _ => AmbiguousClass::Unknown,
+        };
+        let expected_reference =
+            (expected == AmbiguousClass::Paid).then(|| t.paid_references.first().cloned().flatten()).flatten();
+        if *class != expected || *reference != expected_reference {
+            diffs.push(format!(
+                "payout {payout} classified {} (reference {reference:?}) where the rail's record ({} call(s), {} paid) \
+                 says {} (reference {expected_reference:?})",
+                class.as_str(),
+                t.calls,
+                t.paid,
+                expected.as_str()
+            ));
+        }
+    }
+    if stated.rail_read {
+        let payouts = |f: fn(&RefTruth) -> bool| -> BTreeSet<Uuid> {
+            truth.per_ref.iter().filter(|(_, t)| f(t)).filter_map(|(r, _)| Uuid::parse_str(r).ok()).collect()
+        };
+        for (name, found, truly) in [
+            ("double payments", &stated.double_payments, payouts(|t| t.paid >= 2)),
+            ("repeated rail calls", &stated.repeated_calls, payouts(|t| t.calls >= 2 && t.paid <= 1)),
+        ] {
+            let missed: Vec<&Uuid> = truly.difference(found).collect();
+            let unsupported: Vec<&Uuid> = found.difference(&truly).collect();
+            if !missed.is_empty() || !unsupported.is_empty() {
+                diffs.push(format!("{name}: not found {missed:?}, found without support {unsupported:?}"));
+            }
+        }
+    }
+    if diffs.is_empty() {
+        return Vec::new();
+    }
+    let n = diffs.len();
+    diffs.truncate(DIFFS_SHOWN_MAX);
+    let more = if n > DIFFS_SHOWN_MAX { format!("; and {} more", n - DIFFS_SHOWN_MAX) } else { String::new() };
+    vec![Failure::correctness(ids::RECONCILER_MATCHES_RAIL, format!("{}{more}", diffs.join("; ")))]
+}
+
 /// The fenced write an idempotency record's operation is (claims and posts only).
 fn fenced_op(op: dlock_payment_resource::store::Operation) -> Option<FencedOp> {
     match op {
@@ -936,9 +1181,9 @@ mod online {
     use dlock_rt::Clock;
 
     use super::{
-        ids, ledger_failures, parse_wire_all, rail_failures, reconciler_failures, retry_safe_failures, settle_failures,
-        wire_batch_replay_failures, wire_replay_failures, Checker, Effects, FencedOp, Known, PaydbFacts, PaydbRows,
-        TimedFailure, WireWrite,
+        ids, ledger_failures, parse_wire_all, rail_failures, reconciler_failures, reconciler_truth_failures,
+        retry_safe_failures, settle_failures, wire_batch_replay_failures, wire_replay_failures, Checker, Effects,
+        FencedOp, Known, PaydbFacts, PaydbRows, RailTruth, Stated, TimedFailure, WireWrite,
     };
     use crate::outcome::Failure;
     use crate::world::{self, World};
@@ -1149,7 +1394,8 @@ mod online {
     /// of its own over the world's paydb and the rail's record) states what the oracle
     /// computed. Liveness-class failures.
     pub async fn liveness(world: &World) -> Vec<Failure> {
-        let calls = world.rail_calls().await;
+        let log = world.read_rail_call_log().await;
+        let calls: Vec<String> = log.iter().flat_map(|l| l.calls.iter().map(|c| c.client_ref.clone())).collect();
         let rows = PaydbRows::read(&world.paydb);
         let mut found = settle_failures(&rows.payouts, &rows.submissions);
         let known = rows.known(&calls);
@@ -1179,6 +1425,10 @@ mod online {
                     payouts_by_state: r.payouts_by_state.clone(),
                 };
                 found.extend(reconciler_failures(&known, &stated));
+                // Payout by payout against the rail's record, when the oracle could read it.
+                if let Some(log) = &log {
+                    found.extend(reconciler_truth_failures(&RailTruth::of(log), &Stated::of(&r)));
+                }
             }
             Err(e) => found.push(Failure::crash(ids::RECONCILER_AGREES, format!("the reconciler's node failed: {e}"))),
         }

@@ -364,7 +364,7 @@ impl Trace {
                     ("store_ms", (*now_ms).into()),
                 ]),
             ),
-            LockEvent::Renewed { key, token, expires_at_ms } => (
+            LockEvent::Renewed { key, token, expires_at_ms, .. } => (
                 "renew",
                 fields([
                     ("key", key.clone().into()),
@@ -389,6 +389,8 @@ impl Trace {
                 "drop",
                 fields([("key", key.clone().into()), ("token", (*token).into()), ("store_ms", (*now_ms).into())]),
             ),
+            // A refusal changed nothing: the lock server's own events say it to the holder.
+            LockEvent::Refused { .. } => return,
         };
         self.here(kind, f);
     }

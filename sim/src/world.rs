@@ -1017,18 +1017,23 @@ impl World {
     /// The rail's full record (`GET /calls`), read from the observer node; empty when the
     /// stub cannot be read.
     pub async fn rail_call_log(&self) -> dlock_contract::rail::RailCallLog {
+        self.read_rail_call_log().await.unwrap_or_default()
+    }
+
+    /// The rail's full record (`GET /calls`), read from the observer node; `None` when the
+    /// stub cannot be read (no answer, or not its log).
+    pub async fn read_rail_call_log(&self) -> Option<dlock_contract::rail::RailCallLog> {
         self.observer
             .spawn(async {
-                let Ok(r) = HttpClient::new(1_000, 5_000)
+                let r = HttpClient::new(1_000, 5_000)
                     .send(&url(STUB_IP, STUB_PORT), http::Method::GET, "/calls", &[], None)
                     .await
-                else {
-                    return dlock_contract::rail::RailCallLog::default();
-                };
-                serde_json::from_slice(&r.body).unwrap_or_default()
+                    .ok()?;
+                serde_json::from_slice(&r.body).ok()
             })
             .await
-            .unwrap_or_default()
+            .ok()
+            .flatten()
     }
 
     /// The reconciler, run once on the `reconciler` node (the observer when the topology has

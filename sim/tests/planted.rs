@@ -41,7 +41,7 @@ struct Control {
     scenario: Option<&'static str>,
 }
 
-const CONTROLS: [Control; 11] = [
+const CONTROLS: [Control; 15] = [
     Control { bug: Bug::FencingOffPayment, invariant: "fence_accepts_only_rising_tokens", also: &[], scenario: None },
     Control { bug: Bug::FencingOffProxy, invariant: "fence_accepts_only_rising_tokens", also: &[], scenario: None },
     Control { bug: Bug::FencingOffBoth, invariant: "fence_accepts_only_rising_tokens", also: &[], scenario: None },
@@ -81,6 +81,20 @@ const CONTROLS: [Control; 11] = [
         ],
         scenario: None,
     },
+    Control {
+        bug: Bug::ReconcilerTrustsAnswer,
+        invariant: "reconciler_findings_match_the_rails_record",
+        also: &[],
+        scenario: None,
+    },
+    Control { bug: Bug::FenceOffByOne, invariant: "fenced_out_means_a_newer_holder", also: &[], scenario: None },
+    Control {
+        bug: Bug::LeaseEndInclusive,
+        invariant: "lock_decision_justified",
+        also: &["dead_grant_never_revived"],
+        scenario: None,
+    },
+    Control { bug: Bug::RotateLapsedSession, invariant: "dead_grant_never_revived", also: &[], scenario: None },
 ];
 
 fn jobs() -> usize {
@@ -217,6 +231,34 @@ fn a_lock_server_that_skips_the_owner_check_is_found_by_the_forgers_owner_attack
 #[test]
 fn etcd_judging_leases_by_wall_clocks_is_found_as_two_live_grants() {
     the_campaign_finds(Bug::EtcdWallClockJudge);
+}
+
+/// A reconciler that reads the rail's answer for what it did is found payout by payout
+/// against the rail's own record: a quarantined payout whose call was dropped after paying
+/// is told to the operator as NOT_PAID.
+#[test]
+fn a_reconciler_trusting_the_rails_answer_over_its_record_is_found_payout_by_payout() {
+    the_campaign_finds(Bug::ReconcilerTrustsAnswer);
+}
+
+/// A fence that refuses the token right above it answers `FENCED_OUT` with nobody newer
+/// holding the account: found by the oracle's reading of every refusal.
+#[test]
+fn a_fence_refusing_the_next_token_is_found_as_fenced_out_without_a_newer_holder() {
+    the_campaign_finds(Bug::FenceOffByOne);
+}
+
+/// A grant judged live at the very tick it ends is the conservative direction: no safety
+/// invariant objects, but the decision is not what the records say.
+#[test]
+fn a_grant_judged_live_at_the_tick_it_ends_is_found_as_an_unjustified_decision() {
+    the_campaign_finds(Bug::LeaseEndInclusive);
+}
+
+/// A holder whose session lapsed keeps rotating: its dead grant comes back.
+#[test]
+fn a_rotate_that_ignores_a_lapsed_session_is_found_as_a_dead_grant_revived() {
+    the_campaign_finds(Bug::RotateLapsedSession);
 }
 
 /// Every bug has exactly one control, in the order.

@@ -21,6 +21,10 @@
 //! | `skip-grant-signature-check` | [`crate::grant::GrantVerifier::verify`]: every grant is admitted, signed or not (the forger's writes reach the fences) |
 //! | `etcd-wall-clock-judge` | the lock server on etcd judges leases by the old rule: its own wall clock against the deadline another replica wrote with its wall clock (`store_etcd`, "Time"), instead of durations on its monotonic clock since it first saw the record |
 //! | `skip-owner-check` | the lock server's owner check (`LockServer::may_address`, C3-extensions E-9): a credential bound to owner ids may address any owner's session or grant (the forger's owner attacks are judged on their merits) |
+//! | `fence-off-by-one` | the account fence's comparison in `dlock_payment_resource::rules::fence_check`: `stored + 1 < presented` where `stored < presented` belongs (the next token is refused as if a newer one held the fence) |
+//! | `lease-end-inclusive` | the lock server's liveness rule (`rules::grant_live`): a grant still live at the very tick its lease or session ends (`now <= end`), the conservative direction no safety invariant objects to |
+//! | `rotate-lapsed-session` | the lock server's rotate rule (`rules::decide_rotate`): the caller's grant judged by its lease alone, its session not checked (a holder whose session lapsed keeps rotating) |
+//! | `reconciler-trusts-answer` | the reconciler's reading of the rail's record: a call counts as paid when the rail *answered* it paid (`outcome == ACCEPTED`), not when the record says it moved money (`paid`) |
 //!
 //! The fencing bugs (1–3) are the defence layers of [`crate::defence`] switched off
 //! together, with one difference from a defence-in-depth run: the oracle is not told, so a
@@ -69,11 +73,19 @@ pub enum Bug {
     /// On etcd, each replica judges leases by its wall clock against deadlines other
     /// replicas wrote with theirs (the rule before C1 §1.5.4).
     EtcdWallClockJudge,
+    /// The reconciler counts a rail call as paid by the rail's answer, not by its record.
+    ReconcilerTrustsAnswer,
+    /// The account fence refuses the token right above it: `FENCED_OUT` with no newer holder.
+    FenceOffByOne,
+    /// A grant is judged still live at the tick its lease or session ends.
+    LeaseEndInclusive,
+    /// A rotate judges the caller's grant by its lease alone and never checks its session.
+    RotateLapsedSession,
 }
 
 impl Bug {
     /// Every bug, in the order.
-    pub const ALL: [Bug; 11] = [
+    pub const ALL: [Bug; 15] = [
         Bug::FencingOffPayment,
         Bug::FencingOffProxy,
         Bug::FencingOffBoth,
@@ -85,6 +97,10 @@ impl Bug {
         Bug::SkipGrantSignatureCheck,
         Bug::SkipOwnerCheck,
         Bug::EtcdWallClockJudge,
+        Bug::ReconcilerTrustsAnswer,
+        Bug::FenceOffByOne,
+        Bug::LeaseEndInclusive,
+        Bug::RotateLapsedSession,
     ];
 
     /// The stable name (`--plant NAME`).
@@ -101,6 +117,10 @@ impl Bug {
             Bug::SkipGrantSignatureCheck => "skip-grant-signature-check",
             Bug::SkipOwnerCheck => "skip-owner-check",
             Bug::EtcdWallClockJudge => "etcd-wall-clock-judge",
+            Bug::ReconcilerTrustsAnswer => "reconciler-trusts-answer",
+            Bug::FenceOffByOne => "fence-off-by-one",
+            Bug::LeaseEndInclusive => "lease-end-inclusive",
+            Bug::RotateLapsedSession => "rotate-lapsed-session",
         }
     }
 
@@ -202,6 +222,10 @@ mod tests {
                 "skip-grant-signature-check",
                 "skip-owner-check",
                 "etcd-wall-clock-judge",
+                "reconciler-trusts-answer",
+                "fence-off-by-one",
+                "lease-end-inclusive",
+                "rotate-lapsed-session",
             ]
         );
         for b in Bug::ALL {

@@ -51,6 +51,11 @@ pub fn grant_dies_at(lease_end_ms: i64, session_end_ms: Option<i64>) -> Option<i
 
 /// Whether a grant is live at `now`: `now` is before [`grant_dies_at`].
 pub fn grant_live(lease_end_ms: i64, session_end_ms: Option<i64>, now_ms: i64) -> bool {
+    // Planted bug `lease-end-inclusive` (simulation only): still live at the very tick it
+    // ends.
+    if dlock_contract::planted::on(dlock_contract::planted::Bug::LeaseEndInclusive) {
+        return grant_dies_at(lease_end_ms, session_end_ms).is_some_and(|t| now_ms <= t);
+    }
     grant_dies_at(lease_end_ms, session_end_ms).is_some_and(|t| now_ms < t)
 }
 
@@ -232,7 +237,15 @@ pub struct RotateFacts<'a> {
 /// a live grant never leaves running); then the release does not happen either. `Ok` is the
 /// grant to issue, replacing `token`.
 pub fn decide_rotate(f: &RotateFacts<'_>) -> Result<GrantPlan, RotateRefusal> {
-    let a = &f.acquire;
+    // Planted bug `rotate-lapsed-session` (simulation only): the caller's session read as
+    // never ending, so its grant is judged by its lease alone.
+    let a = &if dlock_contract::planted::on(dlock_contract::planted::Bug::RotateLapsedSession) {
+        let forever = |end: Option<i64>| end.map(|_| i64::MAX);
+        let grant = f.acquire.grant.map(|g| GrantFacts { holder_end_ms: forever(g.holder_end_ms), ..g });
+        AcquireFacts { session_end_ms: forever(f.acquire.session_end_ms), grant, ..f.acquire }
+    } else {
+        f.acquire
+    };
     session_check(a.session_end_ms, a.now_ms).map_err(RotateRefusal::Session)?;
     let own = a.grant.filter(|g| g.grant.session_id == a.session_id);
     let stored = a.grant.map(|g| g.grant.fencing_token);

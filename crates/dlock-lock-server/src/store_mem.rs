@@ -110,14 +110,30 @@ pub enum LockEvent {
     SessionClosed { session_id: Uuid, now_ms: i64 },
     /// A grant was issued at `now_ms`.
     Granted { grant: GrantRow, now_ms: i64 },
-    /// A grant's lease was extended.
-    Renewed { key: String, token: i64, expires_at_ms: i64 },
+    /// A grant's lease was extended at `now_ms`.
+    Renewed { key: String, token: i64, expires_at_ms: i64, now_ms: i64 },
     /// A grant was released by its holder.
     Released { key: String, token: i64, now_ms: i64 },
     /// A grant was revoked by an operator; the token floor rose to `new_token_floor`.
     Revoked { key: String, token: i64, new_token_floor: i64, now_ms: i64 },
     /// The reaper (or an acquire) removed a grant it judged dead.
     Dropped { key: String, token: i64, now_ms: i64 },
+    /// A heartbeat, acquire, renew or rotate was refused at `now_ms` (nothing changed): what
+    /// the decision said of the records, for an observer to hold it to them.
+    Refused { refusal: Refusal, now_ms: i64 },
+}
+
+/// What a refused call judged (see [`LockEvent::Refused`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The caller's session may not act: it ended, or it is unknown.
+    Session { session_id: Uuid, refusal: SessionRefusal },
+    /// An acquire found the key held by a live grant (another session's, or the caller's).
+    Held { key: String, session_id: Uuid },
+    /// An acquire or rotate found a lock-delay running until `until_ms`.
+    Delayed { key: String, until_ms: i64 },
+    /// A renew or rotate found no live grant `(key, token)` of the caller's session.
+    Lost { key: String, token: i64, session_id: Uuid },
 }
 
 /// Sees every committed change to grants and session ends (see the module doc).
@@ -242,6 +258,8 @@ impl LockStore for MemLockStore {
         let mut t = self.lock()?;
         let now = self.now_in(&t);
         if let Err(r) = t.session_check(session_id, now) {
+            self.observer
+                .tell(|| LockEvent::Refused { refusal: Refusal::Session { session_id, refusal: r }, now_ms: now });
             return Ok(Err(r));
         }
         let held = t.grants.values().filter(|g| g.session_id == session_id && t.grant_live(g, now)).count();
@@ -297,7 +315,19 @@ impl LockStore for MemLockStore {
         }
         let plan = match decision.verdict {
             Ok(plan) => plan,
-            Err(refusal) => return Ok(Err(refusal)),
+            Err(refusal) => {
+                self.observer.tell(|| LockEvent::Refused {
+                    refusal: match &refusal {
+                        AcquireRefusal::Session(r) => Refusal::Session { session_id, refusal: *r },
+                        AcquireRefusal::Delayed { until_ms } => {
+                            Refusal::Delayed { key: key.to_owned(), until_ms: *until_ms }
+                        }
+                        _ => Refusal::Held { key: key.to_owned(), session_id },
+                    },
+                    now_ms: now,
+                });
+                return Ok(Err(refusal));
+            }
         };
         let owner_id = t.sessions.get(&session_id).map(|s| s.row.owner_id.clone()).unwrap_or_default();
         let token = t.next_token();
@@ -329,12 +359,24 @@ impl LockStore for MemLockStore {
         let now = self.now_in(&t);
         if let Err(refusal) = rules::decide_renew(t.session_end(session_id), t.grant_facts(key), session_id, token, now)
         {
+            self.observer.tell(|| LockEvent::Refused {
+                refusal: match &refusal {
+                    RenewRefusal::Session(r) => Refusal::Session { session_id, refusal: *r },
+                    RenewRefusal::Lost { .. } => Refusal::Lost { key: key.to_owned(), token, session_id },
+                },
+                now_ms: now,
+            });
             return Ok(Err(refusal));
         }
         let Some(g) = t.grants.get_mut(key) else { return Ok(Err(RenewRefusal::Lost { stored_token: None })) };
         g.expires_at_ms = now + ttl_ms;
         let g = g.clone();
-        self.observer.tell(|| LockEvent::Renewed { key: key.to_owned(), token, expires_at_ms: g.expires_at_ms });
+        self.observer.tell(|| LockEvent::Renewed {
+            key: key.to_owned(),
+            token,
+            expires_at_ms: g.expires_at_ms,
+            now_ms: now,
+        });
         Ok(Ok(g))
     }
 
@@ -371,7 +413,19 @@ impl LockStore for MemLockStore {
             token,
         }) {
             Ok(plan) => plan,
-            Err(refusal) => return Ok(Err(refusal)),
+            Err(refusal) => {
+                self.observer.tell(|| LockEvent::Refused {
+                    refusal: match &refusal {
+                        RotateRefusal::Session(r) => Refusal::Session { session_id, refusal: *r },
+                        RotateRefusal::Lost { .. } => Refusal::Lost { key: key.to_owned(), token, session_id },
+                        RotateRefusal::Delayed { until_ms } => {
+                            Refusal::Delayed { key: key.to_owned(), until_ms: *until_ms }
+                        }
+                    },
+                    now_ms: now,
+                });
+                return Ok(Err(refusal));
+            }
         };
         let owner_id = t.sessions.get(&session_id).map(|s| s.row.owner_id.clone()).unwrap_or_default();
         let fresh = t.next_token();

@@ -52,7 +52,14 @@ pub enum FenceVerdict {
 
 /// Strictly greater, never `>=`: the SQL predicate `fence < :presented`.
 pub fn fence_check(stored_fence: i64, presented: i64) -> FenceVerdict {
-    if stored_fence < presented {
+    // Planted bug `fence-off-by-one` (simulation only): the token right above the fence is
+    // refused, as if a newer holder had written.
+    let bar = if dlock_contract::planted::on(dlock_contract::planted::Bug::FenceOffByOne) {
+        stored_fence.saturating_add(1)
+    } else {
+        stored_fence
+    };
+    if bar < presented {
         FenceVerdict::Passes
     } else {
         FenceVerdict::Fenced { highest_token: stored_fence }

@@ -344,7 +344,14 @@ fn calls_by_ref(calls: &[RailCall]) -> BTreeMap<&str, CallStats> {
     for c in calls {
         let s = m.entry(c.client_ref.as_str()).or_default();
         s.calls += 1;
-        if c.paid {
+        // Planted bug `reconciler-trusts-answer` (simulation only): the rail's answer taken
+        // for what it did. A call dropped after paying then counts as unpaid.
+        let paid = if dlock_contract::planted::on(dlock_contract::planted::Bug::ReconcilerTrustsAnswer) {
+            c.outcome == dlock_contract::rail::RailCallOutcome::Accepted
+        } else {
+            c.paid
+        };
+        if paid {
             s.paid += 1;
             s.paid_references.push(c.rail_reference.clone());
         }

@@ -83,6 +83,7 @@ pub enum Asked {
     },
     Renew {
         key: String,
+        session: Uuid,
         token: i64,
         ttl_ms: i64,
     },
@@ -108,11 +109,20 @@ pub enum Asked {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answered {
     /// An open or heartbeat was acknowledged: the session's ttl.
-    SessionLive { ttl_ms: i64 },
+    SessionLive {
+        ttl_ms: i64,
+    },
     /// An acquire or rotate granted this token.
-    Granted { token: i64 },
+    Granted {
+        token: i64,
+    },
     /// A renew extended the grant.
     Renewed,
+    /// A release, a close or a revoke (of this token) was done.
+    Done,
+    Revoked {
+        token: i64,
+    },
     /// The call's session was refused as expired or unknown.
     SessionRefused,
     /// An acquire was refused: the key is held, or its lock-delay runs.
@@ -171,6 +181,10 @@ pub struct Calls {
     renew_tried: BTreeMap<(String, i64), u64>,
     grant_tried: BTreeMap<String, u64>,
     session_tried: BTreeMap<Uuid, u64>,
+    /// Deaths the store acknowledged (`dead_grant_never_revived`): `(key, token)` -> when its
+    /// release or revoke was first acknowledged; session -> when its close was.
+    ended: BTreeMap<(String, i64), u64>,
+    closed_acked: BTreeMap<Uuid, u64>,
 }
 
 /// What the lock store's calls showed of the clocks, beyond pass or fail (the clock
@@ -221,7 +235,7 @@ impl Calls {
             Asked::Open { session } | Asked::Heartbeat { session } => {
                 Self::note_max(&mut self.session_tried, *session, began);
             }
-            Asked::Renew { key, token, ttl_ms } => {
+            Asked::Renew { key, token, ttl_ms, .. } => {
                 Self::note_max(&mut self.renew_tried, (key.clone(), *token), began + ttl(*ttl_ms));
             }
             Asked::Acquire { key, ttl_ms, .. } | Asked::Rotate { key, ttl_ms, .. } if answered == Answered::Unknown => {
@@ -326,19 +340,70 @@ impl Calls {
                 Asked::Heartbeat { session } | Asked::Acquire { session, .. } | Asked::Rotate { session, .. },
                 Answered::SessionRefused,
             ) => self.refused(session, began, at_ms, &fastest).into_iter().collect(),
-            (Asked::Acquire { key, session, ttl_ms, delay_ms }, Answered::Granted { token })
-            | (Asked::Rotate { key, session, ttl_ms, delay_ms, .. }, Answered::Granted { token }) => {
+            (Asked::Acquire { key, session, ttl_ms, delay_ms }, Answered::Granted { token }) => {
                 let g = Grant { token, session, ttl_ms, delay_ms, version_ms: began, acked_ms: at_ms };
                 self.granted(&key, g, &fastest)
             }
-            (Asked::Renew { key, token, .. }, Answered::Renewed) => {
+            (Asked::Rotate { key, session, ttl_ms, delay_ms, token: from }, Answered::Granted { token }) => {
+                let mut found: Vec<Failure> = self.revived(&key, from, session, began, "rotated").into_iter().collect();
+                let g = Grant { token, session, ttl_ms, delay_ms, version_ms: began, acked_ms: at_ms };
+                found.extend(self.granted(&key, g, &fastest));
+                found
+            }
+            (Asked::Renew { key, session, token, .. }, Answered::Renewed) => {
+                let found = self.revived(&key, token, session, began, "renewed").into_iter().collect();
                 if let Some(g) = self.grants.get_mut(&key).and_then(|v| v.iter_mut().find(|g| g.token == token)) {
                     g.version_ms = g.version_ms.max(began);
                 }
+                found
+            }
+            (Asked::Release { key, token }, Answered::Done) | (Asked::Revoke { key }, Answered::Revoked { token }) => {
+                Self::note_min(&mut self.ended, (key, token), at_ms);
+                Vec::new()
+            }
+            (Asked::Close { session }, Answered::Done) => {
+                Self::note_min(&mut self.closed_acked, session, at_ms);
                 Vec::new()
             }
             _ => Vec::new(),
         }
+    }
+
+    fn note_min<K: Ord>(map: &mut BTreeMap<K, u64>, k: K, v: u64) {
+        if map.len() < TRACKED_MAX {
+            let e = map.entry(k).or_insert(v);
+            *e = (*e).min(v);
+        }
+    }
+
+    /// A renew or rotate of `(key, token)` of `session`, begun at `began`, was acknowledged:
+    /// a death of that grant the store had acknowledged before is a grant come back.
+    fn revived(&self, key: &str, token: i64, session: Uuid, began: u64, how: &str) -> Option<Failure> {
+        let k = (key.to_owned(), token);
+        let replaced = self
+            .grants
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter(|g| g.token > token && g.acked_ms <= began)
+            .map(|g| (g.acked_ms, format!("replaced by token {}", g.token)))
+            .min();
+        let death = [
+            self.ended.get(&k).filter(|at| **at <= began).map(|at| (*at, "released or revoked".to_owned())),
+            self.closed_acked.get(&session).filter(|at| **at <= began).map(|at| (*at, "its session closed".to_owned())),
+            replaced,
+        ]
+        .into_iter()
+        .flatten()
+        .min()?;
+        Some(Failure::correctness(
+            super::ids::DEAD_GRANT_NEVER_REVIVED,
+            format!(
+                "key {key}: token {token} {how} by a call begun at {began} ms, after the store acknowledged it \
+                 {} at {} ms",
+                death.1, death.0
+            ),
+        ))
     }
 
     /// A call on `session` that began at `began` was refused as expired or unknown at `ended`.
@@ -561,7 +626,8 @@ impl LockStore for ObservedLockStore {
     }
     async fn close_session(&self, session_id: Uuid, delay_ms: i64) -> Result<Result<(), SessionRefusal>, StoreError> {
         let call = self.inner.close_session(session_id, delay_ms);
-        self.slot.run(|| Asked::Close { session: session_id }, call, |_| Answered::Other).await
+        let answered = |r: &Result<(), SessionRefusal>| if r.is_ok() { Answered::Done } else { Answered::Other };
+        self.slot.run(|| Asked::Close { session: session_id }, call, answered).await
     }
     async fn acquire(
         &self,
@@ -588,7 +654,7 @@ impl LockStore for ObservedLockStore {
         ttl_ms: i64,
     ) -> Result<Result<GrantRow, RenewRefusal>, StoreError> {
         let call = self.inner.renew(key, session_id, token, ttl_ms);
-        let asked = || Asked::Renew { key: key.to_owned(), token, ttl_ms };
+        let asked = || Asked::Renew { key: key.to_owned(), session: session_id, token, ttl_ms };
         let answered = |r: &Result<GrantRow, RenewRefusal>| match r {
             Ok(_) => Answered::Renewed,
             Err(_) => Answered::Other,
@@ -597,7 +663,8 @@ impl LockStore for ObservedLockStore {
     }
     async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
         let call = self.inner.release(key, token);
-        self.slot.run(|| Asked::Release { key: key.to_owned(), token }, call, |_| Answered::Other).await
+        let answered = |r: &Result<(), Option<i64>>| if r.is_ok() { Answered::Done } else { Answered::Other };
+        self.slot.run(|| Asked::Release { key: key.to_owned(), token }, call, answered).await
     }
     async fn rotate(
         &self,
@@ -631,7 +698,11 @@ impl LockStore for ObservedLockStore {
         revocation_id: Uuid,
     ) -> Result<Result<Revocation, RevokeRefusal>, StoreError> {
         let call = self.inner.revoke(key, operator, reason, expected_token, revocation_id);
-        self.slot.run(|| Asked::Revoke { key: key.to_owned() }, call, |_| Answered::Other).await
+        let answered = |r: &Result<Revocation, RevokeRefusal>| match r {
+            Ok(r) => Answered::Revoked { token: r.revoked_token },
+            Err(_) => Answered::Other,
+        };
+        self.slot.run(|| Asked::Revoke { key: key.to_owned() }, call, answered).await
     }
     async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError> {
         self.inner.reap(limit, delay_ms, retention_ms).await
@@ -688,6 +759,39 @@ mod tests {
     }
 
     const TWO: &str = super::super::ids::NO_TWO_LIVE_GRANTS;
+    const REVIVED: &str = super::super::ids::DEAD_GRANT_NEVER_REVIVED;
+
+    #[test]
+    fn a_grant_renewed_or_rotated_after_the_store_acknowledged_its_death_is_revived() {
+        let renew = |token| Asked::Renew { key: "k".into(), session: S1, token, ttl_ms: 1_000 };
+        let rotate = |token| Asked::Rotate { key: "k".into(), session: S1, token, ttl_ms: 1_000, delay_ms: 0 };
+        let release = |token| Asked::Release { key: "k".into(), token };
+        // Clean: renewed and rotated while it lived, released after.
+        let mut r = Run::new();
+        r.session(S1, 0, 10_000);
+        assert!(r.acquire(S1, 100, 5, 110).is_empty());
+        assert!(r.call(renew(5), 200, Answered::Renewed, 210).is_empty());
+        assert!(r.call(rotate(5), 300, Answered::Granted { token: 6 }, 310).is_empty());
+        assert!(r.call(release(6), 400, Answered::Done, 410).is_empty());
+        // A renew that began before the release was acknowledged proves nothing.
+        assert!(r.call(renew(6), 405, Answered::Renewed, 420).is_empty());
+        // After it: the released grant came back.
+        assert_eq!(r.call(renew(6), 411, Answered::Renewed, 420), [REVIVED]);
+        // A rotate of a token a greater one replaced.
+        assert_eq!(r.call(rotate(5), 500, Answered::Granted { token: 7 }, 510), [REVIVED]);
+        // A renew after its session's close was acknowledged.
+        let mut r = Run::new();
+        r.session(S1, 0, 10_000);
+        assert!(r.acquire(S1, 100, 5, 110).is_empty());
+        assert!(r.call(Asked::Close { session: S1 }, 200, Answered::Done, 210).is_empty());
+        assert_eq!(r.call(renew(5), 220, Answered::Renewed, 230), [REVIVED]);
+        // A renew after its revoke was acknowledged.
+        let mut r = Run::new();
+        r.session(S1, 0, 10_000);
+        assert!(r.acquire(S1, 100, 5, 110).is_empty());
+        assert!(r.call(Asked::Revoke { key: "k".into() }, 200, Answered::Revoked { token: 5 }, 210).is_empty());
+        assert_eq!(r.call(renew(5), 220, Answered::Renewed, 230), [REVIVED]);
+    }
 
     #[test]
     fn a_later_token_acknowledged_while_the_earlier_grant_lived_is_two_live_grants() {
@@ -764,7 +868,7 @@ mod tests {
         let asked = Asked::Acquire { key: "k".into(), session: S1, ttl_ms: 1_000, delay_ms: 0 };
         assert!(r.call(asked, 100, Answered::Unknown, 110).is_empty());
         assert!(r.acquire(S2, 300, 9, 310).is_empty(), "an acquire that failed is no grant");
-        let renew = Asked::Renew { key: "k".into(), token: 9, ttl_ms: 1_000 };
+        let renew = Asked::Renew { key: "k".into(), session: S2, token: 9, ttl_ms: 1_000 };
         assert!(r.call(renew, 1_000, Answered::Renewed, 1_010).is_empty());
         assert_eq!(r.acquire(S1, 1_800, 12, 1_810), [TWO], "the renew begun at 1 000 keeps it to 2 000");
     }
@@ -853,7 +957,7 @@ mod tests {
         assert!(r.call(busy.clone(), 2_600, Answered::KeyBusy, 2_605).is_empty());
         assert_eq!(r.c.tally().longest_takeover_ms, 240);
         // A renew whose outcome is unknown may have kept it: no takeover delay then.
-        let renew = Asked::Renew { key: "k".into(), token: 9, ttl_ms: 1_000 };
+        let renew = Asked::Renew { key: "k".into(), session: S1, token: 9, ttl_ms: 1_000 };
         assert!(r.call(renew, 2_650, Answered::Unknown, 2_660).is_empty());
         assert!(r.call(busy, 2_700, Answered::KeyBusy, 2_705).is_empty());
         assert_eq!(r.c.tally().longest_takeover_ms, 240);

@@ -324,6 +324,85 @@ fn session(id: u128, end: i64) -> LockEvent {
     LockEvent::SessionEnds { session_id: uuid(id), expires_at_ms: end }
 }
 
+fn refused(refusal: Refusal, now: i64) -> LockEvent {
+    LockEvent::Refused { refusal, now_ms: now }
+}
+
+#[test]
+fn a_dead_grant_renewed_or_rotated_is_reported() {
+    let renewed = |token, now| LockEvent::Renewed { key: "k".into(), token, expires_at_ms: now + 3_000, now_ms: now };
+    let released = |token, now| LockEvent::Released { key: "k".into(), token, now_ms: now };
+    // Live: renewed before its lease ends, rotated before its session ends.
+    let mut c = Checker::new();
+    c.on_lock_event(&session(1, 5_000), 0);
+    c.on_lock_event(&grant("k", 1, 1, 0, 3_000), 0);
+    c.on_lock_event(&renewed(1, 2_999), 1);
+    c.on_lock_event(&released(1, 4_999), 2);
+    c.on_lock_event(&grant("k", 1, 2, 4_999, 3_000), 2);
+    assert!(online(&c).is_empty(), "{:?}", c.failures());
+    // Renewed at the very tick its lease ended.
+    let mut c = Checker::new();
+    c.on_lock_event(&session(1, 10_000), 0);
+    c.on_lock_event(&grant("k", 1, 1, 0, 3_000), 0);
+    c.on_lock_event(&renewed(1, 3_000), 1);
+    assert_eq!(online(&c), [ids::DEAD_GRANT_NEVER_REVIVED]);
+    // Rotated after its session lapsed (the lease alone still ran).
+    let mut c = Checker::new();
+    c.on_lock_event(&session(1, 1_000), 0);
+    c.on_lock_event(&grant("k", 1, 1, 0, 60_000), 0);
+    c.on_lock_event(&released(1, 1_500), 1);
+    c.on_lock_event(&grant("k", 1, 2, 1_500, 60_000), 1);
+    assert_eq!(online(&c), [ids::DEAD_GRANT_NEVER_REVIVED]);
+    // Renewed after another token replaced it.
+    let mut c = Checker::new();
+    c.on_lock_event(&session(1, 10_000), 0);
+    c.on_lock_event(&session(2, 10_000), 0);
+    c.on_lock_event(&grant("k", 1, 1, 0, 1_000), 0);
+    c.on_lock_event(&grant("k", 2, 2, 1_000, 3_000), 1);
+    c.on_lock_event(&renewed(1, 1_500), 2);
+    assert_eq!(online(&c), [ids::DEAD_GRANT_NEVER_REVIVED]);
+}
+
+#[test]
+fn a_lock_decision_its_records_do_not_justify_is_reported_in_both_directions() {
+    use dlock_lock_server::store::SessionRefusal;
+    let held = |session| Refusal::Held { key: "k".into(), session_id: uuid(session) };
+    let lost = |token, session| Refusal::Lost { key: "k".into(), token, session_id: uuid(session) };
+    let expired = |session| Refusal::Session { session_id: uuid(session), refusal: SessionRefusal::Expired };
+    // Justified: held while the grant lives, lost once it died, expired once the session
+    // ended, and a delay is not judged.
+    let mut c = Checker::new();
+    c.on_lock_event(&session(1, 5_000), 0);
+    c.on_lock_event(&session(2, 20_000), 0);
+    c.on_lock_event(&grant("k", 1, 1, 0, 3_000), 0);
+    c.on_lock_event(&refused(held(2), 2_999), 1);
+    c.on_lock_event(&refused(lost(1, 1), 3_000), 2);
+    c.on_lock_event(&refused(expired(1), 5_000), 3);
+    c.on_lock_event(&refused(Refusal::Delayed { key: "k".into(), until_ms: 9_000 }, 5_001), 4);
+    assert!(online(&c).is_empty(), "{:?}", c.failures());
+    // The conservative direction, at the boundary: held at the very tick the lease ended.
+    let mut c = Checker::new();
+    c.on_lock_event(&session(1, 10_000), 0);
+    c.on_lock_event(&grant("k", 1, 1, 0, 3_000), 0);
+    c.on_lock_event(&refused(held(2), 3_000), 1);
+    assert_eq!(online(&c), [ids::LOCK_DECISION_JUSTIFIED]);
+    // Lost while live; expired while live; held with no grant at all.
+    for r in [lost(1, 1), expired(1), Refusal::Held { key: "free".into(), session_id: uuid(2) }] {
+        let mut c = Checker::new();
+        c.on_lock_event(&session(1, 10_000), 0);
+        c.on_lock_event(&grant("k", 1, 1, 0, 3_000), 0);
+        c.on_lock_event(&refused(r.clone(), 1_000), 1);
+        assert_eq!(online(&c), [ids::LOCK_DECISION_JUSTIFIED], "{r:?}");
+    }
+    // A grant to a session that had ended, or was closed.
+    let mut c = Checker::new();
+    c.on_lock_event(&session(1, 1_000), 0);
+    c.on_lock_event(&grant("k", 1, 1, 1_000, 3_000), 1);
+    c.on_lock_event(&LockEvent::SessionClosed { session_id: uuid(3), now_ms: 1_100 }, 2);
+    c.on_lock_event(&grant("j", 3, 2, 1_200, 3_000), 3);
+    assert_eq!(online(&c), [ids::LOCK_DECISION_JUSTIFIED, ids::LOCK_DECISION_JUSTIFIED]);
+}
+
 #[test]
 fn two_overlapping_grants_of_one_key_are_reported() {
     let mut c = Checker::new();
@@ -400,6 +479,107 @@ fn a_reconciler_report_that_differs_from_the_oracle_is_reported() {
     assert_eq!(invariants(&reconciler_failures(&known, &missed)), [ids::RECONCILER_AGREES]);
     let double = Known { max_rail_calls_per_payout: 2, ..known.clone() };
     assert_eq!(invariants(&reconciler_failures(&double, &known)), [ids::RECONCILER_AGREES]);
+}
+
+fn rail_call(
+    payout: Uuid,
+    paid: bool,
+    outcome: dlock_contract::rail::RailCallOutcome,
+    reference: &str,
+) -> dlock_contract::rail::RailCall {
+    dlock_contract::rail::RailCall {
+        client_ref: payout.to_string(),
+        amount_minor: 100,
+        currency: "EUR".into(),
+        outcome,
+        paid,
+        rail_reference: paid.then(|| reference.to_owned()),
+        received_at: at(),
+    }
+}
+
+#[test]
+fn a_fenced_out_write_without_a_newer_holder_is_reported() {
+    let fenced = |op, token, highest_token| write(op, "a", token, FenceVerdictSeen::FencedOut { highest_token });
+    // Justified: a greater token holds the fence; the same claim presented again (a replay
+    // of a write that passed).
+    let mut c = Checker::new();
+    c.on_fenced_write(&accepted(FencedOp::Claim, "a", 5), &facts(5, 0), 1);
+    c.on_fenced_write(&fenced(FencedOp::Claim, 3, 5), &facts(5, 0), 2);
+    c.on_fenced_write(&fenced(FencedOp::Claim, 5, 5), &facts(5, 0), 3);
+    c.on_fenced_write(&accepted(FencedOp::Admit, "a", 6), &facts(5, 6), 4);
+    c.on_fenced_write(&fenced(FencedOp::Admit, 6, 6), &facts(5, 6), 5);
+    assert!(online(&c).is_empty(), "{:?}", c.failures());
+    // A fence below the token refused it: nobody newer holds the account.
+    let mut below = Checker::new();
+    below.on_fenced_write(&fenced(FencedOp::Post, 8, 7), &facts(7, 0), 1);
+    assert_eq!(online(&below), [ids::FENCED_OUT_HAS_NEWER_HOLDER]);
+    assert_eq!(below.failures()[0].failure.class, crate::outcome::FailureClass::Correctness);
+    // Fenced by its own token at another write: the post presented the claim's token.
+    let mut own = Checker::new();
+    own.on_fenced_write(&accepted(FencedOp::Claim, "a", 5), &facts(5, 0), 1);
+    own.on_fenced_write(&fenced(FencedOp::Post, 5, 5), &facts(5, 0), 2);
+    assert_eq!(online(&own), [ids::FENCED_OUT_HAS_NEWER_HOLDER]);
+    // An equal token nobody passed before is no replay either.
+    let mut never = Checker::new();
+    never.on_fenced_write(&fenced(FencedOp::Claim, 5, 5), &facts(5, 0), 1);
+    assert_eq!(online(&never), [ids::FENCED_OUT_HAS_NEWER_HOLDER]);
+}
+
+#[test]
+fn a_reconciler_finding_that_differs_from_the_rails_record_is_reported_payout_by_payout() {
+    use dlock_contract::rail::{RailCallLog, RailCallOutcome};
+    // Payout 1 was paid by a call the rail dropped (no answer); 2 was declined; 3 was paid
+    // twice; 4 was called twice and paid once.
+    let log = RailCallLog {
+        calls: vec![
+            rail_call(uuid(1), true, RailCallOutcome::Dropped, "RR-1"),
+            rail_call(uuid(2), false, RailCallOutcome::Declined, ""),
+            rail_call(uuid(3), true, RailCallOutcome::Accepted, "RR-3a"),
+            rail_call(uuid(3), true, RailCallOutcome::Accepted, "RR-3b"),
+            rail_call(uuid(4), false, RailCallOutcome::Error, ""),
+            rail_call(uuid(4), true, RailCallOutcome::Accepted, "RR-4"),
+        ],
+    };
+    let truth = RailTruth::of(&log);
+    let right = Stated {
+        rail_read: true,
+        ambiguous: [
+            (uuid(1), (AmbiguousClass::Paid, Some("RR-1".to_owned()))),
+            (uuid(2), (AmbiguousClass::NotPaid, None)),
+            (uuid(3), (AmbiguousClass::Unknown, None)),
+        ]
+        .into(),
+        double_payments: [uuid(3)].into(),
+        repeated_calls: [uuid(4)].into(),
+    };
+    assert!(reconciler_truth_failures(&truth, &right).is_empty());
+    // The rail's answer taken for what it did: the dropped paid call read as not paid.
+    let mut by_answer = right.clone();
+    by_answer.ambiguous.insert(uuid(1), (AmbiguousClass::NotPaid, None));
+    let found = reconciler_truth_failures(&truth, &by_answer);
+    assert_eq!(invariants(&found), [ids::RECONCILER_MATCHES_RAIL]);
+    assert_eq!(found[0].class, crate::outcome::FailureClass::Correctness);
+    assert!(found[0].detail.contains("classified NOT_PAID"), "{}", found[0].detail);
+    // The wrong reference for the paying call.
+    let mut wrong_ref = right.clone();
+    wrong_ref.ambiguous.insert(uuid(1), (AmbiguousClass::Paid, Some("RR-9".to_owned())));
+    assert_eq!(invariants(&reconciler_truth_failures(&truth, &wrong_ref)), [ids::RECONCILER_MATCHES_RAIL]);
+    // A double payment missed, and one the record does not support.
+    let missed = Stated { double_payments: BTreeSet::new(), ..right.clone() };
+    assert_eq!(invariants(&reconciler_truth_failures(&truth, &missed)), [ids::RECONCILER_MATCHES_RAIL]);
+    let unsupported = Stated { double_payments: [uuid(3), uuid(2)].into(), ..right.clone() };
+    assert_eq!(invariants(&reconciler_truth_failures(&truth, &unsupported)), [ids::RECONCILER_MATCHES_RAIL]);
+    let no_repeat = Stated { repeated_calls: BTreeSet::new(), ..right.clone() };
+    assert_eq!(invariants(&reconciler_truth_failures(&truth, &no_repeat)), [ids::RECONCILER_MATCHES_RAIL]);
+    // A report that could not read the rail says UNKNOWN for everything, and is not held
+    // to the findings only the record gives.
+    let unread = Stated {
+        rail_read: false,
+        ambiguous: right.ambiguous.keys().map(|p| (*p, (AmbiguousClass::Unknown, None))).collect(),
+        ..Stated::default()
+    };
+    assert!(reconciler_truth_failures(&truth, &unread).is_empty());
 }
 
 #[cfg(madsim)]
