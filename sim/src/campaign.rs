@@ -474,6 +474,10 @@ async fn play(
     }
     let created = crate::workload::start_workload(&mut w, &cfg);
     let operator = crate::workload::start_operator(&mut w, &cfg);
+    // The forger plays in swarm seeds and in the scenarios shrunk from them (a written
+    // scenario's steps are its own): during the fault phase, and again at the end.
+    let forger_on = scenario.as_ref().is_none_or(|s| s.forger);
+    let forger_log = forger_on.then(|| crate::forger::start_forger(&mut w, cfg.fault_ms));
     // The seed's schedule, from the runtime's seeded generator (replays draw it again), or
     // the scenario's steps.
     let schedule = match &scenario {
@@ -554,9 +558,11 @@ async fn play(
         t.phase("checks", if settled_in.is_some() { "every payout settled" } else { "liveness bound reached" });
     }
     let final_states = states(&*w.paydb, &ids).await;
-    // The forger plays in swarm seeds (a scenario's steps are its own), after everything
-    // settled: it moves nothing the seed did before.
-    let forger = if scenario.is_none() { Some(crate::forger::run_forger(&w).await) } else { None };
+    // The forger's end, after everything settled.
+    let forger = match forger_log {
+        Some(log) => Some(crate::forger::run_forger(&w, log).await),
+        None => None,
+    };
     let mut failures = step_failures;
     if !created.done() {
         failures

@@ -1,8 +1,11 @@
-//! The forger (issue 12): a client on node `forger` that presents fenced writes under
-//! tokens the lock server never granted it, to the payment-resource (claim, post) and the
-//! rail-proxy (submission): [`FORGED_WRITES_PER_SEED`] of them at the end of every swarm
-//! seed, after its liveness phase and before its checks ([`run_forger`]). Its forgeries
-//! ([`Forgery`]):
+//! The forger (issue 12, issue 41): a client on node `forger` (never faulted) that presents
+//! writes no honest holder sends. At the end of every swarm seed, after its liveness phase
+//! and before its checks ([`run_forger`]), it sends [`FORGED_WRITES_PER_SEED`] fenced writes
+//! under tokens the lock server never granted it, to the payment-resource (claim, post) and
+//! the rail-proxy (submission); then its owner attacks, its lapsed-session calls, its
+//! equal-token replays and its cross-account batch (sections below). During the fault phase
+//! ([`start_forger`], [`FAULT_ROUNDS`] rounds at drawn instants) it replays and sends
+//! cross-account batches too, while the faults play. Its forgeries ([`Forgery`]):
 //!
 //! - `unsigned`: no signature at all;
 //! - `made_up`: a well-formed signature of random bytes under the world key's id;
@@ -42,8 +45,28 @@
 //! grant with a made-up session id and the victim's token), `close` (L3 of the victim's
 //! session). A victim setup that gets no grant (no answer, a fault) skips the attacks.
 //!
+//! ## Equal-token replays (issue 41)
+//! The strict `>` at every fence exists for a token presented twice. The forger takes the
+//! newest signed writes the executors sent and had accepted (the simulation's wire log:
+//! a claim or post per account, and at the end a submission per mark) and sends each again
+//! exactly as it was, token and signature included, under a fresh idempotency key. Each must
+//! be refused `FENCED_OUT` (the oracle: an equal token accepted breaks
+//! `fence_accepts_only_rising_tokens`; the refusal fires `equal_token_replay_refused`). A
+//! planted `mark-ge` is found this way.
+//!
+//! ## Cross-account batches (issue 41)
+//! A claim batch passes one account's fence and writes the payouts it names: each must be
+//! of that account. The forger opens its own account [`FORGER_ACCOUNT_A`] at zero and sends
+//! a claim batch for it under a grant of its key signed with the world's key (what a holder
+//! of that account's lock presents), naming other accounts' PENDING payouts: during the
+//! fault phase the workload's, at the end one of its own second account
+//! [`FORGER_ACCOUNT_B`], which it then settles (a claim under B's own grant fails it for
+//! lack of funds). Every named payout must come back `NOT_FOUND` with nothing written (the
+//! oracle: `fenced_write_within_its_account`; the refusal fires
+//! `foreign_payout_refused_in_batch`). A planted `batch-ignores-account` is found this way.
+//!
 //! ## Lapsed sessions (issue 41)
-//! Last, on a drawn lock replica, under its own credential, the forger opens a session of
+//! At the end, after its owner attacks, on a drawn lock replica, under its own credential, the forger opens a session of
 //! the shortest TTL ([`LAPSE_SESSION_TTL_MS`]), acquires a key no executor uses
 //! (`forger-lapse:<n>`) with a lease far longer ([`LAPSE_LEASE_TTL_MS`]), and stops
 //! heartbeating. Once that replica says the key is no longer held (polled, bounded by
@@ -105,6 +128,24 @@ pub const LAPSE_LEASE_TTL_MS: i64 = 60_000;
 /// How often, and how long at most, it asks the replica whether the grant still lives.
 pub const LAPSE_POLL_MS: u64 = 200;
 pub const LAPSE_WAIT_MS_MAX: u64 = 15_000;
+
+/// Signed writes the forger replays at the end of a seed, at most ([`replay_signed_writes`]).
+pub const REPLAYS_PER_SEED: usize = 4;
+/// Rounds the forger plays during the fault phase ([`start_forger`]), each at a drawn
+/// instant of its share of the phase: one equal-token replay and one cross-account batch.
+pub const FAULT_ROUNDS: u64 = 2;
+/// Another account's PENDING payouts a fault-phase cross-account batch names, at most.
+pub const FOREIGN_PAYOUTS_MAX: i64 = 3;
+/// The forger's own accounts for its cross-account batch ([`run_cross_account_batch`]): the
+/// batch passes `FORGER_ACCOUNT_A`'s fence and names a payout of `FORGER_ACCOUNT_B`.
+pub const FORGER_ACCOUNT_A: &str = "forger-a";
+pub const FORGER_ACCOUNT_B: &str = "forger-b";
+/// The amount of the forger's payout (its accounts open at zero: a claim fails it for
+/// lack of funds, which settles it).
+pub const FORGER_PAYOUT_MINOR: i64 = 100;
+/// Tries of each of the forger's setup writes (its accounts, its payout, the claim that
+/// settles the payout).
+pub const FORGER_TRIES_MAX: u32 = 3;
 
 /// One kind of forged grant (module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,12 +337,34 @@ impl Lapsed {
     }
 }
 
+/// One signed write of an executor the forger sent again, with its original token and
+/// signature and a fresh idempotency key (module doc, "Equal-token replays"), or the
+/// forger's cross-account batch; and its answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replayed {
+    /// `claim`, `post`, `submit`, or `batch` (the cross-account batch).
+    pub hop: &'static str,
+    /// The payout it names.
+    pub payout: String,
+    pub token: i64,
+    /// 0: no answer.
+    pub status: u16,
+    pub code: String,
+}
+
+impl Replayed {
+    pub fn line(&self) -> String {
+        format!("forger: {} of {} under token {} -> {} {}", self.hop, self.payout, self.token, self.status, self.code)
+    }
+}
+
 /// What the forger sent.
 #[derive(Clone, Default)]
 pub struct ForgerLog {
     inner: Arc<Mutex<Vec<Forged>>>,
     attacks: Arc<Mutex<Vec<Attacked>>>,
     lapsed: Arc<Mutex<Vec<Lapsed>>>,
+    replayed: Arc<Mutex<Vec<Replayed>>>,
 }
 
 impl ForgerLog {
@@ -337,11 +400,23 @@ impl ForgerLog {
         }
     }
 
-    /// One line per forged write, then one per owner attack, then one per lapsed call.
+    /// The signed writes replayed and the cross-account batch, in order.
+    pub fn replayed(&self) -> Vec<Replayed> {
+        self.replayed.lock().map(|g| g.clone()).unwrap_or_default()
+    }
+
+    fn push_replayed(&self, r: Replayed) {
+        if let Ok(mut g) = self.replayed.lock() {
+            g.push(r);
+        }
+    }
+
+    /// One line per forged write, then one per owner attack, per lapsed call, per replay.
     pub fn lines(&self) -> Vec<String> {
         let mut lines: Vec<String> = self.writes().iter().map(Forged::line).collect();
         lines.extend(self.attacks().iter().map(Attacked::line));
         lines.extend(self.lapsed().iter().map(Lapsed::line));
+        lines.extend(self.replayed().iter().map(Replayed::line));
         lines
     }
 
@@ -370,17 +445,44 @@ impl ForgerLog {
     }
 }
 
-/// Runs the forger on a node `forger` of its own (never faulted) to its end: after the seed's
-/// liveness phase, when the payouts have settled and every fault has healed, and before the
-/// checks. Played there, it moves nothing the seed did before (a forged write sent during
-/// the run would move every later draw of the runtime, and so every existing seed).
-pub async fn run_forger(world: &World) -> ForgerLog {
+/// Starts the forger's fault phase on its node `forger` (never faulted; added to `world`):
+/// [`FAULT_ROUNDS`] rounds, each at a drawn instant of its share of the first `fault_ms`,
+/// while the faults play. A round replays the newest accepted signed claim or post with its
+/// original token ([`replay_signed_writes`]) and sends a claim batch of the forger's own
+/// account naming other accounts' PENDING payouts ([`foreign_batch`]). The returned log
+/// goes on into [`run_forger`].
+pub fn start_forger(world: &mut World, fault_ms: u64) -> ForgerLog {
     let log = ForgerLog::default();
-    let node = madsim::runtime::Handle::current()
-        .create_node()
-        .name("forger")
-        .ip(std::net::IpAddr::from(crate::world::FORGER_IP))
-        .build();
+    let node = world.add_node("forger");
+    let paydb = world.paydb.clone();
+    let topology = world.spec().topology.clone();
+    let out = log.clone();
+    node.spawn(async move {
+        let share = (fault_ms / FAULT_ROUNDS).max(1);
+        let mut now = 0;
+        for round in 0..FAULT_ROUNDS {
+            let at = round * share + dlock_rt::rand::random_u64() % share;
+            dlock_rt::sleep(Duration::from_millis(at.saturating_sub(now))).await;
+            now = at;
+            replay_signed_writes(&*paydb, &out, Replays::ClaimsAndPosts(1)).await;
+            foreign_batch(&*paydb, &topology, &out).await;
+        }
+    });
+    log
+}
+
+/// Runs the forger to its end on its node `forger`: after the seed's liveness phase, when
+/// the payouts have settled and every fault has healed, and before the checks. `log` is
+/// what its fault phase sent ([`start_forger`]; a fresh log when it had none).
+pub async fn run_forger(world: &World, log: ForgerLog) -> ForgerLog {
+    let node = match world.node("forger") {
+        Some(n) => n.clone(),
+        None => madsim::runtime::Handle::current()
+            .create_node()
+            .name("forger")
+            .ip(std::net::IpAddr::from(crate::world::FORGER_IP))
+            .build(),
+    };
     let paydb = world.paydb.clone();
     let topology = world.spec().topology.clone();
     let out = log.clone();
@@ -388,6 +490,8 @@ pub async fn run_forger(world: &World) -> ForgerLog {
         forge_writes(&*paydb, &topology, &out).await;
         run_owner_attacks(&topology, &out).await;
         run_lapsed_session(&topology, &out).await;
+        replay_signed_writes(&*paydb, &out, Replays::EveryFence(REPLAYS_PER_SEED)).await;
+        run_cross_account_batch(&topology, &out).await;
     });
     let _ = task.await;
     log
@@ -593,7 +697,251 @@ async fn run_lapsed_session(topology: &Topology, out: &ForgerLog) {
         let path = format!("/v1/locks/{key}/{call}");
         let (status, answer) = me(http::Method::POST, path, held.clone(), Some(body)).await;
         let code = answer["code"].as_str().unwrap_or_default().to_owned();
+        if matches!(code.as_str(), "SESSION_EXPIRED" | "SESSION_UNKNOWN" | "LOCK_LOST") {
+            dlock_rt::probe::hit(dlock_rt::probe::Probe::LapsedGrantRefused);
+        }
         out.push_lapsed(Lapsed { call, replica: replica.clone(), key: key.clone(), token, status, code });
+    }
+}
+
+/// What a fenced write the wire log holds names: its hop and payout.
+fn replayable(e: &dlock_rt::wire_log::Exchange) -> Option<(&'static str, uuid::Uuid)> {
+    let answered_ok = matches!(&e.fate, Some(dlock_rt::wire_log::Fate::Answered { status: 200, .. }));
+    let owner = e.header(dlock_contract::HEADER_OWNER_ID).unwrap_or_default();
+    if e.method != "POST" || !answered_ok || owner.starts_with(FORGER_OWNER) {
+        return None;
+    }
+    e.header(dlock_contract::HEADER_FENCING_SIGNATURE)?;
+    if e.path == "/v1/rail/submissions" {
+        let body: serde_json::Value = serde_json::from_slice(&e.request).ok()?;
+        return Some(("submit", body["payoutId"].as_str()?.parse().ok()?));
+    }
+    let rest = e.path.strip_prefix("/v1/payouts/")?;
+    let (id, hop) = rest.split_once('/')?;
+    let hop = match hop {
+        "claim" => "claim",
+        "post" => "post",
+        _ => return None,
+    };
+    Some((hop, id.parse().ok()?))
+}
+
+/// Which signed writes [`replay_signed_writes`] sends again, and how many at most.
+#[derive(Debug, Clone, Copy)]
+enum Replays {
+    /// Claims and posts only (during the fault phase, a submission's payout may turn
+    /// RAIL_AMBIGUOUS between the look and the send).
+    ClaimsAndPosts(usize),
+    /// Claims, posts and submissions (at the end, when everything settled).
+    EveryFence(usize),
+}
+
+/// Equal-token replays (module doc): the newest accepted signed write of each fence (the
+/// claim or post of an account, the submission at its mark) sent again as it was, its token
+/// and signature unchanged, under a fresh idempotency key, newest first. A submission of a
+/// payout now RAIL_AMBIGUOUS is left alone (that one is the executors' invariant,
+/// `ambiguous_payout_never_resubmitted`).
+async fn replay_signed_writes(paydb: &dyn PaymentStore, out: &ForgerLog, which: Replays) {
+    let (most, submissions) = match which {
+        Replays::ClaimsAndPosts(n) => (n, false),
+        Replays::EveryFence(n) => (n, true),
+    };
+    let log = dlock_rt::wire_log::snapshot();
+    let mut fences_done: Vec<(bool, String)> = Vec::new();
+    for e in log.iter().rev() {
+        if fences_done.len() >= most {
+            break;
+        }
+        let Some((hop, payout)) = replayable(e).filter(|(hop, _)| submissions || *hop != "submit") else { continue };
+        let Ok(Some(view)) = paydb.payout(payout).await else { continue };
+        let fence = (hop == "submit", view.account_id.clone());
+        if fences_done.contains(&fence) || (hop == "submit" && view.state == PayoutState::RailAmbiguous) {
+            continue;
+        }
+        fences_done.push(fence);
+        let key = format!("forger-replay:{}", e.seq_sent);
+        let headers: Vec<(&str, &str)> = e
+            .headers
+            .iter()
+            .filter(|(k, _)| k != "authorization")
+            .map(|(k, v)| {
+                if k == dlock_contract::HEADER_IDEMPOTENCY_KEY {
+                    (k.as_str(), key.as_str())
+                } else {
+                    (k.as_str(), v.as_str())
+                }
+            })
+            .collect();
+        let token = e.header(dlock_contract::HEADER_FENCING_TOKEN).and_then(|t| t.parse().ok()).unwrap_or(0);
+        let answer = HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS)
+            .send(
+                &BaseUrl::plain(e.authority.clone()),
+                http::Method::POST,
+                &e.path,
+                &headers,
+                Some(e.request.clone().into()),
+            )
+            .await;
+        let (status, code) = status_and_code(answer);
+        out.push_replayed(Replayed { hop, payout: payout.to_string(), token, status, code });
+    }
+}
+
+fn status_and_code(answer: Result<dlock_rt::http::ClientResponse, dlock_rt::http::ClientError>) -> (u16, String) {
+    match answer {
+        Ok(r) => {
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+            (r.status, v["code"].as_str().unwrap_or_default().to_owned())
+        }
+        Err(_) => (0, String::new()),
+    }
+}
+
+/// Opens the forger's `account` at zero (idempotent: the same key each time); whether it
+/// exists.
+async fn open_account(client: &dlock_payment_client::PaymentClient, account: &str) -> bool {
+    let (Ok(owner), Ok(k)) = (
+        dlock_contract::OwnerId::parse(FORGER_OWNER),
+        dlock_contract::IdempotencyKey::parse(&format!("forger-open-{account}")),
+    ) else {
+        return false;
+    };
+    let body = dlock_contract::payment::NewAccountRequest {
+        account_id: account.to_owned(),
+        currency: "EUR".into(),
+        opening_balance_minor: 0,
+    };
+    for _ in 0..FORGER_TRIES_MAX {
+        if client.create_account(&owner, &k, &body).await.is_ok() {
+            return true;
+        }
+    }
+    false
+}
+
+/// A payment client of the forger on the drawn payment replica.
+fn payment_client(topology: &Topology) -> Option<(BaseUrl, dlock_payment_client::PaymentClient)> {
+    let draw = dlock_rt::rand::random_u64();
+    let replica = node_url(&format!("payment-{}", draw % topology.payment_replicas.max(1) as u64 + 1));
+    let mut cfg = dlock_payment_client::PaymentClientConfig::new(replica.clone());
+    cfg.write_read_timeout_ms = FORGER_READ_MS;
+    Some((replica, dlock_payment_client::PaymentClient::new(cfg).ok()?))
+}
+
+/// A fenced write of the forger to `path` under token 1 of `account`'s lock key, signed with
+/// the world's key (what a holder of that account's lock presents).
+async fn send_as_holder(
+    replica: &BaseUrl,
+    path: &str,
+    account: &str,
+    key: &str,
+    body: serde_json::Value,
+) -> Result<dlock_rt::http::ClientResponse, dlock_rt::http::ClientError> {
+    let signature = grant_signer().sign(&dlock_contract::grant::payout_lock_key(account), 1, FORGER_OWNER);
+    let headers = [
+        ("content-type", "application/json"),
+        (dlock_contract::HEADER_FENCING_TOKEN, "1"),
+        (dlock_contract::HEADER_FENCING_SIGNATURE, signature.as_str()),
+        (dlock_contract::HEADER_OWNER_ID, FORGER_OWNER),
+        (dlock_contract::HEADER_IDEMPOTENCY_KEY, key),
+    ];
+    HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS)
+        .send(replica, http::Method::POST, path, &headers, Some(body.to_string().into()))
+        .await
+}
+
+/// A claim batch of [`FORGER_ACCOUNT_A`] naming `payouts` (of other accounts), sent and
+/// logged; the probe fires when every item came back `NOT_FOUND`.
+async fn send_foreign_batch(replica: &BaseUrl, payouts: &[uuid::Uuid], key: &str, out: &ForgerLog) {
+    let items: Vec<serde_json::Value> =
+        payouts.iter().map(|p| serde_json::json!({ "payoutId": p, "expectedState": "PENDING" })).collect();
+    let path = format!("/v1/accounts/{FORGER_ACCOUNT_A}/claims");
+    let answer = send_as_holder(replica, &path, FORGER_ACCOUNT_A, key, serde_json::json!({ "payouts": items })).await;
+    let (status, items) = match &answer {
+        Ok(r) => {
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+            let items: Vec<String> = v["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|i| format!("{} {}", i["status"], i["body"]["code"].as_str().unwrap_or_default()))
+                .collect();
+            (r.status, items)
+        }
+        Err(_) => (0, Vec::new()),
+    };
+    if !items.is_empty() && items.iter().all(|i| i == "404 NOT_FOUND") {
+        dlock_rt::probe::hit(dlock_rt::probe::Probe::ForeignPayoutRefusedInBatch);
+    }
+    let named: Vec<String> = payouts.iter().map(|p| p.to_string()).collect();
+    out.push_replayed(Replayed { hop: "batch", payout: named.join(","), token: 1, status, code: items.join(",") });
+}
+
+/// A fault-phase cross-account batch: [`FORGER_ACCOUNT_A`] (opened at zero) names up to
+/// [`FOREIGN_PAYOUTS_MAX`] PENDING payouts of the workload's accounts. A store that honours
+/// the batch's account answers each `NOT_FOUND` and writes nothing.
+async fn foreign_batch(paydb: &dyn PaymentStore, topology: &Topology, out: &ForgerLog) {
+    let Some((replica, client)) = payment_client(topology) else { return };
+    if !open_account(&client, FORGER_ACCOUNT_A).await {
+        return;
+    }
+    let q = ListQuery {
+        state: PayoutState::Pending,
+        account_id: None,
+        snapshot: Clock::system().wall(),
+        created_after: None,
+        after: None,
+        limit: FOREIGN_PAYOUTS_MAX,
+    };
+    let Ok(page) = paydb.list(&q).await else { return };
+    let payouts: Vec<uuid::Uuid> =
+        page.iter().filter(|p| !p.account_id.starts_with("forger-")).map(|p| p.payout_id).collect();
+    if payouts.is_empty() {
+        return;
+    }
+    let key = format!("forger-foreign-{}", dlock_rt::rand::random_u64());
+    send_foreign_batch(&replica, &payouts, &key, out).await;
+}
+
+/// The cross-account batch (module doc): the forger opens two accounts of its own at zero,
+/// creates a payout of [`FORGER_ACCOUNT_B`], and sends a claim batch for
+/// [`FORGER_ACCOUNT_A`], under a grant of A's key signed with the world's key (what a
+/// holder of A's lock presents), naming B's payout. A's fence passes; B's payout must come
+/// back `NOT_FOUND`. Then it claims the payout under a grant of B's own key, which fails it
+/// for lack of funds: the forger leaves nothing unsettled.
+async fn run_cross_account_batch(topology: &Topology, out: &ForgerLog) {
+    let Some((replica, client)) = payment_client(topology) else { return };
+    for account in [FORGER_ACCOUNT_A, FORGER_ACCOUNT_B] {
+        if !open_account(&client, account).await {
+            return;
+        }
+    }
+    let Ok(owner) = dlock_contract::OwnerId::parse(FORGER_OWNER) else { return };
+    let body = dlock_contract::payment::NewPayoutRequest {
+        payout_id: None,
+        account_id: FORGER_ACCOUNT_B.to_owned(),
+        amount_minor: FORGER_PAYOUT_MINOR,
+        currency: "EUR".into(),
+        beneficiary_ref: "forger-beneficiary".into(),
+    };
+    let Ok(k) = dlock_contract::IdempotencyKey::parse("forger-payout") else { return };
+    let mut payout = None;
+    for _ in 0..FORGER_TRIES_MAX {
+        if let Ok(p) = client.create_payout(&owner, &k, &body).await {
+            payout = Some(p.payout_id);
+            break;
+        }
+    }
+    let Some(payout) = payout else { return };
+    send_foreign_batch(&replica, &[payout], "forger-batch", out).await;
+    // Settle the payout under its own account's grant: no funds, so FAILED.
+    for t in 0..FORGER_TRIES_MAX {
+        let claim = serde_json::json!({ "expectedState": "PENDING" });
+        let path = format!("/v1/payouts/{payout}/claim");
+        let answer = send_as_holder(&replica, &path, FORGER_ACCOUNT_B, &format!("forger-settle-{t}"), claim).await;
+        if answer.is_ok_and(|r| r.status < 500) {
+            break;
+        }
     }
 }
 

@@ -71,6 +71,13 @@ pub mod ids {
     /// token) passed it before, a replay. A fence below the token, or an executor fenced by
     /// its own token at another write, is a defect (issue 41 item 5).
     pub const FENCED_OUT_HAS_NEWER_HOLDER: &str = "fenced_out_means_a_newer_holder";
+    /// Every write a fence or mark accepted is of a payout of the account whose fence judged
+    /// it: a batch (C3-extensions E-19) that passed one account's fence wrote only that
+    /// account's payouts (online, issue 41 item 1).
+    pub const FENCED_WRITE_WITHIN_ITS_ACCOUNT: &str = "fenced_write_within_its_account";
+    /// Every ledger entry of a payout on a CUSTOMER account is on that payout's own account
+    /// (end of run, issue 41 item 1).
+    pub const LEDGER_ENTRY_ON_ITS_PAYOUTS_ACCOUNT: &str = "ledger_entry_on_its_payouts_account";
     /// `accounts.fence` never decreases.
     pub const FENCE_NEVER_DECREASES: &str = "fence_never_decreases";
     /// `rail_high_water` never decreases.
@@ -168,6 +175,8 @@ pub struct PaydbFacts {
     /// Every intent row still without an outcome (a forward in flight): account, token,
     /// owner.
     pub unresolved: Vec<(String, i64, String)>,
+    /// The written payout's own account, as paydb's row holds it (`None`: no such payout).
+    pub payout_account: Option<String>,
 }
 
 impl PaydbFacts {
@@ -190,6 +199,7 @@ impl PaydbFacts {
                 .filter(|s| s.outcome.is_none())
                 .map(|s| (s.account_id.clone(), s.presented_token, s.owner_id.clone()))
                 .collect(),
+            payout_account: t.rail.payouts.get(&payout_id).map(|p| p.row.account_id.clone()),
         }
     }
 }
@@ -460,7 +470,19 @@ impl Checker {
                             .collect()
                     });
                 }
-                let slot = (w.account_id.clone(), fence);
+                if facts.payout_account.as_deref().is_some_and(|a| a != w.fence_account) {
+                    let detail = format!(
+                        "payout {} of account {:?} written at its {} under account {}'s fence (token {} by {})",
+                        w.payout_id,
+                        facts.payout_account,
+                        op_name(w.op),
+                        w.fence_account,
+                        w.token,
+                        w.owner_id
+                    );
+                    self.fail(at_ms, Failure::correctness(ids::FENCED_WRITE_WITHIN_ITS_ACCOUNT, detail));
+                }
+                let slot = (w.fence_account.clone(), fence);
                 if let Some((before, by, pass)) = self.accepted.get(&slot).copied() {
                     // A batch passes its fence once for all its payouts (C3-extensions E-19):
                     // the payouts after its first carry the same token in the same pass.
@@ -468,7 +490,7 @@ impl Checker {
                     if w.token <= before && !same_pass && (w.fenced || !self.layers_off.contains(&fence)) {
                         let detail = format!(
                             "account {} accepted token {} at its {}{} after token {} at its {}",
-                            w.account_id,
+                            w.fence_account,
                             w.token,
                             op_name(w.op),
                             if w.fenced { "" } else { " (its fence switched off)" },
@@ -485,6 +507,9 @@ impl Checker {
             FenceVerdictSeen::FencedOut { highest_token } => {
                 self.fenced_outs += 1;
                 let replay = self.accepted_writes.contains(&(w.op, w.payout_id, w.token));
+                if *highest_token == w.token && replay {
+                    probe::hit(Probe::EqualTokenReplayRefused);
+                }
                 if *highest_token < w.token || (*highest_token == w.token && !replay) {
                     let why = if *highest_token < w.token {
                         "below it: no newer holder".to_owned()
@@ -496,7 +521,7 @@ impl Checker {
                     };
                     let detail = format!(
                         "account {}: token {} by {} refused FENCED_OUT at its {} (payout {}), the fence at {} {why}",
-                        w.account_id,
+                        w.fence_account,
                         w.token,
                         w.owner_id,
                         op_name(w.op),
@@ -834,6 +859,28 @@ pub fn ledger_failures(accounts: &[AccountFacts], ledger: &[LedgerEntry]) -> Vec
     found
 }
 
+/// Every ledger entry of a payout on a CUSTOMER account is on that payout's own account
+/// (`payout_accounts`: each payout's account, as paydb's row holds it).
+pub fn ledger_account_failures(ledger: &[LedgerEntry], payout_accounts: &BTreeMap<Uuid, String>) -> Vec<Failure> {
+    ledger
+        .iter()
+        .filter(|e| !is_system_account(&e.account_id))
+        .filter_map(|e| {
+            let payout = e.payout_id?;
+            let own = payout_accounts.get(&payout);
+            (own != Some(&e.account_id)).then(|| {
+                Failure::correctness(
+                    ids::LEDGER_ENTRY_ON_ITS_PAYOUTS_ACCOUNT,
+                    format!(
+                        "entry {} ({:?} {} {}) of payout {payout} is on account {}, the payout's is {own:?}",
+                        e.entry_id, e.direction, e.amount_minor, e.currency, e.account_id
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
 /// The rail's own log against paydb's submission rows: no payout reached the rail twice, and
 /// none reached it without a forwardable intent row (`calls` are `clientRef`s, in arrival
 /// order).
@@ -1072,6 +1119,8 @@ pub struct PaydbRows {
     pub ledger: Vec<LedgerEntry>,
     pub submissions: Vec<SubmissionRow>,
     pub payouts: Vec<(Uuid, PayoutState)>,
+    /// Each payout's account.
+    pub payout_accounts: BTreeMap<Uuid, String>,
     pub fences: BTreeMap<String, i64>,
     pub marks: BTreeMap<String, i64>,
     /// Every claim's and post's idempotency record.
@@ -1107,6 +1156,12 @@ impl PaydbRows {
                     ledger: t.ledger.clone(),
                     submissions: t.rail.submissions.clone(),
                     payouts: t.rail.payouts.values().map(|p| (p.row.payout_id, p.row.state)).collect(),
+                    payout_accounts: t
+                        .rail
+                        .payouts
+                        .values()
+                        .map(|p| (p.row.payout_id, p.row.account_id.clone()))
+                        .collect(),
                     fences: t.accounts.iter().map(|(id, a)| (id.clone(), a.fence)).collect(),
                     marks: t.rail.high_water.clone(),
                     records: t
@@ -1181,9 +1236,10 @@ mod online {
     use dlock_rt::Clock;
 
     use super::{
-        ids, ledger_failures, parse_wire_all, rail_failures, reconciler_failures, reconciler_truth_failures,
-        retry_safe_failures, settle_failures, wire_batch_replay_failures, wire_replay_failures, Checker, Effects,
-        FencedOp, Known, PaydbFacts, PaydbRows, RailTruth, Stated, TimedFailure, WireWrite,
+        ids, ledger_account_failures, ledger_failures, parse_wire_all, rail_failures, reconciler_failures,
+        reconciler_truth_failures, retry_safe_failures, settle_failures, wire_batch_replay_failures,
+        wire_replay_failures, Checker, Effects, FencedOp, Known, PaydbFacts, PaydbRows, RailTruth, Stated,
+        TimedFailure, WireWrite,
     };
     use crate::outcome::Failure;
     use crate::world::{self, World};
@@ -1370,6 +1426,7 @@ mod online {
         let mut found: Vec<Failure> = monitor.failures().into_iter().map(|t| t.failure).collect();
         found.extend(rail_failures(&calls, &rows.submissions));
         found.extend(ledger_failures(&rows.accounts, &rows.ledger));
+        found.extend(ledger_account_failures(&rows.ledger, &rows.payout_accounts));
         // What callers received on the wire, against the stores.
         let wire: Vec<WireWrite> = dlock_rt::wire_log::snapshot().iter().flat_map(parse_wire_all).collect();
         let mut effects = Effects { writes: rows.effects(), grants: Vec::new() };

@@ -7,7 +7,7 @@
 //! every service (`[settings]`) and for one executor (`[node-settings.executor-N]`); optional
 //! keys that let a file hold a swarm seed's drawn configuration (what `dlock-sim shrink`
 //! writes: each executor's concurrency, the hot accounts' share, the `[operator]`, and
-//! `swarm-rng`), each defaulting to what a scenario meant without it. [`Scenario::schedule`] turns the fault steps into a
+//! `swarm-rng`, `forger`), each defaulting to what a scenario meant without it. [`Scenario::schedule`] turns the fault steps into a
 //! [`Schedule`] (steps run at a cursor that only `sleep` advances; a `for-ms` closes its
 //! fault that long after it opened). Unknown keys and verbs are errors, and
 //! [`Scenario::parse`] refuses a step naming a node the topology does not start, so a typo
@@ -106,6 +106,11 @@ pub struct Scenario {
     /// came from. Default false.
     #[serde(default)]
     pub swarm_rng: bool,
+    /// Play the forger (`crate::forger`) as a swarm seed does: its fault-phase rounds and its
+    /// end. A shrunk swarm seed keeps it, so a bug only the forger shows still shrinks.
+    /// Default false.
+    #[serde(default)]
+    pub forger: bool,
     #[serde(rename = "step")]
     pub steps: Vec<Step>,
 }

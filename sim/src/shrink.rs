@@ -173,6 +173,7 @@ impl Plan {
             skew_ms: BTreeMap::new(),
             operator: Operator { revokes: cfg.operator_revokes as u32, resolves: cfg.operator_resolves },
             swarm_rng: true,
+            forger: true,
             steps: Vec::new(),
         };
         Plan { base, steps: steps_of(drawn, cfg.fault_ms), end_ms: cfg.fault_ms }
@@ -800,6 +801,9 @@ pub fn render(s: &Scenario) -> String {
     }
     if s.swarm_rng {
         line("swarm-rng = true".into());
+    }
+    if s.forger {
+        line("forger = true".into());
     }
     let t = &s.topology;
     if !s.is_proxy_only() {

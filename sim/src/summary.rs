@@ -253,7 +253,7 @@ impl Summary {
         }
         out.push_str("probes:\n");
         for (p, n) in &self.probes {
-            out.push_str(&format!("  {:<28} {n}{}\n", p.name(), if *n == 0 { "  (never fired)" } else { "" }));
+            out.push_str(&format!("  {:<32} {n}{}\n", p.name(), if *n == 0 { "  (never fired)" } else { "" }));
         }
         match self.coverage_failure() {
             Some(line) if self.require_probes && self.worst().is_none() => {
@@ -264,7 +264,7 @@ impl Summary {
         }
         out.push_str("fault events applied:\n");
         for (k, n) in &self.faults {
-            out.push_str(&format!("  {k:<28} {n}\n"));
+            out.push_str(&format!("  {k:<32} {n}\n"));
         }
         out.push_str(&format!(
             "speed: {:.1} seeds/s on {} jobs ({:.2} seeds/s/core), {:.0} simulated s per wall s ({:.1} s simulated in {:.1} s wall)\n",
@@ -443,7 +443,7 @@ mod tests {
         let line = s.coverage_failure().expect("two probes never fired");
         assert_eq!(
             line,
-            "coverage: 2 of 19 probes never fired across seeds 5..=9 (2 seeds): waiter_granted_after_wait, \
+            "coverage: 2 of 22 probes never fired across seeds 5..=9 (2 seeds): waiter_granted_after_wait, \
              drift_caught_by_fence"
         );
         assert_eq!(s.exit_code(), 0);

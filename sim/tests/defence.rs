@@ -37,21 +37,20 @@ const DEFENCE_SEEDS_UNOPTIMISED: u64 = 8;
 /// Seeds outside the default range where the swarm reaches a layer's situation that the
 /// default range reaches rarely or never (found with `dlock-sim run --layer-off LAYER`,
 /// which names each seed where the switched-off layer let something through).
-/// The duplicate guard's re-pinned in issue 14 when affinity began stealing only stalled
-/// accounts (the schedules moved; 255, 322 and 401 no longer reach it): one-seed runs of
-/// `dlock-sim run --layer-off duplicate-guard --json` over 1..=900, whose `defence.bypassed`
-/// counted 167, 325, 871 and 897.
+/// The duplicate guard's re-pinned in issue 41 when the forger began to play during the
+/// fault phase (every schedule moved): `dlock-sim run --seeds 600 --layer-off
+/// duplicate-guard` named 132, 264, 435 and 598 as the seeds where it let something through.
 const TARGETED: &[(Layer, &[u64])] =
-    &[(Layer::DuplicateGuard, &[167, 325, 897]), (Layer::StateChecks, &[68, 180, STATE_CHECKS_LIVENESS_SEED])];
+    &[(Layer::DuplicateGuard, &[132, 264, 435]), (Layer::StateChecks, &[STATE_CHECKS_LIVENESS_SEED])];
 
 /// A seed where the state checks, switched off, leave a paid payout CLAIMED for good: a
 /// claim that skipped the state compare-and-set moved it back from where the rail had
 /// taken it, and every resubmission since is refused by the duplicate guard. Safety holds;
 /// liveness does not (docs/simulation.md, "Defence in depth").
-/// Re-pinned in issue 14 (the executor's rotate moved the schedules; 106 no longer strands
-/// a payout): found with `dlock-sim run --start 161 --seeds 500 --layer-off state-checks`,
-/// which named 213 and 389 as `every_payout_settles` failures.
-const STATE_CHECKS_LIVENESS_SEED: u64 = 213;
+/// Re-pinned in issue 41 (the forger's fault phase moved the schedules): `dlock-sim run
+/// --seeds 12 --layer-off state-checks` names seed 3 as an `every_payout_settles` failure,
+/// one payout stranded CLAIMED.
+const STATE_CHECKS_LIVENESS_SEED: u64 = 3;
 
 /// The failures a campaign with `layer` off may show: none, except that without the state
 /// checks a payout can be stranded (liveness, never safety).

@@ -14,10 +14,10 @@
 //! 4. **because of the bug**: the same seed with nothing planted is clean.
 //!
 //! A bug the swarm does not reach within [`SEEDS_MAX`] seeds gets a targeted scenario
-//! instead (its row names it; the default swarm draw is unchanged): `mark-ge` needs a token
-//! equal to the mark, which the executors never present (every claim and submission runs
-//! under a fresh grant, and nothing retries a submission), so
-//! `scenarios/equal-token-at-the-mark.toml` presents one.
+//! instead (its row names it; the default swarm draw is unchanged). None needs one today:
+//! `mark-ge` needs a token equal to the mark, which the executors never present, and the
+//! forger's equal-token replays present one (`scenarios/equal-token-at-the-mark.toml` still
+//! does, for `sim/tests/shrink.rs`).
 //!
 //! docs/simulation.md ("Planted bugs") has the table of seeds each bug took.
 //! `DLOCK_SIM_JOBS` sets the worker threads.
@@ -41,7 +41,7 @@ struct Control {
     scenario: Option<&'static str>,
 }
 
-const CONTROLS: [Control; 15] = [
+const CONTROLS: [Control; 16] = [
     Control { bug: Bug::FencingOffPayment, invariant: "fence_accepts_only_rising_tokens", also: &[], scenario: None },
     Control { bug: Bug::FencingOffProxy, invariant: "fence_accepts_only_rising_tokens", also: &[], scenario: None },
     Control { bug: Bug::FencingOffBoth, invariant: "fence_accepts_only_rising_tokens", also: &[], scenario: None },
@@ -51,12 +51,7 @@ const CONTROLS: [Control; 15] = [
         also: &[],
         scenario: None,
     },
-    Control {
-        bug: Bug::MarkGe,
-        invariant: "scenario_expectation",
-        also: &[],
-        scenario: Some("equal-token-at-the-mark"),
-    },
+    Control { bug: Bug::MarkGe, invariant: "fence_accepts_only_rising_tokens", also: &[], scenario: None },
     Control { bug: Bug::MarkAfterCall, invariant: "fence_accepts_only_rising_tokens", also: &[], scenario: None },
     Control { bug: Bug::RevokeKeepsFloor, invariant: "revoke_raises_the_token_floor", also: &[], scenario: None },
     Control {
@@ -87,7 +82,13 @@ const CONTROLS: [Control; 15] = [
         also: &[],
         scenario: None,
     },
-    Control { bug: Bug::FenceOffByOne, invariant: "fenced_out_means_a_newer_holder", also: &[], scenario: None },
+    Control {
+        bug: Bug::FenceOffByOne,
+        invariant: "fenced_out_means_a_newer_holder",
+        // Every holder of a quiet account is refused: its payouts may never settle.
+        also: &["every_payout_settles"],
+        scenario: None,
+    },
     Control {
         bug: Bug::LeaseEndInclusive,
         invariant: "lock_decision_justified",
@@ -95,6 +96,14 @@ const CONTROLS: [Control; 15] = [
         scenario: None,
     },
     Control { bug: Bug::RotateLapsedSession, invariant: "dead_grant_never_revived", also: &[], scenario: None },
+    Control {
+        bug: Bug::BatchIgnoresAccount,
+        invariant: "fenced_write_within_its_account",
+        // The foreign write raised the forger's fence to its token: its next batch under
+        // that token is refused by it.
+        also: &["fenced_out_means_a_newer_holder"],
+        scenario: None,
+    },
 ];
 
 fn jobs() -> usize {
@@ -259,6 +268,13 @@ fn a_grant_judged_live_at_the_tick_it_ends_is_found_as_an_unjustified_decision()
 #[test]
 fn a_rotate_that_ignores_a_lapsed_session_is_found_as_a_dead_grant_revived() {
     the_campaign_finds(Bug::RotateLapsedSession);
+}
+
+/// A store whose batch stopped filtering by account writes another account's payout under
+/// the fence it passed: the forger's cross-account batch shows it.
+#[test]
+fn a_batch_that_ignores_its_account_is_found_as_a_write_outside_its_account() {
+    the_campaign_finds(Bug::BatchIgnoresAccount);
 }
 
 /// Every bug has exactly one control, in the order.

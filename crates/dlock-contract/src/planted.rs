@@ -24,6 +24,7 @@
 //! | `fence-off-by-one` | the account fence's comparison in `dlock_payment_resource::rules::fence_check`: `stored + 1 < presented` where `stored < presented` belongs (the next token is refused as if a newer one held the fence) |
 //! | `lease-end-inclusive` | the lock server's liveness rule (`rules::grant_live`): a grant still live at the very tick its lease or session ends (`now <= end`), the conservative direction no safety invariant objects to |
 //! | `rotate-lapsed-session` | the lock server's rotate rule (`rules::decide_rotate`): the caller's grant judged by its lease alone, its session not checked (a holder whose session lapsed keeps rotating) |
+//! | `batch-ignores-account` | the simulation paydb's batch read (`store_mem::batch_payout`): a batch's payouts read by id alone, not filtered by the account whose fence the batch passed (a store that stopped filtering by account) |
 //! | `reconciler-trusts-answer` | the reconciler's reading of the rail's record: a call counts as paid when the rail *answered* it paid (`outcome == ACCEPTED`), not when the record says it moved money (`paid`) |
 //!
 //! The fencing bugs (1–3) are the defence layers of [`crate::defence`] switched off
@@ -81,11 +82,13 @@ pub enum Bug {
     LeaseEndInclusive,
     /// A rotate judges the caller's grant by its lease alone and never checks its session.
     RotateLapsedSession,
+    /// A batch writes the payouts it names whatever their account.
+    BatchIgnoresAccount,
 }
 
 impl Bug {
     /// Every bug, in the order.
-    pub const ALL: [Bug; 15] = [
+    pub const ALL: [Bug; 16] = [
         Bug::FencingOffPayment,
         Bug::FencingOffProxy,
         Bug::FencingOffBoth,
@@ -101,6 +104,7 @@ impl Bug {
         Bug::FenceOffByOne,
         Bug::LeaseEndInclusive,
         Bug::RotateLapsedSession,
+        Bug::BatchIgnoresAccount,
     ];
 
     /// The stable name (`--plant NAME`).
@@ -121,6 +125,7 @@ impl Bug {
             Bug::FenceOffByOne => "fence-off-by-one",
             Bug::LeaseEndInclusive => "lease-end-inclusive",
             Bug::RotateLapsedSession => "rotate-lapsed-session",
+            Bug::BatchIgnoresAccount => "batch-ignores-account",
         }
     }
 
@@ -226,6 +231,7 @@ mod tests {
                 "fence-off-by-one",
                 "lease-end-inclusive",
                 "rotate-lapsed-session",
+                "batch-ignores-account",
             ]
         );
         for b in Bug::ALL {

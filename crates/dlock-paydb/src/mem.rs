@@ -386,8 +386,12 @@ pub enum FenceVerdictSeen {
 pub struct FencedWrite {
     pub op: FencedOp,
     pub payout_id: Uuid,
-    /// The payout's account (empty when the payout does not exist).
+    /// The payout's account (empty when the payout does not exist); for an admission, the
+    /// account the attempt names (validated against the payout's before step 1).
     pub account_id: String,
+    /// The account whose fence (or mark) judged the token: the payout's own for a single
+    /// write, the account a batch named (C3-extensions E-19) for each of its payouts.
+    pub fence_account: String,
     pub token: i64,
     pub owner_id: String,
     /// The resource compared the token (false only for an admission with
@@ -448,6 +452,7 @@ fn admit_write(
         op: FencedOp::Admit,
         payout_id: a.payout_id,
         account_id: a.account_id.clone(),
+        fence_account: a.account_id.clone(),
         token: a.presented_token,
         owner_id: a.owner_id.clone(),
         fenced: a.fencing_enabled && !dlock_contract::defence::off(dlock_contract::defence::Layer::RailMark),

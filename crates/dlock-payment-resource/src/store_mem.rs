@@ -181,7 +181,10 @@ fn account_fence_check(t: &PaydbTables, account_id: &str, token: i64, layer: Lay
 /// A payout of a batch's account as the batch read it: `None` for no such payout, or one
 /// of another account (its item is `NotFound`).
 fn batch_payout<'a>(t: &'a PaydbTables, account_id: &str, payout_id: Uuid) -> Option<&'a StoredPayout> {
-    t.rail.payouts.get(&payout_id).filter(|p| p.row.account_id == account_id)
+    // Planted bug `batch-ignores-account` (simulation only): the payout read by its id
+    // alone, whatever account the batch's fence passed.
+    let ignores = dlock_contract::planted::on(dlock_contract::planted::Bug::BatchIgnoresAccount);
+    t.rail.payouts.get(&payout_id).filter(|p| ignores || p.row.account_id == account_id)
 }
 
 impl PaydbTx {
@@ -641,7 +644,7 @@ fn report_batch<T: BatchItemOutcome>(
     t: &mut PaydbTables,
     observer: &dyn PaydbObserver,
     (op, layer): (FencedOp, Layer),
-    (token, owner_id): (i64, &str),
+    (account_id, token, owner_id): (&str, i64, &str),
     before: &[(Uuid, Option<(PayoutState, String)>)],
     i: &IdemRequest,
     decided: &Decided<BatchOutcome<T>>,
@@ -654,6 +657,7 @@ fn report_batch<T: BatchItemOutcome>(
             op,
             payout_id: *payout_id,
             account_id: seen.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
+            fence_account: account_id.to_owned(),
             token,
             owner_id: owner_id.to_owned(),
             fenced: !defence::off(layer),
@@ -717,6 +721,7 @@ impl PaymentStore for MemPaydb {
             op: FencedOp::Claim,
             payout_id: c.payout_id,
             account_id: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
+            fence_account: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
             token: c.token,
             owner_id: c.owner_id.clone(),
             fenced: !defence::off(Layer::ClaimFence),
@@ -751,6 +756,7 @@ impl PaymentStore for MemPaydb {
             op: FencedOp::Post,
             payout_id: p.payout_id,
             account_id: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
+            fence_account: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
             token: p.token,
             owner_id: p.owner_id.clone(),
             fenced: !defence::off(Layer::PostFence),
@@ -782,7 +788,7 @@ impl PaymentStore for MemPaydb {
             &mut t,
             &*observer,
             (FencedOp::Claim, Layer::ClaimFence),
-            (b.token, &b.owner_id),
+            (&b.account_id, b.token, &b.owner_id),
             &before,
             i,
             &decided,
@@ -806,7 +812,7 @@ impl PaymentStore for MemPaydb {
             &mut t,
             &*observer,
             (FencedOp::Post, Layer::PostFence),
-            (b.token, &b.owner_id),
+            (&b.account_id, b.token, &b.owner_id),
             &before,
             i,
             &decided,

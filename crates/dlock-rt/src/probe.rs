@@ -62,10 +62,19 @@ pub enum Probe {
     /// without handing it back (it died or stalled), after watching the clock stand still
     /// for the whole grace (C1 §1.4.2; the simulation store plays the same judge).
     JudgeTookOverAfterGrace,
+    /// A signed write presented again with the very token it passed under (the forger's
+    /// equal-token replay) was refused `FENCED_OUT` by the strict `>` (issue 41).
+    EqualTokenReplayRefused,
+    /// A claim batch that passed one account's fence named another account's payout, and
+    /// that payout's item came back `NOT_FOUND` (the forger's cross-account batch, issue 41).
+    ForeignPayoutRefusedInBatch,
+    /// A renew or rotate of a grant whose session had lapsed was refused (the forger's
+    /// lapsed-session calls, issue 41).
+    LapsedGrantRefused,
 }
 
 impl Probe {
-    pub const ALL: [Probe; 19] = [
+    pub const ALL: [Probe; 22] = [
         Probe::FencedOutAccount,
         Probe::FencedOutLedger,
         Probe::FencedOutRail,
@@ -85,6 +94,9 @@ impl Probe {
         Probe::BatchPosted,
         Probe::JudgeExtendedAfterStart,
         Probe::JudgeTookOverAfterGrace,
+        Probe::EqualTokenReplayRefused,
+        Probe::ForeignPayoutRefusedInBatch,
+        Probe::LapsedGrantRefused,
     ];
 
     pub fn name(self) -> &'static str {
@@ -108,6 +120,9 @@ impl Probe {
             Probe::BatchPosted => "batch_posted",
             Probe::JudgeExtendedAfterStart => "judge_extended_after_start",
             Probe::JudgeTookOverAfterGrace => "judge_took_over_after_grace",
+            Probe::EqualTokenReplayRefused => "equal_token_replay_refused",
+            Probe::ForeignPayoutRefusedInBatch => "foreign_payout_refused_in_batch",
+            Probe::LapsedGrantRefused => "lapsed_grant_refused",
         }
     }
 }

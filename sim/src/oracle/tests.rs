@@ -28,6 +28,7 @@ fn write(op: FencedOp, account: &str, token: i64, verdict: FenceVerdictSeen) -> 
         op,
         payout_id: uuid(1),
         account_id: account.into(),
+        fence_account: account.into(),
         token,
         owner_id: "executor-a".into(),
         fenced: true,
@@ -51,6 +52,7 @@ fn facts(fence: i64, mark: i64) -> PaydbFacts {
         marks: [("a".to_owned(), mark)].into(),
         forwardable_tokens: vec![],
         unresolved: vec![],
+        payout_account: Some("a".to_owned()),
     }
 }
 
@@ -122,6 +124,41 @@ fn an_unbalanced_ledger_is_reported_by_each_of_its_invariants() {
     assert_eq!(invariants(&ledger_failures(&[account("a", 100, 0)], &half)), [ids::DEBITS_EQUAL_CREDITS]);
     // More reserved than held.
     assert_eq!(invariants(&ledger_failures(&[account("a", 100, 101)], &ledger)), [ids::NO_NEGATIVE_AVAILABLE]);
+}
+
+#[test]
+fn a_ledger_entry_of_a_payout_on_another_account_is_reported() {
+    let of_payout = |account: &str, direction, payout| LedgerEntry {
+        payout_id: Some(uuid(payout)),
+        ..entry(account, direction, 100)
+    };
+    let accounts: BTreeMap<Uuid, String> = [(uuid(7), "a".to_owned()), (uuid(8), "b".to_owned())].into();
+    let right = [of_payout("a", Direction::Debit, 7), of_payout("#settlement:EUR", Direction::Credit, 7)];
+    assert!(ledger_account_failures(&right, &accounts).is_empty());
+    // Payout 8 (of b) debited from a: money moved between accounts.
+    let moved = [of_payout("a", Direction::Debit, 8), of_payout("#settlement:EUR", Direction::Credit, 8)];
+    assert_eq!(invariants(&ledger_account_failures(&moved, &accounts)), [ids::LEDGER_ENTRY_ON_ITS_PAYOUTS_ACCOUNT]);
+    // An entry of a payout paydb does not know.
+    let unknown = [of_payout("a", Direction::Debit, 9)];
+    assert_eq!(invariants(&ledger_account_failures(&unknown, &accounts)), [ids::LEDGER_ENTRY_ON_ITS_PAYOUTS_ACCOUNT]);
+}
+
+#[test]
+fn a_fenced_write_accepted_under_another_accounts_fence_is_reported() {
+    // A batch of account "a" that passed a's fence and wrote a payout of account "b".
+    let mut w = accepted(FencedOp::Claim, "b", 5);
+    w.fence_account = "a".into();
+    w.batch_pass = Some(1);
+    let facts_b = PaydbFacts { payout_account: Some("b".into()), ..facts(5, 0) };
+    let mut c = Checker::new();
+    c.on_fenced_write(&w, &facts_b, 1);
+    assert_eq!(online(&c), [ids::FENCED_WRITE_WITHIN_ITS_ACCOUNT]);
+    // The same batch on its own account's payout is clean; a refused one is not judged.
+    let mut c = Checker::new();
+    c.on_fenced_write(&accepted(FencedOp::Claim, "a", 5), &facts(5, 0), 1);
+    let refused = FencedWrite { verdict: FenceVerdictSeen::Other, ..w.clone() };
+    c.on_fenced_write(&refused, &facts_b, 2);
+    assert!(online(&c).is_empty(), "{:?}", c.failures());
 }
 
 #[test]
