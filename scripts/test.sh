@@ -60,7 +60,7 @@
 #   DLOCK_SKIP_SIM=1             skip the madsim stages
 #   DLOCK_SKIP_FUZZ=1            skip the fuzz stage
 #   DLOCK_SKIP_FAULT_RUN=1       skip the local fault run (deploy/local/; it needs root)
-#   FUZZ_SECONDS_PER_TARGET      seconds of libFuzzer per fuzz target (default 15; the
+#   FUZZ_SECONDS_PER_TARGET      seconds of libFuzzer per fuzz target (default 8, a smoke; the
 #                                stage runs the targets one after the other)
 #   DLOCK_SKIP_BROWSER=1         do not install chromium; the timeline's browser test then
 #                                prints that it skipped (without this knob a missing
@@ -587,7 +587,7 @@ run_stage "API conformance" api_conformance
 FUZZ_RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares"
-FUZZ_SECONDS_PER_TARGET="${FUZZ_SECONDS_PER_TARGET:-15}"
+FUZZ_SECONDS_PER_TARGET="${FUZZ_SECONDS_PER_TARGET:-8}"
 # Longest one input may run before libFuzzer calls it a hang (a failure).
 FUZZ_INPUT_TIMEOUT_SECONDS=10
 # Memory bound of one fuzzing process (libFuzzer's -rss_limit_mb).
