@@ -554,13 +554,7 @@ async fn forge_writes(paydb: &dyn PaymentStore, topology: &Topology, out: &Forge
         let answer = HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS)
             .send(&base, http::Method::POST, &path, &headers, Some(body.to_string().into()))
             .await;
-        let (status, code) = match answer {
-            Ok(r) => {
-                let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
-                (r.status, v["code"].as_str().unwrap_or_default().to_owned())
-            }
-            Err(_) => (0, String::new()),
-        };
+        let (status, code) = status_and_code(answer);
         out.push(Forged { forgery, hop, payout: target.to_string(), status, code });
     }
 }
@@ -787,6 +781,7 @@ async fn replay_signed_writes(paydb: &dyn PaymentStore, out: &ForgerLog, which: 
     }
 }
 
+/// An answer's status and envelope `code` (`(0, "")`: no answer).
 fn status_and_code(answer: Result<dlock_rt::http::ClientResponse, dlock_rt::http::ClientError>) -> (u16, String) {
     match answer {
         Ok(r) => {

@@ -761,11 +761,9 @@ impl Checker {
                 }
             }
             LockEvent::Released { key, token, now_ms } => {
-                if self.grants.get(key).is_some_and(|g| g.token == *token) {
-                    let was_live = self.grants.get(key).is_some_and(|g| self.live(g, *now_ms));
-                    if let Some(g) = self.grants.remove(key) {
-                        self.released = Some((key.clone(), g.session_id, *now_ms, g.seen_at_ms, was_live));
-                    }
+                if let Some(g) = self.grants.get(key).filter(|g| g.token == *token) {
+                    self.released = Some((key.clone(), g.session_id, *now_ms, g.seen_at_ms, self.live(g, *now_ms)));
+                    self.grants.remove(key);
                 }
             }
             LockEvent::Refused { refusal, now_ms } => self.refused(refusal, *now_ms, at_ms),
