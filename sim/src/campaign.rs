@@ -65,7 +65,7 @@ use crate::oracle::Monitor;
 use crate::outcome::{Failure, SeedOutcome};
 use crate::scenario::Scenario;
 pub use crate::scenario_seed::ScenarioFacts;
-use crate::schedule::{Event, Schedule, Stage, Trigger};
+use crate::schedule::{Event, Fault, Schedule, Stage, Trigger};
 use crate::store_faults::StoreFaultPlan;
 use crate::swarm::{Backend, SwarmConfig};
 use crate::world::{self, LockBackend, StoreWrap, Topology, World, WorldSpec};
@@ -151,18 +151,15 @@ pub fn spec_of(cfg: &SwarmConfig) -> WorldSpec {
 /// `cfg.clock_events` join it in time order.
 pub fn draw_schedule(cfg: &SwarmConfig, targets: &[String], rng: &mut impl dlock_rt::rand::Rng) -> Schedule {
     let mut s = Schedule::draw(&cfg.faults, targets, cfg.fault_ms, rng);
-    s.events.retain(|t| !matches!(&t.event, Event::Crash { node } | Event::Start { node } if node == "rail-stub"));
+    s.events.retain(
+        |t| !matches!(t.event.fault(), Some(Fault::Crash { node, .. } | Fault::Start { node }) if node == "rail-stub"),
+    );
     if let Some((node, rate)) = cfg.drifted_executor_node().filter(|(n, _)| targets.contains(n)) {
-        let drift = crate::schedule::Timed { at_ms: 0, when: None, event: Event::DriftClock { node, rate } };
-        s.events.insert(0, drift);
+        s.events.insert(0, crate::schedule::Timed::fault(0, Fault::DriftClock { node, rate }));
     }
-    if !cfg.clock_events.is_empty() {
-        // A sweep's clocks (`crate::envelope`), in time order among the drawn events.
-        s.events.extend(
-            cfg.clock_events.iter().filter(|t| t.event.nodes().iter().all(|n| targets.iter().any(|x| x == n))).cloned(),
-        );
-        s.events.sort_by_key(|t| t.at_ms);
-    }
+    // A sweep's clocks (`crate::envelope`): the timeline plays them in time order among the
+    // drawn events.
+    s.events.extend(cfg.clock_events.iter().filter(|t| t.event.nodes().iter().all(|n| targets.contains(n))).cloned());
     debug_assert!(s.closes_what_it_opens());
     s
 }
@@ -227,8 +224,8 @@ impl Stage for Played<'_> {
         if line.starts_with("SKIPPED") {
             return;
         }
-        match event {
-            Event::DriftClock { node, rate } => {
+        match event.fault() {
+            Some(Fault::DriftClock { node, rate }) => {
                 if node.starts_with("executor-") && drift_beyond_margin(*rate) {
                     self.monitor.note_drifted_owner(node);
                 }
@@ -236,7 +233,7 @@ impl Stage for Played<'_> {
                     self.monitor.note_rate(id, *rate);
                 }
             }
-            Event::Crash { node } => {
+            Some(Fault::Crash { node, .. }) => {
                 if let Some(id) = self.world.node_id(node) {
                     self.monitor.node_crashed(id);
                 }
@@ -494,9 +491,10 @@ async fn play(
             s
         }
     };
-    let fault_events = schedule.events.len();
+    let timeline = schedule.timeline();
+    let fault_events = timeline.len();
     trace.push(format!("schedule: {fault_events} fault events {:?}", schedule.verbs()));
-    trace.extend(schedule.events.iter().map(|t| format!("schedule: @{}ms {:?}", t.at_ms, t.event)));
+    trace.extend(timeline.iter().map(|t| format!("schedule: @{}ms {:?}", t.at_ms, t.event)));
     {
         // Every heal tells the oracle, which fires `partition_healed_mid_lease` when a grant
         // committed before the partition began (true time) still lives (on the simulation

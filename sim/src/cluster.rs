@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::faults::Faults;
 use crate::invariants;
-use crate::scenario::{Scenario, Step};
+use crate::scenario::{Control, Scenario, Step};
 use crate::schedule::{Schedule, Stage};
 use crate::store_faults::{PlannedRailStore, StoreFaultPlan};
 use crate::Report;
@@ -101,7 +101,7 @@ pub async fn run(scenario: &Scenario) -> Report {
             let mut violations = Vec::new();
             for (i, step) in steps.iter().enumerate() {
                 match step {
-                    Step::Submit { payout, token, expect } => {
+                    Step::Control(Control::Submit { payout, token, expect }) => {
                         let id = client_payouts.get(payout).copied().unwrap_or_default();
                         wait_ready(base(PROXY_IP, PROXY_PORT)).await;
                         let (status, code) = submit(id, &account, *token).await;
@@ -115,13 +115,13 @@ pub async fn run(scenario: &Scenario) -> Report {
                             }
                         }
                     }
-                    Step::RestartProxy => {
+                    Step::Control(Control::RestartProxy) => {
                         let h = madsim::runtime::Handle::current();
                         h.kill(proxy_id);
                         h.restart(proxy_id);
                         trace.push(format!("step {i}: restart rail-proxy"));
                     }
-                    Step::Sleep { ms } => {
+                    Step::Control(Control::Sleep { ms }) => {
                         dlock_rt::sleep(Duration::from_millis(*ms)).await;
                         trace.push(format!("step {i}: sleep {ms} ms"));
                     }

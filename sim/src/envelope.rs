@@ -36,7 +36,7 @@ use dlock_rt::rand::Rng;
 
 use crate::campaign::{self, RunOptions};
 use crate::outcome::{FailureClass, SeedOutcome};
-use crate::schedule::{Event, Timed};
+use crate::schedule::{Fault, Timed};
 use crate::swarm::SwarmConfig;
 
 /// Seeds per row when `--seeds` is absent (the short form CI runs; the published table
@@ -102,18 +102,18 @@ impl Row {
     /// `seed`'s swarm draw under this row's clocks (the drawn clock faults removed).
     pub fn config(&self, seed: u64) -> SwarmConfig {
         let mut cfg = SwarmConfig::draw(seed);
-        cfg.faults.drift_per_min = 0.0;
-        cfg.faults.skew_per_min = 0.0;
+        cfg.faults.set("drift", 0.0);
+        cfg.faults.set("skew", 0.0);
         cfg.drifted_executor = None;
-        let at = |at_ms, event| Timed { at_ms, when: None, event };
+        let at = Timed::fault;
         cfg.clock_events = match *self {
             Row::Rates { rho_percent } => {
                 let half = f64::from(rho_percent) / 200.0;
                 let judges = Class::LockReplicas.nodes(&cfg).into_iter();
                 let holders = Class::Executors.nodes(&cfg).into_iter();
                 judges
-                    .map(|node| at(0, Event::DriftClock { node, rate: 1.0 + half }))
-                    .chain(holders.map(|node| at(0, Event::DriftClock { node, rate: 1.0 - half })))
+                    .map(|node| at(0, Fault::DriftClock { node, rate: 1.0 + half }))
+                    .chain(holders.map(|node| at(0, Fault::DriftClock { node, rate: 1.0 - half })))
                     .collect()
             }
             Row::Steps { class, step_ms } => {
@@ -126,7 +126,7 @@ impl Row {
                     .into_iter()
                     .map(|node| {
                         let ms = if rng.gen_bool(0.5) { step_ms } else { -step_ms };
-                        at(rng.gen_range(0..span), Event::SkewClock { node, ms })
+                        at(rng.gen_range(0..span), Fault::SkewClock { node, ms })
                     })
                     .collect()
             }
@@ -286,6 +286,7 @@ pub fn render(table: &[(Row, Cell)], seeds: &[u64]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schedule::Event;
 
     /// A row changes only the clocks: the same draw otherwise, its clock events on the
     /// nodes it names, and no drawn clock fault left.
@@ -297,17 +298,17 @@ mod tests {
                 (cfg.executors.clone(), cfg.backend, cfg.payouts),
                 (drawn.executors, drawn.backend, drawn.payouts)
             );
-            assert_eq!((cfg.faults.drift_per_min, cfg.faults.skew_per_min, cfg.drifted_executor), (0.0, 0.0, None));
+            assert_eq!((cfg.faults.get("drift"), cfg.faults.get("skew"), cfg.drifted_executor), (0.0, 0.0, None));
             assert!(!cfg.clock_events.is_empty(), "{}", row.label());
             assert_eq!(cfg.clock_events, row.config(7).clock_events, "deterministic");
             for e in &cfg.clock_events {
                 match (&row, &e.event) {
-                    (Row::Rates { rho_percent }, Event::DriftClock { node, rate }) => {
+                    (Row::Rates { rho_percent }, Event::Fault(Fault::DriftClock { node, rate })) => {
                         let half = f64::from(*rho_percent) / 200.0;
                         let want = if node.starts_with("lock-") { 1.0 + half } else { 1.0 - half };
                         assert!((rate - want).abs() < 1e-9, "{node} at {rate}");
                     }
-                    (Row::Steps { class, step_ms }, Event::SkewClock { node, ms }) => {
+                    (Row::Steps { class, step_ms }, Event::Fault(Fault::SkewClock { node, ms })) => {
                         assert!(class.nodes(&cfg).contains(node) && ms.abs() == *step_ms);
                         assert!(e.at_ms < cfg.fault_ms);
                     }

@@ -16,6 +16,7 @@
 //! worker threads into a [`summary::Summary`]. `world::build` is the one world builder.
 //! `cargo xtask sim run` drives the runner binary (`src/bin/dlock-sim.rs`).
 
+pub mod fault;
 pub mod invariants;
 pub mod oracle;
 pub mod outcome;

@@ -76,7 +76,7 @@ pub struct SeedOutcome {
     /// Simulated time the seed covered, in ms.
     pub sim_ms: u64,
     /// Fault events the seed's schedule applied (not skipped), by kind
-    /// ([`crate::schedule::FAULT_KINDS`]).
+    /// ([`crate::fault::KINDS`]).
     pub faults: BTreeMap<&'static str, u64>,
     /// The seed's event trace, one line per event (the same seed gives the same lines).
     pub trace: Vec<String>,

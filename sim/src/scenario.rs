@@ -18,29 +18,13 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::schedule::{Event, Schedule, StoreFaultKind, Timed, Trigger};
-use crate::store_faults::{StoreName, WRITE_OPS};
+use crate::fault::Fault;
+use crate::schedule::{Event, Schedule, Timed, Trigger};
 
 /// Invariants the legacy proxy scenarios may ask for (the world's oracle checks its own
 /// full set on every scenario).
 pub const INVARIANTS: &[&str] =
     &["fenced_never_forwarded", "at_most_one_forward_per_payout", "mark_equals_highest_admitted"];
-
-/// Every fault verb of the scenario format (each used by at least one shipped file).
-pub const FAULT_VERBS: &[&str] = &[
-    "pause",
-    "resume",
-    "crash",
-    "start",
-    "partition",
-    "heal",
-    "clog",
-    "skew-clock",
-    "drift-clock",
-    "store-fault",
-    "revoke",
-    "sleep",
-];
 
 /// Bounds on what a scenario may ask for.
 pub const LOCK_SERVERS_MAX: u32 = 3;
@@ -59,7 +43,7 @@ pub const ACQUIRE_HOLD_MS_MAX: u64 = 30_000;
 pub const CLIENT_SESSION_TTL_MS_MIN: u64 = 1_000;
 pub const CLIENT_SESSION_TTL_MS_MAX: u64 = 60_000;
 /// Longest single `sleep` or `for-ms`.
-pub const STEP_MS_MAX: u64 = 3_600_000;
+pub const STEP_MS_MAX: u64 = crate::fault::FOR_MS_MAX;
 
 /// A parsed scenario.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -288,123 +272,31 @@ impl Default for RailKnobs {
     }
 }
 
-/// One step.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(tag = "action", rename_all = "kebab-case", deny_unknown_fields)]
+/// One step: a fault at the cursor (the one vocabulary, [`Fault`]: every fault verb), or
+/// a control step ([`Control`]).
+#[derive(Debug, Clone, PartialEq)]
 pub enum Step {
+    /// `fault` at the cursor, after `when` if given (a `for-ms` closes it that long after).
+    Fault {
+        fault: Fault,
+        when: Option<Trigger>,
+    },
+    Control(Control),
+}
+
+/// The steps that are not faults.
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
+#[serde(tag = "action", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Control {
     /// Submit payout `payout` (a label; each label is one CLAIMED payout) with `token`.
     Submit {
         payout: String,
         token: i64,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         expect: Option<Expect>,
     },
     /// `kill` then `restart` the rail-proxy node: its process memory is gone, paydb is not.
     RestartProxy,
-    /// Freeze `node` (for `for-ms`, then resume it).
-    #[serde(rename_all = "kebab-case")]
-    Pause {
-        node: String,
-        #[serde(default)]
-        for_ms: Option<u64>,
-        #[serde(default)]
-        when: Option<Trigger>,
-    },
-    Resume {
-        node: String,
-        #[serde(default)]
-        when: Option<Trigger>,
-    },
-    /// Kill `node` abruptly (for `for-ms`, then start it).
-    #[serde(rename_all = "kebab-case")]
-    Crash {
-        node: String,
-        #[serde(default)]
-        for_ms: Option<u64>,
-        #[serde(default)]
-        when: Option<Trigger>,
-    },
-    /// Start a crashed node again through its init.
-    Start {
-        node: String,
-        #[serde(default)]
-        when: Option<Trigger>,
-    },
-    /// Cut side `a` from side `b` (only `a -> b` when `one-way`), for `for-ms` or until a
-    /// `heal`.
-    #[serde(rename_all = "kebab-case")]
-    Partition {
-        #[serde(default)]
-        name: Option<String>,
-        a: Vec<String>,
-        b: Vec<String>,
-        #[serde(default)]
-        one_way: bool,
-        #[serde(default)]
-        for_ms: Option<u64>,
-        #[serde(default)]
-        when: Option<Trigger>,
-    },
-    /// Heal the partition `name`, or every network fault and pause (and the store plan).
-    Heal {
-        #[serde(default)]
-        name: Option<String>,
-    },
-    /// Clog the link `from -> to` (both directions when `both-ways`); with `loss`, the link
-    /// drops that fraction instead of everything.
-    #[serde(rename_all = "kebab-case")]
-    Clog {
-        from: String,
-        to: String,
-        #[serde(default)]
-        both_ways: bool,
-        #[serde(default)]
-        loss: Option<f64>,
-        #[serde(default)]
-        for_ms: Option<u64>,
-        #[serde(default)]
-        when: Option<Trigger>,
-    },
-    /// Step `node`'s wall clock by `ms` (negative: backwards).
-    #[serde(rename_all = "kebab-case")]
-    SkewClock {
-        node: String,
-        ms: i64,
-        #[serde(default)]
-        when: Option<Trigger>,
-    },
-    /// `node`'s monotonic clock runs at `rate` × real time (0.6: 40 % slow).
-    #[serde(rename_all = "kebab-case")]
-    DriftClock {
-        node: String,
-        rate: f64,
-        #[serde(default)]
-        when: Option<Trigger>,
-    },
-    /// A store fault: see [`StoreFaultKind`].
-    #[serde(rename_all = "kebab-case")]
-    StoreFault {
-        store: String,
-        #[serde(default)]
-        op: Option<String>,
-        fault: StoreFaultKind,
-        #[serde(default = "one_u32")]
-        count: u32,
-        #[serde(default)]
-        for_ms: Option<u64>,
-        #[serde(default)]
-        latency_ms: Option<u64>,
-        #[serde(default)]
-        when: Option<Trigger>,
-    },
-    /// An operator revokes `key` (or a key some executor holds).
-    #[serde(rename_all = "kebab-case")]
-    Revoke {
-        #[serde(default)]
-        key: Option<String>,
-        #[serde(default)]
-        when: Option<Trigger>,
-    },
     /// Let `ms` of simulated time pass.
     Sleep { ms: u64 },
     /// The scripted lock client `client` opens a session (TTL `session-ttl-ms`, else the
@@ -418,53 +310,68 @@ pub enum Step {
         #[serde(default)]
         wait_ms: u64,
         hold_ms: u64,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         session_ttl_ms: Option<u64>,
-        #[serde(default)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
         when: Option<Trigger>,
     },
 }
 
+/// The verbs of [`Control`]; every other `action` is a [`Fault`]'s.
+const CONTROL_VERBS: [&str; 4] = ["submit", "restart-proxy", "sleep", "acquire"];
+
+impl<'de> Deserialize<'de> for Step {
+    /// A control verb reads as [`Control`]; anything else as a [`Fault`] with an optional
+    /// `when` (so a fault verb is declared once, on [`Fault`]).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Step, D::Error> {
+        use serde::de::Error;
+        let mut t = toml::Table::deserialize(d)?;
+        let action = t.get("action").and_then(toml::Value::as_str).unwrap_or_default();
+        if CONTROL_VERBS.contains(&action) {
+            return Control::deserialize(toml::Value::Table(t)).map(Step::Control).map_err(D::Error::custom);
+        }
+        let when = t.remove("when").map(toml::Value::try_into::<Trigger>).transpose().map_err(D::Error::custom)?;
+        let fault = Fault::deserialize(toml::Value::Table(t)).map_err(D::Error::custom)?;
+        Ok(Step::Fault { fault, when })
+    }
+}
+
 impl Step {
-    /// The step's verb, as written in the file.
-    pub fn verb(&self) -> &'static str {
+    /// The step as its scenario table (what [`Step`]'s `Deserialize` reads back).
+    pub fn table(&self) -> toml::Table {
         match self {
-            Step::Submit { .. } => "submit",
-            Step::RestartProxy => "restart-proxy",
-            Step::Pause { .. } => "pause",
-            Step::Resume { .. } => "resume",
-            Step::Crash { .. } => "crash",
-            Step::Start { .. } => "start",
-            Step::Partition { .. } => "partition",
-            Step::Heal { .. } => "heal",
-            Step::Clog { .. } => "clog",
-            Step::SkewClock { .. } => "skew-clock",
-            Step::DriftClock { .. } => "drift-clock",
-            Step::StoreFault { .. } => "store-fault",
-            Step::Revoke { .. } => "revoke",
-            Step::Sleep { .. } => "sleep",
-            Step::Acquire { .. } => "acquire",
+            Step::Fault { fault, when } => {
+                let mut t = fault.table();
+                if let Some(w) = when {
+                    t.insert("when".into(), toml::Value::try_from(w).unwrap_or(toml::Value::Boolean(false)));
+                }
+                t
+            }
+            Step::Control(c) => toml::Table::try_from(c).unwrap_or_default(),
         }
     }
 
-    fn nodes(&self) -> Vec<&str> {
+    /// The step's verb, as written in the file.
+    pub fn verb(&self) -> String {
         match self {
-            Step::Pause { node, .. }
-            | Step::Resume { node, .. }
-            | Step::Crash { node, .. }
-            | Step::Start { node, .. }
-            | Step::SkewClock { node, .. }
-            | Step::DriftClock { node, .. } => vec![node.as_str()],
-            Step::Acquire { client, .. } => vec![client.as_str()],
-            Step::Partition { a, b, .. } => a.iter().chain(b.iter()).map(String::as_str).collect(),
-            Step::Clog { from, to, .. } => vec![from.as_str(), to.as_str()],
-            _ => vec![],
+            Step::Fault { fault, .. } => fault.verb(),
+            Step::Control(c) => {
+                self.table().get("action").and_then(toml::Value::as_str).map_or_else(|| format!("{c:?}"), str::to_owned)
+            }
+        }
+    }
+
+    fn nodes(&self) -> Vec<String> {
+        match self {
+            Step::Fault { fault, .. } => fault.nodes(),
+            Step::Control(Control::Acquire { client, .. }) => vec![client.clone()],
+            Step::Control(_) => vec![],
         }
     }
 }
 
 /// What a submission step must come to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Expect {
     Acked,
@@ -564,27 +471,16 @@ impl Scenario {
         }
         for (i, step) in self.steps.iter().enumerate() {
             let at = |e: String| format!("step {i} ({}): {e}", step.verb());
-            if let Some(bad) = step.nodes().into_iter().find(|n| !names.iter().any(|m| m == n)) {
+            if let Some(bad) = step.nodes().into_iter().find(|n| !names.contains(n)) {
                 return Err(at(format!("node {bad:?} is not started (nodes: {})", names.join(", "))));
             }
             match step {
-                Step::Submit { .. } | Step::RestartProxy if !self.is_proxy_only() => {
+                Step::Fault { fault, .. } => fault.validate().map_err(at)?,
+                Step::Control(Control::Submit { .. } | Control::RestartProxy) if !self.is_proxy_only() => {
                     return Err(at("submit and restart-proxy need nodes = [\"rail-stub\", \"rail-proxy\"]".into()));
                 }
-                Step::Partition { a, b, .. } if a.is_empty() || b.is_empty() => {
-                    return Err(at("both sides need a node".into()));
-                }
-                Step::Pause { for_ms, .. } | Step::Crash { for_ms, .. } | Step::Partition { for_ms, .. } => {
-                    check_ms("for-ms", *for_ms).map_err(at)?
-                }
-                Step::Clog { loss, for_ms, .. } => {
-                    check_ms("for-ms", *for_ms).map_err(at)?;
-                    if loss.is_some_and(|l| !(0.0..=1.0).contains(&l)) {
-                        return Err(at("loss outside 0..=1".into()));
-                    }
-                }
-                Step::Sleep { ms } => check_ms("ms", Some(*ms)).map_err(at)?,
-                Step::Acquire { client, key, wait_ms, hold_ms, session_ttl_ms, .. } => {
+                Step::Control(Control::Sleep { ms }) => check_ms("ms", Some(*ms)).map_err(at)?,
+                Step::Control(Control::Acquire { client, key, wait_ms, hold_ms, session_ttl_ms, .. }) => {
                     if !client.starts_with("client-") {
                         return Err(at(format!("{client:?} is not a scripted lock client (client-N)")));
                     }
@@ -608,47 +504,20 @@ impl Scenario {
                         )));
                     }
                 }
-                Step::DriftClock { rate, .. } if !(rate.is_finite() && (0.1..=10.0).contains(rate)) => {
-                    return Err(at(format!("rate {rate} outside 0.1..=10")));
-                }
-                Step::StoreFault { store, op, fault, count, for_ms, latency_ms, .. } => {
-                    let name = StoreName::parse(store)
-                        .ok_or_else(|| at(format!("unknown store {store:?} (paydb, lockdb)")))?;
-                    if let Some(op) = op {
-                        if !name.ops().contains(&op.as_str()) {
-                            return Err(at(format!(
-                                "{store} has no operation {op:?} (known: {})",
-                                name.ops().join(", ")
-                            )));
-                        }
-                    }
-                    check_ms("for-ms", *for_ms).map_err(at)?;
-                    let ok = match fault {
-                        StoreFaultKind::CommitUnknown => op.as_deref().is_some_and(|o| WRITE_OPS.contains(&o)),
-                        StoreFaultKind::Unavailable => op.is_some() || for_ms.is_some(),
-                        StoreFaultKind::Latency => latency_ms.is_some_and(|l| l > 0) && for_ms.is_some(),
-                        StoreFaultKind::LeaderLoss => name == StoreName::Lockdb && for_ms.is_some(),
-                    };
-                    if !ok || *count == 0 {
-                        return Err(at(format!(
-                            "{fault:?} needs: commit-unknown a write op; unavailable an op or for-ms; latency latency-ms and for-ms; leader-loss store = \"lockdb\" and for-ms; count >= 1"
-                        )));
-                    }
-                }
-                _ => {}
+                Step::Control(_) => {}
             }
         }
         // Partition names are unique and every named heal has its partition.
         let mut named: Vec<&str> = Vec::new();
         for step in &self.steps {
             match step {
-                Step::Partition { name: Some(n), .. } => {
+                Step::Fault { fault: Fault::Partition { name: Some(n), .. }, .. } => {
                     if named.contains(&n.as_str()) {
                         return Err(format!("partition name {n:?} used twice"));
                     }
                     named.push(n)
                 }
-                Step::Heal { name: Some(n) } if !named.contains(&n.as_str()) => {
+                Step::Fault { fault: Fault::Heal { name: Some(n) }, .. } if !named.contains(&n.as_str()) => {
                     return Err(format!("heal names partition {n:?}, which no earlier step opens"));
                 }
                 _ => {}
@@ -666,7 +535,7 @@ impl Scenario {
     pub fn payout_labels(&self) -> Vec<String> {
         let mut labels: Vec<String> = Vec::new();
         for s in &self.steps {
-            if let Step::Submit { payout, .. } = s {
+            if let Step::Control(Control::Submit { payout, .. }) = s {
                 if !labels.contains(payout) {
                     labels.push(payout.clone());
                 }
@@ -676,132 +545,65 @@ impl Scenario {
     }
 
     /// The verbs the scenario uses.
-    pub fn verbs(&self) -> Vec<&'static str> {
-        let mut v: Vec<&'static str> = self.steps.iter().map(Step::verb).collect();
+    pub fn verbs(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.steps.iter().map(Step::verb).collect();
         v.sort_unstable();
         v.dedup();
         v
     }
 
-    /// The fault steps as a [`Schedule`]: each step at the cursor, which only `sleep`
-    /// advances; a `for-ms` adds the undo event that long after. `submit` steps are the
-    /// legacy runner's and take no time here; `restart-proxy` is a crash and a start of
-    /// `rail-proxy`.
+    /// The fault steps as a [`Schedule`]: each fault (and acquire) at the cursor, which
+    /// only `sleep` advances; its timeline adds each `for-ms`'s undo that long after.
+    /// `submit` steps are the legacy runner's and take no time here; `restart-proxy` is a
+    /// crash and a start of `rail-proxy`.
     pub fn schedule(&self) -> Schedule {
         let mut cursor = 0u64;
-        let mut anon = 0u32;
         let mut events = Vec::new();
         for step in &self.steps {
-            step_events(step, &mut cursor, &mut anon, &mut events);
+            step_entries(step, &mut cursor, &mut events);
         }
-        Schedule { events }.sorted()
+        Schedule { events }
     }
 }
 
-/// Appends `step`'s events at `cursor` to `events` (a `sleep` advances the cursor; `anon`
-/// numbers unnamed timed partitions).
-fn step_events(step: &Step, cursor: &mut u64, anon: &mut u32, events: &mut Vec<Timed>) {
-    let at = *cursor;
-    let mut push = |at_ms: u64, when: Option<Trigger>, event: Event| events.push(Timed { at_ms, when, event });
+/// Appends `step`'s schedule entries at `cursor` to `events` (a `sleep` advances the cursor).
+fn step_entries(step: &Step, cursor: &mut u64, events: &mut Vec<Timed>) {
+    let at_ms = *cursor;
     match step {
-        Step::Submit { .. } => {}
-        Step::RestartProxy => {
-            push(at, None, Event::Crash { node: "rail-proxy".into() });
-            push(at, None, Event::Start { node: "rail-proxy".into() });
+        Step::Fault { fault, when } => events.push(Timed { at_ms, when: *when, event: Event::Fault(fault.clone()) }),
+        Step::Control(Control::Submit { .. }) => {}
+        Step::Control(Control::RestartProxy) => {
+            events.push(Timed::fault(at_ms, Fault::Crash { node: "rail-proxy".into(), for_ms: None }));
+            events.push(Timed::fault(at_ms, Fault::Start { node: "rail-proxy".into() }));
         }
-        Step::Pause { node, for_ms, when } => {
-            push(at, *when, Event::Pause { node: node.clone() });
-            if let Some(ms) = for_ms {
-                push(at + ms, None, Event::Resume { node: node.clone() });
-            }
-        }
-        Step::Resume { node, when } => push(at, *when, Event::Resume { node: node.clone() }),
-        Step::Crash { node, for_ms, when } => {
-            push(at, *when, Event::Crash { node: node.clone() });
-            if let Some(ms) = for_ms {
-                push(at + ms, None, Event::Start { node: node.clone() });
-            }
-        }
-        Step::Start { node, when } => push(at, *when, Event::Start { node: node.clone() }),
-        Step::Partition { name, a, b, one_way, for_ms, when } => {
-            let name = match (name, for_ms) {
-                (Some(n), _) => Some(n.clone()),
-                (None, Some(_)) => {
-                    *anon += 1;
-                    Some(format!("step-partition-{anon}"))
-                }
-                (None, None) => None,
-            };
-            push(at, *when, Event::Partition { name: name.clone(), a: a.clone(), b: b.clone(), one_way: *one_way });
-            if let Some(ms) = for_ms {
-                push(at + ms, None, Event::Heal { name });
-            }
-        }
-        Step::Heal { name } => push(at, None, Event::Heal { name: name.clone() }),
-        Step::Clog { from, to, both_ways, loss, for_ms, when } => {
-            let mut links = vec![(from.clone(), to.clone())];
-            if *both_ways {
-                links.push((to.clone(), from.clone()));
-            }
-            for (from, to) in links {
-                match loss {
-                    Some(l) => push(
-                        at,
-                        *when,
-                        Event::Clog { from, to, loss: Some(*l), for_ms: Some(for_ms.unwrap_or(STEP_MS_MAX)) },
-                    ),
-                    None => {
-                        push(at, *when, Event::Clog { from: from.clone(), to: to.clone(), loss: None, for_ms: None });
-                        if let Some(ms) = for_ms {
-                            push(at + ms, None, Event::Unclog { from, to });
-                        }
-                    }
-                }
-            }
-        }
-        Step::SkewClock { node, ms, when } => push(at, *when, Event::SkewClock { node: node.clone(), ms: *ms }),
-        Step::DriftClock { node, rate, when } => push(at, *when, Event::DriftClock { node: node.clone(), rate: *rate }),
-        Step::StoreFault { store, op, fault, count, for_ms, latency_ms, when } => push(
-            at,
-            *when,
-            Event::StoreFault {
-                store: store.clone(),
-                op: op.clone(),
-                fault: *fault,
-                count: *count,
-                for_ms: *for_ms,
-                latency_ms: *latency_ms,
-            },
-        ),
-        Step::Revoke { key, when } => push(at, *when, Event::Revoke { key: key.clone() }),
-        Step::Acquire { client, key, wait_ms, hold_ms, session_ttl_ms, when } => push(
-            at,
-            *when,
-            Event::Acquire {
+        Step::Control(Control::Sleep { ms }) => *cursor += ms,
+        Step::Control(Control::Acquire { client, key, wait_ms, hold_ms, session_ttl_ms, when }) => events.push(Timed {
+            at_ms,
+            when: *when,
+            event: Event::Acquire {
                 client: client.clone(),
                 key: key.clone(),
                 wait_ms: *wait_ms,
                 hold_ms: *hold_ms,
                 session_ttl_ms: *session_ttl_ms,
             },
-        ),
-        Step::Sleep { ms } => *cursor += ms,
+        }),
     }
 }
 
 impl Step {
-    /// This step's events alone, from time 0 (the legacy runner plays steps one by one).
+    /// This step's timeline alone, from time 0 (the legacy runner plays steps one by one).
     pub fn events(&self) -> Vec<Timed> {
         let mut events = Vec::new();
-        step_events(self, &mut 0, &mut 0, &mut events);
-        Schedule { events }.sorted().events
+        step_entries(self, &mut 0, &mut events);
+        Schedule { events }.timeline()
     }
 }
 
 impl Scenario {
     /// Where the steps' cursor ends (the sum of the `sleep`s), in ms.
     pub fn cursor_end_ms(&self) -> u64 {
-        self.steps.iter().map(|s| if let Step::Sleep { ms } = s { *ms } else { 0 }).sum()
+        self.steps.iter().map(|s| if let Step::Control(Control::Sleep { ms }) = s { *ms } else { 0 }).sum()
     }
 
     /// Simulated time to let pass after the schedule's last event, so the steps' cursor
@@ -812,7 +614,7 @@ impl Scenario {
 
     /// How many steps wait for a trigger.
     pub fn triggers(&self) -> usize {
-        self.schedule().events.iter().filter(|t| t.when.is_some()).count()
+        self.schedule().timeline().iter().filter(|t| t.when.is_some()).count()
     }
 
     /// The `[settings]` as C5 key and value strings.
@@ -971,9 +773,10 @@ mod tests {
     #[test]
     fn every_fault_verb_is_used_by_at_least_one_shipped_scenario() {
         let all = all().expect("scenarios load");
-        let used: Vec<&str> = all.iter().flat_map(|(_, s)| s.verbs()).collect();
-        for verb in FAULT_VERBS {
-            assert!(used.contains(verb), "no scenario uses {verb}");
+        let used: Vec<String> = all.iter().flat_map(|(_, s)| s.verbs()).collect();
+        // `unclog` is what a clog's `for-ms` plays; every shipped clog has one.
+        for verb in crate::fault::every_verb().into_iter().filter(|v| v != "unclog") {
+            assert!(used.contains(&verb), "no scenario uses {verb}");
         }
     }
 
@@ -1096,7 +899,9 @@ mod tests {
              [[step]]\naction = \"clog\"\nfrom = \"proxy-1\"\nto = \"rail-stub\"\nboth-ways = true\nfor-ms = 10\n"
         );
         let s = Scenario::parse(&text).expect("parses").schedule();
-        let at: Vec<(u64, &str)> = s.events.iter().map(|t| (t.at_ms, t.event.verb())).collect();
+        let timeline = s.timeline();
+        let verbs: Vec<String> = timeline.iter().map(|t| t.event.verb()).collect();
+        let at: Vec<(u64, &str)> = timeline.iter().zip(&verbs).map(|(t, v)| (t.at_ms, v.as_str())).collect();
         assert_eq!(
             at,
             [
@@ -1110,7 +915,7 @@ mod tests {
                 (1110, "unclog"),
             ]
         );
-        assert_eq!(s.events[0].when, Some(Trigger::RailCall));
+        assert_eq!(timeline[0].when, Some(Trigger::RailCall));
         assert!(s.closes_what_it_opens());
     }
 }

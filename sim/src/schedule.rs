@@ -1,12 +1,16 @@
-//! A [`Schedule`]: ordered, timed fault events over node names. A scenario file produces one
+//! A [`Schedule`]: timed faults (the one vocabulary, [`crate::fault::Fault`]) and the
+//! scripted lock client's acquires, over node names. A scenario file produces one
 //! ([`crate::scenario::Scenario::schedule`]), and so does the swarm, from a seed's drawn
-//! [`FaultRates`] ([`Schedule::draw`]). Under madsim, [`Schedule::play`] applies each event
-//! at its simulated time through the mechanisms of [`crate::faults`] and
+//! [`FaultRates`] ([`Schedule::draw`]). Its entries keep each fault's `for-ms`;
+//! [`Schedule::timeline`] expands them into the primitive events the mechanisms play (a
+//! pause and its resume). Under madsim, [`Schedule::play`] applies each timeline event at
+//! its simulated time through the mechanisms of [`crate::faults`] and
 //! [`crate::store_faults`], on a [`Stage`] (the world) that maps names to nodes.
 //!
 //! Invariants:
-//! - Events are in time order; events at the same time keep the order they were given in.
-//! - Every fault a schedule opens with a duration is closed by an event of the schedule
+//! - The timeline is in time order; events at the same time keep the order of their
+//!   entries (and an undo follows its fault).
+//! - Every fault the timeline opens with a duration is closed by an event of the timeline
 //!   (a pause by a resume, a crash by a start, a partition by its heal, a clog by an
 //!   unclog), so a drawn schedule never leaves the world broken past `duration_ms` plus the
 //!   longest fault; [`Schedule::draw`] checks this before returning.
@@ -14,26 +18,10 @@
 
 use std::collections::BTreeMap;
 
-use dlock_rt::rand::Rng;
-
-/// A stored fault class for a `store-fault` event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum StoreFaultKind {
-    /// Calls are refused, nothing happens (a window with `for-ms`, else `count` calls).
-    Unavailable,
-    /// `count` calls of `op` commit and lose their acknowledgement.
-    CommitUnknown,
-    /// Calls take `latency-ms` longer for `for-ms`.
-    Latency,
-    /// The lock server loses its store's leader for `for-ms` (lockdb only): on the
-    /// simulation store, lockdb is unavailable (NOT_LEADER); on the simulated etcd, the etcd
-    /// node is unreachable and frozen.
-    LeaderLoss,
-}
+pub use crate::fault::{Fault, FaultRates, StoreFaultKind};
 
 /// A moment the world can wait for before an event (`when = "..."` in a scenario).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Trigger {
     /// Some executor holds a lease.
@@ -51,88 +39,13 @@ impl Trigger {
         [Trigger::LeaseGranted, Trigger::RailCall, Trigger::IntentWritten, Trigger::WaiterQueued];
 }
 
-/// Every fault kind the swarm draws a rate for ([`FaultRates`]), by the name campaign
-/// summaries print ([`Event::kind`]).
-pub const FAULT_KINDS: [&str; 13] = [
-    "pause",
-    "crash",
-    "partition",
-    "one-way",
-    "clog",
-    "lossy-link",
-    "drift",
-    "skew",
-    "store-unavailable",
-    "lost-ack",
-    "store-latency",
-    "leader-loss",
-    "revoke",
-];
-
-/// One fault event, over node names.
+/// What a schedule plays: a fault, or a scenario's scripted lock client acquiring (a
+/// control step that runs at its time; never drawn).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    Pause {
-        node: String,
-    },
-    Resume {
-        node: String,
-    },
-    /// Kill (no drain).
-    Crash {
-        node: String,
-    },
-    /// Restart through the node's init.
-    Start {
-        node: String,
-    },
-    /// Cut `a` from `b` (both ways unless `one_way`: only `a -> b`). `name` lets a heal
-    /// target it.
-    Partition {
-        name: Option<String>,
-        a: Vec<String>,
-        b: Vec<String>,
-        one_way: bool,
-    },
-    /// Heal one named partition, or everything (partitions, clogs, pauses) when `None`.
-    Heal {
-        name: Option<String>,
-    },
-    /// Clog `from -> to` (lossy at `loss` for `for_ms` when `loss` is given).
-    Clog {
-        from: String,
-        to: String,
-        loss: Option<f64>,
-        for_ms: Option<u64>,
-    },
-    Unclog {
-        from: String,
-        to: String,
-    },
-    /// Step the node's wall clock.
-    SkewClock {
-        node: String,
-        ms: i64,
-    },
-    /// Set the node's monotonic clock rate.
-    DriftClock {
-        node: String,
-        rate: f64,
-    },
-    StoreFault {
-        store: String,
-        op: Option<String>,
-        fault: StoreFaultKind,
-        count: u32,
-        for_ms: Option<u64>,
-        latency_ms: Option<u64>,
-    },
-    /// An operator revokes `key` (or a key currently held, chosen by the world).
-    Revoke {
-        key: Option<String>,
-    },
+    Fault(Fault),
     /// The scripted lock client `client` acquires `key` (waiting up to `wait_ms` in the
-    /// server's queue) and holds the grant for `hold_ms` (a scenario's `acquire`; never drawn).
+    /// server's queue) and holds the grant for `hold_ms`.
     Acquire {
         client: String,
         key: String,
@@ -144,63 +57,35 @@ pub enum Event {
 
 impl Event {
     /// The verb, as in scenario files.
-    pub fn verb(&self) -> &'static str {
+    pub fn verb(&self) -> String {
         match self {
-            Event::Pause { .. } => "pause",
-            Event::Resume { .. } => "resume",
-            Event::Crash { .. } => "crash",
-            Event::Start { .. } => "start",
-            Event::Partition { .. } => "partition",
-            Event::Heal { .. } => "heal",
-            Event::Clog { .. } => "clog",
-            Event::Unclog { .. } => "unclog",
-            Event::SkewClock { .. } => "skew-clock",
-            Event::DriftClock { .. } => "drift-clock",
-            Event::StoreFault { .. } => "store-fault",
-            Event::Revoke { .. } => "revoke",
-            Event::Acquire { .. } => "acquire",
+            Event::Fault(f) => f.verb(),
+            Event::Acquire { .. } => "acquire".to_owned(),
         }
     }
 
-    /// The fault kind (one of [`FAULT_KINDS`], the kinds the swarm draws a rate for) this
-    /// event injects; `None` for the events that undo one (resume, start, heal, unclog).
+    /// The fault kind (a [`crate::fault::KINDS`] row's name) this event injects; `None` for
+    /// an undo (resume, start, heal, unclog) and an acquire.
     pub fn kind(&self) -> Option<&'static str> {
-        Some(match self {
-            Event::Pause { .. } => "pause",
-            Event::Crash { .. } => "crash",
-            Event::Partition { one_way: false, .. } => "partition",
-            Event::Partition { one_way: true, .. } => "one-way",
-            Event::Clog { loss: None, .. } => "clog",
-            Event::Clog { loss: Some(_), .. } => "lossy-link",
-            Event::DriftClock { .. } => "drift",
-            Event::SkewClock { .. } => "skew",
-            Event::StoreFault { fault: StoreFaultKind::Unavailable, .. } => "store-unavailable",
-            Event::StoreFault { fault: StoreFaultKind::CommitUnknown, .. } => "lost-ack",
-            Event::StoreFault { fault: StoreFaultKind::Latency, .. } => "store-latency",
-            Event::StoreFault { fault: StoreFaultKind::LeaderLoss, .. } => "leader-loss",
-            Event::Revoke { .. } => "revoke",
-            // Undoes, and a scenario's scripted lock client (not a fault).
-            Event::Resume { .. }
-            | Event::Start { .. }
-            | Event::Heal { .. }
-            | Event::Unclog { .. }
-            | Event::Acquire { .. } => return None,
-        })
+        match self {
+            Event::Fault(f) => f.kind(),
+            Event::Acquire { .. } => None,
+        }
     }
 
     /// Node names the event acts on.
-    pub fn nodes(&self) -> Vec<&str> {
+    pub fn nodes(&self) -> Vec<String> {
         match self {
-            Event::Pause { node }
-            | Event::Resume { node }
-            | Event::Crash { node }
-            | Event::Start { node }
-            | Event::SkewClock { node, .. }
-            | Event::DriftClock { node, .. } => vec![node.as_str()],
-            Event::Acquire { client, .. } => vec![client.as_str()],
-            Event::Partition { a, b, .. } => a.iter().chain(b.iter()).map(String::as_str).collect(),
-            Event::Clog { from, to, .. } | Event::Unclog { from, to } => vec![from.as_str(), to.as_str()],
-            Event::Heal { .. } | Event::StoreFault { .. } | Event::Revoke { .. } => vec![],
+            Event::Fault(f) => f.nodes(),
+            Event::Acquire { client, .. } => vec![client.clone()],
+        }
+    }
+
+    /// The fault, if the event is one.
+    pub fn fault(&self) -> Option<&Fault> {
+        match self {
+            Event::Fault(f) => Some(f),
+            Event::Acquire { .. } => None,
         }
     }
 }
@@ -215,335 +100,92 @@ pub struct Timed {
     pub event: Event,
 }
 
-/// Ordered, timed fault events (module doc).
+impl Timed {
+    /// `fault` at `at_ms`, with no trigger.
+    pub fn fault(at_ms: u64, fault: Fault) -> Timed {
+        Timed { at_ms, when: None, event: Event::Fault(fault) }
+    }
+}
+
+/// Timed entries, each fault with its `for-ms` (module doc).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Schedule {
     pub events: Vec<Timed>,
 }
 
-/// Each fault's rate, as the swarm draws it per seed ([`crate::swarm::SwarmConfig::draw`];
-/// the one fault-rate type of the crate): events per simulated minute (0: never), and the
-/// ranges their parameters are drawn from.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FaultRates {
-    pub pause_per_min: f64,
-    pub crash_per_min: f64,
-    pub partition_per_min: f64,
-    pub one_way_per_min: f64,
-    pub clog_per_min: f64,
-    pub lossy_link_per_min: f64,
-    pub drift_per_min: f64,
-    pub skew_per_min: f64,
-    pub store_unavailable_per_min: f64,
-    pub lost_ack_per_min: f64,
-    pub store_latency_per_min: f64,
-    pub leader_loss_per_min: f64,
-    pub revoke_per_min: f64,
-    /// How long a pause, crash, partition, clog, unavailability or leader loss lasts.
-    pub fault_ms_min: u64,
-    pub fault_ms_max: u64,
-    /// Clock rates drawn within.
-    pub drift_rate_min: f64,
-    pub drift_rate_max: f64,
-    /// Wall steps drawn within ±this.
-    pub skew_ms_max: i64,
-    pub store_latency_ms_max: u64,
-}
-
-impl FaultRates {
-    /// Whether every rate is zero (a schedule drawn from it is empty).
-    pub fn is_zero(&self) -> bool {
-        [
-            self.pause_per_min,
-            self.crash_per_min,
-            self.partition_per_min,
-            self.one_way_per_min,
-            self.clog_per_min,
-            self.lossy_link_per_min,
-            self.drift_per_min,
-            self.skew_per_min,
-            self.store_unavailable_per_min,
-            self.lost_ack_per_min,
-            self.store_latency_per_min,
-            self.leader_loss_per_min,
-            self.revoke_per_min,
-        ]
-        .iter()
-        .all(|r| *r == 0.0)
-    }
-
-    /// No faults at all.
-    pub fn none() -> FaultRates {
-        FaultRates {
-            pause_per_min: 0.0,
-            crash_per_min: 0.0,
-            partition_per_min: 0.0,
-            one_way_per_min: 0.0,
-            clog_per_min: 0.0,
-            lossy_link_per_min: 0.0,
-            drift_per_min: 0.0,
-            skew_per_min: 0.0,
-            store_unavailable_per_min: 0.0,
-            lost_ack_per_min: 0.0,
-            store_latency_per_min: 0.0,
-            leader_loss_per_min: 0.0,
-            revoke_per_min: 0.0,
-            fault_ms_min: 100,
-            fault_ms_max: 10_000,
-            drift_rate_min: 0.5,
-            drift_rate_max: 1.5,
-            skew_ms_max: 3_600_000,
-            store_latency_ms_max: 2_000,
-        }
-    }
-
-    /// Every rate drawn from `rng`, each zero with probability `p_off` (so configurations
-    /// that always succeed do not dominate, and neither do ones where everything fails).
-    pub fn draw(rng: &mut impl Rng, p_off: f64) -> FaultRates {
-        let mut r = FaultRates::none();
-        let mut rate = |max: f64| if rng.gen_bool(p_off.clamp(0.0, 1.0)) { 0.0 } else { rng.gen_range(0.0..max) };
-        r.pause_per_min = rate(6.0);
-        r.crash_per_min = rate(3.0);
-        r.partition_per_min = rate(3.0);
-        r.one_way_per_min = rate(2.0);
-        r.clog_per_min = rate(3.0);
-        r.lossy_link_per_min = rate(2.0);
-        r.drift_per_min = rate(2.0);
-        r.skew_per_min = rate(2.0);
-        r.store_unavailable_per_min = rate(3.0);
-        r.lost_ack_per_min = rate(4.0);
-        r.store_latency_per_min = rate(3.0);
-        r.leader_loss_per_min = rate(1.0);
-        r.revoke_per_min = rate(2.0);
-        r
-    }
-}
-
-/// Operations whose lost ack the swarm draws (the three that have a probe, and lockdb's
-/// grant and renewal).
-pub const LOST_ACK_OPS: &[(&str, &str)] =
-    &[("paydb", "admit"), ("paydb", "claim"), ("paydb", "post"), ("lockdb", "acquire"), ("lockdb", "renew")];
-
-fn pick(rng: &mut impl Rng, nodes: &[String]) -> String {
-    nodes[rng.gen_range(0..nodes.len())].clone()
-}
-
-/// A pair of distinct nodes, when there are two.
-fn pair(rng: &mut impl Rng, nodes: &[String]) -> (String, String) {
-    let a = rng.gen_range(0..nodes.len());
-    let mut b = rng.gen_range(0..nodes.len());
-    if nodes.len() > 1 && b == a {
-        b = (a + 1) % nodes.len();
-    }
-    (nodes[a].clone(), nodes[b].clone())
-}
-
-/// How many events of a rate `per_min` fall in `duration_ms`: the integer part, plus one
-/// more with the fractional part's probability.
-fn count(rng: &mut impl Rng, per_min: f64, duration_ms: u64) -> u64 {
-    if !(per_min.is_finite() && per_min > 0.0) {
-        return 0;
-    }
-    let expected = per_min * duration_ms as f64 / 60_000.0;
-    let whole = expected.floor();
-    let extra = rng.gen_bool((expected - whole).clamp(0.0, 1.0));
-    whole as u64 + u64::from(extra)
-}
-
 impl Schedule {
-    /// Sorts the events by time, keeping the given order among equal times.
-    pub fn sorted(mut self) -> Schedule {
-        self.events.sort_by_key(|t| t.at_ms);
-        self
+    /// The primitive events to play, in time order (module doc): each entry expanded by
+    /// [`Fault::expand`] (what opens at the entry's time waits for its trigger; an undo
+    /// later does not), in entry order, then
+    /// sorted by time, keeping that order among equal times.
+    pub fn timeline(&self) -> Vec<Timed> {
+        let mut anon = 0u32;
+        let mut out = Vec::new();
+        for t in &self.events {
+            match &t.event {
+                Event::Fault(f) => {
+                    for (offset, e) in f.expand(&mut anon) {
+                        let when = if offset == 0 { t.when } else { None };
+                        out.push(Timed { at_ms: t.at_ms + offset, when, event: Event::Fault(e) });
+                    }
+                }
+                Event::Acquire { .. } => out.push(t.clone()),
+            }
+        }
+        out.sort_by_key(|t| t.at_ms);
+        out
     }
 
-    /// The verbs the schedule uses, with counts.
-    pub fn verbs(&self) -> BTreeMap<&'static str, usize> {
+    /// The timeline's verbs, with counts.
+    pub fn verbs(&self) -> BTreeMap<String, usize> {
         let mut m = BTreeMap::new();
-        for t in &self.events {
+        for t in self.timeline() {
             *m.entry(t.event.verb()).or_insert(0) += 1;
         }
         m
     }
 
-    /// The last event's time.
+    /// The timeline's last event's time.
     pub fn end_ms(&self) -> u64 {
-        self.events.iter().map(|t| t.at_ms).max().unwrap_or(0)
+        self.timeline().iter().map(|t| t.at_ms).max().unwrap_or(0)
     }
 
     /// Draws a schedule for `nodes` (world names: `lock-1`, `executor-2`, `rail-stub`, ...)
-    /// over `duration_ms`, from `rates` (events per minute). Every fault with a duration
-    /// is closed by its undo event (module doc).
-    pub fn draw(rates: &FaultRates, nodes: &[String], duration_ms: u64, rng: &mut impl Rng) -> Schedule {
-        let mut events = Vec::new();
-        if nodes.is_empty() || duration_ms == 0 {
-            return Schedule::default();
-        }
-        let lo = rates.fault_ms_min.min(rates.fault_ms_max);
-        let hi = rates.fault_ms_max.max(lo + 1);
-        let push = |events: &mut Vec<Timed>, at_ms: u64, event: Event| events.push(Timed { at_ms, when: None, event });
-        let mut partitions = 0u32;
-        macro_rules! each {
-            ($rate:expr, |$at:ident, $len:ident| $body:block) => {
-                for _ in 0..count(rng, $rate, duration_ms) {
-                    let $at = rng.gen_range(0..duration_ms);
-                    let $len = rng.gen_range(lo..hi);
-                    $body
-                }
-            };
-        }
-        each!(rates.pause_per_min, |at, len| {
-            let node = pick(rng, nodes);
-            push(&mut events, at, Event::Pause { node: node.clone() });
-            push(&mut events, at + len, Event::Resume { node });
-        });
-        each!(rates.crash_per_min, |at, len| {
-            let node = pick(rng, nodes);
-            push(&mut events, at, Event::Crash { node: node.clone() });
-            push(&mut events, at + len, Event::Start { node });
-        });
-        for (rate, one_way) in [(rates.partition_per_min, false), (rates.one_way_per_min, true)] {
-            each!(rate, |at, len| {
-                if nodes.len() < 2 {
-                    continue;
-                }
-                partitions += 1;
-                let name = format!("drawn-{partitions}");
-                let (a, b) = if one_way {
-                    let (a, b) = pair(rng, nodes);
-                    (vec![a], vec![b])
-                } else {
-                    // A random side against the rest.
-                    let mut a = Vec::new();
-                    let mut b = Vec::new();
-                    for n in nodes {
-                        if rng.gen_bool(0.3) {
-                            a.push(n.clone())
-                        } else {
-                            b.push(n.clone())
-                        }
-                    }
-                    if a.is_empty() {
-                        a.push(b.remove(rng.gen_range(0..b.len())));
-                    }
-                    if b.is_empty() {
-                        b.push(a.remove(rng.gen_range(0..a.len())));
-                    }
-                    (a, b)
-                };
-                push(&mut events, at, Event::Partition { name: Some(name.clone()), a, b, one_way });
-                push(&mut events, at + len, Event::Heal { name: Some(name) });
-            });
-        }
-        each!(rates.clog_per_min, |at, len| {
-            let (from, to) = pair(rng, nodes);
-            push(&mut events, at, Event::Clog { from: from.clone(), to: to.clone(), loss: None, for_ms: None });
-            push(&mut events, at + len, Event::Unclog { from, to });
-        });
-        each!(rates.lossy_link_per_min, |at, len| {
-            let (from, to) = pair(rng, nodes);
-            let loss = rng.gen_range(0.05..0.6);
-            push(&mut events, at, Event::Clog { from, to, loss: Some(loss), for_ms: Some(len) });
-        });
-        each!(rates.drift_per_min, |at, _len| {
-            let lo_r = rates.drift_rate_min.min(rates.drift_rate_max);
-            let hi_r = rates.drift_rate_max.max(lo_r + 1e-6);
-            let rate = rng.gen_range(lo_r..hi_r);
-            push(&mut events, at, Event::DriftClock { node: pick(rng, nodes), rate });
-        });
-        each!(rates.skew_per_min, |at, _len| {
-            let bound = rates.skew_ms_max.max(1);
-            let ms = rng.gen_range(-bound..=bound);
-            push(&mut events, at, Event::SkewClock { node: pick(rng, nodes), ms });
-        });
-        each!(rates.store_unavailable_per_min, |at, len| {
-            let store = if rng.gen_bool(0.5) { "paydb" } else { "lockdb" };
-            push(
-                &mut events,
-                at,
-                Event::StoreFault {
-                    store: store.into(),
-                    op: None,
-                    fault: StoreFaultKind::Unavailable,
-                    count: 1,
-                    for_ms: Some(len),
-                    latency_ms: None,
-                },
-            );
-        });
-        each!(rates.lost_ack_per_min, |at, _len| {
-            let (store, op) = LOST_ACK_OPS[rng.gen_range(0..LOST_ACK_OPS.len())];
-            push(
-                &mut events,
-                at,
-                Event::StoreFault {
-                    store: store.into(),
-                    op: Some(op.into()),
-                    fault: StoreFaultKind::CommitUnknown,
-                    count: 1,
-                    for_ms: None,
-                    latency_ms: None,
-                },
-            );
-        });
-        each!(rates.store_latency_per_min, |at, len| {
-            let store = if rng.gen_bool(0.5) { "paydb" } else { "lockdb" };
-            let latency = rng.gen_range(1..=rates.store_latency_ms_max.max(1));
-            push(
-                &mut events,
-                at,
-                Event::StoreFault {
-                    store: store.into(),
-                    op: None,
-                    fault: StoreFaultKind::Latency,
-                    count: 1,
-                    for_ms: Some(len),
-                    latency_ms: Some(latency),
-                },
-            );
-        });
-        each!(rates.leader_loss_per_min, |at, len| {
-            push(
-                &mut events,
-                at,
-                Event::StoreFault {
-                    store: "lockdb".into(),
-                    op: None,
-                    fault: StoreFaultKind::LeaderLoss,
-                    count: 1,
-                    for_ms: Some(len),
-                    latency_ms: None,
-                },
-            );
-        });
-        each!(rates.revoke_per_min, |at, _len| {
-            push(&mut events, at, Event::Revoke { key: None });
-        });
-        let s = Schedule { events }.sorted();
+    /// over `duration_ms`, from `rates` ([`FaultRates::draw`]): the entries in draw order.
+    /// Every fault with a duration is closed by its undo (module doc).
+    pub fn draw(
+        rates: &FaultRates,
+        nodes: &[String],
+        duration_ms: u64,
+        rng: &mut impl dlock_rt::rand::Rng,
+    ) -> Schedule {
+        let events = rates.draw(nodes, duration_ms, rng).into_iter().map(|(at, f)| Timed::fault(at, f)).collect();
+        let s = Schedule { events };
         assert!(s.closes_what_it_opens(), "a drawn schedule left a fault open: {s:?}");
         s
     }
 
-    /// Whether every pause, crash, partition and clog without a duration of its own is
-    /// followed by its undo.
+    /// Whether, on the timeline, every pause, crash, partition and clog without a duration
+    /// of its own is followed by its undo.
     pub fn closes_what_it_opens(&self) -> bool {
         let mut open: BTreeMap<String, i64> = BTreeMap::new();
         fn bump(open: &mut BTreeMap<String, i64>, k: String, d: i64) {
             *open.entry(k).or_insert(0) += d;
         }
-        for t in &self.events {
-            match &t.event {
-                Event::Pause { node } => bump(&mut open, format!("pause {node}"), 1),
-                Event::Resume { node } => bump(&mut open, format!("pause {node}"), -1),
-                Event::Crash { node } => bump(&mut open, format!("crash {node}"), 1),
-                Event::Start { node } => bump(&mut open, format!("crash {node}"), -1),
-                Event::Partition { name: Some(n), .. } => bump(&mut open, format!("partition {n}"), 1),
-                Event::Heal { name: Some(n) } => bump(&mut open, format!("partition {n}"), -1),
-                Event::Heal { name: None } => {
+        for t in self.timeline() {
+            let Event::Fault(f) = &t.event else { continue };
+            match f {
+                Fault::Pause { node, .. } => bump(&mut open, format!("pause {node}"), 1),
+                Fault::Resume { node } => bump(&mut open, format!("pause {node}"), -1),
+                Fault::Crash { node, .. } => bump(&mut open, format!("crash {node}"), 1),
+                Fault::Start { node } => bump(&mut open, format!("crash {node}"), -1),
+                Fault::Partition { name: Some(n), .. } => bump(&mut open, format!("partition {n}"), 1),
+                Fault::Heal { name: Some(n) } => bump(&mut open, format!("partition {n}"), -1),
+                Fault::Heal { name: None } => {
                     open.retain(|k, _| !k.starts_with("partition") && !k.starts_with("clog") && !k.starts_with("pause"))
                 }
-                Event::Clog { from, to, loss: None, .. } => bump(&mut open, format!("clog {from} {to}"), 1),
-                Event::Unclog { from, to } => bump(&mut open, format!("clog {from} {to}"), -1),
+                Fault::Clog { from, to, loss: None, .. } => bump(&mut open, format!("clog {from} {to}"), 1),
+                Fault::Unclog { from, to } => bump(&mut open, format!("clog {from} {to}"), -1),
                 _ => {}
             }
         }
@@ -561,7 +203,7 @@ mod play {
 
     use madsim::task::NodeId;
 
-    use super::{Event, Schedule, StoreFaultKind, Trigger};
+    use super::{Event, Fault, Schedule, StoreFaultKind, Trigger};
     use crate::faults::{now_ms, Faults};
     use crate::store_faults::{Injected, StoreFaultPlan, StoreName};
 
@@ -611,15 +253,15 @@ mod play {
     }
 
     impl Schedule {
-        /// Applies every event at its time (relative to now), on `stage`; returns one trace
-        /// line per event (an event naming an unknown node is reported and skipped). Runs
+        /// Applies every event of the [timeline](Schedule::timeline) at its time (relative
+        /// to now), on `stage`; returns one trace line per event (an event naming an unknown node is reported and skipped). Runs
         /// on the caller's task: call it from the supervisor (the test's own task, on no
         /// service node), so that pausing or killing nodes never stops the schedule.
         pub async fn play(&self, stage: &dyn Stage) -> Vec<String> {
             let start = now_ms();
             let mut shift = 0u64;
             let mut trace = Vec::new();
-            for t in &self.events {
+            for t in &self.timeline() {
                 let due = start + t.at_ms + shift;
                 let now = now_ms();
                 if due > now {
@@ -650,16 +292,26 @@ mod play {
         names.iter().map(|n| stage.node(n).ok_or_else(|| format!("unknown node {n:?}"))).collect()
     }
 
+    /// Applies one timeline event: the mechanisms' one arm per fault.
     async fn apply(stage: &dyn Stage, event: &Event) -> String {
+        let fault = match event {
+            Event::Fault(fault) => fault,
+            Event::Acquire { client, key, wait_ms, hold_ms, session_ttl_ms } => {
+                return match stage.acquire(client, key, *wait_ms, *hold_ms, *session_ttl_ms).await {
+                    Ok(s) => format!("{client} {s}").trim().to_owned(),
+                    Err(e) => format!("SKIPPED: {e}"),
+                };
+            }
+        };
         let f = stage.faults();
         let one = |n: &String| stage.node(n).ok_or_else(|| format!("unknown node {n:?}"));
         let r: Result<String, String> = async {
-            match event {
-                Event::Pause { node } => f.pause(one(node)?),
-                Event::Resume { node } => f.resume(one(node)?),
-                Event::Crash { node } => f.kill(one(node)?),
-                Event::Start { node } => f.restart(one(node)?),
-                Event::Partition { name, a, b, one_way } => {
+            match fault {
+                Fault::Pause { node, .. } => f.pause(one(node)?),
+                Fault::Resume { node } => f.resume(one(node)?),
+                Fault::Crash { node, .. } => f.kill(one(node)?),
+                Fault::Start { node } => f.restart(one(node)?),
+                Fault::Partition { name, a, b, one_way, .. } => {
                     let (a, b) = (ids(stage, a)?, ids(stage, b)?);
                     let mut opened = Vec::new();
                     if *one_way {
@@ -678,18 +330,18 @@ mod play {
                     }
                     return Ok(format!("#{opened:?}"));
                 }
-                Event::Heal { name: Some(n) } => {
+                Fault::Heal { name: Some(n) } => {
                     if !f.heal_labelled(n) {
                         return Err(format!("no open partition named {n:?}"));
                     }
                 }
-                Event::Heal { name: None } => {
+                Fault::Heal { name: None } => {
                     f.heal_all();
                     if let Some(plan) = stage.store_plan() {
                         plan.heal();
                     }
                 }
-                Event::Clog { from, to, loss: None, for_ms } => {
+                Fault::Clog { from, to, loss: None, for_ms, .. } => {
                     let (a, b) = (one(from)?, one(to)?);
                     f.clog(a, b);
                     if let Some(ms) = *for_ms {
@@ -700,13 +352,13 @@ mod play {
                         });
                     }
                 }
-                Event::Clog { from, to, loss: Some(loss), for_ms } => {
+                Fault::Clog { from, to, loss: Some(loss), for_ms, .. } => {
                     f.lossy_link(one(from)?, one(to)?, *loss, for_ms.unwrap_or(crate::faults::LOSSY_LINK_MS_MAX))
                 }
-                Event::Unclog { from, to } => f.unclog(one(from)?, one(to)?),
-                Event::SkewClock { node, ms } => f.skew_clock(one(node)?, *ms),
-                Event::DriftClock { node, rate } => f.drift_clock(one(node)?, *rate),
-                Event::StoreFault { store, op, fault, count, for_ms, latency_ms } => {
+                Fault::Unclog { from, to } => f.unclog(one(from)?, one(to)?),
+                Fault::SkewClock { node, ms } => f.skew_clock(one(node)?, *ms),
+                Fault::DriftClock { node, rate } => f.drift_clock(one(node)?, *rate),
+                Fault::StoreFault { store, op, fault, count, for_ms, latency_ms } => {
                     let name = StoreName::parse(store).ok_or_else(|| format!("unknown store {store:?}"))?;
                     if *fault == StoreFaultKind::LeaderLoss {
                         let ms = for_ms.unwrap_or(0);
@@ -741,16 +393,13 @@ mod play {
                         }
                     }
                 }
-                Event::Revoke { key } => return stage.revoke(key.as_deref()).await,
-                Event::Acquire { client, key, wait_ms, hold_ms, session_ttl_ms } => {
-                    return stage.acquire(client, key, *wait_ms, *hold_ms, *session_ttl_ms).await
-                }
+                Fault::Revoke { key } => return stage.revoke(key.as_deref()).await,
             }
             Ok(String::new())
         }
         .await;
         match r {
-            Ok(s) => format!("{} {s}", event.nodes().join(",")).trim().to_owned(),
+            Ok(s) => format!("{} {s}", fault.nodes().join(",")).trim().to_owned(),
             Err(e) => format!("SKIPPED: {e}"),
         }
     }
@@ -768,21 +417,7 @@ mod tests {
     }
 
     fn busy() -> FaultRates {
-        let mut r = FaultRates::none();
-        r.pause_per_min = 4.0;
-        r.crash_per_min = 2.0;
-        r.partition_per_min = 2.0;
-        r.one_way_per_min = 2.0;
-        r.clog_per_min = 2.0;
-        r.lossy_link_per_min = 2.0;
-        r.drift_per_min = 2.0;
-        r.skew_per_min = 2.0;
-        r.store_unavailable_per_min = 2.0;
-        r.lost_ack_per_min = 2.0;
-        r.store_latency_per_min = 2.0;
-        r.leader_loss_per_min = 1.0;
-        r.revoke_per_min = 2.0;
-        r
+        crate::fault::KINDS.iter().fold(FaultRates::none(), |r, row| r.with(row.name, 2.0)).with("pause", 4.0)
     }
 
     #[test]
@@ -792,7 +427,8 @@ mod tests {
         assert_eq!(a, draw(1));
         assert_ne!(a, draw(2));
         assert!(a.closes_what_it_opens());
-        assert!(a.events.windows(2).all(|w| w[0].at_ms <= w[1].at_ms), "not in time order");
+        let timeline = a.timeline();
+        assert!(timeline.windows(2).all(|w| w[0].at_ms <= w[1].at_ms), "not in time order");
         for verb in [
             "pause",
             "resume",
@@ -801,6 +437,7 @@ mod tests {
             "partition",
             "heal",
             "clog",
+            "unclog",
             "skew-clock",
             "drift-clock",
             "store-fault",
@@ -809,7 +446,7 @@ mod tests {
             assert!(a.verbs().contains_key(verb), "two minutes at these rates never drew {verb}: {:?}", a.verbs());
         }
         let names = nodes();
-        assert!(a.events.iter().all(|t| t.event.nodes().iter().all(|n| names.iter().any(|m| m == n))));
+        assert!(timeline.iter().all(|t| t.event.nodes().iter().all(|n| names.contains(n))));
     }
 
     #[test]
@@ -820,8 +457,27 @@ mod tests {
 
     #[test]
     fn an_unclosed_pause_is_detected() {
-        let s =
-            Schedule { events: vec![Timed { at_ms: 0, when: None, event: Event::Pause { node: "lock-1".into() } }] };
+        let s = Schedule { events: vec![Timed::fault(0, Fault::Pause { node: "lock-1".into(), for_ms: None })] };
         assert!(!s.closes_what_it_opens());
+        let closed =
+            Schedule { events: vec![Timed::fault(0, Fault::Pause { node: "lock-1".into(), for_ms: Some(5) })] };
+        assert!(closed.closes_what_it_opens());
+    }
+
+    #[test]
+    fn the_timeline_plays_each_undo_after_its_fault_in_entry_order_among_equal_times() {
+        let pause = |node: &str, at, ms| Timed::fault(at, Fault::Pause { node: node.into(), for_ms: Some(ms) });
+        let s = Schedule { events: vec![pause("b", 100, 400), pause("a", 50, 450)] };
+        let at: Vec<(u64, String, Vec<String>)> =
+            s.timeline().into_iter().map(|t| (t.at_ms, t.event.verb(), t.event.nodes())).collect();
+        assert_eq!(
+            at,
+            [
+                (50, "pause".into(), vec!["a".into()]),
+                (100, "pause".into(), vec!["b".into()]),
+                (500, "resume".into(), vec!["b".into()]),
+                (500, "resume".into(), vec!["a".into()]),
+            ]
+        );
     }
 }

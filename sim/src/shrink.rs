@@ -40,8 +40,8 @@ use dlock_rt::planted::Bug;
 
 use crate::campaign::{self, RunOptions};
 use crate::outcome::{FailureClass, SeedOutcome};
-use crate::scenario::{Expect, LockBackend, Operator, RailKnobs, Scenario, Step, Topology, Workload};
-use crate::schedule::{Event, Schedule, StoreFaultKind, Trigger};
+use crate::scenario::{Control, LockBackend, Operator, RailKnobs, Scenario, Step, Topology, Workload};
+use crate::schedule::{Event, Fault, Schedule};
 use crate::swarm::{Backend, SwarmConfig};
 
 /// Most seed runs one shrink may use (the original, the plan's check and every candidate,
@@ -188,7 +188,7 @@ impl Plan {
         let mut steps = Vec::new();
         for step in &s.steps {
             match step {
-                Step::Sleep { ms } => at_ms += ms,
+                Step::Control(Control::Sleep { ms }) => at_ms += ms,
                 other => steps.push(Timed { at_ms, step: other.clone() }),
             }
         }
@@ -208,13 +208,13 @@ impl Plan {
         let mut cursor = 0;
         for t in timed {
             if t.at_ms > cursor {
-                s.steps.push(Step::Sleep { ms: t.at_ms - cursor });
+                s.steps.push(Step::Control(Control::Sleep { ms: t.at_ms - cursor }));
                 cursor = t.at_ms;
             }
             s.steps.push(t.step);
         }
         if self.end_ms > cursor || s.steps.is_empty() {
-            s.steps.push(Step::Sleep { ms: self.end_ms.saturating_sub(cursor).max(1) });
+            s.steps.push(Step::Control(Control::Sleep { ms: self.end_ms.saturating_sub(cursor).max(1) }));
         }
         s
     }
@@ -288,103 +288,46 @@ impl Plan {
 /// `step` with every node name mapped by `rename` (`None`: the node is gone); `None` when
 /// the step has nothing left to act on.
 fn rename_step(step: &Step, rename: &dyn Fn(&str) -> Option<String>) -> Option<Step> {
-    let mut s = step.clone();
-    match &mut s {
-        Step::Pause { node, .. }
-        | Step::Resume { node, .. }
-        | Step::Crash { node, .. }
-        | Step::Start { node, .. }
-        | Step::SkewClock { node, .. }
-        | Step::DriftClock { node, .. } => *node = rename(node)?,
-        Step::Partition { a, b, .. } => {
-            *a = a.iter().filter_map(|n| rename(n)).collect();
-            *b = b.iter().filter_map(|n| rename(n)).collect();
-            if a.is_empty() || b.is_empty() {
-                return None;
-            }
+    match step {
+        Step::Fault { fault, when } => Some(Step::Fault { fault: fault.rename_nodes(rename)?, when: *when }),
+        Step::Control(Control::Acquire { client, .. }) => {
+            rename(client)?;
+            Some(step.clone())
         }
-        Step::Clog { from, to, .. } => {
-            *from = rename(from)?;
-            *to = rename(to)?;
-        }
-        _ => {}
+        Step::Control(_) => Some(step.clone()),
     }
-    Some(s)
 }
 
-/// A drawn schedule as timed steps (module doc, 2.): each open paired with the first
-/// later matching undo into one step with `for-ms`.
+/// A drawn schedule as timed steps (module doc, 2.): each entry that opens before
+/// `fault_ms` is one step, with its `for-ms` (a drawn partition loses its `drawn-N` name:
+/// the step's own `for-ms` heals it).
 fn steps_of(drawn: &Schedule, fault_ms: u64) -> Vec<Timed> {
-    let events: Vec<&crate::schedule::Timed> = drawn.events.iter().filter(|t| t.at_ms < fault_ms).collect();
-    let mut used = vec![false; events.len()];
     let mut out = Vec::new();
-    // The index of the first unused later event matching `undo`, marked used.
-    let close = |from: usize, used: &mut Vec<bool>, undo: &dyn Fn(&Event) -> bool| -> Option<u64> {
-        let j = (from + 1..events.len()).find(|&j| !used[j] && undo(&events[j].event))?;
-        used[j] = true;
-        Some((events[j].at_ms - events[from].at_ms).max(1))
-    };
-    for i in 0..events.len() {
-        if used[i] {
-            continue;
-        }
-        used[i] = true;
-        let (at_ms, when) = (events[i].at_ms, events[i].when);
-        let step = match &events[i].event {
-            Event::Pause { node } => {
-                let for_ms = close(i, &mut used, &|e| matches!(e, Event::Resume { node: n } if n == node));
-                Step::Pause { node: node.clone(), for_ms, when }
-            }
-            Event::Crash { node } => {
-                let for_ms = close(i, &mut used, &|e| matches!(e, Event::Start { node: n } if n == node));
-                Step::Crash { node: node.clone(), for_ms, when }
-            }
-            Event::Partition { name, a, b, one_way } => {
-                let for_ms = name
-                    .as_ref()
-                    .and_then(|name| close(i, &mut used, &|e| matches!(e, Event::Heal { name: Some(n) } if n == name)));
-                Step::Partition { name: None, a: a.clone(), b: b.clone(), one_way: *one_way, for_ms, when }
-            }
-            Event::Clog { from, to, loss: None, .. } => {
-                let for_ms =
-                    close(i, &mut used, &|e| matches!(e, Event::Unclog { from: f, to: t } if f == from && t == to));
-                Step::Clog { from: from.clone(), to: to.clone(), both_ways: false, loss: None, for_ms, when }
-            }
-            Event::Clog { from, to, loss: Some(loss), for_ms } => Step::Clog {
-                from: from.clone(),
-                to: to.clone(),
-                both_ways: false,
-                loss: Some(*loss),
-                for_ms: *for_ms,
-                when,
+    for t in drawn.events.iter().filter(|t| t.at_ms < fault_ms) {
+        let step = match &t.event {
+            Event::Fault(Fault::Partition { a, b, one_way, for_ms: Some(ms), .. }) => Step::Fault {
+                fault: Fault::Partition {
+                    name: None,
+                    a: a.clone(),
+                    b: b.clone(),
+                    one_way: *one_way,
+                    for_ms: Some(*ms),
+                },
+                when: t.when,
             },
-            Event::SkewClock { node, ms } => Step::SkewClock { node: node.clone(), ms: *ms, when },
-            Event::DriftClock { node, rate } => Step::DriftClock { node: node.clone(), rate: *rate, when },
-            Event::StoreFault { store, op, fault, count, for_ms, latency_ms } => Step::StoreFault {
-                store: store.clone(),
-                op: op.clone(),
-                fault: *fault,
-                count: *count,
-                for_ms: *for_ms,
-                latency_ms: *latency_ms,
-                when,
-            },
-            Event::Revoke { key } => Step::Revoke { key: key.clone(), when },
-            Event::Resume { node } => Step::Resume { node: node.clone(), when },
-            Event::Start { node } => Step::Start { node: node.clone(), when },
-            // An undo left without its open (none is drawn so): nothing to undo in the plan.
-            Event::Heal { .. } | Event::Unclog { .. } => continue,
-            Event::Acquire { client, key, wait_ms, hold_ms, session_ttl_ms } => Step::Acquire {
+            Event::Fault(fault) => Step::Fault { fault: fault.clone(), when: t.when },
+            Event::Acquire { client, key, wait_ms, hold_ms, session_ttl_ms } => Step::Control(Control::Acquire {
                 client: client.clone(),
                 key: key.clone(),
                 wait_ms: *wait_ms,
                 hold_ms: *hold_ms,
                 session_ttl_ms: *session_ttl_ms,
-                when,
-            },
+                when: t.when,
+            }),
         };
-        out.push(Timed { at_ms, step });
+        out.push(Timed { at_ms: t.at_ms, step });
     }
+    out.sort_by_key(|t| t.at_ms);
     out
 }
 
@@ -576,37 +519,17 @@ fn candidates(p: &Plan) -> Vec<Plan> {
         out.push(q);
     }
     for i in 0..p.steps.len() {
-        if let Some(ms) = for_ms_of(&p.steps[i].step) {
-            if ms >= 2 {
+        if let Step::Fault { fault, .. } = &p.steps[i].step {
+            if let Some(ms) = fault.for_ms().filter(|ms| *ms >= 2) {
                 let mut q = p.clone();
-                set_for_ms(&mut q.steps[i].step, ms / 2);
+                if let Step::Fault { fault, .. } = &mut q.steps[i].step {
+                    fault.set_for_ms(ms / 2);
+                }
                 out.push(q);
             }
         }
     }
     out
-}
-
-fn for_ms_of(step: &Step) -> Option<u64> {
-    match step {
-        Step::Pause { for_ms, .. }
-        | Step::Crash { for_ms, .. }
-        | Step::Partition { for_ms, .. }
-        | Step::Clog { for_ms, .. }
-        | Step::StoreFault { for_ms, .. } => *for_ms,
-        _ => None,
-    }
-}
-
-fn set_for_ms(step: &mut Step, ms: u64) {
-    match step {
-        Step::Pause { for_ms, .. }
-        | Step::Crash { for_ms, .. }
-        | Step::Partition { for_ms, .. }
-        | Step::Clog { for_ms, .. }
-        | Step::StoreFault { for_ms, .. } => *for_ms = Some(ms),
-        _ => {}
-    }
 }
 
 /// The replay command of a shrunk file at `scenario` (a name or a path).
@@ -747,37 +670,6 @@ fn list(v: &[String]) -> String {
     format!("[{}]", v.iter().map(|s| q(s)).collect::<Vec<_>>().join(", "))
 }
 
-fn kebab_trigger(t: Trigger) -> &'static str {
-    match t {
-        Trigger::LeaseGranted => "lease-granted",
-        Trigger::RailCall => "rail-call",
-        Trigger::IntentWritten => "intent-written",
-        Trigger::WaiterQueued => "waiter-queued",
-    }
-}
-
-fn kebab_fault(k: StoreFaultKind) -> &'static str {
-    match k {
-        StoreFaultKind::Unavailable => "unavailable",
-        StoreFaultKind::CommitUnknown => "commit-unknown",
-        StoreFaultKind::Latency => "latency",
-        StoreFaultKind::LeaderLoss => "leader-loss",
-    }
-}
-
-fn kebab_expect(e: Expect) -> &'static str {
-    match e {
-        Expect::Acked => "acked",
-        Expect::Fenced => "fenced",
-        Expect::Duplicate => "duplicate",
-        Expect::Ambiguous => "ambiguous",
-        Expect::Rejected => "rejected",
-        Expect::Unavailable => "unavailable",
-        Expect::NotClaimable => "not-claimable",
-        Expect::Internal => "internal",
-    }
-}
-
 /// `s` as a scenario file (`Scenario::parse` reads it back to `s`).
 pub fn render(s: &Scenario) -> String {
     let mut o = String::new();
@@ -862,109 +754,10 @@ pub fn render(s: &Scenario) -> String {
     }
     for step in &s.steps {
         line("\n[[step]]".into());
-        line(format!("action = {}", q(step.verb())));
-        let mut kv: Vec<(&str, String)> = Vec::new();
-        let mut when_of = None;
-        match step {
-            Step::Submit { payout, token, expect } => {
-                kv.push(("payout", q(payout)));
-                kv.push(("token", token.to_string()));
-                if let Some(e) = expect {
-                    kv.push(("expect", q(kebab_expect(*e))));
-                }
-            }
-            Step::RestartProxy => {}
-            Step::Pause { node, for_ms, when } | Step::Crash { node, for_ms, when } => {
-                kv.push(("node", q(node)));
-                if let Some(ms) = for_ms {
-                    kv.push(("for-ms", ms.to_string()));
-                }
-                when_of = *when;
-            }
-            Step::Resume { node, when } | Step::Start { node, when } => {
-                kv.push(("node", q(node)));
-                when_of = *when;
-            }
-            Step::Partition { name, a, b, one_way, for_ms, when } => {
-                if let Some(n) = name {
-                    kv.push(("name", q(n)));
-                }
-                kv.push(("a", list(a)));
-                kv.push(("b", list(b)));
-                if *one_way {
-                    kv.push(("one-way", "true".into()));
-                }
-                if let Some(ms) = for_ms {
-                    kv.push(("for-ms", ms.to_string()));
-                }
-                when_of = *when;
-            }
-            Step::Heal { name } => {
-                if let Some(n) = name {
-                    kv.push(("name", q(n)));
-                }
-            }
-            Step::Clog { from, to, both_ways, loss, for_ms, when } => {
-                kv.push(("from", q(from)));
-                kv.push(("to", q(to)));
-                if *both_ways {
-                    kv.push(("both-ways", "true".into()));
-                }
-                if let Some(l) = loss {
-                    kv.push(("loss", f(*l)));
-                }
-                if let Some(ms) = for_ms {
-                    kv.push(("for-ms", ms.to_string()));
-                }
-                when_of = *when;
-            }
-            Step::SkewClock { node, ms, when } => {
-                kv.push(("node", q(node)));
-                kv.push(("ms", ms.to_string()));
-                when_of = *when;
-            }
-            Step::DriftClock { node, rate, when } => {
-                kv.push(("node", q(node)));
-                kv.push(("rate", f(*rate)));
-                when_of = *when;
-            }
-            Step::StoreFault { store, op, fault, count, for_ms, latency_ms, when } => {
-                kv.push(("store", q(store)));
-                if let Some(op) = op {
-                    kv.push(("op", q(op)));
-                }
-                kv.push(("fault", q(kebab_fault(*fault))));
-                kv.push(("count", count.to_string()));
-                if let Some(ms) = for_ms {
-                    kv.push(("for-ms", ms.to_string()));
-                }
-                if let Some(ms) = latency_ms {
-                    kv.push(("latency-ms", ms.to_string()));
-                }
-                when_of = *when;
-            }
-            Step::Revoke { key, when } => {
-                if let Some(k) = key {
-                    kv.push(("key", q(k)));
-                }
-                when_of = *when;
-            }
-            Step::Sleep { ms } => kv.push(("ms", ms.to_string())),
-            Step::Acquire { client, key, wait_ms, hold_ms, session_ttl_ms, when } => {
-                kv.push(("client", q(client)));
-                kv.push(("key", q(key)));
-                kv.push(("wait-ms", wait_ms.to_string()));
-                kv.push(("hold-ms", hold_ms.to_string()));
-                if let Some(t) = session_ttl_ms {
-                    kv.push(("session-ttl-ms", t.to_string()));
-                }
-                when_of = *when;
-            }
-        }
-        if let Some(w) = when_of {
-            kv.push(("when", q(kebab_trigger(w))));
-        }
-        for (k, v) in kv {
+        let mut t = step.table();
+        let action = t.remove("action").unwrap_or_else(|| toml::Value::String(step.verb()));
+        line(format!("action = {action}"));
+        for (k, v) in t {
             line(format!("{k} = {v}"));
         }
     }

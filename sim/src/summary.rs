@@ -66,7 +66,7 @@ pub struct Summary {
     /// Every probe's total over the seeds (zeros included).
     pub probes: BTreeMap<Probe, u64>,
     /// Fault events applied over the seeds, by kind (every kind of
-    /// [`crate::schedule::FAULT_KINDS`], zeros included).
+    /// [`crate::fault::KINDS`], zeros included).
     pub faults: BTreeMap<&'static str, u64>,
     pub sim_ms: u64,
     /// Wall time the campaign took, in seconds (set by the runner).
@@ -89,7 +89,7 @@ impl Summary {
     pub fn new(jobs: usize) -> Summary {
         Summary {
             probes: Probe::ALL.iter().map(|p| (*p, 0)).collect(),
-            faults: crate::schedule::FAULT_KINDS.iter().map(|k| (*k, 0)).collect(),
+            faults: crate::fault::KINDS.iter().map(|k| (k.name, 0)).collect(),
             jobs: jobs.max(1),
             ..Summary::default()
         }
@@ -190,7 +190,7 @@ impl Summary {
     /// Fault kinds no seed's schedule applied: a campaign that never played one has not
     /// explored it.
     pub fn unplayed_fault_kinds(&self) -> Vec<&'static str> {
-        crate::schedule::FAULT_KINDS.iter().copied().filter(|k| self.faults.get(k).copied().unwrap_or(0) == 0).collect()
+        crate::fault::KINDS.iter().map(|k| k.name).filter(|k| self.faults.get(k).copied().unwrap_or(0) == 0).collect()
     }
 
     pub fn seeds_per_s(&self) -> f64 {
@@ -394,9 +394,9 @@ mod tests {
     #[test]
     fn a_fault_kind_no_seed_applied_is_reported_unplayed() {
         let mut s = Summary::new(1);
-        assert_eq!(s.unplayed_fault_kinds().len(), crate::schedule::FAULT_KINDS.len());
+        assert_eq!(s.unplayed_fault_kinds().len(), crate::fault::KINDS.len());
         let mut o = SeedOutcome::default();
-        for k in crate::schedule::FAULT_KINDS.iter().filter(|k| **k != "lossy-link") {
+        for k in crate::fault::KINDS.iter().map(|k| k.name).filter(|k| *k != "lossy-link") {
             o.faults.insert(k, 1);
         }
         s.add(&o);

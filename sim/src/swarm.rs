@@ -113,28 +113,6 @@ pub const PAYOUTS_PER_GRANT_DRAW_MAX: u64 = dlock_executor::config::PAYOUTS_PER_
 /// `executor.poll-interval-ms` of every executor (an idle task scans this often: the main
 /// cost of an idle simulated second).
 pub const POLL_INTERVAL_MS: u64 = 500;
-/// Bound of each fault kind's drawn rate (events per simulated minute).
-pub const FAULT_RATE_MAX_PER_MIN: FaultRates = FaultRates {
-    pause_per_min: 6.0,
-    crash_per_min: 3.0,
-    partition_per_min: 3.0,
-    one_way_per_min: 2.0,
-    clog_per_min: 3.0,
-    lossy_link_per_min: 2.0,
-    drift_per_min: 2.0,
-    skew_per_min: 2.0,
-    store_unavailable_per_min: 3.0,
-    lost_ack_per_min: 4.0,
-    store_latency_per_min: 3.0,
-    leader_loss_per_min: 1.0,
-    revoke_per_min: 2.0,
-    fault_ms_min: 100,
-    fault_ms_max: 10_000,
-    drift_rate_min: 0.5,
-    drift_rate_max: 1.5,
-    skew_ms_max: 120_000,
-    store_latency_ms_max: 2_000,
-};
 /// Probability that a chaos knob is drawn as zero.
 pub const ZERO_P: f64 = 0.3;
 
@@ -175,24 +153,13 @@ impl Draw {
 }
 
 /// Each fault kind's rate (events per simulated minute), zero with [`ZERO_P`], else uniform
-/// up to its bound ([`FAULT_RATE_MAX_PER_MIN`]); durations and parameter ranges are the
-/// schedule's defaults ([`FaultRates::none`]).
+/// up to its row's bound (`crate::fault::KINDS`, in table order); durations and parameter
+/// ranges are the schedule's defaults ([`FaultRates::none`]).
 fn draw_fault_rates(d: &mut Draw) -> FaultRates {
-    let m = &FAULT_RATE_MAX_PER_MIN;
     let mut r = FaultRates::none();
-    r.pause_per_min = d.rate(m.pause_per_min);
-    r.crash_per_min = d.rate(m.crash_per_min);
-    r.partition_per_min = d.rate(m.partition_per_min);
-    r.one_way_per_min = d.rate(m.one_way_per_min);
-    r.clog_per_min = d.rate(m.clog_per_min);
-    r.lossy_link_per_min = d.rate(m.lossy_link_per_min);
-    r.drift_per_min = d.rate(m.drift_per_min);
-    r.skew_per_min = d.rate(m.skew_per_min);
-    r.store_unavailable_per_min = d.rate(m.store_unavailable_per_min);
-    r.lost_ack_per_min = d.rate(m.lost_ack_per_min);
-    r.store_latency_per_min = d.rate(m.store_latency_per_min);
-    r.leader_loss_per_min = d.rate(m.leader_loss_per_min);
-    r.revoke_per_min = d.rate(m.revoke_per_min);
+    for row in &crate::fault::KINDS {
+        r.set(row.name, d.rate(row.rate_max_per_min));
+    }
     r
 }
 
@@ -314,14 +281,14 @@ impl fmt::Display for SwarmConfig {
     /// One line: `seed=7 topo=lock2/pay1/proxy2 exec=[3,1] backend=mem ttl=2400ms ...`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let execs: Vec<String> = self.executors.iter().map(|c| c.to_string()).collect();
-        let fr = &self.faults;
+        let rates: Vec<String> =
+            crate::fault::KINDS.iter().map(|row| format!("{}={}", row.name, r3(self.faults.get(row.name)))).collect();
         write!(
             f,
             "seed={} topo=lock{}/pay{}/proxy{} exec=[{}] backend={} ttl={}ms \
              stub(lat={}ms fail={} dup={} decl={}) stall(rate={} ms={}) \
              work(payouts={} accounts={} hot={}@{} arrival={}ms) operator(revokes={} resolves={}) \
-             faults/min(pause={} crash={} partition={} one-way={} clog={} lossy={} drift={} skew={} \
-             unavail={} lost-ack={} store-lat={} leader-loss={} revoke={}) fault_ms={} lock_wait={}ms drifted={} chain={} per_grant={}",
+             faults/min({}) fault_ms={} lock_wait={}ms drifted={} chain={} per_grant={}",
             self.seed,
             self.lock_replicas,
             self.payment_replicas,
@@ -345,19 +312,7 @@ impl fmt::Display for SwarmConfig {
             self.arrival_ms,
             self.operator_revokes,
             self.operator_resolves,
-            r3(fr.pause_per_min),
-            r3(fr.crash_per_min),
-            r3(fr.partition_per_min),
-            r3(fr.one_way_per_min),
-            r3(fr.clog_per_min),
-            r3(fr.lossy_link_per_min),
-            r3(fr.drift_per_min),
-            r3(fr.skew_per_min),
-            r3(fr.store_unavailable_per_min),
-            r3(fr.lost_ack_per_min),
-            r3(fr.store_latency_per_min),
-            r3(fr.leader_loss_per_min),
-            r3(fr.revoke_per_min),
+            rates.join(" "),
             self.fault_ms,
             self.lock_wait_ms,
             match self.drifted_executor_node() {
@@ -405,6 +360,9 @@ mod tests {
                 assert!((DRIFT_RATE_MIN..=DRIFT_RATE_MAX).contains(&rate), "{rate}");
                 assert!(rate < 1.0 - dlock_lock_client::config::SAFETY_MARGIN_DEFAULT, "{rate} within the margin");
             }
+            for row in &crate::fault::KINDS {
+                assert!((0.0..=row.rate_max_per_min).contains(&c.faults.get(row.name)), "{c}");
+            }
             for r in [c.stub_failure_rate, c.stub_duplicate_ack_rate, c.stub_decline_rate, c.executor_pause_rate] {
                 assert!((0.0..=STUB_RATE_MAX.max(PAUSE_RATE_MAX)).contains(&r));
             }
@@ -420,8 +378,8 @@ mod tests {
         let before = "seed=1 topo=lock2/pay2/proxy1 exec=[4,3,5,6,8] backend=mem ttl=2200ms \
             stub(lat=0ms fail=0.174 dup=0.124 decl=0.132) stall(rate=0 ms=6600) \
             work(payouts=30 accounts=3 hot=2@0.7 arrival=600ms) operator(revokes=0 resolves=true) \
-            faults/min(pause=0 crash=2.457 partition=0 one-way=0.292 clog=0 lossy=0 drift=0 skew=0 unavail=0 \
-            lost-ack=2.411 store-lat=2.501 leader-loss=0.59 revoke=1.279) fault_ms=9000 ";
+            faults/min(pause=0 crash=2.457 partition=0 one-way=0.292 clog=0 lossy-link=0 drift=0 skew=0 \
+            store-unavailable=0 lost-ack=2.411 store-latency=2.501 leader-loss=0.59 revoke=1.279) fault_ms=9000 ";
         let line = SwarmConfig::draw(1).to_string();
         assert!(line.starts_with(before), "{line}");
         let (head, per_grant) = line.rsplit_once(" per_grant=").expect("per_grant last");
@@ -441,8 +399,8 @@ mod tests {
             ("failure", zero(&|c| c.stub_failure_rate == 0.0)),
             ("dup", zero(&|c| c.stub_duplicate_ack_rate == 0.0)),
             ("pause", zero(&|c| c.executor_pause_rate == 0.0)),
-            ("crash", zero(&|c| c.faults.crash_per_min == 0.0)),
-            ("store", zero(&|c| c.faults.lost_ack_per_min == 0.0)),
+            ("crash", zero(&|c| c.faults.get("crash") == 0.0)),
+            ("store", zero(&|c| c.faults.get("lost-ack") == 0.0)),
             ("lock-wait", zero(&|c| c.lock_wait_ms == 0)),
             ("drift", zero(&|c| c.drifted_executor.is_none())),
             ("chain", zero(&|c| c.chain_payouts_max == 1)),

@@ -398,12 +398,16 @@ impl Trace {
     /// A schedule event the supervisor applied (`line`: what applying it said; `SKIPPED …`
     /// when it could not be applied), on the clocks of the node it acts on.
     pub fn schedule_event(&self, event: &crate::schedule::Event, line: &str) {
-        let nodes: Vec<String> = event.nodes().iter().map(|n| (*n).to_owned()).collect();
+        let nodes: Vec<String> = event.nodes();
+        let text = match event {
+            crate::schedule::Event::Fault(f) => format!("{f:?}"),
+            other => format!("{other:?}"),
+        };
         let f = fields([
             ("verb", event.verb().into()),
             ("fault_kind", event.kind().map_or(Value::Null, Value::from)),
             ("nodes", nodes.clone().into()),
-            ("event", format!("{event:?}").into()),
+            ("event", text.into()),
             ("result", line.into()),
             ("skipped", line.starts_with("SKIPPED").into()),
         ]);

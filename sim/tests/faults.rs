@@ -18,7 +18,7 @@ use dlock_payment_resource::store::PaymentStore;
 use dlock_payment_resource::store_mem::MemPaydb;
 use dlock_rt::probe::{self, Probe};
 use dlock_sim::faults::Faults;
-use dlock_sim::schedule::{Event, Schedule, Stage, Timed};
+use dlock_sim::schedule::{Fault, Schedule, Stage, Timed};
 use dlock_sim::store_faults::{Injected, PlannedPaymentStore, StoreFaultPlan, StoreName};
 use dlock_sim::world::{self, url, PAYMENT_IP, PAYMENT_PORT};
 use madsim::task::NodeId;
@@ -330,12 +330,12 @@ async fn a_schedule_applies_each_event_at_its_simulated_time() {
     let client = client_node("client", 2);
     settle().await;
     let stage = Echoes { faults: faults.clone(), nodes: vec![("server".into(), server.id())] };
-    let at = |at_ms, event| Timed { at_ms, when: None, event };
+    let at = Timed::fault;
     let schedule = Schedule {
         events: vec![
-            at(1_000, Event::Pause { node: "server".into() }),
-            at(6_000, Event::Resume { node: "server".into() }),
-            at(5_000, Event::Pause { node: "nobody".into() }),
+            at(1_000, Fault::Pause { node: "server".into(), for_ms: None }),
+            at(6_000, Fault::Resume { node: "server".into() }),
+            at(5_000, Fault::Pause { node: "nobody".into(), for_ms: None }),
         ],
     };
     let probe = client.spawn(async {

@@ -276,6 +276,7 @@ fn the_cli_refuses_a_clean_seed_with_exit_2_and_shrinks_a_failing_one_into_its_o
 #[test]
 fn ddmin_drops_the_fault_events_a_failure_does_not_need_and_keeps_the_one_it_does() {
     use dlock_sim::scenario::Step;
+    use dlock_sim::schedule::Fault;
     use dlock_sim::shrink::{Plan, Timed};
     const ADDED: u64 = 24;
     let (bug, seed, invariant) = (Bug::FencingOffProxy, 136, "fence_accepts_only_rising_tokens");
@@ -287,7 +288,7 @@ fn ddmin_drops_the_fault_events_a_failure_does_not_need_and_keeps_the_one_it_doe
     plan.base.forger = false;
     // In the fault phase's last second (the seed's races before them are the seed's).
     for i in 0..ADDED {
-        let step = Step::SkewClock { node: "rail-stub".into(), ms: 1, when: None };
+        let step = Step::Fault { fault: Fault::SkewClock { node: "rail-stub".into(), ms: 1 }, when: None };
         plan.steps.push(Timed { at_ms: plan.end_ms - 1_000 + 40 * i, step });
     }
     let before = plan.size();
@@ -298,7 +299,7 @@ fn ddmin_drops_the_fault_events_a_failure_does_not_need_and_keeps_the_one_it_doe
     eprintln!("padded seed 136: {} -> {} in {} runs", s.before, s.after, s.runs);
     assert_eq!(s.after.fault_events, 1, "{}", s.text);
     assert!(
-        matches!(&s.plan.steps[0].step, Step::DriftClock { node, .. } if node == "executor-2"),
+        matches!(&s.plan.steps[0].step, Step::Fault { fault: Fault::DriftClock { node, .. }, .. } if node == "executor-2"),
         "{:?}",
         s.plan.steps
     );

@@ -189,10 +189,11 @@ fn a_drawn_campaign_schedule_never_crashes_the_rail_stub_and_closes_every_fault(
     for seed in 0..300 {
         let cfg = dlock_sim::swarm::SwarmConfig::draw(seed);
         let s = dlock_sim::campaign::draw_schedule(&cfg, &targets, &mut dlock_rt::rand::seeded(seed));
-        events += s.events.len();
+        let timeline = s.timeline();
+        events += timeline.len();
         assert!(s.closes_what_it_opens(), "seed {seed}: {s:?}");
-        assert!(!s.events.iter().any(|t| matches!(&t.event,
-            dlock_sim::schedule::Event::Crash { node } | dlock_sim::schedule::Event::Start { node } if node == "rail-stub")));
+        assert!(!timeline.iter().any(|t| matches!(t.event.fault(),
+            Some(dlock_sim::schedule::Fault::Crash { node, .. } | dlock_sim::schedule::Fault::Start { node }) if node == "rail-stub")));
     }
     assert!(events > 300, "300 drawn seeds played only {events} fault events");
 }

@@ -3,8 +3,8 @@
 //! Services that need a reproducible stream of their own (the rail-stub's chaos, with
 //! `--seed`) take a [`SeededRng`]; everything else calls [`random_u64`].
 
-pub use rand::Rng;
 use rand::SeedableRng;
+pub use rand::{Rng, RngCore};
 
 /// A reproducible random stream.
 pub type SeededRng = rand_chacha::ChaCha8Rng;
