@@ -1,7 +1,10 @@
 //! The pools' bounds (docs/performance.md §8.3): no ping before a checkout, so a connection
 //! broken while idle fails its first statement and the pool then recovers on its own; and
 //! one SQLite pool per file per process while anyone holds it.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::time::Duration;

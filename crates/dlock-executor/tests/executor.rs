@@ -1,7 +1,10 @@
 //! The executor against real services in process (lock server, payment-resource, rail-proxy
 //! and rail-stub on loopback, over simulation stores) and against scripted fakes that pin
 //! each hop's retry rule (C3 §3.8).
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::collections::BTreeMap;

@@ -278,6 +278,7 @@ mod tests {
         );
         // The caller gives up while the handler waits: its future is dropped.
         let call = app.oneshot(req("POST", "/v1/slow", None, ""));
+        #[allow(clippy::disallowed_methods, reason = "a unit test: the caller's own give-up, outside the service")]
         let gave_up = tokio::time::timeout(std::time::Duration::from_millis(50), call).await;
         assert!(gave_up.is_err(), "the handler was still waiting when the caller gave up");
         assert!(!finished.load(Ordering::SeqCst));

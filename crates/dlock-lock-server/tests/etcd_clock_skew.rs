@@ -4,7 +4,10 @@
 //! clocks since they first saw each stored version. Each test measures on the test's own
 //! monotonic clock (the "host time" of both replicas) and fails on the old rule, where a
 //! replica compared its wall clock with a deadline another replica wrote with its own.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::sync::Arc;

@@ -5,7 +5,10 @@
 //! dead endpoint "ready" and hands it about half of the requests, each refused at connect;
 //! the store sends a refused txn again (`CONNECT_REFUSED_TRIES_MAX`), so nearly every
 //! request succeeds. Without the retry about half of them fail.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it drives them over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::process::{Child, Command, Stdio};

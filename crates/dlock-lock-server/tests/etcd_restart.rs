@@ -1,7 +1,10 @@
 //! Tokens never go backwards across an etcd restart: the test runs its own etcd (Debian's
 //! `etcd-server`, which `scripts/test.sh` installs) on free loopback ports, grants, stops
 //! etcd, starts it again on the same data directory, and grants again.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it drives them over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::process::{Child, Command, Stdio};

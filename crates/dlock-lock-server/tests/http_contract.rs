@@ -1,7 +1,10 @@
 //! The lock server's HTTP contract (C3 §3.3, L1–L8), in process over the simulation store:
 //! every row and code of the table, and the envelope on every refusal. The store's own
 //! semantics are held to SQL by the conformance suite; this file proves the wire.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it drives them over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::sync::Arc;

@@ -1,7 +1,10 @@
 //! Input hygiene at the lock server, over real HTTP on every backend: a NUL character in any
 //! string, a body that is not a JSON object, a key given twice, or a `%00` in the path is
 //! `400 VALIDATION_FAILED` (never retry-safe) and changes nothing, on every backend alike.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it drives them over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::sync::Arc;

@@ -4,7 +4,10 @@
 //! (an acquire and a rotate wait while another transaction holds it), and a connection whose
 //! one-round-trip `BEGIN` failed part-way is not handed to the next caller in an aborted
 //! transaction.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::str::FromStr;

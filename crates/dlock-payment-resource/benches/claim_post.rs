@@ -37,6 +37,7 @@
 //! newer for its posts, each fence passed once per batch; the rail-proxy moves each batch's
 //! payouts to RAIL_ACKED with one `admit_batch` and one `resolve_batch` (untimed). Its rates
 //! are payouts per second, against the same baseline of single conditional UPDATEs.
+#![allow(clippy::disallowed_methods, reason = "a benchmark times itself on the host's clock, outside the services")]
 
 #[cfg(madsim)]
 fn main() {}

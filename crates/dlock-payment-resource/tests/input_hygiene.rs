@@ -2,7 +2,10 @@
 //! PostgreSQL: a NUL character in any string, a body that is not a JSON object, a key given
 //! twice (two `amountMinor`s), or a `%00` in the path or query is `400 VALIDATION_FAILED`
 //! (never retry-safe), before any idempotency fingerprint is taken, and writes nothing.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it drives them over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::sync::Arc;

@@ -3,7 +3,10 @@
 //! RAIL_UNAVAILABLE, retry-safe, having written nothing and called nothing, and the next try
 //! goes through; an outcome whose connection died during the forward is still recorded.
 //! Needs `DLOCK_TEST_PG_URL`.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::sync::Arc;

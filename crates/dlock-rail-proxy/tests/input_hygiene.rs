@@ -2,7 +2,10 @@
 //! PostgreSQL: a NUL character in any string, a body that is not a JSON object, or a key
 //! given twice is `400 VALIDATION_FAILED` (never retry-safe) before admission: no intent
 //! row, no mark moved, no rail call.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it drives them over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::sync::Arc;

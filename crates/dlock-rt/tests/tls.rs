@@ -5,6 +5,10 @@
 //! does not match the client's transport is refused before connecting; a broken file is
 //! an error naming its key and path, never its contents.
 #![cfg(not(madsim))]
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it drives them over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
+)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

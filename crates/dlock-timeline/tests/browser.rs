@@ -6,7 +6,10 @@
 //! `scripts/test.sh` installs chromium. Without it this test fails, unless
 //! `DLOCK_SKIP_BROWSER=1` is set (then it prints that it skipped). `DLOCK_CHROMIUM` names
 //! another binary.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::path::{Path, PathBuf};

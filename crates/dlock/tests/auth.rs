@@ -3,7 +3,10 @@
 //! before any lookup (the same answer for an existing and a missing resource), the owner
 //! binding, rotation without restart (file change and SIGHUP, with the overlap window),
 //! start-up refusals, and the local credentials of `dlock demo`.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 mod common;

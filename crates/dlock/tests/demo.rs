@@ -1,5 +1,8 @@
 //! `dlock demo` and `dlock up` as a user runs them: real processes, embedded SQLite.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::process::{Command, Stdio};

@@ -3,7 +3,10 @@
 //! `dlock executor` processes. One executor is frozen with SIGSTOP while it holds an
 //! account, past its lease, then thawed with SIGCONT: its stale write is fenced out. The
 //! checks read the rail's own call log and paydb (through P4/P5), never the executors' word.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 #[macro_use]

@@ -15,7 +15,10 @@
 //! `scripts/test.sh` installs Debian's `libfaketime`; without it the test fails, it never
 //! skips. On the old rule (a replica's wall clock against a deadline another wrote) every
 //! case fails (docs/contracts/requirements.md DL-247).
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 mod common;

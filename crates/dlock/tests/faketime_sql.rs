@@ -18,7 +18,10 @@
 //! `scripts/test.sh` installs Debian's `libfaketime` and `postgresql`; without them the test
 //! fails, it never skips. On the old rule (the database's wall clock decides) both cases
 //! fail (docs/contracts/requirements.md DL-248).
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 mod common;

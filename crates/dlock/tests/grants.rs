@@ -5,7 +5,10 @@
 //!
 //! The harness (`common::grant_env`) gives every process the test signing key and the
 //! resources its public key; these tests also start processes with keys of their own.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 mod common;

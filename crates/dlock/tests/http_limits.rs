@@ -1,7 +1,10 @@
 //! `http.header-bytes-max` as an operator sets it: the real binary serves with the limit it
 //! is given, answers a header section over it with the `431` envelope, and refuses to start
 //! with a value outside its range.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it drives them over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -5,7 +5,10 @@
 //! Holds are measured on this test process's monotonic clock: a hold starts when the grant
 //! arrives and ends when the release is sent, so an overlap means two clients were told
 //! they held the key at the same moment.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 mod common;

@@ -14,7 +14,10 @@
 //! the switches live in, fails), and `sim/tests/compiled_out_control.rs` finds every marker
 //! in a `cfg(madsim)` binary (a renamed switch fails there). `DLOCK_RELEASE_BIN=PATH`
 //! checks a binary built elsewhere instead of building one.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 #[path = "common/compiled_out.rs"]

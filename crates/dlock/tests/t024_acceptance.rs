@@ -2,7 +2,10 @@
 //! loopback, on SQLite and on PostgreSQL. Criterion 1 (the build, fmt and clippy) is the
 //! CI gate itself; the rest are here. Assertions about the rail use the stub's own call
 //! log (`GET /calls`), never the proxy's logs.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it drives them over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 #[macro_use]

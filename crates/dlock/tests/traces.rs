@@ -8,7 +8,10 @@
 //! its caller's span as parent. The servers' logs carry it; an error answer's `traceId` is
 //! the trace id of the request's `traceparent`. A collector that is down changes nothing
 //! for the payout.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it drives them over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
+)]
 #![cfg(not(madsim))]
 
 #[macro_use]

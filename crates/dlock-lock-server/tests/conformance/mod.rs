@@ -17,6 +17,10 @@
 //!   task for seconds). [`run_case`] then plays the case again on a fresh store, at most
 //!   [`STALLED_TRIES_MAX`] times; any other failure fails the case at once. A store that
 //!   closes a window early is caught, because the store's clock is then still inside it.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};

@@ -2,6 +2,10 @@
 //! (SQLite, PostgreSQL, and the simulation store), each over one fresh paydb that the
 //! proxy's `RailStore` shares, so the simulation cannot drift from SQL semantics. Each case
 //! names the behaviour it proves (docs/design/payment-resource.md §8).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it drives them over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
+)]
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;

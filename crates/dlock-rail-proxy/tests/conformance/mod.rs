@@ -1,6 +1,10 @@
 //! The rail store conformance suite: the same cases against every `RailStore`
 //! implementation (SQLite, PostgreSQL, and the simulation store), so the simulation cannot
 //! drift from SQL semantics. Each case names the behaviour it proves.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it drives them over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
+)]
 
 use std::sync::Arc;
 

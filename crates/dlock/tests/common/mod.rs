@@ -1,5 +1,8 @@
 //! Harness for tests that run real `dlock` processes on loopback.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test outside the services: it bounds its own waits on real processes with the host's clock (the seam binds service code)"
+)]
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
