@@ -237,6 +237,18 @@ impl Fault {
         }
     }
 
+    /// Removes the fault's `for-ms`: it then lasts until an undo or a heal.
+    pub fn clear_for_ms(&mut self) {
+        match self {
+            Fault::Pause { for_ms, .. }
+            | Fault::Crash { for_ms, .. }
+            | Fault::Partition { for_ms, .. }
+            | Fault::Clog { for_ms, .. }
+            | Fault::StoreFault { for_ms, .. } => *for_ms = None,
+            _ => {}
+        }
+    }
+
     /// Whether the fault's parameters are within what the mechanisms accept (the node names
     /// are the caller's to check against its world).
     pub fn validate(&self) -> Result<(), String> {
@@ -340,13 +352,18 @@ impl Fault {
             other => vec![(0, other)],
         };
         for (_, f) in &out {
-            let closed_by_undo = matches!(
-                f,
-                Fault::Pause { .. } | Fault::Crash { .. } | Fault::Partition { .. } | Fault::Clog { loss: None, .. }
-            );
-            assert!(!closed_by_undo || f.for_ms().is_none(), "expand left a for-ms an undo closes: {f:?}");
+            assert!(!f.closed_by_undo() || f.for_ms().is_none(), "expand left a for-ms an undo closes: {f:?}");
         }
         out
+    }
+
+    /// Whether this fault's `for-ms` is played as a separate undo ([`Fault::expand`]), not
+    /// by the fault's own mechanism.
+    pub fn closed_by_undo(&self) -> bool {
+        matches!(
+            self,
+            Fault::Pause { .. } | Fault::Crash { .. } | Fault::Partition { .. } | Fault::Clog { loss: None, .. }
+        )
     }
 }
 

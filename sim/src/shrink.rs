@@ -299,23 +299,25 @@ fn rename_step(step: &Step, rename: &dyn Fn(&str) -> Option<String>) -> Option<S
 }
 
 /// A drawn schedule as timed steps (module doc, 2.): each entry that opens before
-/// `fault_ms` is one step, with its `for-ms` (a drawn partition loses its `drawn-N` name:
-/// the step's own `for-ms` heals it).
+/// `fault_ms` is one step with its `for-ms`, except where the seed never plays the undo
+/// (it falls at or after `fault_ms`, where the schedule is cut and everything heals): that
+/// fault stays open to the end of the phase, as in the seed. A drawn partition loses its
+/// `drawn-N` name (its step's `for-ms` heals it).
 fn steps_of(drawn: &Schedule, fault_ms: u64) -> Vec<Timed> {
     let mut out = Vec::new();
     for t in drawn.events.iter().filter(|t| t.at_ms < fault_ms) {
         let step = match &t.event {
-            Event::Fault(Fault::Partition { a, b, one_way, for_ms: Some(ms), .. }) => Step::Fault {
-                fault: Fault::Partition {
-                    name: None,
-                    a: a.clone(),
-                    b: b.clone(),
-                    one_way: *one_way,
-                    for_ms: Some(*ms),
-                },
-                when: t.when,
-            },
-            Event::Fault(fault) => Step::Fault { fault: fault.clone(), when: t.when },
+            Event::Fault(fault) => {
+                let mut fault = fault.clone();
+                let undo_unplayed = fault.for_ms().is_some_and(|ms| t.at_ms.saturating_add(ms) >= fault_ms);
+                if fault.closed_by_undo() && undo_unplayed {
+                    fault.clear_for_ms();
+                }
+                if let Fault::Partition { name, .. } = &mut fault {
+                    *name = None;
+                }
+                Step::Fault { fault, when: t.when }
+            }
             Event::Acquire { client, key, wait_ms, hold_ms, session_ttl_ms } => Step::Control(Control::Acquire {
                 client: client.clone(),
                 key: key.clone(),
