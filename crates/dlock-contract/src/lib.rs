@@ -13,6 +13,7 @@ pub mod batch;
 pub mod currency;
 pub mod defence;
 pub mod error;
+pub mod fenced;
 pub mod grant;
 pub mod headers;
 pub mod lock;

@@ -28,6 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Extension;
 use dlock_contract::batch::{batch_target, BatchAnswer};
+use dlock_contract::fenced::{FencedOut, FencedResource};
 use dlock_contract::payment::{
     AccountBody, ClaimAck, ClaimBatchRequest, ClaimRequest, EntryBody, NewAccountRequest, NewPayoutRequest, PayoutBody,
     PayoutItem, PayoutPage, PostAck, PostBatchRequest, PostRequest, SubmissionBody, CURSOR_CHARS_MAX, P1_LIMIT_DEFAULT,
@@ -345,13 +346,7 @@ fn fenced_out(
 ) -> ApiError {
     let resource_type = crate::metrics::FENCED_RESOURCES[resource];
     pr.metrics.fenced_out.inc(resource);
-    let mut details = json!({
-        "presentedToken": presented,
-        "highestToken": highest,
-        "resourceType": resource_type,
-        "resourceId": resource_id,
-        "ownerId": owner_id,
-    });
+    let mut details = FencedOut::new(presented, highest, FencedResource::ALL[resource], resource_id, owner_id);
     match payout_id {
         Some(payout_id) => {
             tracing::warn!(
@@ -364,7 +359,7 @@ fn fenced_out(
                 traceId = %trace.0,
                 "fenced_out"
             );
-            details["payoutId"] = json!(payout_id);
+            details = details.for_payout(payout_id);
         }
         None => tracing::warn!(
             resource = resource_type,
@@ -380,7 +375,7 @@ fn fenced_out(
         ErrorCode::FencedOut,
         "the presented token does not exceed the stored fence; a newer holder exists. Abort the critical section",
     )
-    .with_details(details)
+    .with_details(details.to_value())
 }
 
 /// P2's message for a payout not in the expected state.

@@ -9,6 +9,8 @@ use dlock_http::metrics::{
     Counter, LabeledCounter, OffWriterWrites, PoolGauges, Registry, TaggedHistogram, HOP_BUCKETS_SECONDS,
 };
 
+use dlock_contract::fenced::FencedResource;
+
 use crate::store_timed::PaymentStoreOp;
 
 /// `payout_store_op_seconds`: every paydb call of this instance (buckets 0.5 ms .. 10 s).
@@ -16,7 +18,8 @@ pub const STORE_OP_SECONDS: &str = "payout_store_op_seconds";
 
 /// Values of the `resource` tag on `lock_fenced_out_total` (C4). `rail` stays 0 here: the
 /// proxy counts its own refusals.
-pub const FENCED_RESOURCES: [&str; 3] = ["account", "ledger", "rail"];
+pub const FENCED_RESOURCES: [&str; 3] =
+    [FencedResource::Account.as_str(), FencedResource::Ledger.as_str(), FencedResource::Rail.as_str()];
 pub const RESOURCE_ACCOUNT: usize = 0;
 pub const RESOURCE_LEDGER: usize = 1;
 

@@ -42,6 +42,13 @@ impl RailRefusal {
         self.envelope().and_then(|e| e.details.as_ref())
     }
 
+    /// The `FENCED_OUT` body (C3 §3.4: both tokens, where, whose), when this refusal is one
+    /// and its details read as one.
+    pub fn fenced_out(&self) -> Option<dlock_contract::fenced::FencedOut> {
+        let e = self.envelope().filter(|e| e.code == dlock_contract::ErrorCode::FencedOut)?;
+        e.details.as_ref().and_then(dlock_contract::fenced::FencedOut::from_details)
+    }
+
     /// The HTTP status of the answer, when one arrived.
     pub fn status(&self) -> Option<u16> {
         match self {

@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Extension;
 use dlock_contract::batch::{BatchAnswer, BatchItem};
+use dlock_contract::fenced::{FencedOut, FencedResource};
 use dlock_contract::rail::{SubmissionAck, SubmissionBatchRequest, SubmissionOutcome, SubmissionRequest};
 use dlock_contract::time::rfc3339_ms;
 use dlock_contract::ErrorCode;
@@ -107,7 +108,7 @@ async fn submit_batch(
             .into_response(),
         BatchOutcome::Fenced { highest_token } => {
             let whole = Answering { payout_id: uuid::Uuid::nil(), account_id, presented_token, owner_id };
-            fenced_out(&whole, highest_token, json!({})).into_response()
+            fenced_out(&whole, highest_token, None).into_response()
         }
         BatchOutcome::Items(outcomes) => {
             let items = payouts
@@ -137,24 +138,21 @@ struct Answering {
 }
 
 /// 409 `FENCED_OUT` at the rail's high-water mark for `a`'s token and account (C3 §3.4's
-/// details, `resourceType` `rail`), with `more` details: a single submission names its payout
-/// and attempt, a fenced batch (C3-extensions E-19) nothing more.
-fn fenced_out(a: &Answering, highest_token: i64, more: serde_json::Value) -> ApiError {
-    let mut details = json!({
-        "presentedToken": a.presented_token,
-        "highestToken": highest_token,
-        "resourceType": "rail",
-        "resourceId": a.account_id,
-        "ownerId": a.owner_id,
-    });
-    if let (Some(d), serde_json::Value::Object(more)) = (details.as_object_mut(), more) {
-        d.extend(more);
+/// details, `resourceType` `rail`): a single submission (`submission_id` given) names its
+/// payout, attempt and outcome; a fenced batch (C3-extensions E-19) nothing more.
+fn fenced_out(a: &Answering, highest_token: i64, submission_id: Option<uuid::Uuid>) -> ApiError {
+    let mut details =
+        FencedOut::new(a.presented_token, highest_token, FencedResource::Rail, &a.account_id, &a.owner_id);
+    if let Some(submission_id) = submission_id {
+        details = details.for_payout(a.payout_id);
+        details.submission_id = Some(submission_id);
+        details.outcome = Some(SubmissionOutcome::Fenced);
     }
     ApiError::new(
         ErrorCode::FencedOut,
         "the presented token does not exceed the account's high-water mark; a newer holder exists",
     )
-    .with_details(details)
+    .with_details(details.to_value())
 }
 
 /// The answer a submission's `outcome` comes to on the wire (C3 §3.5, C3-extensions E-4):
@@ -174,11 +172,7 @@ fn answer(outcome: Outcome, a: &Answering) -> Result<SubmissionAck, ApiError> {
                 resolved_at,
             })
         }
-        Outcome::Fenced { submission_id, highest_token } => fenced_out(
-            a,
-            highest_token,
-            json!({"payoutId": payout_id, "submissionId": submission_id, "outcome": SubmissionOutcome::Fenced}),
-        ),
+        Outcome::Fenced { submission_id, highest_token } => fenced_out(a, highest_token, Some(submission_id)),
         Outcome::Duplicate { submission_id, first_submission_id, first_submitted_at } => ApiError::new(
             ErrorCode::DuplicateSubmission,
             "this payout already has a submission record; resolve from it, never resubmit",
