@@ -49,9 +49,8 @@
 //! account drops that account's candidates from the shared scan until the next scan. All
 //! of it only narrows what is tried; the lock server stays the only authority.
 //!
-//! Every hop is timed on the executor's clock into `payout_hop_seconds{hop}`, answered or
-//! not, and a payout that ends POSTED or FAILED here is observed in
-//! `payout_end_to_end_seconds{outcome}` ([`crate::metrics`]).
+//! Every hop is timed into `payout_hop_seconds{hop}` and a payout that ends POSTED or
+//! FAILED here into `payout_end_to_end_seconds{outcome}` ([`crate::metrics`]).
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;

@@ -475,6 +475,26 @@ pub enum Log {
     ChainRotateFailed { about: About, cause: String },
 }
 
+impl Log {
+    /// The record's `tracing` event name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Log::SessionReset { .. } => "executor_session_reset",
+            Log::AccountBusy { .. } => "executor_account_busy",
+            Log::OwnerInvalid => "executor_owner_invalid",
+            Log::FencedOut { .. } => "executor_fenced_out",
+            Log::ClaimUndecided { .. } | Log::ClaimItemUndecided { .. } => "executor_claim_undecided",
+            Log::DuplicateSubmission { .. } => "executor_duplicate_submission",
+            Log::RailAmbiguous { .. } => "rail_ambiguous",
+            Log::SubmissionAnswerLost { .. } => "executor_submission_answer_lost",
+            Log::SubmissionUndecided { .. } => "executor_submission_undecided",
+            Log::PostDeferred { .. } => "executor_post_deferred",
+            Log::PostUndecided { .. } | Log::PostItemUndecided { .. } => "executor_post_undecided",
+            Log::ChainRotateFailed { .. } => "executor_chain_rotate_failed",
+        }
+    }
+}
+
 /// How the pass goes on after a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Pass {
@@ -1409,3 +1429,6 @@ impl PayoutRun {
         out.push(Command::Done(End { outcomes, pass, kept_links }));
     }
 }
+
+#[cfg(test)]
+mod scripts;

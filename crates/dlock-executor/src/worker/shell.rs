@@ -163,7 +163,9 @@ impl Executor {
                     assert!(commands.is_empty() && run.is_done(), "`Done` ends the run");
                     return self.ended(end, members, io, started);
                 }
-                answer = self.perform(command, &mut io).await;
+                // Boxed, as the hops of the recursion this replaced were: one allocation per
+                // command keeps the run's future small.
+                answer = Box::pin(self.perform(command, &mut io)).await;
             }
             let event = answer.expect("a step that does not end the run asks for an answer");
             commands = run.step(event).into();
