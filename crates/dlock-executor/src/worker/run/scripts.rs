@@ -6,6 +6,9 @@
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
 
+use dlock_contract::payment::PayoutBody;
+use dlock_contract::rail::SubmissionOutcome;
+
 use super::*;
 
 const TTL_MS: u64 = 6_000;
@@ -718,14 +721,16 @@ fn answers(c: &Command) -> Vec<Event> {
 
 /// Walks every answer sequence from `start` (states deduplicated by their hash, as a model
 /// checker would); checks each run's end. The number of distinct states seen.
-fn walk(start: Start) -> usize {
+fn walk(start: Start) -> (usize, usize) {
     let members: BTreeSet<Uuid> = start.members.iter().map(|m| m.payout_id).collect();
     let (batch, keep) = (members.len() > 1, start.keep);
     let mut seen: HashSet<PayoutRun> = HashSet::new();
-    let mut queue: VecDeque<(PayoutRun, Event, usize)> = VecDeque::new();
-    queue.push_back((PayoutRun::new(limits(), start), Event::Start, 0));
+    let mut queue: VecDeque<(PayoutRun, Event, usize, usize)> = VecDeque::new();
+    queue.push_back((PayoutRun::new(limits(), start), Event::Start, 0, 1));
+    let mut deepest = 0;
     let mut ends = 0;
-    while let Some((mut run, event, submissions)) = queue.pop_front() {
+    while let Some((mut run, event, submissions, depth)) = queue.pop_front() {
+        deepest = deepest.max(depth);
         let commands = run.step(event);
         let submissions = submissions
             + commands.iter().filter(|c| matches!(c, Command::Submit { .. } | Command::SubmitBatch { .. })).count();
@@ -751,11 +756,11 @@ fn walk(start: Start) -> usize {
             continue;
         }
         for answer in answers(last) {
-            queue.push_back((run.clone(), answer, submissions));
+            queue.push_back((run.clone(), answer, submissions, depth + 1));
         }
     }
     assert!(ends > 0);
-    seen.len()
+    (seen.len(), deepest)
 }
 
 /// Every answer sequence the clients can give ends the run within [`RUN_STEPS_MAX`] steps,
@@ -763,19 +768,24 @@ fn walk(start: Start) -> usize {
 /// after a post: single payouts of each scan state, fresh and chained, and a batch of two.
 #[test]
 fn every_answer_sequence_ends_the_run_keeping_its_invariants() {
-    let mut states = 0;
+    let (mut states, mut deepest) = (0, 0);
+    let mut starts = Vec::new();
     for state in [PayoutState::Pending, PayoutState::Claimed, PayoutState::RailAcked] {
-        states += walk(single(state));
-        states += walk(Start { keep: true, ..single(state) });
-        states += walk(Start {
-            keep: true,
-            chained: Some(Kept { key: "payout:a".into(), token: 5, links: 1 }),
-            ..single(state)
-        });
+        starts.push(single(state));
+        starts.push(Start { keep: true, ..single(state) });
+        let chained = Some(Kept { key: "payout:a".into(), token: 5, links: 1 });
+        starts.push(Start { keep: true, chained, ..single(state) });
     }
-    states += walk(start(&[PayoutState::Pending, PayoutState::Claimed]));
-    states += walk(Start { keep: true, ..start(&[PayoutState::Pending, PayoutState::Pending]) });
+    starts.push(start(&[PayoutState::Pending, PayoutState::Claimed]));
+    starts.push(Start { keep: true, ..start(&[PayoutState::Pending, PayoutState::Pending]) });
+    for s in starts {
+        let (seen, depth) = walk(s);
+        states += seen;
+        deepest = deepest.max(depth);
+    }
     assert!(states > 100, "the walk reached {states} states");
+    // A chained payout whose stale scan state a read corrects, rotated twice: 14 steps.
+    assert_eq!(deepest, 14, "the longest run, within RUN_STEPS_MAX ({RUN_STEPS_MAX})");
 }
 
 #[test]
