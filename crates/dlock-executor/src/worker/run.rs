@@ -8,7 +8,7 @@
 //! returns the [`Command`]s that follow from it. It does no I/O, reads no clock and draws
 //! nothing: the lease arithmetic comes in as readings ([`Event::GrantLease`],
 //! [`Event::LeaseChecked`]), so a table of events replays it exactly (the golden scripts
-//! in `worker/run_scripts.rs`), and a model checker can drive it (the machine is
+//! in `worker/run/scripts.rs`), and a model checker can drive it (the machine is
 //! `Clone + Debug + Eq + Hash`). The async shell (`worker/shell.rs`) performs the commands in
 //! order through the typed clients; a command that asks for an answer is always the last
 //! of its step, and its answer is the next event.

@@ -3,7 +3,7 @@
 //! `dlock-payment-client`, `dlock-rail-client`), and hands each answer back as the next
 //! [`Event`]. It decides nothing: what to send, when to stop, what an answer comes to are
 //! the machine's. What it adds is what the machine must not touch: the lock guards (at most
-//! one held per run, [`Io::guard`]), the account's mark in [`Executor::working`], the
+//! one held per run), the account's mark in [`Executor::working`], the
 //! clock's readings (the lease checks, the hop timings, `payout_end_to_end_seconds`), the
 //! injected stalls between a lease check and its write, the planted bug
 //! `executor-retries-submit`, and the trace of each run (C3-extensions E-17).
