@@ -597,10 +597,11 @@ impl Executor {
     /// found it in. A pass works a copy of the scan, so a payout a sibling settled while
     /// the pass went on is still in that copy; trying it would cost a grant and a claim
     /// answered `PAYOUT_NOT_CLAIMABLE` (5-11 % of the attempts on the end-to-end bench,
-    /// docs/performance.md §8.17). Advisory like the scan itself: a payout skipped here is
-    /// found again by a later scan, and every payout tried is still re-read under its lock.
-    /// Never waits: while a sibling holds the shared scan (it is scanning), the candidate
-    /// is tried as before (a pass waiting out a scan per candidate was measured slower).
+    /// docs/performance.md "Around the payouts"). Advisory like the scan itself: a payout
+    /// skipped here is found again by a later scan, and every payout tried is still re-read
+    /// under its lock. Never waits: while a sibling holds the shared scan (it is scanning),
+    /// the candidate is tried as before (a pass waiting out a scan per candidate was
+    /// measured slower).
     fn still_listed(&self, c: &Candidate) -> bool {
         match self.last_scan.try_lock() {
             Ok(last) => match last.as_ref() {
@@ -1063,8 +1064,9 @@ impl Executor {
     /// The grant's own deadline, not its session's ([`LockGuard::grant_remaining`]): a
     /// rotate renews only the grant, and a session's local lease falls to 37 % of a lease
     /// before each heartbeat (70 % kept, a beat every third), under the half this asks for:
-    /// the session's deadline made ~0.8 rotates per payout for nothing (docs/performance.md
-    /// §8.16). The write still checks both deadlines (`Executor::may_write`).
+    /// the session's deadline made ~0.8 rotates per payout for nothing
+    /// (docs/performance.md "A chain of payouts of one account"). The write still checks
+    /// both deadlines (`Executor::may_write`).
     async fn with_lease_for_a_write(&self, guard: LockGuard) -> Result<LockGuard, LockClientError> {
         let hop_ms = self.cfg.write_connect_timeout_ms.saturating_add(self.cfg.write_read_timeout_ms);
         if guard.grant_remaining() >= Duration::from_millis(hop_ms.min(self.cfg.lock_ttl_ms / 2)) {
