@@ -27,6 +27,9 @@
 #   3. Runs, failing fast, with a banner per stage:
 #        cargo fmt --all -- --check
 #        cargo clippy --workspace --all-targets --locked -- -D warnings
+#        book: mdbook (pinned, MDBOOK_VERSION below, installed once from crates.io into
+#          target/tools with `cargo install --locked`) builds docs/ into target/book; the
+#          book's links are checked by crates/dlock-testkit/tests/docs_links.rs (test stage)
 #        cargo build --release --locked -p dlock   (searched by crates/dlock/tests/release_build.rs)
 #        local fault run: deploy/local/fault-run.sh (the release binaries on a real 3-member
 #          etcd and PostgreSQL of their own, 2 000 payouts under faults: the etcd leader
@@ -59,6 +62,7 @@
 #   DLOCK_SKIP_LINT=1            skip the fmt and clippy stages (both builds)
 #   DLOCK_SKIP_SIM=1             skip the madsim stages
 #   DLOCK_SKIP_FUZZ=1            skip the fuzz stage
+#   DLOCK_SKIP_BOOK=1            skip the book stage (no mdbook install, no build)
 #   DLOCK_SKIP_FAULT_RUN=1       skip the local fault run (deploy/local/; it needs root)
 #   FUZZ_SECONDS_PER_TARGET      seconds of libFuzzer per fuzz target (default 8, a smoke; the
 #                                stage runs the targets one after the other)
@@ -501,6 +505,28 @@ if [ "${DLOCK_SKIP_LINT:-0}" = "1" ]; then
 else
     run_stage "fmt" cargo fmt --all -- --check
     run_stage "clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
+fi
+
+# The book (docs/book.toml, docs/SUMMARY.md): mdbook, pinned, built from crates.io into
+# target/tools the first time (about two minutes on 2 cores; only the search feature, no
+# `serve`/`watch`), then reused while its version matches. The build fails on a chapter
+# SUMMARY.md names that does not exist, or an {{#include}} it cannot read; links are checked
+# by the test stage (docs_links.rs), since mdbook checks none.
+MDBOOK_VERSION=0.4.52
+MDBOOK_ROOT="$ROOT/target/tools"
+book() {
+    local have=""
+    [ -x "$MDBOOK_ROOT/bin/mdbook" ] && have="$("$MDBOOK_ROOT/bin/mdbook" --version)"
+    if [ "$have" != "mdbook v$MDBOOK_VERSION" ]; then
+        cargo install mdbook --locked --version "$MDBOOK_VERSION" --no-default-features \
+            --features search --root "$MDBOOK_ROOT" || return 1
+    fi
+    "$MDBOOK_ROOT/bin/mdbook" build docs && note "the book is in target/book/index.html"
+}
+if [ "${DLOCK_SKIP_BOOK:-0}" = "1" ]; then
+    note "DLOCK_SKIP_BOOK=1: skipping the book"
+else
+    run_stage "book" book
 fi
 
 # The release `dlock` binary, in a stage of its own so its cost is timed apart: the release

@@ -38,7 +38,7 @@ impl FencedResource {
 }
 
 /// `details` of a 409 `FENCED_OUT`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FencedOut {
     /// What the fenced writer sent.

@@ -5,7 +5,7 @@
 //! `cfg(madsim)`: sqlx uses real sockets and threads, so the simulation uses in-memory stores
 //! held to the SQL ones by conformance suites.
 //!
-//! Pools (issue 14, docs/performance.md §8.3):
+//! Pools (issue 14, docs/performance.md "Pools"):
 //! - No pool pings a connection before handing it out (`test_before_acquire` off): that ping
 //!   was one extra round trip per checkout. A connection is instead bounded by age
 //!   ([`POOL_LIFETIME_MS_MAX`]) and idleness ([`POOL_IDLE_MS_MAX`]). A connection that broke
@@ -24,28 +24,31 @@
 //!   off the one writer connection answers what it answered on it, without queueing behind
 //!   every write of the process. Only autocommitted reads go there; every read a decision
 //!   depends on stays inside its write transaction on the writer.
-//! - SQLite write transactions run on a thread of their own, one per process for every
-//!   file ([`sqlite_writer_thread`], `dlock_rt::dedicated`, docs/performance.md §8.7): the stores hand each whole transaction to it and await the
-//!   answer, so a writer connection's holder is never a task waiting behind HTTP work
-//!   between two statements.
+//! - SQLite write transactions run on a thread of their own, one per process for every file
+//!   ([`sqlite_writer_thread`], `dlock_rt::dedicated`,
+//!   docs/performance.md "The SQLite writer thread"): the stores hand each whole
+//!   transaction to it and await the answer, so a writer connection's holder is never a
+//!   task waiting behind HTTP work between two statements.
 //!
 //! SQLite batches ([`sqlite_batch_sql`], [`sqlite_batch`]): sqlx-sqlite runs each statement
 //! as one command to the connection's worker thread and back, and on a busy 2-core machine
-//! those hops, not SQLite's work, bound the one writer (docs/performance.md, "Measured on the
-//! third run"). Statements with no decision between them go as one multi-statement query:
-//! one hop for all of them, the same statements in the same order in the same transaction.
+//! those hops, not SQLite's work, bound the one writer (docs/performance.md, "What bounds
+//! each curve"). Statements with no decision between them go as one multi-statement
+//! query: one hop for all of them, the same statements in the same order in the same
+//! transaction.
 //! A store batches only statements that are all to run, or whose transaction rolls back
 //! whenever a later one should not have run. This relies on sqlx-sqlite running every
 //! statement of a query and binding `?NNN` across them, which sqlx 0.8 marks deprecated
 //! (launchbadge/sqlx#3108): `tests/pools.rs` holds the behaviour, so an upgrade that drops it
 //! fails there first.
 //!
-//! Unflushed SQLite writes ([`sqlite_unflushed`], docs/performance.md §8.22): a write whose
-//! loss is already safe (the lock server's release) may commit at `synchronous = NORMAL`, to
-//! the WAL without a flush of its own; the next flushed commit on the file makes it durable
-//! with itself. Invariant: a connection returns to its pool only at `FULL` (the batch ran to
-//! its last statement, which restores it); a batch that failed or was dropped half-way
-//! closes its connection, so every other write stays flushed.
+//! Unflushed SQLite writes ([`sqlite_unflushed`],
+//! docs/performance.md "SQLite: unflushed releases"): a write whose loss is already safe
+//! (the lock server's release) may commit at `synchronous = NORMAL`, to the WAL without a
+//! flush of its own; the next flushed commit on the file makes it durable with itself.
+//! Invariant: a connection returns to its pool only at `FULL` (the batch ran to its last
+//! statement, which restores it); a batch that failed or was dropped half-way closes its
+//! connection, so every other write stays flushed.
 
 #![cfg(not(madsim))]
 
@@ -224,14 +227,14 @@ pub fn sqlite_unflushed_sql(statements: &[(&str, usize)]) -> String {
 /// Runs `query` ([`sqlite_unflushed_sql`] of `statements` autocommitted statements, with
 /// their binds) on a connection of `pool` in one call to its worker, and answers what each
 /// statement returned. Their commits go to the WAL without a flush of their own
-/// (docs/performance.md §8.22): the next commit made at `FULL` on the file, by any
-/// connection, flushes them with itself (one flush of the WAL file makes every frame
-/// written before it durable), and a checkpoint flushes the WAL before it copies a page.
-/// So `kill -9` loses nothing (the writes are in the operating system's cache), and a power
-/// loss or an OS crash can undo only commits made this way since the last flushed one,
-/// never a flushed commit or anything before it. Only a write whose loss is already safe
-/// belongs here (the lock server's release: its grant comes back and lapses with its lease,
-/// as when the release's answer is lost).
+/// (docs/performance.md "SQLite: unflushed releases"): the next commit made at `FULL` on
+/// the file, by any connection, flushes them with itself (one flush of the WAL file makes
+/// every frame written before it durable), and a checkpoint flushes the WAL before it
+/// copies a page. So `kill -9` loses nothing (the writes are in the operating system's
+/// cache), and a power loss or an OS crash can undo only commits made this way since the
+/// last flushed one, never a flushed commit or anything before it. Only a write whose loss
+/// is already safe belongs here (the lock server's release: its grant comes back and lapses
+/// with its lease, as when the release's answer is lost).
 ///
 /// Invariant: a connection goes back to the pool only at `FULL`, that is, only after the
 /// whole batch ran, its last statement included; a batch that failed, or was dropped
@@ -291,7 +294,7 @@ pub const SQLITE_BATCH_TX_BEGIN: &str = "BEGIN IMMEDIATE";
 /// with its last statements ([`SqliteBatchTx::commit_with`]), or which ends with a
 /// `ROLLBACK` ([`SqliteBatchTx::rollback`]): a read-decide-write transaction in two calls
 /// to the worker where sqlx's `begin` and `commit` take one call each (the lock server's
-/// acquire: five calls before, docs/performance.md §8.19).
+/// acquire: five calls before, docs/performance.md "The lock server's grants").
 ///
 /// sqlx does not count this transaction (it never saw its `BEGIN`), so it must never reach
 /// the pool open. Invariant (asserted in release builds too): a connection goes back to the
@@ -661,7 +664,7 @@ fn registered(reg: &Registry, key: &str, file: &std::path::Path) -> Option<Share
 /// One for all files, not one per file: its runtime interleaves the transactions of every
 /// file (each waits on its own connection's sqlx worker, not on the others), and measured
 /// on 2 cores a second such thread (lockdb's beside paydb's) made both files' writes slower
-/// than one thread did (docs/performance.md §8.7).
+/// than one thread did (docs/performance.md "The SQLite writer thread").
 pub fn sqlite_writer_thread() -> Result<dlock_rt::dedicated::WriterThread, sqlx::Error> {
     static WRITER: std::sync::OnceLock<dlock_rt::dedicated::WriterThread> = std::sync::OnceLock::new();
     if let Some(w) = WRITER.get() {

@@ -1,4 +1,4 @@
-//! The pools' bounds (docs/performance.md §8.3): no ping before a checkout, so a connection
+//! The pools' bounds (docs/performance.md "Pools"): no ping before a checkout, so a connection
 //! broken while idle fails its first statement and the pool then recovers on its own; and
 //! one SQLite pool per file per process while anyone holds it.
 #![allow(
@@ -278,8 +278,9 @@ async fn synchronous(shared: &dlock_db::SharedSqlitePool) -> i64 {
     sqlx::query_scalar("PRAGMA synchronous").fetch_one(shared.pool()).await.expect("pragma")
 }
 
-/// An unflushed batch (docs/performance.md §8.22) runs its statements at NORMAL, commits
-/// them, and hands its connection back at FULL, so the next write flushes as every write does.
+/// An unflushed batch (docs/performance.md "SQLite: unflushed releases") runs its
+/// statements at NORMAL, commits them, and hands its connection back at FULL, so the next
+/// write flushes as every write does.
 #[tokio::test]
 async fn an_unflushed_sqlite_batch_runs_at_normal_and_hands_its_connection_back_at_full() {
     let (shared, _dir) = table_t().await;

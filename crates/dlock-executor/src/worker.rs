@@ -417,10 +417,11 @@ impl Executor {
     /// found it in. A pass works a copy of the scan, so a payout a sibling settled while
     /// the pass went on is still in that copy; trying it would cost a grant and a claim
     /// answered `PAYOUT_NOT_CLAIMABLE` (5-11 % of the attempts on the end-to-end bench,
-    /// docs/performance.md §8.17). Advisory like the scan itself: a payout skipped here is
-    /// found again by a later scan, and every payout tried is still re-read under its lock.
-    /// Never waits: while a sibling holds the shared scan (it is scanning), the candidate
-    /// is tried as before (a pass waiting out a scan per candidate was measured slower).
+    /// docs/performance.md "Around the payouts"). Advisory like the scan itself: a payout
+    /// skipped here is found again by a later scan, and every payout tried is still re-read
+    /// under its lock. Never waits: while a sibling holds the shared scan (it is scanning),
+    /// the candidate is tried as before (a pass waiting out a scan per candidate was
+    /// measured slower).
     fn still_listed(&self, c: &Candidate) -> bool {
         match self.last_scan.try_lock() {
             Ok(last) => match last.as_ref() {

@@ -358,11 +358,11 @@ impl std::fmt::Debug for Counter {
 }
 
 /// `<service>_store_writes_off_writer_total`: store writes that ran off the store's SQLite
-/// writer thread (docs/performance.md §8.7). Each service runs its store's writes through one
-/// helper that hands them to that thread, and its timing wrapper notes every write here, so
-/// the count stays 0 unless a call site skips the helper (a lost performance cut, never a
-/// lost check: the write still runs, under the same transaction). The first one is logged
-/// with its operation.
+/// writer thread (docs/performance.md "The SQLite writer thread"). Each service runs its
+/// store's writes through one helper that hands them to that thread, and its timing wrapper
+/// notes every write here, so the count stays 0 unless a call site skips the helper (a lost
+/// performance cut, never a lost check: the write still runs, under the same transaction).
+/// The first one is logged with its operation.
 pub struct OffWriterWrites {
     counter: Counter,
 }
@@ -607,8 +607,9 @@ mod tests {
         assert!(out.contains("c_total 1\n"), "{out}");
     }
 
-    /// §8.7: a write on the store's writer thread, or of a store without one, is not
-    /// counted; one off the thread is, and the count is exported from 0.
+    /// docs/performance.md "The SQLite writer thread": a write on the store's writer
+    /// thread, or of a store without one, is not counted; one off the thread is, and the
+    /// count is exported from 0.
     #[cfg(not(madsim))]
     #[tokio::test]
     async fn only_a_store_write_off_its_writer_thread_is_counted() {

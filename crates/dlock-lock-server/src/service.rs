@@ -266,8 +266,9 @@ impl Drop for WaiterGuard<'_> {
 
 impl LockServer {
     /// Runs one of the store's write transactions (`work`, given the store) on the store's
-    /// writer thread when it has one (SQLite, docs/performance.md §8.7), else on this task.
-    /// Either way it runs to its end.
+    /// writer thread when it has one (SQLite,
+    /// docs/performance.md "The SQLite writer thread"), else on this task. Either way it
+    /// runs to its end.
     pub async fn write<T, W>(&self, work: impl FnOnce(Arc<dyn LockStore>) -> W) -> T
     where
         W: std::future::Future<Output = T> + Send + 'static,

@@ -365,7 +365,8 @@ pub trait LockStore: Send + Sync + 'static {
     }
 
     /// The thread this store's write transactions run on (`dlock_rt::dedicated`; SQLite's
-    /// one writer connection, docs/performance.md §8.7), `None`: on the caller's task.
+    /// one writer connection, docs/performance.md "The SQLite writer thread"), `None`: on
+    /// the caller's task.
     fn writer_thread(&self) -> Option<dlock_rt::dedicated::WriterThread> {
         None
     }

@@ -11,8 +11,8 @@
 //!
 //! The token-issuing transactions (acquire, rotate) are each dialect's own: `pg_grant` runs
 //! them statement by statement, `sqlite_grant` in two calls to the connection's worker
-//! (docs/performance.md §8.19); both decide by the same rules on the same context read
-//! (`ACQUIRE_CONTEXT`) and write the same statements.
+//! (docs/performance.md "The lock server's grants"); both decide by the same rules on the
+//! same context read (`ACQUIRE_CONTEXT`) and write the same statements.
 //!
 //! ## Rotate (C3-extensions E-18)
 //! One transaction, like acquire: the per-key advisory lock (PostgreSQL), the acquire context
@@ -153,7 +153,7 @@ pub struct SqliteLockStore {
     pub judge: Arc<ClockJudge>,
     /// Answers' instants on this replica's wall clock.
     shift: Arc<WallShift>,
-    /// The thread its write transactions run on (docs/performance.md §8.7).
+    /// The thread its write transactions run on (docs/performance.md "The SQLite writer thread").
     writer: dlock_rt::dedicated::WriterThread,
 }
 
@@ -174,11 +174,12 @@ static SQLITE_RELEASE_SQL: LazyLock<String> =
 
 impl SqliteLockStore {
     /// The release's one statement ([`RELEASE_LIVE`]), autocommitted and not flushed by
-    /// itself ([`dlock_db::sqlite_unflushed`], docs/performance.md §8.22): whether it
-    /// deleted the grant. The next flushed commit on the file (every grant, rotate,
-    /// revoke and session write is one) makes it durable; only a power loss or an OS crash
-    /// before that can undo it, and an undone release is a grant that lapses with its
-    /// lease, as when the release's answer is lost.
+    /// itself ([`dlock_db::sqlite_unflushed`],
+    /// docs/performance.md "SQLite: unflushed releases"): whether it deleted the grant. The
+    /// next flushed commit on the file (every grant, rotate, revoke and session write is
+    /// one) makes it durable; only a power loss or an OS crash before that can undo it, and
+    /// an undone release is a grant that lapses with its lease, as when the release's
+    /// answer is lost.
     async fn delete_live_grant(&self, key: &str, token: i64) -> Result<bool, StoreError> {
         let release = sqlx::query(&SQLITE_RELEASE_SQL).bind(key.to_owned()).bind(token);
         let parts = dlock_db::sqlite_unflushed(&self.pool, release, 1).await.map_err(unavailable)?;
@@ -924,8 +925,9 @@ mod tests {
         (SqliteLockStore::open(&url).await.expect("open lockdb"), dir)
     }
 
-    /// §8.7: the lock server runs its SQLite store's writes on the process's SQLite writer
-    /// thread (through the wrappers `LockServer::new` puts around the store).
+    /// docs/performance.md "The SQLite writer thread": the lock server runs its SQLite
+    /// store's writes on the process's SQLite writer thread (through the wrappers
+    /// `LockServer::new` puts around the store).
     #[tokio::test]
     async fn the_lock_server_runs_sqlite_writes_on_the_writer_thread() {
         let (store, _dir) = store().await;
@@ -957,8 +959,9 @@ mod tests {
         assert_eq!(judged(without).await.as_deref(), Some("0"));
     }
 
-    /// §8.22: a release runs unflushed, and the writer it hands back flushes again, after a
-    /// release that deleted the grant and after one refused for a stale token alike.
+    /// docs/performance.md "SQLite: unflushed releases": a release runs unflushed, and the
+    /// writer it hands back flushes again, after a release that deleted the grant and after
+    /// one refused for a stale token alike.
     #[tokio::test]
     async fn a_sqlite_release_runs_unflushed_and_leaves_the_writer_flushing() {
         use crate::store::LockStore as _;

@@ -119,7 +119,7 @@ mod bench {
                 // One untimed run first: on a fresh SQLite file the first run also grows the
                 // WAL (each commit's flush then writes the file's new size too), which the
                 // rows after it never pay; measured that way the baseline read about two
-                // thirds of its steady rate (docs/performance.md §8.23).
+                // thirds of its steady rate (docs/performance.md "How the benches measure").
                 conditional_update_rate(&pool, 2 * n, accounts).await;
                 conditional_update_rate(&pool, 2 * n, accounts).await
             }
@@ -543,16 +543,17 @@ mod bench {
         format!("payout:{payout_id}")
     }
 
-    /// The grant check's store read (`app.rs` `verify_grant`): the payout's account, which the
-    /// grant's signature covers (one single-column read since `docs/performance.md` §8.2; the
-    /// payout and all its submissions before). Timed with the claim and the post it precedes.
+    /// The grant check's store read (`app.rs` `verify_grant`): the payout's account, which
+    /// the grant's signature covers (one single-column read since
+    /// docs/performance.md "The grant check's account read"; the payout and all its
+    /// submissions before). Timed with the claim and the post it precedes.
     async fn grant_read(store: &dyn PaymentStore, it: &Item, w: usize) {
         let account = store.payout_account(it.payout_id).await.expect("grant read").expect("payout exists");
         assert_eq!(account, account_id(w), "the grant check reads the payout's account");
     }
 
     /// A store write as the handlers run it (`PaymentResource::write`): on the store's writer
-    /// thread when it has one (SQLite, docs/performance.md §8.7).
+    /// thread when it has one (SQLite, docs/performance.md "The SQLite writer thread").
     async fn as_handlers<T: Send + 'static>(
         store: &Arc<dyn PaymentStore>,
         work: impl std::future::Future<Output = T> + Send + 'static,

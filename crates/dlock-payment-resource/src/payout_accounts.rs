@@ -1,6 +1,7 @@
-//! The payout-to-account map the grant check reads (docs/performance.md §8.12), remembered
-//! per store so a payout's second fenced write (its post, after its claim) does not read it
-//! from the database again.
+//! The payout-to-account map the grant check reads
+//! (docs/performance.md "The grant check's account read"), remembered per store so a
+//! payout's second fenced write (its post, after its claim) does not read it from the
+//! database again.
 //!
 //! What makes it safe to remember: a payout's account is written once, when the payout is
 //! created, and no statement of paydb changes it or deletes the payout (the schema's

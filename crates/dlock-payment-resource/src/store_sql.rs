@@ -14,30 +14,34 @@
 //! transaction and written into the identity row before the commit; a refusal rolls back,
 //! identity row included.
 //!
-//! Folded statements (issue 14, `docs/performance.md` §8.2), none of them touching the fence
-//! or the reservation read: a post's transition carries the ACKED-attempt check
-//! (`AND EXISTS`, [`post_move_sql`], held to `rules::decide_post` by a test) and writes both
-//! ledger entries in one INSERT; on PostgreSQL a claim's transition and its identity row's
-//! response are one data-modifying statement ([`CLAIM_MOVE_AND_RECORD`]). The fence UPDATE
-//! and the reservation read stay two statements: under READ COMMITTED one statement reads
-//! one snapshot, taken before it waits for the account's row lock, so a reservation read
-//! folded into the fence could miss a claim that committed during the wait (overspend).
+//! Folded statements (issue 14, docs/performance.md "Claims and posts: folded statements"),
+//! none of them touching the fence or the reservation read: a post's transition carries the
+//! ACKED-attempt check (`AND EXISTS`, [`post_move_sql`], held to `rules::decide_post` by a
+//! test) and writes both ledger entries in one INSERT; on PostgreSQL a claim's transition
+//! and its identity row's response are one data-modifying statement
+//! ([`CLAIM_MOVE_AND_RECORD`]). The fence UPDATE and the reservation read stay two
+//! statements: under READ COMMITTED one statement reads one snapshot, taken before it waits
+//! for the account's row lock, so a reservation read folded into the fence could miss a
+//! claim that committed during the wait (overspend).
 //!
-//! SQLite (issue 14, `docs/performance.md` §8.6): statements with no decision between them
-//! go to the connection's worker as one batch (`dlock_db::sqlite_batch`): a claim's or
-//! post's fence and the statement after it, a claim's transition and recorded answer, a
-//! post's ledger writes, debit and recorded answer. A statement a batch ran after a fence
-//! that refused is undone by the rollback every refusal ends in (`commit_decided`).
-//! A claim's and a post's statement 0 joins that first batch (§8.8): the fence is chained
-//! to it in SQL ([`FENCE_AFTER_GATE_SQL`], `AND changes() = 1`), so a request its identity
-//! gate refuses never raises a fence (asserted), and its transaction rolls back.
-//! PostgreSQL runs the same statements one by one but for three folds: a claim's and a
-//! post's gate and fence are one statement, the fence chained to the gate in SQL
-//! (`PG_GATE_FENCE_PARTS`, §8.11); the claim's transition and recorded answer are one
-//! ([`CLAIM_MOVE_AND_RECORD`]); a post's writes after its transition are one (§8.9). The
-//! fence's follower runs only after a raised fence, as a statement of its own.
-//! Every SQLite write transaction runs on the process's SQLite writer thread (§8.7,
-//! [`PaymentStore::writer_thread`]).
+//! SQLite (issue 14, docs/performance.md "SQLite: statements batched into one call"):
+//! statements with no decision between them go to the connection's worker as one batch
+//! (`dlock_db::sqlite_batch`): a claim's or post's fence and the statement after it, a
+//! claim's transition and recorded answer, a post's ledger writes, debit and recorded
+//! answer. A statement a batch ran after a fence that refused is undone by the rollback
+//! every refusal ends in (`commit_decided`). A claim's and a post's statement 0 joins that
+//! first batch (docs/performance.md "SQLite: statements batched into one call"): the fence
+//! is chained to it in SQL ([`FENCE_AFTER_GATE_SQL`], `AND changes() = 1`), so a request
+//! its identity gate refuses never raises a fence (asserted), and its transaction rolls
+//! back. PostgreSQL runs the same statements one by one but for three folds: a claim's and
+//! a post's gate and fence are one statement, the fence chained to the gate in SQL
+//! (`PG_GATE_FENCE_PARTS`, docs/performance.md "Claims and posts: folded statements"); the
+//! claim's transition and recorded answer are one ([`CLAIM_MOVE_AND_RECORD`]); a post's
+//! writes after its transition are one
+//! (docs/performance.md "Claims and posts: folded statements"). The fence's follower runs
+//! only after a raised fence, as a statement of its own. Every SQLite write transaction
+//! runs on the process's SQLite writer thread
+//! (docs/performance.md "The SQLite writer thread", [`PaymentStore::writer_thread`]).
 //!
 //! Batches (C3-extensions E-19, P2b and P3b): one transaction per batch, the account's fence
 //! passed once. PostgreSQL: statement 0 and the account's fence as one statement (as a
@@ -175,14 +179,15 @@ macro_rules! fence_sql {
 /// expired record replaced), as the statement-by-statement path runs it only then.
 const FENCE_AFTER_GATE_SQL: &str = fence_sql!(" AND changes() = 1");
 
-/// PostgreSQL (§8.11): a claim's or post's statement 0 and statement 1 as the parts of one
-/// statement ([`dlock_db::pg_cte_sql`]), the fence chained to the gate in SQL as SQLite
-/// chains it with `changes()` ([`FENCE_AFTER_GATE_SQL`]): it rises only when the upsert
-/// wrote. Both run against the statement's one snapshot, which changes nothing here: the
-/// upsert's conflict check and the fence's `UPDATE` each judge the newest committed row
-/// (the fence re-checks `fence < $token` on it after waiting for its row lock), the
-/// payout's account never changes, and the gate's `RETURNING` is read as the CTE's output.
-/// The statement that reads behind the fence's row lock stays a statement of its own.
+/// PostgreSQL (docs/performance.md "Claims and posts: folded statements"): a claim's or
+/// post's statement 0 and statement 1 as the parts of one statement
+/// ([`dlock_db::pg_cte_sql`]), the fence chained to the gate in SQL as SQLite chains it
+/// with `changes()` ([`FENCE_AFTER_GATE_SQL`]): it rises only when the upsert wrote. Both
+/// run against the statement's one snapshot, which changes nothing here: the upsert's
+/// conflict check and the fence's `UPDATE` each judge the newest committed row (the fence
+/// re-checks `fence < $token` on it after waiting for its row lock), the payout's account
+/// never changes, and the gate's `RETURNING` is read as the CTE's output. The statement
+/// that reads behind the fence's row lock stays a statement of its own.
 const PG_GATE_FENCE_PARTS: [(&str, &str, usize); 2] = [("gate", GATE_SQL, 8), ("fence", PG_FENCE_AFTER_GATE_SQL, 4)];
 
 /// The fence as the CTE after the gate's: it rises only when the gate's upsert wrote.
@@ -597,7 +602,8 @@ pub struct PgPaymentStore {
     pub pool: sqlx::PgPool,
     /// Autocommitted reads: the same pool on PostgreSQL.
     pub read_pool: sqlx::PgPool,
-    /// The payouts' accounts the grant check has read ([`PayoutAccounts`], §8.12).
+    /// The payouts' accounts the grant check has read ([`PayoutAccounts`],
+    /// docs/performance.md "The grant check's account read").
     accounts: Arc<PayoutAccounts>,
 }
 
@@ -631,9 +637,11 @@ pub struct SqlitePaymentStore {
     /// This process's one pool on the file (`dlock_db::shared_sqlite_pool`): held so the
     /// other services of the process that open the same file share it.
     _shared: dlock_db::SharedSqlitePool,
-    /// The process's SQLite writer thread (`dlock_db::sqlite_writer_thread`, §8.7).
+    /// The process's SQLite writer thread (`dlock_db::sqlite_writer_thread`,
+    /// docs/performance.md "The SQLite writer thread").
     writer: dlock_rt::dedicated::WriterThread,
-    /// The payouts' accounts the grant check has read ([`PayoutAccounts`], §8.12).
+    /// The payouts' accounts the grant check has read ([`PayoutAccounts`],
+    /// docs/performance.md "The grant check's account read").
     accounts: Arc<PayoutAccounts>,
 }
 
@@ -672,8 +680,10 @@ macro_rules! get {
 }
 
 /// Binds a post's writes ([`PostWrites`] `$w`) to `$query` in their statements' order: the
-/// settlement account's upsert, the ledger entries, the debit, the recorded answer (a SQLite
-/// batch of them, §8.6, or PostgreSQL's one statement of them, §8.9).
+/// settlement account's upsert, the ledger entries, the debit, the recorded answer (a
+/// SQLite batch of them, docs/performance.md "SQLite: statements batched into one call", or
+/// PostgreSQL's one statement of them,
+/// docs/performance.md "Claims and posts: folded statements").
 macro_rules! bind_post_writes {
     ($query:expr, $w:expr) => {{
         let w = $w;
@@ -1644,9 +1654,10 @@ macro_rules! sql_payment_store {
 /// into one ([`dlock_db::pg_cte_sql`]).
 impl PgPaymentStore {
     /// Statement 0, the identity gate, and statement 1, the fence, as one statement of one
-    /// round trip (§8.11: [`PG_GATE_FENCE_PARTS`]); then, when the fence rose, the statement
-    /// after it, as its own statement (its snapshot is taken after the fence's row lock:
-    /// module doc). `Err(gate)`: the request does not run.
+    /// round trip (docs/performance.md "Claims and posts: folded statements":
+    /// [`PG_GATE_FENCE_PARTS`]); then, when the fence rose, the statement after it, as its
+    /// own statement (its snapshot is taken after the fence's row lock: module doc).
+    /// `Err(gate)`: the request does not run.
     async fn gate_fence_then(
         tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
         i: &IdemRequest,
@@ -1826,10 +1837,10 @@ impl PgPaymentStore {
         Ok((get!(row, "moved"), get!(row, "recorded")))
     }
 
-    /// A post's writes, one statement of one round trip ([`dlock_db::pg_cte_sql`]; §8.9):
-    /// the settlement account's upsert, the ledger entries, the debit and the recorded
-    /// answer, each a CTE over rows none of the others touches. (the balance after, identity
-    /// rows written).
+    /// A post's writes, one statement of one round trip ([`dlock_db::pg_cte_sql`];
+    /// docs/performance.md "Claims and posts: folded statements"): the settlement account's
+    /// upsert, the ledger entries, the debit and the recorded answer, each a CTE over rows
+    /// none of the others touches. (the balance after, identity rows written).
     async fn post_writes(
         tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
         w: &PostWrites<'_>,
@@ -1864,12 +1875,14 @@ impl PgPaymentStore {
 /// connection's worker thread (`dlock_db::sqlite_batch`).
 impl SqlitePaymentStore {
     /// The identity gate (statement 0), the fence (statement 1) and the statement after it,
-    /// in one batch (§8.6, §8.7). The fence is chained to the gate in SQL
-    /// ([`FENCE_AFTER_GATE_SQL`]: it raises only when the upsert wrote), so a request the
-    /// gate refuses never raises it; the statement after the fence runs whatever either
-    /// said, and every refusal, the gate's included, rolls the transaction back, so what it
-    /// did is undone (SQLite runs one writer at a time: nothing can move in between). A
-    /// refused gate then reads the live record ([`Self::gate_live`]): `Err(gate)`.
+    /// in one batch
+    /// (docs/performance.md "SQLite: statements batched into one call", "The SQLite writer thread").
+    /// The fence is chained to the gate in SQL ([`FENCE_AFTER_GATE_SQL`]: it raises only
+    /// when the upsert wrote), so a request the gate refuses never raises it; the statement
+    /// after the fence runs whatever either said, and every refusal, the gate's included,
+    /// rolls the transaction back, so what it did is undone (SQLite runs one writer at a
+    /// time: nothing can move in between). A refused gate then reads the live record
+    /// ([`Self::gate_live`]): `Err(gate)`.
     async fn gate_fence_then(
         tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
         i: &IdemRequest,
@@ -2089,8 +2102,9 @@ mod tests {
     /// (submission id, outcome, reference).
     type AttemptCase = Option<(Uuid, SubmissionOutcome, Option<&'static str>)>;
 
-    /// §8.7: on SQLite the service runs its writes on the process's SQLite writer thread
-    /// (through the timing wrapper `start` puts around the store); elsewhere in line.
+    /// docs/performance.md "The SQLite writer thread": on SQLite the service runs its
+    /// writes on the process's SQLite writer thread (through the timing wrapper `start`
+    /// puts around the store); elsewhere in line.
     #[tokio::test]
     async fn the_service_runs_sqlite_writes_on_the_writer_thread() {
         let (url, _dir) = dlock_testkit::fresh_database(dlock_testkit::Db::Sqlite).await;
@@ -2153,11 +2167,13 @@ mod tests {
     }
 
     /// The identity gate and the fence are chained in SQL: on SQLite one batch with the
-    /// statement after the fence (§8.8), on PostgreSQL one statement (§8.11). A request whose
-    /// identity has a live record is answered from it (a replay, or a conflict for another
-    /// fingerprint) and raises no fence and moves nothing, even with the account's fence
-    /// below its token (a state the API never builds: a committed record's request raised
-    /// the fence to its token).
+    /// statement after the fence
+    /// (docs/performance.md "SQLite: statements batched into one call"), on PostgreSQL one
+    /// statement (docs/performance.md "Claims and posts: folded statements"). A request
+    /// whose identity has a live record is answered from it (a replay, or a conflict for
+    /// another fingerprint) and raises no fence and moves nothing, even with the account's
+    /// fence below its token (a state the API never builds: a committed record's request
+    /// raised the fence to its token).
     macro_rules! a_refused_gate_raises_no_fence {
         ($name:ident, $store:ty, $db:expr, $sql:path) => {
             #[tokio::test]
@@ -2222,10 +2238,11 @@ mod tests {
         pg_sql
     );
 
-    /// §8.12: the grant check reads a payout's account from paydb once per store, then from
-    /// memory (shown by deleting the payout row by hand: the store still answers its
-    /// account, a freshly opened one does not); an unknown payout is read every time, so a
-    /// payout created after a miss is found.
+    /// docs/performance.md "The grant check's account read": the grant check reads a
+    /// payout's account from paydb once per store, then from memory (shown by deleting the
+    /// payout row by hand: the store still answers its account, a freshly opened one does
+    /// not); an unknown payout is read every time, so a payout created after a miss is
+    /// found.
     macro_rules! a_payouts_account_is_read_once {
         ($name:ident, $store:ty, $db:expr, $sql:path) => {
             #[tokio::test]
@@ -2285,8 +2302,9 @@ mod tests {
         pg_sql
     );
 
-    /// §8.11: the PostgreSQL gate-and-fence statement is the gate's and the fence's texts,
-    /// the fence chained to the gate, placeholders numbered on (8 for the gate, then 4).
+    /// docs/performance.md "Claims and posts: folded statements": the PostgreSQL
+    /// gate-and-fence statement is the gate's and the fence's texts, the fence chained to
+    /// the gate, placeholders numbered on (8 for the gate, then 4).
     #[test]
     fn the_postgresql_gate_and_fence_statement_chains_the_fence_to_the_gate() {
         let q = pg_gate_fence_sql();

@@ -5,9 +5,10 @@
 //! forwardable slot, move the payout to SUBMITTED), and [`RailStore::resolve`] is the
 //! second transaction that records the outcome of the one forward in between. Nothing
 //! between the two holds a database connection, so a slow rail never pins one.
-//! [`RailStore::admit_checked`] is the submission's validation (the body against its payout)
-//! and steps 1–3: in the SQL stores one transaction whose first statement checks the payout
-//! (docs/performance.md §8.14), elsewhere the read and then `admit`, which answers the same.
+//! [`RailStore::admit_checked`] is the submission's validation (the body against its
+//! payout) and steps 1–3: in the SQL stores one transaction whose first statement checks
+//! the payout (docs/performance.md "The rail-proxy's admission"), elsewhere the read and
+//! then `admit`, which answers the same.
 //!
 //! **Batches** (C3-extensions E-19): [`RailStore::admit_batch`] is the validation and steps
 //! 1–3 of several payouts of one account under one token in **one** transaction (one fence
@@ -186,7 +187,8 @@ pub trait RailStore: Send + Sync + 'static {
     }
 
     /// The thread this store's write transactions run on (`dlock_rt::dedicated`; SQLite's
-    /// one writer connection, docs/performance.md §8.7), `None`: on the caller's task.
+    /// one writer connection, docs/performance.md "The SQLite writer thread"), `None`: on
+    /// the caller's task.
     fn writer_thread(&self) -> Option<dlock_rt::dedicated::WriterThread> {
         None
     }

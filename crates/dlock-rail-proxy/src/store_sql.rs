@@ -90,7 +90,8 @@ pub struct SqliteRailStore {
     /// This process's one pool on the file (`dlock_db::shared_sqlite_pool`): held so the
     /// other services of the process that open the same file share it.
     _shared: dlock_db::SharedSqlitePool,
-    /// The process's SQLite writer thread (`dlock_db::sqlite_writer_thread`, §8.7).
+    /// The process's SQLite writer thread (`dlock_db::sqlite_writer_thread`,
+    /// docs/performance.md "The SQLite writer thread").
     writer: dlock_rt::dedicated::WriterThread,
 }
 
@@ -156,8 +157,9 @@ enum AdmitStep {
 /// - `moved`: an `UPDATE` re-checks its `WHERE` on the newest row version it locks.
 ///
 /// None of the three decides by a plain read of the statement's snapshot, so taking that
-/// snapshot before a wait (the hazard of docs/performance.md §5 cut 8) changes no decision.
-/// A refusal is classified after it, by statements of their own (refusals only).
+/// snapshot before a wait (the hazard in docs/performance.md "Checks no cut may remove")
+/// changes no decision. A refusal is classified after it, by statements of their own
+/// (refusals only).
 ///
 /// `gated` ([`RailStore::admit_checked`]): a first part, `gate`, reads the payout's terms and
 /// the mark writes only when they are the body's (`$10` the beneficiary), so validation and

@@ -1,5 +1,5 @@
 //! A paydb connection that PostgreSQL terminated while it sat idle in the pool (no pool
-//! pings before a checkout, docs/performance.md §8.3): the submission it fails answers 503
+//! pings before a checkout, docs/performance.md "Pools"): the submission it fails answers 503
 //! RAIL_UNAVAILABLE, retry-safe, having written nothing and called nothing, and the next try
 //! goes through; an outcome whose connection died during the forward is still recorded.
 //! Needs `DLOCK_TEST_PG_URL`.

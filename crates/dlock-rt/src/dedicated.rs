@@ -1,5 +1,5 @@
 //! A thread of its own for the work one database connection serialises (issue 14, SQLite's
-//! writer; docs/performance.md §8.7).
+//! writer; docs/performance.md "The SQLite writer thread").
 //!
 //! SQLite has one writer connection per file, and sqlx drives it from a worker thread: each
 //! statement, `BEGIN` and `COMMIT` is a hand-off to that thread and back, and every "back"
@@ -60,7 +60,7 @@ impl WriterThread {
     pub fn start(name: &str) -> Result<WriterThread, String> {
         #[cfg(not(madsim))]
         {
-            // Timers only: see the module doc (docs/performance.md §8.23).
+            // Timers only: see the module doc (docs/performance.md "The SQLite writer thread").
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .build()
@@ -136,9 +136,10 @@ where
     }
 }
 
-/// Whether a store write is running off the store's writer thread: true only when the
-/// store names one (`writer`) and the caller is not on it. A service's write helper
-/// ([`run_on`]) never is; a call site that skips the helper is (docs/performance.md §8.7).
+/// Whether a store write is running off the store's writer thread: true only when the store
+/// names one (`writer`) and the caller is not on it. A service's write helper ([`run_on`])
+/// never is; a call site that skips the helper is
+/// (docs/performance.md "The SQLite writer thread").
 pub fn runs_off(writer: Option<&WriterThread>) -> bool {
     writer.is_some_and(|w| !w.is_current())
 }

@@ -430,7 +430,8 @@ mod tests {
         let rail = dlock_rail_proxy::store_sql::SqliteRailStore::open(&url).await.expect("rail store");
         assert!(pay.shared_pool().same_pool(rail.shared_pool()), "two pools on one paydb file");
         assert_eq!(pay.pool.options().get_max_connections(), dlock_db::SQLITE_POOL_CONNECTIONS_MAX);
-        // §8.7: and one writer thread, on which both stores' write transactions run.
+        // docs/performance.md "The SQLite writer thread": and one writer thread, on which
+        // both stores' write transactions run.
         let pay_writer = dlock_payment_resource::store::PaymentStore::writer_thread(&pay).expect("a writer thread");
         let rail_writer = dlock_rail_proxy::store::RailStore::writer_thread(&rail).expect("a writer thread");
         assert!(pay_writer.is_same(&rail_writer), "two writer threads on one paydb file");

@@ -209,9 +209,10 @@ async fn a_stalled_executor_is_fenced_out_and_nothing_is_paid_twice(db: Db) {
     assert_every_store_write_ran_on_the_writer_thread(&c).await;
 }
 
-/// docs/performance.md §8.7: each service ran every store write of the run through its write
-/// helper (on SQLite, on the process's writer thread): `*_store_writes_off_writer_total` is
-/// exported and 0 on the lock server, the payment-resource and the rail-proxy.
+/// docs/performance.md "The SQLite writer thread": each service ran every store write of
+/// the run through its write helper (on SQLite, on the process's writer thread):
+/// `*_store_writes_off_writer_total` is exported and 0 on the lock server, the
+/// payment-resource and the rail-proxy.
 async fn assert_every_store_write_ran_on_the_writer_thread(c: &Cluster) {
     for (svc, family) in [
         (&c.lock, "lock_store_writes_off_writer_total"),

@@ -235,7 +235,8 @@ async fn metrics_expose_only_pinned_tag_values(db: Db) {
     assert!(text.contains("rail_submission_total{outcome=\"acked\"} 1"));
     assert!(text.contains("rail_submission_total{outcome=\"fenced\"} 1"));
     assert!(text.contains("lock_fenced_out_total{resource=\"rail\"} 1"));
-    // docs/performance.md §8.7: every admission and resolution ran through the write helper.
+    // docs/performance.md "The SQLite writer thread": every admission and resolution ran
+    // through the write helper.
     assert!(text.contains("\nrail_store_writes_off_writer_total 0\n"), "{text}");
 }
 

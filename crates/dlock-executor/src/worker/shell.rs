@@ -550,10 +550,10 @@ impl Executor {
                 hop = hop.tag(),
                 ownerId = io.owner().as_str(),
                 presentedToken = token,
-                highestToken = fence.highest,
-                resource = %fence.resource,
-                resourceId = %fence.resource_id,
-                payoutId = %fence.payout,
+                highestToken = fence.as_ref().map(|f| f.highest_token),
+                resource = fence.as_ref().map_or("", |f| f.resource_type.as_str()),
+                resourceId = fence.as_ref().map_or("", |f| f.resource_id.as_str()),
+                payoutId = %fence.as_ref().and_then(|f| f.payout_id).map(|p| p.to_string()).unwrap_or_default(),
                 "executor_fenced_out"
             ),
             Log::ClaimUndecided { about: About::Payout(p), answer } => {

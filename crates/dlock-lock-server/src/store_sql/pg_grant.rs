@@ -1,10 +1,10 @@
 //! PostgreSQL's token-issuing transactions (acquire, rotate), statement by statement in one
 //! transaction: `BEGIN` with the key's advisory lock (`begin_key!`, one round trip), the
 //! context read ([`ACQUIRE_CONTEXT`]), the rule, the dead grant's removal, the grant with
-//! its token drawn by `nextval` inside the statement that writes it, the token rule's check,
-//! the key's record, `COMMIT` (docs/performance.md §8.11-8.12). A concurrent transaction that
-//! granted the key first (READ COMMITTED) leaves the grant's `INSERT` with no row: the
-//! acquire rolls back and answers who holds the key.
+//! its token drawn by `nextval` inside the statement that writes it, the token rule's
+//! check, the key's record, `COMMIT` (docs/performance.md "The lock server's grants"). A
+//! concurrent transaction that granted the key first (READ COMMITTED) leaves the grant's
+//! `INSERT` with no row: the acquire rolls back and answers who holds the key.
 
 use uuid::Uuid;
 

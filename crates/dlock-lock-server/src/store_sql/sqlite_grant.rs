@@ -1,5 +1,5 @@
 //! SQLite's token-issuing transactions (acquire, rotate) in two calls to the connection's
-//! worker (docs/performance.md §8.19).
+//! worker (docs/performance.md "The lock server's grants").
 //!
 //! sqlx-sqlite runs each statement, `BEGIN` and `COMMIT` as one hand-off to the connection's
 //! worker thread and back; statement by statement an acquire made five (`BEGIN IMMEDIATE`,

@@ -1,5 +1,5 @@
 //! Where a client's fresh connection goes: its authority's addresses, a host name's kept for
-//! a short while (issue 14; docs/performance.md §8.20).
+//! a short while (issue 14; docs/performance.md "Clients: connections and host names").
 //!
 //! Every acquire, submission and rail forward opens a fresh connection (the module doc of
 //! [`super`] says why). Deployed, URLs name hosts (`http://lock-server:8081` in the compose

@@ -6,6 +6,7 @@
 //! (`Refusal::of_payment`, `View::of`, `ClaimItem::of`, ...) are pure functions of the
 //! clients' own types.
 
+use dlock_contract::fenced::FencedOut;
 use dlock_contract::payment::{ClaimAck, ClaimedTerms, PayoutBody};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::{SubmissionAck, SubmissionOutcome};
@@ -99,28 +100,6 @@ pub fn acked_submission(view: &PayoutBody) -> Option<(Uuid, String)> {
     })
 }
 
-/// What a `FENCED_OUT` refusal's details say (logged as `executor_fenced_out`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct Fence {
-    pub highest: Option<i64>,
-    pub resource: String,
-    pub resource_id: String,
-    pub payout: String,
-}
-
-impl Fence {
-    pub fn of(details: Option<&serde_json::Value>) -> Fence {
-        let d = details.cloned().unwrap_or(serde_json::Value::Null);
-        let text = |k: &str| d.get(k).and_then(serde_json::Value::as_str).unwrap_or("").to_owned();
-        Fence {
-            highest: d.get("highestToken").and_then(serde_json::Value::as_i64),
-            resource: text("resourceType"),
-            resource_id: text("resourceId"),
-            payout: text("payoutId"),
-        }
-    }
-}
-
 /// A refusal of the payment-resource or the rail-proxy, as a run reads it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Refusal {
@@ -132,8 +111,8 @@ pub struct Refusal {
     pub lost: Option<String>,
     /// The refusal as the client prints it.
     pub text: String,
-    /// Its details, for a `FENCED_OUT`.
-    pub fence: Fence,
+    /// Its details, for a `FENCED_OUT` (the contract's type: C3 §3.4).
+    pub fence: Option<FencedOut>,
     /// The state a `PAYOUT_NOT_CLAIMABLE` names.
     pub state: Option<PayoutState>,
     /// The submission a `RAIL_AMBIGUOUS` names.
@@ -148,7 +127,7 @@ impl Refusal {
             status: r.status(),
             lost: None,
             text: r.to_string(),
-            fence: Fence::of(details),
+            fence: r.fenced_out(),
             state: details
                 .and_then(|d| d.get("state"))
                 .and_then(serde_json::Value::as_str)
@@ -166,7 +145,7 @@ impl Refusal {
                 _ => None,
             },
             text: r.to_string(),
-            fence: Fence::of(r.details()),
+            fence: r.fenced_out(),
             state: None,
             submission_id: r.ambiguous_submission_id().map(str::to_owned),
         }
@@ -363,7 +342,7 @@ pub enum Log {
     /// `executor_owner_invalid` (error).
     OwnerInvalid,
     /// `executor_fenced_out` (error).
-    FencedOut { hop: Write, token: i64, fence: Fence },
+    FencedOut { hop: Write, token: i64, fence: Option<FencedOut> },
     /// `executor_claim_undecided` (warn), for a request.
     ClaimUndecided { about: About, answer: String },
     /// `executor_claim_undecided` (warn), for a batch item.
