@@ -19,7 +19,10 @@
 //!
 //! `DLOCK_SIM_DEFENCE_SEEDS` sets the default seeds per layer (from seed 1);
 //! `DLOCK_SIM_JOBS` the worker threads.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a simulation test: it times its own run on the host's clock, outside the services"
+)]
 #![cfg(madsim)]
 
 use std::collections::BTreeSet;

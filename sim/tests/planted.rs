@@ -21,7 +21,10 @@
 //!
 //! docs/simulation.md ("Planted bugs") has the table of seeds each bug took.
 //! `DLOCK_SIM_JOBS` sets the worker threads.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a simulation test: it times its own run on the host's clock, outside the services"
+)]
 #![cfg(madsim)]
 
 use dlock_rt::planted::Bug;

@@ -2,7 +2,10 @@
 //! invariants; a seed replays the same trace bit for bit.
 //!
 //! Run many seeds with `MADSIM_TEST_NUM=1000`; replay one with `MADSIM_TEST_SEED=N`.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a simulation test: it times its own run on the host's clock, outside the services"
+)]
 #![cfg(madsim)]
 
 use dlock_sim::scenario::{self, Scenario};

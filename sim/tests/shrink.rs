@@ -9,7 +9,10 @@
 //! hard-coded here so each test shrinks one seed without searching. `mark-ge` is found by
 //! the proxy scenario `equal-token-at-the-mark`, whose steps are shrunk instead. Shrunk
 //! files go to this test's temporary directory, never to `scenarios/`.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a simulation test: it times its own run on the host's clock, outside the services"
+)]
 #![cfg(madsim)]
 
 use std::path::PathBuf;

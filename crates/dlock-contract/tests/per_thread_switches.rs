@@ -3,7 +3,10 @@
 //! outside any madsim runtime, so no simulated node reaches them, and the second thread each
 //! starts is a real OS thread on purpose (only another thread can show the switch does not
 //! leak), not the runtime seam's spawn.
-
+#![allow(
+    clippy::disallowed_methods,
+    reason = "a test of per-thread switches: it starts its own threads, outside the services"
+)]
 #![cfg(madsim)]
 
 use dlock_contract::defence::{self, Layer, Tally};
