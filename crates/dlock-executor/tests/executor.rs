@@ -978,6 +978,10 @@ async fn a_payout_a_sibling_task_settled_during_the_pass_is_not_tried_again() {
     let (slow, fast) = (Uuid::new_v4(), Uuid::new_v4());
     let mut cfg = config(&lock, &payment_url, &proxy_url, "executor-1");
     cfg.concurrency = 2;
+    // The fake lists each payout in one scan only: both tasks must work from that one shared
+    // scan, so it stays fresh for a second (a task started later than the poll interval on a
+    // loaded machine would scan again, find nothing, and leave the PENDING payout unclaimed).
+    cfg.poll_interval_ms = 1_000;
     let batch_max = cfg.batch_max;
     let list = |state: &str| format!("/v1/payouts?state={state}&limit={batch_max}");
     let item = |id: Uuid, account: &str, state: &str| {
