@@ -290,10 +290,7 @@ impl Plan {
 fn rename_step(step: &Step, rename: &dyn Fn(&str) -> Option<String>) -> Option<Step> {
     match step {
         Step::Fault { fault, when } => Some(Step::Fault { fault: fault.rename_nodes(rename)?, when: *when }),
-        Step::Control(Control::Acquire { client, .. }) => {
-            rename(client)?;
-            Some(step.clone())
-        }
+        // Control steps name no replica (a scripted client is never removed).
         Step::Control(_) => Some(step.clone()),
     }
 }

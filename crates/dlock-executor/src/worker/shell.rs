@@ -283,17 +283,10 @@ impl Executor {
                 let signed = io.writing(token).signed_token();
                 let post = self.hops.payment.post(payout_id, signed, &owner, &key, &body);
                 let post = self.metrics.hops.time(&self.clock, Hop::Post, post);
-                let (answer, rotated) = if rotate {
-                    // Chained (issue 14): the grant the account's next run claims with is
-                    // rotated beside this post, not after its answer (the post already
-                    // carries this grant's signed token; the rotate keeps the key in this
-                    // session).
-                    let rotate = self.metrics.hops.time(&self.clock, Hop::Acquire, io.take().rotate());
-                    let (answer, next) = tokio::join!(post, rotate);
-                    (answer, Some(self.granted(io, next)))
-                } else {
-                    (post.await, None)
-                };
+                // Chained (issue 14): the grant the account's next run claims with is rotated
+                // beside this post, not after its answer (the post already carries this
+                // grant's signed token; the rotate keeps the key in this session).
+                let (answer, rotated) = self.maybe_beside_rotate(io, rotate, post).await;
                 Event::Posted { answer: answer.map(|_| ()).map_err(|r| Refusal::of_payment(&r)), rotated }
             }
             Command::PostBatch { account, key, acked, token, rotate } => {
@@ -313,14 +306,8 @@ impl Executor {
                 let signed = io.writing(token).signed_token();
                 let post = self.hops.payment.post_batch(&account, signed, &owner, &key, &body);
                 let post = self.metrics.hops.time(&self.clock, Hop::Post, post);
-                let (answer, rotated) = if rotate {
-                    // As a chained single post: the next grant of the account is rotated beside it.
-                    let rotate = self.metrics.hops.time(&self.clock, Hop::Acquire, io.take().rotate());
-                    let (answer, next) = tokio::join!(post, rotate);
-                    (answer, Some(self.granted(io, next)))
-                } else {
-                    (post.await, None)
-                };
+                // As a chained single post: the next grant of the account is rotated beside it.
+                let (answer, rotated) = self.maybe_beside_rotate(io, rotate, post).await;
                 let answer = answer.map(|a| Batch::of(&a, PostItem::of)).map_err(|r| Refusal::of_payment(&r));
                 Event::PostedBatch { answer, rotated }
             }
@@ -352,6 +339,33 @@ impl Executor {
     }
 
     /// A new grant held, as the machine reads it.
+    /// `call`, with the run's grant rotated beside it (`tokio::join!`, the write polled
+    /// first): the write's answer and the rotated grant's token (E-18 "Overlap").
+    async fn beside_rotate<T>(
+        &self,
+        io: &mut Io<'_>,
+        call: impl std::future::Future<Output = T>,
+    ) -> (T, Result<i64, LockRefusal>) {
+        let rotate = self.metrics.hops.time(&self.clock, Hop::Acquire, io.take().rotate());
+        let (answer, next) = tokio::join!(call, rotate);
+        (answer, self.granted(io, next))
+    }
+
+    /// [`Self::beside_rotate`] when `rotate`, else `call` alone.
+    async fn maybe_beside_rotate<T>(
+        &self,
+        io: &mut Io<'_>,
+        rotate: bool,
+        call: impl std::future::Future<Output = T>,
+    ) -> (T, Option<Result<i64, LockRefusal>>) {
+        if rotate {
+            let (answer, next) = self.beside_rotate(io, call).await;
+            (answer, Some(next))
+        } else {
+            (call.await, None)
+        }
+    }
+
     fn granted(&self, io: &mut Io<'_>, answer: Result<LockGuard, LockClientError>) -> Result<i64, LockRefusal> {
         match answer {
             Ok(g) => {
@@ -406,13 +420,12 @@ impl Executor {
             }
             answer
         };
-        let rotated = self.metrics.hops.time(&self.clock, Hop::Acquire, io.take().rotate());
-        let (answer, rotated) = tokio::join!(submission, rotated);
+        let (answer, rotated) = self.beside_rotate(io, submission).await;
         let answer = match answer {
             Ok(ack) => Ok(Acked { payout_id, submission_id: ack.submission_id, rail_reference: ack.rail_reference }),
             Err(r) => Err(Refusal::of_rail(&r)),
         };
-        Event::Submitted { answer, rotated: self.granted(io, rotated) }
+        Event::Submitted { answer, rotated }
     }
 
     /// R1b, once, with the post's newer grant rotated beside it (E-18 "Overlap"), as the
@@ -432,10 +445,9 @@ impl Executor {
             }
             answer
         };
-        let rotated = self.metrics.hops.time(&self.clock, Hop::Acquire, io.take().rotate());
-        let (answer, rotated) = tokio::join!(submission, rotated);
+        let (answer, rotated) = self.beside_rotate(io, submission).await;
         let answer = answer.map(|a| Batch::of(&a, SubmitItem::of)).map_err(|r| Refusal::of_rail(&r));
-        Event::SubmittedBatch { answer, rotated: self.granted(io, rotated) }
+        Event::SubmittedBatch { answer, rotated }
     }
 
     /// Planted bug `executor-retries-submit` for a batch: every payout whose answer was
