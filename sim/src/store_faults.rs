@@ -429,6 +429,7 @@ mod plan {
 
     use dlock_lock_server::store as ls;
     use dlock_payment_resource::store as ps;
+    use dlock_payment_resource::store_layer as ps_layer;
     use dlock_rail_proxy::store as rs;
 
     /// A `LockStore` behind a plan (lockdb).
@@ -533,94 +534,21 @@ mod plan {
         }
     }
 
-    #[async_trait]
-    impl ps::PaymentStore for PlannedPaymentStore {
-        async fn ping(&self) -> Result<(), ps::StoreError> {
-            self.plan.run(P, "ping", self.inner.ping()).await
+    /// The trait's defaulted methods keep their defaults (`payout_account` reads through the
+    /// planned `payout`, as the plan's `PAYDB_OPS` name it).
+    impl ps_layer::PaymentStoreLayer for PlannedPaymentStore {
+        const DELEGATES_DEFAULTED: bool = false;
+
+        fn inner(&self) -> &dyn ps::PaymentStore {
+            &*self.inner
         }
-        async fn cursor_secret(&self, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], ps::StoreError> {
-            self.plan.run(P, "cursor_secret", self.inner.cursor_secret(candidate, at)).await
-        }
-        async fn create_account(
+
+        async fn around<T: Send>(
             &self,
-            a: &ps::NewAccount,
-            i: &ps::IdemRequest,
-            r: ps::Render<'_, ps::CreateAccountOutcome>,
-        ) -> ps::Decided<ps::CreateAccountOutcome> {
-            self.plan.run(P, "create_account", self.inner.create_account(a, i, r)).await
-        }
-        async fn create_payout(
-            &self,
-            p: &ps::NewPayout,
-            i: &ps::IdemRequest,
-            r: ps::Render<'_, ps::CreatePayoutOutcome>,
-        ) -> ps::Decided<ps::CreatePayoutOutcome> {
-            self.plan.run(P, "create_payout", self.inner.create_payout(p, i, r)).await
-        }
-        async fn claim(
-            &self,
-            c: &ps::Claim,
-            i: &ps::IdemRequest,
-            r: ps::Render<'_, ps::ClaimOutcome>,
-        ) -> ps::Decided<ps::ClaimOutcome> {
-            self.plan.run(P, "claim", self.inner.claim(c, i, r)).await
-        }
-        async fn post(
-            &self,
-            p: &ps::Post,
-            i: &ps::IdemRequest,
-            r: ps::Render<'_, ps::PostOutcome>,
-        ) -> ps::Decided<ps::PostOutcome> {
-            self.plan.run(P, "post", self.inner.post(p, i, r)).await
-        }
-        async fn claim_batch(
-            &self,
-            b: &ps::ClaimBatch,
-            i: &ps::IdemRequest,
-            r: ps::Render<'_, ps::ClaimBatchOutcome>,
-        ) -> ps::Decided<ps::ClaimBatchOutcome> {
-            self.plan.run(P, "claim_batch", self.inner.claim_batch(b, i, r)).await
-        }
-        async fn post_batch(
-            &self,
-            b: &ps::PostBatch,
-            i: &ps::IdemRequest,
-            r: ps::Render<'_, ps::PostBatchOutcome>,
-        ) -> ps::Decided<ps::PostBatchOutcome> {
-            self.plan.run(P, "post_batch", self.inner.post_batch(b, i, r)).await
-        }
-        async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<ps::AbandonOutcome, ps::StoreError> {
-            self.plan.run(P, "abandon", self.inner.abandon(payout_id, at)).await
-        }
-        async fn resolve_ambiguous(&self, r: &ps::AmbiguousResolution) -> Result<ps::ResolveOutcome, ps::StoreError> {
-            self.plan.run(P, "resolve_ambiguous", self.inner.resolve_ambiguous(r)).await
-        }
-        async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ps::ResolutionRow>, ps::StoreError> {
-            self.plan.run(P, "resolutions", self.inner.resolutions(payout_id)).await
-        }
-        async fn payout(&self, payout_id: Uuid) -> Result<Option<ps::PayoutView>, ps::StoreError> {
-            self.plan.run(P, "payout", self.inner.payout(payout_id)).await
-        }
-        async fn account(&self, account_id: &str) -> Result<Option<ps::AccountView>, ps::StoreError> {
-            self.plan.run(P, "account", self.inner.account(account_id)).await
-        }
-        async fn accounts(&self) -> Result<Vec<ps::AccountView>, ps::StoreError> {
-            self.plan.run(P, "accounts", self.inner.accounts()).await
-        }
-        async fn list(&self, q: &ps::ListQuery) -> Result<Vec<ps::PayoutSummary>, ps::StoreError> {
-            self.plan.run(P, "list", self.inner.list(q)).await
-        }
-        async fn ledger(&self, account_id: Option<&str>) -> Result<Vec<ps::LedgerEntry>, ps::StoreError> {
-            self.plan.run(P, "ledger", self.inner.ledger(account_id)).await
-        }
-        async fn oldest_pending_created_at(&self) -> Result<Option<DateTime<Utc>>, ps::StoreError> {
-            self.plan.run(P, "oldest_pending_created_at", self.inner.oldest_pending_created_at()).await
-        }
-        async fn purge_idempotency(&self, now: DateTime<Utc>, batch_max: i64) -> Result<u64, ps::StoreError> {
-            self.plan.run(P, "purge_idempotency", self.inner.purge_idempotency(now, batch_max)).await
-        }
-        async fn idempotency_record_count(&self) -> Result<u64, ps::StoreError> {
-            self.plan.run(P, "idempotency_record_count", self.inner.idempotency_record_count()).await
+            op: ps_layer::PaymentStoreOp,
+            call: impl std::future::Future<Output = Result<T, ps::StoreError>> + Send,
+        ) -> Result<T, ps::StoreError> {
+            self.plan.run(P, op.fault_op(), call).await
         }
     }
 
