@@ -427,7 +427,9 @@ mod plan {
 
     // ---- the wrappers ------------------------------------------------------------------------
 
+    use dlock_http::metrics::ClosedTag;
     use dlock_lock_server::store as ls;
+    use dlock_lock_server::store_layer as ls_layer;
     use dlock_payment_resource::store as ps;
     use dlock_payment_resource::store_layer as ps_layer;
     use dlock_rail_proxy::store as rs;
@@ -453,84 +455,21 @@ mod plan {
     const L: StoreName = StoreName::Lockdb;
     const P: StoreName = StoreName::Paydb;
 
-    #[async_trait]
-    impl ls::LockStore for PlannedLockStore {
-        async fn ping(&self) -> Result<(), ls::StoreError> {
-            self.plan.run(L, "ping", self.inner.ping()).await
+    /// The trait's defaulted methods keep their defaults (`judges_clock` false: the plan's
+    /// lockdb has no judge).
+    impl ls_layer::LockStoreLayer for PlannedLockStore {
+        const DELEGATES_DEFAULTED: bool = false;
+
+        fn inner(&self) -> &dyn ls::LockStore {
+            &*self.inner
         }
-        async fn now_ms(&self) -> Result<i64, ls::StoreError> {
-            self.plan.run(L, "now_ms", self.inner.now_ms()).await
-        }
-        async fn open_session(
+
+        async fn around<T: Send>(
             &self,
-            session_id: Uuid,
-            owner_id: &str,
-            ttl_ms: i64,
-        ) -> Result<ls::SessionRow, ls::StoreError> {
-            self.plan.run(L, "open_session", self.inner.open_session(session_id, owner_id, ttl_ms)).await
-        }
-        async fn heartbeat(
-            &self,
-            session_id: Uuid,
-        ) -> Result<Result<(ls::SessionRow, i64), ls::SessionRefusal>, ls::StoreError> {
-            self.plan.run(L, "heartbeat", self.inner.heartbeat(session_id)).await
-        }
-        async fn close_session(
-            &self,
-            session_id: Uuid,
-            delay_ms: i64,
-        ) -> Result<Result<(), ls::SessionRefusal>, ls::StoreError> {
-            self.plan.run(L, "close_session", self.inner.close_session(session_id, delay_ms)).await
-        }
-        async fn acquire(
-            &self,
-            key: &str,
-            session_id: Uuid,
-            ttl_ms: i64,
-            delay_ms: i64,
-        ) -> Result<Result<ls::GrantRow, ls::AcquireRefusal>, ls::StoreError> {
-            self.plan.run(L, "acquire", self.inner.acquire(key, session_id, ttl_ms, delay_ms)).await
-        }
-        async fn renew(
-            &self,
-            key: &str,
-            session_id: Uuid,
-            token: i64,
-            ttl_ms: i64,
-        ) -> Result<Result<ls::GrantRow, ls::RenewRefusal>, ls::StoreError> {
-            self.plan.run(L, "renew", self.inner.renew(key, session_id, token, ttl_ms)).await
-        }
-        async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, ls::StoreError> {
-            self.plan.run(L, "release", self.inner.release(key, token)).await
-        }
-        async fn rotate(
-            &self,
-            key: &str,
-            session_id: Uuid,
-            token: i64,
-            ttl_ms: i64,
-            delay_ms: i64,
-        ) -> Result<Result<ls::GrantRow, ls::RotateRefusal>, ls::StoreError> {
-            self.plan.run(L, "rotate", self.inner.rotate(key, session_id, token, ttl_ms, delay_ms)).await
-        }
-        async fn info(&self, key: &str) -> Result<Option<ls::KeyInfo>, ls::StoreError> {
-            self.plan.run(L, "info", self.inner.info(key)).await
-        }
-        async fn owner_of(&self, target: ls::Addressed<'_>) -> Result<Option<String>, ls::StoreError> {
-            self.plan.run(L, "owner_of", self.inner.owner_of(target)).await
-        }
-        async fn revoke(
-            &self,
-            key: &str,
-            operator: &str,
-            reason: &str,
-            expected_token: Option<i64>,
-            revocation_id: Uuid,
-        ) -> Result<Result<ls::Revocation, ls::RevokeRefusal>, ls::StoreError> {
-            self.plan.run(L, "revoke", self.inner.revoke(key, operator, reason, expected_token, revocation_id)).await
-        }
-        async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ls::ReapReport, ls::StoreError> {
-            self.plan.run(L, "reap", self.inner.reap(limit, delay_ms, retention_ms)).await
+            op: ls_layer::LockStoreOp,
+            call: impl std::future::Future<Output = Result<T, ls::StoreError>> + Send,
+        ) -> Result<T, ls::StoreError> {
+            self.plan.run(L, op.tag(), call).await
         }
     }
 
