@@ -164,11 +164,8 @@ mod plan {
     use std::collections::{BTreeMap, VecDeque};
     use std::sync::{Arc, Mutex};
 
-    use async_trait::async_trait;
-    use chrono::{DateTime, Utc};
     use dlock_contract::store::{ClassifiedStoreError, StoreFault};
     use dlock_rt::probe;
-    use uuid::Uuid;
 
     use super::{lost_ack_probe, Injected, StoreName, STORE_LATENCY_MS_MAX, STORE_RECORD_LEN_MAX, WRITE_OPS};
     use crate::faults::now_ms;
@@ -433,6 +430,7 @@ mod plan {
     use dlock_payment_resource::store as ps;
     use dlock_payment_resource::store_layer as ps_layer;
     use dlock_rail_proxy::store as rs;
+    use dlock_rail_proxy::store_layer as rs_layer;
 
     /// A `LockStore` behind a plan (lockdb).
     pub struct PlannedLockStore {
@@ -491,50 +489,58 @@ mod plan {
         }
     }
 
-    #[async_trait]
-    impl rs::RailStore for PlannedRailStore {
-        async fn ping(&self) -> Result<(), rs::StoreError> {
-            self.plan.run(P, "ping", self.inner.ping()).await
+    /// `admit_checked` is the trait's default (a planned `payout` read, then a planned
+    /// `admit`); `pool_stats` and `writer_thread` keep the trait's defaults.
+    impl rs_layer::RailStoreLayer for PlannedRailStore {
+        const DELEGATES_DEFAULTED: bool = false;
+        const ADMIT_CHECKED_READ_THEN_ADMIT: bool = true;
+
+        fn inner(&self) -> &dyn rs::RailStore {
+            &*self.inner
         }
-        async fn payout(&self, payout_id: Uuid) -> Result<Option<rs::PayoutRow>, rs::StoreError> {
-            self.plan.run(P, "payout", self.inner.payout(payout_id)).await
-        }
-        async fn admit(&self, attempt: &rs::Attempt) -> Result<rs::Admission, rs::StoreError> {
-            self.plan.run(P, "admit", self.inner.admit(attempt)).await
-        }
-        async fn resolve(
+
+        async fn around<T: Send>(
             &self,
-            submission_id: Uuid,
-            resolution: &rs::Resolution,
-            at: DateTime<Utc>,
-        ) -> Result<(), rs::StoreError> {
-            self.plan.run(P, "resolve", self.inner.resolve(submission_id, resolution, at)).await
+            op: rs_layer::RailStoreOp,
+            call: impl std::future::Future<Output = Result<T, rs::StoreError>> + Send,
+        ) -> Result<T, rs::StoreError> {
+            self.plan.run(P, op.tag(), call).await
         }
-        async fn admit_batch(
-            &self,
-            asked: &[rs::Unstamped],
-            stamp: rs::Stamp<'_>,
-        ) -> Result<Vec<rs::Checked>, rs::StoreError> {
-            self.plan.run(P, "admit_batch", self.inner.admit_batch(asked, stamp)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dlock_http::metrics::ClosedTag;
+    use dlock_lock_server::store_layer::LockStoreOp;
+    use dlock_payment_resource::store_layer::PaymentStoreOp;
+    use dlock_rail_proxy::store_layer::RailStoreOp;
+
+    use super::{StoreName, WRITE_OPS};
+
+    /// `(fault name, writes)` of every operation of the three store layers, by store.
+    fn layer_ops() -> Vec<(StoreName, &'static str, bool)> {
+        let mut ops = Vec::new();
+        ops.extend(PaymentStoreOp::all().iter().map(|op| (StoreName::Paydb, op.fault_op(), op.is_write())));
+        ops.extend(RailStoreOp::all().iter().map(|op| (StoreName::Paydb, op.tag(), op.is_write())));
+        ops.extend(LockStoreOp::all().iter().map(|op| (StoreName::Lockdb, op.tag(), op.is_write())));
+        ops
+    }
+
+    #[test]
+    fn every_store_layer_op_is_a_plan_op_and_writes_exactly_when_the_plan_says_it_writes() {
+        for (store, op, writes) in layer_ops() {
+            assert!(store.ops().contains(&op), "{op} is not one of {}'s plan ops", store.as_str());
+            assert_eq!(WRITE_OPS.contains(&op), writes, "{op}: the layer and the plan disagree on whether it writes");
         }
-        async fn resolve_batch(
-            &self,
-            outcomes: &[(Uuid, rs::Resolution)],
-            at: DateTime<Utc>,
-        ) -> Result<(), rs::StoreError> {
-            self.plan.run(P, "resolve_batch", self.inner.resolve_batch(outcomes, at)).await
-        }
-        async fn high_water(&self, account_id: &str) -> Result<Option<i64>, rs::StoreError> {
-            self.plan.run(P, "high_water", self.inner.high_water(account_id)).await
-        }
-        async fn submissions(&self, payout_id: Option<Uuid>) -> Result<Vec<rs::SubmissionRow>, rs::StoreError> {
-            self.plan.run(P, "submissions", self.inner.submissions(payout_id)).await
-        }
-        async fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, rs::StoreError> {
-            self.plan.run(P, "unresolved_before", self.inner.unresolved_before(before, limit)).await
-        }
-        async fn insert_payout(&self, payout: &rs::NewPayout, at: DateTime<Utc>) -> Result<(), rs::StoreError> {
-            self.plan.run(P, "insert_payout", self.inner.insert_payout(payout, at)).await
+        for store in [StoreName::Paydb, StoreName::Lockdb] {
+            for op in store.ops() {
+                assert!(
+                    layer_ops().iter().any(|(s, o, _)| *s == store && o == op),
+                    "plan op {op} of {} is no layer op",
+                    store.as_str()
+                );
+            }
         }
     }
 }
