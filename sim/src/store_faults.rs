@@ -164,11 +164,8 @@ mod plan {
     use std::collections::{BTreeMap, VecDeque};
     use std::sync::{Arc, Mutex};
 
-    use async_trait::async_trait;
-    use chrono::{DateTime, Utc};
     use dlock_contract::store::{ClassifiedStoreError, StoreFault};
     use dlock_rt::probe;
-    use uuid::Uuid;
 
     use super::{lost_ack_probe, Injected, StoreName, STORE_LATENCY_MS_MAX, STORE_RECORD_LEN_MAX, WRITE_OPS};
     use crate::faults::now_ms;
@@ -427,9 +424,13 @@ mod plan {
 
     // ---- the wrappers ------------------------------------------------------------------------
 
+    use dlock_http::metrics::ClosedTag;
     use dlock_lock_server::store as ls;
+    use dlock_lock_server::store_layer as ls_layer;
     use dlock_payment_resource::store as ps;
+    use dlock_payment_resource::store_layer as ps_layer;
     use dlock_rail_proxy::store as rs;
+    use dlock_rail_proxy::store_layer as rs_layer;
 
     /// A `LockStore` behind a plan (lockdb).
     pub struct PlannedLockStore {
@@ -452,222 +453,94 @@ mod plan {
     const L: StoreName = StoreName::Lockdb;
     const P: StoreName = StoreName::Paydb;
 
-    #[async_trait]
-    impl ls::LockStore for PlannedLockStore {
-        async fn ping(&self) -> Result<(), ls::StoreError> {
-            self.plan.run(L, "ping", self.inner.ping()).await
+    /// The trait's defaulted methods keep their defaults (`judges_clock` false: the plan's
+    /// lockdb has no judge).
+    impl ls_layer::LockStoreLayer for PlannedLockStore {
+        const DELEGATES_DEFAULTED: bool = false;
+
+        fn inner(&self) -> &dyn ls::LockStore {
+            &*self.inner
         }
-        async fn now_ms(&self) -> Result<i64, ls::StoreError> {
-            self.plan.run(L, "now_ms", self.inner.now_ms()).await
-        }
-        async fn open_session(
+
+        async fn around<T: Send>(
             &self,
-            session_id: Uuid,
-            owner_id: &str,
-            ttl_ms: i64,
-        ) -> Result<ls::SessionRow, ls::StoreError> {
-            self.plan.run(L, "open_session", self.inner.open_session(session_id, owner_id, ttl_ms)).await
-        }
-        async fn heartbeat(
-            &self,
-            session_id: Uuid,
-        ) -> Result<Result<(ls::SessionRow, i64), ls::SessionRefusal>, ls::StoreError> {
-            self.plan.run(L, "heartbeat", self.inner.heartbeat(session_id)).await
-        }
-        async fn close_session(
-            &self,
-            session_id: Uuid,
-            delay_ms: i64,
-        ) -> Result<Result<(), ls::SessionRefusal>, ls::StoreError> {
-            self.plan.run(L, "close_session", self.inner.close_session(session_id, delay_ms)).await
-        }
-        async fn acquire(
-            &self,
-            key: &str,
-            session_id: Uuid,
-            ttl_ms: i64,
-            delay_ms: i64,
-        ) -> Result<Result<ls::GrantRow, ls::AcquireRefusal>, ls::StoreError> {
-            self.plan.run(L, "acquire", self.inner.acquire(key, session_id, ttl_ms, delay_ms)).await
-        }
-        async fn renew(
-            &self,
-            key: &str,
-            session_id: Uuid,
-            token: i64,
-            ttl_ms: i64,
-        ) -> Result<Result<ls::GrantRow, ls::RenewRefusal>, ls::StoreError> {
-            self.plan.run(L, "renew", self.inner.renew(key, session_id, token, ttl_ms)).await
-        }
-        async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, ls::StoreError> {
-            self.plan.run(L, "release", self.inner.release(key, token)).await
-        }
-        async fn rotate(
-            &self,
-            key: &str,
-            session_id: Uuid,
-            token: i64,
-            ttl_ms: i64,
-            delay_ms: i64,
-        ) -> Result<Result<ls::GrantRow, ls::RotateRefusal>, ls::StoreError> {
-            self.plan.run(L, "rotate", self.inner.rotate(key, session_id, token, ttl_ms, delay_ms)).await
-        }
-        async fn info(&self, key: &str) -> Result<Option<ls::KeyInfo>, ls::StoreError> {
-            self.plan.run(L, "info", self.inner.info(key)).await
-        }
-        async fn owner_of(&self, target: ls::Addressed<'_>) -> Result<Option<String>, ls::StoreError> {
-            self.plan.run(L, "owner_of", self.inner.owner_of(target)).await
-        }
-        async fn revoke(
-            &self,
-            key: &str,
-            operator: &str,
-            reason: &str,
-            expected_token: Option<i64>,
-            revocation_id: Uuid,
-        ) -> Result<Result<ls::Revocation, ls::RevokeRefusal>, ls::StoreError> {
-            self.plan.run(L, "revoke", self.inner.revoke(key, operator, reason, expected_token, revocation_id)).await
-        }
-        async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ls::ReapReport, ls::StoreError> {
-            self.plan.run(L, "reap", self.inner.reap(limit, delay_ms, retention_ms)).await
+            op: ls_layer::LockStoreOp,
+            call: impl std::future::Future<Output = Result<T, ls::StoreError>> + Send,
+        ) -> Result<T, ls::StoreError> {
+            self.plan.run(L, op.tag(), call).await
         }
     }
 
-    #[async_trait]
-    impl ps::PaymentStore for PlannedPaymentStore {
-        async fn ping(&self) -> Result<(), ps::StoreError> {
-            self.plan.run(P, "ping", self.inner.ping()).await
+    /// The trait's defaulted methods keep their defaults (`payout_account` reads through the
+    /// planned `payout`, as the plan's `PAYDB_OPS` name it).
+    impl ps_layer::PaymentStoreLayer for PlannedPaymentStore {
+        const DELEGATES_DEFAULTED: bool = false;
+
+        fn inner(&self) -> &dyn ps::PaymentStore {
+            &*self.inner
         }
-        async fn cursor_secret(&self, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], ps::StoreError> {
-            self.plan.run(P, "cursor_secret", self.inner.cursor_secret(candidate, at)).await
-        }
-        async fn create_account(
+
+        async fn around<T: Send>(
             &self,
-            a: &ps::NewAccount,
-            i: &ps::IdemRequest,
-            r: ps::Render<'_, ps::CreateAccountOutcome>,
-        ) -> ps::Decided<ps::CreateAccountOutcome> {
-            self.plan.run(P, "create_account", self.inner.create_account(a, i, r)).await
-        }
-        async fn create_payout(
-            &self,
-            p: &ps::NewPayout,
-            i: &ps::IdemRequest,
-            r: ps::Render<'_, ps::CreatePayoutOutcome>,
-        ) -> ps::Decided<ps::CreatePayoutOutcome> {
-            self.plan.run(P, "create_payout", self.inner.create_payout(p, i, r)).await
-        }
-        async fn claim(
-            &self,
-            c: &ps::Claim,
-            i: &ps::IdemRequest,
-            r: ps::Render<'_, ps::ClaimOutcome>,
-        ) -> ps::Decided<ps::ClaimOutcome> {
-            self.plan.run(P, "claim", self.inner.claim(c, i, r)).await
-        }
-        async fn post(
-            &self,
-            p: &ps::Post,
-            i: &ps::IdemRequest,
-            r: ps::Render<'_, ps::PostOutcome>,
-        ) -> ps::Decided<ps::PostOutcome> {
-            self.plan.run(P, "post", self.inner.post(p, i, r)).await
-        }
-        async fn claim_batch(
-            &self,
-            b: &ps::ClaimBatch,
-            i: &ps::IdemRequest,
-            r: ps::Render<'_, ps::ClaimBatchOutcome>,
-        ) -> ps::Decided<ps::ClaimBatchOutcome> {
-            self.plan.run(P, "claim_batch", self.inner.claim_batch(b, i, r)).await
-        }
-        async fn post_batch(
-            &self,
-            b: &ps::PostBatch,
-            i: &ps::IdemRequest,
-            r: ps::Render<'_, ps::PostBatchOutcome>,
-        ) -> ps::Decided<ps::PostBatchOutcome> {
-            self.plan.run(P, "post_batch", self.inner.post_batch(b, i, r)).await
-        }
-        async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<ps::AbandonOutcome, ps::StoreError> {
-            self.plan.run(P, "abandon", self.inner.abandon(payout_id, at)).await
-        }
-        async fn resolve_ambiguous(&self, r: &ps::AmbiguousResolution) -> Result<ps::ResolveOutcome, ps::StoreError> {
-            self.plan.run(P, "resolve_ambiguous", self.inner.resolve_ambiguous(r)).await
-        }
-        async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ps::ResolutionRow>, ps::StoreError> {
-            self.plan.run(P, "resolutions", self.inner.resolutions(payout_id)).await
-        }
-        async fn payout(&self, payout_id: Uuid) -> Result<Option<ps::PayoutView>, ps::StoreError> {
-            self.plan.run(P, "payout", self.inner.payout(payout_id)).await
-        }
-        async fn account(&self, account_id: &str) -> Result<Option<ps::AccountView>, ps::StoreError> {
-            self.plan.run(P, "account", self.inner.account(account_id)).await
-        }
-        async fn accounts(&self) -> Result<Vec<ps::AccountView>, ps::StoreError> {
-            self.plan.run(P, "accounts", self.inner.accounts()).await
-        }
-        async fn list(&self, q: &ps::ListQuery) -> Result<Vec<ps::PayoutSummary>, ps::StoreError> {
-            self.plan.run(P, "list", self.inner.list(q)).await
-        }
-        async fn ledger(&self, account_id: Option<&str>) -> Result<Vec<ps::LedgerEntry>, ps::StoreError> {
-            self.plan.run(P, "ledger", self.inner.ledger(account_id)).await
-        }
-        async fn oldest_pending_created_at(&self) -> Result<Option<DateTime<Utc>>, ps::StoreError> {
-            self.plan.run(P, "oldest_pending_created_at", self.inner.oldest_pending_created_at()).await
-        }
-        async fn purge_idempotency(&self, now: DateTime<Utc>, batch_max: i64) -> Result<u64, ps::StoreError> {
-            self.plan.run(P, "purge_idempotency", self.inner.purge_idempotency(now, batch_max)).await
-        }
-        async fn idempotency_record_count(&self) -> Result<u64, ps::StoreError> {
-            self.plan.run(P, "idempotency_record_count", self.inner.idempotency_record_count()).await
+            op: ps_layer::PaymentStoreOp,
+            call: impl std::future::Future<Output = Result<T, ps::StoreError>> + Send,
+        ) -> Result<T, ps::StoreError> {
+            self.plan.run(P, op.fault_op(), call).await
         }
     }
 
-    #[async_trait]
-    impl rs::RailStore for PlannedRailStore {
-        async fn ping(&self) -> Result<(), rs::StoreError> {
-            self.plan.run(P, "ping", self.inner.ping()).await
+    /// `admit_checked` is the trait's default (a planned `payout` read, then a planned
+    /// `admit`); `pool_stats` and `writer_thread` keep the trait's defaults.
+    impl rs_layer::RailStoreLayer for PlannedRailStore {
+        const DELEGATES_DEFAULTED: bool = false;
+        const ADMIT_CHECKED_READ_THEN_ADMIT: bool = true;
+
+        fn inner(&self) -> &dyn rs::RailStore {
+            &*self.inner
         }
-        async fn payout(&self, payout_id: Uuid) -> Result<Option<rs::PayoutRow>, rs::StoreError> {
-            self.plan.run(P, "payout", self.inner.payout(payout_id)).await
-        }
-        async fn admit(&self, attempt: &rs::Attempt) -> Result<rs::Admission, rs::StoreError> {
-            self.plan.run(P, "admit", self.inner.admit(attempt)).await
-        }
-        async fn resolve(
+
+        async fn around<T: Send>(
             &self,
-            submission_id: Uuid,
-            resolution: &rs::Resolution,
-            at: DateTime<Utc>,
-        ) -> Result<(), rs::StoreError> {
-            self.plan.run(P, "resolve", self.inner.resolve(submission_id, resolution, at)).await
+            op: rs_layer::RailStoreOp,
+            call: impl std::future::Future<Output = Result<T, rs::StoreError>> + Send,
+        ) -> Result<T, rs::StoreError> {
+            self.plan.run(P, op.tag(), call).await
         }
-        async fn admit_batch(
-            &self,
-            asked: &[rs::Unstamped],
-            stamp: rs::Stamp<'_>,
-        ) -> Result<Vec<rs::Checked>, rs::StoreError> {
-            self.plan.run(P, "admit_batch", self.inner.admit_batch(asked, stamp)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use dlock_http::metrics::ClosedTag;
+    use dlock_lock_server::store_layer::LockStoreOp;
+    use dlock_payment_resource::store_layer::PaymentStoreOp;
+    use dlock_rail_proxy::store_layer::RailStoreOp;
+
+    use super::{StoreName, WRITE_OPS};
+
+    /// `(fault name, writes)` of every operation of the three store layers, by store.
+    fn layer_ops() -> Vec<(StoreName, &'static str, bool)> {
+        let mut ops = Vec::new();
+        ops.extend(PaymentStoreOp::all().iter().map(|op| (StoreName::Paydb, op.fault_op(), op.is_write())));
+        ops.extend(RailStoreOp::all().iter().map(|op| (StoreName::Paydb, op.tag(), op.is_write())));
+        ops.extend(LockStoreOp::all().iter().map(|op| (StoreName::Lockdb, op.tag(), op.is_write())));
+        ops
+    }
+
+    #[test]
+    fn every_store_layer_op_is_a_plan_op_and_writes_exactly_when_the_plan_says_it_writes() {
+        for (store, op, writes) in layer_ops() {
+            assert!(store.ops().contains(&op), "{op} is not one of {}'s plan ops", store.as_str());
+            assert_eq!(WRITE_OPS.contains(&op), writes, "{op}: the layer and the plan disagree on whether it writes");
         }
-        async fn resolve_batch(
-            &self,
-            outcomes: &[(Uuid, rs::Resolution)],
-            at: DateTime<Utc>,
-        ) -> Result<(), rs::StoreError> {
-            self.plan.run(P, "resolve_batch", self.inner.resolve_batch(outcomes, at)).await
-        }
-        async fn high_water(&self, account_id: &str) -> Result<Option<i64>, rs::StoreError> {
-            self.plan.run(P, "high_water", self.inner.high_water(account_id)).await
-        }
-        async fn submissions(&self, payout_id: Option<Uuid>) -> Result<Vec<rs::SubmissionRow>, rs::StoreError> {
-            self.plan.run(P, "submissions", self.inner.submissions(payout_id)).await
-        }
-        async fn unresolved_before(&self, before: DateTime<Utc>, limit: i64) -> Result<Vec<Uuid>, rs::StoreError> {
-            self.plan.run(P, "unresolved_before", self.inner.unresolved_before(before, limit)).await
-        }
-        async fn insert_payout(&self, payout: &rs::NewPayout, at: DateTime<Utc>) -> Result<(), rs::StoreError> {
-            self.plan.run(P, "insert_payout", self.inner.insert_payout(payout, at)).await
+        for store in [StoreName::Paydb, StoreName::Lockdb] {
+            for op in store.ops() {
+                assert!(
+                    layer_ops().iter().any(|(s, o, _)| *s == store && o == op),
+                    "plan op {op} of {} is no layer op",
+                    store.as_str()
+                );
+            }
         }
     }
 }

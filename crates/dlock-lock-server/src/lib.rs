@@ -22,6 +22,7 @@ pub mod service;
 pub mod store;
 pub mod store_etcd;
 pub mod store_fault;
+pub mod store_layer;
 pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;

@@ -24,6 +24,7 @@ pub mod rules;
 pub mod service;
 pub mod store;
 pub mod store_fault;
+pub mod store_layer;
 pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;

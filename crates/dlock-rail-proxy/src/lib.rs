@@ -39,6 +39,7 @@ pub mod openapi;
 pub mod service;
 pub mod store;
 pub mod store_fault;
+pub mod store_layer;
 pub mod store_mem;
 #[cfg(not(madsim))]
 pub mod store_sql;
