@@ -18,10 +18,10 @@
 //!    [`World::heal_executors`]; chaos stops being injected, and within
 //!    [`RunOptions::liveness_ms_max`] of simulated time every payout the workload created
 //!    must reach POSTED, FAILED, ABANDONED or RAIL_AMBIGUOUS.
-//! 3. **Checks**: the world's safety checks ([`crate::world::safety_failures`]: ledger, at
-//!    most one rail call per payout) as correctness failures, unsettled payouts as liveness
-//!    failures, then [`crate::oracle::check`]. A panic anywhere (a service, the world, the
-//!    runtime's time limit) is a crash.
+//! 3. **Checks**: unsettled payouts as liveness failures, then [`crate::oracle::check`]
+//!    (the monitor's online findings, the rail's log against paydb, the ledger, the wire)
+//!    and, once every payout settled, [`crate::oracle::liveness`]. A panic anywhere (a
+//!    service, the world, the runtime's time limit) is a crash.
 //!
 //! **Defence in depth**: [`RunOptions::layer_off`] switches one stale-writer defence off
 //! for the seed (`dlock_rt::defence::set_off` on the seed's thread, switched back on after

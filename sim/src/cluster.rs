@@ -15,7 +15,7 @@ use dlock_rt::{Clock, Duration};
 use uuid::Uuid;
 
 use crate::faults::Faults;
-use crate::invariants;
+use crate::oracle;
 use crate::scenario::{Control, Scenario, Step};
 use crate::schedule::{Schedule, Stage};
 use crate::store_faults::{PlannedRailStore, StoreFaultPlan};
@@ -190,17 +190,16 @@ pub async fn run(scenario: &Scenario) -> Report {
     let mark = store.high_water(&scenario.account).await.unwrap_or(None);
     report.trace.push(format!("paydb: mark {} = {mark:?}", scenario.account));
 
-    for inv in &scenario.invariants {
-        let broken = match inv.as_str() {
-            "fenced_never_forwarded" => invariants::fenced_never_forwarded(&calls.calls, &rows),
-            "at_most_one_forward_per_payout" => invariants::at_most_one_forward_per_payout(&calls.calls),
-            "mark_equals_highest_admitted" => invariants::mark_equals_highest_admitted(&scenario.account, mark, &rows),
-            other => vec![format!("unknown invariant {other}")],
-        };
-        report.violations.extend(
-            broken.into_iter().map(|v| labels.iter().fold(v, |acc, (id, l)| acc.replace(id.as_str(), l.as_str()))),
-        );
-    }
+    // The scenario's invariants, judged by the oracle's checkers under the oracle's ids.
+    let refs: Vec<String> = calls.calls.iter().map(|c| c.client_ref.clone()).collect();
+    let marks: BTreeMap<String, i64> = mark.map(|m| (scenario.account.clone(), m)).into_iter().collect();
+    let judged = oracle::rail_failures(&refs, &rows).into_iter().chain(oracle::mark_failures(&marks, &rows));
+    report.violations.extend(
+        judged
+            .filter(|f| scenario.invariants.iter().any(|i| i == f.invariant))
+            .map(|f| format!("{}: {}", f.invariant, f.detail))
+            .map(|v| labels.iter().fold(v, |acc, (id, l)| acc.replace(id.as_str(), l.as_str()))),
+    );
     report
 }
 

@@ -21,7 +21,6 @@
 )]
 
 pub mod fault;
-pub mod invariants;
 pub mod oracle;
 pub mod outcome;
 pub mod scenario;

@@ -28,8 +28,8 @@
 //! - Executor `i` calls the replicas [`Topology::replica_for`] picks by its index, so any
 //!   topology with two proxies has executors on both.
 //!
-//! Tests judge a run with [`safety_failures`] / [`violations`], which read paydb and the
-//! rail's own record, never the answers.
+//! Tests judge a run with [`violations`] (the oracle's [`crate::oracle::safety_failures`]),
+//! which reads paydb and the rail's own record, never the answers.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -41,7 +41,7 @@ use dlock_config::Layers;
 use dlock_executor::{Executor, ExecutorConfig};
 use dlock_lock_server::store::LockStore;
 use dlock_lock_server::store_mem::MemLockStore;
-use dlock_payment_resource::store::{is_system_account, Direction, PaymentStore};
+use dlock_payment_resource::store::PaymentStore;
 use dlock_payment_resource::store_mem::MemPaydb;
 use dlock_rail_proxy::store::RailStore;
 use dlock_rt::http::{BaseUrl, HttpClient};
@@ -465,12 +465,14 @@ impl World {
     }
 }
 
-/// What the checkers find in paydb and at the rail: a CUSTOMER balance that is not its
-/// ledger sum, a negative available balance, debits that are not credits, and a payout the
-/// rail saw more than once. One line each; empty when the run is clean (the lines of
-/// [`safety_failures`]).
+/// What the oracle's end-of-run checks on paydb and the rail's record find
+/// ([`crate::oracle::safety_failures`]), one `invariant: detail` line each; empty when the
+/// run is clean.
 pub async fn violations(paydb: &MemPaydb, rail_calls: &[String]) -> Vec<String> {
-    let mut found: Vec<String> = safety_failures(paydb, rail_calls).await.into_iter().map(|f| f.detail).collect();
+    let mut found: Vec<String> = crate::oracle::safety_failures(paydb, rail_calls)
+        .into_iter()
+        .map(|f| format!("{}: {}", f.invariant, f.detail))
+        .collect();
     found.dedup();
     found
 }
@@ -1051,56 +1053,6 @@ impl World {
         .await
         .expect("the reconciler's node runs")
     }
-}
-
-/// The safety checks on paydb and the rail's record, as failures with invariant names:
-/// `balance_equals_ledger_sum`, `no_negative_available_balance`,
-/// `debits_equal_credits`, `at_most_one_rail_call_per_payout`, `paydb_readable`.
-pub async fn safety_failures(paydb: &MemPaydb, rail_calls: &[String]) -> Vec<crate::outcome::Failure> {
-    use crate::outcome::Failure;
-    let mut found = Vec::new();
-    match PaymentStore::accounts(paydb).await {
-        Ok(accounts) => {
-            for a in accounts.iter().filter(|a| !is_system_account(&a.account_id)) {
-                if a.balance_minor != a.ledger_sum_minor {
-                    found.push(Failure::correctness(
-                        "balance_equals_ledger_sum",
-                        format!("{}: balance {} != ledger sum {}", a.account_id, a.balance_minor, a.ledger_sum_minor),
-                    ));
-                }
-                if a.balance_minor - a.reserved_minor < 0 {
-                    found.push(Failure::correctness(
-                        "no_negative_available_balance",
-                        format!("{}: available {} < 0", a.account_id, a.balance_minor - a.reserved_minor),
-                    ));
-                }
-            }
-        }
-        Err(e) => found.push(Failure::crash("paydb_readable", format!("accounts unreadable: {e}"))),
-    }
-    match PaymentStore::ledger(paydb, None).await {
-        Ok(ledger) => {
-            let side = |d: Direction| ledger.iter().filter(|e| e.direction == d).map(|e| e.amount_minor).sum::<i64>();
-            if side(Direction::Debit) != side(Direction::Credit) {
-                found.push(Failure::correctness(
-                    "debits_equal_credits",
-                    format!("debits {} != credits {}", side(Direction::Debit), side(Direction::Credit)),
-                ));
-            }
-        }
-        Err(e) => found.push(Failure::crash("paydb_readable", format!("ledger unreadable: {e}"))),
-    }
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for c in rail_calls {
-        *counts.entry(c.as_str()).or_insert(0) += 1;
-    }
-    for (payout, n) in counts.into_iter().filter(|(_, n)| *n > 1) {
-        found.push(Failure::correctness(
-            "at_most_one_rail_call_per_payout",
-            format!("payout {payout} reached the rail {n} times"),
-        ));
-    }
-    found
 }
 
 impl World {
