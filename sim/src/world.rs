@@ -159,37 +159,6 @@ pub fn signed(account: &str, token: i64, owner: &str) -> dlock_contract::grant::
     dlock_contract::grant::SignedToken::new(t, Some(sig))
 }
 
-/// The knobs of a world: service settings by key and each node's clock skew.
-#[derive(Debug, Clone)]
-pub struct WorldConfig {
-    /// C5 keys and values, resolved by each service's own resolver (see [`layers`]).
-    pub settings: Vec<(String, String)>,
-    pub lock_skew_ms: i64,
-    pub proxy_skew_ms: i64,
-    pub payment_skew_ms: i64,
-    pub stub_skew_ms: i64,
-}
-
-impl Default for WorldConfig {
-    fn default() -> Self {
-        WorldConfig {
-            settings: Vec::new(),
-            lock_skew_ms: 300,
-            proxy_skew_ms: -1_500,
-            payment_skew_ms: 900,
-            stub_skew_ms: 0,
-        }
-    }
-}
-
-impl WorldConfig {
-    /// With `key = value` among the settings.
-    pub fn with(mut self, key: &str, value: impl ToString) -> WorldConfig {
-        self.settings.push((key.to_owned(), value.to_string()));
-        self
-    }
-}
-
 /// A running world: its nodes by name, the stores (outside every node), and the executors.
 pub struct World {
     /// The simulation paydb, unwrapped: the ground truth the oracle reads.
@@ -434,10 +403,12 @@ pub async fn start_executor_node(
     (node, executor)
 }
 
-/// Starts the four service nodes (the stub seeded from the runtime) and waits for them to
-/// bind: [`build`] with one replica of each and no executors.
-pub async fn start(cfg: WorldConfig) -> World {
-    build(WorldSpec::from(cfg)).await.expect("a one-replica world builds")
+/// [`build`] of a spec whose topology is within bounds (every preset's is).
+///
+/// # Panics
+/// When `spec`'s topology is outside the world's bounds (a bug in the caller).
+pub async fn start(spec: WorldSpec) -> World {
+    build(spec).await.expect("the spec's topology is within the world's bounds")
 }
 
 impl World {
@@ -698,14 +669,44 @@ impl Default for WorldSpec {
     }
 }
 
+/// The clock skews of [`WorldSpec::skewed`]: `lock-1` ahead, `proxy-1` behind, `payment-1`
+/// ahead (ms).
+pub const SKEWED_LOCK_MS: i64 = 300;
+pub const SKEWED_PROXY_MS: i64 = -1_500;
+pub const SKEWED_PAYMENT_MS: i64 = 900;
+
 impl WorldSpec {
+    /// Preset: one replica of each service, no executors, the simulation lockdb, and the
+    /// service clocks apart: `lock-1` [`SKEWED_LOCK_MS`], `proxy-1` [`SKEWED_PROXY_MS`],
+    /// `payment-1` [`SKEWED_PAYMENT_MS`], `rail-stub` 0. What the hand-written whole-cluster
+    /// tests start ([`start`]).
+    pub fn skewed() -> WorldSpec {
+        WorldSpec::default()
+            .skew("lock-1", SKEWED_LOCK_MS)
+            .skew("proxy-1", SKEWED_PROXY_MS)
+            .skew("payment-1", SKEWED_PAYMENT_MS)
+            .skew("rail-stub", 0)
+    }
+
     /// With `key = value` among the settings.
     pub fn with(mut self, key: &str, value: impl ToString) -> WorldSpec {
         self.settings.push((key.to_owned(), value.to_string()));
         self
     }
 
-    fn skew(&self, name: &str) -> i64 {
+    /// With the node `name`'s clock `ms` ahead (behind when negative).
+    pub fn skew(mut self, name: &str, ms: i64) -> WorldSpec {
+        self.skew_ms.insert(name.to_owned(), ms);
+        self
+    }
+
+    /// With the lock servers on `backend`.
+    pub fn on(mut self, backend: LockBackend) -> WorldSpec {
+        self.backend = backend;
+        self
+    }
+
+    fn skew_of(&self, name: &str) -> i64 {
         self.skew_ms.get(name).copied().unwrap_or(0)
     }
 
@@ -714,17 +715,6 @@ impl WorldSpec {
     fn layers(&self) -> Layers {
         let pairs: Vec<(&str, &str)> = self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         layers(&pairs)
-    }
-}
-
-impl From<WorldConfig> for WorldSpec {
-    fn from(cfg: WorldConfig) -> WorldSpec {
-        let mut skew_ms = BTreeMap::new();
-        skew_ms.insert("lock-1".to_owned(), cfg.lock_skew_ms);
-        skew_ms.insert("proxy-1".to_owned(), cfg.proxy_skew_ms);
-        skew_ms.insert("payment-1".to_owned(), cfg.payment_skew_ms);
-        skew_ms.insert("rail-stub".to_owned(), cfg.stub_skew_ms);
-        WorldSpec { settings: cfg.settings, skew_ms, ..WorldSpec::default() }
     }
 }
 
@@ -823,7 +813,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
     for i in 1..=t.lock_replicas {
         let name = format!("lock-{i}");
         let (mem, wrap, backend, n) = (locks.clone(), spec.wrap.lock.clone(), spec.backend, name.clone());
-        let (slot, skew) = (lock_calls.clone(), spec.skew(&name));
+        let (slot, skew) = (lock_calls.clone(), spec.skew_of(&name));
         let node = lock_node(&name, &layers_for(&l, "lock.server.listen", &name), skew, move || {
             let (mem, wrap, n, slot) = (mem.clone(), wrap.clone(), n.clone(), slot.clone());
             async move {
@@ -839,7 +829,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
         });
         nodes.insert(name, node);
     }
-    nodes.insert("rail-stub".to_owned(), stub_node("rail-stub", &l, spec.skew("rail-stub")));
+    nodes.insert("rail-stub".to_owned(), stub_node("rail-stub", &l, spec.skew_of("rail-stub")));
     for i in 1..=t.proxy_replicas {
         let name = format!("proxy-{i}");
         let raw: Arc<dyn RailStore> = paydb.clone();
@@ -847,7 +837,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
             Some(w) => w(&name, raw),
             None => raw,
         };
-        let node = proxy_node(&name, &layers_for(&l, "rail.proxy.listen", &name), spec.skew(&name), store);
+        let node = proxy_node(&name, &layers_for(&l, "rail.proxy.listen", &name), spec.skew_of(&name), store);
         nodes.insert(name, node);
     }
     for i in 1..=t.payment_replicas {
@@ -857,7 +847,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
             Some(w) => w(&name, raw),
             None => raw,
         };
-        let node = payment_node(&name, &layers_for(&l, "payment.resource.listen", &name), spec.skew(&name), store);
+        let node = payment_node(&name, &layers_for(&l, "payment.resource.listen", &name), spec.skew_of(&name), store);
         nodes.insert(name, node);
     }
     let observer = handle.create_node().name("observer").ip(IpAddr::from(OBSERVER_IP)).build();
@@ -874,7 +864,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
         let name = format!("executor-{index}");
         let cfg = executor_spec_config(&spec, index, *concurrency)?;
         let addr = node_addr(&name).ok_or("executor address")?;
-        let (registry, skew, n, calm) = (executors.clone(), spec.skew(&name), name.clone(), calm.clone());
+        let (registry, skew, n, calm) = (executors.clone(), spec.skew_of(&name), name.clone(), calm.clone());
         let node = handle
             .create_node()
             .name(&name)
