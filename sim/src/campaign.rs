@@ -43,7 +43,8 @@
 //! the end of its cursor, triggers waited for), the scripted lock clients it names. The
 //! seed still seeds the runtime (the rail's chaos, the workload's arrivals, every race).
 //! The proxy-only scenarios (`nodes = ["rail-stub", "rail-proxy"]`) play on the proxy
-//! world ([`crate::cluster::run`]), each broken invariant a correctness failure.
+//! world ([`crate::scenario_seed::run_proxy`] on `WorldSpec::proxy_only()`, built by
+//! `world::build`), each broken invariant a correctness failure.
 //! [`run_seed_with`] also returns what a scenario test asserts on ([`ScenarioFacts`]). The
 //! scenario-only parts live in [`crate::scenario_seed`]. A scenario with `swarm-rng = true`
 //! advances the runtime's generator where a swarm seed draws its schedule, so a seed shrunk

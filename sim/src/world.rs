@@ -2,8 +2,9 @@
 //! needs (the swarm's draws, scenarios, hand-written tests): 1–3 lock-server replicas over
 //! one lockdb (the simulation store [`MemLockStore`] or the simulated etcd), 1–2
 //! payment-resource and 1–2 rail-proxy replicas over one paydb ([`MemPaydb`]), the
-//! rail-stub, 1–6 executors of concurrency 1–8, and the reconciler's node. [`start`] is
-//! [`build`] with one replica of each service and no executors.
+//! rail-stub, 1–6 executors of concurrency 1–8, and the reconciler's node; or, with no lock
+//! server, no payment-resource and no executors, the proxy scenarios' world
+//! ([`WorldSpec::proxy_only`]). [`start`] is [`build`] of a spec within bounds.
 //!
 //! Nodes are addressed by name ([`node_addr`] holds the table; docs/simulation.md shows it):
 //!
@@ -168,9 +169,11 @@ pub struct World {
     /// Where every lock-server replica's lockdb calls are told (either backend): the
     /// oracle's view of etcd, which has no store observer ([`crate::oracle::calls`]).
     pub lock_calls: Arc<CallSlot>,
-    /// `lock-1`, `payment-1`, `proxy-1` and `rail-stub` (the nodes older tests name).
-    pub lock_node: madsim::runtime::NodeHandle,
-    pub payment_node: madsim::runtime::NodeHandle,
+    /// `lock-1`, `payment-1`, `proxy-1` and `rail-stub` (the nodes older tests name);
+    /// `lock-1` and `payment-1` are absent from a proxy-only world
+    /// ([`WorldSpec::proxy_only`]).
+    pub lock_node: Option<madsim::runtime::NodeHandle>,
+    pub payment_node: Option<madsim::runtime::NodeHandle>,
     pub proxy_node: madsim::runtime::NodeHandle,
     pub stub_node: madsim::runtime::NodeHandle,
     /// A node outside the cluster, for reading the rail's record.
@@ -594,8 +597,12 @@ impl Topology {
                 Err(format!("{what} {n} outside 1..={max}"))
             }
         };
-        within("lock replicas", self.lock_replicas, LOCK_REPLICAS_MAX)?;
-        within("payment replicas", self.payment_replicas, PAYMENT_REPLICAS_MAX)?;
+        // A proxy-only world (no lock server, no payment-resource) has no executors.
+        let proxy_only = self.lock_replicas == 0 && self.payment_replicas == 0 && self.executors.is_empty();
+        if !proxy_only {
+            within("lock replicas", self.lock_replicas, LOCK_REPLICAS_MAX)?;
+            within("payment replicas", self.payment_replicas, PAYMENT_REPLICAS_MAX)?;
+        }
         within("proxy replicas", self.proxy_replicas, PROXY_REPLICAS_MAX)?;
         if self.executors.len() > EXECUTORS_MAX {
             return Err(format!("{} executors, at most {EXECUTORS_MAX}", self.executors.len()));
@@ -686,6 +693,20 @@ impl WorldSpec {
             .skew("proxy-1", SKEWED_PROXY_MS)
             .skew("payment-1", SKEWED_PAYMENT_MS)
             .skew("rail-stub", 0)
+    }
+
+    /// Preset: the proxy world of the proxy scenarios: `rail-stub` and one rail-proxy
+    /// (`proxy-1`, which a schedule may also call `rail-proxy`) over paydb; no lock server,
+    /// no payment-resource, no executors (a revoke is refused).
+    pub fn proxy_only() -> WorldSpec {
+        let topology = Topology {
+            lock_replicas: 0,
+            payment_replicas: 0,
+            proxy_replicas: 1,
+            executors: Vec::new(),
+            reconciler: false,
+        };
+        WorldSpec { topology, ..WorldSpec::default() }
     }
 
     /// With `key = value` among the settings.
@@ -901,8 +922,8 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
         paydb,
         locks,
         lock_calls,
-        lock_node: node("lock-1")?,
-        payment_node: node("payment-1")?,
+        lock_node: nodes.get("lock-1").cloned(),
+        payment_node: nodes.get("payment-1").cloned(),
         proxy_node: node("proxy-1")?,
         stub_node: node("rail-stub")?,
         observer,
@@ -1161,12 +1182,13 @@ impl World {
 }
 
 impl crate::schedule::Stage for World {
-    /// The node `name`, unless it is one of [`UNFAULTABLE_NODES`].
+    /// The node `name`, unless it is one of [`UNFAULTABLE_NODES`]; `rail-proxy` (the proxy
+    /// scenarios' name) is `proxy-1`.
     fn node(&self, name: &str) -> Option<madsim::task::NodeId> {
         if UNFAULTABLE_NODES.contains(&name) {
             return None;
         }
-        self.node_id(name)
+        self.node_id(if name == "rail-proxy" { "proxy-1" } else { name })
     }
     fn faults(&self) -> &Faults {
         &self.faults
@@ -1185,6 +1207,9 @@ impl crate::schedule::Stage for World {
         key: Option<&'a str>,
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<String, String>> + Send + 'a>> {
         Box::pin(async move {
+            if self.spec.topology.lock_replicas == 0 {
+                return Err("the proxy world has no lock server".to_owned());
+            }
             let key = match key {
                 Some(k) => k.to_owned(),
                 None if self.spec.backend == LockBackend::Etcd => "payout:acct-0".to_owned(),

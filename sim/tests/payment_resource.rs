@@ -323,8 +323,9 @@ async fn payment_resource_restart_on_madsim_keeps_the_fence_and_replays() {
     let (p, (status, bytes)) = first;
     assert_eq!(status, 200);
 
-    handle.kill(w.payment_node.id());
-    handle.restart(w.payment_node.id());
+    let payment = w.payment_node.as_ref().expect("the world has payment-1").id();
+    handle.kill(payment);
+    handle.restart(payment);
     dlock_rt::sleep(Duration::from_millis(100)).await;
 
     let after = client
