@@ -295,7 +295,7 @@ fn run_seed_inner(
     let scenario = match opts.scenario.as_deref().map(crate::scenario::load_named).transpose() {
         Ok(s) => s,
         Err(e) => {
-            let failures = vec![Failure::crash("scenario_loads", e.clone())];
+            let failures = vec![Failure::crash(crate::oracle::ids::SCENARIO_LOADS, e.clone())];
             if let Some(t) = trace {
                 t.failures(&failures);
             }
@@ -384,12 +384,12 @@ fn run_prepared(
                 .unwrap_or_else(|| "a panic without a message".to_owned());
             let line = msg.lines().next().unwrap_or_default().to_owned();
             if let Some(t) = trace {
-                t.failures(&[Failure::crash("no_panic", line.clone())]);
+                t.failures(&[Failure::crash(crate::oracle::ids::NO_PANIC, line.clone())]);
             }
             let outcome = SeedOutcome {
                 seed,
                 config,
-                failures: vec![Failure::crash("no_panic", line)],
+                failures: vec![Failure::crash(crate::oracle::ids::NO_PANIC, line)],
                 probes,
                 sim_ms: 0,
                 trace: vec![msg],
@@ -434,7 +434,7 @@ async fn play(
     let spec = scenario.as_ref().map_or_else(|| spec_of(&cfg), |s| crate::scenario_seed::spec(s, &cfg));
     let mut w = match world::build(spec).await {
         Ok(w) => w,
-        Err(e) => return (vec![Failure::crash("world_builds", e)], 0, trace, BTreeMap::new(), None),
+        Err(e) => return (vec![Failure::crash(crate::oracle::ids::WORLD_BUILDS, e)], 0, trace, BTreeMap::new(), None),
     };
     // The oracle watches every acceptance and grant from the first write on.
     let monitor_started_ms = crate::faults::now_ms();
@@ -564,8 +564,10 @@ async fn play(
     };
     let mut failures = step_failures;
     if !created.done() {
-        failures
-            .push(Failure::liveness("workload_finishes", format!("{} of {} payouts created", ids.len(), cfg.payouts)));
+        failures.push(Failure::liveness(
+            crate::oracle::ids::WORKLOAD_FINISHES,
+            format!("{} of {} payouts created", ids.len(), cfg.payouts),
+        ));
     }
     if settled_in.is_none() {
         let open: Vec<String> = final_states
@@ -575,7 +577,7 @@ async fn play(
             .collect();
         if !open.is_empty() {
             failures.push(Failure::liveness(
-                "every_payout_settles",
+                crate::oracle::ids::EVERY_PAYOUT_SETTLES,
                 format!("{} unsettled after {} ms: {}", open.len(), liveness_ms, open.join(" ")),
             ));
         }

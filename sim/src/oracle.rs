@@ -135,6 +135,27 @@ pub mod ids {
     /// UNKNOWN exactly as the record says, every double payment and repeated call found, and
     /// none the record does not support ([`super::reconciler_truth_failures`]).
     pub const RECONCILER_MATCHES_RAIL: &str = "reconciler_findings_match_the_rails_record";
+
+    // What the campaign harness itself judges a seed by (same id set, same summaries).
+    /// The scenario file of a scenario seed loads (a crash when not).
+    pub const SCENARIO_LOADS: &str = "scenario_loads";
+    /// Nothing panicked: a service, the world, the runtime's time limit (a crash).
+    pub const NO_PANIC: &str = "no_panic";
+    /// The seed's world builds from its spec (a crash when not).
+    pub const WORLD_BUILDS: &str = "world_builds";
+    /// Liveness: the workload created every payout it drew.
+    pub const WORKLOAD_FINISHES: &str = "workload_finishes";
+    /// Every step of a scenario applied, and every trigger it waited for came (a crash when
+    /// not).
+    pub const SCENARIO_STEP_APPLIES: &str = "scenario_step_applies";
+    /// A proxy scenario's `submit` got the answer its `expect` names.
+    pub const SCENARIO_EXPECTATION: &str = "scenario_expectation";
+    /// A proxy scenario's run could not be judged (setup, its client task, paydb unread).
+    pub const SCENARIO_CHECK: &str = "scenario_check";
+    /// The forger's forged writes were all refused (`crate::forger`).
+    pub const FORGED_WRITE_REFUSED: &str = "forged_write_refused";
+    /// The forger's owner attacks were all refused (`crate::forger`).
+    pub const OWNER_ATTACK_REFUSED: &str = "owner_attack_refused";
 }
 
 /// Which stored fence a fenced write is compared against: the payment-resource's

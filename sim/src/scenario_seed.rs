@@ -70,7 +70,7 @@ pub fn step_failures(lines: Vec<String>, trace: &mut Vec<String>) -> Vec<Failure
     let mut found = Vec::new();
     for l in lines {
         if l.contains("SKIPPED") || l.contains("never came") {
-            found.push(Failure::crash("scenario_step_applies", l.clone()));
+            found.push(Failure::crash(oracle::ids::SCENARIO_STEP_APPLIES, l.clone()));
         }
         trace.push(l);
     }
@@ -113,19 +113,18 @@ pub async fn facts(
 pub async fn play_proxy(s: Scenario, config: String) -> crate::campaign::Played5 {
     let t0 = madsim::time::Instant::now();
     let report = run_proxy(&s).await;
-    let failures = report
-        .violations
-        .iter()
-        .map(|v| {
-            let name = v.split(':').next().unwrap_or_default();
-            let invariant = crate::scenario::INVARIANTS
-                .iter()
-                .copied()
-                .find(|i| *i == name)
-                .unwrap_or(if name == "expectation" { "scenario_expectation" } else { "scenario_check" });
-            Failure::correctness(invariant, v.clone())
-        })
-        .collect();
+    let failures =
+        report
+            .violations
+            .iter()
+            .map(|v| {
+                let name = v.split(':').next().unwrap_or_default();
+                let invariant = crate::scenario::INVARIANTS.iter().copied().find(|i| *i == name).unwrap_or(
+                    if name == "expectation" { oracle::ids::SCENARIO_EXPECTATION } else { oracle::ids::SCENARIO_CHECK },
+                );
+                Failure::correctness(invariant, v.clone())
+            })
+            .collect();
     let mut trace = vec![config];
     trace.extend(report.trace);
     (failures, t0.elapsed().as_millis() as u64, trace, std::collections::BTreeMap::new(), None)
