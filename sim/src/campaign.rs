@@ -18,10 +18,10 @@
 //!    [`World::heal_executors`]; chaos stops being injected, and within
 //!    [`RunOptions::liveness_ms_max`] of simulated time every payout the workload created
 //!    must reach POSTED, FAILED, ABANDONED or RAIL_AMBIGUOUS.
-//! 3. **Checks**: the world's safety checks ([`crate::world::safety_failures`]: ledger, at
-//!    most one rail call per payout) as correctness failures, unsettled payouts as liveness
-//!    failures, then [`crate::oracle::check`]. A panic anywhere (a service, the world, the
-//!    runtime's time limit) is a crash.
+//! 3. **Checks**: unsettled payouts as liveness failures, then [`crate::oracle::check`]
+//!    (the monitor's online findings, the rail's log against paydb, the ledger, the wire)
+//!    and, once every payout settled, [`crate::oracle::liveness`]. A panic anywhere (a
+//!    service, the world, the runtime's time limit) is a crash.
 //!
 //! **Defence in depth**: [`RunOptions::layer_off`] switches one stale-writer defence off
 //! for the seed (`dlock_rt::defence::set_off` on the seed's thread, switched back on after
@@ -43,7 +43,8 @@
 //! the end of its cursor, triggers waited for), the scripted lock clients it names. The
 //! seed still seeds the runtime (the rail's chaos, the workload's arrivals, every race).
 //! The proxy-only scenarios (`nodes = ["rail-stub", "rail-proxy"]`) play on the proxy
-//! world ([`crate::cluster::run`]), each broken invariant a correctness failure.
+//! world ([`crate::scenario_seed::run_proxy`] on `WorldSpec::proxy_only()`, built by
+//! `world::build`), each broken invariant a correctness failure.
 //! [`run_seed_with`] also returns what a scenario test asserts on ([`ScenarioFacts`]). The
 //! scenario-only parts live in [`crate::scenario_seed`]. A scenario with `swarm-rng = true`
 //! advances the runtime's generator where a swarm seed draws its schedule, so a seed shrunk
@@ -294,7 +295,7 @@ fn run_seed_inner(
     let scenario = match opts.scenario.as_deref().map(crate::scenario::load_named).transpose() {
         Ok(s) => s,
         Err(e) => {
-            let failures = vec![Failure::crash("scenario_loads", e.clone())];
+            let failures = vec![Failure::crash(crate::oracle::ids::SCENARIO_LOADS, e.clone())];
             if let Some(t) = trace {
                 t.failures(&failures);
             }
@@ -383,12 +384,12 @@ fn run_prepared(
                 .unwrap_or_else(|| "a panic without a message".to_owned());
             let line = msg.lines().next().unwrap_or_default().to_owned();
             if let Some(t) = trace {
-                t.failures(&[Failure::crash("no_panic", line.clone())]);
+                t.failures(&[Failure::crash(crate::oracle::ids::NO_PANIC, line.clone())]);
             }
             let outcome = SeedOutcome {
                 seed,
                 config,
-                failures: vec![Failure::crash("no_panic", line)],
+                failures: vec![Failure::crash(crate::oracle::ids::NO_PANIC, line)],
                 probes,
                 sim_ms: 0,
                 trace: vec![msg],
@@ -433,7 +434,7 @@ async fn play(
     let spec = scenario.as_ref().map_or_else(|| spec_of(&cfg), |s| crate::scenario_seed::spec(s, &cfg));
     let mut w = match world::build(spec).await {
         Ok(w) => w,
-        Err(e) => return (vec![Failure::crash("world_builds", e)], 0, trace, BTreeMap::new(), None),
+        Err(e) => return (vec![Failure::crash(crate::oracle::ids::WORLD_BUILDS, e)], 0, trace, BTreeMap::new(), None),
     };
     // The oracle watches every acceptance and grant from the first write on.
     let monitor_started_ms = crate::faults::now_ms();
@@ -563,8 +564,10 @@ async fn play(
     };
     let mut failures = step_failures;
     if !created.done() {
-        failures
-            .push(Failure::liveness("workload_finishes", format!("{} of {} payouts created", ids.len(), cfg.payouts)));
+        failures.push(Failure::liveness(
+            crate::oracle::ids::WORKLOAD_FINISHES,
+            format!("{} of {} payouts created", ids.len(), cfg.payouts),
+        ));
     }
     if settled_in.is_none() {
         let open: Vec<String> = final_states
@@ -574,7 +577,7 @@ async fn play(
             .collect();
         if !open.is_empty() {
             failures.push(Failure::liveness(
-                "every_payout_settles",
+                crate::oracle::ids::EVERY_PAYOUT_SETTLES,
                 format!("{} unsettled after {} ms: {}", open.len(), liveness_ms, open.join(" ")),
             ));
         }

@@ -427,13 +427,13 @@ impl ForgerLog {
             .writes()
             .iter()
             .filter(|f| f.got_through())
-            .map(|f| Failure::correctness("forged_write_refused", f.line()))
+            .map(|f| Failure::correctness(crate::oracle::ids::FORGED_WRITE_REFUSED, f.line()))
             .collect();
         found.extend(
             self.attacks()
                 .iter()
                 .filter(|a| a.got_through())
-                .map(|a| Failure::correctness("owner_attack_refused", a.line())),
+                .map(|a| Failure::correctness(crate::oracle::ids::OWNER_ATTACK_REFUSED, a.line())),
         );
         found.extend(
             self.lapsed()

@@ -2,8 +2,9 @@
 //!
 //! A [`scenario::Scenario`] (a TOML file under `scenarios/`) names the rail's chaos knobs,
 //! per-node clock skews, a list of steps (submissions, process crashes) and the invariants
-//! to check. Under `RUSTFLAGS="--cfg madsim"`, [`cluster::run`] plays it on simulated nodes
-//! over madsim's network, against the simulation store, and returns a [`Report`]: the
+//! to check. Under `RUSTFLAGS="--cfg madsim"`, every scenario plays on the one world
+//! builder, `world::build`: a proxy scenario through `scenario_seed::run_proxy` (on
+//! `WorldSpec::proxy_only()`), which returns a [`Report`]: the
 //! event trace (the same seed gives the same trace, bit for bit) and every broken
 //! invariant, each in one line.
 //!
@@ -21,7 +22,6 @@
 )]
 
 pub mod fault;
-pub mod invariants;
 pub mod oracle;
 pub mod outcome;
 pub mod scenario;
@@ -34,8 +34,6 @@ pub mod swarm;
 pub mod bench;
 #[cfg(madsim)]
 pub mod campaign;
-#[cfg(madsim)]
-pub mod cluster;
 #[cfg(madsim)]
 pub mod envelope;
 #[cfg(madsim)]

@@ -33,6 +33,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use dlock_contract::payout::PayoutState;
+use dlock_contract::rail::SubmissionOutcome;
 use dlock_lock_server::store_mem::{LockEvent, Refusal};
 use dlock_payment_resource::store::{is_system_account, is_unsettled, AccountKind, Direction, LedgerEntry};
 use dlock_payment_resource::store_mem::{FenceVerdictSeen, FencedOp, FencedWrite, Identity};
@@ -82,6 +83,11 @@ pub mod ids {
     pub const FENCE_NEVER_DECREASES: &str = "fence_never_decreases";
     /// `rail_high_water` never decreases.
     pub const MARK_NEVER_DECREASES: &str = "high_water_mark_never_decreases";
+    /// At the end of a run, each account's `rail_high_water` equals the highest token any
+    /// of its submissions presented past the mark (every row not FENCED): the mark never
+    /// lags (a stale writer could get in) and never runs ahead of a presented token. Judged
+    /// where a scenario asks for it ([`super::mark_failures`]), not on swarm seeds.
+    pub const MARK_EQUALS_HIGHEST_ADMITTED: &str = "mark_equals_highest_admitted";
     /// At no instant of the lock store's truth do two grants of one key live.
     pub const NO_TWO_LIVE_GRANTS: &str = "no_two_live_grants_per_key";
     /// At no instant do two holders (of two sessions) believe they hold one key, while
@@ -114,6 +120,8 @@ pub mod ids {
     /// A claim, post, submission or acquire answered `retrySafe: true` left no effect in the
     /// stores.
     pub const RETRY_SAFE_LEFT_NO_TRACE: &str = "retry_safe_answer_left_no_trace";
+    /// paydb's tables could be read for the end-of-run checks (a crash when not).
+    pub const PAYDB_READABLE: &str = "paydb_readable";
     /// The wire log kept every exchange of the seed (`dlock_rt::wire_log::EXCHANGES_MAX`).
     pub const WIRE_LOG_COMPLETE: &str = "wire_log_within_its_bound";
     /// Liveness: every payout reached POSTED, FAILED, ABANDONED or RAIL_AMBIGUOUS.
@@ -127,6 +135,27 @@ pub mod ids {
     /// UNKNOWN exactly as the record says, every double payment and repeated call found, and
     /// none the record does not support ([`super::reconciler_truth_failures`]).
     pub const RECONCILER_MATCHES_RAIL: &str = "reconciler_findings_match_the_rails_record";
+
+    // What the campaign harness itself judges a seed by (same id set, same summaries).
+    /// The scenario file of a scenario seed loads (a crash when not).
+    pub const SCENARIO_LOADS: &str = "scenario_loads";
+    /// Nothing panicked: a service, the world, the runtime's time limit (a crash).
+    pub const NO_PANIC: &str = "no_panic";
+    /// The seed's world builds from its spec (a crash when not).
+    pub const WORLD_BUILDS: &str = "world_builds";
+    /// Liveness: the workload created every payout it drew.
+    pub const WORKLOAD_FINISHES: &str = "workload_finishes";
+    /// Every step of a scenario applied, and every trigger it waited for came (a crash when
+    /// not).
+    pub const SCENARIO_STEP_APPLIES: &str = "scenario_step_applies";
+    /// A proxy scenario's `submit` got the answer its `expect` names.
+    pub const SCENARIO_EXPECTATION: &str = "scenario_expectation";
+    /// A proxy scenario's run could not be judged (setup, its client task, paydb unread).
+    pub const SCENARIO_CHECK: &str = "scenario_check";
+    /// The forger's forged writes were all refused (`crate::forger`).
+    pub const FORGED_WRITE_REFUSED: &str = "forged_write_refused";
+    /// The forger's owner attacks were all refused (`crate::forger`).
+    pub const OWNER_ATTACK_REFUSED: &str = "owner_attack_refused";
 }
 
 /// Which stored fence a fenced write is compared against: the payment-resource's
@@ -907,6 +936,48 @@ pub fn rail_failures(calls: &[String], rows: &[SubmissionRow]) -> Vec<Failure> {
             ));
         }
     }
+    found
+}
+
+/// Each account's mark (`marks`: `rail_high_water` by account) against its submission rows:
+/// the mark equals the highest token presented by a row that passed it (any outcome but
+/// FENCED); an account with neither a mark nor such a row is clean
+/// ([`ids::MARK_EQUALS_HIGHEST_ADMITTED`]).
+pub fn mark_failures(marks: &BTreeMap<String, i64>, rows: &[SubmissionRow]) -> Vec<Failure> {
+    let mut highest: BTreeMap<&str, i64> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.outcome != Some(SubmissionOutcome::Fenced)) {
+        let h = highest.entry(r.account_id.as_str()).or_insert(r.presented_token);
+        *h = (*h).max(r.presented_token);
+    }
+    let accounts: BTreeSet<&str> =
+        marks.keys().map(String::as_str).chain(rows.iter().map(|r| r.account_id.as_str())).collect();
+    accounts
+        .into_iter()
+        .filter_map(|account| {
+            let (mark, admitted) = (marks.get(account).copied(), highest.get(account).copied());
+            (mark != admitted).then(|| {
+                Failure::correctness(
+                    ids::MARK_EQUALS_HIGHEST_ADMITTED,
+                    format!("account {account} mark {mark:?}, highest admitted {admitted:?}"),
+                )
+            })
+        })
+        .collect()
+}
+
+/// The oracle's end-of-run checks on paydb's raw rows and the rail's log alone (no monitor,
+/// no wire log), for a test that drives a world by hand: [`rail_failures`],
+/// [`ledger_failures`] and [`ledger_account_failures`], and [`ids::PAYDB_READABLE`] (a crash)
+/// when paydb's tables cannot be read. `rail_calls` are the rail's `clientRef`s in arrival
+/// order.
+pub fn safety_failures(paydb: &dlock_payment_resource::store_mem::MemPaydb, rail_calls: &[String]) -> Vec<Failure> {
+    if let Err(e) = paydb.with_tables(|_| ()) {
+        return vec![Failure::crash(ids::PAYDB_READABLE, format!("paydb unreadable: {e}"))];
+    }
+    let rows = PaydbRows::read(paydb);
+    let mut found = rail_failures(rail_calls, &rows.submissions);
+    found.extend(ledger_failures(&rows.accounts, &rows.ledger));
+    found.extend(ledger_account_failures(&rows.ledger, &rows.payout_accounts));
     found
 }
 

@@ -21,10 +21,13 @@ use serde::Deserialize;
 use crate::fault::Fault;
 use crate::schedule::{Event, Schedule, Timed, Trigger};
 
-/// Invariants the legacy proxy scenarios may ask for (the world's oracle checks its own
-/// full set on every scenario).
-pub const INVARIANTS: &[&str] =
-    &["fenced_never_forwarded", "at_most_one_forward_per_payout", "mark_equals_highest_admitted"];
+/// The oracle's invariants a proxy scenario may ask for (`invariants = [...]`), by the
+/// oracle's ids (the world's oracle checks its own full set on every other scenario).
+pub const INVARIANTS: &[&str] = &[
+    crate::oracle::ids::RAIL_CALL_HAS_INTENT,
+    crate::oracle::ids::AT_MOST_ONE_RAIL_CALL,
+    crate::oracle::ids::MARK_EQUALS_HIGHEST_ADMITTED,
+];
 
 /// Bounds on what a scenario may ask for.
 pub const LOCK_SERVERS_MAX: u32 = 3;
@@ -63,7 +66,8 @@ pub struct Scenario {
     /// The account every legacy `submit` step is for.
     #[serde(default)]
     pub account: String,
-    /// Legacy checkers to run ([`INVARIANTS`]); the oracle checks everything regardless.
+    /// The oracle invariants a proxy scenario is judged by ([`INVARIANTS`]); the world's
+    /// oracle checks everything regardless.
     #[serde(default)]
     pub invariants: Vec<String>,
     /// Coverage probes this scenario exists to reach (`dlock_rt::probe::Probe` names).

@@ -2,8 +2,9 @@
 //! needs (the swarm's draws, scenarios, hand-written tests): 1–3 lock-server replicas over
 //! one lockdb (the simulation store [`MemLockStore`] or the simulated etcd), 1–2
 //! payment-resource and 1–2 rail-proxy replicas over one paydb ([`MemPaydb`]), the
-//! rail-stub, 1–6 executors of concurrency 1–8, and the reconciler's node. [`start`] is
-//! [`build`] with one replica of each service and no executors.
+//! rail-stub, 1–6 executors of concurrency 1–8, and the reconciler's node; or, with no lock
+//! server, no payment-resource and no executors, the proxy scenarios' world
+//! ([`WorldSpec::proxy_only`]). [`start`] is [`build`] of a spec within bounds.
 //!
 //! Nodes are addressed by name ([`node_addr`] holds the table; docs/simulation.md shows it):
 //!
@@ -28,8 +29,8 @@
 //! - Executor `i` calls the replicas [`Topology::replica_for`] picks by its index, so any
 //!   topology with two proxies has executors on both.
 //!
-//! Tests judge a run with [`safety_failures`] / [`violations`], which read paydb and the
-//! rail's own record, never the answers.
+//! Tests judge a run with [`violations`] (the oracle's [`crate::oracle::safety_failures`]),
+//! which reads paydb and the rail's own record, never the answers.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -41,7 +42,7 @@ use dlock_config::Layers;
 use dlock_executor::{Executor, ExecutorConfig};
 use dlock_lock_server::store::LockStore;
 use dlock_lock_server::store_mem::MemLockStore;
-use dlock_payment_resource::store::{is_system_account, Direction, PaymentStore};
+use dlock_payment_resource::store::PaymentStore;
 use dlock_payment_resource::store_mem::MemPaydb;
 use dlock_rail_proxy::store::RailStore;
 use dlock_rt::http::{BaseUrl, HttpClient};
@@ -159,37 +160,6 @@ pub fn signed(account: &str, token: i64, owner: &str) -> dlock_contract::grant::
     dlock_contract::grant::SignedToken::new(t, Some(sig))
 }
 
-/// The knobs of a world: service settings by key and each node's clock skew.
-#[derive(Debug, Clone)]
-pub struct WorldConfig {
-    /// C5 keys and values, resolved by each service's own resolver (see [`layers`]).
-    pub settings: Vec<(String, String)>,
-    pub lock_skew_ms: i64,
-    pub proxy_skew_ms: i64,
-    pub payment_skew_ms: i64,
-    pub stub_skew_ms: i64,
-}
-
-impl Default for WorldConfig {
-    fn default() -> Self {
-        WorldConfig {
-            settings: Vec::new(),
-            lock_skew_ms: 300,
-            proxy_skew_ms: -1_500,
-            payment_skew_ms: 900,
-            stub_skew_ms: 0,
-        }
-    }
-}
-
-impl WorldConfig {
-    /// With `key = value` among the settings.
-    pub fn with(mut self, key: &str, value: impl ToString) -> WorldConfig {
-        self.settings.push((key.to_owned(), value.to_string()));
-        self
-    }
-}
-
 /// A running world: its nodes by name, the stores (outside every node), and the executors.
 pub struct World {
     /// The simulation paydb, unwrapped: the ground truth the oracle reads.
@@ -199,9 +169,11 @@ pub struct World {
     /// Where every lock-server replica's lockdb calls are told (either backend): the
     /// oracle's view of etcd, which has no store observer ([`crate::oracle::calls`]).
     pub lock_calls: Arc<CallSlot>,
-    /// `lock-1`, `payment-1`, `proxy-1` and `rail-stub` (the nodes older tests name).
-    pub lock_node: madsim::runtime::NodeHandle,
-    pub payment_node: madsim::runtime::NodeHandle,
+    /// `lock-1`, `payment-1`, `proxy-1` and `rail-stub` (the nodes older tests name);
+    /// `lock-1` and `payment-1` are absent from a proxy-only world
+    /// ([`WorldSpec::proxy_only`]).
+    pub lock_node: Option<madsim::runtime::NodeHandle>,
+    pub payment_node: Option<madsim::runtime::NodeHandle>,
     pub proxy_node: madsim::runtime::NodeHandle,
     pub stub_node: madsim::runtime::NodeHandle,
     /// A node outside the cluster, for reading the rail's record.
@@ -434,10 +406,12 @@ pub async fn start_executor_node(
     (node, executor)
 }
 
-/// Starts the four service nodes (the stub seeded from the runtime) and waits for them to
-/// bind: [`build`] with one replica of each and no executors.
-pub async fn start(cfg: WorldConfig) -> World {
-    build(WorldSpec::from(cfg)).await.expect("a one-replica world builds")
+/// [`build`] of a spec whose topology is within bounds (every preset's is).
+///
+/// # Panics
+/// When `spec`'s topology is outside the world's bounds (a bug in the caller).
+pub async fn start(spec: WorldSpec) -> World {
+    build(spec).await.expect("the spec's topology is within the world's bounds")
 }
 
 impl World {
@@ -465,12 +439,14 @@ impl World {
     }
 }
 
-/// What the checkers find in paydb and at the rail: a CUSTOMER balance that is not its
-/// ledger sum, a negative available balance, debits that are not credits, and a payout the
-/// rail saw more than once. One line each; empty when the run is clean (the lines of
-/// [`safety_failures`]).
+/// What the oracle's end-of-run checks on paydb and the rail's record find
+/// ([`crate::oracle::safety_failures`]), one `invariant: detail` line each; empty when the
+/// run is clean.
 pub async fn violations(paydb: &MemPaydb, rail_calls: &[String]) -> Vec<String> {
-    let mut found: Vec<String> = safety_failures(paydb, rail_calls).await.into_iter().map(|f| f.detail).collect();
+    let mut found: Vec<String> = crate::oracle::safety_failures(paydb, rail_calls)
+        .into_iter()
+        .map(|f| format!("{}: {}", f.invariant, f.detail))
+        .collect();
     found.dedup();
     found
 }
@@ -621,8 +597,12 @@ impl Topology {
                 Err(format!("{what} {n} outside 1..={max}"))
             }
         };
-        within("lock replicas", self.lock_replicas, LOCK_REPLICAS_MAX)?;
-        within("payment replicas", self.payment_replicas, PAYMENT_REPLICAS_MAX)?;
+        // A proxy-only world (no lock server, no payment-resource) has no executors.
+        let proxy_only = self.lock_replicas == 0 && self.payment_replicas == 0 && self.executors.is_empty();
+        if !proxy_only {
+            within("lock replicas", self.lock_replicas, LOCK_REPLICAS_MAX)?;
+            within("payment replicas", self.payment_replicas, PAYMENT_REPLICAS_MAX)?;
+        }
         within("proxy replicas", self.proxy_replicas, PROXY_REPLICAS_MAX)?;
         if self.executors.len() > EXECUTORS_MAX {
             return Err(format!("{} executors, at most {EXECUTORS_MAX}", self.executors.len()));
@@ -696,14 +676,58 @@ impl Default for WorldSpec {
     }
 }
 
+/// The clock skews of [`WorldSpec::skewed`]: `lock-1` ahead, `proxy-1` behind, `payment-1`
+/// ahead (ms).
+pub const SKEWED_LOCK_MS: i64 = 300;
+pub const SKEWED_PROXY_MS: i64 = -1_500;
+pub const SKEWED_PAYMENT_MS: i64 = 900;
+
 impl WorldSpec {
+    /// Preset: one replica of each service, no executors, the simulation lockdb, and the
+    /// service clocks apart: `lock-1` [`SKEWED_LOCK_MS`], `proxy-1` [`SKEWED_PROXY_MS`],
+    /// `payment-1` [`SKEWED_PAYMENT_MS`], `rail-stub` 0. What the hand-written whole-cluster
+    /// tests start ([`start`]).
+    pub fn skewed() -> WorldSpec {
+        WorldSpec::default()
+            .skew("lock-1", SKEWED_LOCK_MS)
+            .skew("proxy-1", SKEWED_PROXY_MS)
+            .skew("payment-1", SKEWED_PAYMENT_MS)
+            .skew("rail-stub", 0)
+    }
+
+    /// Preset: the proxy world of the proxy scenarios: `rail-stub` and one rail-proxy
+    /// (`proxy-1`, which a schedule may also call `rail-proxy`) over paydb; no lock server,
+    /// no payment-resource, no executors (a revoke is refused).
+    pub fn proxy_only() -> WorldSpec {
+        let topology = Topology {
+            lock_replicas: 0,
+            payment_replicas: 0,
+            proxy_replicas: 1,
+            executors: Vec::new(),
+            reconciler: false,
+        };
+        WorldSpec { topology, ..WorldSpec::default() }
+    }
+
     /// With `key = value` among the settings.
     pub fn with(mut self, key: &str, value: impl ToString) -> WorldSpec {
         self.settings.push((key.to_owned(), value.to_string()));
         self
     }
 
-    fn skew(&self, name: &str) -> i64 {
+    /// With the node `name`'s clock `ms` ahead (behind when negative).
+    pub fn skew(mut self, name: &str, ms: i64) -> WorldSpec {
+        self.skew_ms.insert(name.to_owned(), ms);
+        self
+    }
+
+    /// With the lock servers on `backend`.
+    pub fn on(mut self, backend: LockBackend) -> WorldSpec {
+        self.backend = backend;
+        self
+    }
+
+    fn skew_of(&self, name: &str) -> i64 {
         self.skew_ms.get(name).copied().unwrap_or(0)
     }
 
@@ -712,17 +736,6 @@ impl WorldSpec {
     fn layers(&self) -> Layers {
         let pairs: Vec<(&str, &str)> = self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         layers(&pairs)
-    }
-}
-
-impl From<WorldConfig> for WorldSpec {
-    fn from(cfg: WorldConfig) -> WorldSpec {
-        let mut skew_ms = BTreeMap::new();
-        skew_ms.insert("lock-1".to_owned(), cfg.lock_skew_ms);
-        skew_ms.insert("proxy-1".to_owned(), cfg.proxy_skew_ms);
-        skew_ms.insert("payment-1".to_owned(), cfg.payment_skew_ms);
-        skew_ms.insert("rail-stub".to_owned(), cfg.stub_skew_ms);
-        WorldSpec { settings: cfg.settings, skew_ms, ..WorldSpec::default() }
     }
 }
 
@@ -821,7 +834,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
     for i in 1..=t.lock_replicas {
         let name = format!("lock-{i}");
         let (mem, wrap, backend, n) = (locks.clone(), spec.wrap.lock.clone(), spec.backend, name.clone());
-        let (slot, skew) = (lock_calls.clone(), spec.skew(&name));
+        let (slot, skew) = (lock_calls.clone(), spec.skew_of(&name));
         let node = lock_node(&name, &layers_for(&l, "lock.server.listen", &name), skew, move || {
             let (mem, wrap, n, slot) = (mem.clone(), wrap.clone(), n.clone(), slot.clone());
             async move {
@@ -837,7 +850,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
         });
         nodes.insert(name, node);
     }
-    nodes.insert("rail-stub".to_owned(), stub_node("rail-stub", &l, spec.skew("rail-stub")));
+    nodes.insert("rail-stub".to_owned(), stub_node("rail-stub", &l, spec.skew_of("rail-stub")));
     for i in 1..=t.proxy_replicas {
         let name = format!("proxy-{i}");
         let raw: Arc<dyn RailStore> = paydb.clone();
@@ -845,7 +858,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
             Some(w) => w(&name, raw),
             None => raw,
         };
-        let node = proxy_node(&name, &layers_for(&l, "rail.proxy.listen", &name), spec.skew(&name), store);
+        let node = proxy_node(&name, &layers_for(&l, "rail.proxy.listen", &name), spec.skew_of(&name), store);
         nodes.insert(name, node);
     }
     for i in 1..=t.payment_replicas {
@@ -855,7 +868,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
             Some(w) => w(&name, raw),
             None => raw,
         };
-        let node = payment_node(&name, &layers_for(&l, "payment.resource.listen", &name), spec.skew(&name), store);
+        let node = payment_node(&name, &layers_for(&l, "payment.resource.listen", &name), spec.skew_of(&name), store);
         nodes.insert(name, node);
     }
     let observer = handle.create_node().name("observer").ip(IpAddr::from(OBSERVER_IP)).build();
@@ -872,7 +885,7 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
         let name = format!("executor-{index}");
         let cfg = executor_spec_config(&spec, index, *concurrency)?;
         let addr = node_addr(&name).ok_or("executor address")?;
-        let (registry, skew, n, calm) = (executors.clone(), spec.skew(&name), name.clone(), calm.clone());
+        let (registry, skew, n, calm) = (executors.clone(), spec.skew_of(&name), name.clone(), calm.clone());
         let node = handle
             .create_node()
             .name(&name)
@@ -909,8 +922,8 @@ pub async fn build(spec: WorldSpec) -> Result<World, String> {
         paydb,
         locks,
         lock_calls,
-        lock_node: node("lock-1")?,
-        payment_node: node("payment-1")?,
+        lock_node: nodes.get("lock-1").cloned(),
+        payment_node: nodes.get("payment-1").cloned(),
         proxy_node: node("proxy-1")?,
         stub_node: node("rail-stub")?,
         observer,
@@ -1053,56 +1066,6 @@ impl World {
     }
 }
 
-/// The safety checks on paydb and the rail's record, as failures with invariant names:
-/// `balance_equals_ledger_sum`, `no_negative_available_balance`,
-/// `debits_equal_credits`, `at_most_one_rail_call_per_payout`, `paydb_readable`.
-pub async fn safety_failures(paydb: &MemPaydb, rail_calls: &[String]) -> Vec<crate::outcome::Failure> {
-    use crate::outcome::Failure;
-    let mut found = Vec::new();
-    match PaymentStore::accounts(paydb).await {
-        Ok(accounts) => {
-            for a in accounts.iter().filter(|a| !is_system_account(&a.account_id)) {
-                if a.balance_minor != a.ledger_sum_minor {
-                    found.push(Failure::correctness(
-                        "balance_equals_ledger_sum",
-                        format!("{}: balance {} != ledger sum {}", a.account_id, a.balance_minor, a.ledger_sum_minor),
-                    ));
-                }
-                if a.balance_minor - a.reserved_minor < 0 {
-                    found.push(Failure::correctness(
-                        "no_negative_available_balance",
-                        format!("{}: available {} < 0", a.account_id, a.balance_minor - a.reserved_minor),
-                    ));
-                }
-            }
-        }
-        Err(e) => found.push(Failure::crash("paydb_readable", format!("accounts unreadable: {e}"))),
-    }
-    match PaymentStore::ledger(paydb, None).await {
-        Ok(ledger) => {
-            let side = |d: Direction| ledger.iter().filter(|e| e.direction == d).map(|e| e.amount_minor).sum::<i64>();
-            if side(Direction::Debit) != side(Direction::Credit) {
-                found.push(Failure::correctness(
-                    "debits_equal_credits",
-                    format!("debits {} != credits {}", side(Direction::Debit), side(Direction::Credit)),
-                ));
-            }
-        }
-        Err(e) => found.push(Failure::crash("paydb_readable", format!("ledger unreadable: {e}"))),
-    }
-    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for c in rail_calls {
-        *counts.entry(c.as_str()).or_insert(0) += 1;
-    }
-    for (payout, n) in counts.into_iter().filter(|(_, n)| *n > 1) {
-        found.push(Failure::correctness(
-            "at_most_one_rail_call_per_payout",
-            format!("payout {payout} reached the rail {n} times"),
-        ));
-    }
-    found
-}
-
 impl World {
     /// Adds a node named `name` (an address from the table of [`node_addr`], no init) to the
     /// world, e.g. `workload` or `operator`; returns it (an existing one if already added).
@@ -1219,12 +1182,13 @@ impl World {
 }
 
 impl crate::schedule::Stage for World {
-    /// The node `name`, unless it is one of [`UNFAULTABLE_NODES`].
+    /// The node `name`, unless it is one of [`UNFAULTABLE_NODES`]; `rail-proxy` (the proxy
+    /// scenarios' name) is `proxy-1`.
     fn node(&self, name: &str) -> Option<madsim::task::NodeId> {
         if UNFAULTABLE_NODES.contains(&name) {
             return None;
         }
-        self.node_id(name)
+        self.node_id(if name == "rail-proxy" { "proxy-1" } else { name })
     }
     fn faults(&self) -> &Faults {
         &self.faults
@@ -1243,6 +1207,9 @@ impl crate::schedule::Stage for World {
         key: Option<&'a str>,
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<String, String>> + Send + 'a>> {
         Box::pin(async move {
+            if self.spec.topology.lock_replicas == 0 {
+                return Err("the proxy world has no lock server".to_owned());
+            }
             let key = match key {
                 Some(k) => k.to_owned(),
                 None if self.spec.backend == LockBackend::Etcd => "payout:acct-0".to_owned(),

@@ -29,7 +29,7 @@ use dlock_payment_resource::store::PaymentStore;
 use dlock_rail_client::{RailClient, RailClientConfig, RailRefusal};
 use dlock_rt::{sim_clock, Duration, Instant};
 use dlock_sim::world::{
-    self, url, violations, WorldConfig, LOCK_IP, LOCK_PORT, PAYMENT_IP, PAYMENT_PORT, PROXY_IP, PROXY_PORT,
+    self, url, violations, WorldSpec, LOCK_IP, LOCK_PORT, PAYMENT_IP, PAYMENT_PORT, PROXY_IP, PROXY_PORT,
 };
 use uuid::Uuid;
 
@@ -205,7 +205,7 @@ async fn take_over(p: Uuid) -> Takeover {
 async fn drift_beyond_the_safety_margin_is_caught_by_the_fences() {
     let handle = madsim::runtime::Handle::current();
     eprintln!("dlock-sim seed={}", handle.seed());
-    let w = world::start(WorldConfig::default()).await;
+    let w = world::start(WorldSpec::skewed()).await;
     let p = seed_one_payout().await;
 
     // Worker A's clock runs 40 % slow: beyond the 30 % margin, it over-believes its lease.
@@ -259,7 +259,7 @@ async fn drift_beyond_the_safety_margin_is_caught_by_the_fences() {
 async fn drift_within_the_safety_margin_is_caught_by_the_client_itself() {
     let handle = madsim::runtime::Handle::current();
     eprintln!("dlock-sim seed={}", handle.seed());
-    let w = world::start(WorldConfig::default()).await;
+    let w = world::start(WorldSpec::skewed()).await;
     let p = seed_one_payout().await;
 
     // Worker A's clock runs 20 % slow: within the margin, its client gives the lease up

@@ -23,7 +23,7 @@ use dlock_payment_client::{PaymentClient, PaymentClientConfig};
 use dlock_payment_resource::store::PaymentStore;
 use dlock_payment_resource::store_mem::MemPaydb;
 use dlock_rt::{Clock, Duration};
-use dlock_sim::world::{self, url, WorldConfig, PAYMENT_IP, PAYMENT_PORT};
+use dlock_sim::world::{self, url, WorldSpec, PAYMENT_IP, PAYMENT_PORT};
 use uuid::Uuid;
 
 /// Lease of every executor grant in these worlds.
@@ -33,8 +33,8 @@ const PAUSE_MS: u64 = 15_000;
 /// Longest (simulated) a run may take to settle every payout.
 const SETTLE_MS_MAX: u64 = 300_000;
 
-fn hostile_rail() -> WorldConfig {
-    WorldConfig::default()
+fn hostile_rail() -> WorldSpec {
+    WorldSpec::skewed()
         .with("rail.stub.latency-ms", 400)
         .with("rail.stub.failure-rate", 0.1)
         .with("rail.stub.decline-rate", 0.05)
@@ -276,7 +276,7 @@ async fn contended_account_with_lock_wait(wait_ms: &str, hold_ms: u64) -> (Optio
     use dlock_lock_client::{LockClient, LockClientConfig};
     use dlock_rt::probe::{self, Probe};
     probe::reset();
-    let w = world::start(WorldConfig::default()).await;
+    let w = world::start(WorldSpec::skewed()).await;
     let ids = seed_payouts(1, 1).await;
     let handle = madsim::runtime::Handle::current();
     let holder = handle.create_node().name("holder").ip(IpAddr::from([10, 0, 0, 12])).build();

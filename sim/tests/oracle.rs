@@ -19,7 +19,7 @@ use dlock_payment_resource::store::PaymentStore;
 use dlock_rail_client::{RailClient, RailClientConfig};
 use dlock_rt::Duration;
 use dlock_sim::oracle::{self, ids, Monitor};
-use dlock_sim::world::{self, url, WorldConfig, PAYMENT_IP, PAYMENT_PORT, PROXY_IP, PROXY_PORT};
+use dlock_sim::world::{self, url, WorldSpec, PAYMENT_IP, PAYMENT_PORT, PROXY_IP, PROXY_PORT};
 use uuid::Uuid;
 
 /// Lease of every executor grant in these worlds.
@@ -125,7 +125,7 @@ async fn stale_writer(monitor: &Monitor, ids: &[Uuid]) -> Stale {
 #[madsim::test]
 async fn a_stale_token_taken_by_a_rail_with_its_fence_off_is_caught_at_the_acceptance() {
     let seed = madsim::runtime::Handle::current().seed();
-    let cfg = WorldConfig::default().with("profile", "unsafe-test").with("rail.proxy.fencing.enabled", "false");
+    let cfg = WorldSpec::skewed().with("profile", "unsafe-test").with("rail.proxy.fencing.enabled", "false");
     let w = world::start(cfg).await;
     let monitor = Monitor::start(&w);
     let ids = seed_payouts(1, 2).await;
@@ -160,7 +160,7 @@ async fn a_stale_token_taken_by_a_rail_with_its_fence_off_is_caught_at_the_accep
 #[madsim::test]
 async fn the_same_stale_token_against_the_rails_fence_is_refused_and_the_oracle_stays_quiet() {
     let seed = madsim::runtime::Handle::current().seed();
-    let w = world::start(WorldConfig::default()).await;
+    let w = world::start(WorldSpec::skewed()).await;
     let monitor = Monitor::start(&w);
     let ids = seed_payouts(1, 2).await;
     let stale = stale_writer(&monitor, &ids).await;
@@ -194,7 +194,7 @@ async fn states(w: &world::World, ids: &[Uuid]) -> BTreeMap<Uuid, PayoutState> {
 async fn a_hostile_but_correct_run_gives_no_failure_online_at_the_end_or_in_liveness() {
     let seed = madsim::runtime::Handle::current().seed();
     let handle = madsim::runtime::Handle::current();
-    let cfg = WorldConfig::default()
+    let cfg = WorldSpec::skewed()
         .with("rail.stub.latency-ms", 400)
         .with("rail.stub.failure-rate", 0.1)
         .with("rail.stub.decline-rate", 0.05)

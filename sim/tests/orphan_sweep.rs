@@ -16,7 +16,7 @@ use dlock_contract::rail::SubmissionOutcome;
 use dlock_rail_proxy::store::{NewPayout, RailStore};
 use dlock_rt::http::HttpClient;
 use dlock_rt::{Clock, Duration};
-use dlock_sim::world::{self, url, WorldConfig, PROXY_IP, PROXY_PORT};
+use dlock_sim::world::{self, url, WorldSpec, PROXY_IP, PROXY_PORT};
 use serde_json::json;
 
 /// How long the rail holds the forward: past the moment the proxy is killed.
@@ -30,7 +30,7 @@ async fn an_intent_orphaned_by_a_killed_proxy_is_quarantined_by_the_restarted_pr
     let seed = madsim::runtime::Handle::current().seed();
     eprintln!("dlock-sim seed={seed}");
     let handle = madsim::runtime::Handle::current();
-    let w = world::start(WorldConfig::default().with("rail.stub.latency-ms", RAIL_LATENCY_MS)).await;
+    let w = world::start(WorldSpec::skewed().with("rail.stub.latency-ms", RAIL_LATENCY_MS)).await;
     let payout_id = dlock_rt::rand::uuid_v4();
     let p = NewPayout {
         payout_id,

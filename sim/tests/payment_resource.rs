@@ -26,7 +26,7 @@ use dlock_payment_resource::store::PaymentStore;
 use dlock_rail_client::{RailClient, RailClientConfig, RailRefusal};
 use dlock_rt::http::{BaseUrl, HttpClient};
 use dlock_rt::Duration;
-use dlock_sim::world::{self, url, violations, WorldConfig, LOCK_IP, PAYMENT_IP, PROXY_IP};
+use dlock_sim::world::{self, url, violations, WorldSpec, LOCK_IP, PAYMENT_IP, PROXY_IP};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -35,7 +35,7 @@ const LEASE_MS: u64 = 3_000;
 const PAUSE_MS: u64 = 12_000;
 
 async fn world() -> world::World {
-    world::start(WorldConfig::default()).await
+    world::start(WorldSpec::skewed()).await
 }
 
 fn lock_client(owner: &str) -> LockClient {
@@ -323,8 +323,9 @@ async fn payment_resource_restart_on_madsim_keeps_the_fence_and_replays() {
     let (p, (status, bytes)) = first;
     assert_eq!(status, 200);
 
-    handle.kill(w.payment_node.id());
-    handle.restart(w.payment_node.id());
+    let payment = w.payment_node.as_ref().expect("the world has payment-1").id();
+    handle.kill(payment);
+    handle.restart(payment);
     dlock_rt::sleep(Duration::from_millis(100)).await;
 
     let after = client

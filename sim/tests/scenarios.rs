@@ -52,7 +52,7 @@ fn every_scenario_holds_its_invariants() {
 async fn proxy_restart_keeps_the_fence_and_the_rail_sees_only_admitted_payouts() {
     eprintln!("dlock-sim seed={}", seed());
     let s = Scenario::load(&scenario::scenarios_dir().join("proxy-restart.toml")).expect("scenario");
-    let report = dlock_sim::cluster::run(&s).await;
+    let report = dlock_sim::scenario_seed::run_proxy(&s).await;
     report.assert_clean(seed());
     let rail: Vec<_> = report.trace.iter().filter(|l| l.starts_with("rail: ")).collect();
     assert_eq!(rail.len(), 2, "{rail:?}");
@@ -62,7 +62,7 @@ async fn proxy_restart_keeps_the_fence_and_the_rail_sees_only_admitted_payouts()
 
 async fn proxy_restart() -> Vec<String> {
     let s = Scenario::load(&scenario::scenarios_dir().join("proxy-restart.toml")).expect("scenario");
-    dlock_sim::cluster::run(&s).await.trace
+    dlock_sim::scenario_seed::run_proxy(&s).await.trace
 }
 
 fn run_seed(seed: u64) -> Vec<String> {
@@ -86,7 +86,7 @@ where
 
 fn run_scenario(seed: u64, s: &Scenario) -> dlock_sim::Report {
     let s = s.clone();
-    in_fresh_world(seed, move || async move { dlock_sim::cluster::run(&s).await })
+    in_fresh_world(seed, move || async move { dlock_sim::scenario_seed::run_proxy(&s).await })
 }
 
 #[test]
@@ -124,7 +124,7 @@ async fn a_lost_intent_ack_is_answered_not_retry_safe_and_the_payout_reaches_the
     eprintln!("dlock-sim seed={}", seed());
     dlock_rt::probe::reset();
     let s = Scenario::load(&scenario::scenarios_dir().join("lost-ack-intent.toml")).expect("scenario");
-    let report = dlock_sim::cluster::run(&s).await;
+    let report = dlock_sim::scenario_seed::run_proxy(&s).await;
     report.assert_clean(seed());
     assert_eq!(dlock_rt::probe::snapshot().get(&dlock_rt::probe::Probe::LostAckIntent), Some(&1));
     // The intent row was committed although the proxy saw an error: paydb holds it.
@@ -136,7 +136,7 @@ async fn a_lost_intent_ack_is_answered_not_retry_safe_and_the_payout_reaches_the
 async fn a_proxy_partitioned_from_the_rail_presents_nothing_and_recovers_after_the_heal() {
     eprintln!("dlock-sim seed={}", seed());
     let s = Scenario::load(&scenario::scenarios_dir().join("proxy-rail-partition.toml")).expect("scenario");
-    let report = dlock_sim::cluster::run(&s).await;
+    let report = dlock_sim::scenario_seed::run_proxy(&s).await;
     report.assert_clean(seed());
     let rail: Vec<_> = report.trace.iter().filter(|l| l.starts_with("rail: ")).collect();
     assert_eq!(rail.len(), 2, "{rail:?}");
@@ -154,7 +154,7 @@ fn buggify_fault_points_fire_only_once_the_world_enables_them_and_the_invariants
             dlock_rt::buggify::disable();
             let before = dlock_rt::buggify::fired();
             dlock_rt::buggify::enable();
-            let report = dlock_sim::cluster::run(&s2).await;
+            let report = dlock_sim::scenario_seed::run_proxy(&s2).await;
             let n = dlock_rt::buggify::fired();
             dlock_rt::buggify::disable();
             (report, n, before)

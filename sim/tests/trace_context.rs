@@ -6,7 +6,7 @@
 #![cfg(madsim)]
 
 use dlock_rt::trace::{TraceContext, TraceSeed, FLAG_SAMPLED};
-use dlock_sim::world::{self, WorldConfig};
+use dlock_sim::world::{self, WorldSpec};
 
 const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
@@ -14,7 +14,7 @@ const GOOD: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 /// envelope: the client sent `traceparent` and the server adopted it.
 #[madsim::test]
 async fn every_world_service_adopts_the_callers_trace_under_the_simulation() {
-    let mut w = world::start(WorldConfig::default()).await;
+    let mut w = world::start(WorldSpec::skewed()).await;
     let node = w.add_node("workload");
     let root = TraceContext::root(0x0123_4567_89ab_cdef_0011_2233_4455_6677, FLAG_SAMPLED);
     let services = [

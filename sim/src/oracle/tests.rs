@@ -81,6 +81,12 @@ fn a_payout_called_twice_by_the_rail_is_at_most_one_rail_call() {
     assert!(rail_failures(&[p.to_string()], &rows).is_empty());
     let broken = rail_failures(&[p.to_string(), p.to_string()], &rows);
     assert_eq!(invariants(&broken), [ids::AT_MOST_ONE_RAIL_CALL], "{broken:?}");
+    // Another payout's call between the two is not counted against it.
+    let other = uuid(8);
+    let rows = [row(p, 5, Some(SubmissionOutcome::Acked)), row(other, 5, Some(SubmissionOutcome::Acked))];
+    let broken = rail_failures(&[p.to_string(), other.to_string(), p.to_string()], &rows);
+    assert_eq!(invariants(&broken), [ids::AT_MOST_ONE_RAIL_CALL, ids::RAIL_CALL_HAS_INTENT], "{broken:?}");
+    assert!(broken[0].detail.contains(&format!("payout {p} reached the rail 2 times")), "{broken:?}");
 }
 
 #[test]
@@ -88,6 +94,19 @@ fn a_rail_call_without_a_forwardable_intent_is_reported() {
     let p = uuid(7);
     let fenced_only = [row(p, 5, Some(SubmissionOutcome::Fenced)), row(p, 6, Some(SubmissionOutcome::Duplicate))];
     assert_eq!(invariants(&rail_failures(&[p.to_string()], &fenced_only)), [ids::RAIL_CALL_HAS_INTENT]);
+    let admitted = [row(p, 6, Some(SubmissionOutcome::Acked))];
+    assert!(rail_failures(&[p.to_string()], &admitted).is_empty());
+}
+
+#[test]
+fn a_mark_that_disagrees_with_the_admitted_tokens_is_reported() {
+    let p = uuid(7);
+    let rows = [row(p, 7, Some(SubmissionOutcome::Acked)), row(p, 9, Some(SubmissionOutcome::Fenced))];
+    let marks = |m: Option<i64>| m.map(|m| (rows[0].account_id.clone(), m)).into_iter().collect::<BTreeMap<_, _>>();
+    assert!(mark_failures(&marks(Some(7)), &rows).is_empty());
+    assert_eq!(invariants(&mark_failures(&marks(Some(9)), &rows)), [ids::MARK_EQUALS_HIGHEST_ADMITTED]);
+    assert_eq!(invariants(&mark_failures(&marks(None), &rows)), [ids::MARK_EQUALS_HIGHEST_ADMITTED]);
+    assert!(mark_failures(&BTreeMap::new(), &[]).is_empty());
 }
 
 fn account(id: &str, balance: i64, reserved: i64) -> AccountFacts {
