@@ -13,9 +13,11 @@
 //! Every mutating request is recorded in a durable idempotency ledger, with its fingerprint
 //! and complete response, atomically with the mutation (see [`store`]).
 
+pub mod answer;
 pub mod app;
 pub mod config;
 pub mod cursor;
+pub mod fenced;
 pub mod idempotency;
 pub mod metrics;
 pub mod openapi;

@@ -21,11 +21,13 @@
 //! 5. **Idempotency.** A live identity with the same fingerprint replays the stored status
 //!    and bytes; with another fingerprint it is a conflict. Neither changes anything.
 //!    Refusals (404, 409, 400) roll back, identity row included, so they are judged afresh.
-//! 6. **A batch is one request** (C3-extensions E-19, [`PaymentStore::claim_batch`],
-//!    [`PaymentStore::post_batch`]): one identity row, the account's fence compared and
-//!    raised once, then each payout by its single write's rule on what the payouts before it
-//!    left. It commits iff a payout moved; a refused payout changes nothing, and a batch
-//!    that moved none leaves nothing (no fence, no identity row).
+//! 6. **A batch is one request, and a single write is a batch of one** (C3-extensions E-19,
+//!    [`PaymentStore::claim`], [`PaymentStore::post`]): one identity row, the account's
+//!    fence compared and raised once, then each payout by its single write's rule on what
+//!    the payouts before it left. It commits iff a payout moved; a refused payout changes
+//!    nothing, and a batch that moved none leaves nothing (no fence, no identity row).
+//! 7. **Answers are rendered below the store** ([`crate::answer`], pure functions of the
+//!    outcome and [`Answering`]): nothing above the store runs inside a transaction.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -74,9 +76,9 @@ pub enum Idempotent<T> {
     Conflict,
 }
 
-/// Renders the response of an outcome that commits a mutation. Called inside the
-/// transaction, before commit, so that the recorded bytes and the first answer are one.
-pub type Render<'a, T> = &'a (dyn Fn(&T) -> StoredResponse + Send + Sync);
+/// How a committed outcome's answer is rendered (inside the transaction, by the pure
+/// functions of [`crate::answer`], so that the recorded bytes and the first answer are one).
+pub use crate::answer::{Answering, Shape};
 
 /// The result of a mutating store call.
 pub type Decided<T> = Result<Idempotent<T>, StoreError>;
@@ -130,7 +132,8 @@ impl NewAccount {
     }
 }
 
-/// P2, validated.
+/// P2, validated: the claim of one payout, which the store runs as a batch of one
+/// ([`Claim::batch_of_one`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     pub payout_id: Uuid,
@@ -141,7 +144,8 @@ pub struct Claim {
     pub at: DateTime<Utc>,
 }
 
-/// P3, validated, with the ids the store writes.
+/// P3, validated, with the ids the store writes: the post of one payout, which the store
+/// runs as a batch of one ([`Post::batch_of_one`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Post {
     pub payout_id: Uuid,
@@ -155,7 +159,38 @@ pub struct Post {
     pub at: DateTime<Utc>,
 }
 
+impl Claim {
+    /// This claim as the batch of one the store runs: `account_id` is the payout's account
+    /// (read for the grant check; a payout's account never changes).
+    pub fn batch_of_one(&self, account_id: &str) -> ClaimBatch {
+        ClaimBatch {
+            account_id: account_id.to_owned(),
+            token: self.token,
+            owner_id: self.owner_id.clone(),
+            payouts: vec![ClaimBatchPayout { payout_id: self.payout_id, expected: self.expected }],
+            at: self.at,
+        }
+    }
+}
+
 impl Post {
+    /// This post as the batch of one the store runs (`account_id` as [`Claim::batch_of_one`]).
+    pub fn batch_of_one(&self, account_id: &str) -> PostBatch {
+        PostBatch {
+            account_id: account_id.to_owned(),
+            token: self.token,
+            owner_id: self.owner_id.clone(),
+            payouts: vec![PostBatchPayout {
+                payout_id: self.payout_id,
+                submission_id: self.submission_id,
+                rail_reference: self.rail_reference.clone(),
+                posting_id: self.posting_id,
+                entry_ids: self.entry_ids,
+            }],
+            at: self.at,
+        }
+    }
+
     /// The payout's posting at `at`: DEBIT the account, CREDIT `#settlement:{CUR}`, both
     /// carrying the presented token as their fence. Every store writes exactly these rows.
     pub fn entries(&self, account_id: &str, amount_minor: i64, currency: &str, at: DateTime<Utc>) -> [LedgerEntry; 2] {
@@ -327,8 +362,12 @@ pub enum PostOutcome {
 
 /// One payout's outcome within a batch: whether it moved the payout (the batch commits
 /// iff one did).
-pub trait BatchItemOutcome {
+pub trait BatchItemOutcome: Sized {
     fn moved(&self) -> bool;
+    /// The single write's outcome when the fence of `account_id` refused the batch.
+    fn fenced(account_id: &str, highest_token: i64) -> Self;
+    /// The single write's outcome for a payout that does not exist.
+    fn not_found() -> Self;
 }
 
 impl BatchItemOutcome for ClaimOutcome {
@@ -336,11 +375,27 @@ impl BatchItemOutcome for ClaimOutcome {
     fn moved(&self) -> bool {
         matches!(self, ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. })
     }
+
+    fn fenced(account_id: &str, highest_token: i64) -> Self {
+        ClaimOutcome::Fenced { account_id: account_id.to_owned(), highest_token }
+    }
+
+    fn not_found() -> Self {
+        ClaimOutcome::NotFound
+    }
 }
 
 impl BatchItemOutcome for PostOutcome {
     fn moved(&self) -> bool {
         matches!(self, PostOutcome::Posted { .. })
+    }
+
+    fn fenced(account_id: &str, highest_token: i64) -> Self {
+        PostOutcome::Fenced { account_id: account_id.to_owned(), highest_token }
+    }
+
+    fn not_found() -> Self {
+        PostOutcome::NotFound
     }
 }
 
@@ -397,6 +452,30 @@ impl<T: BatchItemOutcome> BatchOutcome<T> {
             _ => &[],
         }
     }
+
+    /// A batch of one (a single write) as the single write's outcome: its one item, or
+    /// `Fenced` by `account_id`'s fence; an unknown account is an unknown payout.
+    pub fn into_single(self, account_id: &str) -> T {
+        match self {
+            BatchOutcome::Decided { mut items } => {
+                assert!(items.len() == 1, "a single write decided {} payouts", items.len());
+                items.pop().map_or_else(T::not_found, |(_, item)| item)
+            }
+            BatchOutcome::Fenced { highest_token } => T::fenced(account_id, highest_token),
+            BatchOutcome::AccountNotFound => T::not_found(),
+        }
+    }
+}
+
+impl<T> Idempotent<T> {
+    /// The same decision over `f` of its outcome.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Idempotent<U> {
+        match self {
+            Idempotent::Executed { outcome, stored } => Idempotent::Executed { outcome: f(outcome), stored },
+            Idempotent::Replayed(r) => Idempotent::Replayed(r),
+            Idempotent::Conflict => Idempotent::Conflict,
+        }
+    }
 }
 
 /// What an account creation decided.
@@ -443,62 +522,39 @@ pub trait PaymentStore: Send + Sync + 'static {
     async fn cursor_secret(&self, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], StoreError>;
 
     /// Creates a CUSTOMER account and posts its opening balance against `#funding:{CUR}`
-    /// (upserting the currency's system accounts).
-    async fn create_account(
-        &self,
-        a: &NewAccount,
-        i: &IdemRequest,
-        r: Render<'_, CreateAccountOutcome>,
-    ) -> Decided<CreateAccountOutcome>;
+    /// (upserting the currency's system accounts). The committed answer is
+    /// [`crate::answer::account_created`] under `a`'s trace id.
+    async fn create_account(&self, n: &NewAccount, i: &IdemRequest, a: &Answering) -> Decided<CreateAccountOutcome>;
 
-    /// Creates a PENDING payout.
-    async fn create_payout(
-        &self,
-        p: &NewPayout,
-        i: &IdemRequest,
-        r: Render<'_, CreatePayoutOutcome>,
-    ) -> Decided<CreatePayoutOutcome>;
+    /// Creates a PENDING payout; the committed answer is [`crate::answer::payout_created`].
+    async fn create_payout(&self, p: &NewPayout, i: &IdemRequest, a: &Answering) -> Decided<CreatePayoutOutcome>;
 
-    /// P2: the fenced claim.
-    async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome>;
+    /// P2 and P2b, the fenced claim (C3 §3.4; C3-extensions E-19), one transaction: a single
+    /// claim is the batch of one of its payout's account ([`Claim::batch_of_one`]), and `a`'s
+    /// shape decides only the answer ([`crate::answer::claim`]). Statement 0 is the
+    /// request's identity row (`i`: operation `Claim`; target the payout for a single claim,
+    /// `dlock_contract::batch::batch_target(account)` for a batch): a live record replays
+    /// or conflicts. Then the account's strict fence, once: `fence < token` on the CUSTOMER
+    /// account `b.account_id`, raised to the token; refused, everything rolls back
+    /// ([`ClaimBatchOutcome::Fenced`], or [`ClaimBatchOutcome::AccountNotFound`]). Then each
+    /// payout in the request's order: not found or of another account, `NotFound`; else
+    /// the claim rule ([`crate::rules::decide_claim_batch`]: [`crate::rules::decide_claim`]
+    /// with the reservation the payouts before it left) and its conditional transition (the
+    /// state and attempt count read). A refused payout changes nothing. The transaction
+    /// commits iff at least one payout moved, with the answer recorded in the identity row;
+    /// else it rolls back and nothing is recorded. A payout that moved between the read and
+    /// its transition (the proxy or an operator, who do not take the account's row lock)
+    /// makes the request `StoreError::Unavailable`: nothing was written.
+    async fn claim(&self, b: &ClaimBatch, i: &IdemRequest, a: &Answering) -> Decided<ClaimBatchOutcome>;
 
-    /// P3: the fenced post.
-    async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome>;
-
-    /// P2b: the fenced batch claim (C3-extensions E-19), one transaction. Statement 0 is the
-    /// batch's identity row (`i`: operation `Claim`, target
-    /// `dlock_contract::batch::batch_target(account)`, the request's key and token): a live
-    /// record replays or conflicts exactly as P2's. Then the account's strict fence, once:
-    /// `fence < token` on the CUSTOMER account `b.account_id`, raised to the token; refused,
-    /// the whole batch rolls back ([`ClaimBatchOutcome::Fenced`], or
-    /// [`ClaimBatchOutcome::AccountNotFound`]). Then each payout in the request's order:
-    /// not found or of another account, `NotFound`; else P2's rule
-    /// ([`crate::rules::decide_claim`]) with the reservation the payouts before it left
-    /// ([`crate::rules::decide_claim_batch`]) and P2's conditional transition (the state and
-    /// attempt count read). A refused payout changes nothing. The transaction commits iff at
-    /// least one payout moved, with `r`'s rendering of the whole outcome recorded in the
-    /// identity row; else it rolls back and nothing is recorded. A payout that moved between
-    /// the batch's read and its transition (the proxy or an operator, who do not take the
-    /// account's row lock) makes the batch `StoreError::Unavailable`: nothing was written.
-    async fn claim_batch(
-        &self,
-        b: &ClaimBatch,
-        i: &IdemRequest,
-        r: Render<'_, ClaimBatchOutcome>,
-    ) -> Decided<ClaimBatchOutcome>;
-
-    /// P3b: the fenced batch post (C3-extensions E-19), one transaction, as
-    /// [`PaymentStore::claim_batch`] (operation `Post`): the identity row, the account's
-    /// strict fence once, then each payout in the request's order by P3's rule
+    /// P3 and P3b, the fenced post, one transaction, as [`PaymentStore::claim`] (operation
+    /// `Post`; a single post is [`Post::batch_of_one`]): the identity row, the account's
+    /// strict fence once, then each payout in the request's order by the post rule
     /// ([`crate::rules::decide_post_batch`]: on the balance the posts before it left):
     /// RAIL_ACKED → POSTED with the named ACKED attempt (I7), two balanced entries carrying
-    /// the token, and the debit. Commits iff at least one payout was posted.
-    async fn post_batch(
-        &self,
-        b: &PostBatch,
-        i: &IdemRequest,
-        r: Render<'_, PostBatchOutcome>,
-    ) -> Decided<PostBatchOutcome>;
+    /// the token, and the debit. Commits iff at least one payout was posted; the answer is
+    /// [`crate::answer::post`].
+    async fn post(&self, b: &PostBatch, i: &IdemRequest, a: &Answering) -> Decided<PostBatchOutcome>;
 
     /// An operator moves a PENDING or CLAIMED payout to ABANDONED.
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError>;

@@ -6,7 +6,7 @@
 //! Invariants:
 //! - Adding a store method touches the trait, its implementations, [`PaymentStoreOp`] and
 //!   the one delegating impl here; no layer re-states it.
-//! - Every async method is one [`PaymentStoreOp`]: its metric tag
+//! - Every async method is one [`PaymentStoreOp`] (a fenced write one per request shape): its metric tag
 //!   ([`ClosedTag::tag`], `payout_store_op_seconds{op}`), its fault name
 //!   ([`PaymentStoreOp::fault_op`]: `payout_account` is faulted as `payout`, the same read)
 //!   and whether it writes ([`PaymentStoreOp::is_write`]) are fixed here, once.
@@ -24,13 +24,14 @@ use dlock_http::metrics::{ClosedTag, PoolStats};
 use uuid::Uuid;
 
 use crate::store::{
-    AbandonOutcome, AccountView, AmbiguousResolution, Claim, ClaimBatch, ClaimBatchOutcome, ClaimOutcome,
-    CreateAccountOutcome, CreatePayoutOutcome, Decided, IdemRequest, LedgerEntry, ListQuery, NewAccount, NewPayout,
-    PaymentStore, PayoutSummary, PayoutView, Post, PostBatch, PostBatchOutcome, PostOutcome, Render, ResolutionRow,
-    ResolveOutcome, StoreError,
+    AbandonOutcome, AccountView, AmbiguousResolution, Answering, ClaimBatch, ClaimBatchOutcome, CreateAccountOutcome,
+    CreatePayoutOutcome, Decided, IdemRequest, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore,
+    PayoutSummary, PayoutView, PostBatch, PostBatchOutcome, ResolutionRow, ResolveOutcome, Shape, StoreError,
 };
 
-/// The `op` tag of `payout_store_op_seconds`: one value per [`PaymentStore`] method.
+/// The `op` tag of `payout_store_op_seconds`: one value per [`PaymentStore`] method, and
+/// for the fenced writes one per request shape (`claim` and `claim_batch` are both
+/// [`PaymentStore::claim`], a single claim being a batch of one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PaymentStoreOp {
     Ping,
@@ -111,6 +112,22 @@ impl ClosedTag for PaymentStoreOp {
 }
 
 impl PaymentStoreOp {
+    /// The op of a claim of `shape`.
+    pub fn claim(shape: Shape) -> Self {
+        match shape {
+            Shape::Single => PaymentStoreOp::Claim,
+            Shape::Batch => PaymentStoreOp::ClaimBatch,
+        }
+    }
+
+    /// The op of a post of `shape`.
+    pub fn post(shape: Shape) -> Self {
+        match shape {
+            Shape::Single => PaymentStoreOp::Post,
+            Shape::Batch => PaymentStoreOp::PostBatch,
+        }
+    }
+
     /// Whether the method writes (its call is noted on or off the store's writer thread).
     pub fn is_write(self) -> bool {
         use PaymentStoreOp::*;
@@ -166,48 +183,20 @@ impl<L: PaymentStoreLayer> PaymentStore for L {
         self.around(PaymentStoreOp::CursorSecret, self.inner().cursor_secret(candidate, at)).await
     }
 
-    async fn create_account(
-        &self,
-        a: &NewAccount,
-        i: &IdemRequest,
-        r: Render<'_, CreateAccountOutcome>,
-    ) -> Decided<CreateAccountOutcome> {
-        self.around(PaymentStoreOp::CreateAccount, self.inner().create_account(a, i, r)).await
+    async fn create_account(&self, n: &NewAccount, i: &IdemRequest, a: &Answering) -> Decided<CreateAccountOutcome> {
+        self.around(PaymentStoreOp::CreateAccount, self.inner().create_account(n, i, a)).await
     }
 
-    async fn create_payout(
-        &self,
-        p: &NewPayout,
-        i: &IdemRequest,
-        r: Render<'_, CreatePayoutOutcome>,
-    ) -> Decided<CreatePayoutOutcome> {
-        self.around(PaymentStoreOp::CreatePayout, self.inner().create_payout(p, i, r)).await
+    async fn create_payout(&self, p: &NewPayout, i: &IdemRequest, a: &Answering) -> Decided<CreatePayoutOutcome> {
+        self.around(PaymentStoreOp::CreatePayout, self.inner().create_payout(p, i, a)).await
     }
 
-    async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome> {
-        self.around(PaymentStoreOp::Claim, self.inner().claim(c, i, r)).await
+    async fn claim(&self, b: &ClaimBatch, i: &IdemRequest, a: &Answering) -> Decided<ClaimBatchOutcome> {
+        self.around(PaymentStoreOp::claim(a.shape), self.inner().claim(b, i, a)).await
     }
 
-    async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
-        self.around(PaymentStoreOp::Post, self.inner().post(p, i, r)).await
-    }
-
-    async fn claim_batch(
-        &self,
-        b: &ClaimBatch,
-        i: &IdemRequest,
-        r: Render<'_, ClaimBatchOutcome>,
-    ) -> Decided<ClaimBatchOutcome> {
-        self.around(PaymentStoreOp::ClaimBatch, self.inner().claim_batch(b, i, r)).await
-    }
-
-    async fn post_batch(
-        &self,
-        b: &PostBatch,
-        i: &IdemRequest,
-        r: Render<'_, PostBatchOutcome>,
-    ) -> Decided<PostBatchOutcome> {
-        self.around(PaymentStoreOp::PostBatch, self.inner().post_batch(b, i, r)).await
+    async fn post(&self, b: &PostBatch, i: &IdemRequest, a: &Answering) -> Decided<PostBatchOutcome> {
+        self.around(PaymentStoreOp::post(a.shape), self.inner().post(b, i, a)).await
     }
 
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {

@@ -12,8 +12,8 @@
 //! they refuse is [`StoreError::Corrupt`], as a trigger error is). The conformance suite
 //! holds it to the SQL stores.
 //!
-//! Defence in depth: the account fence at claim and at post decide in one place per kind of
-//! write, `fence_check` here (a batch's: `account_fence_check`), through
+//! Defence in depth: the account fence at claim and at post decide in one place,
+//! `account_fence_check` (a single write is a batch of one), through
 //! `dlock_rt::defence::stops` ([`Layer::ClaimFence`], [`Layer::PostFence`]). Only a simulation campaign can switch either off; a bypassed fence
 //! lets the write through without moving (a lower token never lowers `accounts.fence`).
 //! The SQL stores have no switch: they never run in the simulation.
@@ -21,8 +21,9 @@
 //! Claims and posts report to paydb's observer, when one is registered
 //! ([`MemPaydb::set_observer`]), inside their transaction (the simulation's oracle). A batch
 //! (C3-extensions E-19) reports one fenced write per payout, all with the batch's one fence
-//! pass (`FencedWrite::batch_pass`) and its identity; its fence decides at the same switch as
-//! the single write's ([`Layer::ClaimFence`] or [`Layer::PostFence`]), once for the batch.
+//! pass (`FencedWrite::batch_pass`; a single write, the batch of one, reports none) and its
+//! identity; its fence decides at [`Layer::ClaimFence`] or [`Layer::PostFence`], once for the
+//! request.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -37,13 +38,14 @@ use dlock_paydb::rail::PayoutRow;
 use dlock_rt::defence::{self, Layer};
 use uuid::Uuid;
 
-use crate::rules::{self, ClaimBatchFacts, ClaimFacts, FenceVerdict, PostBatchFacts, PostDecision, PostFacts};
+use crate::answer;
+use crate::rules::{self, ClaimBatchFacts, FenceVerdict, PostBatchFacts, PostDecision};
 use crate::store::{
-    is_system_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution,
-    BatchItemOutcome, BatchOutcome, Claim, ClaimBatch, ClaimBatchOutcome, ClaimOutcome, ClaimSeen,
-    CreateAccountOutcome, CreatePayoutOutcome, Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount,
-    NewPayout, PaymentStore, PayoutSummary, PayoutView, Post, PostBatch, PostBatchOutcome, PostOutcome, Render,
-    ResolutionRow, ResolveOutcome, StoreError, StoredResponse,
+    is_system_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Answering,
+    BatchItemOutcome, BatchOutcome, ClaimBatch, ClaimBatchOutcome, ClaimOutcome, ClaimSeen, CreateAccountOutcome,
+    CreatePayoutOutcome, Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore,
+    PayoutSummary, PayoutView, PostBatch, PostBatchOutcome, PostOutcome, ResolutionRow, ResolveOutcome, Shape,
+    StoreError, StoredResponse,
 };
 
 /// The payment-resource's transactions over the tables (each under the one mutex).
@@ -101,44 +103,6 @@ fn check_currency(currency: &str) -> Result<(), StoreError> {
     }
 }
 
-/// The fence statement's verdict: `Ok(account_id)` when `token` may pass, else the
-/// outcome's `Fenced` fields, or `None` when the payout does not exist.
-enum Fence {
-    Passes {
-        account_id: String,
-    },
-    Fenced {
-        account_id: String,
-        highest_token: i64,
-    },
-    /// The fence would have refused, but the simulation switched this layer off
-    /// ([`Layer::ClaimFence`] or [`Layer::PostFence`]): the write goes on and the fence is
-    /// left where it is (a lower token never lowers it).
-    Bypassed {
-        account_id: String,
-    },
-    NotFound,
-}
-
-/// The account fence, at the layer `layer` (claim or post): the one place either layer
-/// decides (`dlock_rt::defence::stops`).
-fn fence_check(t: &PaydbTables, payout_id: Uuid, token: i64, layer: Layer) -> Result<Fence, StoreError> {
-    let Some(p) = t.rail.payouts.get(&payout_id) else {
-        return Ok(Fence::NotFound);
-    };
-    let account_id = p.row.account_id.clone();
-    let Some(a) = t.accounts.get(&account_id) else {
-        return Err(StoreError::Corrupt(format!("payout {payout_id} references missing account {account_id:?}")));
-    };
-    match rules::fence_check(a.fence, token) {
-        FenceVerdict::Passes => Ok(Fence::Passes { account_id }),
-        FenceVerdict::Fenced { highest_token } if defence::stops(layer, true) => {
-            Ok(Fence::Fenced { account_id, highest_token })
-        }
-        FenceVerdict::Fenced { .. } => Ok(Fence::Bypassed { account_id }),
-    }
-}
-
 /// Raises `account_id`'s fence to `token` (the caller has checked `fence < token`).
 fn raise_fence(t: &mut PaydbTables, account_id: &str, token: i64, at: DateTime<Utc>) -> Result<(), StoreError> {
     let Some(a) = t.accounts.get_mut(account_id) else {
@@ -152,21 +116,22 @@ fn raise_fence(t: &mut PaydbTables, account_id: &str, token: i64, at: DateTime<U
     Ok(())
 }
 
-/// A batch's fence (C3-extensions E-19): the account's own, compared once.
+/// A claim's or post's fence: the account's own, compared once for the request.
 enum AccountFence {
     Passes,
     Fenced {
         highest_token: i64,
     },
-    /// Refused, but the layer is switched off (simulation only): the batch goes on and the
-    /// fence stays where it is, as [`Fence::Bypassed`].
+    /// Refused, but the simulation switched this layer off ([`Layer::ClaimFence`] or
+    /// [`Layer::PostFence`]): the write goes on and the fence is left where it is (a lower
+    /// token never lowers it).
     Bypassed,
     /// No such CUSTOMER account.
     NotFound,
 }
 
 /// The CUSTOMER account `account_id`'s fence at the layer `layer` (claim or post): the one
-/// place either layer decides for a batch, as [`fence_check`] for a single write.
+/// place either layer decides (a single write is a batch of one).
 fn account_fence_check(t: &PaydbTables, account_id: &str, token: i64, layer: Layer) -> AccountFence {
     let Some(a) = t.accounts.get(account_id).filter(|a| a.kind == AccountKind::Customer) else {
         return AccountFence::NotFound;
@@ -192,7 +157,7 @@ impl PaydbTx {
         t: &mut PaydbTables,
         a: &NewAccount,
         i: &IdemRequest,
-        r: Render<'_, CreateAccountOutcome>,
+        how: &Answering,
     ) -> Decided<CreateAccountOutcome> {
         check_identity(i)?;
         if let Some(replay) = live_record(t, i) {
@@ -223,7 +188,7 @@ impl PaydbTx {
             updated_at: a.at,
         };
         let outcome = CreateAccountOutcome::Created(view);
-        let response = r(&outcome);
+        let response = answer::account_created(&outcome, &how.trace_id);
         // Writes, in statement order; nothing below can fail.
         record(t, i, &response);
         upsert_system_accounts(t, &a.currency, a.at);
@@ -246,7 +211,7 @@ impl PaydbTx {
         t: &mut PaydbTables,
         p: &NewPayout,
         i: &IdemRequest,
-        r: Render<'_, CreatePayoutOutcome>,
+        a: &Answering,
     ) -> Decided<CreatePayoutOutcome> {
         check_identity(i)?;
         if let Some(replay) = live_record(t, i) {
@@ -283,141 +248,13 @@ impl PaydbTx {
             claimed_at: None,
         };
         let outcome = CreatePayoutOutcome::Created(payout_view(t, &stored));
-        let response = r(&outcome);
+        let response = answer::payout_created(&outcome, &a.trace_id);
         record(t, i, &response);
         t.rail.payouts.insert(p.payout_id, stored);
         Ok(Idempotent::Executed { outcome, stored: Some(response) })
     }
 
-    fn do_claim(t: &mut PaydbTables, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome> {
-        check_identity(i)?;
-        if let Some(replay) = live_record(t, i) {
-            return Ok(replay);
-        }
-        let refused = |outcome| Ok(Idempotent::Executed { outcome, stored: None });
-        // 1. The fence.
-        let (account_id, raise) = match fence_check(t, c.payout_id, c.token, Layer::ClaimFence)? {
-            Fence::NotFound => return refused(ClaimOutcome::NotFound),
-            Fence::Fenced { account_id, highest_token } => {
-                return refused(ClaimOutcome::Fenced { account_id, highest_token })
-            }
-            Fence::Passes { account_id } => (account_id, true),
-            Fence::Bypassed { account_id } => (account_id, false),
-        };
-        // 2. The state (a refusal rolls the fence back: it never moved).
-        let Some(p) = t.rail.payouts.get(&c.payout_id) else {
-            return refused(ClaimOutcome::NotFound);
-        };
-        let state = p.row.state;
-        // 3. The funds, decided by the claim rule on what this transaction read.
-        let amount = p.row.amount_minor;
-        let attempt_count = p.row.attempt_count;
-        let (currency, beneficiary_ref) = (p.row.currency.clone(), p.row.beneficiary_ref.clone());
-        let facts = ClaimFacts {
-            state,
-            expected: c.expected,
-            amount_minor: amount,
-            balance_minor: t.accounts.get(&account_id).map_or(0, |a| a.balance_minor),
-            reserved_minor: bigint(reserved_minor(t, &account_id, Some(c.payout_id)))?,
-        };
-        let decision = rules::decide_claim(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let read =
-            ClaimSeen { amount_minor: amount, currency: &currency, beneficiary_ref: &beneficiary_ref, attempt_count };
-        let outcome = ClaimOutcome::decided(&decision, &account_id, c.token, read);
-        let Some(next) = decision.next_state() else { return refused(outcome) };
-        guard_transition(state, next)?;
-        let response = r(&outcome);
-        // Writes: fence (first: its guard is the only write that could refuse, and the
-        // check above means it cannot), identity, payout.
-        if raise {
-            raise_fence(t, &account_id, c.token, c.at)?;
-        }
-        record(t, i, &response);
-        if let Some(p) = t.rail.payouts.get_mut(&c.payout_id) {
-            p.row.state = next;
-            p.claim_token = Some(c.token);
-            p.claimed_by = Some(c.owner_id.clone());
-            p.claimed_at = Some(c.at);
-            p.updated_at = c.at;
-        }
-        Ok(Idempotent::Executed { outcome, stored: Some(response) })
-    }
-
-    fn do_post(t: &mut PaydbTables, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
-        check_identity(i)?;
-        if let Some(replay) = live_record(t, i) {
-            return Ok(replay);
-        }
-        let refused = |outcome| Ok(Idempotent::Executed { outcome, stored: None });
-        // 1. The fence (a ledger write).
-        let (account_id, raise) = match fence_check(t, p.payout_id, p.token, Layer::PostFence)? {
-            Fence::NotFound => return refused(PostOutcome::NotFound),
-            Fence::Fenced { account_id, highest_token } => {
-                return refused(PostOutcome::Fenced { account_id, highest_token })
-            }
-            Fence::Passes { account_id } => (account_id, true),
-            Fence::Bypassed { account_id } => (account_id, false),
-        };
-        // 2. RAIL_ACKED -> POSTED.
-        let Some(payout) = t.rail.payouts.get(&p.payout_id) else {
-            return refused(PostOutcome::NotFound);
-        };
-        // 3. The acknowledged attempt (I7).
-        let acked = t.rail.submissions.iter().any(|s| {
-            s.payout_id == p.payout_id
-                && s.submission_id == p.submission_id
-                && s.outcome == Some(SubmissionOutcome::Acked)
-                && s.rail_reference.as_deref() == Some(p.rail_reference.as_str())
-        });
-        let amount = payout.row.amount_minor;
-        let currency = payout.row.currency.clone();
-        let facts = PostFacts {
-            state: payout.row.state,
-            acked,
-            balance_minor: t.accounts.get(&account_id).map_or(0, |a| a.balance_minor),
-            amount_minor: amount,
-        };
-        // 4. and 5. The entries and the balance, with the CHECKs they would hit.
-        let balance_after = match rules::decide_post(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))? {
-            PostDecision::NotClaimable { state } => return refused(PostOutcome::NotClaimable { state }),
-            PostDecision::RailMismatch => return refused(PostOutcome::RailMismatch),
-            PostDecision::Posted { balance_after_minor } => balance_after_minor,
-        };
-        // The settlement account is upserted below: a payout seeded through the proxy may
-        // be the first of its currency.
-        let entries = p.entries(&account_id, amount, &currency, p.at);
-        let outcome = PostOutcome::Posted {
-            account_id: account_id.clone(),
-            entries: entries.clone(),
-            balance_minor: balance_after,
-        };
-        let response = r(&outcome);
-        // Writes: fence (first, as in a claim), identity, payout, entries, balance.
-        if raise {
-            raise_fence(t, &account_id, p.token, p.at)?;
-        }
-        record(t, i, &response);
-        if let Some(payout) = t.rail.payouts.get_mut(&p.payout_id) {
-            payout.row.state = PayoutState::Posted;
-            payout.updated_at = p.at;
-        }
-        t.accounts
-            .entry(settlement_account(&currency))
-            .or_insert_with(|| system_account(AccountKind::Settlement, &currency, p.at));
-        t.ledger.extend(entries);
-        if let Some(a) = t.accounts.get_mut(&account_id) {
-            a.balance_minor = balance_after;
-            a.updated_at = p.at;
-        }
-        Ok(Idempotent::Executed { outcome, stored: Some(response) })
-    }
-
-    fn do_claim_batch(
-        t: &mut PaydbTables,
-        b: &ClaimBatch,
-        i: &IdemRequest,
-        r: Render<'_, ClaimBatchOutcome>,
-    ) -> Decided<ClaimBatchOutcome> {
+    fn do_claim(t: &mut PaydbTables, b: &ClaimBatch, i: &IdemRequest, a: &Answering) -> Decided<ClaimBatchOutcome> {
         check_identity(i)?;
         if let Some(replay) = live_record(t, i) {
             return Ok(replay);
@@ -479,7 +316,7 @@ impl PaydbTx {
             // Nothing moved: the fence and the identity roll back (they were never written).
             return refused(outcome);
         }
-        let response = r(&outcome);
+        let response = answer::claim(&outcome, &b.account_id, b.token, a);
         // Writes: fence, identity, each payout (nothing below can fail).
         if raise {
             raise_fence(t, &b.account_id, b.token, b.at)?;
@@ -497,12 +334,7 @@ impl PaydbTx {
         Ok(Idempotent::Executed { outcome, stored: Some(response) })
     }
 
-    fn do_post_batch(
-        t: &mut PaydbTables,
-        b: &PostBatch,
-        i: &IdemRequest,
-        r: Render<'_, PostBatchOutcome>,
-    ) -> Decided<PostBatchOutcome> {
+    fn do_post(t: &mut PaydbTables, b: &PostBatch, i: &IdemRequest, a: &Answering) -> Decided<PostBatchOutcome> {
         check_identity(i)?;
         if let Some(replay) = live_record(t, i) {
             return Ok(replay);
@@ -577,7 +409,7 @@ impl PaydbTx {
         if postings.is_empty() {
             return refused(outcome);
         }
-        let response = r(&outcome);
+        let response = answer::post(&outcome, &b.account_id, b.token, a);
         // Writes: fence, identity, then per posted payout its state, settlement account and
         // entries, and the balance after them all.
         if raise {
@@ -635,7 +467,8 @@ fn states_before(
 
 /// Reports each payout of a batch to the observer: one [`FencedWrite`] per payout, in the
 /// request's order, all carrying the batch's one fence pass
-/// ([`PaydbTables::next_batch_pass`]) and the batch's identity: `Accepted` for a payout it
+/// ([`PaydbTables::next_batch_pass`]; none for a single write, [`Shape::Single`]) and the
+/// request's identity: `Accepted` for a payout it
 /// moved, `FencedOut` for every payout of a fenced batch, `Other` for the rest (a refused
 /// payout, a replay, a conflict, an unknown account, a store error). The response a
 /// committed batch recorded is reported on each of its payouts; a replay's likewise.
@@ -643,13 +476,16 @@ fn states_before(
 fn report_batch<T: BatchItemOutcome>(
     t: &mut PaydbTables,
     observer: &dyn PaydbObserver,
-    (op, layer): (FencedOp, Layer),
+    (op, layer, shape): (FencedOp, Layer, Shape),
     (account_id, token, owner_id): (&str, i64, &str),
     before: &[(Uuid, Option<(PayoutState, String)>)],
     i: &IdemRequest,
     decided: &Decided<BatchOutcome<T>>,
 ) {
-    let pass = t.next_batch_pass();
+    let pass = match shape {
+        Shape::Single => None,
+        Shape::Batch => Some(t.next_batch_pass()),
+    };
     for (payout_id, seen) in before {
         let (verdict, recorded, replayed) =
             verdict_of(decided, |o| o.moved_payout(*payout_id), BatchOutcome::fenced_by);
@@ -667,7 +503,7 @@ fn report_batch<T: BatchItemOutcome>(
             recorded,
             replayed,
             admission: None,
-            batch_pass: Some(pass),
+            batch_pass: pass,
         };
         observer.fenced_write(t, &write);
     }
@@ -684,110 +520,25 @@ impl PaymentStore for MemPaydb {
         Ok(*t.cursor_secret.get_or_insert(candidate))
     }
 
-    async fn create_account(
-        &self,
-        a: &NewAccount,
-        i: &IdemRequest,
-        r: Render<'_, CreateAccountOutcome>,
-    ) -> Decided<CreateAccountOutcome> {
-        PaydbTx::do_create_account(&mut *self.lock()?, a, i, r)
+    async fn create_account(&self, n: &NewAccount, i: &IdemRequest, a: &Answering) -> Decided<CreateAccountOutcome> {
+        PaydbTx::do_create_account(&mut *self.lock()?, n, i, a)
     }
 
-    async fn create_payout(
-        &self,
-        p: &NewPayout,
-        i: &IdemRequest,
-        r: Render<'_, CreatePayoutOutcome>,
-    ) -> Decided<CreatePayoutOutcome> {
-        PaydbTx::do_create_payout(&mut *self.lock()?, p, i, r)
+    async fn create_payout(&self, p: &NewPayout, i: &IdemRequest, a: &Answering) -> Decided<CreatePayoutOutcome> {
+        PaydbTx::do_create_payout(&mut *self.lock()?, p, i, a)
     }
 
-    async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome> {
+    async fn claim(&self, b: &ClaimBatch, i: &IdemRequest, a: &Answering) -> Decided<ClaimBatchOutcome> {
         let mut t = self.lock()?;
         let Some(observer) = self.observer() else {
-            return PaydbTx::do_claim(&mut t, c, i, r);
-        };
-        let before = t.rail.payouts.get(&c.payout_id).map(|p| (p.row.state, p.row.account_id.clone()));
-        let decided = PaydbTx::do_claim(&mut t, c, i, r);
-        let (verdict, recorded, replayed) = verdict_of(
-            &decided,
-            |o| matches!(o, ClaimOutcome::Claimed { .. } | ClaimOutcome::InsufficientFunds { .. }),
-            |o| match o {
-                ClaimOutcome::Fenced { highest_token, .. } => Some(*highest_token),
-                _ => None,
-            },
-        );
-        let write = FencedWrite {
-            op: FencedOp::Claim,
-            payout_id: c.payout_id,
-            account_id: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
-            fence_account: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
-            token: c.token,
-            owner_id: c.owner_id.clone(),
-            fenced: !defence::off(Layer::ClaimFence),
-            state_before: before.map(|b| b.0),
-            verdict,
-            identity: Some(identity(i)),
-            recorded,
-            replayed,
-            admission: None,
-            batch_pass: None,
-        };
-        observer.fenced_write(&t, &write);
-        decided
-    }
-
-    async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
-        let mut t = self.lock()?;
-        let Some(observer) = self.observer() else {
-            return PaydbTx::do_post(&mut t, p, i, r);
-        };
-        let before = t.rail.payouts.get(&p.payout_id).map(|x| (x.row.state, x.row.account_id.clone()));
-        let decided = PaydbTx::do_post(&mut t, p, i, r);
-        let (verdict, recorded, replayed) = verdict_of(
-            &decided,
-            |o| matches!(o, PostOutcome::Posted { .. }),
-            |o| match o {
-                PostOutcome::Fenced { highest_token, .. } => Some(*highest_token),
-                _ => None,
-            },
-        );
-        let write = FencedWrite {
-            op: FencedOp::Post,
-            payout_id: p.payout_id,
-            account_id: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
-            fence_account: before.as_ref().map(|b| b.1.clone()).unwrap_or_default(),
-            token: p.token,
-            owner_id: p.owner_id.clone(),
-            fenced: !defence::off(Layer::PostFence),
-            state_before: before.map(|b| b.0),
-            verdict,
-            identity: Some(identity(i)),
-            recorded,
-            replayed,
-            admission: None,
-            batch_pass: None,
-        };
-        observer.fenced_write(&t, &write);
-        decided
-    }
-
-    async fn claim_batch(
-        &self,
-        b: &ClaimBatch,
-        i: &IdemRequest,
-        r: Render<'_, ClaimBatchOutcome>,
-    ) -> Decided<ClaimBatchOutcome> {
-        let mut t = self.lock()?;
-        let Some(observer) = self.observer() else {
-            return PaydbTx::do_claim_batch(&mut t, b, i, r);
+            return PaydbTx::do_claim(&mut t, b, i, a);
         };
         let before = states_before(&t, b.payouts.iter().map(|p| p.payout_id));
-        let decided = PaydbTx::do_claim_batch(&mut t, b, i, r);
+        let decided = PaydbTx::do_claim(&mut t, b, i, a);
         report_batch(
             &mut t,
             &*observer,
-            (FencedOp::Claim, Layer::ClaimFence),
+            (FencedOp::Claim, Layer::ClaimFence, a.shape),
             (&b.account_id, b.token, &b.owner_id),
             &before,
             i,
@@ -796,22 +547,17 @@ impl PaymentStore for MemPaydb {
         decided
     }
 
-    async fn post_batch(
-        &self,
-        b: &PostBatch,
-        i: &IdemRequest,
-        r: Render<'_, PostBatchOutcome>,
-    ) -> Decided<PostBatchOutcome> {
+    async fn post(&self, b: &PostBatch, i: &IdemRequest, a: &Answering) -> Decided<PostBatchOutcome> {
         let mut t = self.lock()?;
         let Some(observer) = self.observer() else {
-            return PaydbTx::do_post_batch(&mut t, b, i, r);
+            return PaydbTx::do_post(&mut t, b, i, a);
         };
         let before = states_before(&t, b.payouts.iter().map(|p| p.payout_id));
-        let decided = PaydbTx::do_post_batch(&mut t, b, i, r);
+        let decided = PaydbTx::do_post(&mut t, b, i, a);
         report_batch(
             &mut t,
             &*observer,
-            (FencedOp::Post, Layer::PostFence),
+            (FencedOp::Post, Layer::PostFence, a.shape),
             (&b.account_id, b.token, &b.owner_id),
             &before,
             i,

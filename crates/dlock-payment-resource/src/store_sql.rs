@@ -72,13 +72,14 @@ use dlock_db::Dialect;
 use sqlx::Row;
 use uuid::Uuid;
 
+use crate::answer;
 use crate::payout_accounts::PayoutAccounts;
-use crate::rules::{self, ClaimBatchFacts, ClaimFacts, FenceVerdict, PostBatchFacts, PostDecision, PostFacts};
+use crate::rules::{self, ClaimBatchFacts, FenceVerdict, PostBatchFacts, PostDecision};
 use crate::store::{
-    funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, BatchOutcome,
-    Claim, ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, ClaimSeen, CreateAccountOutcome,
+    funding_account, settlement_account, AbandonOutcome, AccountKind, AccountView, AmbiguousResolution, Answering,
+    BatchOutcome, ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, ClaimSeen, CreateAccountOutcome,
     CreatePayoutOutcome, Decided, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, PaymentStore,
-    PayoutSummary, PayoutView, Post, PostBatch, PostBatchOutcome, PostBatchPayout, PostOutcome, Render, ResolutionRow,
+    PayoutSummary, PayoutView, PostBatch, PostBatchOutcome, PostBatchPayout, PostOutcome, ResolutionRow,
     ResolveOutcome, StoreError, StoredResponse,
 };
 
@@ -149,61 +150,9 @@ impl Commits for CreatePayoutOutcome {
     }
 }
 
-/// What the fence and the statement after it found: the fenced account (its id and balance)
-/// when the fence rose, and the after-statement's row.
-type FenceThen<R> = (Option<(String, i64)>, Option<R>);
-
 /// Longest a PostgreSQL statement waits for a row lock (C3-extensions C-9: a concurrent
 /// duplicate waits, then replays). SQLite's single writer waits `SQLITE_BUSY_MS_MAX`.
 pub const IDEMPOTENCY_WAIT_MS_MAX: u64 = 2_000;
-
-/// The fence statement, with `$extra` conditions after its own.
-macro_rules! fence_sql {
-    ($extra:literal) => {
-        concat!(
-            "UPDATE accounts SET fence = $1, updated_at = $2 \
-             WHERE account_id = (SELECT account_id FROM payouts WHERE payout_id = $3) AND fence < $4",
-            $extra,
-            " RETURNING account_id, balance_minor"
-        )
-    };
-}
-
-/// Statement 1 of a claim or post, in both dialects chained to statement 0 (below): the
-/// strict fence on the payout's account (C3 §3.4 verbatim). `$1` the token, `$2` the
-/// instant, `$3` the payout, `$4` the token again (each placeholder once, in order: a batch
-/// statement, `dlock_db::sqlite_batch_sql`, or a CTE part, `dlock_db::pg_cte_sql`).
-///
-/// The fence run in one batch after the identity row's upsert ([`GATE_SQL`], SQLite):
-/// it raises the fence only when the upsert wrote (`changes() = 1`: a new identity, or an
-/// expired record replaced), as the statement-by-statement path runs it only then.
-const FENCE_AFTER_GATE_SQL: &str = fence_sql!(" AND changes() = 1");
-
-/// PostgreSQL (docs/performance.md "Claims and posts: folded statements"): a claim's or
-/// post's statement 0 and statement 1 as the parts of one statement
-/// ([`dlock_db::pg_cte_sql`]), the fence chained to the gate in SQL as SQLite chains it
-/// with `changes()` ([`FENCE_AFTER_GATE_SQL`]): it rises only when the upsert wrote. Both
-/// run against the statement's one snapshot, which changes nothing here: the upsert's
-/// conflict check and the fence's `UPDATE` each judge the newest committed row (the fence
-/// re-checks `fence < $token` on it after waiting for its row lock), the payout's account
-/// never changes, and the gate's `RETURNING` is read as the CTE's output. The statement
-/// that reads behind the fence's row lock stays a statement of its own.
-const PG_GATE_FENCE_PARTS: [(&str, &str, usize); 2] = [("gate", GATE_SQL, 8), ("fence", PG_FENCE_AFTER_GATE_SQL, 4)];
-
-/// The fence as the CTE after the gate's: it rises only when the gate's upsert wrote.
-const PG_FENCE_AFTER_GATE_SQL: &str = fence_sql!(" AND EXISTS (SELECT 1 FROM gate)");
-
-/// What [`PG_GATE_FENCE_PARTS`] answers: one row, whether the gate wrote (`gated`, 0 or 1)
-/// and the raised fence's account and balance (NULL when it did not rise).
-const PG_GATE_FENCE_SELECT: &str = "SELECT (SELECT COUNT(*) FROM gate) AS gated, \
-     (SELECT account_id FROM fence) AS account_id, (SELECT balance_minor FROM fence) AS balance_minor";
-
-/// [`PG_GATE_FENCE_PARTS`] and [`PG_GATE_FENCE_SELECT`] as one statement's text, built once
-/// per process (every claim and post sends it).
-fn pg_gate_fence_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| dlock_db::pg_cte_sql(&PG_GATE_FENCE_PARTS, PG_GATE_FENCE_SELECT))
-}
 
 /// Statement 0 of every deciding transaction: the upsert of the identity row, which
 /// replaces only an expired record (a row back: run the request). Eight placeholders, once
@@ -217,6 +166,11 @@ const GATE_SQL: &str = "INSERT INTO idempotency_records (operation, target_id, i
      expires_at = EXCLUDED.expires_at \
      WHERE idempotency_records.expires_at <= EXCLUDED.created_at \
      RETURNING operation";
+
+/// PostgreSQL: what a gate-and-fence statement answers: one row, whether the gate wrote
+/// (`gated`, 0 or 1) and the raised fence's account and balance (NULL when it did not rise).
+const PG_GATE_FENCE_SELECT: &str = "SELECT (SELECT COUNT(*) FROM gate) AS gated, \
+     (SELECT account_id FROM fence) AS account_id, (SELECT balance_minor FROM fence) AS balance_minor";
 
 /// Binds [`GATE_SQL`]'s values for the identity `$i`, in order.
 macro_rules! bind_gate {
@@ -233,18 +187,6 @@ macro_rules! bind_gate {
     };
 }
 
-/// Statement 2 of a claim: the payout's state and terms, and the reservation (every other
-/// unsettled payout of its account). `$1` the payout. A separate statement from the fence,
-/// on purpose: on PostgreSQL its snapshot is taken after the fence's row lock was granted
-/// (module doc).
-const CLAIM_READ_SQL: &str = concat!(
-    "SELECT p.state, p.amount_minor, p.currency, p.beneficiary_ref, p.attempt_count, \
-     (SELECT CAST(COALESCE(SUM(q.amount_minor), 0) AS BIGINT) FROM payouts q \
-      WHERE q.account_id = p.account_id AND q.payout_id <> p.payout_id AND q.state IN ",
-    dlock_paydb::unsettled_sql!(),
-    ") AS reserved_minor FROM payouts p WHERE p.payout_id = $1"
-);
-
 /// The recorded answer in the identity row: `$1` status, `$2` body, then the identity
 /// (`$3` operation, `$4` target, `$5` key, `$6` token).
 const RECORD_SQL: &str = "UPDATE idempotency_records SET response_status = $1, response_body = $2 \
@@ -253,104 +195,6 @@ const RECORD_SQL: &str = "UPDATE idempotency_records SET response_status = $1, r
 /// A post's debit, after its entries: `$1` amount, `$2` instant, `$3` account.
 const BALANCE_DEBIT_SQL: &str = "UPDATE accounts SET balance_minor = balance_minor - $1, updated_at = $2 \
      WHERE account_id = $3 RETURNING balance_minor";
-
-/// SQLite: a claim's transition, conditional on the state and on the attempt count the
-/// reservation read saw (as [`CLAIM_MOVE_AND_RECORD`] on PostgreSQL). `$1` state, `$2`
-/// token, `$3` owner, `$4`/`$5` instant, `$6` payout, `$7` expected state, `$8` attempt count.
-const CLAIM_MOVE_SQL: &str = "UPDATE payouts SET state = $1, claim_token = $2, claimed_by = $3, claimed_at = $4, \
-     updated_at = $5 WHERE payout_id = $6 AND state = $7 AND attempt_count = $8";
-
-/// The post's transition (statement 2): RAIL_ACKED → POSTED only if the payout is in a state
-/// the post rule moves from and the named ACKED attempt (I7) exists, i.e. exactly when
-/// [`rules::decide_post`] answers `Posted` (a test holds the two together). `$1` instant,
-/// `$2` payout, `$3` payout again, `$4` submission id, `$5` rail reference.
-/// Built once (it names the post rule's source states).
-fn post_move_sql() -> &'static str {
-    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    SQL.get_or_init(|| {
-        let from = post_sources_sql();
-        format!(
-            "UPDATE payouts SET state = 'POSTED', updated_at = $1 WHERE payout_id = $2 AND state IN {from} \
-             AND EXISTS (SELECT 1 FROM rail_submission s WHERE s.payout_id = $3 AND s.submission_id = $4 \
-             AND s.outcome = 'ACKED' AND s.rail_reference = $5) RETURNING account_id, amount_minor, currency"
-        )
-    })
-}
-
-/// The statement that follows a claim's or a post's fence in its transaction.
-enum AfterFence<'a> {
-    /// A claim's reservation read ([`CLAIM_READ_SQL`]).
-    ClaimRead { payout_id: &'a str },
-    /// A post's transition ([`post_move_sql`]).
-    PostMove { payout_id: &'a str, at: DateTime<Utc>, submission_id: String, rail_reference: &'a str },
-}
-
-impl AfterFence<'_> {
-    /// Its SQL (`$n` form) and binds.
-    fn sql(&self) -> (std::borrow::Cow<'static, str>, usize) {
-        match self {
-            AfterFence::ClaimRead { .. } => (CLAIM_READ_SQL.into(), 1),
-            AfterFence::PostMove { .. } => (post_move_sql().into(), 5),
-        }
-    }
-}
-
-/// Binds an [`AfterFence`]'s values, in its statement's order.
-macro_rules! bind_after_fence {
-    ($query:expr, $after:expr) => {
-        match $after {
-            AfterFence::ClaimRead { payout_id } => $query.bind(payout_id.to_owned()),
-            AfterFence::PostMove { payout_id, at, submission_id, rail_reference } => $query
-                .bind(*at)
-                .bind(payout_id.to_owned())
-                .bind(payout_id.to_owned())
-                .bind(submission_id.clone())
-                .bind(rail_reference.to_owned()),
-        }
-    };
-}
-
-/// A claim's transition: the payout, its next state, the claim, the instant, and the
-/// attempt count the reservation read saw.
-struct ClaimMove<'a> {
-    payout_id: &'a str,
-    next: PayoutState,
-    c: &'a Claim,
-    at: DateTime<Utc>,
-    read_attempts: i32,
-}
-
-/// What a post writes once its transition passed: the settlement account (upserted), both
-/// entries, the debit, and the recorded answer.
-struct PostWrites<'a> {
-    settlement: &'a str,
-    currency: &'a str,
-    at: DateTime<Utc>,
-    entries: &'a [LedgerEntry],
-    account_id: &'a str,
-    amount: i64,
-    identity: &'a IdemRequest,
-    response: &'a StoredResponse,
-}
-
-/// The facts of a refused post, read after the refusal: the state, the amount, and whether
-/// the named ACKED attempt exists (`$1` payout, `$2` submission id, `$3` rail reference).
-const POST_REFUSAL_FACTS: &str = "SELECT state, amount_minor, EXISTS (SELECT 1 FROM rail_submission s \
-     WHERE s.payout_id = $1 AND s.submission_id = $2 AND s.outcome = 'ACKED' AND s.rail_reference = $3) AS acked \
-     FROM payouts WHERE payout_id = $1";
-
-/// PostgreSQL only: a claim's transition (statement 3) and its identity row's response
-/// (the recorded answer) as one data-modifying statement. The transition is conditional on
-/// the state and on the attempt count the reservation read saw (the answer carries it); the
-/// response is written only if the transition was. One row back: how many payouts moved and
-/// how many identity rows were written (1 and 1, or 0 and 0). The reservation read stays its
-/// own statement before it (never folded into the fence: module doc).
-const CLAIM_MOVE_AND_RECORD: &str = "WITH moved AS (UPDATE payouts SET state = $2, claim_token = $3, claimed_by = $4, \
-     claimed_at = $5, updated_at = $5 WHERE payout_id = $1 AND state = $6 AND attempt_count = $7 RETURNING payout_id), \
-     recorded AS (UPDATE idempotency_records SET response_status = $12, response_body = $13 \
-     WHERE operation = $8 AND target_id = $9 AND idempotency_key = $10 AND fencing_token = $11 \
-     AND EXISTS (SELECT 1 FROM moved) RETURNING operation) \
-     SELECT (SELECT COUNT(*) FROM moved) AS moved, (SELECT COUNT(*) FROM recorded) AS recorded";
 
 // ---------------------------------------------------------------------------------------
 // Batches (C3-extensions E-19): the statements of P2b and P3b. None of their texts varies
@@ -679,33 +523,6 @@ macro_rules! get {
     };
 }
 
-/// Binds a post's writes ([`PostWrites`] `$w`) to `$query` in their statements' order: the
-/// settlement account's upsert, the ledger entries, the debit, the recorded answer (a
-/// SQLite batch of them, docs/performance.md "SQLite: statements batched into one call", or
-/// PostgreSQL's one statement of them,
-/// docs/performance.md "Claims and posts: folded statements").
-macro_rules! bind_post_writes {
-    ($query:expr, $w:expr) => {{
-        let w = $w;
-        let query = $query
-            .bind(w.settlement.to_owned())
-            .bind(AccountKind::Settlement.as_str())
-            .bind(w.currency.to_owned())
-            .bind(w.at)
-            .bind(w.at);
-        dlock_paydb::bind_ledger_entries!(query, w.entries)
-            .bind(w.amount)
-            .bind(w.at)
-            .bind(w.account_id.to_owned())
-            .bind(i32::from(w.response.status))
-            .bind(w.response.body.clone())
-            .bind(w.identity.operation.as_str())
-            .bind(w.identity.target_id.clone())
-            .bind(w.identity.key.clone())
-            .bind(w.identity.token)
-    }};
-}
-
 macro_rules! sql_payment_store {
     ($store:ty, $db:ty, $sql:path, $paydb:ident) => {
         impl $store {
@@ -778,7 +595,7 @@ macro_rules! sql_payment_store {
                 mut tx: sqlx::Transaction<'static, $db>,
                 i: &IdemRequest,
                 outcome: T,
-                render: Render<'_, T>,
+                render: impl FnOnce(&T) -> StoredResponse + Send,
             ) -> Decided<T> {
                 if !outcome.commits() {
                     tx.rollback().await.map_err(db_error)?;
@@ -791,221 +608,6 @@ macro_rules! sql_payment_store {
                 }
                 tx.commit().await.map_err(commit_error)?;
                 Ok(Idempotent::Executed { outcome, stored: Some(response) })
-            }
-
-            /// Why the fence refused (its UPDATE wrote nothing): `None` when there is no such
-            /// payout, else its account and stored fence, read now.
-            async fn fence_refused(
-                tx: &mut sqlx::Transaction<'static, $db>,
-                payout_id: &str,
-                token: i64,
-            ) -> Result<Option<(String, i64)>, StoreError> {
-                let q = $sql(
-                    "SELECT a.account_id, a.fence FROM payouts p JOIN accounts a ON a.account_id = p.account_id \
-                     WHERE p.payout_id = $1",
-                );
-                let held = sqlx::query(&q)
-                    .bind(payout_id.to_owned())
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .map_err(db_error)?;
-                let Some(r) = held else { return Ok(None) };
-                let (account_id, fence): (String, i64) = (get!(r, "account_id"), get!(r, "fence"));
-                // The statement's `fence < $4` is the fence rule; the fence it left must refuse.
-                match rules::fence_check(fence, token) {
-                    FenceVerdict::Fenced { highest_token } => Ok(Some((account_id, highest_token))),
-                    // Fences only rise, so this is a payout that appeared between the two
-                    // statements: nothing was written, and the caller may retry.
-                    FenceVerdict::Passes => Err(StoreError::Unavailable(format!(
-                        "payout {payout_id} appeared while its fence was checked; nothing was written"
-                    ))),
-                }
-            }
-
-            /// The claim inside its transaction. An outcome that commits is rendered before its
-            /// transition, and the transition and the identity row's response are written
-            /// together ([`Self::move_and_record`]: one data-modifying statement on PostgreSQL,
-            /// one batch on SQLite); the response is then returned for the caller to commit.
-            async fn claim_in(
-                tx: &mut sqlx::Transaction<'static, $db>,
-                c: &Claim,
-                i: &IdemRequest,
-                render: Render<'_, ClaimOutcome>,
-                fenced: FenceThen<<$db as sqlx::Database>::Row>,
-            ) -> Result<(ClaimOutcome, Option<StoredResponse>), StoreError> {
-                let at = truncate_ms(c.at);
-                let payout_id = c.payout_id.to_string();
-                // 1. The fence, and 2. the state, the payout's terms and the reservation
-                // (`fenced`: run by the caller with the identity gate, [`Self::claim`]).
-                let (account_id, balance, row) = match fenced {
-                    (Some((account_id, balance)), Some(row)) => (account_id, balance, row),
-                    (Some(_), None) => {
-                        return Err(StoreError::Corrupt(format!("payout {payout_id} passed its fence and vanished")))
-                    }
-                    (None, _) => {
-                        return Ok((
-                            match Self::fence_refused(tx, &payout_id, c.token).await? {
-                                None => ClaimOutcome::NotFound,
-                                Some((account_id, highest_token)) => ClaimOutcome::Fenced { account_id, highest_token },
-                            },
-                            None,
-                        ))
-                    }
-                };
-                let state = parse_state(&get!(row, "state", String))?;
-                let amount: i64 = get!(row, "amount_minor");
-                let read_attempts: i32 = get!(row, "attempt_count");
-                let facts = ClaimFacts {
-                    state,
-                    expected: c.expected,
-                    amount_minor: amount,
-                    balance_minor: balance,
-                    reserved_minor: get!(row, "reserved_minor"),
-                };
-                let decision = rules::decide_claim(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                let Some(next) = decision.next_state() else {
-                    return Ok((ClaimOutcome::NotClaimable { state }, None));
-                };
-                let (currency, beneficiary_ref): (String, String) = (get!(row, "currency"), get!(row, "beneficiary_ref"));
-                // The committed outcome, with the attempt count read in 2 (the transition
-                // requires it unchanged: the proxy moves it without the account's row lock).
-                let read = ClaimSeen {
-                    amount_minor: amount,
-                    currency: &currency,
-                    beneficiary_ref: &beneficiary_ref,
-                    attempt_count: read_attempts,
-                };
-                let outcome = ClaimOutcome::decided(&decision, &account_id, c.token, read);
-                let response = render(&outcome);
-                // 3. The conditional transition and the recorded answer.
-                let moved = ClaimMove { payout_id: &payout_id, next, c, at, read_attempts };
-                match Self::move_and_record(tx, &moved, i, &response).await? {
-                    (1, 1) => Ok((outcome, Some(response))),
-                    // Not moved (the recorded answer, if a batch wrote it, rolls back with
-                    // the refusal).
-                    (0, _) => {
-                        let now = dlock_paydb::sql::$paydb::state_of(tx, &payout_id).await?;
-                        if now == c.expected {
-                            // Still the expected state: the attempt count moved (a
-                            // submission was admitted and resolved in between).
-                            return Err(StoreError::Unavailable(format!(
-                                "payout {payout_id} changed while it was claimed; nothing was written"
-                            )));
-                        }
-                        Ok((ClaimOutcome::NotClaimable { state: now }, None))
-                    }
-                    (moved, recorded) => Err(StoreError::Corrupt(format!(
-                        "claim of {payout_id}: {moved} payouts moved, identity row written {recorded} times"
-                    ))),
-                }
-            }
-
-            /// The post inside its transaction; like [`Self::claim_in`], an outcome that
-            /// commits comes back with its recorded answer, for the caller to commit.
-            async fn post_in(
-                tx: &mut sqlx::Transaction<'static, $db>,
-                p: &Post,
-                i: &IdemRequest,
-                render: Render<'_, PostOutcome>,
-                fenced: FenceThen<<$db as sqlx::Database>::Row>,
-            ) -> Result<(PostOutcome, Option<StoredResponse>), StoreError> {
-                let at = truncate_ms(p.at);
-                let payout_id = p.payout_id.to_string();
-                // 1. The same strict fence, and 2. RAIL_ACKED -> POSTED, conditionally, and only
-                // with the acknowledged attempt the caller names (I7), in one statement: the
-                // race authority (`fenced`: run by the caller with the identity gate,
-                // [`Self::post`]). Only a refusal is classified, by the post rule over what is
-                // read then.
-                let (balance, moved) = match fenced {
-                    (Some((_, balance)), moved) => (balance, moved),
-                    (None, _) => {
-                        return Ok((
-                            match Self::fence_refused(tx, &payout_id, p.token).await? {
-                                None => PostOutcome::NotFound,
-                                Some((account_id, highest_token)) => PostOutcome::Fenced { account_id, highest_token },
-                            },
-                            None,
-                        ))
-                    }
-                };
-                let Some(moved) = moved else {
-                    return Ok((Self::post_refused(tx, p, &payout_id, balance).await?, None));
-                };
-                let account_id: String = get!(moved, "account_id");
-                let amount: i64 = get!(moved, "amount_minor");
-                let currency: String = get!(moved, "currency");
-                // The statement passed: the payout was RAIL_ACKED with the named ACKED attempt.
-                let facts = PostFacts { state: PayoutState::RailAcked, acked: true, balance_minor: balance, amount_minor: amount };
-                let balance_after = match rules::decide_post(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))? {
-                    PostDecision::Posted { balance_after_minor } => balance_after_minor,
-                    other => {
-                        return Err(StoreError::Corrupt(format!(
-                            "the post statement moved payout {payout_id}, the post rule says {other:?}"
-                        )))
-                    }
-                };
-                // 3. Two balanced entries in one INSERT: DEBIT the account, CREDIT the currency's
-                // settlement account (upserted: a payout seeded through the proxy has none yet);
-                // 4. the balance follows the ledger; 5. the recorded answer.
-                let settlement = settlement_account(&currency);
-                let entries = p.entries(&account_id, amount, &currency, at);
-                let outcome = PostOutcome::Posted { account_id: account_id.clone(), entries: entries.clone(), balance_minor: balance_after };
-                let response = render(&outcome);
-                let writes = PostWrites {
-                    settlement: &settlement,
-                    currency: &currency,
-                    at,
-                    entries: &entries,
-                    account_id: &account_id,
-                    amount,
-                    identity: i,
-                    response: &response,
-                };
-                let (balance_minor, recorded) = Self::post_writes(tx, &writes).await?;
-                if balance_minor != balance_after {
-                    // The account row is locked by the fence write: nothing else moved it.
-                    return Err(StoreError::Corrupt(format!(
-                        "accounts: balance {balance_minor} after the post, the post rule says {balance_after}"
-                    )));
-                }
-                if recorded != 1 {
-                    return Err(StoreError::Corrupt(format!("identity row written {recorded} times, not once")));
-                }
-                Ok((outcome, Some(response)))
-            }
-
-            /// Why the post statement refused (nothing was written by it): the post rule over
-            /// the payout's state and whether the named ACKED attempt exists, read now. Under
-            /// READ COMMITTED this read may see a later state than the statement did; a rule
-            /// that would now post means the payout moved in between, and the answer is the
-            /// retry-safe `Unavailable` (the transaction rolls back).
-            async fn post_refused(
-                tx: &mut sqlx::Transaction<'static, $db>,
-                p: &Post,
-                payout_id: &str,
-                balance: i64,
-            ) -> Result<PostOutcome, StoreError> {
-                let q = $sql(POST_REFUSAL_FACTS);
-                let row = sqlx::query(&q)
-                    .bind(payout_id.to_owned())
-                    .bind(p.submission_id.to_string())
-                    .bind(p.rail_reference.clone())
-                    .fetch_one(&mut **tx)
-                    .await
-                    .map_err(db_error)?;
-                let facts = PostFacts {
-                    state: parse_state(&get!(row, "state", String))?,
-                    acked: get!(row, "acked", bool),
-                    balance_minor: balance,
-                    amount_minor: get!(row, "amount_minor"),
-                };
-                match rules::decide_post(&facts).map_err(|e| StoreError::Corrupt(e.to_string()))? {
-                    PostDecision::NotClaimable { state } => Ok(PostOutcome::NotClaimable { state }),
-                    PostDecision::RailMismatch => Ok(PostOutcome::RailMismatch),
-                    PostDecision::Posted { .. } => Err(StoreError::Unavailable(format!(
-                        "payout {payout_id} became postable while its post was refused; nothing was written"
-                    ))),
-                }
             }
 
             /// Why a batch's fence refused (its UPDATE wrote nothing): `None` when there is no
@@ -1051,11 +653,11 @@ macro_rules! sql_payment_store {
             /// it left ([`rules::decide_claim_batch`]); every transition and the recorded
             /// answer are then one statement (PostgreSQL) or one batch (SQLite). An outcome
             /// that commits comes back with its recorded answer, for the caller to commit.
-            async fn claim_batch_in(
+            async fn claim_in(
                 tx: &mut sqlx::Transaction<'static, $db>,
                 b: &ClaimBatch,
                 i: &IdemRequest,
-                render: Render<'_, ClaimBatchOutcome>,
+                a: &Answering,
                 fenced: BatchFenceThen<<$db as sqlx::Database>::Row>,
             ) -> Result<(ClaimBatchOutcome, Option<StoredResponse>), StoreError> {
                 let (balance, rows) = match fenced {
@@ -1121,7 +723,7 @@ macro_rules! sql_payment_store {
                 if moves.is_empty() {
                     return Ok((outcome, None));
                 }
-                let response = render(&outcome);
+                let response = answer::claim(&outcome, &b.account_id, b.token, a);
                 let expected = moves.len();
                 let w = ClaimBatchWrites { b, at: truncate_ms(b.at), moves, identity: i, response: &response };
                 match Self::claim_batch_move_and_record(tx, &w).await? {
@@ -1142,11 +744,11 @@ macro_rules! sql_payment_store {
             /// of the account decided by the post rule in order on the balance the ones
             /// before it left ([`rules::decide_post_batch`]); every write and the recorded
             /// answer then as one statement (PostgreSQL) or one batch (SQLite).
-            async fn post_batch_in(
+            async fn post_in(
                 tx: &mut sqlx::Transaction<'static, $db>,
                 b: &PostBatch,
                 i: &IdemRequest,
-                render: Render<'_, PostBatchOutcome>,
+                a: &Answering,
                 fenced: BatchFenceThen<<$db as sqlx::Database>::Row>,
             ) -> Result<(PostBatchOutcome, Option<StoredResponse>), StoreError> {
                 let (balance, rows) = match fenced {
@@ -1218,7 +820,7 @@ macro_rules! sql_payment_store {
                 if posted.is_empty() {
                     return Ok((outcome, None));
                 }
-                let response = render(&outcome);
+                let response = answer::post(&outcome, &b.account_id, b.token, a);
                 let expected = posted.len();
                 let w = PostBatchWrites {
                     at,
@@ -1439,28 +1041,28 @@ macro_rules! sql_payment_store {
                 &self,
                 a: &NewAccount,
                 i: &IdemRequest,
-                r: Render<'_, CreateAccountOutcome>,
+                how: &Answering,
             ) -> Decided<CreateAccountOutcome> {
                 let mut tx = match self.begin(i).await? {
                     Ok(tx) => tx,
                     Err(answer) => return Ok(answer),
                 };
                 let outcome = Self::create_account_in(&mut tx, a).await?;
-                Self::finish(tx, i, outcome, r).await
+                Self::finish(tx, i, outcome, |o| answer::account_created(o, &how.trace_id)).await
             }
 
             async fn create_payout(
                 &self,
                 p: &NewPayout,
                 i: &IdemRequest,
-                r: Render<'_, CreatePayoutOutcome>,
+                a: &Answering,
             ) -> Decided<CreatePayoutOutcome> {
                 let mut tx = match self.begin(i).await? {
                     Ok(tx) => tx,
                     Err(answer) => return Ok(answer),
                 };
                 let outcome = Self::create_payout_in(&mut tx, p).await?;
-                let decided = Self::finish(tx, i, outcome, r).await?;
+                let decided = Self::finish(tx, i, outcome, |o| answer::payout_created(o, &a.trace_id)).await?;
                 if let Idempotent::Executed { outcome: CreatePayoutOutcome::Created(view), stored: Some(_) } = &decided {
                     // Committed: the payout's first fenced write need not read its account.
                     self.accounts.remember(view.payout_id, &view.account_id);
@@ -1468,42 +1070,7 @@ macro_rules! sql_payment_store {
                 Ok(decided)
             }
 
-            async fn claim(&self, c: &Claim, i: &IdemRequest, r: Render<'_, ClaimOutcome>) -> Decided<ClaimOutcome> {
-                let mut tx = self.pool.begin().await.map_err(db_error)?;
-                let payout_id = c.payout_id.to_string();
-                let after = AfterFence::ClaimRead { payout_id: &payout_id };
-                let fenced = Self::gate_fence_then(&mut tx, i, &payout_id, c.token, truncate_ms(c.at), after).await?;
-                let fenced = match fenced {
-                    Ok(fenced) => fenced,
-                    Err(refused) => return Self::refused_at_gate(tx, refused).await,
-                };
-                let decided = Self::claim_in(&mut tx, c, i, r, fenced).await?;
-                Self::commit_decided(tx, decided).await
-            }
-
-            async fn post(&self, p: &Post, i: &IdemRequest, r: Render<'_, PostOutcome>) -> Decided<PostOutcome> {
-                let mut tx = self.pool.begin().await.map_err(db_error)?;
-                let (payout_id, at) = (p.payout_id.to_string(), truncate_ms(p.at));
-                let after = AfterFence::PostMove {
-                    payout_id: &payout_id,
-                    at,
-                    submission_id: p.submission_id.to_string(),
-                    rail_reference: &p.rail_reference,
-                };
-                let fenced = match Self::gate_fence_then(&mut tx, i, &payout_id, p.token, at, after).await? {
-                    Ok(fenced) => fenced,
-                    Err(refused) => return Self::refused_at_gate(tx, refused).await,
-                };
-                let decided = Self::post_in(&mut tx, p, i, r, fenced).await?;
-                Self::commit_decided(tx, decided).await
-            }
-
-            async fn claim_batch(
-                &self,
-                b: &ClaimBatch,
-                i: &IdemRequest,
-                r: Render<'_, ClaimBatchOutcome>,
-            ) -> Decided<ClaimBatchOutcome> {
+            async fn claim(&self, b: &ClaimBatch, i: &IdemRequest, a: &Answering) -> Decided<ClaimBatchOutcome> {
                 let mut tx = self.pool.begin().await.map_err(db_error)?;
                 let read = BatchRead::Claim { account_id: &b.account_id, payouts: &b.payouts };
                 let fenced =
@@ -1512,16 +1079,11 @@ macro_rules! sql_payment_store {
                     Ok(fenced) => fenced,
                     Err(refused) => return Self::refused_at_gate(tx, refused).await,
                 };
-                let decided = Self::claim_batch_in(&mut tx, b, i, r, fenced).await?;
+                let decided = Self::claim_in(&mut tx, b, i, a, fenced).await?;
                 Self::commit_decided(tx, decided).await
             }
 
-            async fn post_batch(
-                &self,
-                b: &PostBatch,
-                i: &IdemRequest,
-                r: Render<'_, PostBatchOutcome>,
-            ) -> Decided<PostBatchOutcome> {
+            async fn post(&self, b: &PostBatch, i: &IdemRequest, a: &Answering) -> Decided<PostBatchOutcome> {
                 let mut tx = self.pool.begin().await.map_err(db_error)?;
                 let read = BatchRead::Post { payouts: &b.payouts };
                 let fenced =
@@ -1530,7 +1092,7 @@ macro_rules! sql_payment_store {
                     Ok(fenced) => fenced,
                     Err(refused) => return Self::refused_at_gate(tx, refused).await,
                 };
-                let decided = Self::post_batch_in(&mut tx, b, i, r, fenced).await?;
+                let decided = Self::post_in(&mut tx, b, i, a, fenced).await?;
                 Self::commit_decided(tx, decided).await
             }
 
@@ -1653,37 +1215,6 @@ macro_rules! sql_payment_store {
 /// PostgreSQL: one statement per round trip, as written, but for the statements folded
 /// into one ([`dlock_db::pg_cte_sql`]).
 impl PgPaymentStore {
-    /// Statement 0, the identity gate, and statement 1, the fence, as one statement of one
-    /// round trip (docs/performance.md "Claims and posts: folded statements":
-    /// [`PG_GATE_FENCE_PARTS`]); then, when the fence rose, the statement after it, as its
-    /// own statement (its snapshot is taken after the fence's row lock: module doc).
-    /// `Err(gate)`: the request does not run.
-    async fn gate_fence_then(
-        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
-        i: &IdemRequest,
-        payout_id: &str,
-        token: i64,
-        at: DateTime<Utc>,
-        after: AfterFence<'_>,
-    ) -> Result<Result<FenceThen<sqlx::postgres::PgRow>, Gate>, StoreError> {
-        let query =
-            bind_gate!(sqlx::query(pg_gate_fence_sql()), i).bind(token).bind(at).bind(payout_id.to_owned()).bind(token);
-        let r = query.fetch_one(&mut **tx).await.map_err(db_error)?;
-        let (gated, account): (i64, Option<String>) = (get!(r, "gated"), get!(r, "account_id", Option<String>));
-        if gated == 0 {
-            // The upsert wrote nothing, so the fence did not rise (its `EXISTS` on the gate).
-            assert!(account.is_none(), "the fence rose for a request its identity gate refused");
-            return Self::gate_live(tx, i).await.map(Err);
-        }
-        let Some(account) = account else { return Ok(Ok((None, None))) };
-        let Some(balance) = get!(r, "balance_minor", Option<i64>) else {
-            return Err(StoreError::Corrupt(format!("accounts: the fenced account {account} has no balance")));
-        };
-        let (q, _) = after.sql();
-        let row = bind_after_fence!(sqlx::query(&q), &after).fetch_optional(&mut **tx).await.map_err(db_error)?;
-        Ok(Ok((Some((account, balance)), row)))
-    }
-
     /// A batch's statement 0 and its fence (the account's own) as one statement, then, when
     /// the fence rose, the batch's read as its own statement (its snapshot taken after the
     /// fence's row lock, as a claim's reservation read). `Err(gate)`: the batch does not run.
@@ -1808,106 +1339,11 @@ impl PgPaymentStore {
         let count = |n: i64| usize::try_from(n).unwrap_or(0);
         Ok((count(moved), count(written), balance, get!(row, "recorded")))
     }
-
-    /// The claim's transition and its recorded answer as one data-modifying statement
-    /// ([`CLAIM_MOVE_AND_RECORD`]): (payouts moved, identity rows written).
-    async fn move_and_record(
-        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
-        m: &ClaimMove<'_>,
-        i: &IdemRequest,
-        response: &StoredResponse,
-    ) -> Result<(i64, i64), StoreError> {
-        let row = sqlx::query(CLAIM_MOVE_AND_RECORD)
-            .bind(m.payout_id.to_owned())
-            .bind(m.next.as_str())
-            .bind(m.c.token)
-            .bind(m.c.owner_id.clone())
-            .bind(m.at)
-            .bind(m.c.expected.as_str())
-            .bind(m.read_attempts)
-            .bind(i.operation.as_str())
-            .bind(i.target_id.clone())
-            .bind(i.key.clone())
-            .bind(i.token)
-            .bind(i32::from(response.status))
-            .bind(response.body.clone())
-            .fetch_one(&mut **tx)
-            .await
-            .map_err(db_error)?;
-        Ok((get!(row, "moved"), get!(row, "recorded")))
-    }
-
-    /// A post's writes, one statement of one round trip ([`dlock_db::pg_cte_sql`];
-    /// docs/performance.md "Claims and posts: folded statements"): the settlement account's
-    /// upsert, the ledger entries, the debit and the recorded answer, each a CTE over rows
-    /// none of the others touches. (the balance after, identity rows written).
-    async fn post_writes(
-        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
-        w: &PostWrites<'_>,
-    ) -> Result<(i64, u64), StoreError> {
-        use dlock_paydb::sql::{ledger_insert_sql, LEDGER_ENTRY_BINDS, SYSTEM_ACCOUNT_UPSERT_SQL};
-        let entries_sql = format!("{} RETURNING 1", ledger_insert_sql(w.entries.len()));
-        let recorded_sql = format!("{RECORD_SQL} RETURNING 1");
-        let q = dlock_db::pg_cte_sql(
-            &[
-                ("settle", SYSTEM_ACCOUNT_UPSERT_SQL, 5),
-                ("entries", &entries_sql, w.entries.len() * LEDGER_ENTRY_BINDS),
-                ("debit", BALANCE_DEBIT_SQL, 3),
-                ("recorded", &recorded_sql, 6),
-            ],
-            "SELECT (SELECT COUNT(*) FROM entries) AS entries, (SELECT balance_minor FROM debit) AS balance_minor, \
-             (SELECT COUNT(*) FROM recorded) AS recorded",
-        );
-        let row = bind_post_writes!(sqlx::query(&q), w).fetch_one(&mut **tx).await.map_err(db_error)?;
-        let written: i64 = get!(row, "entries");
-        if written != w.entries.len() as i64 {
-            return Err(StoreError::Corrupt(format!("ledger: {written} entries written, not {}", w.entries.len())));
-        }
-        let Some(balance) = get!(row, "balance_minor", Option<i64>) else {
-            return Err(StoreError::Corrupt(format!("accounts: no account {} to debit", w.account_id)));
-        };
-        let recorded: i64 = get!(row, "recorded");
-        Ok((balance, u64::try_from(recorded).unwrap_or(0)))
-    }
 }
 
 /// SQLite: statements with no decision between them go as one batch, one call to the
 /// connection's worker thread (`dlock_db::sqlite_batch`).
 impl SqlitePaymentStore {
-    /// The identity gate (statement 0), the fence (statement 1) and the statement after it,
-    /// in one batch
-    /// (docs/performance.md "SQLite: statements batched into one call", "The SQLite writer thread").
-    /// The fence is chained to the gate in SQL ([`FENCE_AFTER_GATE_SQL`]: it raises only
-    /// when the upsert wrote), so a request the gate refuses never raises it; the statement
-    /// after the fence runs whatever either said, and every refusal, the gate's included,
-    /// rolls the transaction back, so what it did is undone (SQLite runs one writer at a
-    /// time: nothing can move in between). A refused gate then reads the live record
-    /// ([`Self::gate_live`]): `Err(gate)`.
-    async fn gate_fence_then(
-        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-        i: &IdemRequest,
-        payout_id: &str,
-        token: i64,
-        at: DateTime<Utc>,
-        after: AfterFence<'_>,
-    ) -> Result<Result<FenceThen<sqlx::sqlite::SqliteRow>, Gate>, StoreError> {
-        let (then, binds) = after.sql();
-        let q = dlock_db::sqlite_batch_sql(&[(GATE_SQL, 8), (FENCE_AFTER_GATE_SQL, 4), (&then, binds)]);
-        let query = bind_gate!(sqlx::query(&q), i).bind(token).bind(at).bind(payout_id.to_owned()).bind(token);
-        let query = bind_after_fence!(query, &after);
-        let mut parts = dlock_db::sqlite_batch(tx, query, 3).await.map_err(db_error)?.into_iter();
-        let (gate, fence, row) =
-            (parts.next().unwrap_or_default(), parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
-        if gate.rows.is_empty() {
-            // The upsert wrote nothing, so the fence did not rise.
-            assert!(fence.rows.is_empty(), "the fence rose for a request its identity gate refused");
-            return Self::gate_live(tx, i).await.map(Err);
-        }
-        let Some(r) = fence.rows.into_iter().next() else { return Ok(Ok((None, None))) };
-        let fence = (get!(r, "account_id"), get!(r, "balance_minor"));
-        Ok(Ok((Some(fence), row.rows.into_iter().next())))
-    }
-
     /// A batch's statement 0, its fence (the account's own, chained to the gate with
     /// `changes()`) and its read, in one batch (as [`Self::gate_fence_then`]). `Err(gate)`:
     /// the batch does not run.
@@ -2025,65 +1461,6 @@ impl SqlitePaymentStore {
         };
         let count = |k: usize| usize::try_from(parts[k].rows_affected).unwrap_or(usize::MAX);
         Ok((count(0), count(2), get!(row, "balance_minor"), i64::try_from(parts[4].rows_affected).unwrap_or(i64::MAX)))
-    }
-
-    /// The claim's transition ([`CLAIM_MOVE_SQL`]) and its recorded answer ([`RECORD_SQL`])
-    /// in one batch: (payouts moved, identity rows written). The answer is written even when
-    /// the payout did not move; the caller then rolls back.
-    async fn move_and_record(
-        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-        m: &ClaimMove<'_>,
-        i: &IdemRequest,
-        response: &StoredResponse,
-    ) -> Result<(i64, i64), StoreError> {
-        let q = dlock_db::sqlite_batch_sql(&[(CLAIM_MOVE_SQL, 8), (RECORD_SQL, 6)]);
-        let query = sqlx::query(&q)
-            .bind(m.next.as_str())
-            .bind(m.c.token)
-            .bind(m.c.owner_id.clone())
-            .bind(m.at)
-            .bind(m.at)
-            .bind(m.payout_id.to_owned())
-            .bind(m.c.expected.as_str())
-            .bind(m.read_attempts)
-            .bind(i32::from(response.status))
-            .bind(response.body.clone())
-            .bind(i.operation.as_str())
-            .bind(i.target_id.clone())
-            .bind(i.key.clone())
-            .bind(i.token);
-        let parts = dlock_db::sqlite_batch(tx, query, 2).await.map_err(db_error)?;
-        let count = |k: usize| i64::try_from(parts[k].rows_affected).unwrap_or(i64::MAX);
-        Ok((count(0), count(1)))
-    }
-
-    /// A post's writes in one batch: the settlement account's upsert, both entries, the
-    /// debit and the recorded answer: (the balance after, identity rows written).
-    async fn post_writes(
-        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-        w: &PostWrites<'_>,
-    ) -> Result<(i64, u64), StoreError> {
-        use dlock_paydb::sql::{ledger_insert_sql, LEDGER_ENTRY_BINDS, SYSTEM_ACCOUNT_UPSERT_SQL};
-        let entries_sql = ledger_insert_sql(w.entries.len());
-        let q = dlock_db::sqlite_batch_sql(&[
-            (SYSTEM_ACCOUNT_UPSERT_SQL, 5),
-            (&entries_sql, w.entries.len() * LEDGER_ENTRY_BINDS),
-            (BALANCE_DEBIT_SQL, 3),
-            (RECORD_SQL, 6),
-        ]);
-        let query = bind_post_writes!(sqlx::query(&q), w);
-        let parts = dlock_db::sqlite_batch(tx, query, 4).await.map_err(db_error)?;
-        if parts[1].rows_affected != w.entries.len() as u64 {
-            return Err(StoreError::Corrupt(format!(
-                "ledger: {} entries written, not {}",
-                parts[1].rows_affected,
-                w.entries.len()
-            )));
-        }
-        let Some(row) = parts[2].rows.first() else {
-            return Err(StoreError::Corrupt(format!("accounts: no account {} to debit", w.account_id)));
-        };
-        Ok((get!(row, "balance_minor"), parts[3].rows_affected))
     }
 }
 
