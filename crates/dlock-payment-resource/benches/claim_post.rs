@@ -11,7 +11,8 @@
 //!   accounts (default 4), one task per account, all accounts at once.
 //!
 //! The store is driven through the `PaymentStore` trait, with a real idempotency identity
-//! (fingerprint included) and a render closure per request, as the HTTP handlers build them.
+//! (fingerprint included), as the fenced-write pipeline builds it: a single claim or post is
+//! the batch of one of its payout's account, and the store renders the answer it records.
 //! Per account, tokens rise strictly and are never reused:
 //! 1. claims, PENDING→CLAIMED with tokens `1..=m` (timed);
 //! 2. the rail-proxy's `admit` and `resolve(Acked)` for each payout, CLAIMED→RAIL_ACKED
@@ -59,12 +60,12 @@ mod bench {
     use dlock_contract::payment::{ClaimRequest, NewAccountRequest, PostRequest};
     use dlock_contract::payout::PayoutState;
     use dlock_db::Dialect;
-    use dlock_payment_resource::app::{render_claim, render_claim_batch, render_post, render_post_batch};
+    use dlock_payment_resource::answer::{Answering, Shape};
     use dlock_payment_resource::idempotency::fingerprint;
     use dlock_payment_resource::store::{
         Claim, ClaimBatch, ClaimBatchOutcome, ClaimBatchPayout, ClaimOutcome, CreateAccountOutcome,
         CreatePayoutOutcome, IdemRequest, Idempotent, NewAccount, NewPayout, Operation, PaymentStore, Post, PostBatch,
-        PostBatchOutcome, PostBatchPayout, PostOutcome, StoredResponse,
+        PostBatchOutcome, PostBatchPayout, PostOutcome,
     };
     use dlock_payment_resource::store_sql::{PgPaymentStore, SqlitePaymentStore};
     use dlock_rail_proxy::store::{Admission, Attempt, Checked, RailStore, Resolution, Unstamped};
@@ -269,14 +270,6 @@ mod bench {
         }
     }
 
-    fn recorded<T: serde::Serialize>(status: u16, body: &T) -> StoredResponse {
-        StoredResponse { status, body: serde_json::to_vec(body).expect("serialize response") }
-    }
-
-    fn not_committed() -> StoredResponse {
-        StoredResponse { status: 500, body: br#"{"code":"INTERNAL"}"#.to_vec() }
-    }
-
     async fn claim_post_rates(
         store: Arc<dyn PaymentStore>,
         url: &str,
@@ -362,7 +355,7 @@ mod bench {
     }
 
     /// P2b as the handler runs it (no grant read: the account is the path's): identity,
-    /// fingerprint, render closure, one store call on the writer thread. Every payout claimed.
+    /// fingerprint, one store call on the writer thread. Every payout claimed.
     async fn claim_batch(store: &Arc<dyn PaymentStore>, w: usize, items: &[Item]) {
         let (owner, account, token) = (owner(w), account_id(w), items[0].claim_token);
         let key = format!("claims:{token}");
@@ -381,9 +374,9 @@ mod bench {
         let payouts =
             items.iter().map(|it| ClaimBatchPayout { payout_id: it.payout_id, expected: PayoutState::Pending });
         let b = ClaimBatch { account_id: account.clone(), token, owner_id: owner, payouts: payouts.collect(), at };
-        let render = move |o: &ClaimBatchOutcome| render_claim_batch(o, &account, token, &key, "bench");
+        let how = Answering { shape: Shape::Batch, key, trace_id: "bench".into() };
         let s = store.clone();
-        let decided = as_handlers(store, async move { s.claim_batch(&b, &idem, &render).await }).await;
+        let decided = as_handlers(store, async move { s.claim(&b, &idem, &how).await }).await;
         match decided.expect("claim batch") {
             Idempotent::Executed { outcome: ClaimBatchOutcome::Decided { items: claimed }, stored: Some(_) }
                 if claimed.iter().all(|(_, o)| matches!(o, ClaimOutcome::Claimed { .. })) => {}
@@ -448,9 +441,9 @@ mod bench {
             entry_ids: [Uuid::new_v4(), Uuid::new_v4()],
         });
         let b = PostBatch { account_id: account.clone(), token, owner_id: owner, payouts: payouts.collect(), at };
-        let render = move |o: &PostBatchOutcome| render_post_batch(o, &account, token, "bench");
+        let how = Answering { shape: Shape::Batch, key, trace_id: "bench".into() };
         let s = store.clone();
-        let decided = as_handlers(store, async move { s.post_batch(&b, &idem, &render).await }).await;
+        let decided = as_handlers(store, async move { s.post(&b, &idem, &how).await }).await;
         match decided.expect("post batch") {
             Idempotent::Executed { outcome: PostBatchOutcome::Decided { items: posted }, stored: Some(_) }
                 if posted.iter().all(|(_, o)| matches!(o, PostOutcome::Posted { .. })) => {}
@@ -482,11 +475,8 @@ mod bench {
                     entry_ids: [Uuid::new_v4(), Uuid::new_v4()],
                     at,
                 };
-                let render = |o: &CreateAccountOutcome| match o {
-                    CreateAccountOutcome::Created(v) => recorded(201, &serde_json::json!({"accountId": v.account_id})),
-                    CreateAccountOutcome::Exists => not_committed(),
-                };
-                match store.create_account(&a, &idem, &render).await.expect("create account") {
+                let how = Answering { shape: Shape::Single, key: idem.key.clone(), trace_id: "bench".into() };
+                match store.create_account(&a, &idem, &how).await.expect("create account") {
                     Idempotent::Executed { outcome: CreateAccountOutcome::Created(_), stored: Some(_) } => {}
                     other => panic!("create account {account}: {other:?}"),
                 }
@@ -508,11 +498,8 @@ mod bench {
                         beneficiary_ref: "bench".into(),
                         at,
                     };
-                    let render = |o: &CreatePayoutOutcome| match o {
-                        CreatePayoutOutcome::Created(v) => recorded(201, &serde_json::json!({"payoutId": v.payout_id})),
-                        _ => not_committed(),
-                    };
-                    match store.create_payout(&p, &idem, &render).await.expect("create payout") {
+                    let how = Answering { shape: Shape::Single, key: idem.key.clone(), trace_id: "bench".into() };
+                    match store.create_payout(&p, &idem, &how).await.expect("create payout") {
                         Idempotent::Executed { outcome: CreatePayoutOutcome::Created(_), stored: Some(_) } => {}
                         other => panic!("create payout {payout_id}: {other:?}"),
                     }
@@ -561,8 +548,8 @@ mod bench {
         dlock_rt::dedicated::run_on(store.writer_thread(), work).await
     }
 
-    /// P2 as the handler runs it: the grant check's read, identity, fingerprint, render
-    /// closure, one store call (on the writer thread, as the handler's).
+    /// P2 as the pipeline runs it: the grant check's read, identity, fingerprint, one store
+    /// call of a batch of one (on the writer thread, as the pipeline's).
     async fn claim(store: &Arc<dyn PaymentStore>, w: usize, it: &Item) {
         grant_read(&**store, it, w).await;
         let owner = owner(w);
@@ -574,9 +561,10 @@ mod bench {
         let c =
             Claim { payout_id: it.payout_id, token: it.claim_token, owner_id: owner, expected: req.expected_state, at };
         let (payout_id, token) = (it.payout_id, it.claim_token);
-        let render = move |o: &ClaimOutcome| render_claim(o, payout_id, token, &key, "bench");
-        let s = store.clone();
-        match as_handlers(store, async move { s.claim(&c, &idem, &render).await }).await.expect("claim") {
+        let how = Answering { shape: Shape::Single, key, trace_id: "bench".into() };
+        let (s, account) = (store.clone(), account_id(w));
+        let decided = as_handlers(store, async move { s.claim(&c.batch_of_one(&account), &idem, &how).await });
+        match decided.await.expect("claim").map(|o| o.into_single(&account_id(w))) {
             Idempotent::Executed { outcome: ClaimOutcome::Claimed { .. }, stored: Some(r) } if r.status == 200 => {}
             other => panic!("claim {payout_id} token {token}: {other:?}"),
         }
@@ -628,9 +616,10 @@ mod bench {
             at,
         };
         let payout_id = it.payout_id;
-        let render = move |o: &PostOutcome| render_post(o, payout_id, "bench");
-        let s = store.clone();
-        match as_handlers(store, async move { s.post(&p, &idem, &render).await }).await.expect("post") {
+        let how = Answering { shape: Shape::Single, key, trace_id: "bench".into() };
+        let (s, account) = (store.clone(), account_id(w));
+        let decided = as_handlers(store, async move { s.post(&p.batch_of_one(&account), &idem, &how).await });
+        match decided.await.expect("post").map(|o| o.into_single(&account_id(w))) {
             Idempotent::Executed { outcome: PostOutcome::Posted { .. }, stored: Some(r) } if r.status == 200 => {}
             other => panic!("post {payout_id} token {}: {other:?}", it.post_token),
         }

@@ -613,3 +613,31 @@ pub trait PaymentStore: Send + Sync + 'static {
         None
     }
 }
+
+/// A single claim or post (P2, P3) as the fenced-write pipeline runs it: the batch of one
+/// of its payout's account, its outcome the one item's; an unknown payout is `NotFound`
+/// and reaches no transaction. For tools and tests that drive a store without HTTP.
+#[async_trait]
+pub trait SingleWrites {
+    async fn claim_one(&self, c: &Claim, i: &IdemRequest, a: &Answering) -> Decided<ClaimOutcome>;
+    async fn post_one(&self, p: &Post, i: &IdemRequest, a: &Answering) -> Decided<PostOutcome>;
+}
+
+#[async_trait]
+impl<S: PaymentStore + ?Sized> SingleWrites for S {
+    async fn claim_one(&self, c: &Claim, i: &IdemRequest, a: &Answering) -> Decided<ClaimOutcome> {
+        let Some(account) = self.payout_account(c.payout_id).await? else {
+            return Ok(Idempotent::Executed { outcome: ClaimOutcome::NotFound, stored: None });
+        };
+        let decided = self.claim(&c.batch_of_one(&account), i, a).await?;
+        Ok(decided.map(|o| o.into_single(&account)))
+    }
+
+    async fn post_one(&self, p: &Post, i: &IdemRequest, a: &Answering) -> Decided<PostOutcome> {
+        let Some(account) = self.payout_account(p.payout_id).await? else {
+            return Ok(Idempotent::Executed { outcome: PostOutcome::NotFound, stored: None });
+        };
+        let decided = self.post(&p.batch_of_one(&account), i, a).await?;
+        Ok(decided.map(|o| o.into_single(&account)))
+    }
+}

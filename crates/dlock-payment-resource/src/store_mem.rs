@@ -648,7 +648,7 @@ mod tests {
     use dlock_contract::batch::batch_target;
 
     use super::*;
-    use crate::store::{ClaimBatchPayout, Operation};
+    use crate::store::{Claim, ClaimBatchPayout, Operation};
 
     #[derive(Default)]
     struct Seen(Mutex<Vec<FencedWrite>>);
@@ -678,8 +678,13 @@ mod tests {
         }
     }
 
-    fn render<T: std::fmt::Debug>(o: &T) -> StoredResponse {
-        StoredResponse { status: 200, body: format!("{o:?}").into_bytes() }
+    /// How these tests' requests are answered: as a batch (P2b), or a single write.
+    fn render() -> Answering {
+        shaped(Shape::Batch)
+    }
+
+    fn shaped(shape: Shape) -> Answering {
+        Answering { shape, key: "k".into(), trace_id: "t".into() }
     }
 
     /// The account `acct` (1 000 EUR) and two PENDING payouts of 100 on it.
@@ -695,7 +700,7 @@ mod tests {
                 entry_ids: [Uuid::from_u128(11), Uuid::from_u128(12)],
                 at: at(0),
             };
-            db.create_account(&a, &idem(Operation::CreateAccount, "accounts", "a", 0, 'a'), &render)
+            db.create_account(&a, &idem(Operation::CreateAccount, "accounts", "a", 0, 'a'), &render())
                 .await
                 .expect("account");
             for (n, p) in [p1, p2].into_iter().enumerate() {
@@ -707,7 +712,7 @@ mod tests {
                     beneficiary_ref: "b".into(),
                     at: at(0),
                 };
-                db.create_payout(&np, &idem(Operation::CreatePayout, "payouts", &format!("p{n}"), 0, 'b'), &render)
+                db.create_payout(&np, &idem(Operation::CreatePayout, "payouts", &format!("p{n}"), 0, 'b'), &render())
                     .await
                     .expect("payout");
             }
@@ -736,13 +741,13 @@ mod tests {
         let missing = Uuid::from_u128(3);
         let b = batch(5, &[(p1, PayoutState::Pending), (p2, PayoutState::Claimed), (missing, PayoutState::Pending)]);
         let i = idem(Operation::Claim, &batch_target("acct"), "k", 5, 'c');
-        let decided = futures::executor::block_on(db.claim_batch(&b, &i, &render)).expect("batch");
+        let decided = futures::executor::block_on(db.claim(&b, &i, &render())).expect("batch");
         let Idempotent::Executed { stored: Some(stored), .. } = decided else { panic!("{decided:?}") };
         // A second batch under the same token is fenced; the first one replays.
         let fenced = batch(5, &[(p2, PayoutState::Pending)]);
         let other = idem(Operation::Claim, &batch_target("acct"), "k2", 5, 'd');
-        futures::executor::block_on(db.claim_batch(&fenced, &other, &render)).expect("fenced");
-        futures::executor::block_on(db.claim_batch(&b, &i, &render)).expect("replay");
+        futures::executor::block_on(db.claim(&fenced, &other, &render())).expect("fenced");
+        futures::executor::block_on(db.claim(&b, &i, &render())).expect("replay");
 
         let w = seen.0.lock().expect("lock").clone();
         assert_eq!(w.len(), 3 + 1 + 3, "one write per payout of each batch");
@@ -763,6 +768,32 @@ mod tests {
         assert!(replays.iter().all(|x| x.verdict == FenceVerdictSeen::Other && x.replayed.as_ref() == Some(&stored)));
     }
 
+    /// A single write is a batch of one, reported as a single write: its payout's account,
+    /// no batch pass (and none drawn: the next batch's pass is the first), the single
+    /// write's identity, and the single answer recorded.
+    #[test]
+    fn a_single_write_is_reported_as_a_single_write_with_no_batch_pass() {
+        let (db, p1, p2) = seeded();
+        let seen = Arc::new(Seen::default());
+        db.set_observer(seen.clone());
+        let single =
+            Claim { payout_id: p1, token: 5, owner_id: "w-1".into(), expected: PayoutState::Pending, at: at(1) };
+        let i = idem(Operation::Claim, &p1.to_string(), "k", 5, 'c');
+        let decided = futures::executor::block_on(db.claim(&single.batch_of_one("acct"), &i, &shaped(Shape::Single)));
+        let Ok(Idempotent::Executed { outcome, stored: Some(stored) }) = decided else { panic!("{decided:?}") };
+        let outcome = outcome.into_single("acct");
+        assert_eq!(stored, answer::claim_item(&outcome, p1, 5, "k", "t"), "the single answer, not a batch's");
+        let b = batch(6, &[(p2, PayoutState::Pending)]);
+        let bi = idem(Operation::Claim, &batch_target("acct"), "k2", 6, 'd');
+        futures::executor::block_on(db.claim(&b, &bi, &render())).expect("batch");
+        let w = seen.0.lock().expect("lock").clone();
+        assert_eq!(w.len(), 2);
+        assert_eq!((w[0].batch_pass, w[0].fence_account.as_str(), w[0].account_id.as_str()), (None, "acct", "acct"));
+        assert_eq!(w[0].identity, Some((Operation::Claim, p1.to_string(), "k".into(), 5)));
+        assert_eq!((&w[0].verdict, w[0].recorded.as_ref()), (&FenceVerdictSeen::Accepted, Some(&stored)));
+        assert_eq!(w[1].batch_pass, Some(1), "the single write drew no pass");
+    }
+
     /// With the claim's fence switched off (a simulation campaign), a batch under a stale
     /// token goes on without moving the fence, and its report says the fence was bypassed.
     #[cfg(madsim)]
@@ -771,14 +802,13 @@ mod tests {
         let (db, p1, p2) = seeded();
         futures::executor::block_on(async {
             let i = idem(Operation::Claim, &batch_target("acct"), "k", 5, 'c');
-            db.claim_batch(&batch(5, &[(p1, PayoutState::Pending)]), &i, &render).await.expect("batch");
+            db.claim(&batch(5, &[(p1, PayoutState::Pending)]), &i, &render()).await.expect("batch");
         });
         let seen = Arc::new(Seen::default());
         db.set_observer(seen.clone());
         defence::set_off(Some(Layer::ClaimFence));
         let i = idem(Operation::Claim, &batch_target("acct"), "k", 4, 'e');
-        let decided =
-            futures::executor::block_on(db.claim_batch(&batch(4, &[(p2, PayoutState::Pending)]), &i, &render));
+        let decided = futures::executor::block_on(db.claim(&batch(4, &[(p2, PayoutState::Pending)]), &i, &render()));
         defence::set_off(None);
         assert!(matches!(decided, Ok(Idempotent::Executed { stored: Some(_), .. })), "{decided:?}");
         let fence = db.with_tables(|t| t.accounts.get("acct").map(|a| a.fence)).expect("tables");

@@ -22,7 +22,7 @@ use dlock_contract::rail::SubmissionOutcome;
 use dlock_payment_resource::store::{
     is_unsettled, settlement_account, AbandonOutcome, AccountKind, Claim, ClaimOutcome, CreateAccountOutcome,
     CreatePayoutOutcome, Direction, IdemRequest, Idempotent, ListQuery, NewAccount, NewPayout, Operation, PaymentStore,
-    PayoutSummary, Post, PostOutcome, StoredResponse,
+    PayoutSummary, Post, PostOutcome, SingleWrites,
 };
 use dlock_payment_resource::store_mem::MemPaydb;
 use dlock_rail_proxy::store::{Admission, Attempt, RailStore, Resolution};
@@ -119,8 +119,13 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn render<T: std::fmt::Debug>(o: &T) -> StoredResponse {
-    StoredResponse { status: 200, body: format!("{o:?}").into_bytes() }
+/// How the store answers this test's single writes (the key and trace id it records).
+fn render() -> dlock_payment_resource::answer::Answering {
+    dlock_payment_resource::answer::Answering {
+        shape: dlock_payment_resource::answer::Shape::Single,
+        key: "test-key".into(),
+        trace_id: "test-trace".into(),
+    }
 }
 
 fn t0() -> DateTime<Utc> {
@@ -256,7 +261,7 @@ impl World {
                     at,
                 };
                 let i = idem(Operation::CreateAccount, "accounts".into(), 0, at);
-                let r = self.pay.create_account(&a, &i, &render).await.expect("create account");
+                let r = self.pay.create_account(&a, &i, &render()).await.expect("create account");
                 assert!(matches!(
                     r,
                     Idempotent::Executed { outcome: CreateAccountOutcome::Created(_), stored: Some(_) }
@@ -277,7 +282,7 @@ impl World {
                     at,
                 };
                 let i = idem(Operation::CreatePayout, "payouts".into(), 0, at);
-                let r = self.pay.create_payout(&p, &i, &render).await.expect("create payout");
+                let r = self.pay.create_payout(&p, &i, &render()).await.expect("create payout");
                 assert!(matches!(
                     r,
                     Idempotent::Executed { outcome: CreatePayoutOutcome::Created(_), stored: Some(_) }
@@ -293,7 +298,7 @@ impl World {
                 let expected = if reclaim { PayoutState::Claimed } else { PayoutState::Pending };
                 let c = Claim { payout_id, token: presented, owner_id: "worker".into(), expected, at };
                 let i = idem(Operation::Claim, payout_id.to_string(), presented, at);
-                let r = self.pay.claim(&c, &i, &render).await.expect("claim");
+                let r = self.pay.claim_one(&c, &i, &render()).await.expect("claim");
                 let (outcome, stored) = match r {
                     Idempotent::Executed { outcome, stored } => (outcome, stored),
                     other => panic!("a fresh identity executes: {other:?}"),
@@ -381,7 +386,7 @@ impl World {
                     at,
                 };
                 let i = idem(Operation::Post, payout_id.to_string(), presented, at);
-                let r = self.pay.post(&p, &i, &render).await.expect("post");
+                let r = self.pay.post_one(&p, &i, &render()).await.expect("post");
                 let (outcome, stored) = match r {
                     Idempotent::Executed { outcome, stored } => (outcome, stored),
                     other => panic!("a fresh identity executes: {other:?}"),

@@ -365,8 +365,7 @@ mod postgres {
     async fn a_claim_behind_a_held_row_gives_up_at_the_lock_bound_and_changes_nothing() {
         use chrono::{DateTime, Duration, Utc};
         use dlock_payment_resource::store::{
-            Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, IdemRequest, Idempotent, NewAccount,
-            NewPayout, Operation, StoreError, StoredResponse,
+            Claim, ClaimOutcome, IdemRequest, Idempotent, NewAccount, NewPayout, Operation, SingleWrites, StoreError,
         };
         use uuid::Uuid;
 
@@ -392,7 +391,11 @@ mod postgres {
             entry_ids: [Uuid::new_v4(), Uuid::new_v4()],
             at: t0,
         };
-        let r = |_: &CreateAccountOutcome| StoredResponse { status: 201, body: b"{}".to_vec() };
+        let r = dlock_payment_resource::answer::Answering {
+            shape: dlock_payment_resource::answer::Shape::Single,
+            key: "k".into(),
+            trace_id: "t".into(),
+        };
         let created = pay.create_account(&a, &idem(Operation::CreateAccount, "accounts", "a", 0), &r).await;
         assert!(matches!(created, Ok(Idempotent::Executed { .. })), "{created:?}");
         let p = NewPayout {
@@ -403,7 +406,6 @@ mod postgres {
             beneficiary_ref: "b".into(),
             at: t0,
         };
-        let r = |_: &CreatePayoutOutcome| StoredResponse { status: 201, body: b"{}".to_vec() };
         let created = pay.create_payout(&p, &idem(Operation::CreatePayout, "payouts", "p", 0), &r).await;
         assert!(matches!(created, Ok(Idempotent::Executed { .. })), "{created:?}");
 
@@ -416,15 +418,14 @@ mod postgres {
             Claim { payout_id: p.payout_id, token: 5, owner_id: "w".into(), expected: PayoutState::Pending, at: t0 };
         let target = p.payout_id.to_string();
         let i = idem(Operation::Claim, &target, "payout:k", 5);
-        let r = |_: &ClaimOutcome| StoredResponse { status: 200, body: b"{}".to_vec() };
-        let stuck = pay.claim(&c, &i, &r).await;
+        let stuck = pay.claim_one(&c, &i, &r).await;
         assert!(matches!(stuck, Err(StoreError::Unavailable(_))), "{stuck:?}");
         holder.rollback().await.expect("release the row");
 
         assert_eq!(pay.idempotency_record_count().await, Ok(1 + 1), "only the two creates are recorded");
         let view = pay.payout(p.payout_id).await.expect("read").expect("exists");
         assert_eq!(view.state, PayoutState::Pending);
-        let claimed = pay.claim(&c, &i, &r).await;
+        let claimed = pay.claim_one(&c, &i, &r).await;
         assert!(
             matches!(claimed, Ok(Idempotent::Executed { outcome: ClaimOutcome::Claimed { .. }, .. })),
             "{claimed:?}"
@@ -438,7 +439,7 @@ mod postgres {
 /// post would take the balance below zero.
 async fn a_guard_refusal_is_corrupt_and_rolls_back_everything(url: &str) {
     use chrono::{DateTime, Duration, Utc};
-    use dlock_payment_resource::store::{IdemRequest, Operation, Post, PostOutcome, StoredResponse};
+    use dlock_payment_resource::store::{IdemRequest, Operation, Post, SingleWrites};
     use dlock_rail_proxy::store::{Admission, Attempt, NewPayout, Resolution};
     use uuid::Uuid;
 
@@ -491,8 +492,12 @@ async fn a_guard_refusal_is_corrupt_and_rolls_back_everything(url: &str) {
         at: post.at,
         expires_at: post.at + Duration::days(1),
     };
-    let render = |o: &PostOutcome| StoredResponse { status: 200, body: format!("{o:?}").into_bytes() };
-    let answer = pay.post(&post, &i, &render).await;
+    let render = dlock_payment_resource::answer::Answering {
+        shape: dlock_payment_resource::answer::Shape::Single,
+        key: i.key.clone(),
+        trace_id: "t".into(),
+    };
+    let answer = pay.post_one(&post, &i, &render).await;
     assert!(matches!(answer, Err(dlock_payment_resource::store::StoreError::Corrupt(_))), "{answer:?}");
     let view = pay.payout(payout_id).await.expect("read").expect("exists");
     assert_eq!(view.state, PayoutState::RailAcked);

@@ -765,9 +765,7 @@ mod tests {
     use async_trait::async_trait;
     use dlock_contract::rail::RailCallOutcome;
     use dlock_paydb::MemPaydb;
-    use dlock_payment_resource::store::{
-        CreateAccountOutcome, IdemRequest, NewAccount, Operation, PaymentStore, StoredResponse,
-    };
+    use dlock_payment_resource::store::{IdemRequest, NewAccount, Operation, PaymentStore};
     use dlock_rail_proxy::store::{Attempt, NewPayout, RailStore, Resolution};
 
     struct Calls(Vec<RailCall>);
@@ -849,8 +847,12 @@ mod tests {
             at: at(0),
             expires_at: at(1_000_000),
         };
-        let render = |_: &CreateAccountOutcome| StoredResponse { status: 201, body: Vec::new() };
-        db.create_account(&account, &idem, &render).await.expect("create account");
+        let how = dlock_payment_resource::answer::Answering {
+            shape: dlock_payment_resource::answer::Shape::Single,
+            key: "k".into(),
+            trace_id: "t".into(),
+        };
+        db.create_account(&account, &idem, &how).await.expect("create account");
         let once = quarantined(&db, "acct", 1).await;
         let twice = quarantined(&db, "acct", 2).await;
         let paydb = Paydb { store: db.clone(), describe: "memory".into() };

@@ -19,7 +19,7 @@ use dlock_paydb::StoreError;
 use dlock_payment_resource::store::{
     funding_account, AccountView, AmbiguousResolution, Claim, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
     Direction, IdemRequest, Idempotent, LedgerEntry, ListQuery, NewAccount, NewPayout, Operation, PaymentStore,
-    PayoutSummary, PayoutView, Post, PostOutcome, ResolutionRow, ResolveOutcome, StoredResponse,
+    PayoutSummary, PayoutView, Post, PostOutcome, ResolutionRow, ResolveOutcome, SingleWrites,
 };
 use dlock_payment_resource::store_mem::MemPaydb;
 use dlock_rail_proxy::store::{self as rail, Admission, Attempt, RailStore, Resolution};
@@ -50,8 +50,13 @@ fn budget() -> ReadBudget {
     ReadBudget { retry_pause_ms: 10, ..ReadBudget::default() }
 }
 
-fn render<T: std::fmt::Debug>(o: &T) -> StoredResponse {
-    StoredResponse { status: 200, body: format!("{o:?}").into_bytes() }
+/// How the store answers this test's single writes (the key and trace id it records).
+fn render() -> dlock_payment_resource::answer::Answering {
+    dlock_payment_resource::answer::Answering {
+        shape: dlock_payment_resource::answer::Shape::Single,
+        key: "test-key".into(),
+        trace_id: "test-trace".into(),
+    }
 }
 
 fn idem(operation: Operation, target: &str, token: i64, now: DateTime<Utc>) -> IdemRequest {
@@ -173,7 +178,7 @@ impl World {
             entry_ids: [Uuid::new_v4(), Uuid::new_v4()],
             at: at(0),
         };
-        let r = self.pay.create_account(&a, &idem(Operation::CreateAccount, "accounts", 0, at(0)), &render).await;
+        let r = self.pay.create_account(&a, &idem(Operation::CreateAccount, "accounts", 0, at(0)), &render()).await;
         assert!(matches!(committed(r.expect("create account")), CreateAccountOutcome::Created(_)));
     }
 
@@ -186,7 +191,7 @@ impl World {
             beneficiary_ref: "ben-1".into(),
             at: now,
         };
-        let r = self.pay.create_payout(&p, &idem(Operation::CreatePayout, "payouts", 0, now), &render).await;
+        let r = self.pay.create_payout(&p, &idem(Operation::CreatePayout, "payouts", 0, now), &render()).await;
         assert!(matches!(committed(r.expect("create payout")), CreatePayoutOutcome::Created(_)));
         p.payout_id
     }
@@ -195,7 +200,7 @@ impl World {
     async fn claim(&self, p: Uuid, now: DateTime<Utc>) -> (i64, ClaimOutcome) {
         let token = self.token();
         let c = Claim { payout_id: p, token, owner_id: "worker-1".into(), expected: PayoutState::Pending, at: now };
-        let r = self.pay.claim(&c, &idem(Operation::Claim, &p.to_string(), token, now), &render).await;
+        let r = self.pay.claim_one(&c, &idem(Operation::Claim, &p.to_string(), token, now), &render()).await;
         (token, committed(r.expect("claim")))
     }
 
@@ -274,7 +279,7 @@ impl World {
             entry_ids: [Uuid::new_v4(), Uuid::new_v4()],
             at: now,
         };
-        let r = self.pay.post(&post, &idem(Operation::Post, &p.to_string(), token, now), &render).await;
+        let r = self.pay.post_one(&post, &idem(Operation::Post, &p.to_string(), token, now), &render()).await;
         assert!(matches!(committed(r.expect("post")), PostOutcome::Posted { .. }));
         p
     }
