@@ -30,11 +30,10 @@ use uuid::Uuid;
 
 use crate::answer::{account_body, not_found, payout_body, Answering, Shape};
 use crate::cursor::CursorPayload;
-use crate::fenced::{self, answer, store_error, FencedHeaders, FencedOp, FencedWrite, Target};
+use crate::fenced::{self, answer, store_error, FencedHeaders, FencedOp, FencedWrite, PostItem, Target};
 use crate::service::PaymentResource;
 use crate::store::{
     ClaimBatchPayout, CreateAccountOutcome, CreatePayoutOutcome, ListQuery, NewAccount, NewPayout, Operation,
-    PostBatchPayout,
 };
 
 /// Target of the account-creation identity.
@@ -260,15 +259,9 @@ async fn post_payout(
     Ok(fenced::write(&pr, w, &trace).await)
 }
 
-/// One payout of a post, with the ids the store writes for its posting.
-fn posted(payout_id: Uuid, submission_id: Uuid, rail_reference: &str) -> PostBatchPayout {
-    PostBatchPayout {
-        payout_id,
-        submission_id,
-        rail_reference: rail_reference.to_owned(),
-        posting_id: dlock_rt::rand::uuid_v4(),
-        entry_ids: [dlock_rt::rand::uuid_v4(), dlock_rt::rand::uuid_v4()],
-    }
+/// One payout of a post, as its request names it.
+fn posted(payout_id: Uuid, submission_id: Uuid, rail_reference: &str) -> PostItem {
+    PostItem { payout_id, submission_id, rail_reference: rail_reference.to_owned() }
 }
 
 /// Claim several payouts of one account (P2b, worker, C3-extensions E-19): one fenced write

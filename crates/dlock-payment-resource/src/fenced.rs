@@ -84,7 +84,31 @@ impl Target {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FencedOp {
     Claim(Vec<ClaimBatchPayout>),
-    Post(Vec<PostBatchPayout>),
+    Post(Vec<PostItem>),
+}
+
+/// One payout of a post as its request names it: the payout and its acknowledged attempt.
+/// The pipeline gives it the ids of its posting once the request is admitted (after the
+/// grant check and the identity), so a refused request draws none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostItem {
+    pub payout_id: Uuid,
+    pub submission_id: Uuid,
+    pub rail_reference: String,
+}
+
+impl PostItem {
+    /// The payout as the store posts it, with fresh ids for its posting and its two
+    /// entries (in that order).
+    fn stamped(self) -> PostBatchPayout {
+        PostBatchPayout {
+            payout_id: self.payout_id,
+            submission_id: self.submission_id,
+            rail_reference: self.rail_reference,
+            posting_id: dlock_rt::rand::uuid_v4(),
+            entry_ids: [dlock_rt::rand::uuid_v4(), dlock_rt::rand::uuid_v4()],
+        }
+    }
 }
 
 /// One fenced write, as the handler validated it: `request` is the body as sent (its
@@ -281,7 +305,8 @@ async fn run<B: Serialize>(
             let decided = pr.write(move |store| async move { store.claim(&b, &idem, &how).await }).await;
             finish(pr, trace, &CLAIMS, &done, decided)
         }
-        FencedOp::Post(payouts) => {
+        FencedOp::Post(items) => {
+            let payouts = items.into_iter().map(PostItem::stamped).collect();
             let b = PostBatch { account_id: account, token, owner_id, payouts, at };
             let decided = pr.write(move |store| async move { store.post(&b, &idem, &how).await }).await;
             finish(pr, trace, &POSTS, &done, decided)
