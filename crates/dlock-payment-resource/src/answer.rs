@@ -311,3 +311,93 @@ pub fn post(o: &PostBatchOutcome, account_id: &str, token: i64, a: &Answering) -
         (Shape::Batch, _) => batch_answer(account_id, token, items.iter().map(item), &a.trace_id),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{BatchOutcome, ClaimOutcome, Direction, LedgerEntry};
+
+    fn answering(shape: Shape) -> Answering {
+        Answering { shape, key: "k".into(), trace_id: "trace-1".into() }
+    }
+
+    /// The one item of a batch answer with `payout_id`, as (status, body bytes).
+    fn item_of(batch: &StoredResponse, payout_id: Uuid) -> (u16, Vec<u8>) {
+        let v: serde_json::Value = serde_json::from_slice(&batch.body).expect("a batch answer is JSON");
+        let items = v["items"].as_array().expect("items");
+        let item = items.iter().find(|i| i["payoutId"] == payout_id.to_string()).expect("the payout's item");
+        let status = u16::try_from(item["status"].as_u64().expect("status")).expect("a status");
+        (status, serde_json::to_vec(&item["body"]).expect("body"))
+    }
+
+    /// A single write is a batch of one (module doc): for every outcome a payout can have,
+    /// the single answer is the batch's item for that payout, status and bytes.
+    #[test]
+    fn a_single_answer_is_the_batch_items_answer_byte_for_byte() {
+        let p = Uuid::from_u128(7);
+        let claims = [
+            ClaimOutcome::Claimed {
+                account_id: "acct".into(),
+                account_fence: 5,
+                attempt_count: 1,
+                reclaimed: false,
+                amount_minor: 100,
+                currency: "EUR".into(),
+                beneficiary_ref: "ben".into(),
+            },
+            ClaimOutcome::InsufficientFunds { account_id: "acct".into(), amount_minor: 100, available_minor: 3 },
+            ClaimOutcome::NotClaimable { state: PayoutState::Posted },
+            ClaimOutcome::NotFound,
+        ];
+        for o in claims {
+            let decided = BatchOutcome::Decided { items: vec![(p, o.clone())] };
+            let single = claim(&decided, "acct", 5, &answering(Shape::Single));
+            let batch = claim(&decided, "acct", 5, &answering(Shape::Batch));
+            let canonical: serde_json::Value = serde_json::from_slice(&single.body).expect("JSON");
+            let single_bytes = serde_json::to_vec(&canonical).expect("bytes");
+            assert_eq!((single.status, single_bytes), item_of(&batch, p), "{o:?}");
+            assert_eq!(single, claim_item(&o, p, 5, "k", "trace-1"), "{o:?}");
+        }
+        let entry = |direction| LedgerEntry {
+            entry_id: Uuid::from_u128(1),
+            posting_id: Uuid::from_u128(2),
+            payout_id: Some(p),
+            account_id: "acct".into(),
+            direction,
+            amount_minor: 100,
+            currency: "EUR".into(),
+            fence: 5,
+            created_at: chrono::DateTime::<chrono::Utc>::from_timestamp_millis(0).expect("instant"),
+        };
+        let posts = [
+            PostOutcome::Posted {
+                account_id: "acct".into(),
+                entries: [entry(Direction::Debit), entry(Direction::Credit)],
+                balance_minor: 900,
+            },
+            PostOutcome::NotClaimable { state: PayoutState::Claimed },
+            PostOutcome::RailMismatch,
+            PostOutcome::NotFound,
+        ];
+        for o in posts {
+            let decided = BatchOutcome::Decided { items: vec![(p, o.clone())] };
+            let single = post(&decided, "acct", 5, &answering(Shape::Single));
+            let batch = post(&decided, "acct", 5, &answering(Shape::Batch));
+            let canonical: serde_json::Value = serde_json::from_slice(&single.body).expect("JSON");
+            let single_bytes = serde_json::to_vec(&canonical).expect("bytes");
+            assert_eq!((single.status, single_bytes), item_of(&batch, p), "{o:?}");
+        }
+    }
+
+    /// Only a decided outcome of one payout renders as a single answer; anything else is an
+    /// internal envelope (a caller's mistake, never a client's answer).
+    #[test]
+    fn a_single_answer_of_anything_but_one_decided_payout_is_internal() {
+        let p = Uuid::from_u128(7);
+        let two = BatchOutcome::Decided { items: vec![(p, ClaimOutcome::NotFound), (p, ClaimOutcome::NotFound)] };
+        let fenced: BatchOutcome<ClaimOutcome> = BatchOutcome::Fenced { highest_token: 9 };
+        for o in [two, fenced] {
+            assert_eq!(claim(&o, "acct", 5, &answering(Shape::Single)).status, 500, "{o:?}");
+        }
+    }
+}
