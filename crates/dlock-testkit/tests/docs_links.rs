@@ -4,7 +4,11 @@
 //!   chapter pulls in with `{{#include …}}` names a file or directory that exists;
 //! - every `#anchor` of such a link (or of a link within its own page) is a heading of the
 //!   target, slugged as GitHub and mdBook both slug it, or an explicit `<a id="…">`;
-//! - every chapter `docs/SUMMARY.md` lists exists, and every page under `docs/` is listed.
+//! - every chapter `docs/SUMMARY.md` lists exists, and every page under `docs/` is listed;
+//! - a page that includes a file by line ranges (`{{#include file:a:b}}`, to restate the
+//!   lines whose links would break once rendered) restates exactly the lines its ranges
+//!   skip, each the same text but for its link targets: an edit of the included file that
+//!   shifts the ranges is reported instead of rendering wrong lines.
 //!
 //! Links with a scheme (`https:`, `mailto:`) are not followed. The checker is the plain
 //! functions below; the negative tests feed it a broken link, a broken anchor and a page
@@ -287,6 +291,124 @@ fn summary_problems(root: &Path, book_dir: &Path) -> Vec<String> {
         }
     }
     problems
+}
+
+/// `text` with each inline link (`[label](target)`) as `[]`, for comparing a restated line
+/// with the included file's: a restated link may name its target, and so its label, anew.
+fn without_targets(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("](") {
+        let close = rest[i + 2..].find(')');
+        let open = rest[..i].rfind('[');
+        match (open, close) {
+            (Some(o), Some(j)) => {
+                out.push_str(&rest[..o]);
+                out.push_str("[]");
+                rest = &rest[i + 2 + j + 1..];
+            }
+            _ => {
+                out.push_str(&rest[..i + 2]);
+                rest = &rest[i + 2..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out.trim().to_owned()
+}
+
+/// The problems of `page` (its text), which includes files by line ranges relative to
+/// `dir`: each gap between two ranges of one file must be restated line for line (the
+/// same text but for link targets), and the last range of a file must reach its end.
+fn line_range_problems(name: &str, page: &str, dir: &Path) -> Vec<String> {
+    let mut problems = Vec::new();
+    // (file, the line the next range must start at, restated lines since the last range)
+    let mut open: Option<(String, Vec<String>, usize, Vec<String>)> = None;
+    for line in page.lines() {
+        let directive = line.trim().strip_prefix("{{#include ").and_then(|r| r.strip_suffix("}}"));
+        let Some((file, range)) = directive.and_then(|d| d.split_once(':')) else {
+            if let Some((_, _, _, restated)) = open.as_mut() {
+                restated.push(line.to_owned());
+            }
+            continue;
+        };
+        let (from, to) = range.split_once(':').unwrap_or((range, range));
+        let from: usize = from.parse().unwrap_or(1);
+        if open.as_ref().is_some_and(|o| o.0 != file) {
+            open = None;
+        }
+        let lines = match &open {
+            Some(o) => o.1.clone(),
+            None => match std::fs::read_to_string(dir.join(file)) {
+                Ok(text) => text.lines().map(str::to_owned).collect(),
+                Err(e) => {
+                    problems.push(format!("{name}: includes {file}: {e}"));
+                    continue;
+                }
+            },
+        };
+        if let Some((_, _, next, restated)) = &open {
+            let skipped: Vec<String> = lines[(next - 1).min(lines.len())..(from - 1).min(lines.len())].to_vec();
+            let restated: Vec<String> = restated.iter().filter(|l| !l.trim().is_empty()).cloned().collect();
+            let same = skipped.len() == restated.len()
+                && skipped.iter().zip(&restated).all(|(a, b)| without_targets(a) == without_targets(b));
+            if !same {
+                problems.push(format!(
+                    "{name}: {file} lines {next}..{} are restated as {restated:?}, but read {skipped:?}",
+                    from - 1
+                ));
+            }
+        }
+        if to.is_empty() {
+            open = None;
+        } else {
+            let to: usize = to.parse().unwrap_or(0);
+            open = Some((file.to_owned(), lines, to + 1, Vec::new()));
+        }
+    }
+    if let Some((file, lines, next, _)) = open {
+        if next <= lines.len() {
+            problems.push(format!("{name}: {file}'s last range ends at line {}, before its end", next - 1));
+        }
+    }
+    problems
+}
+
+#[test]
+fn a_page_including_a_file_by_line_ranges_restates_exactly_the_lines_it_skips() {
+    let root = repo_root();
+    let mut problems = Vec::new();
+    let mut ranged = 0;
+    for page in pages_to_check(&root) {
+        let text = std::fs::read_to_string(root.join(&page)).expect("a page to check exists");
+        if text.lines().any(|l| l.trim().starts_with("{{#include ") && l.matches(':').count() >= 2) {
+            ranged += 1;
+            let dir = root.join(page.parent().unwrap_or(Path::new("")));
+            problems.extend(line_range_problems(&page.display().to_string(), &text, &dir));
+        }
+    }
+    assert!(ranged > 0, "no page includes a file by line ranges: this check would check nothing");
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
+fn a_shifted_line_range_or_a_wrong_restated_line_is_reported() {
+    let dir = std::env::temp_dir().join(format!("docs-links-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    std::fs::write(dir.join("R.md"), "one\ntwo [a](../x.md) end\nthree\n").expect("write");
+    let good = "{{#include R.md:1:1}}\ntwo [a](x.md) end\n{{#include R.md:3:}}\n";
+    assert_eq!(line_range_problems("good", good, &dir), Vec::<String>::new());
+    let shifted = "{{#include R.md:1:1}}\ntwo [a](x.md) end\n{{#include R.md:2:}}\n";
+    assert_eq!(line_range_problems("shifted", shifted, &dir).len(), 1);
+    let relabelled = "{{#include R.md:1:1}}\ntwo [the x page](x.md) end\n{{#include R.md:3:}}\n";
+    assert_eq!(line_range_problems("relabelled", relabelled, &dir), Vec::<String>::new());
+    let wrong = "{{#include R.md:1:1}}\ntwo [a](x.md) END\n{{#include R.md:3:}}\n";
+    assert_eq!(line_range_problems("wrong", wrong, &dir).len(), 1);
+    let short = "{{#include R.md:1:1}}\ntwo [a](x.md) end\n{{#include R.md:3:3}}\n";
+    assert_eq!(line_range_problems("short", short, &dir).len(), 0, "the last range reaches line 3, the end");
+    let cut = "{{#include R.md:1:1}}\ntwo [a](x.md) end\n";
+    assert_eq!(line_range_problems("cut", cut, &dir).len(), 1, "lines 2.. are never included");
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
