@@ -24,7 +24,7 @@ use dlock_contract::time::truncate_ms;
 use sqlx::Row;
 
 use super::claim::{PG_CLAIM_BATCH_READ_SQL, SQLITE_CLAIM_BATCH_READ_SQL};
-use super::post::{PG_POST_BATCH_READ_SQL, SQLITE_POST_BATCH_READ_SQL};
+use super::post::{PG_POST_BATCH_READ_SQL, POST_ONE_READ_SQL, SQLITE_POST_BATCH_READ_SQL};
 use super::{json_text, Commits, Gate, PgPaymentStore, SqlitePaymentStore};
 use crate::rules::{self, FenceVerdict};
 use crate::store::{
@@ -340,6 +340,14 @@ impl PgPaymentStore {
                 let ids: Vec<String> = payouts.iter().map(|p| p.payout_id.to_string()).collect();
                 sqlx::query(PG_CLAIM_BATCH_READ_SQL).bind(account_id.to_owned()).bind(ids).fetch_all(&mut **tx).await
             }
+            BatchRead::Post { payouts: [p] } => {
+                sqlx::query(POST_ONE_READ_SQL)
+                    .bind(p.payout_id.to_string())
+                    .bind(p.submission_id.to_string())
+                    .bind(p.rail_reference.clone())
+                    .fetch_all(&mut **tx)
+                    .await
+            }
             BatchRead::Post { payouts } => {
                 let ids: Vec<String> = payouts.iter().map(|p| p.payout_id.to_string()).collect();
                 let submissions: Vec<String> = payouts.iter().map(|p| p.submission_id.to_string()).collect();
@@ -373,11 +381,13 @@ impl SqlitePaymentStore {
     ) -> Result<Result<BatchFenceThen<sqlx::sqlite::SqliteRow>, Gate>, StoreError> {
         static CLAIM: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         static POST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        static POST_ONE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let batch = |read_sql: &str, binds: usize| {
             dlock_db::sqlite_batch_sql(&[(GATE_SQL, 8), (ACCOUNT_FENCE_AFTER_GATE_SQL, 4), (read_sql, binds)])
         };
         let q = match read {
             BatchRead::Claim { .. } => CLAIM.get_or_init(|| batch(SQLITE_CLAIM_BATCH_READ_SQL, 2)),
+            BatchRead::Post { payouts: [_] } => POST_ONE.get_or_init(|| batch(POST_ONE_READ_SQL, 3)),
             BatchRead::Post { .. } => POST.get_or_init(|| batch(SQLITE_POST_BATCH_READ_SQL, 1)),
         };
         let query = bind_gate!(sqlx::query(q), i).bind(token).bind(at).bind(account_id.to_owned()).bind(token);
@@ -385,6 +395,9 @@ impl SqlitePaymentStore {
             BatchRead::Claim { account_id, payouts } => {
                 let ids: Vec<String> = payouts.iter().map(|p| p.payout_id.to_string()).collect();
                 query.bind(account_id.to_owned()).bind(json_text(&ids)?)
+            }
+            BatchRead::Post { payouts: [p] } => {
+                query.bind(p.payout_id.to_string()).bind(p.submission_id.to_string()).bind(p.rail_reference.clone())
             }
             BatchRead::Post { payouts } => {
                 let named: Vec<(String, String, &str)> = payouts

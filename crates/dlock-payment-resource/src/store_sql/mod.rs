@@ -53,7 +53,8 @@
 //! (`BEGIN`, gate and fence, the read, the writes, `COMMIT`), and on SQLite four calls to
 //! the writer (`BEGIN`, gate, fence and read, the writes, `COMMIT`). No text varies with
 //! the batch's size (the payouts are one array bind on PostgreSQL, one JSON text read with
-//! `json_each` on SQLite). docs/performance.md "Claims and posts: folded statements" and
+//! `json_each` on SQLite), but for PostgreSQL's move of one claimed payout, which has a
+//! scalar form the server plans once (`claim::PG_CLAIM_ONE_MOVE_SQL`). docs/performance.md "Claims and posts: folded statements" and
 //! "SQLite: statements batched into one call". Every SQLite write transaction runs on the
 //! process's SQLite writer thread (docs/performance.md "The SQLite writer thread",
 //! [`PaymentStore::writer_thread`]).

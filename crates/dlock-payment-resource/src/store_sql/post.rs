@@ -53,6 +53,94 @@ pub(super) const SQLITE_POST_BATCH_READ_SQL: &str =
      AND s.outcome = 'ACKED' AND s.rail_reference = (m.value ->> 2)) AS acked \
      FROM json_each($1) AS m JOIN payouts p ON p.payout_id = (m.value ->> 0)";
 
+/// A post of one payout's read (both dialects; `$1` payout, `$2` submission id, `$3` rail
+/// reference): [`PG_POST_BATCH_READ_SQL`] with scalar binds and no join, which the server
+/// plans once rather than at every execution (docs/performance.md "Claims and posts:
+/// folded statements").
+pub(super) const POST_ONE_READ_SQL: &str = "SELECT p.payout_id, p.account_id, p.state, p.amount_minor, p.currency, \
+     EXISTS (SELECT 1 FROM rail_submission s WHERE s.payout_id = p.payout_id AND s.submission_id = m.submission_id \
+     AND s.outcome = 'ACKED' AND s.rail_reference = m.rail_reference) AS acked \
+     FROM (SELECT CAST($1 AS TEXT) AS payout_id, CAST($2 AS TEXT) AS submission_id, CAST($3 AS TEXT) AS rail_reference) \
+     AS m JOIN payouts p ON p.payout_id = m.payout_id";
+
+/// The writes of a post that posts one payout, in order (each `$n` from 1): its transition,
+/// its settlement account (upserted), its two entries, the debit and the recorded answer.
+/// The batch's writes with scalar binds and two-row `VALUES` instead of arrays.
+fn post_one_parts() -> [(String, usize); 5] {
+    use dlock_paydb::sql::{ledger_insert_sql, LEDGER_ENTRY_BINDS, SYSTEM_ACCOUNT_UPSERT_SQL};
+    [
+        (
+            format!(
+                "UPDATE payouts SET state = 'POSTED', updated_at = $1 WHERE payout_id = $2 AND state IN {}",
+                post_sources_sql()
+            ),
+            2,
+        ),
+        (SYSTEM_ACCOUNT_UPSERT_SQL.to_owned(), 5),
+        (ledger_insert_sql(2), 2 * LEDGER_ENTRY_BINDS),
+        (BALANCE_DEBIT_SQL.to_owned(), 3),
+        (RECORD_SQL.to_owned(), 6),
+    ]
+}
+
+/// PostgreSQL: the writes of a post of one payout ([`post_one_parts`]), one statement,
+/// answered as [`pg_post_batch_writes_sql`].
+pub(super) fn pg_post_one_writes_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let [moved, settle, entries, debit, recorded] = post_one_parts();
+        let moved_sql = format!("{} RETURNING payout_id", moved.0);
+        let entries_sql = format!("{} RETURNING 1", entries.0);
+        let recorded_sql = format!("{} RETURNING 1", recorded.0);
+        dlock_db::pg_cte_sql(
+            &[
+                ("moved", &moved_sql, moved.1),
+                ("settle", &settle.0, settle.1),
+                ("entries", &entries_sql, entries.1),
+                ("debit", &debit.0, debit.1),
+                ("recorded", &recorded_sql, recorded.1),
+            ],
+            "SELECT (SELECT COUNT(*) FROM moved) AS moved, (SELECT COUNT(*) FROM entries) AS entries, \
+             (SELECT balance_minor FROM debit) AS balance_minor, (SELECT COUNT(*) FROM recorded) AS recorded",
+        )
+    })
+}
+
+/// SQLite: the writes of a post of one payout ([`post_one_parts`]), one batch.
+pub(super) fn sqlite_post_one_writes_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        let parts = post_one_parts();
+        let parts: Vec<(&str, usize)> = parts.iter().map(|(sql, binds)| (sql.as_str(), *binds)).collect();
+        dlock_db::sqlite_batch_sql(&parts)
+    })
+}
+
+/// Binds the writes of a post of one payout (`$w`, posting `$payout` into the settlement
+/// account `$settlement` of `$currency`) in [`post_one_parts`]' order.
+macro_rules! bind_post_one {
+    ($query:expr, $w:expr, $payout:expr, $settlement:expr, $currency:expr) => {{
+        let query = $query
+            .bind($w.at)
+            .bind($payout.clone())
+            .bind($settlement.clone())
+            .bind(AccountKind::Settlement.as_str())
+            .bind($currency.clone())
+            .bind($w.at)
+            .bind($w.at);
+        dlock_paydb::bind_ledger_entries!(query, &$w.entries)
+            .bind($w.total_minor)
+            .bind($w.at)
+            .bind($w.account_id.to_owned())
+            .bind(i32::from($w.response.status))
+            .bind($w.response.body.clone())
+            .bind($w.identity.operation.as_str())
+            .bind($w.identity.target_id.clone())
+            .bind($w.identity.key.clone())
+            .bind($w.identity.token)
+    }};
+}
+
 /// The states a post moves a payout from (C2: RAIL_ACKED).
 pub(super) fn post_sources_sql() -> String {
     payout::sql_states(&payout::sources(PayoutState::Posted, Actor::PaymentResource))
@@ -269,8 +357,27 @@ impl PgPaymentStore {
         tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
         w: &PostBatchWrites<'_>,
     ) -> Result<(usize, usize, i64, i64), StoreError> {
+        let row = if let ([payout], [(settlement, currency)]) = (w.posted.as_slice(), w.settlements.as_slice()) {
+            let query = bind_post_one!(sqlx::query(pg_post_one_writes_sql()), w, payout, settlement, currency);
+            query.fetch_one(&mut **tx).await.map_err(db_error)?
+        } else {
+            Self::post_batch_writes_row(tx, w).await?
+        };
+        let (moved, written): (i64, i64) = (get!(row, "moved"), get!(row, "entries"));
+        let Some(balance) = get!(row, "balance_minor", Option<i64>) else {
+            return Err(StoreError::Corrupt(format!("accounts: no account {} to debit", w.account_id)));
+        };
+        let count = |n: i64| usize::try_from(n).unwrap_or(0);
+        Ok((count(moved), count(written), balance, get!(row, "recorded")))
+    }
+
+    /// The row of [`pg_post_batch_writes_sql`] for `w`.
+    async fn post_batch_writes_row(
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        w: &PostBatchWrites<'_>,
+    ) -> Result<sqlx::postgres::PgRow, StoreError> {
         let column = |f: fn(&LedgerEntry) -> String| w.entries.iter().map(f).collect::<Vec<String>>();
-        let row = sqlx::query(pg_post_batch_writes_sql())
+        sqlx::query(pg_post_batch_writes_sql())
             .bind(w.at)
             .bind(w.posted.clone())
             .bind(AccountKind::Settlement.as_str())
@@ -298,13 +405,7 @@ impl PgPaymentStore {
             .bind(w.identity.token)
             .fetch_one(&mut **tx)
             .await
-            .map_err(db_error)?;
-        let (moved, written): (i64, i64) = (get!(row, "moved"), get!(row, "entries"));
-        let Some(balance) = get!(row, "balance_minor", Option<i64>) else {
-            return Err(StoreError::Corrupt(format!("accounts: no account {} to debit", w.account_id)));
-        };
-        let count = |n: i64| usize::try_from(n).unwrap_or(0);
-        Ok((count(moved), count(written), balance, get!(row, "recorded")))
+            .map_err(db_error)
     }
 }
 
@@ -315,6 +416,10 @@ impl SqlitePaymentStore {
         tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
         w: &PostBatchWrites<'_>,
     ) -> Result<(usize, usize, i64, i64), StoreError> {
+        if let ([payout], [(settlement, currency)]) = (w.posted.as_slice(), w.settlements.as_slice()) {
+            let query = bind_post_one!(sqlx::query(sqlite_post_one_writes_sql()), w, payout, settlement, currency);
+            return Self::post_writes_parts(tx, w, query).await;
+        }
         type EntryRow = (String, String, Option<String>, String, &'static str, i64, String);
         let entries: Vec<EntryRow> = w
             .entries
@@ -350,6 +455,17 @@ impl SqlitePaymentStore {
             .bind(w.identity.target_id.clone())
             .bind(w.identity.key.clone())
             .bind(w.identity.token);
+        Self::post_writes_parts(tx, w, query).await
+    }
+
+    /// Runs a post's writes (the batch's or the one-payout form: the same five statements
+    /// in the same order): (payouts moved, entries written, the balance after, identity rows
+    /// written).
+    async fn post_writes_parts<'q>(
+        tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        w: &PostBatchWrites<'_>,
+        query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+    ) -> Result<(usize, usize, i64, i64), StoreError> {
         let parts = dlock_db::sqlite_batch(tx, query, 5).await.map_err(db_error)?;
         let Some(row) = parts[3].rows.first() else {
             return Err(StoreError::Corrupt(format!("accounts: no account {} to debit", w.account_id)));

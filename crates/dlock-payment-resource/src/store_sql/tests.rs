@@ -6,11 +6,14 @@
 //! are conditional on its read; a post moves exactly when the post rule posts.
 
 use super::claim::{
-    pg_claim_batch_move_and_record_sql, sqlite_claim_batch_move_and_record_sql, ClaimBatchWrites,
-    PG_CLAIM_BATCH_READ_SQL, SQLITE_CLAIM_BATCH_READ_SQL,
+    pg_claim_batch_move_and_record_sql, pg_claim_one_move_and_record_sql, sqlite_claim_batch_move_and_record_sql,
+    ClaimBatchWrites, PG_CLAIM_BATCH_READ_SQL, SQLITE_CLAIM_BATCH_READ_SQL,
 };
 use super::gate::pg_batch_gate_fence_sql;
-use super::post::{pg_post_batch_writes_sql, sqlite_post_batch_writes_sql, PG_POST_BATCH_READ_SQL};
+use super::post::{
+    pg_post_batch_writes_sql, pg_post_one_writes_sql, sqlite_post_batch_writes_sql, sqlite_post_one_writes_sql,
+    PG_POST_BATCH_READ_SQL, POST_ONE_READ_SQL,
+};
 use super::*;
 use crate::answer::Shape;
 use crate::rules::{self, PostDecision, PostFacts};
@@ -239,7 +242,9 @@ fn the_postgresql_gate_and_fence_statement_chains_the_fence_to_the_gate() {
 }
 
 /// E-19: a batch's statements are built once, whatever its size (the payouts travel as
-/// one array or JSON bind), with their placeholders in order (the builders assert it).
+/// one array or JSON bind), with their placeholders in order (the builders assert it); on
+/// PostgreSQL a claim that moves one payout has its own move statement, with the same
+/// placeholders as scalars and no array.
 #[test]
 fn the_batch_statements_have_one_text_whatever_the_batch_size() {
     let pg = [
@@ -248,12 +253,16 @@ fn the_batch_statements_have_one_text_whatever_the_batch_size() {
         PG_POST_BATCH_READ_SQL,
         pg_claim_batch_move_and_record_sql(),
         pg_post_batch_writes_sql(),
+        pg_claim_one_move_and_record_sql(),
     ];
-    for (q, last) in pg.iter().zip([12, 2, 3, 14, 25]) {
+    for (q, last) in pg.iter().zip([12, 2, 3, 14, 25, 14]) {
         assert!(q.contains(&format!("${last}")) && !q.contains(&format!("${}", last + 1)), "{q}");
     }
     assert!(pg_batch_gate_fence_sql().contains("WHERE account_id = $11 AND kind = 'CUSTOMER' AND fence < $12"));
     assert!(PG_CLAIM_BATCH_READ_SQL.ends_with("= ANY($2)"));
+    assert!(
+        !pg_claim_one_move_and_record_sql().contains("unnest") && !pg_claim_one_move_and_record_sql().contains("[]")
+    );
     for q in [sqlite_claim_batch_move_and_record_sql(), sqlite_post_batch_writes_sql()] {
         assert!(!q.contains('$'), "SQLite binds anonymously: {q}");
     }
@@ -303,6 +312,19 @@ macro_rules! a_batch_claim_moves_only_what_it_read {
                 .expect("state");
             assert_eq!(state, "CLAIMED");
             tx.rollback().await.expect("rollback");
+            // One payout at a time (PostgreSQL's one-payout statement): the same verdicts.
+            let alone = [
+                ((p1.to_string(), claimed, pending, 0), 1),
+                ((p2.to_string(), claimed, claimed, 0), 0),
+                ((p3.to_string(), claimed, pending, 1), 0),
+            ];
+            for (one, expected) in alone {
+                let w = ClaimBatchWrites { b: &b, at, moves: vec![one.clone()], identity: &identity, response: &response };
+                let mut tx = store.pool.begin().await.expect("begin");
+                let (moved, _) = <$store>::claim_batch_move_and_record(&mut tx, &w).await.expect("move");
+                assert_eq!(moved, expected, "{one:?} alone");
+                tx.rollback().await.expect("rollback");
+            }
         }
     };
 }
