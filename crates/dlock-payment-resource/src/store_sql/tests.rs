@@ -260,9 +260,12 @@ fn the_batch_statements_have_one_text_whatever_the_batch_size() {
     }
     assert!(pg_batch_gate_fence_sql().contains("WHERE account_id = $11 AND kind = 'CUSTOMER' AND fence < $12"));
     assert!(PG_CLAIM_BATCH_READ_SQL.ends_with("= ANY($2)"));
-    assert!(
-        !pg_claim_one_move_and_record_sql().contains("unnest") && !pg_claim_one_move_and_record_sql().contains("[]")
-    );
+    // The one-payout forms: no array, no `json_each` (the builders assert the placeholders).
+    let one =
+        [pg_claim_one_move_and_record_sql(), pg_post_one_writes_sql(), sqlite_post_one_writes_sql(), POST_ONE_READ_SQL];
+    for q in one {
+        assert!(!q.contains("unnest") && !q.contains("[]") && !q.contains("json_each"), "{q}");
+    }
     for q in [sqlite_claim_batch_move_and_record_sql(), sqlite_post_batch_writes_sql()] {
         assert!(!q.contains('$'), "SQLite binds anonymously: {q}");
     }
