@@ -213,8 +213,8 @@ async fn create_payout(
 // P2, P3, and the batches P2b, P3b (C3-extensions E-19): one pipeline, crate::fenced
 // ---------------------------------------------------------------------------------------
 
-/// Claim a payout (P2, worker): a fenced write under the caller's lock token, run as the
-/// batch of one of its payout's account ([`crate::fenced`]).
+// Run as the batch of one of its payout's account (`crate::fenced`).
+/// Claim a payout (P2, worker): a fenced write under the caller's lock token.
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/claim", tag = "payouts",
     params(crate::openapi::PayoutPath, dlock_http::openapi::FencingTokenHeader, dlock_http::openapi::FencingSignatureHeader, dlock_http::openapi::OwnerHeader, dlock_http::openapi::IdempotencyKeyHeader),
     request_body(content = dlock_contract::payment::ClaimRequest, content_type = "application/json"),
@@ -236,8 +236,8 @@ async fn claim(
     Ok(fenced::write(&pr, w, &trace).await)
 }
 
-/// Post an acknowledged payout to the ledger (P3, worker): a fenced write, run as the batch
-/// of one of its payout's account.
+// Run as the batch of one of its payout's account (`crate::fenced`).
+/// Post an acknowledged payout to the ledger (P3, worker): a fenced write.
 #[utoipa::path(post, path = "/v1/payouts/{payoutId}/post", tag = "payouts",
     params(crate::openapi::PayoutPath, dlock_http::openapi::FencingTokenHeader, dlock_http::openapi::FencingSignatureHeader, dlock_http::openapi::OwnerHeader, dlock_http::openapi::IdempotencyKeyHeader),
     request_body(content = dlock_contract::payment::PostRequest, content_type = "application/json"),
