@@ -11,8 +11,9 @@
 #        timeline's headless browser test,
 #        crates/dlock-timeline/tests/browser.rs), prometheus (`promtool`, for the alert
 #        rules of deploy/observability/), python3-venv (the manifest checker's venv);
-#        for the local fault run also iproute2 (`ip`: its network namespace), openssl
-#        (deploy/make-secrets.sh), and etcd-server, postgresql, curl even when reused.
+#        for the real run also iproute2 (`ip`: its network namespace), nftables (`nft`: its
+#        partitions and lossy links), openssl (deploy/make-secrets.sh), and etcd-server,
+#        postgresql, curl even when reused.
 #      `apt-get update` runs once, and only if something is missing.
 #   2. Starts a throwaway PostgreSQL and a throwaway etcd on 127.0.0.1, on free
 #      ports, in temp dirs (etcd's on /dev/shm when writable: no fsync stalls), and exports
@@ -30,12 +31,13 @@
 #        book: mdbook (pinned, MDBOOK_VERSION below, installed once from crates.io into
 #          target/tools with `cargo install --locked`) builds docs/ into target/book; the
 #          book's links are checked by crates/dlock-testkit/tests/docs_links.rs (test stage)
-#        cargo build --release --locked -p dlock   (searched by crates/dlock/tests/release_build.rs)
-#        local fault run: deploy/local/fault-run.sh (the release binaries on a real 3-member
-#          etcd and PostgreSQL of their own, 2 000 payouts under faults: the etcd leader
-#          killed, kill -9 of a lock server and a proxy, an executor SIGSTOPped past its
-#          lease, another cut off from the lock servers in a network namespace; needs root),
-#          then `fault-run.sh --planted`, which must fail with a DOUBLE PAYMENT
+#        cargo build --release --locked -p dlock -p dlock-real   (dlock is searched by
+#          crates/dlock/tests/release_build.rs)
+#        real run: `dlock-real run --seed $DLOCK_REAL_SEED --duration $DLOCK_REAL_DURATION`
+#          (docs/real-runs.md: the release binaries on a real 3-member etcd and PostgreSQL of
+#          their own, 1 200 payouts under a seeded nemesis in the simulation's fault
+#          vocabulary, judged by the simulation's oracle; needs root), then its planted
+#          control (`--plant fencing-off-both`), which must exit 129 with the bug caught
 #        cargo nextest run --workspace --locked --no-fail-fast "$@"
 #          (+ cargo test --doc, since nextest does not run doctests)
 #          or, without cargo-nextest: cargo test --workspace --locked "$@"
@@ -63,7 +65,9 @@
 #   DLOCK_SKIP_SIM=1             skip the madsim stages
 #   DLOCK_SKIP_FUZZ=1            skip the fuzz stage
 #   DLOCK_SKIP_BOOK=1            skip the book stage (no mdbook install, no build)
-#   DLOCK_SKIP_FAULT_RUN=1       skip the local fault run (deploy/local/; it needs root)
+#   DLOCK_SKIP_REAL_RUN=1        skip the real run (real/, docs/real-runs.md; it needs root)
+#   DLOCK_REAL_SEED              the real run's seed (default 1: CI replays one schedule)
+#   DLOCK_REAL_DURATION          the real run's fault phase (default 60s; the soak is 30m)
 #   FUZZ_SECONDS_PER_TARGET      seconds of libFuzzer per fuzz target (default 8, a smoke; the
 #                                stage runs the targets one after the other)
 #   DLOCK_SKIP_BROWSER=1         do not install chromium; the timeline's browser test then
@@ -185,12 +189,13 @@ ensure_packages() {
     fi
     # promtool (the alert rules' check and unit tests, deploy/observability/).
     command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
-    # The local fault run (deploy/local/up.sh, fault-run.sh): an etcd cluster and a
-    # PostgreSQL of its own (whatever DLOCK_TEST_* reuses), `ip` for its network
-    # namespace, openssl for deploy/make-secrets.sh, curl for its health checks.
-    if [ "${DLOCK_SKIP_FAULT_RUN:-0}" != "1" ]; then
+    # The real run (deploy/local/up.sh under dlock-real): an etcd cluster and a PostgreSQL
+    # of its own (whatever DLOCK_TEST_* reuses), `ip` for its network namespace, `nft` for
+    # its partitions, openssl for deploy/make-secrets.sh, curl for its health checks.
+    if [ "${DLOCK_SKIP_REAL_RUN:-0}" != "1" ]; then
         want() { case " ${missing[*]} " in *" $1 "*) ;; *) missing+=("$1") ;; esac; }
         command -v ip >/dev/null 2>&1 || want iproute2
+        command -v nft >/dev/null 2>&1 || want nftables
         command -v openssl >/dev/null 2>&1 || want openssl
         command -v curl >/dev/null 2>&1 || want curl
         command -v etcd >/dev/null 2>&1 || want etcd-server
@@ -232,8 +237,9 @@ ensure_packages() {
     fi
     command -v promtool >/dev/null 2>&1 || die "promtool still missing after installing prometheus"
     [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || die "libfaketimeMT still missing after installing libfaketime"
-    if [ "${DLOCK_SKIP_FAULT_RUN:-0}" != "1" ]; then
+    if [ "${DLOCK_SKIP_REAL_RUN:-0}" != "1" ]; then
         command -v ip >/dev/null 2>&1 || die "ip still missing after installing iproute2"
+        command -v nft >/dev/null 2>&1 || die "nft still missing after installing nftables"
         command -v openssl >/dev/null 2>&1 || die "openssl still missing after install"
     fi
     if [ "${DLOCK_SKIP_BROWSER:-0}" != "1" ]; then
@@ -530,35 +536,37 @@ else
     run_stage "book" book
 fi
 
-# The release `dlock` binary, in a stage of its own so its cost is timed apart: the release
-# check (crates/dlock/tests/release_build.rs) searches it for the simulation's test-only
-# switches (docs/simulation.md "Planted bugs"); the test's own `cargo build --release` is
-# then a no-op.
-run_stage "release build" cargo build --release --locked -p dlock
+# The release binaries, in a stage of their own so their cost is timed apart: the release
+# check (crates/dlock/tests/release_build.rs) searches `dlock` for the simulation's
+# test-only switches (docs/simulation.md "Planted bugs"); the test's own `cargo build
+# --release` is then a no-op. `dlock-real` drives the real run.
+run_stage "release build" cargo build --release --locked -p dlock -p dlock-real
 
-# The release binaries as production runs them, under faults (deploy/local/README.md):
-# fault-run.sh starts deploy/local/up.sh's cluster (its own 3-member etcd and PostgreSQL
-# in a temp dir), runs 2 000 payouts through it while it kills the etcd leader, kill -9s a
-# lock server and a proxy, SIGSTOPs an executor past its lease and cuts another off from
-# the lock servers, prints the fault table and judges (reconciler clean, at most one rail
-# call per payout, every payout terminal or quarantined). The planted run turns the fences
-# off (--profile unsafe-test) and must be judged a DOUBLE PAYMENT: the judgement can fail.
-local_fault_run() {
-    deploy/local/fault-run.sh || return 1
+# The real run (docs/real-runs.md): dlock-real starts deploy/local/up.sh's cluster (its own
+# 3-member etcd and PostgreSQL in a temp dir, every dlock process with its trace file and a
+# fake wall clock), prints the plan drawn from the seed, creates 20 payouts/s while it plays
+# it (kill -9, SIGSTOP, partitions and lossy links, wall-clock steps, PostgreSQL and etcd
+# quorum unavailable, etcd leader loss, a hostile rail), heals, lets the cluster settle and
+# judges it with the simulation's oracle. The planted control turns the fences and the
+# duplicate guard off (--profile unsafe-test) and must be judged a correctness failure
+# (exit 129) with the planted bug caught: the judgement can fail on a real history.
+real_run() {
+    target/release/dlock-real run --seed "${DLOCK_REAL_SEED:-1}" --duration "${DLOCK_REAL_DURATION:-60s}" || return 1
     local out rc=0
-    out=$(deploy/local/fault-run.sh --planted 2>&1) || rc=$?
-    printf '%s\n' "$out" | sed -n '/^faults injected/,$p'
-    if [ "$rc" -ne 1 ] || ! grep -q 'DOUBLE PAYMENT' <<<"$out"; then
+    out=$(target/release/dlock-real run --seed 2 --duration 20s --nemesis pause --plant fencing-off-both \
+        --rate 5 --accounts 6 2>&1) || rc=$?
+    printf '%s\n' "$out" | tail -n 4
+    if [ "$rc" -ne 129 ] || ! grep -q 'planted bug caught' <<<"$out"; then
         printf '%s\n' "$out" | head -n 40
-        note "planted run: expected exit 1 with a DOUBLE PAYMENT violation, got exit $rc"
+        note "planted real run: expected exit 129 with the planted bug caught, got exit $rc"
         return 1
     fi
-    note "planted run: the judgement caught the double payment (exit 1), as it must"
+    note "planted real run: the oracle caught the double payment (exit 129), as it must"
 }
-if [ "${DLOCK_SKIP_FAULT_RUN:-0}" = "1" ]; then
-    note "DLOCK_SKIP_FAULT_RUN=1: skipping the local fault run"
+if [ "${DLOCK_SKIP_REAL_RUN:-0}" = "1" ]; then
+    note "DLOCK_SKIP_REAL_RUN=1: skipping the real run"
 else
-    run_stage "local fault run" local_fault_run
+    run_stage "real run" real_run
 fi
 
 if cargo nextest --version >/dev/null 2>&1; then

@@ -20,14 +20,22 @@
 #
 # Usage: deploy/local/up.sh [--dir DIR] [--keep] [--netns] [--restart-sec S]
 #                           [--reconcile-interval S] [--profile P] [--config FILE]
+#                           [--trace-dir DIR] [--faketime-dir DIR]
 #   --netns          executor-3 runs in its own network namespace, joined to the host by a
 #                    veth pair; the dlock services then listen on the host end of that pair
 #                    (host-local addresses, lock servers apart from the rest) so a route
 #                    change inside the namespace can cut executor-3 off from the lock
-#                    servers alone (deploy/local/fault-run.sh). Needs root.
+#                    servers alone (the real run, docs/real-runs.md). Needs root.
 #   --restart-sec S  supervisor's pause before restarting a failed process (default 3).
 #   --profile P      DLOCK_PROFILE of every process (default production).
 #   --config FILE    DLOCK_CONFIG of every process: any key not set below.
+#   --trace-dir DIR  each dlock process appends its protocol events to DIR/<name>.jsonl
+#                    (DLOCK_TRACE_FILE: the incident-trace schema on the host's monotonic
+#                    clock; the real run merges them, docs/real-runs.md).
+#   --faketime-dir DIR  each dlock process runs with Debian's libfaketimeMT preloaded,
+#                    reading its wall-clock offset from DIR/<name> (re-read every second;
+#                    "+0" at start; the monotonic clock is never faked): a wall-clock
+#                    offset or step is a write to that file (real/src/mechanism.rs).
 #   LOCAL_DLOCK_BIN  the binary to run (default target/release/dlock).
 # Settings: every DLOCK_* variable in the environment reaches every process; the ones
 # this script sets (wiring, secrets) are listed in $DIR/cluster.env. Chaos (the rail's
@@ -35,7 +43,8 @@
 #   DLOCK_RAIL_STUB_FAILURE_RATE=0.02 DLOCK_EXECUTOR_CHAOS_PAUSE_RATE=0.02 deploy/local/up.sh
 #
 # When everything is ready it writes $DIR/cluster.env (URLs, pid files, log paths; shell
-# syntax, sourced by fault-run.sh), prints it, and runs until Ctrl-C or SIGTERM.
+# syntax, read by the real run) and cluster.json (the same, as JSON), prints it, and runs
+# until Ctrl-C or SIGTERM.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 
@@ -46,6 +55,9 @@ RESTART_SEC=3
 RECONCILE_INTERVAL=30
 PROFILE="${DLOCK_PROFILE:-production}"
 CONFIG=""
+TRACE_DIR=""
+FAKETIME_DIR=""
+LIBFAKETIME_MT=/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
 while [ $# -gt 0 ]; do
     case "$1" in
         --dir) DIR=$2; shift 2 ;;
@@ -55,6 +67,8 @@ while [ $# -gt 0 ]; do
         --reconcile-interval) RECONCILE_INTERVAL=$2; shift 2 ;;
         --profile) PROFILE=$2; shift 2 ;;
         --config) CONFIG=$(realpath "$2"); shift 2 ;;
+        --trace-dir) TRACE_DIR=$2; shift 2 ;;
+        --faketime-dir) FAKETIME_DIR=$2; shift 2 ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "up.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
     esac
@@ -87,6 +101,9 @@ if [ "$NETNS" = 1 ]; then
     need ip iproute2
     is_root || die "--netns needs root (ip netns, veth)"
 fi
+if [ -n "$FAKETIME_DIR" ]; then
+    [ -e "$LIBFAKETIME_MT" ] || die "$LIBFAKETIME_MT not found: install the Debian package libfaketime"
+fi
 DLOCK="${LOCAL_DLOCK_BIN:-$ROOT/target/release/dlock}"
 [ -x "$DLOCK" ] || die "$DLOCK not found: cargo build --release --locked -p dlock"
 
@@ -105,6 +122,9 @@ chmod 755 "$DIR"
 LOGS="$DIR/logs"
 RUN="$DIR/run"
 mkdir -p "$LOGS" "$RUN" "$DIR/data"
+for d in TRACE_DIR FAKETIME_DIR; do
+    if [ -n "${!d}" ]; then mkdir -p "${!d}"; printf -v "$d" '%s' "$(realpath "${!d}")"; fi
+done
 
 SUPERVISED=()   # names, in start order
 SUP_PIDS=()     # their supervisor loops
@@ -125,7 +145,8 @@ cleanup() {
         name=${SUPERVISED[$i]}
         pid=$(cat "$RUN/$name.pid" 2>/dev/null)
         if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-            kill -TERM "$pid" 2>/dev/null
+            # PostgreSQL's fast shutdown is SIGINT (SIGTERM waits for every session).
+            if [ "$name" = postgres ]; then kill -INT "$pid" 2>/dev/null; else kill -TERM "$pid" 2>/dev/null; fi
             kill -CONT "$pid" 2>/dev/null
             local deadline=$((SECONDS + 10))
             while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
@@ -133,12 +154,12 @@ cleanup() {
         fi
     done
     # A supervisor may be sleeping before a restart: end it (it starts nothing more, the
-    # stop file is there). Never a bare `wait`: PostgreSQL is a child too.
-    for pid in "${SUP_PIDS[@]}" ${RECONCILER_PID:-}; do kill -TERM "$pid" 2>/dev/null; done
+    # stop file is there; one stopped by a fault is continued first). Never a bare `wait`.
+    for pid in "${SUP_PIDS[@]}" ${RECONCILER_PID:-}; do kill -CONT "$pid" 2>/dev/null; kill -TERM "$pid" 2>/dev/null; done
     for pid in "${SUP_PIDS[@]}" ${RECONCILER_PID:-}; do wait "$pid" 2>/dev/null; done
-    if [ -n "$PG_PID" ] && kill -0 "$PG_PID" 2>/dev/null; then
-        as_pg "$PG_BIN/pg_ctl" -D "$DIR/pg/data" stop -m fast -w -t 30 >/dev/null 2>&1 || kill -TERM "$PG_PID"
-        wait "$PG_PID" 2>/dev/null
+    # PostgreSQL (supervised, started first, so stopped last by the loop above).
+    if [ -e "$DIR/pg/data/postmaster.pid" ]; then
+        as_pg "$PG_BIN/pg_ctl" -D "$DIR/pg/data" stop -m fast -w -t 30 >/dev/null 2>&1
     fi
     if [ -n "$VETH" ]; then ip link del "$VETH" 2>/dev/null; fi
     if [ -n "$NS" ]; then ip netns del "$NS" 2>/dev/null; fi
@@ -264,6 +285,22 @@ supervise() { # name cmd...
         done
     ) &
     SUP_PIDS+=($!)
+    echo "$!" >"$RUN/$name.sup"
+}
+
+# A dlock process: `dlock_proc NAME VAR=VALUE... dlock SUBCOMMAND`, supervised, with its
+# trace file (--trace-dir) and its fake wall clock (--faketime-dir) when asked.
+dlock_proc() { # name env-assignments... -- cmd...
+    local name=$1
+    shift
+    local extra=()
+    if [ -n "$TRACE_DIR" ]; then extra+=("DLOCK_TRACE_FILE=$TRACE_DIR/$name.jsonl"); fi
+    if [ -n "$FAKETIME_DIR" ]; then
+        [ -e "$FAKETIME_DIR/$name" ] || echo "+0" >"$FAKETIME_DIR/$name"
+        extra+=("LD_PRELOAD=$LIBFAKETIME_MT" "FAKETIME_TIMESTAMP_FILE=$FAKETIME_DIR/$name"
+            "FAKETIME_DONT_FAKE_MONOTONIC=1" "FAKETIME_CACHE_DURATION=1")
+    fi
+    supervise "$name" env "${extra[@]}" "$@"
 }
 
 # ------------------------------------------------------------------------------------
@@ -310,13 +347,15 @@ max_connections = 200
 EOF
 touch "$LOGS/postgres.log"
 is_root && chown postgres "$LOGS/postgres.log"
+# Supervised like every process (a kill -9 is followed by a restart and crash recovery);
+# as root through setpriv, which execs, so the pid file holds the postmaster itself.
 if is_root; then
-    runuser -u postgres -- "$PG_BIN/postgres" -D "$DIR/pg/data" >>"$LOGS/postgres.log" 2>&1 &
+    supervise postgres setpriv --reuid=postgres --regid=postgres --init-groups "$PG_BIN/postgres" -D "$DIR/pg/data"
 else
-    "$PG_BIN/postgres" -D "$DIR/pg/data" >>"$LOGS/postgres.log" 2>&1 &
+    supervise postgres "$PG_BIN/postgres" -D "$DIR/pg/data"
 fi
-PG_PID=$!
 wait_until "PostgreSQL on 127.0.0.1:$PG_PORT" postgres $SERVICE_TIMEOUT_S pg_isready -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -t 1
+PG_PID=$(cat "$RUN/postgres.pid")
 psql -q "postgres://postgres@127.0.0.1:$PG_PORT/postgres" -v ON_ERROR_STOP=1 -c 'create database paydb' >/dev/null
 PAYDB_URL="postgres://postgres@127.0.0.1:$PG_PORT/paydb"
 say "PostgreSQL ready on 127.0.0.1:$PG_PORT (pid $PG_PID)"
@@ -365,7 +404,7 @@ pick_port "$HOST_IP"; PROXY_URLS+=("http://$HOST_IP:$PICKED")
 pick_port "$HOST_IP"; STUB_URL="http://$HOST_IP:$PICKED"
 
 for i in 1 2; do
-    supervise "lock-server-$i" env \
+    dlock_proc "lock-server-$i" env \
         DLOCK_LOCK_SERVER_LISTEN="${LOCK_URLS[$((i - 1))]#http://}" \
         DLOCK_LOCK_SERVER_BACKEND=etcd \
         DLOCK_LOCK_SERVER_ETCD_ENDPOINTS="$ETCD_ENDPOINTS" \
@@ -373,14 +412,14 @@ for i in 1 2; do
         DLOCK_LOCK_GRANTS_SIGNING_KEY_FILE="$SECRETS/grant-signing.key" \
         "$DLOCK" lock-server
 done
-supervise rail-stub env DLOCK_RAIL_STUB_LISTEN="${STUB_URL#http://}" "$DLOCK" rail-stub
-supervise payment-resource env \
+dlock_proc rail-stub env DLOCK_RAIL_STUB_LISTEN="${STUB_URL#http://}" "$DLOCK" rail-stub
+dlock_proc payment-resource env \
     DLOCK_PAYMENT_RESOURCE_LISTEN="${PAYMENT_URL#http://}" \
     DLOCK_PAYMENT_RESOURCE_DATABASE_URL="$PAYDB_URL" \
     DLOCK_PAYMENT_GRANTS_VERIFY_KEYS_FILE="$SECRETS/grant-verify.keys" \
     "$DLOCK" payment-resource
 for i in 1 2; do
-    supervise "rail-proxy-$i" env \
+    dlock_proc "rail-proxy-$i" env \
         DLOCK_RAIL_PROXY_LISTEN="${PROXY_URLS[$((i - 1))]#http://}" \
         DLOCK_RAIL_PROXY_DATABASE_URL="$PAYDB_URL" \
         DLOCK_RAIL_PROXY_RAIL_URL="$STUB_URL" \
@@ -407,7 +446,7 @@ for i in 1 2 3; do
     fi
     pick_port "$HOST_IP"
     EXEC_URLS+=("http://$ip_of:$PICKED")
-    supervise "executor-$i" "${wrap[@]}" env \
+    dlock_proc "executor-$i" "${wrap[@]}" env \
         DLOCK_EXECUTOR_LISTEN="$ip_of:$PICKED" \
         DLOCK_EXECUTOR_LOCK_URL="${EXEC_LOCK[$((i - 1))]}" \
         DLOCK_EXECUTOR_PAYMENT_URL="$PAYMENT_URL" \
@@ -421,7 +460,7 @@ for i in 1 2 3; do
 done
 say "executors ready"
 
-# The reconciler: detective, log only (fault-run.sh runs the judging one itself).
+# The reconciler: detective, log only (the real run runs the judging one itself).
 (
     trap - EXIT
     while [ ! -e "$RUN/stopping" ]; do
@@ -459,8 +498,13 @@ q() { printf '%q' "$1"; }
     echo "NETNS_VOID_IP=$(q "${NS_VOID_IP:-}")"
     echo "LOCK_IP=$LOCK_IP"
     echo "UP_PID=$$"
+    echo "PG_DATA=$(q "$DIR/pg/data")"
+    echo "TRACE_DIR=$(q "$TRACE_DIR")"
+    echo "FAKETIME_DIR=$(q "$FAKETIME_DIR")"
+    echo "HOST_IP=$HOST_IP"
+    echo "NS_IP=$(q "${NS_IP:-}")"
 } >"$DIR/cluster.env.tmp"
-# The same, as JSON, for deploy/local/workload.py.
+# The same, as JSON, for tools that read JSON.
 jlist() { local out="" x; for x in "$@"; do out="$out${out:+, }\"$x\""; done; echo "[$out]"; }
 cat >"$DIR/cluster.json" <<JSON
 {

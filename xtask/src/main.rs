@@ -10,16 +10,22 @@
 //! into `target/sim` under the `sim` profile, runs it with the arguments, and exits with its
 //! exit code (0 clean, 127 crash, 128 liveness, 129 correctness, 3 coverage: with
 //! `--require-probes`, a probe never fired; 2 usage).
+//!
+//! `cargo xtask real run --seed S --duration D [--nemesis LIST] [--plant BUG] [--json]
+//! [--keep] [--dir DIR] [--rate N] [--accounts N] [--settle S]` (the real run,
+//! docs/real-runs.md): builds the release binaries (`dlock`, `dlock-real`) and runs
+//! `dlock-real` with the arguments, exiting with its exit code (the same classes).
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       cargo xtask sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]\n       cargo xtask sim bench [--seeds N] [--start S] [--jobs J]\n       cargo xtask sim envelope [--seeds N] [--start S] [--jobs J]\n       cargo xtask sim shrink --seed S [--scenario NAME] [--plant BUG] [--layer-off LAYER] [--out FILE.toml]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired | skip-grant-signature-check | skip-owner-check | etcd-wall-clock-judge\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage; shrink: 0 written, 1 its plan does not reproduce, 2 a clean seed or usage; envelope: 0 every promise held, 129 one broken";
+const USAGE: &str = "usage: cargo xtask real run --seed S --duration D [--nemesis LIST] [--plant BUG] [--json] [--keep] [--dir DIR] [--rate N] [--accounts N] [--settle S]\n       cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       cargo xtask sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]\n       cargo xtask sim bench [--seeds N] [--start S] [--jobs J]\n       cargo xtask sim envelope [--seeds N] [--start S] [--jobs J]\n       cargo xtask sim shrink --seed S [--scenario NAME] [--plant BUG] [--layer-off LAYER] [--out FILE.toml]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired | skip-grant-signature-check | skip-owner-check | etcd-wall-clock-judge\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage; shrink: 0 written, 1 its plan does not reproduce, 2 a clean seed or usage; envelope: 0 every promise held, 129 one broken";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("sim") if args.len() >= 2 => sim(&args[1..]),
+        Some("real") if args.len() >= 2 => real(&args[1..]),
         _ => {
             eprintln!("{USAGE}");
             ExitCode::from(2)
@@ -58,4 +64,42 @@ fn sim(args: &[String]) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn exit_of(status: std::io::Result<std::process::ExitStatus>) -> ExitCode {
+    match status {
+        Ok(s) => ExitCode::from(s.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("xtask: cannot run: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real(args: &[String]) -> ExitCode {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let here = std::env::current_dir().unwrap_or_default();
+    let args: Vec<String> = args
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match i.checked_sub(1).and_then(|p| args.get(p)) {
+            Some(flag) if flag == "--dir" => here.join(v).to_string_lossy().into_owned(),
+            _ => v.clone(),
+        })
+        .collect();
+    let built = Command::new(&cargo)
+        .current_dir(&root)
+        .args(["build", "--quiet", "--release", "--locked", "-p", "dlock", "-p", "dlock-real"])
+        .status();
+    match built {
+        Ok(s) if s.success() => {}
+        other => return exit_of(other),
+    }
+    let status = Command::new(root.join("target/release/dlock-real"))
+        .current_dir(&root)
+        .env("DLOCK_REAL_ROOT", &root)
+        .args(args)
+        .status();
+    exit_of(status)
 }

@@ -161,7 +161,7 @@
 //!   the endpoints with tonic's balanced channel, which keeps a member whose reconnect
 //!   failed "ready", so its power-of-two-choices balancer keeps handing requests to a
 //!   member that is down (it is never busy), each refused at once; another try most often
-//!   reaches a live member. Found by `deploy/local/fault-run.sh`: with one of three members
+//!   reaches a live member. Found by the local fault run (docs/testing/bugs.md, B5): with one of three members
 //!   down the lock servers answered a steady share of requests 503 until it came back.
 //!   Invariant: only a refused connect is retried (the request never left the process), so
 //!   a retried write cannot apply twice.

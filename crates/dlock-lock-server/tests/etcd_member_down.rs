@@ -1,5 +1,5 @@
-//! One etcd endpoint down does not fail the lock server's requests (found by
-//! `deploy/local/fault-run.sh`, deploy/local/README.md "What the real run showed"): the
+//! One etcd endpoint down does not fail the lock server's requests (found by the local
+//! fault run, docs/testing/bugs.md B5, deploy/local/README.md "What the real run showed"): the
 //! store is given a live etcd (Debian's `etcd-server`, started here on free loopback
 //! ports) and an endpoint where nothing listens. etcd-client's balanced channel keeps the
 //! dead endpoint "ready" and hands it about half of the requests, each refused at connect;

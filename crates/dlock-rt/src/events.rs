@@ -16,8 +16,10 @@
 //!   process's.
 //! - [`mono_ms`] puts an [`Instant`] on the same scale as the line's `mono_ms`: in
 //!   simulation the reading of the instant's own node clock (whole ms since the frame's
-//!   origin), outside it the ms since this process first asked (an instant before that
-//!   reads 0).
+//!   origin), outside it the host's monotonic clock (`CLOCK_MONOTONIC`, whole ms since
+//!   boot), one scale for every process of a host, so the traces of separate processes
+//!   merge on it (docs/real-runs.md). A wall-clock fault (libfaketime with
+//!   `FAKETIME_DONT_FAKE_MONOTONIC=1`) does not touch it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -169,10 +171,24 @@ pub fn mono_ms(i: Instant) -> u64 {
     return i.reading_ms();
     #[cfg(not(madsim))]
     {
-        static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-        let origin = *ORIGIN.get_or_init(Instant::now);
-        u64::try_from(i.saturating_duration_since(origin).as_millis()).unwrap_or(u64::MAX)
+        // One pair of readings taken together: the process's `Instant` origin and the host's
+        // CLOCK_MONOTONIC in ms at that origin (std's `Instant` reads that clock on Linux, so
+        // the two agree to within the microseconds between the reads).
+        static ORIGIN: std::sync::OnceLock<(Instant, u64)> = std::sync::OnceLock::new();
+        let (origin, host_ms) = *ORIGIN.get_or_init(|| (Instant::now(), host_monotonic_ms()));
+        let since = u64::try_from(i.saturating_duration_since(origin).as_millis()).unwrap_or(u64::MAX);
+        let before = u64::try_from(origin.saturating_duration_since(i).as_millis()).unwrap_or(u64::MAX);
+        host_ms.saturating_add(since).saturating_sub(before)
     }
+}
+
+/// The host's `CLOCK_MONOTONIC` in whole ms (since boot): the same reading in every process.
+#[cfg(not(madsim))]
+fn host_monotonic_ms() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    let secs = u64::try_from(t.tv_sec).unwrap_or(0);
+    let ms = u64::try_from(t.tv_nsec / 1_000_000).unwrap_or(0);
+    secs.saturating_mul(1_000).saturating_add(ms)
 }
 
 #[cfg(all(test, not(madsim)))]
@@ -222,10 +238,22 @@ mod tests {
 
     #[test]
     fn mono_ms_never_decreases_for_later_instants() {
-        // The first reading fixes the origin; an instant before it reads 0.
         let _ = mono_ms(Instant::now());
         let a = Instant::now();
         let b = a + std::time::Duration::from_millis(250);
         assert!(mono_ms(b) >= mono_ms(a) + 250);
+        // An instant before the origin reads earlier, not 0.
+        let before = a.checked_sub(std::time::Duration::from_millis(100)).unwrap_or(a);
+        assert!(mono_ms(before) <= mono_ms(a));
+    }
+
+    #[test]
+    fn mono_ms_is_the_hosts_monotonic_clock_shared_by_every_process() {
+        // Another process reads CLOCK_MONOTONIC at the same instant as we do: a per-process
+        // origin (0 at the first reading) would be seconds or more below it.
+        let ours = mono_ms(Instant::now());
+        let host = host_monotonic_ms();
+        assert!(host.abs_diff(ours) <= 50, "mono_ms {ours} vs CLOCK_MONOTONIC {host} ms");
+        assert!(ours > 1_000, "CLOCK_MONOTONIC counts from boot, not from this process: {ours}");
     }
 }

@@ -20,7 +20,7 @@ fn requirements_table_names_only_existing_tests() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let table = std::fs::read_to_string(root.join("docs/contracts/requirements.md")).expect("requirements.md");
     let mut files = Vec::new();
-    for dir in ["crates", "sim"] {
+    for dir in ["crates", "sim", "real"] {
         rust_files(&root.join(dir), &mut files);
     }
     let sources: String = files.iter().filter_map(|f| std::fs::read_to_string(f).ok()).collect::<Vec<_>>().join("\n");

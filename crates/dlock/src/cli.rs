@@ -53,6 +53,10 @@ struct Cli {
     /// [telemetry.otlp.service-name] The spans' service.name (default: the command's name).
     #[arg(long, global = true, env = "DLOCK_TELEMETRY_OTLP_SERVICE_NAME", value_name = "NAME")]
     telemetry_otlp_service_name: Option<String>,
+    /// [trace.file] A service appends its protocol events to FILE as incident-trace lines
+    /// (docs/simulation.md "Incident trace"; docs/real-runs.md). Off when absent.
+    #[arg(long, global = true, env = "DLOCK_TRACE_FILE", value_name = "FILE")]
+    trace_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -563,6 +567,16 @@ async fn run(cli: Cli) -> Result<ExitCode, String> {
         Command::Demo(a) => return crate::demo::demo(a, layers, profile).await,
         _ => {}
     }
+    layers.set_flag_opt(config::TRACE_FILE_KEY, cli.trace_file.as_ref().map(|p| p.display().to_string()).as_ref());
+    // Kept for the process's life: every event a service emits is appended to the file.
+    let _trace = match layers.get_opt::<String>(config::TRACE_FILE_KEY)? {
+        Some(path) => {
+            let node = telemetry_service_name(&cli.command);
+            let about = format!("{node} pid {}", std::process::id());
+            Some(crate::trace_file::TraceFile::start_service(std::path::Path::new(&path), node, &about)?)
+        }
+        None => None,
+    };
     run_service(cli.command, layers, profile).await.map(|()| ExitCode::SUCCESS)
 }
 

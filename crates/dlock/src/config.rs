@@ -10,10 +10,14 @@ pub use dlock_config::{FileConfig, Layers, Profile, LOCKDB_URL_DEFAULT, PAYDB_UR
 /// (one process-wide value; see `dlock_rt::http::set_process_header_bytes_max`).
 pub const HTTP_HEADER_BYTES_MAX_KEY: &str = "http.header-bytes-max";
 
+/// `trace.file`: a service process appends its protocol events to this file as incident-trace
+/// lines (`crate::trace_file`); absent, it writes none.
+pub const TRACE_FILE_KEY: &str = "trace.file";
+
 /// Every key a config file may set. An unknown key is an error, not a silent no-op: a typo
 /// in a payment system's config should stop the process, not be ignored.
 pub fn known_keys() -> Vec<&'static str> {
-    let mut keys = vec![PROFILE_KEY, HTTP_HEADER_BYTES_MAX_KEY];
+    let mut keys = vec![PROFILE_KEY, HTTP_HEADER_BYTES_MAX_KEY, TRACE_FILE_KEY];
     // `tls.*`: one transport for every service and client of the process (E-15).
     keys.extend_from_slice(dlock_config::tls::KEYS);
     // `telemetry.*`: the process's optional OTLP exporter (E-17).

@@ -17,6 +17,13 @@
 //! - At most [`DEMO_TRACE_EVENTS_MAX`] events are written; past it they are counted, and
 //!   the last line (`trace_end`) says how many were dropped.
 //! - A write error stops the writing (the run goes on) and is reported by [`TraceFile::finish`].
+//!
+//! A service process started with `--trace-file FILE` (`trace.file`, `DLOCK_TRACE_FILE`)
+//! writes the same lines through [`TraceFile::start_service`]: appended to `FILE`, one
+//! `write` per line with nothing buffered, so a `kill -9` loses no line already emitted
+//! (at most the last one is cut short). Its `mono_ms` is the host's monotonic clock, the
+//! scale every process of one host shares, so `dlock-real` merges the files of a real run
+//! into one history (docs/real-runs.md).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -34,13 +41,41 @@ pub const DEMO_TRACE_EVENTS_MAX: u64 = 2_000_000;
 pub const DEMO_NODE: &str = "demo";
 
 struct State {
-    out: Option<BufWriter<File>>,
+    out: Option<Out>,
     seq: u64,
     last_t_ms: u64,
     /// The `mono_ms` reading when the trace began: `t_ms` counts from it.
     origin_ms: u64,
     dropped: u64,
     error: Option<String>,
+}
+
+/// Where the lines go: buffered for the demo (flushed at its end), or straight to the file
+/// for a service, which may be killed at any instant.
+enum Out {
+    Buffered(BufWriter<File>),
+    Direct(File),
+}
+
+impl Out {
+    fn line(&mut self, line: &str) -> std::io::Result<()> {
+        match self {
+            Out::Buffered(w) => writeln!(w, "{line}"),
+            Out::Direct(f) => {
+                let mut bytes = Vec::with_capacity(line.len() + 1);
+                bytes.extend_from_slice(line.as_bytes());
+                bytes.push(b'\n');
+                f.write_all(&bytes)
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Out::Buffered(w) => w.flush(),
+            Out::Direct(f) => f.flush(),
+        }
+    }
 }
 
 struct FileSink(Mutex<State>);
@@ -66,7 +101,7 @@ impl FileSink {
             let wall_ms = Clock::system().wall().timestamp_millis();
             let head = LineHead { seq: s.seq, t_ms, node, mono_ms, wall_ms, kind };
             let line = events::render_line(head, fields);
-            if let Err(e) = writeln!(out, "{line}") {
+            if let Err(e) = out.line(&line) {
                 s.error = Some(e.to_string());
                 s.out = None;
                 return;
@@ -93,9 +128,24 @@ impl TraceFile {
     /// Creates `path` (truncating it), writes `trace_start`, and installs the sink.
     pub fn start(path: &Path, config: &str) -> Result<TraceFile, String> {
         let file = File::create(path).map_err(|e| format!("cannot create the trace file {}: {e}", path.display()))?;
+        Ok(TraceFile::begin(Out::Buffered(BufWriter::new(file)), DEMO_NODE, config))
+    }
+
+    /// A service's trace (module doc): appends to `path` (created if absent), writes
+    /// `trace_start` as `node` with `config`, and installs the sink for the process's life.
+    pub fn start_service(path: &Path, node: &str, config: &str) -> Result<TraceFile, String> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("cannot open the trace file {}: {e}", path.display()))?;
+        Ok(TraceFile::begin(Out::Direct(file), node, config))
+    }
+
+    fn begin(out: Out, node: &str, config: &str) -> TraceFile {
         let origin_ms = events::mono_ms(Clock::system().now());
         let sink = Arc::new(FileSink(Mutex::new(State {
-            out: Some(BufWriter::new(file)),
+            out: Some(out),
             seq: 0,
             last_t_ms: 0,
             origin_ms,
@@ -103,14 +153,14 @@ impl TraceFile {
             error: None,
         })));
         sink.write(
-            DEMO_NODE,
+            node,
             "trace_start",
             &[("schema", Value::from(events::SCHEMA)), ("seed", Value::Null), ("config", config.into())]
                 .into_iter()
                 .collect(),
         );
         let installed = Some(events::install(sink.clone()));
-        Ok(TraceFile { sink, installed })
+        TraceFile { sink, installed }
     }
 
     /// A phase marker of the demo (`seed`, `run`, `checks`).

@@ -71,7 +71,7 @@ fn deploy_files() -> Vec<String> {
 
 /// The keys every service reads (C5): profile, http, tls, auth.
 fn common_keys() -> Vec<&'static str> {
-    let mut keys = vec![dlock_config::PROFILE_KEY, "http.header-bytes-max"];
+    let mut keys = vec![dlock_config::PROFILE_KEY, "http.header-bytes-max", "trace.file"];
     keys.extend_from_slice(dlock_config::tls::KEYS);
     keys.extend_from_slice(dlock_http::auth::KEYS);
     keys

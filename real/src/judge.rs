@@ -1,0 +1,381 @@
+//! The judgement of a real run, by the simulation's own oracle code
+//! ([`dlock_sim::oracle`], compiled for the normal build) over ground truth only:
+//! - paydb's tables, read from PostgreSQL with plain SQL (no store code in between), into
+//!   the oracle's [`PaydbRows`];
+//! - the rail-stub's own record (`GET /calls`);
+//! - the fences and marks sampled from paydb every [`SAMPLE_EVERY_MS`] while the run runs
+//!   ([`Checker::sample`]: never lower, in sample order);
+//! - the merged history of every process ([`crate::history`]): the holders' beliefs
+//!   (`lease_belief`, `session_belief`) judged by the oracle's belief checker on the host's
+//!   monotonic clock, a process's beliefs ended where the nemesis killed it;
+//! - the reconciler's `--json` report, against the oracle's figures and the rail's record.
+//!
+//! Invariants: a failure is only ever what one of the oracle's checkers returned (this
+//! module adds `workload_finishes` and `paydb_readable`, the harness's own ids, as the
+//! simulation's campaign does); the worst class gives the exit code.
+
+use std::collections::BTreeMap;
+
+use dlock_contract::payout::PayoutState;
+use dlock_contract::rail::{RailCallLog, SubmissionOutcome};
+use dlock_paydb::pay::{is_unsettled, AccountKind, Direction, LedgerEntry};
+use dlock_paydb::rail::SubmissionRow;
+use dlock_sim::oracle::{self, ids, AccountFacts, Checker, Known, PaydbRows, RailTruth, Stated};
+use dlock_sim::outcome::Failure;
+use sqlx::Row;
+use uuid::Uuid;
+
+use crate::history::Line;
+
+/// One sample of every account's fence and mark: `(host mono ms, fences, marks)`.
+pub type Sample = (u64, BTreeMap<String, i64>, BTreeMap<String, i64>);
+
+/// How often the fences and marks are sampled while the run runs.
+pub const SAMPLE_EVERY_MS: u64 = 500;
+
+/// Bound on one sample's query (a paused PostgreSQL must not stall the sampler for long).
+pub const SAMPLE_TIMEOUT_MS: u64 = 2_000;
+
+fn uuid(s: &str) -> Result<Uuid, String> {
+    Uuid::parse_str(s).map_err(|e| format!("{s}: {e}"))
+}
+
+fn err(e: sqlx::Error) -> String {
+    e.to_string()
+}
+
+/// Every account's fence and mark (`accounts.fence`, `rail_high_water`).
+pub async fn fences_and_marks(pool: &sqlx::PgPool) -> Result<(BTreeMap<String, i64>, BTreeMap<String, i64>), String> {
+    let mut fences = BTreeMap::new();
+    for r in sqlx::query("SELECT account_id, fence FROM accounts").fetch_all(pool).await.map_err(err)? {
+        fences.insert(r.try_get::<String, _>(0).map_err(err)?, r.try_get::<i64, _>(1).map_err(err)?);
+    }
+    let mut marks = BTreeMap::new();
+    for r in sqlx::query("SELECT account_id, highest_token FROM rail_high_water").fetch_all(pool).await.map_err(err)? {
+        marks.insert(r.try_get::<String, _>(0).map_err(err)?, r.try_get::<i64, _>(1).map_err(err)?);
+    }
+    Ok((fences, marks))
+}
+
+/// paydb's rows, in one repeatable-read transaction.
+pub async fn read_rows(pool: &sqlx::PgPool) -> Result<PaydbRows, String> {
+    let mut tx = pool.begin().await.map_err(err)?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ").execute(&mut *tx).await.map_err(err)?;
+    let mut rows = PaydbRows::default();
+    let mut reserved: BTreeMap<String, i64> = BTreeMap::new();
+    for r in sqlx::query("SELECT payout_id, account_id, amount_minor, state FROM payouts ORDER BY payout_id")
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(err)?
+    {
+        let id = uuid(&r.try_get::<String, _>(0).map_err(err)?)?;
+        let account: String = r.try_get(1).map_err(err)?;
+        let amount: i64 = r.try_get(2).map_err(err)?;
+        let raw: String = r.try_get(3).map_err(err)?;
+        let state = PayoutState::parse(&raw).ok_or_else(|| format!("payout {id}: state {raw}"))?;
+        if is_unsettled(state) {
+            *reserved.entry(account.clone()).or_insert(0) += amount;
+        }
+        rows.payouts.push((id, state));
+        rows.payout_accounts.insert(id, account);
+    }
+    for r in sqlx::query("SELECT account_id, kind, balance_minor, fence FROM accounts ORDER BY account_id")
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(err)?
+    {
+        let account_id: String = r.try_get(0).map_err(err)?;
+        let kind: String = r.try_get(1).map_err(err)?;
+        rows.fences.insert(account_id.clone(), r.try_get(3).map_err(err)?);
+        rows.accounts.push(AccountFacts {
+            kind: AccountKind::parse(&kind).ok_or_else(|| format!("account {account_id}: kind {kind}"))?,
+            balance_minor: r.try_get(2).map_err(err)?,
+            reserved_minor: reserved.get(&account_id).copied().unwrap_or(0),
+            account_id,
+        });
+    }
+    for r in sqlx::query(
+        "SELECT entry_id, posting_id, payout_id, account_id, direction, amount_minor, currency, fence, created_at \
+         FROM ledger_entries ORDER BY entry_id",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(err)?
+    {
+        let direction: String = r.try_get(4).map_err(err)?;
+        rows.ledger.push(LedgerEntry {
+            entry_id: uuid(&r.try_get::<String, _>(0).map_err(err)?)?,
+            posting_id: uuid(&r.try_get::<String, _>(1).map_err(err)?)?,
+            payout_id: r.try_get::<Option<String>, _>(2).map_err(err)?.map(|s| uuid(&s)).transpose()?,
+            account_id: r.try_get(3).map_err(err)?,
+            direction: Direction::parse(&direction).ok_or_else(|| format!("direction {direction}"))?,
+            amount_minor: r.try_get(5).map_err(err)?,
+            currency: r.try_get(6).map_err(err)?,
+            fence: r.try_get(7).map_err(err)?,
+            created_at: r.try_get(8).map_err(err)?,
+        });
+    }
+    for r in sqlx::query(
+        "SELECT submission_id, payout_id, account_id, presented_token, owner_id, idempotency_key, amount_minor, \
+         currency, outcome, outcome_detail, rail_reference, submitted_at, resolved_at FROM rail_submission ORDER BY seq",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(err)?
+    {
+        let outcome: Option<String> = r.try_get(8).map_err(err)?;
+        rows.submissions.push(SubmissionRow {
+            submission_id: uuid(&r.try_get::<String, _>(0).map_err(err)?)?,
+            payout_id: uuid(&r.try_get::<String, _>(1).map_err(err)?)?,
+            account_id: r.try_get(2).map_err(err)?,
+            presented_token: r.try_get(3).map_err(err)?,
+            owner_id: r.try_get(4).map_err(err)?,
+            idempotency_key: r.try_get(5).map_err(err)?,
+            amount_minor: r.try_get(6).map_err(err)?,
+            currency: r.try_get(7).map_err(err)?,
+            outcome: outcome
+                .map(|o| SubmissionOutcome::parse(&o).ok_or_else(|| format!("submission outcome {o}")))
+                .transpose()?,
+            outcome_detail: r.try_get(9).map_err(err)?,
+            rail_reference: r.try_get(10).map_err(err)?,
+            submitted_at: r.try_get(11).map_err(err)?,
+            resolved_at: r.try_get(12).map_err(err)?,
+        });
+    }
+    for r in
+        sqlx::query("SELECT account_id, highest_token FROM rail_high_water").fetch_all(&mut *tx).await.map_err(err)?
+    {
+        rows.marks.insert(r.try_get(0).map_err(err)?, r.try_get(1).map_err(err)?);
+    }
+    tx.commit().await.map_err(err)?;
+    Ok(rows)
+}
+
+/// How many payouts are not settled yet (PENDING, CLAIMED, SUBMITTED, RAIL_ACKED), and how
+/// many intents have no outcome.
+pub async fn open_counts(pool: &sqlx::PgPool) -> Result<(i64, i64), String> {
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM payouts WHERE state IN ('PENDING', 'CLAIMED', 'SUBMITTED', 'RAIL_ACKED')",
+    )
+    .fetch_one(pool)
+    .await
+    .map_err(err)?;
+    let unresolved: i64 = sqlx::query_scalar("SELECT count(*) FROM rail_submission WHERE outcome IS NULL")
+        .fetch_one(pool)
+        .await
+        .map_err(err)?;
+    Ok((open, unresolved))
+}
+
+/// What the judge reads at the end, besides paydb.
+pub struct Evidence<'a> {
+    pub rows: &'a PaydbRows,
+    pub rail: &'a RailCallLog,
+    pub report: Option<&'a dlock_reconciler::report::Report>,
+    /// `(host mono ms, fences, marks)` in sample order.
+    pub samples: &'a [Sample],
+    pub history: &'a [Line],
+    pub not_created: u64,
+}
+
+/// The process index the belief checker names a node by.
+pub fn node_index(process: &str) -> u64 {
+    crate::nemesis::PROCESSES.iter().position(|p| *p == process).map_or(u64::MAX, |i| i as u64)
+}
+
+/// The online checks replayed over the run's samples and history: fences and marks never
+/// lower, no two believing holders.
+pub fn online_failures(e: &Evidence<'_>) -> Vec<Failure> {
+    let mut c = Checker::new();
+    c.judge_beliefs(dlock_lock_client::config::SAFETY_MARGIN_DEFAULT, Vec::new());
+    // Samples and history merged by the host clock: one sequence of observations.
+    let mut samples = e.samples.iter().peekable();
+    for line in e.history {
+        while let Some((at, f, m)) = samples.next_if(|(at, _, _)| *at <= line.mono_ms) {
+            c.sample(f, m, *at);
+        }
+        match line.kind.as_str() {
+            "lease_belief" | "session_belief" | "revoke" => {
+                let at = line.mono_ms;
+                c.on_belief(node_index(&line.process), &line.kind, &line.fields, at, |_| at);
+            }
+            "fault" if line.process == "nemesis" => {
+                let verb = line.fields.get("action").and_then(|v| v.as_str()).unwrap_or_default();
+                let applied = line.fields.get("applied").and_then(|v| v.as_bool()).unwrap_or(false);
+                if applied && verb == "crash" {
+                    if let Some(n) = line.fields.get("target").and_then(|v| v.as_str()) {
+                        c.node_crashed(node_index(n));
+                    }
+                }
+                if applied && verb == "store-fault" {
+                    if let Some(n) = line.fields.get("crashed").and_then(|v| v.as_str()) {
+                        c.node_crashed(node_index(n));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for (at, f, m) in samples {
+        c.sample(f, m, *at);
+    }
+    c.failures().iter().map(|t| t.failure.clone()).collect()
+}
+
+/// Every failure of the run (module doc), safety first.
+pub fn failures(e: &Evidence<'_>) -> Vec<Failure> {
+    let calls: Vec<String> = e.rail.calls.iter().map(|c| c.client_ref.clone()).collect();
+    let mut found = online_failures(e);
+    found.extend(oracle::rail_failures(&calls, &e.rows.submissions));
+    found.extend(oracle::ledger_failures(&e.rows.accounts, &e.rows.ledger));
+    found.extend(oracle::ledger_account_failures(&e.rows.ledger, &e.rows.payout_accounts));
+    found.extend(oracle::settle_failures(&e.rows.payouts, &e.rows.submissions));
+    if e.not_created > 0 {
+        found
+            .push(Failure::liveness(ids::WORKLOAD_FINISHES, format!("{} payouts could not be created", e.not_created)));
+    }
+    match e.report {
+        Some(r) => {
+            let known: Known = e.rows.known(&calls);
+            let stated = Known {
+                max_rail_calls_per_payout: r.max_rail_calls_per_payout,
+                ambiguous: r.ambiguous.iter().map(|a| a.payout_id).collect(),
+                ledger_balanced: r.ledger_balanced,
+                payouts_by_state: r.payouts_by_state.clone(),
+            };
+            found.extend(oracle::reconciler_failures(&known, &stated));
+            found.extend(oracle::reconciler_truth_failures(&RailTruth::of(e.rail), &Stated::of(r)));
+        }
+        None => found.push(Failure::liveness(ids::RECONCILER_AGREES, "the reconciler produced no report")),
+    }
+    found.sort_by_key(|f| std::cmp::Reverse(f.class));
+    found
+}
+
+/// p50 and p99 (ms) of create-to-post over the posted payouts: the create's answer to the
+/// payment-resource's first accepted post of it.
+pub fn latencies(created: &[crate::workload::Created], history: &[Line]) -> (Option<u64>, Option<u64>, usize) {
+    let mut posted: BTreeMap<&str, u64> = BTreeMap::new();
+    for l in history.iter().filter(|l| l.kind == "fenced_write") {
+        let op = l.fields.get("op").and_then(|v| v.as_str()).unwrap_or_default();
+        let answer = l.fields.get("answer").and_then(|v| v.as_str()).unwrap_or_default();
+        if op.starts_with("post") && answer == "accepted" {
+            if let Some(p) = l.fields.get("payout").and_then(|v| v.as_str()) {
+                posted.entry(p).or_insert(l.mono_ms);
+            }
+        }
+    }
+    let mut ms: Vec<u64> = created
+        .iter()
+        .filter_map(|c| posted.get(c.payout_id.as_str()).map(|t| t.saturating_sub(c.at_mono_ms)))
+        .collect();
+    ms.sort_unstable();
+    (percentile(&ms, 0.50), percentile(&ms, 0.99), ms.len())
+}
+
+/// The `p` quantile (nearest rank) of `sorted`; `None` when empty.
+pub fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
+    let rank = (sorted.len() as f64 * p).ceil() as usize;
+    sorted.get(rank.clamp(1, sorted.len().max(1)) - 1).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::parse_line;
+    use dlock_sim::outcome::FailureClass;
+
+    fn belief(process: &str, mono: u64, key: &str, token: i64, session: &str, deadline: u64) -> Line {
+        let text = format!(
+            r#"{{"seq":0,"t_ms":0,"node":"{process}","mono_ms":{mono},"wall_ms":0,"kind":"lease_belief","key":"{key}","token":{token},"owner":"{process}","session":"{session}","local_deadline_mono_ms":{deadline},"source":"granted","reason":null}}"#
+        );
+        parse_line(process, &text).unwrap_or_else(|| panic!("bad test line"))
+    }
+
+    fn session(process: &str, mono: u64, session: &str, deadline: u64) -> Line {
+        let text = format!(
+            r#"{{"seq":0,"t_ms":0,"node":"{process}","mono_ms":{mono},"wall_ms":0,"kind":"session_belief","session":"{session}","local_deadline_mono_ms":{deadline},"source":"opened"}}"#
+        );
+        parse_line(process, &text).unwrap_or_else(|| panic!("bad test line"))
+    }
+
+    fn evidence<'a>(
+        rows: &'a PaydbRows,
+        rail: &'a RailCallLog,
+        samples: &'a [Sample],
+        history: &'a [Line],
+    ) -> Evidence<'a> {
+        Evidence { rows, rail, report: None, samples, history, not_created: 0 }
+    }
+
+    #[test]
+    fn two_holders_believing_at_once_on_the_host_clock_is_a_correctness_failure() {
+        let history = vec![
+            session("executor-1", 1_000, "s1", 60_000),
+            belief("executor-1", 1_000, "acct-1", 5, "s1", 2_000),
+            session("executor-2", 1_500, "s2", 60_000),
+            // executor-1 still believes until 2 000 on the shared clock: an overlap.
+            belief("executor-2", 1_500, "acct-1", 6, "s2", 3_000),
+        ];
+        let (rows, rail) = (PaydbRows::default(), RailCallLog::default());
+        let f = online_failures(&evidence(&rows, &rail, &[], &history));
+        assert!(f.iter().any(|f| f.invariant == ids::NO_TWO_BELIEVING_HOLDERS), "{f:?}");
+        // After executor-1's deadline, no overlap.
+        let later = vec![history[0].clone(), history[1].clone(), session("executor-2", 2_500, "s2", 60_000), {
+            let mut l = history[3].clone();
+            l.mono_ms = 2_500;
+            l
+        }];
+        assert!(online_failures(&evidence(&rows, &rail, &[], &later)).is_empty());
+    }
+
+    #[test]
+    fn a_holder_the_nemesis_killed_believes_nothing_after() {
+        let crash = parse_line(
+            "nemesis",
+            r#"{"seq":0,"t_ms":0,"node":"nemesis","mono_ms":1200,"wall_ms":0,"kind":"fault","action":"crash","target":"executor-1","applied":true}"#,
+        );
+        let history = vec![
+            session("executor-1", 1_000, "s1", 60_000),
+            belief("executor-1", 1_000, "acct-1", 5, "s1", 2_000),
+            crash.unwrap_or_else(|| panic!("bad test line")),
+            session("executor-2", 1_500, "s2", 60_000),
+            belief("executor-2", 1_500, "acct-1", 6, "s2", 3_000),
+        ];
+        let (rows, rail) = (PaydbRows::default(), RailCallLog::default());
+        assert!(online_failures(&evidence(&rows, &rail, &[], &history)).is_empty());
+    }
+
+    #[test]
+    fn a_fence_sampled_lower_than_before_is_a_correctness_failure() {
+        let s = |at: u64, fence: i64| (at, BTreeMap::from([("acct-1".to_owned(), fence)]), BTreeMap::new());
+        let samples = vec![s(100, 4), s(600, 7), s(1_100, 6)];
+        let (rows, rail) = (PaydbRows::default(), RailCallLog::default());
+        let f = online_failures(&evidence(&rows, &rail, &samples, &[]));
+        assert!(f.iter().any(|f| f.invariant == ids::FENCE_NEVER_DECREASES), "{f:?}");
+        assert!(online_failures(&evidence(&rows, &rail, &samples[..2], &[])).is_empty());
+    }
+
+    #[test]
+    fn a_payout_the_rail_saw_twice_fails_the_run_as_correctness_and_sorts_first() {
+        let id = Uuid::from_u128(7);
+        let call = |paid: bool| dlock_contract::rail::RailCall {
+            client_ref: id.to_string(),
+            amount_minor: 100,
+            currency: "EUR".into(),
+            outcome: dlock_contract::rail::RailCallOutcome::Accepted,
+            paid,
+            rail_reference: Some("r".into()),
+            received_at: chrono::DateTime::from_timestamp_millis(0).unwrap_or_default(),
+        };
+        let rail = RailCallLog { calls: vec![call(true), call(true)] };
+        let rows = PaydbRows { payouts: vec![(id, PayoutState::Pending)], ..PaydbRows::default() };
+        let e = Evidence { rows: &rows, rail: &rail, report: None, samples: &[], history: &[], not_created: 0 };
+        let f = failures(&e);
+        assert_eq!(
+            f.first().map(|f| (f.class, f.invariant)),
+            Some((FailureClass::Correctness, ids::AT_MOST_ONE_RAIL_CALL))
+        );
+        assert!(f.iter().any(|f| f.invariant == ids::EVERY_PAYOUT_SETTLES));
+    }
+}

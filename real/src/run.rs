@@ -1,0 +1,572 @@
+//! One real run, end to end (docs/real-runs.md): the plan printed, the cluster started,
+//! the workload and the fence sampler running while the nemesis plays the plan's timeline,
+//! then every fault healed, the cluster left to settle, and the run judged.
+//!
+//! Exit codes are the simulation's classes (`dlock_sim::outcome::FailureClass::exit_code`):
+//! 0 clean, 127 crash (the harness or the cluster broke), 128 liveness, 129 correctness;
+//! 2 usage. A failure prints the seed, the plan and the first broken invariant, and the run's
+//! directory keeps the merged history (`incident.jsonl`) and its timeline (`timeline.html`).
+//!
+//! Invariants: the plan is printed before any process starts; every fault is healed before
+//! the settle phase; the cluster is stopped on every path out (its `Drop`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dlock_rt::http::{BaseUrl, Bearer, HttpClient};
+use dlock_sim::fault::Fault;
+use dlock_sim::outcome::{Failure, FailureClass};
+use serde_json::{json, Value};
+
+use crate::cluster::{Cluster, Start};
+use crate::history::{self, Own};
+use crate::judge::{self, Evidence};
+use crate::mechanism::Nemesis;
+use crate::nemesis::{describe, Plan};
+use crate::workload::{self, Shape};
+
+/// The lease and stall of the run's executors (as `dlock demo` uses).
+pub const LEASE_MS: u64 = 1_500;
+pub const STALL_MS: u64 = 2_000;
+
+/// The workload's default rate and accounts (`--rate`, `--accounts`).
+pub const RATE_PER_S_DEFAULT: u32 = 20;
+pub const ACCOUNTS_DEFAULT: u32 = 40;
+
+/// Bound on the failure lines the text report prints (`--json` has them all).
+pub const FAILURE_LINES_MAX: usize = 20;
+
+/// Bound on the settle phase after the heal.
+pub const SETTLE_S_DEFAULT: u64 = 180;
+
+/// The planted bugs a real run can switch on in the release binaries (unsafe-test profile),
+/// and the invariant each must break.
+pub const PLANTABLE: [(&str, &str); 1] = [("fencing-off-both", dlock_sim::oracle::ids::AT_MOST_ONE_RAIL_CALL)];
+
+/// A real run's arguments.
+#[derive(Debug, Clone)]
+pub struct Args {
+    pub seed: u64,
+    pub duration_ms: u64,
+    pub kinds: Vec<&'static str>,
+    pub json: bool,
+    pub plant: Option<String>,
+    pub keep: bool,
+    pub dir: Option<PathBuf>,
+    pub per_s: u32,
+    pub accounts: u32,
+    pub settle_s: u64,
+    /// Run the plain queue beside dlock (`crate::queue`); `--no-queue` turns it off.
+    pub queue: bool,
+}
+
+/// `90`, `90s`, `10m`, `1h`: a duration in ms.
+pub fn parse_duration(s: &str) -> Result<u64, String> {
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("bad duration {s:?} (e.g. 90s, 10m)"))?;
+    let ms = match unit {
+        "ms" => n,
+        "s" => n * 1_000,
+        "m" => n * 60_000,
+        "h" => n * 3_600_000,
+        _ => return Err(format!("bad duration unit in {s:?} (ms, s, m, h)")),
+    };
+    if ms == 0 {
+        return Err("the duration must be positive".to_owned());
+    }
+    Ok(ms)
+}
+
+/// The settings every process of the run gets (module doc of `crate::cluster`).
+fn cluster_env(plan: &Plan, plant: Option<&str>) -> (String, Vec<(String, String)>) {
+    let mut env: Vec<(String, String)> = plan.rail.env().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    let mut set = |k: &str, v: String| env.push((k.to_owned(), v));
+    set("DLOCK_RAIL_STUB_DROP_HOLD_MS", "3000".into());
+    set("DLOCK_RAIL_STUB_SEED", plan.seed.to_string());
+    set("DLOCK_RAIL_PROXY_READ_TIMEOUT_MS", "2000".into());
+    set("DLOCK_EXECUTOR_SUBMIT_READ_TIMEOUT_MS", "4000".into());
+    set("DLOCK_EXECUTOR_LOCK_TTL_MS", LEASE_MS.to_string());
+    set("DLOCK_EXECUTOR_CHAOS_PAUSE_RATE", "0.02".into());
+    set("DLOCK_EXECUTOR_CHAOS_PAUSE_MS", STALL_MS.to_string());
+    set("DLOCK_EXECUTOR_CONCURRENCY", "8".into());
+    set("DLOCK_EXECUTOR_POLL_INTERVAL_MS", "50".into());
+    let mut profile = "production".to_owned();
+    if plant == Some("fencing-off-both") {
+        profile = "unsafe-test".to_owned();
+        set("DLOCK_PAYMENT_FENCING_ENABLED", "false".into());
+        set("DLOCK_RAIL_PROXY_FENCING_ENABLED", "false".into());
+        set("DLOCK_RAIL_PROXY_DUPLICATE_GUARD_ENABLED", "false".into());
+        set("DLOCK_EXECUTOR_CHAOS_PAUSE_RATE", "1".into());
+        set("DLOCK_EXECUTOR_CHAOS_PAUSE_HOPS", "submit".into());
+    }
+    (profile, env)
+}
+
+fn say(json: bool, line: &str) {
+    if json {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+}
+
+/// Runs; the process exit code (module doc).
+pub fn run(root: &Path, a: &Args) -> u8 {
+    if let Some(p) = &a.plant {
+        if !PLANTABLE.iter().any(|(n, _)| n == p) {
+            let names: Vec<&str> = PLANTABLE.iter().map(|(n, _)| *n).collect();
+            eprintln!("dlock-real: --plant {p}: a real run plants only {}", names.join(", "));
+            return 2;
+        }
+    }
+    let plan = Plan::draw(a.seed, a.duration_ms, &a.kinds);
+    for l in plan.lines() {
+        say(a.json, &l);
+    }
+    let dir =
+        a.dir.clone().unwrap_or_else(|| PathBuf::from(format!("/tmp/dlock-real-{}-{}", a.seed, std::process::id())));
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("dlock-real: no runtime: {e}");
+            return FailureClass::Crash.exit_code();
+        }
+    };
+    let (profile, env) = cluster_env(&plan, a.plant.as_deref());
+    let started = Instant::now();
+    let cluster = match Cluster::start(&Start { root, dir: &dir, profile: &profile, env, keep: true }) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("dlock-real: crash: the cluster did not start: {e}");
+            return FailureClass::Crash.exit_code();
+        }
+    };
+    say(a.json, &format!("cluster up in {:.1} s ({})", started.elapsed().as_secs_f64(), dir.display()));
+    let outcome = play_and_judge(&rt, &cluster, &plan, a);
+    let code = report(&dir, &plan, a, &outcome);
+    drop(cluster);
+    if !a.keep && code == 0 {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        say(a.json, &format!("kept {}", dir.display()));
+    }
+    code
+}
+
+/// What a run produced.
+#[derive(Default)]
+struct Outcome {
+    failures: Vec<Failure>,
+    created: usize,
+    not_created: u64,
+    by_state: BTreeMap<String, u64>,
+    applied: BTreeMap<String, u64>,
+    posted_per_s: Option<f64>,
+    p50_ms: Option<u64>,
+    p99_ms: Option<u64>,
+    posted_measured: usize,
+    rail_calls: usize,
+    paid_twice: u64,
+    history: String,
+    unparsed_lines: u64,
+    queue: Option<crate::queue::QueueOutcome>,
+}
+
+fn crash(msg: String) -> Outcome {
+    Outcome { failures: vec![Failure::crash(dlock_sim::oracle::ids::WORLD_BUILDS, msg)], ..Outcome::default() }
+}
+
+fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, a: &Args) -> Outcome {
+    let trace_dir = cluster.trace_dir();
+    let (nem_out, run_out) = match (Own::create(&trace_dir, "nemesis"), Own::create(&trace_dir, "run")) {
+        (Ok(n), Ok(r)) => (n, r),
+        (Err(e), _) | (_, Err(e)) => return crash(e),
+    };
+    let paydb_url = cluster.var("PAYDB_URL");
+    let pool = match rt.block_on(sqlx::postgres::PgPoolOptions::new().max_connections(4).connect(&paydb_url)) {
+        Ok(p) => p,
+        Err(e) => return crash(format!("paydb: {e}")),
+    };
+    let bearer = |var: &str| Bearer::file(Path::new(&cluster.var(var))).ok();
+    let operator = HttpClient::new(2_000, 5_000).with_bearer(bearer("OPERATOR_TOKEN_FILE"));
+    let reader = HttpClient::new(2_000, 10_000).with_bearer(bearer("READER_TOKEN_FILE"));
+    let Ok(payment) = BaseUrl::parse(&cluster.var("PAYMENT_URL")) else {
+        return crash("no payment-resource URL".into());
+    };
+    let Ok(stub) = BaseUrl::parse(&cluster.var("STUB_URL")) else {
+        return crash("no rail-stub URL".into());
+    };
+    let shape = Shape { seed: plan.seed, accounts: a.accounts, per_s: a.per_s, duration_ms: plan.duration_ms };
+    if let Err(e) = rt.block_on(workload::open_accounts(&operator, &payment, &shape)) {
+        return crash(format!("opening the accounts: {e}"));
+    }
+    // The plain queue beside it: its own rail-stub (same knobs, same seed) and database.
+    let mut queue_stub = None;
+    let queue = if a.queue {
+        let started = start_queue_stub(cluster, plan).and_then(|(child, url)| {
+            queue_stub = Some(ChildGuard(child));
+            rt.block_on(async {
+                let q = crate::queue::Queue::setup(&paydb_url, url, plan.seed).await?;
+                q.open_accounts(&shape).await?;
+                Ok::<_, String>(q)
+            })
+        });
+        match started {
+            Ok(q) => Some(q),
+            Err(e) => return crash(format!("the queue baseline did not start: {e}")),
+        }
+    } else {
+        None
+    };
+
+    // The workload and the sampler run on the runtime while this thread plays the plan.
+    let stop = Arc::new(AtomicBool::new(false));
+    run_out.write("phase", &[("phase", "faults".into()), ("detail", format!("{} payouts/s", a.per_s).into())]);
+    let work = {
+        let (operator, payment, shape, stop) = (operator.clone(), payment.clone(), shape.clone(), stop.clone());
+        rt.spawn(async move { workload::create_payouts(&operator, &payment, &shape, stop).await })
+    };
+    let queue_stop = Arc::new(AtomicBool::new(false));
+    let (queue_work, queue_create) = match &queue {
+        Some(q) => (q.spawn(rt, queue_stop.clone()), Some(rt.spawn(q.clone().create(shape.clone())))),
+        None => (Vec::new(), None),
+    };
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (pool, samples, sampling) = (pool.clone(), samples.clone(), sampling.clone());
+        rt.spawn(async move {
+            while sampling.load(Ordering::Relaxed) {
+                let at = history::now_mono_ms();
+                let read = judge::fences_and_marks(&pool);
+                if let Ok(Ok((f, m))) =
+                    tokio::time::timeout(Duration::from_millis(judge::SAMPLE_TIMEOUT_MS), read).await
+                {
+                    if let Ok(mut g) = samples.lock() {
+                        g.push((at, f, m));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(judge::SAMPLE_EVERY_MS)).await;
+            }
+        })
+    };
+
+    let mut nemesis = Nemesis::new(cluster);
+    let mut applied: BTreeMap<String, u64> = BTreeMap::new();
+    let t0 = Instant::now();
+    let record = |nemesis: &mut Nemesis<'_>, f: &Fault, applied: &mut BTreeMap<String, u64>| {
+        let r = nemesis.apply(f);
+        if let (Ok(_), Some(q)) = (&r, &queue) {
+            q.mirror(f);
+        }
+        let mut fields: Vec<(&'static str, Value)> = vec![("action", f.verb().into()), ("fault", describe(f).into())];
+        if let Some(n) = f.nodes().first() {
+            fields.push(("target", n.clone().into()));
+        }
+        match &r {
+            Ok(done) => {
+                fields.push(("applied", true.into()));
+                fields.push(("effect", done.clone().into()));
+                if let Some(crashed) = done.strip_prefix("etcd leader ").and_then(|s| s.split(' ').next()) {
+                    fields.push(("crashed", crashed.to_owned().into()));
+                }
+                if let Some(k) = f.kind() {
+                    *applied.entry(k.to_owned()).or_insert(0) += 1;
+                }
+            }
+            Err(e) => {
+                fields.push(("applied", false.into()));
+                fields.push(("effect", e.clone().into()));
+            }
+        }
+        nem_out.write("fault", &fields);
+        let line = format!(
+            "  {:>7.3}s {} -> {}",
+            t0.elapsed().as_secs_f64(),
+            describe(f),
+            r.unwrap_or_else(|e| format!("NOT APPLIED: {e}"))
+        );
+        say(a.json, &line);
+    };
+    for (at, f) in plan.timeline() {
+        let due = t0 + Duration::from_millis(at);
+        while Instant::now() < due {
+            for c in nemesis.close_due() {
+                nem_out.write("fault", &[("action", "close".into()), ("effect", c.into()), ("applied", true.into())]);
+            }
+            std::thread::sleep(Duration::from_millis(20).min(due.saturating_duration_since(Instant::now())));
+        }
+        if at < plan.duration_ms {
+            record(&mut nemesis, &f, &mut applied);
+        }
+    }
+    while t0.elapsed() < Duration::from_millis(plan.duration_ms) {
+        for c in nemesis.close_due() {
+            nem_out.write("fault", &[("action", "close".into()), ("effect", c.into()), ("applied", true.into())]);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Some(q) = &queue {
+        q.heal();
+    }
+    for e in nemesis.heal_all() {
+        nem_out
+            .write("fault", &[("action", "heal-all".into()), ("effect", e.clone().into()), ("applied", true.into())]);
+    }
+    say(a.json, &format!("  {:>7.3}s every fault healed; settling", t0.elapsed().as_secs_f64()));
+    run_out.write("phase", &[("phase", "settle".into()), ("detail", "every fault healed".into())]);
+    // The workload creates every payout it drew (late ones after the heal); each create is
+    // bounded (workload::CREATE_RETRY_S_MAX), and the settle bound stops the rest.
+    let settle_deadline = Instant::now() + Duration::from_secs(a.settle_s);
+    while !work.is_finished() && Instant::now() < settle_deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let done = rt.block_on(work).unwrap_or_default();
+
+    // Settle: every payout terminal or quarantined, every intent resolved, within the bound.
+    let deadline = settle_deadline;
+    loop {
+        match rt.block_on(judge::open_counts(&pool)) {
+            Ok((0, 0)) => break,
+            _ if Instant::now() > deadline => break,
+            _ => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+    let queue_created = queue_create.map(|h| rt.block_on(h).unwrap_or(0)).unwrap_or(0);
+    if let Some(q) = &queue {
+        while Instant::now() < deadline && !matches!(rt.block_on(q.open()), Ok(0)) {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    queue_stop.store(true, Ordering::Relaxed);
+    for h in queue_work {
+        let _ = rt.block_on(h);
+    }
+    let queue_outcome = queue.as_ref().map(|q| rt.block_on(q.outcome(queue_created)));
+    drop(queue_stub);
+    sampling.store(false, Ordering::Relaxed);
+    let _ = rt.block_on(sampler);
+    run_out.write("phase", &[("phase", "checks".into()), ("detail", "".into())]);
+
+    // The evidence.
+    let report = reconcile(cluster);
+    let rail = match rt.block_on(reader.send(&stub, http::Method::GET, "/calls", &[], None)) {
+        Ok(r) if r.status == 200 => serde_json::from_slice(&r.body).ok(),
+        _ => None,
+    };
+    let Some(rail): Option<dlock_contract::rail::RailCallLog> = rail else {
+        return crash("the rail-stub's record (GET /calls) could not be read".into());
+    };
+    let rows = match rt.block_on(judge::read_rows(&pool)) {
+        Ok(r) => r,
+        Err(e) => {
+            let mut o = crash(format!("paydb unreadable: {e}"));
+            o.failures[0].invariant = dlock_sim::oracle::ids::PAYDB_READABLE;
+            return o;
+        }
+    };
+    let (lines, unparsed) = history::read_dir(&trace_dir);
+    let merged = history::merge(lines);
+    let samples = samples.lock().map(|g| g.clone()).unwrap_or_default();
+    let evidence = Evidence {
+        rows: &rows,
+        rail: &rail,
+        report: report.as_ref(),
+        samples: &samples,
+        history: &merged,
+        not_created: done.not_created,
+    };
+    let failures = judge::failures(&evidence);
+    let (p50, p99, measured) = judge::latencies(&done.created, &merged);
+    let mut by_state = BTreeMap::new();
+    for (_, s) in &rows.payouts {
+        *by_state.entry(s.as_str().to_owned()).or_insert(0) += 1;
+    }
+    let posted = by_state.get("POSTED").copied().unwrap_or(0);
+    let first = done.created.first().map(|c| c.at_mono_ms);
+    let last_post = merged
+        .iter()
+        .rev()
+        .find(|l| {
+            l.kind == "fenced_write"
+                && l.fields.get("answer").and_then(|v| v.as_str()) == Some("accepted")
+                && l.fields.get("op").and_then(|v| v.as_str()).is_some_and(|o| o.starts_with("post"))
+        })
+        .map(|l| l.mono_ms);
+    let posted_per_s = match (first, last_post) {
+        (Some(f), Some(l)) if l > f => Some(posted as f64 * 1000.0 / (l - f) as f64),
+        _ => None,
+    };
+    let mut per_ref: BTreeMap<&str, u64> = BTreeMap::new();
+    for c in rail.calls.iter().filter(|c| c.paid) {
+        *per_ref.entry(c.client_ref.as_str()).or_insert(0) += 1;
+    }
+    Outcome {
+        failures,
+        created: done.created.len(),
+        not_created: done.not_created,
+        by_state,
+        applied,
+        posted_per_s,
+        p50_ms: p50,
+        p99_ms: p99,
+        posted_measured: measured,
+        rail_calls: rail.calls.len(),
+        paid_twice: per_ref.values().filter(|n| **n > 1).count() as u64,
+        history: history::render(&merged),
+        unparsed_lines: unparsed,
+        queue: queue_outcome,
+    }
+}
+
+/// A child process killed when dropped.
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The queue's own rail-stub: the same binary, knobs and seed as the cluster's, on a free
+/// loopback port, its log in the run's directory.
+fn start_queue_stub(cluster: &Cluster, plan: &Plan) -> Result<(std::process::Child, BaseUrl), String> {
+    let port =
+        std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
+    let log = std::fs::File::create(cluster.dir.join("logs/rail-stub-queue.log")).map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(cluster.var("DLOCK"));
+    cmd.arg("rail-stub")
+        .env("DLOCK_RAIL_STUB_LISTEN", format!("127.0.0.1:{port}"))
+        .env("DLOCK_RAIL_STUB_DROP_HOLD_MS", "3000")
+        .env("DLOCK_RAIL_STUB_SEED", plan.seed.to_string())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log);
+    for (k, v) in plan.rail.env() {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().map_err(|e| format!("rail-stub for the queue: {e}"))?;
+    let url = BaseUrl::parse(&format!("http://127.0.0.1:{port}")).map_err(|e| format!("{e:?}"))?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let probe = HttpClient::new(500, 1_000);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    while rt.block_on(probe.send(&url, http::Method::GET, "/health/ready", &[], None)).map(|r| r.status).ok()
+        != Some(200)
+    {
+        if Instant::now() > deadline {
+            return Err("the queue's rail-stub is not ready after 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok((child, url))
+}
+
+/// `dlock reconcile --json` against the cluster's paydb and rail.
+fn reconcile(cluster: &Cluster) -> Option<dlock_reconciler::report::Report> {
+    let out = std::process::Command::new(cluster.var("DLOCK"))
+        .args(["reconcile", "--json", "--database-url"])
+        .arg(cluster.var("PAYDB_URL"))
+        .arg("--rail-url")
+        .arg(cluster.var("STUB_URL"))
+        .env("DLOCK_AUTH_CREDENTIALS_FILE", cluster.var("CREDENTIALS_FILE"))
+        .output()
+        .ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+fn report(dir: &Path, plan: &Plan, a: &Args, o: &Outcome) -> u8 {
+    let worst = o.failures.iter().map(|f| f.class).max();
+    let code = worst.map_or(0, FailureClass::exit_code);
+    let incident = dir.join("incident.jsonl");
+    let timeline = dir.join("timeline.html");
+    let _ = std::fs::write(&incident, &o.history);
+    if let Ok(html) = dlock_timeline::render_html(&o.history) {
+        let _ = std::fs::write(&timeline, html);
+    }
+    let verdict = match worst {
+        None => "clean".to_owned(),
+        Some(c) => c.name().to_owned(),
+    };
+    let throughput = o.posted_per_s.map_or("-".to_owned(), |r| format!("{r:.1}"));
+    let ms = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
+    let planted_caught = a.plant.as_ref().map(|p| {
+        let want = PLANTABLE.iter().find(|(n, _)| n == p).map(|(_, i)| *i).unwrap_or_default();
+        o.failures.iter().any(|f| f.invariant == want)
+    });
+    if a.json {
+        let v = json!({
+            "seed": plan.seed,
+            "duration_s": plan.duration_ms / 1000,
+            "nemesis": plan.kinds,
+            "plan": plan.lines(),
+            "plant": a.plant,
+            "planted_caught": planted_caught,
+            "faults_applied": o.applied,
+            "payouts": {"created": o.created, "not_created": o.not_created, "by_state": o.by_state},
+            "rail_calls": o.rail_calls,
+            "paid_twice": o.paid_twice,
+            "posted_per_s": o.posted_per_s,
+            "p50_ms": o.p50_ms,
+            "p99_ms": o.p99_ms,
+            "latency_sample": o.posted_measured,
+            "queue": o.queue.as_ref().map(|q| json!({
+                "created": q.created, "paid": q.paid, "failed": q.failed, "rail_calls": q.rail_calls,
+                "called_twice": q.called_twice, "paid_twice": q.paid_twice, "paid_per_s": q.paid_per_s,
+                "p50_ms": q.p50_ms, "p99_ms": q.p99_ms,
+            })),
+            "history_lines_unparsed": o.unparsed_lines,
+            "failures": o.failures.iter().map(|f| json!({"class": f.class.name(), "invariant": f.invariant, "detail": f.detail})).collect::<Vec<_>>(),
+            "verdict": verdict,
+            "exit": code,
+            "incident_trace": incident,
+            "timeline": timeline,
+        });
+        println!("{v}");
+    } else {
+        println!("payouts: {} created, {} not created, by state {:?}", o.created, o.not_created, o.by_state);
+        println!(
+            "dlock: {throughput} posted/s, p50 {} ms, p99 {} ms (create to post, {} payouts), {} rail calls, {} paid twice",
+            ms(o.p50_ms),
+            ms(o.p99_ms),
+            o.posted_measured,
+            o.rail_calls,
+            o.paid_twice
+        );
+        if let Some(q) = &o.queue {
+            println!(
+                "queue: {} paid/s, p50 {} ms, p99 {} ms (create to paid), {} rail calls, {} called twice, {} paid twice",
+                q.paid_per_s.map_or("-".to_owned(), |r| format!("{r:.1}")),
+                ms(q.p50_ms),
+                ms(q.p99_ms),
+                q.rail_calls,
+                q.called_twice,
+                q.paid_twice
+            );
+        }
+        println!("faults applied: {:?}", o.applied);
+        for f in o.failures.iter().take(FAILURE_LINES_MAX) {
+            println!("{}", f.line(plan.seed));
+        }
+        if o.failures.len() > FAILURE_LINES_MAX {
+            println!("... and {} more failures (--json lists them all)", o.failures.len() - FAILURE_LINES_MAX);
+        }
+        if let Some(first) = o.failures.first() {
+            println!("first broken invariant: {} (seed {}; the plan is printed above)", first.invariant, plan.seed);
+            println!("incident trace {}; timeline {}", incident.display(), timeline.display());
+        }
+        println!("verdict: {verdict} (exit {code})");
+    }
+    match planted_caught {
+        Some(true) => say(a.json, "planted bug caught"),
+        Some(false) => say(a.json, "planted bug NOT caught: the checker missed it"),
+        None => {}
+    }
+    code
+}
