@@ -11,8 +11,12 @@
 //!   monotonic clock;
 //! - [`judge`]: ground truth (paydb, the rail's record, sampled fences, the history, the
 //!   reconciler) through the oracle's checkers;
+//! - [`lockset`]: Jepsen's lock-set workload on a fenced set and on a control without the
+//!   fence, under a pause nemesis;
 //! - [`queue`]: the control beside dlock: a plain work queue under the same workload and
 //!   faults, its double payments counted from its own rail-stub's record;
+//! - [`soak`]: every process's memory, descriptors and threads, the databases' size and
+//!   connections, and throughput, sampled through the run and judged as trends;
 //! - [`run`]: one run end to end, its report and its exit code (the simulation's classes).
 //!
 //! `cargo xtask real run --seed S --duration 10m [--nemesis LIST] [--json]` builds the
@@ -27,8 +31,10 @@
 pub mod cluster;
 pub mod history;
 pub mod judge;
+pub mod lockset;
 pub mod mechanism;
 pub mod nemesis;
 pub mod queue;
 pub mod run;
+pub mod soak;
 pub mod workload;

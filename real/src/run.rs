@@ -39,6 +39,9 @@ pub const ACCOUNTS_DEFAULT: u32 = 40;
 /// Bound on the failure lines the text report prints (`--json` has them all).
 pub const FAILURE_LINES_MAX: usize = 20;
 
+/// Runs at least this long print every gauge's trend (shorter ones only a leak's).
+pub const SOAK_TABLE_MS: u64 = 600_000;
+
 /// Bound on the settle phase after the heal.
 pub const SETTLE_S_DEFAULT: u64 = 180;
 
@@ -61,6 +64,8 @@ pub struct Args {
     pub settle_s: u64,
     /// Run the plain queue beside dlock (`crate::queue`); `--no-queue` turns it off.
     pub queue: bool,
+    /// Run the lock-set workload beside it (`crate::lockset`); `--no-lock-set` turns it off.
+    pub lock_set: bool,
 }
 
 /// `90`, `90s`, `10m`, `1h`: a duration in ms.
@@ -176,6 +181,8 @@ struct Outcome {
     history: String,
     unparsed_lines: u64,
     queue: Option<crate::queue::QueueOutcome>,
+    soak: Vec<crate::soak::Sample>,
+    lock_set: Option<crate::lockset::LockSetOutcome>,
 }
 
 fn crash(msg: String) -> Outcome {
@@ -232,6 +239,23 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
         let (operator, payment, shape, stop) = (operator.clone(), payment.clone(), shape.clone(), stop.clone());
         rt.spawn(async move { workload::create_payouts(&operator, &payment, &shape, stop).await })
     };
+    let lock_set_stop = Arc::new(AtomicBool::new(false));
+    let lock_set = if a.lock_set {
+        let token = PathBuf::from(cluster.var("DIR")).join("secrets/executor-token");
+        let started = rt.block_on(crate::lockset::LockSet::start(
+            &paydb_url,
+            &cluster.list("LOCK_URLS"),
+            &token,
+            plan.seed,
+            lock_set_stop.clone(),
+        ));
+        match started {
+            Ok(l) => Some(l),
+            Err(e) => return crash(format!("the lock-set workload did not start: {e}")),
+        }
+    } else {
+        None
+    };
     let queue_stop = Arc::new(AtomicBool::new(false));
     let (queue_work, queue_create) = match &queue {
         Some(q) => (q.spawn(rt, queue_stop.clone()), Some(rt.spawn(q.clone().create(shape.clone())))),
@@ -253,6 +277,41 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(judge::SAMPLE_EVERY_MS)).await;
+            }
+        })
+    };
+
+    // The soak's gauges, for the whole run (crate::soak).
+    let working = Arc::new(AtomicBool::new(true));
+    let gauges = Arc::new(Mutex::new(Vec::new()));
+    let pids: Vec<(&'static str, PathBuf)> = crate::nemesis::PROCESSES
+        .iter()
+        .map(|p| (*p, PathBuf::from(cluster.var("RUN")).join(format!("{p}.pid"))))
+        .collect();
+    let gauger = {
+        let (pool, gauges, sampling, working) = (pool.clone(), gauges.clone(), sampling.clone(), working.clone());
+        rt.spawn(async move {
+            let mut posted = 0;
+            while sampling.load(Ordering::Relaxed) {
+                let at_ms = history::now_mono_ms();
+                let mut g = BTreeMap::new();
+                for (name, pid_file) in &pids {
+                    let pid = std::fs::read_to_string(pid_file).ok().and_then(|s| s.trim().parse().ok());
+                    if let Some((rss, threads, fds)) = pid.and_then(crate::soak::process_gauges) {
+                        g.insert(format!("{name}.rss_kb"), rss);
+                        g.insert(format!("{name}.threads"), threads);
+                        g.insert(format!("{name}.fds"), fds);
+                    }
+                }
+                crate::soak::database_gauges(&pool, &mut g).await;
+                if let Some(p) = g.remove("posted") {
+                    posted = p as u64;
+                }
+                let sample = crate::soak::Sample { at_ms, working: working.load(Ordering::Relaxed), posted, gauges: g };
+                if let Ok(mut v) = gauges.lock() {
+                    v.push(sample);
+                }
+                tokio::time::sleep(Duration::from_millis(crate::soak::SOAK_SAMPLE_EVERY_MS)).await;
             }
         })
     };
@@ -315,6 +374,8 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
     if let Some(q) = &queue {
         q.heal();
     }
+    lock_set_stop.store(true, Ordering::Relaxed);
+    let lock_set = lock_set.map(|l| rt.block_on(l.finish()));
     for e in nemesis.heal_all() {
         nem_out
             .write("fault", &[("action", "heal-all".into()), ("effect", e.clone().into()), ("applied", true.into())]);
@@ -329,6 +390,7 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
     }
     stop.store(true, Ordering::Relaxed);
     let done = rt.block_on(work).unwrap_or_default();
+    working.store(false, Ordering::Relaxed);
 
     // Settle: every payout terminal or quarantined, every intent resolved, within the bound.
     let deadline = settle_deadline;
@@ -353,6 +415,8 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
     drop(queue_stub);
     sampling.store(false, Ordering::Relaxed);
     let _ = rt.block_on(sampler);
+    let _ = rt.block_on(gauger);
+    let soak = gauges.lock().map(|g| g.clone()).unwrap_or_default();
     run_out.write("phase", &[("phase", "checks".into()), ("detail", "".into())]);
 
     // The evidence.
@@ -383,7 +447,30 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
         history: &merged,
         not_created: done.not_created,
     };
-    let failures = judge::failures(&evidence);
+    let mut failures = judge::failures(&evidence);
+    let lock_set = match lock_set {
+        Some(Ok(o)) => {
+            if !o.fenced.lost.is_empty() {
+                failures.insert(
+                    0,
+                    Failure::correctness(
+                        crate::lockset::ids::LOCK_SET_KEEPS_ACKNOWLEDGED,
+                        format!(
+                            "the fenced set lost {} acknowledged elements: {:?}",
+                            o.fenced.lost.len(),
+                            o.fenced.lost
+                        ),
+                    ),
+                );
+            }
+            Some(o)
+        }
+        Some(Err(e)) => {
+            failures.push(Failure::crash(dlock_sim::oracle::ids::WORLD_BUILDS, format!("lock-set unreadable: {e}")));
+            None
+        }
+        None => None,
+    };
     let (p50, p99, measured) = judge::latencies(&done.created, &merged);
     let mut by_state = BTreeMap::new();
     for (_, s) in &rows.payouts {
@@ -423,6 +510,8 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
         history: history::render(&merged),
         unparsed_lines: unparsed,
         queue: queue_outcome,
+        soak,
+        lock_set,
     }
 }
 
@@ -516,6 +605,18 @@ fn report(dir: &Path, plan: &Plan, a: &Args, o: &Outcome) -> u8 {
             "p50_ms": o.p50_ms,
             "p99_ms": o.p99_ms,
             "latency_sample": o.posted_measured,
+            "lock_set": o.lock_set.as_ref().map(|l| json!({
+                "fenced": {"acknowledged": l.fenced.acknowledged, "lost": l.fenced.lost.len(), "refused": l.fenced.refused, "final_size": l.fenced.final_size},
+                "control": {"acknowledged": l.control.acknowledged, "lost": l.control.lost.len(), "final_size": l.control.final_size},
+            })),
+            "soak": {
+                "samples": o.soak.len(),
+                "posted_per_minute": crate::soak::posted_per_minute(&o.soak),
+                "trends": crate::soak::trends(&o.soak).iter().map(|t| json!({
+                    "name": t.name, "first": t.first, "last": t.last, "max": t.max,
+                    "per_min_late": t.per_min_late, "per_1000_payouts": t.per_1000_payouts, "verdict": t.verdict,
+                })).collect::<Vec<_>>(),
+            },
             "queue": o.queue.as_ref().map(|q| json!({
                 "created": q.created, "paid": q.paid, "failed": q.failed, "rail_calls": q.rail_calls,
                 "called_twice": q.called_twice, "paid_twice": q.paid_twice, "paid_per_s": q.paid_per_s,
@@ -550,7 +651,40 @@ fn report(dir: &Path, plan: &Plan, a: &Args, o: &Outcome) -> u8 {
                 q.paid_twice
             );
         }
+        if let Some(l) = &o.lock_set {
+            println!(
+                "lock-set: fenced {} acknowledged, {} lost ({} refused as fenced out); control without the fence {} acknowledged, {} lost",
+                l.fenced.acknowledged,
+                l.fenced.lost.len(),
+                l.fenced.refused,
+                l.control.acknowledged,
+                l.control.lost.len()
+            );
+        }
         println!("faults applied: {:?}", o.applied);
+        let trends = crate::soak::trends(&o.soak);
+        let per_min = crate::soak::posted_per_minute(&o.soak);
+        let by_verdict = trends.iter().fold(BTreeMap::<&str, usize>::new(), |mut m, t| {
+            *m.entry(t.verdict).or_insert(0) += 1;
+            m
+        });
+        println!(
+            "soak: {} samples, {} series {by_verdict:?}; posted per minute {per_min:?}",
+            o.soak.len(),
+            trends.len()
+        );
+        for t in trends.iter().filter(|t| plan.duration_ms >= SOAK_TABLE_MS || t.verdict == "grows with time") {
+            println!(
+                "  {:<34} {:>12.0} -> {:>12.0} (max {:>12.0}) {:>+10.1}/min late, {:>+10.1} per 1 000 payouts: {}",
+                t.name,
+                t.first,
+                t.last,
+                t.max,
+                t.per_min_late,
+                t.per_1000_payouts.unwrap_or(0.0),
+                t.verdict
+            );
+        }
         for f in o.failures.iter().take(FAILURE_LINES_MAX) {
             println!("{}", f.line(plan.seed));
         }

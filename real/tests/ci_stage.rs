@@ -1,6 +1,7 @@
 //! The real run stays what its requirement rows (DL-140..DL-149, docs/contracts/
 //! requirements.md) say: CI runs it after the release build, and runs its planted control
-//! requiring a correctness failure with the bug caught; `up.sh` supervises every process
+//! requiring a correctness failure with the bug caught, and requires the lock-set's
+//! control without the fence to lose elements; `up.sh` supervises every process
 //! (PostgreSQL and the etcd members included, so a kill -9 is followed by a restart), gives
 //! each dlock process its trace file and its fake wall clock, and removes everything on
 //! exit. The runs themselves are the stage (they need root, etcd and PostgreSQL); this test
@@ -38,8 +39,10 @@ fn problems(test_sh: &str, up: &str) -> Vec<String> {
     }
     let body = function_body(test_sh, "real_run");
     for needle in [
-        "target/release/dlock-real run --seed \"${DLOCK_REAL_SEED:-1}\" --duration \"${DLOCK_REAL_DURATION:-60s}\" || return 1",
+        "target/release/dlock-real run --seed \"${DLOCK_REAL_SEED:-1}\" --duration \"${DLOCK_REAL_DURATION:-60s}\"",
+        "[ \"${PIPESTATUS[0]}\" -eq 0 ] || return 1",
         "--plant fencing-off-both",
+        "control without the fence [0-9]+ acknowledged, [1-9][0-9]* lost",
         "\"$rc\" -ne 129",
         "planted bug caught",
     ] {
@@ -87,9 +90,10 @@ fn the_test_script_runs_the_real_run_and_requires_its_planted_control_to_be_caug
 fn a_missing_stage_a_planted_run_allowed_to_pass_or_a_weakened_cluster_is_reported() {
     let (t, u) = (read("scripts/test.sh"), read("deploy/local/up.sh"));
     assert!(problems(&t, &u).is_empty());
-    let cases: [(&str, String, String); 8] = [
+    let cases: [(&str, String, String); 9] = [
         ("no stage", t.replace("run_stage \"real run\" real_run", ""), u.clone()),
         ("planted may pass", t.replace("\"$rc\" -ne 129", "\"$rc\" -ne 0"), u.clone()),
+        ("control may keep all", t.replace("[1-9][0-9]* lost", "[0-9]+ lost"), u.clone()),
         ("no nftables", t.replace("want nftables", ""), u.clone()),
         ("no etcd cluster", t.clone(), u.replace("supervise \"etcd-$i\"", "supervise etcd")),
         ("postgres unsupervised", t.clone(), u.replace("supervise postgres", "run postgres")),

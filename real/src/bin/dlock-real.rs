@@ -1,9 +1,10 @@
 //! `dlock-real run --seed S --duration D [--nemesis LIST] [--plant BUG] [--json] [--keep]
-//! [--dir DIR] [--rate N] [--accounts N] [--settle S] [--no-queue]`: one real run (the crate's doc,
+//! [--dir DIR] [--rate N] [--accounts N] [--settle S] [--no-queue]
+//! [--no-lock-set]`: one real run (the crate's doc,
 //! docs/real-runs.md). Exit 0 clean, 127 crash, 128 liveness, 129 correctness, 2 usage.
 
 #[cfg(not(madsim))]
-const USAGE: &str = "usage: dlock-real run --seed S --duration D [--nemesis LIST] [--plant BUG] [--json] [--keep] [--dir DIR] [--rate PAYOUTS_PER_S] [--accounts N] [--settle SECONDS] [--no-queue]
+const USAGE: &str = "usage: dlock-real run --seed S --duration D [--nemesis LIST] [--plant BUG] [--json] [--keep] [--dir DIR] [--rate PAYOUTS_PER_S] [--accounts N] [--settle SECONDS] [--no-queue] [--no-lock-set]
   D: 90s, 10m, 1h
   LIST: comma-separated kinds (default all): pause, crash, partition, one-way, clog, lossy-link, skew, store-unavailable, leader-loss
   BUG: fencing-off-both (the unsafe-test profile's switches in the release binaries)
@@ -29,6 +30,7 @@ fn main() -> std::process::ExitCode {
         accounts: run::ACCOUNTS_DEFAULT,
         settle_s: run::SETTLE_S_DEFAULT,
         queue: true,
+        lock_set: true,
     };
     let mut seed = None;
     let mut it = args[1..].iter();
@@ -47,6 +49,7 @@ fn main() -> std::process::ExitCode {
                 "--json" => a.json = true,
                 "--keep" => a.keep = true,
                 "--no-queue" => a.queue = false,
+                "--no-lock-set" => a.lock_set = false,
                 "--dir" => a.dir = Some(std::path::PathBuf::from(value()?)),
                 "--rate" => a.per_s = value()?.parse().map_err(|e| format!("--rate: {e}"))?,
                 "--accounts" => a.accounts = value()?.parse().map_err(|e| format!("--accounts: {e}"))?,
