@@ -199,18 +199,17 @@ pub fn online_failures(e: &Evidence<'_>) -> Vec<Failure> {
                 let at = line.mono_ms;
                 c.on_belief(node_index(&line.process), &line.kind, &line.fields, at, |_| at);
             }
-            "fault" if line.process == "nemesis" => {
-                let verb = line.fields.get("action").and_then(|v| v.as_str()).unwrap_or_default();
-                let applied = line.fields.get("applied").and_then(|v| v.as_bool()).unwrap_or(false);
-                if applied && verb == "crash" {
-                    if let Some(n) = line.fields.get("target").and_then(|v| v.as_str()) {
+            "schedule" if line.process == "nemesis" => {
+                let verb = line.fields.get("verb").and_then(|v| v.as_str()).unwrap_or_default();
+                let skipped = line.fields.get("skipped").and_then(|v| v.as_bool()).unwrap_or(true);
+                let first = line.fields.get("nodes").and_then(|v| v.as_array()).and_then(|a| a.first());
+                if !skipped && verb == "crash" {
+                    if let Some(n) = first.and_then(|v| v.as_str()) {
                         c.node_crashed(node_index(n));
                     }
                 }
-                if applied && verb == "store-fault" {
-                    if let Some(n) = line.fields.get("crashed").and_then(|v| v.as_str()) {
-                        c.node_crashed(node_index(n));
-                    }
+                if let Some(n) = line.fields.get("crashed").and_then(|v| v.as_str()).filter(|_| !skipped) {
+                    c.node_crashed(node_index(n));
                 }
             }
             _ => {}
@@ -333,7 +332,7 @@ mod tests {
     fn a_holder_the_nemesis_killed_believes_nothing_after() {
         let crash = parse_line(
             "nemesis",
-            r#"{"seq":0,"t_ms":0,"node":"nemesis","mono_ms":1200,"wall_ms":0,"kind":"fault","action":"crash","target":"executor-1","applied":true}"#,
+            r#"{"seq":0,"t_ms":0,"node":"nemesis","mono_ms":1200,"wall_ms":0,"kind":"schedule","verb":"crash","nodes":["executor-1"],"skipped":false}"#,
         );
         let history = vec![
             session("executor-1", 1_000, "s1", 60_000),

@@ -13,6 +13,10 @@
 //! - `store-fault` `unavailable`: paydb is PostgreSQL paused, lockdb two of the three etcd
 //!   members paused (no quorum), for `for-ms`; `leader-loss`: the etcd leader of that
 //!   instant crashed for `for-ms`;
+//! - `revoke`: the operator's revoke (L8), through `lock-server-1`, of the key the fault
+//!   names, or else of the first account lock key (`payout:acct-K`) some executor holds at
+//!   that instant (L7 read with the reader credential), as the simulation's world picks one;
+//!   credentials are read from header files, never put on a command line;
 //! - `heal` (unnamed): every partition, clog and pause undone.
 //!
 //! Invariants: a crashed process is never paused or resumed (only started); at the end of a
@@ -51,6 +55,8 @@ pub struct Nemesis<'a> {
     clogs: BTreeMap<(String, String), Option<f64>>,
     skews_ms: BTreeMap<String, i64>,
     closes: Vec<(Instant, Close)>,
+    /// The workload's accounts (a revoke looks for a held key among theirs).
+    accounts: u32,
 }
 
 fn signal(sig: &str, pid: i32) -> Result<(), String> {
@@ -63,7 +69,7 @@ fn signal(sig: &str, pid: i32) -> Result<(), String> {
 }
 
 impl<'a> Nemesis<'a> {
-    pub fn new(cluster: &'a Cluster) -> Nemesis<'a> {
+    pub fn new(cluster: &'a Cluster, accounts: u32) -> Nemesis<'a> {
         Nemesis {
             cluster,
             paused: BTreeMap::new(),
@@ -72,6 +78,7 @@ impl<'a> Nemesis<'a> {
             clogs: BTreeMap::new(),
             skews_ms: BTreeMap::new(),
             closes: Vec::new(),
+            accounts,
         }
     }
 
@@ -222,7 +229,80 @@ impl<'a> Nemesis<'a> {
                 self.closes.push((now + Duration::from_millis(for_ms.unwrap_or(1_000)), Close::Start(leader.clone())));
                 Ok(format!("etcd leader {leader} lost: {done}"))
             }
+            Fault::Revoke { key } => self.revoke(key.as_deref()),
             other => Err(format!("a real run has no mechanism for {}", other.verb())),
+        }
+    }
+
+    /// A header file (mode 0600) with `var`'s token as the bearer: curl reads it (`-H @FILE`),
+    /// so no credential is on a command line.
+    fn header_file(&self, var: &str, name: &str) -> Result<std::path::PathBuf, String> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let token = std::fs::read_to_string(self.cluster.var(var)).map_err(|e| e.to_string())?;
+        let path = self.cluster.dir.join("run").join(name);
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| e.to_string())?;
+        writeln!(f, "Authorization: Bearer {}\nX-Owner-Id: dlock-real-nemesis", token.trim())
+            .map_err(|e| e.to_string())?;
+        Ok(path)
+    }
+
+    /// `curl` with the headers of `file`; the answer's status and body.
+    fn curl(file: &std::path::Path, args: &[&str], url: &str) -> Result<(String, String), String> {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "5", "-w", "\n%{http_code}"])
+            .arg("-H")
+            .arg(format!("@{}", file.display()))
+            .args(args)
+            .arg(url)
+            .output()
+            .map_err(|e| format!("curl: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", text.as_str()));
+        Ok((code.trim().to_owned(), body.to_owned()))
+    }
+
+    /// An operator's revoke (L8) through lock-server-1 (module doc).
+    fn revoke(&self, key: Option<&str>) -> Result<String, String> {
+        let url = self.cluster.url_of("lock-server-1").ok_or("no lock-server-1")?;
+        let target = match key {
+            Some(k) => Some((k.to_owned(), None)),
+            None => {
+                let reader = self.header_file("READER_TOKEN_FILE", "reader.headers")?;
+                (0..self.accounts).find_map(|k| {
+                    let key = format!("payout:acct-{k}");
+                    let (code, body) = Self::curl(&reader, &[], &format!("{url}/v1/locks/{key}")).ok()?;
+                    let v: serde_json::Value = serde_json::from_str(&body).ok().filter(|_| code == "200")?;
+                    let token = v.get("fencingToken").and_then(|t| t.as_i64()).filter(|_| v["held"] == true)?;
+                    Some((key, Some(token)))
+                })
+            }
+        };
+        let Some((key, token)) = target else {
+            return Ok("no account lock held: nothing revoked".to_owned());
+        };
+        let operator = self.header_file("OPERATOR_TOKEN_FILE", "operator.headers")?;
+        let body = match token {
+            Some(t) => {
+                format!(r#"{{"operator":"dlock-real","reason":"the real run's nemesis revokes","expectedToken":{t}}}"#)
+            }
+            None => r#"{"operator":"dlock-real","reason":"the real run's nemesis revokes"}"#.to_owned(),
+        };
+        let (code, _) = Self::curl(
+            &operator,
+            &["-X", "POST", "-H", "Content-Type: application/json", "-d", &body],
+            &format!("{url}/v1/locks/{key}/revoke"),
+        )?;
+        match code.as_str() {
+            "200" => Ok(format!("{key} revoked{}", token.map_or(String::new(), |t| format!(" (token {t})")))),
+            "404" | "409" => Ok(format!("{key}: no longer held as read, nothing revoked ({code})")),
+            other => Err(format!("revoke {key} answered {other}")),
         }
     }
 

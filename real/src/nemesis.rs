@@ -60,12 +60,22 @@ pub const NETNS_NODE: &str = "executor-3";
 pub const NETNS_PEERS: [&str; 3] = ["lock-server-1", "payment-resource", "rail-proxy-2"];
 
 /// The simulation's kinds a real run plays.
-pub const REAL_KINDS: [&str; 9] =
-    ["pause", "crash", "partition", "one-way", "clog", "lossy-link", "skew", "store-unavailable", "leader-loss"];
+pub const REAL_KINDS: [&str; 10] = [
+    "pause",
+    "crash",
+    "partition",
+    "one-way",
+    "clog",
+    "lossy-link",
+    "skew",
+    "store-unavailable",
+    "leader-loss",
+    "revoke",
+];
 
 /// The simulation's kinds a real run does not play, each with the reason
 /// (docs/real-runs.md "Simulation and real run, fault by fault").
-pub const SIM_ONLY: [(&str, &str); 4] = [
+pub const SIM_ONLY: [(&str, &str); 3] = [
     (
         "drift",
         "libfaketime's rate also fakes the process's monotonic clock, the one clock the merged history is stamped with",
@@ -75,7 +85,6 @@ pub const SIM_ONLY: [(&str, &str); 4] = [
         "a real database cannot lose the acknowledgement of one named operation; a one-way partition loses replies instead",
     ),
     ("store-latency", "not yet: needs a delay on the database's port (tc netem on loopback)"),
-    ("revoke", "not yet: needs the key an executor holds at that instant, read from the lock servers"),
 ];
 
 /// A real run's fault rates: each kind at half its simulated maximum, lasting 0.5–6 s, wall

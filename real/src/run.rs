@@ -316,7 +316,7 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
         })
     };
 
-    let mut nemesis = Nemesis::new(cluster);
+    let mut nemesis = Nemesis::new(cluster, a.accounts);
     let mut applied: BTreeMap<String, u64> = BTreeMap::new();
     let t0 = Instant::now();
     let record = |nemesis: &mut Nemesis<'_>, f: &Fault, applied: &mut BTreeMap<String, u64>| {
@@ -324,14 +324,17 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
         if let (Ok(_), Some(q)) = (&r, &queue) {
             q.mirror(f);
         }
-        let mut fields: Vec<(&'static str, Value)> = vec![("action", f.verb().into()), ("fault", describe(f).into())];
-        if let Some(n) = f.nodes().first() {
-            fields.push(("target", n.clone().into()));
-        }
+        // The simulation's `schedule` line (sim/src/trace.rs), so the timeline draws it.
+        let mut fields: Vec<(&'static str, Value)> = vec![
+            ("verb", f.verb().into()),
+            ("fault_kind", f.kind().map_or(Value::Null, Value::from)),
+            ("nodes", f.nodes().into()),
+            ("event", format!("{f:?}").into()),
+        ];
         match &r {
             Ok(done) => {
-                fields.push(("applied", true.into()));
-                fields.push(("effect", done.clone().into()));
+                fields.push(("result", done.clone().into()));
+                fields.push(("skipped", false.into()));
                 if let Some(crashed) = done.strip_prefix("etcd leader ").and_then(|s| s.split(' ').next()) {
                     fields.push(("crashed", crashed.to_owned().into()));
                 }
@@ -340,11 +343,11 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
                 }
             }
             Err(e) => {
-                fields.push(("applied", false.into()));
-                fields.push(("effect", e.clone().into()));
+                fields.push(("result", format!("SKIPPED: {e}").into()));
+                fields.push(("skipped", true.into()));
             }
         }
-        nem_out.write("fault", &fields);
+        nem_out.write("schedule", &fields);
         let line = format!(
             "  {:>7.3}s {} -> {}",
             t0.elapsed().as_secs_f64(),
@@ -357,7 +360,7 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
         let due = t0 + Duration::from_millis(at);
         while Instant::now() < due {
             for c in nemesis.close_due() {
-                nem_out.write("fault", &[("action", "close".into()), ("effect", c.into()), ("applied", true.into())]);
+                nem_out.write("note", &[("what", "close".into()), ("result", c.into())]);
             }
             std::thread::sleep(Duration::from_millis(20).min(due.saturating_duration_since(Instant::now())));
         }
@@ -367,7 +370,7 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
     }
     while t0.elapsed() < Duration::from_millis(plan.duration_ms) {
         for c in nemesis.close_due() {
-            nem_out.write("fault", &[("action", "close".into()), ("effect", c.into()), ("applied", true.into())]);
+            nem_out.write("note", &[("what", "close".into()), ("result", c.into())]);
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -377,8 +380,7 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
     lock_set_stop.store(true, Ordering::Relaxed);
     let lock_set = lock_set.map(|l| rt.block_on(l.finish()));
     for e in nemesis.heal_all() {
-        nem_out
-            .write("fault", &[("action", "heal-all".into()), ("effect", e.clone().into()), ("applied", true.into())]);
+        nem_out.write("note", &[("what", "heal-all".into()), ("result", e.clone().into())]);
     }
     say(a.json, &format!("  {:>7.3}s every fault healed; settling", t0.elapsed().as_secs_f64()));
     run_out.write("phase", &[("phase", "settle".into()), ("detail", "every fault healed".into())]);
@@ -472,6 +474,44 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
         None => None,
     };
     let (p50, p99, measured) = judge::latencies(&done.created, &merged);
+    // The history opens with the run's own `trace_start` (the seed and the plan's header, as
+    // the simulation's does), and the judgement's failures close it.
+    let mut merged = merged;
+    let start = merged.first().map_or(0, |l| l.mono_ms);
+    merged.insert(
+        0,
+        history::Line {
+            process: "dlock-real".into(),
+            seq: 0,
+            mono_ms: start,
+            wall_ms: chrono::Utc::now().timestamp_millis(),
+            kind: "trace_start".into(),
+            fields: [
+                ("schema", Value::from(dlock_rt::events::SCHEMA)),
+                ("seed", Value::from(plan.seed)),
+                ("config", Value::from(plan.lines().first().cloned().unwrap_or_default())),
+            ]
+            .into_iter()
+            .collect(),
+        },
+    );
+    let end = merged.last().map_or(0, |l| l.mono_ms);
+    for (i, f) in failures.iter().enumerate() {
+        merged.push(history::Line {
+            process: "dlock-real".into(),
+            seq: i as u64,
+            mono_ms: end,
+            wall_ms: chrono::Utc::now().timestamp_millis(),
+            kind: "failure".into(),
+            fields: [
+                ("class", Value::from(f.class.name())),
+                ("invariant", Value::from(f.invariant)),
+                ("detail", Value::from(f.detail.clone())),
+            ]
+            .into_iter()
+            .collect(),
+        });
+    }
     let mut by_state = BTreeMap::new();
     for (_, s) in &rows.payouts {
         *by_state.entry(s.as_str().to_owned()).or_insert(0) += 1;
