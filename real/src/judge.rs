@@ -44,6 +44,32 @@ fn err(e: sqlx::Error) -> String {
     e.to_string()
 }
 
+/// Samples every account's fence and mark every [`SAMPLE_EVERY_MS`] until `sampling` is
+/// cleared; the samples, in order.
+pub fn spawn_sampler(
+    rt: &tokio::runtime::Runtime,
+    pool: sqlx::PgPool,
+    sampling: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (tokio::task::JoinHandle<()>, std::sync::Arc<std::sync::Mutex<Vec<Sample>>>) {
+    let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let out = samples.clone();
+    let task = rt.spawn(async move {
+        while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+            let at = crate::history::now_mono_ms();
+            let read = fences_and_marks(&pool);
+            if let Ok(Ok((f, m))) =
+                tokio::time::timeout(std::time::Duration::from_millis(SAMPLE_TIMEOUT_MS), read).await
+            {
+                if let Ok(mut g) = samples.lock() {
+                    g.push((at, f, m));
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(SAMPLE_EVERY_MS)).await;
+        }
+    });
+    (task, out)
+}
+
 /// Every account's fence and mark (`accounts.fence`, `rail_high_water`).
 pub async fn fences_and_marks(pool: &sqlx::PgPool) -> Result<(BTreeMap<String, i64>, BTreeMap<String, i64>), String> {
     let mut fences = BTreeMap::new();

@@ -17,6 +17,7 @@
 //!   faults, its double payments counted from its own rail-stub's record;
 //! - [`soak`]: every process's memory, descriptors and threads, the databases' size and
 //!   connections, and throughput, sampled through the run and judged as trends;
+//! - [`report`]: the text or JSON report, the incident trace and timeline, the exit code;
 //! - [`run`]: one run end to end, its report and its exit code (the simulation's classes).
 //!
 //! `cargo xtask real run --seed S --duration 10m [--nemesis LIST] [--json]` builds the
@@ -35,6 +36,7 @@ pub mod lockset;
 pub mod mechanism;
 pub mod nemesis;
 pub mod queue;
+pub mod report;
 pub mod run;
 pub mod soak;
 pub mod workload;

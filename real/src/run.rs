@@ -13,19 +13,19 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dlock_rt::http::{BaseUrl, Bearer, HttpClient};
-use dlock_sim::fault::Fault;
 use dlock_sim::outcome::{Failure, FailureClass};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cluster::{Cluster, Start};
 use crate::history::{self, Own};
 use crate::judge::{self, Evidence};
 use crate::mechanism::Nemesis;
 use crate::nemesis::{describe, Plan};
+use crate::report::Outcome;
 use crate::workload::{self, Shape};
 
 /// The lease and stall of the run's executors (as `dlock demo` uses).
@@ -35,12 +35,6 @@ pub const STALL_MS: u64 = 2_000;
 /// The workload's default rate and accounts (`--rate`, `--accounts`).
 pub const RATE_PER_S_DEFAULT: u32 = 20;
 pub const ACCOUNTS_DEFAULT: u32 = 40;
-
-/// Bound on the failure lines the text report prints (`--json` has them all).
-pub const FAILURE_LINES_MAX: usize = 20;
-
-/// Runs at least this long print every gauge's trend (shorter ones only a leak's).
-pub const SOAK_TABLE_MS: u64 = 600_000;
 
 /// Bound on the settle phase after the heal.
 pub const SETTLE_S_DEFAULT: u64 = 180;
@@ -113,7 +107,7 @@ fn cluster_env(plan: &Plan, plant: Option<&str>) -> (String, Vec<(String, String
     (profile, env)
 }
 
-fn say(json: bool, line: &str) {
+pub(crate) fn say(json: bool, line: &str) {
     if json {
         eprintln!("{line}");
     } else {
@@ -154,7 +148,7 @@ pub fn run(root: &Path, a: &Args) -> u8 {
     };
     say(a.json, &format!("cluster up in {:.1} s ({})", started.elapsed().as_secs_f64(), dir.display()));
     let outcome = play_and_judge(&rt, &cluster, &plan, a);
-    let code = report(&dir, &plan, a, &outcome);
+    let code = crate::report::report(&dir, &plan, a, &outcome);
     drop(cluster);
     if !a.keep && code == 0 {
         let _ = std::fs::remove_dir_all(&dir);
@@ -162,27 +156,6 @@ pub fn run(root: &Path, a: &Args) -> u8 {
         say(a.json, &format!("kept {}", dir.display()));
     }
     code
-}
-
-/// What a run produced.
-#[derive(Default)]
-struct Outcome {
-    failures: Vec<Failure>,
-    created: usize,
-    not_created: u64,
-    by_state: BTreeMap<String, u64>,
-    applied: BTreeMap<String, u64>,
-    posted_per_s: Option<f64>,
-    p50_ms: Option<u64>,
-    p99_ms: Option<u64>,
-    posted_measured: usize,
-    rail_calls: usize,
-    paid_twice: u64,
-    history: String,
-    unparsed_lines: u64,
-    queue: Option<crate::queue::QueueOutcome>,
-    soak: Vec<crate::soak::Sample>,
-    lock_set: Option<crate::lockset::LockSetOutcome>,
 }
 
 fn crash(msg: String) -> Outcome {
@@ -261,127 +234,25 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
         Some(q) => (q.spawn(rt, queue_stop.clone()), Some(rt.spawn(q.clone().create(shape.clone())))),
         None => (Vec::new(), None),
     };
-    let samples = Arc::new(Mutex::new(Vec::new()));
     let sampling = Arc::new(AtomicBool::new(true));
-    let sampler = {
-        let (pool, samples, sampling) = (pool.clone(), samples.clone(), sampling.clone());
-        rt.spawn(async move {
-            while sampling.load(Ordering::Relaxed) {
-                let at = history::now_mono_ms();
-                let read = judge::fences_and_marks(&pool);
-                if let Ok(Ok((f, m))) =
-                    tokio::time::timeout(Duration::from_millis(judge::SAMPLE_TIMEOUT_MS), read).await
-                {
-                    if let Ok(mut g) = samples.lock() {
-                        g.push((at, f, m));
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(judge::SAMPLE_EVERY_MS)).await;
-            }
-        })
-    };
+    let (sampler, samples) = judge::spawn_sampler(rt, pool.clone(), sampling.clone());
 
     // The soak's gauges, for the whole run (crate::soak).
     let working = Arc::new(AtomicBool::new(true));
-    let gauges = Arc::new(Mutex::new(Vec::new()));
-    let pids: Vec<(&'static str, PathBuf)> = crate::nemesis::PROCESSES
-        .iter()
-        .map(|p| (*p, PathBuf::from(cluster.var("RUN")).join(format!("{p}.pid"))))
-        .collect();
-    let gauger = {
-        let (pool, gauges, sampling, working) = (pool.clone(), gauges.clone(), sampling.clone(), working.clone());
-        rt.spawn(async move {
-            let mut posted = 0;
-            while sampling.load(Ordering::Relaxed) {
-                let at_ms = history::now_mono_ms();
-                let mut g = BTreeMap::new();
-                for (name, pid_file) in &pids {
-                    let pid = std::fs::read_to_string(pid_file).ok().and_then(|s| s.trim().parse().ok());
-                    if let Some((rss, threads, fds)) = pid.and_then(crate::soak::process_gauges) {
-                        g.insert(format!("{name}.rss_kb"), rss);
-                        g.insert(format!("{name}.threads"), threads);
-                        g.insert(format!("{name}.fds"), fds);
-                    }
-                }
-                crate::soak::database_gauges(&pool, &mut g).await;
-                if let Some(p) = g.remove("posted") {
-                    posted = p as u64;
-                }
-                let sample = crate::soak::Sample { at_ms, working: working.load(Ordering::Relaxed), posted, gauges: g };
-                if let Ok(mut v) = gauges.lock() {
-                    v.push(sample);
-                }
-                tokio::time::sleep(Duration::from_millis(crate::soak::SOAK_SAMPLE_EVERY_MS)).await;
-            }
-        })
-    };
+    let (gauger, gauges) =
+        crate::soak::spawn(rt, pool.clone(), PathBuf::from(cluster.var("RUN")), sampling.clone(), working.clone());
 
     let mut nemesis = Nemesis::new(cluster, a.accounts);
-    let mut applied: BTreeMap<String, u64> = BTreeMap::new();
     let t0 = Instant::now();
-    let record = |nemesis: &mut Nemesis<'_>, f: &Fault, applied: &mut BTreeMap<String, u64>| {
-        let r = nemesis.apply(f);
-        if let (Ok(_), Some(q)) = (&r, &queue) {
-            q.mirror(f);
-        }
-        // The simulation's `schedule` line (sim/src/trace.rs), so the timeline draws it.
-        let mut fields: Vec<(&'static str, Value)> = vec![
-            ("verb", f.verb().into()),
-            ("fault_kind", f.kind().map_or(Value::Null, Value::from)),
-            ("nodes", f.nodes().into()),
-            ("event", format!("{f:?}").into()),
-        ];
-        match &r {
-            Ok(done) => {
-                fields.push(("result", done.clone().into()));
-                fields.push(("skipped", false.into()));
-                if let Some(crashed) = done.strip_prefix("etcd leader ").and_then(|s| s.split(' ').next()) {
-                    fields.push(("crashed", crashed.to_owned().into()));
-                }
-                if let Some(k) = f.kind() {
-                    *applied.entry(k.to_owned()).or_insert(0) += 1;
-                }
-            }
-            Err(e) => {
-                fields.push(("result", format!("SKIPPED: {e}").into()));
-                fields.push(("skipped", true.into()));
-            }
-        }
-        nem_out.write("schedule", &fields);
-        let line = format!(
-            "  {:>7.3}s {} -> {}",
-            t0.elapsed().as_secs_f64(),
-            describe(f),
-            r.unwrap_or_else(|e| format!("NOT APPLIED: {e}"))
-        );
-        say(a.json, &line);
-    };
-    for (at, f) in plan.timeline() {
-        let due = t0 + Duration::from_millis(at);
-        while Instant::now() < due {
-            for c in nemesis.close_due() {
-                nem_out.write("note", &[("what", "close".into()), ("result", c.into())]);
-            }
-            std::thread::sleep(Duration::from_millis(20).min(due.saturating_duration_since(Instant::now())));
-        }
-        if at < plan.duration_ms {
-            record(&mut nemesis, &f, &mut applied);
-        }
-    }
-    while t0.elapsed() < Duration::from_millis(plan.duration_ms) {
-        for c in nemesis.close_due() {
-            nem_out.write("note", &[("what", "close".into()), ("result", c.into())]);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let applied = play(plan, &mut nemesis, queue.as_deref(), &nem_out, a.json);
     if let Some(q) = &queue {
         q.heal();
     }
-    lock_set_stop.store(true, Ordering::Relaxed);
-    let lock_set = lock_set.map(|l| rt.block_on(l.finish()));
     for e in nemesis.heal_all() {
         nem_out.write("note", &[("what", "heal-all".into()), ("result", e.clone().into())]);
     }
+    lock_set_stop.store(true, Ordering::Relaxed);
+    let lock_set = lock_set.map(|l| rt.block_on(l.finish()));
     say(a.json, &format!("  {:>7.3}s every fault healed; settling", t0.elapsed().as_secs_f64()));
     run_out.write("phase", &[("phase", "settle".into()), ("detail", "every fault healed".into())]);
     // The workload creates every payout it drew (late ones after the heal); each create is
@@ -555,6 +426,70 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
     }
 }
 
+/// Plays the plan's timeline on the cluster until the end of its duration, closing the
+/// self-closing faults on time and mirroring each applied fault on the queue; every fault
+/// is recorded as the simulation's `schedule` line and printed. The faults applied, by kind.
+fn play(
+    plan: &Plan,
+    nemesis: &mut Nemesis<'_>,
+    queue: Option<&crate::queue::Queue>,
+    nem_out: &Own,
+    json: bool,
+) -> BTreeMap<String, u64> {
+    let mut applied: BTreeMap<String, u64> = BTreeMap::new();
+    let t0 = Instant::now();
+    let close_due = |nemesis: &mut Nemesis<'_>| {
+        for c in nemesis.close_due() {
+            nem_out.write("note", &[("what", "close".into()), ("result", c.into())]);
+        }
+    };
+    for (at, f) in plan.timeline() {
+        let due = t0 + Duration::from_millis(at);
+        while Instant::now() < due {
+            close_due(nemesis);
+            std::thread::sleep(Duration::from_millis(20).min(due.saturating_duration_since(Instant::now())));
+        }
+        if at >= plan.duration_ms {
+            continue; // an undo past the end: the heal closes it
+        }
+        let r = nemesis.apply(&f);
+        if let (Ok(_), Some(q)) = (&r, queue) {
+            q.mirror(&f);
+        }
+        // The simulation's `schedule` line (sim/src/trace.rs), so the timeline draws it.
+        let mut fields: Vec<(&'static str, Value)> = vec![
+            ("verb", f.verb().into()),
+            ("fault_kind", f.kind().map_or(Value::Null, Value::from)),
+            ("nodes", f.nodes().into()),
+            ("event", format!("{f:?}").into()),
+        ];
+        match &r {
+            Ok(done) => {
+                fields.push(("result", done.clone().into()));
+                fields.push(("skipped", false.into()));
+                if let Some(crashed) = done.strip_prefix("etcd leader ").and_then(|s| s.split(' ').next()) {
+                    fields.push(("crashed", crashed.to_owned().into()));
+                }
+                if let Some(k) = f.kind() {
+                    *applied.entry(k.to_owned()).or_insert(0) += 1;
+                }
+            }
+            Err(e) => {
+                fields.push(("result", format!("SKIPPED: {e}").into()));
+                fields.push(("skipped", true.into()));
+            }
+        }
+        nem_out.write("schedule", &fields);
+        let done = r.unwrap_or_else(|e| format!("NOT APPLIED: {e}"));
+        say(json, &format!("  {:>7.3}s {} -> {done}", t0.elapsed().as_secs_f64(), describe(&f)));
+    }
+    while t0.elapsed() < Duration::from_millis(plan.duration_ms) {
+        close_due(nemesis);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    applied
+}
+
 /// A child process killed when dropped.
 struct ChildGuard(std::process::Child);
 
@@ -608,139 +543,4 @@ fn reconcile(cluster: &Cluster) -> Option<dlock_reconciler::report::Report> {
         .output()
         .ok()?;
     serde_json::from_slice(&out.stdout).ok()
-}
-
-fn report(dir: &Path, plan: &Plan, a: &Args, o: &Outcome) -> u8 {
-    let worst = o.failures.iter().map(|f| f.class).max();
-    let code = worst.map_or(0, FailureClass::exit_code);
-    let incident = dir.join("incident.jsonl");
-    let timeline = dir.join("timeline.html");
-    let _ = std::fs::write(&incident, &o.history);
-    if let Ok(html) = dlock_timeline::render_html(&o.history) {
-        let _ = std::fs::write(&timeline, html);
-    }
-    let verdict = match worst {
-        None => "clean".to_owned(),
-        Some(c) => c.name().to_owned(),
-    };
-    let throughput = o.posted_per_s.map_or("-".to_owned(), |r| format!("{r:.1}"));
-    let ms = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
-    let planted_caught = a.plant.as_ref().map(|p| {
-        let want = PLANTABLE.iter().find(|(n, _)| n == p).map(|(_, i)| *i).unwrap_or_default();
-        o.failures.iter().any(|f| f.invariant == want)
-    });
-    if a.json {
-        let v = json!({
-            "seed": plan.seed,
-            "duration_s": plan.duration_ms / 1000,
-            "nemesis": plan.kinds,
-            "plan": plan.lines(),
-            "plant": a.plant,
-            "planted_caught": planted_caught,
-            "faults_applied": o.applied,
-            "payouts": {"created": o.created, "not_created": o.not_created, "by_state": o.by_state},
-            "rail_calls": o.rail_calls,
-            "paid_twice": o.paid_twice,
-            "posted_per_s": o.posted_per_s,
-            "p50_ms": o.p50_ms,
-            "p99_ms": o.p99_ms,
-            "latency_sample": o.posted_measured,
-            "lock_set": o.lock_set.as_ref().map(|l| json!({
-                "fenced": {"acknowledged": l.fenced.acknowledged, "lost": l.fenced.lost.len(), "refused": l.fenced.refused, "final_size": l.fenced.final_size},
-                "control": {"acknowledged": l.control.acknowledged, "lost": l.control.lost.len(), "final_size": l.control.final_size},
-            })),
-            "soak": {
-                "samples": o.soak.len(),
-                "posted_per_minute": crate::soak::posted_per_minute(&o.soak),
-                "trends": crate::soak::trends(&o.soak).iter().map(|t| json!({
-                    "name": t.name, "first": t.first, "last": t.last, "max": t.max,
-                    "per_min_late": t.per_min_late, "per_1000_payouts": t.per_1000_payouts, "verdict": t.verdict,
-                })).collect::<Vec<_>>(),
-            },
-            "queue": o.queue.as_ref().map(|q| json!({
-                "created": q.created, "paid": q.paid, "failed": q.failed, "rail_calls": q.rail_calls,
-                "called_twice": q.called_twice, "paid_twice": q.paid_twice, "paid_per_s": q.paid_per_s,
-                "p50_ms": q.p50_ms, "p99_ms": q.p99_ms,
-            })),
-            "history_lines_unparsed": o.unparsed_lines,
-            "failures": o.failures.iter().map(|f| json!({"class": f.class.name(), "invariant": f.invariant, "detail": f.detail})).collect::<Vec<_>>(),
-            "verdict": verdict,
-            "exit": code,
-            "incident_trace": incident,
-            "timeline": timeline,
-        });
-        println!("{v}");
-    } else {
-        println!("payouts: {} created, {} not created, by state {:?}", o.created, o.not_created, o.by_state);
-        println!(
-            "dlock: {throughput} posted/s, p50 {} ms, p99 {} ms (create to post, {} payouts), {} rail calls, {} paid twice",
-            ms(o.p50_ms),
-            ms(o.p99_ms),
-            o.posted_measured,
-            o.rail_calls,
-            o.paid_twice
-        );
-        if let Some(q) = &o.queue {
-            println!(
-                "queue: {} paid/s, p50 {} ms, p99 {} ms (create to paid), {} rail calls, {} called twice, {} paid twice",
-                q.paid_per_s.map_or("-".to_owned(), |r| format!("{r:.1}")),
-                ms(q.p50_ms),
-                ms(q.p99_ms),
-                q.rail_calls,
-                q.called_twice,
-                q.paid_twice
-            );
-        }
-        if let Some(l) = &o.lock_set {
-            println!(
-                "lock-set: fenced {} acknowledged, {} lost ({} refused as fenced out); control without the fence {} acknowledged, {} lost",
-                l.fenced.acknowledged,
-                l.fenced.lost.len(),
-                l.fenced.refused,
-                l.control.acknowledged,
-                l.control.lost.len()
-            );
-        }
-        println!("faults applied: {:?}", o.applied);
-        let trends = crate::soak::trends(&o.soak);
-        let per_min = crate::soak::posted_per_minute(&o.soak);
-        let by_verdict = trends.iter().fold(BTreeMap::<&str, usize>::new(), |mut m, t| {
-            *m.entry(t.verdict).or_insert(0) += 1;
-            m
-        });
-        println!(
-            "soak: {} samples, {} series {by_verdict:?}; posted per minute {per_min:?}",
-            o.soak.len(),
-            trends.len()
-        );
-        for t in trends.iter().filter(|t| plan.duration_ms >= SOAK_TABLE_MS || t.verdict == "grows with time") {
-            println!(
-                "  {:<34} {:>12.0} -> {:>12.0} (max {:>12.0}) {:>+10.1}/min late, {:>+10.1} per 1 000 payouts: {}",
-                t.name,
-                t.first,
-                t.last,
-                t.max,
-                t.per_min_late,
-                t.per_1000_payouts.unwrap_or(0.0),
-                t.verdict
-            );
-        }
-        for f in o.failures.iter().take(FAILURE_LINES_MAX) {
-            println!("{}", f.line(plan.seed));
-        }
-        if o.failures.len() > FAILURE_LINES_MAX {
-            println!("... and {} more failures (--json lists them all)", o.failures.len() - FAILURE_LINES_MAX);
-        }
-        if let Some(first) = o.failures.first() {
-            println!("first broken invariant: {} (seed {}; the plan is printed above)", first.invariant, plan.seed);
-            println!("incident trace {}; timeline {}", incident.display(), timeline.display());
-        }
-        println!("verdict: {verdict} (exit {code})");
-    }
-    match planted_caught {
-        Some(true) => say(a.json, "planted bug caught"),
-        Some(false) => say(a.json, "planted bug NOT caught: the checker missed it"),
-        None => {}
-    }
-    code
 }

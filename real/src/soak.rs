@@ -63,6 +63,47 @@ pub async fn database_gauges(pool: &sqlx::PgPool, out: &mut BTreeMap<String, f64
     }
 }
 
+/// Samples the gauges of every process of the cluster (their pid files in `run_dir`) and
+/// of PostgreSQL every [`SOAK_SAMPLE_EVERY_MS`] until `sampling` is cleared; `working` says
+/// whether the workload still flows. The samples, in order.
+pub fn spawn(
+    rt: &tokio::runtime::Runtime,
+    pool: sqlx::PgPool,
+    run_dir: std::path::PathBuf,
+    sampling: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    working: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (tokio::task::JoinHandle<()>, std::sync::Arc<std::sync::Mutex<Vec<Sample>>>) {
+    use std::sync::atomic::Ordering;
+    let samples = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let out = samples.clone();
+    let task = rt.spawn(async move {
+        let mut posted = 0;
+        while sampling.load(Ordering::Relaxed) {
+            let at_ms = crate::history::now_mono_ms();
+            let mut g = BTreeMap::new();
+            for name in crate::nemesis::PROCESSES {
+                let pid_file = run_dir.join(format!("{name}.pid"));
+                let pid = std::fs::read_to_string(pid_file).ok().and_then(|s| s.trim().parse().ok());
+                if let Some((rss, threads, fds)) = pid.and_then(process_gauges) {
+                    g.insert(format!("{name}.rss_kb"), rss);
+                    g.insert(format!("{name}.threads"), threads);
+                    g.insert(format!("{name}.fds"), fds);
+                }
+            }
+            database_gauges(&pool, &mut g).await;
+            if let Some(p) = g.remove("posted") {
+                posted = p as u64;
+            }
+            let sample = Sample { at_ms, working: working.load(Ordering::Relaxed), posted, gauges: g };
+            if let Ok(mut v) = samples.lock() {
+                v.push(sample);
+            }
+            tokio::time::sleep(Duration::from_millis(SOAK_SAMPLE_EVERY_MS)).await;
+        }
+    });
+    (task, out)
+}
+
 /// One series' trend (module doc).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Trend {
