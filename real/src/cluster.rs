@@ -166,6 +166,26 @@ pub fn parse_env(text: &str) -> (BTreeMap<String, String>, BTreeMap<String, Vec<
     (env, lists)
 }
 
+/// Creates database `name` on the PostgreSQL server of `paydb_url` (the queue's and the
+/// lock-set's own databases: never paydb) and a pool of `connections` on it.
+pub async fn create_database(paydb_url: &str, name: &str, connections: u32) -> Result<sqlx::PgPool, String> {
+    let err = |e: sqlx::Error| e.to_string();
+    let (base, _) = paydb_url.rsplit_once('/').ok_or("bad paydb url")?;
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&format!("{base}/postgres"))
+        .await
+        .map_err(err)?;
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.map_err(err)?;
+    admin.close().await;
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(&format!("{base}/{name}"))
+        .await
+        .map_err(err)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -92,20 +92,7 @@ impl LockSet {
         seed: u64,
         stop: Arc<AtomicBool>,
     ) -> Result<LockSet, String> {
-        let (base, _) = paydb_url.rsplit_once('/').ok_or("bad paydb url")?;
-        let admin = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&format!("{base}/postgres"))
-            .await
-            .map_err(err)?;
-        sqlx::query("CREATE DATABASE setdb").execute(&admin).await.map_err(err)?;
-        admin.close().await;
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(u32::try_from(2 * CLIENTS).unwrap_or(8))
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(&format!("{base}/setdb"))
-            .await
-            .map_err(err)?;
+        let pool = crate::cluster::create_database(paydb_url, "setdb", u32::try_from(2 * CLIENTS).unwrap_or(8)).await?;
         sqlx::query("CREATE TABLE lock_sets (name TEXT PRIMARY KEY, elements TEXT NOT NULL, fence BIGINT NOT NULL)")
             .execute(&pool)
             .await

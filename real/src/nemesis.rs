@@ -39,18 +39,9 @@ pub const PROCESSES: [&str; 13] = [
     "executor-3",
 ];
 
-/// The dlock processes: each writes a trace file and runs with libfaketime.
-pub const DLOCK_PROCESSES: [&str; 9] = [
-    "lock-server-1",
-    "lock-server-2",
-    "rail-stub",
-    "payment-resource",
-    "rail-proxy-1",
-    "rail-proxy-2",
-    "executor-1",
-    "executor-2",
-    "executor-3",
-];
+/// The dlock processes (every process after PostgreSQL and the etcd members): each writes a
+/// trace file and runs with libfaketime.
+pub const DLOCK_PROCESSES: &[&str] = PROCESSES.split_at(4).1;
 
 /// The executor that runs in its own network namespace (`up.sh --netns`).
 pub const NETNS_NODE: &str = "executor-3";

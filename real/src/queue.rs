@@ -90,20 +90,12 @@ fn err(e: sqlx::Error) -> String {
 impl Queue {
     /// Creates `queuedb` on the PostgreSQL of `paydb_url`, and the queue's tables.
     pub async fn setup(paydb_url: &str, stub: BaseUrl, seed: u64) -> Result<Arc<Queue>, String> {
-        let (base, _) = paydb_url.rsplit_once('/').ok_or("bad paydb url")?;
-        let admin = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&format!("{base}/postgres"))
-            .await
-            .map_err(err)?;
-        sqlx::query("CREATE DATABASE queuedb").execute(&admin).await.map_err(err)?;
-        admin.close().await;
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(u32::try_from(GROUPS * TASKS_PER_GROUP / 2).unwrap_or(12))
-            .acquire_timeout(Duration::from_secs(5))
-            .connect(&format!("{base}/queuedb"))
-            .await
-            .map_err(err)?;
+        let pool = crate::cluster::create_database(
+            paydb_url,
+            "queuedb",
+            u32::try_from(GROUPS * TASKS_PER_GROUP / 2).unwrap_or(12),
+        )
+        .await?;
         for ddl in [
             "CREATE TABLE q_accounts (id TEXT PRIMARY KEY, balance_minor BIGINT NOT NULL)",
             "CREATE TABLE q_payouts (id BIGINT PRIMARY KEY, account_id TEXT NOT NULL REFERENCES q_accounts(id), \

@@ -38,18 +38,9 @@ fn sim(args: &[String]) -> ExitCode {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     // The runner runs from the workspace root: a relative `--trace FILE`, `--timeline FILE`,
     // `--out FILE` or `--scenario FILE.toml` is made absolute against the caller's directory first.
-    let here = std::env::current_dir().unwrap_or_default();
-    let args: Vec<String> = args
-        .iter()
-        .enumerate()
-        .map(|(i, v)| match i.checked_sub(1).and_then(|p| args.get(p)) {
-            Some(flag) if flag == "--trace" || flag == "--timeline" || flag == "--out" => {
-                here.join(v).to_string_lossy().into_owned()
-            }
-            Some(flag) if flag == "--scenario" && v.ends_with(".toml") => here.join(v).to_string_lossy().into_owned(),
-            _ => v.clone(),
-        })
-        .collect();
+    let args = absolute_paths(args, &|flag, v| {
+        matches!(flag, "--trace" | "--timeline" | "--out") || (flag == "--scenario" && v.ends_with(".toml"))
+    });
     let status = Command::new(cargo)
         .current_dir(&root)
         .env("RUSTFLAGS", "--cfg madsim")
@@ -66,6 +57,19 @@ fn sim(args: &[String]) -> ExitCode {
     }
 }
 
+/// `args` with each value whose flag `is_path` says names a path made absolute against the
+/// caller's directory (the runners run from the workspace root).
+fn absolute_paths(args: &[String], is_path: &dyn Fn(&str, &str) -> bool) -> Vec<String> {
+    let here = std::env::current_dir().unwrap_or_default();
+    args.iter()
+        .enumerate()
+        .map(|(i, v)| match i.checked_sub(1).and_then(|p| args.get(p)) {
+            Some(flag) if is_path(flag, v) => here.join(v).to_string_lossy().into_owned(),
+            _ => v.clone(),
+        })
+        .collect()
+}
+
 fn exit_of(status: std::io::Result<std::process::ExitStatus>) -> ExitCode {
     match status {
         Ok(s) => ExitCode::from(s.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1)),
@@ -79,15 +83,7 @@ fn exit_of(status: std::io::Result<std::process::ExitStatus>) -> ExitCode {
 fn real(args: &[String]) -> ExitCode {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let here = std::env::current_dir().unwrap_or_default();
-    let args: Vec<String> = args
-        .iter()
-        .enumerate()
-        .map(|(i, v)| match i.checked_sub(1).and_then(|p| args.get(p)) {
-            Some(flag) if flag == "--dir" => here.join(v).to_string_lossy().into_owned(),
-            _ => v.clone(),
-        })
-        .collect();
+    let args = absolute_paths(args, &|flag, _| flag == "--dir");
     let built = Command::new(&cargo)
         .current_dir(&root)
         .args(["build", "--quiet", "--release", "--locked", "-p", "dlock", "-p", "dlock-real"])

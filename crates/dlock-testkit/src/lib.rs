@@ -80,6 +80,27 @@ pub mod bench {
     }
 }
 
+/// Every `.rs` file under `dir`, in path order, skipping `target` and hidden directories
+/// (the repository checks read the sources through it).
+pub fn rust_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        let mut entries: Vec<PathBuf> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
+        entries.sort();
+        for p in entries {
+            let hidden = p.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.'));
+            if p.is_dir() && !p.ends_with("target") && !hidden {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, &mut out);
+    out
+}
+
 /// A scratch directory, removed when dropped.
 #[derive(Debug)]
 pub struct TempDir(pub PathBuf);

@@ -11,19 +11,6 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for e in entries.filter_map(Result::ok) {
-        let p = e.path();
-        let name = e.file_name().to_string_lossy().into_owned();
-        if p.is_dir() && name != "target" && !name.starts_with('.') {
-            rust_files(&p, out);
-        } else if name.ends_with(".rs") {
-            out.push(p);
-        }
-    }
-}
-
 /// A crate's directory by its package name.
 fn crate_dir(name: &str) -> PathBuf {
     match name {
@@ -36,7 +23,7 @@ fn crate_dir(name: &str) -> PathBuf {
 /// Every `fn NAME` in the crate's sources.
 fn functions(crate_name: &str) -> Vec<String> {
     let mut files = Vec::new();
-    rust_files(&crate_dir(crate_name), &mut files);
+    files.extend(dlock_testkit::rust_files(&crate_dir(crate_name)));
     let mut out = Vec::new();
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap_or_default();

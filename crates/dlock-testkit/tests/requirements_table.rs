@@ -1,19 +1,6 @@
 //! Keeps `docs/contracts/requirements.md` true: every test it names must exist.
 
-use std::path::{Path, PathBuf};
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for e in entries.filter_map(Result::ok) {
-        let p = e.path();
-        let name = e.file_name().to_string_lossy().into_owned();
-        if p.is_dir() && name != "target" && !name.starts_with('.') {
-            rust_files(&p, out);
-        } else if name.ends_with(".rs") {
-            out.push(p);
-        }
-    }
-}
+use std::path::Path;
 
 #[test]
 fn requirements_table_names_only_existing_tests() {
@@ -21,7 +8,7 @@ fn requirements_table_names_only_existing_tests() {
     let table = std::fs::read_to_string(root.join("docs/contracts/requirements.md")).expect("requirements.md");
     let mut files = Vec::new();
     for dir in ["crates", "sim", "real"] {
-        rust_files(&root.join(dir), &mut files);
+        files.extend(dlock_testkit::rust_files(&root.join(dir)));
     }
     let sources: String = files.iter().filter_map(|f| std::fs::read_to_string(f).ok()).collect::<Vec<_>>().join("\n");
     let mut named = 0;

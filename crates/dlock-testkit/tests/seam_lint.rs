@@ -79,19 +79,6 @@ fn bad_exceptions(rel: &str, text: &str) -> Vec<String> {
     bad
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    let mut entries: Vec<_> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() && !p.ends_with("target") {
-            rust_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
-
 #[test]
 fn clippy_refuses_every_call_the_seam_routes_through_dlock_rt() {
     let text = std::fs::read_to_string(root().join("clippy.toml")).expect("clippy.toml");
@@ -108,7 +95,7 @@ fn every_exception_to_the_seam_has_a_reason_and_sits_outside_service_code() {
     let root = root();
     let mut files = Vec::new();
     for dir in ["crates", "sim", "xtask"] {
-        rust_files(&root.join(dir), &mut files);
+        files.extend(dlock_testkit::rust_files(&root.join(dir)));
     }
     assert!(files.len() > 100, "found only {} Rust files under {}", files.len(), root.display());
     let mut bad = Vec::new();
