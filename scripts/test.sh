@@ -31,8 +31,8 @@
 #        book: mdbook (pinned, MDBOOK_VERSION below, installed once from crates.io into
 #          target/tools with `cargo install --locked`) builds docs/ into target/book; the
 #          book's links are checked by crates/dlock-testkit/tests/docs_links.rs (test stage)
-#        cargo build --release --locked -p dlock -p dlock-real   (dlock is searched by
-#          crates/dlock/tests/release_build.rs)
+#        cargo build --release --locked -p dlock   (searched by crates/dlock/tests/release_build.rs)
+#        cargo build --release --locked -p dlock-real   (apart: dlock keeps its own features)
 #        real run: `dlock-real run --seed $DLOCK_REAL_SEED --duration $DLOCK_REAL_DURATION`
 #          (docs/real-runs.md: the release binaries on a real 3-member etcd and PostgreSQL of
 #          their own, 1 200 payouts under a seeded nemesis in the simulation's fault
@@ -536,11 +536,14 @@ else
     run_stage "book" book
 fi
 
-# The release binaries, in a stage of their own so their cost is timed apart: the release
+# The release binaries, in stages of their own so their cost is timed apart: the release
 # check (crates/dlock/tests/release_build.rs) searches `dlock` for the simulation's
 # test-only switches (docs/simulation.md "Planted bugs"); the test's own `cargo build
-# --release` is then a no-op. `dlock-real` drives the real run.
-run_stage "release build" cargo build --release --locked -p dlock -p dlock-real
+# --release -p dlock` is then a no-op. `dlock-real` drives the real run; it is built apart,
+# so `dlock`'s dependencies keep the features of the production build (one `cargo build`
+# of both would unify their features and leave the test a rebuild).
+run_stage "release build" cargo build --release --locked -p dlock
+run_stage "release build (dlock-real)" cargo build --release --locked -p dlock-real
 
 # The real run (docs/real-runs.md): dlock-real starts deploy/local/up.sh's cluster (its own
 # 3-member etcd and PostgreSQL in a temp dir, every dlock process with its trace file and a

@@ -30,7 +30,7 @@ fn problems(test_sh: &str, up: &str) -> Vec<String> {
     let mut p = Vec::new();
     let line_of = |needle: &str| test_sh.lines().position(|l| l.trim() == needle);
     match (
-        line_of("run_stage \"release build\" cargo build --release --locked -p dlock -p dlock-real"),
+        line_of("run_stage \"release build (dlock-real)\" cargo build --release --locked -p dlock-real"),
         line_of("run_stage \"real run\" real_run"),
     ) {
         (Some(build), Some(stage)) if build < stage => {}

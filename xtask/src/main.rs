@@ -84,13 +84,17 @@ fn real(args: &[String]) -> ExitCode {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let args = absolute_paths(args, &|flag, _| flag == "--dir");
-    let built = Command::new(&cargo)
-        .current_dir(&root)
-        .args(["build", "--quiet", "--release", "--locked", "-p", "dlock", "-p", "dlock-real"])
-        .status();
-    match built {
-        Ok(s) if s.success() => {}
-        other => return exit_of(other),
+    // One build each: built together, `dlock`'s dependencies would get `dlock-real`'s
+    // features too, and the binary would no longer be the production build.
+    for package in ["dlock", "dlock-real"] {
+        let built = Command::new(&cargo)
+            .current_dir(&root)
+            .args(["build", "--quiet", "--release", "--locked", "-p", package])
+            .status();
+        match built {
+            Ok(s) if s.success() => {}
+            other => return exit_of(other),
+        }
     }
     let status = Command::new(root.join("target/release/dlock-real"))
         .current_dir(&root)
