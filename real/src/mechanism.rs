@@ -19,7 +19,9 @@
 //!   credentials are read from header files, never put on a command line;
 //! - `heal` (unnamed): every partition, clog and pause undone.
 //!
-//! Invariants: a crashed process is never paused or resumed (only started); at the end of a
+//! Invariants: no mechanism holds the nemesis for long: every call it makes is bounded by
+//! [`MECHANISM_CALL_MS_MAX`], and a revoke's search by [`REVOKE_SEARCH_MS_MAX`]; a crashed
+//! process is never paused or resumed (only started); at the end of a
 //! run [`Nemesis::heal_all`] leaves no fault in place (every pause continued, every crashed
 //! process started, the nftables table removed); wall-clock offsets stay (the cluster must
 //! settle with its clocks apart).
@@ -34,6 +36,15 @@ use crate::cluster::Cluster;
 
 /// The nftables table a real run owns inside the namespace.
 pub const NFT_TABLE: &str = "dlock_real";
+
+/// Bound on one HTTP call a mechanism makes (an etcd member's status, a lock's L7 read, a
+/// revoke): the nemesis plays the plan on one thread, and a mechanism that waits holds
+/// every fault after it, the undos of the faults in place included.
+pub const MECHANISM_CALL_MS_MAX: u64 = 500;
+
+/// Bound on a revoke's search for a held key (L7 reads, one per account, until one is held):
+/// with lockdb down every read waits out its bound, and the search ends here.
+pub const REVOKE_SEARCH_MS_MAX: u64 = 2_000;
 
 /// A fault the mechanism closes itself after its `for-ms` (a lossy link, a store fault).
 #[derive(Debug, Clone, PartialEq)]
@@ -159,7 +170,7 @@ impl<'a> Nemesis<'a> {
             let node = format!("etcd-{i}");
             let Some(url) = self.cluster.url_of(&node) else { continue };
             let out = Command::new("curl")
-                .args(["-fsS", "--max-time", "2", "-X", "POST", "-d", "{}"])
+                .args(["-fsS", "--max-time", &max_time(), "-X", "POST", "-d", "{}"])
                 .arg(format!("{url}/v3/maintenance/status"))
                 .output()
                 .ok()?;
@@ -256,7 +267,7 @@ impl<'a> Nemesis<'a> {
     /// `curl` with the headers of `file`; the answer's status and body.
     fn curl(file: &std::path::Path, args: &[&str], url: &str) -> Result<(String, String), String> {
         let out = Command::new("curl")
-            .args(["-sS", "--max-time", "5", "-w", "\n%{http_code}"])
+            .args(["-sS", "--max-time", &max_time(), "-w", "\n%{http_code}"])
             .arg("-H")
             .arg(format!("@{}", file.display()))
             .args(args)
@@ -275,7 +286,8 @@ impl<'a> Nemesis<'a> {
             Some(k) => Some((k.to_owned(), None)),
             None => {
                 let reader = self.header_file("READER_TOKEN_FILE", "reader.headers")?;
-                (0..self.accounts).find_map(|k| {
+                let deadline = Instant::now() + Duration::from_millis(REVOKE_SEARCH_MS_MAX);
+                (0..self.accounts).take_while(|_| Instant::now() < deadline).find_map(|k| {
                     let key = format!("payout:acct-{k}");
                     let (code, body) = Self::curl(&reader, &[], &format!("{url}/v1/locks/{key}")).ok()?;
                     let v: serde_json::Value = serde_json::from_str(&body).ok().filter(|_| code == "200")?;
@@ -425,6 +437,11 @@ impl<'a> Nemesis<'a> {
             Err(format!("nft -f failed: {}", String::from_utf8_lossy(&out.stderr).trim()))
         }
     }
+}
+
+/// [`MECHANISM_CALL_MS_MAX`] as curl's `--max-time` (seconds).
+fn max_time() -> String {
+    format!("{:.3}", MECHANISM_CALL_MS_MAX as f64 / 1000.0)
 }
 
 /// A total wall-clock offset as libfaketime's relative form, in seconds with ms (`+1.500`,
