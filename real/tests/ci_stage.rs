@@ -2,7 +2,8 @@
 //! requirements.md) say: CI runs it after the release build, and runs its planted control
 //! requiring a correctness failure with the bug caught, and requires the lock-set's
 //! control without the fence to lose elements; `up.sh` supervises every process
-//! (PostgreSQL and the etcd members included, so a kill -9 is followed by a restart), gives
+//! (PostgreSQL and the etcd members included, so a kill -9 is followed by a restart;
+//! PostgreSQL acknowledges a commit only once its WAL is written, B20), gives
 //! each dlock process its trace file and its fake wall clock, and removes everything on
 //! exit. The runs themselves are the stage (they need root, etcd and PostgreSQL); this test
 //! keeps the scripts from being weakened without a failing test, with a negative case for
@@ -72,6 +73,7 @@ fn problems(test_sh: &str, up: &str) -> Vec<String> {
         "DLOCK_LOCK_SERVER_BACKEND=etcd",
         "DLOCK_TRACE_FILE=$TRACE_DIR/$name.jsonl",
         "FAKETIME_DONT_FAKE_MONOTONIC=1",
+        "synchronous_commit = on",
     ] {
         if !up.contains(needle) {
             p.push(format!("up.sh lacks {needle:?}"));
@@ -90,7 +92,7 @@ fn the_test_script_runs_the_real_run_and_requires_its_planted_control_to_be_caug
 fn a_missing_stage_a_planted_run_allowed_to_pass_or_a_weakened_cluster_is_reported() {
     let (t, u) = (read("scripts/test.sh"), read("deploy/local/up.sh"));
     assert!(problems(&t, &u).is_empty());
-    let cases: [(&str, String, String); 9] = [
+    let cases: [(&str, String, String); 10] = [
         ("no stage", t.replace("run_stage \"real run\" real_run", ""), u.clone()),
         ("planted may pass", t.replace("\"$rc\" -ne 129", "\"$rc\" -ne 0"), u.clone()),
         ("control may keep all", t.replace("[1-9][0-9]* lost", "[0-9]+ lost"), u.clone()),
@@ -100,6 +102,7 @@ fn a_missing_stage_a_planted_run_allowed_to_pass_or_a_weakened_cluster_is_report
         ("dir kept", t.clone(), u.replace("rm -rf \"$DIR\"", "true")),
         ("no traces", t.clone(), u.replace("DLOCK_TRACE_FILE=$TRACE_DIR/$name.jsonl", "")),
         ("monotonic faked", t.clone(), u.replace("FAKETIME_DONT_FAKE_MONOTONIC=1", "")),
+        ("commits acknowledged early", t.clone(), u.replace("synchronous_commit = on", "synchronous_commit = off")),
     ];
     for (what, t, u) in cases {
         assert_eq!(problems(&t, &u).len(), 1, "{what}: {:?}", problems(&t, &u));
