@@ -538,11 +538,13 @@ fi
 
 # The release binaries, in stages of their own so their cost is timed apart: the release
 # check (crates/dlock/tests/release_build.rs) searches `dlock` for the simulation's
-# test-only switches (docs/simulation.md "Planted bugs"); the test's own `cargo build
-# --release -p dlock` is then a no-op. `dlock-real` drives the real run; it is built apart,
-# so `dlock`'s dependencies keep the features of the production build (one `cargo build`
-# of both would unify their features and leave the test a rebuild).
+# test-only switches (docs/simulation.md "Planted bugs"): it is handed this very binary
+# (DLOCK_RELEASE_BIN), the one `cargo build --release -p dlock` ships, so it never builds
+# again under the test runner (whose environment was seen to make cargo rebuild it, 4–9
+# minutes). `dlock-real` drives the real run; it is built apart, so `dlock`'s dependencies
+# keep the features of the production build.
 run_stage "release build" cargo build --release --locked -p dlock
+export DLOCK_RELEASE_BIN="$ROOT/target/release/dlock"
 run_stage "release build (dlock-real)" cargo build --release --locked -p dlock-real
 
 # The real run (docs/real-runs.md): dlock-real starts deploy/local/up.sh's cluster (its own
