@@ -129,8 +129,8 @@ impl Own {
         Ok(Own { process: process.to_owned(), file: Mutex::new((f, 0)) })
     }
 
-    /// Appends one line of `kind` with `fields`; the host monotonic ms it was stamped with.
-    pub fn write(&self, kind: &str, fields: &[(&'static str, Value)]) -> u64 {
+    /// Appends one line of `kind` with `fields`, stamped with the host's monotonic clock.
+    pub fn write(&self, kind: &str, fields: &[(&'static str, Value)]) {
         let mono_ms = now_mono_ms();
         let wall_ms = chrono::Utc::now().timestamp_millis();
         // A field named like a fixed one would be a second key of that name on the line.
@@ -144,7 +144,6 @@ impl Own {
         let line = format!("{}\n", events::render_line(head, &fields));
         let _ = g.0.write_all(line.as_bytes());
         g.1 += 1;
-        mono_ms
     }
 }
 

@@ -93,11 +93,6 @@ impl<'a> Nemesis<'a> {
         }
     }
 
-    /// Processes crashed now (their beliefs end with them).
-    pub fn crashed(&self) -> &BTreeSet<String> {
-        &self.crashed
-    }
-
     fn pid(&self, node: &str) -> Result<i32, String> {
         self.cluster.pid(node).ok_or_else(|| format!("no pid for {node}"))
     }
