@@ -8,7 +8,11 @@
 //! - the merged history of every process ([`crate::history`]): the holders' beliefs
 //!   (`lease_belief`, `session_belief`) judged by the oracle's belief checker on the host's
 //!   monotonic clock, a process's beliefs ended where the nemesis killed it;
-//! - the reconciler's `--json` report, against the oracle's figures and the rail's record.
+//! - the reconciler's `--json` report, against the oracle's figures and the rail's record;
+//! - the traced fenced writes and intent outcomes ([`oracle::traced`]): a refusal with no
+//!   newer holder, a lower token accepted, an ambiguous payout admitted again, each ordered
+//!   only across more than [`TRACED_SLACK_MS`], and never across a stop of the process that
+//!   wrote the later event.
 //!
 //! Invariants: a failure is only ever what one of the oracle's checkers returned (this
 //! module adds `workload_finishes` and `paydb_readable`, the harness's own ids, as the
@@ -247,10 +251,83 @@ pub fn online_failures(e: &Evidence<'_>) -> Vec<Failure> {
     c.failures().iter().map(|t| t.failure.clone()).collect()
 }
 
+/// How far apart two traced events of different processes (or tasks) must lie before the
+/// traced fence checks order them: far beyond the gap between a commit and its event in a
+/// process that runs (a stopped one is excused by the nemesis's own record, [`stopped`]).
+pub const TRACED_SLACK_MS: u64 = 100;
+
+/// The spans during which the nemesis held a process stopped (SIGSTOP to SIGCONT), from
+/// its `schedule` lines; a span never closed lasts to the end.
+pub fn stopped(history: &[Line]) -> Vec<oracle::traced::Stopped> {
+    let mut open: BTreeMap<String, u64> = BTreeMap::new();
+    let mut spans = Vec::new();
+    for l in history.iter().filter(|l| l.kind == "schedule" && l.process == "nemesis") {
+        let verb = l.fields.get("verb").and_then(|v| v.as_str()).unwrap_or_default();
+        let skipped = l.fields.get("skipped").and_then(|v| v.as_bool()).unwrap_or(true);
+        let node = l.fields.get("nodes").and_then(|v| v.as_array()).and_then(|a| a.first()).and_then(|v| v.as_str());
+        let Some(node) = node.filter(|_| !skipped) else { continue };
+        match verb {
+            "pause" => {
+                open.entry(node.to_owned()).or_insert(l.mono_ms);
+            }
+            "resume" => {
+                if let Some(from_ms) = open.remove(node) {
+                    spans.push(oracle::traced::Stopped { node: node.to_owned(), from_ms, to_ms: l.mono_ms });
+                }
+            }
+            _ => {}
+        }
+    }
+    spans.extend(open.into_iter().map(|(node, from_ms)| oracle::traced::Stopped { node, from_ms, to_ms: u64::MAX }));
+    spans
+}
+
+/// The history's `fenced_write` and `intent_outcome` events, for the oracle's traced fence
+/// checks ([`oracle::traced`]).
+pub fn traced(history: &[Line]) -> (Vec<oracle::traced::TracedWrite>, Vec<oracle::traced::TracedOutcome>) {
+    let s = |l: &Line, k: &str| l.fields.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    let i = |l: &Line, k: &str| l.fields.get(k).and_then(|v| v.as_i64());
+    let mut writes = Vec::new();
+    let mut outcomes = Vec::new();
+    for l in history {
+        match l.kind.as_str() {
+            "fenced_write" => {
+                let (Some(op), Some(payout), Some(presented)) = (s(l, "op"), s(l, "payout"), i(l, "presented_token"))
+                else {
+                    continue;
+                };
+                writes.push(oracle::traced::TracedWrite {
+                    at_ms: l.mono_ms,
+                    node: l.process.clone(),
+                    op,
+                    payout,
+                    account: s(l, "account").unwrap_or_default(),
+                    owner: s(l, "owner").unwrap_or_default(),
+                    presented,
+                    stored: i(l, "stored_token"),
+                    answer: s(l, "answer").unwrap_or_default(),
+                    admission: s(l, "admission"),
+                });
+            }
+            "intent_outcome" => {
+                if let (Some(payout), Some(presented), Some(outcome)) =
+                    (s(l, "payout"), i(l, "presented_token"), s(l, "outcome"))
+                {
+                    outcomes.push(oracle::traced::TracedOutcome { at_ms: l.mono_ms, payout, presented, outcome });
+                }
+            }
+            _ => {}
+        }
+    }
+    (writes, outcomes)
+}
+
 /// Every failure of the run (module doc), safety first.
 pub fn failures(e: &Evidence<'_>) -> Vec<Failure> {
     let calls: Vec<String> = e.rail.calls.iter().map(|c| c.client_ref.clone()).collect();
     let mut found = online_failures(e);
+    let (writes, outcomes) = traced(e.history);
+    found.extend(oracle::traced::traced_failures(&writes, &outcomes, &stopped(e.history), TRACED_SLACK_MS));
     found.extend(oracle::rail_failures(&calls, &e.rows.submissions));
     found.extend(oracle::ledger_failures(&e.rows.accounts, &e.rows.ledger));
     found.extend(oracle::ledger_account_failures(&e.rows.ledger, &e.rows.payout_accounts));
@@ -402,5 +479,47 @@ mod tests {
             Some((FailureClass::Correctness, ids::AT_MOST_ONE_RAIL_CALL))
         );
         assert!(f.iter().any(|f| f.invariant == ids::EVERY_PAYOUT_SETTLES));
+    }
+
+    #[test]
+    fn traced_fenced_writes_are_judged_as_the_services_write_them() {
+        let line = |process: &str, mono: u64, body: &str| {
+            let text = format!(r#"{{"seq":0,"t_ms":0,"node":"{process}","mono_ms":{mono},"wall_ms":0,{body}}}"#);
+            parse_line(process, &text).unwrap_or_else(|| panic!("bad test line"))
+        };
+        let write = |mono: u64, payout: &str, token: i64, answer: &str, stored: i64| {
+            line(
+                "payment-resource",
+                mono,
+                &format!(
+                    r#""kind":"fenced_write","op":"claim","payout":"{payout}","account":"acct-1","owner":"e/1","presented_token":{token},"stored_token":{stored},"answer":"{answer}","admission":null,"fenced":true,"state_before":null,"replay":false"#
+                ),
+            )
+        };
+        let history = vec![write(1_000, "p1", 7, "accepted", 7), write(5_000, "p2", 5, "accepted", 5)];
+        let (writes, outcomes) = traced(&history);
+        assert_eq!((writes.len(), outcomes.len()), (2, 0));
+        let (rows, rail) = (PaydbRows::default(), RailCallLog::default());
+        let f = failures(&evidence(&rows, &rail, &[], &history));
+        assert!(f.iter().any(|f| f.invariant == ids::FENCE_ACCEPTS_RISING_TOKENS), "{f:?}");
+        let refused = vec![write(1_000, "p1", 8, "fenced_out", 7)];
+        let f = failures(&evidence(&rows, &rail, &[], &refused));
+        assert!(f.iter().any(|f| f.invariant == ids::FENCED_OUT_HAS_NEWER_HOLDER), "{f:?}");
+        // The payment-resource stopped in between (the nemesis's record): excused.
+        let pause = |verb: &str, mono: u64| {
+            line(
+                "nemesis",
+                mono,
+                &format!(r#""kind":"schedule","verb":"{verb}","nodes":["payment-resource"],"skipped":false"#),
+            )
+        };
+        let stopped_between =
+            vec![history[0].clone(), pause("pause", 2_000), pause("resume", 4_000), history[1].clone()];
+        assert_eq!(stopped(&stopped_between).len(), 1);
+        let f = failures(&evidence(&rows, &rail, &[], &stopped_between));
+        assert!(f.iter().all(|f| f.invariant != ids::FENCE_ACCEPTS_RISING_TOKENS), "{f:?}");
+        let fine = vec![write(1_000, "p1", 5, "accepted", 5), write(5_000, "p2", 7, "accepted", 7)];
+        let f = failures(&evidence(&rows, &rail, &[], &fine));
+        assert!(f.iter().all(|f| f.class != FailureClass::Correctness), "{f:?}");
     }
 }

@@ -13,6 +13,8 @@
 //!   reconciler) through the oracle's checkers;
 //! - [`lockset`]: Jepsen's lock-set workload on a fenced set and on a control without the
 //!   fence, under a pause nemesis;
+//! - [`plants`]: the planted bugs a real run switches on (the unsafe-test profile's switches
+//!   or the test-only build), and why the others cannot be;
 //! - [`queue`]: the control beside dlock: a plain work queue under the same workload and
 //!   faults, its double payments counted from its own rail-stub's record;
 //! - [`soak`]: every process's memory, descriptors and threads, the databases' size and
@@ -35,6 +37,7 @@ pub mod judge;
 pub mod lockset;
 pub mod mechanism;
 pub mod nemesis;
+pub mod plants;
 pub mod queue;
 pub mod report;
 pub mod run;

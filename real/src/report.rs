@@ -13,7 +13,7 @@ use dlock_sim::outcome::{Failure, FailureClass};
 use serde_json::json;
 
 use crate::nemesis::Plan;
-use crate::run::{say, Args, PLANTABLE};
+use crate::run::{say, Args};
 
 /// Bound on the failure lines the text report prints (`--json` has them all).
 pub const FAILURE_LINES_MAX: usize = 20;
@@ -43,6 +43,14 @@ pub struct Outcome {
 }
 
 /// Prints the report; the exit code (module doc).
+/// Whether a planted run's failures hold one of its bug's invariants (`None`: no plant).
+pub fn planted_caught(plant: Option<&str>, failures: &[dlock_sim::outcome::Failure]) -> Option<bool> {
+    plant.map(|p| {
+        let want = crate::plants::find(p).map(|p| p.invariants).unwrap_or_default();
+        failures.iter().any(|f| want.contains(&f.invariant))
+    })
+}
+
 pub fn report(dir: &Path, plan: &Plan, a: &Args, o: &Outcome) -> u8 {
     let worst = o.failures.iter().map(|f| f.class).max();
     let code = worst.map_or(0, FailureClass::exit_code);
@@ -58,10 +66,7 @@ pub fn report(dir: &Path, plan: &Plan, a: &Args, o: &Outcome) -> u8 {
     };
     let throughput = o.posted_per_s.map_or("-".to_owned(), |r| format!("{r:.1}"));
     let ms = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
-    let planted_caught = a.plant.as_ref().map(|p| {
-        let want = PLANTABLE.iter().find(|(n, _)| n == p).map(|(_, i)| *i).unwrap_or_default();
-        o.failures.iter().any(|f| f.invariant == want)
-    });
+    let planted_caught = planted_caught(a.plant.as_deref(), &o.failures);
     if a.json {
         let v = json!({
             "seed": plan.seed,

@@ -39,10 +39,6 @@ pub const ACCOUNTS_DEFAULT: u32 = 40;
 /// Bound on the settle phase after the heal.
 pub const SETTLE_S_DEFAULT: u64 = 180;
 
-/// The planted bugs a real run can switch on in the release binaries (unsafe-test profile),
-/// and the invariant each must break.
-pub const PLANTABLE: [(&str, &str); 1] = [("fencing-off-both", dlock_sim::oracle::ids::AT_MOST_ONE_RAIL_CALL)];
-
 /// A real run's arguments.
 #[derive(Debug, Clone)]
 pub struct Args {
@@ -83,7 +79,7 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
 }
 
 /// The settings every process of the run gets (module doc of `crate::cluster`).
-fn cluster_env(plan: &Plan, plant: Option<&str>) -> (String, Vec<(String, String)>) {
+fn cluster_env(plan: &Plan, plant: Option<&crate::plants::RealPlant>) -> (String, Vec<(String, String)>) {
     let mut env: Vec<(String, String)> = plan.rail.env().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
     let mut set = |k: &str, v: String| env.push((k.to_owned(), v));
     set("DLOCK_RAIL_STUB_DROP_HOLD_MS", "3000".into());
@@ -96,15 +92,39 @@ fn cluster_env(plan: &Plan, plant: Option<&str>) -> (String, Vec<(String, String
     set("DLOCK_EXECUTOR_CONCURRENCY", "8".into());
     set("DLOCK_EXECUTOR_POLL_INTERVAL_MS", "50".into());
     let mut profile = "production".to_owned();
-    if plant == Some("fencing-off-both") {
-        profile = "unsafe-test".to_owned();
-        set("DLOCK_PAYMENT_FENCING_ENABLED", "false".into());
-        set("DLOCK_RAIL_PROXY_FENCING_ENABLED", "false".into());
-        set("DLOCK_RAIL_PROXY_DUPLICATE_GUARD_ENABLED", "false".into());
-        set("DLOCK_EXECUTOR_CHAOS_PAUSE_RATE", "1".into());
-        set("DLOCK_EXECUTOR_CHAOS_PAUSE_HOPS", "submit".into());
+    if let Some(p) = plant {
+        let (pr, more, _) = crate::plants::cluster_settings(p);
+        profile = pr.to_owned();
+        for (k, v) in more {
+            env.retain(|(have, _)| *have != k);
+            env.push((k, v));
+        }
     }
     (profile, env)
+}
+
+/// The test-only build a plant runs, checked to be one that plants it (it says so on
+/// stderr at every start: `dlock`'s `announce_planted_bug`).
+fn planted_binary(root: &Path, p: &crate::plants::RealPlant) -> Result<Option<PathBuf>, String> {
+    let (_, _, Some(rel)) = crate::plants::cluster_settings(p) else {
+        return Ok(None);
+    };
+    let bin = root.join(rel);
+    let build = "cargo xtask real plants, or: cargo build --release -p dlock --features planted, copy target/release/dlock to target/planted/dlock, then cargo build --release -p dlock";
+    let out = std::process::Command::new(&bin)
+        .arg("--version")
+        .env(dlock_contract::planted::ENV, p.bug.name())
+        .output()
+        .map_err(|e| format!("{}: {e} (build it: {build})", bin.display()))?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    if !said.contains(&format!("planted bug {} is on", p.bug.name())) {
+        return Err(format!(
+            "{} is not the test-only build (build it: {build}); it said: {}",
+            bin.display(),
+            said.trim()
+        ));
+    }
+    Ok(Some(bin))
 }
 
 pub(crate) fn say(json: bool, line: &str) {
@@ -117,13 +137,26 @@ pub(crate) fn say(json: bool, line: &str) {
 
 /// Runs; the process exit code (module doc).
 pub fn run(root: &Path, a: &Args) -> u8 {
-    if let Some(p) = &a.plant {
-        if !PLANTABLE.iter().any(|(n, _)| n == p) {
-            let names: Vec<&str> = PLANTABLE.iter().map(|(n, _)| *n).collect();
-            eprintln!("dlock-real: --plant {p}: a real run plants only {}", names.join(", "));
-            return 2;
+    run_verdict(root, a).0
+}
+
+/// Runs; the exit code, and whether the planted bug was caught (`None`: no plant, or the
+/// run never reached its judgement).
+pub fn run_verdict(root: &Path, a: &Args) -> (u8, Option<bool>) {
+    let plant = match a.plant.as_deref().map(crate::plants::find).transpose() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("dlock-real: {e}");
+            return (2, None);
         }
-    }
+    };
+    let planted_bin = match plant.map(|p| planted_binary(root, p)).transpose() {
+        Ok(b) => b.flatten(),
+        Err(e) => {
+            eprintln!("dlock-real: {e}");
+            return (2, None);
+        }
+    };
     let plan = Plan::draw(a.seed, a.duration_ms, &a.kinds);
     for l in plan.lines() {
         say(a.json, &l);
@@ -134,28 +167,33 @@ pub fn run(root: &Path, a: &Args) -> u8 {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("dlock-real: no runtime: {e}");
-            return FailureClass::Crash.exit_code();
+            return (FailureClass::Crash.exit_code(), None);
         }
     };
-    let (profile, env) = cluster_env(&plan, a.plant.as_deref());
+    let (profile, mut env) = cluster_env(&plan, plant);
+    if let Some(bin) = &planted_bin {
+        env.push(("LOCAL_DLOCK_BIN".to_owned(), bin.display().to_string()));
+    }
     let started = Instant::now();
     let cluster = match Cluster::start(&Start { root, dir: &dir, profile: &profile, env, keep: true }) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("dlock-real: crash: the cluster did not start: {e}");
-            return FailureClass::Crash.exit_code();
+            return (FailureClass::Crash.exit_code(), None);
         }
     };
     say(a.json, &format!("cluster up in {:.1} s ({})", started.elapsed().as_secs_f64(), dir.display()));
     let outcome = play_and_judge(&rt, &cluster, &plan, a);
     let code = crate::report::report(&dir, &plan, a, &outcome);
+    let caught = crate::report::planted_caught(a.plant.as_deref(), &outcome.failures);
     drop(cluster);
-    if !a.keep && code == 0 {
+    if !a.keep && (code == 0 || caught == Some(true)) {
         let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_file(dir.with_extension("up.log"));
     } else {
         say(a.json, &format!("kept {}", dir.display()));
     }
-    code
+    (code, caught)
 }
 
 fn crash(msg: String) -> Outcome {
@@ -293,7 +331,7 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
     run_out.write("phase", &[("phase", "checks".into()), ("detail", "".into())]);
 
     // The evidence.
-    let report = reconcile(cluster);
+    let report = reconcile(cluster, a.plant.as_deref());
     let rail = match rt.block_on(reader.send(&stub, http::Method::GET, "/calls", &[], None)) {
         Ok(r) if r.status == 200 => serde_json::from_slice(&r.body).ok(),
         _ => None,
@@ -533,8 +571,13 @@ fn start_queue_stub(cluster: &Cluster, plan: &Plan) -> Result<(std::process::Chi
 }
 
 /// `dlock reconcile --json` against the cluster's paydb and rail.
-fn reconcile(cluster: &Cluster) -> Option<dlock_reconciler::report::Report> {
-    let out = std::process::Command::new(cluster.var("DLOCK"))
+/// Under a plant made in the test-only build, the reconciler runs with it too.
+fn reconcile(cluster: &Cluster, plant: Option<&str>) -> Option<dlock_reconciler::report::Report> {
+    let mut cmd = std::process::Command::new(cluster.var("DLOCK"));
+    if let Some(p) = plant.and_then(|n| crate::plants::find(n).ok()).filter(|p| p.how == crate::plants::How::Build) {
+        cmd.env(dlock_contract::planted::ENV, p.bug.name());
+    }
+    let out = cmd
         .args(["reconcile", "--json", "--database-url"])
         .arg(cluster.var("PAYDB_URL"))
         .arg("--rail-url")

@@ -1,6 +1,6 @@
-//! The real run stays what its requirement rows (DL-140..DL-149, docs/contracts/
-//! requirements.md) say: CI runs it after the release build, and runs its planted control
-//! requiring a correctness failure with the bug caught, and requires the lock-set's
+//! The real run stays what its requirement rows (DL-140..DL-149, DL-282, docs/contracts/
+//! requirements.md) say: CI runs it after the release build (and the test-only build
+//! before it), runs every planted bug a real run plants requiring each caught, and requires the lock-set's
 //! control without the fence to lose elements; `up.sh` supervises every process
 //! (PostgreSQL and the etcd members included, so a kill -9 is followed by a restart;
 //! PostgreSQL acknowledges a commit only once its WAL is written, B20), gives
@@ -38,14 +38,27 @@ fn problems(test_sh: &str, up: &str) -> Vec<String> {
         (_, None) => p.push("test.sh does not run_stage \"real run\"".to_owned()),
         _ => p.push("test.sh runs the real run before the release build".to_owned()),
     }
+    match (
+        line_of("run_stage \"release build (planted)\" planted_build"),
+        line_of("run_stage \"release build\" cargo build --release --locked -p dlock"),
+    ) {
+        (Some(planted), Some(release)) if planted < release => {}
+        _ => p.push("test.sh does not build the test-only binary before the production one".to_owned()),
+    }
+    let planted = function_body(test_sh, "planted_build");
+    for needle in ["cargo build --release --locked -p dlock --features planted", "target/planted/dlock"] {
+        if !planted.contains(needle) {
+            p.push(format!("planted_build() lacks {needle:?}"));
+        }
+    }
     let body = function_body(test_sh, "real_run");
     for needle in [
         "target/release/dlock-real run --seed \"${DLOCK_REAL_SEED:-1}\" --duration \"${DLOCK_REAL_DURATION:-60s}\"",
         "[ \"${PIPESTATUS[0]}\" -eq 0 ] || return 1",
-        "--plant fencing-off-both",
         "control without the fence [0-9]+ acknowledged, [1-9][0-9]* lost",
-        "\"$rc\" -ne 129",
-        "planted bug caught",
+        "out=$(target/release/dlock-real plants 2>&1) || rc=$?",
+        "[ \"$rc\" -ne 0 ]",
+        "'fencing-off-both .* caught$'",
     ] {
         if !body.contains(needle) {
             p.push(format!("real_run() lacks {needle:?}"));
@@ -92,9 +105,11 @@ fn the_test_script_runs_the_real_run_and_requires_its_planted_control_to_be_caug
 fn a_missing_stage_a_planted_run_allowed_to_pass_or_a_weakened_cluster_is_reported() {
     let (t, u) = (read("scripts/test.sh"), read("deploy/local/up.sh"));
     assert!(problems(&t, &u).is_empty());
-    let cases: [(&str, String, String); 10] = [
+    let cases: [(&str, String, String); 12] = [
         ("no stage", t.replace("run_stage \"real run\" real_run", ""), u.clone()),
-        ("planted may pass", t.replace("\"$rc\" -ne 129", "\"$rc\" -ne 0"), u.clone()),
+        ("a plant may be missed", t.replace("[ \"$rc\" -ne 0 ]", "[ \"$rc\" -gt 1 ]"), u.clone()),
+        ("no planted build", t.replace("run_stage \"release build (planted)\" planted_build", ""), u.clone()),
+        ("production build", t.replace("-p dlock --features planted", "-p dlock"), u.clone()),
         ("control may keep all", t.replace("[1-9][0-9]* lost", "[0-9]+ lost"), u.clone()),
         ("no nftables", t.replace("want nftables", ""), u.clone()),
         ("no etcd cluster", t.clone(), u.replace("supervise \"etcd-$i\"", "supervise etcd")),

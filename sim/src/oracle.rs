@@ -46,6 +46,7 @@ use crate::outcome::Failure;
 
 pub mod belief;
 pub mod calls;
+pub mod traced;
 pub mod wire;
 pub use wire::{
     parse_wire, parse_wire_all, retry_safe_failures, wire_batch_replay_failures, wire_replay_failures, BatchRecords,

@@ -15,11 +15,14 @@
 //! [--keep] [--dir DIR] [--rate N] [--accounts N] [--settle S]` (the real run,
 //! docs/real-runs.md): builds the release binaries (`dlock`, `dlock-real`) and runs
 //! `dlock-real` with the arguments, exiting with its exit code (the same classes).
+//! `cargo xtask real plants [--only LIST]` runs every planted bug a real run plants, at its
+//! pinned seed; with `plants` or `--plant` it first builds the test-only binary
+//! (`--features planted`) into `target/planted/dlock`.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-const USAGE: &str = "usage: cargo xtask real run --seed S --duration D [--nemesis LIST] [--plant BUG] [--json] [--keep] [--dir DIR] [--rate N] [--accounts N] [--settle S]\n       cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       cargo xtask sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]\n       cargo xtask sim bench [--seeds N] [--start S] [--jobs J]\n       cargo xtask sim envelope [--seeds N] [--start S] [--jobs J]\n       cargo xtask sim shrink --seed S [--scenario NAME] [--plant BUG] [--layer-off LAYER] [--out FILE.toml]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired | skip-grant-signature-check | skip-owner-check | etcd-wall-clock-judge | reconciler-trusts-answer | fence-off-by-one | lease-end-inclusive | rotate-lapsed-session | batch-ignores-account\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage; shrink: 0 written, 1 its plan does not reproduce, 2 a clean seed or usage; envelope: 0 every promise held, 129 one broken";
+const USAGE: &str = "usage: cargo xtask real run --seed S --duration D [--nemesis LIST] [--plant BUG] [--json] [--keep] [--dir DIR] [--rate N] [--accounts N] [--settle S] [--dry-run]\n       cargo xtask real plants [--only BUG,BUG]\n       cargo xtask sim run --seeds N [--start S] [--jobs J] [--shard K/N] [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--json] [--require-probes] [--verbose]\n       cargo xtask sim replay --seed S [--scenario NAME] [--layer-off LAYER] [--plant BUG] [--trace FILE.jsonl] [--timeline FILE.html]\n       cargo xtask sim bench [--seeds N] [--start S] [--jobs J]\n       cargo xtask sim envelope [--seeds N] [--start S] [--jobs J]\n       cargo xtask sim shrink --seed S [--scenario NAME] [--plant BUG] [--layer-off LAYER] [--out FILE.toml]\n  LAYER: executor-lease-check | claim-fence | post-fence | rail-mark | duplicate-guard | state-checks\n  BUG: fencing-off-payment | fencing-off-proxy | fencing-off-both | executor-retries-submit | mark-ge | mark-after-call | revoke-keeps-floor | grant-unexpired | skip-grant-signature-check | skip-owner-check | etcd-wall-clock-judge | reconciler-trusts-answer | fence-off-by-one | lease-end-inclusive | rotate-lapsed-session | batch-ignores-account\nexit: 0 clean, 127 crash, 128 liveness, 129 correctness (worst class), 3 coverage (--require-probes: a probe never fired), 2 usage; shrink: 0 written, 1 its plan does not reproduce, 2 a clean seed or usage; envelope: 0 every promise held, 129 one broken";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -84,6 +87,27 @@ fn real(args: &[String]) -> ExitCode {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let args = absolute_paths(args, &|flag, _| flag == "--dir");
+    // A planted bug needs the test-only build (`--features planted`), copied aside first;
+    // the production build then takes `target/release/dlock` back.
+    if args.iter().any(|a| a == "plants" || a == "--plant") {
+        let built = Command::new(&cargo)
+            .current_dir(&root)
+            .args(["build", "--quiet", "--release", "--locked", "-p", "dlock", "--features", "planted"])
+            .status();
+        match built {
+            Ok(s) if s.success() => {}
+            other => return exit_of(other),
+        }
+        let planted = root.join("target/planted");
+        // Copied, then renamed into place: a planted binary still running keeps its file.
+        let copied = std::fs::create_dir_all(&planted)
+            .and_then(|()| std::fs::copy(root.join("target/release/dlock"), planted.join("dlock.new")))
+            .and_then(|_| std::fs::rename(planted.join("dlock.new"), planted.join("dlock")));
+        if let Err(e) = copied {
+            eprintln!("xtask: cannot copy the test-only build to {}: {e}", planted.display());
+            return ExitCode::from(1);
+        }
+    }
     // One build each: built together, `dlock`'s dependencies would get `dlock-real`'s
     // features too, and the binary would no longer be the production build.
     for package in ["dlock", "dlock-real"] {

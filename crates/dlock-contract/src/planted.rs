@@ -32,14 +32,28 @@
 //! lower token a switched-off fence takes is a finding ([`crate::defence::off`] asks this
 //! module too).
 //!
+//! ## A test-only build for real processes
+//!
+//! The real run (docs/real-runs.md, "Planted bugs on real processes") plants bugs in real
+//! processes through a **test-only build**: `cargo build --release -p dlock --features
+//! planted`. Only that build reads [`ENV`] (`DLOCK_PLANTED_BUG=NAME`), once, when a bug
+//! point first asks; its binary says so on stderr at every start. The fencing bugs are not
+//! planted this way: in the SQL stores the fences are the `unsafe-test` profile's safety
+//! switches, so the real run turns those off instead ([`parse_env`] refuses their names).
+//!
 //! ## Invariants
-//! - **Compiled out of production.** Outside `cfg(madsim)` [`on`] is the constant `false`
-//!   (`#[inline]`, no state) and [`current`] is `None`: no build without the simulation cfg
-//!   can plant a bug, because the only setter, `set`, exists only under `cfg(madsim)`. A
-//!   normal-cfg unit test holds the first half, and a `compile_fail` doctest (on
-//!   [`current`]) the second.
+//! - **Compiled out of production.** Outside `cfg(madsim)` and without the `planted`
+//!   feature, [`on`] is the constant `false` (`#[inline]`, no state) and [`current`] is
+//!   `None`: no production build can plant a bug, because the only setter, `set`, exists only
+//!   under `cfg(madsim)` and only the feature reads [`ENV`]. No crate of the workspace turns
+//!   the feature on by default (`dlock`'s own `planted` feature forwards to it). A
+//!   normal-cfg unit test holds the first half, a `compile_fail` doctest (on [`current`])
+//!   the second, and `scripts/test.sh`'s release stage checks that the release binary
+//!   ignores [`ENV`].
+//! - [`turns_off`] never reads [`ENV`]: a planted build switches no defence layer off.
 //! - **At most one bug is planted**, and only on the thread that planted it (one madsim
-//!   runtime per thread): a campaign plants it before a seed and clears it after.
+//!   runtime per thread): a campaign plants it before a seed and clears it after. A planted
+//!   build plants one bug in the whole process.
 //! - **Nothing changes when no bug is planted**: every bug point then takes the path the code
 //!   took before the switch existed.
 //! - The names ([`Bug::name`]) are stable: `dlock-sim --plant NAME` and the campaign
@@ -151,6 +165,44 @@ impl std::fmt::Display for Bug {
     }
 }
 
+/// The environment variable a `planted` build reads its one bug from (module doc).
+pub const ENV: &str = "DLOCK_PLANTED_BUG";
+
+/// The bug a value of [`ENV`] names: `None` when unset or empty; an error for a name that is
+/// not a bug, or for a fencing bug (planted on real processes through the `unsafe-test`
+/// profile's switches instead, module doc).
+pub fn parse_env(value: Option<&str>) -> Result<Option<Bug>, String> {
+    let Some(name) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let Some(bug) = Bug::parse(name) else {
+        let names: Vec<&str> = Bug::ALL.iter().map(|b| b.name()).collect();
+        return Err(format!("{ENV}={name:?} names no planted bug (one of: {})", names.join(", ")));
+    };
+    if !bug.layers_off().is_empty() {
+        return Err(format!(
+            "{ENV}={name}: a fencing bug is planted with the unsafe-test profile's switches, not in a planted build"
+        ));
+    }
+    Ok(Some(bug))
+}
+
+/// Whether this build can plant a bug outside the simulation (the `planted` feature).
+pub const fn planted_build() -> bool {
+    cfg!(all(not(madsim), feature = "planted"))
+}
+
+#[cfg(all(not(madsim), feature = "planted"))]
+mod from_env {
+    static PLANTED: std::sync::OnceLock<Option<super::Bug>> = std::sync::OnceLock::new();
+
+    /// The bug [`super::ENV`] names, read once; a bad value plants nothing (the binary
+    /// refuses to start on it first: `dlock`'s `main`).
+    pub fn get() -> Option<super::Bug> {
+        *PLANTED.get_or_init(|| super::parse_env(std::env::var(super::ENV).ok().as_deref()).ok().flatten())
+    }
+}
+
 #[cfg(madsim)]
 mod state {
     use std::cell::Cell;
@@ -165,7 +217,9 @@ mod state {
 pub fn on(bug: Bug) -> bool {
     #[cfg(madsim)]
     return state::PLANTED.with(|p| p.get() == Some(bug));
-    #[cfg(not(madsim))]
+    #[cfg(all(not(madsim), feature = "planted"))]
+    return from_env::get() == Some(bug);
+    #[cfg(all(not(madsim), not(feature = "planted")))]
     {
         let _ = bug;
         false
@@ -192,7 +246,8 @@ pub fn set(bug: Option<Bug>) {
     state::PLANTED.with(|p| p.set(bug));
 }
 
-/// The bug planted on this thread, if any (always `None` outside the simulation).
+/// The bug planted on this thread, if any (outside the simulation: the planted build's
+/// bug, and always `None` in any other build).
 ///
 /// Outside the simulation there is no setter at all; this must not compile there:
 #[cfg_attr(not(madsim), doc = "```compile_fail")]
@@ -202,7 +257,9 @@ pub fn set(bug: Option<Bug>) {
 pub fn current() -> Option<Bug> {
     #[cfg(madsim)]
     return state::PLANTED.with(|p| p.get());
-    #[cfg(not(madsim))]
+    #[cfg(all(not(madsim), feature = "planted"))]
+    return from_env::get();
+    #[cfg(all(not(madsim), not(feature = "planted")))]
     None
 }
 
@@ -249,9 +306,24 @@ mod tests {
         assert!(Bug::ALL[3..].iter().all(|b| b.layers_off().is_empty()));
     }
 
-    #[cfg(not(madsim))]
+    #[test]
+    fn the_planted_builds_variable_names_one_non_fencing_bug_or_nothing() {
+        assert_eq!(parse_env(None), Ok(None));
+        assert_eq!(parse_env(Some("  ")), Ok(None));
+        assert_eq!(parse_env(Some("mark-ge")), Ok(Some(Bug::MarkGe)));
+        assert_eq!(parse_env(Some(" grant-unexpired\n")), Ok(Some(Bug::GrantUnexpired)));
+        let bad = parse_env(Some("mark_ge")).unwrap_err();
+        assert!(bad.contains("DLOCK_PLANTED_BUG") && bad.contains("mark-ge"), "{bad}");
+        for b in [Bug::FencingOffPayment, Bug::FencingOffProxy, Bug::FencingOffBoth] {
+            let e = parse_env(Some(b.name())).unwrap_err();
+            assert!(e.contains("unsafe-test"), "{e}");
+        }
+    }
+
+    #[cfg(all(not(madsim), not(feature = "planted")))]
     #[test]
     fn outside_the_simulation_no_bug_is_ever_planted() {
+        assert!(!planted_build());
         for b in Bug::ALL {
             assert!(!on(b), "{b} is planted in a production build");
         }

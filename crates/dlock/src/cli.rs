@@ -374,6 +374,9 @@ fn install_panic_hook() {
 }
 
 pub fn main() -> ExitCode {
+    if let Err(code) = announce_planted_bug() {
+        return code;
+    }
     let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&command().get_matches()) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
@@ -401,6 +404,38 @@ pub fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// A test-only build (`--features planted`, `dlock_contract::planted`) says on stderr which
+/// bug it plants, and refuses a `DLOCK_PLANTED_BUG` it cannot plant.
+#[cfg(feature = "planted")]
+fn announce_planted_bug() -> Result<(), ExitCode> {
+    use dlock_contract::planted;
+    match planted::parse_env(std::env::var(planted::ENV).ok().as_deref()) {
+        Ok(Some(bug)) => {
+            eprintln!("dlock: TEST-ONLY BUILD: planted bug {bug} is on ({}); never run it with money", planted::ENV);
+            Ok(())
+        }
+        Ok(None) => {
+            eprintln!("dlock: TEST-ONLY BUILD (planted bugs): no bug planted ({} unset)", planted::ENV);
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("dlock: {e}");
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+/// Any build but the test-only one says that it ignores `DLOCK_PLANTED_BUG`, so a tester who
+/// runs the wrong binary knows. It links nothing of `dlock_contract::planted`
+/// (`tests/release_build.rs`).
+#[cfg(not(feature = "planted"))]
+fn announce_planted_bug() -> Result<(), ExitCode> {
+    if std::env::var("DLOCK_PLANTED_BUG").is_ok_and(|v| !v.trim().is_empty()) {
+        eprintln!("dlock: DLOCK_PLANTED_BUG is ignored: this build cannot plant bugs");
+    }
+    Ok(())
 }
 
 fn init_logging(format: LogFormat, default_filter: &str) {
