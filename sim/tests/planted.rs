@@ -13,8 +13,9 @@
 //!    same failures, the same trace);
 //! 4. **because of the bug**: the same seed with nothing planted is clean.
 //!
-//! A bug the swarm does not reach within [`SEEDS_MAX`] seeds gets a targeted scenario
-//! instead (its row names it; the default swarm draw is unchanged). None needs one today:
+//! A bug the swarm does not reach within [`SEEDS_MAX`] seeds gets a pinned seed (its row
+//! names it: the bug table's reproduction, which may break a liveness invariant) or a
+//! targeted scenario instead (its row names it; the default swarm draw is unchanged). None needs one today:
 //! `mark-ge` needs a token equal to the mark, which the executors never present, and the
 //! forger's equal-token replays present one (`scenarios/equal-token-at-the-mark.toml` still
 //! does, for `sim/tests/shrink.rs`).
@@ -42,29 +43,77 @@ struct Control {
     /// Other invariants (correctness or liveness) the bug may break as well.
     also: &'static [&'static str],
     scenario: Option<&'static str>,
+    /// A pinned seed, for a bug the swarm's draw rarely reaches (a clock stepped ahead and
+    /// back on a payment replica, say): the campaign is that seed alone, and its invariant
+    /// may be a liveness one (the bug table's reproduction, docs/testing/bugs.md).
+    pinned: Option<u64>,
 }
 
-const CONTROLS: [Control; 16] = [
-    Control { bug: Bug::FencingOffPayment, invariant: "fence_accepts_only_rising_tokens", also: &[], scenario: None },
-    Control { bug: Bug::FencingOffProxy, invariant: "fence_accepts_only_rising_tokens", also: &[], scenario: None },
-    Control { bug: Bug::FencingOffBoth, invariant: "fence_accepts_only_rising_tokens", also: &[], scenario: None },
+const CONTROLS: [Control; 17] = [
+    Control {
+        bug: Bug::FencingOffPayment,
+        invariant: "fence_accepts_only_rising_tokens",
+        also: &[],
+        scenario: None,
+        pinned: None,
+    },
+    Control {
+        bug: Bug::FencingOffProxy,
+        invariant: "fence_accepts_only_rising_tokens",
+        also: &[],
+        scenario: None,
+        pinned: None,
+    },
+    Control {
+        bug: Bug::FencingOffBoth,
+        invariant: "fence_accepts_only_rising_tokens",
+        also: &[],
+        scenario: None,
+        pinned: None,
+    },
     Control {
         bug: Bug::ExecutorRetriesSubmit,
         invariant: "ambiguous_payout_never_resubmitted",
         also: &[],
         scenario: None,
+        pinned: None,
     },
-    Control { bug: Bug::MarkGe, invariant: "fence_accepts_only_rising_tokens", also: &[], scenario: None },
-    Control { bug: Bug::MarkAfterCall, invariant: "fence_accepts_only_rising_tokens", also: &[], scenario: None },
-    Control { bug: Bug::RevokeKeepsFloor, invariant: "revoke_raises_the_token_floor", also: &[], scenario: None },
+    Control {
+        bug: Bug::MarkGe,
+        invariant: "fence_accepts_only_rising_tokens",
+        also: &[],
+        scenario: None,
+        pinned: None,
+    },
+    Control {
+        bug: Bug::MarkAfterCall,
+        invariant: "fence_accepts_only_rising_tokens",
+        also: &[],
+        scenario: None,
+        pinned: None,
+    },
+    Control {
+        bug: Bug::RevokeKeepsFloor,
+        invariant: "revoke_raises_the_token_floor",
+        also: &[],
+        scenario: None,
+        pinned: None,
+    },
     Control {
         bug: Bug::GrantUnexpired,
         invariant: "no_two_live_grants_per_key",
         also: &["no_two_believing_holders"],
         scenario: None,
+        pinned: None,
     },
-    Control { bug: Bug::SkipGrantSignatureCheck, invariant: "forged_write_refused", also: &[], scenario: None },
-    Control { bug: Bug::SkipOwnerCheck, invariant: "owner_attack_refused", also: &[], scenario: None },
+    Control {
+        bug: Bug::SkipGrantSignatureCheck,
+        invariant: "forged_write_refused",
+        also: &[],
+        scenario: None,
+        pinned: None,
+    },
+    Control { bug: Bug::SkipOwnerCheck, invariant: "owner_attack_refused", also: &[], scenario: None, pinned: None },
     Control {
         bug: Bug::EtcdWallClockJudge,
         invariant: "no_two_live_grants_per_key",
@@ -78,12 +127,14 @@ const CONTROLS: [Control; 16] = [
             "every_payout_settles",
         ],
         scenario: None,
+        pinned: None,
     },
     Control {
         bug: Bug::ReconcilerTrustsAnswer,
         invariant: "reconciler_findings_match_the_rails_record",
         also: &[],
         scenario: None,
+        pinned: None,
     },
     Control {
         bug: Bug::FenceOffByOne,
@@ -91,14 +142,22 @@ const CONTROLS: [Control; 16] = [
         // Every holder of a quiet account is refused: its payouts may never settle.
         also: &["every_payout_settles"],
         scenario: None,
+        pinned: None,
     },
     Control {
         bug: Bug::LeaseEndInclusive,
         invariant: "lock_decision_justified",
         also: &["dead_grant_never_revived"],
         scenario: None,
+        pinned: None,
     },
-    Control { bug: Bug::RotateLapsedSession, invariant: "dead_grant_never_revived", also: &[], scenario: None },
+    Control {
+        bug: Bug::RotateLapsedSession,
+        invariant: "dead_grant_never_revived",
+        also: &[],
+        scenario: None,
+        pinned: None,
+    },
     Control {
         bug: Bug::BatchIgnoresAccount,
         invariant: "fenced_write_within_its_account",
@@ -106,6 +165,16 @@ const CONTROLS: [Control; 16] = [
         // that token is refused by it.
         also: &["fenced_out_means_a_newer_holder"],
         scenario: None,
+        pinned: None,
+    },
+    Control {
+        bug: Bug::P1HidesAhead,
+        invariant: "every_payout_settles",
+        also: &[],
+        scenario: None,
+        // Bug B8's seed: payment-1 stepped 116 s ahead while payouts were created, and back
+        // at the heal; P1 then hid them from every scan.
+        pinned: Some(971_584),
     },
 ];
 
@@ -125,6 +194,10 @@ fn options(c: &Control, planted: Option<Bug>) -> RunOptions {
 /// failure. Returns the lowest failing seed's outcome.
 fn first_failing(c: &Control) -> Option<SeedOutcome> {
     let opts = options(c, Some(c.bug));
+    if let Some(seed) = c.pinned {
+        let o = campaign::run_seed(seed, &opts);
+        return (!o.failures.is_empty()).then_some(o);
+    }
     let jobs = jobs().max(1) as u64;
     let mut start = 1;
     while start <= SEEDS_MAX {
@@ -166,10 +239,12 @@ fn the_campaign_finds(bug: Bug) {
     );
     // 2. The invariant that should break, and nothing the row does not name.
     let names: Vec<(FailureClass, &str)> = found.failures.iter().map(|f| (f.class, f.invariant)).collect();
+    // A pinned seed's bug may be a liveness one; a swarm's must break safety.
+    let allowed = if c.pinned.is_some() { FailureClass::Liveness } else { FailureClass::Correctness };
     assert!(
-        names.contains(&(FailureClass::Correctness, c.invariant))
+        (names.contains(&(FailureClass::Correctness, c.invariant)) || names.contains(&(allowed, c.invariant)))
             && names.iter().all(|(class, name)| {
-                *name == c.invariant && *class == FailureClass::Correctness
+                *name == c.invariant && (*class == FailureClass::Correctness || *class == allowed)
                     || c.also.contains(name) && matches!(class, FailureClass::Correctness | FailureClass::Liveness)
             }),
         "bug {bug}, seed {seed}: expected {} (and only {:?} besides) to break, found {names:?}",
@@ -278,6 +353,13 @@ fn a_rotate_that_ignores_a_lapsed_session_is_found_as_a_dead_grant_revived() {
 #[test]
 fn a_batch_that_ignores_its_account_is_found_as_a_write_outside_its_account() {
     the_campaign_finds(Bug::BatchIgnoresAccount);
+}
+
+/// P1's first page without the rows a clock ahead stamped (bug B8): at B8's own seed the
+/// payouts created while payment-1 ran ahead stay hidden from every scan, and do not settle.
+#[test]
+fn a_payouts_list_that_hides_rows_stamped_ahead_is_found_as_payouts_never_settled() {
+    the_campaign_finds(Bug::P1HidesAhead);
 }
 
 /// Every bug has exactly one control, in the order.

@@ -26,6 +26,7 @@
 //! | `rotate-lapsed-session` | the lock server's rotate rule (`rules::decide_rotate`): the caller's grant judged by its lease alone, its session not checked (a holder whose session lapsed keeps rotating) |
 //! | `batch-ignores-account` | the simulation paydb's batch read (`store_mem::batch_payout`): a batch's payouts read by id alone, not filtered by the account whose fence the batch passed (a store that stopped filtering by account) |
 //! | `reconciler-trusts-answer` | the reconciler's reading of the rail's record: a call counts as paid when the rail *answered* it paid (`outcome == ACCEPTED`), not when the record says it moved money (`paid`) |
+//! | `p1-hides-ahead` | the payment-resource's payouts list (P1, `app::list_payouts`): a first page without the rows stamped after its millisecond (bug B8, docs/testing/bugs.md), so payouts a clock ahead stamped stay hidden from every scan until this clock catches up |
 //!
 //! The fencing bugs (1–3) are the defence layers of [`crate::defence`] switched off
 //! together, with one difference from a defence-in-depth run: the oracle is not told, so a
@@ -98,11 +99,13 @@ pub enum Bug {
     RotateLapsedSession,
     /// A batch writes the payouts it names whatever their account.
     BatchIgnoresAccount,
+    /// P1's first page lists only the rows created before its millisecond (bug B8).
+    P1HidesAhead,
 }
 
 impl Bug {
     /// Every bug, in the order.
-    pub const ALL: [Bug; 16] = [
+    pub const ALL: [Bug; 17] = [
         Bug::FencingOffPayment,
         Bug::FencingOffProxy,
         Bug::FencingOffBoth,
@@ -119,6 +122,7 @@ impl Bug {
         Bug::LeaseEndInclusive,
         Bug::RotateLapsedSession,
         Bug::BatchIgnoresAccount,
+        Bug::P1HidesAhead,
     ];
 
     /// The stable name (`--plant NAME`).
@@ -140,6 +144,7 @@ impl Bug {
             Bug::LeaseEndInclusive => "lease-end-inclusive",
             Bug::RotateLapsedSession => "rotate-lapsed-session",
             Bug::BatchIgnoresAccount => "batch-ignores-account",
+            Bug::P1HidesAhead => "p1-hides-ahead",
         }
     }
 
@@ -289,6 +294,7 @@ mod tests {
                 "lease-end-inclusive",
                 "rotate-lapsed-session",
                 "batch-ignores-account",
+                "p1-hides-ahead",
             ]
         );
         for b in Bug::ALL {

@@ -499,7 +499,12 @@ async fn list_payouts(
         // queue's scans included, until this clock caught up. They sort after every row the
         // snapshot holds, and the walk's snapshot reaches the newest of them, so its later
         // pages list them too (C3-extensions "P1 cursor").
-        let ahead = rows_ahead(&pr, &q, now).await?;
+        // Planted bug `p1-hides-ahead` (bug B8; test-only): the rows stamped ahead left out.
+        let ahead = if dlock_contract::planted::on(dlock_contract::planted::Bug::P1HidesAhead) {
+            Vec::new()
+        } else {
+            rows_ahead(&pr, &q, now).await?
+        };
         if let Some(newest) = ahead.last() {
             snapshot_ms = snapshot_ms.max(newest.created_at.timestamp_millis());
         }
