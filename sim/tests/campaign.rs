@@ -105,18 +105,6 @@ fn a_swarm_seed_gives_the_wire_checks_every_kind_of_write() {
     assert!(writes.iter().any(|w| w.retry_safe_code().is_some()), "no retry-safe answer in seed 2");
 }
 
-/// DL-243: a payment-resource whose clock ran ahead stamps payouts ahead of the others', and
-/// the work queue still lists them at once. Seed 971584 (`payment-1` stepped 116 330 ms ahead
-/// while payouts were created, and back at the heal) settles every payout long before the
-/// liveness bound; when P1's first page hid them, the cluster sat idle until 118 s and the
-/// last payout could not settle within the bound.
-#[test]
-fn payouts_stamped_by_a_payment_clock_ahead_are_worked_without_waiting_for_it() {
-    let o = campaign::run_seed(971_584, &RunOptions::default());
-    assert!(o.failures.is_empty(), "{:?}", o.failures);
-    assert!(o.sim_ms < 60_000, "settled only at {} ms: the payouts stamped ahead waited", o.sim_ms);
-}
-
 /// On etcd no lock replica's wall clock judges a lease (C1 §1.5.4): each replica counts a
 /// lease on its monotonic clock from when it first saw it. Seed 50715 (one hot account,
 /// `lock-2`'s wall clock stepped 119 215 ms ahead at 1.3 s, its executors restarted at the
@@ -127,4 +115,20 @@ fn a_lock_replica_wall_clock_stepped_ahead_on_etcd_stalls_no_key() {
     let o = campaign::run_seed(50715, &RunOptions::default());
     assert!(o.failures.is_empty(), "{:?}", o.failures);
     assert!(o.sim_ms < 60_000, "settled only at {} ms: a key waited for a wall clock", o.sim_ms);
+}
+
+/// The pinned seed above still reproduces bug B10 (docs/testing/bugs.md): with the old rule
+/// planted (`etcd-wall-clock-judge`) the same seed breaks, so the seed cannot go on passing
+/// after a change to the draw has taken its clock step away.
+#[test]
+fn the_etcd_wall_clock_seed_still_breaks_under_the_old_rule() {
+    let planted = RunOptions { planted: Some(dlock_rt::planted::Bug::EtcdWallClockJudge), ..RunOptions::default() };
+    let o = campaign::run_seed(50715, &planted);
+    assert!(
+        o.failures
+            .iter()
+            .any(|f| f.invariant == "every_payout_settles" || f.invariant == "heartbeat_keeps_its_session_live"),
+        "seed 50715 with etcd-wall-clock-judge planted: {:?}",
+        o.failures
+    );
 }

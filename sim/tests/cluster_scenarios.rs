@@ -28,6 +28,7 @@ const PLAYED_IN_THE_WORLD: &[&str] = &[
     "duplicate-ack-rail",
     "lock-leader-loss",
     "lock-leader-loss-etcd",
+    "p1-clock-ahead",
     "partition-holder-lock-server",
     "pause-during-rail-call",
     "revoke-mid-flight",
@@ -284,6 +285,24 @@ fn an_unknown_scenario_is_refused_and_a_proxy_scenario_plays_as_a_seed() {
 /// Runtime ms of the first fault record of `kind`'s variant.
 fn first_fault(f: &ScenarioFacts, is: impl Fn(&FaultKind) -> bool) -> Option<u64> {
     f.faults.iter().find(|r| is(&r.kind)).map(|r| r.at_ms)
+}
+
+/// Payouts created while payment-1's wall clock ran 200 s ahead (both executors down), and
+/// worked after it stepped back: P1's first page lists the rows stamped after its own
+/// millisecond, so every payout settles long before that clock catches up (bug B8;
+/// `sim/tests/planted.rs` plants `p1-hides-ahead` in the same scenario and sees none settle).
+#[test]
+fn payouts_stamped_by_a_payment_clock_ahead_settle_once_it_steps_back() {
+    for seed in world_seeds() {
+        let (o, f) = play_in_the_world("p1-clock-ahead", seed);
+        let ahead = first_fault(&f, |k| matches!(k, FaultKind::WallStep { delta_ms: 200_000 }));
+        let back = first_fault(&f, |k| matches!(k, FaultKind::WallStep { delta_ms: -200_000 }));
+        let (Some(_), Some(_)) = (ahead, back) else {
+            panic!("seed {seed}: the steps were not applied: {:?}", f.faults)
+        };
+        assert!(all_settled_once(&f), "seed {seed}: {:?} / {:?}", f.final_states, f.rail_calls);
+        assert!(o.sim_ms < 60_000, "seed {seed}: settled only at {} ms: the payouts stamped ahead waited", o.sim_ms);
+    }
 }
 
 /// An executor whose clock runs 40 % slow (past the 30 % margin), its wall clock stepped back

@@ -44,8 +44,9 @@ struct Control {
     also: &'static [&'static str],
     scenario: Option<&'static str>,
     /// A pinned seed, for a bug the swarm's draw rarely reaches (a clock stepped ahead and
-    /// back on a payment replica, say): the campaign is that seed alone, and its invariant
-    /// may be a liveness one (the bug table's reproduction, docs/testing/bugs.md).
+    /// back on a payment replica, say; with its scenario): the campaign is that seed alone,
+    /// and its invariant may be a liveness one (the bug table's reproduction,
+    /// docs/testing/bugs.md).
     pinned: Option<u64>,
 }
 
@@ -171,10 +172,10 @@ const CONTROLS: [Control; 17] = [
         bug: Bug::P1HidesAhead,
         invariant: "every_payout_settles",
         also: &[],
-        scenario: None,
-        // Bug B8's seed: payment-1 stepped 116 s ahead while payouts were created, and back
-        // at the heal; P1 then hid them from every scan.
-        pinned: Some(971_584),
+        // Bug B8's situation, played by a scenario: payouts created while payment-1's clock
+        // ran 200 s ahead, listed after it stepped back; P1 then hides them from every scan.
+        scenario: Some("p1-clock-ahead"),
+        pinned: Some(1),
     },
 ];
 
@@ -355,7 +356,7 @@ fn a_batch_that_ignores_its_account_is_found_as_a_write_outside_its_account() {
     the_campaign_finds(Bug::BatchIgnoresAccount);
 }
 
-/// P1's first page without the rows a clock ahead stamped (bug B8): at B8's own seed the
+/// P1's first page without the rows a clock ahead stamped (bug B8): in `p1-clock-ahead` the
 /// payouts created while payment-1 ran ahead stay hidden from every scan, and do not settle.
 #[test]
 fn a_payouts_list_that_hides_rows_stamped_ahead_is_found_as_payouts_never_settled() {
