@@ -184,7 +184,7 @@ pub fn find(name: &str) -> Result<&'static RealPlant, String> {
 
 /// Bound on a planted run's settle phase (s): a planted bug is caught in the judgement, and
 /// a run whose bug stalls the cluster is judged as it stands.
-pub const PLANT_SETTLE_S: u64 = 45;
+pub const PLANT_SETTLE_S: u64 = 30;
 
 /// The outcome of one plant of [`run_all`].
 #[derive(Debug, Clone)]
