@@ -80,7 +80,7 @@ pub const REAL: [RealPlant; 7] = [
         nemesis: "pause",
         env: &[],
         seed: 1,
-        duration_s: 40,
+        duration_s: 20,
     },
     RealPlant {
         bug: Bug::GrantUnexpired,
@@ -89,7 +89,7 @@ pub const REAL: [RealPlant; 7] = [
         nemesis: "pause",
         env: &[],
         seed: 1,
-        duration_s: 40,
+        duration_s: 20,
     },
     RealPlant {
         bug: Bug::EtcdWallClockJudge,
