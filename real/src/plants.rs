@@ -58,7 +58,7 @@ pub const REAL: [RealPlant; 7] = [
         // reaches the mark before the stale one that did.
         env: &[("DLOCK_EXECUTOR_CHAOS_PAUSE_RATE", "0.5"), ("DLOCK_EXECUTOR_CHAOS_PAUSE_HOPS", "submit")],
         seed: 1,
-        duration_s: 40,
+        duration_s: 20,
     },
     RealPlant {
         bug: Bug::FencingOffBoth,
