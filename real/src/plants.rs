@@ -44,9 +44,6 @@ pub struct RealPlant {
     pub duration_s: u64,
 }
 
-const PAUSE_SUBMITS: &[(&str, &str)] =
-    &[("DLOCK_EXECUTOR_CHAOS_PAUSE_RATE", "1"), ("DLOCK_EXECUTOR_CHAOS_PAUSE_HOPS", "submit")];
-
 /// The bugs a real run plants.
 pub const REAL: [RealPlant; 7] = [
     RealPlant {
@@ -69,7 +66,7 @@ pub const REAL: [RealPlant; 7] = [
         ]),
         invariants: &[ids::AT_MOST_ONE_RAIL_CALL, ids::FENCE_ACCEPTS_RISING_TOKENS],
         nemesis: "pause",
-        env: PAUSE_SUBMITS,
+        env: &[("DLOCK_EXECUTOR_CHAOS_PAUSE_RATE", "1"), ("DLOCK_EXECUTOR_CHAOS_PAUSE_HOPS", "submit")],
         seed: 2,
         duration_s: 20,
     },
@@ -239,18 +236,24 @@ pub fn run_all(root: &std::path::Path, only: &[String]) -> Vec<PlantRun> {
     out
 }
 
-/// The profile and the settings a plant adds to the cluster's, and the binary it runs
-/// (`None`: the release binary).
-pub fn cluster_settings(p: &RealPlant) -> (&'static str, Vec<(String, String)>, Option<&'static str>) {
+impl RealPlant {
+    /// The binary it runs, under the workspace root (`None`: the release binary).
+    pub fn binary(&self) -> Option<&'static str> {
+        (self.how == How::Build).then_some(PLANTED_BIN)
+    }
+}
+
+/// The profile and the settings a plant adds to the cluster's.
+pub fn cluster_settings(p: &RealPlant) -> (&'static str, Vec<(String, String)>) {
     let mut env: Vec<(String, String)> = p.env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
     match p.how {
         How::Switches(s) => {
             env.extend(s.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-            ("unsafe-test", env, None)
+            ("unsafe-test", env)
         }
         How::Build => {
             env.push((dlock_contract::planted::ENV.to_owned(), p.bug.name().to_owned()));
-            ("production", env, Some(PLANTED_BIN))
+            ("production", env)
         }
     }
 }
@@ -290,10 +293,12 @@ mod tests {
 
     #[test]
     fn a_build_plant_runs_the_test_only_build_with_its_name_and_a_switch_plant_the_unsafe_profile() {
-        let (profile, env, bin) = cluster_settings(find("grant-unexpired").unwrap());
+        let p = find("grant-unexpired").unwrap();
+        let ((profile, env), bin) = (cluster_settings(p), p.binary());
         assert_eq!((profile, bin), ("production", Some(PLANTED_BIN)));
         assert!(env.contains(&("DLOCK_PLANTED_BUG".to_owned(), "grant-unexpired".to_owned())));
-        let (profile, env, bin) = cluster_settings(find("fencing-off-both").unwrap());
+        let p = find("fencing-off-both").unwrap();
+        let ((profile, env), bin) = (cluster_settings(p), p.binary());
         assert_eq!((profile, bin), ("unsafe-test", None));
         assert!(env.iter().all(|(k, _)| k != "DLOCK_PLANTED_BUG"));
         assert!(env.contains(&("DLOCK_RAIL_PROXY_DUPLICATE_GUARD_ENABLED".to_owned(), "false".to_owned())));

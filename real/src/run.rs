@@ -93,7 +93,7 @@ fn cluster_env(plan: &Plan, plant: Option<&crate::plants::RealPlant>) -> (String
     set("DLOCK_EXECUTOR_POLL_INTERVAL_MS", "50".into());
     let mut profile = "production".to_owned();
     if let Some(p) = plant {
-        let (pr, more, _) = crate::plants::cluster_settings(p);
+        let (pr, more) = crate::plants::cluster_settings(p);
         profile = pr.to_owned();
         for (k, v) in more {
             env.retain(|(have, _)| *have != k);
@@ -106,7 +106,7 @@ fn cluster_env(plan: &Plan, plant: Option<&crate::plants::RealPlant>) -> (String
 /// The test-only build a plant runs, checked to be one that plants it (it says so on
 /// stderr at every start: `dlock`'s `announce_planted_bug`).
 fn planted_binary(root: &Path, p: &crate::plants::RealPlant) -> Result<Option<PathBuf>, String> {
-    let (_, _, Some(rel)) = crate::plants::cluster_settings(p) else {
+    let Some(rel) = p.binary() else {
         return Ok(None);
     };
     let bin = root.join(rel);
@@ -183,7 +183,7 @@ pub fn run_verdict(root: &Path, a: &Args) -> (u8, Option<bool>) {
         }
     };
     say(a.json, &format!("cluster up in {:.1} s ({})", started.elapsed().as_secs_f64(), dir.display()));
-    let outcome = play_and_judge(&rt, &cluster, &plan, a);
+    let outcome = play_and_judge(&rt, &cluster, &plan, a, plant);
     let code = crate::report::report(&dir, &plan, a, &outcome);
     let caught = crate::report::planted_caught(a.plant.as_deref(), &outcome.failures);
     drop(cluster);
@@ -200,7 +200,13 @@ fn crash(msg: String) -> Outcome {
     Outcome { failures: vec![Failure::crash(dlock_sim::oracle::ids::WORLD_BUILDS, msg)], ..Outcome::default() }
 }
 
-fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, a: &Args) -> Outcome {
+fn play_and_judge(
+    rt: &tokio::runtime::Runtime,
+    cluster: &Cluster,
+    plan: &Plan,
+    a: &Args,
+    plant: Option<&crate::plants::RealPlant>,
+) -> Outcome {
     let trace_dir = cluster.trace_dir();
     let (nem_out, run_out) = match (Own::create(&trace_dir, "nemesis"), Own::create(&trace_dir, "run")) {
         (Ok(n), Ok(r)) => (n, r),
@@ -331,7 +337,7 @@ fn play_and_judge(rt: &tokio::runtime::Runtime, cluster: &Cluster, plan: &Plan, 
     run_out.write("phase", &[("phase", "checks".into()), ("detail", "".into())]);
 
     // The evidence.
-    let report = reconcile(cluster, a.plant.as_deref());
+    let report = reconcile(cluster, plant);
     let rail = match rt.block_on(reader.send(&stub, http::Method::GET, "/calls", &[], None)) {
         Ok(r) if r.status == 200 => serde_json::from_slice(&r.body).ok(),
         _ => None,
@@ -572,9 +578,9 @@ fn start_queue_stub(cluster: &Cluster, plan: &Plan) -> Result<(std::process::Chi
 
 /// `dlock reconcile --json` against the cluster's paydb and rail.
 /// Under a plant made in the test-only build, the reconciler runs with it too.
-fn reconcile(cluster: &Cluster, plant: Option<&str>) -> Option<dlock_reconciler::report::Report> {
+fn reconcile(cluster: &Cluster, plant: Option<&crate::plants::RealPlant>) -> Option<dlock_reconciler::report::Report> {
     let mut cmd = std::process::Command::new(cluster.var("DLOCK"));
-    if let Some(p) = plant.and_then(|n| crate::plants::find(n).ok()).filter(|p| p.how == crate::plants::How::Build) {
+    if let Some(p) = plant.filter(|p| p.binary().is_some()) {
         cmd.env(dlock_contract::planted::ENV, p.bug.name());
     }
     let out = cmd
