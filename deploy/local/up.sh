@@ -21,6 +21,7 @@
 # Usage: deploy/local/up.sh [--dir DIR] [--keep] [--netns] [--restart-sec S]
 #                           [--reconcile-interval S] [--profile P] [--config FILE]
 #                           [--trace-dir DIR] [--faketime-dir DIR]
+#                           [--credentials-extra FILE]
 #   --netns          executor-3 runs in its own network namespace, joined to the host by a
 #                    veth pair; the dlock services then listen on the host end of that pair
 #                    (host-local addresses, lock servers apart from the rest) so a route
@@ -36,6 +37,9 @@
 #                    reading its wall-clock offset from DIR/<name> (re-read every second;
 #                    "+0" at start; the monotonic clock is never faked): a wall-clock
 #                    offset or step is a write to that file (real/src/mechanism.rs).
+#   --credentials-extra FILE  lines appended to the generated credentials file before any
+#                    service starts (`<role> <token> [owners=...]`, C3-extensions E-13): the
+#                    real run's forger adds its two owner-bound worker credentials.
 #   LOCAL_DLOCK_BIN  the binary to run (default target/release/dlock).
 # Settings: every DLOCK_* variable in the environment reaches every process; the ones
 # this script sets (wiring, secrets) are listed in $DIR/cluster.env. Chaos (the rail's
@@ -57,6 +61,7 @@ PROFILE="${DLOCK_PROFILE:-production}"
 CONFIG=""
 TRACE_DIR=""
 FAKETIME_DIR=""
+CREDENTIALS_EXTRA=""
 LIBFAKETIME_MT=/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -69,6 +74,7 @@ while [ $# -gt 0 ]; do
         --config) CONFIG=$(realpath "$2"); shift 2 ;;
         --trace-dir) TRACE_DIR=$2; shift 2 ;;
         --faketime-dir) FAKETIME_DIR=$2; shift 2 ;;
+        --credentials-extra) CREDENTIALS_EXTRA=$(realpath "$2"); shift 2 ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "up.sh: unknown argument $1 (--help)" >&2; exit 2 ;;
     esac
@@ -308,6 +314,10 @@ dlock_proc() { # name env-assignments... -- cmd...
 # ------------------------------------------------------------------------------------
 SECRETS="$DIR/secrets"
 "$ROOT/deploy/make-secrets.sh" "$SECRETS" >/dev/null
+if [ -n "$CREDENTIALS_EXTRA" ]; then
+    [ -r "$CREDENTIALS_EXTRA" ] || die "--credentials-extra $CREDENTIALS_EXTRA: not readable"
+    cat "$CREDENTIALS_EXTRA" >>"$SECRETS/credentials"
+fi
 READER_TOKEN_FILE="$SECRETS/reader-token"
 OPERATOR_TOKEN_FILE="$SECRETS/operator-token"
 (umask 077

@@ -30,6 +30,8 @@ pub struct Start<'a> {
     /// `DLOCK_*` settings every process gets.
     pub env: Vec<(String, String)>,
     pub keep: bool,
+    /// Lines up.sh appends to the credentials file (`--credentials-extra`).
+    pub credentials_extra: Option<&'a Path>,
 }
 
 impl Cluster {
@@ -57,6 +59,9 @@ impl Cluster {
             .stderr(log2);
         if s.keep {
             cmd.arg("--keep");
+        }
+        if let Some(f) = s.credentials_extra {
+            cmd.arg("--credentials-extra").arg(f);
         }
         for (k, v) in &s.env {
             cmd.env(k, v);

@@ -12,7 +12,8 @@
 //! - the traced fenced writes and intent outcomes ([`oracle::traced`]): a refusal with no
 //!   newer holder, a lower token accepted, an ambiguous payout admitted again, each ordered
 //!   only across more than [`TRACED_SLACK_MS`], and never across a stop of the process that
-//!   wrote the later event.
+//!   wrote the later event;
+//! - the services' contradictions (`contradiction`: a state their rules say cannot be).
 //!
 //! Invariants: a failure is only ever what one of the oracle's checkers returned (this
 //! module adds `workload_finishes` and `paydb_readable`, the harness's own ids, as the
@@ -322,12 +323,61 @@ pub fn traced(history: &[Line]) -> (Vec<oracle::traced::TracedWrite>, Vec<oracle
     (writes, outcomes)
 }
 
+/// The oracle's lock-call checker ([`oracle::calls::Calls`]) fed the lock servers'
+/// `store_call` and `store_answer` events in history order, on the host's monotonic clock:
+/// `no_two_live_grants_per_key`, `lock_delay_honoured`,
+/// `lock_tokens_increase_in_grant_order`, `heartbeat_keeps_its_session_live` and
+/// `dead_grant_never_revived`. No slack: on etcd each replica judges leases on its own
+/// monotonic clock, which no fault here makes run fast (rate 1). A call whose answer a kill
+/// cut off stays unknown, as a lost acknowledgement does in the simulation.
+pub fn lock_call_failures(history: &[Line]) -> Vec<Failure> {
+    use oracle::calls::{Answered, Asked};
+    let mut calls = oracle::calls::Calls::new(0);
+    // (process, run, call) -> the checker's id, while the call is in flight.
+    let mut ids: BTreeMap<(String, u64, u64), u64> = BTreeMap::new();
+    let mut next = 0;
+    let mut found = Vec::new();
+    for l in history.iter().filter(|l| l.kind == "store_call" || l.kind == "store_answer") {
+        let n = |k: &str| l.fields.get(k).and_then(|v| v.as_u64());
+        let (Some(call), Some(run)) = (n("call"), n("run")) else { continue };
+        let id = (l.process.clone(), run, call);
+        if l.kind == "store_call" {
+            let Some(asked) = Asked::from_fields(|k| l.fields.get(k)) else { continue };
+            ids.insert(id, next);
+            calls.begin(next, asked, l.mono_ms);
+            next += 1;
+        } else if let Some(dense) = ids.remove(&id) {
+            let answered = Answered::from_fields(|k| l.fields.get(k)).unwrap_or(Answered::Unknown);
+            found.extend(calls.end(dense, answered, l.mono_ms, |_, _| 1.0));
+        }
+    }
+    found
+}
+
+/// The history's `contradiction` events.
+pub fn contradictions(history: &[Line]) -> Vec<oracle::traced::TracedContradiction> {
+    let s = |l: &Line, k: &str| l.fields.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+    history
+        .iter()
+        .filter(|l| l.kind == "contradiction")
+        .map(|l| oracle::traced::TracedContradiction {
+            at_ms: l.mono_ms,
+            node: l.process.clone(),
+            method: s(l, "method"),
+            path: s(l, "path"),
+            cause: s(l, "cause"),
+        })
+        .collect()
+}
+
 /// Every failure of the run (module doc), safety first.
 pub fn failures(e: &Evidence<'_>) -> Vec<Failure> {
     let calls: Vec<String> = e.rail.calls.iter().map(|c| c.client_ref.clone()).collect();
     let mut found = online_failures(e);
     let (writes, outcomes) = traced(e.history);
     found.extend(oracle::traced::traced_failures(&writes, &outcomes, &stopped(e.history), TRACED_SLACK_MS));
+    found.extend(oracle::traced::contradiction_failures(&contradictions(e.history)));
+    found.extend(lock_call_failures(e.history));
     found.extend(oracle::rail_failures(&calls, &e.rows.submissions));
     found.extend(oracle::ledger_failures(&e.rows.accounts, &e.rows.ledger));
     found.extend(oracle::ledger_account_failures(&e.rows.ledger, &e.rows.payout_accounts));
@@ -408,6 +458,110 @@ mod tests {
         history: &'a [Line],
     ) -> Evidence<'a> {
         Evidence { rows, rail, report: None, samples, history, not_created: 0 }
+    }
+
+    #[test]
+    fn a_service_meeting_a_contradiction_fails_the_run() {
+        let text = r#"{"seq":0,"t_ms":0,"node":"http","mono_ms":7,"wall_ms":0,"kind":"contradiction","method":"POST","path":"/v1/x","status":500,"cause":"unexpected store content: c"}"#;
+        let line = parse_line("lock-server-1", text).unwrap_or_else(|| panic!("bad test line"));
+        let found = contradictions(std::slice::from_ref(&line));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!((found[0].node.as_str(), found[0].path.as_str(), found[0].at_ms), ("lock-server-1", "/v1/x", 7));
+        let (rows, rail) = (PaydbRows::default(), RailCallLog::default());
+        let failures = failures_of(&rows, &rail, &[line]);
+        assert!(
+            failures.iter().any(|f| f.invariant == ids::NO_CONTRADICTION && f.class == FailureClass::Correctness),
+            "{failures:?}"
+        );
+        assert!(failures_of(&rows, &rail, &[]).iter().all(|f| f.invariant != ids::NO_CONTRADICTION));
+    }
+
+    fn lock_line(process: &str, mono: u64, kind: &str, call: u64, rest: &str) -> Line {
+        let text = format!(
+            r#"{{"seq":0,"t_ms":0,"node":"lock-server","mono_ms":{mono},"wall_ms":0,"kind":"{kind}","call":{call},"run":1,{rest}}}"#
+        );
+        parse_line(process, &text).unwrap_or_else(|| panic!("bad test line"))
+    }
+
+    /// An acquire of `key` by session `s` through `process`, begun at `at` and granted
+    /// `token` 10 ms later (a 1 500 ms lease).
+    fn granted(process: &str, call: u64, at: u64, s: u128, token: i64) -> [Line; 2] {
+        let session = uuid::Uuid::from_u128(s);
+        [
+            lock_line(
+                process,
+                at,
+                "store_call",
+                call,
+                &format!(
+                    r#""asked":"acquire","key":"k","session":"{session}","token":null,"ttl_ms":1500,"delay_ms":0"#
+                ),
+            ),
+            lock_line(
+                process,
+                at + 10,
+                "store_answer",
+                call,
+                &format!(r#""answer":"granted","token":{token},"ttl_ms":null"#),
+            ),
+        ]
+    }
+
+    /// A session `s` opened through `process` at `at` (a 10 s TTL).
+    fn opened(process: &str, call: u64, at: u64, s: u128) -> [Line; 2] {
+        let session = uuid::Uuid::from_u128(s);
+        [
+            lock_line(
+                process,
+                at,
+                "store_call",
+                call,
+                &format!(
+                    r#""asked":"open","key":null,"session":"{session}","token":null,"ttl_ms":null,"delay_ms":null"#
+                ),
+            ),
+            lock_line(process, at + 5, "store_answer", call, r#""answer":"session_live","token":null,"ttl_ms":10000"#),
+        ]
+    }
+
+    #[test]
+    fn two_lock_servers_granting_one_key_within_a_lease_is_two_live_grants_and_a_release_between_is_not() {
+        let mut h: Vec<Line> = Vec::new();
+        h.extend(opened("lock-server-1", 0, 0, 1));
+        h.extend(opened("lock-server-2", 0, 0, 2));
+        h.extend(granted("lock-server-1", 1, 100, 1, 5));
+        h.extend(granted("lock-server-2", 1, 600, 2, 6));
+        let found = lock_call_failures(&h);
+        assert_eq!(found.iter().map(|f| f.invariant).collect::<Vec<_>>(), [ids::NO_TWO_LIVE_GRANTS], "{found:?}");
+        // The same, the first grant released (by token) before the second acquire began.
+        let mut h: Vec<Line> = Vec::new();
+        h.extend(opened("lock-server-1", 0, 0, 1));
+        h.extend(opened("lock-server-2", 0, 0, 2));
+        h.extend(granted("lock-server-1", 1, 100, 1, 5));
+        h.push(lock_line(
+            "lock-server-1",
+            300,
+            "store_call",
+            2,
+            r#""asked":"release","key":"k","session":null,"token":5,"ttl_ms":null,"delay_ms":null"#,
+        ));
+        h.push(lock_line("lock-server-1", 310, "store_answer", 2, r#""answer":"done","token":null,"ttl_ms":null"#));
+        h.extend(granted("lock-server-2", 1, 600, 2, 6));
+        assert!(lock_call_failures(&h).is_empty());
+        // A restarted replica's ids start again: its new run is another call.
+        let mut h: Vec<Line> = Vec::new();
+        h.extend(opened("lock-server-1", 0, 0, 1));
+        h.extend(granted("lock-server-1", 1, 100, 1, 5));
+        let mut again = granted("lock-server-1", 1, 2_000, 1, 6);
+        for l in &mut again {
+            l.fields.insert("run", 2.into());
+        }
+        h.extend(again);
+        assert!(lock_call_failures(&h).is_empty(), "the first lease had ended");
+    }
+
+    fn failures_of(rows: &PaydbRows, rail: &RailCallLog, history: &[Line]) -> Vec<Failure> {
+        failures(&evidence(rows, rail, &[], history))
     }
 
     #[test]

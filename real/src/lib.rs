@@ -7,6 +7,7 @@
 //! - [`cluster`]: the cluster, started and read back;
 //! - [`mechanism`]: one real mechanism per fault verb;
 //! - [`workload`]: accounts and payouts through the payment-resource's API;
+//! - [`forger`]: the simulation's forger, aimed at the real cluster after the settle phase;
 //! - [`history`]: every process's trace file merged into one history on the host's
 //!   monotonic clock;
 //! - [`judge`]: ground truth (paydb, the rail's record, sampled fences, the history, the
@@ -32,6 +33,7 @@
 )]
 
 pub mod cluster;
+pub mod forger;
 pub mod history;
 pub mod judge;
 pub mod lockset;

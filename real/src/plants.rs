@@ -45,7 +45,7 @@ pub struct RealPlant {
 }
 
 /// The bugs a real run plants.
-pub const REAL: [RealPlant; 7] = [
+pub const REAL: [RealPlant; 10] = [
     RealPlant {
         bug: Bug::FencingOffProxy,
         how: How::Switches(&[("DLOCK_RAIL_PROXY_FENCING_ENABLED", "false")]),
@@ -120,25 +120,52 @@ pub const REAL: [RealPlant; 7] = [
         seed: 132,
         duration_s: 30,
     },
+    // The forger's finds (crate::forger): it runs after the settle in every run, so a short
+    // fault phase under any nemesis reaches them.
+    RealPlant {
+        bug: Bug::SkipGrantSignatureCheck,
+        how: How::Build,
+        invariants: &[ids::FORGED_WRITE_REFUSED],
+        nemesis: "pause",
+        env: &[],
+        seed: 1,
+        duration_s: 10,
+    },
+    RealPlant {
+        bug: Bug::SkipOwnerCheck,
+        how: How::Build,
+        invariants: &[ids::OWNER_ATTACK_REFUSED],
+        nemesis: "pause",
+        env: &[],
+        seed: 1,
+        duration_s: 10,
+    },
+    RealPlant {
+        bug: Bug::RotateLapsedSession,
+        how: How::Build,
+        // The rule lets the lapsed grant rotate; etcd's own txn refuses it, so the lock
+        // server answers 500 (docs/real-runs.md, "Planted bugs on real processes").
+        invariants: &[ids::DEAD_GRANT_NEVER_REVIVED, ids::NO_CONTRADICTION],
+        nemesis: "pause",
+        env: &[],
+        seed: 1,
+        duration_s: 10,
+    },
 ];
 
 /// The bugs a real run cannot plant, and why.
-pub const NOT_REAL: [(Bug, &str); 10] = [
+pub const NOT_REAL: [(Bug, &str); 7] = [
     (
         Bug::FenceOffByOne,
         "the SQL stores decide the account fence in their conditional UPDATE (`fence < token`); `rules::fence_check`, where the bug lives, only names the stored fence of a refusal there",
     ),
     (
         Bug::MarkGe,
-        "only a token presented twice at the mark shows it, and only the simulation's forger presents one (its equal-token replay); the real run has no forger yet, and its executors never present one (seed 1, pause)",
+        "only a token presented twice at the mark shows it: the simulation's forger replays an executor's signed submission from its wire log, which a real run does not record, and the executors never present one; and the SQL stores decide the mark in their own statement (`highest_token < EXCLUDED.highest_token`), where the rule only checks the refusal (an equal token it would pass is refused as corrupt)",
     ),
     (
         Bug::LeaseEndInclusive,
-        "a grant live one millisecond too long is seen only by the simulation's `lock_decision_justified`, which judges lockdb's own log of decisions; a real run does not read etcd's history yet",
-    ),
-    (
-        Bug::RotateLapsedSession,
-        "the simulation finds it as `dead_grant_never_revived`, from lockdb's own history, which a real run does not read yet; not caught by the holders' beliefs at seeds 1 and 2 (pause)",
+        "a grant live one millisecond too long is seen only by the simulation's `lock_decision_justified`, which judges lockdb's own log of decisions; the real run judges the lock servers from their store calls, where a grant living longer than its lease breaks no bound",
     ),
     (
         Bug::FencingOffPayment,
@@ -155,14 +182,6 @@ pub const NOT_REAL: [(Bug, &str); 10] = [
     (
         Bug::BatchIgnoresAccount,
         "its code point is the simulation's payment store (`store_mem::batch_payout`); the SQL stores filter by account in the query",
-    ),
-    (
-        Bug::SkipGrantSignatureCheck,
-        "only a forger finds it (signed grants are all a real workload sends); the real run has no forger yet",
-    ),
-    (
-        Bug::SkipOwnerCheck,
-        "only a forger's owner attacks find it (each executor addresses only its own owner); the real run has no forger yet",
     ),
 ];
 
@@ -285,7 +304,8 @@ mod tests {
     #[test]
     fn a_plant_the_real_run_cannot_make_is_refused_with_its_reason() {
         assert!(find("grant-unexpired").is_ok());
-        let e = find("skip-owner-check").unwrap_err();
+        assert!(find("skip-owner-check").is_ok());
+        let e = find("mark-ge").unwrap_err();
         assert!(e.contains("forger"), "{e}");
         let e = find("nope").unwrap_err();
         assert!(e.contains("fencing-off-both"), "{e}");

@@ -174,8 +174,16 @@ pub fn run_verdict(root: &Path, a: &Args) -> (u8, Option<bool>) {
     if let Some(bin) = &planted_bin {
         env.push(("LOCAL_DLOCK_BIN".to_owned(), bin.display().to_string()));
     }
+    // The forger's two owner-bound credentials (crate::forger), in a file only root reads.
+    let creds = crate::forger::Credentials::fresh();
+    let creds_file = dir.with_extension("credentials");
+    if let Err(e) = write_private(&creds_file, &creds.lines()) {
+        eprintln!("dlock-real: crash: {}: {e}", creds_file.display());
+        return (FailureClass::Crash.exit_code(), None);
+    }
     let started = Instant::now();
-    let cluster = match Cluster::start(&Start { root, dir: &dir, profile: &profile, env, keep: true }) {
+    let start = Start { root, dir: &dir, profile: &profile, env, keep: true, credentials_extra: Some(&creds_file) };
+    let cluster = match Cluster::start(&start) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("dlock-real: crash: the cluster did not start: {e}");
@@ -183,10 +191,11 @@ pub fn run_verdict(root: &Path, a: &Args) -> (u8, Option<bool>) {
         }
     };
     say(a.json, &format!("cluster up in {:.1} s ({})", started.elapsed().as_secs_f64(), dir.display()));
-    let outcome = play_and_judge(&rt, &cluster, &plan, a, plant);
+    let outcome = play_and_judge(&rt, &cluster, &plan, a, plant, &creds);
     let code = crate::report::report(&dir, &plan, a, &outcome);
     let caught = crate::report::planted_caught(a.plant.as_deref(), &outcome.failures);
     drop(cluster);
+    let _ = std::fs::remove_file(&creds_file);
     if !a.keep && (code == 0 || caught == Some(true)) {
         let _ = std::fs::remove_dir_all(&dir);
         let _ = std::fs::remove_file(dir.with_extension("up.log"));
@@ -194,6 +203,14 @@ pub fn run_verdict(root: &Path, a: &Args) -> (u8, Option<bool>) {
         say(a.json, &format!("kept {}", dir.display()));
     }
     (code, caught)
+}
+
+/// Writes `text` to a new file `path` readable by its owner alone.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(text.as_bytes())
 }
 
 fn crash(msg: String) -> Outcome {
@@ -206,6 +223,7 @@ fn play_and_judge(
     plan: &Plan,
     a: &Args,
     plant: Option<&crate::plants::RealPlant>,
+    creds: &crate::forger::Credentials,
 ) -> Outcome {
     let trace_dir = cluster.trace_dir();
     let (nem_out, run_out) = match (Own::create(&trace_dir, "nemesis"), Own::create(&trace_dir, "run")) {
@@ -334,6 +352,27 @@ fn play_and_judge(
     let _ = rt.block_on(sampler);
     let _ = rt.block_on(gauger);
     let soak = gauges.lock().map(|g| g.clone()).unwrap_or_default();
+    // The forger, after the settle and before the checks (crate::forger).
+    run_out.write(
+        "phase",
+        &[("phase", "forger".into()), ("detail", "forged writes, owner attacks, a lapsed session".into())],
+    );
+    let forged = crate::forger::aim(
+        Path::new(&cluster.var("DIR")),
+        &[cluster.var("PAYMENT_URL")],
+        &cluster.list("PROXY_URLS"),
+        &cluster.list("LOCK_URLS"),
+        creds,
+    )
+    .and_then(|aim| rt.block_on(crate::forger::run(&aim, &pool, plan.seed)));
+    let forged = match forged {
+        Ok(log) => log,
+        Err(e) => return crash(format!("the forger could not run: {e}")),
+    };
+    for line in forged.lines() {
+        run_out.write("note", &[("what", "forger".into()), ("result", line.into())]);
+    }
+    say(a.json, &format!("  forger: {} requests, {} got through", forged.lines().len(), forged.failures().len()));
     run_out.write("phase", &[("phase", "checks".into()), ("detail", "".into())]);
 
     // The evidence.
@@ -365,6 +404,7 @@ fn play_and_judge(
         not_created: done.not_created,
     };
     let mut failures = judge::failures(&evidence);
+    failures.extend(forged.failures());
     let lock_set = match lock_set {
         Some(Ok(o)) => {
             if !o.fenced.lost.is_empty() {

@@ -87,6 +87,7 @@ fn problems(test_sh: &str, up: &str) -> Vec<String> {
         "DLOCK_TRACE_FILE=$TRACE_DIR/$name.jsonl",
         "FAKETIME_DONT_FAKE_MONOTONIC=1",
         "synchronous_commit = on",
+        "cat \"$CREDENTIALS_EXTRA\" >>\"$SECRETS/credentials\"",
     ] {
         if !up.contains(needle) {
             p.push(format!("up.sh lacks {needle:?}"));
@@ -105,7 +106,7 @@ fn the_test_script_runs_the_real_run_and_requires_its_planted_control_to_be_caug
 fn a_missing_stage_a_planted_run_allowed_to_pass_or_a_weakened_cluster_is_reported() {
     let (t, u) = (read("scripts/test.sh"), read("deploy/local/up.sh"));
     assert!(problems(&t, &u).is_empty());
-    let cases: [(&str, String, String); 12] = [
+    let cases: [(&str, String, String); 13] = [
         ("no stage", t.replace("run_stage \"real run\" real_run", ""), u.clone()),
         ("a plant may be missed", t.replace("[ \"$rc\" -ne 0 ]", "[ \"$rc\" -gt 1 ]"), u.clone()),
         ("no planted build", t.replace("run_stage \"release build (planted)\" planted_build", ""), u.clone()),
@@ -118,6 +119,7 @@ fn a_missing_stage_a_planted_run_allowed_to_pass_or_a_weakened_cluster_is_report
         ("no traces", t.clone(), u.replace("DLOCK_TRACE_FILE=$TRACE_DIR/$name.jsonl", "")),
         ("monotonic faked", t.clone(), u.replace("FAKETIME_DONT_FAKE_MONOTONIC=1", "")),
         ("commits acknowledged early", t.clone(), u.replace("synchronous_commit = on", "synchronous_commit = off")),
+        ("no forger credentials", t.clone(), u.replace("cat \"$CREDENTIALS_EXTRA\" >>", "true ")),
     ];
     for (what, t, u) in cases {
         assert_eq!(problems(&t, &u).len(), 1, "{what}: {:?}", problems(&t, &u));

@@ -92,13 +92,52 @@ use std::time::Duration;
 
 use dlock_contract::auth::Secret;
 use dlock_contract::grant::{GrantSignature, GrantSigner, SIGNATURE_HEADER_CHARS_MAX};
-use dlock_contract::payout::PayoutState;
-use dlock_payment_resource::store::{ListQuery, PaymentStore};
 use dlock_rt::http::{BaseUrl, Bearer, HttpClient};
-use dlock_rt::Clock;
 
 use crate::outcome::Failure;
-use crate::world::{grant_signer, node_url, Topology, World, FORGER_WORKER_TOKEN, VICTIM_WORKER_TOKEN};
+
+#[cfg(madsim)]
+mod in_world;
+#[cfg(madsim)]
+pub use in_world::{run_forger, start_forger};
+
+/// Where the forger aims and what it holds: the simulated world's nodes and keys
+/// (`in_world`), or a real cluster's (the real run, docs/real-runs.md "The forger").
+#[derive(Clone)]
+pub struct Aim {
+    /// The payment-resource replicas, then the rail-proxy's, then the lock server's.
+    pub payment: Vec<BaseUrl>,
+    pub proxy: Vec<BaseUrl>,
+    pub lock: Vec<BaseUrl>,
+    /// The key every lock-server replica signs grants with (the forger signs with it what
+    /// a holder of another account's lock would present).
+    pub signer: GrantSigner,
+    /// The bearer of its forged writes to the resources (`None`: the process default).
+    pub writer: Option<Bearer>,
+    /// A worker credential bound to `owners=forger/*` (its owner attacks and lapsed
+    /// sessions), and one bound to `owners=forger-victim/*` (its victim's).
+    pub forger_token: Secret,
+    pub victim_token: Secret,
+}
+
+impl Aim {
+    /// The lock replica a draw picks, and its name (`lock-N`, from 1).
+    fn lock_replica(&self, draw: u64) -> (String, BaseUrl) {
+        let i = (draw % self.lock.len().max(1) as u64) as usize;
+        let name = format!("lock-{}", i + 1);
+        (name, self.lock.get(i).cloned().unwrap_or_else(|| BaseUrl::plain(String::new())))
+    }
+}
+
+/// A settled payout a forged write aims at: what a submission names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub payout_id: uuid::Uuid,
+    pub account_id: String,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub beneficiary_ref: String,
+}
 
 /// Forged writes per swarm seed.
 pub const FORGED_WRITES_PER_SEED: usize = 6;
@@ -405,6 +444,7 @@ impl ForgerLog {
         self.replayed.lock().map(|g| g.clone()).unwrap_or_default()
     }
 
+    #[cfg_attr(not(madsim), allow(dead_code, reason = "only the simulated world replays (in_world)"))]
     fn push_replayed(&self, r: Replayed) {
         if let Ok(mut g) = self.replayed.lock() {
             g.push(r);
@@ -445,125 +485,73 @@ impl ForgerLog {
     }
 }
 
-/// Starts the forger's fault phase on its node `forger` (never faulted; added to `world`):
-/// [`FAULT_ROUNDS`] rounds, each at a drawn instant of its share of the first `fault_ms`,
-/// while the faults play. A round replays the newest accepted signed claim or post with its
-/// original token ([`replay_signed_writes`]) and sends a claim batch of the forger's own
-/// account naming other accounts' PENDING payouts ([`foreign_batch`]). The returned log
-/// goes on into [`run_forger`].
-pub fn start_forger(world: &mut World, fault_ms: u64) -> ForgerLog {
-    let log = ForgerLog::default();
-    let node = world.add_node("forger");
-    let paydb = world.paydb.clone();
-    let topology = world.spec().topology.clone();
-    let out = log.clone();
-    node.spawn(async move {
-        let share = (fault_ms / FAULT_ROUNDS).max(1);
-        let mut now = 0;
-        for round in 0..FAULT_ROUNDS {
-            let at = round * share + dlock_rt::rand::random_u64() % share;
-            dlock_rt::sleep(Duration::from_millis(at.saturating_sub(now))).await;
-            now = at;
-            replay_signed_writes(&*paydb, &out, Replays::ClaimsAndPosts(1)).await;
-            foreign_batch(&*paydb, &topology, &out).await;
-        }
-    });
-    log
-}
-
-/// Runs the forger to its end on its node `forger`: after the seed's liveness phase, when
-/// the payouts have settled and every fault has healed, and before the checks. `log` is
-/// what its fault phase sent ([`start_forger`]; a fresh log when it had none).
-pub async fn run_forger(world: &World, log: ForgerLog) -> ForgerLog {
-    let node = match world.node("forger") {
-        Some(n) => n.clone(),
-        None => madsim::runtime::Handle::current()
-            .create_node()
-            .name("forger")
-            .ip(std::net::IpAddr::from(crate::world::FORGER_IP))
-            .build(),
+/// One forged write (module doc) at `target`, drawn by `draw`: its forgery, its hop
+/// (claim, post or submission) and its replica; `rogue` is the untrusted key.
+pub async fn forge_one(aim: &Aim, rogue: &GrantSigner, target: &Target, draw: u64, out: &ForgerLog) {
+    let forgery = Forgery::ALL[(draw % Forgery::ALL.len() as u64) as usize];
+    let hop = ["claim", "post", "submit"][((draw >> 8) % 3) as usize];
+    // Claims and posts present the int64 maximum (today's account killer); a
+    // submission presents 1, so that one the check let through is fenced at the mark
+    // (or finds the payout settled) instead of raising it.
+    let token = if hop == "submit" { 1 } else { i64::MAX };
+    let signature = forgery.signature(&aim.signer, rogue, &target.account_id, token, draw);
+    let replica = |urls: &[BaseUrl]| {
+        let n = urls.len().max(1);
+        urls.get((draw >> 16) as usize % n).cloned().unwrap_or_else(|| BaseUrl::plain(String::new()))
     };
-    let paydb = world.paydb.clone();
-    let topology = world.spec().topology.clone();
-    let out = log.clone();
-    let task = node.spawn(async move {
-        forge_writes(&*paydb, &topology, &out).await;
-        run_owner_attacks(&topology, &out).await;
-        run_lapsed_session(&topology, &out).await;
-        replay_signed_writes(&*paydb, &out, Replays::EveryFence(REPLAYS_PER_SEED)).await;
-        run_cross_account_batch(&topology, &out).await;
-    });
-    let _ = task.await;
-    log
-}
-
-/// The forged writes ([`FORGED_WRITES_PER_SEED`]; fewer when paydb has no settled payout).
-async fn forge_writes(paydb: &dyn PaymentStore, topology: &Topology, out: &ForgerLog) {
-    let signer = grant_signer();
-    let rogue = GrantSigner::from_seed(&dlock_rt::rand::secret_bytes::<32>());
-    for _ in 0..FORGED_WRITES_PER_SEED {
-        let Some(target) = settled_payout(paydb).await else { return };
-        let Ok(Some(view)) = paydb.payout(target).await else { continue };
-        let draw = dlock_rt::rand::random_u64();
-        let forgery = Forgery::ALL[(draw % Forgery::ALL.len() as u64) as usize];
-        let hop = ["claim", "post", "submit"][((draw >> 8) % 3) as usize];
-        // Claims and posts present the int64 maximum (today's account killer); a
-        // submission presents 1, so that one the check let through is fenced at the mark
-        // (or finds the payout settled) instead of raising it.
-        let token = if hop == "submit" { 1 } else { i64::MAX };
-        let signature = forgery.signature(&signer, &rogue, &view.account_id, token, draw);
-        let replica = |n: usize| ((draw >> 16) as usize % n.max(1)) + 1;
-        let (base, path, body) = match hop {
-            "claim" => (
-                node_url(&format!("payment-{}", replica(topology.payment_replicas))),
-                format!("/v1/payouts/{target}/claim"),
-                serde_json::json!({ "expectedState": "PENDING" }),
-            ),
-            "post" => (
-                node_url(&format!("payment-{}", replica(topology.payment_replicas))),
-                format!("/v1/payouts/{target}/post"),
-                serde_json::json!({
-                    "submissionId": dlock_rt::rand::uuid_v4(),
-                    "railReference": "forged",
-                    "railOutcome": "ACKED",
-                }),
-            ),
-            _ => (
-                node_url(&format!("proxy-{}", replica(topology.proxy_replicas))),
-                "/v1/rail/submissions".to_owned(),
-                serde_json::json!({
-                    "payoutId": target,
-                    "accountId": view.account_id,
-                    "amountMinor": view.amount_minor,
-                    "currency": view.currency,
-                    "beneficiaryRef": view.beneficiary_ref,
-                }),
-            ),
-        };
-        let token_text = token.to_string();
-        let key = format!("forged:{target}:{draw}");
-        let mut headers = vec![
-            ("content-type", "application/json"),
-            (dlock_contract::HEADER_FENCING_TOKEN, token_text.as_str()),
-            (dlock_contract::HEADER_OWNER_ID, FORGER_OWNER),
-            (dlock_contract::HEADER_IDEMPOTENCY_KEY, key.as_str()),
-        ];
-        if let Some(sig) = &signature {
-            headers.push((dlock_contract::HEADER_FENCING_SIGNATURE, sig.as_str()));
-        }
-        let answer = HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS)
-            .send(&base, http::Method::POST, &path, &headers, Some(body.to_string().into()))
-            .await;
-        let (status, code) = status_and_code(answer);
-        out.push(Forged { forgery, hop, payout: target.to_string(), status, code });
+    let payout = target.payout_id;
+    let (base, path, body) = match hop {
+        "claim" => (
+            replica(&aim.payment),
+            format!("/v1/payouts/{payout}/claim"),
+            serde_json::json!({ "expectedState": "PENDING" }),
+        ),
+        "post" => (
+            replica(&aim.payment),
+            format!("/v1/payouts/{payout}/post"),
+            serde_json::json!({
+                "submissionId": dlock_rt::rand::uuid_v4(),
+                "railReference": "forged",
+                "railOutcome": "ACKED",
+            }),
+        ),
+        _ => (
+            replica(&aim.proxy),
+            "/v1/rail/submissions".to_owned(),
+            serde_json::json!({
+                "payoutId": payout,
+                "accountId": target.account_id,
+                "amountMinor": target.amount_minor,
+                "currency": target.currency,
+                "beneficiaryRef": target.beneficiary_ref,
+            }),
+        ),
+    };
+    let token_text = token.to_string();
+    let key = format!("forged:{payout}:{draw}");
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        (dlock_contract::HEADER_FENCING_TOKEN, token_text.as_str()),
+        (dlock_contract::HEADER_OWNER_ID, FORGER_OWNER),
+        (dlock_contract::HEADER_IDEMPOTENCY_KEY, key.as_str()),
+    ];
+    if let Some(sig) = &signature {
+        headers.push((dlock_contract::HEADER_FENCING_SIGNATURE, sig.as_str()));
     }
+    let mut client = HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS);
+    if aim.writer.is_some() {
+        client = client.with_bearer(aim.writer.clone());
+    }
+    let answer = client.send(&base, http::Method::POST, &path, &headers, Some(body.to_string().into())).await;
+    let (status, code) = status_and_code(answer);
+    out.push(Forged { forgery, hop, payout: payout.to_string(), status, code });
 }
 
 /// One lock-server request under the credential `token`, as `owner`: the answer's status
 /// and body (`(0, null)`: no answer within the forger's budgets).
 async fn lock_call(
     base: &BaseUrl,
-    token: &str,
+    token: &Secret,
     owner: &str,
     method: http::Method,
     path: &str,
@@ -571,8 +559,7 @@ async fn lock_call(
     body: Option<serde_json::Value>,
 ) -> (u16, serde_json::Value) {
     // An explicit bearer: it wins over the process default ([`crate::world::layers`]).
-    let client =
-        HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS).with_bearer(Some(Bearer::fixed(Secret::new(token))));
+    let client = HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS).with_bearer(Some(Bearer::fixed(token.clone())));
     let mut headers = vec![(dlock_contract::HEADER_OWNER_ID, owner)];
     if let Some(t) = fencing_token {
         headers.push((dlock_contract::HEADER_FENCING_TOKEN, t));
@@ -588,19 +575,17 @@ async fn lock_call(
 
 /// The owner attacks (module doc, "Owner attacks"): the victim's setup on a drawn lock
 /// replica, then each [`OwnerAttack`] once under the forger's own credential. Nothing is
-/// sent when the setup gets no session or no grant.
-async fn run_owner_attacks(topology: &Topology, out: &ForgerLog) {
-    let draw = dlock_rt::rand::random_u64();
-    let replica = format!("lock-{}", draw % topology.lock_replicas.max(1) as u64 + 1);
-    let base = node_url(&replica);
+/// sent when the setup gets no session or no grant. `draw` picks the replica and the key.
+pub async fn run_owner_attacks(aim: &Aim, draw: u64, out: &ForgerLog) {
+    let (replica, base) = aim.lock_replica(draw);
     let key = format!("forger-victim:{}", draw >> 32);
     let victim = |method: http::Method, path: String, fencing: Option<String>, body: Option<serde_json::Value>| {
         let base = base.clone();
-        async move { lock_call(&base, VICTIM_WORKER_TOKEN, VICTIM_OWNER, method, &path, fencing.as_deref(), body).await }
+        async move { lock_call(&base, &aim.victim_token, VICTIM_OWNER, method, &path, fencing.as_deref(), body).await }
     };
     let forger = |method: http::Method, path: String, fencing: Option<String>, body: Option<serde_json::Value>| {
         let base = base.clone();
-        async move { lock_call(&base, FORGER_WORKER_TOKEN, ATTACKER_OWNER, method, &path, fencing.as_deref(), body).await }
+        async move { lock_call(&base, &aim.forger_token, ATTACKER_OWNER, method, &path, fencing.as_deref(), body).await }
     };
     // The victim's session and grant.
     let opened = serde_json::json!({ "ttlMillis": VICTIM_TTL_MS });
@@ -654,15 +639,13 @@ async fn run_owner_attacks(topology: &Topology, out: &ForgerLog) {
 /// [`LAPSE_LEASE_TTL_MS`], never heartbeats, and asks that replica (`GET /v1/locks/{key}`,
 /// every [`LAPSE_POLL_MS`], at most [`LAPSE_WAIT_MS_MAX`]) until it says the key is not held.
 /// Then it renews the grant, and rotates it. Nothing is sent when the setup gets no grant or
-/// the replica never says the grant died.
-async fn run_lapsed_session(topology: &Topology, out: &ForgerLog) {
-    let draw = dlock_rt::rand::random_u64();
-    let replica = format!("lock-{}", draw % topology.lock_replicas.max(1) as u64 + 1);
-    let base = node_url(&replica);
+/// the replica never says the grant died. `draw` picks the replica and the key.
+pub async fn run_lapsed_session(aim: &Aim, draw: u64, out: &ForgerLog) {
+    let (replica, base) = aim.lock_replica(draw);
     let key = format!("forger-lapse:{}", draw >> 32);
     let me = |method: http::Method, path: String, fencing: Option<String>, body: Option<serde_json::Value>| {
         let base = base.clone();
-        async move { lock_call(&base, FORGER_WORKER_TOKEN, ATTACKER_OWNER, method, &path, fencing.as_deref(), body).await }
+        async move { lock_call(&base, &aim.forger_token, ATTACKER_OWNER, method, &path, fencing.as_deref(), body).await }
     };
     let opened = serde_json::json!({ "ttlMillis": LAPSE_SESSION_TTL_MS });
     let (status, answer) = me(http::Method::POST, "/v1/sessions".to_owned(), None, Some(opened)).await;
@@ -698,89 +681,6 @@ async fn run_lapsed_session(topology: &Topology, out: &ForgerLog) {
     }
 }
 
-/// What a fenced write the wire log holds names: its hop and payout.
-fn replayable(e: &dlock_rt::wire_log::Exchange) -> Option<(&'static str, uuid::Uuid)> {
-    let answered_ok = matches!(&e.fate, Some(dlock_rt::wire_log::Fate::Answered { status: 200, .. }));
-    let owner = e.header(dlock_contract::HEADER_OWNER_ID).unwrap_or_default();
-    if e.method != "POST" || !answered_ok || owner.starts_with(FORGER_OWNER) {
-        return None;
-    }
-    e.header(dlock_contract::HEADER_FENCING_SIGNATURE)?;
-    if e.path == "/v1/rail/submissions" {
-        let body: serde_json::Value = serde_json::from_slice(&e.request).ok()?;
-        return Some(("submit", body["payoutId"].as_str()?.parse().ok()?));
-    }
-    let rest = e.path.strip_prefix("/v1/payouts/")?;
-    let (id, hop) = rest.split_once('/')?;
-    let hop = match hop {
-        "claim" => "claim",
-        "post" => "post",
-        _ => return None,
-    };
-    Some((hop, id.parse().ok()?))
-}
-
-/// Which signed writes [`replay_signed_writes`] sends again, and how many at most.
-#[derive(Debug, Clone, Copy)]
-enum Replays {
-    /// Claims and posts only (during the fault phase, a submission's payout may turn
-    /// RAIL_AMBIGUOUS between the look and the send).
-    ClaimsAndPosts(usize),
-    /// Claims, posts and submissions (at the end, when everything settled).
-    EveryFence(usize),
-}
-
-/// Equal-token replays (module doc): the newest accepted signed write of each fence (the
-/// claim or post of an account, the submission at its mark) sent again as it was, its token
-/// and signature unchanged, under a fresh idempotency key, newest first. A submission of a
-/// payout now RAIL_AMBIGUOUS is left alone (that one is the executors' invariant,
-/// `ambiguous_payout_never_resubmitted`).
-async fn replay_signed_writes(paydb: &dyn PaymentStore, out: &ForgerLog, which: Replays) {
-    let (most, submissions) = match which {
-        Replays::ClaimsAndPosts(n) => (n, false),
-        Replays::EveryFence(n) => (n, true),
-    };
-    let log = dlock_rt::wire_log::snapshot();
-    let mut fences_done: Vec<(bool, String)> = Vec::new();
-    for e in log.iter().rev() {
-        if fences_done.len() >= most {
-            break;
-        }
-        let Some((hop, payout)) = replayable(e).filter(|(hop, _)| submissions || *hop != "submit") else { continue };
-        let Ok(Some(view)) = paydb.payout(payout).await else { continue };
-        let fence = (hop == "submit", view.account_id.clone());
-        if fences_done.contains(&fence) || (hop == "submit" && view.state == PayoutState::RailAmbiguous) {
-            continue;
-        }
-        fences_done.push(fence);
-        let key = format!("forger-replay:{}", e.seq_sent);
-        let headers: Vec<(&str, &str)> = e
-            .headers
-            .iter()
-            .filter(|(k, _)| k != "authorization")
-            .map(|(k, v)| {
-                if k == dlock_contract::HEADER_IDEMPOTENCY_KEY {
-                    (k.as_str(), key.as_str())
-                } else {
-                    (k.as_str(), v.as_str())
-                }
-            })
-            .collect();
-        let token = e.header(dlock_contract::HEADER_FENCING_TOKEN).and_then(|t| t.parse().ok()).unwrap_or(0);
-        let answer = HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS)
-            .send(
-                &BaseUrl::plain(e.authority.clone()),
-                http::Method::POST,
-                &e.path,
-                &headers,
-                Some(e.request.clone().into()),
-            )
-            .await;
-        let (status, code) = status_and_code(answer);
-        out.push_replayed(Replayed { hop, payout: payout.to_string(), token, status, code });
-    }
-}
-
 /// An answer's status and envelope `code` (`(0, "")`: no answer).
 fn status_and_code(answer: Result<dlock_rt::http::ClientResponse, dlock_rt::http::ClientError>) -> (u16, String) {
     match answer {
@@ -790,176 +690,6 @@ fn status_and_code(answer: Result<dlock_rt::http::ClientResponse, dlock_rt::http
         }
         Err(_) => (0, String::new()),
     }
-}
-
-/// Opens the forger's `account` at zero (idempotent: the same key each time); whether it
-/// exists.
-async fn open_account(client: &dlock_payment_client::PaymentClient, account: &str) -> bool {
-    let (Ok(owner), Ok(k)) = (
-        dlock_contract::OwnerId::parse(FORGER_OWNER),
-        dlock_contract::IdempotencyKey::parse(&format!("forger-open-{account}")),
-    ) else {
-        return false;
-    };
-    let body = dlock_contract::payment::NewAccountRequest {
-        account_id: account.to_owned(),
-        currency: "EUR".into(),
-        opening_balance_minor: 0,
-    };
-    for _ in 0..FORGER_TRIES_MAX {
-        if client.create_account(&owner, &k, &body).await.is_ok() {
-            return true;
-        }
-    }
-    false
-}
-
-/// A payment client of the forger on the drawn payment replica.
-fn payment_client(topology: &Topology) -> Option<(BaseUrl, dlock_payment_client::PaymentClient)> {
-    let draw = dlock_rt::rand::random_u64();
-    let replica = node_url(&format!("payment-{}", draw % topology.payment_replicas.max(1) as u64 + 1));
-    let mut cfg = dlock_payment_client::PaymentClientConfig::new(replica.clone());
-    cfg.write_read_timeout_ms = FORGER_READ_MS;
-    Some((replica, dlock_payment_client::PaymentClient::new(cfg).ok()?))
-}
-
-/// A fenced write of the forger to `path` under token 1 of `account`'s lock key, signed with
-/// the world's key (what a holder of that account's lock presents).
-async fn send_as_holder(
-    replica: &BaseUrl,
-    path: &str,
-    account: &str,
-    key: &str,
-    body: serde_json::Value,
-) -> Result<dlock_rt::http::ClientResponse, dlock_rt::http::ClientError> {
-    let signature = grant_signer().sign(&dlock_contract::grant::payout_lock_key(account), 1, FORGER_OWNER);
-    let headers = [
-        ("content-type", "application/json"),
-        (dlock_contract::HEADER_FENCING_TOKEN, "1"),
-        (dlock_contract::HEADER_FENCING_SIGNATURE, signature.as_str()),
-        (dlock_contract::HEADER_OWNER_ID, FORGER_OWNER),
-        (dlock_contract::HEADER_IDEMPOTENCY_KEY, key),
-    ];
-    HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS)
-        .send(replica, http::Method::POST, path, &headers, Some(body.to_string().into()))
-        .await
-}
-
-/// A claim batch of [`FORGER_ACCOUNT_A`] naming `payouts` (of other accounts), sent and
-/// logged; the probe fires when every item came back `NOT_FOUND`.
-async fn send_foreign_batch(replica: &BaseUrl, payouts: &[uuid::Uuid], key: &str, out: &ForgerLog) {
-    let items: Vec<serde_json::Value> =
-        payouts.iter().map(|p| serde_json::json!({ "payoutId": p, "expectedState": "PENDING" })).collect();
-    let path = format!("/v1/accounts/{FORGER_ACCOUNT_A}/claims");
-    let answer = send_as_holder(replica, &path, FORGER_ACCOUNT_A, key, serde_json::json!({ "payouts": items })).await;
-    let (status, items) = match &answer {
-        Ok(r) => {
-            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
-            let items: Vec<String> = v["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|i| format!("{} {}", i["status"], i["body"]["code"].as_str().unwrap_or_default()))
-                .collect();
-            (r.status, items)
-        }
-        Err(_) => (0, Vec::new()),
-    };
-    if !items.is_empty() && items.iter().all(|i| i == "404 NOT_FOUND") {
-        dlock_rt::probe::hit(dlock_rt::probe::Probe::ForeignPayoutRefusedInBatch);
-    }
-    let named: Vec<String> = payouts.iter().map(|p| p.to_string()).collect();
-    out.push_replayed(Replayed { hop: "batch", payout: named.join(","), token: 1, status, code: items.join(",") });
-}
-
-/// A fault-phase cross-account batch: [`FORGER_ACCOUNT_A`] (opened at zero) names up to
-/// [`FOREIGN_PAYOUTS_MAX`] PENDING payouts of the workload's accounts. A store that honours
-/// the batch's account answers each `NOT_FOUND` and writes nothing.
-async fn foreign_batch(paydb: &dyn PaymentStore, topology: &Topology, out: &ForgerLog) {
-    let Some((replica, client)) = payment_client(topology) else { return };
-    if !open_account(&client, FORGER_ACCOUNT_A).await {
-        return;
-    }
-    let q = ListQuery {
-        state: PayoutState::Pending,
-        account_id: None,
-        snapshot: Clock::system().wall(),
-        created_after: None,
-        after: None,
-        limit: FOREIGN_PAYOUTS_MAX,
-    };
-    let Ok(page) = paydb.list(&q).await else { return };
-    let payouts: Vec<uuid::Uuid> =
-        page.iter().filter(|p| !p.account_id.starts_with("forger-")).map(|p| p.payout_id).collect();
-    if payouts.is_empty() {
-        return;
-    }
-    let key = format!("forger-foreign-{}", dlock_rt::rand::random_u64());
-    send_foreign_batch(&replica, &payouts, &key, out).await;
-}
-
-/// The cross-account batch (module doc): the forger opens two accounts of its own at zero,
-/// creates a payout of [`FORGER_ACCOUNT_B`], and sends a claim batch for
-/// [`FORGER_ACCOUNT_A`], under a grant of A's key signed with the world's key (what a
-/// holder of A's lock presents), naming B's payout. A's fence passes; B's payout must come
-/// back `NOT_FOUND`. Then it claims the payout under a grant of B's own key, which fails it
-/// for lack of funds: the forger leaves nothing unsettled.
-async fn run_cross_account_batch(topology: &Topology, out: &ForgerLog) {
-    let Some((replica, client)) = payment_client(topology) else { return };
-    for account in [FORGER_ACCOUNT_A, FORGER_ACCOUNT_B] {
-        if !open_account(&client, account).await {
-            return;
-        }
-    }
-    let Ok(owner) = dlock_contract::OwnerId::parse(FORGER_OWNER) else { return };
-    let body = dlock_contract::payment::NewPayoutRequest {
-        payout_id: None,
-        account_id: FORGER_ACCOUNT_B.to_owned(),
-        amount_minor: FORGER_PAYOUT_MINOR,
-        currency: "EUR".into(),
-        beneficiary_ref: "forger-beneficiary".into(),
-    };
-    let Ok(k) = dlock_contract::IdempotencyKey::parse("forger-payout") else { return };
-    let mut payout = None;
-    for _ in 0..FORGER_TRIES_MAX {
-        if let Ok(p) = client.create_payout(&owner, &k, &body).await {
-            payout = Some(p.payout_id);
-            break;
-        }
-    }
-    let Some(payout) = payout else { return };
-    send_foreign_batch(&replica, &[payout], "forger-batch", out).await;
-    // Settle the payout under its own account's grant: no funds, so FAILED.
-    for t in 0..FORGER_TRIES_MAX {
-        let claim = serde_json::json!({ "expectedState": "PENDING" });
-        let path = format!("/v1/payouts/{payout}/claim");
-        let answer = send_as_holder(&replica, &path, FORGER_ACCOUNT_B, &format!("forger-settle-{t}"), claim).await;
-        if answer.is_ok_and(|r| r.status < 500) {
-            break;
-        }
-    }
-}
-
-/// A settled payout (POSTED or FAILED) drawn from paydb, if any.
-async fn settled_payout(paydb: &dyn PaymentStore) -> Option<uuid::Uuid> {
-    let mut found = Vec::new();
-    for state in [PayoutState::Posted, PayoutState::Failed] {
-        let q = ListQuery {
-            state,
-            account_id: None,
-            snapshot: Clock::system().wall(),
-            created_after: None,
-            after: None,
-            limit: TARGETS_MAX,
-        };
-        if let Ok(page) = paydb.list(&q).await {
-            found.extend(page.into_iter().map(|p| p.payout_id));
-        }
-    }
-    if found.is_empty() {
-        return None;
-    }
-    Some(found[dlock_rt::rand::random_u64() as usize % found.len()])
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@
 )]
 
 pub mod fault;
+pub mod forger;
 pub mod oracle;
 pub mod outcome;
 pub mod scenario;
@@ -38,8 +39,6 @@ pub mod campaign;
 pub mod envelope;
 #[cfg(madsim)]
 pub mod faults;
-#[cfg(madsim)]
-pub mod forger;
 #[cfg(madsim)]
 pub mod scenario_seed;
 #[cfg(madsim)]

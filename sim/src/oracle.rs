@@ -157,6 +157,10 @@ pub mod ids {
     pub const FORGED_WRITE_REFUSED: &str = "forged_write_refused";
     /// The forger's owner attacks were all refused (`crate::forger`).
     pub const OWNER_ATTACK_REFUSED: &str = "owner_attack_refused";
+    /// No service met a state its rules say cannot be (answered `500 INTERNAL`, and no unknown
+    /// outcome): judged by the real run over its traced `contradiction` events
+    /// (`traced::contradiction_failures`).
+    pub const NO_CONTRADICTION: &str = "no_contradiction_met";
 }
 
 /// Which stored fence a fenced write is compared against: the payment-resource's

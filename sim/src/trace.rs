@@ -48,7 +48,7 @@ pub const SCHEMA: &str = dlock_rt::events::SCHEMA;
 pub const TRACE_EVENTS_MAX: usize = 200_000;
 
 /// Every `kind` a line may have (docs/simulation.md "Incident trace" describes each).
-pub const KINDS: [&str; 23] = [
+pub const KINDS: [&str; 26] = [
     "trace_start",
     "phase",
     "session",
@@ -72,6 +72,9 @@ pub const KINDS: [&str; 23] = [
     "lease_belief",
     "reconciler_finding",
     "session_belief",
+    "contradiction",
+    "store_call",
+    "store_answer",
 ];
 
 /// The kinds the trace takes from the services' event seam ([`dlock_rt::events`]). Every

@@ -21,6 +21,10 @@ pub struct ApiError {
     /// answers a rail decline `422` and the stub answers a decline `402`, both with code
     /// `VALIDATION_FAILED` (C3-extensions.md, C-1 and C-18).
     pub status_override: Option<u16>,
+    /// The service met a state its rules say cannot be ([`ApiError::internal`]): answered
+    /// `INTERNAL` and emitted as a `contradiction` event (crate doc). An unknown outcome is
+    /// `INTERNAL` too, and no contradiction.
+    pub contradiction: bool,
 }
 
 impl ApiError {
@@ -32,6 +36,7 @@ impl ApiError {
             retry_after_ms: None,
             internal: None,
             status_override: None,
+            contradiction: false,
         }
     }
 
@@ -41,9 +46,11 @@ impl ApiError {
         ApiError::new(ErrorCode::ValidationFailed, message).with_details(serde_json::json!({ "fields": fields }))
     }
 
-    /// `INTERNAL`, with the cause kept for the log only.
+    /// `INTERNAL` for a contradiction (a state the rules say cannot be: a store guard that
+    /// refused what the rule decided, a committed outcome without its record), with the
+    /// cause kept for the log and the `contradiction` event only.
     pub fn internal(cause: impl Into<String>) -> ApiError {
-        ApiError::new(ErrorCode::Internal, "internal error").with_internal(cause)
+        ApiError { contradiction: true, ..ApiError::new(ErrorCode::Internal, "internal error").with_internal(cause) }
     }
 
     pub fn with_details(mut self, details: Value) -> ApiError {

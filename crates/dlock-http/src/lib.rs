@@ -6,6 +6,13 @@
 //! [`ApiError`]; the [`envelope`] middleware renders it (and rewrites any bare error a lower
 //! layer produced). Internal causes are logged with the trace id, never sent.
 //!
+//! A contradiction ([`ApiError::internal`]: the service met a state its rules say cannot
+//! be, such as a store guard refusing what the rule decided, or a committed outcome without
+//! its record) is answered `500 INTERNAL` and also emitted on the event seam as
+//! `contradiction` (method, path, the cause cut to [`CONTRADICTION_CAUSE_CHARS_MAX`]
+//! characters), so a real run's judge sees it (docs/real-runs.md, `no_contradiction_met`).
+//! An unknown outcome is `500 INTERNAL` too, and no contradiction.
+//!
 //! Input hygiene is enforced here too, once for every service and backend: a request whose
 //! path or query percent-encodes a NUL character (`%00`) is refused `400 VALIDATION_FAILED`
 //! before routing, and every JSON body goes through [`strict_json`] (an object, no duplicate
@@ -144,8 +151,23 @@ fn default_message(code: ErrorCode) -> &'static str {
     }
 }
 
+/// Bound on the cause a `contradiction` event carries (characters).
+pub const CONTRADICTION_CAUSE_CHARS_MAX: usize = 300;
+
 fn render(err: ApiError, trace: &TraceId, method: &axum::http::Method, path: &str) -> Response {
     let status = err.status_override.unwrap_or(err.code.spec().http_status);
+    if err.contradiction {
+        dlock_rt::events::emit("http", "contradiction", || {
+            let cause: String =
+                err.internal.as_deref().unwrap_or_default().chars().take(CONTRADICTION_CAUSE_CHARS_MAX).collect();
+            [
+                ("method", method.as_str().into()),
+                ("path", path.into()),
+                ("status", status.into()),
+                ("cause", cause.into()),
+            ]
+        });
+    }
     if let Some(internal) = &err.internal {
         tracing::error!(
             code = err.code.as_str(),
@@ -247,6 +269,59 @@ mod tests {
             b = b.header(header::CONTENT_TYPE, ct);
         }
         b.body(Body::from(body.to_owned())).expect("request")
+    }
+
+    /// Every contradiction is a `contradiction` event on the seam, with its method, path and
+    /// cause cut to its bound; no other error is one, an unknown outcome's `INTERNAL` included.
+    #[tokio::test]
+    async fn a_contradiction_answered_is_an_event_on_the_seam_and_no_other_error_is() {
+        use std::sync::{Arc, Mutex};
+        type Seen = Arc<Mutex<Vec<(String, dlock_rt::events::Fields)>>>;
+        struct Keep(Seen);
+        impl dlock_rt::events::Sink for Keep {
+            fn record(&self, _node: &str, kind: &'static str, fields: dlock_rt::events::Fields) {
+                if let Ok(mut g) = self.0.lock() {
+                    g.push((kind.to_owned(), fields));
+                }
+            }
+        }
+        let seen: Seen = Arc::default();
+        let _installed = dlock_rt::events::install(Arc::new(Keep(seen.clone())));
+        let long = "x".repeat(2 * CONTRADICTION_CAUSE_CHARS_MAX);
+        let app = finish(
+            axum::Router::new()
+                .route(
+                    "/v1/internal-error-seam",
+                    post(move || {
+                        let long = long.clone();
+                        async move { ApiError::internal(format!("unexpected store content: {long}")).into_response() }
+                    }),
+                )
+                .route(
+                    "/v1/refused-seam",
+                    post(|| async { ApiError::new(ErrorCode::Forbidden, "no").into_response() }),
+                ),
+            64,
+        );
+        for path in ["/v1/internal-error-seam", "/v1/refused-seam", "/v1/unknown-outcome-seam"] {
+            let _ = app.clone().oneshot(req("POST", path, None, "")).await.expect("infallible");
+        }
+        let mine: Vec<_> = seen
+            .lock()
+            .expect("seen")
+            .iter()
+            .filter(|(k, f)| k == "contradiction" && f["path"].as_str().is_some_and(|p| p.ends_with("-seam")))
+            .cloned()
+            .collect();
+        assert_eq!(mine.len(), 1, "{mine:?}");
+        let f = &mine[0].1;
+        assert_eq!(
+            (f["method"].as_str(), f["path"].as_str(), f["status"].as_u64()),
+            (Some("POST"), Some("/v1/internal-error-seam"), Some(500))
+        );
+        let cause = f["cause"].as_str().unwrap_or_default();
+        assert!(cause.starts_with("unexpected store content: x"), "{cause}");
+        assert_eq!(cause.chars().count(), CONTRADICTION_CAUSE_CHARS_MAX);
     }
 
     /// A handler whose client went away mid-request still runs to its end: the store work a

@@ -24,6 +24,7 @@ pub mod store_etcd;
 pub mod store_fault;
 pub mod store_layer;
 pub mod store_mem;
+pub mod store_observed;
 #[cfg(not(madsim))]
 pub mod store_sql;
 pub mod store_timed;

@@ -284,9 +284,20 @@ impl LockServer {
     }
 
     /// A replica over `store`; every call it makes to `store` is timed
-    /// (`lock_store_op_seconds`, [`TimedLockStore`]).
+    /// (`lock_store_op_seconds`, [`TimedLockStore`]). In a real process with a trace file
+    /// (an event sink installed), every call is also told to the seam
+    /// ([`crate::store_observed::EventObserver`]): the evidence a real run's lock-call
+    /// checker judges. The simulation observes its replicas' stores itself.
     pub fn new(store: Arc<dyn LockStore>, cfg: LockServerConfig, clock: Clock) -> Arc<LockServer> {
         let metrics = LockMetrics::default();
+        #[cfg(not(madsim))]
+        let store: Arc<dyn LockStore> = if dlock_rt::events::enabled() {
+            let slot = Arc::new(crate::store_observed::CallSlot::default());
+            slot.set_observer(Arc::new(crate::store_observed::EventObserver::new(crate::NODE)));
+            Arc::new(crate::store_observed::ObservedLockStore { inner: store, slot })
+        } else {
+            store
+        };
         let store: Arc<dyn LockStore> = Arc::new(TimedLockStore {
             inner: store,
             ops: metrics.store_ops.clone(),

@@ -296,7 +296,10 @@ async fn submit(State(stub): State<Arc<RailStub>>, JsonBody(body): JsonBody) -> 
         Decision::Decline => {
             ApiError::new(ErrorCode::ValidationFailed, "declined by the rail").with_status(402).into_response()
         }
-        Decision::Error => ApiError::internal("injected rail failure").into_response(),
+        // A knob, not a contradiction: the same envelope as `ApiError::internal`'s.
+        Decision::Error => {
+            ApiError::new(ErrorCode::Internal, "internal error").with_internal("injected rail failure").into_response()
+        }
         Decision::Drop => {
             dlock_rt::sleep(dlock_rt::Duration::from_millis(stub.cfg.drop_hold_ms)).await;
             let mut resp = Response::new(axum::body::Body::empty());

@@ -2,10 +2,11 @@
 //! lock-server replicas asked of lockdb and what lockdb acknowledged, on every backend,
 //! etcd included (whose simulated server has no observer of its own).
 //!
-//! [`ObservedLockStore`] sits between a replica and its store (inside the fault layer, so
-//! it sees what the store itself answered) and tells a [`CallSlot`] when each call begins
-//! and how it ended. The oracle stamps both with the world's true (simulated) time and
-//! feeds [`Calls`], which judges:
+//! [`ObservedLockStore`] (`dlock_lock_server::store_observed`, re-exported here) sits
+//! between a replica and its store (inside the fault layer, so it sees what the store itself
+//! answered) and tells a [`CallSlot`] when each call begins and how it ended. The oracle
+//! stamps both with the world's true (simulated) time and feeds [`Calls`]; a real run feeds
+//! it the same reports from the lock servers' trace files (docs/real-runs.md). It judges:
 //! - **`no_two_live_grants_per_key`.** A grant lives at least until `ttl` after its last
 //!   acknowledged version's call *began* (the judging replica first sees a version no sooner
 //!   than its writer decided it, C1 §1.5.4; lockdb's clock on SQL and the simulation store
@@ -39,14 +40,8 @@
 //!   an excuse switches the checker off for the rest of the seed ([`Calls::partial`]).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
 
-use async_trait::async_trait;
-use dlock_lock_server::store::{
-    AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
-    RotateRefusal, SessionRefusal, SessionRow, StoreError,
-};
+pub use dlock_lock_server::store_observed::{Answered, Asked, CallObserver, CallSlot, ObservedLockStore};
 use uuid::Uuid;
 
 use crate::outcome::Failure;
@@ -62,76 +57,6 @@ pub const GRANTS_PER_KEY_MAX: usize = 16;
 pub const TRACKED_MAX: usize = 262_144;
 /// Acknowledged opens and heartbeats kept per session (the latest).
 const SESSION_ACKS_MAX: usize = 4;
-
-/// What a call asked of the store (what the checker reads of it).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Asked {
-    Open {
-        session: Uuid,
-    },
-    Heartbeat {
-        session: Uuid,
-    },
-    Close {
-        session: Uuid,
-    },
-    Acquire {
-        key: String,
-        session: Uuid,
-        ttl_ms: i64,
-        delay_ms: i64,
-    },
-    Renew {
-        key: String,
-        session: Uuid,
-        token: i64,
-        ttl_ms: i64,
-    },
-    Release {
-        key: String,
-        token: i64,
-    },
-    Rotate {
-        key: String,
-        session: Uuid,
-        token: i64,
-        ttl_ms: i64,
-        delay_ms: i64,
-    },
-    Revoke {
-        key: String,
-    },
-    /// A read, or the reaper: nothing the checker judges.
-    Other,
-}
-
-/// How a call ended (what the checker reads of it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answered {
-    /// An open or heartbeat was acknowledged: the session's ttl.
-    SessionLive {
-        ttl_ms: i64,
-    },
-    /// An acquire or rotate granted this token.
-    Granted {
-        token: i64,
-    },
-    /// A renew extended the grant.
-    Renewed,
-    /// A release, a close or a revoke (of this token) was done.
-    Done,
-    Revoked {
-        token: i64,
-    },
-    /// The call's session was refused as expired or unknown.
-    SessionRefused,
-    /// An acquire was refused: the key is held, or its lock-delay runs.
-    KeyBusy,
-    /// Any other answer the store gave.
-    Other,
-    /// The store failed: the outcome is unknown.
-    Unknown,
-}
 
 #[derive(Debug, Clone)]
 struct Grant {
@@ -549,173 +474,6 @@ impl Calls {
 fn until(from: u64, ttl_ms: i64, rate: f64) -> u64 {
     let ttl = u64::try_from(ttl_ms).unwrap_or(0) as f64 / rate.max(1.0);
     from.saturating_add(ttl.floor() as u64)
-}
-
-/// Told of every call an [`ObservedLockStore`] passes on.
-pub trait CallObserver: Send + Sync {
-    fn begin(&self, id: u64, asked: Asked);
-    fn end(&self, id: u64, answered: Answered);
-}
-
-/// Where the world's [`ObservedLockStore`]s report: the oracle registers one observer once
-/// the world runs; until then (and without one) calls pass through untold.
-#[derive(Default)]
-pub struct CallSlot {
-    observer: RwLock<Option<Arc<dyn CallObserver>>>,
-    next: AtomicU64,
-}
-
-impl CallSlot {
-    pub fn set_observer(&self, o: Arc<dyn CallObserver>) {
-        if let Ok(mut slot) = self.observer.write() {
-            *slot = Some(o);
-        }
-    }
-
-    fn observer(&self) -> Option<Arc<dyn CallObserver>> {
-        self.observer.read().ok().and_then(|o| o.clone())
-    }
-
-    async fn run<T>(
-        &self,
-        asked: impl FnOnce() -> Asked,
-        call: impl std::future::Future<Output = Result<T, StoreError>>,
-        answered: impl FnOnce(&T) -> Answered,
-    ) -> Result<T, StoreError> {
-        let Some(o) = self.observer() else { return call.await };
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        o.begin(id, asked());
-        let out = call.await;
-        o.end(id, out.as_ref().map_or(Answered::Unknown, answered));
-        out
-    }
-}
-
-/// A replica's lockdb, its calls told to a [`CallSlot`] (see the module doc).
-pub struct ObservedLockStore {
-    pub inner: Arc<dyn LockStore>,
-    pub slot: Arc<CallSlot>,
-}
-
-fn session_answer<T>(r: &Result<T, SessionRefusal>, live: impl FnOnce(&T) -> Answered) -> Answered {
-    match r {
-        Ok(t) => live(t),
-        Err(SessionRefusal::Expired | SessionRefusal::Unknown) => Answered::SessionRefused,
-    }
-}
-
-#[async_trait]
-impl LockStore for ObservedLockStore {
-    async fn ping(&self) -> Result<(), StoreError> {
-        self.inner.ping().await
-    }
-    async fn now_ms(&self) -> Result<i64, StoreError> {
-        self.inner.now_ms().await
-    }
-    async fn open_session(&self, session_id: Uuid, owner_id: &str, ttl_ms: i64) -> Result<SessionRow, StoreError> {
-        let call = self.inner.open_session(session_id, owner_id, ttl_ms);
-        let answered = |r: &SessionRow| Answered::SessionLive { ttl_ms: r.ttl_ms };
-        self.slot.run(|| Asked::Open { session: session_id }, call, answered).await
-    }
-    async fn heartbeat(&self, session_id: Uuid) -> Result<Result<(SessionRow, i64), SessionRefusal>, StoreError> {
-        let call = self.inner.heartbeat(session_id);
-        let answered = |r: &Result<(SessionRow, i64), SessionRefusal>| {
-            session_answer(r, |(row, _)| Answered::SessionLive { ttl_ms: row.ttl_ms })
-        };
-        self.slot.run(|| Asked::Heartbeat { session: session_id }, call, answered).await
-    }
-    async fn close_session(&self, session_id: Uuid, delay_ms: i64) -> Result<Result<(), SessionRefusal>, StoreError> {
-        let call = self.inner.close_session(session_id, delay_ms);
-        let answered = |r: &Result<(), SessionRefusal>| if r.is_ok() { Answered::Done } else { Answered::Other };
-        self.slot.run(|| Asked::Close { session: session_id }, call, answered).await
-    }
-    async fn acquire(
-        &self,
-        key: &str,
-        session_id: Uuid,
-        ttl_ms: i64,
-        delay_ms: i64,
-    ) -> Result<Result<GrantRow, AcquireRefusal>, StoreError> {
-        let call = self.inner.acquire(key, session_id, ttl_ms, delay_ms);
-        let asked = || Asked::Acquire { key: key.to_owned(), session: session_id, ttl_ms, delay_ms };
-        let answered = |r: &Result<GrantRow, AcquireRefusal>| match r {
-            Ok(g) => Answered::Granted { token: g.fencing_token },
-            Err(AcquireRefusal::Session(_)) => Answered::SessionRefused,
-            Err(AcquireRefusal::Contended { .. } | AcquireRefusal::Delayed { .. }) => Answered::KeyBusy,
-            Err(_) => Answered::Other,
-        };
-        self.slot.run(asked, call, answered).await
-    }
-    async fn renew(
-        &self,
-        key: &str,
-        session_id: Uuid,
-        token: i64,
-        ttl_ms: i64,
-    ) -> Result<Result<GrantRow, RenewRefusal>, StoreError> {
-        let call = self.inner.renew(key, session_id, token, ttl_ms);
-        let asked = || Asked::Renew { key: key.to_owned(), session: session_id, token, ttl_ms };
-        let answered = |r: &Result<GrantRow, RenewRefusal>| match r {
-            Ok(_) => Answered::Renewed,
-            Err(_) => Answered::Other,
-        };
-        self.slot.run(asked, call, answered).await
-    }
-    async fn release(&self, key: &str, token: i64) -> Result<Result<(), Option<i64>>, StoreError> {
-        let call = self.inner.release(key, token);
-        let answered = |r: &Result<(), Option<i64>>| if r.is_ok() { Answered::Done } else { Answered::Other };
-        self.slot.run(|| Asked::Release { key: key.to_owned(), token }, call, answered).await
-    }
-    async fn rotate(
-        &self,
-        key: &str,
-        session_id: Uuid,
-        token: i64,
-        ttl_ms: i64,
-        delay_ms: i64,
-    ) -> Result<Result<GrantRow, RotateRefusal>, StoreError> {
-        let call = self.inner.rotate(key, session_id, token, ttl_ms, delay_ms);
-        let asked = || Asked::Rotate { key: key.to_owned(), session: session_id, token, ttl_ms, delay_ms };
-        let answered = |r: &Result<GrantRow, RotateRefusal>| match r {
-            Ok(g) => Answered::Granted { token: g.fencing_token },
-            Err(RotateRefusal::Session(_)) => Answered::SessionRefused,
-            Err(_) => Answered::Other,
-        };
-        self.slot.run(asked, call, answered).await
-    }
-    async fn owner_of(&self, target: Addressed<'_>) -> Result<Option<String>, StoreError> {
-        self.inner.owner_of(target).await
-    }
-    async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
-        self.inner.info(key).await
-    }
-    async fn revoke(
-        &self,
-        key: &str,
-        operator: &str,
-        reason: &str,
-        expected_token: Option<i64>,
-        revocation_id: Uuid,
-    ) -> Result<Result<Revocation, RevokeRefusal>, StoreError> {
-        let call = self.inner.revoke(key, operator, reason, expected_token, revocation_id);
-        let answered = |r: &Result<Revocation, RevokeRefusal>| match r {
-            Ok(r) => Answered::Revoked { token: r.revoked_token },
-            Err(_) => Answered::Other,
-        };
-        self.slot.run(|| Asked::Revoke { key: key.to_owned() }, call, answered).await
-    }
-    async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError> {
-        self.inner.reap(limit, delay_ms, retention_ms).await
-    }
-    fn judges_clock(&self) -> bool {
-        self.inner.judges_clock()
-    }
-    fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
-        self.inner.pool_stats()
-    }
-    fn writer_thread(&self) -> Option<dlock_rt::dedicated::WriterThread> {
-        self.inner.writer_thread()
-    }
 }
 
 #[cfg(test)]

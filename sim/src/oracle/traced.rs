@@ -23,11 +23,17 @@
 //!   the payout is SUBMITTED, no correct holder can claim it, so no correct admission of
 //!   it at that token or above can follow.
 //!
+//! And one check of a single event, [`contradiction_failures`]:
+//! - [`ids::NO_CONTRADICTION`]: a service met a state its rules say cannot be, such as a
+//!   store guard refusing what the rule decided (`contradiction`, answered `500 INTERNAL`;
+//!   an unknown outcome is `INTERNAL` too, and no contradiction). The simulation does not
+//!   judge it: its store faults inject corrupt content on purpose.
+//!
 //! A process stopped (SIGSTOP) between a commit and its event writes that event late by
 //! the whole stop: the order checks excuse an event of a process that was stopped between
 //! the two events they compare ([`Stopped`]).
 //!
-//! Invariants: every failure is one of the three ids above; with `slack_ms` larger than any
+//! Invariants: every failure is one of the four ids above; with `slack_ms` larger than any
 //! gap between a commit and its event in a process that runs, no correct history fails (the
 //! unit tests hold each check to a hand-made violation and to its excused twin).
 
@@ -65,6 +71,34 @@ pub struct TracedOutcome {
     pub presented: i64,
     /// `SubmissionOutcome`'s debug name (`Accepted`, `Declined`, `Timeout`, ...).
     pub outcome: String,
+}
+
+/// One `contradiction` event: a state a service's rules say cannot be, answered `500 INTERNAL`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TracedContradiction {
+    pub at_ms: u64,
+    /// The process that answered it.
+    pub node: String,
+    pub method: String,
+    pub path: String,
+    /// Its internal cause, as the event carries it (cut to a bound).
+    pub cause: String,
+}
+
+/// [`ids::NO_CONTRADICTION`], once per contradiction met (module doc).
+pub fn contradiction_failures(errors: &[TracedContradiction]) -> Vec<Failure> {
+    errors
+        .iter()
+        .map(|e| {
+            Failure::correctness(
+                ids::NO_CONTRADICTION,
+                format!(
+                    "{} met a contradiction, answered 500 INTERNAL to {} {} at {} ms: {}",
+                    e.node, e.method, e.path, e.at_ms, e.cause
+                ),
+            )
+        })
+        .collect()
 }
 
 /// A span of host-monotonic time during which a process was stopped (SIGSTOP to SIGCONT):
@@ -201,6 +235,28 @@ mod tests {
 
     fn ids_of(f: &[Failure]) -> Vec<&str> {
         f.iter().map(|f| f.invariant).collect()
+    }
+
+    #[test]
+    fn every_contradiction_met_is_a_failure_naming_its_process_and_cause() {
+        assert!(contradiction_failures(&[]).is_empty());
+        let e = TracedContradiction {
+            at_ms: 42,
+            node: "lock-server-1".into(),
+            method: "POST".into(),
+            path: "/v1/locks/k/rotate".into(),
+            cause: "unexpected store content: etcd: rotate granted without a live session and grant".into(),
+        };
+        let found = contradiction_failures(&[e.clone(), e]);
+        assert_eq!(ids_of(&found), [ids::NO_CONTRADICTION, ids::NO_CONTRADICTION]);
+        assert!(
+            found[0]
+                .detail
+                .contains("lock-server-1 met a contradiction, answered 500 INTERNAL to POST /v1/locks/k/rotate"),
+            "{}",
+            found[0].detail
+        );
+        assert!(found[0].detail.contains("rotate granted without a live session"), "{}", found[0].detail);
     }
 
     #[test]
