@@ -109,7 +109,10 @@
 //!   version it replaced (its guard proved it replaced exactly that one), so equal bytes at
 //!   one key are one version, and no version needs a random draw. The first time this
 //!   replica reads a version, or just before it sends the write that stores one, it notes
-//!   the frame instant ([`Judge::seen`], [`Judge::wrote`]). Read back, a version's instants
+//!   the frame instant ([`Judge::seen`], [`Judge::wrote`]). A write that extends a version
+//!   (`heartbeat`, `renew`) takes that instant after its read, never before: a read that
+//!   stalled would otherwise date the extension before a version a concurrent call committed
+//!   meanwhile, and shorten what that call's answer had promised (docs/testing/bugs.md, B22). Read back, a version's instants
 //!   are rewritten into the frame from that instant ([`Judged`]): a session or a grant ends
 //!   `ttl_ms` after it was first seen, a lock-delay runs the `delay_left_ms` it was written
 //!   with. A session marked expired has ended. The rules then decide exactly as on any
@@ -1146,11 +1149,14 @@ impl LockStore for EtcdLockStore {
 
     async fn heartbeat(&self, session_id: Uuid) -> Result<Result<(SessionRow, i64), SessionRefusal>, StoreError> {
         for _ in 0..CAS_ATTEMPTS_MAX {
-            let now = self.now();
             let mut r =
                 self.read(vec![Read::Key(self.session_key(session_id)), Read::Prefix(self.grants_prefix())]).await?;
             let grants = self.grants_of(r.pop().unwrap_or_default())?;
             let session = r.pop().and_then(|mut e| e.pop()).map(|e| self.judged::<SessionVal>(e)).transpose()?;
+            // After the read ("Time": just before the write): a `now` taken before a read that
+            // stalled would date the new version before one a concurrent heartbeat committed
+            // meanwhile, and shorten the session that heartbeat's answer extended (bugs.md B22).
+            let now = self.now();
             let s = match session_check(session.as_ref(), now) {
                 Ok(s) => s,
                 Err(refusal) => return Ok(Err(refusal)),
@@ -1306,11 +1312,13 @@ impl LockStore for EtcdLockStore {
         ttl_ms: i64,
     ) -> Result<Result<GrantRow, RenewRefusal>, StoreError> {
         for _ in 0..CAS_ATTEMPTS_MAX {
-            let now = self.now();
             let mut r =
                 self.read(vec![Read::Key(self.session_key(session_id)), Read::Key(self.grant_key(key))]).await?;
             let grant = r.pop().and_then(|mut e| e.pop()).map(|e| self.judged::<GrantVal>(e)).transpose()?;
             let session = r.pop().and_then(|mut e| e.pop()).map(|e| self.judged::<SessionVal>(e)).transpose()?;
+            // After the read, as `heartbeat`'s: a renew never dates its version before one a
+            // concurrent renew committed while this read stalled (bugs.md B22).
+            let now = self.now();
             // The grant's holder is the caller's session whenever the renew can succeed, so
             // the caller's session (read in this snapshot) stands in for it.
             let row = grant.as_ref().map(|g| grant_row(key, g));
