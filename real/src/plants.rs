@@ -82,7 +82,7 @@ pub const REAL: [RealPlant; 10] = [
     RealPlant {
         bug: Bug::GrantUnexpired,
         how: How::Build,
-        invariants: &[ids::NO_TWO_BELIEVING_HOLDERS, ids::FENCED_OUT_HAS_NEWER_HOLDER],
+        invariants: &[ids::NO_TWO_LIVE_GRANTS, ids::NO_TWO_BELIEVING_HOLDERS, ids::FENCED_OUT_HAS_NEWER_HOLDER],
         nemesis: "pause",
         env: &[],
         seed: 1,
@@ -147,7 +147,9 @@ pub const REAL: [RealPlant; 10] = [
         // server answers 500 (docs/real-runs.md, "Planted bugs on real processes").
         invariants: &[ids::DEAD_GRANT_NEVER_REVIVED, ids::NO_CONTRADICTION],
         nemesis: "pause",
-        env: &[],
+        // A reaper pass between the lapse and the forger's rotate would remove the grant
+        // (the rotate then finds nothing to judge): it runs once a minute here.
+        env: &[("DLOCK_LOCK_REAPER_INTERVAL_MS", "60000")],
         seed: 1,
         duration_s: 10,
     },

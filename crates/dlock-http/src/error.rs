@@ -53,6 +53,14 @@ impl ApiError {
         ApiError { contradiction: true, ..ApiError::new(ErrorCode::Internal, "internal error").with_internal(cause) }
     }
 
+    /// Marks this error a contradiction (the `contradiction` field) when `met`: an answer
+    /// other than [`ApiError::internal`]'s whose cause is one, such as an unknown outcome
+    /// whose store refused what the rule decided.
+    pub fn contradiction_if(mut self, met: bool) -> ApiError {
+        self.contradiction |= met;
+        self
+    }
+
     pub fn with_details(mut self, details: Value) -> ApiError {
         self.details = Some(details);
         self

@@ -69,7 +69,10 @@ fn not_leader(e: StoreError) -> ApiError {
                 .with_retry_after_ms(NOT_LEADER_RETRY_AFTER_MS)
                 .with_internal(e.to_string())
         }
+        // Corrupt content (a store's guard refused what the rule decided, or an answer it
+        // cannot read) is also a contradiction; a lost commit answer is not.
         code => ApiError::new(code, "the backend's answer was lost or unreadable; the outcome is unknown")
+            .contradiction_if(e.fault() == dlock_contract::store::StoreFault::Corrupt)
             .with_internal(e.to_string()),
     }
 }
@@ -696,4 +699,20 @@ async fn ready(State(server): State<Arc<LockServer>>) -> Response {
 async fn metrics(State(server): State<Arc<LockServer>>, RawQuery(query): RawQuery) -> Response {
     let only = dlock_http::metrics::requested_families(query.as_deref());
     dlock_http::metrics::response(server.render_metrics(&only))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corrupt_store_content_is_a_contradiction_and_a_lost_commit_answer_is_not() {
+        let corrupt = not_leader(StoreError::Corrupt("etcd: rotate granted without a live session".into()));
+        let lost = not_leader(StoreError::CommitUnknown("timeout".into()));
+        let down = not_leader(StoreError::Unavailable("no leader".into()));
+        assert_eq!((corrupt.code, corrupt.contradiction), (ErrorCode::Internal, true));
+        assert_eq!((lost.code, lost.contradiction), (ErrorCode::Internal, false));
+        assert_eq!((down.code, down.contradiction), (ErrorCode::NotLeader, false));
+        assert_eq!(corrupt.message, lost.message, "the caller reads one unknown outcome either way");
+    }
 }

@@ -238,10 +238,11 @@ fn request_error(outcome: Outcome) -> Option<ApiError> {
         )
         .with_retry_after_ms(RAIL_UNAVAILABLE_RETRY_AFTER_MS)
         .with_internal(cause),
-        Outcome::StoreUnknown { cause } => ApiError::new(
+        Outcome::StoreUnknown { cause, contradiction } => ApiError::new(
             ErrorCode::Internal,
             "paydb's answer was lost or unreadable; the intent may have committed: do not resubmit",
         )
+        .contradiction_if(contradiction)
         .with_internal(cause),
         Outcome::Unknown { cause } => {
             ApiError::new(ErrorCode::Internal, "the submission failed at an unknown point; do not resubmit")

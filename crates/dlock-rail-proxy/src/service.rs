@@ -124,6 +124,9 @@ pub enum Outcome {
     /// row exists is unknown, so the answer is never retry-safe.
     StoreUnknown {
         cause: String,
+        /// The cause is a contradiction (corrupt content, or answers the rules say cannot
+        /// be), not a lost commit answer (`dlock_http::ApiError::contradiction`).
+        contradiction: bool,
     },
     /// The submission's task failed at an unknown point: it may have been forwarded.
     Unknown {
@@ -166,7 +169,10 @@ pub enum Outcome {
 fn store_outcome(e: StoreError) -> Outcome {
     match e.fault().code(dlock_contract::ErrorCode::RailUnavailable) {
         dlock_contract::ErrorCode::RailUnavailable => Outcome::StoreUnavailable { cause: e.to_string() },
-        _ => Outcome::StoreUnknown { cause: e.to_string() },
+        _ => Outcome::StoreUnknown {
+            contradiction: e.fault() == dlock_contract::store::StoreFault::Corrupt,
+            cause: e.to_string(),
+        },
     }
 }
 
@@ -482,6 +488,7 @@ impl RailProxy {
             Ok(c) => {
                 return BatchOutcome::Whole(Outcome::StoreUnknown {
                     cause: format!("{} answers for a batch of {}", c.len(), asked.len()),
+                    contradiction: true,
                 })
             }
             Err(e) => {
@@ -509,6 +516,7 @@ impl RailProxy {
             if fenced.len() != decided {
                 return BatchOutcome::Whole(Outcome::StoreUnknown {
                     cause: format!("the mark fenced {} of {decided} payouts of one pass", fenced.len()),
+                    contradiction: true,
                 });
             }
             let payouts: Vec<Uuid> = fenced.iter().map(|(p, _)| *p).collect();
@@ -620,6 +628,7 @@ impl RailProxy {
     fn unmatched(asked: &Unstamped, payout: Option<&PayoutRow>) -> Outcome {
         Self::invalid(asked, payout).unwrap_or_else(|| Outcome::StoreUnknown {
             cause: format!("payout {} matches the submission the store refused as unmatched", asked.payout_id),
+            contradiction: true,
         })
     }
 
@@ -881,6 +890,17 @@ mod tests {
 
     fn resp(status: u16, body: &str) -> Result<ClientResponse, ClientError> {
         Ok(ClientResponse { status, headers: http::HeaderMap::new(), body: body.to_owned().into() })
+    }
+
+    #[test]
+    fn a_corrupt_store_answer_is_a_contradiction_and_a_lost_commit_answer_is_not() {
+        let of = |e: StoreError| match store_outcome(e) {
+            Outcome::StoreUnknown { contradiction, .. } => Some(contradiction),
+            _ => None,
+        };
+        assert_eq!(of(StoreError::Corrupt("a guard refused what the rule decided".into())), Some(true));
+        assert_eq!(of(StoreError::CommitUnknown("timeout".into())), Some(false));
+        assert_eq!(of(StoreError::Unavailable("down".into())), None);
     }
 
     #[test]
