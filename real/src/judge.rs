@@ -436,6 +436,7 @@ mod tests {
     use super::*;
     use crate::history::parse_line;
     use dlock_sim::outcome::FailureClass;
+    use oracle::calls::{Answered, Asked};
 
     fn belief(process: &str, mono: u64, key: &str, token: i64, session: &str, deadline: u64) -> Line {
         let text = format!(
@@ -476,52 +477,29 @@ mod tests {
         assert!(failures_of(&rows, &rail, &[]).iter().all(|f| f.invariant != ids::NO_CONTRADICTION));
     }
 
-    fn lock_line(process: &str, mono: u64, kind: &str, call: u64, rest: &str) -> Line {
-        let text = format!(
-            r#"{{"seq":0,"t_ms":0,"node":"lock-server","mono_ms":{mono},"wall_ms":0,"kind":"{kind}","call":{call},"run":1,{rest}}}"#
-        );
-        parse_line(process, &text).unwrap_or_else(|| panic!("bad test line"))
+    /// A store call through `process` (observer run 1): `asked` at `at`, `answered` `took`
+    /// ms later, as a lock server's `EventObserver` writes them.
+    fn call(process: &str, call: u64, at: u64, took: u64, asked: Asked, answered: Answered) -> [Line; 2] {
+        let line = |mono_ms, kind: &str, own: Vec<(&'static str, serde_json::Value)>| {
+            let mut fields: dlock_rt::events::Fields = own.into_iter().collect();
+            fields.insert("call", call.into());
+            fields.insert("run", 1.into());
+            Line { process: process.into(), seq: 0, mono_ms, wall_ms: 0, kind: kind.into(), fields }
+        };
+        [line(at, "store_call", asked.fields().to_vec()), line(at + took, "store_answer", answered.fields().to_vec())]
     }
 
-    /// An acquire of `key` by session `s` through `process`, begun at `at` and granted
-    /// `token` 10 ms later (a 1 500 ms lease).
-    fn granted(process: &str, call: u64, at: u64, s: u128, token: i64) -> [Line; 2] {
+    /// Session `s` opened through `process` at `at` (a 10 s TTL).
+    fn opened(process: &str, id: u64, at: u64, s: u128) -> [Line; 2] {
         let session = uuid::Uuid::from_u128(s);
-        [
-            lock_line(
-                process,
-                at,
-                "store_call",
-                call,
-                &format!(
-                    r#""asked":"acquire","key":"k","session":"{session}","token":null,"ttl_ms":1500,"delay_ms":0"#
-                ),
-            ),
-            lock_line(
-                process,
-                at + 10,
-                "store_answer",
-                call,
-                &format!(r#""answer":"granted","token":{token},"ttl_ms":null"#),
-            ),
-        ]
+        call(process, id, at, 5, Asked::Open { session }, Answered::SessionLive { ttl_ms: 10_000 })
     }
 
-    /// A session `s` opened through `process` at `at` (a 10 s TTL).
-    fn opened(process: &str, call: u64, at: u64, s: u128) -> [Line; 2] {
-        let session = uuid::Uuid::from_u128(s);
-        [
-            lock_line(
-                process,
-                at,
-                "store_call",
-                call,
-                &format!(
-                    r#""asked":"open","key":null,"session":"{session}","token":null,"ttl_ms":null,"delay_ms":null"#
-                ),
-            ),
-            lock_line(process, at + 5, "store_answer", call, r#""answer":"session_live","token":null,"ttl_ms":10000"#),
-        ]
+    /// An acquire of `k` by session `s` through `process`, begun at `at` and granted `token`
+    /// 10 ms later (a 1 500 ms lease).
+    fn granted(process: &str, id: u64, at: u64, s: u128, token: i64) -> [Line; 2] {
+        let asked = Asked::Acquire { key: "k".into(), session: uuid::Uuid::from_u128(s), ttl_ms: 1_500, delay_ms: 0 };
+        call(process, id, at, 10, asked, Answered::Granted { token })
     }
 
     #[test]
@@ -538,14 +516,7 @@ mod tests {
         h.extend(opened("lock-server-1", 0, 0, 1));
         h.extend(opened("lock-server-2", 0, 0, 2));
         h.extend(granted("lock-server-1", 1, 100, 1, 5));
-        h.push(lock_line(
-            "lock-server-1",
-            300,
-            "store_call",
-            2,
-            r#""asked":"release","key":"k","session":null,"token":5,"ttl_ms":null,"delay_ms":null"#,
-        ));
-        h.push(lock_line("lock-server-1", 310, "store_answer", 2, r#""answer":"done","token":null,"ttl_ms":null"#));
+        h.extend(call("lock-server-1", 2, 300, 10, Asked::Release { key: "k".into(), token: 5 }, Answered::Done));
         h.extend(granted("lock-server-2", 1, 600, 2, 6));
         assert!(lock_call_failures(&h).is_empty());
         // A restarted replica's ids start again: its new run is another call.
