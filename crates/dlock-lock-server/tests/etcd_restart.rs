@@ -7,63 +7,16 @@
 )]
 #![cfg(not(madsim))]
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use dlock_lock_server::store::LockStore;
-use dlock_lock_server::store_etcd::EtcdLockStore;
-use dlock_rt::Duration;
 use uuid::Uuid;
 
-/// Longest etcd may take to answer after it starts.
-const ETCD_START_MS_MAX: u64 = 30_000;
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-struct Etcd {
-    child: Child,
-}
-
-impl Etcd {
-    fn start(dir: &std::path::Path, client: u16, peer: u16) -> Etcd {
-        let client_url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let child = Command::new("etcd")
-            .args(["--data-dir", &dir.display().to_string()])
-            .args(["--name", "default"])
-            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("default={peer_url}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start etcd: is Debian's etcd-server installed? ./scripts/test.sh installs it");
-        Etcd { child }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod own_etcd;
+use own_etcd::{free_port, Etcd};
 
 async fn connect(endpoint: &str) -> Arc<dyn LockStore> {
-    let endpoints = vec![endpoint.to_owned()];
-    let store = dlock_rt::wait_until(Duration::from_millis(100), Duration::from_millis(ETCD_START_MS_MAX), || {
-        let endpoints = endpoints.clone();
-        async move {
-            let s = EtcdLockStore::connect(&endpoints, "/dlock-restart").await.ok()?;
-            s.ping().await.ok().map(|_| s)
-        }
-    })
-    .await
-    .expect("etcd answered");
-    Arc::new(store)
+    Arc::new(own_etcd::store(&[endpoint.to_owned()], "/dlock-restart").await)
 }
 
 async fn grant(store: &Arc<dyn LockStore>, key: &str) -> i64 {

@@ -16,18 +16,16 @@
 )]
 #![cfg(not(madsim))]
 
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use dlock_lock_server::store::LockStore;
-use dlock_lock_server::store_etcd::EtcdLockStore;
 use dlock_rt::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Longest etcd may take to answer after it starts.
-const ETCD_START_MS_MAX: u64 = 30_000;
+mod own_etcd;
+use own_etcd::{free_port, Etcd};
 /// The session's TTL.
 const TTL_MS: i64 = 3_000;
 /// How long `x`'s heartbeat stays held before `y` heartbeats: what a version dated before
@@ -37,20 +35,6 @@ const HELD_BEFORE_Y_MS: u64 = 1_200;
 const HOLD_SEEN_MS_MAX: u64 = 10_000;
 /// Bytes the relay copies at once.
 const RELAY_CHUNK_BYTES: usize = 16 * 1024;
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-struct Etcd(Child);
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A TCP relay to `target` that, while `held`, forwards nothing from its clients and counts
 /// the chunks it holds back.
@@ -99,42 +83,16 @@ impl Relay {
     }
 }
 
-async fn store(endpoint: String, prefix: &str) -> EtcdLockStore {
-    let prefix = prefix.to_owned();
-    dlock_rt::wait_until(Duration::from_millis(100), Duration::from_millis(ETCD_START_MS_MAX), || {
-        let (endpoint, prefix) = (endpoint.clone(), prefix.clone());
-        async move {
-            let s = EtcdLockStore::connect(&[endpoint], &prefix).await.ok()?;
-            s.ping().await.ok().map(|_| s)
-        }
-    })
-    .await
-    .expect("etcd answered")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_whose_read_stalled_never_shortens_the_session_a_newer_heartbeat_extended() {
-    let dir = std::env::temp_dir().join(format!("dlock-etcd-stalled-heartbeat-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = dlock_testkit::TempDir::new("etcd-stalled-heartbeat");
     let (client, peer) = (free_port(), free_port());
+    let _etcd = Etcd::start(dir.path(), client, peer);
     let client_url = format!("http://127.0.0.1:{client}");
-    let peer_url = format!("http://127.0.0.1:{peer}");
-    let _etcd = Etcd(
-        Command::new("etcd")
-            .args(["--data-dir", &dir.display().to_string()])
-            .args(["--name", "default"])
-            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("default={peer_url}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start etcd: is Debian's etcd-server installed? ./scripts/test.sh installs it"),
-    );
     let relay = Relay::start(format!("127.0.0.1:{client}")).await;
     let prefix = "/dlock-stalled-heartbeat";
-    let x = Arc::new(store(format!("http://127.0.0.1:{}", relay.port), prefix).await);
-    let y = store(client_url.clone(), prefix).await;
+    let x = Arc::new(own_etcd::store(&[format!("http://127.0.0.1:{}", relay.port)], prefix).await);
+    let y = own_etcd::store(&[client_url], prefix).await;
 
     let session = uuid::Uuid::from_u128(0xb22);
     x.open_session(session, "w-1", TTL_MS).await.expect("open through x");
@@ -164,7 +122,6 @@ async fn a_heartbeat_whose_read_stalled_never_shortens_the_session_a_newer_heart
     assert!(judge_at < y_began + std::time::Duration::from_millis(TTL_MS as u64), "the held time was too short");
     tokio::time::sleep_until(judge_at.into()).await;
     let now = x.heartbeat(session).await.expect("x's last heartbeat");
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         now.is_ok(),
         "x judged the session dead {} ms after y's answered heartbeat began (TTL {TTL_MS} ms): {now:?}",
