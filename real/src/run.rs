@@ -186,6 +186,7 @@ pub fn run_verdict(root: &Path, a: &Args) -> (u8, Option<bool>) {
     let cluster = match Cluster::start(&start) {
         Ok(c) => c,
         Err(e) => {
+            let _ = std::fs::remove_file(&creds_file);
             eprintln!("dlock-real: crash: the cluster did not start: {e}");
             return (FailureClass::Crash.exit_code(), None);
         }

@@ -1,15 +1,15 @@
-//! A heartbeat whose read stalls never shortens the session a newer heartbeat extended
-//! meanwhile (docs/testing/bugs.md B22, found by the real run's lock-call checker): on etcd a
-//! replica dates the version it writes by its own monotonic clock, and the date must come
-//! after the read, never before it.
+//! A heartbeat or a renew whose read stalls never shortens the session or the lease a newer
+//! one extended meanwhile (docs/testing/bugs.md B22, found by the real run's lock-call
+//! checker): on etcd a replica dates the version it writes by its own monotonic clock, and
+//! the date must come after the read, never before it.
 //!
 //! Two replicas share one etcd (Debian's `etcd-server`, started here on free loopback
-//! ports): `x` reaches it through a TCP relay this test can hold, `y` directly. `x` opens a
-//! session; with the relay held, `x`'s heartbeat sends its read and waits; `y` heartbeats the
-//! same session and is answered; the relay lets go and `x`'s heartbeat writes on top of
-//! `y`'s version. Once the session's TTL has run since `x`'s heartbeat began, but not since
-//! `y`'s, `x` must still judge the session live: `y`'s answer promised it. Dated before its
-//! read, `x`'s version ended the session at its own start plus the TTL.
+//! ports): `x` reaches it through a TCP relay this test can hold, `y` directly. With the
+//! relay held, `x`'s extension (a heartbeat, or a renew) sends its read and waits; `y`
+//! extends the same record and is answered; the relay lets go and `x`'s extension writes on
+//! top of `y`'s version. Once the TTL has run since `x`'s extension began, but not since
+//! `y`'s, `x` must still judge the record live: `y`'s answer promised it. Dated before its
+//! read, `x`'s version ended the record at its own start plus the TTL.
 #![allow(
     clippy::disallowed_methods,
     reason = "a test outside the services: it drives them over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
@@ -21,15 +21,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use dlock_lock_server::store::LockStore;
+use dlock_lock_server::store_etcd::EtcdLockStore;
 use dlock_rt::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod own_etcd;
 use own_etcd::{free_port, Etcd};
-/// The session's TTL.
+/// The TTL of the record extended (the session's, or the lease's).
 const TTL_MS: i64 = 3_000;
-/// How long `x`'s heartbeat stays held before `y` heartbeats: what a version dated before
-/// the read loses.
+/// The session's TTL while its lease is under test: long, so only the lease can end.
+const LONG_SESSION_TTL_MS: i64 = 60_000;
+/// How long `x`'s extension stays held before `y` extends: what a version dated before the
+/// read loses.
 const HELD_BEFORE_Y_MS: u64 = 1_200;
 /// Bound on waiting for the relay to hold `x`'s read.
 const HOLD_SEEN_MS_MAX: u64 = 10_000;
@@ -83,28 +86,41 @@ impl Relay {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_heartbeat_whose_read_stalled_never_shortens_the_session_a_newer_heartbeat_extended() {
-    let dir = dlock_testkit::TempDir::new("etcd-stalled-heartbeat");
-    let (client, peer) = (free_port(), free_port());
-    let _etcd = Etcd::start(dir.path(), client, peer);
-    let client_url = format!("http://127.0.0.1:{client}");
-    let relay = Relay::start(format!("127.0.0.1:{client}")).await;
-    let prefix = "/dlock-stalled-heartbeat";
-    let x = Arc::new(own_etcd::store(&[format!("http://127.0.0.1:{}", relay.port)], prefix).await);
-    let y = own_etcd::store(&[client_url], prefix).await;
+/// Two replicas on one etcd of the test's own: `x` through a relay, `y` directly.
+struct Pair {
+    _dir: dlock_testkit::TempDir,
+    _etcd: Etcd,
+    relay: Relay,
+    x: Arc<EtcdLockStore>,
+    y: Arc<EtcdLockStore>,
+}
 
-    let session = uuid::Uuid::from_u128(0xb22);
-    x.open_session(session, "w-1", TTL_MS).await.expect("open through x");
-    // x's heartbeat: its read is held at the relay.
-    relay.held.store(true, Ordering::SeqCst);
+async fn pair(name: &str) -> Pair {
+    let dir = dlock_testkit::TempDir::new(name);
+    let (client, peer) = (free_port(), free_port());
+    let etcd = Etcd::start(dir.path(), client, peer);
+    let relay = Relay::start(format!("127.0.0.1:{client}")).await;
+    let prefix = format!("/dlock-{name}");
+    let x = Arc::new(own_etcd::store(&[format!("http://127.0.0.1:{}", relay.port)], &prefix).await);
+    let y = Arc::new(own_etcd::store(&[format!("http://127.0.0.1:{client}")], &prefix).await);
+    Pair { _dir: dir, _etcd: etcd, relay, x, y }
+}
+
+/// Plays the interleaving (module doc) with `extend`, one extension of the record under
+/// test through the given replica. Answers what `x`'s next `extend` says once the TTL has
+/// run since `x`'s stalled extension began but not since `y`'s, and how long after `y`'s
+/// began that was (ms).
+async fn stalled_then_judged<T, F, Fut>(p: &Pair, extend: F) -> (T, u128)
+where
+    F: Fn(Arc<EtcdLockStore>) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    p.relay.held.store(true, Ordering::SeqCst);
     let x_began = Instant::now();
-    let stalled = {
-        let x = x.clone();
-        tokio::spawn(async move { x.heartbeat(session).await })
-    };
+    let stalled = tokio::spawn(extend(p.x.clone()));
     let seen = dlock_rt::wait_until(Duration::from_millis(5), Duration::from_millis(HOLD_SEEN_MS_MAX), || {
-        let n = relay.holding.load(Ordering::SeqCst);
+        let n = p.relay.holding.load(Ordering::SeqCst);
         async move { (n > 0).then_some(()) }
     })
     .await;
@@ -112,19 +128,42 @@ async fn a_heartbeat_whose_read_stalled_never_shortens_the_session_a_newer_heart
     // The held time must pass for the date of x's version to matter: a duration, not an event.
     tokio::time::sleep(std::time::Duration::from_millis(HELD_BEFORE_Y_MS)).await;
     let y_began = Instant::now();
-    y.heartbeat(session).await.expect("y's heartbeat").expect("the session is live");
-    relay.held.store(false, Ordering::SeqCst);
-    stalled.await.expect("x's heartbeat task").expect("x's heartbeat").expect("the session is live for x");
-
-    // The TTL has run since x's heartbeat began, not since y's: y's answer promised the
-    // session until y_began + TTL, so x must judge it live now.
+    let _answered = extend(p.y.clone()).await;
+    p.relay.held.store(false, Ordering::SeqCst);
+    let _stalled = stalled.await.expect("x's extension task");
     let judge_at = x_began + std::time::Duration::from_millis(TTL_MS as u64 + 200);
     assert!(judge_at < y_began + std::time::Duration::from_millis(TTL_MS as u64), "the held time was too short");
     tokio::time::sleep_until(judge_at.into()).await;
-    let now = x.heartbeat(session).await.expect("x's last heartbeat");
-    assert!(
-        now.is_ok(),
-        "x judged the session dead {} ms after y's answered heartbeat began (TTL {TTL_MS} ms): {now:?}",
-        judge_at.duration_since(y_began).as_millis()
+    (extend(p.x.clone()).await, judge_at.duration_since(y_began).as_millis())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_whose_read_stalled_never_shortens_the_session_a_newer_heartbeat_extended() {
+    let p = pair("etcd-stalled-heartbeat").await;
+    let session = uuid::Uuid::from_u128(0xb22);
+    p.x.open_session(session, "w-1", TTL_MS).await.expect("open through x");
+    let (now, after_y) =
+        stalled_then_judged(&p, |s| async move { s.heartbeat(session).await.map(|r| r.map(|_| ())) }).await;
+    assert_eq!(
+        now,
+        Ok(Ok(())),
+        "x judged the session dead {after_y} ms after y's answered heartbeat began (TTL {TTL_MS} ms)"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renew_whose_read_stalled_never_shortens_the_lease_a_newer_renew_extended() {
+    let p = pair("etcd-stalled-renew").await;
+    let session = uuid::Uuid::from_u128(0xb22);
+    p.x.open_session(session, "w-1", LONG_SESSION_TTL_MS).await.expect("open through x");
+    let grant = p.x.acquire("k", session, TTL_MS, 0).await.expect("acquire").expect("granted");
+    let token = grant.fencing_token;
+    let (now, after_y) =
+        stalled_then_judged(&p, |s| async move { s.renew("k", session, token, TTL_MS).await.map(|r| r.map(|_| ())) })
+            .await;
+    assert_eq!(
+        now,
+        Ok(Ok(())),
+        "x judged the lease dead {after_y} ms after y's answered renew began (TTL {TTL_MS} ms)"
     );
 }
