@@ -191,6 +191,15 @@ pub async fn create_database(paydb_url: &str, name: &str, connections: u32) -> R
         .map_err(err)
 }
 
+/// Writes `text` to `path` (created, or truncated), readable by its owner alone: the run's
+/// secrets beside the cluster (the forger's credentials, the nemesis's curl headers).
+pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(text.as_bytes())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

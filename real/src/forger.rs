@@ -43,11 +43,8 @@ pub struct Credentials {
 impl Credentials {
     /// Fresh random tokens (the operating system's generator: they guard a live cluster).
     pub fn fresh() -> Credentials {
-        let hex = |b: [u8; 32]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
-        Credentials {
-            forger: Secret::new(hex(dlock_rt::rand::secret_bytes::<32>())),
-            victim: Secret::new(hex(dlock_rt::rand::secret_bytes::<32>())),
-        }
+        let token = || Secret::new(dlock_contract::auth::hex(&dlock_rt::rand::secret_bytes::<32>()));
+        Credentials { forger: token(), victim: token() }
     }
 
     /// Their lines of a credentials file (C3-extensions E-13, E-9 "Owner binding").

@@ -243,19 +243,10 @@ impl<'a> Nemesis<'a> {
     /// A header file (mode 0600) with `var`'s token as the bearer: curl reads it (`-H @FILE`),
     /// so no credential is on a command line.
     fn header_file(&self, var: &str, name: &str) -> Result<std::path::PathBuf, String> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
         let token = std::fs::read_to_string(self.cluster.var(var)).map_err(|e| e.to_string())?;
         let path = self.cluster.dir.join("run").join(name);
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .write(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| e.to_string())?;
-        writeln!(f, "Authorization: Bearer {}\nX-Owner-Id: dlock-real-nemesis", token.trim())
-            .map_err(|e| e.to_string())?;
+        let text = format!("Authorization: Bearer {}\nX-Owner-Id: dlock-real-nemesis\n", token.trim());
+        crate::cluster::write_private(&path, &text).map_err(|e| e.to_string())?;
         Ok(path)
     }
 

@@ -177,7 +177,7 @@ pub fn run_verdict(root: &Path, a: &Args) -> (u8, Option<bool>) {
     // The forger's two owner-bound credentials (crate::forger), in a file only root reads.
     let creds = crate::forger::Credentials::fresh();
     let creds_file = dir.with_extension("credentials");
-    if let Err(e) = write_private(&creds_file, &creds.lines()) {
+    if let Err(e) = crate::cluster::write_private(&creds_file, &creds.lines()) {
         eprintln!("dlock-real: crash: {}: {e}", creds_file.display());
         return (FailureClass::Crash.exit_code(), None);
     }
@@ -204,14 +204,6 @@ pub fn run_verdict(root: &Path, a: &Args) -> (u8, Option<bool>) {
         say(a.json, &format!("kept {}", dir.display()));
     }
     (code, caught)
-}
-
-/// Writes `text` to a new file `path` readable by its owner alone.
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
-    f.write_all(text.as_bytes())
 }
 
 fn crash(msg: String) -> Outcome {
