@@ -4,8 +4,11 @@
 # a supervisor that restarts it on failure (as systemd's Restart=on-failure would):
 #
 #   etcd-1..3            a real 3-member etcd cluster (etcd-server), 127.0.0.1
-#   postgres             a real PostgreSQL (postgresql), 127.0.0.1, database paydb
+#   postgres             a real PostgreSQL (postgresql), 127.0.0.1, databases paydb, lockdb
 #   lock-server-1, -2    on the etcd cluster (one prefix, one signing key)
+#   lock-server-pg       on PostgreSQL (database lockdb), a lock service of its own: no
+#                        signing key, so no resource admits its grants; the real run's
+#                        lock-set workload takes its locks there (docs/real-runs.md)
 #   payment-resource     on paydb
 #   rail-proxy-1, -2     on paydb, in front of the rail-stub
 #   rail-stub            the hostile simulated rail (the record of what was paid)
@@ -373,6 +376,8 @@ wait_until "PostgreSQL on 127.0.0.1:$PG_PORT" postgres $SERVICE_TIMEOUT_S pg_isr
 PG_PID=$(cat "$RUN/postgres.pid")
 psql -q "postgres://postgres@127.0.0.1:$PG_PORT/postgres" -v ON_ERROR_STOP=1 -c 'create database paydb' >/dev/null
 PAYDB_URL="postgres://postgres@127.0.0.1:$PG_PORT/paydb"
+psql -q "postgres://postgres@127.0.0.1:$PG_PORT/postgres" -v ON_ERROR_STOP=1 -c 'create database lockdb' >/dev/null
+LOCKDB_URL="postgres://postgres@127.0.0.1:$PG_PORT/lockdb"
 say "PostgreSQL ready on 127.0.0.1:$PG_PORT (pid $PG_PID)"
 
 # ------------------------------------------------------------------------------------
@@ -408,11 +413,14 @@ say "etcd cluster ready: $ETCD_ENDPOINTS"
 # ------------------------------------------------------------------------------------
 "$DLOCK" migrate --db paydb --database-url "$PAYDB_URL" >>"$LOGS/migrate.log" 2>&1 \
     || { tail -n 20 "$LOGS/migrate.log" >&2; die "dlock migrate failed"; }
+"$DLOCK" migrate --db lockdb --database-url "$LOCKDB_URL" >>"$LOGS/migrate.log" 2>&1 \
+    || { tail -n 20 "$LOGS/migrate.log" >&2; die "dlock migrate (lockdb) failed"; }
 
 ready() { curl -fsS --max-time 2 "$1/health/ready" >/dev/null 2>&1; }
 
 pick_port "$LOCK_IP"; LOCK_URLS=("http://$LOCK_IP:$PICKED")
 pick_port "$LOCK_IP"; LOCK_URLS+=("http://$LOCK_IP:$PICKED")
+pick_port "$LOCK_IP"; LOCK_PG_URL="http://$LOCK_IP:$PICKED"
 pick_port "$HOST_IP"; PAYMENT_URL="http://$HOST_IP:$PICKED"
 pick_port "$HOST_IP"; PROXY_URLS=("http://$HOST_IP:$PICKED")
 pick_port "$HOST_IP"; PROXY_URLS+=("http://$HOST_IP:$PICKED")
@@ -427,6 +435,11 @@ for i in 1 2; do
         DLOCK_LOCK_GRANTS_SIGNING_KEY_FILE="$SECRETS/grant-signing.key" \
         "$DLOCK" lock-server
 done
+dlock_proc lock-server-pg env \
+    DLOCK_LOCK_SERVER_LISTEN="${LOCK_PG_URL#http://}" \
+    DLOCK_LOCK_SERVER_BACKEND=postgres \
+    DLOCK_LOCK_SERVER_DATABASE_URL="$LOCKDB_URL" \
+    "$DLOCK" lock-server
 dlock_proc rail-stub env DLOCK_RAIL_STUB_LISTEN="${STUB_URL#http://}" "$DLOCK" rail-stub
 dlock_proc payment-resource env \
     DLOCK_PAYMENT_RESOURCE_LISTEN="${PAYMENT_URL#http://}" \
@@ -441,7 +454,8 @@ for i in 1 2; do
         DLOCK_RAIL_PROXY_GRANTS_VERIFY_KEYS_FILE="$SECRETS/grant-verify.keys" \
         "$DLOCK" rail-proxy
 done
-for pair in "lock-server-1 ${LOCK_URLS[0]}" "lock-server-2 ${LOCK_URLS[1]}" "rail-stub $STUB_URL" \
+for pair in "lock-server-1 ${LOCK_URLS[0]}" "lock-server-2 ${LOCK_URLS[1]}" "lock-server-pg $LOCK_PG_URL" \
+    "rail-stub $STUB_URL" \
     "payment-resource $PAYMENT_URL" "rail-proxy-1 ${PROXY_URLS[0]}" "rail-proxy-2 ${PROXY_URLS[1]}"; do
     wait_until "${pair%% *} at ${pair#* }" "${pair%% *}" $SERVICE_TIMEOUT_S ready "${pair#* }"
 done
@@ -499,6 +513,8 @@ q() { printf '%q' "$1"; }
     echo "ETCD_ENDPOINTS=$(q "$ETCD_ENDPOINTS")"
     echo "ETCD_URLS=(${ETCD_CLIENT[*]})"
     echo "LOCK_URLS=(${LOCK_URLS[*]})"
+    echo "LOCK_PG_URL=$LOCK_PG_URL"
+    echo "LOCKDB_URL=$(q "$LOCKDB_URL")"
     echo "PAYMENT_URL=$PAYMENT_URL"
     echo "PROXY_URLS=(${PROXY_URLS[*]})"
     echo "STUB_URL=$STUB_URL"
@@ -526,6 +542,7 @@ cat >"$DIR/cluster.json" <<JSON
   "payment_url": "$PAYMENT_URL",
   "stub_url": "$STUB_URL",
   "lock_urls": $(jlist "${LOCK_URLS[@]}"),
+  "lock_pg_url": "$LOCK_PG_URL",
   "proxy_urls": $(jlist "${PROXY_URLS[@]}"),
   "exec_urls": $(jlist "${EXEC_URLS[@]}"),
   "etcd_urls": $(jlist "${ETCD_CLIENT[@]}"),
@@ -543,6 +560,7 @@ for i in 1 2 3; do row "etcd-$i" "${ETCD_CLIENT[$((i - 1))]}"; done
 printf '  %-18s %-28s %-8s %s\n' postgres "$PAYDB_URL" "$PG_PID" "$LOGS/postgres.log"
 row lock-server-1 "${LOCK_URLS[0]}"
 row lock-server-2 "${LOCK_URLS[1]}"
+row lock-server-pg "$LOCK_PG_URL"
 row payment-resource "$PAYMENT_URL"
 row rail-proxy-1 "${PROXY_URLS[0]}"
 row rail-proxy-2 "${PROXY_URLS[1]}"

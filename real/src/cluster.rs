@@ -122,6 +122,7 @@ impl Cluster {
         match node {
             "payment-resource" => Some(self.var("PAYMENT_URL")),
             "rail-stub" => Some(self.var("STUB_URL")),
+            "lock-server-pg" => Some(self.var("LOCK_PG_URL")),
             n if n.starts_with("lock-server-") => pick("LOCK_URLS"),
             n if n.starts_with("rail-proxy-") => pick("PROXY_URLS"),
             n if n.starts_with("executor-") => pick("EXEC_URLS"),

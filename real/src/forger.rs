@@ -10,17 +10,22 @@
 //!   `owner_attack_refused`.
 //! - **A lapsed session**: a grant outlives nothing; once its session lapsed, renew and
 //!   rotate must fail. Invariant `dead_grant_never_revived`.
+//! - **A cross-account batch**: a claim batch of its own account `forger-a`, under a grant of
+//!   that account's key signed with the cluster's key, naming a payout of its own account
+//!   `forger-b`; the payout must come back `NOT_FOUND`. Invariant
+//!   `fenced_write_within_its_account`.
 //!
-//! The two bound credentials are the run's own ([`credentials`], handed to up.sh with
+//! The two bound credentials are the run's own ([`Credentials`], handed to up.sh with
 //! `--credentials-extra`); the grant key is the cluster's (`secrets/grant-signing.key`); its
-//! forged writes carry the executors' worker credential. Its draws come from the run's seed.
-//! It does not replay the executors' signed writes (a real run records no request headers)
-//! nor send cross-account batches (their code points are simulation stores'): `plants.rs`
-//! says which planted bugs that leaves to the simulation.
+//! forged writes carry the executors' worker credential, its own accounts and payout the
+//! operator's. Its draws come from the run's seed. It does not replay the executors' signed
+//! writes (a real run records no request headers): `plants.rs` says which planted bug that
+//! leaves to the simulation.
 //!
-//! Invariants: every write it sends aims at a settled payout or at its own keys
-//! (`forger-victim:*`, `forger-lapse:*`), so a forgery that got through changes nothing the
-//! rest of the judgement reads; its credentials never reach any output (`Secret`).
+//! Invariants: every write it sends aims at a settled payout or at its own keys and
+//! accounts (`forger-victim:*`, `forger-lapse:*`, `forger-a`, `forger-b`), so a forgery that
+//! got through changes nothing the rest of the judgement reads; its credentials never reach
+//! any output (`Secret`).
 
 use std::path::Path;
 
@@ -73,12 +78,14 @@ pub fn aim(
     let text = std::fs::read_to_string(&key_file).map_err(|e| format!("{}: {e}", key_file.display()))?;
     let seed = dlock_contract::grant::parse_seed(&text).map_err(|e| format!("{}: {e}", key_file.display()))?;
     let writer = Bearer::file(&dir.join("secrets/executor-token"))?;
+    let creator = Bearer::file(&dir.join("secrets/operator-token"))?;
     Ok(Aim {
         payment: parse(payment)?,
         proxy: parse(proxy)?,
         lock: parse(lock)?,
         signer: GrantSigner::from_seed(&seed),
         writer: Some(writer),
+        creator: Some(creator),
         forger_token: creds.forger.clone(),
         victim_token: creds.victim.clone(),
     })
@@ -119,6 +126,7 @@ pub async fn run(aim: &Aim, pool: &sqlx::PgPool, seed: u64) -> Result<ForgerLog,
     }
     forger::run_owner_attacks(aim, rng.gen(), &log).await;
     forger::run_lapsed_session(aim, rng.gen(), &log).await;
+    forger::run_cross_account_batch(aim, rng.gen(), &log).await;
     Ok(log)
 }
 

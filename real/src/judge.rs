@@ -327,12 +327,17 @@ pub fn traced(history: &[Line]) -> (Vec<oracle::traced::TracedWrite>, Vec<oracle
 /// `store_call` and `store_answer` events in history order, on the host's monotonic clock:
 /// `no_two_live_grants_per_key`, `lock_delay_honoured`,
 /// `lock_tokens_increase_in_grant_order`, `heartbeat_keeps_its_session_live` and
-/// `dead_grant_never_revived`. No slack: on etcd each replica judges leases on its own
-/// monotonic clock, which no fault here makes run fast (rate 1). A call whose answer a kill
-/// cut off stays unknown, as a lost acknowledgement does in the simulation.
+/// `dead_grant_never_revived`. One checker per lockdb ([`lockdb_of`]): each has its own
+/// keys and token order. On etcd each replica judges leases on its own monotonic clock: no
+/// slack. On PostgreSQL they are judged by lockdb's clock, which only the judging
+/// replica's monotonic clock advances, and which a decision reads as its last tick left it:
+/// a lease may end up to `CLOCK_ADVANCE_MS_MAX` early in true time, the checker's slack
+/// there (as the simulation's on its stores that keep that clock). No fault here makes
+/// either clock run fast (rate 1). A call whose answer a kill cut off stays unknown, as a
+/// lost acknowledgement does in the simulation.
 pub fn lock_call_failures(history: &[Line]) -> Vec<Failure> {
     use oracle::calls::{Answered, Asked};
-    let mut calls = oracle::calls::Calls::new(0);
+    let mut calls: BTreeMap<&'static str, oracle::calls::Calls> = BTreeMap::new();
     // (process, run, call) -> the checker's id, while the call is in flight.
     let mut ids: BTreeMap<(String, u64, u64), u64> = BTreeMap::new();
     let mut next = 0;
@@ -341,17 +346,30 @@ pub fn lock_call_failures(history: &[Line]) -> Vec<Failure> {
         let n = |k: &str| l.fields.get(k).and_then(|v| v.as_u64());
         let (Some(call), Some(run)) = (n("call"), n("run")) else { continue };
         let id = (l.process.clone(), run, call);
+        let (lockdb, slack_ms) = lockdb_of(&l.process);
+        let checker = calls.entry(lockdb).or_insert_with(|| oracle::calls::Calls::new(slack_ms));
         if l.kind == "store_call" {
             let Some(asked) = Asked::from_fields(|k| l.fields.get(k)) else { continue };
             ids.insert(id, next);
-            calls.begin(next, asked, l.mono_ms);
+            checker.begin(next, asked, l.mono_ms);
             next += 1;
         } else if let Some(dense) = ids.remove(&id) {
             let answered = Answered::from_fields(|k| l.fields.get(k)).unwrap_or(Answered::Unknown);
-            found.extend(calls.end(dense, answered, l.mono_ms, |_, _| 1.0));
+            found.extend(checker.end(dense, answered, l.mono_ms, |_, _| 1.0));
         }
     }
     found
+}
+
+/// The lockdb a lock server's store calls go to (deploy/local/up.sh), and how early in true
+/// time it may end a lease ([`lock_call_failures`]): `lock-server-pg`'s on PostgreSQL,
+/// every other's on the etcd cluster.
+pub fn lockdb_of(process: &str) -> (&'static str, u64) {
+    if process == "lock-server-pg" {
+        ("postgres", dlock_lock_server::lockdb_clock::CLOCK_ADVANCE_MS_MAX)
+    } else {
+        ("etcd", 0)
+    }
 }
 
 /// The history's `contradiction` events.
@@ -529,6 +547,37 @@ mod tests {
         }
         h.extend(again);
         assert!(lock_call_failures(&h).is_empty(), "the first lease had ended");
+    }
+
+    #[test]
+    fn the_lock_server_on_postgresql_is_judged_against_its_own_lockdb_only() {
+        // One key granted on etcd and on lockdb within a lease, the second with a lower
+        // token: two lock services, two histories, no failure.
+        let mut h: Vec<Line> = Vec::new();
+        h.extend(opened("lock-server-1", 0, 0, 1));
+        h.extend(opened("lock-server-pg", 0, 0, 2));
+        h.extend(granted("lock-server-1", 1, 100, 1, 50));
+        h.extend(granted("lock-server-pg", 1, 600, 2, 6));
+        assert!(lock_call_failures(&h).is_empty(), "{:?}", lock_call_failures(&h));
+        // Within lockdb's own history the same grants break it.
+        let mut h: Vec<Line> = Vec::new();
+        h.extend(opened("lock-server-pg", 0, 0, 1));
+        h.extend(opened("lock-server-pg", 1, 0, 2));
+        h.extend(granted("lock-server-pg", 2, 100, 1, 50));
+        h.extend(granted("lock-server-pg", 3, 600, 2, 6));
+        let found = lock_call_failures(&h);
+        assert!(found.iter().any(|f| f.invariant == ids::NO_TWO_LIVE_GRANTS), "{found:?}");
+        // lockdb's clock may end a lease up to CLOCK_ADVANCE_MS_MAX early; etcd's none.
+        let early = |process: &str| {
+            let mut h: Vec<Line> = Vec::new();
+            h.extend(opened(process, 0, 0, 1));
+            h.extend(opened(process, 1, 0, 2));
+            h.extend(granted(process, 2, 100, 1, 5));
+            h.extend(granted(process, 3, 1_550, 2, 6));
+            lock_call_failures(&h)
+        };
+        assert!(early("lock-server-pg").is_empty(), "{:?}", early("lock-server-pg"));
+        assert!(early("lock-server-1").iter().any(|f| f.invariant == ids::NO_TWO_LIVE_GRANTS));
     }
 
     fn failures_of(rows: &PaydbRows, rail: &RailCallLog, history: &[Line]) -> Vec<Failure> {

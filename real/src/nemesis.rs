@@ -23,13 +23,14 @@ use dlock_rt::rand::Rng;
 use dlock_sim::fault::{Fault, FaultRates, KINDS};
 
 /// Every process of the real cluster (deploy/local/up.sh), in start order.
-pub const PROCESSES: [&str; 13] = [
+pub const PROCESSES: [&str; 14] = [
     "postgres",
     "etcd-1",
     "etcd-2",
     "etcd-3",
     "lock-server-1",
     "lock-server-2",
+    "lock-server-pg",
     "rail-stub",
     "payment-resource",
     "rail-proxy-1",

@@ -45,7 +45,7 @@ pub struct RealPlant {
 }
 
 /// The bugs a real run plants.
-pub const REAL: [RealPlant; 10] = [
+pub const REAL: [RealPlant; 12] = [
     RealPlant {
         bug: Bug::FencingOffProxy,
         how: How::Switches(&[("DLOCK_RAIL_PROXY_FENCING_ENABLED", "false")]),
@@ -92,9 +92,10 @@ pub const REAL: [RealPlant; 10] = [
         bug: Bug::EtcdWallClockJudge,
         how: How::Build,
         invariants: &[ids::NO_TWO_BELIEVING_HOLDERS],
+        // lock-server-2's wall clock stepped 3 511 s ahead at 8.7 s.
         nemesis: "skew",
         env: &[],
-        seed: 12,
+        seed: 11,
         duration_s: 40,
     },
     RealPlant {
@@ -110,15 +111,26 @@ pub const REAL: [RealPlant; 10] = [
         bug: Bug::P1HidesAhead,
         how: How::Build,
         invariants: &[ids::EVERY_PAYOUT_SETTLES],
-        // The payment-resource's wall clock stepped 986 s back at 3.1 s: the payouts it
+        // The payment-resource's wall clock stepped 1 800 s back at 5.5 s: the payouts it
         // created before then are stamped ahead of it, and only the first page's rows
         // ahead list them (bug B8).
         nemesis: "skew",
         // Executors that scan every 2 s leave the last seconds' payouts to the next scan,
         // which comes after the step.
         env: &[("DLOCK_EXECUTOR_POLL_INTERVAL_MS", "2000")],
-        seed: 132,
+        seed: 343,
         duration_s: 30,
+    },
+    RealPlant {
+        bug: Bug::FenceOffByOne,
+        how: How::Build,
+        // The SQL stores' fence statement binds the rule's bound (`rules::fence_sql_bound`):
+        // a token one above the account's fence is refused with nobody newer holding it.
+        invariants: &[ids::FENCED_OUT_HAS_NEWER_HOLDER, ids::EVERY_PAYOUT_SETTLES],
+        nemesis: "pause",
+        env: &[],
+        seed: 1,
+        duration_s: 10,
     },
     // The forger's finds (crate::forger): it runs after the settle in every run, so a short
     // fault phase under any nemesis reaches them.
@@ -141,6 +153,17 @@ pub const REAL: [RealPlant; 10] = [
         duration_s: 10,
     },
     RealPlant {
+        bug: Bug::BatchIgnoresAccount,
+        how: How::Build,
+        // The forger's claim batch of `forger-a` names a payout of `forger-b`: the SQL
+        // stores' batch read keeps it (`rules::batch_may_write`), and the claim writes it.
+        invariants: &[ids::FENCED_WRITE_WITHIN_ITS_ACCOUNT],
+        nemesis: "pause",
+        env: &[],
+        seed: 1,
+        duration_s: 10,
+    },
+    RealPlant {
         bug: Bug::RotateLapsedSession,
         how: How::Build,
         // The rule lets the lapsed grant rotate; etcd's own txn refuses it, so the lock
@@ -156,11 +179,7 @@ pub const REAL: [RealPlant; 10] = [
 ];
 
 /// The bugs a real run cannot plant, and why.
-pub const NOT_REAL: [(Bug, &str); 7] = [
-    (
-        Bug::FenceOffByOne,
-        "the SQL stores decide the account fence in their conditional UPDATE (`fence < token`); `rules::fence_check`, where the bug lives, only names the stored fence of a refusal there",
-    ),
+pub const NOT_REAL: [(Bug, &str); 5] = [
     (
         Bug::MarkGe,
         "only a token presented twice at the mark shows it: the simulation's forger replays an executor's signed submission from its wire log, which a real run does not record, and the executors never present one; and the SQL stores decide the mark in their own statement (`highest_token < EXCLUDED.highest_token`), where the rule only checks the refusal (an equal token it would pass is refused as corrupt)",
@@ -179,11 +198,7 @@ pub const NOT_REAL: [(Bug, &str); 7] = [
     ),
     (
         Bug::RevokeKeepsFloor,
-        "its code point is the simulation's lock store (`store_mem`); etcd and SQL raise the floor in their own revoke txn",
-    ),
-    (
-        Bug::BatchIgnoresAccount,
-        "its code point is the simulation's payment store (`store_mem::batch_payout`); the SQL stores filter by account in the query",
+        "its code point is the simulation's lock store (`store_mem`); on etcd, where the real run's revokes go, the floor is the revoke txn's own revision, which every later grant's token exceeds, and the SQL stores raise it in their own revoke txn",
     ),
 ];
 

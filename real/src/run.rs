@@ -272,7 +272,7 @@ fn play_and_judge(
         let token = PathBuf::from(cluster.var("DIR")).join("secrets/executor-token");
         let started = rt.block_on(crate::lockset::LockSet::start(
             &paydb_url,
-            &cluster.list("LOCK_URLS"),
+            &[cluster.var("LOCK_PG_URL")],
             &token,
             plan.seed,
             lock_set_stop.clone(),
@@ -348,7 +348,10 @@ fn play_and_judge(
     // The forger, after the settle and before the checks (crate::forger).
     run_out.write(
         "phase",
-        &[("phase", "forger".into()), ("detail", "forged writes, owner attacks, a lapsed session".into())],
+        &[
+            ("phase", "forger".into()),
+            ("detail", "forged writes, owner attacks, a lapsed session, a cross-account batch".into()),
+        ],
     );
     let forged = crate::forger::aim(
         Path::new(&cluster.var("DIR")),

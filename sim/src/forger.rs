@@ -114,6 +114,8 @@ pub struct Aim {
     pub signer: GrantSigner,
     /// The bearer of its forged writes to the resources (`None`: the process default).
     pub writer: Option<Bearer>,
+    /// The bearer of its creates (its own accounts and payout; `None`: the process default).
+    pub creator: Option<Bearer>,
     /// A worker credential bound to `owners=forger/*` (its owner attacks and lapsed
     /// sessions), and one bound to `owners=forger-victim/*` (its victim's).
     pub forger_token: Secret,
@@ -392,6 +394,14 @@ pub struct Replayed {
 }
 
 impl Replayed {
+    /// A cross-account batch whose store judged a payout it named on its merits: an item
+    /// answered anything but `404 NOT_FOUND` (each must come back so, module doc
+    /// "Cross-account batches"; a claim refused for funds has failed the payout already).
+    /// A batch refused whole, or not answered, names no item.
+    pub fn wrote_foreign(&self) -> bool {
+        self.hop == "batch" && !self.code.is_empty() && self.code.split(',').any(|item| item != "404 NOT_FOUND")
+    }
+
     pub fn line(&self) -> String {
         format!("forger: {} of {} under token {} -> {} {}", self.hop, self.payout, self.token, self.status, self.code)
     }
@@ -444,7 +454,6 @@ impl ForgerLog {
         self.replayed.lock().map(|g| g.clone()).unwrap_or_default()
     }
 
-    #[cfg_attr(not(madsim), allow(dead_code, reason = "only the simulated world replays (in_world)"))]
     fn push_replayed(&self, r: Replayed) {
         if let Ok(mut g) = self.replayed.lock() {
             g.push(r);
@@ -461,7 +470,10 @@ impl ForgerLog {
     }
 
     /// `forged_write_refused`, once per forged write that got past the grant check, then
-    /// `owner_attack_refused`, once per owner attack that got past the owner check.
+    /// `owner_attack_refused`, once per owner attack that got past the owner check, then
+    /// `dead_grant_never_revived`, once per lapsed call answered 200, then
+    /// `fenced_write_within_its_account`, once per cross-account batch that wrote a payout
+    /// it named.
     pub fn failures(&self) -> Vec<Failure> {
         let mut found: Vec<Failure> = self
             .writes()
@@ -480,6 +492,12 @@ impl ForgerLog {
                 .iter()
                 .filter(|l| l.revived())
                 .map(|l| Failure::correctness(crate::oracle::ids::DEAD_GRANT_NEVER_REVIVED, l.line())),
+        );
+        found.extend(
+            self.replayed()
+                .iter()
+                .filter(|r| r.wrote_foreign())
+                .map(|r| Failure::correctness(crate::oracle::ids::FENCED_WRITE_WITHIN_ITS_ACCOUNT, r.line())),
         );
         found
     }
@@ -538,13 +556,143 @@ pub async fn forge_one(aim: &Aim, rogue: &GrantSigner, target: &Target, draw: u6
     if let Some(sig) = &signature {
         headers.push((dlock_contract::HEADER_FENCING_SIGNATURE, sig.as_str()));
     }
-    let mut client = HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS);
-    if aim.writer.is_some() {
-        client = client.with_bearer(aim.writer.clone());
-    }
-    let answer = client.send(&base, http::Method::POST, &path, &headers, Some(body.to_string().into())).await;
+    let answer =
+        forger_client(aim).send(&base, http::Method::POST, &path, &headers, Some(body.to_string().into())).await;
     let (status, code) = status_and_code(answer);
     out.push(Forged { forgery, hop, payout: payout.to_string(), status, code });
+}
+
+/// The forger's HTTP client for fenced writes: its budgets, and the aim's writer bearer.
+fn forger_client(aim: &Aim) -> HttpClient {
+    let client = HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS);
+    if aim.writer.is_some() {
+        client.with_bearer(aim.writer.clone())
+    } else {
+        client
+    }
+}
+
+/// The forger's payment client (its creates, under the aim's creator bearer) on the payment
+/// replica `draw` picks, and that replica.
+pub fn payment_client(aim: &Aim, draw: u64) -> Option<(BaseUrl, dlock_payment_client::PaymentClient)> {
+    let replica = aim.payment.get((draw % aim.payment.len().max(1) as u64) as usize)?.clone();
+    let mut cfg = dlock_payment_client::PaymentClientConfig::new(replica.clone());
+    cfg.write_read_timeout_ms = FORGER_READ_MS;
+    cfg.bearer = aim.creator.clone();
+    Some((replica, dlock_payment_client::PaymentClient::new(cfg).ok()?))
+}
+
+// Opens the forger's `account` at zero (idempotent: the same key each time); whether it
+/// exists.
+pub async fn open_account(client: &dlock_payment_client::PaymentClient, account: &str) -> bool {
+    let (Ok(owner), Ok(k)) = (
+        dlock_contract::OwnerId::parse(FORGER_OWNER),
+        dlock_contract::IdempotencyKey::parse(&format!("forger-open-{account}")),
+    ) else {
+        return false;
+    };
+    let body = dlock_contract::payment::NewAccountRequest {
+        account_id: account.to_owned(),
+        currency: "EUR".into(),
+        opening_balance_minor: 0,
+    };
+    for _ in 0..FORGER_TRIES_MAX {
+        if client.create_account(&owner, &k, &body).await.is_ok() {
+            return true;
+        }
+    }
+    false
+}
+
+/// A fenced write of the forger to `path` under token 1 of `account`'s lock key, signed with
+/// the aim's key (what a holder of that account's lock presents).
+async fn send_as_holder(
+    aim: &Aim,
+    replica: &BaseUrl,
+    path: &str,
+    account: &str,
+    key: &str,
+    body: serde_json::Value,
+) -> Result<dlock_rt::http::ClientResponse, dlock_rt::http::ClientError> {
+    let signature = aim.signer.sign(&dlock_contract::grant::payout_lock_key(account), 1, FORGER_OWNER);
+    let headers = [
+        ("content-type", "application/json"),
+        (dlock_contract::HEADER_FENCING_TOKEN, "1"),
+        (dlock_contract::HEADER_FENCING_SIGNATURE, signature.as_str()),
+        (dlock_contract::HEADER_OWNER_ID, FORGER_OWNER),
+        (dlock_contract::HEADER_IDEMPOTENCY_KEY, key),
+    ];
+    forger_client(aim).send(replica, http::Method::POST, path, &headers, Some(body.to_string().into())).await
+}
+
+/// A claim batch of [`FORGER_ACCOUNT_A`] naming `payouts` (of other accounts), sent and
+/// logged; the probe fires when every item came back `NOT_FOUND`.
+pub async fn send_foreign_batch(aim: &Aim, replica: &BaseUrl, payouts: &[uuid::Uuid], key: &str, out: &ForgerLog) {
+    let items: Vec<serde_json::Value> =
+        payouts.iter().map(|p| serde_json::json!({ "payoutId": p, "expectedState": "PENDING" })).collect();
+    let path = format!("/v1/accounts/{FORGER_ACCOUNT_A}/claims");
+    let answer =
+        send_as_holder(aim, replica, &path, FORGER_ACCOUNT_A, key, serde_json::json!({ "payouts": items })).await;
+    let (status, items) = match &answer {
+        Ok(r) => {
+            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+            let items: Vec<String> = v["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|i| format!("{} {}", i["status"], i["body"]["code"].as_str().unwrap_or_default()))
+                .collect();
+            (r.status, items)
+        }
+        Err(_) => (0, Vec::new()),
+    };
+    if !items.is_empty() && items.iter().all(|i| i == "404 NOT_FOUND") {
+        dlock_rt::probe::hit(dlock_rt::probe::Probe::ForeignPayoutRefusedInBatch);
+    }
+    let named: Vec<String> = payouts.iter().map(|p| p.to_string()).collect();
+    out.push_replayed(Replayed { hop: "batch", payout: named.join(","), token: 1, status, code: items.join(",") });
+}
+
+/// The cross-account batch (module doc): the forger opens two accounts of its own at zero,
+/// creates a payout of [`FORGER_ACCOUNT_B`], and sends a claim batch for
+/// [`FORGER_ACCOUNT_A`], under a grant of A's key signed with the aim's key (what a
+/// holder of A's lock presents), naming B's payout. A's fence passes; B's payout must come
+/// back `NOT_FOUND`. Then it claims the payout under a grant of B's own key, which fails it
+/// for lack of funds: the forger leaves nothing unsettled.
+pub async fn run_cross_account_batch(aim: &Aim, draw: u64, out: &ForgerLog) {
+    let Some((replica, client)) = payment_client(aim, draw) else { return };
+    for account in [FORGER_ACCOUNT_A, FORGER_ACCOUNT_B] {
+        if !open_account(&client, account).await {
+            return;
+        }
+    }
+    let Ok(owner) = dlock_contract::OwnerId::parse(FORGER_OWNER) else { return };
+    let body = dlock_contract::payment::NewPayoutRequest {
+        payout_id: None,
+        account_id: FORGER_ACCOUNT_B.to_owned(),
+        amount_minor: FORGER_PAYOUT_MINOR,
+        currency: "EUR".into(),
+        beneficiary_ref: "forger-beneficiary".into(),
+    };
+    let Ok(k) = dlock_contract::IdempotencyKey::parse("forger-payout") else { return };
+    let mut payout = None;
+    for _ in 0..FORGER_TRIES_MAX {
+        if let Ok(p) = client.create_payout(&owner, &k, &body).await {
+            payout = Some(p.payout_id);
+            break;
+        }
+    }
+    let Some(payout) = payout else { return };
+    send_foreign_batch(aim, &replica, &[payout], "forger-batch", out).await;
+    // Settle the payout under its own account's grant: no funds, so FAILED.
+    for t in 0..FORGER_TRIES_MAX {
+        let claim = serde_json::json!({ "expectedState": "PENDING" });
+        let path = format!("/v1/payouts/{payout}/claim");
+        let answer = send_as_holder(aim, &replica, &path, FORGER_ACCOUNT_B, &format!("forger-settle-{t}"), claim).await;
+        if answer.is_ok_and(|r| r.status < 500) {
+            break;
+        }
+    }
 }
 
 /// One lock-server request under the credential `token`, as `owner`: the answer's status
@@ -716,5 +864,28 @@ mod tests {
         assert_eq!(failures.len(), 1, "{failures:?}");
         assert_eq!(failures[0].invariant, "owner_attack_refused");
         assert_eq!(log.lines()[1], "forger: owner attack renew on forger-victim:1 at lock-1 -> 200 ");
+    }
+
+    #[test]
+    fn a_cross_account_batch_fails_the_run_only_when_it_wrote_a_payout_it_named() {
+        let batch = |status: u16, code: &str| Replayed {
+            hop: "batch",
+            payout: "p1,p2".to_owned(),
+            token: 1,
+            status,
+            code: code.to_owned(),
+        };
+        let log = ForgerLog::default();
+        for clean in [batch(200, "404 NOT_FOUND,404 NOT_FOUND"), batch(0, ""), batch(409, ""), batch(503, "")] {
+            assert!(!clean.wrote_foreign(), "{clean:?}");
+            log.push_replayed(clean);
+        }
+        log.push_replayed(Replayed { hop: "claim", ..batch(200, "200 ") });
+        assert!(log.failures().is_empty(), "{:?}", log.failures());
+        log.push_replayed(batch(200, "404 NOT_FOUND,422 INSUFFICIENT_FUNDS"));
+        log.push_replayed(batch(200, "200 "));
+        let failures = log.failures();
+        assert_eq!(failures.len(), 2, "{failures:?}");
+        assert!(failures.iter().all(|f| f.invariant == "fenced_write_within_its_account"), "{failures:?}");
     }
 }

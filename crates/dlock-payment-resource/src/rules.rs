@@ -50,10 +50,12 @@ pub enum FenceVerdict {
     Fenced { highest_token: i64 },
 }
 
-/// Strictly greater, never `>=`: the SQL predicate `fence < :presented`.
+/// Strictly greater, never `>=`: the SQL predicate `fence < :bound`, with `:bound` the
+/// presented token's [`fence_sql_bound`].
 pub fn fence_check(stored_fence: i64, presented: i64) -> FenceVerdict {
-    // Planted bug `fence-off-by-one` (simulation only): the token right above the fence is
-    // refused, as if a newer holder had written.
+    // Planted bug `fence-off-by-one` (the simulation, and the real run's test-only build
+    // through `fence_sql_bound`): the token right above the fence is refused, as if a newer
+    // holder had written.
     let bar = if dlock_contract::planted::on(dlock_contract::planted::Bug::FenceOffByOne) {
         stored_fence.saturating_add(1)
     } else {
@@ -64,6 +66,26 @@ pub fn fence_check(stored_fence: i64, presented: i64) -> FenceVerdict {
     } else {
         FenceVerdict::Fenced { highest_token: stored_fence }
     }
+}
+
+/// What the SQL stores' fence statement compares the stored fence with, `fence < :bound`, for
+/// a presented token: the token itself, so the statement passes exactly what [`fence_check`]
+/// passes (a unit test holds the two to one answer). The fence then rises to the token, not
+/// to the bound.
+pub fn fence_sql_bound(presented: i64) -> i64 {
+    if dlock_contract::planted::on(dlock_contract::planted::Bug::FenceOffByOne) {
+        presented.saturating_sub(1)
+    } else {
+        presented
+    }
+}
+
+/// Whether a batch whose fence is `batch_account`'s may write a payout of `payout_account`
+/// (C3-extensions E-19): only its own account's; another account's payout is not found.
+pub fn batch_may_write(batch_account: &str, payout_account: &str) -> bool {
+    // Planted bug `batch-ignores-account` (the simulation, and the real run's test-only
+    // build): a payout read by its id alone, whatever account the batch's fence passed.
+    dlock_contract::planted::on(dlock_contract::planted::Bug::BatchIgnoresAccount) || batch_account == payout_account
 }
 
 /// The fence after a passing write: the presented token. Asserts it rose.
@@ -289,6 +311,26 @@ mod tests {
 
     use super::*;
     use crate::store::{is_unsettled, Direction, LedgerEntry, PayoutPosting};
+
+    #[test]
+    fn a_batch_writes_only_payouts_of_the_account_whose_fence_it_passed() {
+        assert!(batch_may_write("acct-1", "acct-1"));
+        assert!(!batch_may_write("acct-1", "acct-2"));
+        assert!(!batch_may_write("acct-1", "acct-10"));
+    }
+
+    /// The SQL stores' fence statement (`fence < :bound`) and the rule answer alike, at the
+    /// edges of the token range too.
+    #[test]
+    fn sql_fence_statement_passes_exactly_what_the_fence_rule_passes() {
+        let edges = [i64::MIN, i64::MIN + 1, -1, 0, 1, 2, 41, 42, 43, i64::MAX - 1, i64::MAX];
+        for stored in edges {
+            for presented in edges {
+                let sql = stored < fence_sql_bound(presented);
+                assert_eq!(sql, fence_check(stored, presented) == FenceVerdict::Passes, "{stored} vs {presented}");
+            }
+        }
+    }
 
     proptest! {
         /// Against the history of accepted tokens: a token passes iff it exceeds every token

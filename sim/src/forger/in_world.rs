@@ -24,6 +24,7 @@ fn aim(topology: &Topology) -> Aim {
         lock: urls("lock", topology.lock_replicas),
         signer: grant_signer(),
         writer: None,
+        creator: None,
         forger_token: Secret::new(FORGER_WORKER_TOKEN),
         victim_token: Secret::new(VICTIM_WORKER_TOKEN),
     }
@@ -39,7 +40,7 @@ pub fn start_forger(world: &mut World, fault_ms: u64) -> ForgerLog {
     let log = ForgerLog::default();
     let node = world.add_node("forger");
     let paydb = world.paydb.clone();
-    let topology = world.spec().topology.clone();
+    let aim = aim(&world.spec().topology);
     let out = log.clone();
     node.spawn(async move {
         let share = (fault_ms / FAULT_ROUNDS).max(1);
@@ -49,7 +50,7 @@ pub fn start_forger(world: &mut World, fault_ms: u64) -> ForgerLog {
             dlock_rt::sleep(Duration::from_millis(at.saturating_sub(now))).await;
             now = at;
             replay_signed_writes(&*paydb, &out, Replays::ClaimsAndPosts(1)).await;
-            foreign_batch(&*paydb, &topology, &out).await;
+            foreign_batch(&*paydb, &aim, &out).await;
         }
     });
     log
@@ -76,7 +77,7 @@ pub async fn run_forger(world: &World, log: ForgerLog) -> ForgerLog {
         run_owner_attacks(&aim, dlock_rt::rand::random_u64(), &out).await;
         run_lapsed_session(&aim, dlock_rt::rand::random_u64(), &out).await;
         replay_signed_writes(&*paydb, &out, Replays::EveryFence(REPLAYS_PER_SEED)).await;
-        run_cross_account_batch(&topology, &out).await;
+        run_cross_account_batch(&aim, dlock_rt::rand::random_u64(), &out).await;
     });
     let _ = task.await;
     log
@@ -182,91 +183,11 @@ async fn replay_signed_writes(paydb: &dyn PaymentStore, out: &ForgerLog, which: 
     }
 }
 
-/// Opens the forger's `account` at zero (idempotent: the same key each time); whether it
-/// exists.
-async fn open_account(client: &dlock_payment_client::PaymentClient, account: &str) -> bool {
-    let (Ok(owner), Ok(k)) = (
-        dlock_contract::OwnerId::parse(FORGER_OWNER),
-        dlock_contract::IdempotencyKey::parse(&format!("forger-open-{account}")),
-    ) else {
-        return false;
-    };
-    let body = dlock_contract::payment::NewAccountRequest {
-        account_id: account.to_owned(),
-        currency: "EUR".into(),
-        opening_balance_minor: 0,
-    };
-    for _ in 0..FORGER_TRIES_MAX {
-        if client.create_account(&owner, &k, &body).await.is_ok() {
-            return true;
-        }
-    }
-    false
-}
-
-/// A payment client of the forger on the drawn payment replica.
-fn payment_client(topology: &Topology) -> Option<(BaseUrl, dlock_payment_client::PaymentClient)> {
-    let draw = dlock_rt::rand::random_u64();
-    let replica = node_url(&format!("payment-{}", draw % topology.payment_replicas.max(1) as u64 + 1));
-    let mut cfg = dlock_payment_client::PaymentClientConfig::new(replica.clone());
-    cfg.write_read_timeout_ms = FORGER_READ_MS;
-    Some((replica, dlock_payment_client::PaymentClient::new(cfg).ok()?))
-}
-
-/// A fenced write of the forger to `path` under token 1 of `account`'s lock key, signed with
-/// the world's key (what a holder of that account's lock presents).
-async fn send_as_holder(
-    replica: &BaseUrl,
-    path: &str,
-    account: &str,
-    key: &str,
-    body: serde_json::Value,
-) -> Result<dlock_rt::http::ClientResponse, dlock_rt::http::ClientError> {
-    let signature = grant_signer().sign(&dlock_contract::grant::payout_lock_key(account), 1, FORGER_OWNER);
-    let headers = [
-        ("content-type", "application/json"),
-        (dlock_contract::HEADER_FENCING_TOKEN, "1"),
-        (dlock_contract::HEADER_FENCING_SIGNATURE, signature.as_str()),
-        (dlock_contract::HEADER_OWNER_ID, FORGER_OWNER),
-        (dlock_contract::HEADER_IDEMPOTENCY_KEY, key),
-    ];
-    HttpClient::new(FORGER_CONNECT_MS, FORGER_READ_MS)
-        .send(replica, http::Method::POST, path, &headers, Some(body.to_string().into()))
-        .await
-}
-
-/// A claim batch of [`FORGER_ACCOUNT_A`] naming `payouts` (of other accounts), sent and
-/// logged; the probe fires when every item came back `NOT_FOUND`.
-async fn send_foreign_batch(replica: &BaseUrl, payouts: &[uuid::Uuid], key: &str, out: &ForgerLog) {
-    let items: Vec<serde_json::Value> =
-        payouts.iter().map(|p| serde_json::json!({ "payoutId": p, "expectedState": "PENDING" })).collect();
-    let path = format!("/v1/accounts/{FORGER_ACCOUNT_A}/claims");
-    let answer = send_as_holder(replica, &path, FORGER_ACCOUNT_A, key, serde_json::json!({ "payouts": items })).await;
-    let (status, items) = match &answer {
-        Ok(r) => {
-            let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
-            let items: Vec<String> = v["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|i| format!("{} {}", i["status"], i["body"]["code"].as_str().unwrap_or_default()))
-                .collect();
-            (r.status, items)
-        }
-        Err(_) => (0, Vec::new()),
-    };
-    if !items.is_empty() && items.iter().all(|i| i == "404 NOT_FOUND") {
-        dlock_rt::probe::hit(dlock_rt::probe::Probe::ForeignPayoutRefusedInBatch);
-    }
-    let named: Vec<String> = payouts.iter().map(|p| p.to_string()).collect();
-    out.push_replayed(Replayed { hop: "batch", payout: named.join(","), token: 1, status, code: items.join(",") });
-}
-
 /// A fault-phase cross-account batch: [`FORGER_ACCOUNT_A`] (opened at zero) names up to
 /// [`FOREIGN_PAYOUTS_MAX`] PENDING payouts of the workload's accounts. A store that honours
 /// the batch's account answers each `NOT_FOUND` and writes nothing.
-async fn foreign_batch(paydb: &dyn PaymentStore, topology: &Topology, out: &ForgerLog) {
-    let Some((replica, client)) = payment_client(topology) else { return };
+async fn foreign_batch(paydb: &dyn PaymentStore, aim: &Aim, out: &ForgerLog) {
+    let Some((replica, client)) = payment_client(aim, dlock_rt::rand::random_u64()) else { return };
     if !open_account(&client, FORGER_ACCOUNT_A).await {
         return;
     }
@@ -285,49 +206,7 @@ async fn foreign_batch(paydb: &dyn PaymentStore, topology: &Topology, out: &Forg
         return;
     }
     let key = format!("forger-foreign-{}", dlock_rt::rand::random_u64());
-    send_foreign_batch(&replica, &payouts, &key, out).await;
-}
-
-/// The cross-account batch (module doc): the forger opens two accounts of its own at zero,
-/// creates a payout of [`FORGER_ACCOUNT_B`], and sends a claim batch for
-/// [`FORGER_ACCOUNT_A`], under a grant of A's key signed with the world's key (what a
-/// holder of A's lock presents), naming B's payout. A's fence passes; B's payout must come
-/// back `NOT_FOUND`. Then it claims the payout under a grant of B's own key, which fails it
-/// for lack of funds: the forger leaves nothing unsettled.
-async fn run_cross_account_batch(topology: &Topology, out: &ForgerLog) {
-    let Some((replica, client)) = payment_client(topology) else { return };
-    for account in [FORGER_ACCOUNT_A, FORGER_ACCOUNT_B] {
-        if !open_account(&client, account).await {
-            return;
-        }
-    }
-    let Ok(owner) = dlock_contract::OwnerId::parse(FORGER_OWNER) else { return };
-    let body = dlock_contract::payment::NewPayoutRequest {
-        payout_id: None,
-        account_id: FORGER_ACCOUNT_B.to_owned(),
-        amount_minor: FORGER_PAYOUT_MINOR,
-        currency: "EUR".into(),
-        beneficiary_ref: "forger-beneficiary".into(),
-    };
-    let Ok(k) = dlock_contract::IdempotencyKey::parse("forger-payout") else { return };
-    let mut payout = None;
-    for _ in 0..FORGER_TRIES_MAX {
-        if let Ok(p) = client.create_payout(&owner, &k, &body).await {
-            payout = Some(p.payout_id);
-            break;
-        }
-    }
-    let Some(payout) = payout else { return };
-    send_foreign_batch(&replica, &[payout], "forger-batch", out).await;
-    // Settle the payout under its own account's grant: no funds, so FAILED.
-    for t in 0..FORGER_TRIES_MAX {
-        let claim = serde_json::json!({ "expectedState": "PENDING" });
-        let path = format!("/v1/payouts/{payout}/claim");
-        let answer = send_as_holder(&replica, &path, FORGER_ACCOUNT_B, &format!("forger-settle-{t}"), claim).await;
-        if answer.is_ok_and(|r| r.status < 500) {
-            break;
-        }
-    }
+    send_foreign_batch(aim, &replica, &payouts, &key, out).await;
 }
 
 /// A settled payout (POSTED or FAILED) drawn from paydb, if any.

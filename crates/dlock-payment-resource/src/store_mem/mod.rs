@@ -146,10 +146,7 @@ fn account_fence_check(t: &PaydbTables, account_id: &str, token: i64, layer: Lay
 /// A payout of a batch's account as the batch read it: `None` for no such payout, or one
 /// of another account (its item is `NotFound`).
 fn batch_payout<'a>(t: &'a PaydbTables, account_id: &str, payout_id: Uuid) -> Option<&'a StoredPayout> {
-    // Planted bug `batch-ignores-account` (simulation only): the payout read by its id
-    // alone, whatever account the batch's fence passed.
-    let ignores = dlock_contract::planted::on(dlock_contract::planted::Bug::BatchIgnoresAccount);
-    t.rail.payouts.get(&payout_id).filter(|p| ignores || p.row.account_id == account_id)
+    t.rail.payouts.get(&payout_id).filter(|p| rules::batch_may_write(account_id, &p.row.account_id))
 }
 
 impl PaydbTx {

@@ -172,7 +172,7 @@ macro_rules! claim_op {
                 let mut read = std::collections::BTreeMap::new();
                 for row in rows {
                     unsettled = get!(row, "unsettled_minor");
-                    if get!(row, "account_id", String) != b.account_id {
+                    if !rules::batch_may_write(&b.account_id, &get!(row, "account_id", String)) {
                         continue;
                     }
                     let payout_id = row_payout_id(&get!(row, "payout_id", String))?;

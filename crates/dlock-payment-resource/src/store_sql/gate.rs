@@ -73,7 +73,8 @@ pub(super) const RECORD_SQL: &str = "UPDATE idempotency_records SET response_sta
 
 /// A batch's fence: the strict fence on the CUSTOMER account itself (C3 §3.4 verbatim),
 /// with `$extra` conditions after its own. `$1` the token, `$2` the instant, `$3` the
-/// account, `$4` the token again.
+/// account, `$4` the token's bound ([`rules::fence_sql_bound`]: the token again, so the
+/// statement passes what `rules::fence_check` passes).
 macro_rules! account_fence_sql {
     ($extra:literal) => {
         concat!(
@@ -322,7 +323,7 @@ impl PgPaymentStore {
             .bind(token)
             .bind(at)
             .bind(account_id.to_owned())
-            .bind(token);
+            .bind(rules::fence_sql_bound(token));
         let r = query.fetch_one(&mut **tx).await.map_err(db_error)?;
         let (gated, account): (i64, Option<String>) = (get!(r, "gated"), get!(r, "account_id", Option<String>));
         if gated == 0 {
@@ -390,7 +391,11 @@ impl SqlitePaymentStore {
             BatchRead::Post { payouts: [_] } => POST_ONE.get_or_init(|| batch(POST_ONE_READ_SQL, 3)),
             BatchRead::Post { .. } => POST.get_or_init(|| batch(SQLITE_POST_BATCH_READ_SQL, 1)),
         };
-        let query = bind_gate!(sqlx::query(q), i).bind(token).bind(at).bind(account_id.to_owned()).bind(token);
+        let query = bind_gate!(sqlx::query(q), i)
+            .bind(token)
+            .bind(at)
+            .bind(account_id.to_owned())
+            .bind(rules::fence_sql_bound(token));
         let query = match read {
             BatchRead::Claim { account_id, payouts } => {
                 let ids: Vec<String> = payouts.iter().map(|p| p.payout_id.to_string()).collect();

@@ -250,7 +250,7 @@ macro_rules! post_op {
                 let at = truncate_ms(b.at);
                 let mut read = std::collections::BTreeMap::new();
                 for row in rows {
-                    if get!(row, "account_id", String) != b.account_id {
+                    if !rules::batch_may_write(&b.account_id, &get!(row, "account_id", String)) {
                         continue;
                     }
                     let payout_id = row_payout_id(&get!(row, "payout_id", String))?;
