@@ -13,7 +13,9 @@
 //!   newer holder, a lower token accepted, an ambiguous payout admitted again, each ordered
 //!   only across more than [`TRACED_SLACK_MS`], and never across a stop of the process that
 //!   wrote the later event;
-//! - the services' contradictions (`contradiction`: a state their rules say cannot be).
+//! - the services' contradictions (`contradiction`: a state their rules say cannot be);
+//! - the lock servers' store calls ([`lock_call_failures`]);
+//! - what callers received on the wire ([`wire_failures`]), against paydb's records.
 //!
 //! Invariants: a failure is only ever what one of the oracle's checkers returned (this
 //! module adds `workload_finishes` and `paydb_readable`, the harness's own ids, as the
@@ -25,7 +27,9 @@ use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::{RailCallLog, SubmissionOutcome};
 use dlock_paydb::pay::{is_unsettled, AccountKind, Direction, LedgerEntry};
 use dlock_paydb::rail::SubmissionRow;
-use dlock_sim::oracle::{self, ids, AccountFacts, Checker, Known, PaydbRows, RailTruth, Stated};
+use dlock_payment_resource::store_mem::FencedOp;
+use dlock_rt::wire_log::{Exchange, Fate};
+use dlock_sim::oracle::{self, ids, AccountFacts, Checker, Effects, Known, PaydbRows, RailTruth, Stated, WireWrite};
 use dlock_sim::outcome::Failure;
 use sqlx::Row;
 use uuid::Uuid;
@@ -178,8 +182,103 @@ pub async fn read_rows(pool: &sqlx::PgPool) -> Result<PaydbRows, String> {
     {
         rows.marks.insert(r.try_get(0).map_err(err)?, r.try_get(1).map_err(err)?);
     }
+    // Every claim's and post's recorded answer, and every batch's (its target `account:ID`);
+    // a committed record always holds its answer.
+    for r in sqlx::query(
+        "SELECT operation, target_id, idempotency_key, fencing_token, response_status, response_body \
+         FROM idempotency_records WHERE operation IN ('CLAIM', 'POST') AND response_status IS NOT NULL",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(err)?
+    {
+        let op = match r.try_get::<String, _>(0).map_err(err)?.as_str() {
+            "CLAIM" => FencedOp::Claim,
+            _ => FencedOp::Post,
+        };
+        let target: String = r.try_get(1).map_err(err)?;
+        let (key, token): (String, i64) = (r.try_get(2).map_err(err)?, r.try_get(3).map_err(err)?);
+        let status = u16::try_from(r.try_get::<i32, _>(4).map_err(err)?).map_err(|e| e.to_string())?;
+        let answer = (status, r.try_get::<Vec<u8>, _>(5).map_err(err)?);
+        match target.strip_prefix("account:") {
+            Some(account) => rows.batch_records.insert((op, account.to_owned(), token, key), answer),
+            None => rows.records.insert((op, uuid(&target)?, token, key), answer),
+        };
+    }
     tx.commit().await.map_err(err)?;
     Ok(rows)
+}
+
+/// The judged writes the processes sent, rebuilt from their `exchange_sent` and
+/// `exchange_done` events (`dlock_rt::wire_log`, "On real processes") as the simulation's
+/// wire log holds them, stamped with the host's monotonic clock. A write with no
+/// `exchange_done` (its future dropped, its process killed), or whose body the event left
+/// out, has an unknown fate.
+pub fn exchanges(history: &[Line]) -> Vec<Exchange> {
+    let mut open: BTreeMap<(String, u64, u64), usize> = BTreeMap::new();
+    let mut out: Vec<Exchange> = Vec::new();
+    for l in history.iter().filter(|l| l.kind == "exchange_sent" || l.kind == "exchange_done") {
+        let n = |k: &str| l.fields.get(k).and_then(|v| v.as_u64());
+        let s = |k: &str| l.fields.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+        let (Some(run), Some(id)) = (n("run"), n("id")) else { continue };
+        let key = (l.process.clone(), run, id);
+        if l.kind == "exchange_sent" {
+            let mut headers = Vec::new();
+            for (field, header) in [
+                ("fencing_token", dlock_contract::HEADER_FENCING_TOKEN),
+                ("idempotency_key", dlock_contract::HEADER_IDEMPOTENCY_KEY),
+            ] {
+                if let Some(v) = s(field) {
+                    headers.push((header.to_owned(), v));
+                }
+            }
+            open.insert(key, out.len());
+            out.push(Exchange {
+                seq_sent: l.mono_ms,
+                seq_done: None,
+                authority: s("authority").unwrap_or_default(),
+                method: s("method").unwrap_or_default(),
+                path: s("path").unwrap_or_default(),
+                headers,
+                request: s("request").unwrap_or_default().into_bytes(),
+                fate: None,
+            });
+        } else if let Some(e) = open.remove(&key).and_then(|i| out.get_mut(i)) {
+            e.seq_done = Some(l.mono_ms);
+            e.fate = if l.fields.get("failed").and_then(|v| v.as_bool()) == Some(true) {
+                let nothing_sent = l.fields.get("nothing_sent").and_then(|v| v.as_bool()).unwrap_or(false);
+                Some(Fate::Failed { nothing_sent })
+            } else {
+                let status = n("status").and_then(|v| u16::try_from(v).ok());
+                status.zip(s("body")).map(|(status, body)| Fate::Answered { status, body: body.into_bytes() })
+            };
+        }
+    }
+    out
+}
+
+/// What callers received on the wire, against paydb ([`oracle::wire`]): every answer marked
+/// `retrySafe: true` to a claim, post or submission left no trace
+/// (`retry_safe_answer_left_no_trace`), and every answer below 500 to a claim, post or
+/// batch whose identity paydb recorded is the recorded status and bytes
+/// (`idempotent_replay_byte_identical_on_the_wire`). A batch's payouts count as written
+/// when its recorded answer's item for them is 2xx. Acquires are not judged here: the
+/// check orders an acquire's answer against its grant's commit by the simulation's one
+/// counter, which real processes do not share.
+pub fn wire_failures(history: &[Line], rows: &PaydbRows) -> Vec<Failure> {
+    let wire: Vec<WireWrite> = exchanges(history).iter().flat_map(oracle::parse_wire_all).collect();
+    let mut effects = Effects { writes: rows.effects(), grants: Vec::new() };
+    for ((op, _, token, _), (status, body)) in &rows.batch_records {
+        let Ok(answer) = serde_json::from_slice::<dlock_contract::batch::BatchAnswer>(body) else { continue };
+        if *status == 200 {
+            let written = answer.items.iter().filter(|i| (200..300).contains(&i.status));
+            effects.writes.extend(written.map(|i| (*op, i.payout_id, *token)));
+        }
+    }
+    let mut found = oracle::retry_safe_failures(&wire, &effects);
+    found.extend(oracle::wire_replay_failures(&wire, &rows.records));
+    found.extend(oracle::wire_batch_replay_failures(&wire, &rows.batch_records));
+    found
 }
 
 /// How many payouts are not settled yet (PENDING, CLAIMED, SUBMITTED, RAIL_ACKED), and how
@@ -396,6 +495,7 @@ pub fn failures(e: &Evidence<'_>) -> Vec<Failure> {
     found.extend(oracle::traced::traced_failures(&writes, &outcomes, &stopped(e.history), TRACED_SLACK_MS));
     found.extend(oracle::traced::contradiction_failures(&contradictions(e.history)));
     found.extend(lock_call_failures(e.history));
+    found.extend(wire_failures(e.history, e.rows));
     found.extend(oracle::rail_failures(&calls, &e.rows.submissions));
     found.extend(oracle::ledger_failures(&e.rows.accounts, &e.rows.ledger));
     found.extend(oracle::ledger_account_failures(&e.rows.ledger, &e.rows.payout_accounts));
@@ -468,6 +568,52 @@ mod tests {
             r#"{{"seq":0,"t_ms":0,"node":"{process}","mono_ms":{mono},"wall_ms":0,"kind":"session_belief","session":"{session}","local_deadline_mono_ms":{deadline},"source":"opened"}}"#
         );
         parse_line(process, &text).unwrap_or_else(|| panic!("bad test line"))
+    }
+
+    /// A claim of `payout` under token 5 and key `k` sent by executor-1 at `at` (exchange
+    /// `id`), answered `answer` (status, body) 10 ms later, or never (`None`).
+    fn claim_exchange(id: u64, at: u64, payout: Uuid, answer: Option<(u16, &str)>) -> Vec<Line> {
+        let sent = serde_json::json!({
+            "seq": 0, "t_ms": 0, "node": "http-client", "mono_ms": at, "wall_ms": 0, "kind": "exchange_sent",
+            "run": 9, "id": id, "authority": "p:1", "method": "POST", "path": format!("/v1/payouts/{payout}/claim"),
+            "fencing_token": "5", "idempotency_key": "k", "request": r#"{"expectedState":"PENDING"}"#,
+        });
+        let mut lines = vec![parse_line("executor-1", &sent.to_string()).unwrap_or_else(|| panic!("bad test line"))];
+        if let Some((status, body)) = answer {
+            let done = serde_json::json!({
+                "seq": 0, "t_ms": 0, "node": "http-client", "mono_ms": at + 10, "wall_ms": 0,
+                "kind": "exchange_done", "run": 9, "id": id, "status": status, "body": body,
+            });
+            lines.push(parse_line("executor-1", &done.to_string()).unwrap_or_else(|| panic!("bad test line")));
+        }
+        lines
+    }
+
+    #[test]
+    fn an_answer_that_differs_from_its_record_or_a_retry_safe_answer_with_an_effect_fails_the_run() {
+        let payout = Uuid::from_u128(7);
+        let mut rows = PaydbRows::default();
+        rows.records.insert((FencedOp::Claim, payout, 5, "k".into()), (200, b"{\"a\":1}".to_vec()));
+        // The recorded bytes on the wire, then a replay with the same bytes: clean.
+        let mut h = claim_exchange(0, 100, payout, Some((200, r#"{"a":1}"#)));
+        h.extend(claim_exchange(1, 200, payout, Some((200, r#"{"a":1}"#))));
+        assert!(wire_failures(&h, &rows).is_empty(), "{:?}", wire_failures(&h, &rows));
+        // A replay answered with other bytes.
+        h.extend(claim_exchange(2, 300, payout, Some((200, r#"{"a":2}"#))));
+        let found = wire_failures(&h, &rows);
+        assert_eq!(found.iter().map(|f| f.invariant).collect::<Vec<_>>(), [ids::WIRE_REPLAY_BYTE_IDENTICAL]);
+        // Every send answered retry-safe, yet paydb holds the claim.
+        let refused = r#"{"code":"UNAVAILABLE","retrySafe":true}"#;
+        let h = claim_exchange(0, 100, payout, Some((503, refused)));
+        let found = wire_failures(&h, &rows);
+        assert_eq!(found.iter().map(|f| f.invariant).collect::<Vec<_>>(), [ids::RETRY_SAFE_LEFT_NO_TRACE]);
+        // One send of it never ended (its outcome unknown): no finding.
+        let mut h = claim_exchange(0, 100, payout, Some((503, refused)));
+        h.extend(claim_exchange(1, 200, payout, None));
+        assert!(wire_failures(&h, &rows).is_empty(), "{:?}", wire_failures(&h, &rows));
+        // Nothing recorded: a retry-safe answer is what it says.
+        let h = claim_exchange(0, 100, payout, Some((503, refused)));
+        assert!(wire_failures(&h, &PaydbRows::default()).is_empty());
     }
 
     fn evidence<'a>(

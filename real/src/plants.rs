@@ -55,7 +55,7 @@ pub const REAL: [RealPlant; 12] = [
         // reaches the mark before the stale one that did.
         env: &[("DLOCK_EXECUTOR_CHAOS_PAUSE_RATE", "0.5"), ("DLOCK_EXECUTOR_CHAOS_PAUSE_HOPS", "submit")],
         seed: 1,
-        duration_s: 20,
+        duration_s: 10,
     },
     RealPlant {
         bug: Bug::FencingOffBoth,
@@ -68,7 +68,7 @@ pub const REAL: [RealPlant; 12] = [
         nemesis: "pause",
         env: &[("DLOCK_EXECUTOR_CHAOS_PAUSE_RATE", "1"), ("DLOCK_EXECUTOR_CHAOS_PAUSE_HOPS", "submit")],
         seed: 2,
-        duration_s: 20,
+        duration_s: 10,
     },
     RealPlant {
         bug: Bug::ExecutorRetriesSubmit,
@@ -77,7 +77,7 @@ pub const REAL: [RealPlant; 12] = [
         nemesis: "pause",
         env: &[],
         seed: 1,
-        duration_s: 20,
+        duration_s: 10,
     },
     RealPlant {
         bug: Bug::GrantUnexpired,
@@ -86,7 +86,7 @@ pub const REAL: [RealPlant; 12] = [
         nemesis: "pause",
         env: &[],
         seed: 1,
-        duration_s: 20,
+        duration_s: 10,
     },
     RealPlant {
         bug: Bug::EtcdWallClockJudge,
@@ -105,7 +105,7 @@ pub const REAL: [RealPlant; 12] = [
         nemesis: "pause",
         env: &[],
         seed: 2,
-        duration_s: 40,
+        duration_s: 20,
     },
     RealPlant {
         bug: Bug::P1HidesAhead,

@@ -48,7 +48,7 @@ pub const SCHEMA: &str = dlock_rt::events::SCHEMA;
 pub const TRACE_EVENTS_MAX: usize = 200_000;
 
 /// Every `kind` a line may have (docs/simulation.md "Incident trace" describes each).
-pub const KINDS: [&str; 26] = [
+pub const KINDS: [&str; 28] = [
     "trace_start",
     "phase",
     "session",
@@ -75,6 +75,8 @@ pub const KINDS: [&str; 26] = [
     "contradiction",
     "store_call",
     "store_answer",
+    "exchange_sent",
+    "exchange_done",
 ];
 
 /// The kinds the trace takes from the services' event seam ([`dlock_rt::events`]). Every

@@ -191,6 +191,11 @@ fn host_monotonic_ms() -> u64 {
     secs.saturating_mul(1_000).saturating_add(ms)
 }
 
+/// Held by every unit test of this crate that installs a sink or needs none installed: the
+/// sink is one per process, and tests run on parallel threads.
+#[cfg(all(test, not(madsim)))]
+pub(crate) static TEST_SINK_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[cfg(all(test, not(madsim)))]
 mod tests {
     use super::*;
@@ -207,6 +212,7 @@ mod tests {
 
     #[test]
     fn without_a_sink_the_fields_are_never_built_and_with_one_they_arrive_sorted() {
+        let _one = TEST_SINK_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let called = std::cell::Cell::new(false);
         emit("n", "k", || {
             called.set(true);

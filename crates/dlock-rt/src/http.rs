@@ -634,7 +634,8 @@ impl HttpClient {
 
     /// Sends one request on a fresh connection and reads the whole answer.
     /// `path_and_query` starts with `/`. In the simulation every `POST` and its fate go to
-    /// [`crate::wire_log`] (nothing is kept outside it). Called inside a trace
+    /// [`crate::wire_log`] (nothing is kept outside it); on a real process with a trace
+    /// file, each judged write goes to the event seam ([`crate::wire_log::trace_begin`]). Called inside a trace
     /// ([`crate::trace::current`]), the call is a child span of it and carries its
     /// `traceparent` (unless the caller gave that header itself).
     pub async fn send(
@@ -668,12 +669,14 @@ impl HttpClient {
         }
         let bytes = body.as_deref().unwrap_or_default();
         let entry = crate::wire_log::begin(&base.authority, method.as_str(), path_and_query, headers, bytes);
+        let traced = crate::wire_log::trace_begin(&base.authority, method.as_str(), path_and_query, headers, bytes);
         let result = self.send_unrecorded(hop, base, method, path_and_query, headers, body).await;
-        if entry.is_some() {
+        if entry.is_some() || traced.is_some() {
             let fate = match &result {
                 Ok(r) => crate::wire_log::Fate::Answered { status: r.status, body: r.body.to_vec() },
                 Err(e) => crate::wire_log::Fate::Failed { nothing_sent: e.nothing_sent() },
             };
+            crate::wire_log::trace_finish(traced, &fate);
             crate::wire_log::finish(entry, fate);
         }
         result

@@ -20,6 +20,22 @@
 //!   partial, never pass silently).
 //! - A request whose future is dropped before it ends (its caller gave up, its node was
 //!   killed) keeps `fate: None`: its outcome is unknown, never "answered".
+//!
+//! ## On real processes: the event seam
+//! Outside the simulation a process keeps no record: with an event sink installed (a trace
+//! file, `trace.file`), each judged write ([`judged`]: a fenced write, or an acquire) goes
+//! to the seam instead ([`trace_begin`], [`trace_finish`]), as two events of node
+//! [`TRACE_NODE`]: `exchange_sent` (`run`, `id`, `authority`, `method`, `path`, its
+//! fencing token and idempotency key, `request`) when it starts, and `exchange_done` (`run`,
+//! `id`, `status` and `body`, or `failed` and `nothing_sent`) when it ends. The real run
+//! rebuilds [`Exchange`]s from them on the host's monotonic clock (docs/real-runs.md, "What
+//! callers received"). Invariants:
+//! - no other header is written: never `Authorization`, never the grant's signature;
+//! - a body over [`TRACED_BODY_BYTES_MAX`] bytes, or not UTF-8, is left out (`request` or
+//!   `body` absent: the judge reads that exchange's outcome as unknown);
+//! - `id` counts this process's traced writes from 0 and `run` is drawn once per process
+//!   start, so a restarted process's ids stay apart; a write whose future was dropped has
+//!   an `exchange_sent` and no `exchange_done`: unknown, as above.
 
 /// Most exchanges one seed records.
 pub const EXCHANGES_MAX: usize = 200_000;
@@ -147,6 +163,98 @@ pub fn finish(index: Option<usize>, fate: Fate) {
     let _ = (index, fate);
 }
 
+/// The node name of the traced exchanges' events (module doc, "On real processes").
+pub const TRACE_NODE: &str = "http-client";
+
+/// Longest request or answer body an `exchange_sent` or `exchange_done` event carries, in
+/// bytes; a longer one is left out.
+pub const TRACED_BODY_BYTES_MAX: usize = 65_536;
+
+/// Whether the oracle's wire checks judge a request: a fenced write (it carries
+/// `X-Fencing-Token`: a claim, a post, a submission, a batch) or an acquire (L4).
+pub fn judged(path: &str, headers: &[(&str, &str)]) -> bool {
+    path.starts_with("/v1/locks/") && path.ends_with("/acquire")
+        || headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(dlock_contract::HEADER_FENCING_TOKEN))
+}
+
+/// A traced write in flight: its process start's `run` and its `id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Traced {
+    pub run: u64,
+    pub id: u64,
+}
+
+#[cfg(not(madsim))]
+fn body_text(body: &[u8]) -> Option<&str> {
+    (body.len() <= TRACED_BODY_BYTES_MAX).then(|| std::str::from_utf8(body).ok()).flatten()
+}
+
+/// Outside the simulation, with an event sink installed: emits a judged write's
+/// `exchange_sent` (module doc) and returns what [`trace_finish`] ends it with. `None` in
+/// the simulation (its record is [`begin`]'s), without a sink, or for a write not [`judged`].
+pub fn trace_begin(authority: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Option<Traced> {
+    #[cfg(not(madsim))]
+    {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        static RUN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        if !crate::events::enabled() || !judged(path, headers) {
+            return None;
+        }
+        let t = Traced { run: *RUN.get_or_init(crate::rand::random_u64), id: NEXT.fetch_add(1, Ordering::Relaxed) };
+        let header = |name: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| *v);
+        crate::events::emit(TRACE_NODE, "exchange_sent", || {
+            let mut f: Vec<(&'static str, serde_json::Value)> = vec![
+                ("run", t.run.into()),
+                ("id", t.id.into()),
+                ("authority", authority.into()),
+                ("method", method.into()),
+                ("path", path.into()),
+            ];
+            if let Some(v) = header(dlock_contract::HEADER_FENCING_TOKEN) {
+                f.push(("fencing_token", v.into()));
+            }
+            if let Some(v) = header(dlock_contract::HEADER_IDEMPOTENCY_KEY) {
+                f.push(("idempotency_key", v.into()));
+            }
+            if let Some(text) = body_text(body) {
+                f.push(("request", text.into()));
+            }
+            f
+        });
+        Some(t)
+    }
+    #[cfg(madsim)]
+    {
+        let _ = (authority, method, path, headers, body);
+        None
+    }
+}
+
+/// Emits the `exchange_done` of a write [`trace_begin`] traced.
+pub fn trace_finish(traced: Option<Traced>, fate: &Fate) {
+    let Some(t) = traced else { return };
+    crate::events::emit(TRACE_NODE, "exchange_done", || {
+        let mut f: Vec<(&'static str, serde_json::Value)> = vec![("run", t.run.into()), ("id", t.id.into())];
+        match fate {
+            Fate::Answered { status, body } => {
+                f.push(("status", (*status).into()));
+                #[cfg(not(madsim))]
+                if let Some(text) = body_text(body) {
+                    f.push(("body", text.into()));
+                }
+                #[cfg(madsim)]
+                let _ = body;
+            }
+            Fate::Failed { nothing_sent } => {
+                f.push(("failed", true.into()));
+                f.push(("nothing_sent", (*nothing_sent).into()));
+            }
+        }
+        f
+    });
+}
+
 /// Everything recorded on this thread since [`enable`] (empty outside the simulation).
 pub fn snapshot() -> Vec<Exchange> {
     #[cfg(madsim)]
@@ -186,6 +294,50 @@ mod tests {
         enable();
         assert!(snapshot().is_empty() && !overflowed());
         reset();
+    }
+
+    #[cfg(not(madsim))]
+    #[test]
+    fn outside_the_simulation_a_judged_write_goes_to_the_seam_without_its_credentials() {
+        use std::sync::{Arc, Mutex};
+        type Seen = Mutex<Vec<(&'static str, crate::events::Fields)>>;
+        struct Collect(Seen);
+        impl crate::events::Sink for Collect {
+            fn record(&self, _node: &str, kind: &'static str, fields: crate::events::Fields) {
+                if let Ok(mut v) = self.0.lock() {
+                    v.push((kind, fields));
+                }
+            }
+        }
+        let headers = [
+            ("Authorization", "Bearer secret-token"),
+            (dlock_contract::HEADER_FENCING_TOKEN, "7"),
+            (dlock_contract::HEADER_FENCING_SIGNATURE, "sig"),
+            (dlock_contract::HEADER_IDEMPOTENCY_KEY, "k-1"),
+        ];
+        let _one = crate::events::TEST_SINK_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        assert_eq!(trace_begin("a:1", "POST", "/v1/payouts/p/claim", &headers, b"{}"), None, "no sink: nothing");
+        let sink = Arc::new(Collect(Mutex::new(Vec::new())));
+        let _g = crate::events::install(sink.clone());
+        assert_eq!(trace_begin("a:1", "POST", "/v1/sessions/s/heartbeat", &[], b"{}"), None, "not judged");
+        let t = trace_begin("a:1", "POST", "/v1/payouts/p/claim", &headers, b"{\"expectedState\":\"PENDING\"}");
+        assert!(t.is_some());
+        trace_finish(t, &Fate::Answered { status: 409, body: br#"{"code":"FENCED_OUT"}"#.to_vec() });
+        let big = vec![b'x'; TRACED_BODY_BYTES_MAX + 1];
+        let u = trace_begin("a:1", "POST", "/v1/locks/k/acquire", &[], &big);
+        trace_finish(u, &Fate::Failed { nothing_sent: true });
+        let seen = sink.0.lock().map(|v| v.clone()).unwrap_or_default();
+        let kinds: Vec<&str> = seen.iter().map(|(k, _)| *k).collect();
+        assert_eq!(kinds, ["exchange_sent", "exchange_done", "exchange_sent", "exchange_done"]);
+        let text = format!("{seen:?}");
+        assert!(!text.contains("secret-token") && !text.contains("sig\""), "{text}");
+        let (sent, done) = (&seen[0].1, &seen[1].1);
+        assert_eq!(sent.get("fencing_token").and_then(|v| v.as_str()), Some("7"));
+        assert_eq!(sent.get("idempotency_key").and_then(|v| v.as_str()), Some("k-1"));
+        assert_eq!(sent.get("id"), done.get("id"));
+        assert_eq!(done.get("body").and_then(|v| v.as_str()), Some(r#"{"code":"FENCED_OUT"}"#));
+        assert!(!seen[2].1.contains_key("request"), "a body over the bound is left out");
+        assert_eq!(seen[3].1.get("nothing_sent").and_then(|v| v.as_bool()), Some(true));
     }
 
     #[cfg(not(madsim))]
