@@ -230,7 +230,8 @@ async fn up_serves_the_cluster_on_the_default_ports_settles_payouts_and_stops_on
 
 /// The node names the demo's trace may give (the services' own, the executors', the demo's).
 fn demo_trace_node(n: &str) -> bool {
-    ["demo", "lock-server", "payment-resource", "rail-proxy", "rail-stub", "reconciler"].contains(&n)
+    // `http-client`: the judged writes the executors send (`exchange_sent`, `exchange_done`).
+    ["demo", "lock-server", "payment-resource", "rail-proxy", "rail-stub", "reconciler", "http-client"].contains(&n)
         || n.strip_prefix("executor-").is_some_and(|i| i.parse::<u32>().is_ok())
 }
 
@@ -245,10 +246,12 @@ fn demo_with_trace_writes_the_runs_protocol_events_in_the_simulation_trace_schem
     let file = dir.0.join("run.jsonl");
     let html = dir.0.join("run.html");
     let out = Command::new(env!("CARGO_BIN_EXE_dlock"))
-        .args(["demo", "--payouts", "40", "--accounts", "2", "--rail-failure-rate", "0.3", "--pause-rate", "0.2"])
+        .args(["demo", "--payouts", "80", "--accounts", "2", "--rail-failure-rate", "0.3", "--pause-rate", "0.2"])
         // Stalls twice the lease past it: time for another worker to take the key over and
         // raise the fence before the stalled write lands (with the demo's 500 ms past a
         // 1 500 ms lease, a run could end with no takeover in time and no fenced-out write).
+        // 80 payouts: a run of 40 ended, 2 times in 14, before any stalled write landed
+        // behind a takeover.
         .env("DLOCK_EXECUTOR_CHAOS_PAUSE_MS", "4500")
         .arg("--data-dir")
         .arg(dir.0.join("data"))
