@@ -666,13 +666,20 @@ mod tests {
         call(process, id, at, 10, asked, Answered::Granted { token })
     }
 
+    /// Sessions 1 and 2 opened through `a` and `b`, then `k` granted to session 1 through
+    /// `a` at 100 (token `t1`) and to session 2 through `b` at `at` (token `t2`).
+    fn two_grants(a: &str, b: &str, t1: i64, t2: i64, at: u64) -> Vec<Line> {
+        let mut h: Vec<Line> = Vec::new();
+        h.extend(opened(a, 0, 0, 1));
+        h.extend(opened(b, 1, 0, 2));
+        h.extend(granted(a, 2, 100, 1, t1));
+        h.extend(granted(b, 3, at, 2, t2));
+        h
+    }
+
     #[test]
     fn two_lock_servers_granting_one_key_within_a_lease_is_two_live_grants_and_a_release_between_is_not() {
-        let mut h: Vec<Line> = Vec::new();
-        h.extend(opened("lock-server-1", 0, 0, 1));
-        h.extend(opened("lock-server-2", 0, 0, 2));
-        h.extend(granted("lock-server-1", 1, 100, 1, 5));
-        h.extend(granted("lock-server-2", 1, 600, 2, 6));
+        let h = two_grants("lock-server-1", "lock-server-2", 5, 6, 600);
         let found = lock_call_failures(&h);
         assert_eq!(found.iter().map(|f| f.invariant).collect::<Vec<_>>(), [ids::NO_TWO_LIVE_GRANTS], "{found:?}");
         // The same, the first grant released (by token) before the second acquire began.
@@ -699,29 +706,13 @@ mod tests {
     fn the_lock_server_on_postgresql_is_judged_against_its_own_lockdb_only() {
         // One key granted on etcd and on lockdb within a lease, the second with a lower
         // token: two lock services, two histories, no failure.
-        let mut h: Vec<Line> = Vec::new();
-        h.extend(opened("lock-server-1", 0, 0, 1));
-        h.extend(opened("lock-server-pg", 0, 0, 2));
-        h.extend(granted("lock-server-1", 1, 100, 1, 50));
-        h.extend(granted("lock-server-pg", 1, 600, 2, 6));
+        let h = two_grants("lock-server-1", "lock-server-pg", 50, 6, 600);
         assert!(lock_call_failures(&h).is_empty(), "{:?}", lock_call_failures(&h));
         // Within lockdb's own history the same grants break it.
-        let mut h: Vec<Line> = Vec::new();
-        h.extend(opened("lock-server-pg", 0, 0, 1));
-        h.extend(opened("lock-server-pg", 1, 0, 2));
-        h.extend(granted("lock-server-pg", 2, 100, 1, 50));
-        h.extend(granted("lock-server-pg", 3, 600, 2, 6));
-        let found = lock_call_failures(&h);
+        let found = lock_call_failures(&two_grants("lock-server-pg", "lock-server-pg", 50, 6, 600));
         assert!(found.iter().any(|f| f.invariant == ids::NO_TWO_LIVE_GRANTS), "{found:?}");
         // lockdb's clock may end a lease up to CLOCK_ADVANCE_MS_MAX early; etcd's none.
-        let early = |process: &str| {
-            let mut h: Vec<Line> = Vec::new();
-            h.extend(opened(process, 0, 0, 1));
-            h.extend(opened(process, 1, 0, 2));
-            h.extend(granted(process, 2, 100, 1, 5));
-            h.extend(granted(process, 3, 1_550, 2, 6));
-            lock_call_failures(&h)
-        };
+        let early = |process: &str| lock_call_failures(&two_grants(process, process, 5, 6, 1_550));
         assert!(early("lock-server-pg").is_empty(), "{:?}", early("lock-server-pg"));
         assert!(early("lock-server-1").iter().any(|f| f.invariant == ids::NO_TWO_LIVE_GRANTS));
     }

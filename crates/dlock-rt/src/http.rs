@@ -635,9 +635,9 @@ impl HttpClient {
     /// Sends one request on a fresh connection and reads the whole answer.
     /// `path_and_query` starts with `/`. In the simulation every `POST` and its fate go to
     /// [`crate::wire_log`] (nothing is kept outside it); on a real process with a trace
-    /// file, each judged write goes to the event seam ([`crate::wire_log::trace_begin`]). Called inside a trace
-    /// ([`crate::trace::current`]), the call is a child span of it and carries its
-    /// `traceparent` (unless the caller gave that header itself).
+    /// file, each judged write goes to the event seam ([`crate::wire_log::trace_begin`]).
+    /// Called inside a trace ([`crate::trace::current`]), the call is a child span of it and
+    /// carries its `traceparent` (unless the caller gave that header itself).
     pub async fn send(
         &self,
         base: &BaseUrl,
