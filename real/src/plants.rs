@@ -179,7 +179,7 @@ pub const REAL: [RealPlant; 12] = [
 ];
 
 /// The bugs a real run cannot plant, and why.
-pub const NOT_REAL: [(Bug, &str); 5] = [
+pub const NOT_REAL: [(Bug, &str); 8] = [
     (
         Bug::MarkGe,
         "only a token presented twice at the mark shows it: the simulation's forger replays an executor's signed submission from its wire log, which a real run does not record, and the executors never present one; and the SQL stores decide the mark in their own statement (`highest_token < EXCLUDED.highest_token`), where the rule only checks the refusal (an equal token it would pass is refused as corrupt)",
@@ -199,6 +199,18 @@ pub const NOT_REAL: [(Bug, &str); 5] = [
     (
         Bug::RevokeKeepsFloor,
         "its code point is the simulation's lock store (`store_mem`); on etcd, where the real run's revokes go, the floor is the revoke txn's own revision, which every later grant's token exceeds, and the SQL stores raise it in their own revoke txn",
+    ),
+    (
+        Bug::EventOutsideTxn,
+        "its code point is the simulation's paydb (`dlock_paydb::mem`); the SQL stores write every event by a trigger, in the statement of its change",
+    ),
+    (
+        Bug::CursorOnePast,
+        "only a client of the event stream shows it, and the real run has none yet: the simulation's stream watcher judges it",
+    ),
+    (
+        Bug::NoResyncAfterRetention,
+        "only a client of the event stream resuming past the retention purge shows it, and the real run has none yet: the simulation's stream watcher judges it",
     ),
 ];
 

@@ -476,6 +476,8 @@ async fn play(
     // scenario's steps are its own): during the fault phase, and again at the end.
     let forger_on = scenario.as_ref().is_none_or(|s| s.forger);
     let forger_log = forger_on.then(|| crate::forger::start_forger(&mut w, cfg.fault_ms));
+    // The stream watcher follows payment-1's event stream in the seeds that draw it.
+    let watch_log = (scenario.is_none() && cfg.watcher).then(|| crate::watcher::start_watcher(&mut w));
     // The seed's schedule, from the runtime's seeded generator (replays draw it again), or
     // the scenario's steps.
     let schedule = match &scenario {
@@ -589,6 +591,12 @@ async fn play(
     LAST_TALLY.with(|t| t.set(monitor.with(|c| c.clock_tally()).unwrap_or_default()));
     if let Some(f) = &forger {
         failures.extend(f.failures());
+    }
+    // paydb's outbox against its tables, every seed; the watcher's stream, where it played.
+    failures.extend(crate::watcher::outbox_failures(&w.paydb));
+    if let Some(log) = &watch_log {
+        let caught_up = crate::watcher::catch_up(log, &w.paydb).await;
+        failures.extend(crate::watcher::failures(log, &w.paydb, caught_up));
     }
     if settled_in.is_some() {
         // Liveness beyond settling (no unresolved intent, the reconciler agrees); an

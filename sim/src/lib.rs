@@ -46,6 +46,8 @@ pub mod shrink;
 #[cfg(madsim)]
 pub mod trace;
 #[cfg(madsim)]
+pub mod watcher;
+#[cfg(madsim)]
 pub mod workload;
 #[cfg(madsim)]
 pub mod world;

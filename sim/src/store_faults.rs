@@ -90,6 +90,8 @@ pub const PAYDB_OPS: &[&str] = &[
     "submissions",
     "unresolved_before",
     "insert_payout",
+    "read_events",
+    "purge_events",
 ];
 
 /// lockdb's operations (`LockStore`'s methods).
@@ -121,6 +123,7 @@ pub const WRITE_OPS: &[&str] = &[
     "abandon",
     "resolve_ambiguous",
     "purge_idempotency",
+    "purge_events",
     "admit",
     "resolve",
     "admit_batch",

@@ -82,6 +82,9 @@ pub struct SwarmConfig {
     /// account a task claims, submits and posts together under one grant; 1 (the single
     /// writes) with [`ZERO_P`], else uniform in `2..=`[`PAYOUTS_PER_GRANT_DRAW_MAX`].
     pub payouts_per_grant_max: u32,
+    /// Whether the stream watcher ([`crate::watcher`]) follows `payment-1`'s event stream
+    /// this seed ([`WATCHER_P`] of seeds; printed only when on).
+    pub watcher: bool,
     /// Clock events a sweep imposes on the seed (`crate::envelope`), played beside the
     /// drawn schedule; never drawn (empty in a campaign).
     pub clock_events: Vec<crate::schedule::Timed>,
@@ -89,6 +92,15 @@ pub struct SwarmConfig {
 
 /// Bounds of the draw (the world's default size; see docs/simulation.md "Speed").
 pub const PAYOUTS_MIN: usize = 8;
+/// The share of seeds the stream watcher plays in ([`crate::watcher`]): a quarter, so most
+/// seeds keep the world (and its speed) without a stream client.
+pub const WATCHER_P: f64 = 0.25;
+/// `payment.events.retention-events` in the watcher's seeds (the smallest a deployment may
+/// set): a seed's few hundred events are purged as it runs.
+pub const WATCHER_RETENTION_EVENTS: i64 = dlock_contract::stream::EVENT_RETENTION_EVENTS_MIN;
+/// `payment.idempotency.purge-interval-ms` in the watcher's seeds (the purge of events runs
+/// with the idempotency purge).
+pub const WATCHER_PURGE_INTERVAL_MS: u64 = 1_000;
 pub const PAYOUTS_MAX: usize = 32;
 pub const ACCOUNTS_MAX: usize = 8;
 pub const FAULT_MS_MIN: u64 = 5_000;
@@ -204,6 +216,8 @@ impl SwarmConfig {
         let chain_payouts_max = if d.chance(ZERO_P) { 1 } else { d.range(2, CHAIN_PAYOUTS_DRAW_MAX) as u32 };
         // Drawn after `chain`, for the same reason.
         let payouts_per_grant_max = if d.chance(ZERO_P) { 1 } else { d.range(2, PAYOUTS_PER_GRANT_DRAW_MAX) as u32 };
+        // Drawn after `per_grant`, for the same reason.
+        let watcher = d.chance(WATCHER_P);
         SwarmConfig {
             seed,
             lock_replicas,
@@ -231,6 +245,7 @@ impl SwarmConfig {
             drifted_executor,
             chain_payouts_max,
             payouts_per_grant_max,
+            watcher,
             clock_events: Vec::new(),
         }
     }
@@ -256,7 +271,7 @@ impl SwarmConfig {
     /// The C5 settings this configuration gives every service and executor.
     pub fn settings(&self) -> Vec<(String, String)> {
         let kv = |k: &str, v: String| (k.to_owned(), v);
-        vec![
+        let mut v = vec![
             kv("executor.lock-ttl-ms", self.lock_ttl_ms.to_string()),
             kv("executor.lock-wait-ms", self.lock_wait_ms.to_string()),
             kv("executor.chain-payouts-max", self.chain_payouts_max.to_string()),
@@ -268,7 +283,14 @@ impl SwarmConfig {
             kv("rail.stub.failure-rate", self.stub_failure_rate.to_string()),
             kv("rail.stub.duplicate-ack-rate", self.stub_duplicate_ack_rate.to_string()),
             kv("rail.stub.decline-rate", self.stub_decline_rate.to_string()),
-        ]
+        ];
+        if self.watcher {
+            // The watcher's seeds keep few events and purge often, so a watcher that naps
+            // comes back to a cursor the purge has passed (`resync_required`, expired).
+            v.push(kv("payment.events.retention-events", WATCHER_RETENTION_EVENTS.to_string()));
+            v.push(kv("payment.idempotency.purge-interval-ms", WATCHER_PURGE_INTERVAL_MS.to_string()));
+        }
+        v
     }
 }
 
@@ -322,6 +344,9 @@ impl fmt::Display for SwarmConfig {
             self.chain_payouts_max,
             self.payouts_per_grant_max,
         )?;
+        if self.watcher {
+            write!(f, " watcher")?;
+        }
         if !self.clock_events.is_empty() {
             write!(f, " clocks={}", self.clock_events.len())?;
         }
@@ -382,6 +407,7 @@ mod tests {
             store-unavailable=0 lost-ack=2.411 store-latency=2.501 leader-loss=0.59 revoke=1.279) fault_ms=9000 ";
         let line = SwarmConfig::draw(1).to_string();
         assert!(line.starts_with(before), "{line}");
+        let line = line.trim_end_matches(" watcher");
         let (head, per_grant) = line.rsplit_once(" per_grant=").expect("per_grant last");
         let (head, chain) = head.rsplit_once(" chain=").expect("chain before it");
         assert!(head.ends_with("lock_wait=400ms drifted=executor-5@0.61"), "{line}");

@@ -465,6 +465,8 @@ pub const WORKLOAD_IP: [u8; 4] = [10, 0, 7, 1];
 pub const OPERATOR_IP: [u8; 4] = [10, 0, 7, 2];
 /// IP of the forger's node (issue 12, [`crate::forger`]).
 pub const FORGER_IP: [u8; 4] = [10, 0, 7, 3];
+/// The stream watcher's node ([`crate::watcher`]).
+pub const WATCHER_IP: [u8; 4] = [10, 0, 7, 4];
 /// The reconciler's node.
 pub const RECONCILER_IP: [u8; 4] = [10, 0, 6, 1];
 /// Most lock-server replicas a topology may have.
@@ -517,6 +519,7 @@ pub fn node_addr(name: &str) -> Option<SocketAddr> {
         ("workload", 0) => at(WORKLOAD_IP, 0),
         ("operator", 0) => at(OPERATOR_IP, 0),
         ("forger", 0) => at(FORGER_IP, 0),
+        ("watcher", 0) => at(WATCHER_IP, 0),
         ("observer", 0) => at(OBSERVER_IP, 0),
         _ => None,
     }
@@ -1105,7 +1108,7 @@ impl World {
 /// record, `workload` must be able to finish creating payouts, `operator` revokes and
 /// resolves, `reconciler` is the liveness check's), and the simulated `etcd` (its data lives
 /// in its process: a kill would lose lockdb; its trouble is the leader loss instead).
-pub const UNFAULTABLE_NODES: &[&str] = &["observer", "workload", "operator", "forger", "reconciler", "etcd"];
+pub const UNFAULTABLE_NODES: &[&str] = &["observer", "workload", "operator", "forger", "watcher", "reconciler", "etcd"];
 
 impl World {
     /// The fault layer over this world's nodes.

@@ -50,7 +50,7 @@ struct Control {
     pinned: Option<u64>,
 }
 
-const CONTROLS: [Control; 17] = [
+const CONTROLS: [Control; 20] = [
     Control {
         bug: Bug::FencingOffPayment,
         invariant: "fence_accepts_only_rising_tokens",
@@ -176,6 +176,22 @@ const CONTROLS: [Control; 17] = [
         // ran 200 s ahead, listed after it stepped back; P1 then hides them from every scan.
         scenario: Some("p1-clock-ahead"),
         pinned: Some(1),
+    },
+    Control {
+        bug: Bug::EventOutsideTxn,
+        invariant: "outbox_matches_tables",
+        // The watcher's seeds stream the phantom events too: they match paydb's outbox.
+        also: &[],
+        scenario: None,
+        pinned: None,
+    },
+    Control { bug: Bug::CursorOnePast, invariant: "stream_never_gaps", also: &[], scenario: None, pinned: None },
+    Control {
+        bug: Bug::NoResyncAfterRetention,
+        invariant: "stream_never_gaps",
+        also: &[],
+        scenario: None,
+        pinned: None,
     },
 ];
 

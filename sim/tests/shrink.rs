@@ -41,7 +41,7 @@ const SEEDS: [(Bug, u64, &str, Option<&str>); 14] = [
     (Bug::FencingOffBoth, 1, "fence_accepts_only_rising_tokens", None),
     (Bug::ExecutorRetriesSubmit, 1, "ambiguous_payout_never_resubmitted", None),
     (Bug::MarkGe, 1, "scenario_expectation", Some("equal-token-at-the-mark")),
-    (Bug::MarkAfterCall, 104, "fence_accepts_only_rising_tokens", None),
+    (Bug::MarkAfterCall, 129, "fence_accepts_only_rising_tokens", None),
     (Bug::RevokeKeepsFloor, 5, "revoke_raises_the_token_floor", None),
     (Bug::GrantUnexpired, 1, "no_two_live_grants_per_key", None),
     (Bug::EtcdWallClockJudge, 59, "heartbeat_keeps_its_session_live", None),

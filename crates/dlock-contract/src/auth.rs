@@ -122,6 +122,8 @@ pub const LOCK_SERVER_ROUTES: &[RouteRule] = &[
     rule("DELETE", "/v1/locks/{key}", W),
     rule("POST", "/v1/locks/{key}/revoke", O),
     rule("GET", "/v1/locks/{key}", R),
+    rule("GET", "/v1/events", R),
+    rule("GET", "/v1/events/recent", R),
 ];
 
 /// The payment-resource's role table (C3 §3.4).
@@ -135,11 +137,17 @@ pub const PAYMENT_ROUTES: &[RouteRule] = &[
     rule("POST", "/v1/payouts/{payoutId}/post", W),
     rule("POST", "/v1/accounts/{accountId}/claims", W),
     rule("POST", "/v1/accounts/{accountId}/posts", W),
+    rule("GET", "/v1/events", R),
+    rule("GET", "/v1/events/recent", R),
 ];
 
 /// The rail-proxy's role table (C3 §3.5).
-pub const RAIL_PROXY_ROUTES: &[RouteRule] =
-    &[rule("POST", "/v1/rail/submissions", W), rule("POST", "/v1/rail/submission-batches", W)];
+pub const RAIL_PROXY_ROUTES: &[RouteRule] = &[
+    rule("POST", "/v1/rail/submissions", W),
+    rule("POST", "/v1/rail/submission-batches", W),
+    rule("GET", "/v1/events", R),
+    rule("GET", "/v1/events/recent", R),
+];
 
 /// The executor serves only health and metrics.
 pub const EXECUTOR_ROUTES: &[RouteRule] = &[];

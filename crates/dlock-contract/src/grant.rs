@@ -157,6 +157,17 @@ impl GrantSigner {
         GrantSigner { key, id }
     }
 
+    /// A secret of this deployment derived from the signing seed for another use, named by
+    /// `context` (SHA-256 of the context and the seed): the event stream's cursor key
+    /// (C3-extensions E-20). Neither the seed nor a signature can be had from it.
+    pub fn derived_secret(&self, context: &[u8]) -> [u8; 32] {
+        use sha2::Digest as _;
+        let mut h = sha2::Sha256::new();
+        h.update(context);
+        h.update(self.key.to_bytes());
+        h.finalize().into()
+    }
+
     pub fn key_id(&self) -> KeyId {
         self.id
     }

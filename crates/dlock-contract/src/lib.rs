@@ -22,6 +22,7 @@ pub mod payout;
 pub mod planted;
 pub mod rail;
 pub mod store;
+pub mod stream;
 pub mod time;
 
 pub use error::{ErrorCode, ErrorEnvelope, ErrorSpec, FieldError};

@@ -26,6 +26,9 @@
 //! | `rotate-lapsed-session` | the lock server's rotate rule (`rules::decide_rotate`): the caller's grant judged by its lease alone, its session not checked (a holder whose session lapsed keeps rotating) |
 //! | `batch-ignores-account` | a batch's read, every store's (`dlock_payment_resource::rules::batch_may_write`): a batch's payouts read by id alone, not filtered by the account whose fence the batch passed (a store that stopped filtering by account) |
 //! | `reconciler-trusts-answer` | the reconciler's reading of the rail's record: a call counts as paid when the rail *answered* it paid (`outcome == ACCEPTED`), not when the record says it moved money (`paid`) |
+//! | `event-outside-txn` | the simulation's paydb (`dlock_paydb::mem`): a claim's events (`fence.raised`, `payout.state_changed`) written for the request even when the claim was refused and rolled back, as a service that writes its events apart from its transaction would |
+//! | `cursor-one-past` | the event stream's resume (`dlock_http::stream::EventHub::resume`): the stream continues one seq past the cursor |
+//! | `no-resync-after-retention` | the event stream's resume and its connections (`dlock_http::stream`): a cursor the retention purge has passed is resumed, not answered `resync_required` |
 //! | `p1-hides-ahead` | the payment-resource's payouts list (P1, `app::list_payouts`): a first page without the rows stamped after its millisecond (bug B8, docs/testing/bugs.md), so payouts a clock ahead stamped stay hidden from every scan until this clock catches up |
 //!
 //! The fencing bugs (1–3) are the defence layers of [`crate::defence`] switched off
@@ -101,11 +104,19 @@ pub enum Bug {
     BatchIgnoresAccount,
     /// P1's first page lists only the rows created before its millisecond (bug B8).
     P1HidesAhead,
+    /// paydb's events written outside the transaction of their change: a fenced write's
+    /// events are written even when the write was refused and rolled back.
+    EventOutsideTxn,
+    /// The event stream resumes one past the cursor: the first event after it is skipped.
+    CursorOnePast,
+    /// The event stream resumes from a cursor the retention purge has passed, instead of
+    /// sending `resync_required`.
+    NoResyncAfterRetention,
 }
 
 impl Bug {
     /// Every bug, in the order.
-    pub const ALL: [Bug; 17] = [
+    pub const ALL: [Bug; 20] = [
         Bug::FencingOffPayment,
         Bug::FencingOffProxy,
         Bug::FencingOffBoth,
@@ -123,6 +134,9 @@ impl Bug {
         Bug::RotateLapsedSession,
         Bug::BatchIgnoresAccount,
         Bug::P1HidesAhead,
+        Bug::EventOutsideTxn,
+        Bug::CursorOnePast,
+        Bug::NoResyncAfterRetention,
     ];
 
     /// The stable name (`--plant NAME`).
@@ -145,6 +159,9 @@ impl Bug {
             Bug::RotateLapsedSession => "rotate-lapsed-session",
             Bug::BatchIgnoresAccount => "batch-ignores-account",
             Bug::P1HidesAhead => "p1-hides-ahead",
+            Bug::EventOutsideTxn => "event-outside-txn",
+            Bug::CursorOnePast => "cursor-one-past",
+            Bug::NoResyncAfterRetention => "no-resync-after-retention",
         }
     }
 
@@ -295,6 +312,9 @@ mod tests {
                 "rotate-lapsed-session",
                 "batch-ignores-account",
                 "p1-hides-ahead",
+                "event-outside-txn",
+                "cursor-one-past",
+                "no-resync-after-retention",
             ]
         );
         for b in Bug::ALL {

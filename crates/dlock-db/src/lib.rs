@@ -52,6 +52,8 @@
 
 #![cfg(not(madsim))]
 
+pub mod events;
+
 use std::borrow::Cow;
 use std::str::FromStr;
 use std::time::Duration;

@@ -164,6 +164,10 @@ type Stamp = (Option<std::time::SystemTime>, u64);
 pub struct Principal {
     pub role: Role,
     pub owners: Option<BTreeSet<String>>,
+    /// The credential's SHA-256 digest: who the caller is, for what binds to a caller (an
+    /// event cursor, C3-extensions E-20). Never printed; a cursor carries only a keyed tag
+    /// of it ([`crate::stream`]).
+    pub subject: [u8; 32],
 }
 
 impl Principal {
@@ -364,7 +368,7 @@ impl Authenticator {
                 return Err(forbidden_owner());
             }
         }
-        Ok(Some(Principal { role: cred.role, owners: cred.owners.clone() }))
+        Ok(Some(Principal { role: cred.role, owners: cred.owners.clone(), subject: *cred.digest() }))
     }
 }
 

@@ -25,6 +25,7 @@ pub mod extract;
 pub mod health;
 pub mod metrics;
 pub mod openapi;
+pub mod stream;
 pub mod strict_json;
 
 pub use error::ApiError;

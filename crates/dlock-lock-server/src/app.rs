@@ -48,6 +48,8 @@ fn routes(server: Arc<LockServer>) -> axum::Router {
         .route("/v1/locks/{key}/rotate", post(rotate))
         .route("/v1/locks/{key}/revoke", post(revoke))
         .route("/v1/locks/{key}", get(info).delete(release))
+        .route("/v1/events", get(events))
+        .route("/v1/events/recent", get(recent_events))
         .route("/health/live", get(dlock_http::health::live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
@@ -582,6 +584,31 @@ async fn release(
 
 // L7
 /// Read a lock's state (L7). Advisory: never decide "safe to act" from it.
+/// The event stream (C3-extensions E-20): lockdb's events, as Server-Sent Events from the
+/// cursor.
+#[utoipa::path(get, path = "/v1/events", tag = "events", params(dlock_http::stream::EventsQuery),
+    responses((status = 200, description = "Server-Sent Events: each event's `id:` is the cursor to resume from; `bookmark` and `resync_required` frames (C3-extensions E-20).", content_type = "text/event-stream; charset=utf-8", body = dlock_http::stream::SseFrame)))]
+pub(crate) async fn events(
+    State(server): State<Arc<LockServer>>,
+    principal: Caller,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    dlock_http::stream::events_response(&server.events, principal.as_ref().map(|p| &p.0), query.as_deref(), &headers)
+}
+
+/// The recent events (C3-extensions E-20): the newest events the filter selects, and the
+/// cursor to stream on from.
+#[utoipa::path(get, path = "/v1/events/recent", tag = "events", params(dlock_http::stream::RecentQuery),
+    responses((status = 200, description = "The newest events, oldest first, and the cursor of their head.", body = dlock_http::stream::RecentPage)))]
+pub(crate) async fn recent_events(
+    State(server): State<Arc<LockServer>>,
+    principal: Caller,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    dlock_http::stream::recent_response(&server.events, principal.as_ref().map(|p| &p.0), query.as_deref()).await
+}
+
 #[utoipa::path(get, path = "/v1/locks/{key}", tag = "locks", params(crate::openapi::KeyPath),
     responses((status = 200, description = "The key's current state.", body = LockInfo)))]
 async fn info(State(server): State<Arc<LockServer>>, Path(key): Path<String>) -> Result<Response, ApiError> {

@@ -24,6 +24,7 @@ pub const KEYS: &[&str] = &[
     "lock.reaper.interval-ms",
     "lock.wait.poll-ms",
     "lock.grants.signing-key-file",
+    "lock.events.retention-events",
 ];
 
 /// Longest signing key file read, in bytes.
@@ -112,6 +113,16 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<LockServerSettings, 
         wait_poll_ms: layers.get("lock.wait.poll-ms", d.wait_poll_ms)?,
         signer: signer(layers)?,
         auth: dlock_http::auth::resolve(layers, profile)?,
+        event_retention_events: {
+            let n = layers.get("lock.events.retention-events", d.event_retention_events)?;
+            if n < dlock_contract::stream::EVENT_RETENTION_EVENTS_MIN {
+                return Err(format!(
+                    "lock.events.retention-events must be >= {}",
+                    dlock_contract::stream::EVENT_RETENTION_EVENTS_MIN
+                ));
+            }
+            n
+        },
     };
     Ok(LockServerSettings { listen, backend, config })
 }

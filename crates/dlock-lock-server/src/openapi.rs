@@ -40,6 +40,8 @@ pub const ERRORS: &[RouteErrors] = &[
     ),
     errors("DELETE", "/v1/locks/{key}", &[BODY_CODES, &[InvalidToken, LockLost, NotLeader]]),
     errors("GET", "/v1/locks/{key}", &[&[ValidationFailed, NotFound, NotLeader]]),
+    errors("GET", "/v1/events", &[&[ValidationFailed, NotReady]]),
+    errors("GET", "/v1/events/recent", &[&[ValidationFailed, NotReady]]),
     errors("POST", "/v1/locks/{key}/revoke", &[BODY_CODES, &[NotFound, FencedOut, NotLeader]]),
     errors("GET", "/health/live", &[]),
     errors("GET", "/health/ready", &[&[NotReady]]),
@@ -78,12 +80,19 @@ pub struct SessionPath {
         crate::app::release,
         crate::app::info,
         crate::app::revoke,
+        crate::app::events,
+        crate::app::recent_events,
         dlock_http::health::live,
         crate::app::ready,
         crate::app::metrics,
         openapi_json,
     ),
-    components(schemas(dlock_contract::ErrorEnvelope, dlock_contract::ErrorCode, dlock_contract::FieldError))
+    components(schemas(
+        dlock_contract::ErrorEnvelope,
+        dlock_contract::ErrorCode,
+        dlock_contract::FieldError,
+        dlock_contract::stream::WireEvent
+    ))
 )]
 struct Doc;
 

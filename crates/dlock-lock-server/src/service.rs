@@ -71,6 +71,9 @@ pub struct LockServerConfig {
     pub signer: Option<dlock_contract::grant::GrantSigner>,
     /// `auth.*` (C3-extensions E-13).
     pub auth: dlock_http::auth::AuthSettings,
+    /// lockdb's events kept by the reaper's purge (`lock.events.retention-events`;
+    /// C3-extensions E-20).
+    pub event_retention_events: i64,
 }
 
 impl Default for LockServerConfig {
@@ -86,7 +89,33 @@ impl Default for LockServerConfig {
             wait_poll_ms: WAIT_POLL_MS_DEFAULT,
             signer: None,
             auth: dlock_http::auth::AuthSettings::disabled(),
+            event_retention_events: dlock_contract::stream::EVENT_RETENTION_EVENTS_DEFAULT,
         }
+    }
+}
+
+/// Least pause between two retention purges of lockdb's events (C3-extensions E-20), ms.
+pub const EVENT_PURGE_INTERVAL_MS: u64 = 60_000;
+
+/// The context of the event cursor key derived from the grant signing key.
+const EVENT_CURSOR_KEY_CONTEXT: &[u8] = b"dlock/lock-server/event-cursor-key/v1\0";
+
+/// lockdb's outbox, read through the store, as the event hub reads it.
+struct StoreEvents(Arc<dyn LockStore>);
+
+#[async_trait::async_trait]
+impl dlock_http::stream::EventSource for StoreEvents {
+    async fn read_events(
+        &self,
+        after: i64,
+        upto: Option<i64>,
+        limit: usize,
+    ) -> Result<dlock_contract::stream::EventRead, StoreError> {
+        let read = self.0.read_events(after, limit).await?;
+        Ok(match upto {
+            Some(upto) => read.clipped(after, upto, limit),
+            None => read,
+        })
     }
 }
 
@@ -215,6 +244,8 @@ pub struct LockServer {
     next_waiter: std::sync::atomic::AtomicU64,
     /// Stored owners this replica read or made, for [`LockServer::may_address`].
     owners: Mutex<Owners>,
+    /// lockdb's event stream as this replica serves it (C3-extensions E-20).
+    pub events: Arc<dlock_http::stream::EventHub>,
 }
 
 /// Stored owners of sessions and grants `(key, token)`, each map bounded by
@@ -304,6 +335,27 @@ impl LockServer {
             off_writer: metrics.store_writes_off_writer.clone(),
             clock,
         });
+        // The cursor key: derived from the grant signing key, which every replica of a
+        // deployment shares (a cursor then resumes on any replica, after any restart);
+        // without one, this process's own (a cursor resumes only here).
+        let key = match &cfg.signer {
+            Some(signer) => signer.derived_secret(EVENT_CURSOR_KEY_CONTEXT),
+            None => {
+                let mut k = [0u8; 32];
+                for chunk in k.chunks_mut(8) {
+                    chunk.copy_from_slice(&dlock_rt::rand::random_u64().to_le_bytes());
+                }
+                k
+            }
+        };
+        let events = dlock_http::stream::EventHub::new(
+            crate::store::events::STREAM,
+            crate::NODE,
+            Arc::new(StoreEvents(store.clone())),
+            key,
+            |k| k.is_lock(),
+            clock,
+        );
         Arc::new(LockServer {
             store,
             cfg,
@@ -312,6 +364,7 @@ impl LockServer {
             queues: Mutex::new(BTreeMap::new()),
             next_waiter: std::sync::atomic::AtomicU64::new(1),
             owners: Mutex::default(),
+            events,
         })
     }
 
@@ -608,9 +661,21 @@ impl LockServer {
     /// Runs the reaper until the task is dropped.
     pub async fn run_reaper(self: Arc<Self>) {
         let interval = Duration::from_millis(self.cfg.reap_interval_ms.max(1));
+        let mut purged_at = self.clock.now();
         loop {
             if let Err(e) = self.reap_once().await {
                 tracing::warn!(cause = %e, "lock_reaper_failed");
+            }
+            // The events' retention purge, at most every EVENT_PURGE_INTERVAL_MS (a purge
+            // counts the outbox: far less often than the reaper's own pass).
+            if purged_at.elapsed() >= Duration::from_millis(EVENT_PURGE_INTERVAL_MS) {
+                purged_at = self.clock.now();
+                let keep = self.cfg.event_retention_events;
+                match self.write(move |store| async move { store.purge_events(keep).await }).await {
+                    Ok(0) => {}
+                    Ok(deleted) => tracing::info!(deleted, "event_purge_pass"),
+                    Err(e) => tracing::warn!(cause = %e, "event_purge_failed"),
+                }
             }
             dlock_rt::sleep(interval).await;
         }

@@ -50,8 +50,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use async_trait::async_trait;
 pub use dlock_contract::store::{ClassifiedStoreError, StoreFault};
+pub use dlock_contract::stream::EventRead;
 use dlock_rt::Clock;
 use uuid::Uuid;
+
+pub mod events;
 
 /// How far the wall clock may part from the store's clock before a replica's answers
 /// follow it ([`WallShift`]): within it, they keep one offset, so the instants of one grant
@@ -351,6 +354,13 @@ pub trait LockStore: Send + Sync + 'static {
     /// and forgets sessions expired more than `retention_ms` ago. Idempotent, and safe to
     /// run concurrently from several replicas.
     async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError>;
+
+    /// The event outbox (C3-extensions E-20): the final events after `after`, at most `limit`.
+    /// Each operation above records its events ([`events`]) in its own atomic step.
+    async fn read_events(&self, after: i64, limit: usize) -> Result<EventRead, StoreError>;
+
+    /// The retention purge: keeps the newest `keep` events; returns how many it deleted.
+    async fn purge_events(&self, keep: i64) -> Result<u64, StoreError>;
 
     /// Whether this replica advances lockdb's clock now (C1 §1.4.2: PostgreSQL and SQLite),
     /// for `lock_clock_judge`. Always false on etcd and the simulation store, which have no

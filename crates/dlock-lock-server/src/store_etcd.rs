@@ -96,6 +96,21 @@
 //! always the first op of its txn, and the revision is read back inside the same txn with a
 //! `get` rather than taken from the header.
 //!
+//! ## Events (C3-extensions E-20)
+//! A txn that changes what the outbox records ([`crate::store::events`]) also puts one
+//! record `P/e/{random id}` holding its events, in order (at most [`EVENTS_PER_TXN_MAX`] − 1),
+//! as the txn's **second** op: after the first op, whose revision the tokens and the floor
+//! are, and which every such txn has (a put, or a guarded delete of a key that exists).
+//! The txn's revision is the events' order: event `i` of a txn at revision `r` has seq
+//! `r * EVENTS_PER_TXN_MAX + i`, so events of one txn share its revision and keep their order.
+//! On real etcd every op of a txn has the txn's revision; the simulator gives the second op
+//! the first op's revision + 1 ("the value-compare trap" above), which the reader takes off
+//! ([`EVENT_PUT_REV_AFTER_FIRST`]): so seqs are commit order on both, and a grant's token or
+//! a revoke's floor (unknown until the txn commits) is filled into its event's body from the
+//! txn's revision when read. A read is linearizable, and every later txn has a greater
+//! revision: every seq up to the greatest read is final. The purge deletes whole records
+//! (the oldest, keeping at least `keep` events) and keeps its mark at `P/ep`.
+//!
 //! ## Time
 //! etcd has no clock API, and no replica's wall clock decides anything here: **each
 //! replica judges every grant, session and lock-delay by durations on its own monotonic
@@ -174,6 +189,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use dlock_contract::stream::{EventKind, StoredEvent};
 use dlock_rt::{Clock, Duration};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
 use serde::de::DeserializeOwned;
@@ -181,9 +197,10 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::rules::{self, AcquireFacts, GrantFacts, GrantPlan, RotateFacts};
+use crate::store::events::{removal_kind, LockEventRecord};
 use crate::store::{
-    AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
-    RotateRefusal, SessionRefusal, SessionRow, StoreError, WallShift,
+    AcquireRefusal, Addressed, EventRead, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation,
+    RevokeRefusal, RotateRefusal, SessionRefusal, SessionRow, StoreError, WallShift,
 };
 
 /// Bound on one etcd round trip (connect, read, or txn).
@@ -200,6 +217,17 @@ pub const CAS_ATTEMPTS_MAX: usize = 64;
 /// Grants removed per txn (2 ops each, plus one for the session) under etcd's default
 /// `--max-txn-ops` of 128.
 pub const GRANTS_PER_TXN_MAX: usize = 40;
+/// Events one txn may record is below this; an event's seq is its txn's revision times it,
+/// plus its index in the txn ("Events").
+pub const EVENTS_PER_TXN_MAX: usize = 64;
+/// Event records one read of `P/e/` answers, at most (real etcd; the simulator answers all).
+pub const EVENT_RECORDS_PER_READ_MAX: usize = 512;
+/// Event records one purge txn deletes, at most (under etcd's `--max-txn-ops` of 128).
+pub const EVENT_RECORDS_PER_PURGE_TXN_MAX: usize = 100;
+/// How far an event record's ModRevision is past its txn's first op's ("Events"): 0 on etcd,
+/// where every op of a txn shares its revision; 1 in the simulator, where the record, the
+/// second op, gets its own.
+pub const EVENT_PUT_REV_AFTER_FIRST: i64 = if cfg!(madsim) { 1 } else { 0 };
 /// The prefix when the operator names none.
 pub const DEFAULT_PREFIX: &str = "/dlock";
 /// Records of each kind remembered as hints (`Seen`); past it, that kind is forgotten.
@@ -433,6 +461,39 @@ fn digest(raw: &[u8]) -> u64 {
     h.finish()
 }
 
+/// One txn's events, as `P/e/{id}` holds them ("Events").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct EventsVal {
+    events: Vec<EventVal>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct EventVal {
+    kind: String,
+    /// The writer's wall clock, epoch ms: for humans.
+    at_ms: i64,
+    lock_key: Option<String>,
+    body: serde_json::Value,
+    /// The body field that is the txn's revision (a grant's `token`, a revoke's
+    /// `newTokenFloor`), filled in when read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    txn_revision: Option<String>,
+}
+
+/// An event a txn will record, with the body field (if any) that is the txn's revision.
+type Pending = (LockEventRecord, Option<&'static str>);
+
+/// The event of grant `g` (its token as stored).
+fn grant_event(kind: EventKind, key: &str, g: &Rec<GrantVal>) -> Pending {
+    (LockEventRecord::grant(kind, key, g.token(), g.val.session_id, &g.val.owner_id), None)
+}
+
+/// The purge mark `P/ep`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct PurgedVal {
+    purged_through: i64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct RevocationVal {
     key: String,
@@ -631,6 +692,8 @@ pub struct EtcdLockStore {
     judge: Judge,
     /// Hints for guards, see [`Seen`].
     seen: Mutex<Seen>,
+    /// Event records this store has put ("Events"): part of each one's key.
+    event_records_written: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for EtcdLockStore {
@@ -659,7 +722,13 @@ impl EtcdLockStore {
         let prefix = prefix.trim_end_matches('/');
         let prefix = if prefix.is_empty() { DEFAULT_PREFIX.to_owned() } else { prefix.to_owned() };
         let client = Self::client(endpoints).await?;
-        let store = EtcdLockStore { client, prefix, judge: Judge::new(clock), seen: Mutex::default() };
+        let store = EtcdLockStore {
+            client,
+            prefix,
+            judge: Judge::new(clock),
+            seen: Mutex::default(),
+            event_records_written: std::sync::atomic::AtomicU64::new(0),
+        };
         store.ping().await?;
         Ok(store)
     }
@@ -723,6 +792,115 @@ impl EtcdLockStore {
 
     fn key_key(&self, key: &str) -> String {
         format!("{}/k/{key}", self.prefix)
+    }
+
+    fn events_prefix(&self) -> String {
+        format!("{}/e/", self.prefix)
+    }
+
+    fn purged_key(&self) -> String {
+        format!("{}/ep", self.prefix)
+    }
+
+    /// Puts `events` into `ops` as the txn's second op ("Events"); nothing when there are
+    /// none. The first op must be there already: its revision is the txn's.
+    fn with_events(&self, ops: &mut Vec<TxnOp>, events: Vec<Pending>) -> Result<(), StoreError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        assert!(events.len() < EVENTS_PER_TXN_MAX, "etcd: a txn records {} events", events.len());
+        assert!(!ops.is_empty(), "etcd: events are a txn's second op");
+        let at_ms = self.judge.clock.wall().timestamp_millis();
+        let val = EventsVal {
+            events: events
+                .into_iter()
+                .map(|(e, field)| EventVal {
+                    kind: e.kind.as_str().to_owned(),
+                    at_ms,
+                    lock_key: e.lock_key,
+                    body: e.body,
+                    txn_revision: field.map(str::to_owned),
+                })
+                .collect(),
+        };
+        let raw = encode(&val)?;
+        // A key no other txn puts, drawn without randomness (the simulation's random stream
+        // stays as it was): this store's origin and count of event records, and the record's
+        // own bytes (a grant's token, a session's id, the instant).
+        let n = self.event_records_written.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let key = format!("{}{:x}-{n:x}-{:016x}", self.events_prefix(), self.judge.origin_ms, digest(&raw));
+        ops.insert(1, TxnOp::put(key, raw, None));
+        Ok(())
+    }
+
+    /// Event records with a ModRevision in `[min_rev, max_rev]`, by ModRevision
+    /// (`descending`: newest first), at most `limit`; and the purge mark, in one read.
+    async fn event_records(
+        &self,
+        (min_rev, max_rev): (i64, Option<i64>),
+        descending: bool,
+        limit: usize,
+    ) -> Result<(Vec<Entry>, Option<Vec<u8>>), StoreError> {
+        let prefix = self.events_prefix();
+        #[cfg(not(madsim))]
+        let opts = {
+            let order = if descending { etcd_client::SortOrder::Descend } else { etcd_client::SortOrder::Ascend };
+            let mut o = GetOptions::new()
+                .with_prefix()
+                .with_sort(etcd_client::SortTarget::Mod, order)
+                .with_limit(i64::try_from(limit).unwrap_or(i64::MAX))
+                .with_min_mod_revision(min_rev.max(0));
+            if let Some(max) = max_rev {
+                o = o.with_max_mod_revision(max);
+            }
+            o
+        };
+        // The simulator takes no range options: the whole prefix, narrowed below.
+        #[cfg(madsim)]
+        let opts = GetOptions::new().with_prefix();
+        let ops = vec![TxnOp::get(prefix.as_str(), Some(opts)), TxnOp::get(self.purged_key(), None)];
+        let resp = Self::bounded(self.txn(Txn::new().when(Vec::<Compare>::new()).and_then(ops))).await?;
+        let mut r = Self::entries(resp.op_responses(), 2)?;
+        let mark = r.pop().and_then(|mut e| e.pop()).map(|e| e.value);
+        let mut records: Vec<Entry> = r
+            .pop()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.mod_rev >= min_rev && max_rev.is_none_or(|m| e.mod_rev <= m))
+            .collect();
+        records.sort_by_key(|e| if descending { -e.mod_rev } else { e.mod_rev });
+        records.truncate(limit);
+        Ok((records, mark))
+    }
+
+    /// The events of one record, with their seqs ("Events").
+    fn events_of(e: &Entry) -> Result<Vec<StoredEvent>, StoreError> {
+        let val: EventsVal = serde_json::from_slice(&e.value)
+            .map_err(|err| StoreError::Corrupt(format!("etcd value at {}: {err}", e.key)))?;
+        let revision = e.mod_rev - EVENT_PUT_REV_AFTER_FIRST;
+        let width = EVENTS_PER_TXN_MAX as i64;
+        val.events
+            .into_iter()
+            .enumerate()
+            .map(|(i, ev)| {
+                let kind = EventKind::parse(&ev.kind)
+                    .ok_or_else(|| StoreError::Corrupt(format!("etcd: unknown event kind {:?}", ev.kind)))?;
+                let mut body = ev.body;
+                if let (Some(field), Some(o)) = (ev.txn_revision, body.as_object_mut()) {
+                    o.insert(field, serde_json::json!(revision));
+                }
+                let at = chrono::DateTime::from_timestamp_millis(ev.at_ms)
+                    .ok_or_else(|| StoreError::Corrupt(format!("etcd: event at_ms {}", ev.at_ms)))?;
+                let record = LockEventRecord { kind, lock_key: ev.lock_key, body };
+                Ok(record.stored(revision * width + i as i64, at))
+            })
+            .collect()
+    }
+
+    fn purged_of(mark: Option<&[u8]>) -> Result<PurgedVal, StoreError> {
+        mark.map_or(Ok(PurgedVal::default()), |raw| {
+            serde_json::from_slice(raw).map_err(|e| StoreError::Corrupt(format!("etcd purge mark: {e}")))
+        })
     }
 
     fn revocation_key(&self, id: Uuid) -> String {
@@ -985,6 +1163,11 @@ impl EtcdLockStore {
             }
         };
         ops.push(TxnOp::get(gkey.clone(), None));
+        // The fresh token is the txn's revision, filled into the event when read ("Events").
+        let mut events: Vec<Pending> = replacing.iter().map(|g| grant_event(EventKind::LockReleased, key, g)).collect();
+        let granted = LockEventRecord::grant(EventKind::LockGranted, key, 0, session_id, &s.val.owner_id);
+        events.push((granted, Some("token")));
+        self.with_events(&mut ops, events)?;
         // Noted before the txn is sent, so that no reader of this replica can see the grant
         // first ("Time"); a txn whose guard fails leaves a watch of bytes never stored.
         self.judge.wrote(&gkey, &raw, now);
@@ -1051,7 +1234,7 @@ impl EtcdLockStore {
         grants: &[&Rec<GrantVal>],
         lost_at: impl Fn(&GrantVal) -> Option<i64>,
         delay_ms: i64,
-        last: (Cond, TxnOp),
+        (last, mut last_events): ((Cond, TxnOp), Vec<Pending>),
     ) -> Result<Option<u64>, StoreError> {
         let keys: Vec<String> = grants.iter().map(|g| self.lock_key_of(&g.key).to_owned()).collect();
         let records = if delay_ms > 0 && grants.iter().any(|g| lost_at(&g.val).is_some()) {
@@ -1065,17 +1248,21 @@ impl EtcdLockStore {
         let mut last = Some(last);
         let n = chunks.len();
         for (i, chunk) in chunks.into_iter().enumerate() {
-            let (mut conds, mut ops) = (Vec::new(), Vec::new());
+            let (mut conds, mut ops, mut events) = (Vec::new(), Vec::new(), Vec::new());
             for g in chunk {
                 let key = self.lock_key_of(&g.key);
-                self.drop_ops(g, records.get(key), lost_at(&g.val), delay_ms, (&mut conds, &mut ops))?;
+                let lost = lost_at(&g.val);
+                self.drop_ops(g, records.get(key), lost, delay_ms, (&mut conds, &mut ops))?;
+                events.push(grant_event(removal_kind(lost.is_some()), key, g));
             }
             if i + 1 == n {
                 if let Some((c, op)) = last.take() {
                     conds.push(c);
                     ops.push(op);
+                    events.append(&mut last_events);
                 }
             }
+            self.with_events(&mut ops, events)?;
             if self.commit(conds, ops).await?.is_none() {
                 return Ok(None);
             }
@@ -1139,7 +1326,8 @@ impl LockStore for EtcdLockStore {
             prev: None,
         };
         let raw = encode(&val)?;
-        let ops = vec![TxnOp::put(self.session_key(session_id), raw.clone(), None)];
+        let mut ops = vec![TxnOp::put(self.session_key(session_id), raw.clone(), None)];
+        self.with_events(&mut ops, vec![(LockEventRecord::session_opened(session_id, owner_id, ttl_ms), None)])?;
         self.judge.wrote(&self.session_key(session_id), &raw, now);
         self.commit(Vec::new(), ops).await?;
         remember(&mut self.seen().sessions, session_id, raw);
@@ -1187,11 +1375,13 @@ impl LockStore for EtcdLockStore {
             let Some(s) = r.pop().and_then(|mut e| e.pop()).map(|e| self.judged::<SessionVal>(e)).transpose()? else {
                 return Ok(Err(SessionRefusal::Unknown));
             };
-            let mine: Vec<&Rec<GrantVal>> = grants.iter().filter(|g| g.val.session_id == session_id).collect();
+            let mut mine: Vec<&Rec<GrantVal>> = grants.iter().filter(|g| g.val.session_id == session_id).collect();
             // Died before the close (lease or session lapsed): its lock-delay stands.
             let lost_at = |g: &GrantVal| rules::lost_before_close(g.expires_at_ms, session_end(&s.val), now);
+            // The grants that had died first, then the ones the close releases (each by key).
+            mine.sort_by_key(|g| lost_at(&g.val).is_none());
             let last = (Cond::of(&s), TxnOp::delete(s.key.clone(), None));
-            if self.remove_session_grants(&mine, lost_at, delay_ms, last).await?.is_some() {
+            if self.remove_session_grants(&mine, lost_at, delay_ms, (last, Vec::new())).await?.is_some() {
                 self.saw_session(session_id, None);
                 for g in mine {
                     self.saw_grant(self.lock_key_of(&g.key), None);
@@ -1280,6 +1470,7 @@ impl LockStore for EtcdLockStore {
                     // txn, then decide again. Death is final, so only the grant itself is guarded.
                     let (mut conds, mut ops) = (Vec::new(), Vec::new());
                     self.drop_ops(g, rec.as_ref(), removal.died_at_ms, delay_ms, (&mut conds, &mut ops))?;
+                    self.with_events(&mut ops, vec![grant_event(EventKind::LockExpired, key, g)])?;
                     self.commit(conds, ops).await?;
                     replaced = replaced.max(Some(removal.token));
                     continue;
@@ -1342,7 +1533,8 @@ impl LockStore for EtcdLockStore {
                 ..g.val.clone()
             };
             let raw = encode(&val)?;
-            let ops = vec![TxnOp::put(g.key.clone(), raw.clone(), None)];
+            let mut ops = vec![TxnOp::put(g.key.clone(), raw.clone(), None)];
+            self.with_events(&mut ops, vec![grant_event(EventKind::LockRenewed, key, &g)])?;
             self.judge.wrote(&g.key, &raw, now);
             if self.commit(vec![Cond::of(s), Cond::of(&g)], ops).await?.is_some() {
                 let renewed = Rec { raw: raw.clone(), val, ..g };
@@ -1365,7 +1557,8 @@ impl LockStore for EtcdLockStore {
         // says the grant `(key, token)` is live: both records are guarded.
         if let Some((g, h)) = self.live_as_seen(key, token, self.now()) {
             let r = reads(Some(g.val.session_id));
-            let ops = vec![TxnOp::delete(g.key.clone(), None)];
+            let mut ops = vec![TxnOp::delete(g.key.clone(), None)];
+            self.with_events(&mut ops, vec![grant_event(EventKind::LockReleased, key, &g)])?;
             match self.commit_or_read(vec![Cond::of(&g), Cond::of(&h)], ops, &r).await? {
                 Ok(_) => {
                     self.saw_grant(key, None);
@@ -1400,7 +1593,9 @@ impl LockStore for EtcdLockStore {
                 return Ok(Err(stored));
             }
             let r = reads(Some(g.val.session_id));
-            match self.commit_or_read(vec![Cond::of(&g)], vec![TxnOp::delete(g.key.clone(), None)], &r).await? {
+            let mut ops = vec![TxnOp::delete(g.key.clone(), None)];
+            self.with_events(&mut ops, vec![grant_event(EventKind::LockReleased, key, &g)])?;
+            match self.commit_or_read(vec![Cond::of(&g)], ops, &r).await? {
                 Ok(_) => {
                     self.saw_grant(key, None);
                     return Ok(Ok(()));
@@ -1567,12 +1762,21 @@ impl LockStore for EtcdLockStore {
                 revoked_token: g.token(),
                 at_ms: now,
             };
-            let ops = vec![
+            let mut ops = vec![
                 // First op: its revision (the floor) is the txn's on both etcd and the simulator.
                 TxnOp::put(rkey.clone(), encode(&audit)?, None),
                 TxnOp::delete(g.key.clone(), None),
                 TxnOp::get(rkey.clone(), None),
             ];
+            // The floor is the txn's revision, filled into the event when read ("Events").
+            let revoked = LockEventRecord::revoked(
+                key,
+                g.token(),
+                (g.val.session_id, &g.val.owner_id),
+                0,
+                (revocation_id, operator, reason),
+            );
+            self.with_events(&mut ops, vec![(revoked, Some("newTokenFloor"))])?;
             if let Some(resps) = self.commit(vec![Cond::of(&g), Cond::Absent(rkey.clone())], ops).await? {
                 let (floor, _) = revisions_of(&resps)?;
                 self.saw_grant(key, None);
@@ -1624,8 +1828,9 @@ impl LockStore for EtcdLockStore {
             // The marked version's end, for retention, is the lapse this replica judged.
             self.judge.wrote(&s.key, &raw, s.val.expires_at_ms);
             let last = (Cond::of(&s), TxnOp::put(s.key.clone(), raw.clone(), None));
+            let expired = vec![(LockEventRecord::session_expired(id, &s.val.owner_id), None)];
             let lost_at = |g: &GrantVal| death(g, Some(&s.val));
-            if let Some(n) = self.remove_session_grants(&mine, lost_at, delay_ms, last).await? {
+            if let Some(n) = self.remove_session_grants(&mine, lost_at, delay_ms, (last, expired)).await? {
                 report.expired_sessions += 1;
                 report.released_grants += n;
                 gone.extend(mine.iter().map(|g| g.key.clone()));
@@ -1644,6 +1849,7 @@ impl LockStore for EtcdLockStore {
             let died = death(&g.val, sessions.get(&g.val.session_id).map(|s| &s.val));
             let (mut conds, mut ops) = (Vec::new(), Vec::new());
             self.drop_ops(g, records.get(&key), died, delay_ms, (&mut conds, &mut ops))?;
+            self.with_events(&mut ops, vec![grant_event(EventKind::LockExpired, &key, g)])?;
             if self.commit(conds, ops).await?.is_some() {
                 report.released_grants += 1;
             }
@@ -1660,6 +1866,84 @@ impl LockStore for EtcdLockStore {
             }
         }
         Ok(report)
+    }
+
+    async fn read_events(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        let width = EVENTS_PER_TXN_MAX as i64;
+        // Records of the txn holding seq `after` and later (a record holds at least one event).
+        let min_rev = after.div_euclid(width) + EVENT_PUT_REV_AFTER_FIRST;
+        let records_max = limit.saturating_add(1).min(EVENT_RECORDS_PER_READ_MAX);
+        let (records, mark) = self.event_records((min_rev, None), false, records_max).await?;
+        let purged_through = Self::purged_of(mark.as_deref())?.purged_through;
+        let mut events = Vec::new();
+        let mut last_seen = after;
+        for e in &records {
+            for ev in Self::events_of(e)? {
+                last_seen = last_seen.max(ev.seq);
+                if ev.seq > after && events.len() < limit {
+                    events.push(ev);
+                }
+            }
+        }
+        // Every seq up to the last read is final (module doc, "Events"); a page cut short
+        // ends at its last event.
+        let head = match events.last() {
+            Some(e) if events.len() == limit => e.seq,
+            _ => last_seen,
+        };
+        Ok(EventRead { events, head: head.max(after), purged_through })
+    }
+
+    async fn purge_events(&self, keep: i64) -> Result<u64, StoreError> {
+        // The newest record to delete: walk from the newest until `keep` events are kept.
+        let mut kept = 0i64;
+        let mut cut: Option<i64> = None;
+        let mut below: Option<i64> = None;
+        'walk: loop {
+            let (records, _) = self.event_records((0, below), true, EVENT_RECORDS_PER_READ_MAX).await?;
+            let Some(oldest) = records.last().map(|e| e.mod_rev) else { break };
+            for e in &records {
+                if kept >= keep.max(0) {
+                    cut = Some(e.mod_rev);
+                    break 'walk;
+                }
+                kept += Self::events_of(e)?.len() as i64;
+            }
+            below = Some(oldest - 1);
+        }
+        let Some(cut) = cut else { return Ok(0) };
+        let mut deleted = 0u64;
+        // Each committed txn deletes at least one record: the loop ends; only conflicts count.
+        let mut conflicts = 0usize;
+        while conflicts < CAS_ATTEMPTS_MAX {
+            let (records, mark) = self.event_records((0, Some(cut)), false, EVENT_RECORDS_PER_PURGE_TXN_MAX).await?;
+            if records.is_empty() {
+                return Ok(deleted);
+            }
+            let old = Self::purged_of(mark.as_deref())?;
+            let mut through = old.purged_through;
+            let mut n = 0u64;
+            let mut ops = Vec::new();
+            for e in &records {
+                let evs = Self::events_of(e)?;
+                through = through.max(evs.iter().map(|ev| ev.seq).max().unwrap_or(0));
+                n += evs.len() as u64;
+                ops.push(TxnOp::delete(e.key.clone(), None));
+            }
+            let raw = encode(&PurgedVal { purged_through: through })?;
+            ops.insert(0, TxnOp::put(self.purged_key(), raw, None));
+            let mut conds: Vec<Cond> = records.iter().map(|e| Cond::Is(e.key.clone(), e.value.clone())).collect();
+            conds.push(match mark {
+                Some(m) => Cond::Is(self.purged_key(), m),
+                None => Cond::Absent(self.purged_key()),
+            });
+            if self.commit(conds, ops).await?.is_some() {
+                deleted += n;
+            } else {
+                conflicts += 1;
+            }
+        }
+        Err(contended("purge"))
     }
 }
 

@@ -11,6 +11,9 @@
 //!   ([`LockStoreOp::is_write`]) are fixed here, once.
 //! - The call's future is created before the layer runs and polled only by it, so a layer
 //!   may refuse a call before any of it runs.
+//! - The event outbox's two methods (`read_events`, `purge_events`, C3-extensions E-20) are
+//!   no [`LockStoreOp`]: they go to the inner store directly, untimed and never faulted
+//!   (the fault plans and `lock_store_op_seconds{op}` name the lock operations only).
 //! - A layer with [`LockStoreLayer::DELEGATES_DEFAULTED`] `false` answers the trait's
 //!   defaulted methods (`judges_clock`, `pool_stats`, `writer_thread`) with the trait's
 //!   defaults; otherwise they go to the inner store.
@@ -22,8 +25,8 @@ use dlock_http::metrics::{ClosedTag, PoolStats};
 use uuid::Uuid;
 
 use crate::store::{
-    AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
-    RotateRefusal, SessionRefusal, SessionRow, StoreError,
+    AcquireRefusal, Addressed, EventRead, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation,
+    RevokeRefusal, RotateRefusal, SessionRefusal, SessionRow, StoreError,
 };
 
 /// The `op` tag of `lock_store_op_seconds`: one value per [`LockStore`] method.
@@ -189,6 +192,14 @@ impl<L: LockStoreLayer> LockStore for L {
 
     async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError> {
         self.around(LockStoreOp::Reap, self.inner().reap(limit, delay_ms, retention_ms)).await
+    }
+
+    async fn read_events(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        self.inner().read_events(after, limit).await
+    }
+
+    async fn purge_events(&self, keep: i64) -> Result<u64, StoreError> {
+        self.inner().purge_events(keep).await
     }
 
     fn judges_clock(&self) -> bool {

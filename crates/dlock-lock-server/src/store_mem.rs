@@ -24,14 +24,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use dlock_rt::Clock;
 use uuid::Uuid;
 
 use crate::lockdb_clock::{self, ClockDb, ClockFault, ClockJudge};
 use crate::rules::{self, AcquireFacts, ClockRow, GrantFacts, RotateFacts};
+use crate::store::events::{removal_kind, LockEventRecord, MemOutbox};
+use dlock_contract::stream::EventKind;
+
 use crate::store::{
-    AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
-    RotateRefusal, SessionRefusal, SessionRow, StoreError, WallShift,
+    AcquireRefusal, Addressed, EventRead, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation,
+    RevokeRefusal, RotateRefusal, SessionRefusal, SessionRow, StoreError, WallShift,
 };
 
 #[derive(Debug, Clone)]
@@ -53,6 +57,9 @@ struct Tables {
     /// lockdb's clock ([`crate::lockdb_clock`]) when the store keeps one
     /// ([`MemLockStore::judged`]); `None`: the store's clock is its [`Clock`].
     clock: Option<ClockRow>,
+    /// The event outbox ([`crate::store::events`]): written by the change it describes,
+    /// under the same lock.
+    events: MemOutbox,
 }
 
 impl Tables {
@@ -94,10 +101,19 @@ impl Tables {
         }
     }
 
-    /// Removes a grant found lost by the reaper, from its lease and its session's end.
-    fn drop_dead(&mut self, key: &str, delay_ms: i64) {
+    /// Removes a grant found lost by the reaper, from its lease and its session's end,
+    /// recording `lock.expired`.
+    fn drop_dead(&mut self, key: &str, delay_ms: i64, at: DateTime<Utc>) {
         let died_at = self.grant_facts(key).and_then(|g| g.dies_at());
+        if let Some(g) = self.grants.get(key).cloned() {
+            self.emit_grant(EventKind::LockExpired, &g, at);
+        }
         self.drop_lost(key, died_at, delay_ms);
+    }
+
+    /// Records an event about grant `g`.
+    fn emit_grant(&mut self, kind: EventKind, g: &GrantRow, at: DateTime<Utc>) {
+        self.events.emit(LockEventRecord::grant(kind, &g.key, g.fencing_token, g.session_id, &g.owner_id), at);
     }
 }
 
@@ -250,6 +266,7 @@ impl LockStore for MemLockStore {
         let now = self.now_in(&t);
         let row = SessionRow { session_id, owner_id: owner_id.to_owned(), ttl_ms, expires_at_ms: now + ttl_ms };
         t.sessions.insert(session_id, Session { row: row.clone(), expired_marked: false });
+        t.events.emit(LockEventRecord::session_opened(session_id, owner_id, ttl_ms), self.clock.wall());
         self.observer.tell(|| LockEvent::SessionEnds { session_id, expires_at_ms: row.expires_at_ms });
         Ok(row)
     }
@@ -274,16 +291,19 @@ impl LockStore for MemLockStore {
         let mut t = self.lock()?;
         let now = self.now_in(&t);
         let Some(s) = t.sessions.get(&session_id).cloned() else { return Ok(Err(SessionRefusal::Unknown)) };
-        let mine: Vec<(String, i64)> = t
+        let mut mine: Vec<(GrantRow, Option<i64>)> = t
             .grants
             .values()
             .filter(|g| g.session_id == session_id)
-            .map(|g| (g.key.clone(), g.expires_at_ms))
-            .collect();
-        for (key, lease_end) in mine {
             // Died before the close (lease or session lapsed): its lock-delay stands.
-            let lost = rules::lost_before_close(lease_end, s.row.expires_at_ms, now);
-            t.drop_lost(&key, lost, delay_ms);
+            .map(|g| (g.clone(), rules::lost_before_close(g.expires_at_ms, s.row.expires_at_ms, now)))
+            .collect();
+        // The events: the grants that had died first, then the ones the close releases.
+        mine.sort_by_key(|(g, lost)| (lost.is_none(), g.key.clone()));
+        let at = self.clock.wall();
+        for (g, lost) in mine {
+            t.emit_grant(removal_kind(lost.is_some()), &g, at);
+            t.drop_lost(&g.key, lost, delay_ms);
         }
         t.sessions.remove(&session_id);
         self.observer.tell(|| LockEvent::SessionClosed { session_id, now_ms: now });
@@ -309,6 +329,7 @@ impl LockStore for MemLockStore {
         });
         if let Some(removal) = decision.remove {
             if let Some(g) = t.grants.remove(key) {
+                t.emit_grant(EventKind::LockExpired, &g, self.clock.wall());
                 self.observer.tell(|| LockEvent::Dropped { key: key.to_owned(), token: g.fencing_token, now_ms: now });
             }
             t.record_delay(key, removal.delay_until_ms);
@@ -344,6 +365,7 @@ impl LockStore for MemLockStore {
         if plan.write_key_record {
             t.keys.insert(key.to_owned(), None);
         }
+        t.emit_grant(EventKind::LockGranted, &grant, self.clock.wall());
         self.observer.tell(|| LockEvent::Granted { grant: grant.clone(), now_ms: now });
         Ok(Ok(grant))
     }
@@ -371,6 +393,7 @@ impl LockStore for MemLockStore {
         let Some(g) = t.grants.get_mut(key) else { return Ok(Err(RenewRefusal::Lost { stored_token: None })) };
         g.expires_at_ms = now + ttl_ms;
         let g = g.clone();
+        t.emit_grant(EventKind::LockRenewed, &g, self.clock.wall());
         self.observer.tell(|| LockEvent::Renewed {
             key: key.to_owned(),
             token,
@@ -386,7 +409,9 @@ impl LockStore for MemLockStore {
         if let Err(stored) = rules::decide_release(t.grant_facts(key), token, now) {
             return Ok(Err(stored));
         }
-        t.grants.remove(key);
+        if let Some(g) = t.grants.remove(key) {
+            t.emit_grant(EventKind::LockReleased, &g, self.clock.wall());
+        }
         self.observer.tell(|| LockEvent::Released { key: key.to_owned(), token, now_ms: now });
         Ok(Ok(()))
     }
@@ -438,7 +463,11 @@ impl LockStore for MemLockStore {
             acquired_at_ms: now,
             expires_at_ms: now + ttl_ms,
         };
-        t.grants.insert(key.to_owned(), grant.clone());
+        let at = self.clock.wall();
+        if let Some(old) = t.grants.insert(key.to_owned(), grant.clone()) {
+            t.emit_grant(EventKind::LockReleased, &old, at);
+        }
+        t.emit_grant(EventKind::LockGranted, &grant, at);
         if plan.write_key_record {
             t.keys.insert(key.to_owned(), None);
         }
@@ -482,7 +511,7 @@ impl LockStore for MemLockStore {
             Ok(token) => token,
             Err(refusal) => return Ok(Err(refusal)),
         };
-        t.grants.remove(key);
+        let removed = t.grants.remove(key);
         let floor = if dlock_contract::planted::on(dlock_contract::planted::Bug::RevokeKeepsFloor) {
             // Planted bug `revoke-keeps-floor` (simulation only): the grant is gone, the
             // floor stays where it was.
@@ -501,6 +530,16 @@ impl LockStore for MemLockStore {
             floor,
             now,
         ));
+        if let Some(g) = removed {
+            let e = LockEventRecord::revoked(
+                key,
+                revoked,
+                (g.session_id, &g.owner_id),
+                floor,
+                (revocation_id, operator, reason),
+            );
+            t.events.emit(e, self.clock.wall());
+        }
         self.observer.tell(|| LockEvent::Revoked {
             key: key.to_owned(),
             token: revoked,
@@ -522,11 +561,12 @@ impl LockStore for MemLockStore {
             .map(|(id, _)| *id)
             .take(limit)
             .collect();
+        let at = self.clock.wall();
         for id in lapsed {
             let keys: Vec<String> = t.grants.values().filter(|g| g.session_id == id).map(|g| g.key.clone()).collect();
             for key in keys {
                 let token = t.grants.get(&key).map(|g| g.fencing_token);
-                t.drop_dead(&key, delay_ms);
+                t.drop_dead(&key, delay_ms, at);
                 if let Some(token) = token {
                     self.observer.tell(|| LockEvent::Dropped { key: key.clone(), token, now_ms: now });
                 }
@@ -534,6 +574,8 @@ impl LockStore for MemLockStore {
             }
             if let Some(s) = t.sessions.get_mut(&id) {
                 s.expired_marked = true;
+                let owner = s.row.owner_id.clone();
+                t.events.emit(LockEventRecord::session_expired(id, &owner), at);
             }
             report.expired_sessions += 1;
         }
@@ -546,7 +588,7 @@ impl LockStore for MemLockStore {
             .collect();
         for key in lapsed_grants {
             let token = t.grants.get(&key).map(|g| g.fencing_token);
-            t.drop_dead(&key, delay_ms);
+            t.drop_dead(&key, delay_ms, at);
             if let Some(token) = token {
                 self.observer.tell(|| LockEvent::Dropped { key: key.clone(), token, now_ms: now });
             }
@@ -564,6 +606,14 @@ impl LockStore for MemLockStore {
             report.forgotten_sessions += 1;
         }
         Ok(report)
+    }
+
+    async fn read_events(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        Ok(self.lock()?.events.read(after, limit))
+    }
+
+    async fn purge_events(&self, keep: i64) -> Result<u64, StoreError> {
+        Ok(self.lock()?.events.purge(keep))
     }
 }
 
@@ -706,6 +756,12 @@ impl LockStore for MemReplica {
     }
     async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError> {
         self.store.reap(limit, delay_ms, retention_ms).await
+    }
+    async fn read_events(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        self.store.read_events(after, limit).await
+    }
+    async fn purge_events(&self, keep: i64) -> Result<u64, StoreError> {
+        self.store.purge_events(keep).await
     }
     fn judges_clock(&self) -> bool {
         self.judge.as_ref().is_some_and(|j| j.is_judging())

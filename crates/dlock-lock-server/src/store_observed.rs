@@ -258,6 +258,12 @@ impl LockStore for ObservedLockStore {
     async fn reap(&self, limit: i64, delay_ms: i64, retention_ms: i64) -> Result<ReapReport, StoreError> {
         self.inner.reap(limit, delay_ms, retention_ms).await
     }
+    async fn read_events(&self, after: i64, limit: usize) -> Result<crate::store::EventRead, StoreError> {
+        self.inner.read_events(after, limit).await
+    }
+    async fn purge_events(&self, keep: i64) -> Result<u64, StoreError> {
+        self.inner.purge_events(keep).await
+    }
     fn judges_clock(&self) -> bool {
         self.inner.judges_clock()
     }

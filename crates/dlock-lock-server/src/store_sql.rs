@@ -32,6 +32,14 @@
 //! failed is closed, never pooled (`begin_key!`, in `pg_grant`). Revoke, and a key outside C3's alphabet,
 //! take the same lock with a bound statement after `BEGIN`.
 //!
+//! ## Events (C3-extensions E-20)
+//! Triggers write the outbox (`migrations/lockdb/*/20261207110000_create_events.sql`) on the
+//! rows each operation already writes, in its transaction: no operation gains a statement.
+//! The one ordering they need: a revoke writes its audit row *before* it deletes the grant,
+//! so the deleted-grant trigger knows the grant was revoked. Reads: [`PgLockStore`] stops
+//! below a hole until it is final ([`dlock_db::events::HoleGate`]); SQLite has one writer,
+//! so every committed seq is final.
+//!
 //! ## Time: lockdb's clock
 //! Every method runs in one transaction and reads `now` first, from lockdb's clock
 //! ([`clock`], C1 §1.4.2): a value in the database that only the judging replica's monotonic
@@ -42,14 +50,16 @@
 use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
+use dlock_contract::stream::{EventKind, StoredEvent};
+use dlock_db::events::{HoleGate, Snapshot};
 use dlock_db::Dialect;
 use sqlx::Row;
 use uuid::Uuid;
 
 use crate::rules::{self, AcquireFacts, GrantFacts};
 use crate::store::{
-    AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
-    RotateRefusal, SessionRefusal, SessionRow, StoreError, WallShift,
+    AcquireRefusal, Addressed, EventRead, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation,
+    RevokeRefusal, RotateRefusal, SessionRefusal, SessionRow, StoreError, WallShift,
 };
 
 pub mod clock;
@@ -111,6 +121,8 @@ pub struct PgLockStore {
     pub judge: Arc<ClockJudge>,
     /// Answers' instants on this replica's wall clock.
     shift: Arc<WallShift>,
+    /// The hole the outbox's reader waits on ([`HoleGate`]).
+    events: Arc<HoleGate>,
 }
 
 impl PgLockStore {
@@ -136,7 +148,7 @@ impl PgLockStore {
     /// in lockdb's clock ([`clock`]).
     pub async fn over(pool: sqlx::PgPool) -> Result<PgLockStore, StoreError> {
         let (judge, shift) = clock_parts(pool.clone()).await?;
-        Ok(PgLockStore { pool, judge, shift })
+        Ok(PgLockStore { pool, judge, shift, events: Arc::new(HoleGate::new()) })
     }
 
     /// PostgreSQL's transactions run on the caller's task: its pool has many connections.
@@ -758,12 +770,6 @@ macro_rules! sql_lock_store {
                         return Ok(Err(refusal));
                     }
                 };
-                sqlx::query(&Self::q(DROP_GRANT))
-                    .bind(key.to_owned())
-                    .bind(revoked)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(unavailable)?;
                 let floor = Self::tx_next_token(&mut tx).await?;
                 sqlx::query(&Self::q(
                     "UPDATE token_floor SET floor = $1, \
@@ -788,6 +794,14 @@ macro_rules! sql_lock_store {
                 .execute(&mut *tx)
                 .await
                 .map_err(unavailable)?;
+                // After the audit row: the deleted-grant trigger finds it, and records
+                // `lock.revoked` with the new floor (module doc, "Events").
+                sqlx::query(&Self::q(DROP_GRANT))
+                    .bind(key.to_owned())
+                    .bind(revoked)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
                 tx.commit().await.map_err(commit_error)?;
                 Ok(Ok(Revocation { revoked_token: revoked, new_token_floor: floor, revocation_id }))
             }
@@ -863,8 +877,113 @@ macro_rules! sql_lock_store {
                 tx.commit().await.map_err(commit_error)?;
                 Ok(report)
             }
+
+            async fn read_events(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+                self.outbox_read(after, limit).await
+            }
+
+            async fn purge_events(&self, keep: i64) -> Result<u64, StoreError> {
+                let mut tx = self.pool.begin().await.map_err(unavailable)?;
+                let through: i64 = sqlx::query(&Self::q(PURGE_MARK))
+                    .bind(keep.max(0))
+                    .fetch_one(&mut *tx)
+                    .await
+                    .and_then(|r| r.try_get("purged_through"))
+                    .map_err(unavailable)?;
+                let n = sqlx::query(&Self::q("DELETE FROM events WHERE seq <= $1"))
+                    .bind(through)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(unavailable)?;
+                tx.commit().await.map_err(commit_error)?;
+                Ok(n.rows_affected())
+            }
         }
     };
+}
+
+/// The outbox's rows after `$1`, at most `$2`, in seq order.
+const EVENTS_AFTER: &str = "SELECT seq, kind, at_ms, lock_key, body FROM events WHERE seq > $1 ORDER BY seq LIMIT $2";
+/// The purge mark: the highest seq the retention purge has deleted.
+const PURGED_THROUGH: &str = "SELECT purged_through FROM event_retention WHERE id = 1";
+/// The purge's first statement: raises the mark to the highest seq it deletes (all but the
+/// newest `$1`), never lowering it.
+const PURGE_MARK: &str = "UPDATE event_retention SET purged_through = \
+     CASE WHEN purged_through > m THEN purged_through ELSE m END \
+     FROM (SELECT COALESCE((SELECT seq FROM events ORDER BY seq DESC LIMIT 1 OFFSET $1), 0) AS m) x \
+     WHERE id = 1 RETURNING purged_through";
+
+/// One outbox row as stored.
+fn event_of(r: &impl RowLike) -> Result<StoredEvent, StoreError> {
+    let kind = r.text("kind")?;
+    let kind = EventKind::parse(&kind).ok_or_else(|| StoreError::Corrupt(format!("events: unknown kind {kind:?}")))?;
+    let body = serde_json::from_str(&r.text("body")?).map_err(|e| StoreError::Corrupt(format!("events: body: {e}")))?;
+    let at_ms = r.int("at_ms")?;
+    let at = chrono::DateTime::from_timestamp_millis(at_ms)
+        .ok_or_else(|| StoreError::Corrupt(format!("events: at_ms {at_ms} out of range")))?;
+    Ok(StoredEvent {
+        seq: r.int("seq")?,
+        kind,
+        at,
+        account_id: None,
+        payout_id: None,
+        lock_key: r.opt_text("lock_key")?,
+        body,
+    })
+}
+
+impl PgLockStore {
+    /// The final events after `after` (at most `limit`), the head and the purge mark: one
+    /// REPEATABLE READ transaction reads the snapshot, the rows and the mark; the hole gate
+    /// keeps the read below any seq that may still commit (module doc, "Events").
+    async fn outbox_read(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(unavailable)?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .execute(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+        let snap: String =
+            sqlx::query_scalar("SELECT pg_current_snapshot()::text").fetch_one(&mut *tx).await.map_err(unavailable)?;
+        let snap = Snapshot::parse(&snap).ok_or_else(|| StoreError::Corrupt(format!("snapshot {snap:?}")))?;
+        let rows = sqlx::query(EVENTS_AFTER)
+            .bind(after)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+        let purged_through: i64 = sqlx::query_scalar(PURGED_THROUGH).fetch_one(&mut *tx).await.map_err(unavailable)?;
+        tx.commit().await.map_err(unavailable)?;
+        let seqs: Vec<i64> = rows.iter().map(|r| r.int("seq")).collect::<Result<_, _>>()?;
+        let from = after.max(purged_through);
+        let skip = seqs.partition_point(|&s| s <= from);
+        let (n, head) = self.events.pass(from, &seqs[skip..], &snap);
+        let events = rows[skip..skip + n].iter().map(event_of).collect::<Result<Vec<_>, _>>()?;
+        Ok(EventRead { events, head: head.max(after), purged_through })
+    }
+}
+
+impl SqliteLockStore {
+    /// The events after `after` (at most `limit`): one writer, so every committed seq is
+    /// final; the head is the last seq returned on a full page, else the last committed.
+    async fn outbox_read(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(unavailable)?;
+        let rows = sqlx::query(&Dialect::Sqlite.sql(EVENTS_AFTER))
+            .bind(after)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(unavailable)?;
+        let purged_through: i64 = sqlx::query_scalar(PURGED_THROUGH).fetch_one(&mut *tx).await.map_err(unavailable)?;
+        let last: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(seq) FROM events").fetch_one(&mut *tx).await.map_err(unavailable)?;
+        tx.commit().await.map_err(unavailable)?;
+        let events = rows.iter().map(event_of).collect::<Result<Vec<_>, _>>()?;
+        let head = match events.last() {
+            Some(e) if events.len() == limit => e.seq,
+            _ => last.unwrap_or(0).max(after),
+        };
+        Ok(EventRead { events, head, purged_through })
+    }
 }
 
 /// The sqlx database of a store type.

@@ -69,3 +69,52 @@ async fn sim_etcd() -> (Arc<dyn LockStore>, madsim::runtime::NodeHandle) {
 
 #[cfg(madsim)]
 lock_store_conformance!(sim_etcd_store, sim_etcd());
+
+/// The event outbox on etcd (C3-extensions E-20, `store_etcd` "Events"): the events of one
+/// txn share its revision (`seq / EVENTS_PER_TXN_MAX`, which is the txn's token) and keep
+/// their order (`seq % EVENTS_PER_TXN_MAX`).
+async fn a_txns_events_share_its_revision_and_keep_their_order(store: Arc<dyn LockStore>) {
+    use dlock_contract::stream::EventKind;
+    use dlock_lock_server::store_etcd::EVENTS_PER_TXN_MAX;
+    let width = EVENTS_PER_TXN_MAX as i64;
+    let session = store.open_session(dlock_rt::rand::uuid_v4(), "owner-a", 60_000).await.expect("open");
+    let sid = session.session_id;
+    let g1 = store.acquire("k1", sid, 60_000, 0).await.expect("acquire").expect("granted");
+    let g2 = store.acquire("k2", sid, 60_000, 0).await.expect("acquire").expect("granted");
+    let head = store.read_events(0, 100).await.expect("read").head;
+    let g3 = store.rotate("k1", sid, g1.fencing_token, 60_000, 0).await.expect("rotate").expect("rotated");
+    let rotated = store.read_events(head, 100).await.expect("read");
+    let shape: Vec<(EventKind, i64, i64, i64)> = rotated
+        .events
+        .iter()
+        .map(|e| (e.kind, e.seq / width, e.seq % width, e.body["token"].as_i64().unwrap_or(0)))
+        .collect();
+    let rev = g3.fencing_token;
+    assert_eq!(
+        shape,
+        [(EventKind::LockReleased, rev, 0, g1.fencing_token), (EventKind::LockGranted, rev, 1, g3.fencing_token)],
+        "a rotate's two events, at its revision (its token), in order"
+    );
+    store.close_session(sid, 0).await.expect("close").expect("closed");
+    let closed = store.read_events(rotated.head, 100).await.expect("read");
+    let shape: Vec<(Option<&str>, i64)> =
+        closed.events.iter().map(|e| (e.lock_key.as_deref(), e.seq % width)).collect();
+    assert_eq!(shape, [(Some("k1"), 0), (Some("k2"), 1)], "a close's releases, by key, in one txn");
+    assert_eq!(closed.events[0].seq / width, closed.events[1].seq / width, "one txn, one revision");
+    assert!(closed.events[0].seq / width > rev, "a later txn, a later revision");
+    assert_eq!(closed.events[1].body["token"].as_i64(), Some(g2.fencing_token));
+}
+
+#[cfg(not(madsim))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_store_a_txns_events_share_its_revision_and_keep_their_order() {
+    let (store, _guard) = etcd().await;
+    a_txns_events_share_its_revision_and_keep_their_order(store).await;
+}
+
+#[cfg(madsim)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_etcd_store_a_txns_events_share_its_revision_and_keep_their_order() {
+    let (store, _server) = sim_etcd().await;
+    a_txns_events_share_its_revision_and_keep_their_order(store).await;
+}

@@ -527,6 +527,12 @@ impl dlock_lock_server::store::LockStore for Unreachable {
     async fn reap(&self, _: i64, _: i64, _: i64) -> Result<ReapReport, StoreError> {
         Err(gone())
     }
+    async fn read_events(&self, _: i64, _: usize) -> Result<dlock_lock_server::store::EventRead, StoreError> {
+        Err(gone())
+    }
+    async fn purge_events(&self, _: i64) -> Result<u64, StoreError> {
+        Err(gone())
+    }
 }
 
 fn gone() -> StoreError {

@@ -25,6 +25,7 @@
 //! crate must not depend on), and the service crates re-export it.
 
 pub mod admission;
+pub mod events;
 pub mod ledger;
 pub mod mem;
 pub mod pay;

@@ -31,9 +31,12 @@ use chrono::{DateTime, Utc};
 use dlock_contract::payout::{self, Actor, PayoutState};
 use dlock_contract::planted::{self, Bug};
 use dlock_contract::rail::SubmissionOutcome;
+use dlock_contract::stream::EventKind;
+use serde_json::json;
 use uuid::Uuid;
 
 use crate::admission::{self, AdmissionDecision, AdmissionFacts, BatchFacts, FirstAttempt, PayoutFacts};
+use crate::events::MemEvents;
 use crate::pay::{
     funding_account, is_system_account, is_unsettled, settlement_account, AccountKind, AccountView,
     AmbiguousResolution, Direction, LedgerEntry, ListQuery, Operation, PayoutSummary, PayoutView, ResolutionRow,
@@ -64,6 +67,10 @@ pub struct RailTables {
     pub high_water: BTreeMap<String, i64>,
     /// In insertion order (the `seq` column).
     pub submissions: Vec<SubmissionRow>,
+    /// paydb's `events` outbox (C3-extensions E-20). Here, beside the payouts and the
+    /// rail's rows, so that the methods of both table sets reach it; every method that
+    /// changes a row a SQL trigger watches emits the trigger's event.
+    pub events: MemEvents,
 }
 
 fn row(a: &Attempt, outcome: Option<SubmissionOutcome>) -> SubmissionRow {
@@ -81,6 +88,109 @@ fn row(a: &Attempt, outcome: Option<SubmissionOutcome>) -> SubmissionRow {
         rail_reference: None,
         submitted_at: a.at,
         resolved_at: outcome.map(|_| a.at),
+    }
+}
+
+/// The events paydb's triggers write (`migrations/paydb/*/20261207100000_create_events.sql`),
+/// as the memory tables emit them: the same kind, `at` (the column the trigger copies),
+/// account, payout and body. Each is called after the write it describes, in the order the
+/// SQL statements would fire the triggers.
+pub mod emit {
+    use super::*;
+
+    /// `account.created` (CUSTOMER accounts only: the caller inserts one).
+    pub fn account_created(ev: &mut MemEvents, account_id: &str, a: &StoredAccount) {
+        if a.kind != AccountKind::Customer {
+            return;
+        }
+        let body = json!({ "currency": a.currency, "balanceMinor": a.balance_minor });
+        ev.emit(EventKind::AccountCreated, a.created_at, Some(account_id), None, body);
+    }
+
+    /// `fence.raised`, when the fence changed (`updated_at` = `at`).
+    pub fn fence_raised(ev: &mut MemEvents, account_id: &str, previous: i64, fence: i64, at: DateTime<Utc>) {
+        if previous != fence {
+            let body = json!({ "previousFence": previous, "presentedToken": fence });
+            ev.emit(EventKind::FenceRaised, at, Some(account_id), None, body);
+        }
+    }
+
+    /// `payout.created`.
+    pub fn payout_created(ev: &mut MemEvents, p: &StoredPayout) {
+        let body = json!({
+            "amountMinor": p.row.amount_minor,
+            "currency": p.row.currency,
+            "beneficiaryRef": p.row.beneficiary_ref,
+            "state": p.row.state.as_str(),
+        });
+        ev.emit(
+            EventKind::PayoutCreated,
+            p.created_at,
+            Some(&p.row.account_id),
+            Some(p.row.payout_id.to_string()),
+            body,
+        );
+    }
+
+    /// `payout.state_changed`, when the state changed (`from` the state before the write).
+    pub fn payout_state_changed(ev: &mut MemEvents, p: &StoredPayout, from: PayoutState) {
+        if from == p.row.state {
+            return;
+        }
+        let body = json!({
+            "from": from.as_str(),
+            "to": p.row.state.as_str(),
+            "attemptCount": p.row.attempt_count,
+            "claimToken": p.claim_token,
+        });
+        let payout_id = Some(p.row.payout_id.to_string());
+        ev.emit(EventKind::PayoutStateChanged, p.updated_at, Some(&p.row.account_id), payout_id, body);
+    }
+
+    /// `rail.mark_raised`, when the mark changed (`previous` `None`: the row is inserted).
+    pub fn mark_raised(ev: &mut MemEvents, account_id: &str, previous: Option<i64>, mark: i64, at: DateTime<Utc>) {
+        if previous != Some(mark) {
+            let body = json!({ "previousMark": previous.unwrap_or(0), "presentedToken": mark });
+            ev.emit(EventKind::RailMarkRaised, at, Some(account_id), None, body);
+        }
+    }
+
+    /// `rail.intent` (outcome NULL) or `rail.refused`, for an inserted attempt row.
+    pub fn submission_inserted(ev: &mut MemEvents, s: &SubmissionRow) {
+        let kind = if s.outcome.is_none() { EventKind::RailIntent } else { EventKind::RailRefused };
+        let body = json!({
+            "submissionId": s.submission_id.to_string(),
+            "presentedToken": s.presented_token,
+            "ownerId": s.owner_id,
+            "amountMinor": s.amount_minor,
+            "currency": s.currency,
+            "outcome": s.outcome.map(SubmissionOutcome::as_str),
+        });
+        ev.emit(kind, s.submitted_at, Some(&s.account_id), Some(s.payout_id.to_string()), body);
+    }
+
+    /// `rail.outcome`, for an attempt whose outcome was just recorded.
+    pub fn submission_resolved(ev: &mut MemEvents, s: &SubmissionRow) {
+        let body = json!({
+            "submissionId": s.submission_id.to_string(),
+            "presentedToken": s.presented_token,
+            "outcome": s.outcome.map(SubmissionOutcome::as_str),
+            "railReference": s.rail_reference,
+        });
+        let at = s.resolved_at.unwrap_or(s.submitted_at);
+        ev.emit(EventKind::RailOutcome, at, Some(&s.account_id), Some(s.payout_id.to_string()), body);
+    }
+
+    /// `operator.resolution`, for an inserted audit row (`account_id`: its payout's).
+    pub fn resolution_inserted(ev: &mut MemEvents, account_id: Option<&str>, r: &ResolutionRow) {
+        let body = json!({
+            "resolutionId": r.resolution_id.to_string(),
+            "resolvedAs": r.resolved_as.as_str(),
+            "operator": r.operator,
+            "reason": r.reason,
+            "railReference": r.rail_reference,
+        });
+        ev.emit(EventKind::OperatorResolution, r.resolved_at, account_id, Some(r.payout_id.to_string()), body);
     }
 }
 
@@ -185,13 +295,50 @@ impl RailTables {
         let Some(answer) = decision.admission(a.at) else {
             return Err(StoreError::Corrupt(format!("payout {} vanished", a.payout_id)));
         };
+        let mark_before = self.high_water.get(&a.account_id).copied();
         self.apply(a, &decision);
         let mark = match decision {
             AdmissionDecision::Duplicate { mark, .. } | AdmissionDecision::Admit { mark } => mark,
             _ => None,
         };
         self.write_mark(&a.account_id, mark, std::slice::from_ref(&decision));
+        self.emit_admissions(std::slice::from_ref(a), std::slice::from_ref(&decision), &[p.state], mark_before);
         Ok(answer)
+    }
+
+    /// The events of one fence pass's writes ([`RailTables::admit`], [`RailTables::admit_batch`]),
+    /// in the order the SQL statements fire their triggers: the mark (its instant the first
+    /// attempt's), every intent, every payout moved to SUBMITTED, then the refused rows
+    /// (FENCED, DUPLICATE), each group in the attempts' order.
+    fn emit_admissions(
+        &mut self,
+        attempts: &[Attempt],
+        decisions: &[AdmissionDecision],
+        states_before: &[Option<PayoutState>],
+        mark_before: Option<i64>,
+    ) {
+        let Some(first) = attempts.first() else { return };
+        if let Some(&mark) = self.high_water.get(&first.account_id) {
+            emit::mark_raised(&mut self.events, &first.account_id, mark_before, mark, first.at);
+        }
+        let admitted = |d: &AdmissionDecision| matches!(d, AdmissionDecision::Admit { .. });
+        let refused =
+            |d: &AdmissionDecision| matches!(d, AdmissionDecision::Fenced { .. } | AdmissionDecision::Duplicate { .. });
+        for (a, _) in attempts.iter().zip(decisions).filter(|(_, d)| admitted(d)) {
+            if let Some(row) = self.submissions.iter().rev().find(|s| s.submission_id == a.submission_id) {
+                emit::submission_inserted(&mut self.events, row);
+            }
+        }
+        for ((a, _), before) in attempts.iter().zip(decisions).zip(states_before).filter(|((_, d), _)| admitted(d)) {
+            if let (Some(p), Some(from)) = (self.payouts.get(&a.payout_id), before) {
+                emit::payout_state_changed(&mut self.events, p, *from);
+            }
+        }
+        for (a, _) in attempts.iter().zip(decisions).filter(|(_, d)| refused(d)) {
+            if let Some(row) = self.submissions.iter().rev().find(|s| s.submission_id == a.submission_id) {
+                emit::submission_inserted(&mut self.events, row);
+            }
+        }
     }
 
     /// Steps 1–3 of a batch (C3-extensions E-19), as the proxy's `RailStore::admit_batch`
@@ -217,16 +364,19 @@ impl RailTables {
                 d.admission(a.at).ok_or_else(|| StoreError::Corrupt(format!("payout {} vanished", a.payout_id)))
             })
             .collect::<Result<Vec<Admission>, StoreError>>()?;
+        let states_before: Vec<Option<PayoutState>> = facts.payouts.iter().map(|p| p.state).collect();
         for (a, d) in attempts.iter().zip(&batch.decisions) {
             self.apply(a, d);
         }
         self.write_mark(&first.account_id, batch.mark, &batch.decisions);
+        self.emit_admissions(attempts, &batch.decisions, &states_before, facts.mark);
         Ok(answers)
     }
 
     /// Every outcome of a batch's forwards, as the proxy's `RailStore::resolve_batch`: each
     /// exactly as [`RailTables::resolve`] records it (a no-op when already resolved), all or
-    /// none (an unknown submission refuses them all before the first write).
+    /// none (an unknown submission refuses them all before the first write), one after the
+    /// other (each outcome, then the payout it moves).
     pub fn resolve_batch(&mut self, outcomes: &[(Uuid, Resolution)], at: DateTime<Utc>) -> Result<(), StoreError> {
         if let Some((missing, _)) =
             outcomes.iter().find(|(id, _)| !self.submissions.iter().any(|s| s.submission_id == *id))
@@ -241,31 +391,55 @@ impl RailTables {
 
     /// As [`RailStore::resolve`].
     pub fn resolve(&mut self, submission_id: Uuid, r: &Resolution, at: DateTime<Utc>) -> Result<(), StoreError> {
+        if let Some(payout_id) = self.record_outcome(submission_id, r, at)? {
+            self.move_resolved(payout_id, r.payout_state(), at);
+        }
+        Ok(())
+    }
+
+    /// A resolution's first write: the outcome on its attempt, if still unresolved (its
+    /// payout's id back), else nothing.
+    fn record_outcome(
+        &mut self,
+        submission_id: Uuid,
+        r: &Resolution,
+        at: DateTime<Utc>,
+    ) -> Result<Option<Uuid>, StoreError> {
         let t = self;
         let Some(s) = t.submissions.iter_mut().find(|s| s.submission_id == submission_id) else {
             return Err(StoreError::Corrupt(format!("no submission {submission_id}")));
         };
         if s.outcome.is_some() {
-            return Ok(());
+            return Ok(None);
         }
         s.outcome = Some(r.outcome());
         s.outcome_detail = r.detail().map(str::to_owned);
         s.rail_reference = r.rail_reference().map(str::to_owned);
         s.resolved_at = Some(at);
         let payout_id = s.payout_id;
+        emit::submission_resolved(&mut t.events, s);
         if planted::on(Bug::MarkAfterCall) {
             // Planted bug `mark-after-call`: the mark the intent should have written, now.
             let (account, token) = (s.account_id.clone(), s.presented_token);
-            let m = t.high_water.entry(account).or_insert(token);
+            let before = t.high_water.get(&account).copied();
+            let m = t.high_water.entry(account.clone()).or_insert(token);
             *m = (*m).max(token);
+            let after = *m;
+            emit::mark_raised(&mut t.events, &account, before, after, at);
         }
-        if let Some(p) = t.payouts.get_mut(&payout_id) {
-            if payout::may_transition(p.row.state, r.payout_state(), Actor::RailProxy) {
-                p.row.state = r.payout_state();
+        Ok(Some(payout_id))
+    }
+
+    /// A resolution's second write: its payout out of SUBMITTED, by C2's rule for the proxy.
+    fn move_resolved(&mut self, payout_id: Uuid, to: PayoutState, at: DateTime<Utc>) {
+        if let Some(p) = self.payouts.get_mut(&payout_id) {
+            if payout::may_transition(p.row.state, to, Actor::RailProxy) {
+                let from = p.row.state;
+                p.row.state = to;
                 p.updated_at = at;
+                emit::payout_state_changed(&mut self.events, p, from);
             }
         }
-        Ok(())
     }
 
     /// As [`RailStore::unresolved_before`].
@@ -280,8 +454,34 @@ impl RailTables {
         self.submissions.iter().filter(|s| payout_id.is_none_or(|p| s.payout_id == p)).cloned().collect()
     }
 
-    /// As [`RailStore::insert_payout`].
+    /// As [`RailStore::insert_payout`], on the rail's tables alone (the proxy's simulation
+    /// store, which keeps no `accounts`): the account exists from its first payout, so that
+    /// payout's insert is what writes its `account.created` (balance 0, as the SQL store's
+    /// upsert), before the payout's own event.
     pub fn insert_payout(&mut self, p: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
+        let new_account = !self.payouts.values().any(|q| q.row.account_id == p.account_id);
+        self.insert_payout_row(p, at)?;
+        if new_account {
+            let at = dlock_contract::time::truncate_ms(at);
+            let account = StoredAccount {
+                kind: AccountKind::Customer,
+                currency: p.currency.clone(),
+                balance_minor: 0,
+                fence: 0,
+                created_at: at,
+                updated_at: at,
+            };
+            emit::account_created(&mut self.events, &p.account_id, &account);
+        }
+        if let Some(stored) = self.payouts.get(&p.payout_id) {
+            emit::payout_created(&mut self.events, stored);
+        }
+        Ok(())
+    }
+
+    /// The `payouts` row of [`RailTables::insert_payout`], without its events. Fails,
+    /// changing nothing, if the payout exists.
+    fn insert_payout_row(&mut self, p: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
         if self.payouts.contains_key(&p.payout_id) {
             return Err(StoreError::Corrupt(format!("payout {} exists", p.payout_id)));
         }
@@ -761,8 +961,10 @@ impl PaydbTables {
         };
         // Writes: payout, then (POSTED) entries and balance, then the audit row.
         if let Some(p) = t.rail.payouts.get_mut(&r.payout_id) {
+            let from = p.row.state;
             p.row.state = r.resolved_as;
             p.updated_at = at;
+            emit::payout_state_changed(&mut t.rail.events, p, from);
         }
         if posted {
             t.accounts
@@ -774,7 +976,9 @@ impl PaydbTables {
                 a.updated_at = at;
             }
         }
-        t.resolutions.push(r.row(at));
+        let row = r.row(at);
+        emit::resolution_inserted(&mut t.rail.events, Some(&account_id), &row);
+        t.resolutions.push(row);
         Ok(ResolveOutcome::Resolved { state: r.resolved_as, balance_minor: balance_after })
     }
 
@@ -789,16 +993,24 @@ impl PaydbTables {
             return Err(StoreError::Corrupt(format!("currency {:?} is not 3 characters", p.currency)));
         }
         // Fails, changing nothing, if the payout exists.
-        t.rail.insert_payout(p, at)?;
+        t.rail.insert_payout_row(p, at)?;
         let at = dlock_contract::time::truncate_ms(at);
-        t.accounts.entry(p.account_id.clone()).or_insert_with(|| StoredAccount {
-            kind: AccountKind::Customer,
-            currency: p.currency.clone(),
-            balance_minor: 0,
-            fence: 0,
-            created_at: at,
-            updated_at: at,
-        });
+        // The account first (`ON CONFLICT DO NOTHING`), then the payout, as the SQL store.
+        if !t.accounts.contains_key(&p.account_id) {
+            let account = StoredAccount {
+                kind: AccountKind::Customer,
+                currency: p.currency.clone(),
+                balance_minor: 0,
+                fence: 0,
+                created_at: at,
+                updated_at: at,
+            };
+            emit::account_created(&mut t.rail.events, &p.account_id, &account);
+            t.accounts.insert(p.account_id.clone(), account);
+        }
+        if let Some(stored) = t.rail.payouts.get(&p.payout_id) {
+            emit::payout_created(&mut t.rail.events, stored);
+        }
         Ok(())
     }
 }

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -58,6 +58,8 @@ pub fn router_with_auth(pr: Arc<PaymentResource>, auth: Option<Arc<dlock_http::a
         .route("/v1/payouts/{payout_id}/post", post(post_payout))
         .route("/v1/accounts/{account_id}/claims", post(claim_batch))
         .route("/v1/accounts/{account_id}/posts", post(post_batch))
+        .route("/v1/events", get(events))
+        .route("/v1/events/recent", get(recent_events))
         .route("/health/live", get(dlock_http::health::live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
@@ -537,6 +539,31 @@ async fn list_payouts(
         _ => None,
     };
     Ok(dlock_http::json(StatusCode::OK, &PayoutPage { items, next_cursor }))
+}
+
+/// The event stream (C3-extensions E-20): paydb's events but the rail's, as Server-Sent
+/// Events from the cursor.
+#[utoipa::path(get, path = "/v1/events", tag = "events", params(dlock_http::stream::EventsQuery),
+    responses((status = 200, description = "Server-Sent Events: each event's `id:` is the cursor to resume from; `bookmark` and `resync_required` frames (C3-extensions E-20).", content_type = "text/event-stream; charset=utf-8", body = dlock_http::stream::SseFrame)))]
+pub(crate) async fn events(
+    State(pr): State<Arc<PaymentResource>>,
+    principal: Option<Extension<dlock_http::auth::Principal>>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    dlock_http::stream::events_response(&pr.events, principal.as_ref().map(|p| &p.0), query.as_deref(), &headers)
+}
+
+/// The recent events (C3-extensions E-20): the newest events the filter selects, and the
+/// cursor to stream on from.
+#[utoipa::path(get, path = "/v1/events/recent", tag = "events", params(dlock_http::stream::RecentQuery),
+    responses((status = 200, description = "The newest events, oldest first, and the cursor of their head.", body = dlock_http::stream::RecentPage)))]
+pub(crate) async fn recent_events(
+    State(pr): State<Arc<PaymentResource>>,
+    principal: Option<Extension<dlock_http::auth::Principal>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    dlock_http::stream::recent_response(&pr.events, principal.as_ref().map(|p| &p.0), query.as_deref()).await
 }
 
 /// Readiness (C4): paydb answers.

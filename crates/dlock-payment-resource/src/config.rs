@@ -21,6 +21,7 @@ pub const KEYS: &[&str] = &[
     "payment.idempotency.retention-ms",
     "payment.idempotency.purge-interval-ms",
     "payment.idempotency.purge-batch-max",
+    "payment.events.retention-events",
     "payment.grants.verify-keys",
     "payment.grants.verify-keys-file",
     "payment.grants.accept-unsigned",
@@ -53,6 +54,7 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<PaymentSettings, Str
             GrantVerifier::from_config(&g.keys, g.accept_unsigned, profile == Profile::Production, "payment.grants")?
         },
         auth: dlock_http::auth::resolve(layers, profile)?,
+        event_retention_events: layers.get("payment.events.retention-events", d.event_retention_events)?,
     };
     config.validate()?;
     Ok(PaymentSettings { listen, database_url, config })

@@ -99,6 +99,13 @@ impl CursorKey {
         CursorKey(bytes)
     }
 
+    /// The key the event stream's cursors are signed with (C3-extensions E-20): this key
+    /// under another domain-separation tag (`dlock_http::stream`), so neither cursor can
+    /// pass for the other.
+    pub fn event_key(&self) -> [u8; 32] {
+        self.0
+    }
+
     /// A MAC already fed with the domain-separation tag.
     fn mac(&self) -> HmacSha256 {
         let mut mac = match HmacSha256::new_from_slice(&self.0) {

@@ -48,6 +48,8 @@ pub const ERRORS: &[RouteErrors] = &[
         "/v1/accounts/{accountId}/posts",
         &[BODY_CODES, &[InvalidToken, NotFound, FencedOut, IdempotencyConflict, NotReady]],
     ),
+    errors("GET", "/v1/events", &[&[ValidationFailed, NotReady]]),
+    errors("GET", "/v1/events/recent", &[&[ValidationFailed, NotReady]]),
     errors("GET", "/health/live", &[]),
     errors("GET", "/health/ready", &[&[NotReady]]),
     errors("GET", "/metrics", &[]),
@@ -103,12 +105,19 @@ pub struct ListQuery {
         crate::app::post_payout,
         crate::app::claim_batch,
         crate::app::post_batch,
+        crate::app::events,
+        crate::app::recent_events,
         dlock_http::health::live,
         crate::app::ready,
         crate::app::metrics,
         openapi_json,
     ),
-    components(schemas(dlock_contract::ErrorEnvelope, dlock_contract::ErrorCode, dlock_contract::FieldError))
+    components(schemas(
+        dlock_contract::ErrorEnvelope,
+        dlock_contract::ErrorCode,
+        dlock_contract::FieldError,
+        dlock_contract::stream::WireEvent
+    ))
 )]
 struct Doc;
 

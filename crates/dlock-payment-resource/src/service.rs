@@ -47,6 +47,9 @@ pub struct PaymentConfig {
     pub grants: dlock_contract::grant::GrantVerifier,
     /// `auth.*` (C3-extensions E-13).
     pub auth: dlock_http::auth::AuthSettings,
+    /// paydb's events kept by the purge (`payment.events.retention-events`; C3-extensions
+    /// E-20): a stream cursor below them is expired.
+    pub event_retention_events: i64,
 }
 
 impl Default for PaymentConfig {
@@ -58,6 +61,7 @@ impl Default for PaymentConfig {
             purge_batch_max: IDEMPOTENCY_PURGE_BATCH_MAX_DEFAULT,
             grants: dlock_contract::grant::GrantVerifier::default(),
             auth: dlock_http::auth::AuthSettings::disabled(),
+            event_retention_events: dlock_contract::stream::EVENT_RETENTION_EVENTS_DEFAULT,
         }
     }
 }
@@ -72,6 +76,12 @@ impl PaymentConfig {
             return Err(format!(
                 "payment.idempotency.retention-ms must be {IDEMPOTENCY_RETENTION_MS_MIN}..={IDEMPOTENCY_RETENTION_MS_MAX} \
                  (1 minute to 7 days)"
+            ));
+        }
+        if self.event_retention_events < dlock_contract::stream::EVENT_RETENTION_EVENTS_MIN {
+            return Err(format!(
+                "payment.events.retention-events must be >= {}",
+                dlock_contract::stream::EVENT_RETENTION_EVENTS_MIN
             ));
         }
         if self.purge_interval_ms == 0 {
@@ -92,6 +102,27 @@ pub struct PaymentResource {
     pub clock: Clock,
     pub metrics: PaymentMetrics,
     pub(crate) cursor: CursorKey,
+    /// paydb's event stream as this service serves it (C3-extensions E-20): every paydb
+    /// kind but the rail's.
+    pub events: Arc<dlock_http::stream::EventHub>,
+}
+
+/// paydb's outbox, read through the store, as the event hub reads it.
+struct StoreEvents(Arc<dyn PaymentStore>);
+
+#[async_trait::async_trait]
+impl dlock_http::stream::EventSource for StoreEvents {
+    async fn read_events(
+        &self,
+        after: i64,
+        upto: Option<i64>,
+        limit: usize,
+    ) -> Result<dlock_contract::stream::EventRead, StoreError> {
+        match upto {
+            Some(upto) => self.0.read_final_events(after, upto, limit).await,
+            None => self.0.read_events(after, limit).await,
+        }
+    }
 }
 
 impl std::fmt::Debug for PaymentResource {
@@ -143,7 +174,16 @@ impl PaymentResource {
         });
         let at = dlock_contract::time::truncate_ms(clock.wall());
         let secret = write_to(&store, move |store| async move { store.cursor_secret(candidate, at).await }).await?;
-        Ok(Arc::new(PaymentResource { store, cfg, clock, metrics, cursor: CursorKey::new(secret) }))
+        let cursor = CursorKey::new(secret);
+        let events = dlock_http::stream::EventHub::new(
+            dlock_paydb::events::STREAM,
+            crate::NODE,
+            Arc::new(StoreEvents(store.clone())),
+            cursor.event_key(),
+            |k| !k.is_rail(),
+            clock,
+        );
+        Ok(Arc::new(PaymentResource { store, cfg, clock, metrics, cursor, events }))
     }
 
     /// This replica's wall clock, truncated to whole milliseconds (every instant paydb
@@ -205,6 +245,12 @@ impl PaymentResource {
                 Ok(0) => {}
                 Ok(deleted) => tracing::info!(deleted, "idempotency_purge_pass"),
                 Err(e) => tracing::warn!(cause = %e, "idempotency_purge_failed"),
+            }
+            let keep = self.cfg.event_retention_events;
+            match self.write(move |store| async move { store.purge_events(keep).await }).await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::info!(deleted, "event_purge_pass"),
+                Err(e) => tracing::warn!(cause = %e, "event_purge_failed"),
             }
         }
     }

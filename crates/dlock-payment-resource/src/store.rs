@@ -601,6 +601,25 @@ pub trait PaymentStore: Send + Sync + 'static {
     /// How many idempotency records exist (live or expired, tests and metrics).
     async fn idempotency_record_count(&self) -> Result<u64, StoreError>;
 
+    /// The event outbox (C3-extensions E-20): the final events after `after`, at most `limit`
+    /// ([`dlock_paydb::events::EventRead`]).
+    async fn read_events(&self, after: i64, limit: usize) -> Result<dlock_paydb::events::EventRead, StoreError>;
+
+    /// [`PaymentStore::read_events`] below `upto`, every seq at or below which the caller
+    /// already knows final (an event hub read it so): a store whose reads wait on holes
+    /// (PostgreSQL) reads the range without waiting. The default is `read_events`.
+    async fn read_final_events(
+        &self,
+        after: i64,
+        upto: i64,
+        limit: usize,
+    ) -> Result<dlock_paydb::events::EventRead, StoreError> {
+        Ok(self.read_events(after, limit).await?.clipped(after, upto, limit))
+    }
+
+    /// The retention purge: keeps the newest `keep` events; returns how many it deleted.
+    async fn purge_events(&self, keep: i64) -> Result<u64, StoreError>;
+
     /// The SQL pool's connections now, for `dlock_db_pool_connections` (`None`: no pool).
     fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {
         None

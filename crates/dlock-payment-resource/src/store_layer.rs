@@ -54,6 +54,8 @@ pub enum PaymentStoreOp {
     OldestPendingCreatedAt,
     PurgeIdempotency,
     IdempotencyRecordCount,
+    ReadEvents,
+    PurgeEvents,
 }
 
 impl ClosedTag for PaymentStoreOp {
@@ -82,6 +84,8 @@ impl ClosedTag for PaymentStoreOp {
             OldestPendingCreatedAt,
             PurgeIdempotency,
             IdempotencyRecordCount,
+            ReadEvents,
+            PurgeEvents,
         ]
     }
 
@@ -107,6 +111,8 @@ impl ClosedTag for PaymentStoreOp {
             PaymentStoreOp::OldestPendingCreatedAt => "oldest_pending_created_at",
             PaymentStoreOp::PurgeIdempotency => "purge_idempotency",
             PaymentStoreOp::IdempotencyRecordCount => "idempotency_record_count",
+            PaymentStoreOp::ReadEvents => "read_events",
+            PaymentStoreOp::PurgeEvents => "purge_events",
         }
     }
 }
@@ -143,6 +149,7 @@ impl PaymentStoreOp {
                 | Abandon
                 | ResolveAmbiguous
                 | PurgeIdempotency
+                | PurgeEvents
         )
     }
 
@@ -250,6 +257,23 @@ impl<L: PaymentStoreLayer> PaymentStore for L {
 
     async fn idempotency_record_count(&self) -> Result<u64, StoreError> {
         self.around(PaymentStoreOp::IdempotencyRecordCount, self.inner().idempotency_record_count()).await
+    }
+
+    async fn read_events(&self, after: i64, limit: usize) -> Result<dlock_paydb::events::EventRead, StoreError> {
+        self.around(PaymentStoreOp::ReadEvents, self.inner().read_events(after, limit)).await
+    }
+
+    async fn read_final_events(
+        &self,
+        after: i64,
+        upto: i64,
+        limit: usize,
+    ) -> Result<dlock_paydb::events::EventRead, StoreError> {
+        self.around(PaymentStoreOp::ReadEvents, self.inner().read_final_events(after, upto, limit)).await
+    }
+
+    async fn purge_events(&self, keep: i64) -> Result<u64, StoreError> {
+        self.around(PaymentStoreOp::PurgeEvents, self.inner().purge_events(keep)).await
     }
 
     fn pool_stats(&self) -> Option<PoolStats> {

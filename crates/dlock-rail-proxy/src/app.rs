@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -35,6 +35,8 @@ pub fn router_with_auth(proxy: Arc<RailProxy>, auth: Option<Arc<dlock_http::auth
     let routes = axum::Router::new()
         .route("/v1/rail/submissions", post(submit))
         .route("/v1/rail/submission-batches", post(submit_batch))
+        .route("/v1/events", get(events))
+        .route("/v1/events/recent", get(recent_events))
         .route("/health/live", get(dlock_http::health::live))
         .route("/health/ready", get(ready))
         .route("/metrics", get(metrics))
@@ -271,6 +273,42 @@ fn item(payout_id: uuid::Uuid, answered: Result<SubmissionAck, ApiError>, trace_
     };
     let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
     BatchItem { payout_id, status, body }
+}
+
+/// The event hub, or 503 while paydb cannot be read for its key.
+async fn hub(proxy: &RailProxy) -> Result<Arc<dlock_http::stream::EventHub>, ApiError> {
+    proxy.event_hub().await.map_err(|e| {
+        ApiError::new(ErrorCode::NotReady, "paydb is unavailable")
+            .with_retry_after_ms(1_000)
+            .with_internal(e.to_string())
+    })
+}
+
+/// The event stream (C3-extensions E-20): paydb's rail events (intent, refusal, outcome,
+/// mark), as Server-Sent Events from the cursor.
+#[utoipa::path(get, path = "/v1/events", tag = "events", params(dlock_http::stream::EventsQuery),
+    responses((status = 200, description = "Server-Sent Events: each event's `id:` is the cursor to resume from; `bookmark` and `resync_required` frames (C3-extensions E-20).", content_type = "text/event-stream; charset=utf-8", body = dlock_http::stream::SseFrame)))]
+pub(crate) async fn events(
+    State(proxy): State<Arc<RailProxy>>,
+    principal: Option<Extension<dlock_http::auth::Principal>>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let hub = hub(&proxy).await?;
+    dlock_http::stream::events_response(&hub, principal.as_ref().map(|p| &p.0), query.as_deref(), &headers)
+}
+
+/// The recent events (C3-extensions E-20): the newest rail events the filter selects, and
+/// the cursor to stream on from.
+#[utoipa::path(get, path = "/v1/events/recent", tag = "events", params(dlock_http::stream::RecentQuery),
+    responses((status = 200, description = "The newest events, oldest first, and the cursor of their head.", body = dlock_http::stream::RecentPage)))]
+pub(crate) async fn recent_events(
+    State(proxy): State<Arc<RailProxy>>,
+    principal: Option<Extension<dlock_http::auth::Principal>>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let hub = hub(&proxy).await?;
+    dlock_http::stream::recent_response(&hub, principal.as_ref().map(|p| &p.0), query.as_deref()).await
 }
 
 /// Readiness (C4): paydb and the rail answer.

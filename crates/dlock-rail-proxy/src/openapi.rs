@@ -34,6 +34,8 @@ pub const ERRORS: &[RouteErrors] = &[
         overrides: &[],
     },
     errors("GET", "/health/ready", &[&[NotReady]]),
+    errors("GET", "/v1/events", &[&[ValidationFailed, NotReady]]),
+    errors("GET", "/v1/events/recent", &[&[ValidationFailed, NotReady]]),
     errors("GET", "/health/live", &[]),
     errors("GET", "/metrics", &[]),
     errors("GET", dlock_http::openapi::DOCUMENT_PATH, &[]),
@@ -48,6 +50,8 @@ pub const ERRORS: &[RouteErrors] = &[
     paths(
         crate::app::submit,
         crate::app::submit_batch,
+        crate::app::events,
+        crate::app::recent_events,
         crate::app::ready,
         crate::app::metrics,
         dlock_http::health::live,
@@ -58,7 +62,8 @@ pub const ERRORS: &[RouteErrors] = &[
         dlock_contract::ErrorCode,
         dlock_contract::FieldError,
         dlock_contract::batch::BatchItem,
-        dlock_contract::rail::SubmissionBatchItem
+        dlock_contract::rail::SubmissionBatchItem,
+        dlock_contract::stream::WireEvent
     ))
 )]
 struct Doc;

@@ -240,9 +240,54 @@ pub struct RailProxy {
     /// Each unresolved intent the orphan sweep has seen, with when it first saw it (this
     /// proxy's monotonic clock). At most [`ORPHAN_WATCHED_MAX`]; forgotten once resolved.
     watched: std::sync::Mutex<std::collections::BTreeMap<Uuid, dlock_rt::Instant>>,
+    /// paydb's event stream as this proxy serves it (its `rail.*` kinds, C3-extensions
+    /// E-20), made at the first request for it: its cursor key is paydb's, read then.
+    events: tokio::sync::OnceCell<Arc<dlock_http::stream::EventHub>>,
+}
+
+/// paydb's outbox, read through the proxy's store, as the event hub reads it.
+struct StoreEvents(Arc<dyn RailStore>);
+
+#[async_trait::async_trait]
+impl dlock_http::stream::EventSource for StoreEvents {
+    async fn read_events(
+        &self,
+        after: i64,
+        upto: Option<i64>,
+        limit: usize,
+    ) -> Result<dlock_contract::stream::EventRead, crate::store::StoreError> {
+        match upto {
+            Some(upto) => self.0.read_final_events(after, upto, limit).await,
+            None => self.0.read_events(after, limit).await,
+        }
+    }
 }
 
 impl RailProxy {
+    /// The event hub, made at the first call (reading paydb's cursor key, or writing this
+    /// proxy's candidate if none is stored yet).
+    pub async fn event_hub(&self) -> Result<Arc<dlock_http::stream::EventHub>, crate::store::StoreError> {
+        self.events
+            .get_or_try_init(|| async {
+                let mut candidate = [0u8; 32];
+                for chunk in candidate.chunks_mut(8) {
+                    chunk.copy_from_slice(&dlock_rt::rand::random_u64().to_le_bytes());
+                }
+                let at = self.clock.wall();
+                let key = self.write(move |store| async move { store.cursor_secret(candidate, at).await }).await?;
+                Ok(dlock_http::stream::EventHub::new(
+                    dlock_paydb::events::STREAM,
+                    crate::NODE,
+                    Arc::new(StoreEvents(self.store.clone())),
+                    key,
+                    |k| k.is_rail(),
+                    self.clock,
+                ))
+            })
+            .await
+            .cloned()
+    }
+
     /// Runs one of the store's write transactions (`work`, given the store) on the store's
     /// writer thread when it has one (SQLite,
     /// docs/performance.md "The SQLite writer thread"), else on this task. Either way it
@@ -272,6 +317,7 @@ impl RailProxy {
             metrics,
             client,
             watched: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+            events: tokio::sync::OnceCell::new(),
         })
     }
 

@@ -31,6 +31,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+pub use dlock_paydb::events::EventRead;
 /// paydb's shared rail rows and the one store error, from `dlock-paydb`.
 pub use dlock_paydb::rail::{is_forwardable, Admission, Attempt, NewPayout, PayoutRow, Resolution, SubmissionRow};
 pub use dlock_paydb::{ClassifiedStoreError, StoreError, StoreFault};
@@ -180,6 +181,22 @@ pub trait RailStore: Send + Sync + 'static {
 
     /// Inserts a payout. Fails if the id exists.
     async fn insert_payout(&self, payout: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError>;
+
+    /// The event outbox (C3-extensions E-20): the final events after `after`, at most `limit`
+    /// ([`EventRead`]).
+    async fn read_events(&self, after: i64, limit: usize) -> Result<EventRead, StoreError>;
+
+    /// [`RailStore::read_events`] below `upto`, every seq at or below which the caller
+    /// already knows final: a store whose reads wait on holes (PostgreSQL) reads the range
+    /// without waiting. The default is `read_events`.
+    async fn read_final_events(&self, after: i64, upto: i64, limit: usize) -> Result<EventRead, StoreError> {
+        Ok(self.read_events(after, limit).await?.clipped(after, upto, limit))
+    }
+
+    /// The deployment's cursor key (`paydb_secrets` row `p1-cursor`, the payment-resource's
+    /// too): `candidate` is written if no key is, and the stored one answered. The event
+    /// stream signs its cursors with it (C3-extensions E-20).
+    async fn cursor_secret(&self, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], StoreError>;
 
     /// The SQL pool's connections now, for `dlock_db_pool_connections` (`None`: no pool).
     fn pool_stats(&self) -> Option<dlock_http::metrics::PoolStats> {

@@ -25,8 +25,8 @@ use dlock_http::metrics::{ClosedTag, PoolStats};
 use uuid::Uuid;
 
 use crate::store::{
-    read_then_admit, Admission, Attempt, Checked, NewPayout, PayoutRow, RailStore, Resolution, Stamp, StoreError,
-    SubmissionRow, Unstamped,
+    read_then_admit, Admission, Attempt, Checked, EventRead, NewPayout, PayoutRow, RailStore, Resolution, Stamp,
+    StoreError, SubmissionRow, Unstamped,
 };
 
 /// The `op` tag of `rail_store_op_seconds`: one value per [`RailStore`] method.
@@ -42,6 +42,8 @@ pub enum RailStoreOp {
     Submissions,
     UnresolvedBefore,
     InsertPayout,
+    ReadEvents,
+    CursorSecret,
 }
 
 impl ClosedTag for RailStoreOp {
@@ -60,6 +62,8 @@ impl ClosedTag for RailStoreOp {
             Submissions,
             UnresolvedBefore,
             InsertPayout,
+            ReadEvents,
+            CursorSecret,
         ]
     }
 
@@ -75,6 +79,8 @@ impl ClosedTag for RailStoreOp {
             RailStoreOp::Submissions => "submissions",
             RailStoreOp::UnresolvedBefore => "unresolved_before",
             RailStoreOp::InsertPayout => "insert_payout",
+            RailStoreOp::ReadEvents => "read_events",
+            RailStoreOp::CursorSecret => "cursor_secret",
         }
     }
 }
@@ -83,7 +89,7 @@ impl RailStoreOp {
     /// Whether the method writes (its call is noted on or off the store's writer thread).
     pub fn is_write(self) -> bool {
         use RailStoreOp::*;
-        matches!(self, Admit | Resolve | AdmitBatch | ResolveBatch | InsertPayout)
+        matches!(self, Admit | Resolve | AdmitBatch | ResolveBatch | InsertPayout | CursorSecret)
     }
 }
 
@@ -154,6 +160,18 @@ impl<L: RailStoreLayer> RailStore for L {
 
     async fn insert_payout(&self, payout: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
         self.around(RailStoreOp::InsertPayout, self.inner().insert_payout(payout, at)).await
+    }
+
+    async fn read_events(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        self.around(RailStoreOp::ReadEvents, self.inner().read_events(after, limit)).await
+    }
+
+    async fn read_final_events(&self, after: i64, upto: i64, limit: usize) -> Result<EventRead, StoreError> {
+        self.around(RailStoreOp::ReadEvents, self.inner().read_final_events(after, upto, limit)).await
+    }
+
+    async fn cursor_secret(&self, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], StoreError> {
+        self.around(RailStoreOp::CursorSecret, self.inner().cursor_secret(candidate, at)).await
     }
 
     fn pool_stats(&self) -> Option<PoolStats> {

@@ -19,14 +19,16 @@ pub use dlock_paydb::mem::{MemPaydb, RailTables, StoredPayout};
 use uuid::Uuid;
 
 use crate::store::{
-    batch_answers, check_batch, validate_batch, validated_attempts, Admission, Attempt, Checked, NewPayout, PayoutRow,
-    RailStore, Resolution, Stamp, StoreError, SubmissionRow, Unstamped,
+    batch_answers, check_batch, validate_batch, validated_attempts, Admission, Attempt, Checked, EventRead, NewPayout,
+    PayoutRow, RailStore, Resolution, Stamp, StoreError, SubmissionRow, Unstamped,
 };
 
 /// In-memory paydb (payouts and rail tables).
 #[derive(Debug, Default)]
 pub struct MemRailStore {
     tables: Mutex<RailTables>,
+    /// `paydb_secrets` row `p1-cursor`.
+    cursor_secret: Mutex<Option<[u8; 32]>>,
 }
 
 impl MemRailStore {
@@ -85,6 +87,15 @@ impl RailStore for MemRailStore {
     async fn insert_payout(&self, p: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
         self.lock()?.insert_payout(p, at)
     }
+
+    async fn read_events(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        Ok(self.lock()?.events.read(after, limit))
+    }
+
+    async fn cursor_secret(&self, candidate: [u8; 32], _at: DateTime<Utc>) -> Result<[u8; 32], StoreError> {
+        let mut s = self.cursor_secret.lock().map_err(|_| StoreError::Corrupt("cursor secret poisoned".into()))?;
+        Ok(*s.get_or_insert(candidate))
+    }
 }
 
 /// The proxy's view of all of paydb in memory: the proxy's own table code, under the same
@@ -139,5 +150,13 @@ impl RailStore for MemPaydb {
     /// store does (seeded payouts bypass the funds check: dev and tests only).
     async fn insert_payout(&self, payout: &NewPayout, at: DateTime<Utc>) -> Result<(), StoreError> {
         self.lock()?.insert_payout(payout, at)
+    }
+
+    async fn read_events(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        Ok(self.lock()?.rail.events.read(after, limit))
+    }
+
+    async fn cursor_secret(&self, candidate: [u8; 32], _at: DateTime<Utc>) -> Result<[u8; 32], StoreError> {
+        Ok(*self.lock()?.cursor_secret.get_or_insert(candidate))
     }
 }

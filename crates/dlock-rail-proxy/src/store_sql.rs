@@ -20,8 +20,8 @@ use dlock_paydb::sql::{commit_error, db_error, parse_state, parse_uuid, PG_MIGRA
 
 use crate::admission::{self, FirstAttempt, MarkVerdict};
 use crate::store::{
-    batch_answers, check_batch, validate_batch, validated_attempts, Admission, Attempt, Checked, NewPayout, PayoutRow,
-    RailStore, Resolution, Stamp, StoreError, SubmissionRow, Unstamped,
+    batch_answers, check_batch, validate_batch, validated_attempts, Admission, Attempt, Checked, EventRead, NewPayout,
+    PayoutRow, RailStore, Resolution, Stamp, StoreError, SubmissionRow, Unstamped,
 };
 
 /// The forwardable-attempt predicate of `rail_submission_attempt_uidx`, verbatim.
@@ -65,13 +65,15 @@ pub struct PgRailStore {
     pub pool: sqlx::PgPool,
     /// Autocommitted reads: the same pool on PostgreSQL.
     pub read_pool: sqlx::PgPool,
+    /// The event outbox's reader (C3-extensions E-20): it remembers the hole it waits on.
+    events: std::sync::Arc<dlock_paydb::events::sql::PgEventReader>,
 }
 
 impl PgRailStore {
     pub async fn open(url: &str) -> Result<PgRailStore, StoreError> {
         let pool = dlock_db::pg_pool(url).await.map_err(db_error)?;
         PG_MIGRATOR.run(&pool).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
-        Ok(PgRailStore { read_pool: pool.clone(), pool })
+        Ok(PgRailStore { read_pool: pool.clone(), pool, events: Default::default() })
     }
 
     /// PostgreSQL's transactions run on the caller's task: its pool has many connections.
@@ -312,25 +314,32 @@ fn pg_resolve_batch_sql() -> &'static str {
     })
 }
 
-/// Every resolution of a batch on SQLite, as one batch of two statements in one
-/// transaction (the writer's lock held from the first): each payout whose attempt is still
-/// unresolved out of SUBMITTED by its outcome's rule, then each outcome on its attempt still
-/// unresolved; so a payout moves exactly when its outcome is recorded. `$1` the instant,
-/// `$2` the rows as JSON (`[submission, target state, outcome, detail, reference]`), in
-/// each statement. The single resolution is a batch of one. Built once per process.
-fn sqlite_resolve_batch_sql() -> &'static str {
+/// Every resolution of a batch on SQLite, in one transaction (the writer's lock held from
+/// the first statement), outcome by outcome as [`pg_resolve_batch_sql`] writes them, so
+/// that paydb's triggers write the same events in the same order (each `rail.outcome`, then
+/// its payout's `payout.state_changed`): [`SQLITE_RECORD_OUTCOMES_SQL`], the outcome on its
+/// attempt still unresolved, answering whether it wrote; then, only if it did,
+/// [`sqlite_move_resolved_sql`], the payout out of SUBMITTED by its outcome's rule. So a
+/// payout moves exactly when its outcome is recorded. `$1` the instant, `$2` the row as JSON
+/// (`[[submission, target state, outcome, detail, reference]]`), in each statement.
+const SQLITE_RECORD_OUTCOMES_SQL: &str =
+    "UPDATE rail_submission SET outcome = i.value ->> 2, outcome_detail = i.value ->> 3, \
+     rail_reference = i.value ->> 4, resolved_at = $1 FROM json_each($2) AS i \
+     WHERE rail_submission.submission_id = i.value ->> 0 AND rail_submission.outcome IS NULL \
+     RETURNING rail_submission.submission_id";
+
+/// The second statement of a resolution on SQLite ([`SQLITE_RECORD_OUTCOMES_SQL`]): the
+/// payout of the attempt the first recorded. Built once per process.
+fn sqlite_move_resolved_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
         let moves = resolution_moves_sql("(i.value ->> 1)", "payouts.state");
         let moved = format!(
             "UPDATE payouts SET state = i.value ->> 1, updated_at = $1 \
              FROM json_each($2) AS i JOIN rail_submission AS s ON s.submission_id = i.value ->> 0 \
-             WHERE payouts.payout_id = s.payout_id AND s.outcome IS NULL AND {moves}"
+             WHERE payouts.payout_id = s.payout_id AND {moves}"
         );
-        let recorded = "UPDATE rail_submission SET outcome = i.value ->> 2, outcome_detail = i.value ->> 3, \
-                        rail_reference = i.value ->> 4, resolved_at = $1 FROM json_each($2) AS i \
-                        WHERE rail_submission.submission_id = i.value ->> 0 AND rail_submission.outcome IS NULL";
-        dlock_db::sqlite_batch_sql(&[(&moved, 2), (recorded, 2)])
+        sqlite_sql(&moved).into_owned()
     })
 }
 
@@ -604,6 +613,32 @@ impl PgRailStore {
         format!("{column} = ANY($1)")
     }
 
+    /// The SQL of "the event's `submissionId` is one of the ids bound at `$2`".
+    fn event_submission_in() -> &'static str {
+        "(body::jsonb ->> 'submissionId') = ANY($2)"
+    }
+
+    fn bind_submissions<'q>(
+        query: sqlx::query::Query<'q, sqlx::Postgres, <sqlx::Postgres as sqlx::Database>::Arguments<'q>>,
+        ids: &[Uuid],
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, <sqlx::Postgres as sqlx::Database>::Arguments<'q>> {
+        query.bind(ids.iter().map(Uuid::to_string).collect::<Vec<String>>())
+    }
+
+    /// The event outbox, through the store's one [`dlock_paydb::events::sql::PgEventReader`].
+    async fn read_event_page(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        self.events.read(&self.read_pool, after, limit).await
+    }
+
+    async fn read_final_event_page(&self, after: i64, upto: i64, limit: usize) -> Result<EventRead, StoreError> {
+        dlock_paydb::events::sql::pg_read_final(&self.read_pool, after, upto, limit).await
+    }
+
+    /// The deployment's cursor key ([`RailStore::cursor_secret`]).
+    async fn secret(&self, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], StoreError> {
+        dlock_paydb::events::sql::pg_cursor_secret(&self.pool, candidate, dlock_contract::time::truncate_ms(at)).await
+    }
+
     fn bind_ids<'q>(
         query: sqlx::query::Query<'q, sqlx::Postgres, <sqlx::Postgres as sqlx::Database>::Arguments<'q>>,
         ids: &[Uuid],
@@ -661,7 +696,7 @@ impl PgRailStore {
 }
 
 /// SQLite: steps 1-3 and the resolution as batches ([`sqlite_admit_statements`],
-/// [`sqlite_resolve_statements`]).
+/// [`SQLITE_RECORD_OUTCOMES_SQL`]).
 impl SqliteRailStore {
     async fn admit_parts(
         tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
@@ -690,8 +725,8 @@ impl SqliteRailStore {
         Ok((marked, !parts[1].rows.is_empty(), parts[2].rows_affected == 1))
     }
 
-    /// Every resolution of a batch, one transaction of one batch of statements
-    /// ([`sqlite_resolve_batch_sql`]).
+    /// Every resolution of a batch, one transaction: per outcome,
+    /// [`SQLITE_RECORD_OUTCOMES_SQL`], then [`sqlite_move_resolved_sql`] if it recorded it.
     async fn resolve_batch_once(
         conn: &mut sqlx::SqliteConnection,
         outcomes: &[(Uuid, Resolution)],
@@ -700,15 +735,57 @@ impl SqliteRailStore {
         use sqlx::Connection;
         let statement = |e| (e, Stage::Statement);
         let mut tx = conn.begin().await.map_err(statement)?;
-        let rows = json_resolutions(outcomes);
-        let query = sqlx::query(sqlite_resolve_batch_sql()).bind(at).bind(rows.clone()).bind(at).bind(rows);
-        dlock_db::sqlite_batch(&mut tx, query, 2).await.map_err(statement)?;
+        let record = sqlite_sql(SQLITE_RECORD_OUTCOMES_SQL);
+        for outcome in outcomes {
+            let row = json_resolutions(std::slice::from_ref(outcome));
+            let recorded: Option<String> = sqlx::query_scalar(&record)
+                .bind(at)
+                .bind(row.clone())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(statement)?;
+            if recorded.is_some() {
+                sqlx::query(sqlite_move_resolved_sql())
+                    .bind(at)
+                    .bind(row)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(statement)?;
+            }
+        }
         tx.commit().await.map_err(|e| (e, Stage::Commit))
     }
 
     /// The SQL of "`column` is one of the ids bound at `$1`" (a JSON array).
     fn id_in(column: &str) -> String {
         format!("{column} IN (SELECT value FROM json_each($1))")
+    }
+
+    /// The SQL of "the event's `submissionId` is one of the ids bound at `$2`" (a JSON array).
+    fn event_submission_in() -> &'static str {
+        "(body ->> 'submissionId') IN (SELECT value FROM json_each($2))"
+    }
+
+    fn bind_submissions<'q>(
+        query: sqlx::query::Query<'q, sqlx::Sqlite, <sqlx::Sqlite as sqlx::Database>::Arguments<'q>>,
+        ids: &[Uuid],
+    ) -> sqlx::query::Query<'q, sqlx::Sqlite, <sqlx::Sqlite as sqlx::Database>::Arguments<'q>> {
+        query.bind(json_ids(ids))
+    }
+
+    /// The event outbox, off the writer connection (one writer: every committed seq is final).
+    async fn read_event_page(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        dlock_paydb::events::sql::sqlite_read(&self.read_pool, after, limit).await
+    }
+
+    async fn read_final_event_page(&self, after: i64, upto: i64, limit: usize) -> Result<EventRead, StoreError> {
+        Ok(dlock_paydb::events::sql::sqlite_read(&self.read_pool, after, limit).await?.clipped(after, upto, limit))
+    }
+
+    /// The deployment's cursor key ([`RailStore::cursor_secret`]).
+    async fn secret(&self, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], StoreError> {
+        dlock_paydb::events::sql::sqlite_cursor_secret(&self.pool, candidate, dlock_contract::time::truncate_ms(at))
+            .await
     }
 
     fn bind_ids<'q>(
@@ -911,6 +988,24 @@ macro_rules! sql_rail_store {
                             .rows_affected();
                         if gone != sids.len() as u64 {
                             return Err(StoreError::Corrupt(format!("{gone} of {} refused intents removed", sids.len())));
+                        }
+                        // Their `rail.intent` events, written by the trigger in this
+                        // transaction, describe rows that will never commit: they go too.
+                        let q = $sql(&format!(
+                            "DELETE FROM events WHERE kind = 'rail.intent' AND {} AND {}",
+                            Self::id_in("payout_id"),
+                            Self::event_submission_in()
+                        ))
+                        .into_owned();
+                        let ids: Vec<Uuid> = not_moved.iter().map(|a| a.payout_id).collect();
+                        let query = Self::bind_ids(sqlx::query(&q), &ids);
+                        let query = Self::bind_submissions(query, &sids);
+                        let gone = query.execute(&mut *tx).await.map_err(db_error)?.rows_affected();
+                        if gone != sids.len() as u64 {
+                            return Err(StoreError::Corrupt(format!(
+                                "{gone} of {} refused intents' events removed",
+                                sids.len()
+                            )));
                         }
                     }
                     states
@@ -1255,6 +1350,18 @@ macro_rules! sql_rail_store {
                     .await
                     .map_err(db_error)?;
                 tx.commit().await.map_err(commit_error)
+            }
+
+            async fn read_events(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+                self.read_event_page(after, limit).await
+            }
+
+            async fn read_final_events(&self, after: i64, upto: i64, limit: usize) -> Result<EventRead, StoreError> {
+                self.read_final_event_page(after, upto, limit).await
+            }
+
+            async fn cursor_secret(&self, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], StoreError> {
+                self.secret(candidate, at).await
             }
         }
     };

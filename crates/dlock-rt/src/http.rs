@@ -541,6 +541,37 @@ impl Pool {
     }
 }
 
+/// A response whose body is read chunk by chunk ([`HttpClient::get_streaming`]). Dropping
+/// it closes its connection.
+pub struct StreamingResponse {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    body: hyper::body::Incoming,
+    _conn: Conn,
+}
+
+impl std::fmt::Debug for StreamingResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamingResponse").field("status", &self.status).finish_non_exhaustive()
+    }
+}
+
+impl StreamingResponse {
+    /// The next chunk of the body; `Ok(None)` at its end. Waits at most `idle_ms` for it.
+    pub async fn next_chunk(&mut self, idle_ms: u64) -> Result<Option<Bytes>, ClientError> {
+        loop {
+            let frame = match crate::timeout(Duration::from_millis(idle_ms), self.body.frame()).await {
+                None => return Err(ClientError::Timeout(idle_ms)),
+                Some(None) => return Ok(None),
+                Some(Some(f)) => f.map_err(|e| ClientError::Broken(e.to_string()))?,
+            };
+            if let Ok(data) = frame.into_data() {
+                return Ok(Some(data));
+            }
+        }
+    }
+}
+
 /// A complete response.
 #[derive(Debug, Clone)]
 pub struct ClientResponse {
@@ -790,6 +821,44 @@ impl HttpClient {
 
     /// Sends `req` on `conn` and reads the whole answer within the read budget.
     /// From here on the request may reach the peer: every failure is ambiguous.
+    /// A `GET` whose body is read as it arrives (a Server-Sent Events stream, C3-extensions
+    /// E-20), on a connection of its own: the head within the read budget, then each chunk
+    /// through [`StreamingResponse::next_chunk`] with its own idle budget. Never recorded in
+    /// the wire log (a read).
+    pub async fn get_streaming(
+        &self,
+        base: &BaseUrl,
+        path_and_query: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<StreamingResponse, ClientError> {
+        self.check_scheme(base)?;
+        let authorization = match &self.bearer {
+            Some(b) if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("authorization")) => {
+                b.header_value(&http::Method::GET, path_and_query)
+            }
+            _ => None,
+        };
+        let mut builder = Request::builder()
+            .method(http::Method::GET)
+            .uri(path_and_query)
+            .header(http::header::HOST, base.authority.as_str());
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        if let Some(v) = authorization {
+            builder = builder.header(http::header::AUTHORIZATION, v);
+        }
+        let req = builder.body(Full::new(Bytes::new())).map_err(|e| ClientError::BadUrl(e.to_string()))?;
+        let mut conn = self.open(base).await?;
+        let head = async { conn.sender.send_request(req).await.map_err(|e| ClientError::Broken(e.to_string())) };
+        let resp = match crate::timeout(Duration::from_millis(self.read_timeout_ms), head).await {
+            None => return Err(ClientError::Timeout(self.read_timeout_ms)),
+            Some(r) => r?,
+        };
+        let (parts, body) = resp.into_parts();
+        Ok(StreamingResponse { status: parts.status.as_u16(), headers: parts.headers, body, _conn: conn })
+    }
+
     async fn exchange(&self, conn: &mut Conn, req: Request<Full<Bytes>>) -> Result<ClientResponse, ClientError> {
         let exchange = async {
             let resp = conn.sender.send_request(req).await.map_err(|e| ClientError::Broken(e.to_string()))?;

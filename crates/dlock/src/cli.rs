@@ -94,6 +94,9 @@ enum Command {
     Demo(crate::demo::DemoArgs),
     /// Sessions, leases and fencing tokens (C3 §3.3).
     LockServer(LockServerArgs),
+    /// The operator's web console (docs/operating/console.md): sign in with an operator or
+    /// reader token; payouts, the quarantine, locks (revoke) and events, kept live.
+    Console(ConsoleArgs),
     /// Apply pending database migrations, then exit.
     Migrate(MigrateArgs),
     /// Developer tools.
@@ -155,6 +158,25 @@ struct ProxyArgs {
 }
 
 #[derive(Debug, Default, Args)]
+struct ConsoleArgs {
+    /// [console.listen] Address to serve the console on.
+    #[arg(long, env = "DLOCK_CONSOLE_LISTEN", value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// [console.payment-url] Base URL of the payment-resource.
+    #[arg(long, env = "DLOCK_CONSOLE_PAYMENT_URL", value_name = "URL")]
+    payment_url: Option<String>,
+    /// [console.lock-url] Base URL of the lock server.
+    #[arg(long, env = "DLOCK_CONSOLE_LOCK_URL", value_name = "URL")]
+    lock_url: Option<String>,
+    /// [console.proxy-url] Base URL of the rail-proxy.
+    #[arg(long, env = "DLOCK_CONSOLE_PROXY_URL", value_name = "URL")]
+    proxy_url: Option<String>,
+    /// [console.session-ttl-ms] How long a console session lives after its login.
+    #[arg(long, env = "DLOCK_CONSOLE_SESSION_TTL_MS", value_name = "MS")]
+    session_ttl_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Args)]
 struct PaymentArgs {
     /// [payment.resource.listen] Address to serve on.
     #[arg(long, env = "DLOCK_PAYMENT_RESOURCE_LISTEN", value_name = "ADDR")]
@@ -174,6 +196,9 @@ struct PaymentArgs {
     /// [payment.idempotency.purge-batch-max] Records one purge statement deletes at most.
     #[arg(long, env = "DLOCK_PAYMENT_IDEMPOTENCY_PURGE_BATCH_MAX", value_name = "N")]
     idempotency_purge_batch_max: Option<i64>,
+    /// [payment.events.retention-events] paydb events kept for the event stream (>= 100).
+    #[arg(long, env = "DLOCK_PAYMENT_EVENTS_RETENTION_EVENTS", value_name = "N")]
+    events_retention_events: Option<i64>,
 }
 
 #[derive(Debug, Default, Args)]
@@ -299,6 +324,9 @@ struct LockServerArgs {
     /// [lock.wait.poll-ms] How often a waiting request re-asks the backend.
     #[arg(long, env = "DLOCK_LOCK_WAIT_POLL_MS", value_name = "MS")]
     wait_poll_ms: Option<u64>,
+    /// [lock.events.retention-events] lockdb events kept for the event stream (>= 100).
+    #[arg(long, env = "DLOCK_LOCK_EVENTS_RETENTION_EVENTS", value_name = "N")]
+    events_retention_events: Option<i64>,
 }
 
 #[derive(Debug, Args)]
@@ -462,6 +490,7 @@ fn telemetry_service_name(command: &Command) -> &'static str {
         Command::PaymentResource(_) => "payment-resource",
         Command::Executor(_) => "executor",
         Command::LockServer(_) => "lock-server",
+        Command::Console(_) => "console",
         _ => "dlock",
     }
 }
@@ -491,6 +520,16 @@ impl ProxyArgs {
     }
 }
 
+impl ConsoleArgs {
+    fn flags(&self, l: &mut Layers) {
+        l.set_flag_opt("console.listen", self.listen.as_ref());
+        l.set_flag_opt("console.payment-url", self.payment_url.as_ref());
+        l.set_flag_opt("console.lock-url", self.lock_url.as_ref());
+        l.set_flag_opt("console.proxy-url", self.proxy_url.as_ref());
+        l.set_flag_opt("console.session-ttl-ms", self.session_ttl_ms.as_ref());
+    }
+}
+
 impl PaymentArgs {
     fn flags(&self, l: &mut Layers) {
         l.set_flag_opt("payment.resource.listen", self.listen.as_ref());
@@ -499,6 +538,7 @@ impl PaymentArgs {
         l.set_flag_opt("payment.idempotency.retention-ms", self.idempotency_retention_ms.as_ref());
         l.set_flag_opt("payment.idempotency.purge-interval-ms", self.idempotency_purge_interval_ms.as_ref());
         l.set_flag_opt("payment.idempotency.purge-batch-max", self.idempotency_purge_batch_max.as_ref());
+        l.set_flag_opt("payment.events.retention-events", self.events_retention_events.as_ref());
     }
 }
 
@@ -548,6 +588,7 @@ impl LockServerArgs {
         l.set_flag_opt("lock.session.retention-ms", self.session_retention_ms.as_ref());
         l.set_flag_opt("lock.reaper.interval-ms", self.reaper_interval_ms.as_ref());
         l.set_flag_opt("lock.wait.poll-ms", self.wait_poll_ms.as_ref());
+        l.set_flag_opt("lock.events.retention-events", self.events_retention_events.as_ref());
     }
 }
 
@@ -662,6 +703,12 @@ async fn run_service(command: Command, mut layers: Layers, profile: Profile) -> 
             let store = open_lock_store(&s.backend).await?;
             let l = bind("lock-server", s.listen).await?;
             stopped("lock-server", dlock_lock_server::start(s.config, store, clock, l, shutdown_signal()).await?).await
+        }
+        Command::Console(a) => {
+            a.flags(&mut layers);
+            let s = dlock_console::config::resolve(&layers, profile)?;
+            let l = bind("console", s.listen).await?;
+            stopped("console", dlock_console::start(s.config, clock, l, shutdown_signal()).await?).await
         }
         Command::Migrate(a) => {
             let (name, versions) = match a.db {
@@ -823,6 +870,7 @@ mod tests {
             Command::LockServer(a) => a.flags(&mut l),
             Command::PaymentResource(a) => a.flags(&mut l),
             Command::RailStub(a) => a.flags(&mut l),
+            Command::Console(a) => a.flags(&mut l),
             _ => {}
         }
         let profile = l.profile().expect("profile");
@@ -841,6 +889,23 @@ mod tests {
         assert_eq!((c.concurrency, c.pause_hops.claim, c.pause_hops.submit), (3, false, true));
         let (l, p) = layers_of(&["dlock", "lock-server", "--reaper-interval-ms", "200"]);
         assert_eq!(dlock_lock_server::config::resolve(&l, p).expect("resolves").config.reap_interval_ms, 200);
+    }
+
+    #[test]
+    fn the_console_flags_set_the_keys_its_resolver_reads() {
+        let (l, p) = layers_of(&[
+            "dlock",
+            "console",
+            "--listen",
+            "127.0.0.1:9",
+            "--lock-url",
+            "http://127.0.0.1:7",
+            "--session-ttl-ms",
+            "120000",
+        ]);
+        let s = dlock_console::config::resolve(&l, p).expect("resolves");
+        assert_eq!((s.listen.port(), s.config.lock_url.authority.as_str()), (9, "127.0.0.1:7"));
+        assert_eq!(s.config.session_ttl_ms, 120_000);
     }
 
     #[test]

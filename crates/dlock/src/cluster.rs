@@ -48,6 +48,28 @@ impl Ports {
     pub const EPHEMERAL: Ports = Ports { lock: 0, payment: 0, proxy: 0, stub: 0, executor: 0 };
 }
 
+/// The port `dlock up` serves the operator's console on (`console.listen`'s default).
+pub const CONSOLE_PORT: u16 = 8090;
+
+/// The console's settings for a cluster whose services are at `lock`, `payment` and
+/// `proxy`: its listen address and the service URLs are imposed (wiring keys, like every
+/// `*.listen` of `dlock up`); everything else (`console.session-ttl-ms`, `auth.*`) resolves
+/// from `layers`.
+pub fn console_settings(
+    layers: &Layers,
+    profile: Profile,
+    urls: [&BaseUrl; 3],
+    port: u16,
+) -> Result<dlock_console::ConsoleSettings, String> {
+    let [lock, payment, proxy] = urls;
+    let mut l = layers.clone();
+    l.set_flag("console.listen", SocketAddr::from(([127, 0, 0, 1], port)));
+    l.set_flag("console.lock-url", http(lock));
+    l.set_flag("console.payment-url", http(payment));
+    l.set_flag("console.proxy-url", http(proxy));
+    dlock_console::config::resolve(&l, profile)
+}
+
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
@@ -380,6 +402,17 @@ impl Cluster {
         if let Some(h) = self.lock.take() {
             h.stopped().await;
         }
+    }
+
+    /// Starts the operator's console on `port` (0: any), calling this cluster's services;
+    /// it stops with them ([`Cluster::shutdown`] signals it; await its handle after).
+    pub async fn start_console(&self, port: u16) -> Result<(ServiceHandle<dlock_console::Console>, BaseUrl), String> {
+        let profile = self.layers.profile()?;
+        let urls = [&self.lock_url, &self.payment_url, &self.proxy_url];
+        let s = console_settings(&self.layers, profile, urls, port)?;
+        let (listener, url) = bind(s.listen.port()).await?;
+        let h = dlock_console::start(s.config, Clock::system(), listener, signal(&self.stop)).await?;
+        Ok((h, url))
     }
 
     /// The reconciler's settings for this cluster (its keys resolved from the layers).

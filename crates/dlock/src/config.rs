@@ -29,6 +29,7 @@ pub fn known_keys() -> Vec<&'static str> {
         dlock_executor::config::KEYS,
         dlock_reconciler::config::KEYS,
         dlock_lock_server::config::KEYS,
+        dlock_console::config::KEYS,
         dlock_http::auth::KEYS,
     ] {
         keys.extend_from_slice(service);

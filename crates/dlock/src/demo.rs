@@ -203,6 +203,13 @@ pub async fn up(a: UpArgs, layers: Layers, profile: Profile) -> Result<ExitCode,
     let cfg = a.chaos.cluster(a.data_dir.clone(), Ports::DEFAULT, (0.0, 0.0), layers, profile)?;
     let cfg = ClusterConfig { paydb_url: a.paydb_url.clone(), lockdb_url: a.lockdb_url.clone(), ..cfg };
     let (cfg, creds) = cfg.with_local_credentials()?;
+    // The console's settings are checked before anything is bound, as every service's.
+    let scheme = dlock_rt::tls::process_scheme();
+    let at =
+        |port: u16| dlock_rt::http::BaseUrl::parse(&format!("{scheme}://127.0.0.1:{port}")).map_err(|e| e.to_string());
+    let d = Ports::DEFAULT;
+    let urls = [&at(d.lock)?, &at(d.payment)?, &at(d.proxy)?];
+    crate::cluster::console_settings(&cfg.layers, profile, urls, crate::cluster::CONSOLE_PORT)?;
     let mut cluster = Cluster::start(cfg).await?;
     warn_unsafe("up", &cluster);
     print_credentials("up", creds.as_ref());
@@ -217,6 +224,11 @@ pub async fn up(a: UpArgs, layers: Layers, profile: Profile) -> Result<ExitCode,
         println!("dlock {name} listening on {}", url.authority);
     }
     println!("dlock executor metrics on 127.0.0.1:{} ({} executors)", Ports::DEFAULT.executor, a.chaos.executors);
+    let (console, console_url) = cluster.start_console(crate::cluster::CONSOLE_PORT).await?;
+    println!(
+        "dlock console on {} (sign in with the operator or reader token of the credentials file)",
+        console_url.url()
+    );
     println!("Ctrl-C stops everything gracefully.");
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let settings = cluster.reconcile_settings(false)?;
@@ -243,6 +255,7 @@ pub async fn up(a: UpArgs, layers: Layers, profile: Profile) -> Result<ExitCode,
     let _ = stop_tx.send(true);
     let _ = reconciler.await;
     cluster.shutdown().await;
+    console.stopped().await;
     Ok(ExitCode::SUCCESS)
 }
 

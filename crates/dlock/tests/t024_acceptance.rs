@@ -193,6 +193,8 @@ async fn metrics_expose_only_pinned_tag_values(db: Db) {
         "submissions",
         "unresolved_before",
         "insert_payout",
+        "read_events",
+        "cursor_secret",
     ];
     let rail_calls: &[&str] = &["acked", "rejected", "ambiguous", "unsent"];
     // (family, [(label, its values)]).

@@ -26,6 +26,7 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use dlock_contract::stream::EventKind;
 use dlock_lock_server::store::{
     AcquireRefusal, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal, RotateRefusal,
     SessionRefusal, SessionRow,
@@ -1254,6 +1255,209 @@ pub async fn racing_acquire_release_cycles_never_overlap_and_tokens_increase(sto
     assert_eq!(info(&store, "hot").await, Some(KeyInfo { grant: None }));
 }
 
+// ---------------------------------------------------------------------------------------
+// The event outbox (C3-extensions E-20; `dlock_lock_server::store::events`).
+// ---------------------------------------------------------------------------------------
+
+/// One event as a case expects it: kind, lock key, body.
+pub type Expected = (EventKind, Option<String>, serde_json::Value);
+
+/// The event of a grant `(key, token)` of `session`.
+pub fn grant_event(kind: EventKind, key: &str, token: i64, session: &SessionRow) -> Expected {
+    let body = serde_json::json!({
+        "key": key, "token": token, "sessionId": session.session_id.to_string(), "ownerId": session.owner_id,
+    });
+    (kind, Some(key.to_owned()), body)
+}
+
+/// The events committed since `head`, all of them (the read pages until it is caught up),
+/// and the new head. Every event's `lock_key` is set exactly on the lock kinds, and no
+/// event carries an account or a payout.
+pub async fn events_since(store: &Store, head: i64) -> (Vec<Expected>, i64) {
+    let mut head = head;
+    let mut out = Vec::new();
+    loop {
+        let r = store.read_events(head, 3).await.expect("read_events");
+        assert!(r.head >= head, "the head went back from {head} to {}", r.head);
+        for e in &r.events {
+            assert!(e.seq > head && e.seq <= r.head, "seq {} outside ({head}, {}]", e.seq, r.head);
+            assert_eq!(e.lock_key.is_some(), e.kind.as_str().starts_with("lock."), "{e:?}");
+            assert!(e.account_id.is_none() && e.payout_id.is_none(), "{e:?}");
+            assert!(e.kind.is_lock(), "{e:?}");
+            head = e.seq;
+            out.push((e.kind, e.lock_key.clone(), e.body.clone()));
+        }
+        if r.events.is_empty() {
+            return (out, r.head);
+        }
+        head = r.head;
+    }
+}
+
+/// Runs `op`, then asserts it recorded exactly `want`, in order; returns the new head.
+#[track_caller]
+pub fn assert_recorded(what: &str, got: &[Expected], want: &[Expected]) {
+    assert_eq!(got, want, "{what}: recorded events");
+}
+
+pub async fn every_operation_records_its_events_in_its_own_step_in_one_sequence(store: Store) {
+    use EventKind::*;
+    let (none, mut head) = events_since(&store, 0).await;
+    assert!(none.is_empty(), "a fresh store has no events: {none:?}");
+    let s1 = open(&store, "owner-a", LONG_MS).await;
+    let (got, h) = events_since(&store, head).await;
+    let opened = serde_json::json!({ "sessionId": s1.session_id.to_string(), "ownerId": "owner-a", "ttlMs": LONG_MS });
+    assert_recorded("open", &got, &[(SessionOpened, None, opened)]);
+    head = h;
+    let g1 = grant(&store, "ev-a", &s1, LONG_MS, 0).await;
+    let (got, h) = events_since(&store, head).await;
+    assert_recorded("acquire", &got, &[grant_event(LockGranted, "ev-a", g1.fencing_token, &s1)]);
+    head = h;
+    renew(&store, "ev-a", &s1, g1.fencing_token, LONG_MS).await.expect("renewed");
+    let (got, h) = events_since(&store, head).await;
+    assert_recorded("renew", &got, &[grant_event(LockRenewed, "ev-a", g1.fencing_token, &s1)]);
+    head = h;
+    let g2 = rotate(&store, "ev-a", &s1, g1.fencing_token, LONG_MS, 0).await.expect("rotated");
+    let (got, h) = events_since(&store, head).await;
+    let want = [
+        grant_event(LockReleased, "ev-a", g1.fencing_token, &s1),
+        grant_event(LockGranted, "ev-a", g2.fencing_token, &s1),
+    ];
+    assert_recorded("rotate", &got, &want);
+    head = h;
+    release(&store, "ev-a", g2.fencing_token).await.expect("released");
+    let (got, h) = events_since(&store, head).await;
+    assert_recorded("release", &got, &[grant_event(LockReleased, "ev-a", g2.fencing_token, &s1)]);
+    head = h;
+    let g3 = grant(&store, "ev-b", &s1, LONG_MS, 0).await;
+    let revocation_id = id();
+    let rv = store
+        .revoke("ev-b", "oncall@example", "stuck holder, revoking", Some(g3.fencing_token), revocation_id)
+        .await
+        .expect("revoke")
+        .expect("revoked");
+    let (got, h) = events_since(&store, head).await;
+    let (kind, key, mut body) = grant_event(LockRevoked, "ev-b", g3.fencing_token, &s1);
+    if let Some(o) = body.as_object_mut() {
+        o.insert("newTokenFloor".into(), serde_json::json!(rv.new_token_floor));
+        o.insert("revocationId".into(), serde_json::json!(revocation_id.to_string()));
+        o.insert("operator".into(), serde_json::json!("oncall@example"));
+        o.insert("reason".into(), serde_json::json!("stuck holder, revoking"));
+    }
+    assert_recorded(
+        "acquire, revoke",
+        &got,
+        &[grant_event(LockGranted, "ev-b", g3.fencing_token, &s1), (kind, key, body)],
+    );
+    head = h;
+    // A session that lapses with its grant: the reaper expires both, the grant first.
+    let s2 = open(&store, "owner-b", SHORT_MS).await;
+    let g4 = grant(&store, "ev-c", &s2, LONG_MS, 0).await;
+    wait_past(&store, s2.expires_at_ms).await;
+    reap(&store, 100, 0, KEEP_MS).await;
+    let (got, h) = events_since(&store, head).await;
+    let expired = serde_json::json!({ "sessionId": s2.session_id.to_string(), "ownerId": "owner-b" });
+    let opened = serde_json::json!({ "sessionId": s2.session_id.to_string(), "ownerId": "owner-b", "ttlMs": SHORT_MS });
+    let want = [
+        (SessionOpened, None, opened),
+        grant_event(LockGranted, "ev-c", g4.fencing_token, &s2),
+        grant_event(LockExpired, "ev-c", g4.fencing_token, &s2),
+        (SessionExpired, None, expired),
+    ];
+    assert_recorded("open, acquire, lapse, reap", &got, &want);
+    head = h;
+    // A close: the grant that had died expires, the live one is released.
+    let s3 = open(&store, "owner-c", LONG_MS).await;
+    let lost = grant(&store, "ev-d", &s3, SHORT_MS, 0).await;
+    let live = grant(&store, "ev-e", &s3, LONG_MS, 0).await;
+    wait_past(&store, lost.expires_at_ms).await;
+    store.close_session(s3.session_id, 0).await.expect("close").expect("closed");
+    let (got, h) = events_since(&store, head).await;
+    let opened = serde_json::json!({ "sessionId": s3.session_id.to_string(), "ownerId": "owner-c", "ttlMs": LONG_MS });
+    let want = [
+        (SessionOpened, None, opened),
+        grant_event(LockGranted, "ev-d", lost.fencing_token, &s3),
+        grant_event(LockGranted, "ev-e", live.fencing_token, &s3),
+        grant_event(LockExpired, "ev-d", lost.fencing_token, &s3),
+        grant_event(LockReleased, "ev-e", live.fencing_token, &s3),
+    ];
+    assert_recorded("open, acquire twice, close", &got, &want);
+    head = h;
+    // An acquire over a dead grant: the grant it removes expires, then the new one.
+    let g5 = grant(&store, "ev-f", &s1, SHORT_MS, 0).await;
+    wait_past(&store, g5.expires_at_ms).await;
+    let g6 = grant(&store, "ev-f", &s1, LONG_MS, 0).await;
+    let (got, _) = events_since(&store, head).await;
+    let want = [
+        grant_event(LockGranted, "ev-f", g5.fencing_token, &s1),
+        grant_event(LockExpired, "ev-f", g5.fencing_token, &s1),
+        grant_event(LockGranted, "ev-f", g6.fencing_token, &s1),
+    ];
+    assert_recorded("acquire over a dead grant", &got, &want);
+}
+
+pub async fn a_refused_operation_records_no_event(store: Store) {
+    let s1 = open(&store, "owner-a", LONG_MS).await;
+    let s2 = open(&store, "owner-b", LONG_MS).await;
+    let g = grant(&store, "ev-k", &s1, LONG_MS, 0).await;
+    let (_, head) = events_since(&store, 0).await;
+    assert!(acquire(&store, "ev-k", &s2, LONG_MS, 0).await.is_err(), "contended");
+    assert!(acquire(&store, "ev-k", &s1, LONG_MS, 0).await.is_err(), "already held");
+    assert!(store.acquire("ev-other", id(), LONG_MS, 0).await.expect("acquire").is_err(), "unknown session");
+    assert!(renew(&store, "ev-k", &s1, g.fencing_token + 1, LONG_MS).await.is_err(), "wrong token");
+    assert!(renew(&store, "ev-k", &s2, g.fencing_token, LONG_MS).await.is_err(), "another session");
+    assert!(release(&store, "ev-k", g.fencing_token - 1).await.is_err(), "stale release");
+    assert!(release(&store, "ev-never", 1).await.is_err(), "never granted");
+    assert!(rotate(&store, "ev-k", &s2, g.fencing_token, LONG_MS, 0).await.is_err(), "another session's");
+    assert!(revoke(&store, "ev-k", Some(g.fencing_token + 1)).await.is_err(), "stale expected token");
+    assert!(revoke(&store, "ev-never", None).await.is_err(), "not held");
+    assert!(heartbeat(&store, id()).await.is_err(), "unknown session");
+    assert!(store.close_session(id(), 0).await.expect("close").is_err(), "unknown session");
+    heartbeat(&store, s1.session_id).await.expect("a heartbeat records nothing either");
+    let (got, h) = events_since(&store, head).await;
+    assert!(got.is_empty(), "refusals recorded {got:?}");
+    assert_eq!(h, head, "the head moved without an event");
+}
+
+pub async fn event_reads_page_in_seq_order_and_the_head_is_final(store: Store) {
+    for i in 0..5 {
+        open(&store, &format!("owner-{i}"), LONG_MS).await;
+    }
+    let first = store.read_events(0, 2).await.expect("read");
+    assert_eq!(first.events.len(), 2);
+    assert_eq!(first.head, first.events[1].seq, "a full page ends at its last event");
+    let rest = store.read_events(first.head, 100).await.expect("read");
+    assert_eq!(rest.events.len(), 3);
+    let seqs: Vec<i64> = first.events.iter().chain(&rest.events).map(|e| e.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "seqs in commit order: {seqs:?}");
+    let owners: Vec<&str> =
+        first.events.iter().chain(&rest.events).filter_map(|e| e.body["ownerId"].as_str()).collect();
+    assert_eq!(owners, ["owner-0", "owner-1", "owner-2", "owner-3", "owner-4"], "commit order");
+    assert_eq!(rest.head, seqs[4]);
+    let caught_up = store.read_events(rest.head, 100).await.expect("read");
+    assert!(caught_up.events.is_empty());
+    assert_eq!(caught_up.head, rest.head, "a caught-up read keeps its head");
+    assert_eq!(caught_up.purged_through, 0);
+}
+
+pub async fn purge_keeps_the_newest_events_marks_what_it_deleted_and_never_reuses_a_seq(store: Store) {
+    for i in 0..6 {
+        open(&store, &format!("owner-{i}"), LONG_MS).await;
+    }
+    let all = store.read_events(0, 100).await.expect("read").events;
+    assert_eq!(all.len(), 6);
+    assert_eq!(store.purge_events(2).await.expect("purge"), 4);
+    let kept = store.read_events(0, 100).await.expect("read");
+    assert_eq!(kept.purged_through, all[3].seq, "the mark is the highest seq deleted");
+    assert_eq!(kept.events, all[4..].to_vec(), "the newest two are kept as they were");
+    assert_eq!(store.purge_events(2).await.expect("purge"), 0, "nothing more to purge");
+    open(&store, "owner-late", LONG_MS).await;
+    let late = store.read_events(all[5].seq, 100).await.expect("read").events;
+    assert_eq!(late.len(), 1);
+    assert!(late[0].seq > all[5].seq, "a seq is never reused after a purge");
+    assert_eq!(store.read_events(0, 100).await.expect("read").purged_through, all[3].seq);
+}
+
 /// Declares one `#[tokio::test]` per case for a backend. `$make` is an async expression that
 /// yields `(Arc<dyn LockStore>, guard)`; the guard (a temp dir, a database handle) lives as
 /// long as the test. Every case gets a fresh store.
@@ -1308,7 +1512,11 @@ macro_rules! lock_store_conformance {
                 reaper_is_idempotent,
                 concurrent_reaper_passes_leave_the_same_final_state,
                 racing_acquirers_of_one_key_get_exactly_one_grant,
-                racing_acquire_release_cycles_never_overlap_and_tokens_increase
+                racing_acquire_release_cycles_never_overlap_and_tokens_increase,
+                every_operation_records_its_events_in_its_own_step_in_one_sequence,
+                a_refused_operation_records_no_event,
+                event_reads_page_in_seq_order_and_the_head_is_final,
+                purge_keeps_the_newest_events_marks_what_it_deleted_and_never_reuses_a_seq
             );
         }
     };

@@ -29,7 +29,12 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use dlock_contract::payout::{self, Actor, PayoutState};
 use dlock_contract::rail::SubmissionOutcome;
-use dlock_paydb::mem::{bigint, payout_view, reserved_minor, system_account, upsert_system_accounts, StoredPayout};
+use dlock_contract::stream::EventKind;
+use dlock_contract::time::truncate_ms;
+use dlock_paydb::events::{fence_refused_body, EventRead};
+use dlock_paydb::mem::{
+    bigint, emit, payout_view, reserved_minor, system_account, upsert_system_accounts, StoredPayout,
+};
 pub use dlock_paydb::mem::{
     guard_transition, FenceVerdictSeen, FencedOp, FencedWrite, Identity, MemPaydb, PaydbObserver, PaydbTables,
     StoredAccount, StoredRecord,
@@ -111,9 +116,29 @@ fn raise_fence(t: &mut PaydbTables, account_id: &str, token: i64, at: DateTime<U
     if rules::fence_check(a.fence, token) != FenceVerdict::Passes {
         return Err(StoreError::Corrupt(format!("accounts: fence of {account_id:?} may only rise")));
     }
+    let previous = a.fence;
     a.fence = rules::raise_fence(a.fence, token);
     a.updated_at = at;
+    let fence = a.fence;
+    emit::fence_raised(&mut t.rail.events, account_id, previous, fence, truncate_ms(at));
     Ok(())
+}
+
+/// The `fence.refused` event of a claim or post its account's fence refused (C3-extensions
+/// E-20): written by the store, after the refusal changed nothing (here, under the same
+/// mutex: nothing can come between).
+fn fence_refused(
+    t: &mut PaydbTables,
+    operation: &str,
+    refused: (&str, i64, &str),
+    payouts: &[Uuid],
+    at: DateTime<Utc>,
+    fence: i64,
+) {
+    let (account_id, token, owner_id) = refused;
+    let ids: Vec<String> = payouts.iter().map(Uuid::to_string).collect();
+    let body = fence_refused_body(operation, token, fence, owner_id, &ids);
+    t.rail.events.emit(EventKind::FenceRefused, truncate_ms(at), Some(account_id), None, body);
 }
 
 /// A claim's or post's fence: the account's own, compared once for the request.
@@ -189,17 +214,21 @@ impl PaydbTx {
         // Writes, in statement order; nothing below can fail.
         record(t, i, &response);
         upsert_system_accounts(t, &a.currency, a.at);
-        t.accounts.insert(
-            a.account_id.clone(),
-            StoredAccount {
-                kind: AccountKind::Customer,
-                currency: a.currency.clone(),
-                balance_minor: opening,
-                fence: 0,
-                created_at: a.at,
-                updated_at: a.at,
-            },
+        let account = StoredAccount {
+            kind: AccountKind::Customer,
+            currency: a.currency.clone(),
+            balance_minor: opening,
+            fence: 0,
+            created_at: a.at,
+            updated_at: a.at,
+        };
+        // The trigger copies `created_at`, which SQL holds in whole milliseconds.
+        emit::account_created(
+            &mut t.rail.events,
+            &a.account_id,
+            &StoredAccount { created_at: truncate_ms(a.at), ..account.clone() },
         );
+        t.accounts.insert(a.account_id.clone(), account);
         t.ledger.extend(entries);
         Ok(Idempotent::Executed { outcome, stored: Some(response) })
     }
@@ -247,6 +276,7 @@ impl PaydbTx {
         let outcome = CreatePayoutOutcome::Created(payout_view(t, &stored));
         let response = answer::payout_created(&outcome, &a.trace_id);
         record(t, i, &response);
+        emit::payout_created(&mut t.rail.events, &StoredPayout { created_at: truncate_ms(p.at), ..stored.clone() });
         t.rail.payouts.insert(p.payout_id, stored);
         Ok(Idempotent::Executed { outcome, stored: Some(response) })
     }
@@ -260,7 +290,17 @@ impl PaydbTx {
         // 1. The account's fence, once for the batch.
         let raise = match account_fence_check(t, &b.account_id, b.token, Layer::ClaimFence) {
             AccountFence::NotFound => return refused(ClaimBatchOutcome::AccountNotFound),
-            AccountFence::Fenced { highest_token } => return refused(ClaimBatchOutcome::Fenced { highest_token }),
+            AccountFence::Fenced { highest_token } => {
+                let ids: Vec<Uuid> = b.payouts.iter().map(|p| p.payout_id).collect();
+                fence_refused(t, "claim", (&b.account_id, b.token, &b.owner_id), &ids, b.at, highest_token);
+                // Planted bug `event-outside-txn` (test-only): the request's own event written
+                // though the claim rolled back, as a service that writes its events apart from
+                // its transaction would.
+                if dlock_contract::planted::on(dlock_contract::planted::Bug::EventOutsideTxn) {
+                    emit::fence_raised(&mut t.rail.events, &b.account_id, highest_token, b.token, truncate_ms(b.at));
+                }
+                return refused(ClaimBatchOutcome::Fenced { highest_token });
+            }
             AccountFence::Passes => true,
             AccountFence::Bypassed => false,
         };
@@ -321,11 +361,14 @@ impl PaydbTx {
         record(t, i, &response);
         for (payout_id, next) in moves {
             if let Some(p) = t.rail.payouts.get_mut(&payout_id) {
+                let from = p.row.state;
                 p.row.state = next;
                 p.claim_token = Some(b.token);
                 p.claimed_by = Some(b.owner_id.clone());
                 p.claimed_at = Some(b.at);
                 p.updated_at = b.at;
+                let seen = StoredPayout { updated_at: truncate_ms(b.at), ..p.clone() };
+                emit::payout_state_changed(&mut t.rail.events, &seen, from);
             }
         }
         Ok(Idempotent::Executed { outcome, stored: Some(response) })
@@ -340,7 +383,11 @@ impl PaydbTx {
         // 1. The account's fence (a ledger write), once for the batch.
         let raise = match account_fence_check(t, &b.account_id, b.token, Layer::PostFence) {
             AccountFence::NotFound => return refused(PostBatchOutcome::AccountNotFound),
-            AccountFence::Fenced { highest_token } => return refused(PostBatchOutcome::Fenced { highest_token }),
+            AccountFence::Fenced { highest_token } => {
+                let ids: Vec<Uuid> = b.payouts.iter().map(|p| p.payout_id).collect();
+                fence_refused(t, "post", (&b.account_id, b.token, &b.owner_id), &ids, b.at, highest_token);
+                return refused(PostBatchOutcome::Fenced { highest_token });
+            }
             AccountFence::Passes => true,
             AccountFence::Bypassed => false,
         };
@@ -415,8 +462,11 @@ impl PaydbTx {
         record(t, i, &response);
         for (payout_id, currency, entries) in postings {
             if let Some(payout) = t.rail.payouts.get_mut(&payout_id) {
+                let from = payout.row.state;
                 payout.row.state = PayoutState::Posted;
                 payout.updated_at = b.at;
+                let seen = StoredPayout { updated_at: truncate_ms(b.at), ..payout.clone() };
+                emit::payout_state_changed(&mut t.rail.events, &seen, from);
             }
             t.accounts
                 .entry(settlement_account(&currency))
@@ -565,6 +615,7 @@ impl PaymentStore for MemPaydb {
 
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError> {
         let mut t = self.lock()?;
+        let t = &mut *t;
         let Some(p) = t.rail.payouts.get_mut(&payout_id) else {
             return Ok(AbandonOutcome::NotFound);
         };
@@ -574,6 +625,8 @@ impl PaymentStore for MemPaydb {
         }
         p.row.state = PayoutState::Abandoned;
         p.updated_at = at;
+        let seen = StoredPayout { updated_at: truncate_ms(at), ..p.clone() };
+        emit::payout_state_changed(&mut t.rail.events, &seen, state);
         Ok(AbandonOutcome::Abandoned)
     }
 
@@ -632,6 +685,14 @@ impl PaymentStore for MemPaydb {
     async fn idempotency_record_count(&self) -> Result<u64, StoreError> {
         let t = self.lock()?;
         Ok(u64::try_from(t.idempotency.len()).unwrap_or(u64::MAX))
+    }
+
+    async fn read_events(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        Ok(self.lock()?.rail.events.read(after, limit))
+    }
+
+    async fn purge_events(&self, keep: i64) -> Result<u64, StoreError> {
+        Ok(self.lock()?.rail.events.purge(keep))
     }
 }
 

@@ -79,6 +79,8 @@ use crate::store::{
     ResolveOutcome, StoreError, StoredResponse,
 };
 
+use dlock_contract::stream::EventKind;
+use dlock_paydb::events::{self, sql::PgEventReader, EventRead};
 use dlock_paydb::sql::{db_error, PG_MIGRATOR, SQLITE_MIGRATOR};
 
 /// The `paydb_secrets.name` of the P1 cursor key.
@@ -191,6 +193,8 @@ pub struct PgPaymentStore {
     /// The payouts' accounts the grant check has read ([`PayoutAccounts`],
     /// docs/performance.md "The grant check's account read").
     accounts: Arc<PayoutAccounts>,
+    /// The event outbox's reader (C3-extensions E-20): it remembers the hole it waits on.
+    events: Arc<PgEventReader>,
 }
 
 impl PgPaymentStore {
@@ -204,7 +208,12 @@ impl PgPaymentStore {
         PG_MIGRATOR.run(&migrating).await.map_err(|e| StoreError::Unavailable(format!("migrate: {e}")))?;
         migrating.close().await;
         let pool = dlock_db::pg_pool_with_lock_timeout(url, IDEMPOTENCY_WAIT_MS_MAX).await.map_err(db_error)?;
-        Ok(PgPaymentStore { read_pool: pool.clone(), pool, accounts: Arc::new(PayoutAccounts::new()) })
+        Ok(PgPaymentStore {
+            read_pool: pool.clone(),
+            pool,
+            accounts: Arc::new(PayoutAccounts::new()),
+            events: Arc::new(PgEventReader::new()),
+        })
     }
 
     /// PostgreSQL's transactions run on the caller's task: its pool has many connections.
@@ -252,6 +261,61 @@ impl SqlitePaymentStore {
             writer,
             accounts: Arc::new(PayoutAccounts::new()),
         })
+    }
+}
+
+/// A claim or post its account's fence refused (the fenced-out outcome): what its
+/// `fence.refused` event says (C3-extensions E-20, [`events::fence_refused_body`]).
+struct FenceRefused<'a> {
+    /// `claim` or `post`.
+    operation: &'static str,
+    account_id: &'a str,
+    token: i64,
+    /// The fence as the refusal read it.
+    fence: i64,
+    owner_id: &'a str,
+    payout_ids: &'a [Uuid],
+    at: DateTime<Utc>,
+}
+
+impl FenceRefused<'_> {
+    fn body(&self) -> serde_json::Value {
+        let ids: Vec<String> = self.payout_ids.iter().map(Uuid::to_string).collect();
+        events::fence_refused_body(self.operation, self.token, self.fence, self.owner_id, &ids)
+    }
+
+    /// A failed write of the event changes no answer: it is logged, and the caller goes on.
+    fn failed(&self, e: &StoreError) {
+        tracing::warn!(operation = self.operation, account = self.account_id, token = self.token, cause = %e,
+            "paydb_fence_refused_event_not_written");
+    }
+}
+
+impl PgPaymentStore {
+    /// Writes the `fence.refused` event of a refusal that rolled back, in a transaction of its
+    /// own.
+    async fn write_fence_refused(&self, r: &FenceRefused<'_>) {
+        let at = dlock_contract::time::truncate_ms(r.at);
+        let written =
+            events::sql::pg_insert(&self.pool, EventKind::FenceRefused, at, Some(r.account_id), None, &r.body()).await;
+        if let Err(e) = written {
+            r.failed(&e);
+        }
+    }
+}
+
+impl SqlitePaymentStore {
+    /// As [`PgPaymentStore::write_fence_refused`], on the writer connection (the caller's
+    /// thread: a claim or post runs on the process's SQLite writer thread,
+    /// [`PaymentStore::writer_thread`]).
+    async fn write_fence_refused(&self, r: &FenceRefused<'_>) {
+        let at = dlock_contract::time::truncate_ms(r.at);
+        let written =
+            events::sql::sqlite_insert(&self.pool, EventKind::FenceRefused, at, Some(r.account_id), None, &r.body())
+                .await;
+        if let Err(e) = written {
+            r.failed(&e);
+        }
     }
 }
 
@@ -370,8 +434,50 @@ macro_rules! sql_payment_store {
             async fn idempotency_record_count(&self) -> Result<u64, StoreError> {
                 self.count_idempotency_records().await
             }
+
+            async fn read_events(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+                self.read_event_page(after, limit).await
+            }
+
+            async fn read_final_events(&self, after: i64, upto: i64, limit: usize) -> Result<EventRead, StoreError> {
+                self.read_final_event_page(after, upto, limit).await
+            }
+
+            async fn purge_events(&self, keep: i64) -> Result<u64, StoreError> {
+                self.run_purge_events(keep).await
+            }
         }
     };
+}
+
+/// The event outbox on PostgreSQL: reads through the store's one [`PgEventReader`].
+impl PgPaymentStore {
+    async fn read_event_page(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        self.events.read(&self.read_pool, after, limit).await
+    }
+
+    async fn read_final_event_page(&self, after: i64, upto: i64, limit: usize) -> Result<EventRead, StoreError> {
+        events::sql::pg_read_final(&self.read_pool, after, upto, limit).await
+    }
+
+    async fn run_purge_events(&self, keep: i64) -> Result<u64, StoreError> {
+        events::sql::pg_purge(&self.pool, keep).await
+    }
+}
+
+/// The event outbox on SQLite: reads off the writer connection, the purge on it.
+impl SqlitePaymentStore {
+    async fn read_event_page(&self, after: i64, limit: usize) -> Result<EventRead, StoreError> {
+        events::sql::sqlite_read(&self.read_pool, after, limit).await
+    }
+
+    async fn read_final_event_page(&self, after: i64, upto: i64, limit: usize) -> Result<EventRead, StoreError> {
+        Ok(events::sql::sqlite_read(&self.read_pool, after, limit).await?.clipped(after, upto, limit))
+    }
+
+    async fn run_purge_events(&self, keep: i64) -> Result<u64, StoreError> {
+        events::sql::sqlite_purge(&self.pool, keep).await
+    }
 }
 
 sql_payment_store!(PgPaymentStore);

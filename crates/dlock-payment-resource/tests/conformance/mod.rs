@@ -27,6 +27,9 @@ use dlock_payment_resource::store::{
 use dlock_rail_proxy::store::{self as rail, Admission, Attempt, RailStore, Resolution};
 use uuid::Uuid;
 
+mod events;
+pub use events::*;
+
 /// What an operator does by hand today (no API until a later issue): `UPDATE payouts SET
 /// state = :to, updated_at = :at WHERE payout_id = :id`, through the database's guards.
 /// Each backend's implementation also keeps its database alive (a temp dir, say).
@@ -2235,7 +2238,11 @@ macro_rules! payment_store_conformance {
                 a_batch_where_no_payout_moves_leaves_no_fence_no_identity_and_nothing_else,
                 a_batch_replays_its_recorded_bytes_and_another_body_under_its_key_and_token_conflicts,
                 a_batch_post_writes_two_balanced_entries_per_payout_and_the_balance_follows,
-                a_batch_post_refuses_only_the_payout_whose_attempt_does_not_match
+                a_batch_post_refuses_only_the_payout_whose_attempt_does_not_match,
+                every_change_writes_its_event_in_its_own_transaction_on_every_backend,
+                a_refused_write_leaves_no_event_but_a_fenced_out_one_leaves_its_refusal,
+                event_reads_page_by_their_final_head,
+                the_purge_keeps_the_newest_events_and_never_reuses_a_seq
             );
         }
     };

@@ -14,6 +14,9 @@ use dlock_contract::rail::SubmissionOutcome;
 use dlock_rail_proxy::store::{Admission, Attempt, Checked, NewPayout, RailStore, Resolution, Unstamped};
 use uuid::Uuid;
 
+mod events;
+pub use events::*;
+
 pub fn t0() -> DateTime<Utc> {
     DateTime::<Utc>::from_timestamp_millis(1_795_000_000_000).expect("valid instant")
 }
@@ -710,7 +713,10 @@ macro_rules! rail_store_conformance {
                 a_batch_admitting_k_intents_commits_them_all_before_returning,
                 resolve_batch_records_each_outcome_once_and_moves_each_payout_as_resolve_does,
                 a_batch_with_fencing_off_skips_step_one_only,
-                concurrent_batches_and_single_admissions_keep_one_forwardable_attempt_per_payout_and_the_highest_mark
+                concurrent_batches_and_single_admissions_keep_one_forwardable_attempt_per_payout_and_the_highest_mark,
+                every_rail_change_writes_its_event_in_its_own_transaction_on_every_backend,
+                a_refused_rail_write_leaves_no_event,
+                rail_event_reads_page_by_their_head
             );
         }
     };

@@ -1,0 +1,577 @@
+//! The pages' main regions, as plain functions of what the services answered. No I/O:
+//! `app.rs` fetches, these render. Every interpolated value goes through
+//! [`crate::html::esc`] (directly or through [`field`]); see `html.rs` for the rules.
+
+use dlock_contract::auth::Role;
+use dlock_contract::payout::PayoutState;
+use serde_json::Value;
+
+use crate::html::{csrf_field, display, esc, field, notice, payout_link, pct, str_of, table, Viewer};
+
+/// A value fetched from a service, or why not (already a display message).
+pub type Fetched<T> = Result<T, String>;
+
+fn failed(what: &str, why: &str) -> String {
+    notice("bad", &format!("{} could not be read: {}", esc(what), esc(why)))
+}
+
+/// The count of one state: the payouts seen, and whether more pages remained unread.
+#[derive(Debug, Clone)]
+pub struct StateCount {
+    pub state: PayoutState,
+    pub count: Fetched<(usize, bool)>,
+}
+
+fn count_text(c: &Fetched<(usize, bool)>) -> String {
+    match c {
+        Ok((n, false)) => esc(&n.to_string()),
+        Ok((n, true)) => format!("≥ {}", esc(&n.to_string())),
+        Err(e) => format!("<span class=\"bad\">unknown ({})</span>", esc(e)),
+    }
+}
+
+/// A one-line account of an event, for the timeline and the event tables.
+pub fn describe(e: &Value) -> String {
+    let d = e.get("data").cloned().unwrap_or(Value::Null);
+    let f = |k: &str| field(&d, k);
+    match str_of(e, "kind").unwrap_or("") {
+        "account.created" => format!("Account created: {} {} opening balance", f("balanceMinor"), f("currency")),
+        "payout.created" => format!(
+            "Created: {} {} to beneficiary <span class=\"mono\">{}</span> (state {})",
+            f("amountMinor"),
+            f("currency"),
+            f("beneficiaryRef"),
+            f("state")
+        ),
+        "payout.state_changed" => format!(
+            "State {} → <strong>{}</strong> (attempt {}, claim token {})",
+            f("from"),
+            f("to"),
+            f("attemptCount"),
+            f("claimToken")
+        ),
+        "fence.raised" => {
+            format!(
+                "Claim/post raised the account fence {} → <strong>{}</strong>",
+                f("previousFence"),
+                f("presentedToken")
+            )
+        }
+        "fence.refused" => format!(
+            "<strong class=\"bad\">Fenced out</strong>: {} by <span class=\"mono\">{}</span> presented token {}, \
+             the fence is {}; nothing was written",
+            f("operation"),
+            f("ownerId"),
+            f("presentedToken"),
+            f("fence")
+        ),
+        "rail.mark_raised" => {
+            format!("The rail-proxy's mark rose {} → <strong>{}</strong>", f("previousMark"), f("presentedToken"))
+        }
+        "rail.intent" => format!(
+            "Intent recorded before the rail call: submission <span class=\"mono\">{}</span> under token {} by \
+             <span class=\"mono\">{}</span>",
+            f("submissionId"),
+            f("presentedToken"),
+            f("ownerId")
+        ),
+        "rail.refused" => format!(
+            "<strong class=\"bad\">The rail-proxy refused a submission</strong> ({}) under token {} by \
+             <span class=\"mono\">{}</span>: it never reached the rail",
+            f("outcome"),
+            f("presentedToken"),
+            f("ownerId")
+        ),
+        "rail.outcome" => format!(
+            "Rail outcome <strong>{}</strong> for submission <span class=\"mono\">{}</span> (reference {})",
+            f("outcome"),
+            f("submissionId"),
+            f("railReference")
+        ),
+        "operator.resolution" => format!(
+            "Operator <span class=\"mono\">{}</span> resolved it as <strong>{}</strong>: {}",
+            f("operator"),
+            f("resolvedAs"),
+            f("reason")
+        ),
+        other => format!("{}: <span class=\"mono\">{}</span>", esc(other), esc(&d.to_string())),
+    }
+}
+
+fn event_class(e: &Value) -> &'static str {
+    match str_of(e, "kind").unwrap_or("") {
+        "fence.refused" | "rail.refused" => "ev bad",
+        "fence.raised" | "rail.mark_raised" => "ev fence",
+        "rail.intent" | "rail.outcome" => "ev rail",
+        _ => "ev",
+    }
+}
+
+/// Rows of an event table.
+pub fn event_rows(events: &[Value]) -> Vec<Vec<String>> {
+    events
+        .iter()
+        .map(|e| {
+            vec![
+                format!("<span class=\"mono\">{}</span>", field(e, "at")),
+                format!("<span class=\"{}\">{}</span>", event_class(e), field(e, "kind")),
+                format!("<span class=\"mono\">{}</span>", field(e, "accountId")),
+                payout_link(str_of(e, "payoutId")),
+                format!("<span class=\"mono\">{}</span>", field(e, "lockKey")),
+                describe(e),
+            ]
+        })
+        .collect()
+}
+
+const EVENT_HEAD: [&str; 6] = ["At", "Kind", "Account", "Payout", "Lock key", "What happened"];
+
+fn events_table(caption: &str, events: &Fetched<Vec<Value>>) -> String {
+    match events {
+        Ok(list) => table(caption, &EVENT_HEAD, &event_rows(list)),
+        Err(e) => failed(caption, e),
+    }
+}
+
+/// `/`: payouts by state, the quarantine, fenced-out writes, recent events.
+pub fn overview(counts: &[StateCount], fenced: &Fetched<Vec<Value>>, recent: &Fetched<Vec<Value>>) -> String {
+    let mut s = String::from("<h1>Overview</h1>");
+    let ambiguous = counts.iter().find(|c| c.state == PayoutState::RailAmbiguous);
+    if let Some(a) = ambiguous {
+        let kind = match a.count {
+            Ok((0, false)) => "info",
+            _ => "warn",
+        };
+        s.push_str(&notice(
+            kind,
+            &format!(
+                "Ambiguous payouts waiting for an operator (RAIL_AMBIGUOUS): <strong>{}</strong>. \
+                 <a href=\"/quarantine\">Open the quarantine</a>.",
+                count_text(&a.count)
+            ),
+        ));
+    }
+    s.push_str("<section aria-labelledby=\"by-state\"><h2 id=\"by-state\">Payouts by state</h2><ul class=\"cards\">");
+    for c in counts {
+        s.push_str(&format!(
+            "<li class=\"card\"><a href=\"/payouts?state={}\"><span class=\"label\">{}</span>\
+             <span class=\"count\">{}</span></a></li>",
+            esc(&pct(c.state.as_str())),
+            esc(c.state.as_str()),
+            count_text(&c.count)
+        ));
+    }
+    s.push_str("</ul></section>");
+    s.push_str("<section aria-labelledby=\"fenced\"><h2 id=\"fenced\">Recent fenced-out writes</h2>");
+    s.push_str(
+        "<p class=\"hint\">A write refused because a newer lock holder exists. Each one means two workers \
+         believed they held one lock; the fence stopped the stale one.</p>",
+    );
+    s.push_str(&events_table("Recent fence.refused events (payment-resource)", fenced));
+    s.push_str("</section><section aria-labelledby=\"recent\"><h2 id=\"recent\">Recent events</h2>");
+    s.push_str(&events_table("The newest events (payment-resource and rail-proxy)", recent));
+    s.push_str("</section>");
+    s
+}
+
+/// The filter of the payouts page.
+#[derive(Debug, Clone, Default)]
+pub struct PayoutFilter {
+    pub state: Option<PayoutState>,
+    pub account: Option<String>,
+    pub cursor: Option<String>,
+}
+
+fn state_select(selected: Option<PayoutState>) -> String {
+    let mut s = String::from("<select id=\"state\" name=\"state\">");
+    for st in PayoutState::ALL {
+        let sel = if Some(st) == selected { " selected" } else { "" };
+        s.push_str(&format!("<option value=\"{}\"{sel}>{}</option>", esc(st.as_str()), esc(st.as_str())));
+    }
+    s.push_str("</select>");
+    s
+}
+
+/// `/payouts`: one P1 page.
+pub fn payouts(filter: &PayoutFilter, page: &Fetched<Value>, problem: Option<&str>) -> String {
+    let state = filter.state.unwrap_or(PayoutState::Pending);
+    let account = filter.account.clone().unwrap_or_default();
+    let mut s = String::from("<h1>Payouts</h1>");
+    s.push_str(&format!(
+        "<form method=\"get\" action=\"/payouts\" class=\"filters\">\
+         <div class=\"field\"><label for=\"state\">State</label>{}</div>\
+         <div class=\"field\"><label for=\"account\">Account id</label>\
+         <input id=\"account\" name=\"account\" value=\"{}\" maxlength=\"64\" autocomplete=\"off\"></div>\
+         <button type=\"submit\">Show</button></form>",
+        state_select(Some(state)),
+        esc(&account)
+    ));
+    if let Some(p) = problem {
+        s.push_str(&notice("bad", &esc(p)));
+        return s;
+    }
+    let v = match page {
+        Ok(v) => v,
+        Err(e) => return s + &failed("The payouts", e),
+    };
+    let items = v.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|p| {
+            vec![
+                payout_link(str_of(p, "payoutId")),
+                format!("<span class=\"mono\">{}</span>", field(p, "accountId")),
+                format!("{} {}", field(p, "amountMinor"), field(p, "currency")),
+                field(p, "state"),
+                field(p, "attemptCount"),
+                format!("<span class=\"mono\">{}</span>", field(p, "createdAt")),
+            ]
+        })
+        .collect();
+    let caption = format!("{} payouts, oldest first", state.as_str());
+    s.push_str(&table(&caption, &["Payout", "Account", "Amount (minor units)", "State", "Attempts", "Created"], &rows));
+    if let Some(next) = str_of(v, "nextCursor") {
+        let mut href = format!("/payouts?state={}", pct(state.as_str()));
+        if !account.is_empty() {
+            href.push_str(&format!("&account={}", pct(&account)));
+        }
+        href.push_str(&format!("&cursor={}", pct(next)));
+        s.push_str(&format!("<p><a class=\"button\" href=\"{}\" rel=\"next\">Next page</a></p>", esc(&href)));
+    }
+    s
+}
+
+fn submissions_table(p: &Value) -> String {
+    let subs = p.get("submissions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let rows: Vec<Vec<String>> = subs
+        .iter()
+        .map(|x| {
+            vec![
+                format!("<span class=\"mono\">{}</span>", field(x, "submissionId")),
+                field(x, "presentedToken"),
+                field(x, "outcome"),
+                format!("<span class=\"mono\">{}</span>", field(x, "railReference")),
+                format!("<span class=\"mono\">{}</span>", field(x, "submittedAt")),
+                format!("<span class=\"mono\">{}</span>", field(x, "resolvedAt")),
+            ]
+        })
+        .collect();
+    table(
+        "Rail submissions (intent rows), in attempt order",
+        &["Submission", "Token", "Outcome", "Rail reference", "Submitted", "Resolved"],
+        &rows,
+    )
+}
+
+/// `/payouts/{id}`: P4 and the payout's story.
+pub fn payout(id: &str, p: &Fetched<Value>, events: &Fetched<Vec<Value>>) -> String {
+    let mut s = format!("<h1>Payout <span class=\"mono\">{}</span></h1>", esc(id));
+    match p {
+        Err(e) => s.push_str(&failed("The payout", e)),
+        Ok(p) => {
+            if str_of(p, "state") == Some(PayoutState::RailAmbiguous.as_str()) {
+                s.push_str(&notice(
+                    "warn",
+                    "This payout is <strong>RAIL_AMBIGUOUS</strong>: the rail may or may not have paid. It is \
+                     quarantined; see <a href=\"/quarantine\">the quarantine</a>.",
+                ));
+            }
+            s.push_str("<dl class=\"facts\">");
+            for (label, key) in [
+                ("State", "state"),
+                ("Account", "accountId"),
+                ("Amount (minor units)", "amountMinor"),
+                ("Currency", "currency"),
+                ("Beneficiary", "beneficiaryRef"),
+                ("Attempts", "attemptCount"),
+                ("Claim token", "claimToken"),
+                ("Claimed by", "claimedBy"),
+                ("Claimed at", "claimedAt"),
+                ("Created", "createdAt"),
+                ("Updated", "updatedAt"),
+            ] {
+                s.push_str(&format!("<dt>{}</dt><dd class=\"mono\">{}</dd>", esc(label), field(p, key)));
+            }
+            s.push_str("</dl>");
+            s.push_str(&submissions_table(p));
+        }
+    }
+    s.push_str("<section aria-labelledby=\"story\"><h2 id=\"story\">Story</h2>");
+    s.push_str(
+        "<p class=\"hint\">Created → claim (the fence rises to the grant's token) → intent (recorded before the \
+         rail call) → outcome → post. Every fenced-out write is shown where it happened.</p>",
+    );
+    match events {
+        Err(e) => s.push_str(&failed("The payout's events", e)),
+        Ok(list) if list.is_empty() => s.push_str("<p>No events recorded for this payout.</p>"),
+        Ok(list) => {
+            s.push_str("<ol class=\"timeline\">");
+            for e in list {
+                s.push_str(&format!(
+                    "<li class=\"{}\"><span class=\"when mono\">{}</span> <span class=\"kind\">{}</span> \
+                     <span class=\"what\">{}</span></li>",
+                    event_class(e),
+                    field(e, "at"),
+                    field(e, "kind"),
+                    describe(e)
+                ));
+            }
+            s.push_str("</ol>");
+        }
+    }
+    s.push_str("</section>");
+    s
+}
+
+/// `/quarantine`: every RAIL_AMBIGUOUS payout with its intent rows, and no retry.
+pub fn quarantine(list: &Fetched<(Vec<Fetched<Value>>, bool)>) -> String {
+    let mut s = String::from("<h1>Quarantine</h1>");
+    s.push_str(&notice(
+        "info",
+        "Each payout here reached the rail and got no usable answer: the rail may have paid. \
+         <strong>No second submission can happen</strong>: the rail-proxy refuses any further submission of a \
+         RAIL_AMBIGUOUS payout under any token, and the executors never pick it up again. Only an operator's \
+         resolution, from the rail's own record, settles it.",
+    ));
+    let (items, more) = match list {
+        Err(e) => return s + &failed("The quarantined payouts", e),
+        Ok(x) => x,
+    };
+    if items.is_empty() {
+        s.push_str("<p>No payout is quarantined.</p>");
+    }
+    for item in items {
+        match item {
+            Err(e) => s.push_str(&failed("A quarantined payout", e)),
+            Ok(p) => {
+                let id = str_of(p, "payoutId").unwrap_or("");
+                s.push_str(&format!(
+                    "<article class=\"quarantined\"><h2>{}</h2><p>{} {} from account <span class=\"mono\">{}</span> \
+                     to <span class=\"mono\">{}</span>, {} attempt(s).</p>",
+                    payout_link(Some(id)),
+                    field(p, "amountMinor"),
+                    field(p, "currency"),
+                    field(p, "accountId"),
+                    field(p, "beneficiaryRef"),
+                    field(p, "attemptCount")
+                ));
+                s.push_str(&submissions_table(p));
+                let cmd = format!(
+                    "dlock resolve {id} --as posted|failed --operator NAME --reason TEXT [--rail-reference REF]"
+                );
+                s.push_str(&format!(
+                    "<div class=\"placeholder\"><p><strong>Resolve (coming in a later console slice).</strong> \
+                     Check the rail's own record for this payout, then run on a host with paydb access:</p>\
+                     <label for=\"cmd-{idx}\">Command</label>\
+                     <textarea id=\"cmd-{idx}\" class=\"mono cmd\" readonly rows=\"2\">{cmd}</textarea></div></article>",
+                    idx = esc(&pct(id)),
+                    cmd = esc(&cmd)
+                ));
+            }
+        }
+    }
+    if *more {
+        s.push_str(&notice("warn", "More quarantined payouts exist than this page shows."));
+    }
+    s
+}
+
+/// What a revoke answered, to show on the locks page.
+#[derive(Debug, Clone)]
+pub enum RevokeResult {
+    Done(Value),
+    Refused(String),
+}
+
+/// `/locks`: L7 for one key, and the revoke form for an operator.
+pub fn locks(
+    viewer: &Viewer,
+    key: Option<&str>,
+    info: Option<&Fetched<Option<Value>>>,
+    problem: Option<&str>,
+    result: Option<&RevokeResult>,
+) -> String {
+    let mut s = String::from("<h1>Locks</h1>");
+    s.push_str(&format!(
+        "<form method=\"get\" action=\"/locks\" class=\"filters\"><div class=\"field\">\
+         <label for=\"key\">Lock key</label><input id=\"key\" name=\"key\" value=\"{}\" maxlength=\"128\" \
+         placeholder=\"payout:ACCOUNT\" autocomplete=\"off\" required></div><button type=\"submit\">Look up</button></form>",
+        esc(key.unwrap_or(""))
+    ));
+    s.push_str(
+        "<p class=\"hint\">An advisory read (L7): the lock may change the moment after. Expiry is the lock \
+         server's clock.</p>",
+    );
+    match result {
+        Some(RevokeResult::Done(v)) => s.push_str(&notice(
+            "info",
+            &format!(
+                "Revoked token {}. The token floor is now {}: the evicted holder is fenced out at the resources. \
+                 Revocation <span class=\"mono\">{}</span>.",
+                field(v, "revokedToken"),
+                field(v, "newTokenFloor"),
+                field(v, "revocationId")
+            ),
+        )),
+        Some(RevokeResult::Refused(why)) => s.push_str(&notice("bad", &format!("Not revoked: {}", esc(why)))),
+        None => {}
+    }
+    if let Some(p) = problem {
+        s.push_str(&notice("bad", &esc(p)));
+    }
+    let (Some(key), Some(info)) = (key, info) else { return s };
+    let v = match info {
+        Err(e) => return s + &failed("The lock", e),
+        Ok(None) => return s + &notice("info", "This key was never granted (L7 answers 404)."),
+        Ok(Some(v)) => v,
+    };
+    let held = v.get("held").and_then(Value::as_bool).unwrap_or(false);
+    s.push_str("<dl class=\"facts\">");
+    s.push_str(&format!("<dt>Key</dt><dd class=\"mono\">{}</dd>", field(v, "key")));
+    s.push_str(&format!("<dt>Held</dt><dd>{}</dd>", if held { "yes" } else { "no" }));
+    for (label, k) in [
+        ("Holder (owner id)", "ownerId"),
+        ("Fencing token", "fencingToken"),
+        ("Acquired at", "acquiredAt"),
+        ("Lease expires at (server clock)", "expiresAt"),
+        ("Waiters", "waiterCount"),
+    ] {
+        s.push_str(&format!("<dt>{}</dt><dd class=\"mono\">{}</dd>", esc(label), field(v, k)));
+    }
+    s.push_str("<dt>Token floor</dt><dd>not reported by L7; a revoke answers the new floor</dd></dl>");
+    if viewer.role == Role::Operator && held {
+        let token = v.get("fencingToken").map(|t| display(Some(t))).unwrap_or_default();
+        s.push_str(&format!(
+            "<section aria-labelledby=\"revoke\"><h2 id=\"revoke\">Revoke</h2>\
+             <p class=\"hint\">Revoking raises the token floor, so the current holder's in-flight writes are \
+             fenced out at the resources. It does not pay or cancel anything.</p>\
+             <form method=\"post\" action=\"/locks/revoke\" class=\"stack\" \
+             data-confirm=\"Revoke this lock? The holder will be fenced out.\">{csrf}\
+             <input type=\"hidden\" name=\"key\" value=\"{key}\">\
+             <div class=\"field\"><label for=\"operator\">Your name (operator)</label>\
+             <input id=\"operator\" name=\"operator\" required maxlength=\"64\" autocomplete=\"username\"></div>\
+             <div class=\"field\"><label for=\"reason\">Reason (at least 8 characters)</label>\
+             <textarea id=\"reason\" name=\"reason\" required minlength=\"8\" maxlength=\"512\" rows=\"3\"></textarea></div>\
+             <div class=\"field\"><label for=\"expected_token\">Expected token (revoke only if still this grant)</label>\
+             <input id=\"expected_token\" name=\"expected_token\" inputmode=\"numeric\" pattern=\"[0-9]+\" value=\"{token}\" required></div>\
+             <button type=\"submit\" class=\"danger\">Revoke</button></form></section>",
+            csrf = csrf_field(&viewer.csrf),
+            key = esc(key),
+            token = esc(&token),
+        ));
+    }
+    s
+}
+
+/// The filter of the events page.
+#[derive(Debug, Clone, Default)]
+pub struct EventFilterForm {
+    pub source: String,
+    pub kind: String,
+    pub account: String,
+    pub payout: String,
+    pub lock_key: String,
+}
+
+/// The event kinds a filter may pick (C3-extensions E-20, paydb's kinds).
+pub const EVENT_KINDS: [&str; 10] = [
+    "account.created",
+    "payout.created",
+    "payout.state_changed",
+    "fence.raised",
+    "fence.refused",
+    "rail.mark_raised",
+    "rail.intent",
+    "rail.refused",
+    "rail.outcome",
+    "operator.resolution",
+];
+
+/// `/events`: the recent events of one source, filtered.
+pub fn events(f: &EventFilterForm, events: &Fetched<Vec<Value>>, problem: Option<&str>) -> String {
+    let mut s = String::from("<h1>Events</h1>");
+    let mut sources = String::new();
+    for (v, label) in [("payment", "payment-resource"), ("proxy", "rail-proxy")] {
+        let sel = if f.source == v { " selected" } else { "" };
+        sources.push_str(&format!("<option value=\"{}\"{sel}>{}</option>", esc(v), esc(label)));
+    }
+    let mut kinds = String::from("<option value=\"\">any</option>");
+    for k in EVENT_KINDS {
+        let sel = if f.kind == k { " selected" } else { "" };
+        kinds.push_str(&format!("<option value=\"{}\"{sel}>{}</option>", esc(k), esc(k)));
+    }
+    s.push_str(&format!(
+        "<form method=\"get\" action=\"/events\" class=\"filters\">\
+         <div class=\"field\"><label for=\"source\">Source</label><select id=\"source\" name=\"source\">{sources}</select></div>\
+         <div class=\"field\"><label for=\"kind\">Kind</label><select id=\"kind\" name=\"kind\">{kinds}</select></div>\
+         <div class=\"field\"><label for=\"account\">Account id</label><input id=\"account\" name=\"account\" value=\"{}\" maxlength=\"128\" autocomplete=\"off\"></div>\
+         <div class=\"field\"><label for=\"payout\">Payout id</label><input id=\"payout\" name=\"payout\" value=\"{}\" maxlength=\"128\" autocomplete=\"off\"></div>\
+         <div class=\"field\"><label for=\"lockKey\">Lock key</label><input id=\"lockKey\" name=\"lockKey\" value=\"{}\" maxlength=\"128\" autocomplete=\"off\"></div>\
+         <button type=\"submit\">Filter</button></form>",
+        esc(&f.account),
+        esc(&f.payout),
+        esc(&f.lock_key)
+    ));
+    if let Some(p) = problem {
+        s.push_str(&notice("bad", &esc(p)));
+        return s;
+    }
+    s.push_str(&events_table("The newest events, oldest first", events));
+    s
+}
+
+/// `/login`.
+pub fn login(problem: Option<&str>) -> String {
+    let mut s = String::from("<h1>Sign in</h1>");
+    if let Some(p) = problem {
+        s.push_str(&notice("bad", &esc(p)));
+    }
+    s.push_str(
+        "<p>Sign in with a dlock bearer token (operator or reader; C3-extensions E-13). The console keeps it \
+         on the server for your session and calls the services with it.</p>\
+         <form method=\"post\" action=\"/login\" class=\"stack\">\
+         <div class=\"field\"><label for=\"token\">Token</label>\
+         <input id=\"token\" name=\"token\" type=\"password\" required autocomplete=\"current-password\" maxlength=\"512\"></div>\
+         <button type=\"submit\">Sign in</button></form>",
+    );
+    s
+}
+
+/// A short page for an error (`title` and `message` are literal or escaped here).
+pub fn error(title: &str, message: &str) -> String {
+    format!("<h1>{}</h1><p>{}</p><p><a href=\"/\">Back to the overview</a></p>", esc(title), esc(message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const XSS: &str = "<script>alert(1)</script>\"><img src=x onerror=alert(1)>";
+
+    #[test]
+    fn every_event_kind_renders_its_hostile_data_escaped() {
+        for kind in EVENT_KINDS.iter().copied().chain(["unknown.kind", XSS]) {
+            let data: serde_json::Map<String, Value> = [
+                "ownerId",
+                "reason",
+                "operator",
+                "beneficiaryRef",
+                "railReference",
+                "submissionId",
+                "outcome",
+                "from",
+                "to",
+                "operation",
+                "currency",
+                "state",
+                "resolvedAs",
+            ]
+            .iter()
+            .map(|k| ((*k).to_owned(), Value::String(XSS.to_owned())))
+            .collect();
+            let e = serde_json::json!({"kind": kind, "at": XSS, "accountId": XSS, "payoutId": XSS, "lockKey": XSS, "data": data});
+            let html = event_rows(std::slice::from_ref(&e)).concat().concat() + &describe(&e);
+            assert!(!html.contains("<script>") && !html.contains("<img"), "{kind}: {html}");
+        }
+    }
+}

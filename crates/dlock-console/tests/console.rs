@@ -1,0 +1,520 @@
+//! The console against fake services: one in-process axum router on 127.0.0.1:0 (through
+//! `dlock_rt`) answering canned C3-shaped JSON for the payment-resource, the rail-proxy and
+//! the lock server, with hostile strings in every field a client controls. No database.
+#![cfg(not(madsim))]
+
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use dlock_console::app::CSP;
+use dlock_http::auth::AuthSettings;
+use dlock_rt::http::{BaseUrl, ClientResponse, HttpClient};
+use serde_json::{json, Value};
+
+const OP: &str = "operator-console-test-token-0001";
+const RD: &str = "reader-console-test-token-000001";
+const WK: &str = "worker-console-test-token-000001";
+const XSS: &str = "<script>alert(1)</script>\"><img src=x onerror=alert(1)>";
+const PAYOUT: &str = "4b6f1b5e-0000-4000-8000-000000000001";
+const KEY: &str = "payout:acct-1";
+
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    authorization: Option<String>,
+    owner: Option<String>,
+    body: String,
+}
+
+type Log = Arc<Mutex<Vec<Seen>>>;
+
+fn event(seq: i64, kind: &str, data: Value) -> Value {
+    json!({
+        "eventId": format!("paydb/{seq}"), "seq": seq, "kind": kind, "at": "2026-01-01T00:00:00.000Z",
+        "accountId": XSS, "payoutId": PAYOUT, "lockKey": XSS, "data": data
+    })
+}
+
+fn events() -> Value {
+    let x = XSS;
+    json!({"cursor": "c1", "events": [
+        event(1, "payout.created", json!({"amountMinor": 100, "currency": x, "beneficiaryRef": x, "state": "PENDING"})),
+        event(2, "fence.raised", json!({"previousFence": 0, "presentedToken": 7})),
+        event(3, "payout.state_changed", json!({"from": x, "to": "CLAIMED", "attemptCount": 1, "claimToken": 7})),
+        event(4, "rail.intent", json!({"submissionId": x, "presentedToken": 7, "ownerId": x, "amountMinor": 100, "currency": "EUR", "outcome": null})),
+        event(5, "rail.outcome", json!({"submissionId": x, "presentedToken": 7, "outcome": x, "railReference": x})),
+        event(6, "fence.refused", json!({"operation": x, "presentedToken": 6, "fence": 7, "ownerId": x, "payoutIds": [x]})),
+        event(7, "rail.refused", json!({"submissionId": x, "presentedToken": 6, "ownerId": x, "outcome": "FENCED"})),
+        event(8, "operator.resolution", json!({"resolutionId": x, "resolvedAs": x, "operator": x, "reason": x, "railReference": x})),
+        event(9, x, json!({"anything": x})),
+    ]})
+}
+
+fn payout_body() -> Value {
+    json!({
+        "payoutId": PAYOUT, "accountId": XSS, "amountMinor": 100, "currency": "EUR", "beneficiaryRef": XSS,
+        "state": "RAIL_AMBIGUOUS", "attemptCount": 1, "claimToken": 7, "claimedBy": XSS,
+        "claimedAt": "2026-01-01T00:00:00Z", "createdAt": "2026-01-01T00:00:00Z", "updatedAt": "2026-01-01T00:00:00Z",
+        "submissions": [{"submissionId": "9b6f1b5e-0000-4000-8000-000000000009", "presentedToken": 7,
+            "outcome": "TIMEOUT", "railReference": XSS, "submittedAt": "2026-01-01T00:00:00Z"}]
+    })
+}
+
+fn refuse(status: StatusCode, code: &str) -> Response {
+    (status, axum::Json(json!({"code": code, "message": "refused", "traceId": "t"}))).into_response()
+}
+
+async fn fake(State(log): State<Log>, headers: HeaderMap, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_else(|_| Bytes::new());
+    let text = |h: &str| headers.get(h).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let path = parts.uri.path().to_owned();
+    let query = parts.uri.query().unwrap_or("").to_owned();
+    log.lock().expect("log").push(Seen {
+        method: parts.method.to_string(),
+        path: format!("{path}?{query}"),
+        authorization: text("authorization"),
+        owner: text("x-owner-id"),
+        body: String::from_utf8_lossy(&body).into_owned(),
+    });
+    let bearer = text("authorization").unwrap_or_default();
+    if bearer != format!("Bearer {OP}") && bearer != format!("Bearer {RD}") {
+        return refuse(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED");
+    }
+    let ok = |v: Value| axum::Json(v).into_response();
+    match (parts.method.as_str(), path.as_str()) {
+        ("GET", "/v1/payouts") => {
+            let item = json!({"payoutId": PAYOUT, "accountId": XSS, "amountMinor": 100, "currency": "EUR",
+                "state": "RAIL_AMBIGUOUS", "attemptCount": 1, "createdAt": XSS});
+            // PENDING always has another page: the overview's count must stop at its bound.
+            if query.contains("state=PENDING") {
+                ok(json!({"items": [item], "nextCursor": "next"}))
+            } else {
+                ok(json!({"items": [item]}))
+            }
+        }
+        ("GET", p) if p == format!("/v1/payouts/{PAYOUT}") => ok(payout_body()),
+        ("GET", "/v1/events/recent") => ok(events()),
+        ("GET", p) if p.starts_with("/v1/locks/") => ok(json!({
+            "key": KEY, "held": true, "ownerId": XSS, "fencingToken": 42,
+            "acquiredAt": "2026-01-01T00:00:00.000Z", "expiresAt": "2026-01-01T00:00:10.000Z", "waiterCount": 1
+        })),
+        ("POST", p) if p.starts_with("/v1/locks/") && p.ends_with("/revoke") => {
+            if bearer != format!("Bearer {OP}") {
+                return refuse(StatusCode::FORBIDDEN, "FORBIDDEN");
+            }
+            ok(json!({"revokedToken": 42, "newTokenFloor": 43, "revocationId": "5b6f1b5e-0000-4000-8000-000000000005"}))
+        }
+        _ => refuse(StatusCode::NOT_FOUND, "NOT_FOUND"),
+    }
+}
+
+struct Rig {
+    console: BaseUrl,
+    log: Log,
+    client: HttpClient,
+    _fake: dlock_rt::ServiceHandle<()>,
+    _handle: dlock_rt::ServiceHandle<dlock_console::Console>,
+}
+
+async fn rig() -> Rig {
+    let log: Log = Arc::default();
+    let router = axum::Router::new().fallback(fake).with_state(log.clone());
+    let l = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+    let fake = dlock_rt::ServiceHandle::serve(Arc::new(()), l, router, 1_000, std::future::pending()).expect("fake");
+    let at = BaseUrl::parse(&format!("http://{}", fake.local_addr)).expect("url");
+    let cfg = dlock_console::ConsoleConfig {
+        payment_url: at.clone(),
+        lock_url: at.clone(),
+        proxy_url: at,
+        session_ttl_ms: 60_000,
+        auth: AuthSettings::inline(&format!("operator {OP}\nreader {RD}\nworker {WK}\n")),
+    };
+    let l = dlock_rt::http::bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+    let handle =
+        dlock_console::start(cfg, dlock_rt::Clock::system(), l, std::future::pending()).await.expect("console");
+    let console = BaseUrl::parse(&format!("http://{}", handle.local_addr)).expect("url");
+    Rig { console, log, client: HttpClient::new(1_000, 10_000).without_bearer(), _fake: fake, _handle: handle }
+}
+
+impl Rig {
+    async fn get(&self, path: &str, cookie: Option<&str>) -> ClientResponse {
+        self.get_with(path, cookie, &[]).await
+    }
+
+    async fn get_with(&self, path: &str, cookie: Option<&str>, extra: &[(&str, &str)]) -> ClientResponse {
+        let c = cookie.map(|c| format!("dlock_console_session={c}"));
+        let mut h: Vec<(&str, &str)> = extra.to_vec();
+        if let Some(c) = &c {
+            h.push(("cookie", c.as_str()));
+        }
+        self.client.send(&self.console, http::Method::GET, path, &h, None).await.expect("answered")
+    }
+
+    async fn post(&self, path: &str, cookie: Option<&str>, form: &str, origin: Option<&str>) -> ClientResponse {
+        let c = cookie.map(|c| format!("dlock_console_session={c}"));
+        let mut h = vec![("content-type", "application/x-www-form-urlencoded")];
+        if let Some(c) = &c {
+            h.push(("cookie", c.as_str()));
+        }
+        if let Some(o) = origin {
+            h.push(("origin", o));
+        }
+        let body = Some(Bytes::from(form.to_owned()));
+        self.client.send(&self.console, http::Method::POST, path, &h, body).await.expect("answered")
+    }
+
+    fn own_origin(&self) -> String {
+        format!("http://{}", self.console.authority)
+    }
+
+    /// Signs in with `token`: the session cookie's value and the session's CSRF token.
+    async fn login(&self, token: &str) -> (String, String) {
+        let r = self.post("/login", None, &format!("token={token}"), Some(&self.own_origin())).await;
+        assert_eq!(r.status, 303, "{}", body(&r));
+        let cookie = set_cookie(&r).expect("a session cookie");
+        let value = cookie.split(';').next().and_then(|c| c.split_once('=')).map(|(_, v)| v.to_owned());
+        let value = value.expect("a value");
+        let page = self.get("/", Some(&value)).await;
+        (value, csrf_of(&body(&page)).expect("a csrf field"))
+    }
+
+    fn revokes(&self) -> Vec<Seen> {
+        self.log.lock().expect("log").iter().filter(|s| s.method == "POST").cloned().collect()
+    }
+}
+
+fn body(r: &ClientResponse) -> String {
+    String::from_utf8_lossy(&r.body).into_owned()
+}
+
+fn header(r: &ClientResponse, name: &str) -> Option<String> {
+    r.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+fn set_cookie(r: &ClientResponse) -> Option<String> {
+    header(r, "set-cookie")
+}
+
+fn csrf_of(html: &str) -> Option<String> {
+    let at = html.find("name=\"csrf\" value=\"")? + "name=\"csrf\" value=\"".len();
+    html[at..].split('"').next().map(str::to_owned)
+}
+
+/// Every page the console serves to a signed-in session.
+const PAGES: [&str; 8] = [
+    "/",
+    "/payouts?state=RAIL_AMBIGUOUS",
+    "/payouts/4b6f1b5e-0000-4000-8000-000000000001",
+    "/quarantine",
+    "/locks?key=payout:acct-1",
+    "/events",
+    "/events?source=proxy&kind=fence.refused",
+    "/locks",
+];
+
+#[tokio::test]
+async fn login_sets_an_httponly_samesite_strict_session_cookie() {
+    let rig = rig().await;
+    let r = rig.post("/login", None, &format!("token={OP}"), None).await;
+    assert_eq!(r.status, 303);
+    assert_eq!(header(&r, "location").as_deref(), Some("/"));
+    let c = set_cookie(&r).expect("cookie");
+    assert!(c.starts_with("dlock_console_session="), "{c}");
+    for flag in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(c.split("; ").any(|p| p == flag), "{flag} missing from {c}");
+    }
+    assert!(!c.contains(OP), "the cookie never carries the token");
+    let (cookie, _) = rig.login(RD).await;
+    assert_eq!(rig.get("/", Some(&cookie)).await.status, 200);
+}
+
+#[tokio::test]
+async fn a_wrong_token_is_refused_and_sets_no_cookie() {
+    let rig = rig().await;
+    for (token, status) in [("not-a-credential-of-this-deployment", 401), ("short", 401), (WK, 403)] {
+        let r = rig.post("/login", None, &format!("token={token}"), None).await;
+        assert_eq!(r.status, status, "{token}");
+        assert!(set_cookie(&r).is_none(), "{token}");
+        let page = body(&r);
+        assert!(page.contains("<form method=\"post\" action=\"/login\""), "the login form again");
+        assert!(!page.contains(token) || token == "short", "a refused token is never echoed");
+    }
+}
+
+#[tokio::test]
+async fn logout_deletes_the_session_so_the_old_cookie_is_sent_to_login() {
+    let rig = rig().await;
+    let (cookie, csrf) = rig.login(OP).await;
+    let r = rig.post("/logout", Some(&cookie), &format!("csrf={csrf}"), None).await;
+    assert_eq!((r.status, header(&r, "location").as_deref()), (303, Some("/login")));
+    assert!(set_cookie(&r).is_some_and(|c| c.contains("Max-Age=0")), "the browser is told to forget it");
+    for path in PAGES {
+        let r = rig.get(path, Some(&cookie)).await;
+        assert_eq!((r.status, header(&r, "location").as_deref()), (303, Some("/login")), "{path}");
+    }
+    let r = rig.post("/locks/revoke", Some(&cookie), &format!("csrf={csrf}&key={KEY}"), None).await;
+    assert_eq!(r.status, 303, "a replayed cookie cannot act either");
+    assert!(rig.revokes().is_empty());
+}
+
+#[tokio::test]
+async fn every_action_route_refuses_a_post_without_or_with_a_wrong_csrf_token() {
+    let rig = rig().await;
+    let (cookie, csrf) = rig.login(OP).await;
+    let form = format!("key={KEY}&operator=alice&reason=wedged+worker+on+acct-1&expected_token=42");
+    for route in ["/locks/revoke", "/logout"] {
+        for bad in [String::new(), "&csrf=".to_owned(), "&csrf=0000".to_owned(), format!("&csrf={}x", csrf)] {
+            let r = rig.post(route, Some(&cookie), &format!("{form}{bad}"), None).await;
+            assert_eq!(r.status, 403, "{route} {bad}");
+            assert!(header(&r, "content-type").is_some_and(|c| c.starts_with("text/html")));
+        }
+    }
+    assert!(rig.revokes().is_empty(), "no refused action reached the lock server");
+    assert_eq!(rig.get("/", Some(&cookie)).await.status, 200, "the refused logouts ended nothing");
+}
+
+#[tokio::test]
+async fn a_post_from_another_origin_is_refused_even_with_the_csrf_token() {
+    let rig = rig().await;
+    let (cookie, csrf) = rig.login(OP).await;
+    let form = format!("csrf={csrf}&key={KEY}&operator=alice&reason=wedged+worker+on+acct-1&expected_token=42");
+    for route in ["/locks/revoke", "/logout"] {
+        let r = rig.post(route, Some(&cookie), &form, Some("https://evil.example")).await;
+        assert_eq!(r.status, 403, "{route}");
+    }
+    let r = rig.post("/login", None, &format!("token={OP}"), Some("null")).await;
+    assert_eq!(r.status, 403);
+    assert!(set_cookie(&r).is_none());
+    assert!(rig.revokes().is_empty());
+    let r = rig.post("/locks/revoke", Some(&cookie), &form, Some(&rig.own_origin())).await;
+    assert_eq!(r.status, 200, "the console's own origin is accepted");
+}
+
+#[tokio::test]
+async fn a_reader_session_sees_no_action_buttons_and_a_forged_reader_post_is_403() {
+    let rig = rig().await;
+    let (reader, reader_csrf) = rig.login(RD).await;
+    for path in PAGES {
+        let page = body(&rig.get(path, Some(&reader)).await);
+        assert!(!page.contains("/locks/revoke"), "{path} shows a reader an action");
+        assert!(!page.contains("class=\"danger\""), "{path}");
+        assert!(!page.to_lowercase().contains("retry"), "{path} offers a retry");
+    }
+    let (operator, _) = rig.login(OP).await;
+    let page = body(&rig.get("/locks?key=payout:acct-1", Some(&operator)).await);
+    assert!(page.contains("action=\"/locks/revoke\""), "an operator sees the revoke form");
+    let form = format!("csrf={reader_csrf}&key={KEY}&operator=mallory&reason=forged+by+a+reader&expected_token=42");
+    let r = rig.post("/locks/revoke", Some(&reader), &form, Some(&rig.own_origin())).await;
+    assert_eq!(r.status, 403);
+    assert!(rig.revokes().is_empty(), "the forged revoke never reached the lock server");
+}
+
+#[tokio::test]
+async fn an_operator_revoke_reaches_l8_with_the_session_bearer_and_shows_the_new_floor() {
+    let rig = rig().await;
+    let (cookie, csrf) = rig.login(OP).await;
+    let form = format!("csrf={csrf}&key={KEY}&operator=alice&reason=worker+wedged+on+acct-1&expected_token=42");
+    let r = rig.post("/locks/revoke", Some(&cookie), &form, None).await;
+    assert_eq!(r.status, 200);
+    let page = body(&r);
+    assert!(page.contains("The token floor is now 43"), "{page}");
+    let sent = rig.revokes();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].path, "/v1/locks/payout%3Aacct-1/revoke?");
+    assert_eq!(sent[0].authorization.as_deref(), Some(format!("Bearer {OP}").as_str()));
+    assert_eq!(sent[0].owner.as_deref(), Some("alice"));
+    let b: Value = serde_json::from_str(&sent[0].body).expect("json");
+    assert_eq!(b, json!({"operator": "alice", "reason": "worker wedged on acct-1", "expectedToken": 42}));
+    let short = format!("csrf={csrf}&key={KEY}&operator=alice&reason=short&expected_token=42");
+    assert_eq!(rig.post("/locks/revoke", Some(&cookie), &short, None).await.status, 400);
+    assert_eq!(rig.revokes().len(), 1, "a reason under 8 characters is refused before L8");
+}
+
+#[tokio::test]
+async fn an_xss_payload_in_every_rendered_field_comes_out_escaped() {
+    let rig = rig().await;
+    let (cookie, _) = rig.login(OP).await;
+    let escaped = dlock_console::html::esc(XSS);
+    let hostile_query = dlock_console::html::pct(XSS);
+    let mut pages: Vec<String> = PAGES.iter().map(|p| (*p).to_owned()).collect();
+    pages.push(format!("/locks?key={hostile_query}"));
+    pages.push(format!("/events?account={hostile_query}"));
+    pages.push(format!("/payouts?account={hostile_query}"));
+    for path in &pages {
+        let page = body(&rig.get(path, Some(&cookie)).await);
+        assert!(!page.contains(XSS), "{path}: the raw payload");
+        assert!(!page.contains("<script>alert"), "{path}");
+        assert!(!page.contains("<img"), "{path}");
+        if *path != "/locks" {
+            assert!(page.contains(&escaped), "{path}: the escaped payload is shown");
+        }
+    }
+}
+
+/// The tags of `html` (what lies between `<` and `>`; escaped text holds neither).
+fn tags(html: &str) -> Vec<&str> {
+    html.split('<').skip(1).filter_map(|t| t.split_once('>').map(|(tag, _)| tag)).collect()
+}
+
+/// The attribute names of one tag's text (after its name), reading quoted values whole.
+fn attribute_names(tag: &str) -> Vec<String> {
+    let b = tag.as_bytes();
+    let mut names = Vec::new();
+    let mut i = b.iter().position(|c| c.is_ascii_whitespace()).unwrap_or(b.len());
+    while i < b.len() {
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let start = i;
+        while i < b.len() && !b[i].is_ascii_whitespace() && b[i] != b'=' {
+            i += 1;
+        }
+        if i > start {
+            names.push(tag[start..i].to_ascii_lowercase());
+        }
+        if i < b.len() && b[i] == b'=' {
+            i += 1;
+            if i < b.len() && (b[i] == b'"' || b[i] == b'\'') {
+                let q = b[i];
+                i += 1;
+                while i < b.len() && b[i] != q {
+                    i += 1;
+                }
+                i += 1;
+            } else {
+                while i < b.len() && !b[i].is_ascii_whitespace() {
+                    i += 1;
+                }
+            }
+        }
+    }
+    names
+}
+
+/// Why `html` breaks the CSP's rules, if it does: an inline script body, a `style`
+/// element or attribute, or an `on…` handler attribute.
+fn inline_code(html: &str) -> Option<String> {
+    for tag in tags(html) {
+        let name = tag.split_whitespace().next().unwrap_or("");
+        let bad_attr = attribute_names(tag).iter().any(|a| a == "style" || a.starts_with("on"));
+        if bad_attr || name.eq_ignore_ascii_case("style") {
+            return Some(format!("<{tag}>"));
+        }
+    }
+    let mut rest = html;
+    while let Some(at) = rest.find("<script") {
+        let after = &rest[at..];
+        let open_end = after.find('>')?;
+        if !after[..open_end].contains(" src=\"/assets/") || !after[open_end + 1..].starts_with("</script>") {
+            return Some(after.chars().take(80).collect());
+        }
+        rest = &after[open_end..];
+    }
+    None
+}
+
+#[test]
+fn the_inline_code_check_finds_each_kind_it_forbids() {
+    assert!(inline_code("<p onclick=\"x()\">a</p>").is_some());
+    assert!(inline_code("<div style=\"color:red\">a</div>").is_some());
+    assert!(inline_code("<script>alert(1)</script>").is_some());
+    assert!(inline_code("<style>p{}</style>").is_some());
+    assert!(inline_code("<script src=\"/assets/console.js\" defer></script><p>onerror=x &lt;img&gt;</p>").is_none());
+    assert!(inline_code("<input value=\"&quot;&gt;&lt;img src=x onerror=alert(1)&gt;\" name=\"a\">").is_none());
+    assert!(inline_code("<input value=\"x\" onfocus=\"y\">").is_some());
+}
+
+#[tokio::test]
+async fn the_csp_and_security_headers_are_on_every_page_and_no_page_holds_inline_code() {
+    let rig = rig().await;
+    let (cookie, _) = rig.login(OP).await;
+    let mut answers = vec![
+        ("/login".to_owned(), rig.get("/login", None).await),
+        ("/nope".to_owned(), rig.get("/nope", Some(&cookie)).await),
+        ("bad login".to_owned(), rig.post("/login", None, "token=wrong-token-0000000000", None).await),
+        ("no session".to_owned(), rig.get("/", None).await),
+    ];
+    for p in PAGES {
+        answers.push((p.to_owned(), rig.get(p, Some(&cookie)).await));
+    }
+    for (path, r) in &answers {
+        assert_eq!(header(r, "content-security-policy").as_deref(), Some(CSP), "{path}");
+        assert_eq!(header(r, "x-content-type-options").as_deref(), Some("nosniff"), "{path}");
+        assert_eq!(header(r, "referrer-policy").as_deref(), Some("no-referrer"), "{path}");
+        assert_eq!(header(r, "cache-control").as_deref(), Some("no-store"), "{path}");
+        if let Some(bad) = inline_code(&body(r)) {
+            panic!("{path} holds inline code: {bad}");
+        }
+    }
+    assert_eq!(answers[1].1.status, 404);
+}
+
+#[tokio::test]
+async fn the_assets_are_embedded_and_served_with_long_cache_headers() {
+    let rig = rig().await;
+    for (path, kind) in [("/assets/console.css", "text/css"), ("/assets/console.js", "text/javascript")] {
+        let r = rig.get(path, None).await;
+        assert_eq!(r.status, 200, "{path}");
+        assert!(header(&r, "content-type").is_some_and(|c| c.starts_with(kind)), "{path}");
+        assert_eq!(header(&r, "cache-control").as_deref(), Some(dlock_console::app::ASSET_CACHE_CONTROL));
+        assert_eq!(header(&r, "content-security-policy").as_deref(), Some(CSP));
+        let text = body(&r);
+        assert!(!text.contains("http://") && !text.contains("https://"), "{path} reaches outside");
+    }
+    let login = body(&rig.get("/login", None).await);
+    assert!(login.contains("/assets/console.css?v=") && login.contains("/assets/console.js?v="));
+}
+
+#[tokio::test]
+async fn without_a_session_a_page_redirects_to_login_and_live_is_401() {
+    let rig = rig().await;
+    for path in PAGES {
+        let r = rig.get(path, None).await;
+        assert_eq!((r.status, header(&r, "location").as_deref()), (303, Some("/login")), "{path}");
+    }
+    let r = rig.get("/live?source=payment", Some("forged-session-id")).await;
+    assert_eq!(r.status, 401);
+    let env: Value = serde_json::from_slice(&r.body).expect("the C3 envelope");
+    assert_eq!(env["code"], "UNAUTHENTICATED");
+}
+
+#[tokio::test]
+async fn the_fragment_header_returns_only_the_main_region() {
+    let rig = rig().await;
+    let (cookie, _) = rig.login(RD).await;
+    let full = body(&rig.get("/", Some(&cookie)).await);
+    assert!(full.contains("<html") && full.contains("data-live=\"/live?source=payment\""));
+    let part = body(&rig.get_with("/", Some(&cookie), &[("x-console-fragment", "1")]).await);
+    assert!(part.starts_with("<h1>Overview</h1>"), "{part}");
+    assert!(!part.contains("<html") && !part.contains("<nav"));
+}
+
+#[tokio::test]
+async fn the_overview_count_stops_at_its_page_bound_and_says_at_least() {
+    let rig = rig().await;
+    let (cookie, _) = rig.login(RD).await;
+    rig.log.lock().expect("log").clear();
+    let page = body(&rig.get("/", Some(&cookie)).await);
+    let bound = dlock_console::app::COUNT_PAGES_MAX;
+    assert!(page.contains(&format!("≥ {bound}")), "PENDING pages on forever: {page}");
+    let pending_reads = rig.log.lock().expect("log").iter().filter(|s| s.path.contains("state=PENDING")).count();
+    assert_eq!(pending_reads, bound);
+    assert!(page.contains("RAIL_AMBIGUOUS"));
+}
+
+#[tokio::test]
+async fn the_quarantine_lists_intent_rows_states_no_resubmission_and_offers_no_retry() {
+    let rig = rig().await;
+    let (cookie, _) = rig.login(OP).await;
+    let page = body(&rig.get("/quarantine", Some(&cookie)).await);
+    assert!(page.contains("No second submission can happen"));
+    assert!(page.contains(&format!("dlock resolve {PAYOUT} --as posted|failed")), "{page}");
+    assert!(page.contains("TIMEOUT"), "the intent row's outcome");
+    assert!(!page.to_lowercase().contains("retry"));
+    assert!(!page.contains("method=\"post\" action=\"/quarantine"), "no action in this slice");
+}
