@@ -68,7 +68,7 @@
 #   DLOCK_SKIP_REAL_RUN=1        skip the real run (real/, docs/real-runs.md; it needs root)
 #   DLOCK_REAL_SEED              the real run's seed (default 1: CI replays one schedule)
 #   DLOCK_REAL_DURATION          the real run's fault phase (default 60s; the soak is 30m)
-#   FUZZ_SECONDS_PER_TARGET      seconds of libFuzzer per fuzz target (default 8, a smoke; the
+#   FUZZ_SECONDS_PER_TARGET      seconds of libFuzzer per fuzz target (default 5, a smoke; the
 #                                stage runs the targets one after the other)
 #   DLOCK_SKIP_BROWSER=1         do not install chromium; the timeline's browser test then
 #                                prints that it skipped (without this knob a missing
@@ -651,7 +651,7 @@ run_stage "API conformance" api_conformance
 FUZZ_RUSTFLAGS="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
 -Cllvm-args=-sanitizer-coverage-trace-compares"
-FUZZ_SECONDS_PER_TARGET="${FUZZ_SECONDS_PER_TARGET:-8}"
+FUZZ_SECONDS_PER_TARGET="${FUZZ_SECONDS_PER_TARGET:-5}"
 # Longest one input may run before libFuzzer calls it a hang (a failure).
 FUZZ_INPUT_TIMEOUT_SECONDS=10
 # Memory bound of one fuzzing process (libFuzzer's -rss_limit_mb).
