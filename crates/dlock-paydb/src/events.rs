@@ -346,10 +346,13 @@ pub mod sql {
     }
 
     /// The `paydb_secrets` row of the P1 cursor key, which the event stream's cursors are
-    /// signed with too (under their own tag): the payment-resource's and the rail-proxy's.
+    /// signed with too (under their own tag): read and written by the payment-resource's
+    /// and the rail-proxy's SQL stores alike, through [`pg_cursor_secret`] and
+    /// [`sqlite_cursor_secret`].
     pub const CURSOR_SECRET_NAME: &str = "p1-cursor";
 
-    fn parse_secret(raw: &str) -> Result<[u8; 32], StoreError> {
+    /// The stored key: 64 hex digits, or [`StoreError::Corrupt`].
+    pub fn parse_secret(raw: &str) -> Result<[u8; 32], StoreError> {
         let mut out = [0u8; 32];
         let bytes = raw.as_bytes();
         if bytes.len() != 64 {

@@ -84,7 +84,7 @@ use dlock_paydb::events::{self, sql::PgEventReader, EventRead};
 use dlock_paydb::sql::{db_error, PG_MIGRATOR, SQLITE_MIGRATOR};
 
 /// The `paydb_secrets.name` of the P1 cursor key.
-pub const CURSOR_SECRET_NAME: &str = "p1-cursor";
+pub use dlock_paydb::events::sql::CURSOR_SECRET_NAME;
 
 /// What statement 0 decided.
 enum Gate {
@@ -168,12 +168,6 @@ fn pg_sql(sql: &str) -> std::borrow::Cow<'_, str> {
 
 fn sqlite_sql(sql: &str) -> std::borrow::Cow<'_, str> {
     Dialect::Sqlite.sql(sql)
-}
-
-fn parse_secret(raw: &str) -> Result<[u8; 32], StoreError> {
-    let bytes = hex::decode(raw).map_err(|e| StoreError::Corrupt(format!("bad {CURSOR_SECRET_NAME} secret: {e}")))?;
-    <[u8; 32]>::try_from(bytes.as_slice())
-        .map_err(|_| StoreError::Corrupt(format!("{CURSOR_SECRET_NAME} secret is {} bytes, not 32", bytes.len())))
 }
 
 /// Opens paydb at `url` (applying pending migrations) as a [`PaymentStore`].

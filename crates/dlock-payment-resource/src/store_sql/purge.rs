@@ -1,7 +1,8 @@
 //! Upkeep: the purge of expired idempotency records, their count, and the P1 cursor key.
 //!
-//! Holds the inherent fns `run_purge_idempotency`, `count_idempotency_records` and
-//! `run_cursor_secret`, stamped for both stores by `purge_op!`.
+//! Holds the inherent fns `run_purge_idempotency` and `count_idempotency_records`, stamped
+//! for both stores by `purge_op!`, and `run_cursor_secret` per store, which calls paydb's
+//! statements of the key (`dlock_paydb::events::sql`, the rail-proxy's too).
 //!
 //! Invariants: the purge deletes at most `batch_max` expired records and never a live one
 //! (the outer `expires_at` test is re-checked on a row another transaction just replaced);
@@ -12,43 +13,14 @@ use chrono::{DateTime, Utc};
 use dlock_contract::time::truncate_ms;
 use sqlx::Row;
 
-use super::{parse_secret, PgPaymentStore, SqlitePaymentStore, CURSOR_SECRET_NAME};
+use super::{PgPaymentStore, SqlitePaymentStore};
 use crate::store::StoreError;
-use dlock_paydb::sql::{commit_error, db_error};
+use dlock_paydb::sql::db_error;
 
 /// Stamps the upkeep fns for a store (`$sql` its placeholder form).
 macro_rules! purge_op {
     ($store:ty, $sql:path) => {
         impl $store {
-            pub(super) async fn run_cursor_secret(
-                &self,
-                candidate: [u8; 32],
-                at: DateTime<Utc>,
-            ) -> Result<[u8; 32], StoreError> {
-                let mut tx = self.pool.begin().await.map_err(db_error)?;
-                let q = $sql(
-                    "INSERT INTO paydb_secrets (name, secret_hex, created_at) VALUES ($1, $2, $3) \
-                     ON CONFLICT (name) DO NOTHING",
-                );
-                sqlx::query(&q)
-                    .bind(CURSOR_SECRET_NAME)
-                    .bind(hex::encode(candidate))
-                    .bind(truncate_ms(at))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_error)?;
-                let q = $sql("SELECT secret_hex FROM paydb_secrets WHERE name = $1");
-                let stored: String = sqlx::query(&q)
-                    .bind(CURSOR_SECRET_NAME)
-                    .fetch_one(&mut *tx)
-                    .await
-                    .and_then(|r| r.try_get("secret_hex"))
-                    .map_err(db_error)?;
-                let secret = parse_secret(&stored)?;
-                tx.commit().await.map_err(commit_error)?;
-                Ok(secret)
-            }
-
             pub(super) async fn run_purge_idempotency(
                 &self,
                 now: DateTime<Utc>,
@@ -88,3 +60,25 @@ macro_rules! purge_op {
 
 purge_op!(PgPaymentStore, super::pg_sql);
 purge_op!(SqlitePaymentStore, super::sqlite_sql);
+
+impl PgPaymentStore {
+    /// The P1 cursor key (`dlock_paydb::events::sql::pg_cursor_secret`, the rail-proxy's too).
+    pub(super) async fn run_cursor_secret(
+        &self,
+        candidate: [u8; 32],
+        at: DateTime<Utc>,
+    ) -> Result<[u8; 32], StoreError> {
+        dlock_paydb::events::sql::pg_cursor_secret(&self.pool, candidate, truncate_ms(at)).await
+    }
+}
+
+impl SqlitePaymentStore {
+    /// The P1 cursor key (`dlock_paydb::events::sql::sqlite_cursor_secret`), on the writer.
+    pub(super) async fn run_cursor_secret(
+        &self,
+        candidate: [u8; 32],
+        at: DateTime<Utc>,
+    ) -> Result<[u8; 32], StoreError> {
+        dlock_paydb::events::sql::sqlite_cursor_secret(&self.pool, candidate, truncate_ms(at)).await
+    }
+}

@@ -508,6 +508,7 @@ async fn a_posting_is_one_insert_of_both_entries() {
 
 #[test]
 fn cursor_secret_must_be_32_bytes_of_hex() {
+    use dlock_paydb::events::sql::parse_secret;
     assert_eq!(parse_secret(&"ab".repeat(32)), Ok([0xab; 32]));
     assert!(matches!(parse_secret("ab"), Err(StoreError::Corrupt(_))));
     assert!(matches!(parse_secret(&"zz".repeat(32)), Err(StoreError::Corrupt(_))));
