@@ -21,7 +21,7 @@
 //! module adds `workload_finishes` and `paydb_readable`, the harness's own ids, as the
 //! simulation's campaign does); the worst class gives the exit code.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use dlock_contract::payout::PayoutState;
 use dlock_contract::rail::{RailCallLog, SubmissionOutcome};
@@ -460,6 +460,73 @@ pub fn lock_call_failures(history: &[Line]) -> Vec<Failure> {
     found
 }
 
+/// Lines of the history printed under a lock-call failure, so that a report read far from
+/// its kept directory (a CI log) still shows what happened: every store call on the key the
+/// failure names, each with its answer, the closes and refusals of the sessions they used,
+/// every process's start, and the nemesis's and the run's own lines (faults, phases), up to [`EVIDENCE_LINES_MAX`] before the
+/// instant it names (`granted by N ms`) and a few after. Empty when the failure names no key.
+pub fn lock_evidence(history: &[Line], detail: &str) -> Vec<String> {
+    let Some(key) = detail.strip_prefix("key ").and_then(|r| r.split(": ").next()) else { return Vec::new() };
+    let by = detail
+        .split("granted by ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    let str_of = |l: &Line, k: &str| l.fields.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+    let id = |l: &Line| {
+        let n = |k: &str| l.fields.get(k).and_then(|v| v.as_u64());
+        (l.process.clone(), n("run"), n("call"))
+    };
+    let on_key = |l: &Line| l.kind == "store_call" && str_of(l, "key").as_deref() == Some(key);
+    let sessions: BTreeSet<String> =
+        history.iter().filter(|l| on_key(l)).filter_map(|l| str_of(l, "session")).collect();
+    let mut calls = BTreeMap::new();
+    let mut picked = Vec::new();
+    for l in history.iter().take_while(|l| l.mono_ms <= by.saturating_add(EVIDENCE_AFTER_MS)) {
+        let relevant = match l.kind.as_str() {
+            "store_call" => {
+                let asked = str_of(l, "asked").unwrap_or_default();
+                let mine = on_key(l)
+                    || (asked == "close" || asked == "open")
+                        && str_of(l, "session").is_some_and(|s| sessions.contains(&s));
+                if mine {
+                    calls.insert(id(l), asked);
+                }
+                mine
+            }
+            "store_answer" => calls.contains_key(&id(l)),
+            "trace_start" => true,
+            _ => l.process == "nemesis" || l.process == "run",
+        };
+        if relevant {
+            picked.push(l);
+        }
+    }
+    let skip = picked.len().saturating_sub(EVIDENCE_LINES_MAX);
+    picked
+        .into_iter()
+        .skip(skip)
+        .map(|l| {
+            let fields: BTreeMap<&str, &serde_json::Value> =
+                l.fields.iter().filter(|(k, v)| !v.is_null() && **k != "config").map(|(k, v)| (*k, v)).collect();
+            let asked = calls.get(&id(l)).filter(|_| l.kind == "store_answer").map(|a| format!(" ({a})"));
+            format!(
+                "  {} {} {}{} {}",
+                l.mono_ms,
+                l.process,
+                l.kind,
+                asked.unwrap_or_default(),
+                serde_json::to_string(&fields).unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// Bound on [`lock_evidence`]'s lines, and how far past the failure's instant it reads (ms).
+pub const EVIDENCE_LINES_MAX: usize = 80;
+pub const EVIDENCE_AFTER_MS: u64 = 2_000;
+
 /// The lockdb a lock server's store calls go to (deploy/local/up.sh), and how early in true
 /// time it may end a lease ([`lock_call_failures`]): `lock-server-pg`'s on PostgreSQL,
 /// every other's on the etcd cluster.
@@ -700,6 +767,26 @@ mod tests {
         }
         h.extend(again);
         assert!(lock_call_failures(&h).is_empty(), "the first lease had ended");
+    }
+
+    #[test]
+    fn a_lock_failure_prints_the_history_of_its_key_and_nothing_of_other_keys() {
+        let mut h = two_grants("lock-server-1", "lock-server-2", 5, 6, 600);
+        let other =
+            Asked::Acquire { key: "other".into(), session: uuid::Uuid::from_u128(1), ttl_ms: 1_500, delay_ms: 0 };
+        h.extend(call("lock-server-1", 9, 20, 10, other, Answered::Granted { token: 4 }));
+        h.extend(call("lock-server-2", 10, 5_000, 10, Asked::Release { key: "k".into(), token: 6 }, Answered::Done));
+        let h = crate::history::merge(h);
+        let found = lock_call_failures(&h);
+        let detail = &found.first().expect("two live grants").detail;
+        let lines = lock_evidence(&h, detail);
+        // Both grants of `k`, each call with its answer, and the opens of their sessions; not
+        // the other key's grant, nor the release after the failure's instant.
+        assert_eq!(lines.len(), 8, "{lines:#?}");
+        assert!(lines.iter().all(|l| !l.contains("\"other\"")), "{lines:#?}");
+        assert!(lines.iter().any(|l| l.contains("store_answer (acquire)") && l.contains("\"token\":6")), "{lines:#?}");
+        assert!(lines.iter().all(|l| !l.contains("release")), "{lines:#?}");
+        assert!(lock_evidence(&h, "the fenced set lost 1 element").is_empty());
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub struct Outcome {
     pub queue: Option<crate::queue::QueueOutcome>,
     pub soak: Vec<crate::soak::Sample>,
     pub lock_set: Option<crate::lockset::LockSetOutcome>,
+    /// The history around the first failure that names a lock key
+    /// ([`crate::judge::lock_evidence`]): printed under it.
+    pub evidence: Vec<String>,
 }
 
 /// Prints the report; the exit code (module doc).
@@ -171,6 +174,12 @@ pub fn report(dir: &Path, plan: &Plan, a: &Args, o: &Outcome) -> u8 {
         }
         if let Some(first) = o.failures.first() {
             println!("first broken invariant: {} (seed {}; the plan is printed above)", first.invariant, plan.seed);
+            if !o.evidence.is_empty() {
+                println!("the history of its lock key (store calls and answers, sessions' closes, faults):");
+                for l in &o.evidence {
+                    println!("{l}");
+                }
+            }
             println!("incident trace {}; timeline {}", incident.display(), timeline.display());
         }
         println!("verdict: {verdict} (exit {code})");

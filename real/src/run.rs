@@ -425,6 +425,11 @@ fn play_and_judge(
         None => None,
     };
     let (p50, p99, measured) = judge::latencies(&done.created, &merged);
+    let evidence = failures
+        .iter()
+        .find(|f| f.detail.starts_with("key "))
+        .map(|f| judge::lock_evidence(&merged, &f.detail))
+        .unwrap_or_default();
     // The history opens with the run's own `trace_start` (the seed and the plan's header, as
     // the simulation's does), and the judgement's failures close it.
     let mut merged = merged;
@@ -503,6 +508,7 @@ fn play_and_judge(
         queue: queue_outcome,
         soak,
         lock_set,
+        evidence,
     }
 }
 

@@ -579,6 +579,7 @@ fn remember<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>, k: K, v: V) {
 }
 
 /// A guard of a commit.
+#[derive(Clone)]
 enum Cond {
     /// The key holds exactly these bytes.
     Is(String, Vec<u8>),
@@ -1227,8 +1228,11 @@ impl EtcdLockStore {
 
     /// Removes the grants of session `s` (all, or in chunks) and then applies `last` (the
     /// session's own change) in the txn of the last chunk. `lost_at(g)` says whether and
-    /// when each grant died. Returns how many grants were removed, or `None` if a guard
-    /// failed (then the remaining chunks were not tried).
+    /// when each grant died. Every chunk's txn carries `last`'s guard (the session as read):
+    /// a heartbeat committed meanwhile stops the removal at the next chunk, so no grant of a
+    /// session an answered heartbeat extended is removed as lapsed (docs/testing/bugs.md B23).
+    /// Returns how many grants were removed, or `None` if a guard failed (then the remaining
+    /// chunks were not tried).
     async fn remove_session_grants(
         &self,
         grants: &[&Rec<GrantVal>],
@@ -1245,10 +1249,14 @@ impl EtcdLockStore {
         let chunks: Vec<&[&Rec<GrantVal>]> =
             if grants.is_empty() { vec![&[][..]] } else { grants.chunks(GRANTS_PER_TXN_MAX).collect() };
         let mut removed = 0;
+        let session_guard = last.0.clone();
         let mut last = Some(last);
         let n = chunks.len();
         for (i, chunk) in chunks.into_iter().enumerate() {
             let (mut conds, mut ops, mut events) = (Vec::new(), Vec::new(), Vec::new());
+            if i + 1 < n {
+                conds.push(session_guard.clone());
+            }
             for g in chunk {
                 let key = self.lock_key_of(&g.key);
                 let lost = lost_at(&g.val);
@@ -1467,12 +1475,21 @@ impl LockStore for EtcdLockStore {
                 });
                 if let (Some(removal), Some(g)) = (decision.remove, grant.as_ref()) {
                     // A dead grant in the way: remove it (recording its lock-delay) in its own
-                    // txn, then decide again. Death is final, so only the grant itself is guarded.
+                    // txn, then decide again. The txn guards the grant *and* its holder session
+                    // as read: replicas date a version from their own first sight ("Time"), so
+                    // a session this replica judged lapsed may meanwhile have been extended by
+                    // a heartbeat another replica still judged live, and that heartbeat's
+                    // answer promised the session, and so this grant, a full TTL more
+                    // (docs/testing/bugs.md B23). A renew changes the grant's bytes, a
+                    // heartbeat the session's: either fails the guard, and the next attempt
+                    // decides on what it wrote.
                     let (mut conds, mut ops) = (Vec::new(), Vec::new());
                     self.drop_ops(g, rec.as_ref(), removal.died_at_ms, delay_ms, (&mut conds, &mut ops))?;
+                    conds.push(Cond::of_opt(holder.as_ref(), self.session_key(g.val.session_id)));
                     self.with_events(&mut ops, vec![grant_event(EventKind::LockExpired, key, g)])?;
-                    self.commit(conds, ops).await?;
-                    replaced = replaced.max(Some(removal.token));
+                    if self.commit(conds, ops).await?.is_some() {
+                        replaced = replaced.max(Some(removal.token));
+                    }
                     continue;
                 }
                 let plan = match decision.verdict {
