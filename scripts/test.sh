@@ -70,9 +70,9 @@
 #   DLOCK_REAL_DURATION          the real run's fault phase (default 60s; the soak is 30m)
 #   FUZZ_SECONDS_PER_TARGET      seconds of libFuzzer per fuzz target (default 5, a smoke; the
 #                                stage runs the targets one after the other)
-#   DLOCK_SKIP_BROWSER=1         do not install chromium; the timeline's browser test then
-#                                prints that it skipped (without this knob a missing
-#                                chromium fails that test)
+#   DLOCK_SKIP_BROWSER=1         do not install chromium; the browser tests (the timeline's,
+#                                the console's) then print that they skipped (without this
+#                                knob a missing chromium fails them)
 #   DLOCK_TEST_ONLY_SERVICES=1   start (or reuse) PostgreSQL and etcd, print their URLs,
 #                                check them (psql 'select 1', etcd /health), stop them
 #                                and exit 0 — runs no cargo at all

@@ -83,16 +83,20 @@
     }
   });
 
+  // The first connection starts at the page's watermark (`after`, the service's head read
+  // before the page's data); after a resync the page's snapshot is new, and the feed starts
+  // from the service's newest event.
   var source = null;
-  function connect() {
-    source = new EventSource(liveUrl);
+  function connect(fresh) {
+    var url = fresh ? liveUrl.replace(/&after=[0-9]+/, "") : liveUrl;
+    source = new EventSource(url);
     source.addEventListener("open", function () { setStatus("Live"); });
     source.addEventListener("change", function () { refresh(); });
     source.addEventListener("resync_required", function () {
       // A new snapshot, then a new stream from its cursor.
       source.close();
       setStatus("Live: resynchronising");
-      refresh(connect);
+      refresh(function () { connect(true); });
     });
     source.addEventListener("unavailable", function () {
       source.close();
@@ -100,5 +104,5 @@
     });
     source.addEventListener("error", function () { setStatus("Live: reconnecting"); });
   }
-  connect();
+  connect(false);
 })();

@@ -1,8 +1,8 @@
-//! The console's HTTP surface: the pages, the login and logout, the one action (revoke),
-//! the assets and `/live`.
+//! The console's HTTP surface: the pages, the login and logout, the two actions (revoke a
+//! lock; resolve a quarantined payout), the assets and `/live`.
 //!
 //! Every request passes, outermost first: the security headers ([`security_headers`]: the
-//! CSP, `nosniff`, `no-referrer`, and `no-store` on everything but the assets), then
+//! CSP, `nosniff`, `same-origin` referrers, and `no-store` on everything but the assets), then
 //! `dlock_http::envelope` (trace ids; a non-2xx answer without a page of its own becomes
 //! the C3 envelope). A page answers HTML, and an HTML error page is marked
 //! `dlock_http::Prerendered` so it passes through as HTML.
@@ -11,7 +11,8 @@
 //! 1. an `Origin` header, when present, must be this console's own origin (else `403`);
 //! 2. a live session (else `303` to `/login`; not for `/login` itself);
 //! 3. the session's CSRF token in the form's `csrf` field (else `403`);
-//! 4. the role the action needs: revoke needs `operator` (else `403`), whatever the form;
+//! 4. the role the action needs: revoke and resolve need `operator` (else `403`), whatever
+//!    the form;
 //! 5. the form's values (else the page again with the problem, `400`).
 //!
 //! Every page re-authenticates the session's token against the live credential set (so a
@@ -30,6 +31,7 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use dlock_contract::auth::{Role, Secret, TOKEN_BYTES_MAX, TOKEN_BYTES_MIN};
 use dlock_contract::payout::PayoutState;
+use dlock_contract::IdempotencyKey;
 use dlock_http::auth::Authenticator;
 use dlock_rt::http::BaseUrl;
 use dlock_rt::{Clock, Duration};
@@ -38,7 +40,9 @@ use serde_json::Value;
 
 use crate::config::ConsoleConfig;
 use crate::html::{layout, pct, AssetUrls, Page, Viewer};
-use crate::pages::{self, EventFilterForm, Fetched, PayoutFilter, RevokeResult, StateCount};
+use crate::pages::{
+    self, EventFilterForm, Fetched, PayoutFilter, ResolveForm, ResolveResult, RevokeResult, StateCount,
+};
 use crate::session::{csrf_matches, SessionView, Sessions, SessionsFull};
 use crate::upstream::{self, UpstreamError};
 
@@ -46,6 +50,10 @@ use crate::upstream::{self, UpstreamError};
 pub const SESSION_COOKIE: &str = "dlock_console_session";
 /// The request header that asks for a page's main region only (the live refresh).
 pub const FRAGMENT_HEADER: &str = "x-console-fragment";
+/// The `Referrer-Policy`: a referrer only to the console itself, never to another site. Not
+/// `no-referrer`: under it a browser sends `Origin: null` on the console's own form posts,
+/// which the origin check (rightly) refuses, so nobody could sign in.
+pub const REFERRER_POLICY: &str = "same-origin";
 /// The Content-Security-Policy of every answer.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
                        connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
@@ -168,6 +176,26 @@ impl Console {
         matches!((authority, host), (Some(a), Some(h)) if !h.is_empty() && a.eq_ignore_ascii_case(h))
     }
 
+    /// The live feed `url` (`/live?source=…&<filter>`) from the page's watermark: the
+    /// service's head `seq` read now, *before* the page reads its data, as `&after=SEQ`
+    /// (C3-extensions E-20: a snapshot's cursor is its watermark). An event the page's data
+    /// missed is then after the watermark, and the feed tells the page; started from the
+    /// newest event it saw instead, the feed would take that event as its starting point
+    /// and the page would never show it. Unchanged when the service cannot say.
+    pub async fn from_watermark(&self, url: String, token: &Secret) -> String {
+        let Some(q) = url.strip_prefix("/live?") else { return url };
+        let (f, problem) = event_filter(&parse_form(q).unwrap_or_default());
+        if problem.is_some() {
+            return url;
+        }
+        let base = if f.source == "proxy" { &self.cfg.proxy_url } else { &self.cfg.payment_url };
+        let path = format!("/v1/events/recent?limit=1{}", filter_query(&f));
+        match upstream::get(base, &path, token).await.ok().and_then(|v| v.get("seq").and_then(Value::as_i64)) {
+            Some(seq) => format!("{url}&after={seq}"),
+            None => url,
+        }
+    }
+
     fn page(&self, headers: &HeaderMap, status: StatusCode, page: Page, viewer: Option<&Viewer>) -> Response {
         let fragment = headers.get(FRAGMENT_HEADER).is_some_and(|v| v.as_bytes() == b"1");
         let body = if fragment { page.main } else { layout(&page, viewer, &self.assets) };
@@ -267,6 +295,7 @@ fn routes(console: Arc<Console>) -> axum::Router {
         .route("/payouts", get(payouts))
         .route("/payouts/{id}", get(payout))
         .route("/quarantine", get(quarantine))
+        .route("/quarantine/resolve", post(resolve))
         .route("/locks", get(locks))
         .route("/locks/revoke", post(revoke))
         .route("/events", get(events))
@@ -294,7 +323,7 @@ pub async fn security_headers(req: Request, next: Next) -> Response {
     let h = resp.headers_mut();
     h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(header::REFERRER_POLICY, HeaderValue::from_static(REFERRER_POLICY));
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     let cache = if asset && resp.status().is_success() { ASSET_CACHE_CONTROL } else { "no-store" };
     resp.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
@@ -458,12 +487,13 @@ async fn count_state(base: &BaseUrl, state: PayoutState, token: &Secret) -> Stat
 async fn overview(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
     let Some((_, s)) = c.current(&headers) else { return redirect("/login") };
     let pay = &c.cfg.payment_url;
+    let live = c.from_watermark("/live?source=payment".into(), &s.token).await;
     let counts = futures::future::join_all(PayoutState::ALL.map(|st| count_state(pay, st, &s.token))).await;
     let fenced = recent(pay, &format!("kind=fence.refused&limit={OVERVIEW_EVENTS_MAX}"), &s.token).await;
     let q = format!("limit={OVERVIEW_EVENTS_MAX}");
     let (a, b) = futures::join!(recent(pay, &q, &s.token), recent(&c.cfg.proxy_url, &q, &s.token));
     let main = pages::overview(&counts, &fenced, &merge(a, b, OVERVIEW_EVENTS_MAX));
-    let page = Page { title: "Overview".into(), nav: "/", main, live: Some("/live?source=payment".into()) };
+    let page = Page { title: "Overview".into(), nav: "/", main, live: Some(live) };
     c.page(&headers, StatusCode::OK, page, Some(&viewer(&s)))
 }
 
@@ -490,6 +520,11 @@ async fn payouts(State(c): State<Arc<Console>>, headers: HeaderMap, RawQuery(q):
         problem = Some(format!("A cursor is at most {CURSOR_CHARS_MAX} characters."));
     }
     let filter = PayoutFilter { state, account: account.clone(), cursor: cursor.clone() };
+    let live = match &account {
+        Some(a) => format!("/live?source=payment&account={}", pct(a)),
+        None => "/live?source=payment".to_owned(),
+    };
+    let live = c.from_watermark(live, &s.token).await;
     let fetched = match (&problem, state) {
         (None, Some(st)) => {
             let mut path = format!("/v1/payouts?state={}&limit={PAYOUTS_PAGE_LIMIT}", st.as_str());
@@ -505,10 +540,6 @@ async fn payouts(State(c): State<Arc<Console>>, headers: HeaderMap, RawQuery(q):
     };
     let status = if problem.is_some() { StatusCode::BAD_REQUEST } else { StatusCode::OK };
     let main = pages::payouts(&filter, &fetched, problem.as_deref());
-    let live = match &account {
-        Some(a) => format!("/live?source=payment&account={}", pct(a)),
-        None => "/live?source=payment".to_owned(),
-    };
     let page = Page { title: "Payouts".into(), nav: "/payouts", main, live: Some(live) };
     c.page(&headers, status, page, Some(&viewer(&s)))
 }
@@ -519,6 +550,7 @@ async fn payout(State(c): State<Arc<Console>>, headers: HeaderMap, Path(id): Pat
         return c.error_page(&headers, StatusCode::NOT_FOUND, "Not found", "A payout id is a UUID.");
     };
     let id = uuid.to_string();
+    let live = c.from_watermark(format!("/live?source=payment&payout={id}"), &s.token).await;
     let p =
         upstream::get(&c.cfg.payment_url, &format!("/v1/payouts/{id}"), &s.token).await.map_err(|e| match e.status() {
             Some(404) => "no such payout".to_owned(),
@@ -549,7 +581,6 @@ async fn payout(State(c): State<Arc<Console>>, headers: HeaderMap, Path(id): Pat
         }
     }
     let main = pages::payout(&id, &p, &story);
-    let live = format!("/live?source=payment&payout={id}");
     let page = Page { title: format!("Payout {id}"), nav: "/payouts", main, live: Some(live) };
     c.page(&headers, StatusCode::OK, page, Some(&viewer(&s)))
 }
@@ -584,12 +615,110 @@ async fn quarantined(base: &BaseUrl, token: &Secret) -> Fetched<(Vec<Fetched<Val
     Ok((details, more))
 }
 
+/// A fresh idempotency key for one rendered Resolve form (C3-extensions E-21): a repeated
+/// submission of that form is one request to the payment-resource, answered once.
+fn fresh_resolve_key() -> String {
+    format!("console-resolve:{}", dlock_rt::rand::uuid_v4())
+}
+
 async fn quarantine(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
     let Some((_, s)) = c.current(&headers) else { return redirect("/login") };
-    let main = pages::quarantine(&quarantined(&c.cfg.payment_url, &s.token).await);
-    let live = "/live?source=payment&kind=payout.state_changed".to_owned();
+    let v = viewer(&s);
+    let live = c.from_watermark("/live?source=payment&kind=payout.state_changed".into(), &s.token).await;
+    let main = pages::quarantine(&v, &quarantined(&c.cfg.payment_url, &s.token).await, None, &fresh_resolve_key);
     let page = Page { title: "Quarantine".into(), nav: "/quarantine", main, live: Some(live) };
-    c.page(&headers, StatusCode::OK, page, Some(&viewer(&s)))
+    c.page(&headers, StatusCode::OK, page, Some(&v))
+}
+
+/// What an operator typed into a Resolve form (the reason trimmed, as a revoke's).
+fn resolve_form(form: &BTreeMap<String, String>) -> ResolveForm {
+    ResolveForm {
+        payout: nonempty(form, "payout").unwrap_or_default(),
+        resolved_as: nonempty(form, "resolved_as").unwrap_or_default(),
+        reason: form.get("reason").map(|r| r.trim().to_owned()).unwrap_or_default(),
+        rail_reference: nonempty(form, "rail_reference").unwrap_or_default(),
+        operator: nonempty(form, "operator").unwrap_or_default(),
+    }
+}
+
+/// The payout and the idempotency key of a Resolve form whose every field holds to the rules
+/// of `dlock resolve` (`dlock_contract::resolution`), or why the console refuses it.
+fn check_resolve(entered: &ResolveForm, raw_key: Option<&str>) -> Result<(uuid::Uuid, IdempotencyKey), String> {
+    use dlock_contract::resolution::{parse_operator, parse_rail_reference, parse_reason, parse_resolved_as};
+    let payout = uuid::Uuid::parse_str(&entered.payout)
+        .map_err(|_| "the form names no payout (a payout id is a UUID); reload the page".to_owned())?;
+    let key = IdempotencyKey::parse(raw_key.unwrap_or(""))
+        .map_err(|_| "the form's idempotency key is missing or malformed; reload the page".to_owned())?;
+    parse_resolved_as(&entered.resolved_as).map_err(|_| "choose the outcome: POSTED or FAILED".to_owned())?;
+    parse_reason(&entered.reason)?;
+    parse_rail_reference(&entered.rail_reference)?;
+    parse_operator(&entered.operator).map_err(|e| format!("{e} (your name is sent as X-Owner-Id)"))?;
+    Ok((payout, key))
+}
+
+/// Whether a write's failure leaves its outcome unknown: no answer, an answer that is not
+/// the service's JSON, or a server error other than `NOT_READY` (which says nothing changed;
+/// an `INTERNAL` says the commit's answer was lost).
+fn outcome_unknown(e: &UpstreamError) -> bool {
+    match e {
+        UpstreamError::Unreachable(_) | UpstreamError::NotJson(_) => true,
+        UpstreamError::Refused { status, code, .. } => *status >= 500 && code != "NOT_READY",
+    }
+}
+
+async fn resolve(State(c): State<Arc<Console>>, headers: HeaderMap, body: Bytes) -> Response {
+    let (_, s, form) = match guard_post(&c, &headers, &body) {
+        Ok(x) => x,
+        Err(r) => return *r,
+    };
+    if s.role != Role::Operator {
+        tracing::warn!(role = s.role.as_str(), "console_action_refused");
+        return forbidden(&c, &headers, "Only an operator session may resolve a payout.");
+    }
+    let v = viewer(&s);
+    let render = |result: &ResolveResult, list: Fetched<(Vec<Fetched<Value>>, bool)>, status: StatusCode| {
+        let main = pages::quarantine(&v, &list, Some(result), &fresh_resolve_key);
+        // A result page follows no feed: a refresh would fetch this POST's URL.
+        let page = Page { title: "Quarantine".into(), nav: "/quarantine", main, live: None };
+        c.page(&headers, status, page, Some(&v))
+    };
+    let entered = resolve_form(&form);
+    let (payout, key) = match check_resolve(&entered, form.get("idempotency_key").map(String::as_str)) {
+        Ok(x) => x,
+        Err(why) => {
+            let list = quarantined(&c.cfg.payment_url, &s.token).await;
+            return render(&ResolveResult::Invalid { form: entered, why }, list, StatusCode::BAD_REQUEST);
+        }
+    };
+    let body = serde_json::json!({
+        "resolvedAs": entered.resolved_as, "reason": entered.reason, "railReference": entered.rail_reference,
+    });
+    let path = format!("/v1/payouts/{payout}/resolution");
+    let sent = [
+        (dlock_contract::HEADER_OWNER_ID, entered.operator.as_str()),
+        (dlock_contract::HEADER_IDEMPOTENCY_KEY, key.as_str()),
+    ];
+    let id = payout.to_string();
+    let result = match upstream::post(&c.cfg.payment_url, &path, &sent, &body, &s.token).await {
+        Ok(answer) => {
+            tracing::info!(payoutId = %id, operator = %entered.operator, "console_resolve_done");
+            ResolveResult::Done(answer)
+        }
+        Err(e) if outcome_unknown(&e) => {
+            tracing::info!(payoutId = %id, operator = %entered.operator, error = %e, "console_resolve_unknown");
+            ResolveResult::Unknown { payout: id, why: shown(e) }
+        }
+        Err(e) => {
+            tracing::info!(payoutId = %id, operator = %entered.operator, error = %e, "console_resolve_refused");
+            let why = match &e {
+                UpstreamError::Refused { code, message, .. } if !message.is_empty() => format!("{message} ({code})"),
+                _ => shown(e),
+            };
+            ResolveResult::Refused { payout: id, why }
+        }
+    };
+    let list = quarantined(&c.cfg.payment_url, &s.token).await;
+    render(&result, list, StatusCode::OK)
 }
 
 async fn lock_info(c: &Console, key: &str, token: &Secret) -> Fetched<Option<Value>> {
@@ -723,8 +852,9 @@ async fn events(State(c): State<Arc<Console>>, headers: HeaderMap, RawQuery(q): 
         Some(_) => (Err(String::new()), None),
         None => {
             let fq = filter_query(&f);
+            let live = c.from_watermark(format!("/live?source={}{fq}", pct(&f.source)), &s.token).await;
             let list = recent(base, &format!("limit={STORY_EVENTS_MAX}{fq}"), &s.token).await;
-            (list, Some(format!("/live?source={}{fq}", pct(&f.source))))
+            (list, Some(live))
         }
     };
     let status = if problem.is_some() { StatusCode::BAD_REQUEST } else { StatusCode::OK };

@@ -127,7 +127,7 @@ pub fn layout(page: &Page, viewer: Option<&Viewer>, assets: &AssetUrls) -> Strin
     format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <meta name=\"referrer\" content=\"no-referrer\">\
+         <meta name=\"referrer\" content=\"same-origin\">\
          <title>{title} · dlock console</title>\
          <link rel=\"stylesheet\" href=\"{css}\">\
          <script src=\"{js}\" defer></script></head>\

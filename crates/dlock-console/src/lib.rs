@@ -1,7 +1,8 @@
 //! The operator's web console (issue 38): server-rendered pages over the services' HTTP
 //! APIs, for a human at 03:00: payouts by state, each payout's story (created → claim →
 //! intent → outcome → post, and every fenced-out write), the quarantine of ambiguous
-//! payouts, a lock lookup with the operator's revoke, and the recent events, kept live.
+//! payouts with the operator's resolution of each, a lock lookup with the operator's revoke,
+//! and the recent events, kept live.
 //!
 //! It holds no data of its own and no authority of its own: a person signs in with a dlock
 //! bearer token (operator or reader, C3-extensions E-13), the console keeps it in a

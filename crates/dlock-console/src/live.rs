@@ -3,19 +3,23 @@
 //!
 //! The console follows the chosen service's event feed (C3-extensions E-20) for the page's
 //! filter, with the session's bearer, and sends the browser:
-//! - `change` (`id:` the newest `seq` seen) when a newer event matches the filter: the
-//!   page re-fetches its main region;
+//! - `change` (`id:` the service's head `seq`) when an event the filter selects is newer
+//!   than the browser's position: the page re-fetches its main region. The first position
+//!   is the page's watermark (`after`, the service's head read *before* the page's data,
+//!   [`crate::app::Console::from_watermark`]), so an event the page's snapshot missed is a
+//!   change, never the feed's starting point; a reconnect resumes from `Last-Event-ID`;
 //! - `resync_required` (with an empty `id:`, then the stream ends) when the browser's
 //!   `Last-Event-ID` is not a position of this feed (malformed, or ahead of the service's
 //!   newest event, as after a restore): the page re-fetches a fresh snapshot and reconnects
 //!   without it;
 //! - `unavailable` (then the stream ends) when the service refuses or cannot be reached.
 //!
-//! How it follows the service: `dlock_rt::http::HttpClient` reads whole answers only (it
-//! has no streaming body yet), so the console cannot hold the service's `GET /v1/events`
-//! SSE open through the seam. It polls the snapshot route, `GET /v1/events/recent` with
-//! `limit=1` and the same filter, every [`LIVE_POLL_MS`]. The browser-facing protocol
-//! above does not change when the seam grows a streaming client and this becomes a proxy.
+//! How it follows the service: it reads the snapshot route, `GET /v1/events/recent` with
+//! `limit=1` and the page's filter (its head `seq` and newest selected event), every
+//! [`LIVE_POLL_MS`]: one small request per open page, where holding the service's
+//! `GET /v1/events` open per page would cost the service a connection and the whole
+//! fan-out each (docs/performance.md, "The event stream under load"). The browser-facing
+//! protocol above is the same either way.
 //!
 //! Bounds: at most [`LIVE_STREAMS_MAX`] streams per console (one more is `503 NOT_READY`);
 //! a stream lasts at most [`LIVE_STREAM_MS_MAX`] (the browser reconnects by itself with its
@@ -84,11 +88,13 @@ pub enum Resume {
     Invalid,
 }
 
-/// Reads `Last-Event-ID`.
-pub fn resume_of(headers: &HeaderMap) -> Resume {
+/// Reads `Last-Event-ID` (a reconnect), else the page's watermark `after` (the feed's first
+/// connection, [`crate::app::Console::from_watermark`]).
+pub fn resume_of(headers: &HeaderMap, after: Option<&str>) -> Resume {
+    let position = |v: &str| v.parse::<i64>().ok().filter(|s| *s >= 0).map_or(Resume::Invalid, Resume::At);
     match headers.get("last-event-id").map(|v| v.to_str().map(str::trim)) {
-        None | Some(Ok("")) => Resume::Fresh,
-        Some(Ok(v)) => v.parse::<i64>().ok().filter(|s| *s >= 0).map_or(Resume::Invalid, Resume::At),
+        None | Some(Ok("")) => after.map_or(Resume::Fresh, position),
+        Some(Ok(v)) => position(v),
         Some(Err(_)) => Resume::Invalid,
     }
 }
@@ -104,13 +110,16 @@ pub enum Step {
     Quiet,
 }
 
-/// The rule of one look: the browser at `last` (none yet), the service's newest `newest`.
-pub fn step(last: Option<i64>, newest: Option<i64>) -> Step {
+/// The rule of one look: the browser at position `last` (none yet), the service's head
+/// `head` (its newest event of any kind) and its newest event the filter selects,
+/// `newest`. A position is a head: the page showed everything up to it.
+pub fn step(last: Option<i64>, head: i64, newest: Option<i64>) -> Step {
     let newest = newest.unwrap_or(0);
+    let head = head.max(newest);
     match last {
-        None => Step::Tell { seq: newest, first: true },
-        Some(l) if newest > l => Step::Tell { seq: newest, first: false },
-        Some(l) if newest < l => Step::Resync,
+        None => Step::Tell { seq: head, first: true },
+        Some(l) if head < l => Step::Resync,
+        Some(l) if newest > l => Step::Tell { seq: head, first: false },
         Some(_) => Step::Quiet,
     }
 }
@@ -158,19 +167,21 @@ impl Follow {
             dlock_rt::sleep(Duration::from_millis(LIVE_POLL_MS)).await;
             let session = self.console.session(&self.session_id)?;
             let path = format!("/v1/events/recent?limit=1{}", self.query);
-            let newest = match crate::upstream::get(&self.base, &path, &session.token).await {
+            let (head, newest) = match crate::upstream::get(&self.base, &path, &session.token).await {
                 Err(e) => {
                     self.done = true;
                     let data = serde_json::json!({ "status": e.status() });
                     return Some(Bytes::from(format!("event: unavailable\ndata: {data}\n\n")));
                 }
-                Ok(v) => v
-                    .get("events")
-                    .and_then(Value::as_array)
-                    .and_then(|a| a.iter().filter_map(|e| e.get("seq").and_then(Value::as_i64)).max()),
+                Ok(v) => (
+                    v.get("seq").and_then(Value::as_i64).unwrap_or(0),
+                    v.get("events")
+                        .and_then(Value::as_array)
+                        .and_then(|a| a.iter().filter_map(|e| e.get("seq").and_then(Value::as_i64)).max()),
+                ),
             };
             let now = clock.now();
-            match step(self.last, newest) {
+            match step(self.last, head, newest) {
                 Step::Tell { seq, first } => {
                     self.last = Some(seq);
                     self.last_frame = now;
@@ -214,7 +225,7 @@ pub async fn live(State(c): State<Arc<Console>>, headers: HeaderMap, RawQuery(q)
         base,
         query: filter_query(&filter),
         last: None,
-        resume: resume_of(&headers),
+        resume: resume_of(&headers, q.get("after").map(String::as_str)),
         opened: false,
         done: false,
         started: now,
@@ -236,24 +247,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_look_tells_a_newer_event_resyncs_a_position_ahead_and_is_quiet_otherwise() {
-        assert_eq!(step(None, None), Step::Tell { seq: 0, first: true });
-        assert_eq!(step(None, Some(7)), Step::Tell { seq: 7, first: true });
-        assert_eq!(step(Some(7), Some(9)), Step::Tell { seq: 9, first: false });
-        assert_eq!(step(Some(9), Some(9)), Step::Quiet);
-        assert_eq!(step(Some(12), Some(9)), Step::Resync);
+    fn a_look_tells_a_newer_selected_event_resyncs_a_head_behind_and_is_quiet_otherwise() {
+        assert_eq!(step(None, 0, None), Step::Tell { seq: 0, first: true });
+        assert_eq!(step(None, 9, Some(7)), Step::Tell { seq: 9, first: true });
+        assert_eq!(step(Some(7), 9, Some(9)), Step::Tell { seq: 9, first: false });
+        assert_eq!(step(Some(9), 9, Some(9)), Step::Quiet);
+        // Events the filter does not select move the head, not the page.
+        assert_eq!(step(Some(9), 15, Some(4)), Step::Quiet);
+        assert_eq!(step(Some(12), 9, Some(9)), Step::Resync);
     }
 
     #[test]
-    fn last_event_id_is_a_non_negative_seq_or_invalid() {
+    fn a_page_watermark_below_an_event_its_snapshot_missed_tells_the_page() {
+        // The page read the head at 70 and then its data; an event at 74 its data missed
+        // (the service's ring not yet at it) is a change, never the feed's starting point.
+        let Resume::At(from) = resume_of(&HeaderMap::new(), Some("70")) else { panic!("a position") };
+        assert_eq!(step(Some(from), 74, Some(74)), Step::Tell { seq: 74, first: false });
+        // Without the watermark the feed would have started at 74 and said nothing.
+        assert_eq!(step(None, 74, Some(74)), Step::Tell { seq: 74, first: true });
+    }
+
+    #[test]
+    fn last_event_id_is_a_non_negative_seq_or_invalid_and_wins_over_the_watermark() {
         let mut h = HeaderMap::new();
-        assert_eq!(resume_of(&h), Resume::Fresh);
+        assert_eq!(resume_of(&h, None), Resume::Fresh);
+        assert_eq!(resume_of(&h, Some("5")), Resume::At(5));
+        assert_eq!(resume_of(&h, Some("x")), Resume::Invalid);
         h.insert("last-event-id", HeaderValue::from_static("42"));
-        assert_eq!(resume_of(&h), Resume::At(42));
+        assert_eq!(resume_of(&h, Some("5")), Resume::At(42));
         h.insert("last-event-id", HeaderValue::from_static("eyJ2IjoxfQ.x"));
-        assert_eq!(resume_of(&h), Resume::Invalid);
+        assert_eq!(resume_of(&h, None), Resume::Invalid);
         h.insert("last-event-id", HeaderValue::from_static("-1"));
-        assert_eq!(resume_of(&h), Resume::Invalid);
+        assert_eq!(resume_of(&h, None), Resume::Invalid);
     }
 
     #[test]

@@ -3,7 +3,11 @@
 //! [`crate::html::esc`] (directly or through [`field`]); see `html.rs` for the rules.
 
 use dlock_contract::auth::Role;
+use dlock_contract::headers::OWNER_ID_CHARS_MAX;
 use dlock_contract::payout::PayoutState;
+use dlock_contract::resolution::{
+    RESOLUTION_RAIL_REFERENCE_CHARS_MAX, RESOLUTION_REASON_CHARS_MAX, RESOLUTION_REASON_CHARS_MIN,
+};
 use serde_json::Value;
 
 use crate::html::{csrf_field, display, esc, field, notice, payout_link, pct, str_of, table, Viewer};
@@ -323,9 +327,116 @@ pub fn payout(id: &str, p: &Fetched<Value>, events: &Fetched<Vec<Value>>) -> Str
     s
 }
 
-/// `/quarantine`: every RAIL_AMBIGUOUS payout with its intent rows, and no retry.
-pub fn quarantine(list: &Fetched<(Vec<Fetched<Value>>, bool)>) -> String {
+/// What an operator typed into a Resolve form, shown again when the console refused it
+/// (each value is escaped where it is put into the page).
+#[derive(Debug, Clone, Default)]
+pub struct ResolveForm {
+    pub payout: String,
+    pub resolved_as: String,
+    pub reason: String,
+    pub rail_reference: String,
+    pub operator: String,
+}
+
+/// What became of a Resolve form, to show on the quarantine page.
+#[derive(Debug, Clone)]
+pub enum ResolveResult {
+    /// The console refused the form before sending anything (`why` is a display message).
+    Invalid { form: ResolveForm, why: String },
+    /// The payment-resource resolved the payout: its `200` answer.
+    Done(Value),
+    /// The payment-resource refused: its envelope's message. Nothing changed.
+    Refused { payout: String, why: String },
+    /// No answer: the resolution may or may not have happened.
+    Unknown { payout: String, why: String },
+}
+
+fn resolve_notice(result: &ResolveResult) -> String {
+    match result {
+        ResolveResult::Invalid { why, .. } => notice("bad", &format!("Not sent: {}. Nothing changed.", esc(why))),
+        ResolveResult::Done(v) => notice(
+            "info",
+            &format!(
+                "Payout <span class=\"mono\">{}</span> is now <strong>{}</strong>. Resolution \
+                 <span class=\"mono\">{}</span>; the account's balance is now {}.",
+                field(v, "payoutId"),
+                field(v, "state"),
+                field(v, "resolutionId"),
+                field(v, "balanceMinor")
+            ),
+        ),
+        ResolveResult::Refused { payout, why } => {
+            notice("bad", &format!("Payout <span class=\"mono\">{}</span> was not resolved: {}", esc(payout), esc(why)))
+        }
+        ResolveResult::Unknown { payout, why } => notice(
+            "bad",
+            &format!(
+                "The outcome of resolving payout <span class=\"mono\">{}</span> is unknown ({}): it may or may \
+                 not have been resolved. Look the payout up again before anything else: \
+                 <a href=\"/payouts/{}\">open the payout</a>.",
+                esc(payout),
+                esc(why),
+                esc(&pct(payout))
+            ),
+        ),
+    }
+}
+
+/// The Resolve form of payout `id` (an operator's only), prefilled with `entered` if the
+/// console refused it, under the idempotency key `key` (one per rendered form).
+fn resolve_form(viewer: &Viewer, id: &str, key: &str, entered: Option<&ResolveForm>) -> String {
+    let e = entered.cloned().unwrap_or_default();
+    let idx = esc(&pct(id));
+    let checked = |v: &str| if e.resolved_as == v { " checked" } else { "" };
+    format!(
+        "<section aria-labelledby=\"resolve-{idx}\"><h3 id=\"resolve-{idx}\">Resolve</h3>\
+         <p class=\"hint\">Read the rail's own record for this payout first (its statement, or the reconciler's \
+         report). <strong>POSTED</strong>: the rail paid; the ledger entries are written. <strong>FAILED</strong>: \
+         it did not; the reserved amount is released. A resolution is final and audited.</p>\
+         <form method=\"post\" action=\"/quarantine/resolve\" class=\"stack\" \
+         data-confirm=\"Resolve this payout? A resolution is final.\">{csrf}\
+         <input type=\"hidden\" name=\"payout\" value=\"{id}\">\
+         <input type=\"hidden\" name=\"idempotency_key\" value=\"{key}\">\
+         <fieldset class=\"choices\"><legend>Outcome, from the rail's record</legend>\
+         <div class=\"choice\"><input type=\"radio\" id=\"as-posted-{idx}\" name=\"resolved_as\" value=\"POSTED\" required{posted}>\
+         <label for=\"as-posted-{idx}\">POSTED: the rail paid</label></div>\
+         <div class=\"choice\"><input type=\"radio\" id=\"as-failed-{idx}\" name=\"resolved_as\" value=\"FAILED\"{failed}>\
+         <label for=\"as-failed-{idx}\">FAILED: the rail did not pay</label></div></fieldset>\
+         <div class=\"field\"><label for=\"reason-{idx}\">Reason (at least {min} characters: what the rail's record shows)</label>\
+         <textarea id=\"reason-{idx}\" name=\"reason\" required minlength=\"{min}\" maxlength=\"{max}\" rows=\"3\">{reason}</textarea></div>\
+         <div class=\"field\"><label for=\"rail-reference-{idx}\">Rail reference (or statement line; no spaces)</label>\
+         <input id=\"rail-reference-{idx}\" name=\"rail_reference\" required maxlength=\"{ref_max}\" autocomplete=\"off\" value=\"{rail_reference}\"></div>\
+         <div class=\"field\"><label for=\"operator-{idx}\">Your name (operator)</label>\
+         <input id=\"operator-{idx}\" name=\"operator\" required maxlength=\"{op_max}\" autocomplete=\"username\" value=\"{operator}\"></div>\
+         <button type=\"submit\" class=\"danger\">Resolve</button></form></section>",
+        csrf = csrf_field(&viewer.csrf),
+        id = esc(id),
+        key = esc(key),
+        posted = checked("POSTED"),
+        failed = checked("FAILED"),
+        min = RESOLUTION_REASON_CHARS_MIN,
+        max = RESOLUTION_REASON_CHARS_MAX,
+        ref_max = RESOLUTION_RAIL_REFERENCE_CHARS_MAX,
+        op_max = OWNER_ID_CHARS_MAX,
+        reason = esc(&e.reason),
+        rail_reference = esc(&e.rail_reference),
+        operator = esc(&e.operator),
+    )
+}
+
+/// `/quarantine`: every RAIL_AMBIGUOUS payout with its intent rows, and no retry; for an
+/// operator, a Resolve form per payout, each under a fresh idempotency key from `fresh_key`,
+/// and what the last Resolve came to (`result`).
+pub fn quarantine(
+    viewer: &Viewer,
+    list: &Fetched<(Vec<Fetched<Value>>, bool)>,
+    result: Option<&ResolveResult>,
+    fresh_key: &dyn Fn() -> String,
+) -> String {
     let mut s = String::from("<h1>Quarantine</h1>");
+    if let Some(r) = result {
+        s.push_str(&resolve_notice(r));
+    }
     s.push_str(&notice(
         "info",
         "Each payout here reached the rail and got no usable answer: the rail may have paid. \
@@ -340,6 +451,10 @@ pub fn quarantine(list: &Fetched<(Vec<Fetched<Value>>, bool)>) -> String {
     if items.is_empty() {
         s.push_str("<p>No payout is quarantined.</p>");
     }
+    let entered = match result {
+        Some(ResolveResult::Invalid { form, .. }) => Some(form),
+        _ => None,
+    };
     for item in items {
         match item {
             Err(e) => s.push_str(&failed("A quarantined payout", e)),
@@ -356,14 +471,17 @@ pub fn quarantine(list: &Fetched<(Vec<Fetched<Value>>, bool)>) -> String {
                     field(p, "attemptCount")
                 ));
                 s.push_str(&submissions_table(p));
+                if viewer.role == Role::Operator {
+                    let mine = entered.filter(|f| f.payout == id);
+                    s.push_str(&resolve_form(viewer, id, &fresh_key(), mine));
+                }
                 let cmd = format!(
                     "dlock resolve {id} --as posted|failed --operator NAME --reason TEXT [--rail-reference REF]"
                 );
                 s.push_str(&format!(
-                    "<div class=\"placeholder\"><p><strong>Resolve (coming in a later console slice).</strong> \
-                     Check the rail's own record for this payout, then run on a host with paydb access:</p>\
-                     <label for=\"cmd-{idx}\">Command</label>\
-                     <textarea id=\"cmd-{idx}\" class=\"mono cmd\" readonly rows=\"2\">{cmd}</textarea></div></article>",
+                    "<details class=\"cli\"><summary>From a host with paydb access</summary>\
+                     <label for=\"cmd-{idx}\">The same resolution with the command line</label>\
+                     <textarea id=\"cmd-{idx}\" class=\"mono cmd\" readonly rows=\"2\">{cmd}</textarea></details></article>",
                     idx = esc(&pct(id)),
                     cmd = esc(&cmd)
                 ));
@@ -547,6 +665,38 @@ mod tests {
     use super::*;
 
     const XSS: &str = "<script>alert(1)</script>\"><img src=x onerror=alert(1)>";
+
+    #[test]
+    fn only_an_operator_gets_a_resolve_form_one_per_payout_each_under_its_own_key() {
+        let payout = |id: &str| Ok(serde_json::json!({"payoutId": id, "beneficiaryRef": XSS}));
+        let list = Ok((vec![payout("p-1"), payout("p-2")], false));
+        let n = std::cell::Cell::new(0);
+        let key = || {
+            n.set(n.get() + 1);
+            format!("key-{}", n.get())
+        };
+        let reader = Viewer { role: Role::Reader, csrf: "c".into() };
+        let page = quarantine(&reader, &list, None, &key);
+        assert!(!page.contains("/quarantine/resolve") && !page.contains("name=\"resolved_as\""), "{page}");
+        assert_eq!(n.get(), 0, "no key is drawn for a page without forms");
+        let operator = Viewer { role: Role::Operator, csrf: "c".into() };
+        let page = quarantine(&operator, &list, None, &key);
+        assert_eq!(page.matches("action=\"/quarantine/resolve\"").count(), 2);
+        assert!(page.contains("value=\"key-1\"") && page.contains("value=\"key-2\""), "{page}");
+        assert!(!page.contains("<script>") && !page.contains("<img"), "{page}");
+        let entered = ResolveForm {
+            payout: "p-2".into(),
+            resolved_as: "FAILED".into(),
+            reason: XSS.into(),
+            rail_reference: XSS.into(),
+            operator: XSS.into(),
+        };
+        let refused = ResolveResult::Invalid { form: entered, why: XSS.into() };
+        let page = quarantine(&operator, &list, Some(&refused), &key);
+        assert!(!page.contains("<script>") && !page.contains("<img"), "{page}");
+        assert_eq!(page.matches(&format!(">{}</textarea>", esc(XSS))).count(), 1, "only p-2's form is refilled");
+        assert_eq!(page.matches(" checked").count(), 1, "{page}");
+    }
 
     #[test]
     fn every_event_kind_renders_its_hostile_data_escaped() {

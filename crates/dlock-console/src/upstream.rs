@@ -1,9 +1,10 @@
-//! The console's calls to the services: advisory `GET`s and the one operator write (L8
-//! revoke), each with the session's bearer through `dlock_rt::http::HttpClient`, answered
-//! as JSON or as the service's C3 refusal.
+//! The console's calls to the services: advisory `GET`s and the two operator writes (L8
+//! revoke; the resolution of a quarantined payout, C3-extensions E-21), each with the
+//! session's bearer through `dlock_rt::http::HttpClient`, answered as JSON or as the
+//! service's C3 refusal.
 //!
-//! The console never retries a write: a revoke whose answer is lost is shown as unknown,
-//! and the operator looks again (L7) before trying anything else.
+//! The console never retries a write: a revoke or a resolution whose answer is lost is shown
+//! as unknown, and the operator looks again (L7, the payout) before trying anything else.
 
 use bytes::Bytes;
 use dlock_contract::auth::Secret;

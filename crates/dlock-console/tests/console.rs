@@ -20,6 +20,12 @@ const WK: &str = "worker-console-test-token-000001";
 const XSS: &str = "<script>alert(1)</script>\"><img src=x onerror=alert(1)>";
 const PAYOUT: &str = "4b6f1b5e-0000-4000-8000-000000000001";
 const KEY: &str = "payout:acct-1";
+/// A resolution's rail reference the fake payment-resource refuses (409, a hostile message).
+const REFUSED_REF: &str = "RR-REFUSED";
+/// A resolution's rail reference whose answer the fake payment-resource cuts off.
+const LOST_REF: &str = "RR-LOST";
+/// A resolution's rail reference the fake payment-resource answers `500 INTERNAL`.
+const UNKNOWN_REF: &str = "RR-UNKNOWN";
 
 #[derive(Debug, Clone)]
 struct Seen {
@@ -27,6 +33,7 @@ struct Seen {
     path: String,
     authorization: Option<String>,
     owner: Option<String>,
+    idempotency_key: Option<String>,
     body: String,
 }
 
@@ -79,6 +86,7 @@ async fn fake(State(log): State<Log>, headers: HeaderMap, req: Request) -> Respo
         path: format!("{path}?{query}"),
         authorization: text("authorization"),
         owner: text("x-owner-id"),
+        idempotency_key: text("x-idempotency-key"),
         body: String::from_utf8_lossy(&body).into_owned(),
     });
     let bearer = text("authorization").unwrap_or_default();
@@ -108,6 +116,42 @@ async fn fake(State(log): State<Log>, headers: HeaderMap, req: Request) -> Respo
                 return refuse(StatusCode::FORBIDDEN, "FORBIDDEN");
             }
             ok(json!({"revokedToken": 42, "newTokenFloor": 43, "revocationId": "5b6f1b5e-0000-4000-8000-000000000005"}))
+        }
+        ("POST", p) if p == format!("/v1/payouts/{PAYOUT}/resolution") => {
+            if bearer != format!("Bearer {OP}") {
+                return refuse(StatusCode::FORBIDDEN, "FORBIDDEN");
+            }
+            let sent: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            match sent["railReference"].as_str() {
+                // A refusal whose message is hostile.
+                Some(REFUSED_REF) => (
+                    StatusCode::CONFLICT,
+                    axum::Json(
+                        json!({"code": "PAYOUT_NOT_CLAIMABLE", "message": XSS, "retrySafe": false, "traceId": "t"}),
+                    ),
+                )
+                    .into_response(),
+                // paydb's commit answer was lost: the outcome is unknown.
+                Some(UNKNOWN_REF) => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    axum::Json(json!({"code": "INTERNAL", "message": "the outcome is unknown", "retrySafe": false,
+                        "traceId": "t"})),
+                )
+                    .into_response(),
+                // The answer is cut off mid-body: the console cannot know the outcome.
+                Some(LOST_REF) => {
+                    let cut = futures::stream::iter([
+                        Ok(Bytes::from_static(b"{\"payoutId\":")),
+                        Err(std::io::Error::other("connection lost")),
+                    ]);
+                    let mut r = Response::new(axum::body::Body::from_stream(cut));
+                    r.headers_mut().insert("content-type", axum::http::HeaderValue::from_static("application/json"));
+                    r
+                }
+                _ => ok(
+                    json!({"payoutId": PAYOUT, "state": sent["resolvedAs"], "resolutionId": XSS, "balanceMinor": 9_900}),
+                ),
+            }
         }
         _ => refuse(StatusCode::NOT_FOUND, "NOT_FOUND"),
     }
@@ -183,8 +227,14 @@ impl Rig {
         (value, csrf_of(&body(&page)).expect("a csrf field"))
     }
 
+    /// Every write the fake services received (revokes and resolutions).
     fn revokes(&self) -> Vec<Seen> {
         self.log.lock().expect("log").iter().filter(|s| s.method == "POST").cloned().collect()
+    }
+
+    /// The resolutions the fake payment-resource received.
+    fn resolutions(&self) -> Vec<Seen> {
+        self.revokes().into_iter().filter(|s| s.path.contains("/resolution")).collect()
     }
 }
 
@@ -201,8 +251,33 @@ fn set_cookie(r: &ClientResponse) -> Option<String> {
 }
 
 fn csrf_of(html: &str) -> Option<String> {
-    let at = html.find("name=\"csrf\" value=\"")? + "name=\"csrf\" value=\"".len();
+    hidden_of(html, "csrf")
+}
+
+/// The value of the first hidden field `name` of `html`.
+fn hidden_of(html: &str, name: &str) -> Option<String> {
+    let marker = format!("name=\"{name}\" value=\"");
+    let at = html.find(&marker)? + marker.len();
     html[at..].split('"').next().map(str::to_owned)
+}
+
+/// A Resolve form of the quarantined payout, as a browser sends it (values percent-encoded).
+fn resolve_form(
+    csrf: &str,
+    key: &str,
+    resolved_as: &str,
+    reason: &str,
+    rail_reference: &str,
+    operator: &str,
+) -> String {
+    let pct = dlock_console::html::pct;
+    format!(
+        "csrf={csrf}&payout={PAYOUT}&idempotency_key={}&resolved_as={resolved_as}&reason={}&rail_reference={}&operator={}",
+        pct(key),
+        pct(reason),
+        pct(rail_reference),
+        pct(operator)
+    )
 }
 
 /// Every page the console serves to a signed-in session.
@@ -266,15 +341,18 @@ async fn logout_deletes_the_session_so_the_old_cookie_is_sent_to_login() {
 async fn every_action_route_refuses_a_post_without_or_with_a_wrong_csrf_token() {
     let rig = rig().await;
     let (cookie, csrf) = rig.login(OP).await;
-    let form = format!("key={KEY}&operator=alice&reason=wedged+worker+on+acct-1&expected_token=42");
-    for route in ["/locks/revoke", "/logout"] {
+    let form = format!(
+        "key={KEY}&operator=alice&reason=wedged+worker+on+acct-1&expected_token=42&payout={PAYOUT}\
+         &idempotency_key=k-1&resolved_as=POSTED&rail_reference=RR-42"
+    );
+    for route in ["/locks/revoke", "/quarantine/resolve", "/logout"] {
         for bad in [String::new(), "&csrf=".to_owned(), "&csrf=0000".to_owned(), format!("&csrf={}x", csrf)] {
             let r = rig.post(route, Some(&cookie), &format!("{form}{bad}"), None).await;
             assert_eq!(r.status, 403, "{route} {bad}");
             assert!(header(&r, "content-type").is_some_and(|c| c.starts_with("text/html")));
         }
     }
-    assert!(rig.revokes().is_empty(), "no refused action reached the lock server");
+    assert!(rig.revokes().is_empty(), "no refused action reached a service");
     assert_eq!(rig.get("/", Some(&cookie)).await.status, 200, "the refused logouts ended nothing");
 }
 
@@ -282,8 +360,11 @@ async fn every_action_route_refuses_a_post_without_or_with_a_wrong_csrf_token() 
 async fn a_post_from_another_origin_is_refused_even_with_the_csrf_token() {
     let rig = rig().await;
     let (cookie, csrf) = rig.login(OP).await;
-    let form = format!("csrf={csrf}&key={KEY}&operator=alice&reason=wedged+worker+on+acct-1&expected_token=42");
-    for route in ["/locks/revoke", "/logout"] {
+    let form = format!(
+        "csrf={csrf}&key={KEY}&operator=alice&reason=wedged+worker+on+acct-1&expected_token=42&payout={PAYOUT}\
+         &idempotency_key=k-1&resolved_as=POSTED&rail_reference=RR-42"
+    );
+    for route in ["/locks/revoke", "/quarantine/resolve", "/logout"] {
         let r = rig.post(route, Some(&cookie), &form, Some("https://evil.example")).await;
         assert_eq!(r.status, 403, "{route}");
     }
@@ -302,6 +383,7 @@ async fn a_reader_session_sees_no_action_buttons_and_a_forged_reader_post_is_403
     for path in PAGES {
         let page = body(&rig.get(path, Some(&reader)).await);
         assert!(!page.contains("/locks/revoke"), "{path} shows a reader an action");
+        assert!(!page.contains("/quarantine/resolve") && !page.contains("name=\"resolved_as\""), "{path}");
         assert!(!page.contains("class=\"danger\""), "{path}");
         assert!(!page.to_lowercase().contains("retry"), "{path} offers a retry");
     }
@@ -312,6 +394,11 @@ async fn a_reader_session_sees_no_action_buttons_and_a_forged_reader_post_is_403
     let r = rig.post("/locks/revoke", Some(&reader), &form, Some(&rig.own_origin())).await;
     assert_eq!(r.status, 403);
     assert!(rig.revokes().is_empty(), "the forged revoke never reached the lock server");
+    let forged = resolve_form(&reader_csrf, "k-forged", "POSTED", "forged by a reader", "RR-42", "mallory");
+    let r = rig.post("/quarantine/resolve", Some(&reader), &forged, Some(&rig.own_origin())).await;
+    assert_eq!(r.status, 403);
+    assert!(body(&r).contains("Only an operator session may resolve a payout"));
+    assert!(rig.revokes().is_empty(), "the forged resolution never reached the payment-resource");
 }
 
 #[tokio::test]
@@ -445,7 +532,7 @@ async fn the_csp_and_security_headers_are_on_every_page_and_no_page_holds_inline
     for (path, r) in &answers {
         assert_eq!(header(r, "content-security-policy").as_deref(), Some(CSP), "{path}");
         assert_eq!(header(r, "x-content-type-options").as_deref(), Some("nosniff"), "{path}");
-        assert_eq!(header(r, "referrer-policy").as_deref(), Some("no-referrer"), "{path}");
+        assert_eq!(header(r, "referrer-policy").as_deref(), Some("same-origin"), "{path}");
         assert_eq!(header(r, "cache-control").as_deref(), Some("no-store"), "{path}");
         if let Some(bad) = inline_code(&body(r)) {
             panic!("{path} holds inline code: {bad}");
@@ -516,5 +603,142 @@ async fn the_quarantine_lists_intent_rows_states_no_resubmission_and_offers_no_r
     assert!(page.contains(&format!("dlock resolve {PAYOUT} --as posted|failed")), "{page}");
     assert!(page.contains("TIMEOUT"), "the intent row's outcome");
     assert!(!page.to_lowercase().contains("retry"));
-    assert!(!page.contains("method=\"post\" action=\"/quarantine"), "no action in this slice");
+    assert!(page.contains("method=\"post\" action=\"/quarantine/resolve\""), "an operator may resolve");
+}
+
+#[tokio::test]
+async fn an_operator_resolve_reaches_the_payment_resource_with_the_bearer_the_operator_and_the_forms_own_key() {
+    let rig = rig().await;
+    let (cookie, _) = rig.login(OP).await;
+    let page = body(&rig.get("/quarantine", Some(&cookie)).await);
+    for label in [
+        "<label for=\"as-posted-",
+        "POSTED: the rail paid</label>",
+        "FAILED: the rail did not pay</label>",
+        "Your name (operator)",
+        "Rail reference",
+    ] {
+        assert!(page.contains(label), "{label} missing from the form");
+    }
+    assert!(page.contains("type=\"radio\"") && page.contains("name=\"resolved_as\" value=\"FAILED\""));
+    let csrf = csrf_of(&page).expect("the form's csrf field");
+    let key = hidden_of(&page, "idempotency_key").expect("the form's idempotency key");
+    let again = body(&rig.get("/quarantine", Some(&cookie)).await);
+    assert_ne!(hidden_of(&again, "idempotency_key").as_deref(), Some(key.as_str()), "a fresh key per rendered form");
+
+    let form = resolve_form(&csrf, &key, "POSTED", "  rail statement line 42 shows it  ", "RR-42", "alice");
+    let r = rig.post("/quarantine/resolve", Some(&cookie), &form, Some(&rig.own_origin())).await;
+    assert_eq!(r.status, 200);
+    let shown = body(&r);
+    assert!(shown.contains("is now <strong>POSTED</strong>"), "{shown}");
+    assert!(shown.contains("the account's balance is now 9900"), "{shown}");
+    assert!(!shown.contains("data-live="), "a result page follows no feed");
+    let sent = rig.resolutions();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].path, format!("/v1/payouts/{PAYOUT}/resolution?"));
+    assert_eq!(sent[0].authorization.as_deref(), Some(format!("Bearer {OP}").as_str()));
+    assert_eq!(sent[0].owner.as_deref(), Some("alice"));
+    assert_eq!(sent[0].idempotency_key.as_deref(), Some(key.as_str()));
+    let b: Value = serde_json::from_str(&sent[0].body).expect("json");
+    assert_eq!(
+        b,
+        json!({"resolvedAs": "POSTED", "reason": "rail statement line 42 shows it", "railReference": "RR-42"})
+    );
+}
+
+#[tokio::test]
+async fn a_bad_resolve_form_is_refused_400_and_nothing_reaches_the_payment_resource() {
+    let rig = rig().await;
+    let (cookie, csrf) = rig.login(OP).await;
+    let ok = |as_: &str, reason: &str, rail: &str, op: &str| resolve_form(&csrf, "k-1", as_, reason, rail, op);
+    let long_reason = "x".repeat(dlock_contract::resolution::RESOLUTION_REASON_CHARS_MAX + 1);
+    let cases = [
+        ("short reason", ok("POSTED", "short", "RR-42", "alice"), "the reason is 8 to 1000 characters"),
+        ("blank reason", ok("POSTED", "        ", "RR-42", "alice"), "the reason is 8 to 1000 characters"),
+        ("long reason", ok("POSTED", &long_reason, "RR-42", "alice"), "the reason is 8 to 1000 characters"),
+        ("line break", ok("POSTED", "statement\nline 42", "RR-42", "alice"), "no control characters"),
+        ("no outcome", ok("", "rail statement line 42", "RR-42", "alice"), "choose the outcome"),
+        ("another outcome", ok("ABANDONED", "rail statement line 42", "RR-42", "alice"), "choose the outcome"),
+        ("space in reference", ok("FAILED", "rail statement line 42", "RR 42", "alice"), "rail reference is 1 to 128"),
+        ("no reference", ok("FAILED", "rail statement line 42", "", "alice"), "rail reference is 1 to 128"),
+        ("operator with a space", ok("FAILED", "rail statement line 42", "RR-42", "al ice"), "the operator is 1 to 64"),
+        ("no operator", ok("FAILED", "rail statement line 42", "RR-42", ""), "the operator is 1 to 64"),
+        ("no key", resolve_form(&csrf, "", "POSTED", "rail statement line 42", "RR-42", "alice"), "idempotency key"),
+        (
+            "no payout",
+            ok("POSTED", "rail statement line 42", "RR-42", "alice")
+                .replace(&format!("payout={PAYOUT}"), "payout=nope"),
+            "names no payout",
+        ),
+    ];
+    for (why, form, says) in cases {
+        let r = rig.post("/quarantine/resolve", Some(&cookie), &form, None).await;
+        assert_eq!(r.status, 400, "{why}");
+        let page = body(&r);
+        assert!(page.contains("Not sent: ") && page.contains(says), "{why}: {page}");
+        assert!(page.contains("<h1>Quarantine</h1>"), "{why}: the quarantine again");
+    }
+    assert!(rig.resolutions().is_empty(), "no refused form reached the payment-resource");
+}
+
+#[tokio::test]
+async fn hostile_text_in_a_resolve_form_its_answer_and_the_payout_renders_inert() {
+    let rig = rig().await;
+    let (cookie, csrf) = rig.login(OP).await;
+    let escaped = dlock_console::html::esc(XSS);
+    // A reference that passes (visible ASCII) and one that does not (spaces): the second is
+    // shown again in the refused form.
+    let inert = "\"><img/src=x/onerror=alert(1)>";
+    let refused = resolve_form(&csrf, "k-1", "POSTED", XSS, XSS, "<b>alice</b>");
+    let sent = resolve_form(&csrf, "k-2", "POSTED", XSS, inert, "<b>alice</b>");
+    let answered = resolve_form(&csrf, "k-3", "FAILED", XSS, REFUSED_REF, "alice");
+    for (why, form, status) in [("refused", refused, 400), ("sent", sent, 200), ("answered", answered, 200)] {
+        let r = rig.post("/quarantine/resolve", Some(&cookie), &form, None).await;
+        assert_eq!(r.status, status, "{why}");
+        let page = body(&r);
+        assert!(!page.contains(XSS) && !page.contains(inert), "{why}: the raw payload");
+        assert!(!page.contains("<script>alert") && !page.contains("<img"), "{why}: {page}");
+        assert!(!page.contains("<b>alice"), "{why}");
+        assert!(page.contains(&escaped), "{why}: the beneficiaryRef (and the hostile answer) escaped");
+        if let Some(bad) = inline_code(&page) {
+            panic!("{why}: inline code {bad}");
+        }
+        if status == 400 {
+            assert!(page.contains(&format!(">{escaped}</textarea>")), "{why}: the reason shown again, escaped");
+            assert!(page.contains(&format!("value=\"{escaped}\"")), "{why}: the reference shown again, escaped");
+            assert!(page.contains("value=\"&lt;b&gt;alice&lt;/b&gt;\""), "{why}: the operator shown again, escaped");
+        }
+    }
+    let sent = rig.resolutions();
+    assert_eq!(sent.len(), 2, "the form with a bad reference never left the console");
+    let b: Value = serde_json::from_str(&sent[0].body).expect("json");
+    assert_eq!((b["reason"].as_str(), b["railReference"].as_str()), (Some(XSS), Some(inert)), "sent as typed");
+}
+
+#[tokio::test]
+async fn a_refused_resolve_shows_the_envelopes_message_and_a_lost_answer_says_the_outcome_is_unknown() {
+    let rig = rig().await;
+    let (cookie, csrf) = rig.login(OP).await;
+    let refused = resolve_form(&csrf, "k-1", "POSTED", "rail statement line 42", REFUSED_REF, "alice");
+    let page = body(&rig.post("/quarantine/resolve", Some(&cookie), &refused, None).await);
+    assert!(page.contains(&format!("Payout <span class=\"mono\">{PAYOUT}</span> was not resolved: ")), "{page}");
+    assert!(page.contains(&dlock_console::html::esc(XSS)) && page.contains("PAYOUT_NOT_CLAIMABLE"), "{page}");
+    let mut shown = vec![page];
+    for (k, reference) in [("k-2", LOST_REF), ("k-3", UNKNOWN_REF)] {
+        let lost = resolve_form(&csrf, k, "POSTED", "rail statement line 42", reference, "alice");
+        let r = rig.post("/quarantine/resolve", Some(&cookie), &lost, None).await;
+        assert_eq!(r.status, 200);
+        let page = body(&r);
+        assert!(
+            page.contains("is unknown") && page.contains("Look the payout up again before anything else"),
+            "{page}"
+        );
+        assert!(!page.contains("was not resolved"), "{reference}: an unknown outcome is never told as a refusal");
+        assert!(page.contains(&format!("href=\"/payouts/{PAYOUT}\"")), "{page}");
+        shown.push(page);
+    }
+    for p in &shown {
+        assert!(!p.to_lowercase().contains("retry"), "no page offers a retry");
+    }
+    assert_eq!(rig.resolutions().len(), 3, "each form was sent once, never again by the console");
 }

@@ -32,7 +32,8 @@ pub const CREDENTIALS_MAX: usize = 1_024;
 pub enum Role {
     /// Sessions, acquire, renew, release, claim, post, submit — and every read.
     Worker,
-    /// Revoke, create accounts and payouts, console actions — and every read.
+    /// Revoke, create accounts and payouts, resolve a quarantined payout, console actions —
+    /// and every read.
     Operator,
     /// The advisory GETs and metrics only.
     Reader,
@@ -133,6 +134,7 @@ pub const PAYMENT_ROUTES: &[RouteRule] = &[
     rule("POST", "/v1/payouts", O),
     rule("GET", "/v1/payouts", R),
     rule("GET", "/v1/payouts/{payoutId}", R),
+    rule("POST", "/v1/payouts/{payoutId}/resolution", O),
     rule("POST", "/v1/payouts/{payoutId}/claim", W),
     rule("POST", "/v1/payouts/{payoutId}/post", W),
     rule("POST", "/v1/accounts/{accountId}/claims", W),
@@ -475,6 +477,7 @@ mod tests {
         let pay = || PAYMENT_ROUTES.iter();
         assert_eq!(need_for(pay(), "POST", "/v1/payouts"), Need::Role(Role::Operator));
         assert_eq!(need_for(pay(), "POST", "/v1/payouts/p/claim"), Need::Role(Role::Worker));
+        assert_eq!(need_for(pay(), "POST", "/v1/payouts/p/resolution"), Need::Role(Role::Operator));
         assert_eq!(need_for(pay(), "GET", "/v1/payouts/p"), Need::Read);
         assert_eq!(need_for(pay(), "POST", "/v1/accounts/a/claims"), Need::Role(Role::Worker));
         assert_eq!(need_for(pay(), "POST", "/v1/accounts/a/posts"), Need::Role(Role::Worker));

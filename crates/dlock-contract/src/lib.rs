@@ -21,6 +21,7 @@ pub mod payment;
 pub mod payout;
 pub mod planted;
 pub mod rail;
+pub mod resolution;
 pub mod store;
 pub mod stream;
 pub mod time;

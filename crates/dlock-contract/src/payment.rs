@@ -87,6 +87,18 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A required string held to `rule`, whose message is the problem.
+    fn ruled<T>(&mut self, name: &str, rule: impl FnOnce(&str) -> Result<T, String>) -> Option<T> {
+        let raw = self.text(name)?;
+        match rule(raw) {
+            Ok(v) => Some(v),
+            Err(problem) => {
+                self.problem(name, &problem);
+                None
+            }
+        }
+    }
+
     /// A required account id (1 to 64 characters of `[a-zA-Z0-9:._-]`).
     fn account_id(&mut self, name: &str) -> Option<String> {
         let raw = self.text(name)?;
@@ -409,6 +421,45 @@ impl PostBatchRequest {
     }
 }
 
+/// `POST /v1/payouts/{payoutId}/resolution` body (C3-extensions E-21), validated: an
+/// operator's verdict on a RAIL_AMBIGUOUS payout. Each field is held to the rule
+/// `dlock resolve` applies ([`crate::resolution`]); the operator is the request's
+/// `X-Owner-Id`, not a body field.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolutionRequest {
+    /// `POSTED` (the rail paid: the ledger entries are written) or `FAILED` (it did not: the
+    /// reservation is released). Nothing else.
+    #[schema(example = "POSTED")]
+    pub resolved_as: PayoutState,
+    /// Why: what the rail's statement shows. 8 to 1 000 characters, at least 8 of them not
+    /// blanks, no control character.
+    #[schema(min_length = 8, max_length = 1000, example = "rail statement 2026-03-01 line 42 shows the transfer")]
+    pub reason: String,
+    /// The rail's reference (or statement line) the verdict rests on: 1 to 128 visible ASCII
+    /// characters.
+    #[schema(min_length = 1, max_length = 128, pattern = "^[!-~]{1,128}$", example = "RR-00ff")]
+    pub rail_reference: String,
+}
+
+impl ResolutionRequest {
+    /// Validates a parsed JSON body; see the module documentation.
+    pub fn from_json(body: &Value) -> Result<ResolutionRequest, Vec<FieldError>> {
+        use crate::resolution::{parse_rail_reference, parse_reason, parse_resolved_as};
+        let mut f = Fields::of(body)?;
+        let resolved_as = f.ruled("resolvedAs", parse_resolved_as);
+        let reason = f.ruled("reason", parse_reason);
+        let rail_reference = f.ruled("railReference", parse_rail_reference);
+        let value = match (resolved_as, reason, rail_reference) {
+            (Some(resolved_as), Some(reason), Some(rail_reference)) => {
+                Some(ResolutionRequest { resolved_as, reason, rail_reference })
+            }
+            _ => None,
+        };
+        f.finish(value)
+    }
+}
+
 /// `200` body of P2.
 ///
 /// Since issue 14 (C3-extensions C-30) the answer also carries the payout's immutable terms
@@ -483,6 +534,20 @@ pub struct PostAck {
     /// Two balanced entries.
     pub entries: Vec<EntryBody>,
     /// The payout account's balance after the post.
+    pub balance_minor: i64,
+}
+
+/// `200` body of `POST /v1/payouts/{payoutId}/resolution` (C3-extensions E-21).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolutionAck {
+    pub payout_id: Uuid,
+    /// `POSTED` or `FAILED`: the verdict, now the payout's state.
+    pub state: PayoutState,
+    /// The audit row's id (`payout_resolutions.resolution_id`).
+    pub resolution_id: Uuid,
+    /// The payout account's balance after the resolution (debited for `POSTED`, unchanged
+    /// for `FAILED`, whose reservation is released).
     pub balance_minor: i64,
 }
 
@@ -621,6 +686,29 @@ mod tests {
         assert_eq!(AMOUNT_MINOR_MAX, 10_i64.pow(15));
         assert_eq!(OPENING_BALANCE_MINOR_MAX, AMOUNT_MINOR_MAX);
         assert!(AMOUNT_MINOR_MAX.checked_mul(9_000).is_some());
+    }
+
+    // ---- the resolution (C3-extensions E-21) --------------------------------------------
+
+    #[test]
+    fn a_resolution_body_is_held_to_dlock_resolves_rules_and_reports_every_bad_field() {
+        let ok = json!({"resolvedAs": "FAILED", "reason": "statement line 42 shows nothing", "railReference": "none"});
+        let r = ResolutionRequest::from_json(&ok).expect("valid");
+        assert_eq!(r.resolved_as, PayoutState::Failed);
+        assert_eq!((r.reason.as_str(), r.rail_reference.as_str()), ("statement line 42 shows nothing", "none"));
+        let p = ResolutionRequest::from_json(&json!({})).expect_err("empty");
+        assert_eq!(fields(&p), ["resolvedAs", "reason", "railReference"]);
+        let hostile = "<script> alert(1)</script>";
+        let bad = json!({"resolvedAs": "RAIL_AMBIGUOUS", "reason": "short", "railReference": hostile});
+        let p = ResolutionRequest::from_json(&bad).expect_err("bad");
+        assert_eq!(fields(&p), ["resolvedAs", "reason", "railReference"]);
+        assert_eq!(problem_of(&p, "resolvedAs"), "the verdict is POSTED or FAILED");
+        echoes_nothing(&p, "<script>");
+        let p = ResolutionRequest::from_json(&json!({"resolvedAs": "POSTED", "reason": "line\nbreak here",
+            "railReference": 7}))
+        .expect_err("types");
+        assert_eq!(fields(&p), ["reason", "railReference"]);
+        assert_eq!(problem_of(&p, "railReference"), "must be a string");
     }
 
     // ---- bodies that are not objects ---------------------------------------------------

@@ -20,11 +20,13 @@ pub enum Operation {
     CreatePayout,
     Claim,
     Post,
+    /// An operator's resolution of a RAIL_AMBIGUOUS payout over HTTP (C3-extensions E-21).
+    Resolve,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 4] =
-        [Operation::CreateAccount, Operation::CreatePayout, Operation::Claim, Operation::Post];
+    pub const ALL: [Operation; 5] =
+        [Operation::CreateAccount, Operation::CreatePayout, Operation::Claim, Operation::Post, Operation::Resolve];
 
     /// Column spelling (`idempotency_records.operation`).
     pub fn as_str(self) -> &'static str {
@@ -33,6 +35,7 @@ impl Operation {
             Operation::CreatePayout => "CREATE_PAYOUT",
             Operation::Claim => "CLAIM",
             Operation::Post => "POST",
+            Operation::Resolve => "RESOLVE",
         }
     }
 
@@ -214,10 +217,12 @@ impl PayoutPosting<'_> {
     }
 }
 
-/// `dlock resolve`: an operator's verdict on a RAIL_AMBIGUOUS payout, backed by a rail
-/// reference (C2: RAIL_AMBIGUOUS → POSTED | FAILED, operator only). The caller validates
-/// the text fields (`reason` ≥ [`RESOLUTION_REASON_CHARS_MIN`] characters); the store
-/// refuses any `resolved_as` other than POSTED or FAILED.
+/// An operator's verdict on a RAIL_AMBIGUOUS payout, backed by a rail reference (C2:
+/// RAIL_AMBIGUOUS → POSTED | FAILED, operator only), from `dlock resolve` or from
+/// `POST /v1/payouts/{payoutId}/resolution` (C3-extensions E-21). The caller validates the
+/// text fields with [`dlock_contract::resolution`] (`reason` ≥
+/// [`RESOLUTION_REASON_CHARS_MIN`] characters); the store refuses any `resolved_as` other
+/// than POSTED or FAILED.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AmbiguousResolution {
     pub resolution_id: Uuid,
@@ -235,12 +240,12 @@ pub struct AmbiguousResolution {
     pub at: DateTime<Utc>,
 }
 
-/// Fewest characters an operator's reason may have.
-pub const RESOLUTION_REASON_CHARS_MIN: usize = 8;
-/// Most characters an operator's reason may have.
-pub const RESOLUTION_REASON_CHARS_MAX: usize = 1_000;
-/// Most characters a resolution's rail reference may have.
-pub const RESOLUTION_RAIL_REFERENCE_CHARS_MAX: usize = 128;
+/// The bounds of a resolution's text fields, with the field rules every surface applies
+/// (`dlock resolve`, the payment-resource's route, the console) in
+/// [`dlock_contract::resolution`].
+pub use dlock_contract::resolution::{
+    RESOLUTION_RAIL_REFERENCE_CHARS_MAX, RESOLUTION_REASON_CHARS_MAX, RESOLUTION_REASON_CHARS_MIN,
+};
 
 impl AmbiguousResolution {
     /// The posting a resolution as POSTED writes at `at`, with fence 0: an operator is not a

@@ -17,7 +17,7 @@
 //!
 //! [`BatchAnswer`]: dlock_contract::batch::BatchAnswer
 
-use dlock_contract::payment::{AccountBody, ClaimAck, EntryBody, PayoutBody, PostAck, SubmissionBody};
+use dlock_contract::payment::{AccountBody, ClaimAck, EntryBody, PayoutBody, PostAck, ResolutionAck, SubmissionBody};
 use dlock_contract::payout::PayoutState;
 use dlock_contract::{ErrorCode, FieldError};
 use dlock_http::ApiError;
@@ -25,8 +25,8 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::store::{
-    AccountView, ClaimBatchOutcome, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome, PayoutView,
-    PostBatchOutcome, PostOutcome, StoredResponse,
+    AccountView, AmbiguousResolution, ClaimBatchOutcome, ClaimOutcome, CreateAccountOutcome, CreatePayoutOutcome,
+    PayoutView, PostBatchOutcome, PostOutcome, ResolveOutcome, StoredResponse,
 };
 
 /// The request shape a fenced write came in: P2/P3 for one payout, or P2b/P3b for several
@@ -53,6 +53,10 @@ pub struct Answering {
 pub const CLAIM_NOT_CLAIMABLE: &str = "the payout is not in the expected state; a claim changes nothing";
 /// P3's message for a payout that is not RAIL_ACKED.
 pub const POST_NOT_CLAIMABLE: &str = "only a RAIL_ACKED payout is posted; the post changes nothing";
+
+/// The resolution's message for a payout that is not RAIL_AMBIGUOUS (C3-extensions E-21).
+pub const RESOLVE_NOT_AMBIGUOUS: &str =
+    "only a RAIL_AMBIGUOUS payout is resolved; it is in another state and the resolution changes nothing";
 
 /// A 2xx body as it is recorded and answered.
 pub fn recorded<T: serde::Serialize>(status: u16, body: &T) -> StoredResponse {
@@ -170,6 +174,33 @@ pub fn payout_created(o: &CreatePayoutOutcome, trace_id: &str) -> StoredResponse
     match o {
         CreatePayoutOutcome::Created(view) => recorded(201, &payout_body(view)),
         _ => recorded_error(ApiError::internal("not a committed outcome"), trace_id),
+    }
+}
+
+/// The recorded answer of a committed resolution `r` (C3-extensions E-21): 200
+/// `ResolutionAck`.
+pub fn resolved(o: &ResolveOutcome, r: &AmbiguousResolution, trace_id: &str) -> StoredResponse {
+    match o {
+        ResolveOutcome::Resolved { state, balance_minor } => recorded(
+            200,
+            &ResolutionAck {
+                payout_id: r.payout_id,
+                state: *state,
+                resolution_id: r.resolution_id,
+                balance_minor: *balance_minor,
+            },
+        ),
+        _ => recorded_error(ApiError::internal("not a committed outcome"), trace_id),
+    }
+}
+
+/// The envelope of a resolution its payout refused: 409 `PAYOUT_NOT_CLAIMABLE` (not
+/// RAIL_AMBIGUOUS, with the payout's state), or 404.
+pub fn resolve_refusal(payout_id: Uuid, o: &ResolveOutcome) -> ApiError {
+    match o {
+        ResolveOutcome::NotAmbiguous { state } => not_claimable(payout_id, *state, RESOLVE_NOT_AMBIGUOUS),
+        ResolveOutcome::NotFound => not_found("payout"),
+        ResolveOutcome::Resolved { .. } => ApiError::internal("committed outcome without a recorded response"),
     }
 }
 

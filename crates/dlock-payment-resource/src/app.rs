@@ -1,12 +1,12 @@
-//! HTTP surface of the payment-resource (C3 §3.4, P1–P5, the two creates, and the batches
-//! P2b and P3b of C3-extensions E-19).
+//! HTTP surface of the payment-resource (C3 §3.4, P1–P5, the two creates, the batches
+//! P2b and P3b of C3-extensions E-19, and the operator's resolution of E-21).
 //!
 //! Handlers only translate HTTP: they read the headers, the path and the body, validate
 //! them, and hand the request on. A fenced write (P2, P3, P2b, P3b) goes to the one
 //! pipeline, [`crate::fenced`], which holds its check order, grant check, identity, store
 //! call, events, metrics and answers; its headers are read by the one extractor,
-//! [`FencedHeaders`]. A create runs its store call here and answers through the same
-//! [`fenced::answer`]. Every recorded answer is rendered below the store
+//! [`FencedHeaders`]. A create, and the operator's resolution, runs its store call here and
+//! answers through the same [`fenced::answer`]. Every recorded answer is rendered below the store
 //! ([`crate::answer`]).
 
 use std::collections::BTreeMap;
@@ -21,19 +21,21 @@ use axum::Extension;
 use dlock_contract::batch::BatchAnswer;
 use dlock_contract::payment::{
     AccountBody, ClaimAck, ClaimBatchRequest, ClaimRequest, NewAccountRequest, NewPayoutRequest, PayoutBody,
-    PayoutItem, PayoutPage, PostAck, PostBatchRequest, PostRequest, CURSOR_CHARS_MAX, P1_LIMIT_DEFAULT, P1_LIMIT_MAX,
+    PayoutItem, PayoutPage, PostAck, PostBatchRequest, PostRequest, ResolutionAck, ResolutionRequest, CURSOR_CHARS_MAX,
+    P1_LIMIT_DEFAULT, P1_LIMIT_MAX,
 };
 use dlock_contract::payout::PayoutState;
 use dlock_contract::FieldError;
 use dlock_http::{ApiError, JsonBody, TraceId};
 use uuid::Uuid;
 
-use crate::answer::{account_body, not_found, payout_body, Answering, Shape};
+use crate::answer::{account_body, not_found, payout_body, resolve_refusal, Answering, Shape};
 use crate::cursor::CursorPayload;
 use crate::fenced::{self, answer, store_error, FencedHeaders, FencedOp, FencedWrite, PostItem, Target};
 use crate::service::PaymentResource;
 use crate::store::{
-    ClaimBatchPayout, CreateAccountOutcome, CreatePayoutOutcome, ListQuery, NewAccount, NewPayout, Operation,
+    AmbiguousResolution, ClaimBatchPayout, CreateAccountOutcome, CreatePayoutOutcome, ListQuery, NewAccount, NewPayout,
+    Operation, ResolveOutcome,
 };
 
 /// Target of the account-creation identity.
@@ -54,6 +56,7 @@ pub fn router_with_auth(pr: Arc<PaymentResource>, auth: Option<Arc<dlock_http::a
         .route("/v1/accounts/{account_id}", get(get_account))
         .route("/v1/payouts", post(create_payout).get(list_payouts))
         .route("/v1/payouts/{payout_id}", get(get_payout))
+        .route("/v1/payouts/{payout_id}/resolution", post(resolve))
         .route("/v1/payouts/{payout_id}/claim", post(claim))
         .route("/v1/payouts/{payout_id}/post", post(post_payout))
         .route("/v1/accounts/{account_id}/claims", post(claim_batch))
@@ -208,6 +211,63 @@ async fn create_payout(
             ),
             CreatePayoutOutcome::Created(_) => ApiError::internal("created outcome without a recorded response"),
         },
+    ))
+}
+
+// ---------------------------------------------------------------------------------------
+// The operator's resolution of a quarantined payout (C3-extensions E-21)
+// ---------------------------------------------------------------------------------------
+
+/// Resolve a RAIL_AMBIGUOUS payout as POSTED or FAILED (operator, C3-extensions E-21): the
+/// audited verdict of `dlock resolve`, over HTTP. The operator is the `X-Owner-Id`.
+#[utoipa::path(post, path = "/v1/payouts/{payoutId}/resolution", tag = "payouts",
+    params(crate::openapi::PayoutPath, dlock_http::openapi::OwnerHeader, dlock_http::openapi::IdempotencyKeyHeader),
+    request_body(content = dlock_contract::payment::ResolutionRequest, content_type = "application/json"),
+    responses((status = 200, description = "Resolved, with its audit row written (or the recorded answer to this idempotency key).", body = ResolutionAck)))]
+async fn resolve(
+    State(pr): State<Arc<PaymentResource>>,
+    Extension(trace): Extension<TraceId>,
+    headers: HeaderMap,
+    Path(raw_id): Path<String>,
+    body: Result<JsonBody, ApiError>,
+) -> Result<Response, ApiError> {
+    // The operator's name: the `X-Owner-Id` rule is `dlock resolve --operator`'s
+    // (`dlock_contract::resolution::parse_operator`).
+    let owner = dlock_http::owner_id(&headers)?;
+    let key = dlock_http::idempotency_key(&headers)?;
+    let payout_id = path_uuid(&raw_id, "payoutId")?;
+    let JsonBody(raw) = body?;
+    let req = ResolutionRequest::from_json(&raw)
+        .map_err(|fields| ApiError::validation("the resolution body is invalid", fields))?;
+    let at = pr.now();
+    let target = payout_id.to_string();
+    let idem =
+        pr.identity(Operation::Resolve, &target, key.as_str(), 0, owner.as_str(), &req, at).map_err(identity_error)?;
+    let r = AmbiguousResolution {
+        resolution_id: dlock_rt::rand::uuid_v4(),
+        payout_id,
+        resolved_as: req.resolved_as,
+        operator: owner.as_str().to_owned(),
+        reason: req.reason,
+        rail_reference: req.rail_reference,
+        posting_id: dlock_rt::rand::uuid_v4(),
+        entry_ids: [dlock_rt::rand::uuid_v4(), dlock_rt::rand::uuid_v4()],
+        at,
+    };
+    let (resolution_id, rail_reference) = (r.resolution_id, r.rail_reference.clone());
+    let how = Answering { shape: Shape::Single, key: key.as_str().to_owned(), trace_id: trace.0.clone() };
+    let decided = pr.write(move |store| async move { store.resolve_recorded(&r, &idem, &how).await }).await;
+    Ok(answer(
+        &pr,
+        decided,
+        (Operation::Resolve, &target, owner.as_str()),
+        |o| {
+            if let ResolveOutcome::Resolved { state, .. } = o {
+                tracing::info!(payoutId = %payout_id, resolutionId = %resolution_id, resolvedAs = state.as_str(),
+                    operator = owner.as_str(), railReference = %rail_reference, traceId = %trace.0, "payout_resolved");
+            }
+        },
+        |o| resolve_refusal(payout_id, &o),
     ))
 }
 

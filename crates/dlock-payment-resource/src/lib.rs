@@ -1,6 +1,7 @@
 //! The payment-resource: enforcement point (a) (C3 §3.4).
 //!
-//! It serves P1–P5 and two create endpoints over paydb, and trusts no lock state: only the
+//! It serves P1–P5, two create endpoints and the operator's resolution of a quarantined
+//! payout (C3-extensions E-21) over paydb, and trusts no lock state: only the
 //! token it is handed and the fence it has stored (FR-15). Every protected write is one
 //! conditional statement, `UPDATE accounts SET fence = :presented … WHERE … AND fence <
 //! :presented`, in the same transaction as the state transition and, for a post, the two

@@ -27,6 +27,11 @@ pub const ERRORS: &[RouteErrors] = &[
     errors("GET", "/v1/payouts/{payoutId}", &[&[ValidationFailed, NotFound, NotReady]]),
     errors(
         "POST",
+        "/v1/payouts/{payoutId}/resolution",
+        &[BODY_CODES, &[NotFound, PayoutNotClaimable, IdempotencyConflict, NotReady]],
+    ),
+    errors(
+        "POST",
         "/v1/payouts/{payoutId}/claim",
         &[
             BODY_CODES,
@@ -101,6 +106,7 @@ pub struct ListQuery {
         crate::app::create_payout,
         crate::app::list_payouts,
         crate::app::get_payout,
+        crate::app::resolve,
         crate::app::claim,
         crate::app::post_payout,
         crate::app::claim_batch,

@@ -559,11 +559,24 @@ pub trait PaymentStore: Send + Sync + 'static {
     /// An operator moves a PENDING or CLAIMED payout to ABANDONED.
     async fn abandon(&self, payout_id: Uuid, at: DateTime<Utc>) -> Result<AbandonOutcome, StoreError>;
 
-    /// `dlock resolve`: one transaction that moves a RAIL_AMBIGUOUS payout to POSTED (two
+    /// `dlock resolve` (and, recorded, [`PaymentStore::resolve_recorded`]): one transaction that moves a RAIL_AMBIGUOUS payout to POSTED (two
     /// balanced entries with fence 0, and the balance debited) or FAILED (the reservation is
     /// released), and writes its `payout_resolutions` audit row. Any other state is refused
     /// and changes nothing. The account's fence is left alone: an operator holds no token.
     async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError>;
+
+    /// `POST /v1/payouts/{payoutId}/resolution` (C3-extensions E-21): the resolution of
+    /// [`PaymentStore::resolve_ambiguous`] as one deciding transaction whose statement 0 is
+    /// the request's identity row (`i`: operation `Resolve`, target the payout, token 0): a
+    /// live record replays or conflicts and nothing runs. A resolution that commits records
+    /// its answer ([`crate::answer::resolved`]) in the identity row; a refusal (no such
+    /// payout, not RAIL_AMBIGUOUS) rolls back, identity row included, so it is judged afresh.
+    async fn resolve_recorded(
+        &self,
+        r: &AmbiguousResolution,
+        i: &IdemRequest,
+        a: &Answering,
+    ) -> Decided<ResolveOutcome>;
 
     /// The resolutions audit trail, all or one payout's, in (`resolved_at`,
     /// `resolution_id`) order.

@@ -44,6 +44,7 @@ pub enum PaymentStoreOp {
     PostBatch,
     Abandon,
     ResolveAmbiguous,
+    ResolveRecorded,
     Resolutions,
     Payout,
     PayoutAccount,
@@ -74,6 +75,7 @@ impl ClosedTag for PaymentStoreOp {
             PostBatch,
             Abandon,
             ResolveAmbiguous,
+            ResolveRecorded,
             Resolutions,
             Payout,
             PayoutAccount,
@@ -101,6 +103,7 @@ impl ClosedTag for PaymentStoreOp {
             PaymentStoreOp::PostBatch => "post_batch",
             PaymentStoreOp::Abandon => "abandon",
             PaymentStoreOp::ResolveAmbiguous => "resolve_ambiguous",
+            PaymentStoreOp::ResolveRecorded => "resolve_recorded",
             PaymentStoreOp::Resolutions => "resolutions",
             PaymentStoreOp::Payout => "payout",
             PaymentStoreOp::PayoutAccount => "payout_account",
@@ -148,6 +151,7 @@ impl PaymentStoreOp {
                 | PostBatch
                 | Abandon
                 | ResolveAmbiguous
+                | ResolveRecorded
                 | PurgeIdempotency
                 | PurgeEvents
         )
@@ -212,6 +216,15 @@ impl<L: PaymentStoreLayer> PaymentStore for L {
 
     async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
         self.around(PaymentStoreOp::ResolveAmbiguous, self.inner().resolve_ambiguous(r)).await
+    }
+
+    async fn resolve_recorded(
+        &self,
+        r: &AmbiguousResolution,
+        i: &IdemRequest,
+        a: &Answering,
+    ) -> Decided<ResolveOutcome> {
+        self.around(PaymentStoreOp::ResolveRecorded, self.inner().resolve_recorded(r, i, a)).await
     }
 
     async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ResolutionRow>, StoreError> {

@@ -3,7 +3,9 @@
 //! in production and on `MemPaydb` in the simulation, and depends on no service crate), and the rail's own record (the
 //! stub's `GET /calls` stands in for the bank's statement). It classifies every payout and
 //! reports; it **never repairs**. Repair of a quarantined payout is a separate, explicit,
-//! audited operator command, `dlock resolve` ([`resolve`]).
+//! audited operator act: the command `dlock resolve` ([`resolve`]), or the same verdict over
+//! HTTP, the payment-resource's `POST /v1/payouts/{payoutId}/resolution` (C3-extensions
+//! E-21, the console's Resolve action), under the same field rules.
 //!
 //! - [`reconcile::reconcile`]: one run, at an explicit "now", into a [`report::Report`].
 //! - [`report::Report::render_table`] and serde (`--json`); [`report::Report::exit_code`]:

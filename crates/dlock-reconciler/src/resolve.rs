@@ -6,14 +6,15 @@
 //! statement line), a named operator and a reason, and refused unless the payout is
 //! RAIL_AMBIGUOUS. The store does it in one transaction with its audit row
 //! (`ReconcileStore::resolve_ambiguous`, the statements the payment-resource runs).
+//!
+//! The same verdict can be given over HTTP, `POST /v1/payouts/{payoutId}/resolution` on the
+//! payment-resource (C3-extensions E-21, operator role; the console's Resolve action uses
+//! it): one set of field rules ([`dlock_contract::resolution`]) and the same statements in
+//! paydb for both.
 
 use chrono::{DateTime, Utc};
-use dlock_contract::headers::OwnerId;
 use dlock_contract::payout::PayoutState;
-use dlock_paydb::pay::{
-    AmbiguousResolution, ResolveOutcome, RESOLUTION_RAIL_REFERENCE_CHARS_MAX, RESOLUTION_REASON_CHARS_MAX,
-    RESOLUTION_REASON_CHARS_MIN,
-};
+use dlock_paydb::pay::{AmbiguousResolution, ResolveOutcome};
 use dlock_paydb::StoreError;
 use uuid::Uuid;
 
@@ -35,37 +36,10 @@ impl ResolveAs {
     }
 }
 
-/// `--operator`: 1 to 64 visible ASCII characters (the `X-Owner-Id` rule).
-pub fn parse_operator(raw: &str) -> Result<String, String> {
-    OwnerId::parse(raw)
-        .map(|o| o.as_str().to_owned())
-        .map_err(|_| "the operator is 1 to 64 visible ASCII characters".to_owned())
-}
-
-/// `--reason`: at least 8 and at most 1 000 characters, not all blank, no control characters.
-pub fn parse_reason(raw: &str) -> Result<String, String> {
-    let chars = raw.trim().chars().count();
-    if chars < RESOLUTION_REASON_CHARS_MIN || raw.chars().count() > RESOLUTION_REASON_CHARS_MAX {
-        return Err(format!(
-            "the reason is {RESOLUTION_REASON_CHARS_MIN} to {RESOLUTION_REASON_CHARS_MAX} characters (say what \
-             the rail's statement shows)"
-        ));
-    }
-    if raw.chars().any(char::is_control) {
-        return Err("the reason holds no control characters".into());
-    }
-    Ok(raw.to_owned())
-}
-
-/// `--rail-reference`: 1 to 128 visible ASCII characters.
-pub fn parse_rail_reference(raw: &str) -> Result<String, String> {
-    if raw.is_empty() || raw.len() > RESOLUTION_RAIL_REFERENCE_CHARS_MAX || !raw.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(format!(
-            "the rail reference is 1 to {RESOLUTION_RAIL_REFERENCE_CHARS_MAX} visible ASCII characters"
-        ));
-    }
-    Ok(raw.to_owned())
-}
+/// The field rules of `--operator`, `--reason` and `--rail-reference`: the ones every
+/// surface applies (the payment-resource's `POST /v1/payouts/{payoutId}/resolution` and the
+/// console's Resolve form too), kept once in [`dlock_contract::resolution`].
+pub use dlock_contract::resolution::{parse_operator, parse_rail_reference, parse_reason};
 
 /// One operator verdict, as typed.
 #[derive(Debug, Clone, PartialEq, Eq)]

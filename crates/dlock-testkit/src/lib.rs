@@ -7,8 +7,11 @@
 //! - [`fake_service`]: a scripted fake HTTP peer for the client crates' tests.
 //! - [`certs`]: CAs and certificates made in the test, for the TLS tests (normal cfg only).
 //! - [`auth`]: the credentials every harness carries (authentication stays on in tests).
+//! - [`browser`]: a headless Chromium driven through the DevTools protocol (normal cfg only).
 
 pub mod auth;
+#[cfg(not(madsim))]
+pub mod browser;
 #[cfg(not(madsim))]
 pub mod certs;
 pub mod fake_service;

@@ -26,29 +26,6 @@ const POLL_INTERVAL_MS: u64 = 50;
 const WINDOW_W_PX: u32 = 1800;
 const WINDOW_H_PX: u32 = 1500;
 
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
-}
-
-/// The chromium binary, or `None` when the test may skip (DLOCK_SKIP_BROWSER=1).
-fn chromium() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("DLOCK_CHROMIUM") {
-        return Some(PathBuf::from(p));
-    }
-    match find_on_path("chromium") {
-        Some(p) => Some(p),
-        None if std::env::var("DLOCK_SKIP_BROWSER").as_deref() == Ok("1") => {
-            eprintln!("browser test SKIPPED: chromium is not installed and DLOCK_SKIP_BROWSER=1");
-            None
-        }
-        None => panic!(
-            "chromium is not installed: the timeline's browser test needs Debian's `chromium` \
-             (scripts/test.sh installs it: apt-get install chromium); set DLOCK_SKIP_BROWSER=1 to skip it"
-        ),
-    }
-}
-
 fn out_dir() -> PathBuf {
     let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dlock-timeline");
     std::fs::create_dir_all(&d).expect("output dir");
@@ -100,7 +77,7 @@ fn run_chromium(bin: &Path, page: &Path, extra: &[String], profile: &Path) -> St
 
 #[test]
 fn headless_chromium_draws_the_lanes_and_the_fenced_out_write() {
-    let Some(bin) = chromium() else { return };
+    let Some(bin) = dlock_testkit::browser::chromium("the timeline's browser test") else { return };
     let dir = out_dir();
     let page = dir.join("timeline-swarm-seed-122.html");
     let html = dlock_timeline::render_html(SWARM_122).expect("renders");

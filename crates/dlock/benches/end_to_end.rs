@@ -12,6 +12,13 @@
 //! - `DLOCK_BENCH_DBS` (default `sqlite,postgres`): which database kinds to run.
 //! - PostgreSQL when `DLOCK_BENCH_PG_URL` or `DLOCK_TEST_PG_URL` names a server (paydb,
 //!   lockdb and the baseline's queue each get a fresh database).
+//! - `DLOCK_BENCH_CONSUMERS` (default 50; 0 leaves it out): the stream's load. On the first
+//!   database kind the bench runs dlock's side once more with that many consumers following
+//!   the payment-resource's event stream (`GET /v1/events`, C3-extensions E-20) through the
+//!   whole window, each from the newest event at its start and reconnecting from its last
+//!   `id:` whenever a page ends, as the console and any dashboard do, and prints payouts/s
+//!   with them against the run without, as a ratio of the same bench run, with the events
+//!   they read.
 //! - `DLOCK_BENCH_SWEEP=1` adds the sweeps (executors 1, 2, 4, 8; accounts 1, 10, 100, 1000;
 //!   rail latency 0, 50, 500 ms; `DLOCK_BENCH_SWEEP_N` payouts per point, default 150) on
 //!   PostgreSQL when one is configured, else on SQLite. They are written as a CSV and an SVG
@@ -119,6 +126,11 @@ mod bench {
     const CONNECT_TIMEOUT_MS: u64 = 1_000;
     const READ_TIMEOUT_MS: u64 = 10_000;
 
+    /// Idle budget of a stream consumer's read (the stream sends a bookmark every 15 s).
+    const CONSUMER_IDLE_MS: u64 = 30_000;
+    /// A consumer's pause before it connects again after a refused or broken connection.
+    const CONSUMER_RETRY_MS: u64 = 100;
+
     /// One measured configuration.
     #[derive(Clone, Copy)]
     struct Point {
@@ -126,6 +138,8 @@ mod bench {
         accounts: usize,
         executors: usize,
         latency_ms: u64,
+        /// Consumers following the payment-resource's event stream through the window.
+        consumers: usize,
     }
 
     impl Point {
@@ -146,6 +160,8 @@ mod bench {
         rss: Option<Rss>,
         /// dlock only: where the window's time went, from the services' `/metrics`.
         breakdown: Option<String>,
+        /// dlock only: events the stream consumers read ([`Point::consumers`]).
+        events_read: u64,
     }
 
     /// Resident set size of one process (`VmRSS`, KiB) at the window's start, its peak over
@@ -236,7 +252,8 @@ mod bench {
         let n = env_usize("DLOCK_BENCH_N", 300).max(1);
         let accounts = env_usize("DLOCK_BENCH_ACCOUNTS", 8).clamp(1, n);
         let latency_ms = env_usize("DLOCK_BENCH_RAIL_LATENCY_MS", 0) as u64;
-        let point = Point { n, accounts, executors: EXECUTORS, latency_ms };
+        let consumers = env_usize("DLOCK_BENCH_CONSUMERS", 50);
+        let point = Point { n, accounts, executors: EXECUTORS, latency_ms, consumers: 0 };
         println!(
             "end-to-end bench through `dlock up`: n={n} accounts={accounts} executors={EXECUTORS}x{CONCURRENCY} stub latency={latency_ms} ms; baseline: SKIP LOCKED queue, {} workers",
             point.workers()
@@ -292,6 +309,20 @@ mod bench {
             if let Some(b) = &d.breakdown {
                 println!("{b}");
             }
+            if consumers > 0 && std::ptr::eq(kind, &kinds[0]) {
+                let (paydb, lockdb) = (kind.fresh(&dir, "paydb").await, kind.fresh(&dir, "lockdb").await);
+                let loaded = end_to_end(&dir, &paydb, &lockdb, Point { consumers, ..point }).await;
+                println!(
+                    "{:<10} {:>9} {:>11.1} {:>9} {:>9}   with {consumers} stream consumers: {:.2} of the run without them; {} events read",
+                    kind.name(),
+                    loaded.counted,
+                    loaded.per_s,
+                    loaded.p50_ms,
+                    loaded.p99_ms,
+                    loaded.per_s / d.per_s,
+                    loaded.events_read,
+                );
+            }
         }
         if std::env::var("DLOCK_BENCH_SWEEP").is_ok_and(|v| v == "1") {
             let Some(kind) = kinds.pop() else { return };
@@ -302,7 +333,7 @@ mod bench {
     /// The three sweeps; each varies one axis from the default point.
     async fn sweep(dir: &dlock_testkit::TempDir, kind: &Dbs, accounts: usize) {
         let n = env_usize("DLOCK_BENCH_SWEEP_N", SWEEP_N_DEFAULT).max(1);
-        let base = Point { n, accounts, executors: EXECUTORS, latency_ms: 0 };
+        let base = Point { n, accounts, executors: EXECUTORS, latency_ms: 0, consumers: 0 };
         let axes: [(&str, Vec<(u64, Point)>); 3] = [
             ("executors", SWEEP_EXECUTORS.iter().map(|&e| (e as u64, Point { executors: e, ..base })).collect()),
             // Every account gets at least one payout: n grows to the account count.
@@ -641,6 +672,9 @@ mod bench {
             .buffer_unordered(CREATE_CONCURRENCY)
             .collect()
             .await;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> =
+            (0..p.consumers).map(|_| tokio::spawn(consume(client.clone(), payment.clone(), stop.clone()))).collect();
         let t0 = chrono::Utc::now().timestamp_millis();
         let metrics_at_t0 = Metrics::scrape(&client).await;
         held.release(&lock_client).await;
@@ -658,6 +692,11 @@ mod bench {
         .await;
         assert!(done.is_some(), "every payout is posted within the bench's bound");
         let breakdown = Some(Metrics::scrape(&client).await.since(&metrics_at_t0).show());
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut events_read = 0;
+        for r in readers {
+            events_read += r.await.unwrap_or(0);
+        }
         // After the window: each payout's creation and posting instants.
         let mut latencies = Vec::with_capacity(p.n);
         let mut last_posted = t0;
@@ -680,7 +719,61 @@ mod bench {
         let counted = latencies.len();
         let (p50_ms, p99_ms) = percentiles(latencies);
         let seconds = ((last_posted - t0).max(1)) as f64 / 1000.0;
-        Rate { per_s: counted as f64 / seconds, p50_ms, p99_ms, counted, rss: rss.get(), breakdown }
+        Rate { per_s: counted as f64 / seconds, p50_ms, p99_ms, counted, rss: rss.get(), breakdown, events_read }
+    }
+
+    /// One stream consumer (`DLOCK_BENCH_CONSUMERS`): follows the payment-resource's event
+    /// stream from the newest event at its start, reconnecting from its last `id:` when a
+    /// page ends (or from a fresh snapshot after `resync_required`), until `stop`; the
+    /// events it read (bookmarks not counted).
+    async fn consume(client: HttpClient, payment: BaseUrl, stop: Arc<std::sync::atomic::AtomicBool>) -> u64 {
+        use std::sync::atomic::Ordering::SeqCst;
+        let snapshot = |client: HttpClient, payment: BaseUrl| async move {
+            let v = get_json(&client, &payment, "/v1/events/recent?limit=1").await?;
+            v["cursor"].as_str().map(str::to_owned)
+        };
+        let mut cursor = None;
+        let mut events = 0;
+        while !stop.load(SeqCst) {
+            let Some(c) = cursor.clone().or(snapshot(client.clone(), payment.clone()).await) else {
+                tokio::time::sleep(Duration::from_millis(CONSUMER_RETRY_MS)).await;
+                continue;
+            };
+            let path = format!("/v1/events?cursor={}", pct(&c));
+            let Ok(mut stream) = client.get_streaming(&payment, &path, &[]).await else {
+                tokio::time::sleep(Duration::from_millis(CONSUMER_RETRY_MS)).await;
+                continue;
+            };
+            cursor = Some(c);
+            let mut buf = String::new();
+            while !stop.load(SeqCst) {
+                let Ok(Some(chunk)) = stream.next_chunk(CONSUMER_IDLE_MS).await else { break };
+                buf.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some(end) = buf.find("\n\n") {
+                    let frame: String = buf.drain(..end + 2).collect();
+                    let event = frame.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or_default();
+                    if event == "resync_required" {
+                        cursor = None;
+                    } else if let Some(id) = frame.lines().find_map(|l| l.strip_prefix("id: ")) {
+                        cursor = Some(id.to_owned());
+                        if event != "bookmark" {
+                            events += 1;
+                        }
+                    }
+                }
+            }
+        }
+        events
+    }
+
+    /// `s` percent-encoded for a query value.
+    fn pct(s: &str) -> String {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect()
     }
 
     /// The timing families the bench reads from `dlock up`'s services, by port: the first
@@ -820,7 +913,15 @@ mod bench {
         assert_eq!(latencies.len(), p.n, "the baseline paid every payout once");
         let last_ms = latencies.iter().copied().max().unwrap_or(1).max(1);
         let (p50_ms, p99_ms) = percentiles(latencies);
-        Rate { per_s: p.n as f64 / (last_ms as f64 / 1000.0), p50_ms, p99_ms, counted: p.n, rss: None, breakdown: None }
+        Rate {
+            per_s: p.n as f64 / (last_ms as f64 / 1000.0),
+            p50_ms,
+            p99_ms,
+            counted: p.n,
+            rss: None,
+            breakdown: None,
+            events_read: 0,
+        }
     }
 
     /// The same body for both of the queue's pools: `$q` renders a statement written with

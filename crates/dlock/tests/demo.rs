@@ -10,10 +10,12 @@ use std::time::{Duration, Instant};
 
 use dlock_contract::payment::{NewAccountRequest, NewPayoutRequest};
 use dlock_contract::payout::PayoutState;
-use dlock_contract::{IdempotencyKey, OwnerId};
-use dlock_payment_client::{PaymentClient, PaymentClientConfig};
+use dlock_contract::OwnerId;
 use dlock_rt::http::{BaseUrl, HttpClient};
 use dlock_testkit::TempDir;
+
+mod common;
+use common::{key, payment_client_with, token_of, Reaped};
 
 /// Longest `dlock up` may take to serve, and to settle one payout.
 const UP_WAIT_MS_MAX: u64 = 30_000;
@@ -142,37 +144,6 @@ fn demo_and_up_refuse_each_safety_switch_off_without_unsafe_test_with_the_servic
     }
 }
 
-/// A child process killed and reaped when dropped (whatever the test's outcome).
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The payment client of `base`, as an operator seeding the demo holds one.
-fn payment_client(base: &BaseUrl, operator: &str) -> PaymentClient {
-    let mut cfg = PaymentClientConfig::new(base.clone());
-    cfg.write_read_timeout_ms = 5_000;
-    cfg.bearer = Some(dlock_rt::http::Bearer::fixed(dlock_contract::auth::Secret::new(operator)));
-    PaymentClient::new(cfg).expect("payment client")
-}
-
-/// The first token of `role` in a credentials file's text.
-fn token_of(text: &str, role: &str) -> String {
-    text.lines()
-        .filter_map(|l| l.split_once(' '))
-        .find(|(r, _)| *r == role)
-        .map(|(_, rest)| rest.split_whitespace().next().unwrap_or_default().to_owned())
-        .unwrap_or_else(|| panic!("no {role} credential"))
-}
-
-fn key(k: &str) -> IdempotencyKey {
-    IdempotencyKey::parse(k).expect("key")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_serves_the_cluster_on_the_default_ports_settles_payouts_and_stops_on_sigterm() {
     let dir = TempDir::new("up");
@@ -197,7 +168,7 @@ async fn up_serves_the_cluster_on_the_default_ports_settles_payouts_and_stops_on
     // The credentials `dlock up` generated in its data dir (E-13): the operator seeds.
     let creds = std::fs::read_to_string(dir.0.join("credentials")).expect("dlock up wrote its credentials");
     let operator = token_of(&creds, "operator");
-    let typed = payment_client(&payment, &operator);
+    let typed = payment_client_with(&payment, &operator);
     let ops = OwnerId::parse("ops").expect("owner");
     let open = NewAccountRequest { account_id: "acct-1".into(), currency: "EUR".into(), opening_balance_minor: 5_000 };
     typed.create_account(&ops, &key("open"), &open).await.expect("account opened");

@@ -281,6 +281,29 @@ impl PaydbTx {
         Ok(Idempotent::Executed { outcome, stored: Some(response) })
     }
 
+    /// The recorded resolution: statement 0, then paydb's resolution (which checks
+    /// everything before its first write), then the answer recorded with it.
+    fn do_resolve_recorded(
+        t: &mut PaydbTables,
+        r: &AmbiguousResolution,
+        i: &IdemRequest,
+        a: &Answering,
+    ) -> Decided<ResolveOutcome> {
+        check_identity(i)?;
+        r.check()?;
+        if let Some(replay) = live_record(t, i) {
+            return Ok(replay);
+        }
+        let outcome = t.resolve_ambiguous(r)?;
+        if !matches!(outcome, ResolveOutcome::Resolved { .. }) {
+            // Refused before any write: nothing to undo, nothing recorded.
+            return Ok(Idempotent::Executed { outcome, stored: None });
+        }
+        let response = answer::resolved(&outcome, r, &a.trace_id);
+        record(t, i, &response);
+        Ok(Idempotent::Executed { outcome, stored: Some(response) })
+    }
+
     fn do_claim(t: &mut PaydbTables, b: &ClaimBatch, i: &IdemRequest, a: &Answering) -> Decided<ClaimBatchOutcome> {
         check_identity(i)?;
         if let Some(replay) = live_record(t, i) {
@@ -632,6 +655,15 @@ impl PaymentStore for MemPaydb {
 
     async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
         self.lock()?.resolve_ambiguous(r)
+    }
+
+    async fn resolve_recorded(
+        &self,
+        r: &AmbiguousResolution,
+        i: &IdemRequest,
+        a: &Answering,
+    ) -> Decided<ResolveOutcome> {
+        PaydbTx::do_resolve_recorded(&mut *self.lock()?, r, i, a)
     }
 
     async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ResolutionRow>, StoreError> {

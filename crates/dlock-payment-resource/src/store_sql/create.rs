@@ -3,8 +3,10 @@
 //!
 //! Holds the inherent fns `run_create_account`, `run_create_payout` (each one deciding
 //! transaction: the identity gate, [`super::gate`], then the create, its answer recorded
-//! before the commit), `create_account_in`, `create_payout_in`, `run_abandon` and
-//! `run_resolve_ambiguous`, stamped for both stores by `create_op!`.
+//! before the commit), `create_account_in`, `create_payout_in`, `run_abandon`,
+//! `run_resolve_ambiguous` and `run_resolve_recorded` (the resolution of C3-extensions E-21:
+//! the identity gate, then the same resolution, its answer recorded before the commit),
+//! stamped for both stores by `create_op!`.
 //!
 //! Invariants: a create that commits records its answer in the identity row; one that
 //! refuses (exists, unknown account, currency mismatch) rolls back, identity row included.
@@ -99,6 +101,21 @@ macro_rules! create_op {
 
             pub(super) async fn run_resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
                 dlock_paydb::sql::$paydb::resolve_ambiguous(&self.pool, r).await
+            }
+
+            pub(super) async fn run_resolve_recorded(
+                &self,
+                r: &AmbiguousResolution,
+                i: &IdemRequest,
+                a: &Answering,
+            ) -> Decided<ResolveOutcome> {
+                r.check()?;
+                let mut tx = match self.begin(i).await? {
+                    Ok(tx) => tx,
+                    Err(answer) => return Ok(answer),
+                };
+                let outcome = dlock_paydb::sql::$paydb::resolve_in(&mut tx, r).await?;
+                Self::finish(tx, i, outcome, |o| answer::resolved(o, r, &a.trace_id)).await
             }
 
             pub(super) async fn create_account_in(

@@ -142,6 +142,12 @@ impl Commits for CreateAccountOutcome {
     }
 }
 
+impl Commits for ResolveOutcome {
+    fn commits(&self) -> bool {
+        matches!(self, ResolveOutcome::Resolved { .. })
+    }
+}
+
 impl Commits for CreatePayoutOutcome {
     fn commits(&self) -> bool {
         matches!(self, CreatePayoutOutcome::Created(_))
@@ -387,6 +393,15 @@ macro_rules! sql_payment_store {
 
             async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
                 self.run_resolve_ambiguous(r).await
+            }
+
+            async fn resolve_recorded(
+                &self,
+                r: &AmbiguousResolution,
+                i: &IdemRequest,
+                a: &Answering,
+            ) -> Decided<ResolveOutcome> {
+                self.run_resolve_recorded(r, i, a).await
             }
 
             async fn resolutions(&self, payout_id: Option<Uuid>) -> Result<Vec<ResolutionRow>, StoreError> {

@@ -120,6 +120,12 @@ impl Pay {
         let decided = self.0.post(b, i, &how).await;
         checked(decided, |o| answer::post(o, &b.account_id, b.token, &how))
     }
+
+    /// The operator's resolution over HTTP (C3-extensions E-21).
+    pub async fn resolve_recorded(&self, r: &AmbiguousResolution, i: &IdemRequest) -> Decided<ResolveOutcome> {
+        let decided = self.0.resolve_recorded(r, i, &answering(Shape::Single, i)).await;
+        checked(decided, |o| answer::resolved(o, r, TRACE))
+    }
 }
 
 pub const EUR: &str = "EUR";
@@ -2171,6 +2177,49 @@ pub async fn resolve_is_refused_unless_rail_ambiguous(db: Paydb) {
     assert_eq!(db.resolutions(None).await, vec![]);
 }
 
+pub async fn a_recorded_resolution_commits_with_its_answer_replays_it_and_records_no_refusal(db: Paydb) {
+    db.account("acct", EUR, 1_000, at(0)).await;
+    let (p, _) = db.ambiguous("acct", 600, 4, at(1)).await;
+    let pending = db.payout("acct", 100, at(2)).await;
+    let records = db.records().await;
+    let refused = |outcome| Ok(Idempotent::Executed { outcome, stored: None });
+    // Refusals roll back, identity row included: nothing is recorded, each is judged afresh.
+    let i = idem(Operation::Resolve, &pending.to_string(), "k-1", 0, &fingerprint(), at(5));
+    let r = resolution_of(pending, PayoutState::Posted, at(5));
+    assert_eq!(
+        db.pay.resolve_recorded(&r, &i).await,
+        refused(ResolveOutcome::NotAmbiguous { state: PayoutState::Pending })
+    );
+    let unknown = Uuid::new_v4();
+    let i = idem(Operation::Resolve, &unknown.to_string(), "k-1", 0, &fingerprint(), at(5));
+    assert_eq!(
+        db.pay.resolve_recorded(&resolution_of(unknown, PayoutState::Failed, at(5)), &i).await,
+        refused(ResolveOutcome::NotFound)
+    );
+    assert_eq!(db.records().await, records);
+    assert_eq!(db.state(pending).await, PayoutState::Pending);
+    // A resolution commits with its answer, in one transaction: the state, the entries, the
+    // audit row and the identity row.
+    let i = idem(Operation::Resolve, &p.to_string(), "k-1", 0, &fingerprint(), at(10));
+    let r = resolution_of(p, PayoutState::Posted, at(10));
+    let stored = recorded(db.pay.resolve_recorded(&r, &i).await.expect("resolve"));
+    assert_eq!(stored.status, 200);
+    assert_eq!(db.records().await, records + 1);
+    assert_eq!(db.state(p).await, PayoutState::Posted);
+    let a = db.acct("acct").await;
+    assert_eq!((a.balance_minor, a.ledger_sum_minor, a.reserved_minor, a.fence), (400, 400, 0, 4));
+    assert_eq!(db.resolutions(Some(p)).await.len(), 1);
+    // The same request again replays the recorded bytes and runs nothing; another request
+    // under its identity is a conflict and runs nothing.
+    let again = resolution_of(p, PayoutState::Posted, at(11));
+    let later = IdemRequest { at: at(11), ..i.clone() };
+    assert_eq!(db.pay.resolve_recorded(&again, &later).await, Ok(Idempotent::Replayed(stored)));
+    let other = IdemRequest { fingerprint: fingerprint(), ..later };
+    assert_eq!(db.pay.resolve_recorded(&again, &other).await, Ok(Idempotent::Conflict));
+    assert_eq!((db.resolutions(None).await.len(), db.records().await), (1, records + 1));
+    assert_eq!(db.acct("acct").await, a);
+}
+
 // ---------------------------------------------------------------- cursor key
 
 pub async fn cursor_secret_is_stored_once_and_then_returned(db: Paydb) {
@@ -2230,6 +2279,7 @@ macro_rules! payment_store_conformance {
                 resolve_as_posted_writes_balanced_entries_and_an_audit_row,
                 resolve_as_failed_releases_the_reservation,
                 resolve_is_refused_unless_rail_ambiguous,
+                a_recorded_resolution_commits_with_its_answer_replays_it_and_records_no_refusal,
                 cursor_secret_is_stored_once_and_then_returned,
                 a_batch_claim_passes_the_fence_once_and_raises_it_to_the_token,
                 a_batch_claim_with_an_equal_or_lower_token_is_fenced_and_writes_nothing,

@@ -469,3 +469,35 @@ pub async fn create_payout(
 fn ops() -> dlock_contract::OwnerId {
     dlock_contract::OwnerId::parse("ops").expect("owner")
 }
+
+/// A child process killed and reaped when dropped (whatever the test's outcome).
+pub struct Reaped(pub Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The payment client of `base` holding the bearer `token` (an operator seeding a run).
+pub fn payment_client_with(base: &BaseUrl, token: &str) -> dlock_payment_client::PaymentClient {
+    let mut cfg = dlock_payment_client::PaymentClientConfig::new(base.clone());
+    cfg.write_read_timeout_ms = 5_000;
+    cfg.bearer = Some(dlock_rt::http::Bearer::fixed(dlock_contract::auth::Secret::new(token)));
+    dlock_payment_client::PaymentClient::new(cfg).expect("payment client")
+}
+
+/// The first token of `role` in a credentials file's text (`dlock up`'s, say).
+pub fn token_of(text: &str, role: &str) -> String {
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .find(|(r, _)| *r == role)
+        .map(|(_, rest)| rest.split_whitespace().next().unwrap_or_default().to_owned())
+        .unwrap_or_else(|| panic!("no {role} credential"))
+}
+
+/// An idempotency key from a literal.
+pub fn key(k: &str) -> dlock_contract::IdempotencyKey {
+    dlock_contract::IdempotencyKey::parse(k).expect("key")
+}
