@@ -10,8 +10,6 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use dlock_payment_resource::store_mem::MemPaydb;
-use dlock_payment_resource::{PaymentResource, PaymentStore};
-use dlock_rt::Clock;
 use dlock_testkit::TempDir;
 use futures::StreamExt;
 use http_body_util::BodyExt;
@@ -22,25 +20,8 @@ use uuid::Uuid;
 /// How long a test reads a stream for the frames it expects.
 const STREAM_WAIT_MS_MAX: u64 = 10_000;
 
-fn payment_cfg() -> dlock_payment_resource::PaymentConfig {
-    let public = dlock_contract::grant::testing::signer().verify_key().to_base64();
-    let mut l = dlock_config::Layers::of(&[("payment.grants.verify-keys", public.as_str())]);
-    l.set_flag("auth.credentials", dlock_testkit::auth::credentials());
-    dlock_payment_resource::config::resolve(&l, dlock_config::Profile::Production).expect("settings").config
-}
-
-async fn app_over(store: Arc<dyn PaymentStore>) -> axum::Router {
-    let cfg = payment_cfg();
-    let auth = dlock_http::auth::Authenticator::new(
-        dlock_payment_resource::NODE,
-        dlock_contract::auth::PAYMENT_ROUTES,
-        &cfg.auth,
-        Clock::system(),
-    )
-    .expect("auth");
-    let pr = PaymentResource::start(store, cfg, Clock::system()).await.expect("start");
-    dlock_payment_resource::app::router_with_auth(pr, auth)
-}
+mod authed;
+use authed::app_over;
 
 async fn backends() -> Vec<(&'static str, axum::Router, Option<TempDir>)> {
     let dir = TempDir::new("event-stream");

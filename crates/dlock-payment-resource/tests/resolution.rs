@@ -16,9 +16,8 @@ use dlock_contract::CONTENT_TYPE_JSON;
 use dlock_payment_resource::store::{AmbiguousResolution, Direction, ResolveOutcome, StoreFault};
 use dlock_payment_resource::store_fault::FaultyPaymentStore;
 use dlock_payment_resource::store_mem::MemPaydb;
-use dlock_payment_resource::{PaymentResource, PaymentStore};
+use dlock_payment_resource::PaymentStore;
 use dlock_rail_proxy::store::{Admission, Attempt, RailStore, Resolution};
-use dlock_rt::Clock;
 use dlock_testkit::auth::{OPERATOR_TOKEN, READER_TOKEN, WORKER_TOKEN};
 use dlock_testkit::TempDir;
 use futures::StreamExt;
@@ -36,25 +35,8 @@ const OPENING_MINOR: i64 = 10_000;
 /// Every payout here is for this amount, in minor units.
 const AMOUNT_MINOR: i64 = 700;
 
-fn payment_cfg() -> dlock_payment_resource::PaymentConfig {
-    let public = dlock_contract::grant::testing::signer().verify_key().to_base64();
-    let mut l = dlock_config::Layers::of(&[("payment.grants.verify-keys", public.as_str())]);
-    l.set_flag("auth.credentials", dlock_testkit::auth::credentials());
-    dlock_payment_resource::config::resolve(&l, dlock_config::Profile::Production).expect("settings").config
-}
-
-async fn app_over(store: Arc<dyn PaymentStore>) -> axum::Router {
-    let cfg = payment_cfg();
-    let auth = dlock_http::auth::Authenticator::new(
-        dlock_payment_resource::NODE,
-        dlock_contract::auth::PAYMENT_ROUTES,
-        &cfg.auth,
-        Clock::system(),
-    )
-    .expect("auth");
-    let pr = PaymentResource::start(store, cfg, Clock::system()).await.expect("start");
-    dlock_payment_resource::app::router_with_auth(pr, auth)
-}
+mod authed;
+use authed::app_over;
 
 /// One paydb behind the service: the app, the payment store and the proxy's store over it.
 struct Backend {

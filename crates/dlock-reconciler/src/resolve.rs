@@ -136,18 +136,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn resolve_refuses_a_reason_shorter_than_eight_characters() {
-        assert!(parse_reason("too few").is_err());
-        assert!(parse_reason("        x       ").is_err(), "blanks do not count");
-        assert!(parse_reason("statement\nline").is_err());
-        assert!(parse_reason(&"x".repeat(1_001)).is_err());
-        assert_eq!(parse_reason("rail statement line 42"), Ok("rail statement line 42".into()));
-        assert!(parse_operator("").is_err());
-        assert!(parse_operator("ops alice").is_err());
-        assert!(parse_operator(&"o".repeat(65)).is_err());
-        assert_eq!(parse_operator("ops-alice"), Ok("ops-alice".into()));
-        assert!(parse_rail_reference("").is_err());
-        assert!(parse_rail_reference("RR 1").is_err());
-        assert_eq!(parse_rail_reference("RR-00ff"), Ok("RR-00ff".into()));
+    fn a_resolve_request_is_held_to_each_field_rule() {
+        // The field rules are dlock_contract::resolution's (tested there); here, that a
+        // request is held to each of them.
+        let ok = ResolveRequest {
+            payout_id: Uuid::from_u128(1),
+            resolved_as: ResolveAs::Posted,
+            operator: "ops-alice".into(),
+            reason: "rail statement line 42".into(),
+            rail_reference: "RR-00ff".into(),
+        };
+        assert_eq!(ok.validate(), Ok(()));
+        let with = |f: &dyn Fn(&mut ResolveRequest)| {
+            let mut r = ok.clone();
+            f(&mut r);
+            r.validate()
+        };
+        assert!(with(&|r| r.reason = "too few".into()).is_err());
+        assert!(with(&|r| r.operator = "ops alice".into()).is_err());
+        assert!(with(&|r| r.rail_reference = "RR 1".into()).is_err());
     }
 }
