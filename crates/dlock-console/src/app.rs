@@ -298,6 +298,7 @@ fn routes(console: Arc<Console>) -> axum::Router {
         .route("/quarantine/resolve", post(resolve))
         .route("/locks", get(locks))
         .route("/locks/revoke", post(revoke))
+        .route("/incidents", get(incidents))
         .route("/events", get(events))
         .route("/live", get(crate::live::live))
         .route("/assets/console.css", get(|| async { asset("text/css; charset=utf-8", CSS) }))
@@ -842,6 +843,21 @@ pub fn event_filter(q: &BTreeMap<String, String>) -> (EventFilterForm, Option<St
         None
     };
     (f, problem)
+}
+
+async fn incidents(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
+    let Some((_, s)) = c.current(&headers) else { return redirect("/login") };
+    let live = c.from_watermark("/live?source=payment&kind=fence.refused".into(), &s.token).await;
+    let q = format!("kind=fence.refused&limit={STORY_EVENTS_MAX}");
+    let rail = format!("kind=rail.refused&limit={STORY_EVENTS_MAX}");
+    let (a, b) = futures::join!(recent(&c.cfg.payment_url, &q, &s.token), recent(&c.cfg.proxy_url, &rail, &s.token));
+    // The rail-proxy's refusals of a stale token only (not its duplicates).
+    let b = b.map(|v| {
+        v.into_iter().filter(|e| e.pointer("/data/outcome").and_then(Value::as_str) == Some("FENCED")).collect()
+    });
+    let main = pages::incidents(&merge(a, b, STORY_EVENTS_MAX));
+    let page = Page { title: "Incidents".into(), nav: "/incidents", main, live: Some(live) };
+    c.page(&headers, StatusCode::OK, page, Some(&viewer(&s)))
 }
 
 async fn events(State(c): State<Arc<Console>>, headers: HeaderMap, RawQuery(q): RawQuery) -> Response {

@@ -71,10 +71,11 @@ pub fn payout_link(id: Option<&str>) -> String {
 }
 
 /// The pages of the nav, in order: (path, label).
-pub const NAV: [(&str, &str); 5] = [
+pub const NAV: [(&str, &str); 6] = [
     ("/", "Overview"),
     ("/payouts", "Payouts"),
     ("/quarantine", "Quarantine"),
+    ("/incidents", "Incidents"),
     ("/locks", "Locks"),
     ("/events", "Events"),
 ];

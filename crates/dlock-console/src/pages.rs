@@ -137,6 +137,74 @@ fn events_table(caption: &str, events: &Fetched<Vec<Value>>) -> String {
     }
 }
 
+/// One fenced-out write of an incident row: the fence that refused it (`None`: the rail's
+/// refusal, whose mark its event does not carry), and the gap, the fence less the token
+/// presented (how many grants went by while the writer held its stale one).
+pub fn fence_gap(e: &Value) -> (Option<i64>, Option<i64>, Option<i64>) {
+    let presented = e.pointer("/data/presentedToken").and_then(Value::as_i64);
+    let fence = e.pointer("/data/fence").and_then(Value::as_i64);
+    let gap = match (presented, fence) {
+        (Some(p), Some(f)) => Some(f.saturating_sub(p)),
+        _ => None,
+    };
+    (presented, fence, gap)
+}
+
+/// `/incidents`: every fenced-out write the services recorded recently, newest last: the
+/// resource that refused it (the account's fence at the payment-resource, or the rail
+/// mark at the rail-proxy), who wrote, the token presented, the fence, the gap, and the
+/// payouts it was for (each linked to its story).
+pub fn incidents(fenced: &Fetched<Vec<Value>>) -> String {
+    let mut s = String::from("<h1>Incidents</h1>");
+    s.push_str(&notice(
+        "info",
+        "Each row is a write refused because a newer lock holder exists: two workers believed they held one \
+         lock, and the fence stopped the stale one. The <strong>gap</strong> is the refusing fence less the \
+         token presented.",
+    ));
+    let list = match fenced {
+        Ok(list) => list,
+        Err(e) => return s + &failed("The fenced-out writes", e),
+    };
+    let mono = |v: String| format!("<span class=\"mono\">{v}</span>");
+    let num = |n: Option<i64>| n.map_or_else(|| "—".to_owned(), |n| n.to_string());
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|e| {
+            let (presented, fence, gap) = fence_gap(e);
+            let resource = match str_of(e, "kind") {
+                Some("rail.refused") => format!("rail mark, account {}", mono(field(e, "accountId"))),
+                _ => format!("account fence {}", mono(field(e, "accountId"))),
+            };
+            let mut payouts: Vec<String> = e
+                .pointer("/data/payoutIds")
+                .and_then(Value::as_array)
+                .map(|ids| ids.iter().map(|id| payout_link(id.as_str())).collect())
+                .unwrap_or_default();
+            if payouts.is_empty() {
+                payouts.push(payout_link(str_of(e, "payoutId")));
+            }
+            let op = e.pointer("/data/operation").and_then(Value::as_str).unwrap_or("submit");
+            vec![
+                mono(field(e, "at")),
+                resource,
+                esc(op),
+                mono(e.pointer("/data/ownerId").and_then(Value::as_str).map(esc).unwrap_or_default()),
+                num(presented),
+                num(fence),
+                format!("<strong>{}</strong>", num(gap)),
+                payouts.join(" "),
+            ]
+        })
+        .collect();
+    s.push_str(&table(
+        "Fenced-out writes, oldest first",
+        &["At", "Refused by", "Write", "Writer", "Token presented", "Fence", "Gap", "Payouts"],
+        &rows,
+    ));
+    s
+}
+
 /// `/`: payouts by state, the quarantine, fenced-out writes, recent events.
 pub fn overview(counts: &[StateCount], fenced: &Fetched<Vec<Value>>, recent: &Fetched<Vec<Value>>) -> String {
     let mut s = String::from("<h1>Overview</h1>");

@@ -281,8 +281,9 @@ fn resolve_form(
 }
 
 /// Every page the console serves to a signed-in session.
-const PAGES: [&str; 8] = [
+const PAGES: [&str; 9] = [
     "/",
+    "/incidents",
     "/payouts?state=RAIL_AMBIGUOUS",
     "/payouts/4b6f1b5e-0000-4000-8000-000000000001",
     "/quarantine",
@@ -539,6 +540,25 @@ async fn the_csp_and_security_headers_are_on_every_page_and_no_page_holds_inline
         }
     }
     assert_eq!(answers[1].1.status, 404);
+}
+
+#[tokio::test]
+async fn the_incidents_page_shows_each_fenced_out_write_with_its_writer_tokens_gap_and_payouts() {
+    let rig = rig().await;
+    let (cookie, _) = rig.login(OP).await;
+    let page = body(&rig.get("/incidents", Some(&cookie)).await);
+    let escaped = dlock_console::html::esc(XSS);
+    // The claim refused at the account's fence: presented 6, fence 7, a gap of 1; its
+    // writer and payout escaped, the payout linked to its story.
+    assert!(page.contains("account fence"), "{page}");
+    assert!(page.contains("<td>6</td><td>7</td><td><strong>1</strong></td>"), "{page}");
+    assert!(page.contains(&format!("<span class=\"mono\">{escaped}</span>")), "the writer, escaped");
+    assert!(page.contains("href=\"/payouts/"), "each payout links to its story");
+    // The rail-proxy's refusal of a stale token: its mark is not in its event.
+    assert!(page.contains("rail mark"), "{page}");
+    assert!(page.contains("<td>6</td><td>—</td><td><strong>—</strong></td>"), "{page}");
+    // Live from its watermark, as every page.
+    assert!(page.contains("data-live=\"/live?source=payment&amp;kind=fence.refused"), "{page}");
 }
 
 #[tokio::test]

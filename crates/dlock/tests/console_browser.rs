@@ -2,9 +2,9 @@
 //! protocol (`dlock_testkit::browser`) against `dlock up` running a chaotic cluster (a
 //! quarter of rail calls failing into quarantine, executors stalling past their lease), as
 //! an operator at 03:00 would meet it: sign in, watch a payout reach POSTED without
-//! reloading, resolve a quarantined payout, revoke a lock and see its holder fenced out,
-//! then as a reader see no action and have a forged action refused; and the overview at a
-//! phone's width, with every control labelled.
+//! reloading, resolve a quarantined payout, revoke a lock and see its holder fenced out (on
+//! the Events and Incidents pages), then as a reader see no action and have a forged action
+//! refused; and the overview at a phone's width, with every control labelled.
 //!
 //! `dlock up` binds the default ports, as `demo.rs`'s test does: the two are one nextest
 //! test group (`.config/nextest.toml`), never run at once.
@@ -236,6 +236,10 @@ fn the_console_in_a_real_browser_signs_in_watches_resolves_revokes_and_refuses_a
     );
     ok(&mut page, r, "the console shows the holder fenced out");
     page.screenshot(&shots.join("fenced-out.png")).expect("screenshot");
+    page.goto(&at("/incidents")).expect("incidents page");
+    let r = page.wait_for(&format!("{rows}.includes('holder-1')"), SETTLE_MS_MAX);
+    ok(&mut page, r, "the incident lists the fenced-out holder");
+    page.screenshot(&shots.join("incidents.png")).expect("screenshot");
 
     // 4. A payout the rail left ambiguous is resolved as the operator, from its
     // quarantine entry: the verdict reaches paydb, audited.
