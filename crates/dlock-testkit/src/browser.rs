@@ -14,7 +14,7 @@
 //! between answers are read and dropped, at most [`EVENTS_PER_CALL_MAX`] per call.
 #![allow(
     clippy::disallowed_methods,
-    reason = "a test harness outside the services: it drives a browser over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
+    reason = "a test harness outside the services, never built in the simulation (`#[cfg(not(madsim))] pub mod browser`): it drives a browser over real sockets and bounds its own waits with the host's clock (the seam binds service code)"
 )]
 
 use std::io::{Read, Write};
