@@ -372,56 +372,44 @@ pub mod sql {
         bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// PostgreSQL: the deployment's cursor key: `candidate` is written if no key is, and the
-    /// stored one answered (the first candidate wins; every replica reads it).
-    pub async fn pg_cursor_secret(
-        pool: &sqlx::PgPool,
-        candidate: [u8; 32],
-        at: DateTime<Utc>,
-    ) -> Result<[u8; 32], StoreError> {
-        let mut tx = pool.begin().await.map_err(db_error)?;
-        sqlx::query(
-            "INSERT INTO paydb_secrets (name, secret_hex, created_at) VALUES ($1, $2, $3) ON CONFLICT (name) DO NOTHING",
-        )
-        .bind(CURSOR_SECRET_NAME)
-        .bind(hex_of(&candidate))
-        .bind(at)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_error)?;
-        let stored: String = sqlx::query_scalar("SELECT secret_hex FROM paydb_secrets WHERE name = $1")
-            .bind(CURSOR_SECRET_NAME)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_error)?;
-        tx.commit().await.map_err(commit_error)?;
-        parse_secret(&stored)
+    /// The deployment's cursor key on one database (`$pool`, its placeholders `$p1`…`$p3`):
+    /// `candidate` is written if no key is, and the stored one answered (the first candidate
+    /// wins; every replica reads it).
+    macro_rules! cursor_secret {
+        ($(#[$doc:meta])* $name:ident, $pool:ty, $p1:literal, $p2:literal, $p3:literal) => {
+            $(#[$doc])*
+            pub async fn $name(pool: &$pool, candidate: [u8; 32], at: DateTime<Utc>) -> Result<[u8; 32], StoreError> {
+                let mut tx = pool.begin().await.map_err(db_error)?;
+                sqlx::query(concat!(
+                    "INSERT INTO paydb_secrets (name, secret_hex, created_at) VALUES (",
+                    $p1, ", ", $p2, ", ", $p3, ") ON CONFLICT (name) DO NOTHING"
+                ))
+                .bind(CURSOR_SECRET_NAME)
+                .bind(hex_of(&candidate))
+                .bind(at)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_error)?;
+                let stored: String =
+                    sqlx::query_scalar(concat!("SELECT secret_hex FROM paydb_secrets WHERE name = ", $p1))
+                        .bind(CURSOR_SECRET_NAME)
+                        .fetch_one(&mut *tx)
+                        .await
+                        .map_err(db_error)?;
+                tx.commit().await.map_err(commit_error)?;
+                parse_secret(&stored)
+            }
+        };
     }
 
-    /// SQLite: as [`pg_cursor_secret`].
-    pub async fn sqlite_cursor_secret(
-        pool: &sqlx::SqlitePool,
-        candidate: [u8; 32],
-        at: DateTime<Utc>,
-    ) -> Result<[u8; 32], StoreError> {
-        let mut tx = pool.begin().await.map_err(db_error)?;
-        sqlx::query(
-            "INSERT INTO paydb_secrets (name, secret_hex, created_at) VALUES (?1, ?2, ?3) ON CONFLICT (name) DO NOTHING",
-        )
-        .bind(CURSOR_SECRET_NAME)
-        .bind(hex_of(&candidate))
-        .bind(at)
-        .execute(&mut *tx)
-        .await
-        .map_err(db_error)?;
-        let stored: String = sqlx::query_scalar("SELECT secret_hex FROM paydb_secrets WHERE name = ?1")
-            .bind(CURSOR_SECRET_NAME)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db_error)?;
-        tx.commit().await.map_err(commit_error)?;
-        parse_secret(&stored)
-    }
+    cursor_secret!(
+        /// PostgreSQL: the deployment's cursor key (the first candidate written wins).
+        pg_cursor_secret, sqlx::PgPool, "$1", "$2", "$3"
+    );
+    cursor_secret!(
+        /// SQLite: as [`pg_cursor_secret`].
+        sqlite_cursor_secret, sqlx::SqlitePool, "?1", "?2", "?3"
+    );
 
     /// The purge's statements: the mark first (the highest seq it deletes), then the rows.
     const PG_PURGE_MARK_SQL: &str = "UPDATE event_retention SET purged_through = GREATEST(purged_through, \

@@ -28,8 +28,7 @@ use super::{json_text, row_payout_id, PgPaymentStore, SqlitePaymentStore};
 use crate::answer;
 use crate::rules::{self, ClaimBatchFacts};
 use crate::store::{
-    Answering, BatchOutcome, ClaimBatch, ClaimBatchOutcome, ClaimOutcome, ClaimSeen, Decided, IdemRequest, Idempotent,
-    StoreError, StoredResponse,
+    Answering, ClaimBatch, ClaimBatchOutcome, ClaimOutcome, ClaimSeen, Decided, IdemRequest, StoreError, StoredResponse,
 };
 use dlock_paydb::sql::{db_error, parse_state};
 
@@ -147,20 +146,14 @@ macro_rules! claim_op {
                     Err(refused) => return Self::refused_at_gate(tx, refused).await,
                 };
                 let decided = Self::claim_in(&mut tx, b, i, a, fenced).await?;
-                let decided = Self::commit_decided(tx, decided).await?;
-                if let Idempotent::Executed { outcome: BatchOutcome::Fenced { highest_token }, .. } = &decided {
-                    let ids: Vec<uuid::Uuid> = b.payouts.iter().map(|p| p.payout_id).collect();
-                    let refused = super::FenceRefused {
-                        operation: "claim",
-                        account_id: &b.account_id,
-                        token: b.token,
-                        fence: *highest_token,
-                        owner_id: &b.owner_id,
-                        payout_ids: &ids,
-                        at: b.at,
-                    };
+                let decided = Self::commit_decided(tx, decided).await;
+                let by = (b.account_id.as_str(), b.token, b.owner_id.as_str(), b.at);
+                if let Some(refused) =
+                    super::FenceRefused::of(&decided, "claim", by, b.payouts.iter().map(|p| p.payout_id))
+                {
                     self.write_fence_refused(&refused).await;
                 }
+                let decided = decided?;
                 Ok(decided)
             }
 

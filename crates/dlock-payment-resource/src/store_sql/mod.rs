@@ -274,11 +274,30 @@ struct FenceRefused<'a> {
     /// The fence as the refusal read it.
     fence: i64,
     owner_id: &'a str,
-    payout_ids: &'a [Uuid],
+    payout_ids: Vec<Uuid>,
     at: DateTime<Utc>,
 }
 
-impl FenceRefused<'_> {
+impl<'a> FenceRefused<'a> {
+    /// The refusal `decided` is, if its account's fence refused it: `operation` (`claim` or
+    /// `post`) of `payout_ids` of `account_id` under `token` by `owner_id` at `at`.
+    fn of<T>(
+        decided: &crate::store::Decided<crate::store::BatchOutcome<T>>,
+        operation: &'static str,
+        (account_id, token, owner_id, at): (&'a str, i64, &'a str, DateTime<Utc>),
+        payout_ids: impl Iterator<Item = Uuid>,
+    ) -> Option<FenceRefused<'a>> {
+        let Ok(crate::store::Idempotent::Executed {
+            outcome: crate::store::BatchOutcome::Fenced { highest_token },
+            ..
+        }) = decided
+        else {
+            return None;
+        };
+        let payout_ids = payout_ids.collect();
+        Some(FenceRefused { operation, account_id, token, fence: *highest_token, owner_id, payout_ids, at })
+    }
+
     fn body(&self) -> serde_json::Value {
         let ids: Vec<String> = self.payout_ids.iter().map(Uuid::to_string).collect();
         events::fence_refused_body(self.operation, self.token, self.fence, self.owner_id, &ids)
