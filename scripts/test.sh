@@ -151,6 +151,10 @@ cleanup() {
     else
         printf '\ntest.sh: FAILED (exit %d); total wall time %dm%02ds\n' "$rc" $((secs / 60)) $((secs % 60)) >&2
     fi
+    # What the build left on disk, for a failure that was the disk's (and for the next run).
+    printf 'test.sh: disk at exit: %s GB free; build trees: %s\n' \
+        "$(df -Pk "$ROOT" | awk 'NR == 2 { print int($4 / 1024 / 1024) }')" \
+        "$(du -sh "$ROOT/target" "$ROOT/fuzz/target" 2>/dev/null | awk '{ printf "%s %s  ", $2, $1 }')"
     if [ -n "${TEST_LOG:-}" ]; then
         test_totals
         rm -f "$TEST_LOG"
@@ -429,6 +433,19 @@ ensure_packages
 
 if [ "${DLOCK_TEST_ONLY_SERVICES:-0}" != "1" ]; then
     command -v cargo >/dev/null 2>&1 || die "cargo not found on PATH (install Rust with rustup)"
+fi
+
+# Disk. A clean clone builds four trees (target/debug, target/release, target/sim,
+# fuzz/target): about 20 GB with incremental compilation off, and about twice that with it
+# on, which a clean clone never reuses. CI once ran out of disk linking a test binary
+# (`No space left on device`, then `ld terminated with signal 7`), so incremental state is
+# off unless the caller sets CARGO_INCREMENTAL, and the free space is said up front.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+DISK_FREE_GB_WANTED=25
+disk_free_gb="$(df -Pk . | awk 'NR == 2 { print int($4 / 1024 / 1024) }')"
+note "disk: ${disk_free_gb} GB free under $(pwd) (a cold run needs about ${DISK_FREE_GB_WANTED} GB); CARGO_INCREMENTAL=$CARGO_INCREMENTAL"
+if [ "${disk_free_gb:-0}" -lt "$DISK_FREE_GB_WANTED" ]; then
+    note "WARNING: less than ${DISK_FREE_GB_WANTED} GB free: a cold build may fail with 'No space left on device'"
 fi
 
 banner "services"
