@@ -1174,7 +1174,7 @@ impl World {
     async fn held_key(&self) -> Option<String> {
         for a in 0..crate::swarm::ACCOUNTS_MAX {
             let key = format!("payout:acct-{a}");
-            if let Ok(Some(info)) = LockStore::info(self.locks.as_ref(), &key).await {
+            if let Ok(Some(info)) = LockStore::info(self.locks.as_ref(), &key, 0).await {
                 if info.grant.is_some() {
                     return Some(key);
                 }

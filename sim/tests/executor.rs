@@ -242,7 +242,7 @@ async fn an_executor_stalled_before_its_writes_is_fenced_out() {
     let (_z, ez) = start_executor("executor-z", [10, 0, 0, 10], stalled, 0).await;
     // The healthy executor starts once the stalled one holds the account (and sleeps on it).
     let held = dlock_rt::wait_until(Duration::from_millis(10), Duration::from_millis(30_000), || async {
-        let info = dlock_lock_server::store::LockStore::info(&*w.locks, "payout:acct-0").await.ok().flatten();
+        let info = dlock_lock_server::store::LockStore::info(&*w.locks, "payout:acct-0", 0).await.ok().flatten();
         info.and_then(|i| i.grant).filter(|g| g.owner_id.starts_with("executor-z")).map(|_| ())
     })
     .await;

@@ -188,11 +188,21 @@ impl Console {
         if problem.is_some() {
             return url;
         }
-        let base = if f.source == "proxy" { &self.cfg.proxy_url } else { &self.cfg.payment_url };
+        let base = self.source_url(&f.source);
         let path = format!("/v1/events/recent?limit=1{}", filter_query(&f));
         match upstream::get(base, &path, token).await.ok().and_then(|v| v.get("seq").and_then(Value::as_i64)) {
             Some(seq) => format!("{url}&after={seq}"),
             None => url,
+        }
+    }
+
+    /// The service an event filter's `source` names (`payment`, `proxy`, `lock`;
+    /// [`event_filter`] refuses any other).
+    pub(crate) fn source_url(&self, source: &str) -> &BaseUrl {
+        match source {
+            "proxy" => &self.cfg.proxy_url,
+            "lock" => &self.cfg.lock_url,
+            _ => &self.cfg.payment_url,
         }
     }
 
@@ -735,18 +745,22 @@ async fn locks(State(c): State<Arc<Console>>, headers: HeaderMap, RawQuery(q): R
     let q = query_of(q);
     let key = nonempty(&q, "key");
     let v = viewer(&s);
-    let (status, main) = match key.as_deref() {
-        None => (StatusCode::OK, pages::locks(&v, None, None, None, None)),
+    let (status, main, live) = match key.as_deref() {
+        None => (StatusCode::OK, pages::locks(&v, None, None, None, None, None), None),
         Some(k) if !dlock_contract::lock::is_lock_key(k) => (
             StatusCode::BAD_REQUEST,
-            pages::locks(&v, Some(k), None, Some("A lock key is 1 to 128 characters of [a-zA-Z0-9:._-]."), None),
+            pages::locks(&v, Some(k), None, None, Some("A lock key is 1 to 128 characters of [a-zA-Z0-9:._-]."), None),
+            None,
         ),
         Some(k) => {
-            let info = lock_info(&c, k, &s.token).await;
-            (StatusCode::OK, pages::locks(&v, Some(k), Some(&info), None, None))
+            // The key's feed on the lock server, from a watermark read before the page's data.
+            let live = c.from_watermark(format!("/live?source=lock&lockKey={}", pct(k)), &s.token).await;
+            let q = format!("lockKey={}&limit={STORY_EVENTS_MAX}", pct(k));
+            let (info, history) = futures::join!(lock_info(&c, k, &s.token), recent(&c.cfg.lock_url, &q, &s.token));
+            (StatusCode::OK, pages::locks(&v, Some(k), Some(&info), Some(&history), None, None), Some(live))
         }
     };
-    let page = Page { title: "Locks".into(), nav: "/locks", main, live: None };
+    let page = Page { title: "Locks".into(), nav: "/locks", main, live };
     c.page(&headers, status, page, Some(&v))
 }
 
@@ -781,7 +795,7 @@ async fn revoke(State(c): State<Arc<Console>>, headers: HeaderMap, body: Bytes) 
     };
     if let Some(p) = problem {
         let k = dlock_contract::lock::is_lock_key(&key).then_some(key.as_str());
-        return render(pages::locks(&v, k, None, Some(&p), None), StatusCode::BAD_REQUEST);
+        return render(pages::locks(&v, k, None, None, Some(&p), None), StatusCode::BAD_REQUEST);
     }
     let mut body = serde_json::json!({ "operator": operator, "reason": reason });
     if let Some(t) = expected.as_deref().and_then(|t| t.parse::<i64>().ok()) {
@@ -805,7 +819,7 @@ async fn revoke(State(c): State<Arc<Console>>, headers: HeaderMap, body: Bytes) 
         }
     };
     let info = lock_info(&c, &key, &s.token).await;
-    render(pages::locks(&v, Some(&key), Some(&info), None, Some(&result)), StatusCode::OK)
+    render(pages::locks(&v, Some(&key), Some(&info), None, None, Some(&result)), StatusCode::OK)
 }
 
 /// Checks an event filter value (C3-extensions E-20's bound).
@@ -833,8 +847,8 @@ pub fn event_filter(q: &BTreeMap<String, String>) -> (EventFilterForm, Option<St
         payout: nonempty(q, "payout").unwrap_or_default(),
         lock_key: nonempty(q, "lockKey").unwrap_or_default(),
     };
-    let problem = if f.source != "payment" && f.source != "proxy" {
-        Some("The source is payment or proxy.".to_owned())
+    let problem = if !pages::EVENT_SOURCES.iter().any(|(v, _)| *v == f.source) {
+        Some("The source is payment, proxy or lock.".to_owned())
     } else if !f.kind.is_empty() && !pages::EVENT_KINDS.contains(&f.kind.as_str()) {
         Some("Unknown event kind.".to_owned())
     } else if ![&f.account, &f.payout, &f.lock_key].iter().all(|v| filter_value_ok(v)) {
@@ -863,7 +877,7 @@ async fn incidents(State(c): State<Arc<Console>>, headers: HeaderMap) -> Respons
 async fn events(State(c): State<Arc<Console>>, headers: HeaderMap, RawQuery(q): RawQuery) -> Response {
     let Some((_, s)) = c.current(&headers) else { return redirect("/login") };
     let (f, problem) = event_filter(&query_of(q));
-    let base = if f.source == "proxy" { &c.cfg.proxy_url } else { &c.cfg.payment_url };
+    let base = c.source_url(&f.source);
     let (list, live) = match &problem {
         Some(_) => (Err(String::new()), None),
         None => {

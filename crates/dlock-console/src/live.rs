@@ -1,4 +1,4 @@
-//! `GET /live?source=payment|proxy&<filter>`: the browser's Server-Sent Events feed, one
+//! `GET /live?source=payment|proxy|lock&<filter>`: the browser's Server-Sent Events feed, one
 //! per open page, telling the page that its main region changed.
 //!
 //! The console follows the chosen service's event feed (C3-extensions E-20) for the page's
@@ -217,7 +217,7 @@ pub async fn live(State(c): State<Arc<Console>>, headers: HeaderMap, RawQuery(q)
             .with_retry_after_ms(LIVE_RETRY_MS)
             .into_response();
     };
-    let base = if filter.source == "proxy" { c.cfg.proxy_url.clone() } else { c.cfg.payment_url.clone() };
+    let base = c.source_url(&filter.source).clone();
     let now = c.clock.now();
     let follow = Follow {
         console: c.clone(),

@@ -98,6 +98,34 @@ pub fn describe(e: &Value) -> String {
             f("resolvedAs"),
             f("reason")
         ),
+        "session.opened" => {
+            format!("Session opened by <span class=\"mono\">{}</span> (TTL {} ms)", f("ownerId"), f("ttlMs"))
+        }
+        "session.expired" => format!("Session of <span class=\"mono\">{}</span> expired", f("ownerId")),
+        "lock.granted" => format!(
+            "<strong>Granted</strong> to <span class=\"mono\">{}</span> with token <strong>{}</strong>",
+            f("ownerId"),
+            f("token")
+        ),
+        "lock.renewed" => {
+            format!("Lease renewed by <span class=\"mono\">{}</span> (token {})", f("ownerId"), f("token"))
+        }
+        "lock.released" => format!("Released by <span class=\"mono\">{}</span> (token {})", f("ownerId"), f("token")),
+        "lock.expired" => format!(
+            "<strong class=\"bad\">Expired</strong>: <span class=\"mono\">{}</span>'s grant (token {}) lapsed \
+             without release",
+            f("ownerId"),
+            f("token")
+        ),
+        "lock.revoked" => format!(
+            "<strong class=\"bad\">Revoked</strong> by operator <span class=\"mono\">{}</span>: \
+             <span class=\"mono\">{}</span>'s token {} fenced out, the token floor is now <strong>{}</strong> ({})",
+            f("operator"),
+            f("ownerId"),
+            f("token"),
+            f("newTokenFloor"),
+            f("reason")
+        ),
         other => format!("{}: <span class=\"mono\">{}</span>", esc(other), esc(&d.to_string())),
     }
 }
@@ -574,6 +602,7 @@ pub fn locks(
     viewer: &Viewer,
     key: Option<&str>,
     info: Option<&Fetched<Option<Value>>>,
+    history: Option<&Fetched<Vec<Value>>>,
     problem: Option<&str>,
     result: Option<&RevokeResult>,
 ) -> String {
@@ -585,8 +614,8 @@ pub fn locks(
         esc(key.unwrap_or(""))
     ));
     s.push_str(
-        "<p class=\"hint\">An advisory read (L7): the lock may change the moment after. Expiry is the lock \
-         server's clock.</p>",
+        "<p class=\"hint\">An advisory read (L7): the lock may change the moment after. Time left is the lock \
+         server's own judgement, on its clock; only the fenced write decides.</p>",
     );
     match result {
         Some(RevokeResult::Done(v)) => s.push_str(&notice(
@@ -620,11 +649,27 @@ pub fn locks(
         ("Fencing token", "fencingToken"),
         ("Acquired at", "acquiredAt"),
         ("Lease expires at (server clock)", "expiresAt"),
-        ("Waiters", "waiterCount"),
     ] {
         s.push_str(&format!("<dt>{}</dt><dd class=\"mono\">{}</dd>", esc(label), field(v, k)));
     }
-    s.push_str("<dt>Token floor</dt><dd>not reported by L7; a revoke answers the new floor</dd></dl>");
+    let ms = |k: &str| v.get(k).and_then(Value::as_i64);
+    let left = match ms("leaseRemainingMs") {
+        Some(l) => format!("{} (by the lock server's judgement)", duration_text(l)),
+        None if held => "not reported".to_owned(),
+        None => "none: not held".to_owned(),
+    };
+    s.push_str(&format!("<dt>Lease remaining</dt><dd>{}</dd>", esc(&left)));
+    let delay = match ms("lockDelayRemainingMs") {
+        Some(d) => format!("{}: nobody is granted the key before it ends", duration_text(d)),
+        None => "none running".to_owned(),
+    };
+    s.push_str(&format!("<dt>Lock-delay</dt><dd>{}</dd>", esc(&delay)));
+    s.push_str(&format!("<dt>Waiters</dt><dd class=\"mono\">{}</dd>", field(v, "waiterCount")));
+    let floor = match ms("tokenFloor") {
+        Some(f) => format!("{f}: every later grant's token exceeds it"),
+        None => "not reported".to_owned(),
+    };
+    s.push_str(&format!("<dt>Token floor</dt><dd>{}</dd></dl>", esc(&floor)));
     if viewer.role == Role::Operator && held {
         let token = v.get("fencingToken").map(|t| display(Some(t))).unwrap_or_default();
         s.push_str(&format!(
@@ -646,7 +691,19 @@ pub fn locks(
             token = esc(&token),
         ));
     }
+    if let Some(h) = history {
+        s.push_str(&events_table("The key's recent history on the lock server, oldest first", h));
+    }
     s
+}
+
+/// A duration for people: `12.3 s`, or `850 ms` under a second.
+fn duration_text(ms: i64) -> String {
+    if ms < 1_000 {
+        format!("{ms} ms")
+    } else {
+        format!("{}.{} s", ms / 1_000, (ms % 1_000) / 100)
+    }
 }
 
 /// The filter of the events page.
@@ -659,8 +716,12 @@ pub struct EventFilterForm {
     pub lock_key: String,
 }
 
-/// The event kinds a filter may pick (C3-extensions E-20, paydb's kinds).
-pub const EVENT_KINDS: [&str; 10] = [
+/// The services whose events a page may follow: the filter's `source`, and its label.
+pub const EVENT_SOURCES: [(&str, &str); 3] =
+    [("payment", "payment-resource"), ("proxy", "rail-proxy"), ("lock", "lock server")];
+
+/// The event kinds a filter may pick (C3-extensions E-20: paydb's kinds, then lockdb's).
+pub const EVENT_KINDS: [&str; 17] = [
     "account.created",
     "payout.created",
     "payout.state_changed",
@@ -671,13 +732,20 @@ pub const EVENT_KINDS: [&str; 10] = [
     "rail.refused",
     "rail.outcome",
     "operator.resolution",
+    "session.opened",
+    "session.expired",
+    "lock.granted",
+    "lock.renewed",
+    "lock.released",
+    "lock.expired",
+    "lock.revoked",
 ];
 
 /// `/events`: the recent events of one source, filtered.
 pub fn events(f: &EventFilterForm, events: &Fetched<Vec<Value>>, problem: Option<&str>) -> String {
     let mut s = String::from("<h1>Events</h1>");
     let mut sources = String::new();
-    for (v, label) in [("payment", "payment-resource"), ("proxy", "rail-proxy")] {
+    for (v, label) in EVENT_SOURCES {
         let sel = if f.source == v { " selected" } else { "" };
         sources.push_str(&format!("<option value=\"{}\"{sel}>{}</option>", esc(v), esc(label)));
     }

@@ -109,7 +109,8 @@ async fn fake(State(log): State<Log>, headers: HeaderMap, req: Request) -> Respo
         ("GET", "/v1/events/recent") => ok(events()),
         ("GET", p) if p.starts_with("/v1/locks/") => ok(json!({
             "key": KEY, "held": true, "ownerId": XSS, "fencingToken": 42,
-            "acquiredAt": "2026-01-01T00:00:00.000Z", "expiresAt": "2026-01-01T00:00:10.000Z", "waiterCount": 1
+            "acquiredAt": "2026-01-01T00:00:00.000Z", "expiresAt": "2026-01-01T00:00:10.000Z", "waiterCount": 1,
+            "leaseRemainingMs": 8_540, "tokenFloor": 57
         })),
         ("POST", p) if p.starts_with("/v1/locks/") && p.ends_with("/revoke") => {
             if bearer != format!("Bearer {OP}") {
@@ -559,6 +560,24 @@ async fn the_incidents_page_shows_each_fenced_out_write_with_its_writer_tokens_g
     assert!(page.contains("<td>6</td><td>—</td><td><strong>—</strong></td>"), "{page}");
     // Live from its watermark, as every page.
     assert!(page.contains("data-live=\"/live?source=payment&amp;kind=fence.refused"), "{page}");
+}
+
+/// The Locks page (issue 38's page 4): the lease left and the lock-delay as the lock server
+/// judged them (never the console's clock against `expiresAt`), the token floor, the key's
+/// history from the lock server's stream, and live on that key's feed from its watermark.
+#[tokio::test]
+async fn the_locks_page_shows_the_servers_judgement_the_floor_and_the_keys_history_live() {
+    let rig = rig().await;
+    let (cookie, _) = rig.login(RD).await;
+    let page = body(&rig.get("/locks?key=payout:acct-1", Some(&cookie)).await);
+    assert!(page.contains("<dt>Lease remaining</dt><dd>8.5 s (by the lock server&#x27;s judgement)</dd>"), "{page}");
+    assert!(page.contains("<dt>Lock-delay</dt><dd>none running</dd>"), "{page}");
+    assert!(page.contains("<dt>Token floor</dt><dd>57: every later grant&#x27;s token exceeds it</dd>"), "{page}");
+    assert!(page.contains("recent history on the lock server"), "{page}");
+    assert!(page.contains("data-live=\"/live?source=lock&amp;lockKey=payout%3Aacct-1"), "{page}");
+    let asked: Vec<String> = rig.log.lock().expect("log").iter().map(|s| s.path.clone()).collect();
+    let history = asked.iter().filter(|p| p.starts_with("/v1/events/recent?") && p.contains("lockKey=payout%3Aacct-1"));
+    assert_eq!(history.count(), 2, "the watermark and the history, both of the key: {asked:?}");
 }
 
 #[tokio::test]

@@ -89,6 +89,18 @@ pub struct LockInfo {
     #[serde(default, skip_serializing_if = "Option::is_none", with = "crate::time::ms_opt")]
     pub expires_at: Option<DateTime<Utc>>,
     pub waiter_count: i64,
+    /// How long the live grant has left, judged by the lock server on its own clock (lockdb's
+    /// on SQL, the answering replica's on etcd), not `expiresAt` minus the reader's clock
+    /// (C3-extensions E-22). Present iff `held`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_remaining_ms: Option<i64>,
+    /// How long a lock-delay on the key still runs, judged the same way (absent: none runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_delay_remaining_ms: Option<i64>,
+    /// Every token granted after this read exceeds it (tokens are deployment-wide, so the
+    /// floor is too): the highest token issued, or reserved by a revoke.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_floor: Option<i64>,
 }
 
 /// `200` body of `POST /v1/locks/{key}/revoke` (L8), the `LockOutcome` record of C2 §2.3.

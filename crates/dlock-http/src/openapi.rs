@@ -74,6 +74,17 @@ pub struct ServiceDoc {
     pub errors: &'static [RouteErrors],
 }
 
+/// The `Prefer` request header of a snapshot read (P1, P4, L7; C3-extensions E-20,
+/// "Snapshots"): `event-cursor` asks for the snapshot's event cursor, answered in
+/// `X-Event-Cursor` and `X-Event-Seq`.
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Header)]
+pub struct PreferEventCursorHeader {
+    /// `event-cursor`: answer the cursor of the watermark read before the snapshot.
+    #[param(rename = "Prefer", example = "event-cursor")]
+    pub prefer: Option<String>,
+}
+
 /// The `X-Owner-Id` request header (C3 §3.1).
 #[derive(Debug, utoipa::IntoParams)]
 #[into_params(parameter_in = Header)]

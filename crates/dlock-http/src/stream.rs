@@ -680,6 +680,61 @@ pub fn events_response(
     Ok(hub.serve(principal, req.filter, req.cursor.as_deref()))
 }
 
+/// The preference a snapshot read (P1, P4, L7) takes to answer its event cursor
+/// (C3-extensions E-20, "Snapshots"): `Prefer: event-cursor` (RFC 7240).
+pub const PREFER_EVENT_CURSOR: &str = "event-cursor";
+/// The response header carrying a snapshot's event cursor.
+pub const HEADER_EVENT_CURSOR: &str = "x-event-cursor";
+/// The response header carrying the seq of a snapshot's event cursor.
+pub const HEADER_EVENT_SEQ: &str = "x-event-seq";
+
+/// A snapshot's watermark: the cursor to stream on from after reading the snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotMark {
+    pub cursor: String,
+    pub seq: i64,
+}
+
+impl SnapshotMark {
+    /// Adds the mark to a snapshot's response: `X-Event-Cursor`, `X-Event-Seq`, and
+    /// `Preference-Applied: event-cursor`.
+    pub fn apply(self, mut res: Response) -> Response {
+        let h = res.headers_mut();
+        if let Ok(v) = HeaderValue::from_str(&self.cursor) {
+            h.insert(HEADER_EVENT_CURSOR, v);
+            h.insert(HEADER_EVENT_SEQ, HeaderValue::from(self.seq));
+            h.insert("preference-applied", HeaderValue::from_static(PREFER_EVENT_CURSOR));
+        }
+        res
+    }
+}
+
+/// Whether a request prefers its snapshot's event cursor (`Prefer: event-cursor`, among
+/// other preferences or alone, in any of its `Prefer` headers).
+pub fn prefers_event_cursor(headers: &HeaderMap) -> bool {
+    headers.get_all("prefer").iter().filter_map(|v| v.to_str().ok()).any(|v| {
+        v.split(',').any(|p| p.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case(PREFER_EVENT_CURSOR)))
+    })
+}
+
+/// The watermark of a snapshot about to be read, when the request prefers it: the cursor,
+/// for this caller and `filter`, of the head the hub published *before* the snapshot is
+/// read. Every change the snapshot misses then has a greater seq and reaches a stream
+/// resumed from the cursor; a change the snapshot already shows may come again (delivery is
+/// at least once: clients deduplicate by `eventId`). Starts the hub's tailer on first use.
+pub async fn snapshot_mark(
+    hub: &Arc<EventHub>,
+    principal: Option<&Principal>,
+    headers: &HeaderMap,
+    filter: &EventFilter,
+) -> Result<Option<SnapshotMark>, ApiError> {
+    if !prefers_event_cursor(headers) {
+        return Ok(None);
+    }
+    let seq = hub.ready().await?.seq.max(hub.head().seq);
+    Ok(Some(SnapshotMark { cursor: hub.cursor(principal, filter, seq), seq }))
+}
+
 /// Default events of `GET /v1/events/recent`.
 pub const RECENT_EVENTS_LIMIT_DEFAULT: usize = 50;
 

@@ -14,6 +14,7 @@ use dlock_contract::lock::{
     clamp_session_ttl_ms, is_lock_key, HeartbeatAck, LockGrant, LockInfo, LockOutcome, SessionOpened, LOCK_TTL_MS_MAX,
     LOCK_TTL_MS_MIN, REVOKE_REASON_CHARS_MIN, REVOKE_TEXT_CHARS_MAX, WAIT_MS_MAX,
 };
+use dlock_contract::stream::EventFilter;
 use dlock_contract::{ErrorCode, FieldError, OwnerId};
 use dlock_http::{ApiError, JsonBody, TraceId};
 use serde_json::{json, Value};
@@ -609,17 +610,27 @@ pub(crate) async fn recent_events(
     dlock_http::stream::recent_response(&server.events, principal.as_ref().map(|p| &p.0), query.as_deref()).await
 }
 
-#[utoipa::path(get, path = "/v1/locks/{key}", tag = "locks", params(crate::openapi::KeyPath),
+#[utoipa::path(get, path = "/v1/locks/{key}", tag = "locks",
+    params(crate::openapi::KeyPath, dlock_http::openapi::PreferEventCursorHeader),
     responses((status = 200, description = "The key's current state.", body = LockInfo)))]
-async fn info(State(server): State<Arc<LockServer>>, Path(key): Path<String>) -> Result<Response, ApiError> {
+async fn info(
+    State(server): State<Arc<LockServer>>,
+    principal: Caller,
+    headers: HeaderMap,
+    Path(key): Path<String>,
+) -> Result<Response, ApiError> {
     let key = lock_key(&key)?;
-    let Some(info) = server.store.info(&key).await.map_err(not_leader)? else {
+    let filter = EventFilter { lock_keys: [key.clone()].into(), ..EventFilter::default() };
+    // Before the read: the snapshot's watermark (C3-extensions E-20, "Snapshots").
+    let mark =
+        dlock_http::stream::snapshot_mark(&server.events, principal.as_ref().map(|p| &p.0), &headers, &filter).await?;
+    let Some(info) = server.store.info(&key, server.cfg.delay_ms).await.map_err(not_leader)? else {
         return Err(
             ApiError::new(ErrorCode::NotFound, "this key was never granted").with_details(json!({ "key": key }))
         );
     };
     let g = info.grant;
-    Ok(dlock_http::json(
+    let res = dlock_http::json(
         StatusCode::OK,
         &LockInfo {
             key: key.clone(),
@@ -629,8 +640,15 @@ async fn info(State(server): State<Arc<LockServer>>, Path(key): Path<String>) ->
             acquired_at: g.as_ref().map(|g| at(g.acquired_at_ms)),
             expires_at: g.as_ref().map(|g| at(g.expires_at_ms)),
             waiter_count: server.waiter_count(&key),
+            lease_remaining_ms: info.lease_left_ms,
+            lock_delay_remaining_ms: info.delay_left_ms,
+            token_floor: Some(info.token_floor),
         },
-    ))
+    );
+    Ok(match mark {
+        Some(m) => m.apply(res),
+        None => res,
+    })
 }
 
 // L8

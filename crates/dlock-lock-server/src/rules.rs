@@ -23,11 +23,15 @@
 //!   snapshot: it grants only when the caller's session is live and holds the live grant
 //!   `(key, token)`; the new token must exceed `token` ([`assert_token_replaces`]).
 //!
+//! - What L7 shows of a key ([`judge_key`]) is judged at one `now` of the store's clock: a
+//!   grant shown live has time left (`> 0`), a lock-delay shown runs (`> 0` left), and no
+//!   stored token exceeds the token floor shown.
+//!
 //! All instants are Unix epoch milliseconds; comparisons are exact integers (no rounding).
 
 use uuid::Uuid;
 
-use crate::store::{AcquireRefusal, GrantRow, RenewRefusal, RevokeRefusal, RotateRefusal, SessionRefusal};
+use crate::store::{AcquireRefusal, GrantRow, KeyInfo, RenewRefusal, RevokeRefusal, RotateRefusal, SessionRefusal};
 
 /// A session may act at `now` iff it exists (`Some(end)`, closed or forgotten sessions are
 /// `None`) and `now < end`. An expired session that is still remembered answers `Expired`.
@@ -107,6 +111,36 @@ impl GrantFacts<'_> {
     pub fn live(&self, now_ms: i64) -> bool {
         grant_live(self.grant.expires_at_ms, self.holder_end_ms, now_ms)
     }
+}
+
+/// What L7 shows of a key a store read at `now_ms` (its own clock): the grant if it is
+/// live, how long it has left, how long the key's recorded lock-delay (`delay_until_ms`)
+/// still runs, and the token floor (`token_floor`: every later token exceeds it).
+///
+/// A grant that died without release and is still stored shows the lock-delay its removal
+/// will record ([`lock_delay_until`] with `delay_ms`), merged with the recorded one.
+pub fn judge_key(
+    grant: Option<GrantFacts<'_>>,
+    delay_until_ms: Option<i64>,
+    delay_ms: i64,
+    token_floor: i64,
+    now_ms: i64,
+) -> KeyInfo {
+    let live = grant.filter(|g| g.live(now_ms));
+    let lease_left_ms = live.and_then(|g| g.dies_at()).map(|d| d.saturating_sub(now_ms));
+    let pending = grant.filter(|g| !g.live(now_ms)).and_then(|g| lock_delay_until(g.dies_at(), delay_ms));
+    let delay_until_ms = merge_delay(delay_until_ms, pending);
+    let delay_left_ms = delay_until_ms.filter(|u| *u > now_ms).map(|u| u.saturating_sub(now_ms));
+    assert!(lease_left_ms.is_none_or(|l| l > 0), "a live grant with {lease_left_ms:?} ms left");
+    assert!(delay_left_ms.is_none_or(|l| l > 0), "a running lock-delay with {delay_left_ms:?} ms left");
+    if let Some(g) = grant {
+        assert!(
+            g.grant.fencing_token <= token_floor,
+            "token {} stored above the floor {token_floor}",
+            g.grant.fencing_token
+        );
+    }
+    KeyInfo { grant: live.map(|g| g.grant.clone()), lease_left_ms, delay_left_ms, token_floor }
 }
 
 /// What an acquire read: the caller's session, the key's grant, the key's record.

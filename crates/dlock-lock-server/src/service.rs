@@ -629,7 +629,7 @@ impl LockServer {
 
     /// The refusal a contended key gives right now (for callers that did not ask the store).
     async fn contended_now(&self, key: &str) -> Result<AcquireRefusal, StoreError> {
-        let info = self.store.info(key).await?;
+        let info = self.store.info(key, self.cfg.delay_ms).await?;
         Ok(match info.and_then(|i| i.grant) {
             Some(g) => AcquireRefusal::Contended { holder_owner_id: g.owner_id, expires_at_ms: g.expires_at_ms },
             None => AcquireRefusal::Contended { holder_owner_id: String::new(), expires_at_ms: 0 },

@@ -220,11 +220,21 @@ pub enum RotateRefusal {
     Delayed { until_ms: i64 },
 }
 
-/// The key's state for `GET /v1/locks/{key}` (advisory).
+/// The key's state for `GET /v1/locks/{key}` (advisory), judged by the store at one `now`
+/// of its own clock ([`crate::rules::judge_key`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyInfo {
     /// The live grant, if any.
     pub grant: Option<GrantRow>,
+    /// How long the live grant has left, by the store's own judgement (lockdb's clock on
+    /// SQL, the judging replica's frame on etcd): never a difference of two processes' wall
+    /// clocks. `Some` iff `grant` is.
+    pub lease_left_ms: Option<i64>,
+    /// How long a lock-delay on the key still runs, judged the same way (`None`: none runs).
+    pub delay_left_ms: Option<i64>,
+    /// Every token granted after this read exceeds this: the highest token issued or
+    /// reserved by a revocation, deployment-wide (tokens are not per key).
+    pub token_floor: i64,
 }
 
 /// A successful revoke (L8).
@@ -334,8 +344,10 @@ pub trait LockStore: Send + Sync + 'static {
     /// `None` when nothing is stored. A read: it changes nothing.
     async fn owner_of(&self, target: Addressed<'_>) -> Result<Option<String>, StoreError>;
 
-    /// The key's state; `None` if the key was never granted.
-    async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError>;
+    /// The key's state; `None` if the key was never granted. `delay_ms` is the lock-delay a
+    /// grant that died without release imposes ([`crate::rules::judge_key`]): a dead grant
+    /// still stored shows the delay its removal will record.
+    async fn info(&self, key: &str, delay_ms: i64) -> Result<Option<KeyInfo>, StoreError>;
 
     /// Removes the live grant of `key` (if `expected_token` is given, only if it matches),
     /// raises the token floor to a freshly issued token, and records the audit row

@@ -915,9 +915,19 @@ impl EtcdLockStore {
 
     /// One read-only txn: a consistent snapshot of every key or prefix asked for.
     async fn read(&self, reads: Vec<Read>) -> Result<Vec<Vec<Entry>>, StoreError> {
+        Ok(self.read_at(reads).await?.0)
+    }
+
+    /// [`Self::read`], with the revision the read saw: every later txn's revision (so every
+    /// later token) exceeds it.
+    async fn read_at(&self, reads: Vec<Read>) -> Result<(Vec<Vec<Entry>>, i64), StoreError> {
         let ops: Vec<TxnOp> = reads.iter().map(Read::op).collect();
         let resp = Self::bounded(self.txn(Txn::new().when(Vec::<Compare>::new()).and_then(ops))).await?;
-        Self::entries(resp.op_responses(), reads.len())
+        let revision = resp
+            .header()
+            .map(|h| h.revision())
+            .ok_or_else(|| StoreError::Corrupt("an etcd read answered without a header".into()))?;
+        Ok((Self::entries(resp.op_responses(), reads.len())?, revision))
     }
 
     /// One txn, sent again while its connect is refused, [`CONNECT_REFUSED_TRIES_MAX`] tries
@@ -1722,28 +1732,34 @@ impl LockStore for EtcdLockStore {
         })
     }
 
-    async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
+    async fn info(&self, key: &str, delay_ms: i64) -> Result<Option<KeyInfo>, StoreError> {
         let framed: Result<Option<KeyInfo>, StoreError> = async {
             let now = self.now();
             let hint = self.holder_hint(key);
             let mut reads = vec![Read::Key(self.key_key(key)), Read::Key(self.grant_key(key))];
             reads.extend(hint.map(|h| Read::Key(self.session_key(h))));
-            let mut r = self.read(reads).await?.into_iter();
-            let seen = r.next().is_some_and(|e| !e.is_empty());
+            let (entries, revision) = self.read_at(reads).await?;
+            let mut r = entries.into_iter();
+            let seen = self.one::<KeyVal>(r.next())?;
             let grant = self.one::<GrantVal>(r.next())?;
             let hinted = hint.map(|h| self.one::<SessionVal>(r.next()).map(|s| (h, s))).transpose()?;
             self.saw_grant(key, grant.as_ref());
-            if !seen {
-                return Ok(None);
-            }
-            let Some(g) = grant else { return Ok(Some(KeyInfo { grant: None })) };
-            let known: Vec<_> = hinted.iter().map(|(h, hs)| (*h, hs.as_ref())).collect();
-            let holder = self.holder(&g.val, &known).await?;
-            let live = live(&g.val, holder.as_ref().map(|h| &h.val), now);
-            Ok(Some(KeyInfo { grant: live.then(|| grant_row(key, &g)) }))
+            let Some(seen) = seen else { return Ok(None) };
+            let facts = match grant {
+                None => None,
+                Some(g) => {
+                    let known: Vec<_> = hinted.iter().map(|(h, hs)| (*h, hs.as_ref())).collect();
+                    let holder = self.holder(&g.val, &known).await?;
+                    Some((grant_row(key, &g), holder.map(|h| session_end(&h.val))))
+                }
+            };
+            let facts = facts.as_ref().map(|(g, h)| GrantFacts { grant: g, holder_end_ms: *h });
+            // The token floor: a token is its grant's CreateRevision, and every later txn's
+            // revision exceeds this read's.
+            Ok(Some(rules::judge_key(facts, seen.val.delay_until_ms, delay_ms, revision, now)))
         }
         .await;
-        Ok(framed?.map(|i| KeyInfo { grant: i.grant.map(|g| self.wall_row(g)) }))
+        Ok(framed?.map(|i| KeyInfo { grant: i.grant.map(|g| self.wall_row(g)), ..i }))
     }
 
     async fn revoke(

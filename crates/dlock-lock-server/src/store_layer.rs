@@ -174,8 +174,8 @@ impl<L: LockStoreLayer> LockStore for L {
         self.around(LockStoreOp::OwnerOf, self.inner().owner_of(target)).await
     }
 
-    async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
-        self.around(LockStoreOp::Info, self.inner().info(key)).await
+    async fn info(&self, key: &str, delay_ms: i64) -> Result<Option<KeyInfo>, StoreError> {
+        self.around(LockStoreOp::Info, self.inner().info(key, delay_ms)).await
     }
 
     async fn revoke(

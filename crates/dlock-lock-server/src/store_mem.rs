@@ -487,14 +487,11 @@ impl LockStore for MemLockStore {
         })
     }
 
-    async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
+    async fn info(&self, key: &str, delay_ms: i64) -> Result<Option<KeyInfo>, StoreError> {
         let t = self.lock()?;
         let now = self.now_in(&t);
-        if !t.keys.contains_key(key) {
-            return Ok(None);
-        }
-        let grant = t.grant_facts(key).filter(|g| g.live(now)).map(|g| g.grant.clone());
-        Ok(Some(KeyInfo { grant }))
+        let Some(delay_until) = t.keys.get(key) else { return Ok(None) };
+        Ok(Some(rules::judge_key(t.grant_facts(key), *delay_until, delay_ms, t.last_issued.max(t.floor), now)))
     }
 
     async fn revoke(
@@ -739,10 +736,10 @@ impl LockStore for MemReplica {
     async fn owner_of(&self, target: Addressed<'_>) -> Result<Option<String>, StoreError> {
         self.store.owner_of(target).await
     }
-    async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
-        let info = self.store.info(key).await?;
+    async fn info(&self, key: &str, delay_ms: i64) -> Result<Option<KeyInfo>, StoreError> {
+        let info = self.store.info(key, delay_ms).await?;
         let offset = self.offset();
-        Ok(info.map(|i| KeyInfo { grant: i.grant.map(|g| WallShift::grant(g, offset)) }))
+        Ok(info.map(|i| KeyInfo { grant: i.grant.map(|g| WallShift::grant(g, offset)), ..i }))
     }
     async fn revoke(
         &self,

@@ -237,8 +237,8 @@ impl LockStore for ObservedLockStore {
     async fn owner_of(&self, target: Addressed<'_>) -> Result<Option<String>, StoreError> {
         self.inner.owner_of(target).await
     }
-    async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
-        self.inner.info(key).await
+    async fn info(&self, key: &str, delay_ms: i64) -> Result<Option<KeyInfo>, StoreError> {
+        self.inner.info(key, delay_ms).await
     }
     async fn revoke(
         &self,

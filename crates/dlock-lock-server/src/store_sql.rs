@@ -730,24 +730,29 @@ macro_rules! sql_lock_store {
                 row.map_err(unavailable)?.map(|r| r.text("owner_id")).transpose()
             }
 
-            async fn info(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
+            async fn info(&self, key: &str, delay_ms: i64) -> Result<Option<KeyInfo>, StoreError> {
                 let mut tx = self.begin().await?;
                 let now = Self::tx_now(&mut tx).await?;
-                let seen = sqlx::query(&Self::q("SELECT lock_key FROM lock_keys WHERE lock_key = $1"))
+                let seen = sqlx::query(&Self::q("SELECT delay_until_ms FROM lock_keys WHERE lock_key = $1"))
                     .bind(key.to_owned())
                     .fetch_optional(&mut *tx)
                     .await
                     .map_err(unavailable)?;
-                if seen.is_none() {
+                let Some(seen) = seen else {
                     tx.rollback().await.map_err(unavailable)?;
                     return Ok(None);
-                }
-                let grant = Self::tx_grant(&mut tx, key)
-                    .await?
-                    .filter(|(g, h)| rules::grant_live(g.expires_at_ms, *h, now))
-                    .map(|(g, _)| WallShift::grant(g, self.shift.offset(now)));
+                };
+                let delay_until = seen.opt_int("delay_until_ms")?;
+                let grant = Self::tx_grant(&mut tx, key).await?;
+                let floor = sqlx::query(token_floor_sql($dialect))
+                    .fetch_one(&mut *tx)
+                    .await
+                    .and_then(|r| r.try_get::<i64, _>("floor"))
+                    .map_err(unavailable)?;
                 tx.rollback().await.map_err(unavailable)?;
-                Ok(Some(KeyInfo { grant }))
+                let facts = grant.as_ref().map(|(g, h)| GrantFacts { grant: g, holder_end_ms: *h });
+                let info = rules::judge_key(facts, delay_until, delay_ms, floor, now);
+                Ok(Some(KeyInfo { grant: info.grant.map(|g| WallShift::grant(g, self.shift.offset(now))), ..info }))
             }
 
             async fn revoke(
@@ -997,6 +1002,20 @@ impl DbOf for PgLockStore {
 
 impl DbOf for SqliteLockStore {
     type Db = sqlx::Sqlite;
+}
+
+/// The token floor L7 shows ([`KeyInfo::token_floor`]): every token drawn later exceeds it.
+/// PostgreSQL draws tokens from `fencing_token_seq`, whose `last_value` is the last drawn
+/// once `is_called`; SQLite advances `token_floor.last_issued`.
+fn token_floor_sql(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Postgres => {
+            "SELECT GREATEST(f.floor, f.last_issued, \
+               (SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END FROM fencing_token_seq)) AS floor \
+             FROM token_floor f WHERE f.id = 1"
+        }
+        Dialect::Sqlite => "SELECT MAX(floor, last_issued) AS floor FROM token_floor WHERE id = 1",
+    }
 }
 
 /// lockdb's clock on PostgreSQL ([`clock::CLOCK_NOW`]).

@@ -235,7 +235,11 @@ async fn a_grant_is_never_taken_for_a_lapsed_session_that_an_answered_heartbeat_
         async move { (n >= READ_ANSWER_BYTES_MIN).then_some(()) }
     })
     .await;
-    assert!(served.is_some(), "the relay never held the answer to x's read");
+    if served.is_none() {
+        let bytes = p.relay.answer_bytes_held.load(Ordering::SeqCst) - before;
+        let answer = if taking.is_finished() { format!("{:?}", taking.await) } else { "none yet".into() };
+        panic!("the relay never held the answer to x's read ({bytes} bytes held; x's acquire answered {answer})");
+    }
     let extended = z.heartbeat(holder).await.expect("z's heartbeat");
     assert!(extended.is_ok(), "z first saw the session just now, so it judges it live: {extended:?}");
     p.relay.answers_held.store(false, Ordering::SeqCst);
@@ -244,6 +248,6 @@ async fn a_grant_is_never_taken_for_a_lapsed_session_that_an_answered_heartbeat_
         matches!(taken, Err(AcquireRefusal::Contended { .. })),
         "x took the key from a session an answered heartbeat had just extended: {taken:?}"
     );
-    let info = z.info("k").await.expect("info").expect("the key is known");
+    let info = z.info("k", 0).await.expect("info").expect("the key is known");
     assert_eq!(info.grant.map(|g| g.session_id), Some(holder), "the grant stays the holder's");
 }

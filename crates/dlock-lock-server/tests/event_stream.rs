@@ -113,3 +113,74 @@ async fn a_snapshot_cursor_streams_the_session_the_grant_and_the_revoke_with_its
         assert_eq!(kinds, ["session.opened", "lock.granted", "lock.revoked"], "{name}: {got:?}");
     }
 }
+
+/// A GET with headers; the answer's status, headers and JSON body.
+async fn get_with(app: &axum::Router, uri: &str, headers: &[(&str, &str)]) -> (u16, axum::http::HeaderMap, Value) {
+    let mut b = axum::http::Request::builder().uri(uri);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = app.clone().oneshot(b.body(Body::empty()).expect("request")).await.expect("infallible");
+    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, headers, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// L7 is a snapshot (C3-extensions E-20, "Snapshots"; E-22): asked with `Prefer:
+/// event-cursor`, it answers the cursor of a watermark read before it, bound to the key's
+/// filter; a stream from it delivers the revoke that follows and nothing at or below the
+/// watermark. It also judges the lease left and the token floor on the server's clock.
+#[tokio::test]
+async fn l7_answers_its_event_cursor_when_asked_and_the_stream_from_it_delivers_what_follows() {
+    for (name, app, _dir) in apps().await {
+        let owner = [("x-owner-id", "worker-1")];
+        let (s, v) = call(&app, "POST", "/v1/sessions", &owner, Some(json!({ "ttlMillis": 10_000 }))).await;
+        assert_eq!(s, 201, "{name}: {v}");
+        let sid = v["sessionId"].as_str().expect("sessionId").to_owned();
+        let body = json!({ "sessionId": sid, "ttlMillis": 20_000 });
+        let (s, g) = call(&app, "POST", "/v1/locks/payout:acct-9/acquire", &owner, Some(body)).await;
+        assert_eq!(s, 200, "{name}: {g}");
+        let token = g["fencingToken"].as_i64().expect("token");
+        // The grant is at or below the next head the stream publishes: the revoke is then
+        // the one event after the snapshot (delivery is at least once, so otherwise the
+        // grant could come again).
+        let published = dlock_rt::wait_until(
+            dlock_rt::Duration::from_millis(20),
+            dlock_rt::Duration::from_millis(STREAM_WAIT_MS_MAX),
+            || {
+                let app = app.clone();
+                async move {
+                    let (_, page) = call(&app, "GET", "/v1/events/recent?lockKey=payout:acct-9", &[], None).await;
+                    page["events"].as_array().is_some_and(|e| !e.is_empty()).then_some(())
+                }
+            },
+        )
+        .await;
+        assert!(published.is_some(), "{name}: the grant's event was never published");
+
+        let (s, h, plain) = get_with(&app, "/v1/locks/payout:acct-9", &[]).await;
+        assert_eq!(s, 200, "{name}: {plain}");
+        assert!(h.get("x-event-cursor").is_none(), "{name}: a cursor nobody asked for");
+        let left = plain["leaseRemainingMs"].as_i64().expect("leaseRemainingMs");
+        assert!(left > 0 && left <= 20_000, "{name}: {plain}");
+        assert!(plain["tokenFloor"].as_i64().is_some_and(|f| f >= token), "{name}: {plain}");
+        assert!(plain.get("lockDelayRemainingMs").is_none(), "{name}: {plain}");
+
+        let (s, h, info) = get_with(&app, "/v1/locks/payout:acct-9", &[("prefer", "event-cursor")]).await;
+        assert_eq!(s, 200, "{name}: {info}");
+        assert_eq!(info["fencingToken"], json!(token), "{name}");
+        assert_eq!(h.get("preference-applied").and_then(|v| v.to_str().ok()), Some("event-cursor"), "{name}");
+        let cursor = h.get("x-event-cursor").and_then(|v| v.to_str().ok()).expect("x-event-cursor").to_owned();
+        let mark: i64 = h.get("x-event-seq").and_then(|v| v.to_str().ok()?.parse().ok()).expect("x-event-seq");
+
+        let body = json!({ "operator": "alice", "reason": "a stuck payout run", "expectedToken": token });
+        let (s, r) = call(&app, "POST", "/v1/locks/payout:acct-9/revoke", &[("x-owner-id", "ops")], Some(body)).await;
+        assert_eq!(s, 200, "{name}: {r}");
+        let got = events(&app, "/v1/events?lockKey=payout:acct-9", &cursor, 1).await;
+        assert_eq!(got.first().map(|e| &e["kind"]), Some(&json!("lock.revoked")), "{name}: {got:?}");
+        assert!(got[0]["seq"].as_i64().is_some_and(|s| s > mark), "{name}: at or below the mark {mark}: {got:?}");
+        // The cursor is the key's: another filter must take its own snapshot.
+        let got = events(&app, "/v1/events", &cursor, 1).await;
+        assert_eq!(got.first().map(|e| &e["reason"]), Some(&json!("other_filter")), "{name}: {got:?}");
+    }
+}

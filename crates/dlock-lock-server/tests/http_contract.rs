@@ -511,7 +511,7 @@ impl dlock_lock_server::store::LockStore for Unreachable {
     ) -> Result<Result<GrantRow, dlock_lock_server::store::RotateRefusal>, StoreError> {
         Err(gone())
     }
-    async fn info(&self, _: &str) -> Result<Option<KeyInfo>, StoreError> {
+    async fn info(&self, _: &str, _: i64) -> Result<Option<KeyInfo>, StoreError> {
         Err(gone())
     }
     async fn revoke(

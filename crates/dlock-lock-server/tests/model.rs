@@ -482,7 +482,7 @@ async fn answer(store: &Arc<dyn LockStore>, op: &Op, slot_id: impl Fn(usize) -> 
 /// or none; `None` for a key never granted.
 async fn check_state(store: &Arc<dyn LockStore>, model: &Model, after: &Op) -> Result<(), TestCaseError> {
     for k in 0..KEYS {
-        let got = store.info(&format!("key-{k}")).await.expect("info");
+        let got = store.info(&format!("key-{k}"), 0).await.expect("info");
         let got = got.map(|i| i.grant.map(|g| (g.fencing_token, g.session_id)));
         let want = model.seen.contains(&k).then(|| model.live_grant(k).map(|g| (g.token, g.session)));
         if got != want {

@@ -25,6 +25,7 @@ use dlock_contract::payment::{
     P1_LIMIT_DEFAULT, P1_LIMIT_MAX,
 };
 use dlock_contract::payout::PayoutState;
+use dlock_contract::stream::EventFilter;
 use dlock_contract::FieldError;
 use dlock_http::{ApiError, JsonBody, TraceId};
 use uuid::Uuid;
@@ -378,13 +379,31 @@ async fn post_batch(
 // ---------------------------------------------------------------------------------------
 
 /// Read a payout and its rail submissions (P4). Advisory.
-#[utoipa::path(get, path = "/v1/payouts/{payoutId}", tag = "payouts", params(crate::openapi::PayoutPath),
+#[utoipa::path(get, path = "/v1/payouts/{payoutId}", tag = "payouts",
+    params(crate::openapi::PayoutPath, dlock_http::openapi::PreferEventCursorHeader),
     responses((status = 200, description = "The payout.", body = PayoutBody)))]
-async fn get_payout(State(pr): State<Arc<PaymentResource>>, Path(raw_id): Path<String>) -> Result<Response, ApiError> {
+async fn get_payout(
+    State(pr): State<Arc<PaymentResource>>,
+    principal: Option<Extension<dlock_http::auth::Principal>>,
+    headers: HeaderMap,
+    Path(raw_id): Path<String>,
+) -> Result<Response, ApiError> {
     let payout_id = path_uuid(&raw_id, "payoutId")?;
+    let filter = EventFilter { payouts: [payout_id.to_string()].into(), ..EventFilter::default() };
+    // Before the read: the snapshot's watermark (C3-extensions E-20, "Snapshots").
+    let mark =
+        dlock_http::stream::snapshot_mark(&pr.events, principal.as_ref().map(|p| &p.0), &headers, &filter).await?;
     match pr.store.payout(payout_id).await.map_err(store_error)? {
-        Some(p) => Ok(dlock_http::json(StatusCode::OK, &payout_body(&p))),
+        Some(p) => Ok(with_mark(dlock_http::json(StatusCode::OK, &payout_body(&p)), mark)),
         None => Err(not_found("payout")),
+    }
+}
+
+/// A snapshot's response with its event cursor, when the request preferred one.
+fn with_mark(res: Response, mark: Option<dlock_http::stream::SnapshotMark>) -> Response {
+    match mark {
+        Some(m) => m.apply(res),
+        None => res,
     }
 }
 
@@ -512,10 +531,13 @@ async fn rows_ahead(
 }
 
 /// List payouts in one state (P1), oldest first, in pages over one snapshot.
-#[utoipa::path(get, path = "/v1/payouts", tag = "payouts", params(crate::openapi::ListQuery),
+#[utoipa::path(get, path = "/v1/payouts", tag = "payouts",
+    params(crate::openapi::ListQuery, dlock_http::openapi::PreferEventCursorHeader),
     responses((status = 200, description = "One page.", body = PayoutPage)))]
 async fn list_payouts(
     State(pr): State<Arc<PaymentResource>>,
+    principal: Option<Extension<dlock_http::auth::Principal>>,
+    headers: HeaderMap,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(pairs) = query.map_err(|_| {
@@ -525,6 +547,11 @@ async fn list_payouts(
         )
     })?;
     let q = page_query(&pr, pairs)?;
+    // Before the read: the page's watermark (C3-extensions E-20, "Snapshots"); a walk
+    // streams on from its first page's.
+    let filter = EventFilter { accounts: q.account_id.iter().cloned().collect(), ..EventFilter::default() };
+    let mark =
+        dlock_http::stream::snapshot_mark(&pr.events, principal.as_ref().map(|p| &p.0), &headers, &filter).await?;
     // The walk's snapshot: rows created before the first page's millisecond. (Not that
     // millisecond itself: a row created later within it would otherwise join mid-walk.)
     let now = pr.now();
@@ -598,7 +625,7 @@ async fn list_payouts(
         })),
         _ => None,
     };
-    Ok(dlock_http::json(StatusCode::OK, &PayoutPage { items, next_cursor }))
+    Ok(with_mark(dlock_http::json(StatusCode::OK, &PayoutPage { items, next_cursor }), mark))
 }
 
 /// The event stream (C3-extensions E-20): paydb's events but the rail's, as Server-Sent

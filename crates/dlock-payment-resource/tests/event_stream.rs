@@ -221,3 +221,80 @@ async fn a_fenced_out_claim_is_streamed_with_the_presented_token_and_the_fence()
         assert_eq!(d["data"]["operation"], json!("claim"), "{name}");
     }
 }
+
+/// A GET's status, response headers and JSON body.
+async fn get_with(app: &axum::Router, uri: &str, headers: &[(&str, String)]) -> (u16, axum::http::HeaderMap, Value) {
+    let mut b = axum::http::Request::builder().method("GET").uri(uri);
+    for (k, v) in headers {
+        b = b.header(*k, v.as_str());
+    }
+    let resp = app.clone().oneshot(b.body(Body::empty()).expect("request")).await.expect("infallible");
+    let (status, h) = (resp.status().as_u16(), resp.headers().clone());
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, h, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+/// A snapshot's cursor and seq from its response headers, when it has them.
+fn mark_of(h: &axum::http::HeaderMap) -> Option<(String, i64)> {
+    let cursor = h.get("x-event-cursor")?.to_str().ok()?.to_owned();
+    Some((cursor, h.get("x-event-seq")?.to_str().ok()?.parse().ok()?))
+}
+
+/// P4 and P1 are snapshots (C3-extensions E-20, "Snapshots"): asked with `Prefer:
+/// event-cursor`, each answers the cursor of a watermark read before it, bound to its
+/// filter (P4: the payout; P1: its `accountId`); a stream from it delivers the claim that
+/// follows, above the watermark, and a stream of another filter must resync.
+#[tokio::test]
+async fn p1_and_p4_answer_their_event_cursor_when_asked_and_the_stream_from_it_delivers_what_follows() {
+    for (name, app, _dir) in backends().await {
+        let (p1, _p2) = seed(&app).await;
+        // The seeded events are at or below the next head published: the claim is then
+        // the first change after the snapshots.
+        let published = dlock_rt::wait_until(
+            dlock_rt::Duration::from_millis(20),
+            dlock_rt::Duration::from_millis(STREAM_WAIT_MS_MAX),
+            || {
+                let app = app.clone();
+                async move {
+                    let (_, page) = send(&app, "GET", "/v1/events/recent?account=acct-1", &reader(), None).await;
+                    page["events"].as_array().is_some_and(|e| e.len() >= 3).then_some(())
+                }
+            },
+        )
+        .await;
+        assert!(published.is_some(), "{name}: the seeded events were never published");
+
+        let (s, h, _) = get_with(&app, &format!("/v1/payouts/{p1}"), &reader()).await;
+        assert_eq!((s, mark_of(&h)), (200, None), "{name}: a cursor nobody asked for");
+        let mut asking = reader();
+        asking.push(("prefer", "event-cursor".to_owned()));
+        let (s, h, payout) = get_with(&app, &format!("/v1/payouts/{p1}"), &asking).await;
+        assert_eq!((s, &payout["state"]), (200, &json!("PENDING")), "{name}: {payout}");
+        let (p4_cursor, p4_mark) = mark_of(&h).expect("P4's cursor");
+        let (s, h, page) = get_with(&app, "/v1/payouts?state=PENDING&accountId=acct-1", &asking).await;
+        assert_eq!(s, 200, "{name}: {page}");
+        assert_eq!(h.get("preference-applied").and_then(|v| v.to_str().ok()), Some("event-cursor"), "{name}");
+        let (p1_cursor, p1_mark) = mark_of(&h).expect("P1's cursor");
+
+        assert_eq!(claim(&app, p1, 5).await, 200, "{name}");
+        let (_, got) =
+            frames(&app, &format!("/v1/events?payout={p1}"), &with_cursor(reader(), &p4_cursor), |f| !f.is_empty())
+                .await;
+        assert_eq!(got.first().map(|(k, _, _)| k.as_str()), Some("payout.state_changed"), "{name}: {got:?}");
+        assert_eq!(got[0].2["data"]["to"], json!("CLAIMED"), "{name}");
+        assert!(got[0].2["seq"].as_i64().is_some_and(|s| s > p4_mark), "{name}: at or below {p4_mark}: {got:?}");
+        let (_, got) =
+            frames(&app, "/v1/events?account=acct-1", &with_cursor(reader(), &p1_cursor), |f| f.len() >= 2).await;
+        let kinds: Vec<&str> = got.iter().map(|(k, _, _)| k.as_str()).collect();
+        assert_eq!(kinds, ["fence.raised", "payout.state_changed"], "{name}: {got:?}");
+        assert!(got.iter().all(|(_, _, d)| d["seq"].as_i64().is_some_and(|s| s > p1_mark)), "{name}: {got:?}");
+        // Each cursor is its filter's.
+        let (_, got) =
+            frames(&app, "/v1/events?account=acct-1", &with_cursor(reader(), &p4_cursor), |f| !f.is_empty()).await;
+        assert_eq!(
+            got.first().map(|(k, _, d)| (k.as_str(), &d["reason"])),
+            Some(("resync_required", &json!("other_filter"))),
+            "{name}: {got:?}"
+        );
+    }
+}

@@ -199,6 +199,14 @@ fn the_console_in_a_real_browser_signs_in_watches_resolves_revokes_and_refuses_a
     page.goto(&at("/locks?key=payout:acct-revoke")).expect("locks page");
     page.wait_for(&format!("{MAIN_TEXT}.includes({})", json!(held.token.get().to_string())), SETTLE_MS_MAX)
         .expect("the lock's holder and token shown");
+    // The lease left as the lock server judged it, the token floor, and the grant in the
+    // key's history from the lock server's stream.
+    let judged = json!("by the lock server's judgement");
+    page.wait_for(
+        &format!("{MAIN_TEXT}.includes({judged}) && {MAIN_TEXT}.includes('Token floor') && {MAIN_TEXT}.includes('lock.granted')"),
+        SETTLE_MS_MAX,
+    )
+    .expect("the server's judgement and the key's history shown");
     page.eval(
         "document.getElementById('operator').value = 'ops-oncall'; \
          document.getElementById('reason').value = 'holder stuck in a GC pause, revoking'; \
@@ -207,6 +215,10 @@ fn the_console_in_a_real_browser_signs_in_watches_resolves_revokes_and_refuses_a
     .expect("submit the revoke");
     page.loaded(&format!("{MAIN_TEXT}.includes('Revoked token {}')", held.token.get())).expect("the revoke answered");
     page.screenshot(&shots.join("revoked.png")).expect("screenshot");
+    page.goto(&at("/locks?key=payout:acct-revoke")).expect("locks page after the revoke");
+    page.wait_for(&format!("{MAIN_TEXT}.includes('lock.revoked') && {MAIN_TEXT}.includes('Revoked')"), SETTLE_MS_MAX)
+        .expect("the revoke in the key's history, with its new floor");
+    page.screenshot(&shots.join("lock-history.png")).expect("screenshot");
     // A new holder's work raises the account's fence past the revoked token.
     let after = create_payout(&rt, &typed, "acct-revoke", 0);
     let settled = [PayoutState::Posted, PayoutState::Failed, PayoutState::RailAmbiguous];

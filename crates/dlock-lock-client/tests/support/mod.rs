@@ -249,6 +249,9 @@ fn success(shared: &Shared, op: Op, id: &str, seen: &Seen) -> Response {
                 acquired_at: Some(now),
                 expires_at: Some(expires_at),
                 waiter_count: 0,
+                lease_remaining_ms: Some(1_000),
+                lock_delay_remaining_ms: None,
+                token_floor: Some(7),
             },
         ),
     }

@@ -163,7 +163,12 @@ pub async fn rotate(
 }
 
 pub async fn info(store: &Store, key: &str) -> Option<KeyInfo> {
-    store.info(key).await.expect("info")
+    store.info(key, DELAY_MS).await.expect("info")
+}
+
+/// The live grant of a key, if the store knows the key (`None`: never seen).
+pub async fn held(store: &Store, key: &str) -> Option<Option<GrantRow>> {
+    info(store, key).await.map(|i| i.grant)
 }
 
 /// The live grant of a key the case knows was seen.
@@ -376,8 +381,8 @@ pub async fn close_forgets_the_session_and_releases_its_grants_without_lock_dela
         Err(RenewRefusal::Session(SessionRefusal::Unknown))
     );
     // Its grants are gone (the keys are still known)...
-    assert_eq!(info(&store, "k1").await, Some(KeyInfo { grant: None }));
-    assert_eq!(info(&store, "k2").await, Some(KeyInfo { grant: None }));
+    assert_eq!(held(&store, "k1").await, Some(None));
+    assert_eq!(held(&store, "k2").await, Some(None));
     assert_eq!(release(&store, "k1", g1.fencing_token).await, Err(None));
     // ...and free at once for another session, even one asking for lock-delay.
     let n1 = grant(&store, "k1", &b, LONG_MS, DELAY_MS).await;
@@ -418,7 +423,7 @@ pub async fn acquire_grants_a_fresh_token_to_a_live_session(store: Store) {
     assert!(g.fencing_token > 0, "token {}", g.fencing_token);
     assert_within(g.acquired_at_ms, before - EPS_MS, after + EPS_MS, "acquired_at = now");
     assert_within(g.expires_at_ms - g.acquired_at_ms, LONG_MS - EPS_MS, LONG_MS + EPS_MS, "lease = ttl");
-    assert_eq!(info(&store, "payout:acct-1").await, Some(KeyInfo { grant: Some(g.clone()) }));
+    assert_eq!(held(&store, "payout:acct-1").await, Some(Some(g.clone())));
     // A second key gets a different, greater token.
     let g2 = grant(&store, "payout:acct-2", &a, LONG_MS, 0).await;
     assert!(g2.fencing_token > g.fencing_token);
@@ -509,7 +514,7 @@ pub async fn lapsed_session_frees_the_key_for_another_session(store: Store) {
     // An "ambiguous" acquire: committed, the answer never read.
     let _ = acquire(&store, "k", &a, LONG_MS, 0).await;
     wait_past(&store, a.expires_at_ms).await;
-    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: None }), "the grant died with its session");
+    assert_eq!(held(&store, "k").await, Some(None), "the grant died with its session");
     let next = grant(&store, "k", &b, LONG_MS, 0).await;
     assert_eq!(live_grant(&store, "k").await, Some(next));
 }
@@ -524,7 +529,7 @@ pub async fn lapsed_lease_imposes_lock_delay_until_death_plus_delay(store: Store
     let g = grant(&store, "k", &a, SHORT_MS, DELAY_MS).await;
     wait_past(&store, g.expires_at_ms).await;
     let until = assert_delayed_from(&acquire(&store, "k", &b, LONG_MS, DELAY_MS).await, g.expires_at_ms, "until");
-    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: None }), "delayed, but not held");
+    assert_eq!(held(&store, "k").await, Some(None), "delayed, but not held");
     // The refused acquire kept its removal of the dead grant: no row, not merely a dead one.
     assert_eq!(release(&store, "k", g.fencing_token).await, Err(None), "the dead grant was removed");
     let (next, refusals) = wait_granted(&store, "k", &b, LONG_MS, DELAY_MS).await;
@@ -695,7 +700,7 @@ pub async fn release_is_compare_and_delete_on_key_and_token(store: Store) {
     assert_eq!(live_grant(&store, "k-other").await, Some(other.clone()));
     // The exact pair deletes exactly that grant.
     assert_eq!(release(&store, "k", t).await, Ok(()));
-    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: None }));
+    assert_eq!(held(&store, "k").await, Some(None));
     assert_eq!(live_grant(&store, "k-other").await, Some(other));
     assert_eq!(heartbeat(&store, a.session_id).await.map(|(_, n)| n), Ok(1));
     // Releasing again: no row any more.
@@ -884,7 +889,7 @@ pub async fn racing_rotates_and_acquirers_never_overlap_and_tokens_increase(stor
     for w in runs.windows(2) {
         assert!(w[0].last() < w[1].first(), "tenures interleaved: {:?} then {:?}", w[0], w[1]);
     }
-    assert_eq!(info(&store, "hot").await, Some(KeyInfo { grant: None }));
+    assert_eq!(held(&store, "hot").await, Some(None));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -895,14 +900,54 @@ pub async fn info_is_none_for_a_never_seen_key_and_shows_only_the_live_grant(sto
     let a = open(&store, "owner-a", LONG_MS).await;
     assert_eq!(info(&store, "k").await, None);
     let g = grant(&store, "k", &a, LONG_MS, 0).await;
-    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: Some(g.clone()) }));
+    assert_eq!(held(&store, "k").await, Some(Some(g.clone())));
     assert_eq!(info(&store, "k-unrelated").await, None);
     assert_eq!(release(&store, "k", g.fencing_token).await, Ok(()));
-    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: None }), "released, but still seen");
+    assert_eq!(held(&store, "k").await, Some(None), "released, but still seen");
     // A lapsed lease is not shown as held.
     let short = grant(&store, "k", &a, SHORT_MS, 0).await;
     wait_past(&store, short.expires_at_ms).await;
-    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: None }));
+    assert_eq!(held(&store, "k").await, Some(None));
+}
+
+/// L7's judgement (C3-extensions E-22): how long a live grant has left and how long a
+/// lock-delay still runs, on the store's own clock, and the floor every later token exceeds.
+pub async fn info_judges_the_lease_left_the_lock_delay_left_and_the_token_floor(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    let g = grant(&store, "k", &a, LONG_MS, DELAY_MS).await;
+    let i = info(&store, "k").await.expect("seen");
+    let left = i.lease_left_ms.expect("a live grant has time left");
+    assert!(left > 0 && left <= LONG_MS, "lease left {left} of {LONG_MS}");
+    assert!(left > LONG_MS - 10_000, "lease left {left}: judged on the store's clock, just granted");
+    assert_eq!(i.delay_left_ms, None, "no lock-delay while held");
+    assert!(i.token_floor >= g.fencing_token, "floor {} under the live token {}", i.token_floor, g.fencing_token);
+    // A lapsed lease: nothing left, and its lock-delay runs, before the dead grant's removal
+    // recorded it (the delay its removal will record) and after.
+    let short = grant(&store, "k-lapsing", &a, SHORT_MS, DELAY_MS).await;
+    wait_past(&store, short.expires_at_ms).await;
+    for stage in ["stored dead", "removed"] {
+        let i = info(&store, "k-lapsing").await.expect("seen");
+        assert_eq!((&i.grant, i.lease_left_ms), (&None, None), "{stage}");
+        match i.delay_left_ms {
+            Some(delay) => assert!(delay > 0 && delay <= DELAY_MS, "{stage}: delay left {delay} of {DELAY_MS}"),
+            // Only a machine stalled past the whole delay may see none.
+            None => assert!(reached(&store, short.expires_at_ms + DELAY_MS).await, "{stage}: no lock-delay shown"),
+        }
+        if stage == "stored dead" {
+            let refused = acquire(&store, "k-lapsing", &b, LONG_MS, DELAY_MS).await;
+            let delayed = matches!(refused, Err(AcquireRefusal::Delayed { .. }));
+            assert!(delayed || reached(&store, short.expires_at_ms + DELAY_MS).await, "{refused:?}");
+        }
+    }
+    // The floor rises past every token issued since, on any key, and past a revoke's floor.
+    let r = revoke(&store, "k", Some(g.fencing_token)).await.expect("revoked");
+    let i = info(&store, "k").await.expect("seen");
+    assert!(i.token_floor >= r.new_token_floor, "floor {} under the revoke's {}", i.token_floor, r.new_token_floor);
+    assert_eq!((i.lease_left_ms, i.delay_left_ms), (None, None), "a revoke imposes no lock-delay");
+    let next = grant(&store, "k-other", &b, LONG_MS, 0).await;
+    assert!(next.fencing_token > i.token_floor, "token {} not above the floor read before it", next.fencing_token);
+    assert!(info(&store, "k").await.expect("seen").token_floor >= next.fencing_token);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -946,7 +991,7 @@ pub async fn revoke_removes_the_grant_and_raises_the_token_floor(store: Store) {
     assert_eq!((r.revoked_token, r.revocation_id), (g.fencing_token, revocation_id));
     assert!(r.new_token_floor > r.revoked_token, "floor {} must exceed {}", r.new_token_floor, r.revoked_token);
     // The grant is gone; the evicted holder can neither renew nor release it.
-    assert_eq!(info(&store, "k").await, Some(KeyInfo { grant: None }));
+    assert_eq!(held(&store, "k").await, Some(None));
     assert_eq!(renew(&store, "k", &a, g.fencing_token, LONG_MS).await, Err(RenewRefusal::Lost { stored_token: None }));
     assert_eq!(release(&store, "k", g.fencing_token).await, Err(None));
     assert_eq!(heartbeat(&store, a.session_id).await.map(|(_, n)| n), Ok(0), "its session lives on, holding nothing");
@@ -977,7 +1022,7 @@ pub async fn reaper_marks_lapsed_sessions_and_removes_their_grants(store: Store)
         ReapReport { expired_sessions: 1, released_grants: 2, forgotten_sessions: 0 }
     );
     assert_eq!(heartbeat(&store, lapsing.session_id).await, Err(SessionRefusal::Expired), "marked, remembered");
-    assert_eq!(info(&store, "k1").await, Some(KeyInfo { grant: None }));
+    assert_eq!(held(&store, "k1").await, Some(None));
     assert_eq!(release(&store, "k1", 1).await, Err(None), "the reaper removed the row");
     // The live session and its grant are untouched.
     assert_eq!(live_grant(&store, "k-live").await, Some(kept));
@@ -1099,7 +1144,7 @@ async fn assert_reaped_state(store: &Store, tag: &str, lapsing: &SessionRow, liv
     assert_eq!(heartbeat(store, lapsing.session_id).await, Err(SessionRefusal::Expired));
     assert_eq!(heartbeat(store, live.session_id).await.map(|(_, n)| n), Ok(1));
     for key in [format!("{tag}-k-session"), format!("{tag}-k-lease")] {
-        assert_eq!(info(store, &key).await, Some(KeyInfo { grant: None }), "{key}");
+        assert_eq!(held(store, &key).await, Some(None), "{key}");
         assert_eq!(release(store, &key, kept.fencing_token).await, Err(None), "{key}: row removed");
     }
     assert_eq!(live_grant(store, &format!("{tag}-k-live")).await.as_ref(), Some(kept));
@@ -1252,7 +1297,7 @@ pub async fn racing_acquire_release_cycles_never_overlap_and_tokens_increase(sto
             prev.token
         );
     }
-    assert_eq!(info(&store, "hot").await, Some(KeyInfo { grant: None }));
+    assert_eq!(held(&store, "hot").await, Some(None));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1502,6 +1547,7 @@ macro_rules! lock_store_conformance {
                 a_rotated_grant_that_lapses_imposes_the_lock_delay_like_any_grant,
                 racing_rotates_and_acquirers_never_overlap_and_tokens_increase,
                 info_is_none_for_a_never_seen_key_and_shows_only_the_live_grant,
+                info_judges_the_lease_left_the_lock_delay_left_and_the_token_floor,
                 revoke_of_a_key_without_a_live_grant_is_not_held,
                 revoke_with_a_stale_expected_token_is_refused_and_leaves_the_grant,
                 revoke_removes_the_grant_and_raises_the_token_floor,
