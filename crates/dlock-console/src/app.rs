@@ -57,6 +57,15 @@ pub const REFERRER_POLICY: &str = "same-origin";
 /// The Content-Security-Policy of every answer.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
                        connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+/// The `Content-Security-Policy` of an incident timeline (`/incidents/timeline`): the
+/// timeline is one self-contained HTML file with its own inline style and script
+/// (`dlock-timeline`), so it is served as a sandbox: an opaque origin that cannot read or
+/// send the console's cookies, reach the network, submit a form or be framed.
+pub const TIMELINE_CSP: &str = "sandbox allow-scripts; default-src 'none'; script-src 'unsafe-inline'; \
+                                style-src 'unsafe-inline'; img-src data:; form-action 'none'; \
+                                frame-ancestors 'none'; base-uri 'none'";
+/// The route of an incident timeline.
+pub const TIMELINE_PATH: &str = "/incidents/timeline";
 /// `Cache-Control` of the assets (their URLs carry a hash of their content).
 pub const ASSET_CACHE_CONTROL: &str = "public, max-age=31536000, immutable";
 /// Largest form body accepted, bytes.
@@ -309,6 +318,7 @@ fn routes(console: Arc<Console>) -> axum::Router {
         .route("/locks", get(locks))
         .route("/locks/revoke", post(revoke))
         .route("/incidents", get(incidents))
+        .route(TIMELINE_PATH, get(incident_timeline))
         .route("/events", get(events))
         .route("/live", get(crate::live::live))
         .route("/assets/console.css", get(|| async { asset("text/css; charset=utf-8", CSS) }))
@@ -330,9 +340,10 @@ pub fn router(console: Arc<Console>) -> axum::Router {
 /// Adds the security headers to every answer, and `no-store` to every answer but an asset.
 pub async fn security_headers(req: Request, next: Next) -> Response {
     let asset = req.uri().path().starts_with("/assets/");
+    let csp = if req.uri().path() == TIMELINE_PATH { TIMELINE_CSP } else { CSP };
     let mut resp = next.run(req).await;
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(csp));
     h.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     h.insert(header::REFERRER_POLICY, HeaderValue::from_static(REFERRER_POLICY));
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
@@ -872,6 +883,47 @@ async fn incidents(State(c): State<Arc<Console>>, headers: HeaderMap) -> Respons
     let main = pages::incidents(&merge(a, b, STORY_EVENTS_MAX));
     let page = Page { title: "Incidents".into(), nav: "/incidents", main, live: Some(live) };
     c.page(&headers, StatusCode::OK, page, Some(&viewer(&s)))
+}
+
+/// `/incidents/timeline?account=ACCT`: one account's incident timeline, drawn by
+/// `dlock-timeline` from the recent events of its lock key (the lock server), its payouts
+/// (the payment-resource) and its rail submissions (the rail-proxy), merged on the writers'
+/// wall clocks ([`dlock_timeline::trace_from_events`]). All three must answer: a picture
+/// with a service missing would show a story that did not happen.
+async fn incident_timeline(State(c): State<Arc<Console>>, headers: HeaderMap, RawQuery(q): RawQuery) -> Response {
+    let Some((_, s)) = c.current(&headers) else { return redirect("/login") };
+    let q = query_of(q);
+    let Some(account) = nonempty(&q, "account").filter(|a| dlock_contract::rail::is_account_id(a)) else {
+        return c.error_page(
+            &headers,
+            StatusCode::BAD_REQUEST,
+            "Incident timeline",
+            "Name an account: ?account=ACCOUNT_ID.",
+        );
+    };
+    let limit = dlock_contract::stream::RECENT_EVENTS_LIMIT_MAX;
+    let lock_q = format!("lockKey={}&limit={limit}", pct(&format!("payout:{account}")));
+    let account_q = format!("account={}&limit={limit}", pct(&account));
+    let (lock, pay, proxy) = futures::join!(
+        recent(&c.cfg.lock_url, &lock_q, &s.token),
+        recent(&c.cfg.payment_url, &account_q, &s.token),
+        recent(&c.cfg.proxy_url, &account_q, &s.token)
+    );
+    let mut events = Vec::new();
+    for (service, got) in [("lock server", lock), ("payment-resource", pay), ("rail-proxy", proxy)] {
+        match got {
+            Ok(v) => events.extend(v),
+            Err(e) => {
+                let why = format!("The {service}'s events could not be read ({e}); no partial picture is drawn.");
+                return c.error_page(&headers, StatusCode::BAD_GATEWAY, "Incident timeline", &why);
+            }
+        }
+    }
+    let trace = dlock_timeline::trace_from_events(&format!("account {account}"), &events);
+    match dlock_timeline::render_html(&trace) {
+        Ok(page) => html(StatusCode::OK, page),
+        Err(e) => c.error_page(&headers, StatusCode::INTERNAL_SERVER_ERROR, "Incident timeline", &e),
+    }
 }
 
 async fn events(State(c): State<Arc<Console>>, headers: HeaderMap, RawQuery(q): RawQuery) -> Response {

@@ -222,15 +222,30 @@ pub fn incidents(fenced: &Fetched<Vec<Value>>) -> String {
                 num(fence),
                 format!("<strong>{}</strong>", num(gap)),
                 payouts.join(" "),
+                timeline_link(str_of(e, "accountId")),
             ]
         })
         .collect();
     s.push_str(&table(
         "Fenced-out writes, oldest first",
-        &["At", "Refused by", "Write", "Writer", "Token presented", "Fence", "Gap", "Payouts"],
+        &["At", "Refused by", "Write", "Writer", "Token presented", "Fence", "Gap", "Payouts", "Timeline"],
         &rows,
     ));
     s
+}
+
+/// A link to an account's incident timeline (`/incidents/timeline`), or `—` for a value
+/// that is not an account id.
+fn timeline_link(account: Option<&str>) -> String {
+    match account.filter(|a| dlock_contract::rail::is_account_id(a)) {
+        Some(a) => format!(
+            "<a href=\"{}?account={}\" target=\"_blank\" rel=\"noopener\">Timeline of {}</a>",
+            crate::app::TIMELINE_PATH,
+            esc(&pct(a)),
+            esc(a)
+        ),
+        None => "—".to_owned(),
+    }
 }
 
 /// `/`: payouts by state, the quarantine, fenced-out writes, recent events.

@@ -560,6 +560,35 @@ async fn the_incidents_page_shows_each_fenced_out_write_with_its_writer_tokens_g
     assert!(page.contains("<td>6</td><td>—</td><td><strong>—</strong></td>"), "{page}");
     // Live from its watermark, as every page.
     assert!(page.contains("data-live=\"/live?source=payment&amp;kind=fence.refused"), "{page}");
+    // A hostile account id gets no timeline link.
+    assert!(!page.contains("/incidents/timeline?account=%3C"), "{page}");
+}
+
+/// Issue 38's Incidents → timeline: one account's picture drawn by dlock-timeline from the
+/// three services' events, served as a sandbox (its inline script and style never run with
+/// the console's origin), and refused without an account.
+#[tokio::test]
+async fn an_accounts_incident_timeline_is_drawn_from_the_three_services_events_in_a_sandbox() {
+    let rig = rig().await;
+    let (cookie, _) = rig.login(RD).await;
+    let r = rig.get("/incidents/timeline?account=acct-1", Some(&cookie)).await;
+    assert_eq!(r.status, 200, "{}", body(&r));
+    assert_eq!(header(&r, "content-security-policy").as_deref(), Some(dlock_console::app::TIMELINE_CSP));
+    let csp = dlock_console::app::TIMELINE_CSP;
+    assert!(csp.starts_with("sandbox allow-scripts;") && !csp.contains("allow-same-origin"), "{csp}");
+    let page = body(&r);
+    assert!(page.contains("<svg id=\"tl\""), "a timeline: {page}");
+    assert!(page.contains("data-answer=\"fenced_out\""), "the fenced-out claim is drawn: {page}");
+    assert!(!page.contains("<script>alert(1)"), "hostile fields come out escaped");
+    let asked: Vec<String> = rig.log.lock().expect("log").iter().map(|s| s.path.clone()).collect();
+    for want in ["lockKey=payout%3Aacct-1", "account=acct-1"] {
+        assert!(asked.iter().any(|p| p.starts_with("/v1/events/recent?") && p.contains(want)), "{want}: {asked:?}");
+    }
+    let r = rig.get("/incidents/timeline?account=%3Cscript%3E", Some(&cookie)).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(header(&r, "content-security-policy").as_deref(), Some(dlock_console::app::TIMELINE_CSP));
+    let r = rig.get("/incidents/timeline?account=acct-1", None).await;
+    assert_eq!(r.status, 303, "signed out: to the login page");
 }
 
 /// The Locks page (issue 38's page 4): the lease left and the lock-delay as the lock server

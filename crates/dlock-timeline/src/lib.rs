@@ -1,7 +1,8 @@
 //! The timeline: one self-contained HTML file (inline CSS, SVG and a little JS; nothing is
 //! fetched when it is viewed) drawn from an incident trace, the JSON-lines format of
-//! `docs/simulation.md` ("Incident trace"). [`render_html`] is the whole API; the simulation
-//! runner (`dlock-sim replay --timeline FILE.html`) and `dlock demo` call it.
+//! `docs/simulation.md` ("Incident trace"). [`render_html`] is the whole drawing API; the
+//! simulation runner (`dlock-sim replay --timeline FILE.html`) and `dlock demo` call it, and
+//! the console calls it on a trace [`trace_from_events`] makes from the services' events.
 //!
 //! What is drawn, top to bottom, on one simulated-time axis (`t_ms`):
 //! - the campaign's phases (fault, liveness, checks) as a strip;
@@ -35,6 +36,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+
+pub mod from_events;
+pub use from_events::trace_from_events;
 
 use serde_json::{Map, Value};
 

@@ -252,6 +252,14 @@ fn the_console_in_a_real_browser_signs_in_watches_resolves_revokes_and_refuses_a
     let r = page.wait_for(&format!("{rows}.includes('holder-1')"), SETTLE_MS_MAX);
     ok(&mut page, r, "the incident lists the fenced-out holder");
     page.screenshot(&shots.join("incidents.png")).expect("screenshot");
+    // Its timeline, drawn from the three services' events in a sandboxed page: the revoke
+    // ends the holder's lease, and its refused claim is a fenced-out mark.
+    page.goto(&at("/incidents/timeline?account=acct-revoke")).expect("timeline page");
+    let drawn = "document.querySelector('svg#tl [data-answer=\"fenced_out\"]') !== null \
+                 && document.querySelector('svg#tl [data-kind=\"grant\"][data-end=\"revoked\"]') !== null";
+    let r = page.wait_for(drawn, SETTLE_MS_MAX);
+    ok(&mut page, r, "the account's timeline draws the revoke and the fenced-out claim");
+    page.screenshot(&shots.join("incident-timeline.png")).expect("screenshot");
 
     // 4. A payout the rail left ambiguous is resolved as the operator, from its
     // quarantine entry: the verdict reaches paydb, audited.
