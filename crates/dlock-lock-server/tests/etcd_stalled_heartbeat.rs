@@ -107,7 +107,10 @@ async fn forward(
             Ok(Ok(0) | Err(_)) => break,
             Ok(Ok(read)) => read,
         };
-        if holding {
+        // Judged when the bytes arrived, not before the read began: a chunk that came after
+        // `held` was set is kept, however long the read had been waiting (under load, a
+        // read begun before the flag rose once let the answer it was meant to hold through).
+        if held.load(Ordering::SeqCst) {
             count.fetch_add(if per_chunk == 0 { read } else { per_chunk }, Ordering::SeqCst);
             kept.extend_from_slice(&buf[..read]);
         } else if to.write_all(&buf[..read]).await.is_err() {
