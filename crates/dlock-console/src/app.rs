@@ -487,23 +487,29 @@ fn merge(a: Fetched<Vec<Value>>, b: Fetched<Vec<Value>>, keep: usize) -> Fetched
 async fn count_state(base: &BaseUrl, state: PayoutState, token: &Secret) -> StateCount {
     let mut total = 0usize;
     let mut cursor: Option<String> = None;
+    let mut oldest: Option<String> = None;
     for _ in 0..COUNT_PAGES_MAX {
         let mut q = format!("/v1/payouts?state={}&limit={COUNT_PAGE_LIMIT}", state.as_str());
         if let Some(c) = &cursor {
             q.push_str(&format!("&cursor={}", pct(c)));
         }
         match upstream::get(base, &q, token).await {
-            Err(e) => return StateCount { state, count: Err(shown(e)) },
+            Err(e) => return StateCount { state, count: Err(shown(e)), oldest },
             Ok(v) => {
-                total += v.get("items").and_then(Value::as_array).map_or(0, Vec::len);
+                let items = v.get("items").and_then(Value::as_array);
+                if oldest.is_none() {
+                    let first = items.and_then(|i| i.first()).and_then(|p| p.get("createdAt"));
+                    oldest = first.and_then(Value::as_str).map(str::to_owned);
+                }
+                total += items.map_or(0, Vec::len);
                 cursor = v.get("nextCursor").and_then(Value::as_str).map(str::to_owned);
                 if cursor.is_none() {
-                    return StateCount { state, count: Ok((total, false)) };
+                    return StateCount { state, count: Ok((total, false)), oldest };
                 }
             }
         }
     }
-    StateCount { state, count: Ok((total, true)) }
+    StateCount { state, count: Ok((total, true)), oldest }
 }
 
 async fn overview(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
@@ -511,10 +517,14 @@ async fn overview(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response
     let pay = &c.cfg.payment_url;
     let live = c.from_watermark("/live?source=payment".into(), &s.token).await;
     let counts = futures::future::join_all(PayoutState::ALL.map(|st| count_state(pay, st, &s.token))).await;
-    let fenced = recent(pay, &format!("kind=fence.refused&limit={OVERVIEW_EVENTS_MAX}"), &s.token).await;
+    // Up to the page's bound, for the last hour's count; the table shows the newest.
+    let fenced_q = format!("kind=fence.refused&limit={}", dlock_contract::stream::RECENT_EVENTS_LIMIT_MAX);
+    let fenced = recent(pay, &fenced_q, &s.token).await;
     let q = format!("limit={OVERVIEW_EVENTS_MAX}");
     let (a, b) = futures::join!(recent(pay, &q, &s.token), recent(&c.cfg.proxy_url, &q, &s.token));
-    let main = pages::overview(&counts, &fenced, &merge(a, b, OVERVIEW_EVENTS_MAX));
+    let fenced_full = fenced.as_ref().is_ok_and(|f| f.len() >= dlock_contract::stream::RECENT_EVENTS_LIMIT_MAX);
+    let now = pages::Now(c.clock.wall());
+    let main = pages::overview(now, &counts, &fenced, fenced_full, &merge(a, b, OVERVIEW_EVENTS_MAX));
     let page = Page { title: "Overview".into(), nav: "/", main, live: Some(live) };
     c.page(&headers, StatusCode::OK, page, Some(&viewer(&s)))
 }

@@ -24,7 +24,39 @@ fn failed(what: &str, why: &str) -> String {
 pub struct StateCount {
     pub state: PayoutState,
     pub count: Fetched<(usize, bool)>,
+    /// The oldest payout's `createdAt` (P1 lists oldest first), as the payment-resource
+    /// stamped it.
+    pub oldest: Option<String>,
 }
+
+/// What the overview says of time, from this console's wall clock `now`: for people only
+/// (two processes' wall clocks are never compared to decide anything).
+#[derive(Debug, Clone, Copy)]
+pub struct Now(pub chrono::DateTime<chrono::Utc>);
+
+impl Now {
+    /// `at` (RFC 3339), as an age: "about 3 min ago".
+    fn age(self, at: &str) -> Option<String> {
+        let t = chrono::DateTime::parse_from_rfc3339(at).ok()?;
+        let secs = (self.0 - t.with_timezone(&chrono::Utc)).num_seconds().max(0);
+        Some(match secs {
+            0..=119 => format!("about {secs} s ago"),
+            120..=7_199 => format!("about {} min ago", secs / 60),
+            _ => format!("about {} h ago", secs / 3_600),
+        })
+    }
+
+    /// Whether `at` (RFC 3339) is within the last `secs` of `now`.
+    fn within(self, at: &str, secs: i64) -> bool {
+        chrono::DateTime::parse_from_rfc3339(at)
+            .is_ok_and(|t| (self.0 - t.with_timezone(&chrono::Utc)).num_seconds() <= secs)
+    }
+}
+
+/// Fenced-out writes the overview's table shows (the newest).
+pub const OVERVIEW_FENCED_SHOWN: usize = 20;
+/// The window of the overview's fenced-out count, s.
+pub const FENCED_WINDOW_S: i64 = 3_600;
 
 fn count_text(c: &Fetched<(usize, bool)>) -> String {
     match c {
@@ -249,8 +281,33 @@ fn timeline_link(account: Option<&str>) -> String {
 }
 
 /// `/`: payouts by state, the quarantine, fenced-out writes, recent events.
-pub fn overview(counts: &[StateCount], fenced: &Fetched<Vec<Value>>, recent: &Fetched<Vec<Value>>) -> String {
+pub fn overview(
+    now: Now,
+    counts: &[StateCount],
+    fenced: &Fetched<Vec<Value>>,
+    fenced_full: bool,
+    recent: &Fetched<Vec<Value>>,
+) -> String {
     let mut s = String::from("<h1>Overview</h1>");
+    // The backlog: how long the oldest PENDING payout has waited, and the fenced-out writes
+    // of the last hour.
+    let backlog = match counts.iter().find(|c| c.state == PayoutState::Pending).and_then(|c| c.oldest.as_deref()) {
+        Some(at) => format!(
+            "The oldest PENDING payout was created at <span class=\"mono\">{}</span>{}.",
+            esc(at),
+            now.age(at).map(|a| format!(" ({}, by this console's clock)", esc(&a))).unwrap_or_default()
+        ),
+        None => "No payout is PENDING.".to_owned(),
+    };
+    let last_hour = match fenced {
+        Ok(list) => {
+            let n = list.iter().filter(|e| str_of(e, "at").is_some_and(|at| now.within(at, FENCED_WINDOW_S))).count();
+            let more = if fenced_full { "at least " } else { "" };
+            format!("Fenced-out writes in the last hour: <strong>{more}{n}</strong>.")
+        }
+        Err(_) => "Fenced-out writes in the last hour: unknown.".to_owned(),
+    };
+    s.push_str(&format!("<p class=\"backlog\">{backlog} {last_hour}</p>"));
     let ambiguous = counts.iter().find(|c| c.state == PayoutState::RailAmbiguous);
     if let Some(a) = ambiguous {
         let kind = match a.count {
@@ -282,7 +339,9 @@ pub fn overview(counts: &[StateCount], fenced: &Fetched<Vec<Value>>, recent: &Fe
         "<p class=\"hint\">A write refused because a newer lock holder exists. Each one means two workers \
          believed they held one lock; the fence stopped the stale one.</p>",
     );
-    s.push_str(&events_table("Recent fence.refused events (payment-resource)", fenced));
+    let newest =
+        fenced.as_ref().map(|f| f[f.len().saturating_sub(OVERVIEW_FENCED_SHOWN)..].to_vec()).map_err(Clone::clone);
+    s.push_str(&events_table("Recent fence.refused events (payment-resource)", &newest));
     s.push_str("</section><section aria-labelledby=\"recent\"><h2 id=\"recent\">Recent events</h2>");
     s.push_str(&events_table("The newest events (payment-resource and rail-proxy)", recent));
     s.push_str("</section>");
@@ -816,6 +875,31 @@ mod tests {
     use super::*;
 
     const XSS: &str = "<script>alert(1)</script>\"><img src=x onerror=alert(1)>";
+
+    #[test]
+    fn the_overview_says_the_backlogs_age_and_the_last_hours_fenced_out_writes() {
+        let at = |t: &str| chrono::DateTime::parse_from_rfc3339(t).expect("time").with_timezone(&chrono::Utc);
+        let now = Now(at("2026-12-07T03:00:00Z"));
+        let pending = |oldest: Option<&str>| StateCount {
+            state: PayoutState::Pending,
+            count: Ok((3, false)),
+            oldest: oldest.map(str::to_owned),
+        };
+        let ev = |t: &str| serde_json::json!({"kind": "fence.refused", "at": t, "data": {}});
+        let fenced =
+            Ok(vec![ev("2026-12-07T01:00:00.000Z"), ev("2026-12-07T02:30:00.000Z"), ev("2026-12-07T02:59:00Z")]);
+        let page = overview(now, &[pending(Some("2026-12-07T02:55:00.000Z"))], &fenced, false, &Ok(vec![]));
+        assert!(
+            page.contains("created at <span class=\"mono\">2026-12-07T02:55:00.000Z</span> (about 5 min ago"),
+            "{page}"
+        );
+        assert!(page.contains("in the last hour: <strong>2</strong>"), "{page}");
+        let page = overview(now, &[pending(Some(XSS))], &fenced, true, &Ok(vec![]));
+        assert!(page.contains("in the last hour: <strong>at least 2</strong>"), "a full page is a lower bound: {page}");
+        assert!(!page.contains("<script>alert(1)") && page.contains("&lt;script&gt;"), "{page}");
+        let page = overview(now, &[pending(None)], &Err("down".into()), false, &Ok(vec![]));
+        assert!(page.contains("No payout is PENDING.") && page.contains("last hour: unknown"), "{page}");
+    }
 
     #[test]
     fn only_an_operator_gets_a_resolve_form_one_per_payout_each_under_its_own_key() {
