@@ -82,7 +82,8 @@ pub fn trace_from_events(title: &str, events: &[Value]) -> String {
         }
     }
     let mut out = String::new();
-    let head = json!({ "t_ms": 0, "kind": "trace_start", "title": title, "source": "events" });
+    let head = json!({ "t_ms": 0, "kind": "trace_start", "config": title, "schema": "dlock-events/1",
+        "clock": "wall" });
     out.push_str(&head.to_string());
     out.push('\n');
     for (n, p) in placed.iter().enumerate() {
@@ -202,6 +203,7 @@ mod tests {
         let html = crate::render_html(&trace).expect("the timeline draws it");
         assert!(html.contains("data-answer=\"fenced_out\""), "the refused claim is drawn");
         assert!(html.contains("data-end=\"revoked\""), "the lease ends by the revoke");
+        assert!(html.contains("wall-clock time →") && !html.contains("simulated"), "its axis is the writers' clocks");
         assert_eq!(lines[1]["expires_at_ms"], json!(1_000), "held until the revoke");
     }
 

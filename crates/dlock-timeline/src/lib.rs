@@ -371,6 +371,9 @@ struct Model<'a> {
     seed: Option<u64>,
     config: Option<String>,
     schema: Option<String>,
+    /// The trace's axis is its writers' wall clocks (`trace_start`'s `"clock": "wall"`, a
+    /// trace made from the services' events), not simulated time.
+    wall_axis: bool,
     trace_dropped: u64,
     phases: Vec<(u64, String, usize)>,
     executors: Vec<String>,
@@ -438,6 +441,7 @@ impl<'a> Model<'a> {
             failures: Vec::new(),
             failures_total: 0,
             implicated: BTreeSet::new(),
+            wall_axis: false,
         };
 
         // Lines outside the budget: the trace's own header and footer, phases, failures.
@@ -447,6 +451,7 @@ impl<'a> Model<'a> {
                     m.seed = e.u("seed");
                     m.config = e.s("config").map(str::to_owned);
                     m.schema = e.s("schema").map(str::to_owned);
+                    m.wall_axis = e.s("clock") == Some("wall");
                 }
                 "trace_end" => m.trace_dropped = e.u("dropped").unwrap_or(0),
                 _ => {}
@@ -902,7 +907,8 @@ impl<'a> Model<'a> {
             t += step;
         }
         p.push_str("</g>");
-        let _ = write!(l, r##"<text x="8" y="16" fill="#374151" font-weight="bold">simulated time →</text>"##);
+        let axis = if self.wall_axis { "wall-clock time →" } else { "simulated time →" };
+        let _ = write!(l, r##"<text x="8" y="16" fill="#374151" font-weight="bold">{axis}</text>"##);
 
         // Phases.
         let _ = write!(l, r##"<text x="8" y="{:.1}" fill="#6b7280">phase</text>"##, phase_y + 13.0);
@@ -1663,7 +1669,7 @@ impl<'a> Model<'a> {
         let fenced = self.writes.iter().filter(|i| self.evs[**i].s("answer") == Some("fenced_out")).count();
         let _ = write!(
             h,
-            r#"<p class="stats" data-drawn="{}" data-drawable="{}">{} executors · {} leases · {} fenced writes ({} fenced out) · {} rail calls · {} intents · {} faults · {} failures · simulated {} · {}</p>"#,
+            r#"<p class="stats" data-drawn="{}" data-drawable="{}">{} executors · {} leases · {} fenced writes ({} fenced out) · {} rail calls · {} intents · {} faults · {} failures · {} {} · {}</p>"#,
             self.kept.len(),
             self.drawable,
             self.executors.len(),
@@ -1674,6 +1680,7 @@ impl<'a> Model<'a> {
             self.intents.len(),
             self.partitions.len() + self.node_bands.len() + self.store_ticks.len(),
             self.failures_total,
+            if self.wall_axis { "spanning" } else { "simulated" },
             secs(self.t_end),
             esc(self.schema.as_deref().unwrap_or("schema unknown"))
         );
