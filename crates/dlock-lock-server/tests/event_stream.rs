@@ -144,19 +144,12 @@ async fn l7_answers_its_event_cursor_when_asked_and_the_stream_from_it_delivers_
         // The grant is at or below the next head the stream publishes: the revoke is then
         // the one event after the snapshot (delivery is at least once, so otherwise the
         // grant could come again).
-        let published = dlock_rt::wait_until(
-            dlock_rt::Duration::from_millis(20),
-            dlock_rt::Duration::from_millis(STREAM_WAIT_MS_MAX),
-            || {
-                let app = app.clone();
-                async move {
-                    let (_, page) = call(&app, "GET", "/v1/events/recent?lockKey=payout:acct-9", &[], None).await;
-                    page["events"].as_array().is_some_and(|e| !e.is_empty()).then_some(())
-                }
-            },
-        )
+        let published = dlock_testkit::events_published(1, || {
+            let app = app.clone();
+            async move { call(&app, "GET", "/v1/events/recent?lockKey=payout:acct-9", &[], None).await.1 }
+        })
         .await;
-        assert!(published.is_some(), "{name}: the grant's event was never published");
+        assert!(published, "{name}: the grant's event was never published");
 
         let (s, h, plain) = get_with(&app, "/v1/locks/payout:acct-9", &[]).await;
         assert_eq!(s, 200, "{name}: {plain}");

@@ -250,19 +250,12 @@ async fn p1_and_p4_answer_their_event_cursor_when_asked_and_the_stream_from_it_d
         let (p1, _p2) = seed(&app).await;
         // The seeded events are at or below the next head published: the claim is then
         // the first change after the snapshots.
-        let published = dlock_rt::wait_until(
-            dlock_rt::Duration::from_millis(20),
-            dlock_rt::Duration::from_millis(STREAM_WAIT_MS_MAX),
-            || {
-                let app = app.clone();
-                async move {
-                    let (_, page) = send(&app, "GET", "/v1/events/recent?account=acct-1", &reader(), None).await;
-                    page["events"].as_array().is_some_and(|e| e.len() >= 3).then_some(())
-                }
-            },
-        )
+        let published = dlock_testkit::events_published(3, || {
+            let app = app.clone();
+            async move { send(&app, "GET", "/v1/events/recent?account=acct-1", &reader(), None).await.1 }
+        })
         .await;
-        assert!(published.is_some(), "{name}: the seeded events were never published");
+        assert!(published, "{name}: the seeded events were never published");
 
         let (s, h, _) = get_with(&app, &format!("/v1/payouts/{p1}"), &reader()).await;
         assert_eq!((s, mark_of(&h)), (200, None), "{name}: a cursor nobody asked for");

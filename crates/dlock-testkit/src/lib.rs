@@ -16,6 +16,28 @@ pub mod browser;
 pub mod certs;
 pub mod fake_service;
 
+/// Bound on waiting for a service's event stream to publish events a test wrote.
+pub const EVENTS_PUBLISHED_MS_MAX: u64 = 10_000;
+
+/// Polls `page()`, a `GET /v1/events/recent` answer (C3-extensions E-20), until it lists at
+/// least `n` events, at most [`EVENTS_PUBLISHED_MS_MAX`]: then the events a test wrote are
+/// at or below the head the service's stream has published, so a snapshot taken next
+/// watermarks past them. Whether they were published in time.
+pub async fn events_published<F, Fut>(n: usize, page: F) -> bool
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = serde_json::Value>,
+{
+    let step = dlock_rt::Duration::from_millis(20);
+    let bound = dlock_rt::Duration::from_millis(EVENTS_PUBLISHED_MS_MAX);
+    let page = &page;
+    dlock_rt::wait_until(step, bound, || async move {
+        page().await["events"].as_array().is_some_and(|e| e.len() >= n).then_some(())
+    })
+    .await
+    .is_some()
+}
+
 use std::path::PathBuf;
 
 /// Environment variable naming the admin URL of the test PostgreSQL server.
