@@ -476,8 +476,9 @@ async fn play(
     // scenario's steps are its own): during the fault phase, and again at the end.
     let forger_on = scenario.as_ref().is_none_or(|s| s.forger);
     let forger_log = forger_on.then(|| crate::forger::start_forger(&mut w, cfg.fault_ms));
-    // The stream watcher follows payment-1's event stream in the seeds that draw it.
-    let watch_log = (scenario.is_none() && cfg.watcher).then(|| crate::watcher::start_watcher(&mut w));
+    // The stream watcher follows every service's event stream in the seeds that draw it.
+    let watchers = (scenario.is_none() && cfg.watcher)
+        .then(|| crate::watcher::start_watcher(&mut w, &crate::watcher::Stream::ALL));
     // The seed's schedule, from the runtime's seeded generator (replays draw it again), or
     // the scenario's steps.
     let schedule = match &scenario {
@@ -592,11 +593,10 @@ async fn play(
     if let Some(f) = &forger {
         failures.extend(f.failures());
     }
-    // paydb's outbox against its tables, every seed; the watcher's stream, where it played.
+    // paydb's outbox against its tables, every seed; the watcher's streams, where it played.
     failures.extend(crate::watcher::outbox_failures(&w.paydb));
-    if let Some(log) = &watch_log {
-        let caught_up = crate::watcher::catch_up(log, &w.paydb).await;
-        failures.extend(crate::watcher::failures(log, &w.paydb, caught_up));
+    if let Some(watchers) = &watchers {
+        failures.extend(crate::watcher::judge(watchers, &w).await);
     }
     if settled_in.is_some() {
         // Liveness beyond settling (no unresolved intent, the reconciler agrees); an

@@ -107,6 +107,7 @@ pub const LOCKDB_OPS: &[&str] = &[
     "release",
     "rotate",
     "info",
+    "held_keys",
     "revoke",
     "reap",
     "owner_of",

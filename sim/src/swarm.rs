@@ -82,7 +82,7 @@ pub struct SwarmConfig {
     /// account a task claims, submits and posts together under one grant; 1 (the single
     /// writes) with [`ZERO_P`], else uniform in `2..=`[`PAYOUTS_PER_GRANT_DRAW_MAX`].
     pub payouts_per_grant_max: u32,
-    /// Whether the stream watcher ([`crate::watcher`]) follows `payment-1`'s event stream
+    /// Whether the stream watcher ([`crate::watcher`]) follows the services' event streams
     /// this seed ([`WATCHER_P`] of seeds; printed only when on).
     pub watcher: bool,
     /// Clock events a sweep imposes on the seed (`crate::envelope`), played beside the
@@ -95,11 +95,13 @@ pub const PAYOUTS_MIN: usize = 8;
 /// The share of seeds the stream watcher plays in ([`crate::watcher`]): a quarter, so most
 /// seeds keep the world (and its speed) without a stream client.
 pub const WATCHER_P: f64 = 0.25;
-/// `payment.events.retention-events` in the watcher's seeds (the smallest a deployment may
+/// `payment.events.retention-events` (and, on the simulation lockdb,
+/// `lock.events.retention-events`) in the watcher's seeds (the smallest a deployment may
 /// set): a seed's few hundred events are purged as it runs.
 pub const WATCHER_RETENTION_EVENTS: i64 = dlock_contract::stream::EVENT_RETENTION_EVENTS_MIN;
-/// `payment.idempotency.purge-interval-ms` in the watcher's seeds (the purge of events runs
-/// with the idempotency purge).
+/// `payment.idempotency.purge-interval-ms` (the purge of paydb's events runs with the
+/// idempotency purge) and, on the simulation lockdb, `lock.events.purge-interval-ms` in the
+/// watcher's seeds, ms.
 pub const WATCHER_PURGE_INTERVAL_MS: u64 = 1_000;
 pub const PAYOUTS_MAX: usize = 32;
 pub const ACCOUNTS_MAX: usize = 8;
@@ -289,6 +291,12 @@ impl SwarmConfig {
             // comes back to a cursor the purge has passed (`resync_required`, expired).
             v.push(kv("payment.events.retention-events", WATCHER_RETENTION_EVENTS.to_string()));
             v.push(kv("payment.idempotency.purge-interval-ms", WATCHER_PURGE_INTERVAL_MS.to_string()));
+            // lockdb's too, where the lock server's stream is watched (the simulation
+            // lockdb; on etcd a purge every second would only slow the seed).
+            if self.backend == Backend::Mem {
+                v.push(kv("lock.events.retention-events", WATCHER_RETENTION_EVENTS.to_string()));
+                v.push(kv("lock.events.purge-interval-ms", WATCHER_PURGE_INTERVAL_MS.to_string()));
+            }
         }
         v
     }

@@ -1,29 +1,48 @@
-//! The stream watcher (issue 38): a client of the payment-resource's event stream
-//! (C3-extensions E-20, `GET /v1/events`) on node `watcher`, connected to `payment-1` for the
-//! whole seed. It resumes from its last cursor after every broken connection (a partition,
-//! a kill, a restart of `payment-1`), deduplicates by `eventId`, and on `resync_required`
-//! takes a new snapshot (`GET /v1/events/recent`) and continues from its cursor. It never
-//! fails on its own: it records what it received ([`Watched`]), and the oracle judges it.
+//! The stream watcher (issue 38): one client per event stream (C3-extensions E-20,
+//! `GET /v1/events`), all on node `watcher`, each connected to one service for the whole
+//! seed ([`Stream`]):
 //!
-//! ## Invariants (checked by [`failures`], against paydb's own tables)
+//! | stream | node | kinds | ground truth |
+//! |---|---|---|---|
+//! | `payment-resource` | `payment-1` | paydb's, but `rail.*` | paydb's outbox (`MemEvents::history`) |
+//! | `rail-proxy` | `proxy-1` | paydb's `rail.*` ([`EventKind::is_rail`]) | paydb's outbox |
+//! | `lock-server` | `lock-1` | lockdb's ([`EventKind::is_lock`]) | lockdb's outbox (`MemLockStore::event_history`) |
+//!
+//! Every replica of a service reads the one store, so its first replica stands for all. The
+//! lock server's stream is watched on the simulation lockdb only: on etcd no history keeps
+//! the purged records to judge it against.
+//!
+//! Each client is its own task with its own cursor, naps and resyncs, so a fault on one
+//! service never masks another's stream. It resumes from its last cursor after every broken
+//! connection (a partition, a kill, a restart of its node), naps [`WATCH_NAPS`] times (the
+//! first nap until the retention purge of its store has passed its cursor), deduplicates by
+//! `eventId`, and on `resync_required` takes a new snapshot (`GET /v1/events/recent`) and
+//! continues from its cursor. It never fails on its own: it records what it received ([`Watched`]), and the
+//! oracle judges it.
+//!
+//! ## Invariants (checked by [`failures`] per stream, against its store's own outbox)
+//! A failure keeps the invariant's id and names the stream at the head of its detail
+//! ([`Stream::label`], e.g. `lock-server stream (lock-1): ...`).
 //! - `stream_in_commit_order`: on each connection, events arrive in strictly increasing
 //!   seq, each above the seq the connection resumed from.
-//! - `stream_never_gaps`: every event paydb committed that the payment-resource streams,
-//!   with a seq up to the last one the watcher was brought to (an event's or a bookmark's),
+//! - `stream_never_gaps`: every event its store committed of the kinds the stream carries,
+//!   with a seq up to the last one the client was brought to (an event's or a bookmark's),
 //!   was received, except those a `resync_required` covered (between the seq it had and
 //!   the snapshot it took after).
-//! - `stream_only_committed`: every event received is paydb's event of that seq, equal in
-//!   every field.
+//! - `stream_only_committed`: every event received is its store's event of that seq, equal
+//!   in every field, and of a kind the stream carries.
 //! - `stream_dedupes_by_id`: after deduplication no event id repeats, and each id names
-//!   its seq.
-//! - `outbox_matches_tables` (the store, not the stream): replaying paydb's events gives
-//!   paydb's tables: each payout's `payout.state_changed` chain starts at its
+//!   its store and its seq.
+//! - `stream_catches_up` (liveness): once faults stopped, the client reaches the stream's
+//!   last event within [`WATCH_CATCH_UP_MS_MAX`].
+//! - `outbox_matches_tables` (paydb's store, not a stream; every seed): replaying paydb's
+//!   events gives paydb's tables: each payout's `payout.state_changed` chain starts at its
 //!   `payout.created` state, each step from the state the previous one left, and ends at the
 //!   payout's state; each account's `fence.raised` chain rises from 0 to its fence. An event
 //!   for a change that did not commit, or a change without its event, breaks a chain.
 //!
 //! The watcher runs on the seeds whose configuration draws it ([`crate::swarm::SwarmConfig`]
-//! `watcher`); the others keep a world without it (and without a tailer on `payment-1`,
+//! `watcher`); the others keep a world without it (and without a tailer on any service,
 //! which starts on the first stream request).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -32,16 +51,17 @@ use std::time::Duration;
 
 use dlock_contract::payout::PayoutState;
 use dlock_contract::stream::{EventKind, StoredEvent, WireEvent};
+use dlock_lock_server::store::LockStore as _;
+use dlock_lock_server::store_mem::MemLockStore;
 use dlock_paydb::MemPaydb;
 use dlock_rt::http::HttpClient;
 
 use crate::outcome::Failure;
+use crate::world::World;
 
-/// The watcher's node.
+/// The watcher's node (every stream's client runs on it).
 pub const WATCHER_NODE: &str = "watcher";
-/// The service it watches.
-pub const WATCHED_NODE: &str = "payment-1";
-/// Longest silence on an open stream before the watcher reconnects (above the bookmark
+/// Longest silence on an open stream before a client reconnects (above the bookmark
 /// interval, so a healthy idle stream never trips it).
 pub const WATCH_IDLE_MS: u64 = 20_000;
 /// Pause before reconnecting after a failure.
@@ -49,19 +69,131 @@ pub const WATCH_RECONNECT_MS: u64 = 300;
 /// Budgets of the watcher's HTTP calls.
 pub const WATCH_CONNECT_MS: u64 = 1_000;
 pub const WATCH_READ_MS: u64 = 5_000;
-/// How long the end of a seed waits for the watcher to reach paydb's last event.
+/// How long the end of a seed waits for each client to reach its stream's last event.
 pub const WATCH_CATCH_UP_MS_MAX: u64 = 30_000;
-/// Naps the watcher takes during a seed: it drops its connection after staying
-/// [`WATCH_STAY_MS_MIN`]..=[`WATCH_STAY_MS_MAX`] and comes back [`WATCH_NAP_MS_MIN`]..=
-/// [`WATCH_NAP_MS_MAX`] later with the cursor it had (a client that went away), so every
-/// watcher seed resumes from stale cursors, some of them past the purge.
+/// Pause between two looks at a client's progress while the end of a seed waits for it.
+pub const WATCH_CATCH_UP_POLL_MS: u64 = 200;
+/// Naps each client takes during a seed: it drops its connection after staying
+/// [`WATCH_STAY_MS_MIN`]..=[`WATCH_STAY_MS_MAX`] and comes back with the cursor it had (a
+/// client that went away), so every watcher seed resumes from stale cursors. The first nap
+/// lasts until the retention purge of its stream's store has passed its cursor (at most
+/// [`WATCH_PURGE_NAP_MS_MAX`]): every stream whose seed writes more than a retention's worth
+/// of events while it is away resumes from a purged cursor. The others last
+/// [`WATCH_NAP_MS_MIN`]..=[`WATCH_NAP_MS_MAX`].
 pub const WATCH_NAPS: u32 = 3;
+/// Longest first nap, waiting for the purge to pass the client's cursor.
+pub const WATCH_PURGE_NAP_MS_MAX: u64 = 10_000;
+/// Pause between two looks at the purge during the first nap.
+pub const WATCH_PURGE_POLL_MS: u64 = 250;
 pub const WATCH_STAY_MS_MIN: u64 = 500;
 pub const WATCH_STAY_MS_MAX: u64 = 4_000;
 pub const WATCH_NAP_MS_MIN: u64 = 200;
 pub const WATCH_NAP_MS_MAX: u64 = 5_000;
-/// Events of the snapshot the watcher takes after a `resync_required`.
+/// Events of the snapshot a client takes after a `resync_required`.
 pub const WATCH_SNAPSHOT_EVENTS: usize = 200;
+/// Failures of one kind reported per stream (the first ones; a broken stream breaks often).
+pub const WATCH_FAILURES_PER_KIND_MAX: usize = 3;
+
+/// One event stream the watcher follows (the module doc's table).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stream {
+    /// The payment-resource's selection of paydb's events (every kind but the rail's).
+    Payment,
+    /// The rail-proxy's selection of paydb's events (the `rail.*` kinds).
+    Rail,
+    /// The lock server's: lockdb's events.
+    Lock,
+}
+
+impl Stream {
+    /// Every stream, in the order the watcher starts and the oracle judges them.
+    pub const ALL: [Stream; 3] = [Stream::Payment, Stream::Rail, Stream::Lock];
+
+    /// The service serving it (its `scope` in the cursor).
+    pub fn service(self) -> &'static str {
+        match self {
+            Stream::Payment => "payment-resource",
+            Stream::Rail => "rail-proxy",
+            Stream::Lock => "lock-server",
+        }
+    }
+
+    /// The node its client connects to.
+    pub fn node(self) -> &'static str {
+        match self {
+            Stream::Payment => "payment-1",
+            Stream::Rail => "proxy-1",
+            Stream::Lock => "lock-1",
+        }
+    }
+
+    /// The store whose outbox it streams: the prefix of its event ids.
+    pub fn store(self) -> &'static str {
+        match self {
+            Stream::Payment | Stream::Rail => dlock_paydb::events::STREAM,
+            Stream::Lock => dlock_lock_server::store::events::STREAM,
+        }
+    }
+
+    /// Whether it streams events of `kind` (the service's own selection).
+    pub fn carries(self, kind: EventKind) -> bool {
+        match self {
+            Stream::Payment => !kind.is_rail(),
+            Stream::Rail => kind.is_rail(),
+            Stream::Lock => kind.is_lock(),
+        }
+    }
+
+    /// How a failure names it: `lock-server stream (lock-1)`.
+    pub fn label(self) -> String {
+        format!("{} stream ({})", self.service(), self.node())
+    }
+
+    /// Whether the world `w` has a ground truth for it: paydb's streams always, lockdb's on
+    /// the simulation lockdb only.
+    pub fn judged_in(self, w: &World) -> bool {
+        match self {
+            Stream::Payment | Stream::Rail => true,
+            Stream::Lock => w.spec().backend == crate::world::LockBackend::Mem,
+        }
+    }
+}
+
+/// The stores the streams serve, read raw (below every fault layer), as the oracle reads
+/// them: the streams' ground truth, and what a client napping past the purge waits for.
+#[derive(Debug, Clone)]
+pub struct Stores {
+    pub paydb: Arc<MemPaydb>,
+    pub lockdb: Arc<MemLockStore>,
+}
+
+impl Stores {
+    pub fn of(w: &World) -> Stores {
+        Stores { paydb: w.paydb.clone(), lockdb: w.locks.clone() }
+    }
+
+    /// Every event `stream`'s store ever committed that it streams (purged ones included),
+    /// in seq order: the ground truth the stream is judged against.
+    pub fn truth(&self, stream: Stream) -> Vec<StoredEvent> {
+        let all = match stream {
+            Stream::Payment | Stream::Rail => {
+                self.paydb.with_tables(|t| t.rail.events.history().cloned().collect()).unwrap_or_default()
+            }
+            Stream::Lock => self.lockdb.event_history(),
+        };
+        all.into_iter().filter(|e| stream.carries(e.kind)).collect()
+    }
+
+    /// The highest seq the retention purge of `stream`'s store has deleted.
+    pub async fn purged_through(&self, stream: Stream) -> i64 {
+        match stream {
+            Stream::Payment | Stream::Rail => {
+                self.paydb.with_tables(|t| t.rail.events.read(i64::MAX, 0).purged_through).unwrap_or(0)
+            }
+            Stream::Lock => self.lockdb.read_events(i64::MAX, 0).await.map_or(0, |r| r.purged_through),
+        }
+    }
+}
 
 /// Invariant ids (see the module doc).
 pub mod ids {
@@ -70,11 +202,11 @@ pub mod ids {
     pub const STREAM_ONLY_COMMITTED: &str = "stream_only_committed";
     pub const STREAM_DEDUPES_BY_ID: &str = "stream_dedupes_by_id";
     pub const OUTBOX_MATCHES_TABLES: &str = "outbox_matches_tables";
-    /// Liveness: the watcher reached paydb's last event once faults stopped.
+    /// Liveness: a client reached its stream's last event once faults stopped.
     pub const STREAM_CATCHES_UP: &str = "stream_catches_up";
 }
 
-/// What the watcher received.
+/// What one stream's client received.
 #[derive(Debug, Default, Clone)]
 pub struct Watched {
     /// After deduplication, in arrival order.
@@ -92,7 +224,7 @@ pub struct Watched {
     pub disorder: Vec<String>,
 }
 
-/// The watcher's record, shared with the checks.
+/// One client's record, shared with the checks.
 #[derive(Debug, Clone, Default)]
 pub struct WatchLog(Arc<Mutex<Watched>>);
 
@@ -134,20 +266,39 @@ pub fn take_frames(buf: &mut String) -> Vec<Frame> {
     out
 }
 
-/// Starts the watcher on its node (added to `w`); it runs until the world stops.
-pub fn start_watcher(w: &mut crate::world::World) -> WatchLog {
-    let node = w.add_node(WATCHER_NODE);
-    let log = WatchLog::default();
-    let l = log.clone();
-    node.spawn(async move { watch(l).await });
-    log
+/// The clients the watcher runs, each with its record.
+#[derive(Debug, Clone, Default)]
+pub struct Watchers(pub Vec<(Stream, WatchLog)>);
+
+impl Watchers {
+    /// The record of `stream`'s client, if the watcher runs one.
+    pub fn log(&self, stream: Stream) -> Option<&WatchLog> {
+        self.0.iter().find(|(s, _)| *s == stream).map(|(_, l)| l)
+    }
 }
 
-async fn watch(log: WatchLog) {
-    let base = crate::world::node_url(WATCHED_NODE);
+/// Starts the watcher on its node (added to `w`): one client task per stream of `streams`
+/// ([`Stream::judged_in`] `w` only); each runs until the world stops.
+pub fn start_watcher(w: &mut World, streams: &[Stream]) -> Watchers {
+    let streams: Vec<Stream> = streams.iter().copied().filter(|s| s.judged_in(w)).collect();
+    let stores = Stores::of(w);
+    let node = w.add_node(WATCHER_NODE);
+    let mut out = Watchers::default();
+    for stream in streams {
+        let log = WatchLog::default();
+        let (l, st) = (log.clone(), stores.clone());
+        node.spawn(async move { watch(stream, l, st).await });
+        out.0.push((stream, log));
+    }
+    out
+}
+
+async fn watch(stream: Stream, log: WatchLog, stores: Stores) {
+    let base = crate::world::node_url(stream.node());
     // A reader: the stream needs no more (C3 §3.1.2).
     let bearer = dlock_rt::http::Bearer::fixed(dlock_contract::auth::Secret::new(dlock_testkit::auth::READER_TOKEN));
     let client = HttpClient::new(WATCH_CONNECT_MS, WATCH_READ_MS).with_bearer(Some(bearer));
+    let clock = dlock_rt::Clock::system();
     let mut cursor: Option<String> = None;
     let mut naps_left = WATCH_NAPS;
     let draw = |lo: u64, hi: u64| lo + dlock_rt::rand::random_u64() % (hi - lo + 1);
@@ -192,14 +343,16 @@ async fn watch(log: WatchLog) {
         }
         let mut buf = String::new();
         let mut last = resumed;
+        // `(stay, away, until the purge passed the cursor)`.
         let nap = (naps_left > 0).then(|| {
+            let first = naps_left == WATCH_NAPS;
             naps_left -= 1;
-            (draw(WATCH_STAY_MS_MIN, WATCH_STAY_MS_MAX), draw(WATCH_NAP_MS_MIN, WATCH_NAP_MS_MAX))
+            (draw(WATCH_STAY_MS_MIN, WATCH_STAY_MS_MAX), draw(WATCH_NAP_MS_MIN, WATCH_NAP_MS_MAX), first)
         });
-        let connected = madsim::time::Instant::now();
+        let connected = clock.now();
         'conn: loop {
             let idle = match nap {
-                Some((stay, _)) => {
+                Some((stay, _, _)) => {
                     let left = stay.saturating_sub(connected.elapsed().as_millis() as u64);
                     if left == 0 {
                         break 'conn;
@@ -262,8 +415,23 @@ async fn watch(log: WatchLog) {
             }
         }
         drop(res);
-        let pause = nap.map_or(WATCH_RECONNECT_MS, |(_, away)| away);
-        dlock_rt::sleep(Duration::from_millis(pause)).await;
+        match nap {
+            Some((_, _, true)) => {
+                // The first nap: away until the purge has passed the cursor, then one more
+                // tail of the hub so it has seen the purge too.
+                let through = log.snapshot().through;
+                let (poll, max) =
+                    (Duration::from_millis(WATCH_PURGE_POLL_MS), Duration::from_millis(WATCH_PURGE_NAP_MS_MAX));
+                let _ = dlock_rt::wait_until(poll, max, || {
+                    let stores = stores.clone();
+                    async move { (stores.purged_through(stream).await > through).then_some(()) }
+                })
+                .await;
+                dlock_rt::sleep(Duration::from_millis(2 * dlock_contract::stream::EVENT_POLL_MS)).await;
+            }
+            Some((_, away, false)) => dlock_rt::sleep(Duration::from_millis(away)).await,
+            None => dlock_rt::sleep(Duration::from_millis(WATCH_RECONNECT_MS)).await,
+        }
     }
 }
 
@@ -289,44 +457,64 @@ async fn snapshot(client: &HttpClient, base: &dlock_rt::http::BaseUrl) -> Option
     Some((cursor, seq, events))
 }
 
-/// Waits (bounded) until the watcher has been brought to paydb's last streamed event.
-pub async fn catch_up(log: &WatchLog, paydb: &MemPaydb) -> bool {
-    let last = streamed(paydb).last().map_or(0, |e| e.seq);
-    dlock_rt::wait_until(Duration::from_millis(200), Duration::from_millis(WATCH_CATCH_UP_MS_MAX), || {
-        let through = log.snapshot().through;
-        async move { (through >= last).then_some(()) }
-    })
+/// Waits (bounded, [`WATCH_CATCH_UP_MS_MAX`]) until `stream`'s client has been brought to
+/// the stream's last event.
+pub async fn catch_up(log: &WatchLog, stream: Stream, stores: &Stores) -> bool {
+    let last = stores.truth(stream).last().map_or(0, |e| e.seq);
+    dlock_rt::wait_until(
+        Duration::from_millis(WATCH_CATCH_UP_POLL_MS),
+        Duration::from_millis(WATCH_CATCH_UP_MS_MAX),
+        || {
+            let through = log.snapshot().through;
+            async move { (through >= last).then_some(()) }
+        },
+    )
     .await
     .is_some()
 }
 
-/// paydb's events the payment-resource streams (every kind but the rail's), in seq order.
-pub fn streamed(paydb: &MemPaydb) -> Vec<StoredEvent> {
-    paydb.with_tables(|t| t.rail.events.history().filter(|e| !e.kind.is_rail()).cloned().collect()).unwrap_or_default()
+/// Every client's invariants, stream by stream, each waited for first ([`catch_up`]).
+pub async fn judge(watchers: &Watchers, w: &World) -> Vec<Failure> {
+    let stores = Stores::of(w);
+    let mut out = Vec::new();
+    for (stream, log) in &watchers.0 {
+        let caught_up = catch_up(log, *stream, &stores).await;
+        out.extend(failures(*stream, log, &stores.truth(*stream), caught_up));
+    }
+    out
 }
 
-/// The watcher's invariants against paydb (see the module doc).
-pub fn failures(log: &WatchLog, paydb: &MemPaydb, caught_up: bool) -> Vec<Failure> {
+/// One client's invariants against `truth`, its stream's events as the store committed them
+/// ([`Stores::truth`]; see the module doc). Each failure's detail starts with
+/// [`Stream::label`].
+pub fn failures(stream: Stream, log: &WatchLog, truth: &[StoredEvent], caught_up: bool) -> Vec<Failure> {
     let w = log.snapshot();
+    let named = |detail: String| format!("{}: {detail}", stream.label());
     let mut out = Vec::new();
-    for d in w.disorder.iter().take(3) {
-        out.push(Failure::correctness(ids::STREAM_IN_COMMIT_ORDER, d.clone()));
+    for d in w.disorder.iter().take(WATCH_FAILURES_PER_KIND_MAX) {
+        out.push(Failure::correctness(ids::STREAM_IN_COMMIT_ORDER, named(d.clone())));
     }
-    let truth: BTreeMap<i64, StoredEvent> = streamed(paydb).into_iter().map(|e| (e.seq, e)).collect();
+    let truth: BTreeMap<i64, &StoredEvent> = truth.iter().map(|e| (e.seq, e)).collect();
     let mut got: BTreeSet<i64> = BTreeSet::new();
     for e in &w.applied {
-        if e.event_id != format!("{}/{}", dlock_paydb::events::STREAM, e.seq) || !got.insert(e.seq) {
+        if e.event_id != format!("{}/{}", stream.store(), e.seq) || !got.insert(e.seq) {
             out.push(Failure::correctness(
                 ids::STREAM_DEDUPES_BY_ID,
-                format!("event id {} at seq {} repeats or names another seq", e.event_id, e.seq),
+                named(format!("event id {} at seq {} repeats or names another seq", e.event_id, e.seq)),
             ));
             break;
         }
-        let same = truth.get(&e.seq).map(|t| WireEvent::of(dlock_paydb::events::STREAM, t));
+        let same = truth.get(&e.seq).map(|t| WireEvent::of(stream.store(), t));
         if same.as_ref() != Some(e) {
             out.push(Failure::correctness(
                 ids::STREAM_ONLY_COMMITTED,
-                format!("received {} {} at seq {}, paydb has {:?}", e.kind, e.event_id, e.seq, same.map(|s| s.kind)),
+                named(format!(
+                    "received {} {} at seq {}, the store has {:?}",
+                    e.kind,
+                    e.event_id,
+                    e.seq,
+                    same.map(|s| s.kind)
+                )),
             ));
             break;
         }
@@ -337,18 +525,18 @@ pub fn failures(log: &WatchLog, paydb: &MemPaydb, caught_up: bool) -> Vec<Failur
     if let Some(first) = missed.first() {
         out.push(Failure::correctness(
             ids::STREAM_NEVER_GAPS,
-            format!(
+            named(format!(
                 "{} committed events up to seq {} never reached the watcher, the first seq {first} ({})",
                 missed.len(),
                 w.through,
                 truth.get(first).map_or("?", |e| e.kind.as_str())
-            ),
+            )),
         ));
     }
     if !caught_up {
         out.push(Failure::liveness(
             ids::STREAM_CATCHES_UP,
-            format!("the watcher reached seq {} of {}", w.through, truth.keys().last().copied().unwrap_or(0)),
+            named(format!("the watcher reached seq {} of {}", w.through, truth.keys().last().copied().unwrap_or(0))),
         ));
     }
     out

@@ -20,6 +20,11 @@
 //! forger's equal-token replays present one (`scenarios/equal-token-at-the-mark.toml` still
 //! does, for `sim/tests/shrink.rs`).
 //!
+//! The stream plants (`cursor-one-past`, `no-resync-after-retention`) live in the stream
+//! code every service shares (`dlock_http::stream`), so each is also found stream by stream
+//! ([`the_watcher_finds_on`]): on the lock server's stream and on the rail-proxy's, each
+//! failure naming its stream, with the same four steps over the seeds that watch it.
+//!
 //! docs/simulation.md ("Planted bugs") has the table of seeds each bug took.
 //! `DLOCK_SIM_JOBS` sets the worker threads.
 #![allow(
@@ -30,7 +35,9 @@
 
 use dlock_rt::planted::Bug;
 use dlock_sim::campaign::{self, RunOptions};
-use dlock_sim::outcome::{FailureClass, SeedOutcome};
+use dlock_sim::outcome::{Failure, FailureClass, SeedOutcome};
+use dlock_sim::swarm::{Backend, SwarmConfig};
+use dlock_sim::watcher::Stream;
 
 /// Seeds a campaign may take to find a planted bug (issue 11).
 const SEEDS_MAX: u64 = 200;
@@ -377,6 +384,128 @@ fn a_batch_that_ignores_its_account_is_found_as_a_write_outside_its_account() {
 #[test]
 fn a_payouts_list_that_hides_rows_stamped_ahead_is_found_as_payouts_never_settled() {
     the_campaign_finds(Bug::P1HidesAhead);
+}
+
+/// A claim's events written though the claim rolled back: paydb's outbox no longer
+/// replays to its tables.
+#[test]
+fn events_written_outside_their_transaction_are_found_as_an_outbox_that_contradicts_its_tables() {
+    the_campaign_finds(Bug::EventOutsideTxn);
+}
+
+/// A resume one seq past the cursor: the watcher misses the first event after it.
+#[test]
+fn a_stream_resuming_one_past_its_cursor_is_found_as_a_gap() {
+    the_campaign_finds(Bug::CursorOnePast);
+}
+
+/// A cursor the purge passed, resumed instead of answered `resync_required`: the watcher,
+/// back from a nap, never gets the purged events.
+#[test]
+fn a_stream_resuming_a_purged_cursor_is_found_as_a_gap() {
+    the_campaign_finds(Bug::NoResyncAfterRetention);
+}
+
+// ---------------------------------------------------------------------------------------
+// The stream plants, stream by stream
+// ---------------------------------------------------------------------------------------
+
+/// Seeds a campaign may take to find a stream plant on one given stream (only the seeds
+/// whose draw watches that stream are run).
+const STREAM_SEEDS_MAX: u64 = 400;
+
+/// Whether seed `seed`'s draw watches `stream` (the watcher plays, and the lock server's
+/// stream needs the simulation lockdb).
+fn watches(seed: u64, stream: Stream) -> bool {
+    let cfg = SwarmConfig::draw(seed);
+    cfg.watcher && (stream != Stream::Lock || cfg.backend == Backend::Mem)
+}
+
+/// Whether `f` is `bug`'s invariant broken on `stream` (its detail names the stream).
+fn broken_on(f: &Failure, c: &Control, stream: Stream) -> bool {
+    f.class == FailureClass::Correctness && f.invariant == c.invariant && f.detail.starts_with(&stream.label())
+}
+
+/// The stream plants live in the shared stream code (`dlock_http::stream`), so each must
+/// be found on every stream it applies to, not only the first one that shows it: the lowest
+/// seed (of those watching `stream`, in rounds of `jobs()`) whose failures break the bug's
+/// invariant on `stream`; then, as [`the_campaign_finds`], nothing the row does not name
+/// breaks, the seed replays to the same failures and trace, and without the bug it is clean.
+fn the_watcher_finds_on(bug: Bug, stream: Stream) {
+    let c = control(bug);
+    let opts = options(c, Some(bug));
+    let seeds: Vec<u64> = (1..=STREAM_SEEDS_MAX).filter(|s| watches(*s, stream)).collect();
+    let started = std::time::Instant::now();
+    let mut found = None;
+    for round in seeds.chunks(jobs().max(1)) {
+        let hits = std::sync::Mutex::new(Vec::new());
+        campaign::for_each_seed(round, round.len(), &|seed| {
+            let o = campaign::run_seed(seed, &opts);
+            if o.failures.iter().any(|f| broken_on(f, c, stream)) {
+                if let Ok(mut h) = hits.lock() {
+                    h.push(o);
+                }
+            }
+        });
+        let mut hits = hits.into_inner().unwrap_or_else(|e| e.into_inner());
+        hits.sort_by_key(|o| o.seed);
+        if let Some(o) = hits.into_iter().next() {
+            found = Some(o);
+            break;
+        }
+    }
+    let Some(found) = found else {
+        panic!("bug {bug} planted: not found on the {} within {} watching seeds", stream.label(), seeds.len());
+    };
+    let seed = found.seed;
+    eprintln!(
+        "planted {bug}: found on the {} at seed {seed} ({:.1} s): {}",
+        stream.label(),
+        started.elapsed().as_secs_f64(),
+        found.failures.iter().map(|f| f.line(seed)).collect::<Vec<_>>().join("; ")
+    );
+    let names: Vec<(FailureClass, &str)> = found.failures.iter().map(|f| (f.class, f.invariant)).collect();
+    assert!(
+        names
+            .iter()
+            .all(|(class, name)| *class == FailureClass::Correctness && *name == c.invariant || c.also.contains(name)),
+        "bug {bug}, seed {seed}: expected only {} (and {:?}) to break, found {names:?}",
+        c.invariant,
+        c.also
+    );
+    let again = campaign::run_seed(seed, &opts);
+    assert_eq!(again.failures, found.failures, "bug {bug}, seed {seed}: the replay failed differently");
+    assert_eq!(again.trace, found.trace, "bug {bug}, seed {seed}: the replay's trace differs");
+    let clean = campaign::run_seed(seed, &options(c, None));
+    assert!(clean.failures.is_empty(), "seed {seed} with nothing planted: {:?}", clean.failures);
+    assert_eq!(dlock_rt::planted::current(), None, "the bug leaked past its seed");
+}
+
+/// lockdb's stream resumes through the same hub: a resume one past the cursor skips a lock
+/// event, which the lock server's stream is judged for against lockdb's outbox.
+#[test]
+fn a_stream_resuming_one_past_its_cursor_is_found_on_the_lock_servers_stream() {
+    the_watcher_finds_on(Bug::CursorOnePast, Stream::Lock);
+}
+
+/// lockdb's purge passes a napping client's cursor; resumed anyway, it never gets the
+/// purged lock events.
+#[test]
+fn a_stream_resuming_a_purged_cursor_is_found_on_the_lock_servers_stream() {
+    the_watcher_finds_on(Bug::NoResyncAfterRetention, Stream::Lock);
+}
+
+/// The rail-proxy's selection of paydb's events: a skipped `rail.*` event is a gap.
+#[test]
+fn a_stream_resuming_one_past_its_cursor_is_found_on_the_rail_proxys_stream() {
+    the_watcher_finds_on(Bug::CursorOnePast, Stream::Rail);
+}
+
+/// paydb's purge passes the rail-proxy client's cursor; resumed anyway, it never gets the
+/// purged `rail.*` events.
+#[test]
+fn a_stream_resuming_a_purged_cursor_is_found_on_the_rail_proxys_stream() {
+    the_watcher_finds_on(Bug::NoResyncAfterRetention, Stream::Rail);
 }
 
 /// Every bug has exactly one control, in the issue's order.

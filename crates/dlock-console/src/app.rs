@@ -761,13 +761,41 @@ async fn lock_info(c: &Console, key: &str, token: &Secret) -> Fetched<Option<Val
     }
 }
 
+/// One page of the keys the lock server holds (C3-extensions E-23), after the key `after`.
+async fn held_keys(c: &Console, after: Option<&str>, token: &Secret) -> Fetched<Value> {
+    let path = match after {
+        Some(a) => format!("/v1/locks?after={}", pct(a)),
+        None => "/v1/locks".to_owned(),
+    };
+    upstream::get(&c.cfg.lock_url, &path, token).await.map_err(shown)
+}
+
 async fn locks(State(c): State<Arc<Console>>, headers: HeaderMap, RawQuery(q): RawQuery) -> Response {
     let Some((_, s)) = c.current(&headers) else { return redirect("/login") };
     let q = query_of(q);
     let key = nonempty(&q, "key");
     let v = viewer(&s);
     let (status, main, live) = match key.as_deref() {
-        None => (StatusCode::OK, pages::locks(&v, None, None, None, None, None), None),
+        // No key: the keys the lock server holds (E-23), a page from the cursor `after`.
+        None => match nonempty(&q, "after") {
+            Some(a) if !dlock_contract::lock::is_lock_key(&a) => (
+                StatusCode::BAD_REQUEST,
+                pages::locks(
+                    &v,
+                    None,
+                    None,
+                    None,
+                    Some("A page cursor is a lock key: 1 to 128 characters of [a-zA-Z0-9:._-]."),
+                    None,
+                ),
+                None,
+            ),
+            after => {
+                let held = held_keys(&c, after.as_deref(), &s.token).await;
+                let main = pages::locks(&v, None, None, None, None, None) + &pages::held_keys(&held, after.is_some());
+                (StatusCode::OK, main, None)
+            }
+        },
         Some(k) if !dlock_contract::lock::is_lock_key(k) => (
             StatusCode::BAD_REQUEST,
             pages::locks(&v, Some(k), None, None, Some("A lock key is 1 to 128 characters of [a-zA-Z0-9:._-]."), None),

@@ -158,8 +158,59 @@ pub fn describe(e: &Value) -> String {
             f("newTokenFloor"),
             f("reason")
         ),
+        "reconciler.finding" => {
+            let class = match str_of(&d, "class") {
+                Some(_) => format!(" (the rail's record: {})", f("class")),
+                None => String::new(),
+            };
+            match str_of(&d, "status") {
+                Some("cleared") => format!(
+                    "The reconciler no longer finds <strong>{}</strong>{class} (run <span class=\"mono\">{}</span>)",
+                    f("finding"),
+                    f("runId")
+                ),
+                _ => format!(
+                    "<strong class=\"bad\">The reconciler found {}</strong> ({}){class}: {} (run \
+                     <span class=\"mono\">{}</span>)",
+                    f("finding"),
+                    f("severity"),
+                    f("detail"),
+                    f("runId")
+                ),
+            }
+        }
         other => format!("{}: <span class=\"mono\">{}</span>", esc(other), esc(&d.to_string())),
     }
+}
+
+/// The reconciler's verdict on one payout, from its `reconciler.finding` events (oldest
+/// first): the findings still open, each the latest event of its `findingKey`.
+pub fn reconciler_verdict(events: &[Value]) -> String {
+    let mut latest: std::collections::BTreeMap<String, &Value> = std::collections::BTreeMap::new();
+    let mut any = false;
+    for e in events.iter().filter(|e| str_of(e, "kind") == Some("reconciler.finding")) {
+        any = true;
+        let key = e.get("data").and_then(|d| str_of(d, "findingKey")).unwrap_or_default().to_owned();
+        latest.insert(key, e);
+    }
+    let open: Vec<&&Value> =
+        latest.values().filter(|e| e.get("data").and_then(|d| str_of(d, "status")) == Some("open")).collect();
+    let mut s = String::from("<section aria-labelledby=\"verdict\"><h2 id=\"verdict\">The reconciler's verdict</h2>");
+    if open.is_empty() {
+        s.push_str(if any {
+            "<p>Every finding the reconciler recorded for this payout has cleared.</p>"
+        } else {
+            "<p>The reconciler has recorded no finding for this payout (among the events kept).</p>"
+        });
+    } else {
+        s.push_str("<ul class=\"verdict\">");
+        for e in open {
+            s.push_str(&format!("<li><span class=\"when mono\">{}</span> {}</li>", field(e, "at"), describe(e)));
+        }
+        s.push_str("</ul>");
+    }
+    s.push_str("</section>");
+    s
 }
 
 fn event_class(e: &Value) -> &'static str {
@@ -167,6 +218,8 @@ fn event_class(e: &Value) -> &'static str {
         "fence.refused" | "rail.refused" => "ev bad",
         "fence.raised" | "rail.mark_raised" => "ev fence",
         "rail.intent" | "rail.outcome" => "ev rail",
+        "reconciler.finding" if e.get("data").and_then(|d| str_of(d, "status")) == Some("cleared") => "ev",
+        "reconciler.finding" => "ev bad",
         _ => "ev",
     }
 }
@@ -470,10 +523,14 @@ pub fn payout(id: &str, p: &Fetched<Value>, events: &Fetched<Vec<Value>>) -> Str
             s.push_str(&submissions_table(p));
         }
     }
+    if let Ok(list) = events {
+        s.push_str(&reconciler_verdict(list));
+    }
     s.push_str("<section aria-labelledby=\"story\"><h2 id=\"story\">Story</h2>");
     s.push_str(
         "<p class=\"hint\">Created → claim (the fence rises to the grant's token) → intent (recorded before the \
-         rail call) → outcome → post. Every fenced-out write is shown where it happened.</p>",
+         rail call) → outcome → post. Every fenced-out write is shown where it happened, and every finding \
+         the reconciler recorded.</p>",
     );
     match events {
         Err(e) => s.push_str(&failed("The payout's events", e)),
@@ -767,6 +824,48 @@ pub fn locks(
     }
     if let Some(h) = history {
         s.push_str(&events_table("The key's recent history on the lock server, oldest first", h));
+    }
+    s
+}
+
+/// `/locks` without a key: one page of the keys the lock server holds (C3-extensions
+/// E-23), each linked to its own view, with a link to the next page. `paged`: this page
+/// follows another (a link back to the first).
+pub fn held_keys(page: &Fetched<Value>, paged: bool) -> String {
+    let v = match page {
+        Ok(v) => v,
+        Err(e) => return failed("The held keys", e),
+    };
+    let ms = |item: &Value, k: &str| item.get(k).and_then(Value::as_i64).map(duration_text);
+    let items = v.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|item| {
+            let key = str_of(item, "key").unwrap_or_default();
+            let held = item.get("held").and_then(Value::as_bool).unwrap_or(false);
+            vec![
+                format!("<a class=\"mono\" href=\"/locks?key={}\">{}</a>", esc(&pct(key)), esc(key)),
+                (if held { "yes" } else { "no: lapsed, not yet removed" }).to_owned(),
+                format!("<span class=\"mono\">{}</span>", field(item, "ownerId")),
+                format!("<span class=\"mono\">{}</span>", field(item, "fencingToken")),
+                esc(&ms(item, "leaseRemainingMs").unwrap_or_else(|| "—".to_owned())),
+                esc(&ms(item, "lockDelayRemainingMs").unwrap_or_else(|| "none running".to_owned())),
+                format!("<span class=\"mono\">{}</span>", field(item, "tokenFloor")),
+            ]
+        })
+        .collect();
+    let head = ["Key", "Held", "Holder (owner id)", "Token", "Lease remaining", "Lock-delay remaining", "Token floor"];
+    let mut s = table("Keys with a stored grant, in key order (the lock server's judgement)", &head, &rows);
+    let mut links = Vec::new();
+    if paged {
+        links.push("<a class=\"button\" href=\"/locks\">First page</a>".to_owned());
+    }
+    if let Some(next) = str_of(v, "nextCursor") {
+        let href = format!("/locks?after={}", pct(next));
+        links.push(format!("<a class=\"button\" href=\"{}\" rel=\"next\">Next page</a>", esc(&href)));
+    }
+    if !links.is_empty() {
+        s.push_str(&format!("<p>{}</p>", links.join(" ")));
     }
     s
 }

@@ -58,6 +58,12 @@ fn events() -> Value {
         event(7, "rail.refused", json!({"submissionId": x, "presentedToken": 6, "ownerId": x, "outcome": "FENCED"})),
         event(8, "operator.resolution", json!({"resolutionId": x, "resolvedAs": x, "operator": x, "reason": x, "railReference": x})),
         event(9, x, json!({"anything": x})),
+        event(10, "reconciler.finding", json!({"status": "open", "finding": "DOUBLE_PAYMENT", "severity": "incident",
+            "detail": x, "runId": x, "findingKey": "DOUBLE_PAYMENT|p"})),
+        event(11, "reconciler.finding", json!({"status": "open", "finding": "AMBIGUOUS_PAYOUT", "severity": "warning",
+            "class": x, "detail": x, "runId": x, "findingKey": "AMBIGUOUS_PAYOUT|p"})),
+        event(12, "reconciler.finding", json!({"status": "cleared", "finding": "AMBIGUOUS_PAYOUT",
+            "severity": "warning", "class": "PAID", "detail": x, "runId": "run-2", "findingKey": "AMBIGUOUS_PAYOUT|p"})),
     ]})
 }
 
@@ -107,6 +113,18 @@ async fn fake(State(log): State<Log>, headers: HeaderMap, req: Request) -> Respo
         }
         ("GET", p) if p == format!("/v1/payouts/{PAYOUT}") => ok(payout_body()),
         ("GET", "/v1/events/recent") => ok(events()),
+        // E-23: a held key, a lapsed one with a hostile key, and a next page from the first.
+        ("GET", "/v1/locks") => {
+            let mut page = json!({"items": [
+                {"key": KEY, "held": true, "ownerId": XSS, "fencingToken": 42, "waiterCount": 0,
+                    "leaseRemainingMs": 8_540, "tokenFloor": 57},
+                {"key": XSS, "held": false, "waiterCount": 0, "lockDelayRemainingMs": 300, "tokenFloor": 57},
+            ]});
+            if !query.contains("after=") {
+                page["nextCursor"] = json!(XSS);
+            }
+            ok(page)
+        }
         ("GET", p) if p.starts_with("/v1/locks/") => ok(json!({
             "key": KEY, "held": true, "ownerId": XSS, "fencingToken": 42,
             "acquiredAt": "2026-01-01T00:00:00.000Z", "expiresAt": "2026-01-01T00:00:10.000Z", "waiterCount": 1,
@@ -609,6 +627,32 @@ async fn the_locks_page_shows_the_servers_judgement_the_floor_and_the_keys_histo
     assert_eq!(history.count(), 2, "the watermark and the history, both of the key: {asked:?}");
 }
 
+/// The Locks page without a key (C3-extensions E-23): the keys the lock server holds, each
+/// linked to its own view, with the server's judgement, and a next page from the cursor.
+#[tokio::test]
+async fn the_locks_page_without_a_key_lists_the_held_keys_with_the_servers_judgement_and_pages_on() {
+    let rig = rig().await;
+    let (cookie, _) = rig.login(RD).await;
+    let page = body(&rig.get("/locks", Some(&cookie)).await);
+    let escaped = dlock_console::html::esc(XSS);
+    let hostile = dlock_console::html::pct(XSS);
+    assert!(page.contains("<a class=\"mono\" href=\"/locks?key=payout%3Aacct-1\">payout:acct-1</a>"), "{page}");
+    assert!(page.contains(&format!("<td><span class=\"mono\">{escaped}</span></td><td><span class=\"mono\">42</span></td><td>8.5 s</td><td>none running</td>")), "{page}");
+    assert!(page.contains(&format!("href=\"/locks?key={hostile}\">{escaped}</a>")), "a hostile key, escaped: {page}");
+    assert!(page.contains("<td>no: lapsed, not yet removed</td>") && page.contains("<td>300 ms</td>"), "{page}");
+    assert!(page.contains(&format!("href=\"/locks?after={hostile}\" rel=\"next\">Next page</a>")), "{page}");
+    assert!(!page.contains(XSS) && !page.contains("<img"), "{page}");
+    let next = body(&rig.get(&format!("/locks?after={}", dlock_console::html::pct(KEY)), Some(&cookie)).await);
+    assert!(!next.contains("rel=\"next\"") && next.contains("href=\"/locks\">First page</a>"), "{next}");
+    let asked: Vec<String> = rig.log.lock().expect("log").iter().map(|s| s.path.clone()).collect();
+    assert!(
+        asked.contains(&"/v1/locks?".to_owned()) && asked.contains(&"/v1/locks?after=payout%3Aacct-1".to_owned()),
+        "{asked:?}"
+    );
+    let r = rig.get(&format!("/locks?after={hostile}"), Some(&cookie)).await;
+    assert_eq!(r.status, 400, "a cursor that is no key is refused before the lock server");
+}
+
 #[tokio::test]
 async fn the_assets_are_embedded_and_served_with_long_cache_headers() {
     let rig = rig().await;
@@ -809,4 +853,22 @@ async fn a_refused_resolve_shows_the_envelopes_message_and_a_lost_answer_says_th
         assert!(!p.to_lowercase().contains("retry"), "no page offers a retry");
     }
     assert_eq!(rig.resolutions().len(), 3, "each form was sent once, never again by the console");
+}
+
+#[tokio::test]
+async fn the_payout_page_shows_the_reconcilers_open_findings_as_its_verdict_and_each_finding_in_the_story() {
+    let rig = rig().await;
+    let (cookie, _) = rig.login(RD).await;
+    let page = body(&rig.get(&format!("/payouts/{PAYOUT}"), Some(&cookie)).await);
+    let verdict = page
+        .split("<h2 id=\"verdict\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</section>").next())
+        .expect("a verdict section");
+    // The double payment is still open; the ambiguity was cleared by the later run.
+    assert!(verdict.contains("The reconciler found DOUBLE_PAYMENT"), "{verdict}");
+    assert!(!verdict.contains("AMBIGUOUS_PAYOUT"), "a cleared finding is not in the verdict: {verdict}");
+    let story = page.split("<h2 id=\"story\">").nth(1).expect("a story");
+    assert!(story.contains("The reconciler no longer finds <strong>AMBIGUOUS_PAYOUT</strong>"), "{story}");
+    assert!(!page.contains(XSS));
 }

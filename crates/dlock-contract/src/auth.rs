@@ -123,6 +123,7 @@ pub const LOCK_SERVER_ROUTES: &[RouteRule] = &[
     rule("DELETE", "/v1/locks/{key}", W),
     rule("POST", "/v1/locks/{key}/revoke", O),
     rule("GET", "/v1/locks/{key}", R),
+    rule("GET", "/v1/locks", R),
     rule("GET", "/v1/events", R),
     rule("GET", "/v1/events/recent", R),
 ];
@@ -467,6 +468,8 @@ mod tests {
         assert_eq!(need_for(lock(), "POST", "/v1/locks/a/acquire"), Need::Role(Role::Worker));
         assert_eq!(need_for(lock(), "POST", "/v1/locks/a/revoke"), Need::Role(Role::Operator));
         assert_eq!(need_for(lock(), "GET", "/v1/locks/a?x=1"), Need::Read);
+        assert_eq!(need_for(lock(), "GET", "/v1/locks?prefix=a"), Need::Read);
+        assert_eq!(need_for(lock(), "POST", "/v1/locks"), Need::Nobody);
         assert_eq!(need_for(lock(), "DELETE", "/v1/locks/a"), Need::Role(Role::Worker));
         assert_eq!(need_for(lock(), "GET", "/health/live"), Need::Open);
         assert_eq!(need_for(lock(), "HEAD", "/health/ready"), Need::Open);

@@ -20,6 +20,12 @@ pub const LOCK_KEY_CHARS_MAX: usize = 128;
 pub const REVOKE_REASON_CHARS_MIN: usize = 8;
 /// Longest revoke reason and operator name.
 pub const REVOKE_TEXT_CHARS_MAX: usize = 512;
+/// Keys one page of `GET /v1/locks` answers when the query names no `limit`
+/// (C3-extensions E-23).
+pub const LOCK_LIST_ITEMS_DEFAULT: usize = 100;
+/// Largest `limit` of `GET /v1/locks` (C3-extensions E-23).
+pub const LOCK_LIST_ITEMS_MAX: usize = 500;
+const _: () = assert!(1 <= LOCK_LIST_ITEMS_DEFAULT && LOCK_LIST_ITEMS_DEFAULT <= LOCK_LIST_ITEMS_MAX);
 
 /// Whether `key` is 1 to 128 characters of `[a-zA-Z0-9:._-]` (C3 L4).
 pub fn is_lock_key(key: &str) -> bool {
@@ -101,6 +107,17 @@ pub struct LockInfo {
     /// floor is too): the highest token issued, or reserved by a revoke.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_floor: Option<i64>,
+}
+
+/// `200` body of `GET /v1/locks` (C3-extensions E-23): one page of the keys with a stored
+/// grant, in key order, each exactly as L7 answers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockList {
+    pub items: Vec<LockInfo>,
+    /// The `after` of the next page: absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
 }
 
 /// `200` body of `POST /v1/locks/{key}/revoke` (L8), the `LockOutcome` record of C2 §2.3.

@@ -19,7 +19,8 @@ use serde::{Deserialize, Serialize};
 
 /// The store-written event kinds. paydb's are written by triggers
 /// (`migrations/paydb/*/20261207100000_create_events.sql`), `fence.refused` by the
-/// payment-resource's store in a transaction of its own. lockdb's ([`EventKind::is_lock`])
+/// payment-resource's store in a transaction of its own, `reconciler.finding` by the
+/// reconciler in the transaction that records its findings. lockdb's ([`EventKind::is_lock`])
 /// are written in the transaction of the change: by triggers on SQL
 /// (`migrations/lockdb/*/20261207110000_create_events.sql`), in the change's txn on etcd,
 /// under the store's lock in memory.
@@ -50,11 +51,15 @@ pub enum EventKind {
     SessionOpened,
     /// A lapsed session marked expired by the reaper (its grants expire with it).
     SessionExpired,
+    /// A reconciliation run found a problem that the last recorded run had not (`status`
+    /// `open`), or no longer finds one it had recorded (`cleared`). Written by the
+    /// reconciler in the transaction that records its findings in paydb.
+    ReconcilerFinding,
 }
 
 impl EventKind {
     /// Every kind, in wire order.
-    pub const ALL: [EventKind; 17] = [
+    pub const ALL: [EventKind; 18] = [
         EventKind::AccountCreated,
         EventKind::PayoutCreated,
         EventKind::PayoutStateChanged,
@@ -72,6 +77,7 @@ impl EventKind {
         EventKind::LockRevoked,
         EventKind::SessionOpened,
         EventKind::SessionExpired,
+        EventKind::ReconcilerFinding,
     ];
 
     /// The wire name (the `kind` column, the SSE `event:` field).
@@ -94,6 +100,7 @@ impl EventKind {
             EventKind::LockRevoked => "lock.revoked",
             EventKind::SessionOpened => "session.opened",
             EventKind::SessionExpired => "session.expired",
+            EventKind::ReconcilerFinding => "reconciler.finding",
         }
     }
 

@@ -1,9 +1,13 @@
-//! HTTP surface of the lock server (C3 §3.3, L1–L8; rotate, C3-extensions E-18), health and
-//! metrics.
+//! HTTP surface of the lock server (C3 §3.3, L1–L8; rotate, C3-extensions E-18; the list of
+//! held keys, E-23), health and metrics.
+//!
+//! Invariant: L7 and the list answer a key with one body ([`lock_info`]) from one judgement
+//! ([`crate::rules::judge_key`]), so they cannot disagree on what a key's state means.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -11,8 +15,9 @@ use axum::routing::{delete, get, post};
 use axum::Extension;
 use chrono::{DateTime, Utc};
 use dlock_contract::lock::{
-    clamp_session_ttl_ms, is_lock_key, HeartbeatAck, LockGrant, LockInfo, LockOutcome, SessionOpened, LOCK_TTL_MS_MAX,
-    LOCK_TTL_MS_MIN, REVOKE_REASON_CHARS_MIN, REVOKE_TEXT_CHARS_MAX, WAIT_MS_MAX,
+    clamp_session_ttl_ms, is_lock_key, HeartbeatAck, LockGrant, LockInfo, LockList, LockOutcome, SessionOpened,
+    LOCK_LIST_ITEMS_DEFAULT, LOCK_LIST_ITEMS_MAX, LOCK_TTL_MS_MAX, LOCK_TTL_MS_MIN, REVOKE_REASON_CHARS_MIN,
+    REVOKE_TEXT_CHARS_MAX, WAIT_MS_MAX,
 };
 use dlock_contract::stream::EventFilter;
 use dlock_contract::{ErrorCode, FieldError, OwnerId};
@@ -22,7 +27,7 @@ use uuid::Uuid;
 
 use crate::service::{AcquireOutcome, LockServer, CONTENTION_RETRY_AFTER_MS, NOT_LEADER_RETRY_AFTER_MS};
 use crate::store::{
-    AcquireRefusal, Addressed, ClassifiedStoreError, GrantRow, RenewRefusal, RevokeRefusal, RotateRefusal,
+    AcquireRefusal, Addressed, ClassifiedStoreError, GrantRow, KeyInfo, RenewRefusal, RevokeRefusal, RotateRefusal,
     SessionRefusal, StoreError,
 };
 
@@ -49,6 +54,7 @@ fn routes(server: Arc<LockServer>) -> axum::Router {
         .route("/v1/locks/{key}/rotate", post(rotate))
         .route("/v1/locks/{key}/revoke", post(revoke))
         .route("/v1/locks/{key}", get(info).delete(release))
+        .route("/v1/locks", get(list))
         .route("/v1/events", get(events))
         .route("/v1/events/recent", get(recent_events))
         .route("/health/live", get(dlock_http::health::live))
@@ -629,26 +635,111 @@ async fn info(
             ApiError::new(ErrorCode::NotFound, "this key was never granted").with_details(json!({ "key": key }))
         );
     };
-    let g = info.grant;
-    let res = dlock_http::json(
-        StatusCode::OK,
-        &LockInfo {
-            key: key.clone(),
-            held: g.is_some(),
-            owner_id: g.as_ref().map(|g| g.owner_id.clone()),
-            fencing_token: g.as_ref().map(|g| g.fencing_token),
-            acquired_at: g.as_ref().map(|g| at(g.acquired_at_ms)),
-            expires_at: g.as_ref().map(|g| at(g.expires_at_ms)),
-            waiter_count: server.waiter_count(&key),
-            lease_remaining_ms: info.lease_left_ms,
-            lock_delay_remaining_ms: info.delay_left_ms,
-            token_floor: Some(info.token_floor),
-        },
-    );
+    let res = dlock_http::json(StatusCode::OK, &lock_info(&server, key, info));
     Ok(match mark {
         Some(m) => m.apply(res),
         None => res,
     })
+}
+
+/// L7's body of `key` from the store's judgement of it: the one body L7 and the list
+/// (E-23) answer.
+fn lock_info(server: &LockServer, key: String, info: KeyInfo) -> LockInfo {
+    let g = info.grant;
+    LockInfo {
+        held: g.is_some(),
+        owner_id: g.as_ref().map(|g| g.owner_id.clone()),
+        fencing_token: g.as_ref().map(|g| g.fencing_token),
+        acquired_at: g.as_ref().map(|g| at(g.acquired_at_ms)),
+        expires_at: g.as_ref().map(|g| at(g.expires_at_ms)),
+        waiter_count: server.waiter_count(&key),
+        lease_remaining_ms: info.lease_left_ms,
+        lock_delay_remaining_ms: info.delay_left_ms,
+        token_floor: Some(info.token_floor),
+        key,
+    }
+}
+
+/// A validated `GET /v1/locks` query (E-23).
+#[derive(Debug, PartialEq, Eq)]
+struct ListQuery {
+    prefix: Option<String>,
+    after: Option<String>,
+    limit: usize,
+}
+
+/// The list's query: `prefix` and `after` a key's characters, `limit` in
+/// `1..=LOCK_LIST_ITEMS_MAX`; any other parameter, or one given twice, is refused. Every
+/// problem is named at once.
+fn list_query(pairs: Vec<(String, String)>) -> Result<ListQuery, ApiError> {
+    const KEY_RULE: &str = "must be 1 to 128 characters of [a-zA-Z0-9:._-]";
+    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for (name, value) in pairs {
+        if !matches!(name.as_str(), "prefix" | "after" | "limit") {
+            problems.push(FieldError::new(name, "is not a parameter of this listing (prefix, after, limit)"));
+            continue;
+        }
+        match seen.entry(name) {
+            std::collections::btree_map::Entry::Occupied(e) => {
+                problems.push(FieldError::new(e.key().clone(), "is given more than once"));
+            }
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(value);
+            }
+        }
+    }
+    let mut key_like = |field: &str| {
+        let value = seen.get(field).cloned();
+        if value.as_deref().is_some_and(|v| !is_lock_key(v)) {
+            problems.push(FieldError::new(field, KEY_RULE));
+        }
+        value
+    };
+    let (prefix, after) = (key_like("prefix"), key_like("after"));
+    let limit = match seen.get("limit").map(|raw| raw.parse::<usize>()) {
+        None => LOCK_LIST_ITEMS_DEFAULT,
+        Some(Ok(n)) if (1..=LOCK_LIST_ITEMS_MAX).contains(&n) => n,
+        Some(_) => {
+            problems.push(FieldError::new("limit", format!("must be an integer 1..={LOCK_LIST_ITEMS_MAX}")));
+            LOCK_LIST_ITEMS_DEFAULT
+        }
+    };
+    if !problems.is_empty() {
+        return Err(ApiError::validation("the listing query is invalid", problems));
+    }
+    Ok(ListQuery { prefix, after, limit })
+}
+
+// E-23
+/// List the keys the lock server holds (C3-extensions E-23): one page of the keys with a
+/// stored grant (live, or dead and not yet removed), in key order, each exactly as L7
+/// answers it. Advisory, as L7.
+///
+/// `nextCursor` is the page's last key, given back as `after` for the next page; it is
+/// absent on the last page.
+#[utoipa::path(get, path = "/v1/locks", tag = "locks", params(crate::openapi::LockListQuery),
+    responses((status = 200, description = "One page of the keys with a stored grant, in key order.", body = LockList)))]
+async fn list(
+    State(server): State<Arc<LockServer>>,
+    query: Result<Query<Vec<(String, String)>>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(pairs) = query.map_err(|_| {
+        ApiError::validation(
+            "the query string is not valid URL encoding",
+            vec![FieldError::new("$query", "is malformed")],
+        )
+    })?;
+    let q = list_query(pairs)?;
+    // One key more than the page: whether another page follows.
+    let read =
+        server.store.held_keys(q.prefix.as_deref().unwrap_or(""), q.after.as_deref(), q.limit + 1, server.cfg.delay_ms);
+    let mut page = read.await.map_err(not_leader)?;
+    let more = page.len() > q.limit;
+    page.truncate(q.limit);
+    let items: Vec<LockInfo> = page.into_iter().map(|h| lock_info(&server, h.key, h.info)).collect();
+    let next_cursor = if more { items.last().map(|i| i.key.clone()) } else { None };
+    Ok(dlock_http::json(StatusCode::OK, &LockList { items, next_cursor }))
 }
 
 // L8
@@ -660,6 +751,7 @@ async fn info(
 async fn revoke(
     State(server): State<Arc<LockServer>>,
     Extension(trace): Extension<TraceId>,
+    principal: Caller,
     Path(key): Path<String>,
     headers: HeaderMap,
     body: Result<JsonBody, ApiError>,
@@ -690,6 +782,9 @@ async fn revoke(
             return Err(ApiError::validation("the revoke request is invalid", fields));
         }
     };
+    // The audited name: a credential bound to owner ids revokes only under one of them, so
+    // the `lock.revoked` event and the log name the person the credential belongs to (E-13).
+    dlock_http::auth::check_owner(principal.as_ref().map(|p| &p.0), operator.as_str())?;
     let id = dlock_rt::rand::uuid_v4();
     let (revoking, by, why) = (key.clone(), operator.clone(), reason.clone());
     let revoke = move |store: Arc<dyn crate::store::LockStore>| async move {

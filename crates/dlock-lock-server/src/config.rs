@@ -25,6 +25,7 @@ pub const KEYS: &[&str] = &[
     "lock.wait.poll-ms",
     "lock.grants.signing-key-file",
     "lock.events.retention-events",
+    "lock.events.purge-interval-ms",
 ];
 
 /// Longest signing key file read, in bytes.
@@ -123,6 +124,13 @@ pub fn resolve(layers: &Layers, profile: Profile) -> Result<LockServerSettings, 
             }
             n
         },
+        event_purge_interval_ms: {
+            let ms = layers.get("lock.events.purge-interval-ms", d.event_purge_interval_ms)?;
+            if ms == 0 {
+                return Err("lock.events.purge-interval-ms must be > 0".into());
+            }
+            ms
+        },
     };
     Ok(LockServerSettings { listen, backend, config })
 }
@@ -183,5 +191,14 @@ mod tests {
         let l = authed(&[("lock.reaper.interval-ms", "200"), ("lock.waiters-max", "1"), ("lock.delay-ms", "-5")]);
         let c = resolve(&l, Profile::Production).expect("ok").config;
         assert_eq!((c.reap_interval_ms, c.waiters_per_key_max, c.delay_ms), (200, 1, 0));
+        assert_eq!(c.event_purge_interval_ms, crate::service::EVENT_PURGE_INTERVAL_MS);
+    }
+
+    #[test]
+    fn the_event_purge_interval_reads_its_key_and_refuses_zero() {
+        let l = authed(&[("lock.events.purge-interval-ms", "1000")]);
+        assert_eq!(resolve(&l, Profile::Production).expect("ok").config.event_purge_interval_ms, 1_000);
+        let zero = authed(&[("lock.events.purge-interval-ms", "0")]);
+        assert!(resolve(&zero, Profile::Production).is_err_and(|e| e.contains("lock.events.purge-interval-ms")));
     }
 }

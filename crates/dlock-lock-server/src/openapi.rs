@@ -40,6 +40,7 @@ pub const ERRORS: &[RouteErrors] = &[
     ),
     errors("DELETE", "/v1/locks/{key}", &[BODY_CODES, &[InvalidToken, LockLost, NotLeader]]),
     errors("GET", "/v1/locks/{key}", &[&[ValidationFailed, NotFound, NotLeader]]),
+    errors("GET", "/v1/locks", &[&[ValidationFailed, NotLeader]]),
     errors("GET", "/v1/events", &[&[ValidationFailed, NotReady]]),
     errors("GET", "/v1/events/recent", &[&[ValidationFailed, NotReady]]),
     errors("POST", "/v1/locks/{key}/revoke", &[BODY_CODES, &[NotFound, FencedOut, NotLeader]]),
@@ -57,6 +58,27 @@ pub struct KeyPath {
     #[param(pattern = "^[a-zA-Z0-9:._-]{1,128}$", example = "payout:acct-1")]
     pub key: String,
 }
+
+/// The query of `GET /v1/locks` (C3-extensions E-23). Any other parameter, or one given
+/// twice, is `400 VALIDATION_FAILED`.
+#[derive(Debug, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct LockListQuery {
+    /// Only the keys that start with this (a key's characters: 1 to 128 of
+    /// `[a-zA-Z0-9:._-]`).
+    #[param(pattern = "^[a-zA-Z0-9:._-]{1,128}$", example = "payout:")]
+    pub prefix: Option<String>,
+    /// `nextCursor` of the previous page (with the same `prefix`): the keys after it.
+    #[param(pattern = "^[a-zA-Z0-9:._-]{1,128}$")]
+    pub after: Option<String>,
+    /// Keys on the page (default 100).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<u32>,
+}
+
+// The literals above are the contract's bounds.
+const _: () =
+    assert!(dlock_contract::lock::LOCK_LIST_ITEMS_DEFAULT == 100 && dlock_contract::lock::LOCK_LIST_ITEMS_MAX == 500);
 
 /// The `{sessionId}` path parameter.
 #[derive(Debug, utoipa::IntoParams)]
@@ -79,6 +101,7 @@ pub struct SessionPath {
         crate::app::rotate,
         crate::app::release,
         crate::app::info,
+        crate::app::list,
         crate::app::revoke,
         crate::app::events,
         crate::app::recent_events,

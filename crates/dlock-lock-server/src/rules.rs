@@ -26,8 +26,12 @@
 //! - What L7 shows of a key ([`judge_key`]) is judged at one `now` of the store's clock: a
 //!   grant shown live has time left (`> 0`), a lock-delay shown runs (`> 0` left), and no
 //!   stored token exceeds the token floor shown.
+//! - A page of held keys (C3-extensions E-23) reads exactly the keys [`key_range`] bounds:
+//!   those that start with the prefix and sort after the cursor, in bytewise order.
 //!
 //! All instants are Unix epoch milliseconds; comparisons are exact integers (no rounding).
+
+use std::ops::Bound;
 
 use uuid::Uuid;
 
@@ -141,6 +145,34 @@ pub fn judge_key(
         );
     }
     KeyInfo { grant: live.map(|g| g.grant.clone()), lease_left_ms, delay_left_ms, token_floor }
+}
+
+/// The bounds of the lock keys that start with `prefix` and sort after `after` (bytewise, as
+/// every backend orders keys: SQLite's `BINARY`, PostgreSQL's `COLLATE "C"`, etcd's bytes,
+/// a `BTreeMap<String, _>`), for one page of held keys (C3-extensions E-23); `None` when no
+/// key can lie in them. `prefix` is empty (every key) or of C3's key alphabet (ASCII below
+/// `~`), so the keys starting with it end below `prefix` with its last byte raised by one.
+pub fn key_range(prefix: &str, after: Option<&str>) -> Option<(Bound<String>, Bound<String>)> {
+    assert!(prefix.bytes().all(|b| b < b'~'), "a key prefix outside C3's alphabet: {prefix:?}");
+    let until = match prefix.as_bytes().split_last() {
+        None => Bound::Unbounded,
+        Some((last, head)) => {
+            let mut end = head.to_vec();
+            end.push(last + 1);
+            Bound::Excluded(String::from_utf8(end).unwrap_or_else(|_| unreachable!("ASCII stays ASCII")))
+        }
+    };
+    let from = match after {
+        Some(a) if a >= prefix => Bound::Excluded(a.to_owned()),
+        _ if prefix.is_empty() => Bound::Unbounded,
+        _ => Bound::Included(prefix.to_owned()),
+    };
+    if let (Bound::Excluded(a), Bound::Excluded(u)) = (&from, &until) {
+        if a >= u {
+            return None;
+        }
+    }
+    Some((from, until))
 }
 
 /// What an acquire read: the caller's session, the key's grant, the key's record.
@@ -435,6 +467,27 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    proptest! {
+        /// The bounds of a page hold exactly the keys that start with the prefix and sort
+        /// after the cursor, over an alphabet with C3's edges (`-`, `_`, `z`) and every length.
+        #[test]
+        fn key_range_bounds_exactly_the_keys_with_the_prefix_after_the_cursor(
+            keys in proptest::collection::btree_set("[-_az]{1,4}", 0..24),
+            prefix in "[-_az]{0,2}",
+            after in proptest::option::of("[-_az]{1,4}"),
+        ) {
+            let want: Vec<&String> = keys
+                .iter()
+                .filter(|k| k.starts_with(prefix.as_str()) && after.as_ref().is_none_or(|a| k.as_str() > a.as_str()))
+                .collect();
+            let got: Vec<&String> = match key_range(&prefix, after.as_deref()) {
+                None => Vec::new(),
+                Some((from, until)) => keys.range::<str, _>((from.as_ref().map(String::as_str), until.as_ref().map(String::as_str))).collect(),
+            };
+            prop_assert_eq!(got, want);
+        }
+    }
 
     /// A replica takes over lockdb's clock when nobody judges it, or when the row stood
     /// still for the whole grace on its clock; never from a row it has just seen change.

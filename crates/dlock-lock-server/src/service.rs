@@ -74,6 +74,8 @@ pub struct LockServerConfig {
     /// lockdb's events kept by the reaper's purge (`lock.events.retention-events`;
     /// C3-extensions E-20).
     pub event_retention_events: i64,
+    /// Least pause between two of those purges (`lock.events.purge-interval-ms`), ms.
+    pub event_purge_interval_ms: u64,
 }
 
 impl Default for LockServerConfig {
@@ -90,11 +92,13 @@ impl Default for LockServerConfig {
             signer: None,
             auth: dlock_http::auth::AuthSettings::disabled(),
             event_retention_events: dlock_contract::stream::EVENT_RETENTION_EVENTS_DEFAULT,
+            event_purge_interval_ms: EVENT_PURGE_INTERVAL_MS,
         }
     }
 }
 
-/// Least pause between two retention purges of lockdb's events (C3-extensions E-20), ms.
+/// Default `lock.events.purge-interval-ms`: least pause between two retention purges of
+/// lockdb's events (C3-extensions E-20), ms.
 pub const EVENT_PURGE_INTERVAL_MS: u64 = 60_000;
 
 /// The context of the event cursor key derived from the grant signing key.
@@ -666,9 +670,9 @@ impl LockServer {
             if let Err(e) = self.reap_once().await {
                 tracing::warn!(cause = %e, "lock_reaper_failed");
             }
-            // The events' retention purge, at most every EVENT_PURGE_INTERVAL_MS (a purge
-            // counts the outbox: far less often than the reaper's own pass).
-            if purged_at.elapsed() >= Duration::from_millis(EVENT_PURGE_INTERVAL_MS) {
+            // The events' retention purge, at most every `lock.events.purge-interval-ms` (a
+            // purge counts the outbox: far less often than the reaper's own pass).
+            if purged_at.elapsed() >= Duration::from_millis(self.cfg.event_purge_interval_ms) {
                 purged_at = self.clock.now();
                 let keep = self.cfg.event_retention_events;
                 match self.write(move |store| async move { store.purge_events(keep).await }).await {

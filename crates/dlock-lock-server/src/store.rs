@@ -237,6 +237,14 @@ pub struct KeyInfo {
     pub token_floor: i64,
 }
 
+/// One key of a page of held keys (C3-extensions E-23): a key with a stored grant, live or
+/// dead and not yet removed, judged as [`LockStore::info`] judges it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldKey {
+    pub key: String,
+    pub info: KeyInfo,
+}
+
 /// A successful revoke (L8).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Revocation {
@@ -348,6 +356,21 @@ pub trait LockStore: Send + Sync + 'static {
     /// grant that died without release imposes ([`crate::rules::judge_key`]): a dead grant
     /// still stored shows the delay its removal will record.
     async fn info(&self, key: &str, delay_ms: i64) -> Result<Option<KeyInfo>, StoreError>;
+
+    /// One page of the keys with a stored grant (live, or dead and not yet removed;
+    /// C3-extensions E-23), in bytewise key order: at most `limit` keys that start with
+    /// `prefix` (empty: any) and sort after `after`, the bounds of
+    /// [`crate::rules::key_range`]. Each is judged as [`LockStore::info`] judges it
+    /// ([`crate::rules::judge_key`], `delay_ms` as there), every key of the page on one read
+    /// of the store: one statement (SQL), one lock (memory), one etcd revision. A read: it
+    /// changes nothing.
+    async fn held_keys(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        delay_ms: i64,
+    ) -> Result<Vec<HeldKey>, StoreError>;
 
     /// Removes the live grant of `key` (if `expected_token` is given, only if it matches),
     /// raises the token floor to a freshly issued token, and records the audit row

@@ -111,6 +111,16 @@
 //! revision: every seq up to the greatest read is final. The purge deletes whole records
 //! (the oldest, keeping at least `keep` events) and keeps its mark at `P/ep`.
 //!
+//! ## Held keys (C3-extensions E-23)
+//! A page is judged at one revision `R`: one read-only txn reads every session and the
+//! page's grants (a key range in key order, with a limit; the whole `P/g/` in the
+//! simulator, narrowed here), and `R` is its floor, as for `info`. The grants' key records
+//! are read after, each beside its grant again, in txns of [`GRANTS_PER_TXN_MAX`] keys:
+//! every txn that writes `P/k/{key}` also writes `P/g/{key}` (a grant, or the removal of a
+//! lost one), and a grant's bytes are never stored twice ("Time"), so a grant read again
+//! unchanged proves its key record is as it was at `R`. A grant that changed meanwhile
+//! reads the page again, at most [`CAS_ATTEMPTS_MAX`] times.
+//!
 //! ## Time
 //! etcd has no clock API, and no replica's wall clock decides anything here: **each
 //! replica judges every grant, session and lock-delay by durations on its own monotonic
@@ -168,7 +178,8 @@
 //! ## Limits
 //! - Hints are per process and forgotten kind by kind past [`SEEN_MAX`] records; other
 //!   replicas' writes make them stale (a guard fails, the txn reads back, the retry decides).
-//! - `heartbeat`, `close_session` and `reap` scan `P/g/` (all grants): O(grants) per call. A
+//! - `heartbeat`, `close_session` and `reap` scan `P/g/` (all grants): O(grants) per call;
+//!   `held_keys` reads every session (O(sessions)) and, in the simulator, every grant. A
 //!   per-session index would make them O(held); not needed at the sizes this serves today.
 //! - A session's grants are removed in chunks of [`GRANTS_PER_TXN_MAX`] to stay under etcd's
 //!   `--max-txn-ops` (default 128); a session holding more is closed in several txns.
@@ -185,7 +196,7 @@
 //!   a retried write cannot apply twice.
 
 use std::collections::{BTreeMap, HashMap};
-
+use std::ops::{Bound, RangeBounds};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -199,7 +210,7 @@ use uuid::Uuid;
 use crate::rules::{self, AcquireFacts, GrantFacts, GrantPlan, RotateFacts};
 use crate::store::events::{removal_kind, LockEventRecord};
 use crate::store::{
-    AcquireRefusal, Addressed, EventRead, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation,
+    AcquireRefusal, Addressed, EventRead, GrantRow, HeldKey, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation,
     RevokeRefusal, RotateRefusal, SessionRefusal, SessionRow, StoreError, WallShift,
 };
 
@@ -544,6 +555,14 @@ impl Entry {
 enum Read {
     Key(String),
     Prefix(String),
+    /// The keys in `[start, end)`, in key order, at most `limit` (real etcd only: the
+    /// simulator takes no range options).
+    #[cfg(not(madsim))]
+    Range {
+        start: String,
+        end: String,
+        limit: usize,
+    },
 }
 
 impl Read {
@@ -552,6 +571,16 @@ impl Read {
             // `None`: an exact get (the simulator's `GetOptions::new()` means prefix).
             Read::Key(k) => TxnOp::get(k.as_str(), None),
             Read::Prefix(p) => TxnOp::get(p.as_str(), Some(GetOptions::new().with_prefix())),
+            #[cfg(not(madsim))]
+            Read::Range { start, end, limit } => TxnOp::get(
+                start.as_str(),
+                Some(
+                    GetOptions::new()
+                        .with_range(end.as_str())
+                        .with_limit(i64::try_from(*limit).unwrap_or(i64::MAX))
+                        .with_sort(etcd_client::SortTarget::Key, etcd_client::SortOrder::Ascend),
+                ),
+            ),
         }
     }
 }
@@ -906,6 +935,33 @@ impl EtcdLockStore {
 
     fn revocation_key(&self, id: Uuid) -> String {
         format!("{}/r/{id}", self.prefix)
+    }
+
+    /// The read of the grants whose lock keys lie in `range`, in key order, at most `limit`
+    /// (real etcd). The simulator takes no range options: there, every grant, narrowed by
+    /// the caller, which narrows on real etcd too.
+    fn grants_in(&self, (from, until): &(Bound<String>, Bound<String>), limit: usize) -> Read {
+        #[cfg(not(madsim))]
+        {
+            let start = match from {
+                Bound::Included(k) => self.grant_key(k),
+                // The least key after `k`.
+                Bound::Excluded(k) => format!("{}\0", self.grant_key(k)),
+                Bound::Unbounded => self.grants_prefix(),
+            };
+            let end = match until {
+                Bound::Excluded(k) => self.grant_key(k),
+                Bound::Included(k) => format!("{}\0", self.grant_key(k)),
+                // The end of `P/g/`: '0' follows '/'.
+                Bound::Unbounded => format!("{}/g0", self.prefix),
+            };
+            Read::Range { start, end, limit }
+        }
+        #[cfg(madsim)]
+        {
+            let _ = (from, until, limit);
+            Read::Prefix(self.grants_prefix())
+        }
     }
 
     /// The lock key of a grant record's etcd key.
@@ -1760,6 +1816,77 @@ impl LockStore for EtcdLockStore {
         }
         .await;
         Ok(framed?.map(|i| KeyInfo { grant: i.grant.map(|g| self.wall_row(g)), ..i }))
+    }
+
+    /// One page at one revision ("Held keys" in the module doc).
+    async fn held_keys(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        delay_ms: i64,
+    ) -> Result<Vec<HeldKey>, StoreError> {
+        let Some(range) = rules::key_range(prefix, after).filter(|_| limit > 0) else { return Ok(Vec::new()) };
+        let framed: Result<Vec<HeldKey>, StoreError> = async {
+            'page: for _ in 0..CAS_ATTEMPTS_MAX {
+                let now = self.now();
+                let reads = vec![Read::Prefix(self.sessions_prefix()), self.grants_in(&range, limit)];
+                let (mut entries, revision) = self.read_at(reads).await?;
+                let mut grants = Vec::new();
+                for e in entries.pop().unwrap_or_default() {
+                    let key = self.lock_key_of(&e.key).to_owned();
+                    if range.contains(&key) {
+                        grants.push((key, self.judged::<GrantVal>(e)?));
+                    }
+                }
+                grants.sort_by(|a, b| a.0.cmp(&b.0));
+                grants.truncate(limit);
+                let mut sessions = BTreeMap::new();
+                for e in entries.pop().unwrap_or_default() {
+                    let rec = self.judged::<SessionVal>(e)?;
+                    if let Some(id) =
+                        rec.key.strip_prefix(&self.sessions_prefix()).and_then(|r| Uuid::parse_str(r).ok())
+                    {
+                        sessions.insert(id, rec);
+                    }
+                }
+                // The key records, read after: each grant read again beside its record,
+                // unchanged, proves the record is as it was at `revision`.
+                let mut records = BTreeMap::new();
+                for chunk in grants.chunks(GRANTS_PER_TXN_MAX) {
+                    let reads =
+                        chunk.iter().flat_map(|(k, _)| [Read::Key(self.grant_key(k)), Read::Key(self.key_key(k))]);
+                    let mut r = self.read(reads.collect()).await?.into_iter();
+                    for (key, g) in chunk {
+                        let again = r.next().and_then(|mut e| e.pop());
+                        if again.is_none_or(|e| e.value != g.raw) {
+                            continue 'page;
+                        }
+                        if let Some(rec) = self.one::<KeyVal>(r.next())? {
+                            records.insert(key.clone(), rec);
+                        }
+                    }
+                }
+                return grants
+                    .iter()
+                    .map(|(key, g)| {
+                        let row = grant_row(key, g);
+                        let holder = sessions.get(&g.val.session_id).map(|s| session_end(&s.val));
+                        let facts = GrantFacts { grant: &row, holder_end_ms: holder };
+                        let delay_until = records.get(key).and_then(|r| r.val.delay_until_ms);
+                        // The floor as `info` reads it: every later txn's revision exceeds it.
+                        let info = rules::judge_key(Some(facts), delay_until, delay_ms, revision, now);
+                        Ok(HeldKey { key: key.clone(), info })
+                    })
+                    .collect();
+            }
+            Err(contended("held_keys"))
+        }
+        .await;
+        Ok(framed?
+            .into_iter()
+            .map(|h| HeldKey { info: KeyInfo { grant: h.info.grant.map(|g| self.wall_row(g)), ..h.info }, ..h })
+            .collect())
     }
 
     async fn revoke(

@@ -25,7 +25,7 @@ use dlock_http::metrics::{ClosedTag, PoolStats};
 use uuid::Uuid;
 
 use crate::store::{
-    AcquireRefusal, Addressed, EventRead, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation,
+    AcquireRefusal, Addressed, EventRead, GrantRow, HeldKey, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation,
     RevokeRefusal, RotateRefusal, SessionRefusal, SessionRow, StoreError,
 };
 
@@ -42,6 +42,7 @@ pub enum LockStoreOp {
     Release,
     Rotate,
     Info,
+    HeldKeys,
     OwnerOf,
     Revoke,
     Reap,
@@ -63,6 +64,7 @@ impl ClosedTag for LockStoreOp {
             Release,
             Rotate,
             Info,
+            HeldKeys,
             OwnerOf,
             Revoke,
             Reap,
@@ -81,6 +83,7 @@ impl ClosedTag for LockStoreOp {
             LockStoreOp::Release => "release",
             LockStoreOp::Rotate => "rotate",
             LockStoreOp::Info => "info",
+            LockStoreOp::HeldKeys => "held_keys",
             LockStoreOp::OwnerOf => "owner_of",
             LockStoreOp::Revoke => "revoke",
             LockStoreOp::Reap => "reap",
@@ -176,6 +179,16 @@ impl<L: LockStoreLayer> LockStore for L {
 
     async fn info(&self, key: &str, delay_ms: i64) -> Result<Option<KeyInfo>, StoreError> {
         self.around(LockStoreOp::Info, self.inner().info(key, delay_ms)).await
+    }
+
+    async fn held_keys(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        delay_ms: i64,
+    ) -> Result<Vec<HeldKey>, StoreError> {
+        self.around(LockStoreOp::HeldKeys, self.inner().held_keys(prefix, after, limit, delay_ms)).await
     }
 
     async fn revoke(

@@ -34,7 +34,7 @@ use crate::store::events::{removal_kind, LockEventRecord, MemOutbox};
 use dlock_contract::stream::EventKind;
 
 use crate::store::{
-    AcquireRefusal, Addressed, EventRead, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation,
+    AcquireRefusal, Addressed, EventRead, GrantRow, HeldKey, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation,
     RevokeRefusal, RotateRefusal, SessionRefusal, SessionRow, StoreError, WallShift,
 };
 
@@ -213,6 +213,12 @@ impl MemLockStore {
     /// lockdb's now, as the last tick left it (the store's clock when it keeps none).
     pub fn clock_now_ms(&self) -> i64 {
         self.tables.lock().map(|t| self.now_in(&t)).unwrap_or_else(|_| self.clock.wall().timestamp_millis())
+    }
+
+    /// Every event the outbox ever held, purged ones included, in seq order
+    /// ([`MemOutbox::history`]; the simulation's ground truth for the lock server's stream).
+    pub fn event_history(&self) -> Vec<dlock_contract::stream::StoredEvent> {
+        self.tables.lock().map(|t| t.events.history().cloned().collect()).unwrap_or_default()
     }
 
     /// A lock-server replica's view of this store, started now on the caller's node: on a
@@ -494,6 +500,29 @@ impl LockStore for MemLockStore {
         Ok(Some(rules::judge_key(t.grant_facts(key), *delay_until, delay_ms, t.last_issued.max(t.floor), now)))
     }
 
+    async fn held_keys(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        delay_ms: i64,
+    ) -> Result<Vec<HeldKey>, StoreError> {
+        let t = self.lock()?;
+        let now = self.now_in(&t);
+        let Some((from, until)) = rules::key_range(prefix, after) else { return Ok(Vec::new()) };
+        let range = (from.as_ref().map(String::as_str), until.as_ref().map(String::as_str));
+        let floor = t.last_issued.max(t.floor);
+        Ok(t.grants
+            .range::<str, _>(range)
+            .take(limit)
+            .map(|(key, _)| {
+                let delay_until = t.keys.get(key).copied().flatten();
+                let info = rules::judge_key(t.grant_facts(key), delay_until, delay_ms, floor, now);
+                HeldKey { key: key.clone(), info }
+            })
+            .collect())
+    }
+
     async fn revoke(
         &self,
         key: &str,
@@ -740,6 +769,23 @@ impl LockStore for MemReplica {
         let info = self.store.info(key, delay_ms).await?;
         let offset = self.offset();
         Ok(info.map(|i| KeyInfo { grant: i.grant.map(|g| WallShift::grant(g, offset)), ..i }))
+    }
+    async fn held_keys(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        delay_ms: i64,
+    ) -> Result<Vec<HeldKey>, StoreError> {
+        let page = self.store.held_keys(prefix, after, limit, delay_ms).await?;
+        let offset = self.offset();
+        Ok(page
+            .into_iter()
+            .map(|h| HeldKey {
+                info: KeyInfo { grant: h.info.grant.map(|g| WallShift::grant(g, offset)), ..h.info },
+                ..h
+            })
+            .collect())
     }
     async fn revoke(
         &self,

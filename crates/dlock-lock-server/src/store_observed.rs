@@ -28,8 +28,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::store::{
-    AcquireRefusal, Addressed, GrantRow, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation, RevokeRefusal,
-    RotateRefusal, SessionRefusal, SessionRow, StoreError,
+    AcquireRefusal, Addressed, GrantRow, HeldKey, KeyInfo, LockStore, ReapReport, RenewRefusal, Revocation,
+    RevokeRefusal, RotateRefusal, SessionRefusal, SessionRow, StoreError,
 };
 
 /// What a call asked of the store (what the checker reads of it).
@@ -239,6 +239,15 @@ impl LockStore for ObservedLockStore {
     }
     async fn info(&self, key: &str, delay_ms: i64) -> Result<Option<KeyInfo>, StoreError> {
         self.inner.info(key, delay_ms).await
+    }
+    async fn held_keys(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+        delay_ms: i64,
+    ) -> Result<Vec<HeldKey>, StoreError> {
+        self.inner.held_keys(prefix, after, limit, delay_ms).await
     }
     async fn revoke(
         &self,

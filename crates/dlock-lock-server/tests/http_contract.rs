@@ -418,6 +418,63 @@ async fn l7_info_is_404_for_a_never_seen_key_and_advisory_otherwise(backend: Bac
     assert!(v.get("fencingToken").is_none());
 }
 
+/// An item of the list as L7 answers the key, but for the lease left (judged at each read).
+fn judged_elsewhere(mut v: Value) -> Value {
+    if let Some(o) = v.as_object_mut() {
+        o.remove("leaseRemainingMs");
+    }
+    v
+}
+
+async fn e23_lists_the_held_keys_in_pages_each_as_l7_answers_it_and_refuses_a_bad_query(backend: Backend) {
+    let rig = app_with(backend, &[]).await;
+    let app = rig.app.clone();
+    let (s, v) = call(&app, "GET", "/v1/locks", &[], None).await;
+    assert_eq!((s, v), (200, json!({ "items": [] })), "nothing held: an empty last page");
+    let a = session(&app, "worker-1", 10_000).await;
+    for key in ["k:c", "k:a", "k:b", "other"] {
+        let (s, v) = acquire(&app, key, &a, "worker-1", json!({})).await;
+        assert_eq!(s, 200, "{key}: {v}");
+    }
+    let (_, b) = call(&app, "GET", "/v1/locks/k:b", &[], None).await;
+    let token = b["fencingToken"].as_i64().expect("token").to_string();
+    let released = json!({ "sessionId": a });
+    call(&app, "DELETE", "/v1/locks/k:b", &[OWNER, ("x-fencing-token", &token)], Some(released)).await;
+    // Pages of one under `k:`: each item is L7's body, and the cursor leads to the next.
+    let (s, first) = call(&app, "GET", "/v1/locks?prefix=k:&limit=1", &[], None).await;
+    assert_eq!(s, 200, "{first}");
+    assert_eq!(first["items"].as_array().map(Vec::len), Some(1));
+    assert_eq!(first["nextCursor"], "k:a");
+    let (_, l7) = call(&app, "GET", "/v1/locks/k:a", &[], None).await;
+    assert_eq!(judged_elsewhere(first["items"][0].clone()), judged_elsewhere(l7), "the list and L7 agree");
+    assert!(first["items"][0]["leaseRemainingMs"].as_i64().is_some_and(|ms| ms > 0 && ms <= 10_000));
+    let (s, last) = call(&app, "GET", "/v1/locks?prefix=k:&after=k:a&limit=1", &[], None).await;
+    assert_eq!(s, 200, "{last}");
+    let keys: Vec<&Value> = last["items"].as_array().expect("items").iter().map(|i| &i["key"]).collect();
+    assert_eq!(keys, [&json!("k:c")], "the released k:b is not listed");
+    assert!(last.get("nextCursor").is_none(), "the last page has no cursor: {last}");
+    let (_, all) = call(&app, "GET", "/v1/locks", &[], None).await;
+    let keys: Vec<&str> = all["items"].as_array().expect("items").iter().filter_map(|i| i["key"].as_str()).collect();
+    assert_eq!(keys, ["k:a", "k:c", "other"]);
+    // A bad query is refused, naming every bad parameter.
+    let bad = [
+        ("limit=0", vec!["limit"]),
+        ("limit=501", vec!["limit"]),
+        ("limit=ten", vec!["limit"]),
+        ("prefix=bad%20key", vec!["prefix"]),
+        ("after=", vec!["after"]),
+        ("limit=1&limit=2", vec!["limit"]),
+        ("cursor=k:a&prefix=k%2F", vec!["cursor", "prefix"]),
+    ];
+    for (query, fields) in bad {
+        let (s, v) = call(&app, "GET", &format!("/v1/locks?{query}"), &[], None).await;
+        assert_eq!((s, v["code"].as_str()), (400, Some("VALIDATION_FAILED")), "{query}: {v}");
+        let named: Vec<&str> =
+            v["details"]["fields"].as_array().expect("fields").iter().filter_map(|f| f["field"].as_str()).collect();
+        assert_eq!(named, fields, "{query}");
+    }
+}
+
 async fn l8_revoke_raises_the_floor_and_validates_its_request(backend: Backend) {
     let rig = app_with(backend, &[]).await;
     let app = rig.app.clone();
@@ -514,6 +571,15 @@ impl dlock_lock_server::store::LockStore for Unreachable {
     async fn info(&self, _: &str, _: i64) -> Result<Option<KeyInfo>, StoreError> {
         Err(gone())
     }
+    async fn held_keys(
+        &self,
+        _: &str,
+        _: Option<&str>,
+        _: usize,
+        _: i64,
+    ) -> Result<Vec<dlock_lock_server::store::HeldKey>, StoreError> {
+        Err(gone())
+    }
     async fn revoke(
         &self,
         _: &str,
@@ -561,6 +627,7 @@ async fn an_unreachable_backend_is_not_leader_never_a_guess() {
         ("POST", "/v1/locks/k/rotate".into(), Some(json!({ "sessionId": sid })), vec![OWNER, ("x-fencing-token", "5")]),
         ("DELETE", format!("/v1/locks/k?sessionId={sid}"), None, vec![OWNER, ("x-fencing-token", "5")]),
         ("GET", "/v1/locks/k".into(), None, vec![]),
+        ("GET", "/v1/locks?prefix=k".into(), None, vec![]),
         ("POST", "/v1/locks/k/revoke".into(), Some(json!({ "operator": "o", "reason": "long enough" })), vec![OWNER]),
     ];
     for (method, uri, body, headers) in cases {
@@ -928,6 +995,28 @@ async fn another_owners_session_is_not_closed(backend: Backend) {
     assert_eq!(own.0, 200, "the session is still open: {}", own.1);
 }
 
+/// An operator credential bound to its person's name (`owners=alice`) revokes only under
+/// that name: the `operator` the audit records is the credential's, not whatever a caller
+/// types (E-13). An unbound operator credential names anyone, as before.
+async fn a_bound_operator_credential_revokes_only_under_its_own_name(backend: Backend) {
+    const ALICE: &str = "operator-bound-to-alice-000000000001";
+    const ANYONE: &str = "operator-unbound-00000000000000000001";
+    let creds = format!("worker {EXEC_2} owners=exec-2/*\noperator {ALICE} owners=alice\noperator {ANYONE}\n");
+    let rig = app_with_credentials(backend, &creds).await;
+    let (_, token) = victim_holds(&rig.app, "k").await;
+    let body = |who: &str| json!({ "operator": who, "reason": "stuck holder on acct", "expectedToken": token });
+    let alice = [("x-owner-id", "alice")];
+    let as_bob = as_caller(&rig.app, ALICE, "POST", "/v1/locks/k/revoke", &alice, Some(body("bob"))).await;
+    assert_eq!((as_bob.0, as_bob.1["code"].as_str()), (403, Some("FORBIDDEN")), "{}", as_bob.1);
+    assert_eq!(lock_state(&rig.app, "k").await.1, Some(token), "nothing was revoked");
+    let as_alice = as_caller(&rig.app, ALICE, "POST", "/v1/locks/k/revoke", &alice, Some(body("alice"))).await;
+    assert_eq!(as_alice.0, 200, "alice revokes under her own name: {}", as_alice.1);
+    let (_, again) = victim_holds(&rig.app, "j").await;
+    let unbound = json!({ "operator": "carol", "reason": "stuck holder on acct", "expectedToken": again });
+    let r = as_caller(&rig.app, ANYONE, "POST", "/v1/locks/j/revoke", &[("x-owner-id", "ops")], Some(unbound)).await;
+    assert_eq!(r.0, 200, "an unbound operator credential names anyone: {}", r.1);
+}
+
 macro_rules! on_every_backend {
     ($($case:ident),* $(,)?) => {
         mod sim {
@@ -962,6 +1051,7 @@ on_every_backend!(
     e18_rotate_grants_a_greater_token_to_the_holder_and_a_stale_one_is_lock_lost,
     l6_stale_release_is_lock_lost_and_never_frees_the_newer_grant,
     l7_info_is_404_for_a_never_seen_key_and_advisory_otherwise,
+    e23_lists_the_held_keys_in_pages_each_as_l7_answers_it_and_refuses_a_bad_query,
     l8_revoke_raises_the_floor_and_validates_its_request,
     every_refusal_is_the_envelope,
     a_waiter_whose_session_lapses_while_it_waits_is_never_granted,
@@ -975,6 +1065,7 @@ on_every_backend!(
     another_owners_grant_is_not_rotated,
     another_owners_grant_is_not_released,
     another_owners_session_is_not_closed,
+    a_bound_operator_credential_revokes_only_under_its_own_name,
 );
 
 #[tokio::test]

@@ -15,6 +15,8 @@
 //! - [`rail`]: the proxy's rows (payouts as it reads them, attempts, outcomes).
 //! - [`pay`]: the payment rows (accounts, ledger entries, payouts as P1/P4 report them,
 //!   operator resolutions).
+//! - [`findings`]: the reconciler's recorded findings (the open rows and their
+//!   `reconciler.finding` events) and the one rule that opens and clears them.
 //! - [`mem`]: all of paydb in memory ([`mem::MemPaydb`]), the simulation's database.
 //! - `sql` (not under `cfg(madsim)`: sqlx cannot run there): the migrators, the error
 //!   mapping and the shared statements, for PostgreSQL and SQLite.
@@ -26,6 +28,7 @@
 
 pub mod admission;
 pub mod events;
+pub mod findings;
 pub mod ledger;
 pub mod mem;
 pub mod pay;

@@ -543,12 +543,23 @@ pub struct PaydbTables {
     pub cursor_secret: Option<[u8; 32]>,
     /// `payout_resolutions`, append-only, in insertion order.
     pub resolutions: Vec<ResolutionRow>,
+    /// `reconciler_findings`: the reconciler's open findings.
+    pub findings: crate::findings::MemFindings,
     /// The last batch fence pass drawn ([`PaydbTables::next_batch_pass`]; not a table:
     /// what tells the observer which fenced writes one batch's single pass covered).
     pub batch_passes: u64,
 }
 
 impl PaydbTables {
+    /// The reconciler records one run's findings (one transaction: the open rows and their
+    /// events).
+    pub fn record_findings(
+        &mut self,
+        run: &crate::findings::FindingsRun,
+    ) -> Result<crate::findings::RecordOutcome, StoreError> {
+        self.findings.record(&mut self.rail.events, run)
+    }
+
     /// A fresh id for one batch's fence pass (C3-extensions E-19): every payout of the
     /// batch is reported with it ([`FencedWrite::batch_pass`]).
     pub fn next_batch_pass(&mut self) -> u64 {

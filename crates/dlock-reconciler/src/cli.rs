@@ -13,6 +13,7 @@
 //! | `reconcile.rail-url` | `dlock reconcile --rail-url` | the value of `rail.proxy.rail-url` |
 //! | `reconcile.intent-unresolved-ms-max` | `--intent-unresolved-ms-max` | 60 000 |
 //! | `reconcile.acked-unposted-ms-max` | `--acked-unposted-ms-max` | 60 000 |
+//! | `reconcile.record-findings` | `--record-findings` | true |
 //! | `resolve.database-url` | `dlock resolve --database-url` | the value of `payment.resource.database-url` |
 //!
 //! Exit codes of `dlock reconcile`: 0 when every source was read and nothing
@@ -52,6 +53,9 @@ pub struct ReconcileArgs {
     /// [reconcile.acked-unposted-ms-max] Report a RAIL_ACKED payout not POSTED after this long.
     #[arg(long, env = "DLOCK_RECONCILE_ACKED_UNPOSTED_MS_MAX", value_name = "MS")]
     pub acked_unposted_ms_max: Option<u64>,
+    /// [reconcile.record-findings] Record the findings in paydb (open and cleared, each a reconciler.finding event) (default true).
+    #[arg(long, env = "DLOCK_RECONCILE_RECORD_FINDINGS", value_name = "BOOL")]
+    pub record_findings: Option<bool>,
 }
 
 /// What the audit row records as the reference of a `--as failed` verdict given none.
@@ -106,6 +110,8 @@ pub struct ReconcileSettings {
     pub rail_url: String,
     pub json: bool,
     pub bounds: Bounds,
+    /// `reconcile.record-findings`: record the run's findings in paydb (`crate::record`).
+    pub record_findings: bool,
 }
 
 #[cfg(not(madsim))]
@@ -137,7 +143,29 @@ mod run {
         let rail = HttpRailRecord::new(base, &budget);
         let params = Params { now, bounds: s.bounds, budget };
         Ok(match crate::open::open_paydb(&s.database_url, &budget).await {
-            Ok(paydb) => reconcile(&paydb, &rail, &params).await,
+            Ok(paydb) => {
+                let report = reconcile(&paydb, &rail, &params).await;
+                if s.record_findings {
+                    // Recording is a report's side note: a paydb that refuses the write (an
+                    // older schema, a read-only role) leaves the report and its exit code as
+                    // they are, and says so.
+                    match crate::record::record(paydb.store.as_ref(), &report).await {
+                        Ok(Some(o)) => tracing::info!(
+                            opened = o.opened,
+                            cleared = o.cleared,
+                            open = o.open,
+                            dropped = o.dropped,
+                            "reconcile_findings_recorded"
+                        ),
+                        Ok(None) => {}
+                        Err(e) => {
+                            tracing::warn!(cause = %e, "reconcile_findings_not_recorded");
+                            eprintln!("dlock: the findings were not recorded in paydb: {e}");
+                        }
+                    }
+                }
+                report
+            }
             Err(e) => {
                 let source = crate::open::describe_url(&s.database_url);
                 reconcile_without_paydb(&source, &e.to_string(), &rail, &params).await
@@ -263,6 +291,7 @@ mod tests {
                 "reconcile.rail-url",
                 "reconcile.intent-unresolved-ms-max",
                 "reconcile.acked-unposted-ms-max",
+                "reconcile.record-findings",
                 "resolve.database-url"
             ]
         );

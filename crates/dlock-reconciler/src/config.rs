@@ -16,6 +16,7 @@ pub const KEYS: &[&str] = &[
     "reconcile.rail-url",
     "reconcile.intent-unresolved-ms-max",
     "reconcile.acked-unposted-ms-max",
+    "reconcile.record-findings",
     "resolve.database-url",
 ];
 
@@ -35,6 +36,7 @@ pub fn resolve(layers: &Layers, json: bool) -> Result<ReconcileSettings, String>
                 .get("reconcile.intent-unresolved-ms-max", INTENT_UNRESOLVED_MS_MAX_DEFAULT)?,
             acked_unposted_ms_max: layers.get("reconcile.acked-unposted-ms-max", ACKED_UNPOSTED_MS_MAX_DEFAULT)?,
         },
+        record_findings: layers.get("reconcile.record-findings", true)?,
     })
 }
 

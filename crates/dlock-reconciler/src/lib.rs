@@ -24,6 +24,7 @@ pub mod config;
 pub mod open;
 pub mod rail;
 pub mod reconcile;
+pub mod record;
 pub mod report;
 pub mod resolve;
 pub mod store;

@@ -8,10 +8,13 @@
 //! rail-proxy run for the same read (`dlock_paydb::sql`), so the reconciler reads what they
 //! wrote.
 //!
-//! Invariant: every method but [`ReconcileStore::resolve_ambiguous`] is a plain read (asking
-//! again has no side effect); that one is one transaction with its audit row.
+//! Invariant: every method but [`ReconcileStore::resolve_ambiguous`] and
+//! [`ReconcileStore::record_findings`] is a plain read (asking again has no side effect);
+//! each of those two is one transaction (a resolution with its audit row; a run's open
+//! findings with their events).
 
 use async_trait::async_trait;
+use dlock_paydb::findings::{FindingsRun, RecordOutcome};
 use dlock_paydb::pay::{
     AccountView, AmbiguousResolution, LedgerEntry, ListQuery, PayoutSummary, PayoutView, ResolutionRow, ResolveOutcome,
 };
@@ -46,6 +49,11 @@ pub trait ReconcileStore: Send + Sync + 'static {
     /// `dlock resolve`: one transaction that moves a RAIL_AMBIGUOUS payout to POSTED or
     /// FAILED and writes its audit row; any other state is refused and changes nothing.
     async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError>;
+
+    /// Records a run's findings (`dlock_paydb::findings`): opens the new ones and, for a
+    /// complete run, clears the ones gone, each with its `reconciler.finding` event, in one
+    /// transaction.
+    async fn record_findings(&self, run: &FindingsRun) -> Result<RecordOutcome, StoreError>;
 }
 
 #[async_trait]
@@ -80,6 +88,10 @@ impl ReconcileStore for MemPaydb {
 
     async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
         self.lock()?.resolve_ambiguous(r)
+    }
+
+    async fn record_findings(&self, run: &FindingsRun) -> Result<RecordOutcome, StoreError> {
+        self.lock()?.record_findings(run)
     }
 }
 
@@ -136,5 +148,12 @@ impl ReconcileStore for SqlPaydb {
 
     async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
         on_backend!(self, resolve_ambiguous(r))
+    }
+
+    async fn record_findings(&self, run: &FindingsRun) -> Result<RecordOutcome, StoreError> {
+        match self {
+            SqlPaydb::Postgres(pool) => dlock_paydb::findings::sql::pg_record_findings(pool, run).await,
+            SqlPaydb::Sqlite(pool) => dlock_paydb::findings::sql::sqlite_record_findings(pool, run).await,
+        }
     }
 }

@@ -851,6 +851,92 @@ async fn fenced_out_attempts_are_counted_for_the_rail_only() {
     assert_eq!(outcomes.iter().filter(|o| **o == Some(SubmissionOutcome::Fenced)).count(), 2);
 }
 
+// ---------------------------------------------------------------- recorded findings
+
+/// The `reconciler.finding` events paydb holds: (status, finding, payout, class).
+async fn finding_events(w: &World) -> Vec<(String, String, Option<String>, Option<String>)> {
+    let read = w.pay.read_events(0, 10_000).await.expect("events");
+    read.events
+        .iter()
+        .filter(|e| e.kind == dlock_contract::stream::EventKind::ReconcilerFinding)
+        .map(|e| {
+            let s = |k: &str| e.body[k].as_str().map(str::to_owned);
+            (s("status").unwrap_or_default(), s("finding").unwrap_or_default(), e.payout_id.clone(), s("class"))
+        })
+        .collect()
+}
+
+async fn records_findings_once_and_clears_them_only_on_a_complete_run(w: World) {
+    let store: Arc<dyn ReconcileStore> = match &w.url {
+        Some(url) => Arc::new(dlock_reconciler::open::open_migrated(url).await.expect("paydb")),
+        None => w.mem.clone().expect("memory"),
+    };
+    let paydb = Paydb { store: store.clone(), describe: "test".into() };
+    let params = |now| Params { now, bounds: Bounds::default(), budget: budget() };
+    let rail = || HttpRailRecord::new(w.base.clone(), &budget());
+    w.account("acct", 1_000).await;
+    let quarantined = w.ambiguous("acct", 300, true, at(20)).await;
+    let twice = w.paid("acct", 100, at(10)).await;
+    assert_eq!(w.rail_call(&twice.to_string(), 100).await.0, 200);
+    let before = w.everything().await;
+
+    let r = reconcile(&paydb, &rail(), &params(at(10_000))).await;
+    let o = dlock_reconciler::record::record(store.as_ref(), &r).await.expect("record").expect("paydb was read");
+    assert_eq!((o.opened, o.cleared, o.open), (2, 0, 2), "{}", r.render_table());
+    let mut opened = finding_events(&w).await;
+    opened.sort();
+    assert_eq!(
+        opened,
+        vec![
+            ("open".into(), "AMBIGUOUS_PAYOUT".into(), Some(quarantined.to_string()), Some("PAID".into())),
+            ("open".into(), "DOUBLE_PAYMENT".into(), Some(twice.to_string()), None),
+        ]
+    );
+    // The same findings again: nothing new is written.
+    let again = reconcile(&paydb, &rail(), &params(at(20_000))).await;
+    let o = dlock_reconciler::record::record(store.as_ref(), &again).await.expect("record").expect("read");
+    assert_eq!((o.opened, o.cleared, o.open), (0, 0, 2));
+    assert_eq!(finding_events(&w).await.len(), 2);
+    // Recording touched no payout, account, ledger entry, rail row or call.
+    assert_eq!(w.everything().await, before);
+
+    // The operator resolves the quarantined payout. A run that cannot read the rail clears
+    // nothing (it cannot say the double payment is gone); a complete run clears the
+    // ambiguity, and the double payment stays open.
+    let resolved = ResolveRequest {
+        payout_id: quarantined,
+        resolved_as: ResolveAs::Posted,
+        operator: "oncall".into(),
+        reason: "the rail's statement shows it paid".into(),
+        rail_reference: w.stub.calls()[0].rail_reference.clone().expect("accepted"),
+    };
+    dlock_reconciler::resolve::resolve(store.as_ref(), &resolved, at(30_000)).await.expect("resolved");
+    let blind = reconcile(&paydb, &HttpRailRecord::new(closed_port().await, &budget()), &params(at(40_000))).await;
+    assert!(!blind.sources.rail.read);
+    let o = dlock_reconciler::record::record(store.as_ref(), &blind).await.expect("record").expect("read");
+    assert_eq!((o.cleared, o.open), (0, 2), "an incomplete run clears nothing");
+    let r = reconcile(&paydb, &rail(), &params(at(50_000))).await;
+    let o = dlock_reconciler::record::record(store.as_ref(), &r).await.expect("record").expect("read");
+    assert_eq!((o.opened, o.cleared, o.open), (0, 1, 1), "{}", r.render_table());
+    let last = finding_events(&w).await.pop().expect("the cleared event");
+    assert_eq!(last, ("cleared".into(), "AMBIGUOUS_PAYOUT".into(), Some(quarantined.to_string()), Some("PAID".into())));
+}
+
+#[tokio::test]
+async fn findings_are_recorded_once_as_events_and_cleared_only_by_a_complete_run_in_memory() {
+    records_findings_once_and_clears_them_only_on_a_complete_run(world().await).await;
+}
+
+#[tokio::test]
+async fn findings_are_recorded_once_as_events_and_cleared_only_by_a_complete_run_on_sqlite() {
+    records_findings_once_and_clears_them_only_on_a_complete_run(sql_world(dlock_testkit::Db::Sqlite).await).await;
+}
+
+#[tokio::test]
+async fn findings_are_recorded_once_as_events_and_cleared_only_by_a_complete_run_on_postgres() {
+    records_findings_once_and_clears_them_only_on_a_complete_run(sql_world(dlock_testkit::Db::Postgres).await).await;
+}
+
 // ---------------------------------------------------------------- SQL paydbs and the CLI
 
 fn settings(w: &World, rail_url: &str) -> ReconcileSettings {
@@ -859,6 +945,7 @@ fn settings(w: &World, rail_url: &str) -> ReconcileSettings {
         rail_url: rail_url.to_owned(),
         json: false,
         bounds: Bounds::default(),
+        record_findings: true,
     }
 }
 
@@ -868,12 +955,18 @@ async fn reconciles_a_sql_paydb_and_resolves_through_the_cli(w: World) {
     w.paid("acct", 100, at(10)).await;
     let p = w.ambiguous("acct", 300, true, at(20)).await;
     let reference = w.stub.calls()[1].rail_reference.clone().expect("accepted");
+    let off = ReconcileSettings { record_findings: false, ..settings(&w, &rail_url) };
+    reconcile_once(&off, at(10_000), budget()).await.expect("settings");
+    assert_eq!(finding_events(&w).await, vec![], "reconcile.record-findings false records nothing");
     // Clean but for the quarantined payout, which the rail paid.
     let r = reconcile_once(&settings(&w, &rail_url), at(10_000), budget()).await.expect("settings");
     assert_eq!(kinds(&r), vec![FindingKind::AmbiguousPayout], "{}", r.render_table());
     assert_eq!((r.ambiguous[0].classification, r.exit_code()), (AmbiguousClass::Paid, EXIT_CLEAN));
     assert_eq!((r.payouts_total, r.rail_calls_total), (2, 2));
     assert!(!r.sources.paydb.source.contains('@'), "{}", r.sources.paydb.source);
+    // The run recorded its finding (reconcile.record-findings defaults to true).
+    let recorded = finding_events(&w).await;
+    assert_eq!(recorded, vec![("open".into(), "AMBIGUOUS_PAYOUT".into(), Some(p.to_string()), Some("PAID".into()))]);
     // The operator resolves it through the CLI entry point.
     let args = ResolveArgs {
         payout: p,
@@ -921,6 +1014,7 @@ async fn a_paydb_that_cannot_be_opened_is_incomplete_but_a_double_payment_still_
         rail_url: format!("http://{}", w.base.authority),
         json: true,
         bounds: Bounds::default(),
+        record_findings: true,
     };
     let r = reconcile_once(&s, at(10_000), budget()).await.expect("settings");
     assert_eq!((r.exit_code(), r.sources.paydb.read, r.sources.rail.read), (EXIT_INCOMPLETE, false, true));
@@ -983,6 +1077,13 @@ impl ReconcileStore for FlakyPaydb {
 
     async fn resolve_ambiguous(&self, r: &AmbiguousResolution) -> Result<ResolveOutcome, StoreError> {
         ReconcileStore::resolve_ambiguous(&*self.inner, r).await
+    }
+
+    async fn record_findings(
+        &self,
+        run: &dlock_paydb::findings::FindingsRun,
+    ) -> Result<dlock_paydb::findings::RecordOutcome, StoreError> {
+        ReconcileStore::record_findings(&*self.inner, run).await
     }
 }
 

@@ -327,6 +327,9 @@ struct LockServerArgs {
     /// [lock.events.retention-events] lockdb events kept for the event stream (>= 100).
     #[arg(long, env = "DLOCK_LOCK_EVENTS_RETENTION_EVENTS", value_name = "N")]
     events_retention_events: Option<i64>,
+    /// [lock.events.purge-interval-ms] Least pause between purges of lockdb events (> 0).
+    #[arg(long, env = "DLOCK_LOCK_EVENTS_PURGE_INTERVAL_MS", value_name = "MS")]
+    events_purge_interval_ms: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -589,6 +592,7 @@ impl LockServerArgs {
         l.set_flag_opt("lock.reaper.interval-ms", self.reaper_interval_ms.as_ref());
         l.set_flag_opt("lock.wait.poll-ms", self.wait_poll_ms.as_ref());
         l.set_flag_opt("lock.events.retention-events", self.events_retention_events.as_ref());
+        l.set_flag_opt("lock.events.purge-interval-ms", self.events_purge_interval_ms.as_ref());
     }
 }
 
@@ -597,6 +601,7 @@ fn reconcile_flags(a: &dlock_reconciler::cli::ReconcileArgs, l: &mut Layers) {
     l.set_flag_opt("reconcile.rail-url", a.rail_url.as_ref());
     l.set_flag_opt("reconcile.intent-unresolved-ms-max", a.intent_unresolved_ms_max.as_ref());
     l.set_flag_opt("reconcile.acked-unposted-ms-max", a.acked_unposted_ms_max.as_ref());
+    l.set_flag_opt("reconcile.record-findings", a.record_findings.as_ref());
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, String> {

@@ -32,7 +32,10 @@
 //!   grant (and `newTokenFloor`, `revocationId`, `operator`, `reason` for a revoke);
 //!   `sessionId`, `ownerId` (and `ttlMs` when opened) for a session;
 //! - the purge keeps the newest `keep` events (on etcd, whole txns: at least `keep`) and
-//!   records the highest seq it deleted.
+//!   records the highest seq it deleted;
+//! - in memory, what the purge deleted stays behind the table ([`MemOutbox::history`]):
+//!   gone for every reader, kept so the simulation can judge a stream against every event
+//!   ever written, as paydb's outbox does (`dlock_paydb::events::MemEvents::history`).
 
 /// lockdb's stream name: the prefix of its event ids (`lockdb/<seq>`).
 pub const STREAM: &str = "lockdb";
@@ -127,6 +130,9 @@ pub struct MemOutbox {
     rows: VecDeque<StoredEvent>,
     last_seq: i64,
     purged_through: i64,
+    /// What the purge deleted, in seq order: not a table (a purged row is gone for every
+    /// reader), kept for [`MemOutbox::history`].
+    purged: Vec<StoredEvent>,
 }
 
 impl MemOutbox {
@@ -154,10 +160,17 @@ impl MemOutbox {
         while self.rows.len() > keep {
             if let Some(e) = self.rows.pop_front() {
                 self.purged_through = self.purged_through.max(e.seq);
+                self.purged.push(e);
                 n += 1;
             }
         }
         n
+    }
+
+    /// Every event ever written, the purged ones included, in seq order (the simulation's
+    /// ground truth for the lock server's stream; no reader of the outbox sees a purged one).
+    pub fn history(&self) -> impl Iterator<Item = &StoredEvent> {
+        self.purged.iter().chain(self.rows.iter())
     }
 }
 
@@ -178,5 +191,18 @@ mod tests {
         assert_eq!(m.read(0, 10).purged_through, 3);
         m.emit(LockEventRecord::session_expired(Uuid::nil(), "o"), DateTime::<Utc>::UNIX_EPOCH);
         assert_eq!(m.read(5, 10).events.first().map(|e| e.seq), Some(6));
+    }
+
+    #[test]
+    fn the_history_keeps_every_event_ever_written_in_seq_order_though_readers_lose_the_purged() {
+        let mut m = MemOutbox::default();
+        for _ in 0..4 {
+            m.emit(LockEventRecord::session_opened(Uuid::nil(), "o", 1), DateTime::<Utc>::UNIX_EPOCH);
+        }
+        assert_eq!(m.purge(1), 3);
+        m.emit(LockEventRecord::session_expired(Uuid::nil(), "o"), DateTime::<Utc>::UNIX_EPOCH);
+        assert_eq!(m.history().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
+        assert_eq!(m.history().last().map(|e| e.kind), Some(EventKind::SessionExpired));
+        assert_eq!(m.read(0, 10).events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![4, 5]);
     }
 }

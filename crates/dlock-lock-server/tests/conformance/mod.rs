@@ -950,6 +950,80 @@ pub async fn info_judges_the_lease_left_the_lock_delay_left_and_the_token_floor(
     assert!(info(&store, "k").await.expect("seen").token_floor >= next.fencing_token);
 }
 
+/// The keys of one page of held keys (C3-extensions E-23), in the order the store answered.
+pub async fn held_keys(store: &Store, prefix: &str, after: Option<&str>, limit: usize) -> Vec<String> {
+    let page = store.held_keys(prefix, after, limit, DELAY_MS).await.expect("held_keys");
+    page.into_iter().map(|h| h.key).collect()
+}
+
+/// The list of held keys (C3-extensions E-23): the keys with a stored grant, live or dead
+/// and not yet removed, in bytewise key order under a prefix, paged after a key, each judged
+/// as L7 judges it; a released or revoked key is not listed, a lapsed one until its removal.
+pub async fn list_pages_the_held_keys_in_key_order_each_judged_as_l7_judges_it(store: Store) {
+    let a = open(&store, "owner-a", LONG_MS).await;
+    let b = open(&store, "owner-b", LONG_MS).await;
+    // Bytewise order, which no locale's collation keeps: `:` < `B` < `_` < `a` < `z`.
+    for (i, key) in ["pay:b", "payz", "pay:a", "other:1", "pay_x", "pay:B", "pay:c"].into_iter().enumerate() {
+        grant(&store, key, if i % 2 == 0 { &a } else { &b }, LONG_MS, DELAY_MS).await;
+    }
+    let released = grant(&store, "pay:released", &a, LONG_MS, DELAY_MS).await;
+    assert_eq!(release(&store, "pay:released", released.fencing_token).await, Ok(()));
+    let revoked = grant(&store, "pay:revoked", &b, LONG_MS, DELAY_MS).await;
+    revoke(&store, "pay:revoked", Some(revoked.fencing_token)).await.expect("revoked");
+    let lapsing = grant(&store, "pay:lapsing", &a, SHORT_MS, DELAY_MS).await;
+    wait_past(&store, lapsing.expires_at_ms).await;
+
+    let pay = ["pay:B", "pay:a", "pay:b", "pay:c", "pay:lapsing"];
+    assert_eq!(held_keys(&store, "pay:", None, 100).await, pay, "the prefix, in bytewise order");
+    assert_eq!(held_keys(&store, "pay:", Some("a"), 100).await, pay, "a cursor before the prefix");
+    let mut all = vec!["other:1"];
+    all.extend(pay);
+    all.extend(["pay_x", "payz"]);
+    assert_eq!(held_keys(&store, "", None, 100).await, all, "every key with a stored grant");
+    // Pages of two: each after the last key of the one before, to the end and past it.
+    let mut paged = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = held_keys(&store, "pay", after.as_deref(), 2).await;
+        assert!(page.len() <= 2, "a page of {} keys", page.len());
+        let Some(last) = page.last().cloned() else { break };
+        paged.extend(page);
+        after = Some(last);
+    }
+    assert_eq!(paged, all[1..], "the pages of `pay` join into the prefix's keys, each once");
+    assert_eq!(held_keys(&store, "pay:", Some("pay;"), 100).await, Vec::<String>::new(), "past the prefix");
+
+    // Each key is judged as L7 judges it: the live grant, its lease left, the lapsed
+    // grant's lock-delay, the floor.
+    let page = store.held_keys("", None, 100, DELAY_MS).await.expect("held_keys");
+    for h in &page {
+        let i = info(&store, &h.key).await.expect("a listed key is seen");
+        assert_eq!(h.info.grant, i.grant, "{}: the grant", h.key);
+        assert!(h.info.token_floor <= i.token_floor, "{}: the floor went back", h.key);
+        if let Some(g) = &h.info.grant {
+            assert!(g.fencing_token <= h.info.token_floor, "{}: token above the floor", h.key);
+        }
+        match (h.info.lease_left_ms, i.lease_left_ms) {
+            (Some(listed), Some(read)) => assert!(listed >= read && listed <= LONG_MS, "{}: lease {listed}", h.key),
+            (listed, read) => assert_eq!(listed, read, "{}: the lease left", h.key),
+        }
+    }
+    let dead = page.iter().find(|h| h.key == "pay:lapsing").expect("listed until removed");
+    assert_eq!((&dead.info.grant, dead.info.lease_left_ms), (&None, None), "a lapsed grant is not held");
+    match dead.info.delay_left_ms {
+        Some(delay) => assert!(delay > 0 && delay <= DELAY_MS, "delay left {delay} of {DELAY_MS}"),
+        None => assert!(reached(&store, lapsing.expires_at_ms + DELAY_MS).await, "no lock-delay shown"),
+    }
+    assert!(page
+        .iter()
+        .filter(|h| h.key != "pay:lapsing")
+        .all(|h| h.info.grant.is_some() && h.info.delay_left_ms.is_none()));
+    // Removed, the lapsed grant is no longer listed; the key is still seen (L7).
+    reap(&store, 100, DELAY_MS, KEEP_MS).await;
+    assert_eq!(held_keys(&store, "pay:", None, 100).await, pay[..4], "a removed grant is not listed");
+    assert_eq!(held(&store, "pay:lapsing").await, Some(None));
+}
+
 // ---------------------------------------------------------------------------------------
 // Revoke (L8).
 // ---------------------------------------------------------------------------------------
@@ -1548,6 +1622,7 @@ macro_rules! lock_store_conformance {
                 racing_rotates_and_acquirers_never_overlap_and_tokens_increase,
                 info_is_none_for_a_never_seen_key_and_shows_only_the_live_grant,
                 info_judges_the_lease_left_the_lock_delay_left_and_the_token_floor,
+                list_pages_the_held_keys_in_key_order_each_judged_as_l7_judges_it,
                 revoke_of_a_key_without_a_live_grant_is_not_held,
                 revoke_with_a_stale_expected_token_is_refused_and_leaves_the_grant,
                 revoke_removes_the_grant_and_raises_the_token_floor,
